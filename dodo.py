@@ -1,0 +1,13 @@
+"""kforge: `doit -n 16` compiles every (kernel, config, arch) declared in specs/. See README.md."""
+from pathlib import Path
+
+from rules import project
+
+ROOT = Path(__file__).resolve().parent
+SPECS, TARGETS = project.load_catalog(ROOT)
+DOIT_CONFIG = project.doit_config(ROOT, [s.name for s in SPECS])
+
+
+def task_kernels():
+    """One task per target, grouped by kernel family (`doit gemm`)."""
+    yield from project.compile_tasks(ROOT, SPECS, TARGETS)

@@ -1,0 +1,96 @@
+"""Action keys: one sha256 over everything a target's binary depends on.
+
+The same key decides doit's up-to-date check (it is compared with the key saved in the artifact's meta.json)
+and names the artifact's provenance, so a future shared cache can look artifacts up by it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+# Bump when the artifact layout or meta.json format changes: every target rebuilds.
+SCHEMA_VERSION = 1
+
+# Environment variables that change what a compiler emits. Cache and dump locations don't.
+_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_")
+_ENV_IGNORED = {"TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+                "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING"}
+
+
+def compiler_env() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED))
+
+
+@functools.lru_cache(maxsize=None)
+def package_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+def _triton_dir() -> Path | None:
+    spec = importlib.util.find_spec("triton")
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def ptxas_path(sm: int) -> Path | None:
+    """The ptxas Triton uses for this SM (ptxas-blackwell from sm_100 on), honouring Triton's overrides."""
+    name = "ptxas-blackwell" if sm >= 100 else "ptxas"
+    override = os.environ.get(f"TRITON_{name.upper().replace('-', '_')}_PATH")
+    if override and Path(override).is_file():
+        return Path(override)
+    tdir = _triton_dir()
+    default = tdir / "backends" / "nvidia" / "bin" / name if tdir else None
+    return default if default and default.is_file() else None
+
+
+def tool_version(path: Path | None, cache_file: Path) -> str:
+    """`tool --version`'s last line, cached by (path, size, mtime) because running it costs ~25 ms."""
+    if path is None:
+        return "missing"
+    st = path.stat()
+    stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    cache = _read_json(cache_file)
+    if stamp not in cache:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+        lines = out.stdout.strip().splitlines()
+        cache[stamp] = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
+        _write_json(cache_file, cache)
+    return cache[stamp]
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path) -> tuple[tuple[str, str], ...]:
+    """What identifies the compiler for one (toolchain, arch family)."""
+    parts = [(toolchain, package_version(toolchain))]
+    if toolchain == "triton" and vendor == "nvidia":
+        parts.append(("ptxas", tool_version(ptxas_path(sm), cache_file)))
+    return tuple(parts)
+
+
+def action_key(payload: dict) -> str:
+    """sha256 of the canonical JSON of everything that goes into a build (see targets.Target.key_payload)."""
+    blob = json.dumps({"schema": SCHEMA_VERSION, **payload}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)

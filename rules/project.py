@@ -1,0 +1,69 @@
+"""The glue dodo.py calls: find specs, choose archs from the command line, configure doit."""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from doit import get_var
+
+from rules import report
+from rules.archs import parse_arch_list
+from rules.build import timeout_from_env
+from rules.spec import SpecError, load_spec
+from rules.targets import build_targets
+from rules.tasks import family_tasks
+
+
+def load_specs(root: Path) -> list:
+    files = sorted((root / "specs").glob("*.toml"))
+    if not files:
+        raise SpecError(f"{root / 'specs'}: no *.toml specs found")
+    return [load_spec(f, root) for f in files]
+
+
+def arch_filter() -> tuple[str, ...] | None:
+    text = get_var("archs", None)
+    return None if text is None else parse_arch_list(text, "archs= on the command line")
+
+
+def doit_config(root: Path, families: list[str]) -> dict:
+    out = root / "out"
+    out.mkdir(exist_ok=True)
+    reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
+    _sigterm_as_interrupt()
+    return {
+        "backend": "sqlite3",
+        "dep_file": str(out / ".doit.sqlite3"),
+        "continue": True,            # one failed target never stops the others
+        "reporter": reporter,
+        "default_tasks": families,
+    }
+
+
+def load_catalog(root: Path) -> tuple[list, list]:
+    """(specs, targets) for the archs chosen on the command line, or one clear error and exit code 2."""
+    try:
+        specs = load_specs(root)
+        return specs, build_targets(specs, root, root / "out", arch_filter())
+    except (SpecError, ValueError) as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
+
+
+def compile_tasks(root: Path, specs: list, targets: list):
+    """All compile tasks, grouped by family (a generator for dodo.py)."""
+    by_family: dict[str, list] = {s.name: [] for s in specs}
+    for t in targets:
+        by_family[t.kernel].append(t)
+    timeout = float(get_var("timeout", timeout_from_env()))
+    for spec in specs:
+        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout)
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,83 @@
+"""Progress lines, the end-of-run summary, and out/build-report.json (a doit reporter)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from doit.reporter import ConsoleReporter
+
+ERROR_LINES = 6
+
+
+class BuildReporter(ConsoleReporter):
+    """One line per finished task ([done/total], failures so far); up-to-date tasks are only counted."""
+    desc = "kforge progress and summary"
+    report_path = "out/build-report.json"   # set per project by rules.project.doit_config()
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.started_at = time.monotonic()
+        self.total = 0
+        self.records: dict[str, dict] = {}
+        self.begun: dict[str, float] = {}
+
+    def initialize(self, tasks, selected_tasks):
+        todo, seen = list(selected_tasks), set()
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in tasks:
+                continue
+            seen.add(name)
+            todo += tasks[name].task_dep + tasks[name].setup_tasks
+        self.total = sum(1 for n in seen if tasks[n].actions)
+        self.write(f"kforge: {self.total} targets selected\n")
+
+    def execute_task(self, task):
+        self.begun[task.name] = time.monotonic()
+
+    def skip_uptodate(self, task):
+        if task.actions:
+            self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
+
+    def add_success(self, task):
+        if task.actions:
+            self._finish(task, "built", "")
+
+    def add_failure(self, task, fail):
+        self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
+
+    def _finish(self, task, status: str, error: str) -> None:
+        seconds = time.monotonic() - self.begun.pop(task.name, time.monotonic())
+        record = {"name": task.name, "status": status, "seconds": round(seconds, 3)}
+        if error:
+            record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
+        self.records[task.name] = record
+        failed = sum(1 for r in self.records.values() if r["status"] == "failed")
+        first = record.get("error", "").splitlines()[3:4]   # "  error: ..." line of build._fail
+        detail = f"  {first[0].strip()}" if status == "failed" and first else ""
+        self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {status:<6} {task.name} "
+                   f"{seconds:.2f}s  (failed so far: {failed}){detail}\n")
+
+    def complete_run(self):
+        records = sorted(self.records.values(), key=lambda r: r["name"])
+        counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "failed")}
+        wall = time.monotonic() - self.started_at
+        slowest = sorted((r for r in records if r["status"] == "built"), key=lambda r: -r["seconds"])[:5]
+        self.write(f"\nkforge: built {counts['built']}, up to date {counts['up-to-date']}, "
+                   f"failed {counts['failed']}, wall {wall:.1f} s\n")
+        if slowest:
+            self.write("slowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
+        for r in records:
+            if r["status"] == "failed":
+                self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
+        for msg in self.runtime_errors:
+            self.write(f"\ndoit: {msg}\n")
+        self._save({"wall_seconds": round(wall, 3), "counts": counts, "tasks": records})
+
+    def _save(self, report: dict) -> None:
+        os.makedirs(os.path.dirname(self.report_path) or ".", exist_ok=True)
+        tmp = f"{self.report_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, self.report_path)

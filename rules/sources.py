@@ -1,0 +1,92 @@
+"""Kernel sources read without importing them: entry functions, local imports, content digests."""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_bytes(), filename=str(path))
+
+
+def function_names(path: Path) -> list[str]:
+    return [n.name for n in _parse(path).body if isinstance(n, ast.FunctionDef)]
+
+
+def function_params(path: Path, name: str) -> tuple[str, ...] | None:
+    """Parameter names of the module-level function `name`, or None if there is none."""
+    for node in _parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+    return None
+
+
+def module_name(path: Path, root: Path) -> str:
+    """kernels/gemm.py under root -> 'kernels.gemm' (what the compiling process imports)."""
+    rel = path.resolve().relative_to(root.resolve()).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def local_closure(path: Path, root: Path) -> tuple[Path, ...]:
+    """The source and every project module it imports, transitively, sorted (the files its binary depends on)."""
+    seen: set[Path] = set()
+    todo = [path.resolve()]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo += [q for q in _local_imports(p, root.resolve()) if q not in seen]
+    return tuple(sorted(seen))
+
+
+def _local_imports(path: Path, root: Path) -> list[Path]:
+    found = []
+    package = path.parent
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+            bases = [root]
+        elif isinstance(node, ast.ImportFrom):
+            base = root if node.level == 0 else _up(package, node.level - 1)
+            mod = node.module.split(".") if node.module else []
+            names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
+            bases = [base]
+        else:
+            continue
+        for base in bases:
+            for dotted in names:
+                f = _resolve(base, dotted.split("."))
+                if f is not None:
+                    found.append(f)
+    return found
+
+
+def _up(p: Path, n: int) -> Path:
+    for _ in range(n):
+        p = p.parent
+    return p
+
+
+def _resolve(base: Path, parts: list[str]) -> Path | None:
+    """The file a dotted import names under base (module.py or package/__init__.py, plus parent packages)."""
+    target = base.joinpath(*parts)
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def digest_files(paths: tuple[Path, ...], root: Path) -> tuple[tuple[str, str], ...]:
+    """(relative path, sha256 of content) per file: content, not mtime, so a touch changes nothing."""
+    return tuple((str(p.relative_to(root.resolve())), _sha256(p)) for p in paths)
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,201 @@
+"""specs/*.toml -> validated, frozen Spec objects.
+
+Every check names the file, the table and key, the value received and what is allowed, and stops at the
+first problem with one SpecError. Checks that need the kernel source (entry exists, argument names) read it
+with `ast`; nothing here imports a compiler.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rules import archs as archs_mod
+from rules import sources
+from rules.dtypes import allowed_dtypes, canonical_arg_type, canonical_dtype
+
+Scalar = int | float | bool | str
+Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
+
+TOOLCHAINS = ("triton",)
+COMPILE_OPTIONS = ("num_warps", "num_stages")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be built; the message says where, what was received and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str                       # the TOML file, as given (for messages)
+    name: str                       # kernel family: doit task basename, out/<arch>/<name>/
+    source: str                     # kernel source, relative to the project root
+    entry: str                      # the @triton.jit function in it
+    toolchain: str
+    archs: tuple[str, ...]
+    id_template: str
+    signature: tuple[tuple[str, str], ...]   # (argument, type | "constexpr"); types may hold {type_var}
+    constants: tuple[tuple[str, Scalar], ...]
+    divisible_by_16: tuple[str, ...]
+    configs: tuple[Config, ...]     # sweep product + extras - excludes that match every arch
+    excludes: tuple[tuple[tuple[str, Scalar | tuple[Scalar, ...]], ...], ...]
+    description: str = ""
+
+    @property
+    def constexprs(self) -> tuple[str, ...]:
+        return tuple(a for a, t in self.signature if t == "constexpr")
+
+    @property
+    def type_vars(self) -> tuple[str, ...]:
+        found: list[str] = []
+        for _, t in self.signature:
+            found += [v for v in TYPE_VAR_RE.findall(t) if v not in found]
+        return tuple(found)
+
+
+# table -> key -> (python type(s), required, what it is). "*" is any key (mappings).
+SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
+    "kernel": {
+        "name": (str, True, "kernel family name, lower_snake_case"),
+        "source": (str, True, "kernel source file, relative to the project root"),
+        "entry": (str, True, "the @triton.jit function in the source"),
+        "toolchain": (str, True, f"one of: {', '.join(TOOLCHAINS)}"),
+        "archs": (list, False, "archs to build for (default: sm_90a, gfx942, gfx950)"),
+        "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
+        "description": (str, False, "one line for `doit list`"),
+    },
+    "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32') or 'constexpr'")},
+    "constants": {"*": ((int, float, bool, str), False, "fixed constexpr value")},
+    "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
+    "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
+    "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
+    "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
+}
+REQUIRED_TABLES = ("kernel", "signature", "sweep")
+LIST_TABLES = ("extra", "exclude")
+
+
+def load_spec(path: Path, root: Path) -> Spec:
+    """Parse and validate one spec file; root is the project root that `source` is relative to."""
+    where = _rel(path, root)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{where}: not valid TOML: {e}") from None
+    _check_schema(raw, where)
+    k = raw["kernel"]
+    name = _check_name(k["name"], where)
+    if k["toolchain"] not in TOOLCHAINS:
+        _fail(where, "kernel", "toolchain", k["toolchain"], ", ".join(TOOLCHAINS))
+    arch_names = tuple(k.get("archs", archs_mod.DEFAULT_ARCHS))
+    for a in arch_names:
+        if a not in archs_mod.ARCHS:
+            _fail(where, "kernel", "archs", a, ", ".join(archs_mod.ARCHS))
+    if not arch_names:
+        _fail(where, "kernel", "archs", [], "a non-empty list of " + ", ".join(archs_mod.ARCHS))
+
+    source_path = root / k["source"]
+    if not source_path.is_file():
+        raise SpecError(f"{where}: [kernel] source: file {k['source']!r} does not exist "
+                        f"(looked for {source_path}); fix the path, relative to {root}")
+    params = sources.function_params(source_path, k["entry"])
+    if params is None:
+        raise SpecError(f"{where}: [kernel] entry: no function {k['entry']!r} in {k['source']}; "
+                        f"functions there: {', '.join(sources.function_names(source_path)) or 'none'}")
+
+    signature = tuple(raw["signature"].items())
+    _check_signature(signature, params, where, k["entry"])
+    constants = tuple(raw.get("constants", {}).items())
+    hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
+    runtime_args = {a for a, t in signature if t != "constexpr"}
+    for h in hints:
+        if h not in runtime_args:
+            _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
+
+    spec = Spec(path=where, name=name, source=k["source"], entry=k["entry"], toolchain=k["toolchain"],
+                archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
+                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""))
+    from rules import sweep  # late: sweep needs Spec
+    return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
+
+
+def _check_schema(raw: dict, where: str) -> None:
+    for table in raw:
+        if table not in SCHEMA:
+            raise SpecError(f"{where}: unknown table [{table}]; allowed: {', '.join(SCHEMA)}")
+    for table in REQUIRED_TABLES:
+        if table not in raw:
+            raise SpecError(f"{where}: missing table [{table}]")
+    for table, body in raw.items():
+        if table in LIST_TABLES:
+            if not isinstance(body, list) or not all(isinstance(b, dict) for b in body):
+                raise SpecError(f"{where}: [[{table}]] must be an array of tables ([[{table}]] blocks)")
+            for b in body:
+                _check_keys(b, table, where)
+        elif not isinstance(body, dict):
+            raise SpecError(f"{where}: {table} must be a table [{table}], got {type(body).__name__}")
+        else:
+            _check_keys(body, table, where)
+
+
+def _check_keys(body: dict, table: str, where: str) -> None:
+    schema = SCHEMA[table]
+    for key, value in body.items():
+        rule = schema.get(key) or schema.get("*")
+        if rule is None:
+            raise SpecError(f"{where}: [{table}] unknown key {key!r}; allowed: {', '.join(schema)}")
+        types, _, what = rule
+        if not isinstance(value, types) or (isinstance(value, list) and not _scalars(value)):
+            raise SpecError(f"{where}: [{table}] {key}: expected {what}, got {value!r} "
+                            f"({type(value).__name__})")
+    for key, (_, required, what) in schema.items():
+        if required and key != "*" and key not in body:
+            raise SpecError(f"{where}: [{table}] missing key {key!r} ({what})")
+
+
+def _scalars(values: list) -> bool:
+    return all(isinstance(v, (int, float, bool, str)) for v in values)
+
+
+def _check_name(name: str, where: str) -> str:
+    if not NAME_RE.match(name):
+        _fail(where, "kernel", "name", name, "lower_snake_case: a-z, 0-9, _ (starting with a letter)")
+    return name
+
+
+def _check_signature(signature, params, where, entry) -> None:
+    names = [a for a, _ in signature]
+    if names != list(params):
+        raise SpecError(f"{where}: [signature] must list the arguments of {entry} in order; "
+                        f"got {names}, the source has {list(params)}")
+    for arg, t in signature:
+        if t == "constexpr":
+            continue
+        probe = TYPE_VAR_RE.sub("fp32", t)   # type vars are checked per config later
+        if canonical_arg_type(probe) is None:
+            _fail(where, "signature", arg, t, "'constexpr', or a type such as '*bf16', 'i32', 'fp32', "
+                  f"'*{{dtype}}'; element types: {allowed_dtypes()}")
+
+
+def _fail(where: str, table: str, key: str, value, allowed: str):
+    raise SpecError(f"{where}: [{table}] {key}: got {value!r}; allowed: {allowed}")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str) -> Scalar:
+    """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
+    if param in type_vars:
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            _fail(where, "sweep", param, value, allowed_dtypes())
+        return canon
+    return value

@@ -1,0 +1,94 @@
+"""Specs -> Targets: one per (kernel, config, arch), each with its action key and artifact directory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rules import keys, sources, sweep
+from rules.archs import ARCHS
+from rules.spec import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
+from rules.dtypes import canonical_arg_type
+
+
+@dataclass(frozen=True)
+class Target:
+    kernel: str                 # family name
+    config_id: str
+    arch: str
+    spec_path: str
+    toolchain: str
+    source: str                 # absolute path of the kernel source
+    module: str                 # dotted module name the compiling process imports
+    entry: str
+    signature: tuple[tuple[str, str], ...]   # resolved: no type variables left
+    constexprs: tuple[tuple[str, object], ...]
+    options: tuple[tuple[str, int], ...]     # num_warps, num_stages
+    divisible_by_16: tuple[str, ...]
+    config: Config
+    source_digests: tuple[tuple[str, str], ...]
+    toolchain_versions: tuple[tuple[str, str], ...]
+    out_dir: str
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel}:{self.config_id}@{self.arch}"
+
+    @property
+    def meta_path(self) -> str:
+        return f"{self.out_dir}/meta.json"
+
+
+def build_targets(specs: list[Spec], root: Path, out: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+    targets: list[Target] = []
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
+                            f"target names must be unique: rename one [kernel] name")
+        seen[spec.name] = spec.path
+        targets += spec_targets(spec, root, out, arch_filter)
+    return targets
+
+
+def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+    source = (root / spec.source).resolve()
+    digests = sources.digest_files(sources.local_closure(source, root), root)
+    module = sources.module_name(source, root)
+    result = []
+    for arch_name in spec.archs:
+        if arch_filter is not None and arch_name not in arch_filter:
+            continue
+        arch = ARCHS[arch_name]
+        sm = arch.target_arch if isinstance(arch.target_arch, int) else 0
+        versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, out / ".kforge" / "tools.json")
+        env = keys.compiler_env()
+        for config in spec.configs:
+            if any(sweep.matches(ex, config, arch_name) for ex in spec.excludes):
+                continue
+            result.append(_target(spec, config, arch_name, source, module, digests, versions, env, out))
+    return result
+
+
+def _target(spec, config, arch, source, module, digests, versions, env, out) -> Target:
+    values = dict(config)
+    signature = tuple((a, t if t == "constexpr" else canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
+                      for a, t in spec.signature)
+    for a, t in signature:
+        if t is None:
+            raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
+                            f"{values} is not a known type")
+    constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
+    options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
+    cid = sweep.config_id(spec, config)
+    payload = {
+        "toolchain": spec.toolchain, "versions": versions, "arch": arch, "entry": spec.entry,
+        "module": module, "sources": digests, "signature": signature, "options": options,
+        "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
+        "divisible_by_16": spec.divisible_by_16, "env": env,
+    }
+    return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
+                  source=str(source), module=module, entry=spec.entry, signature=signature,
+                  constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
+                  config=config, source_digests=digests, toolchain_versions=versions,
+                  out_dir=str(out / arch / spec.name / cid), key=keys.action_key(payload))

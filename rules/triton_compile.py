@@ -1,0 +1,98 @@
+"""Triton ahead-of-time compile of one Target. Imported only by processes that compile."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from rules import artifact, elf
+from rules.archs import ARCHS
+from rules.keys import SCHEMA_VERSION
+
+_warm = False
+
+
+def warm(root: str) -> None:
+    """Once per process, before forking compiles: import Triton and pay its toolchain hash (triton_key)."""
+    global _warm
+    if _warm:
+        return
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
+    from triton.runtime.cache import triton_key
+    triton_key()   # hashes libtriton once; every forked compile reuses it
+    _warm = True
+
+
+def compile_one(request: tuple) -> dict:
+    """Runs in the forked child: compile, check the ELF, write the artifact atomically."""
+    target, scratch = request
+    os.environ["TRITON_CACHE_DIR"] = scratch   # private: a compile never reads another's cache
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    arch = ARCHS[target.arch]
+    fn = _entry(target)
+    names = [a for a, _ in target.signature]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
+    src = ASTSource(fn=fn, signature=dict(target.signature), constexprs=dict(target.constexprs), attrs=attrs)
+    start = time.monotonic()
+    kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
+                            options=dict(target.options))
+    seconds = time.monotonic() - start
+    binary = kernel.asm[arch.binary_ext]
+    md = kernel.metadata
+    try:
+        elf.check_binary(binary, arch, md.name)
+    except elf.ElfError as e:
+        raise RuntimeError(f"bad binary from Triton: {e}") from None
+    if md.shared > arch.max_shared:
+        raise RuntimeError(f"needs {md.shared} bytes of shared memory; {arch.name} has {arch.max_shared}: "
+                           f"it could never launch there; add an [[exclude]] for this config")
+    meta = _meta(target, md, binary)
+    artifact.write(Path(target.out_dir), meta["binary"], binary, meta)
+    return {"compile_seconds": round(seconds, 4), "sha256": meta["sha256"]}
+
+
+def _entry(target):
+    from triton.runtime.jit import JITFunction
+    module = importlib.import_module(target.module)
+    fn = getattr(module, target.entry, None)
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
+    return fn
+
+
+def _meta(target, md, binary: bytes) -> dict:
+    arch = ARCHS[target.arch]
+    return {
+        "schema": SCHEMA_VERSION,
+        "target": target.name,
+        "kernel": target.kernel,
+        "config_id": target.config_id,
+        "config": dict(target.config),
+        "arch": target.arch,
+        "vendor": arch.vendor,
+        "toolchain": target.toolchain,
+        "binary": f"{md.name}.{arch.binary_ext}",
+        "sha256": artifact.sha256(binary),
+        "size": len(binary),
+        "symbol": md.name,
+        "num_warps": md.num_warps,
+        "num_stages": md.num_stages,
+        "warp_size": md.warp_size,
+        "threads_per_block": md.num_warps * md.warp_size,
+        "shared": md.shared,
+        "global_scratch_size": getattr(md, "global_scratch_size", 0),
+        "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
+        "signature": [{"name": a, "type": t} for a, t in target.signature if t != "constexpr"],
+        "constexprs": dict(target.constexprs),
+        "divisible_by_16": list(target.divisible_by_16),
+        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
+        "toolchain_versions": dict(target.toolchain_versions),
+        "key": target.key,
+    }
