@@ -11,6 +11,7 @@ import json
 import os
 import select
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -71,6 +72,8 @@ def _child(fn, request, write_fd: int, log_fd: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
+        # Python-level writes too (doit and pytest replace sys.stdout/err with in-memory buffers)
+        sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
         try:
             payload = {"result": fn(request)}
             code = 0
@@ -78,6 +81,7 @@ def _child(fn, request, write_fd: int, log_fd: int) -> None:
             payload = {"error": _short_error(e)}
         _write_all(write_fd, json.dumps(payload).encode())
     finally:
+        sys.stderr.flush()
         os._exit(code)
 
 

@@ -45,6 +45,8 @@ class BuildReporter(ConsoleReporter):
             self._finish(task, "built", "")
 
     def add_failure(self, task, fail):
+        if not task.actions:   # a family group "fails" when one of its targets did: already reported
+            return
         self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
 
     def _finish(self, task, status: str, error: str) -> None:

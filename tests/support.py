@@ -1,0 +1,92 @@
+"""Shared helpers: throw-away kforge projects with tiny kernels, and running doit on them."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+ADD_KERNEL = '''
+import triton
+import triton.language as tl
+{imports}
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, (tl.load(x_ptr + i, mask=m) * {factor}).to(y_ptr.dtype.element_ty), mask=m)
+'''
+
+ADD_SPEC = '''
+[kernel]
+name = "{name}"
+source = "tk/{module}.py"
+entry = "scale_kernel"
+toolchain = "triton"
+archs = {archs}
+id = "{{dtype}}-b{{BLOCK}}-w{{num_warps}}"
+
+[signature]
+x_ptr = "*{{dtype}}"
+y_ptr = "*{{dtype}}"
+n = "i32"
+BLOCK = "constexpr"
+
+[hints]
+divisible_by_16 = ["x_ptr", "y_ptr"]
+
+[sweep]
+dtype = {dtypes}
+BLOCK = {blocks}
+num_warps = [4]
+'''
+
+
+def spec_text(name="scale", module="scale", archs=("sm_90a",), dtypes=("fp16",), blocks=(256,)) -> str:
+    q = lambda xs: "[" + ", ".join(f'"{x}"' if isinstance(x, str) else str(x) for x in xs) + "]"
+    return textwrap.dedent(ADD_SPEC.format(name=name, module=module, archs=q(archs), dtypes=q(dtypes),
+                                           blocks=q(blocks)))
+
+
+def make_project(tmp: Path, specs: dict[str, str] | None = None, kernels: dict[str, str] | None = None) -> Path:
+    """A project at tmp: the repo's dodo.py and pyproject.toml, the given specs and tk/ kernel modules."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dodo.py", tmp / "dodo.py")
+    shutil.copy(REPO / "pyproject.toml", tmp / "pyproject.toml")
+    (tmp / "specs").mkdir(exist_ok=True)
+    (tmp / "tk").mkdir(exist_ok=True)
+    (tmp / "tk" / "__init__.py").write_text("")
+    for name, text in (specs if specs is not None else {"scale": spec_text()}).items():
+        (tmp / "specs" / f"{name}.toml").write_text(text)
+    for name, text in (kernels if kernels is not None else {"scale": kernel_text()}).items():
+        (tmp / "tk" / f"{name}.py").write_text(text)
+    return tmp
+
+
+def kernel_text(factor: str = "2", imports: str = "") -> str:
+    return ADD_KERNEL.format(factor=factor, imports=imports)
+
+
+def doit(project: Path, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"doit {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def build_report(project: Path) -> dict[str, str]:
+    """target name -> status from the last run's out/build-report.json."""
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    return {t["name"]: t["status"] for t in report["tasks"]}
+
+
+def statuses(project: Path, status: str) -> set[str]:
+    return {n for n, s in build_report(project).items() if s == status}

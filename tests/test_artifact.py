@@ -1,0 +1,69 @@
+"""Artifacts: sha256 and ELF verified on load; meta.json is written last, so a kill never leaves a 'built' half."""
+import json
+import shutil
+
+import pytest
+
+from rules import artifact
+
+
+@pytest.fixture
+def art(built, tmp_path):
+    d = tmp_path / "sm_90a" / "scale" / "fp16-b256-w4"
+    shutil.copytree(built / "out" / "sm_90a" / "scale" / "fp16-b256-w4", d)
+    return d
+
+
+def test_meta_has_what_a_loader_needs(art):
+    meta, data = artifact.load(art)
+    assert meta["target"] == "scale:fp16-b256-w4@sm_90a" and meta["arch"] == "sm_90a"
+    assert meta["binary"] == "scale_kernel.cubin" and meta["symbol"] == "scale_kernel"
+    assert meta["sha256"] == artifact.sha256(data) and meta["num_warps"] == 4
+    assert [a["name"] for a in meta["signature"]] == ["x_ptr", "y_ptr", "n"]
+    assert meta["signature"][0]["type"] == "*fp16" and meta["constexprs"] == {"BLOCK": 256}
+    assert meta["config"] == {"dtype": "fp16", "BLOCK": 256, "num_warps": 4}
+    assert set(meta["toolchain_versions"]) == {"triton", "ptxas"} and "shared" in meta
+    assert list(meta["source"]["digests"]) == ["tk/scale.py"]
+
+
+def test_tampered_binary_is_refused(art):
+    b = art / "scale_kernel.cubin"
+    data = bytearray(b.read_bytes())
+    data[-1] ^= 0xFF
+    b.write_bytes(bytes(data))
+    with pytest.raises(artifact.ArtifactError, match="sha256 .* does not match"):
+        artifact.load(art)
+
+
+def test_binary_for_wrong_arch_behind_a_matching_sha_is_refused(art, built):
+    other = built / "out" / "sm_80" / "scale" / "fp16-b256-w4" / "scale_kernel.cubin"
+    shutil.copy(other, art / "scale_kernel.cubin")
+    meta = json.loads((art / "meta.json").read_text())
+    meta["sha256"] = artifact.sha256(other.read_bytes())
+    (art / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(artifact.ArtifactError, match="sm_80, expected sm_90a"):
+        artifact.load(art)
+
+
+def test_kill_before_meta_leaves_target_unbuilt(art, monkeypatch):
+    meta = json.loads((art / "meta.json").read_text())
+    assert artifact.is_current(str(art / "meta.json"), meta["key"])
+    real = artifact._atomic_write
+
+    def killed_at_meta(path, data):
+        if path.name == artifact.META:
+            raise KeyboardInterrupt   # the process dies between the binary and meta.json
+        real(path, data)
+    monkeypatch.setattr(artifact, "_atomic_write", killed_at_meta)
+    with pytest.raises(KeyboardInterrupt):
+        artifact.write(art, "scale_kernel.cubin", b"new", {**meta, "key": "new"})
+    assert not (art / "meta.json").exists()
+    assert not artifact.is_current(str(art / "meta.json"), meta["key"])
+    assert not artifact.is_current(str(art / "meta.json"), "new")
+
+
+def test_corrupt_meta_is_not_current(art):
+    (art / "meta.json").write_text("{not json")
+    assert not artifact.is_current(str(art / "meta.json"), "anything")
+    with pytest.raises(artifact.ArtifactError, match="unreadable artifact"):
+        artifact.load(art)

@@ -1,0 +1,161 @@
+"""doit runs on throw-away projects: incremental matrix, crash isolation, interruption, commands, report."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rules import artifact
+from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
+
+TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == set(TWO)
+    return root
+
+
+def test_second_run_builds_nothing(project):
+    doit(project)
+    assert statuses(project, "up-to-date") == set(TWO)
+
+
+def test_touch_rebuilds_nothing(project):
+    for f in (project / "tk" / "scale.py", project / "specs" / "scale.toml"):
+        os.utime(f)
+    doit(project)
+    assert statuses(project, "built") == set()
+
+
+def test_config_edit_rebuilds_only_that_config(project):
+    spec = project / "specs" / "scale.toml"
+    spec.write_text(spec.read_text().replace("BLOCK = [128, 256]", "BLOCK = [128, 512]"))
+    doit(project)
+    assert statuses(project, "built") == {"scale:fp16-b512-w4@sm_90a"}
+    assert statuses(project, "up-to-date") == {TWO[0]}
+
+
+def test_source_edit_rebuilds_its_targets(project):
+    (project / "tk" / "scale.py").write_text(kernel_text(factor="3"))
+    doit(project)
+    assert statuses(project, "built") == set(TWO)
+
+
+def test_restored_out_on_another_checkout_rebuilds_nothing(project, tmp_path):
+    other = tmp_path / "other-checkout"
+    shutil.copytree(project, other)   # fresh mtimes on everything, as a CI cache restore gives
+    (other / "out" / ".doit.sqlite3").unlink()   # even without doit's own DB
+    now = time.time() + 100
+    for f in other.rglob("*"):
+        os.utime(f, (now, now))
+    doit(other)
+    assert statuses(other, "up-to-date") == set(TWO)
+
+
+def test_forget_and_clean(project):
+    doit(project, "forget", TWO[0])
+    doit(project)
+    assert statuses(project, "built") == {TWO[0]}
+    doit(project, "clean", TWO[1])
+    assert not (project / "out" / "sm_90a" / "scale" / "fp16-b256-w4").exists()
+    doit(project)
+    assert statuses(project, "built") == {TWO[1]}
+
+
+def test_list_info_and_family_selection(project):
+    assert "scale" in doit(project, "list").stdout
+    listing = doit(project, "list", "--all").stdout
+    assert all(t in listing for t in TWO)
+    assert "up-to-date" in doit(project, "info", TWO[0]).stdout
+    doit(project, "forget", "--all")
+    doit(project, "scale")
+    assert statuses(project, "built") == set(TWO)
+
+
+def test_arch_selection_from_command_line(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text(archs=("sm_90a", "gfx942", "gfx950"))})
+    doit(root, "archs=gfx942,sm_90a")
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a", "scale:fp16-b256-w4@gfx942"}
+    bad = doit(root, "archs=sm_91", check=False)
+    assert bad.returncode != 0 and "unknown arch sm_91" in bad.stderr and "gfx942" in bad.stderr
+
+
+def test_bad_spec_is_one_clear_error_for_every_command(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text().replace('"fp16"', '"fp17"')})
+    for args in ((), ("list",)):
+        proc = doit(root, *args, check=False)
+        assert proc.returncode == 2
+        assert "kforge: specs/scale.toml: [sweep] dtype: got 'fp17'" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+CRASHING = {
+    "abort": "import os\nos.abort()\n",
+    "segv": "import ctypes\nctypes.string_at(0)\n",
+    "llvm": "import sys, os\nsys.stderr.write('LLVM ERROR: out of registers\\n')\nsys.stderr.flush()\nos._exit(134)\n",
+}
+
+
+def test_compiler_crash_fails_only_that_target(tmp_path):
+    specs = {"scale": spec_text(blocks=(128, 256, 512))}
+    kernels = {"scale": kernel_text()}
+    for name, crash in CRASHING.items():
+        specs[name] = spec_text(name=name, module=name)
+        kernels[name] = crash + kernel_text()
+    root = make_project(tmp_path, specs=specs, kernels=kernels)
+    proc = doit(root, "-n", "2", check=False, timeout=300)
+    assert proc.returncode != 0
+    report = build_report(root)
+    assert statuses(root, "built") == {f"scale:fp16-b{b}-w4@sm_90a" for b in (128, 256, 512)}
+    assert statuses(root, "failed") == {f"{n}:fp16-b256-w4@sm_90a" for n in CRASHING}
+    errors = {t["name"]: t["error"] for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"]
+              if t["status"] == "failed"}
+    assert "crashed: SIGABRT" in errors["abort:fp16-b256-w4@sm_90a"]
+    assert "crashed: SIGSEGV" in errors["segv:fp16-b256-w4@sm_90a"]
+    assert "LLVM ERROR: out of registers" in errors["llvm:fp16-b256-w4@sm_90a"]
+    assert "config: {'dtype': 'fp16', 'BLOCK': 256, 'num_warps': 4}" in errors["segv:fp16-b256-w4@sm_90a"]
+    assert "FAILED abort:fp16-b256-w4@sm_90a" in proc.stdout
+    assert len(report) == 6
+    assert (root / "out" / "sm_90a" / "abort" / "fp16-b256-w4" / "error.txt").exists()
+
+
+def test_hanging_compile_times_out(tmp_path):
+    kernels = {"scale": kernel_text(), "hang": "import time\ntime.sleep(120)\n" + kernel_text()}
+    root = make_project(tmp_path, specs={"scale": spec_text(), "hang": spec_text(name="hang", module="hang")},
+                        kernels=kernels)
+    proc = doit(root, "timeout=3", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    assert "timed out after 3 s" in proc.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
+    slow = "import time\ntime.sleep(0.7)\n" + kernel_text()
+    blocks = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+    root = make_project(tmp_path, specs={"scale": spec_text(blocks=blocks)}, kernels={"scale": slow})
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metas = root / "out" / "sm_90a" / "scale"
+    deadline = time.monotonic() + 120
+    while len(list(metas.glob("*/meta.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    finished = {p.parent.name for p in metas.glob("*/meta.json")}
+    assert 3 <= len(finished) < len(blocks)
+    for d in metas.iterdir():   # whatever counts as built is whole and valid
+        if (d / "meta.json").exists():
+            artifact.load(d)
+    doit(root, "-n", "2")
+    built = {n.split(":")[1].split("@")[0] for n in statuses(root, "built")}
+    assert built == {f"fp16-b{b}-w4" for b in blocks} - finished

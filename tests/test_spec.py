@@ -1,0 +1,80 @@
+"""Spec validation: every bad input stops with one message naming the file, the key, the value and the fix."""
+import pytest
+
+from rules.spec import SpecError, load_spec
+from tests.support import kernel_text, make_project, spec_text
+
+
+def load(tmp_path, text, kernel=None):
+    root = make_project(tmp_path, specs={"s": text}, kernels={"scale": kernel or kernel_text()})
+    return load_spec(root / "specs" / "s.toml", root)
+
+
+def error(tmp_path, text, kernel=None) -> str:
+    with pytest.raises(SpecError) as e:
+        load(tmp_path, text, kernel)
+    assert "specs/s.toml" in str(e.value)
+    return str(e.value)
+
+
+def test_valid_spec_loads(tmp_path):
+    spec = load(tmp_path, spec_text(dtypes=("fp16", "bfloat16"), blocks=(128, 256)))
+    assert spec.name == "scale" and spec.archs == ("sm_90a",)
+    assert len(spec.configs) == 4
+    assert {dict(c)["dtype"] for c in spec.configs} == {"fp16", "bf16"}   # alias made canonical
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (('toolchain = "triton"', 'toolchain = "cuda"'), ["toolchain", "'cuda'", "allowed: triton"]),
+    (('toolchain = "triton"', 'toolchian = "triton"'), ["unknown key 'toolchian'", "allowed:"]),
+    (('archs = ["sm_90a"]', 'archs = ["sm_91"]'), ["archs", "'sm_91'", "gfx942"]),
+    (('archs = ["sm_90a"]', 'archs = "sm_90a"'), ["archs", "expected", "(str)"]),
+    (('dtype = ["fp16"]', 'dtype = ["fp17"]'), ["dtype", "'fp17'", "bf16"]),
+    (('dtype = ["fp16"]', 'dtype = []'), ["dtype", "empty list"]),
+    (('source = "tk/scale.py"', 'source = "tk/nope.py"'), ["source", "tk/nope.py", "does not exist"]),
+    (('entry = "scale_kernel"', 'entry = "missing_kernel"'), ["entry", "missing_kernel", "scale_kernel"]),
+    (('n = "i32"', 'n = "i33"'), ["[signature] n", "'i33'"]),
+    (('n = "i32"\n', ''), ["must list the arguments", "'n'"]),
+    (('num_warps = [4]', 'num_warps = [4]\nWIDTH = [1]'), ["WIDTH", "not a parameter"]),
+    (('num_warps = [4]', 'num_warps = [3]'), ["num_warps", "3", "allowed"]),
+    (('num_warps = [4]', 'num_warps = ["4"]'), ["num_warps", "'4'"]),
+    (('name = "scale"', 'name = "Scale-1"'), ["name", "'Scale-1'", "lower_snake_case"]),
+    (('[hints]', '[hint]'), ["unknown table [hint]"]),
+    (('divisible_by_16 = ["x_ptr", "y_ptr"]', 'divisible_by_16 = ["z_ptr"]'), ["divisible_by_16", "'z_ptr'"]),
+    (('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{dtype}"'), ["both get id", "add the differing"]),
+    (('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{dtype}-{WIDTH}"'), ["placeholder {WIDTH}"]),
+    (('[kernel]', 'x = 1\n[kernel]'), ["unknown table [x]"]),
+    (('n = "i32"', 'n = "i32'), ["not valid TOML"]),
+])
+def test_bad_spec_names_file_key_value(tmp_path, edit, expected):
+    old, new = edit
+    text = spec_text(blocks=(128, 256))
+    assert old in text
+    message = error(tmp_path, text.replace(old, new, 1))
+    for part in expected:
+        assert part in message, (part, message)
+
+
+def test_exclude_that_matches_nothing_is_an_error(tmp_path):
+    message = error(tmp_path, spec_text() + '\n[[exclude]]\nBLOCK = 999\n')
+    assert "[[exclude]] #1" in message and "matches no config" in message
+
+
+def test_sweep_empty_after_excludes(tmp_path):
+    message = error(tmp_path, spec_text() + '\n[[exclude]]\nBLOCK = 256\n')
+    assert "empty after [[exclude]]" in message
+
+
+def test_constexpr_without_value(tmp_path):
+    text = spec_text().replace("BLOCK = [256]\n", "")
+    assert "constexpr BLOCK has no value" in error(tmp_path, text)
+
+
+def test_missing_required_table_and_key(tmp_path):
+    assert "missing table [sweep]" in error(tmp_path, spec_text().split("[sweep]")[0])
+    assert "missing key 'entry'" in error(tmp_path, spec_text().replace('entry = "scale_kernel"\n', ""))
+
+
+def test_extra_must_give_every_swept_parameter(tmp_path):
+    message = error(tmp_path, spec_text() + '\n[[extra]]\ndtype = "fp16"\n')
+    assert "[[extra]] #1" in message and "BLOCK" in message

@@ -1,0 +1,47 @@
+"""Sweep expansion and config ids: readable, stable, derived from values only."""
+from rules.spec import load_spec
+from rules.sweep import config_id
+from tests.support import make_project, spec_text
+
+
+def load(tmp_path, text):
+    root = make_project(tmp_path, specs={"s": text})
+    return load_spec(root / "specs" / "s.toml", root)
+
+
+def test_ids_are_readable_and_derived_from_values(tmp_path):
+    spec = load(tmp_path, spec_text(dtypes=("fp16", "bf16"), blocks=(128, 256)))
+    ids = [config_id(spec, c) for c in spec.configs]
+    assert ids == ["fp16-b128-w4", "fp16-b256-w4", "bf16-b128-w4", "bf16-b256-w4"]
+
+
+def test_ids_do_not_depend_on_order_of_other_configs(tmp_path):
+    a = load(tmp_path, spec_text(blocks=(128, 256)))
+    b = load(tmp_path, spec_text(blocks=(512, 256, 64)))
+    ids_a = {dict(c)["BLOCK"]: config_id(a, c) for c in a.configs}
+    ids_b = {dict(c)["BLOCK"]: config_id(b, c) for c in b.configs}
+    assert ids_a[256] == ids_b[256] == "fp16-b256-w4"
+
+
+def test_default_id_without_template(tmp_path):
+    text = spec_text(blocks=(128,)).replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "")
+    spec = load(tmp_path, text)
+    assert [config_id(spec, c) for c in spec.configs] == ["fp16-block128-num_warps4"]
+
+
+def test_extra_and_exclude(tmp_path):
+    text = spec_text(blocks=(128, 256)) + (
+        '\n[[extra]]\ndtype = "bf16"\nBLOCK = 1024\nnum_warps = 8\n'
+        '\n[[extra]]\ndtype = "fp16"\nBLOCK = 128\nnum_warps = 4\n'   # equal to a swept config: one target
+        '\n[[exclude]]\nBLOCK = [256, 512]\n')
+    spec = load(tmp_path, text)
+    assert [config_id(spec, c) for c in spec.configs] == ["fp16-b128-w4", "bf16-b1024-w8"]
+
+
+def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
+    from rules.targets import spec_targets
+    text = spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256)) + '\n[[exclude]]\narch = "gfx942"\nBLOCK = 256\n'
+    root = make_project(tmp_path, specs={"s": text})
+    spec = load_spec(root / "specs" / "s.toml", root)
+    names = sorted(t.name for t in spec_targets(spec, root, root / "out", None))
+    assert names == ["scale:fp16-b128-w4@gfx942", "scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a"]

@@ -1,0 +1,87 @@
+"""Action keys: each input that changes a binary changes exactly the keys of the targets it feeds."""
+import os
+
+import pytest
+
+from rules import keys
+from rules.spec import load_spec
+from rules.targets import build_targets
+from tests.support import kernel_text, make_project, spec_text
+
+
+def keys_of(root) -> dict[str, str]:
+    keys.toolchain_fingerprint.cache_clear()
+    from rules import sources
+    sources._sha256.cache_clear()
+    sources._parse.cache_clear()
+    specs = [load_spec(p, root) for p in sorted((root / "specs").glob("*.toml"))]
+    return {t.name: t.key for t in build_targets(specs, root, root / "out", None)}
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_project(tmp_path, specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256))})
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+
+
+def test_keys_are_stable(project):
+    assert keys_of(project) == keys_of(project)
+
+
+def test_touch_changes_nothing(project):
+    before = keys_of(project)
+    os.utime(project / "tk" / "scale.py", (1, 1))
+    assert keys_of(project) == before
+
+
+def test_editing_one_config_value_changes_only_that_config(project):
+    before = keys_of(project)
+    spec = project / "specs" / "scale.toml"
+    spec.write_text(spec.read_text().replace("BLOCK = [128, 256]", "BLOCK = [128, 512]"))
+    assert changed(before, keys_of(project)) == {
+        "scale:fp16-b256-w4@sm_90a", "scale:fp16-b256-w4@gfx942",     # gone
+        "scale:fp16-b512-w4@sm_90a", "scale:fp16-b512-w4@gfx942"}     # new
+
+
+def test_source_and_imported_module_changes_rebuild_all_their_targets(project):
+    (project / "tk" / "helper.py").write_text("SCALE = 2\n")
+    (project / "tk" / "scale.py").write_text(kernel_text(imports="from tk import helper"))
+    before = keys_of(project)
+    (project / "tk" / "helper.py").write_text("SCALE = 3\n")
+    assert changed(before, keys_of(project)) == set(before)
+
+
+def test_dtype_is_in_the_key_by_canonical_name(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text(dtypes=("fp16", "bf16"))})
+    k = keys_of(root)
+    assert k["scale:fp16-b256-w4@sm_90a"] != k["scale:bf16-b256-w4@sm_90a"]
+    spec = root / "specs" / "scale.toml"
+    spec.write_text(spec.read_text().replace('"bf16"', '"bfloat16"'))
+    assert keys_of(root)["scale:bf16-b256-w4@sm_90a"] == k["scale:bf16-b256-w4@sm_90a"]
+
+
+def test_bool_and_int_constexprs_are_different_keys(tmp_path):
+    from rules.targets import Target  # noqa: F401  (keys come from the payload: type names are in it)
+    payload = {"constexprs": [("FLAG", "bool", True)]}
+    assert keys.action_key(payload) != keys.action_key({"constexprs": [("FLAG", "int", 1)]})
+
+
+def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
+    before = keys_of(project)
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
+    assert changed(before, keys_of(project)) == set(before)
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    monkeypatch.setattr(keys, "SCHEMA_VERSION", keys.SCHEMA_VERSION + 1)
+    assert changed(before, keys_of(project)) == set(before)
+    monkeypatch.undo()
+    monkeypatch.setattr(keys, "package_version", lambda dist: "9.9.9")
+    assert changed(before, keys_of(project)) == set(before)
+
+
+def test_ptxas_version_is_in_nvidia_keys_only(project, monkeypatch):
+    before = keys_of(project)
+    monkeypatch.setattr(keys, "tool_version", lambda path, cache: "ptxas 99.0")
+    assert changed(before, keys_of(project)) == {n for n in before if n.endswith("@sm_90a")}
