@@ -1,0 +1,91 @@
+"""Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
+
+Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--json out.json]
+Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
+The pool loop compiles the same targets in-process in N pool workers (each imports Triton once),
+one compile_one call per job, as aiter's and Inductor's precompile loops do.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
+from rules.archs import parse_arch_list  # noqa: E402
+from rules.project import load_specs  # noqa: E402
+from rules.targets import build_targets  # noqa: E402
+
+
+def pool_compile(args) -> bool:
+    target, root = args
+    from rules import triton_compile
+    triton_compile.warm(root)
+    scratch = tempfile.mkdtemp()
+    try:
+        triton_compile.compile_one((target, scratch))
+        return True
+    except Exception:
+        return False
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def time_pool(project: Path, workers: int, archs) -> tuple[float, int]:
+    start = time.perf_counter()
+    targets = build_targets(load_specs(project), project, project / "out", archs)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        ok = sum(pool.map(pool_compile, [(t, str(project)) for t in targets], chunksize=1))
+    return time.perf_counter() - start, ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--pool", type=int, nargs="*", default=[])
+    ap.add_argument("--archs", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--workdir", default=None)
+    a = ap.parse_args()
+    archs = parse_arch_list(a.archs, "--archs") if a.archs else None
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
+    rows = []
+    for n in a.jobs:
+        project = fresh_copy(work / f"doit-n{n}")
+        extra = [f"archs={a.archs}"] if a.archs else []
+        seconds = run_doit(project, "-n", str(n), *extra)
+        counts = report_counts(project)
+        rows.append({"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": counts["built"],
+                     "failed": counts["failed"]})
+        print(f"doit -n {n}: {seconds:.1f} s, {counts}", flush=True)
+    for n in a.pool:
+        project = fresh_copy(work / f"pool-{n}")
+        seconds, ok = time_pool(project, n, archs)
+        rows.append({"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0})
+        print(f"pool {n}: {seconds:.1f} s, {ok} compiled", flush=True)
+    base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
+    print(f"\nmachine: {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print("| mode | targets | wall s | targets/s | speedup vs -n 1 | speedup / N | vs pool at same N |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
+        speed = base / r["seconds"] if base else None
+        vs_pool = (pool["seconds"] / r["seconds"]) if pool and r["mode"].startswith("doit") else None
+        fmt = lambda x, f: f.format(x) if x is not None else "-"
+        print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
+              f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
+              f"{fmt(vs_pool, '{:.2f}')} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

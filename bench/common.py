@@ -1,0 +1,38 @@
+"""Helpers shared by the benchmarks: throw-away copies of the project and timed doit runs."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The project's specs, kernels and dodo in dest, with an empty out/ (a cold build)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("specs", "kernels"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dodo.py", "pyproject.toml"):
+        shutil.copy(REPO / name, dest / name)
+    return dest
+
+
+def run_doit(project: Path, *args: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"doit {' '.join(args)} failed in {project}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def report_counts(project: Path) -> dict:
+    return json.loads((project / "out" / "build-report.json").read_text())["counts"]
