@@ -24,7 +24,7 @@ def fresh_copy(dest: Path) -> Path:
 
 
 def run_doit(project: Path, *args: str) -> float:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env,
                           capture_output=True, text=True)
