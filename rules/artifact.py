@@ -35,15 +35,15 @@ def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
         _unlink(directory / stale)
-    _atomic_write(directory / binary_name, binary)
-    _atomic_write(directory / META, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(directory / binary_name, binary)
+    atomic_write(directory / META, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
 
 
 def write_error(directory: Path, key: str, message: str) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built)."""
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
-    _atomic_write(directory / ERROR, f"key: {key}\n{message}\n".encode())
+    atomic_write(directory / ERROR, f"key: {key}\n{message}\n".encode())
 
 
 def load(directory: Path) -> tuple[dict, bytes]:
@@ -79,7 +79,8 @@ def _task(directory: Path) -> str:
     return f"{kernel}:{cid}@{arch}"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temp file beside path, then rename: readers see the old file or the new one, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)

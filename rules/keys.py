@@ -14,6 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from rules.artifact import atomic_write
+
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
 SCHEMA_VERSION = 1
 
@@ -91,6 +93,4 @@ def _read_json(path: Path) -> dict:
 
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 import time
+from pathlib import Path
 
 from doit.reporter import ConsoleReporter
+
+from rules.artifact import atomic_write
 
 ERROR_LINES = 6
 
@@ -78,8 +80,6 @@ class BuildReporter(ConsoleReporter):
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "tasks": records})
 
     def _save(self, report: dict) -> None:
-        os.makedirs(os.path.dirname(self.report_path) or ".", exist_ok=True)
-        tmp = f"{self.report_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(tmp, self.report_path)
+        path = Path(self.report_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(report, indent=1).encode())

@@ -48,13 +48,13 @@ def test_binary_for_wrong_arch_behind_a_matching_sha_is_refused(art, built):
 def test_kill_before_meta_leaves_target_unbuilt(art, monkeypatch):
     meta = json.loads((art / "meta.json").read_text())
     assert artifact.is_current(str(art / "meta.json"), meta["key"])
-    real = artifact._atomic_write
+    real = artifact.atomic_write
 
     def killed_at_meta(path, data):
         if path.name == artifact.META:
             raise KeyboardInterrupt   # the process dies between the binary and meta.json
         real(path, data)
-    monkeypatch.setattr(artifact, "_atomic_write", killed_at_meta)
+    monkeypatch.setattr(artifact, "atomic_write", killed_at_meta)
     with pytest.raises(KeyboardInterrupt):
         artifact.write(art, "scale_kernel.cubin", b"new", {**meta, "key": "new"})
     assert not (art / "meta.json").exists()

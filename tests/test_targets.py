@@ -64,7 +64,6 @@ def test_dtype_is_in_the_key_by_canonical_name(tmp_path):
 
 
 def test_bool_and_int_constexprs_are_different_keys(tmp_path):
-    from rules.targets import Target  # noqa: F401  (keys come from the payload: type names are in it)
     payload = {"constexprs": [("FLAG", "bool", True)]}
     assert keys.action_key(payload) != keys.action_key({"constexprs": [("FLAG", "int", 1)]})
 
