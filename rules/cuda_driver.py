@@ -20,17 +20,12 @@ class CudaError(RuntimeError):
     pass
 
 
-def _driver():
-    lib = ctypes.CDLL("libcuda.so.1")
-    return lib
-
-
 class Kernel:
     def __init__(self, directory: Path):
         self.meta, binary = artifact.load(directory)   # sha256 + ELF checked before the driver sees it
         if self.meta.get("global_scratch_size") or self.meta.get("profile_scratch_size"):
             raise CudaError(f"{directory}: kernels needing scratch memory are not supported by this loader")
-        self._cu = _driver()
+        self._cu = ctypes.CDLL("libcuda.so.1")
         self._check(self._cu.cuInit(0), "cuInit")
         self._module = ctypes.c_void_p()
         self._image = ctypes.create_string_buffer(binary, len(binary))

@@ -1,4 +1,4 @@
-"""doit commands kforge adjusts (registered in pyproject.toml under [tool.doit.plugins.COMMAND])."""
+"""doit commands kforge adjusts (registered in pyproject.toml under [tool.doit.plugins.command])."""
 from __future__ import annotations
 
 import os

@@ -58,8 +58,8 @@ class BuildReporter(ConsoleReporter):
             record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
         self.records[task.name] = record
         failed = sum(1 for r in self.records.values() if r["status"] == "failed")
-        first = record.get("error", "").splitlines()[3:4]   # "  error: ..." line of build._fail
-        detail = f"  {first[0].strip()}" if status == "failed" and first else ""
+        first = [line.strip() for line in error.splitlines() if line.strip().startswith("error:")][:1]
+        detail = f"  {first[0]}" if first else ""
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {status:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {failed}){detail}\n")
 

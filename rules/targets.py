@@ -55,6 +55,7 @@ def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...]
     source = (root / spec.source).resolve()
     digests = sources.digest_files(sources.local_closure(source, root), root)
     module = sources.module_name(source, root)
+    env = keys.compiler_env()
     result = []
     for arch_name in spec.archs:
         if arch_filter is not None and arch_name not in arch_filter:
@@ -62,7 +63,6 @@ def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...]
         arch = ARCHS[arch_name]
         sm = arch.target_arch if isinstance(arch.target_arch, int) else 0
         versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, out / ".kforge" / "tools.json")
-        env = keys.compiler_env()
         for config in spec.configs:
             if any(sweep.matches(ex, config, arch_name) for ex in spec.excludes):
                 continue
