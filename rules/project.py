@@ -1,6 +1,7 @@
 """The glue dodo.py calls: find specs, choose archs from the command line, configure doit."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -62,8 +63,19 @@ def compile_tasks(root: Path, specs: list, targets: list):
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state."""
+    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state.
+
+    Only in the doit master. Its forked workers inherit the handler, but doit stops them with SIGTERM and
+    then stops reading their queue: a worker that raised KeyboardInterrupt there would block on its queue
+    at exit and hang the build, so a worker dies at once (its compile child follows, via PDEATHSIG).
+    """
+    master = os.getpid()
+
     def handler(signum, frame):
+        if os.getpid() != master:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, handler)
