@@ -24,11 +24,58 @@ class ArtifactError(ValueError):
 
 def is_current(meta_path: str, key: str) -> bool:
     """True when the artifact at meta_path was built from exactly this action key."""
+    return _read_key(meta_path)[1] == key
+
+
+def _read_key(meta_path: str) -> tuple[list | None, str | None]:
+    """(identity of the meta.json file read, the key in it); stat and content come from one open file."""
     try:
         with open(meta_path, "rb") as f:
-            return json.loads(f.read()).get("key") == key
+            st = os.fstat(f.fileno())
+            key = json.loads(f.read()).get("key")
     except (OSError, ValueError, AttributeError):
-        return False
+        return None, None
+    return [st.st_ino, st.st_mtime_ns, st.st_size], key if isinstance(key, str) else None
+
+
+class KeyIndex:
+    """The key in each meta.json, remembered by file identity (inode, mtime, size) in out/.kforge/.
+
+    A no-op run over thousands of targets then stats each meta.json instead of reading and parsing it.
+    meta.json is only ever replaced by rename (a new inode), so a matching identity means unchanged
+    content; anything else (a rebuilt, restored or edited artifact) is read again. Only a hint: the file
+    on disk always decides.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.entries: dict[str, list] = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            self.entries = {}
+        if not isinstance(self.entries, dict):
+            self.entries = {}
+        self.changed = False
+
+    def is_current(self, meta_path: str, key: str) -> bool:
+        try:
+            st = os.stat(meta_path)
+        except OSError:
+            return False
+        entry = self.entries.get(meta_path)
+        if isinstance(entry, list) and entry[:3] == [st.st_ino, st.st_mtime_ns, st.st_size]:
+            return entry[3] == key
+        stamp, found = _read_key(meta_path)
+        if stamp is not None:
+            self.entries[meta_path] = stamp + [found]
+            self.changed = True
+        return found == key
+
+    def save(self) -> None:
+        if self.changed:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(self.entries).encode())
+            self.changed = False
 
 
 def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:

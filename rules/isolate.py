@@ -1,21 +1,24 @@
-"""Run one compile in a forked child: a crash, abort, OOM kill or hang fails that compile, not the build.
+"""Compiles run in a warm child process: a crash, abort, OOM kill or hang fails that compile, not the build.
 
-The caller imports the compiler once (warm), then every compile forks from that warm process: no Python
-start and no `import triton` per kernel, and process-global compiler state (LLVM options, env overrides)
-dies with the child.
+A Server is one forked child that runs fn(request) for each call, one call at a time. The caller imports
+the compiler once (warm) and forks the server from there: no Python start and no compiler import per
+kernel, and the compiler's lazily built state (MLIR context, LLVM target init) survives from one compile
+to the next inside the child, as in a process pool. Process-global compiler state (LLVM options, env
+overrides) stays in the child, which serves one (toolchain, arch) only. When a call crashes or times out,
+the child is gone; the next call forks a fresh one.
 """
 from __future__ import annotations
 
 import ctypes
-import json
+import faulthandler
 import os
-import select
 import signal
 import sys
 import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Pipe
 from typing import Any, Callable
 
 STDERR_TAIL_LINES = 20
@@ -29,92 +32,123 @@ class Outcome:
     error: str = ""
 
 
-def run(fn: Callable[[Any], dict], request: Any, timeout: float) -> Outcome:
-    """fn(request) in a forked child; its dict result comes back as JSON through a pipe."""
-    read_fd, write_fd = os.pipe()
-    log = tempfile.TemporaryFile()
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # child: never returns
-        os.close(read_fd)
-        _child(fn, request, write_fd, log.fileno())
-    os.close(write_fd)
+class Server:
+    """A child process forked on first use; setup() runs once in it, fn(request) once per call."""
+
+    def __init__(self, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None):
+        self.fn, self.setup = fn, setup
+        self.pid: int | None = None
+        self.conn = None
+
+    def call(self, request: Any, timeout: float) -> Outcome:
+        self._ensure_alive()
+        with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log") as log:
+            start = time.monotonic()
+            self.conn.send((log.name, request))
+            answered = self.conn.poll(timeout)   # also true at EOF, when the child died
+            if not answered:
+                self._kill()
+                return Outcome(False, time.monotonic() - start,
+                               error=f"timed out after {timeout:.0f} s and was killed{_tail(log)}")
+            try:
+                payload = self.conn.recv()
+            except (EOFError, OSError):
+                status = self._reap()
+                return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log))
+            seconds = time.monotonic() - start
+            if "error" in payload:
+                return Outcome(False, seconds, error=payload["error"] + _tail(log))
+            return Outcome(True, seconds, result=payload["result"])
+
+    def close(self) -> None:
+        if self.pid is not None:
+            self._kill()
+
+    def _ensure_alive(self) -> None:
+        if self.pid is not None and os.waitpid(self.pid, os.WNOHANG) != (0, 0):
+            self.pid = None   # died while idle (killed from outside): start over
+            self.conn.close()
+        if self.pid is None:
+            self._start()
+
+    def _start(self) -> None:
+        parent_end, child_end = Pipe()
+        pid = os.fork()
+        if pid == 0:   # child: never returns
+            parent_end.close()
+            _serve(child_end, self.fn, self.setup)
+        child_end.close()
+        self.pid, self.conn = pid, parent_end
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._reap()
+
+    def _reap(self) -> int:
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            status = 0
+        self.conn.close()
+        self.pid = self.conn = None
+        return status
+
+
+def _serve(conn, fn, setup) -> None:
     try:
-        data, timed_out = _read_until_exit(read_fd, timeout)
-        if timed_out:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        _die_with_parent()
+        faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Python-level writes go to fd 2 too (doit and pytest replace sys.stdout/err with in-memory buffers)
+        sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
+        setup_error = None
+        if setup is not None:
+            try:
+                setup()
+            except Exception as e:
+                setup_error = _short_error(e)
+        while True:
+            try:
+                log_path, request = conn.recv()
+            except (EOFError, OSError):   # the caller is gone
+                break
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.close(log_fd)
+            if setup_error is not None:
+                payload = {"error": setup_error}
+            else:
+                try:
+                    payload = {"result": fn(request)}
+                except Exception as e:   # the compiler's own error: report it, shortened
+                    payload = {"error": _short_error(e)}
+            sys.stderr.flush()
+            conn.send(payload)
     finally:
-        os.close(read_fd)
-    seconds = time.monotonic() - start
-    tail = _tail(log)
-    if timed_out:
-        return Outcome(False, seconds, error=f"timed out after {timeout:.0f} s and was killed{tail}")
+        os._exit(0)
+
+
+def _death(status: int) -> str:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         why = "killed (out of memory?)" if sig == signal.SIGKILL else "crashed"
-        return Outcome(False, seconds, error=f"compiler process {why}: {signal.Signals(sig).name}{tail}")
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return Outcome(False, seconds, error=f"compiler process exited with code {os.WEXITSTATUS(status)} "
-                                             f"and no result{tail}")
-    if "error" in message:
-        return Outcome(False, seconds, error=message["error"] + tail)
-    return Outcome(True, seconds, result=message["result"])
-
-
-def _child(fn, request, write_fd: int, log_fd: int) -> None:
-    code = 1
-    try:
-        _die_with_parent()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        # Python-level writes too (doit and pytest replace sys.stdout/err with in-memory buffers)
-        sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
-        try:
-            payload = {"result": fn(request)}
-            code = 0
-        except Exception as e:  # the compiler's own error: report it, shortened
-            payload = {"error": _short_error(e)}
-        _write_all(write_fd, json.dumps(payload).encode())
-    finally:
-        sys.stderr.flush()
-        os._exit(code)
+        return f"compiler process {why}: {signal.Signals(sig).name}"
+    return f"compiler process exited with code {os.WEXITSTATUS(status)} and no result"
 
 
 def _short_error(e: Exception) -> str:
-    lines = traceback.format_exception_only(type(e), e)
-    text = "".join(lines).strip()
+    text = "".join(traceback.format_exception_only(type(e), e)).strip()
     return text if len(text) < 4000 else text[:4000] + " ..."
-
-
-def _read_until_exit(fd: int, timeout: float) -> tuple[bytes, bool]:
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return b"".join(chunks), True
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:   # EOF: the child closed its end (exited or died)
-                return b"".join(chunks), False
-            chunks.append(chunk)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
 
 
 def _tail(log) -> str:
     log.seek(0)
     text = log.read().decode("utf-8", "replace").strip()
-    log.close()
     if not text:
         return ""
     lines = text.splitlines()[-STDERR_TAIL_LINES:]
@@ -122,7 +156,7 @@ def _tail(log) -> str:
 
 
 def _die_with_parent() -> None:
-    """If the build process is killed, the compile it started stops too (Linux prctl PR_SET_PDEATHSIG)."""
+    """If the build process is killed, its compile server stops too (Linux prctl PR_SET_PDEATHSIG)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):

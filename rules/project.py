@@ -8,7 +8,7 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import report
+from rules import artifact, report
 from rules.archs import parse_arch_list
 from rules.build import timeout_from_env
 from rules.spec import SpecError, load_spec
@@ -58,8 +58,10 @@ def compile_tasks(root: Path, specs: list, targets: list):
     for t in targets:
         by_family[t.kernel].append(t)
     timeout = float(get_var("timeout", timeout_from_env()))
+    built = artifact.KeyIndex(root / "out" / ".kforge" / "built-keys.json")
     for spec in specs:
-        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout)
+        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built)
+    built.save()
 
 
 def _sigterm_as_interrupt() -> None:

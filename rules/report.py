@@ -82,4 +82,7 @@ class BuildReporter(ConsoleReporter):
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(report, indent=1).encode())
+        # one task per line: readable, and json's fast C encoder (indent= falls back to pure Python)
+        head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
+        tasks = ",\n  ".join(json.dumps(r) for r in report["tasks"])
+        atomic_write(path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())

@@ -63,14 +63,21 @@ def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...]
         arch = ARCHS[arch_name]
         sm = arch.target_arch if isinstance(arch.target_arch, int) else 0
         versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, out / ".kforge" / "tools.json")
+        # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
+        # digest with its own values (a 5,000-target no-op run pays one small hash per target).
+        shared = keys.action_key({
+            "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
+            "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env})
+        ctx = (spec, arch_name, str(source), module, digests, versions, shared, str(out))
         for config in spec.configs:
             if any(sweep.matches(ex, config, arch_name) for ex in spec.excludes):
                 continue
-            result.append(_target(spec, config, arch_name, source, module, digests, versions, env, out))
+            result.append(_target(ctx, config))
     return result
 
 
-def _target(spec, config, arch, source, module, digests, versions, env, out) -> Target:
+def _target(ctx, config) -> Target:
+    spec, arch, source, module, digests, versions, shared, out = ctx
     values = dict(config)
     signature = tuple((a, t if t == "constexpr" else canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
                       for a, t in spec.signature)
@@ -81,14 +88,10 @@ def _target(spec, config, arch, source, module, digests, versions, env, out) -> 
     constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
     options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
     cid = sweep.config_id(spec, config)
-    payload = {
-        "toolchain": spec.toolchain, "versions": versions, "arch": arch, "entry": spec.entry,
-        "module": module, "sources": digests, "signature": signature, "options": options,
-        "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
-        "divisible_by_16": spec.divisible_by_16, "env": env,
-    }
+    key = keys.action_key({"shared": shared, "signature": signature, "options": options,
+                           "constexprs": [(c, type(v).__name__, v) for c, v in constexprs]})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
-                  source=str(source), module=module, entry=spec.entry, signature=signature,
+                  source=source, module=module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=digests, toolchain_versions=versions,
-                  out_dir=str(out / arch / spec.name / cid), key=keys.action_key(payload))
+                  out_dir=f"{out}/{arch}/{spec.name}/{cid}", key=key)

@@ -8,13 +8,14 @@ from rules.build import compile_target
 from rules.targets import Target
 
 
-def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float) -> Iterator[dict]:
+def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
+                 built: artifact.KeyIndex) -> Iterator[dict]:
     yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
     for t in targets:
-        yield compile_task(t, root, timeout)
+        yield compile_task(t, root, timeout, built)
 
 
-def compile_task(t: Target, root: str, timeout: float) -> dict:
+def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex) -> dict:
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
@@ -24,7 +25,7 @@ def compile_task(t: Target, root: str, timeout: float) -> dict:
         # Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are
         # content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing,
         # and a killed run's finished artifacts count even though doit's DB was never written.
-        "uptodate": [artifact.is_current(t.meta_path, t.key)],
+        "uptodate": [built.is_current(t.meta_path, t.key)],
         "clean": [(artifact.remove, [t.out_dir])],
         "verbosity": 0,
     }

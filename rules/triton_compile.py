@@ -15,7 +15,7 @@ _warm = False
 
 
 def warm(root: str) -> None:
-    """Once per process, before forking compiles: import Triton and pay its toolchain hash (triton_key)."""
+    """Once per process, before forking the compile server: import Triton and pay its toolchain hash (triton_key)."""
     global _warm
     if _warm:
         return
@@ -23,12 +23,16 @@ def warm(root: str) -> None:
         sys.path.insert(0, root)
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
     from triton.runtime.cache import triton_key
-    triton_key()   # hashes libtriton once; every forked compile reuses it
+    triton_key()   # hashes libtriton once; the forked compile server reuses it
     _warm = True
 
 
+def setup(arch: str) -> None:
+    """Once in each compile server. Triton takes the arch per compile: nothing process-wide to set."""
+
+
 def compile_one(request: tuple) -> dict:
-    """Runs in the forked child: compile, check the ELF, write the artifact atomically."""
+    """Runs in the compile server: compile, check the ELF, write the artifact atomically."""
     target, scratch = request
     os.environ["TRITON_CACHE_DIR"] = scratch   # private: a compile never reads another's cache
     import triton

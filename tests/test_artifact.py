@@ -67,3 +67,24 @@ def test_corrupt_meta_is_not_current(art):
     assert not artifact.is_current(str(art / "meta.json"), "anything")
     with pytest.raises(artifact.ArtifactError, match="unreadable artifact"):
         artifact.load(art)
+
+
+def test_key_index_remembers_keys_and_notices_a_replaced_meta(art, tmp_path):
+    meta_path = str(art / "meta.json")
+    key = json.loads((art / "meta.json").read_text())["key"]
+    index = artifact.KeyIndex(tmp_path / "keys.json")
+    assert index.is_current(meta_path, key) and not index.is_current(meta_path, "other")
+    index.save()
+    reloaded = artifact.KeyIndex(tmp_path / "keys.json")
+    assert reloaded.entries == index.entries and reloaded.is_current(meta_path, key)
+    meta = json.loads((art / "meta.json").read_text())
+    artifact.atomic_write(art / "meta.json", json.dumps({**meta, "key": "rebuilt"}).encode())   # a rename: new inode
+    assert reloaded.is_current(meta_path, "rebuilt") and not reloaded.is_current(meta_path, key)
+    (art / "meta.json").unlink()
+    assert not reloaded.is_current(meta_path, "rebuilt")
+
+
+def test_a_garbage_key_index_is_ignored(art, tmp_path):
+    (tmp_path / "keys.json").write_text('["not", "a dict"]')
+    key = json.loads((art / "meta.json").read_text())["key"]
+    assert artifact.KeyIndex(tmp_path / "keys.json").is_current(str(art / "meta.json"), key)

@@ -1,4 +1,4 @@
-"""Forked compiles: a crash, abort, kill or hang fails that one call, with a message; the caller lives on."""
+"""Compile servers: a crash, abort, kill or hang fails that one call, with a message; the next call works."""
 import ctypes
 import os
 import signal
@@ -34,29 +34,91 @@ def hangs(_):
     time.sleep(60)
 
 
+_calls = []
+
+
+def counts(_):
+    _calls.append(os.getpid())
+    return {"calls": len(_calls), "pid": os.getpid()}
+
+
+def run(fn, request, timeout):
+    server = isolate.Server(fn)
+    try:
+        return server.call(request, timeout)
+    finally:
+        server.close()
+
+
 def test_result_comes_back():
-    out = isolate.run(ok, 21, timeout=30)
+    out = run(ok, 21, timeout=30)
     assert out.ok and out.result == {"double": 42}
 
 
+def test_one_warm_child_serves_many_calls():
+    server = isolate.Server(counts)
+    try:
+        results = [server.call(None, timeout=30).result for _ in range(3)]
+    finally:
+        server.close()
+    assert [r["calls"] for r in results] == [1, 2, 3]
+    assert len({r["pid"] for r in results}) == 1 and results[0]["pid"] != os.getpid()
+    assert _calls == []   # the caller's own state is untouched
+
+
+def test_a_crash_fails_one_call_and_the_next_call_gets_a_fresh_child():
+    calls = iter([aborts, ok])
+    server = isolate.Server(lambda x: next(calls)(x))
+    try:
+        first = server.call(21, timeout=30)
+        calls = iter([ok])   # the fresh child is forked from here and sees this iterator
+        second = server.call(21, timeout=30)
+    finally:
+        server.close()
+    assert "crashed: SIGABRT" in first.error
+    assert second.ok and second.result == {"double": 42}
+
+
+def test_setup_error_fails_every_call_with_its_message():
+    def setup():
+        raise RuntimeError("no linker")
+    server = isolate.Server(ok, setup)
+    try:
+        assert "RuntimeError: no linker" in server.call(1, timeout=30).error
+    finally:
+        server.close()
+
+
+def test_a_child_killed_while_idle_is_replaced():
+    server = isolate.Server(counts)
+    try:
+        first = server.call(None, timeout=30).result["pid"]
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.2)
+        out = server.call(None, timeout=30)
+    finally:
+        server.close()
+    assert out.ok and out.result["pid"] != first
+
+
 def test_exception_is_reported_with_its_message():
-    out = isolate.run(raises, None, timeout=30)
+    out = run(raises, None, timeout=30)
     assert not out.ok and "RuntimeError: bad tile shape" in out.error
 
 
 def test_abort_is_contained_and_stderr_kept():
-    out = isolate.run(aborts, None, timeout=30)
+    out = run(aborts, None, timeout=30)
     assert not out.ok
     assert "crashed: SIGABRT" in out.error and "LLVM ERROR: something broke" in out.error
 
 
 def test_segfault_and_kill_are_contained():
-    assert "crashed: SIGSEGV" in isolate.run(segfaults, None, timeout=30).error
-    assert "killed (out of memory?)" in isolate.run(oom_killed, None, timeout=30).error
+    assert "crashed: SIGSEGV" in run(segfaults, None, timeout=30).error
+    assert "killed (out of memory?)" in run(oom_killed, None, timeout=30).error
 
 
 def test_hang_times_out():
     start = time.monotonic()
-    out = isolate.run(hangs, None, timeout=1)
+    out = run(hangs, None, timeout=1)
     assert not out.ok and "timed out after 1 s" in out.error
     assert time.monotonic() - start < 10
