@@ -17,9 +17,11 @@ from rules.targets import Target
 TOOLCHAIN_MODULES = {"triton": "rules.triton_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
-# This process's compile server and the (toolchain, arch) it serves. One at a time keeps memory at one
-# compiler per doit worker; targets come arch by arch within a family, so switching is rare and costs a fork.
-_server: tuple[tuple[str, str], isolate.Server] | None = None
+# This process's compile servers by (toolchain, arch), least recently used first. A server that is kept
+# keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again); the cap
+# bounds memory at a few compilers per doit worker (the default catalog has three archs).
+MAX_SERVERS = 3
+_servers: dict[tuple[str, str], isolate.Server] = {}
 
 
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S):
@@ -42,13 +44,14 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
 
 
 def _server_for(target: Target, backend) -> isolate.Server:
-    global _server
     wanted = (target.toolchain, target.arch)
-    if _server is None or _server[0] != wanted:
-        if _server is not None:
-            _server[1].close()
-        _server = (wanted, isolate.Server(backend.compile_one, functools.partial(backend.setup, target.arch)))
-    return _server[1]
+    server = _servers.pop(wanted, None)
+    if server is None:
+        server = isolate.Server(backend.compile_one, functools.partial(backend.setup, target.arch))
+        while len(_servers) >= MAX_SERVERS:
+            _servers.pop(next(iter(_servers))).close()
+    _servers[wanted] = server   # now the most recently used
+    return server
 
 
 def _fail(target: Target, error: str) -> TaskFailed:
