@@ -1,13 +1,14 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
-Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--json out.json]
+Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--specs 'fly_*'] [--json out.json]
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
-The pool loop compiles the same targets in-process in N pool workers (each imports Triton once),
-one compile_one call per job, as aiter's and Inductor's precompile loops do.
+The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
+workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -22,16 +23,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
 from rules.archs import parse_arch_list  # noqa: E402
 from rules.project import load_specs  # noqa: E402
+from rules.build import TOOLCHAIN_MODULES  # noqa: E402
 from rules.targets import build_targets  # noqa: E402
 
+_worker: dict = {}
 
-def pool_compile(args) -> bool:
-    target, root = args
-    from rules import triton_compile
-    triton_compile.warm(root)
+
+def _pool_init(toolchain: str, arch: str | None, root: str) -> None:
+    """Each pool worker imports its compiler once; FlyDSL workers serve one arch (it fixes it per process)."""
+    module = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
+    module.warm(root)
+    if arch is not None:
+        module.setup(arch)
+    _worker["module"] = module
+
+
+def pool_compile(target) -> bool:
     scratch = tempfile.mkdtemp()
     try:
-        triton_compile.compile_one((target, scratch))
+        _worker["module"].compile_one((target, scratch))
         return True
     except Exception:
         return False
@@ -40,10 +50,18 @@ def pool_compile(args) -> bool:
 
 
 def time_pool(project: Path, workers: int, archs) -> tuple[float, int]:
+    """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
+    (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process)."""
     start = time.perf_counter()
     targets = build_targets(load_specs(project), project, project / "out", archs)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        ok = sum(pool.map(pool_compile, [(t, str(project)) for t in targets], chunksize=1))
+    groups: dict[tuple[str, str | None], list] = {}
+    for t in targets:
+        groups.setdefault((t.toolchain, t.arch if t.toolchain == "flydsl" else None), []).append(t)
+    ok = 0
+    for (toolchain, arch), group in groups.items():
+        with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
+                                 initargs=(toolchain, arch, str(project))) as pool:
+            ok += sum(pool.map(pool_compile, group, chunksize=1))
     return time.perf_counter() - start, ok
 
 
@@ -52,6 +70,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--pool", type=int, nargs="*", default=[])
     ap.add_argument("--archs", default=None)
+    ap.add_argument("--specs", default="*", help="glob of spec names to build, e.g. 'fly_*'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args()
@@ -59,7 +78,7 @@ def main() -> None:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
     rows = []
     for n in a.jobs:
-        project = fresh_copy(work / f"doit-n{n}")
+        project = fresh_copy(work / f"doit-n{n}", a.specs)
         extra = [f"archs={a.archs}"] if a.archs else []
         seconds = run_doit(project, "-n", str(n), *extra)
         counts = report_counts(project)
@@ -67,7 +86,7 @@ def main() -> None:
                      "failed": counts["failed"]})
         print(f"doit -n {n}: {seconds:.1f} s, {counts}", flush=True)
     for n in a.pool:
-        project = fresh_copy(work / f"pool-{n}")
+        project = fresh_copy(work / f"pool-{n}", a.specs)
         seconds, ok = time_pool(project, n, archs)
         rows.append({"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0})
         print(f"pool {n}: {seconds:.1f} s, {ok} compiled", flush=True)

@@ -12,12 +12,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fresh_copy(dest: Path) -> Path:
-    """The project's specs, kernels and dodo in dest, with an empty out/ (a cold build)."""
+def fresh_copy(dest: Path, specs: str = "*") -> Path:
+    """The project's kernels, dodo and the specs matching the glob, in dest, with an empty out/ (a cold build)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    for name in ("specs", "kernels"):
-        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "kernels", dest / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "specs").mkdir()
+    for spec in (REPO / "specs").glob(f"{specs}.toml"):
+        shutil.copy(spec, dest / "specs" / spec.name)
     for name in ("dodo.py", "pyproject.toml"):
         shutil.copy(REPO / name, dest / name)
     return dest

@@ -78,6 +78,37 @@ class KeyIndex:
             self.changed = False
 
 
+def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
+         shared: int, **toolchain_fields) -> dict:
+    """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    from rules.keys import SCHEMA_VERSION   # late: keys imports this module
+    arch = ARCHS[target.arch]
+    return {
+        "schema": SCHEMA_VERSION,
+        "target": target.name,
+        "kernel": target.kernel,
+        "config_id": target.config_id,
+        "config": dict(target.config),
+        "arch": target.arch,
+        "vendor": arch.vendor,
+        "toolchain": target.toolchain,
+        "binary": binary_name,
+        "sha256": sha256(binary),
+        "size": len(binary),
+        "symbol": symbol,
+        "num_warps": num_warps,
+        "warp_size": warp_size,
+        "threads_per_block": num_warps * warp_size,
+        "shared": shared,
+        "signature": [{"name": a, "type": t} for a, t in target.signature if t != "constexpr"],
+        "constexprs": dict(target.constexprs),
+        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
+        "toolchain_versions": dict(target.toolchain_versions),
+        "key": target.key,
+        **toolchain_fields,
+    }
+
+
 def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built

@@ -14,7 +14,7 @@ from rules import artifact, isolate
 from rules.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch) and compile_one((target, scratch)) -> dict
-TOOLCHAIN_MODULES = {"triton": "rules.triton_compile"}
+TOOLCHAIN_MODULES = {"triton": "rules.triton_compile", "flydsl": "rules.flydsl_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
 # This process's compile servers by (toolchain, arch), least recently used first. A server that is kept

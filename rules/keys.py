@@ -17,12 +17,14 @@ from pathlib import Path
 from rules.artifact import atomic_write
 
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: AMD artifacts carry kernel_abi
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
-_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_")
+_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
 _ENV_IGNORED = {"TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
-                "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING"}
+                "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "FLYDSL_RUNTIME_CACHE_DIR",
+                "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR", "FLYDSL_AUTOTUNE_CACHE_DIR",
+                "FLYDSL_GPU_ARCH"}   # FLYDSL_GPU_ARCH: kforge sets it per target
 
 
 def compiler_env() -> tuple[tuple[str, str], ...]:
@@ -75,6 +77,12 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
     parts = [(toolchain, package_version(toolchain))]
     if toolchain == "triton" and vendor == "nvidia":
         parts.append(("ptxas", tool_version(ptxas_path(sm), cache_file)))
+    if toolchain == "flydsl":
+        from rules import amd_linker
+        try:
+            parts.append(("ld.lld", tool_version(amd_linker.find(), cache_file)))
+        except amd_linker.LinkerMissing:
+            parts.append(("ld.lld", "missing"))   # its targets fail with the fix; the key notes the absence
     return tuple(parts)
 
 

@@ -18,7 +18,7 @@ from rules.dtypes import allowed_dtypes, canonical_arg_type, canonical_dtype
 Scalar = int | float | bool | str
 Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
 
-TOOLCHAINS = ("triton",)
+TOOLCHAINS = ("triton", "flydsl")
 COMPILE_OPTIONS = ("num_warps", "num_stages")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -61,7 +61,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "kernel": {
         "name": (str, True, "kernel family name, lower_snake_case"),
         "source": (str, True, "kernel source file, relative to the project root"),
-        "entry": (str, True, "the @triton.jit function in the source"),
+        "entry": (str, True, "the @triton.jit function (triton) or the kernel factory (flydsl) in the source"),
         "toolchain": (str, True, f"one of: {', '.join(TOOLCHAINS)}"),
         "archs": (list, False, "archs to build for (default: sm_90a, gfx942, gfx950)"),
         "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
@@ -107,7 +107,10 @@ def load_spec(path: Path, root: Path) -> Spec:
                         f"functions there: {', '.join(sources.function_names(source_path)) or 'none'}")
 
     signature = tuple(raw["signature"].items())
-    _check_signature(signature, params, where, k["entry"])
+    if k["toolchain"] == "flydsl":
+        _check_factory(signature, params, where, k["entry"])
+    else:
+        _check_signature(signature, params, where, k["entry"])
     constants = tuple(raw.get("constants", {}).items())
     hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
     runtime_args = {a for a, t in signature if t != "constexpr"}
@@ -171,6 +174,23 @@ def _check_signature(signature, params, where, entry) -> None:
     if names != list(params):
         raise SpecError(f"{where}: [signature] must list the arguments of {entry} in order; "
                         f"got {names}, the source has {list(params)}")
+    _check_types(signature, where)
+
+
+def _check_factory(signature, params, where, entry) -> None:
+    """A FlyDSL factory takes exactly the compile-time values: constexprs and type variables (+ arch)."""
+    _check_types(signature, where)
+    compile_time = {a for a, t in signature if t == "constexpr"}
+    for _, t in signature:
+        compile_time.update(TYPE_VAR_RE.findall(t))
+    given = set(params) - {"arch"}
+    if given != compile_time:
+        raise SpecError(f"{where}: {entry}(...) must take the compile-time values as keyword parameters "
+                        f"(the constexprs and type variables of [signature], optionally arch); it takes "
+                        f"{sorted(params)}, the spec has {sorted(compile_time)}")
+
+
+def _check_types(signature, where) -> None:
     for arg, t in signature:
         if t == "constexpr":
             continue

@@ -63,11 +63,12 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     where = spec.path
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
-    allowed = set(constexprs) | set(type_vars) | set(COMPILE_OPTIONS)
+    options = COMPILE_OPTIONS if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
+    allowed = set(constexprs) | set(type_vars) | set(options)
     for p in params:
         if p not in allowed:
             raise SpecError(f"{where}: [sweep] {p}: not a parameter of {spec.entry}; allowed: constexprs "
-                            f"{list(constexprs)}, type variables {list(type_vars)}, options {list(COMPILE_OPTIONS)}")
+                            f"{list(constexprs)}, type variables {list(type_vars)}, options {list(options)}")
         if p in constants:
             raise SpecError(f"{where}: {p} is both in [constants] and in [sweep]; keep one")
     for c in constants:

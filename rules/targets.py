@@ -86,6 +86,8 @@ def _target(ctx, config) -> Target:
             raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
                             f"{values} is not a known type")
     constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
+    if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
+        constexprs += tuple((v, values[v]) for v in spec.type_vars)
     options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
     cid = sweep.config_id(spec, config)
     key = keys.action_key({"shared": shared, "signature": signature, "options": options,

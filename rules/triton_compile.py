@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from rules import artifact, elf
+from rules import amdgpu_metadata, artifact, elf
 from rules.archs import ARCHS
-from rules.keys import SCHEMA_VERSION
 
 _warm = False
 
@@ -73,30 +72,13 @@ def _entry(target):
 
 def _meta(target, md, binary: bytes) -> dict:
     arch = ARCHS[target.arch]
-    return {
-        "schema": SCHEMA_VERSION,
-        "target": target.name,
-        "kernel": target.kernel,
-        "config_id": target.config_id,
-        "config": dict(target.config),
-        "arch": target.arch,
-        "vendor": arch.vendor,
-        "toolchain": target.toolchain,
-        "binary": f"{md.name}.{arch.binary_ext}",
-        "sha256": artifact.sha256(binary),
-        "size": len(binary),
-        "symbol": md.name,
-        "num_warps": md.num_warps,
-        "num_stages": md.num_stages,
-        "warp_size": md.warp_size,
-        "threads_per_block": md.num_warps * md.warp_size,
-        "shared": md.shared,
-        "global_scratch_size": getattr(md, "global_scratch_size", 0),
-        "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
-        "signature": [{"name": a, "type": t} for a, t in target.signature if t != "constexpr"],
-        "constexprs": dict(target.constexprs),
-        "divisible_by_16": list(target.divisible_by_16),
-        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
-        "toolchain_versions": dict(target.toolchain_versions),
-        "key": target.key,
-    }
+    extra = {}
+    if arch.vendor == "amd":
+        extra["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
+    return artifact.meta(
+        target, binary_name=f"{md.name}.{arch.binary_ext}", binary=binary, symbol=md.name,
+        num_warps=md.num_warps, warp_size=md.warp_size, shared=md.shared,
+        num_stages=md.num_stages,
+        global_scratch_size=getattr(md, "global_scratch_size", 0),
+        profile_scratch_size=getattr(md, "profile_scratch_size", 0),
+        divisible_by_16=list(target.divisible_by_16), **extra)

@@ -1,0 +1,121 @@
+"""The kernel ABI an AMD code object declares: its NT_AMDGPU_METADATA note (msgpack), read without ROCm.
+
+A HIP loader needs per kernel: the kernarg layout (offset, size and kind of every argument), the kernarg
+segment size, LDS bytes, wavefront size and the work-group limits. The note is a msgpack map; the small
+decoder below handles the subset code objects use (maps, arrays, strings, ints, floats, bools, nil).
+"""
+from __future__ import annotations
+
+import struct
+
+from rules import elf as elf_mod
+
+NT_AMDGPU_METADATA = 32
+KERNEL_FIELDS = (".name", ".symbol", ".kernarg_segment_size", ".kernarg_segment_align",
+                 ".group_segment_fixed_size", ".private_segment_fixed_size", ".wavefront_size",
+                 ".max_flat_workgroup_size", ".reqd_workgroup_size", ".sgpr_count", ".vgpr_count",
+                 ".agpr_count", ".sgpr_spill_count", ".vgpr_spill_count")
+ARG_FIELDS = (".name", ".offset", ".size", ".value_kind", ".address_space", ".actual_access")
+
+
+class MetadataError(ValueError):
+    pass
+
+
+def read(data: bytes) -> dict:
+    """The whole metadata map of an AMD code object."""
+    parsed = elf_mod.parse(data)
+    for section in parsed.sections:
+        if not section.name.startswith(".note"):
+            continue
+        for name, note_type, desc in _notes(data[section.offset:section.offset + section.size]):
+            if name == b"AMDGPU" and note_type == NT_AMDGPU_METADATA:
+                value, _ = _unpack(desc, 0)
+                if not isinstance(value, dict):
+                    raise MetadataError("AMDGPU metadata note is not a map")
+                return value
+    raise MetadataError("no AMDGPU metadata note (NT_AMDGPU_METADATA) in the code object")
+
+
+def kernel_abi(data: bytes, symbol: str) -> dict:
+    """What a loader needs to launch kernel `symbol` of this code object (field names without the dot)."""
+    meta = read(data)
+    for kernel in meta.get("amdhsa.kernels", []):
+        if symbol in (kernel.get(".name"), kernel.get(".symbol", "").removesuffix(".kd")):
+            abi = {f[1:]: kernel[f] for f in KERNEL_FIELDS if f in kernel}
+            abi["args"] = [{f[1:]: a[f] for f in ARG_FIELDS if f in a} for a in kernel.get(".args", [])]
+            abi["code_object_version"] = meta.get("amdhsa.version", [])
+            return abi
+    names = [k.get(".name") for k in meta.get("amdhsa.kernels", [])]
+    raise MetadataError(f"kernel {symbol!r} not in the code object's metadata; it has {names}")
+
+
+def kernel_names(data: bytes) -> list[str]:
+    return [k.get(".name") for k in read(data).get("amdhsa.kernels", [])]
+
+
+def _notes(blob: bytes):
+    pos = 0
+    while pos + 12 <= len(blob):
+        namesz, descsz, note_type = struct.unpack_from("<III", blob, pos)
+        pos += 12
+        name = blob[pos:pos + namesz].rstrip(b"\0")
+        pos += (namesz + 3) & ~3
+        desc = blob[pos:pos + descsz]
+        pos += (descsz + 3) & ~3
+        yield name, note_type, desc
+
+
+def _unpack(b: bytes, i: int):
+    """One msgpack value at b[i:] -> (value, next index)."""
+    t = b[i]
+    if t <= 0x7F:
+        return t, i + 1
+    if t >= 0xE0:
+        return t - 0x100, i + 1
+    if 0x80 <= t <= 0x8F:
+        return _map(b, i + 1, t & 0x0F)
+    if 0x90 <= t <= 0x9F:
+        return _array(b, i + 1, t & 0x0F)
+    if 0xA0 <= t <= 0xBF:
+        n = t & 0x1F
+        return b[i + 1:i + 1 + n].decode(), i + 1 + n
+    if t == 0xC0:
+        return None, i + 1
+    if t in (0xC2, 0xC3):
+        return t == 0xC3, i + 1
+    fixed = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q",
+             0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+    if t in fixed:
+        fmt = fixed[t]
+        return struct.unpack_from(fmt, b, i + 1)[0], i + 1 + struct.calcsize(fmt)
+    sized = {0xD9: (">B", "str"), 0xDA: (">H", "str"), 0xDB: (">I", "str"),
+             0xC4: (">B", "bin"), 0xC5: (">H", "bin"), 0xC6: (">I", "bin"),
+             0xDC: (">H", "array"), 0xDD: (">I", "array"), 0xDE: (">H", "map"), 0xDF: (">I", "map")}
+    if t in sized:
+        fmt, kind = sized[t]
+        n = struct.unpack_from(fmt, b, i + 1)[0]
+        j = i + 1 + struct.calcsize(fmt)
+        if kind == "str":
+            return b[j:j + n].decode(), j + n
+        if kind == "bin":
+            return bytes(b[j:j + n]), j + n
+        return (_array if kind == "array" else _map)(b, j, n)
+    raise MetadataError(f"unsupported msgpack type byte 0x{t:02x} in AMDGPU metadata")
+
+
+def _array(b: bytes, i: int, n: int):
+    out = []
+    for _ in range(n):
+        v, i = _unpack(b, i)
+        out.append(v)
+    return out, i
+
+
+def _map(b: bytes, i: int, n: int):
+    out = {}
+    for _ in range(n):
+        k, i = _unpack(b, i)
+        v, i = _unpack(b, i)
+        out[k] = v
+    return out, i

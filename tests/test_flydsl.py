@@ -1,0 +1,153 @@
+"""FlyDSL targets: real compile-only builds per kernel and arch, silent-miscompile detection, the linker,
+and a key that sees the dtype (FlyDSL 0.4.2's own cache key does not)."""
+import json
+import os
+import shutil
+import textwrap
+import pytest
+
+from rules import amd_linker, amdgpu_metadata, artifact
+from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
+
+FLY_ARCHS = ("gfx90a", "gfx942", "gfx950")
+
+# A factory whose element type reaches the kernel only through a torch.dtype in a closure: the case
+# FlyDSL's own cache key got wrong (the bf16 build received the f16 binary).
+COPY_KERNEL = '''
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+{extra_import}
+
+TORCH = {{"fp16": torch.float16, "bf16": torch.bfloat16}}
+
+
+def build_copy(dtype, VEC):
+    torch_dtype = TORCH[dtype]
+    elem = fx.Float16 if torch_dtype == torch.float16 else fx.BFloat16
+
+    @flyc.kernel
+    def copy_kernel(X: fx.Tensor, Y: fx.Tensor):
+        i = fx.block_idx.x * 64 + fx.thread_idx.x
+        atom = fx.make_copy_atom(fx.rocdl.BufferCopy{bits}b(), 16)
+        src = fx.logical_divide(fx.rocdl.make_buffer_tensor(X), fx.make_layout(VEC, 1))
+        dst = fx.logical_divide(fx.rocdl.make_buffer_tensor(Y), fx.make_layout(VEC, 1))
+        regs = fx.make_rmem_tensor(VEC, elem)
+        fx.copy(atom, fx.slice(src, (None, i)), regs)
+        v = fx.memref_load_vec(regs).to(fx.Float32)
+        out = fx.make_rmem_tensor(VEC, elem)
+        fx.memref_store_vec(({body}).to(elem), out)
+        fx.copy(atom, out, fx.slice(dst, (None, i)))
+
+    @flyc.jit
+    def copy(X: fx.Tensor, Y: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        copy_kernel(X, Y).launch(grid=(1024 // (64 * VEC), 1, 1), block=(64, 1, 1), stream=stream)
+
+    return copy, (torch.empty(1024, dtype=torch_dtype), torch.empty(1024, dtype=torch_dtype))
+'''
+
+SPEC = '''
+[kernel]
+name = "{name}"
+source = "tk/{module}.py"
+entry = "build_copy"
+toolchain = "flydsl"
+archs = {archs}
+id = "{{dtype}}-v{{VEC}}"
+
+[signature]
+X = "*{{dtype}}"
+Y = "*{{dtype}}"
+VEC = "constexpr"
+
+[sweep]
+dtype = ["fp16", "bf16"]
+VEC = [8]
+'''
+
+
+def fly_kernel(body="v * 2.0", extra_import=""):
+    return COPY_KERNEL.format(body=body, bits=128, extra_import=extra_import)
+
+
+def fly_spec(name="copy", module="copy", archs=("gfx942",)):
+    return textwrap.dedent(SPEC.format(name=name, module=module, archs=json.dumps(list(archs))))
+
+
+def test_every_flydsl_kernel_compiles_for_every_arch(tmp_path):
+    """The catalog's own FlyDSL families, one config each per arch, with ELF and metadata checks."""
+    root = make_project(tmp_path / "p", specs={}, kernels={})
+    shutil.copytree(REPO / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    names = []
+    for spec in sorted((REPO / "specs").glob("fly_*.toml")):
+        (root / "specs" / spec.name).write_text(spec.read_text())
+        names.append(spec.stem)
+    assert {"fly_gemm", "fly_fp8_gemm", "fly_rmsnorm", "fly_softmax"} <= set(names)
+    listed = doit(root, "list", "--all", "--quiet").stdout.split()
+    picks = [next(t for t in listed if t.startswith(f"{n}:") and t.endswith(f"@{a}"))
+             for n in names for a in FLY_ARCHS if any(t.startswith(f"{n}:") and t.endswith(f"@{a}") for t in listed)]
+    assert len(picks) >= 11   # 4 families x 3 archs, minus fp8 on gfx90a
+    doit(root, "-n", "2", *picks)
+    assert statuses(root, "built") == set(picks)
+    for name in picks:
+        kernel, rest = name.split(":")
+        cid, arch = rest.split("@")
+        meta, binary = artifact.load(root / "out" / arch / kernel / cid)   # sha256 + ELF machine/flags
+        assert meta["toolchain"] == "flydsl" and meta["binary"].endswith(".hsaco")
+        abi = meta["kernel_abi"]
+        assert abi["wavefront_size"] == 64 and abi["args"] and abi["kernarg_segment_size"] > 0
+        assert abi == amdgpu_metadata.kernel_abi(binary, meta["symbol"])
+    assert not list(root.rglob("*.pkl"))   # FlyDSL's pickle cache stays off: nothing to ship or load
+
+
+def test_dtype_only_in_a_closure_still_gives_two_binaries(tmp_path):
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": fly_kernel()})
+    doit(root, "-n", "1")   # one compile server compiles both, one after the other
+    assert statuses(root, "built") == {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+    fp16 = json.loads((root / "out/gfx942/copy/fp16-v8/meta.json").read_text())
+    bf16 = json.loads((root / "out/gfx942/copy/bf16-v8/meta.json").read_text())
+    assert fp16["key"] != bf16["key"] and fp16["sha256"] != bf16["sha256"]
+
+
+def test_a_silent_miscompile_fails_its_target(tmp_path):
+    """fmath.tanh prints 'error: no libcall available', exits 0 and yields a kernel of only s_endpgm."""
+    kernel = fly_kernel(body="fmath.tanh(v)", extra_import="from flydsl.expr import math as fmath")
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": kernel})
+    proc = doit(root, "-n", "1", check=False)
+    assert proc.returncode != 0
+    assert statuses(root, "failed") == {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+    assert "no libcall" in proc.stdout
+    assert not (root / "out/gfx942/copy/fp16-v8/meta.json").exists()
+
+
+def test_a_missing_linker_fails_flydsl_targets_with_the_fix_and_triton_still_builds(tmp_path):
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec(), "scale": spec_text(archs=("gfx942",))},
+                        kernels={"copy": fly_kernel(), "scale": kernel_text()})
+    env_before = os.environ.get("KFORGE_LD_LLD")
+    os.environ["KFORGE_LD_LLD"] = str(tmp_path / "no-such-ld.lld")
+    try:
+        proc = doit(root, "-n", "2", check=False)
+    finally:
+        if env_before is None:
+            del os.environ["KFORGE_LD_LLD"]
+        else:
+            os.environ["KFORGE_LD_LLD"] = env_before
+    report = build_report(root)
+    assert report["scale:fp16-b256-w4@gfx942"] == "built"
+    assert report["copy:fp16-v8@gfx942"] == report["copy:bf16-v8@gfx942"] == "failed"
+    assert "needs ld.lld" in proc.stdout and "apt-get install lld-19" in proc.stdout
+
+
+def test_linker_search_message_names_what_it_tried(monkeypatch, tmp_path):
+    old = tmp_path / "ld.lld"
+    old.write_text("#!/bin/sh\necho 'Debian LLD 14.0.6 (compatible with GNU linkers)'\n")
+    old.chmod(0o755)
+    monkeypatch.setattr(amd_linker, "candidates", lambda: [tmp_path / "missing", old])
+    with pytest.raises(amd_linker.LinkerMissing, match=r"LLD 14\.0\.6.*apt-get install lld-19"):
+        amd_linker.find()
+
+
+def test_a_system_lld_is_offered_to_flydsl_as_a_rocm_tree(tmp_path):
+    linker = amd_linker.find()
+    root = amd_linker.rocm_root_for(linker, tmp_path / "shim")
+    assert (root / "llvm" / "bin" / "ld.lld").resolve() == linker.resolve()
