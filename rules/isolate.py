@@ -44,7 +44,11 @@ class Server:
         self._ensure_alive()
         with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log") as log:
             start = time.monotonic()
-            self.conn.send((log.name, request))
+            try:
+                self.conn.send((log.name, request))
+            except OSError:   # died just now, between the liveness check and the send
+                status = self._reap()
+                return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log))
             answered = self.conn.poll(timeout)   # also true at EOF, when the child died
             if not answered:
                 self._kill()

@@ -151,3 +151,16 @@ def test_a_system_lld_is_offered_to_flydsl_as_a_rocm_tree(tmp_path):
     linker = amd_linker.find()
     root = amd_linker.rocm_root_for(linker, tmp_path / "shim")
     assert (root / "llvm" / "bin" / "ld.lld").resolve() == linker.resolve()
+
+
+def test_a_bad_arch_fails_only_its_target(tmp_path):
+    """A bad arch reaching FlyDSL's backend fails that target with the compiler's message (the notes saw it
+    abort the process via LLVM ERROR; either way the server isolates it); the other dtype still builds."""
+    kernel = fly_kernel().replace("    torch_dtype = TORCH[dtype]\n", "    torch_dtype = TORCH[dtype]\n"
+                                  "    if dtype == 'bf16':\n        import os; os.environ['ARCH'] = "
+                                  "os.environ['FLYDSL_GPU_ARCH'] = 'gfx9999'\n")
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": kernel})
+    proc = doit(root, "-n", "1", check=False)
+    assert proc.returncode != 0
+    assert build_report(root) == {"copy:fp16-v8@gfx942": "built", "copy:bf16-v8@gfx942": "failed"}
+    assert "gfx9999" in proc.stdout
