@@ -23,6 +23,12 @@ class Arch:
     arch_specific: bool  # CUDA "a" variant (sm_90a: wgmma, setmaxnreg)
     max_shared: int      # bytes of shared memory (LDS) one block may use
 
+    def check_shared(self, used: int) -> None:
+        """A kernel needing more shared memory (LDS) than one block may use could never launch here."""
+        if used > self.max_shared:
+            raise RuntimeError(f"needs {used} bytes of shared memory (LDS); {self.name} has {self.max_shared}: "
+                               f"it could never launch there; add an [[exclude]] for this config")
+
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("sm_80", "nvidia", "cuda", 80, 32, "cubin", EM_CUDA, 80, False, 166912),

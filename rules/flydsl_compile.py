@@ -75,14 +75,13 @@ def compile_one(request: tuple) -> dict:
     except elf.ElfError as e:
         raise RuntimeError(f"bad code object from FlyDSL: {e}") from None
     abi = amdgpu_metadata.kernel_abi(binary, symbol)
-    if abi.get("group_segment_fixed_size", 0) > arch.max_shared:
-        raise RuntimeError(f"needs {abi['group_segment_fixed_size']} bytes of LDS; {arch.name} has "
-                           f"{arch.max_shared}: add an [[exclude]] for this config")
+    lds = abi.get("group_segment_fixed_size", 0)
+    arch.check_shared(lds)
     threads = (abi.get("reqd_workgroup_size") or [abi.get("max_flat_workgroup_size", 0)])[0]
     meta = artifact.meta(
         target, binary_name=f"{symbol}.hsaco", binary=binary, symbol=symbol,
         num_warps=max(1, threads // abi.get("wavefront_size", 64)), warp_size=abi.get("wavefront_size", 64),
-        shared=abi.get("group_segment_fixed_size", 0), kernel_abi=abi,
+        shared=lds, kernel_abi=abi,
         launcher=getattr(getattr(launcher, "func", launcher), "__name__", "?"))
     artifact.write(Path(target.out_dir), meta["binary"], binary, meta)
     return {"compile_seconds": round(seconds, 4), "sha256": meta["sha256"]}

@@ -53,9 +53,7 @@ def compile_one(request: tuple) -> dict:
         elf.check_binary(binary, arch, md.name)
     except elf.ElfError as e:
         raise RuntimeError(f"bad binary from Triton: {e}") from None
-    if md.shared > arch.max_shared:
-        raise RuntimeError(f"needs {md.shared} bytes of shared memory; {arch.name} has {arch.max_shared}: "
-                           f"it could never launch there; add an [[exclude]] for this config")
+    arch.check_shared(md.shared)
     meta = _meta(target, md, binary)
     artifact.write(Path(target.out_dir), meta["binary"], binary, meta)
     return {"compile_seconds": round(seconds, 4), "sha256": meta["sha256"]}

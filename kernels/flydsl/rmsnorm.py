@@ -8,30 +8,21 @@ import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 from flydsl.expr.typing import ReductionOp
 
-from kernels.flydsl.common import BITS, FX_TYPES, WAVE, block_reduce, placeholder, wave_sum
+from kernels.flydsl.common import (block_reduce, partials_view, placeholder, reduction_scratch, row_plan,
+                                   row_vectors, vector_copy, wave_sum)
 
 
 def build_rmsnorm(dtype: str, N: int, THREADS: int):
-    elem = FX_TYPES[dtype]
-    vec = 128 // BITS[dtype]
-    per_pass = THREADS * vec
-    if N % per_pass:
-        raise ValueError(f"N={N} must be a multiple of THREADS*{vec}={per_pass}")
-    passes, waves = N // per_pass, THREADS // WAVE
-
-    @fx.struct
-    class Scratch:
-        partials: fx.Array[fx.Float32, waves, 16]
+    plan = row_plan(dtype, N, THREADS)
+    elem, vec, passes, waves = plan.elem, plan.vec, plan.passes, plan.waves
+    scratch = reduction_scratch(plan)
 
     @flyc.kernel
     def rmsnorm_kernel(X: fx.Tensor, W: fx.Tensor, Y: fx.Tensor, eps: fx.Float32):
         row, tid = fx.block_idx.x, fx.thread_idx.x
-        partials = fx.SharedAllocator().allocate(Scratch).peek().partials.view(fx.make_layout(waves, 1))
-        vectors = fx.make_layout(vec, 1)
-        x_row = fx.logical_divide(fx.slice(fx.rocdl.make_buffer_tensor(X), (row, None)), vectors)
-        y_row = fx.logical_divide(fx.slice(fx.rocdl.make_buffer_tensor(Y), (row, None)), vectors)
-        w_all = fx.logical_divide(fx.rocdl.make_buffer_tensor(W), vectors)
-        atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), BITS[dtype])
+        partials = partials_view(scratch, plan)
+        x_row, y_row, w_all = row_vectors(X, row, plan), row_vectors(Y, row, plan), row_vectors(W, None, plan)
+        atom = vector_copy(plan)
 
         def load(tensor, i):
             regs = fx.make_rmem_tensor(vec, elem)

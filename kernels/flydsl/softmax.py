@@ -9,32 +9,24 @@ from flydsl.expr import arith, range_constexpr
 from flydsl.expr import math as fmath
 from flydsl.expr.typing import ReductionOp
 
-from kernels.flydsl.common import BITS, FX_TYPES, WAVE, block_reduce, placeholder, wave_max, wave_sum
+from kernels.flydsl.common import (block_reduce, partials_view, placeholder, reduction_scratch, row_plan,
+                                   row_vectors, vector_copy, wave_max, wave_sum)
 
 LOG2E = 1.4426950408889634
 
 
 def build_softmax(dtype: str, N: int, THREADS: int):
-    elem = FX_TYPES[dtype]
-    vec = 128 // BITS[dtype]
-    per_pass = THREADS * vec
-    if N % per_pass:
-        raise ValueError(f"N={N} must be a multiple of THREADS*{vec}={per_pass}")
-    passes, waves = N // per_pass, THREADS // WAVE
-
-    @fx.struct
-    class Scratch:
-        partials: fx.Array[fx.Float32, waves, 16]
+    plan = row_plan(dtype, N, THREADS)
+    elem, vec, passes, waves = plan.elem, plan.vec, plan.passes, plan.waves
+    scratch = reduction_scratch(plan)
 
     @flyc.kernel
     def softmax_kernel(X: fx.Tensor, Y: fx.Tensor):
         row, tid = fx.block_idx.x, fx.thread_idx.x
         fast = arith.FastMathFlags.fast
-        partials = fx.SharedAllocator().allocate(Scratch).peek().partials.view(fx.make_layout(waves, 1))
-        vectors = fx.make_layout(vec, 1)
-        x_row = fx.logical_divide(fx.slice(fx.rocdl.make_buffer_tensor(X), (row, None)), vectors)
-        y_row = fx.logical_divide(fx.slice(fx.rocdl.make_buffer_tensor(Y), (row, None)), vectors)
-        atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), BITS[dtype])
+        partials = partials_view(scratch, plan)
+        x_row, y_row = row_vectors(X, row, plan), row_vectors(Y, row, plan)
+        atom = vector_copy(plan)
 
         xs, row_max = [], fx.Float32(float("-inf"))
         for p in range_constexpr(passes):
