@@ -11,3 +11,8 @@ DOIT_CONFIG = project.doit_config(ROOT, [s.name for s in SPECS])
 def task_kernels():
     """One task per target, grouped by kernel family (`doit gemm`)."""
     yield from project.compile_tasks(ROOT, SPECS, TARGETS)
+
+
+def task_package():
+    """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
+    yield from project.bundle_tasks(ROOT, TARGETS)

@@ -1,19 +1,25 @@
-"""Launch saved sm_90a artifacts from out/ through the CUDA driver (no Triton, no compile) and compare with torch.
+"""Launch sm_90a kernels from the bundle (out/dist) through the runtime loader and compare with torch.
 
-Usage (on a GPU machine, after the artifacts were built anywhere): python bench/gpu_check.py [out_dir]
-Exits non-zero if any sampled config is wrong. Checks that nothing was compiled: Triton is never imported.
+Usage (on an H100/H200, after `doit package` ran anywhere): python bench/gpu_check.py [dist_dir]
+Samples configs of every kernel family in the bundle. Exits non-zero if any is wrong, if Triton was
+imported, or if anything was written to the (fresh, empty) Triton cache: nothing may be compiled.
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 
-import torch
+os.environ["TRITON_CACHE_DIR"] = CACHE = tempfile.mkdtemp(prefix="triton-cache-")   # must stay empty
+import torch  # noqa: E402
 
-from rules.cuda_driver import Kernel
+from rules.runtime import Library  # noqa: E402
+from rules.runtime.device import runnable_archs  # noqa: E402
 
-OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "out") / "sm_90a"
+DIST = Path(sys.argv[1] if len(sys.argv) > 1 else "out/dist")
+SAMPLES = 12
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 cdiv = lambda a, b: (a + b - 1) // b
 
@@ -22,7 +28,7 @@ def rel_err(out, ref) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def check_gemm(k: Kernel, c: dict):
+def check_gemm(k, c: dict):
     M, N, K = 1000, 1536, 512
     a = torch.randn(M, K, device="cuda", dtype=DT[c["dtype"]])
     b = torch.randn(K, N, device="cuda", dtype=DT[c["dtype"]])
@@ -31,7 +37,7 @@ def check_gemm(k: Kernel, c: dict):
     return rel_err(out, a.double() @ b.double()), 1e-2
 
 
-def check_rowwise(k: Kernel, c: dict, norm: bool):
+def check_rowwise(k, c: dict, norm: bool):
     M, N = 333, c["BLOCK_N"] - 48 if c["BLOCK_N"] > 512 else c["BLOCK_N"]   # row stride stays 16-divisible
     x = torch.randn(M, N, device="cuda", dtype=DT[c["dtype"]])
     y = torch.full_like(x, float("nan"))
@@ -46,7 +52,7 @@ def check_rowwise(k: Kernel, c: dict, norm: bool):
     return rel_err(y, ref), 1e-2 if c["dtype"] != "fp32" else 1e-5
 
 
-def check_moe(k: Kernel, c: dict):
+def check_moe(k, c: dict):
     T, E, top_k, N, K, BM = 300, 8, 2, 512, 256, c["BLOCK_M"]
     dt = DT[c["dtype"]]
     a = torch.randn(T, K, device="cuda", dtype=dt)
@@ -80,24 +86,30 @@ CHECKS = {"gemm": check_gemm, "rmsnorm": lambda k, c: check_rowwise(k, c, True),
 def main() -> int:
     torch.manual_seed(0)
     random.seed(0)
-    torch.cuda.init()
-    torch.empty(1, device="cuda")   # make torch's primary context current for the driver calls
+    torch.empty(1, device="cuda")   # torch's context: the loader launches into the current one
+    lib = Library(DIST)
+    bundle = lib.bundles_for(runnable_archs()[1])[0]   # the bundle for this GPU: sm_90a on an H100/H200
+    print(f"device: {torch.cuda.get_device_name()}  bundle: {bundle.path.name} ({len(bundle.artifacts)} artifacts)")
+    families = sorted({e["kernel"] for e in bundle.artifacts})
+    missing = sorted(set(families) - set(CHECKS))
     failures = rows = 0
-    print(f"device: {torch.cuda.get_device_name()}  artifacts: {OUT}")
-    for family, check in CHECKS.items():
-        dirs = sorted(p.parent for p in (OUT / family).glob("*/meta.json"))
-        sample = dirs if len(dirs) <= 12 else random.sample(dirs, 12)
-        for d in sorted(sample):
-            k = Kernel(d)
-            err, tol = check(k, k.meta["config"])
+    for family in families:
+        if family not in CHECKS:
+            continue
+        ids = sorted(e["config_id"] for e in bundle.artifacts if e["kernel"] == family)
+        for cid in sorted(ids if len(ids) <= SAMPLES else random.sample(ids, SAMPLES)):
+            k = lib.load(family, cid)
+            err, tol = CHECKS[family](k, k.entry["config"])
             torch.cuda.synchronize()
             ok = err < tol
             failures += not ok
             rows += 1
-            print(f"{'ok  ' if ok else 'FAIL'} {k.meta['target']:<55} rel_err {err:.2e} (tol {tol:.0e})")
+            print(f"{'ok  ' if ok else 'FAIL'} {k.name:<55} rel_err {err:.2e} (tol {tol:.0e})")
+    compiled = sorted(str(p.relative_to(CACHE)) for p in Path(CACHE).rglob("*"))
     triton_loaded = "triton" in sys.modules
-    print(f"\n{rows} artifacts launched, {failures} wrong; triton imported: {triton_loaded}")
-    return 1 if failures or triton_loaded or rows == 0 else 0
+    print(f"\n{rows} artifacts launched from the bundle, {failures} wrong; families {families}, "
+          f"unchecked {missing}; triton imported: {triton_loaded}; files in the Triton cache: {len(compiled)}")
+    return 1 if failures or triton_loaded or compiled or missing or rows == 0 else 0
 
 
 if __name__ == "__main__":

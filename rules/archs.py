@@ -1,13 +1,10 @@
-"""The GPU architectures kforge compiles for, and what their binaries must look like.
+"""The GPU architectures kforge compiles for, and what Triton needs to know about each.
 
 One table, keyed by the arch name users write in specs and on the command line.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-EM_CUDA = 190
-EM_AMDGPU = 224
 
 
 @dataclass(frozen=True)
@@ -17,10 +14,7 @@ class Arch:
     backend: str         # Triton's GPUTarget backend: "cuda" | "hip"
     target_arch: int | str  # Triton's GPUTarget arch: 90 | "gfx942"
     warp_size: int
-    binary_ext: str      # "cubin" | "hsaco"
-    elf_machine: int
-    elf_mach: int        # CUDA: SM number; AMD: EF_AMDGPU_MACH value
-    arch_specific: bool  # CUDA "a" variant (sm_90a: wgmma, setmaxnreg)
+    binary_ext: str      # "cubin" | "hsaco"  (rules/runtime/elf.py tells a binary's arch from its ELF header)
     max_shared: int      # bytes of shared memory (LDS) one block may use
 
     def check_shared(self, used: int) -> None:
@@ -31,12 +25,12 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("sm_80", "nvidia", "cuda", 80, 32, "cubin", EM_CUDA, 80, False, 166912),
-    Arch("sm_90a", "nvidia", "cuda", 90, 32, "cubin", EM_CUDA, 90, True, 232448),
-    Arch("sm_100a", "nvidia", "cuda", 100, 32, "cubin", EM_CUDA, 100, True, 232448),
-    Arch("gfx90a", "amd", "hip", "gfx90a", 64, "hsaco", EM_AMDGPU, 0x3F, False, 65536),
-    Arch("gfx942", "amd", "hip", "gfx942", 64, "hsaco", EM_AMDGPU, 0x4C, False, 65536),
-    Arch("gfx950", "amd", "hip", "gfx950", 64, "hsaco", EM_AMDGPU, 0x4F, False, 163840),
+    Arch("sm_80", "nvidia", "cuda", 80, 32, "cubin", 166912),
+    Arch("sm_90a", "nvidia", "cuda", 90, 32, "cubin", 232448),
+    Arch("sm_100a", "nvidia", "cuda", 100, 32, "cubin", 232448),
+    Arch("gfx90a", "amd", "hip", "gfx90a", 64, "hsaco", 65536),
+    Arch("gfx942", "amd", "hip", "gfx942", 64, "hsaco", 65536),
+    Arch("gfx950", "amd", "hip", "gfx950", 64, "hsaco", 163840),
 )}
 
 DEFAULT_ARCHS = ("sm_90a", "gfx942", "gfx950")

@@ -11,8 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
-from rules import elf
 from rules.archs import ARCHS
+from rules.runtime import elf
 
 META = "meta.json"
 ERROR = "error.txt"
@@ -137,11 +137,10 @@ def load(directory: Path) -> tuple[dict, bytes]:
         raise ArtifactError(f"{directory / meta['binary']}: sha256 {digest} does not match meta.json's "
                             f"{meta.get('sha256')}; the file is corrupt or was replaced; "
                             f"rebuild with `doit forget {meta.get('target')} && doit {meta.get('target')}`")
-    arch = ARCHS.get(meta.get("arch", ""))
-    if arch is None:
+    if meta.get("arch") not in ARCHS:
         raise ArtifactError(f"{meta_path}: unknown arch {meta.get('arch')!r}")
     try:
-        elf.check_binary(binary, arch, meta["symbol"])
+        elf.check_binary(binary, meta["arch"], meta["symbol"])
     except elf.ElfError as e:
         raise ArtifactError(f"{directory / meta['binary']}: {e}") from None
     return meta, binary

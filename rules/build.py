@@ -13,11 +13,13 @@ from doit.exceptions import TaskFailed
 from rules import artifact, isolate
 from rules.targets import Target
 
-# toolchain name (as in specs) -> module with warm(root), setup(arch) and compile_one((target, scratch)) -> dict
+# toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
+# and ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the env),
+# False when it takes the arch per compile (Triton), so that one server serves every arch.
 TOOLCHAIN_MODULES = {"triton": "rules.triton_compile", "flydsl": "rules.flydsl_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
-# This process's compile servers by (toolchain, arch), least recently used first. A server that is kept
+# This process's compile servers by (toolchain, arch or None), least recently used first. A server that is kept
 # keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again); the cap
 # bounds memory at a few compilers per doit worker (the default catalog has three archs).
 MAX_SERVERS = 3
@@ -44,10 +46,12 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
 
 
 def _server_for(target: Target, backend) -> isolate.Server:
-    wanted = (target.toolchain, target.arch)
+    per_arch = backend.ARCH_PER_PROCESS
+    wanted = (target.toolchain, target.arch if per_arch else None)
     server = _servers.pop(wanted, None)
     if server is None:
-        server = isolate.Server(backend.compile_one, functools.partial(backend.setup, target.arch))
+        setup = functools.partial(backend.setup, target.arch) if per_arch else None
+        server = isolate.Server(backend.compile_one, setup)
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used

@@ -1,9 +1,11 @@
-"""doit commands kforge adjusts (registered in pyproject.toml under [tool.doit.plugins.command])."""
+"""What kforge adjusts in doit: `forget` (registered in pyproject.toml under [tool.doit.plugins.command]),
+and tasks that run after failed dependencies (installed by rules.project.doit_config)."""
 from __future__ import annotations
 
 import os
 
 from doit.cmd_forget import Forget as DoitForget
+from doit.control import ExecNode
 
 from rules.artifact import META
 
@@ -31,3 +33,21 @@ class Forget(DoitForget):
                 if os.path.basename(target) == META and os.path.exists(target):
                     os.unlink(target)
         return result
+
+
+def run_after_failed_deps() -> None:
+    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
+
+    doit never runs a task one of whose task_dep failed. `doit package` must run anyway, to ship what
+    was built and list what failed; it still waits for every compile, and the run still exits non-zero.
+    """
+    if getattr(ExecNode.parent_status, "kforge", False):
+        return
+    doit_parent_status = ExecNode.parent_status
+
+    def parent_status(self, parent_node):
+        if parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps"):
+            return
+        doit_parent_status(self, parent_node)
+    parent_status.kforge = True
+    ExecNode.parent_status = parent_status

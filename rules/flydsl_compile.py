@@ -18,11 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rules import amd_linker, amdgpu_metadata, artifact, elf
+from rules import amd_linker, amdgpu_metadata, artifact
 from rules.archs import ARCHS
+from rules.runtime import elf
 from rules.dtypes import canonical_arg_type
 
 _state: dict = {}
+ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch
 
 
 def warm(root: str) -> None:
@@ -71,7 +73,7 @@ def compile_one(request: tuple) -> dict:
         raise RuntimeError(f"the launcher compiled to {len(names)} kernels {names}; kforge ships one per target")
     symbol = names[0]
     try:
-        elf.check_binary(binary, arch, symbol)
+        elf.check_binary(binary, target.arch, symbol)
     except elf.ElfError as e:
         raise RuntimeError(f"bad code object from FlyDSL: {e}") from None
     abi = amdgpu_metadata.kernel_abi(binary, symbol)

@@ -4,8 +4,8 @@ A Server is one forked child that runs fn(request) for each call, one call at a 
 the compiler once (warm) and forks the server from there: no Python start and no compiler import per
 kernel, and the compiler's lazily built state (MLIR context, LLVM target init) survives from one compile
 to the next inside the child, as in a process pool. Process-global compiler state (LLVM options, env
-overrides) stays in the child, which serves one (toolchain, arch) only. When a call crashes or times out,
-the child is gone; the next call forks a fresh one.
+overrides) stays in the child, which serves one toolchain, and one arch where the compiler fixes its arch
+per process. When a call crashes or times out, the child is gone; the next call forks a fresh one.
 """
 from __future__ import annotations
 

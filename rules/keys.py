@@ -17,7 +17,7 @@ from pathlib import Path
 from rules.artifact import atomic_write
 
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
-SCHEMA_VERSION = 2   # 2: AMD artifacts carry kernel_abi
+SCHEMA_VERSION = 3   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")

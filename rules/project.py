@@ -9,11 +9,12 @@ from pathlib import Path
 from doit import get_var
 
 from rules import artifact, report
+from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import timeout_from_env
 from rules.spec import SpecError, load_spec
 from rules.targets import build_targets
-from rules.tasks import family_tasks
+from rules.tasks import family_tasks, package_tasks
 
 
 def load_specs(root: Path) -> list:
@@ -33,12 +34,13 @@ def doit_config(root: Path, families: list[str]) -> dict:
     out.mkdir(exist_ok=True)
     reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
     _sigterm_as_interrupt()
+    run_after_failed_deps()
     return {
         "backend": "sqlite3",
         "dep_file": str(out / ".doit.sqlite3"),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
-        "default_tasks": families,
+        "default_tasks": families + ["package"],
     }
 
 
@@ -81,3 +83,8 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, handler)
+
+
+def bundle_tasks(root: Path, targets: list):
+    """`doit package`: one wheel per arch (a generator for dodo.py)."""
+    yield from package_tasks(targets, str(root))

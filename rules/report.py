@@ -21,7 +21,8 @@ class BuildReporter(ConsoleReporter):
         super().__init__(outstream, options)
         self.started_at = time.monotonic()
         self.total = 0
-        self.records: dict[str, dict] = {}
+        self.records: dict[str, dict] = {}    # compile targets
+        self.packages: dict[str, dict] = {}   # `doit package` bundles, reported apart from the targets
         self.begun: dict[str, float] = {}
 
     def initialize(self, tasks, selected_tasks):
@@ -32,14 +33,16 @@ class BuildReporter(ConsoleReporter):
                 continue
             seen.add(name)
             todo += tasks[name].task_dep + tasks[name].setup_tasks
-        self.total = sum(1 for n in seen if tasks[n].actions)
+        self.total = sum(1 for n in seen if tasks[n].actions and not _is_package(tasks[n]))
         self.write(f"kforge: {self.total} targets selected\n")
 
     def execute_task(self, task):
         self.begun[task.name] = time.monotonic()
 
     def skip_uptodate(self, task):
-        if task.actions:
+        if _is_package(task):
+            self.packages[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
+        elif task.actions:
             self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
 
     def add_success(self, task):
@@ -56,6 +59,10 @@ class BuildReporter(ConsoleReporter):
         record = {"name": task.name, "status": status, "seconds": round(seconds, 3)}
         if error:
             record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
+        if _is_package(task):
+            self.packages[task.name] = record
+            self.write(f"{task.name} {status} {seconds:.2f}s\n")
+            return
         self.records[task.name] = record
         failed = sum(1 for r in self.records.values() if r["status"] == "failed")
         first = [line.strip() for line in error.splitlines() if line.strip().startswith("error:")][:1]
@@ -75,9 +82,13 @@ class BuildReporter(ConsoleReporter):
         for r in records:
             if r["status"] == "failed":
                 self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
+        for r in self.packages.values():
+            if r["status"] == "failed":
+                self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
         for msg in self.runtime_errors:
             self.write(f"\ndoit: {msg}\n")
-        self._save({"wall_seconds": round(wall, 3), "counts": counts, "tasks": records})
+        self._save({"wall_seconds": round(wall, 3), "counts": counts,
+                    "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
@@ -86,3 +97,7 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(json.dumps(r) for r in report["tasks"])
         atomic_write(path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())
+
+
+def _is_package(task) -> bool:
+    return task.name.startswith("package:")

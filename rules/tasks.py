@@ -1,9 +1,10 @@
-"""Targets -> doit task dicts: one task per target, one group task per kernel family."""
+"""Targets -> doit task dicts: one task per target, one group task per kernel family, one bundle per arch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
-from rules import artifact
+from rules import artifact, package
 from rules.build import compile_target
 from rules.targets import Target
 
@@ -29,3 +30,25 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex)
         "clean": [(artifact.remove, [t.out_dir])],
         "verbosity": 0,
     }
+
+
+def package_tasks(targets: list[Target], root: str) -> Iterator[dict]:
+    """`doit package`: one bundle per arch, after all of that arch's compile tasks, failed ones included."""
+    yield {"basename": "package", "name": None, "doc": "bundle every built artifact, one wheel per arch in out/dist/"}
+    by_arch: dict[str, list[Target]] = {}
+    for t in targets:
+        by_arch.setdefault(t.arch, []).append(t)
+    for arch, mine in sorted(by_arch.items()):
+        yield {
+            "basename": "package",
+            "name": arch,
+            "doc": f"out/dist/{package.dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
+            "actions": [(package.build_bundle, [arch, mine, root])],
+            "task_dep": [t.name for t in mine],
+            "uptodate": [(package.is_current, [arch, mine, root])],
+            "targets": [str(package.manifest_path(Path(root), arch))],
+            "clean": [(package.remove, [arch, root])],
+            # runs when some compiles failed, and lists them: see doit_commands.run_after_failed_deps
+            "meta": {"after_failed_deps": True},
+            "verbosity": 2,
+        }

@@ -7,27 +7,25 @@ import sys
 import time
 from pathlib import Path
 
-from rules import amdgpu_metadata, artifact, elf
+from rules import amdgpu_metadata, artifact
 from rules.archs import ARCHS
+from rules.runtime import elf
 
-_warm = False
+_root = ""
+ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
 
 
 def warm(root: str) -> None:
     """Once per process, before forking the compile server: import Triton and pay its toolchain hash (triton_key)."""
-    global _warm
-    if _warm:
+    global _root
+    if _root == root:
         return
     if root not in sys.path:
         sys.path.insert(0, root)
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
     from triton.runtime.cache import triton_key
     triton_key()   # hashes libtriton once; the forked compile server reuses it
-    _warm = True
-
-
-def setup(arch: str) -> None:
-    """Once in each compile server. Triton takes the arch per compile: nothing process-wide to set."""
+    _root = root
 
 
 def compile_one(request: tuple) -> dict:
@@ -44,13 +42,17 @@ def compile_one(request: tuple) -> dict:
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
     src = ASTSource(fn=fn, signature=dict(target.signature), constexprs=dict(target.constexprs), attrs=attrs)
     start = time.monotonic()
-    kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
-                            options=dict(target.options))
+    os.chdir(scratch)   # ptxas stamps the line info with the mtime of any source file it finds from its cwd
+    try:
+        kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
+                                options=dict(target.options))
+    finally:
+        os.chdir(_root)
     seconds = time.monotonic() - start
     binary = kernel.asm[arch.binary_ext]
     md = kernel.metadata
     try:
-        elf.check_binary(binary, arch, md.name)
+        elf.check_binary(binary, target.arch, md.name)
     except elf.ElfError as e:
         raise RuntimeError(f"bad binary from Triton: {e}") from None
     arch.check_shared(md.shared)
@@ -65,7 +67,21 @@ def _entry(target):
     fn = getattr(module, target.entry, None)
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
+    _relative_file_names(JITFunction)
     return fn
+
+
+def _relative_file_names(jit_type) -> None:
+    """Triton writes each function's source file name into the binary's line info: make it the path
+    relative to the project, so that two checkouts at different paths build byte-identical binaries."""
+    root = os.path.join(_root, "")
+    for module in list(sys.modules.values()):
+        if not (getattr(module, "__file__", None) or "").startswith(root):
+            continue
+        for value in list(vars(module).values()):
+            code = getattr(getattr(value, "fn", None), "__code__", None)
+            if isinstance(value, jit_type) and code is not None and code.co_filename.startswith(root):
+                value.fn.__code__ = code.replace(co_filename=code.co_filename[len(root):])
 
 
 def _meta(target, md, binary: bytes) -> dict:

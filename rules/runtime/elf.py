@@ -1,14 +1,19 @@
-"""Just enough ELF reading to check a GPU binary: machine, arch flags, and that the kernel has real code."""
+"""Just enough ELF reading to check a GPU binary: which arch it is for, and that the kernel has real code.
+
+Part of the runtime (no imports outside it): the loader checks a bundle's binaries with it before the
+driver sees them, and the build checks every binary it writes with the same code.
+"""
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
 
-from rules.archs import EM_AMDGPU, EM_CUDA, Arch
-
+EM_CUDA = 190
+EM_AMDGPU = 224
 ELFOSABI_CUDA_V7 = 0x33   # CUDA <= 12 ELF ABI: SM in e_flags[7:0], "a" variant flag 0x800
 ELFOSABI_CUDA_V8 = 0x41   # CUDA 13 ELF ABI: SM in e_flags[15:8], "a" variant flag 0x8
 EF_AMDGPU_MACH = 0xFF
+AMDGPU_MACH = {0x3F: "gfx90a", 0x4C: "gfx942", 0x4F: "gfx950"}   # EF_AMDGPU_MACH_AMDGCN_* values
 STT_FUNC = 2
 MIN_KERNEL_BYTES = 16     # an AMD kernel that is only s_endpgm is 4 bytes: not a kernel
 
@@ -68,23 +73,27 @@ def _cstr(table: bytes, offset: int) -> str:
     return table[offset:end if end >= 0 else None].decode("utf-8", "replace")
 
 
-def check_binary(data: bytes, arch: Arch, symbol: str) -> None:
+def binary_arch(elf: Elf) -> str:
+    """The arch name kforge uses ("sm_90a", "gfx942") for the code in this ELF file."""
+    if elf.machine == EM_CUDA:
+        sm, specific = cuda_sm(elf)
+        return f"sm_{sm}{'a' if specific else ''}"
+    if elf.machine == EM_AMDGPU:
+        mach = elf.flags & EF_AMDGPU_MACH
+        return AMDGPU_MACH.get(mach, f"an AMD GPU with e_flags mach 0x{mach:x}")
+    return f"ELF machine {elf.machine} (not a GPU)"
+
+
+def check_binary(data: bytes, arch: str, symbol: str) -> None:
     """Raise ElfError unless `data` is a binary for `arch` holding a non-trivial kernel `symbol`."""
     elf = parse(data)
-    if elf.machine != arch.elf_machine:
-        raise ElfError(f"ELF machine {elf.machine} is not {arch.vendor}'s ({arch.elf_machine}) for {arch.name}")
-    if arch.elf_machine == EM_CUDA:
-        sm, specific = cuda_sm(elf)
-        if (sm, specific) != (arch.elf_mach, arch.arch_specific):
-            raise ElfError(f"cubin is for sm_{sm}{'a' if specific else ''}, expected {arch.name}")
+    found = binary_arch(elf)
+    if found != arch:
+        raise ElfError(f"the binary is for {found}, expected {arch}")
+    if elf.machine == EM_CUDA:
         code = next((s.size for s in elf.sections if s.name == f".text.{symbol}"), 0)
-    elif arch.elf_machine == EM_AMDGPU:
-        mach = elf.flags & EF_AMDGPU_MACH
-        if mach != arch.elf_mach:
-            raise ElfError(f"hsaco e_flags mach 0x{mach:x} is not {arch.name}'s 0x{arch.elf_mach:x}")
-        code = max((size for name, typ, size in elf.symbols if name == symbol and typ == STT_FUNC), default=0)
     else:
-        raise ElfError(f"no ELF check for machine {arch.elf_machine}")
+        code = max((size for name, typ, size in elf.symbols if name == symbol and typ == STT_FUNC), default=0)
     if code < MIN_KERNEL_BYTES:
         raise ElfError(f"kernel {symbol!r} has {code} bytes of code (an empty or missing kernel)")
 
@@ -93,6 +102,3 @@ def cuda_sm(elf: Elf) -> tuple[int, bool]:
     if elf.osabi == ELFOSABI_CUDA_V8:
         return (elf.flags >> 8) & 0xFF, bool(elf.flags & 0x8)
     return elf.flags & 0xFF, bool(elf.flags & 0x800)
-
-
-__all__ = ["ElfError", "check_binary", "parse", "cuda_sm", "EM_AMDGPU", "EM_CUDA"]

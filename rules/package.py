@@ -1,0 +1,187 @@
+"""`doit package`: per arch, one deterministic wheel in out/dist/ holding every built artifact and a manifest.
+
+The wheel installs a package kforge_kernels_<arch> with manifest.json, the binaries, and kforge's runtime
+(rules/runtime, copied verbatim), so an application needs nothing else to load and launch the kernels.
+Targets that failed or were not built are listed in the manifest under "failed", never silently missing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from rules import artifact
+from rules.archs import ARCHS
+from rules.runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
+from rules.targets import Target
+from rules.wheel import wheel_name, write_wheel
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+ERROR_LINES = 40   # of a failed target's message, kept in the manifest
+INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
+from pathlib import Path
+
+from .runtime import Bundle, BundleError, Kernel, LaunchError, Library, NoMatchingKernel
+
+BUNDLE_DIR = Path(__file__).resolve().parent
+
+
+def bundle() -> Bundle:
+    return Bundle(BUNDLE_DIR)
+'''
+
+
+def dist_name(arch: str) -> str:
+    return f"kforge_kernels_{arch}"
+
+
+def manifest_path(root: Path, arch: str) -> Path:
+    """A copy of the bundle's manifest beside the wheel, for people and CI logs to read."""
+    return root / "out" / "dist" / f"{dist_name(arch)}.manifest.json"
+
+
+def build_bundle(arch: str, targets: list[Target], root: str) -> None:
+    """The doit action: write the arch's wheel unless the same bytes are already there."""
+    root_path = Path(root)
+    stamp = _stamp(arch, targets, root_path)   # before reading: a change while packaging re-packages next time
+    manifest = make_manifest(arch, targets, root_path)
+    data = manifest_bytes(manifest)
+    version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
+    dist = root_path / "out" / "dist"
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = dist / wheel_name(dist_name(arch), version)
+    files = runtime_files(arch)
+    files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    for entry in manifest["artifacts"]:
+        _, binary = artifact.load(Path(targets_by_name(targets)[entry["target"]].out_dir))   # sha256 + ELF
+        files[f"{dist_name(arch)}/{entry['binary']}"] = binary
+    if not wheel.exists():
+        write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
+    for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
+        if stale != wheel:
+            stale.unlink()
+    artifact.atomic_write(manifest_path(root_path, arch), data)
+    _stamp_path(root_path, arch).parent.mkdir(parents=True, exist_ok=True)
+    artifact.atomic_write(_stamp_path(root_path, arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
+                     f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
+
+
+def is_current(arch: str, targets: list[Target], root: str) -> bool:
+    """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is there.
+
+    Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
+    an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A restored out/ (fresh
+    stats) re-packages, and the same inputs give the same wheel bytes, which are then left as they are.
+    """
+    root_path = Path(root)
+    try:
+        saved = json.loads(_stamp_path(root_path, arch).read_bytes())
+        return (saved["stamp"] == _stamp(arch, targets, root_path)
+                and (root_path / "out" / "dist" / saved["wheel"]).is_file())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _stamp(arch: str, targets: list[Target], root: Path) -> str:
+    h = hashlib.sha256(f"{project_version(root)}\0{runtime_digest(arch)}".encode())
+    for t in sorted(targets, key=lambda t: t.name):
+        h.update(f"\0{t.name}\0{t.key}\0{_identity(t.meta_path)}\0".encode())
+        h.update(_content(Path(t.out_dir) / artifact.ERROR))   # a failed target rewrites it on every run
+    return h.hexdigest()
+
+
+def _identity(path) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "-"
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+
+
+def _content(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b"-"
+
+
+def _stamp_path(root: Path, arch: str) -> Path:
+    return root / "out" / ".kforge" / f"package-{arch}.json"
+
+
+def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
+    """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
+    key, else a "failed" record with the start of its error and what a JIT fallback needs to build it."""
+    artifacts, failed = [], []
+    for t in sorted(targets, key=lambda t: t.name):
+        meta = _current_meta(t)
+        if meta is not None:
+            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta['binary']}"
+            meta["options"] = dict(t.options)
+            artifacts.append(meta)
+        else:
+            failed.append(_failure(t))
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
+            "kforge_version": project_version(root), "runtime_sha256": runtime_digest(arch),
+            "artifacts": artifacts, "failed": failed}
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+
+def remove(arch: str, root: str) -> None:
+    """`doit clean package`."""
+    dist = Path(root) / "out" / "dist"
+    for f in [*dist.glob(f"{dist_name(arch)}-*.whl"), manifest_path(Path(root), arch)]:
+        f.unlink(missing_ok=True)
+
+
+def runtime_files(arch: str) -> dict[str, bytes]:
+    files = {f"{dist_name(arch)}/__init__.py": INIT.format(arch=arch).encode()}
+    for f in sorted(RUNTIME_DIR.glob("*.py")):
+        files[f"{dist_name(arch)}/runtime/{f.name}"] = f.read_bytes()
+    return files
+
+
+def runtime_digest(arch: str) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(runtime_files(arch).items()):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def project_version(root: Path) -> str:
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def targets_by_name(targets: list[Target]) -> dict[str, Target]:
+    return {t.name: t for t in targets}
+
+
+def _current_meta(t: Target) -> dict | None:
+    try:
+        meta = json.loads(Path(t.meta_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("key") == t.key else None
+
+
+def _failure(t: Target) -> dict:
+    error_path = Path(t.out_dir) / artifact.ERROR
+    status, error = "not built", ""
+    try:
+        key_line, _, message = error_path.read_text().partition("\n")
+        if key_line == f"key: {t.key}":
+            status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
+    except OSError:
+        pass
+    return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
+            "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
+            "source": {"module": t.module, "entry": t.entry}, "constexprs": dict(t.constexprs),
+            "options": dict(t.options)}

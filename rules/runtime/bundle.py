@@ -1,0 +1,156 @@
+"""Open kernel bundles (made by `doit package`), check them, and pick the artifact a caller asks for.
+
+A bundle is one arch's wheel (or its unpacked package directory): manifest.json plus the binaries it
+names. Nothing is trusted: the manifest is plain JSON (no pickle anywhere), each binary path must stay
+inside the bundle, and each binary must match its sha256 and be an ELF file for the bundle's arch before
+a driver sees it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import zipfile
+from pathlib import Path
+
+FORMAT = "kforge-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
+                 "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
+                 "toolchain": str}
+
+
+class BundleError(ValueError):
+    """A bundle that is malformed, tampered with, or not for this device."""
+
+
+class NoMatchingKernel(LookupError):
+    """Nothing in the bundles fits the request; the message lists what there is."""
+
+
+class Bundle:
+    """One arch's bundle: a .whl/.zip file or a directory holding manifest.json."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if self.path.is_dir():
+            self._root = self.path.resolve()
+            self._zip, self._prefix = None, ""
+        elif zipfile.is_zipfile(self.path):
+            self._zip = zipfile.ZipFile(self.path)
+            self._prefix = self._find_manifest_dir()
+        else:
+            raise BundleError(f"{self.path}: not a bundle (expected a .whl/.zip file or a directory with {MANIFEST})")
+        try:
+            self.manifest = json.loads(self._read(MANIFEST))
+        except (OSError, KeyError, ValueError) as e:
+            raise BundleError(f"{self.path}: unreadable {MANIFEST} ({e}); rebuild it with `doit package`") from None
+        self._check_manifest()
+        self.arch: str = self.manifest["arch"]
+        self.vendor: str = self.manifest["vendor"]
+        self.artifacts: list[dict] = self.manifest["artifacts"]
+        self.failed: list[dict] = self.manifest["failed"]
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, arch={self.arch}, {len(self.artifacts)} artifacts)"
+
+    def find(self, kernel: str, config: dict | str | None = None) -> dict:
+        """The one artifact of `kernel` whose config has every given value (or whose config id is `config`)."""
+        mine = [e for e in self.artifacts if e["kernel"] == kernel]
+        if not mine:
+            kernels = sorted({e["kernel"] for e in self.artifacts})
+            raise NoMatchingKernel(f"{self.path} ({self.arch}) has no kernel {kernel!r}; it has: {', '.join(kernels)}"
+                                   + self._failed_note(kernel))
+        hits = [e for e in mine if matches(e, config)]
+        if len(hits) == 1:
+            return hits[0]
+        listing = "\n  ".join(e["config_id"] for e in mine)
+        what = "matches no" if not hits else f"matches {len(hits)}"
+        raise NoMatchingKernel(f"{kernel} config {config!r} {what} artifact in {self.path} ({self.arch})"
+                               + ("; give more config values" if hits else "")
+                               + f". Its {kernel} configs:\n  {listing}" + self._failed_note(kernel, config))
+
+    def binary(self, entry: dict) -> bytes:
+        """The entry's binary, only once it is proven to be what the manifest says and for this arch."""
+        from .elf import ElfError, check_binary
+        data = self._read(entry["binary"])
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["sha256"]:
+            raise BundleError(f"{self.path}: {entry['binary']} has sha256 {digest}, the manifest says "
+                              f"{entry['sha256']}: the bundle was altered or corrupted; reinstall or rebuild it")
+        try:
+            check_binary(data, self.arch, entry["symbol"])
+        except ElfError as e:
+            raise BundleError(f"{self.path}: {entry['binary']} refused: {e}") from None
+        return data
+
+    def load(self, kernel: str, config: dict | str | None = None):
+        """The kernel, loaded into the current GPU context (the caller knows the device is this arch)."""
+        from .launch import Kernel
+        entry = self.find(kernel, config)
+        return Kernel(entry, self.binary(entry), self.vendor)
+
+    def _failed_note(self, kernel: str, config=None) -> str:
+        bad = [f for f in self.failed if f["kernel"] == kernel and matches(f, config)]
+        return "".join(f"\n  ({f['config_id']}: {f['status']} at build time: {f['error'].splitlines()[0]})"
+                       for f in bad[:5] if f.get("error")) or ""
+
+    def _find_manifest_dir(self) -> str:
+        dirs = [n[:-len(MANIFEST)] for n in self._zip.namelist() if n.count("/") == 1 and n.endswith("/" + MANIFEST)]
+        if len(dirs) != 1:
+            raise BundleError(f"{self.path}: expected one <package>/{MANIFEST} in the archive, found {len(dirs)}")
+        return dirs[0]
+
+    def _read(self, relative: str) -> bytes:
+        relative = safe_relative(relative, self.path)
+        if self._zip is not None:
+            try:
+                return self._zip.read(self._prefix + relative)
+            except KeyError:
+                raise BundleError(f"{self.path}: {relative} is named in the manifest but not in the archive") from None
+        full = (self._root / relative).resolve()
+        if not full.is_relative_to(self._root):   # a symlink that leads out of the bundle
+            raise BundleError(f"{self.path}: {relative} resolves outside the bundle ({full}); refused")
+        return full.read_bytes()
+
+    def _check_manifest(self) -> None:
+        m = self.manifest
+        where = f"{self.path}: {MANIFEST}"
+        if not isinstance(m, dict) or m.get("format") != FORMAT:
+            raise BundleError(f"{where} is not a kforge bundle manifest")
+        if m.get("format_version") != FORMAT_VERSION:
+            raise BundleError(f"{where} has format_version {m.get('format_version')!r}; this loader reads "
+                              f"{FORMAT_VERSION}: rebuild the bundle with a matching kforge")
+        for key, kind in (("arch", str), ("vendor", str), ("artifacts", list), ("failed", list)):
+            if not isinstance(m.get(key), kind):
+                raise BundleError(f"{where}: {key!r} must be a {kind.__name__}")
+        for i, e in enumerate(m["artifacts"]):
+            for key, kind in _ENTRY_FIELDS.items():
+                if not isinstance(e.get(key) if isinstance(e, dict) else None, kind):
+                    raise BundleError(f"{where}: artifacts[{i}] needs {key!r} as a {kind.__name__}")
+            if e["arch"] != m["arch"]:
+                raise BundleError(f"{where}: artifacts[{i}] ({e['target']}) is for {e['arch']}, the bundle is "
+                                  f"for {m['arch']}; refused")
+            safe_relative(e["binary"], self.path)
+
+
+def matches(entry: dict, config: dict | str | None) -> bool:
+    if config is None:
+        return True
+    if isinstance(config, str):
+        return entry["config_id"] == config
+    return all(entry["config"].get(k, _MISSING) == v for k, v in config.items())
+
+
+_MISSING = object()
+
+
+def safe_relative(name, bundle: Path) -> str:
+    """A manifest path must be relative, normalized and inside the bundle: no '..', no absolute path."""
+    if (not isinstance(name, str) or not name or "\\" in name or "\0" in name or name.startswith("/")
+            or posixpath.normpath(name) != name or name.split("/")[0] in ("..", ".")
+            or ":" in name.split("/")[0]):
+        raise BundleError(f"{bundle}: the manifest names {name!r}, a path outside the bundle or not normalized; "
+                          f"refused")
+    return name

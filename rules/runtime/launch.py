@@ -1,0 +1,119 @@
+"""Load a checked binary through the GPU driver (ctypes) and launch it: no compiler, no torch needed.
+
+NVIDIA: libcuda's cuModuleLoadData / cuLaunchKernel. AMD: libamdhip64's hipModuleLoadData /
+hipModuleLaunchKernel, which take the same kernelParams array. Arguments follow the manifest's launch
+signature; Triton 3.6 kernels also take two trailing scratch pointers (global, profile), passed as null:
+kforge refuses artifacts that say they need scratch memory.
+"""
+from __future__ import annotations
+
+import ctypes
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
+SCALARS = {"i1": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
+           "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+           "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+# pointer element type -> torch dtype name, to catch a tensor of the wrong dtype before it is misread
+TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
+                "fp64": "torch.float64", "i8": "torch.int8", "i16": "torch.int16", "i32": "torch.int32",
+                "i64": "torch.int64", "u8": "torch.uint8", "fp8e4nv": "torch.float8_e4m3fn",
+                "fp8e4b8": "torch.float8_e4m3fnuz", "fp8e5": "torch.float8_e5m2"}
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+class Driver:
+    """The vendor's driver library, loaded once per process."""
+    _loaded: dict[str, "Driver"] = {}
+
+    def __init__(self, vendor: str):
+        self.vendor = vendor
+        lib, self.prefix = {"nvidia": ("libcuda.so.1", "cu"), "amd": ("libamdhip64.so", "hip")}[vendor]
+        try:
+            self.lib = ctypes.CDLL(lib)
+        except OSError as e:
+            raise LaunchError(f"cannot load {lib} ({e}): this process has no {vendor} GPU driver") from None
+        self.call("Init", 0)
+        if vendor == "nvidia":
+            self._ensure_context()
+
+    @classmethod
+    def get(cls, vendor: str) -> "Driver":
+        if vendor not in cls._loaded:
+            cls._loaded[vendor] = cls(vendor)
+        return cls._loaded[vendor]
+
+    def call(self, name: str, *args) -> None:
+        code = getattr(self.lib, self.prefix + name)(*args)
+        if code != 0:
+            raise LaunchError(f"{self.prefix}{name} failed: {self.error_name(code)}")
+
+    def error_name(self, code: int) -> str:
+        if self.vendor == "amd":
+            self.lib.hipGetErrorName.restype = ctypes.c_char_p
+            return (self.lib.hipGetErrorName(code) or b"").decode() or str(code)
+        name = ctypes.c_char_p()
+        self.lib.cuGetErrorName(code, ctypes.byref(name))
+        return name.value.decode() if name.value else str(code)
+
+    def _ensure_context(self) -> None:
+        """Use the current context (torch's, say); with none, make device 0's primary context current."""
+        ctx = ctypes.c_void_p()
+        self.call("CtxGetCurrent", ctypes.byref(ctx))
+        if not ctx.value:
+            dev = ctypes.c_int()
+            self.call("DeviceGet", ctypes.byref(dev), 0)
+            self.call("DevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+            self.call("CtxSetCurrent", ctx)
+
+
+class Kernel:
+    """One bundle artifact loaded into the current context; call it with (grid, *args, stream=)."""
+
+    def __init__(self, entry: dict, binary: bytes, vendor: str):
+        self.entry = entry
+        self.name = entry["target"]
+        if entry.get("toolchain") != "triton":
+            raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
+                              f"(their kernarg layout is in the manifest's kernel_abi)")
+        if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
+            raise LaunchError(f"{self.name}: the kernel needs scratch memory, which this loader does not allocate")
+        self.driver = Driver.get(vendor)
+        self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module
+        self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
+        self.driver.call("ModuleLoadData", ctypes.byref(self._module), self._image)
+        self.driver.call("ModuleGetFunction", ctypes.byref(self._func), self._module, entry["symbol"].encode())
+        if vendor == "nvidia" and entry["shared"] > STATIC_SHARED_LIMIT:
+            self.driver.call("FuncSetAttribute", self._func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             entry["shared"])
+        self._launch = self.driver.lib.cuLaunchKernel if vendor == "nvidia" else self.driver.lib.hipModuleLaunchKernel
+
+    def __call__(self, grid, *args, stream: int = 0) -> None:
+        sig = self.entry["signature"]
+        if len(args) != len(sig):
+            raise TypeError(f"{self.name} takes ({', '.join(a['name'] for a in sig)}), got {len(args)} arguments")
+        values = [self._arg(a, v) for a, v in zip(sig, args)] + [ctypes.c_void_p(0), ctypes.c_void_p(0)]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        code = self._launch(self._func, gx, gy, gz, self.entry["threads_per_block"], 1, 1, self.entry["shared"],
+                            ctypes.c_void_p(stream), params, None)
+        if code != 0:
+            raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
+
+    def _arg(self, spec: dict, value):
+        kind = spec["type"]
+        if kind.startswith("*"):
+            if isinstance(value, int):
+                return ctypes.c_void_p(value)
+            expected = TORCH_DTYPES.get(kind[1:])
+            if expected and hasattr(value, "dtype") and str(value.dtype) != expected:
+                raise TypeError(f"{self.name}: argument {spec['name']} is {kind}, got a {value.dtype} tensor")
+            if getattr(value, "is_cuda", True) is False:
+                raise TypeError(f"{self.name}: argument {spec['name']} is a CPU tensor; the kernel needs GPU memory")
+            return ctypes.c_void_p(value.data_ptr())
+        if kind not in SCALARS:
+            raise TypeError(f"{self.name}: argument {spec['name']} has type {kind}, which this loader cannot pass")
+        return SCALARS[kind](value)

@@ -1,0 +1,147 @@
+"""`doit package`: one wheel per arch, manifest contents, failed targets listed, determinism, incrementality."""
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from rules import package
+from tests.support import REPO, doit, kernel_text, make_project, spec_text
+
+ARCHS = ("sm_90a", "gfx942")
+
+
+def project(tmp_path):
+    return make_project(tmp_path, specs={"scale": spec_text(archs=ARCHS, dtypes=("fp16", "bf16")),
+                                         "bad": spec_text(name="bad", module="bad")},
+                        kernels={"scale": kernel_text(), "bad": kernel_text(factor="no_such_name")})
+
+
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory):
+    root = project(tmp_path_factory.mktemp("pkg"))
+    proc = doit(root, "-n", "2", check=False)
+    assert proc.returncode != 0, "a failed target must still fail the run"
+    return root
+
+
+def wheel(root, arch):
+    found = sorted((root / "out" / "dist").glob(f"kforge_kernels_{arch}-*.whl"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def manifest(root, arch):
+    with zipfile.ZipFile(wheel(root, arch)) as zf:
+        return json.loads(zf.read(f"kforge_kernels_{arch}/manifest.json"))
+
+
+def test_one_wheel_per_arch_with_every_artifact_and_its_fields(packaged):
+    for arch in ARCHS:
+        m = manifest(packaged, arch)
+        assert m["arch"] == arch and m["format"] == "kforge-bundle"
+        assert sorted(e["config_id"] for e in m["artifacts"]) == ["bf16-b256-w4", "fp16-b256-w4"]
+        with zipfile.ZipFile(wheel(packaged, arch)) as zf:
+            names = set(zf.namelist())
+            for e in m["artifacts"]:
+                assert {"target", "kernel", "config", "arch", "binary", "sha256", "signature", "constexprs",
+                        "toolchain_versions", "source"} <= set(e)
+                assert e["source"]["digests"] and e["toolchain_versions"]["triton"] == "3.6.0"
+                assert f"kforge_kernels_{arch}/{e['binary']}" in names
+            assert not [n for n in names if n.endswith((".pkl", ".pickle"))]
+        assert (packaged / "out" / "dist" / f"kforge_kernels_{arch}.manifest.json").read_bytes() == \
+            json.dumps(m, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def test_failed_targets_are_listed_with_their_error(packaged):
+    failed = manifest(packaged, "sm_90a")["failed"]
+    assert [(f["target"], f["status"]) for f in failed] == [("bad:fp16-b256-w4@sm_90a", "failed")]
+    assert "no_such_name" in failed[0]["error"]
+    assert failed[0]["source"] == {"module": "tk.bad", "entry": "scale_kernel"}
+    assert manifest(packaged, "gfx942")["failed"] == []
+    report = json.loads((packaged / "out" / "build-report.json").read_text())
+    assert {p["name"]: p["status"] for p in report["packages"]} == {"package:gfx942": "built",
+                                                                    "package:sm_90a": "built"}
+
+
+def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
+    from rules.project import load_specs
+    from rules.targets import build_targets
+    copy = shutil.copytree(packaged, tmp_path / "p")
+    shutil.rmtree(copy / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
+    targets = [t for t in build_targets(load_specs(copy), copy, copy / "out", None) if t.arch == "sm_90a"]
+    m = package.make_manifest("sm_90a", targets, copy)
+    assert {f["target"]: f["status"] for f in m["failed"]} == {"bad:fp16-b256-w4@sm_90a": "failed",
+                                                               "scale:fp16-b256-w4@sm_90a": "not built"}
+
+
+def test_same_inputs_give_byte_identical_wheels_in_another_checkout(packaged, tmp_path):
+    other = project(tmp_path / "other")
+    doit(other, "-n", "1", check=False)
+    for arch in ARCHS:
+        assert wheel(other, arch).name == wheel(packaged, arch).name
+        assert wheel(other, arch).read_bytes() == wheel(packaged, arch).read_bytes()
+
+
+def test_package_is_rebuilt_only_when_its_content_changes(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text(archs=ARCHS)})
+    doit(root)
+    first = {a: wheel(root, a) for a in ARCHS}
+    stamp = {a: first[a].stat().st_mtime_ns for a in ARCHS}
+    doit(root, "package")
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    assert {p["status"] for p in report["packages"]} == {"up-to-date"}
+    (root / "tk" / "scale.py").touch()
+    doit(root)
+    assert all(wheel(root, a).stat().st_mtime_ns == stamp[a] for a in ARCHS)
+    (root / "tk" / "scale.py").write_text(kernel_text(factor="3"))
+    doit(root)
+    for a in ARCHS:   # new binaries: a new wheel version, and the old wheel is gone
+        assert wheel(root, a).name != first[a].name and not first[a].exists()
+
+
+def test_wheel_installs_and_loads_without_doit_triton_or_kforge(packaged, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel(packaged, "sm_90a"))], check=True)
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('doit', 'triton', 'flydsl', 'rules', 'torch', 'pickle'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {str(site)!r})
+import kforge_kernels_sm_90a as k
+b = k.bundle()
+e = b.find('scale', {{'dtype': 'bf16'}})
+assert len(b.binary(e)) == e['size']
+print(e['target'])
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "scale:bf16-b256-w4@sm_90a"
+
+
+def test_clean_removes_the_bundles(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text()})
+    doit(root)
+    assert list((root / "out" / "dist").glob("*.whl"))
+    doit(root, "clean", "package")
+    assert not list((root / "out" / "dist").glob("*"))
+
+
+def test_runtime_imports_nothing_outside_itself():
+    import ast
+    for f in (REPO / "rules" / "runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module in ("__future__", "pathlib", "dataclasses"), f"{f.name} imports {node.module}"
+            if isinstance(node, ast.Import):
+                names = {a.name.split(".")[0] for a in node.names}
+                banned = {"rules", "doit", "flydsl", "pickle", "marshal", "shelve", "triton", "torch"}
+                if f.name == "jit.py":   # the opt-in JIT fallback may use torch for a caller's stream
+                    banned.discard("torch")
+                assert not names & banned, f"{f.name} imports {names}"
