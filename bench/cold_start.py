@@ -5,7 +5,8 @@ Usage (on a GPU machine, with a bundle from `doit package`):
 
 Every run is a new Python process. In it, "setup" (the same in every mode) imports torch, makes the CUDA
 context and the inputs; then the timed "kernel part" gets the first correct result:
-  bundle          open the bundle, check and load the binary (runtime loader), launch, sync, compare to torch
+  bundle          import the installed bundle wheel (pip-installed once, as an application would), open it,
+                  check and load the binary, launch, sync, compare to torch
   jit-cold        import the kernel (and Triton), compile into an empty Triton cache, launch, sync, compare
   jit-warm-cache  the same with the Triton cache the previous jit-cold run filled (a second start)
 Both paths launch the same kernel and config (the JIT uses the bundle manifest's constexprs and options).
@@ -14,6 +15,7 @@ Reported: medians of the kernel part and of the whole process as the parent saw 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -25,12 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 2048
+ARCH = "sm_90a"   # H100 / H200
 
 
-def child(mode: str, dist: str, kernel: str, config: str) -> None:
+def child(mode: str, dist: str, kernel: str, config: str, site: str) -> None:
     start = time.perf_counter()
     import torch
-    recipe = _recipe(dist, kernel, config)   # read as plain JSON: the runtime's import is timed below
+    recipe = _recipe(dist, kernel, config)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[recipe["config"]["dtype"]]
     torch.manual_seed(0)
     a = torch.randn(SIZE, SIZE, device="cuda", dtype=dtype)
@@ -42,8 +45,9 @@ def child(mode: str, dist: str, kernel: str, config: str) -> None:
     torch.cuda.synchronize()
     ready = time.perf_counter()
     if mode == "bundle":
-        from rules.runtime import Library
-        k = Library(dist).load(kernel, config)
+        sys.path.insert(0, site)
+        bundle = importlib.import_module(f"kforge_kernels_{recipe['arch']}").bundle()
+        k = bundle.load(kernel, config)
     else:
         from rules.runtime.jit import JitKernel
         k = JitKernel(recipe)
@@ -63,19 +67,20 @@ def child(mode: str, dist: str, kernel: str, config: str) -> None:
 
 
 def _recipe(dist: str, kernel: str, config: str) -> dict:
-    for manifest in sorted(Path(dist).glob("*.manifest.json")):
-        for entry in json.loads(manifest.read_text())["artifacts"]:
-            if entry["kernel"] == kernel and entry["config_id"] == config and entry["toolchain"] == "triton":
-                return entry
-    raise SystemExit(f"{dist}: no {kernel} {config} in any bundle manifest")
+    """The artifact's manifest entry, read as plain JSON (the runtime's own import is part of the timing)."""
+    manifest = Path(dist) / f"kforge_kernels_{ARCH}.manifest.json"
+    for entry in json.loads(manifest.read_text())["artifacts"]:
+        if entry["kernel"] == kernel and entry["config_id"] == config:
+            return entry
+    raise SystemExit(f"{manifest}: no {kernel} {config}")
 
 
-def run(mode: str, a, cache: str) -> dict:
+def run(mode: str, a, cache: str, site: str) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
     out = subprocess.run([sys.executable, __file__, "--child", mode, a.dist, "--kernel", a.kernel,
-                          "--config", a.config], env=env, capture_output=True, text=True)
+                          "--config", a.config, "--site", site], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{out.stderr}")
@@ -90,15 +95,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--child", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--site", default=None)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.dist, a.kernel, a.config)
+        return child(a.child, a.dist, a.kernel, a.config, a.site)
+    site = tempfile.mkdtemp(prefix="bundle-site-")
+    wheel = next(Path(a.dist).glob(f"kforge_kernels_{ARCH}-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", site,
+                    str(wheel)], check=True)
     runs: dict[str, list[dict]] = {"bundle": [], "jit-cold": [], "jit-warm-cache": []}
     for _ in range(a.repeat):   # interleaved, so that drift on the machine hits every mode alike
-        runs["bundle"].append(run("bundle", a, tempfile.mkdtemp(prefix="tc-bundle-")))
+        runs["bundle"].append(run("bundle", a, tempfile.mkdtemp(prefix="tc-bundle-"), site))
         cache = tempfile.mkdtemp(prefix="tc-jit-")
-        runs["jit-cold"].append(run("jit-cold", a, cache))
-        runs["jit-warm-cache"].append(run("jit-warm-cache", a, cache))
+        runs["jit-cold"].append(run("jit-cold", a, cache, site))
+        runs["jit-warm-cache"].append(run("jit-warm-cache", a, cache, site))
     med = {m: {k: statistics.median(r[k] for r in rs)
                for k in ("setup_s", "kernel_s", "load_s", "first_launch_s", "check_s", "process_s")}
            for m, rs in runs.items()}

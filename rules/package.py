@@ -131,7 +131,12 @@ def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
 
 
 def manifest_bytes(manifest: dict) -> bytes:
-    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    """Compact JSON (the runtime parses it at every cold start), one artifact per line (diffable)."""
+    dump = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"))
+    head = dump({k: v for k, v in manifest.items() if k not in ("artifacts", "failed")})[:-1]
+    lists = [f'"{k}":[' + "".join(f"\n{dump(e)}," for e in manifest[k]).rstrip(",") + ("\n]" if manifest[k] else "]")
+             for k in ("artifacts", "failed")]
+    return f"{head},{','.join(lists)}}}\n".encode()
 
 
 def remove(arch: str, root: str) -> None:

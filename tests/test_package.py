@@ -52,7 +52,7 @@ def test_one_wheel_per_arch_with_every_artifact_and_its_fields(packaged):
                 assert f"kforge_kernels_{arch}/{e['binary']}" in names
             assert not [n for n in names if n.endswith((".pkl", ".pickle"))]
         assert (packaged / "out" / "dist" / f"kforge_kernels_{arch}.manifest.json").read_bytes() == \
-            json.dumps(m, indent=1, sort_keys=True).encode() + b"\n"
+            package.manifest_bytes(m)
 
 
 def test_failed_targets_are_listed_with_their_error(packaged):

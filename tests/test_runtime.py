@@ -32,6 +32,10 @@ def unpacked(dist, arch, tmp_path):
     return tmp_path / f"kforge_kernels_{arch}"
 
 
+def edit_entry(bundle_dir, config_id, change):
+    edit_manifest(bundle_dir, lambda m: [change(e) for e in m["artifacts"] if e["config_id"] == config_id])
+
+
 def edit_manifest(bundle_dir, change):
     path = bundle_dir / "manifest.json"
     m = json.loads(path.read_text())
@@ -71,9 +75,9 @@ def test_a_tampered_binary_is_refused(dist, tmp_path):
 @pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "scale/../../x.cubin", "./a", "C:/x", ""])
 def test_a_manifest_path_outside_the_bundle_is_refused(dist, tmp_path, path):
     d = unpacked(dist, "sm_90a", tmp_path)
-    edit_manifest(d, lambda m: m["artifacts"][0].update(binary=path))
+    edit_entry(d, "bf16-b256-w4", lambda e: e.update(binary=path))
     with pytest.raises(BundleError, match="outside the bundle"):
-        Bundle(d)
+        Bundle(d).find("scale", "bf16-b256-w4")
 
 
 def test_a_symlink_out_of_the_bundle_is_refused(dist, tmp_path):
@@ -94,14 +98,13 @@ def test_a_binary_for_another_arch_is_refused_even_with_a_matching_sha256(dist, 
     amd_entry = amd.find("scale", "bf16-b256-w4")
     entry_path = next(d.glob("scale/bf16-b256-w4/*.cubin"))
     entry_path.write_bytes(amd.binary(amd_entry))
-    edit_manifest(d, lambda m: [e.update(sha256=amd_entry["sha256"]) for e in m["artifacts"]
-                                if e["config_id"] == "bf16-b256-w4"])
+    edit_entry(d, "bf16-b256-w4", lambda e: e.update(sha256=amd_entry["sha256"]))
     bundle = Bundle(d)
     with pytest.raises(BundleError, match="the binary is for gfx942, expected sm_90a"):
         bundle.binary(bundle.find("scale", "bf16-b256-w4"))
-    edit_manifest(d, lambda m: m["artifacts"][0].update(arch="gfx942"))
+    edit_entry(d, "bf16-b256-w4", lambda e: e.update(arch="gfx942"))
     with pytest.raises(BundleError, match="is for gfx942, the bundle is for sm_90a"):
-        Bundle(d)
+        Bundle(d).find("scale", "bf16-b256-w4")
 
 
 def test_malformed_manifests_are_refused_clearly(dist, tmp_path):
@@ -109,9 +112,11 @@ def test_malformed_manifests_are_refused_clearly(dist, tmp_path):
     edit_manifest(d, lambda m: m.update(format_version=99))
     with pytest.raises(BundleError, match="format_version 99"):
         Bundle(d)
-    edit_manifest(d, lambda m: (m.update(format_version=1), m["artifacts"][0].pop("sha256")))
-    with pytest.raises(BundleError, match=r"artifacts\[0\] needs 'sha256'"):
-        Bundle(d)
+    edit_manifest(d, lambda m: m.update(format_version=1))
+    edit_entry(d, "fp16-b512-w4", lambda e: e.pop("sha256"))
+    with pytest.raises(BundleError, match="artifact 'scale:fp16-b512-w4@sm_90a' needs 'sha256'"):
+        Bundle(d).find("scale", "fp16-b512-w4")
+    assert Bundle(d).find("scale", "bf16-b512-w4")   # the other entries still load
     (d / "manifest.json").write_text("{not json")
     with pytest.raises(BundleError, match="unreadable manifest.json"):
         Bundle(d)

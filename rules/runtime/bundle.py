@@ -7,11 +7,14 @@ a driver sees it.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import posixpath
 import zipfile
 from pathlib import Path
+
+from .elf import ElfError, check_binary
 
 FORMAT = "kforge-bundle"
 FORMAT_VERSION = 1
@@ -37,13 +40,15 @@ class Bundle:
         if self.path.is_dir():
             self._root = self.path.resolve()
             self._zip, self._prefix = None, ""
-        elif zipfile.is_zipfile(self.path):
-            self._zip = zipfile.ZipFile(self.path)
-            self._prefix = self._find_manifest_dir()
         else:
-            raise BundleError(f"{self.path}: not a bundle (expected a .whl/.zip file or a directory with {MANIFEST})")
+            try:
+                self._zip = zipfile.ZipFile(self.path)
+            except (OSError, zipfile.BadZipFile):
+                raise BundleError(f"{self.path}: not a bundle (expected a .whl/.zip file or a directory with "
+                                  f"{MANIFEST})") from None
+            self._prefix = self._find_manifest_dir()
         try:
-            self.manifest = json.loads(self._read(MANIFEST))
+            self.manifest = _parse_json(self._read(MANIFEST))
         except (OSError, KeyError, ValueError) as e:
             raise BundleError(f"{self.path}: unreadable {MANIFEST} ({e}); rebuild it with `doit package`") from None
         self._check_manifest()
@@ -57,15 +62,16 @@ class Bundle:
 
     def find(self, kernel: str, config: dict | str | None = None) -> dict:
         """The one artifact of `kernel` whose config has every given value (or whose config id is `config`)."""
-        mine = [e for e in self.artifacts if e["kernel"] == kernel]
+        mine = [e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel]
         if not mine:
-            kernels = sorted({e["kernel"] for e in self.artifacts})
+            kernels = sorted({str(e.get("kernel")) for e in self.artifacts if isinstance(e, dict)})
             raise NoMatchingKernel(f"{self.path} ({self.arch}) has no kernel {kernel!r}; it has: {', '.join(kernels)}"
                                    + self._failed_note(kernel))
         hits = [e for e in mine if matches(e, config)]
         if len(hits) == 1:
+            self._check_entry(hits[0])
             return hits[0]
-        listing = "\n  ".join(e["config_id"] for e in mine)
+        listing = "\n  ".join(str(e.get("config_id")) for e in mine)
         what = "matches no" if not hits else f"matches {len(hits)}"
         raise NoMatchingKernel(f"{kernel} config {config!r} {what} artifact in {self.path} ({self.arch})"
                                + ("; give more config values" if hits else "")
@@ -73,7 +79,6 @@ class Bundle:
 
     def binary(self, entry: dict) -> bytes:
         """The entry's binary, only once it is proven to be what the manifest says and for this arch."""
-        from .elf import ElfError, check_binary
         data = self._read(entry["binary"])
         digest = hashlib.sha256(data).hexdigest()
         if digest != entry["sha256"]:
@@ -92,9 +97,9 @@ class Bundle:
         return Kernel(entry, self.binary(entry), self.vendor)
 
     def _failed_note(self, kernel: str, config=None) -> str:
-        bad = [f for f in self.failed if f["kernel"] == kernel and matches(f, config)]
-        return "".join(f"\n  ({f['config_id']}: {f['status']} at build time: {f['error'].splitlines()[0]})"
-                       for f in bad[:5] if f.get("error")) or ""
+        bad = [f for f in self.failed if isinstance(f, dict) and f.get("kernel") == kernel and matches(f, config)]
+        return "".join(f"\n  ({f.get('config_id')}: {f.get('status')} at build time: {str(f['error']).splitlines()[0]})"
+                       for f in bad[:5] if f.get("error"))
 
     def _find_manifest_dir(self) -> str:
         dirs = [n[:-len(MANIFEST)] for n in self._zip.namelist() if n.count("/") == 1 and n.endswith("/" + MANIFEST)]
@@ -125,22 +130,37 @@ class Bundle:
         for key, kind in (("arch", str), ("vendor", str), ("artifacts", list), ("failed", list)):
             if not isinstance(m.get(key), kind):
                 raise BundleError(f"{where}: {key!r} must be a {kind.__name__}")
-        for i, e in enumerate(m["artifacts"]):
-            for key, kind in _ENTRY_FIELDS.items():
-                if not isinstance(e.get(key) if isinstance(e, dict) else None, kind):
-                    raise BundleError(f"{where}: artifacts[{i}] needs {key!r} as a {kind.__name__}")
-            if e["arch"] != m["arch"]:
-                raise BundleError(f"{where}: artifacts[{i}] ({e['target']}) is for {e['arch']}, the bundle is "
-                                  f"for {m['arch']}; refused")
-            safe_relative(e["binary"], self.path)
+
+    def _check_entry(self, e: dict) -> None:
+        """An entry is checked when it is picked: a process loading one kernel does not pay for the rest."""
+        where = f"{self.path}: {MANIFEST}: artifact {e.get('target')!r}"
+        for key, kind in _ENTRY_FIELDS.items():
+            if not isinstance(e.get(key), kind):
+                raise BundleError(f"{where} needs {key!r} as a {kind.__name__}")
+        if e["arch"] != self.arch:
+            raise BundleError(f"{where} is for {e['arch']}, the bundle is for {self.arch}; refused")
+        safe_relative(e["binary"], self.path)
+
+
+def _parse_json(data: bytes):
+    """json.loads without the garbage collector: the manifest's many small containers would otherwise
+    set off collections that walk the whole heap (large in a process that imported torch)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(data)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def matches(entry: dict, config: dict | str | None) -> bool:
     if config is None:
         return True
     if isinstance(config, str):
-        return entry["config_id"] == config
-    return all(entry["config"].get(k, _MISSING) == v for k, v in config.items())
+        return entry.get("config_id") == config
+    values = entry.get("config")
+    return isinstance(values, dict) and all(values.get(k, _MISSING) == v for k, v in config.items())
 
 
 _MISSING = object()

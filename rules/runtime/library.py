@@ -84,7 +84,7 @@ class Library:
         """How the kernel was built for some arch: its source, constexprs and options (same on every arch)."""
         for b in self.bundles:
             for e in b.artifacts + b.failed:
-                if e["kernel"] == kernel and matches(e, config) and "source" in e:
+                if isinstance(e, dict) and e.get("kernel") == kernel and matches(e, config) and "source" in e:
                     return e
         raise NoMatchingKernel(f"{kernel} {config!r}: no bundle knows this kernel and config, so there is "
                                f"nothing to JIT-compile either")
