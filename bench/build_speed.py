@@ -2,6 +2,7 @@
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--specs 'fly_*'] [--json out.json]
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
+doit runs the kernel families by name: the same compile work as the pool, without `doit package`.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
 workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
 """
@@ -80,7 +81,8 @@ def main() -> None:
     for n in a.jobs:
         project = fresh_copy(work / f"doit-n{n}", a.specs)
         extra = [f"archs={a.archs}"] if a.archs else []
-        seconds = run_doit(project, "-n", str(n), *extra)
+        families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
+        seconds = run_doit(project, "-n", str(n), *extra, *families)
         counts = report_counts(project)
         rows.append({"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": counts["built"],
                      "failed": counts["failed"]})

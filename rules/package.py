@@ -89,8 +89,10 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
 def _stamp(arch: str, targets: list[Target], root: Path) -> str:
     h = hashlib.sha256(f"{project_version(root)}\0{runtime_digest(arch)}".encode())
     for t in sorted(targets, key=lambda t: t.name):
-        h.update(f"\0{t.name}\0{t.key}\0{_identity(t.meta_path)}\0".encode())
-        h.update(_content(Path(t.out_dir) / artifact.ERROR))   # a failed target rewrites it on every run
+        built = _identity(t.meta_path)
+        h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
+        if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
+            h.update(_content(Path(t.out_dir) / artifact.ERROR))
     return h.hexdigest()
 
 

@@ -7,8 +7,15 @@ Importable without doit, Triton, FlyDSL or torch, and self-contained (relative i
     gemm = lib.load("gemm", {"dtype": "bf16", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64})
     gemm(grid, a, b, c, M, N, K, K, N, N, stream=torch.cuda.current_stream().cuda_stream)
 """
-from .bundle import Bundle, BundleError, NoMatchingKernel
-from .launch import Kernel, LaunchError
-from .library import Library
+import importlib
 
-__all__ = ["Bundle", "BundleError", "Kernel", "LaunchError", "Library", "NoMatchingKernel"]
+_EXPORTS = {"Bundle": "bundle", "BundleError": "bundle", "NoMatchingKernel": "bundle",
+            "Kernel": "launch", "LaunchError": "launch", "Library": "library"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Imported on first use: the build imports rules.runtime.elf alone and pays for nothing else."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
