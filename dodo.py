@@ -16,3 +16,8 @@ def task_kernels():
 def task_package():
     """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
     yield from project.bundle_tasks(ROOT, TARGETS)
+
+
+def task_verify_dispatch_combine():
+    """The multi-GPU verify sweep of the MoE dispatch/combine kernels: one process per GPU (world=N)."""
+    return project.verify_task(ROOT)

@@ -88,3 +88,15 @@ def _sigterm_as_interrupt() -> None:
 def bundle_tasks(root: Path, targets: list):
     """`doit package`: one wheel per arch (a generator for dodo.py)."""
     yield from package_tasks(targets, str(root))
+
+
+def verify_task(root: Path) -> dict:
+    """`doit verify_dispatch_combine [world=N]`: the multi-GPU sweep (kernels/ep/verify.py); never up to date."""
+    def run(world: str | None):
+        from doit.exceptions import TaskFailed
+        from kernels.ep.verify import run_sweep   # imports torch: only when the sweep runs
+        code = run_sweep(int(world) if world else None, str(root / "out" / "verify" / "dispatch_combine"))
+        if code == 2:
+            return TaskFailed("verify_dispatch_combine could not run (see the message above)")
+        return None if code == 0 else TaskFailed("some cases failed: out/verify/dispatch_combine/report.md")
+    return {"actions": [(run, [get_var("world", None)])], "uptodate": [False], "verbosity": 2}

@@ -1,0 +1,118 @@
+"""Dispatch/combine bandwidth and latency: kforge's op vs the all_to_all_single (NCCL) path, one run.
+
+Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--json out.json]
+Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16, uniform random distinct experts. Each op is
+timed on every rank between barriers (host wall clock around a synchronize, median of --iters), the slowest
+rank counts. Bytes per rank: logical = rows received x row bytes (the peers' convention), NVLink = only the
+rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
+and payloads); the op's combine reads expert outputs written in place (expert_output()).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.ep import reference  # noqa: E402
+from kernels.ep.cases import routing  # noqa: E402
+from kernels.ep.config import EpConfig  # noqa: E402
+from kernels.ep.op import EpDispatchCombine  # noqa: E402
+
+NVLINK_GBS = 450.0   # per direction per GPU, H100/H200 NVLink-4
+
+
+def timed(fn, iters: int) -> float:
+    """Median seconds of fn() on this rank, all ranks starting together; the max over ranks."""
+    samples = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    t = torch.tensor([statistics.median(samples)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def measure(tokens: int, rank: int, world: int, iters: int, graph: bool) -> dict:
+    cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(tokens, cfg.hidden, generator=g).to(torch.bfloat16).cuda()
+    idx = routing("random", tokens, cfg.topk, cfg.experts_per_rank, world, rank, g).cuda()
+    w = torch.rand(tokens, cfg.topk, generator=g).cuda()
+    op = EpDispatchCombine(cfg)
+    d = op.dispatch(x, idx, w)
+    op.expert_output().copy_(d.x)
+    op.combine(None, d.handle)   # compiles the kernels
+    torch.cuda.synchronize()
+    n = int(d.num_recv)
+    remote = int((d.src[:n] // tokens != rank).sum())
+    run_dispatch = lambda: op.dispatch(x, idx, w)
+    run_combine = lambda: op.combine(None, d.handle)
+    if graph:   # the op's own latency, without Python's launch overhead
+        graphs = []
+        for fn in (run_dispatch, run_combine):
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                fn()
+            graphs.append(cg)
+        run_dispatch, run_combine = graphs[0].replay, graphs[1].replay
+    ref = reference.dispatch(x, idx, w, cfg)
+    y = ref.x.clone()
+    results = {
+        "op_dispatch_s": timed(run_dispatch, iters), "op_combine_s": timed(run_combine, iters),
+        "nccl_dispatch_s": timed(lambda: reference.dispatch(x, idx, w, cfg), iters),
+        "nccl_combine_s": timed(lambda: reference.combine(y, ref, tokens, cfg), iters),
+    }
+    per_rank = torch.tensor([n * cfg.row_bytes, remote * cfg.row_bytes], dtype=torch.float64, device="cuda")
+    dist.all_reduce(per_rank, op=dist.ReduceOp.AVG)
+    results.update(tokens=tokens, logical_bytes=per_rank[0].item(), remote_bytes=per_rank[1].item(), graph=graph)
+    return results
+
+
+def worker(rank: int, world: int, port: int, iters: int, out: str | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    rows = [measure(4096, rank, world, iters, graph=False), measure(4096, rank, world, iters, graph=True),
+            measure(128, rank, world, iters, graph=False), measure(128, rank, world, iters, graph=True)]
+    if rank == 0:
+        print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, bf16, median of {iters}\n")
+        print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
+              "kforge GB/s NVLink | NVLink % of 450 |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            for op in ("dispatch", "combine"):
+                ours, theirs = r[f"op_{op}_s"], r[f"nccl_{op}_s"]
+                remote = r["remote_bytes"] / ours / 1e9
+                print(f"| {r['tokens']} | {'graph' if r['graph'] else 'eager'} | {op} | {ours * 1e6:.1f} | "
+                      f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r['logical_bytes'] / ours / 1e9:.1f} | "
+                      f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% |")
+        if out:
+            Path(out).write_text(json.dumps({"world": world, "rows": rows}, indent=1))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=torch.cuda.device_count())
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--port", type=int, default=29533)
+    a = ap.parse_args()
+    mp.spawn(worker, args=(a.world, a.port, a.iters, a.json), nprocs=a.world)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The static configuration of a dispatch/combine op (named after mori's EpDispatchCombineConfig)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class EpConfig:
+    world_size: int
+    hidden: int                  # H: elements per token row
+    experts_per_rank: int        # E: global expert id e lives on rank e // E
+    topk: int                    # K: expert ids per token (-1 = none)
+    max_tokens_per_rank: int     # M: the most tokens one rank dispatches in a call
+    dtype: str = "bf16"
+    recv_capacity: int | None = None   # R: rows a rank can receive; default world_size * M
+
+    def __post_init__(self):
+        for name in ("world_size", "hidden", "experts_per_rank", "topk", "max_tokens_per_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EpConfig.{name} must be a positive int, got {value!r}")
+        if self.dtype not in ELEMENT_BYTES:
+            raise ValueError(f"EpConfig.dtype {self.dtype!r}: allowed {', '.join(ELEMENT_BYTES)}")
+        if self.hidden * ELEMENT_BYTES[self.dtype] % 16:
+            raise ValueError(f"EpConfig.hidden={self.hidden}: a row must be a multiple of 16 bytes")
+        if self.recv_capacity is not None and self.recv_capacity < 1:
+            raise ValueError(f"EpConfig.recv_capacity must be >= 1, got {self.recv_capacity}")
+
+    @property
+    def capacity(self) -> int:
+        return self.recv_capacity or self.world_size * self.max_tokens_per_rank
+
+    @property
+    def num_experts(self) -> int:
+        return self.world_size * self.experts_per_rank
+
+    @property
+    def row_bytes(self) -> int:
+        return self.hidden * ELEMENT_BYTES[self.dtype]

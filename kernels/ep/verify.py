@@ -1,0 +1,302 @@
+"""The dispatch/combine verify sweep: one process per GPU, every case of cases.matrix(world), each
+checked against the all_to_all_single reference, verdicts ANDed over ranks, a watchdog for hangs.
+
+    doit verify_dispatch_combine [world=N]        or        python -m kernels.ep.verify [--world N]
+
+Writes out/verify/dispatch_combine/report.json and report.md; exits non-zero if any case failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from kernels.ep.cases import Case, matrix
+
+CASE_TIMEOUT_S = 180.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- the parent: workers, watchdog, report
+
+def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_combine",
+              case_timeout: float = CASE_TIMEOUT_S, only: str | None = None) -> int:
+    found = _gpu_count()
+    world = world or found
+    if found < 2 or world < 2 or world > found:
+        wanted = f"world={world} needs {world}" if world >= 2 else "it needs at least 2"
+        sys.stderr.write(f"verify_dispatch_combine: found {found} GPU(s); {wanted} (one process per GPU). "
+                         f"Run it on a host with that many GPUs, or choose world=N with 2 <= N <= {found}.\n"
+                         if found >= 2 else
+                         f"verify_dispatch_combine: found {found} GPU(s); it needs at least 2 (one process per "
+                         f"GPU). Run it on a multi-GPU host.\n")
+        return 2
+    out = Path(out_dir)
+    (out / "progress").mkdir(parents=True, exist_ok=True)
+    cases = [c for c in matrix(world) if only is None or only in c.name]
+    results: dict[int, dict] = {}
+    start = 0
+    while start < len(cases):
+        for f in (out / "progress").glob("*.jsonl"):
+            f.unlink()
+        procs = _launch(world, start, out, only)
+        hung = _watch(procs, out, case_timeout)
+        results.update(_read_results(out))
+        if hung is None:
+            break
+        case_index, where = hung
+        results[case_index] = {"case": cases[case_index].name, "ok": False, "error": f"hang: {where}"}
+        start = case_index + 1
+    report = [results.get(i, {"case": c.name, "ok": False, "error": "never ran (a worker died)"})
+              for i, c in enumerate(cases)]
+    _write_report(out, world, report)
+    failed = [r["case"] for r in report if not r["ok"]]
+    print(f"verify_dispatch_combine: world {world}: {len(report) - len(failed)}/{len(report)} cases passed"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; report: {out / 'report.md'}")
+    return 1 if failed else 0
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _launch(world: int, start: int, out: Path, only: str | None) -> list[subprocess.Popen]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        cmd = [sys.executable, "-m", "kernels.ep.verify", "--worker", "--start", str(start), "--out", str(out)]
+        procs.append(subprocess.Popen(cmd + (["--only", only] if only else []), env=env))
+    return procs
+
+
+def _watch(procs, out: Path, timeout: float):
+    """None when every worker exited; (case index, where each rank is) when no rank progressed for `timeout`."""
+    last = time.monotonic()
+    seen = None
+    while any(p.poll() is None for p in procs):
+        time.sleep(0.5)
+        state = _progress(out)
+        if state != seen:
+            seen, last = state, time.monotonic()
+        elif time.monotonic() - last > timeout:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+            case = min(s["case"] for s in state.values()) if state else 0
+            where = ", ".join(f"rank {r} at case {s['case']} {s['stage']}" for r, s in sorted(state.items()))
+            missing = [r for r in range(len(procs)) if r not in state]
+            return case, (where or "no rank started") + (f"; ranks {missing} never reported" if missing else "") \
+                + f" (no progress for {timeout:.0f} s; the workers were killed)"
+    return None
+
+
+def _progress(out: Path) -> dict[int, dict]:
+    state = {}
+    for f in (out / "progress").glob("rank*.jsonl"):
+        lines = f.read_text().splitlines()
+        if lines:
+            state[int(f.stem[4:])] = json.loads(lines[-1])
+    return state
+
+
+def _read_results(out: Path) -> dict[int, dict]:
+    path = out / "progress" / "results.jsonl"
+    if not path.exists():
+        return {}
+    return {r["index"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _write_report(out: Path, world: int, report: list[dict]) -> None:
+    (out / "report.json").write_text(json.dumps({"world": world, "cases": report}, indent=1) + "\n")
+    lines = [f"# dispatch/combine verify sweep, world {world}", "",
+             "Times: median over the case's eager iterations after the first, slowest rank; small cases, "
+             "with checks in between: a smoke signal, not the benchmark (bench/ep_bandwidth.py is).", "",
+             "| case | verdict | max diff | dispatch us | combine us | dispatch GB/s (logical / NVLink) | "
+             "combine GB/s (logical / NVLink) | note |", "|---|---|---|---|---|---|---|---|"]
+    for r in report:
+        m = r.get("metrics", {})
+        gbs = lambda op: (f"{m[op + '_logical_gbs']:.1f} / {m[op + '_remote_gbs']:.1f}"
+                          if op + "_logical_gbs" in m else "-")
+        lines.append(f"| {r['case']} | {'PASS' if r['ok'] else 'FAIL'} | {r.get('max_diff', '-')} | "
+                     f"{m.get('dispatch_us', '-')} | {m.get('combine_us', '-')} | {gbs('dispatch')} | "
+                     f"{gbs('combine')} | {r.get('error', '') or r.get('note', '')} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------- a worker: one rank, one GPU
+
+def worker(start: int, out: Path, only: str | None) -> None:
+    import torch
+    import torch.distributed as dist
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    progress = out / "progress" / f"rank{rank}.jsonl"
+    cases = [c for c in matrix(world) if only is None or only in c.name]
+    for index in range(start, len(cases)):
+        case = cases[index]
+        mark = lambda stage: _append(progress, {"case": index, "stage": stage})
+        mark("start")
+        try:
+            ok, diff, metrics, note = _run_case(case, rank, world, mark)
+            error = ""
+        except Exception as e:
+            ok, diff, metrics, note, error = False, float("inf"), {}, "", f"rank {rank}: {e!r}"
+            traceback.print_exc()
+        mark("verdict")
+        verdict = torch.tensor([1 if ok else 0, 0], dtype=torch.float64, device="cuda")
+        verdict[1] = diff if diff != float("inf") else 1e30
+        dist.all_reduce(verdict[:1], op=dist.ReduceOp.MIN)
+        dist.all_reduce(verdict[1:], op=dist.ReduceOp.MAX)
+        errors = [None] * world
+        dist.all_gather_object(errors, error)
+        all_metrics = [None] * world
+        dist.all_gather_object(all_metrics, metrics)
+        if rank == 0:
+            _append(out / "progress" / "results.jsonl", {
+                "index": index, "case": case.name, "ok": bool(verdict[0] == 1), "max_diff": float(verdict[1]),
+                "error": "; ".join(e for e in errors if e), "note": note, "metrics": _merge(all_metrics)})
+        mark("done")
+    dist.destroy_process_group()
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _merge(per_rank: list[dict]) -> dict:
+    """The slowest rank's times; bandwidth = each rank's bytes over its own time, averaged."""
+    per_rank = [m for m in per_rank if m]
+    if not per_rank:
+        return {}
+    merged = {}
+    for op in ("dispatch", "combine"):
+        merged[f"{op}_us"] = round(max(m[f"{op}_us"] for m in per_rank), 1)
+        for kind in ("logical", "remote"):
+            merged[f"{op}_{kind}_gbs"] = statistics.mean(m[f"{op}_{kind}_bytes"] / (m[f"{op}_us"] * 1e3)
+                                                         for m in per_rank)
+    return merged
+
+
+def _run_case(case: Case, rank: int, world: int, mark) -> tuple[bool, float, dict, str]:
+    import torch
+    from kernels.ep import reference
+    from kernels.ep.cases import inputs
+    from kernels.ep.op import EpDispatchCombine
+    from kernels.ep.routing import destinations
+
+    cfg = case.config(world)
+    note = ""
+    if case.capacity != "default":   # every rank can compute every rank's routing: the cases are seeded
+        arriving = [int(sum(destinations(inputs(case, cfg, s)[1], cfg.experts_per_rank, world).sum(0)[r]
+                            for s in range(world))) for r in range(world)]
+        cap = max(arriving) if case.capacity == "exact" else max(1, max(arriving) // 2)
+        cfg = case.config(world, cap)
+        note = f"capacity {cap}, rows arriving per rank {arriving}"
+    expert = lambda rows: (rows.float() * (rank + 1)).to(rows.dtype)   # a destination-specific transform
+    ops = [EpDispatchCombine(cfg)] + ([EpDispatchCombine(cfg)] if case.interleaved else [])
+    mark("built")
+    runs, times = [], {"dispatch": [], "combine": []}
+    if case.graph:
+        runs = _graph_runs(case, cfg, rank, ops[0], expert, mark)
+    else:
+        for it in range(case.iterations):
+            feeds = [inputs(case, cfg, rank, it * len(ops) + j, device="cuda") for j in range(len(ops))]
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            events[0].record()
+            sent = [op.dispatch(*feed) for op, feed in zip(ops, feeds)]
+            snaps = [_snapshot(d) for d in sent]
+            events[1].record()
+            outs = [op.combine(expert(d.x), d.handle) for op, d in zip(ops, sent)]
+            events[2].record()
+            runs += list(zip(feeds, snaps, outs))
+            times["dispatch"].append(events)
+        mark("ran")
+    torch.cuda.synchronize()
+    ok, worst = True, 0.0
+    for (x, idx, w), snap, out in runs:
+        ref = reference.dispatch(x, idx, w, cfg)
+        n = ref.num_recv
+        ok &= int(snap["num_recv"]) == n and bool(snap["overflow"]) == (ref.total > cfg.capacity)
+        ok &= all(torch.equal(snap[k][:n], getattr(ref, k)) for k in ("x", "topk_idx", "topk_w", "src"))
+        want = reference.combine(expert(ref.x), ref, x.shape[0], cfg)
+        if x.shape[0]:
+            worst = max(worst, (out.float() - want.float()).abs().max().item())
+        ok &= torch.equal(out, want) if case.strict else torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+    mark("checked")
+    metrics = {}
+    if times["dispatch"] and not case.interleaved:
+        ev = times["dispatch"][1:] or times["dispatch"]   # the first call pays Triton's JIT compile
+        d_us = statistics.median(e[0].elapsed_time(e[1]) for e in ev) * 1e3
+        c_us = statistics.median(e[1].elapsed_time(e[2]) for e in ev) * 1e3
+        snap = runs[0][1]
+        n = int(snap["num_recv"])
+        remote = int((snap["src"][:n] // cfg.max_tokens_per_rank != rank).sum())
+        metrics = {"dispatch_us": d_us, "combine_us": c_us,
+                   "dispatch_logical_bytes": n * cfg.row_bytes, "dispatch_remote_bytes": remote * cfg.row_bytes,
+                   "combine_logical_bytes": n * cfg.row_bytes, "combine_remote_bytes": remote * cfg.row_bytes}
+    return bool(ok), worst, metrics, note
+
+
+def _snapshot(d) -> dict:
+    return {"x": d.x.clone(), "topk_idx": d.topk_idx.clone(), "topk_w": d.topk_w.clone(), "src": d.src.clone(),
+            "num_recv": d.num_recv.clone(), "overflow": d.overflow.clone()}
+
+
+def _graph_runs(case, cfg, rank, op, expert, mark):
+    """Capture dispatch + combine once; replay with new inputs copied into the captured tensors."""
+    import torch
+    from kernels.ep.cases import inputs
+    x_s, idx_s, w_s = inputs(case, cfg, rank, 0, device="cuda")
+    d = op.dispatch(x_s, idx_s, w_s)            # eager first: compiles the kernels outside the capture
+    op.combine(expert(d.x), d.handle)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = op.dispatch(x_s, idx_s, w_s)
+        out_s = op.combine(expert(d.x), d.handle)
+    mark("captured")
+    runs = []
+    for it in range(1, 4):
+        x, idx, w = inputs(case, cfg, rank, it, device="cuda")   # same T every iteration (tokens is an int)
+        x_s.copy_(x), idx_s.copy_(idx), w_s.copy_(w)
+        graph.replay()
+        runs.append(((x, idx, w), _snapshot(d), out_s.clone()))
+    mark("replayed")
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=None)
+    ap.add_argument("--out", default="out/verify/dispatch_combine")
+    ap.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S)
+    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--start", type=int, default=0)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a.start, Path(a.out), a.only)
+    sys.exit(run_sweep(a.world, a.out, a.timeout, a.only))
+
+
+if __name__ == "__main__":
+    main()
