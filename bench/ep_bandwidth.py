@@ -1,6 +1,6 @@
 """Dispatch/combine bandwidth and latency: kforge's op vs the all_to_all_single (NCCL) path, one run.
 
-Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--json out.json]
+Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16, uniform random distinct experts. Each op is
 timed on every rank between barriers (host wall clock around a synchronize, median of --iters), the slowest
 rank counts. Bytes per rank: logical = rows received x row bytes (the peers' convention), NVLink = only the
@@ -45,13 +45,13 @@ def timed(fn, iters: int) -> float:
     return t.item()
 
 
-def measure(tokens: int, rank: int, world: int, iters: int, graph: bool) -> dict:
+def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library) -> dict:
     cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(tokens, cfg.hidden, generator=g).to(torch.bfloat16).cuda()
     idx = routing("random", tokens, cfg.topk, cfg.experts_per_rank, world, rank, g).cuda()
     w = torch.rand(tokens, cfg.topk, generator=g).cuda()
-    op = EpDispatchCombine(cfg)
+    op = EpDispatchCombine(cfg, library=library)
     d = op.dispatch(x, idx, w)
     op.expert_output().copy_(d.x)
     op.combine(None, d.handle)   # compiles the kernels
@@ -81,14 +81,18 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool) -> dict
     return results
 
 
-def worker(rank: int, world: int, port: int, iters: int, out: str | None) -> None:
+def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_dir: str | None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    rows = [measure(4096, rank, world, iters, graph=False), measure(4096, rank, world, iters, graph=True),
-            measure(128, rank, world, iters, graph=False), measure(128, rank, world, iters, graph=True)]
+    library = None
+    if dist_dir:
+        from rules.runtime import Library
+        library = Library(dist_dir)
+    rows = [measure(t, rank, world, iters, graph, library) for t in (4096, 128) for graph in (False, True)]
     if rank == 0:
-        print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, bf16, median of {iters}\n")
+        print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, bf16, median of {iters}; "
+              f"kernels: {'bundles in ' + dist_dir if dist_dir else 'Triton JIT'}\n")
         print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
               "kforge GB/s NVLink | NVLink % of 450 |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -110,8 +114,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--dist", default=None, help="run the op's precompiled kernels from these bundles")
     a = ap.parse_args()
-    mp.spawn(worker, args=(a.world, a.port, a.iters, a.json), nprocs=a.world)
+    mp.spawn(worker, args=(a.world, a.port, a.iters, a.json, a.dist), nprocs=a.world)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,22 @@ def test_jit_fallback_is_opt_in_and_builds_from_the_recorded_recipe(dist, monkey
     assert kernel.fn.fn.__name__ == "scale_kernel"
     for name in ("tk.scale", "tk"):   # other tests' projects have their own tk package
         sys.modules.pop(name, None)
+
+
+def test_a_launch_breaking_the_binarys_divisibility_promise_is_refused():
+    from rules.runtime.launch import check_divisibility
+
+    class Tensor:
+        def __init__(self, address):
+            self.address = address
+
+        def data_ptr(self):
+            return self.address
+    entry = {"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"],
+             "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
+                           {"name": "M", "type": "i32"}]}
+    check_divisibility(entry, (Tensor(4096), 64, 3))
+    with pytest.raises(ValueError, match="argument K must be 16-divisible .* value is 40"):
+        check_divisibility(entry, (Tensor(4096), 40, 3))
+    with pytest.raises(ValueError, match="argument a_ptr must be 16-divisible .* address is 4098"):
+        check_divisibility(entry, (Tensor(4098), 64, 3))

@@ -23,8 +23,8 @@ class EpConfig:
                 raise ValueError(f"EpConfig.{name} must be a positive int, got {value!r}")
         if self.dtype not in ELEMENT_BYTES:
             raise ValueError(f"EpConfig.dtype {self.dtype!r}: allowed {', '.join(ELEMENT_BYTES)}")
-        if self.hidden * ELEMENT_BYTES[self.dtype] % 16:
-            raise ValueError(f"EpConfig.hidden={self.hidden}: a row must be a multiple of 16 bytes")
+        if self.hidden % 16:   # the kernels move rows in 16-byte vectors; their binaries assume it
+            raise ValueError(f"EpConfig.hidden={self.hidden} must be a multiple of 16")
         if self.recv_capacity is not None and self.recv_capacity < 1:
             raise ValueError(f"EpConfig.recv_capacity must be >= 1, got {self.recv_capacity}")
 

@@ -15,12 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-from kernels.ep import triton_kernels as tk
 from kernels.ep.config import EpConfig
-from kernels.ep.routing import destinations, positions
+from kernels.ep.launch import EpKernels
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-BLOCK_H = 1024
 
 
 @dataclass
@@ -35,8 +33,12 @@ class Dispatched:
 
 
 class EpDispatchCombine:
-    def __init__(self, cfg: EpConfig, group=None):
+    """library: a rules.runtime.Library (e.g. Library("out/dist")) to run the precompiled kernels from; None
+    runs them through Triton's JIT. jit_fallback: with a library, JIT what it lacks instead of failing."""
+
+    def __init__(self, cfg: EpConfig, group=None, library=None, jit_fallback: bool = False):
         self.cfg = cfg
+        self.kernels = EpKernels(library, jit_fallback)
         self.group = group or dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         if dist.get_world_size(self.group) != cfg.world_size:
@@ -68,22 +70,20 @@ class EpDispatchCombine:
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor | None = None) -> Dispatched:
         cfg, W = self.cfg, self.cfg.world_size
         T = self._check_inputs(x, topk_idx, topk_w)
-        mask = destinations(topk_idx, cfg.experts_per_rank, W)
-        counts = mask.sum(0, dtype=torch.int32)
-        tk.exchange_counts_kernel[(1,)](counts, self._matrix_table, self._flag_table, self.epoch, self.rank,
-                                        W=W, WP=triton_next_pow2(W))
-        before_me = self.matrix[:self.rank].sum(0, dtype=torch.int32)   # rows of lower ranks at each dest
-        rows = before_me[None, :] + positions(mask)
-        handle = torch.where(mask & (rows < cfg.capacity), rows, -1).to(torch.int32)
+        pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
+        counts = torch.empty(W, dtype=torch.int32, device="cuda")
+        handle = torch.empty(T, W, dtype=torch.int32, device="cuda")
+        self.kernels("ep_route", {"W": W, "K": cfg.topk}, (W,), topk_idx, pos, counts, T, cfg.experts_per_rank)
+        self.kernels("ep_exchange_counts", {"W": W}, (1,), counts, self._matrix_table, self._flag_table,
+                     self.epoch, self.rank)
         if topk_w is None:
             self.recv_w.zero_()
         if T:
-            tk.dispatch_kernel[(T,)](x, topk_idx, topk_w if topk_w is not None else x, handle,
-                                     self._recv_x_table, self._recv_idx_table, self._recv_w_table,
-                                     self._recv_src_table, self.rank, cfg.hidden, cfg.max_tokens_per_rank,
-                                     W=W, K=cfg.topk, KP=triton_next_pow2(cfg.topk), HAS_W=topk_w is not None,
-                                     BLOCK_H=BLOCK_H, num_warps=4)
-        tk.barrier_kernel[(1,)](self._flag_table, self.epoch, self.rank, W=W)
+            config = {"dtype": cfg.dtype, "W": W, "K": cfg.topk, "HAS_W": topk_w is not None}
+            self.kernels("ep_dispatch", config, (T,), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
+                         pos, self.matrix, handle, self._recv_x_table, self._recv_idx_table, self._recv_w_table,
+                         self._recv_src_table, self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity)
+        self._barrier()
         total = self.matrix[:, self.rank].sum(dtype=torch.int32)
         return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src,
                           torch.clamp(total, max=cfg.capacity), total > cfg.capacity, handle)
@@ -98,12 +98,15 @@ class EpDispatchCombine:
             self.y[:y.shape[0]].copy_(y)
         T = handle.shape[0]
         out = torch.empty(T, self.cfg.hidden, dtype=self.y.dtype, device="cuda")
-        tk.barrier_kernel[(1,)](self._flag_table, self.epoch, self.rank, W=self.cfg.world_size)   # y ready
+        self._barrier()   # every rank's y is in place
         if T:
-            tk.combine_kernel[(T,)](out, handle, self._y_table, self.cfg.hidden, W=self.cfg.world_size,
-                                    BLOCK_H=BLOCK_H, num_warps=4)
-        tk.barrier_kernel[(1,)](self._flag_table, self.epoch, self.rank, W=self.cfg.world_size)   # all read
+            self.kernels("ep_combine", {"dtype": self.cfg.dtype, "W": self.cfg.world_size}, (T,), out, handle,
+                         self._y_table, self.cfg.hidden)
+        self._barrier()   # every rank has read what it needs: y may be overwritten
         return out
+
+    def _barrier(self) -> None:
+        self.kernels("ep_barrier", {"W": self.cfg.world_size}, (1,), self._flag_table, self.epoch, self.rank)
 
     def _check_inputs(self, x, topk_idx, topk_w) -> int:
         cfg = self.cfg
@@ -123,7 +126,3 @@ class EpDispatchCombine:
         if problems:
             raise ValueError("dispatch: " + "; ".join(problems))
         return T
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()

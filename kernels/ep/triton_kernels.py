@@ -8,7 +8,8 @@ import triton.language as tl
 
 @triton.jit
 def _peer(table, rank, ty: tl.constexpr):
-    return tl.load(table + rank).to(tl.pointer_type(ty))
+    # symmetric buffers are allocation-aligned: say so, or every peer store is split into 2-byte pieces
+    return tl.multiple_of(tl.load(table + rank).to(tl.pointer_type(ty)), 16)
 
 
 @triton.jit
@@ -32,39 +33,66 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr):
 
 
 @triton.jit
-def exchange_counts_kernel(counts_ptr, matrix_table, flag_table, epoch_ptr, rank,
-                           W: tl.constexpr, WP: tl.constexpr):
+def exchange_counts_kernel(counts_ptr, matrix_table, flag_table, epoch_ptr, rank, W: tl.constexpr):
     """Row `rank` of every peer's W x W count matrix := this rank's per-destination counts; then a barrier."""
-    offs = tl.arange(0, WP)
-    row = tl.load(counts_ptr + offs, mask=offs < W)
     for p in tl.static_range(W):
-        tl.store(_peer(matrix_table, p, tl.int32) + rank * W + offs, row, mask=offs < W)
+        peer = _peer(matrix_table, p, tl.int32) + rank * W
+        for d in tl.static_range(W):
+            tl.store(peer + d, tl.load(counts_ptr + d))
     _barrier(flag_table, epoch_ptr, rank, W)
 
 
 @triton.jit
-def dispatch_kernel(x_ptr, idx_ptr, w_ptr, dest_row_ptr, recv_x_table, recv_idx_table, recv_w_table,
-                    recv_src_table, rank, H, M,
-                    W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_W: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
-    """Program t sends token t's row (and its ids, weights, source id) to each destination row >= 0."""
+def route_kernel(idx_ptr, pos_ptr, counts_ptr, T, E, K: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Program d: pos[t, d] = how many earlier tokens go to rank d (-1: token t does not), counts[d] = total.
+    A token goes to d once however many of its K experts live there; ids < 0 or >= E * W go nowhere."""
+    d = tl.program_id(0)
+    carry = tl.zeros([], dtype=tl.int32)
+    for t0 in range(0, T, BLOCK_T):
+        ts = t0 + tl.arange(0, BLOCK_T)
+        inside = ts < T
+        hit = tl.zeros([BLOCK_T], dtype=tl.int32)
+        for k in tl.static_range(K):
+            e = tl.load(idx_ptr + ts.to(tl.int64) * K + k, mask=inside, other=-1)
+            hit = tl.maximum(hit, ((e >= 0) & (e < E * W) & (e // E == d)).to(tl.int32))
+        before = tl.cumsum(hit, axis=0) - hit
+        tl.store(pos_ptr + ts.to(tl.int64) * W + d, tl.where(hit > 0, carry + before, -1), mask=inside)
+        carry += tl.sum(hit, axis=0)
+    tl.store(counts_ptr + d, carry)
+
+
+@triton.jit
+def _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr):
+    """Where token t lands on rank d: after the rows of lower ranks; -1 if it is not sent or past capacity."""
+    pos = tl.load(pos_ptr + t * W + d)
+    before = tl.zeros([], dtype=tl.int32)
+    for s in tl.static_range(W):
+        before += tl.where(s < rank, tl.load(matrix_ptr + s * W + d), 0)
+    row = before + pos
+    return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)
+
+
+@triton.jit
+def dispatch_kernel(x_ptr, idx_ptr, w_ptr, pos_ptr, matrix_ptr, handle_ptr, recv_x_table, recv_idx_table,
+                    recv_w_table, recv_src_table, rank, H, M, R,
+                    W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program t sends token t's row (and its ids, weights, source id) to each rank it goes to, at the row
+    the count matrix gives it there, and records that row in handle[t, d] for combine."""
     t = tl.program_id(0).to(tl.int64)
-    ks = tl.arange(0, KP)
-    ids = tl.load(idx_ptr + t * K + ks, mask=ks < K)
-    if HAS_W:
-        ws = tl.load(w_ptr + t * K + ks, mask=ks < K)
     for d in tl.static_range(W):
-        row = tl.load(dest_row_ptr + t * W + d).to(tl.int64)
+        row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
+        tl.store(handle_ptr + t * W + d, row.to(tl.int32))
         if row >= 0:
-            tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks, ids, mask=ks < K)
-            if HAS_W:
-                tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks, ws, mask=ks < K)
+            for k in tl.static_range(K):
+                tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + k, tl.load(idx_ptr + t * K + k))
+                if HAS_W:
+                    tl.store(_peer(recv_w_table, d, tl.float32) + row * K + k, tl.load(w_ptr + t * K + k))
             tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)
         v = tl.load(x_ptr + t * H + hs, mask=hs < H)
         for d in tl.static_range(W):
-            row = tl.load(dest_row_ptr + t * W + d).to(tl.int64)
+            row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
             if row >= 0:
                 tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
 

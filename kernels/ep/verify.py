@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------- the parent: workers, watchdog, report
 
 def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_combine",
-              case_timeout: float = CASE_TIMEOUT_S, only: str | None = None) -> int:
+              case_timeout: float = CASE_TIMEOUT_S, only: str | None = None, dist_dir: str | None = None) -> int:
+    """dist_dir: kforge bundles (out/dist) to run the op's precompiled kernels from; None: Triton's JIT."""
     found = _gpu_count()
     world = world or found
     if found < 2 or world < 2 or world > found:
@@ -46,7 +47,7 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
     while start < len(cases):
         for f in (out / "progress").glob("*.jsonl"):
             f.unlink()
-        procs = _launch(world, start, out, only)
+        procs = _launch(world, start, out, only, dist_dir)
         hung = _watch(procs, out, case_timeout)
         results.update(_read_results(out))
         if hung is None:
@@ -56,7 +57,7 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
         start = case_index + 1
     report = [results.get(i, {"case": c.name, "ok": False, "error": "never ran (a worker died)"})
               for i, c in enumerate(cases)]
-    _write_report(out, world, report)
+    _write_report(out, world, report, f"bundles in {dist_dir}" if dist_dir else "Triton JIT")
     failed = [r["case"] for r in report if not r["ok"]]
     print(f"verify_dispatch_combine: world {world}: {len(report) - len(failed)}/{len(report)} cases passed"
           + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; report: {out / 'report.md'}")
@@ -71,7 +72,7 @@ def _gpu_count() -> int:
         return 0
 
 
-def _launch(world: int, start: int, out: Path, only: str | None) -> list[subprocess.Popen]:
+def _launch(world: int, start: int, out: Path, only: str | None, dist_dir: str | None) -> list[subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -81,7 +82,8 @@ def _launch(world: int, start: int, out: Path, only: str | None) -> list[subproc
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         cmd = [sys.executable, "-m", "kernels.ep.verify", "--worker", "--start", str(start), "--out", str(out)]
-        procs.append(subprocess.Popen(cmd + (["--only", only] if only else []), env=env))
+        cmd += (["--only", only] if only else []) + (["--dist", dist_dir] if dist_dir else [])
+        procs.append(subprocess.Popen(cmd, env=env))
     return procs
 
 
@@ -123,9 +125,11 @@ def _read_results(out: Path) -> dict[int, dict]:
     return {r["index"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def _write_report(out: Path, world: int, report: list[dict]) -> None:
-    (out / "report.json").write_text(json.dumps({"world": world, "cases": report}, indent=1) + "\n")
+def _write_report(out: Path, world: int, report: list[dict], kernels: str) -> None:
+    (out / "report.json").write_text(json.dumps({"world": world, "kernels": kernels, "cases": report}, indent=1) + "\n")
+    used = sorted({k for r in report for k in r.get("kernel_sources", [])})
     lines = [f"# dispatch/combine verify sweep, world {world}", "",
+             f"Kernels: {kernels}; launched from: {', '.join(used) or '-'}.", "",
              "Times: median over the case's eager iterations after the first, slowest rank; small cases, "
              "with checks in between: a smoke signal, not the benchmark (bench/ep_bandwidth.py is).", "",
              "| case | verdict | max diff | dispatch us | combine us | dispatch GB/s (logical / NVLink) | "
@@ -142,23 +146,28 @@ def _write_report(out: Path, world: int, report: list[dict]) -> None:
 
 # ---------------------------------------------------------------- a worker: one rank, one GPU
 
-def worker(start: int, out: Path, only: str | None) -> None:
+def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> None:
     import torch
     import torch.distributed as dist
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     progress = out / "progress" / f"rank{rank}.jsonl"
+    library = None
+    if dist_dir:
+        from rules.runtime import Library
+        library = Library(dist_dir)
     cases = [c for c in matrix(world) if only is None or only in c.name]
     for index in range(start, len(cases)):
         case = cases[index]
         mark = lambda stage: _append(progress, {"case": index, "stage": stage})
         mark("start")
         try:
-            ok, diff, metrics, note = _run_case(case, rank, world, mark)
+            ok, diff, metrics, note, sources = _run_case(case, rank, world, mark, library)
             error = ""
         except Exception as e:
-            ok, diff, metrics, note, error = False, float("inf"), {}, "", f"rank {rank}: {e!r}"
+            ok, diff, metrics, note, sources = False, float("inf"), {}, "", []
+            error = f"rank {rank}: {e!r}"
             traceback.print_exc()
         mark("verdict")
         verdict = torch.tensor([1 if ok else 0, 0], dtype=torch.float64, device="cuda")
@@ -172,7 +181,8 @@ def worker(start: int, out: Path, only: str | None) -> None:
         if rank == 0:
             _append(out / "progress" / "results.jsonl", {
                 "index": index, "case": case.name, "ok": bool(verdict[0] == 1), "max_diff": float(verdict[1]),
-                "error": "; ".join(e for e in errors if e), "note": note, "metrics": _merge(all_metrics)})
+                "error": "; ".join(e for e in errors if e), "note": note, "metrics": _merge(all_metrics),
+                "kernel_sources": sources})
         mark("done")
     dist.destroy_process_group()
 
@@ -196,7 +206,7 @@ def _merge(per_rank: list[dict]) -> dict:
     return merged
 
 
-def _run_case(case: Case, rank: int, world: int, mark) -> tuple[bool, float, dict, str]:
+def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, float, dict, str, list]:
     import torch
     from kernels.ep import reference
     from kernels.ep.cases import inputs
@@ -212,7 +222,7 @@ def _run_case(case: Case, rank: int, world: int, mark) -> tuple[bool, float, dic
         cfg = case.config(world, cap)
         note = f"capacity {cap}, rows arriving per rank {arriving}"
     expert = lambda rows: (rows.float() * (rank + 1)).to(rows.dtype)   # a destination-specific transform
-    ops = [EpDispatchCombine(cfg)] + ([EpDispatchCombine(cfg)] if case.interleaved else [])
+    ops = [EpDispatchCombine(cfg, library=library) for _ in range(2 if case.interleaved else 1)]
     mark("built")
     runs, times = [], {"dispatch": [], "combine": []}
     if case.graph:
@@ -253,7 +263,8 @@ def _run_case(case: Case, rank: int, world: int, mark) -> tuple[bool, float, dic
         metrics = {"dispatch_us": d_us, "combine_us": c_us,
                    "dispatch_logical_bytes": n * cfg.row_bytes, "dispatch_remote_bytes": remote * cfg.row_bytes,
                    "combine_logical_bytes": n * cfg.row_bytes, "combine_remote_bytes": remote * cfg.row_bytes}
-    return bool(ok), worst, metrics, note
+    sources = sorted({s for op in ops for s in op.kernels.sources.values()})
+    return bool(ok), worst, metrics, note, sources
 
 
 def _snapshot(d) -> dict:
@@ -292,10 +303,11 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--dist", default=None, help="run the precompiled kernels of these bundles (out/dist)")
     a = ap.parse_args()
     if a.worker:
-        return worker(a.start, Path(a.out), a.only)
-    sys.exit(run_sweep(a.world, a.out, a.timeout, a.only))
+        return worker(a.start, Path(a.out), a.only, a.dist)
+    sys.exit(run_sweep(a.world, a.out, a.timeout, a.only, a.dist))
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class Kernel:
         sig = self.entry["signature"]
         if len(args) != len(sig):
             raise TypeError(f"{self.name} takes ({', '.join(a['name'] for a in sig)}), got {len(args)} arguments")
+        check_divisibility(self.entry, args)
         values = [self._arg(a, v) for a, v in zip(sig, args)] + [ctypes.c_void_p(0), ctypes.c_void_p(0)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
@@ -117,3 +118,16 @@ class Kernel:
         if kind not in SCALARS:
             raise TypeError(f"{self.name}: argument {spec['name']} has type {kind}, which this loader cannot pass")
         return SCALARS[kind](value)
+
+
+def check_divisibility(entry: dict, args) -> None:
+    """The binary was compiled assuming these arguments are 16-divisible (integers) or 16-byte aligned
+    (pointers): a launch that breaks the promise would read or write the wrong memory, so it is refused."""
+    promised = entry.get("divisible_by_16") or ()
+    for spec, value in zip(entry["signature"], args):
+        if spec["name"] in promised:
+            number = value if isinstance(value, int) else value.data_ptr() if spec["type"].startswith("*") else None
+            if number is not None and number % 16:
+                what = "address" if spec["type"].startswith("*") else "value"
+                raise ValueError(f"{entry['target']}: argument {spec['name']} must be 16-divisible (the binary "
+                                 f"was compiled assuming it); its {what} is {number}")

@@ -1,0 +1,13 @@
+"""The op's kernels are ordinary kforge targets: specs/ep_*.toml name the functions the op launches, with
+the constants its JIT path uses."""
+from kernels.ep import launch
+from rules.project import load_specs
+from tests.support import REPO
+
+
+def test_every_op_kernel_has_a_spec_with_the_same_entry_and_constants():
+    specs = {s.name: s for s in load_specs(REPO)}
+    for family, fn in launch.FAMILIES.items():
+        spec = specs[family]
+        assert spec.entry == fn.fn.__name__ and spec.source == "kernels/ep/triton_kernels.py"
+        assert dict(spec.constants) == launch.CONSTANTS.get(family, {})

@@ -1,0 +1,69 @@
+"""The verify sweep's driver on CPU: too few GPUs, the watchdog turning a hang into a failed case and
+restarting after it, verdicts and metrics in report.json / report.md, and the exit code."""
+import json
+import subprocess
+import sys
+import textwrap
+
+from kernels.ep import verify
+from kernels.ep.cases import Case
+
+FAKE_WORKER = textwrap.dedent('''
+    import json, sys, time
+    rank, start, out, n = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    def put(name, record):
+        with open(f"{out}/progress/{name}", "a") as f:
+            f.write(json.dumps(record) + "\\n")
+    for i in range(start, n):
+        put(f"rank{rank}.jsonl", {"case": i, "stage": "start"})
+        if i == 2 and rank == 1:
+            time.sleep(120)                       # a hang inside case 2, on rank 1 only
+        put(f"rank{rank}.jsonl", {"case": i, "stage": "verdict"})
+        if rank == 0:
+            time.sleep(0.2)
+            put("results.jsonl", {"index": i, "case": f"c{i}", "ok": i != 4, "max_diff": 0.0, "error": "",
+                                  "note": "", "metrics": {"dispatch_us": 10.0, "combine_us": 5.0,
+                                  "dispatch_logical_gbs": 1.0, "dispatch_remote_gbs": 0.5,
+                                  "combine_logical_gbs": 2.0, "combine_remote_gbs": 1.0}})
+''')
+
+
+def fake_launch(world, start, out, only, dist_dir):
+    return [subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(r), str(start), str(out), "6"])
+            for r in range(world)]
+
+
+def test_a_hang_fails_its_case_names_the_ranks_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(verify, "matrix", lambda world: [Case(f"c{i}") for i in range(6)])
+    monkeypatch.setattr(verify, "_launch", fake_launch)
+    code = verify.run_sweep(None, str(tmp_path), case_timeout=3)
+    assert code == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    verdicts = {c["case"]: c["ok"] for c in report["cases"]}
+    assert verdicts == {"c0": True, "c1": True, "c2": False, "c3": True, "c4": False, "c5": True}
+    hang = report["cases"][2]["error"]
+    assert "hang" in hang and "rank 1 at case 2 start" in hang and "rank 0 at case" in hang
+    md = (tmp_path / "report.md").read_text()
+    assert "| c2 | FAIL |" in md and "| c3 | PASS |" in md and "10.0" in md
+    assert "4/6 cases passed; FAILED: c2, c4" in capsys.readouterr().out
+
+
+def test_too_few_gpus_is_a_clear_message_and_exit_code_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 0)
+    assert verify.run_sweep(None, str(tmp_path)) == 2
+    assert "found 0 GPU(s); it needs at least 2" in capsys.readouterr().err
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 4)
+    assert verify.run_sweep(8, str(tmp_path)) == 2
+    assert "found 4 GPU(s); world=8 needs 8" in capsys.readouterr().err
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_metrics_take_the_slowest_rank_and_average_bandwidth():
+    per_rank = [{"dispatch_us": 10.0, "combine_us": 4.0, "dispatch_logical_bytes": 1e4, "dispatch_remote_bytes": 5e3,
+                 "combine_logical_bytes": 1e4, "combine_remote_bytes": 5e3},
+                {"dispatch_us": 20.0, "combine_us": 2.0, "dispatch_logical_bytes": 4e4, "dispatch_remote_bytes": 0.0,
+                 "combine_logical_bytes": 4e4, "combine_remote_bytes": 0.0}, {}]
+    m = verify._merge(per_rank)
+    assert m["dispatch_us"] == 20.0 and m["combine_us"] == 4.0
+    assert m["dispatch_logical_gbs"] == (1e4 / 1e4 + 4e4 / 2e4) / 2
