@@ -2,7 +2,8 @@
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--specs 'fly_*'] [--json out.json]
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
-doit runs the kernel families by name: the same compile work as the pool, without `doit package`.
+doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
+timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
 workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
 """
@@ -14,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,10 +52,9 @@ def pool_compile(target) -> bool:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def time_pool(project: Path, workers: int, archs) -> tuple[float, int]:
+def pool_build(project: Path, workers: int, archs) -> int:
     """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
     (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process)."""
-    start = time.perf_counter()
     targets = build_targets(load_specs(project), project, project / "out", archs)
     groups: dict[tuple[str, str | None], list] = {}
     for t in targets:
@@ -63,7 +64,17 @@ def time_pool(project: Path, workers: int, archs) -> tuple[float, int]:
         with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
                                  initargs=(toolchain, arch, str(project))) as pool:
             ok += sum(pool.map(pool_compile, group, chunksize=1))
-    return time.perf_counter() - start, ok
+    return ok
+
+
+def time_pool(project: Path, workers: int, archs_text: str | None) -> tuple[float, int]:
+    """The pool loop as a command of its own, timed from outside like `doit`: interpreter start, imports
+    and loading the catalog count for both."""
+    cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers)] + \
+        (["--archs", archs_text] if archs_text else [])
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return time.perf_counter() - start, int(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -74,8 +85,12 @@ def main() -> None:
     ap.add_argument("--specs", default="*", help="glob of spec names to build, e.g. 'fly_*'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()
     archs = parse_arch_list(a.archs, "--archs") if a.archs else None
+    if a.pool_child:
+        print(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs))
+        return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
     rows = []
     for n in a.jobs:
@@ -89,7 +104,7 @@ def main() -> None:
         print(f"doit -n {n}: {seconds:.1f} s, {counts}", flush=True)
     for n in a.pool:
         project = fresh_copy(work / f"pool-{n}", a.specs)
-        seconds, ok = time_pool(project, n, archs)
+        seconds, ok = time_pool(project, n, a.archs)
         rows.append({"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0})
         print(f"pool {n}: {seconds:.1f} s, {ok} compiled", flush=True)
     base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)

@@ -3,6 +3,7 @@ from every rank's seeded inputs: order, -1 ids, T = 0 ranks, capacity cut, combi
 import json
 import os
 import socket
+import time
 from dataclasses import replace
 
 import pytest
@@ -76,7 +77,14 @@ def test_reference_matches_brute_force_on_three_cpu_ranks(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(run_rank, args=(port, tmp_path), nprocs=WORLD, start_method="fork")
+    # spawn, not fork: forking pytest (threads, earlier tests' state) can deadlock gloo's start-up
+    ctx = mp.start_processes(run_rank, args=(port, tmp_path), nprocs=WORLD, start_method="spawn", join=False)
+    deadline = time.monotonic() + 180
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the 3-rank gloo reference run hung for 180 s")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, verdicts in enumerate(results):
         for name, v in verdicts.items():
