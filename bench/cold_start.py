@@ -120,7 +120,8 @@ def main() -> None:
     for m, rs in runs.items():
         r = med[m]
         parts = " / ".join(f"{r[k] * 1e3:.1f}" for k in ("load_s", "first_launch_s", "check_s"))
-        print(f"| {m} | {r['kernel_s'] * 1e3:.1f} | {r['kernel_s'] / b['kernel_s']:.0f} | {parts} | {r['process_s']:.2f} | "
+        print(f"| {m} | {r['kernel_s'] * 1e3:.1f} | {r['kernel_s'] / b['kernel_s']:.0f} | {parts} | "
+              f"{r['process_s']:.2f} | "
               f"{r['process_s'] / b['process_s']:.2f} | {r['setup_s']:.2f} | {all(x['ok'] for x in rs)} | "
               f"{any(x['triton_imported'] for x in rs)} | {max(x['cache_files'] for x in rs)} |")
     if a.json:

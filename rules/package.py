@@ -74,8 +74,9 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
     """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is there.
 
     Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
-    an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A restored out/ (fresh
-    stats) re-packages, and the same inputs give the same wheel bytes, which are then left as they are.
+    an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A
+    restored out/ (fresh stats) re-packages, and the same inputs give the same wheel bytes, which are then
+    left as they are.
     """
     root_path = Path(root)
     try:

@@ -92,7 +92,8 @@ class EpDispatchCombine:
         """out[T, H] for the tokens of the dispatch that returned `handle`; y: [rows, H] expert outputs in
         received-row order, or None when they were written into expert_output()."""
         if y is not None and y.data_ptr() != self.y.data_ptr():
-            if y.dim() != 2 or y.shape[1] != self.cfg.hidden or y.shape[0] > self.cfg.capacity or y.dtype != self.y.dtype:
+            cfg = self.cfg
+            if y.dim() != 2 or y.shape[1] != cfg.hidden or y.shape[0] > cfg.capacity or y.dtype != self.y.dtype:
                 raise ValueError(f"combine: y must be [<= {self.cfg.capacity}, {self.cfg.hidden}] {self.y.dtype}, "
                                  f"got {list(y.shape)} {y.dtype}")
             self.y[:y.shape[0]].copy_(y)
