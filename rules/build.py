@@ -6,11 +6,12 @@ import importlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from rules import artifact, isolate
+from rules import artifact, isolate, remote_cache
 from rules.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
@@ -26,8 +27,17 @@ MAX_SERVERS = 3
 _servers: dict[tuple[str, str], isolate.Server] = {}
 
 
-def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S):
-    """doit python-action: returns saved values on success, TaskFailed (naming target and config) on failure."""
+def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
+                   cache_cfg: remote_cache.CacheConfig | None = None):
+    """doit python-action: returns saved values on success, TaskFailed (naming target and config) on failure.
+    With a remote cache, a verified hit replaces the compile (the compiler is not even imported for it), and a
+    fresh build is uploaded."""
+    cache = remote_cache.cache_for(cache_cfg)
+    if cache is not None:
+        start = time.monotonic()
+        if cache.fetch(target):
+            return {"seconds": round(time.monotonic() - start, 4), "from_cache": True,
+                    "cache_warnings": cache.drain_warnings()}
     backend = importlib.import_module(TOOLCHAIN_MODULES[target.toolchain])
     try:
         backend.warm(root)
@@ -42,6 +52,9 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
         shutil.rmtree(scratch, ignore_errors=True)
     if not outcome.ok:
         return _fail(target, outcome.error)
+    if cache is not None:
+        cache.store(target)
+        return {"seconds": round(outcome.seconds, 4), **outcome.result, "cache_warnings": cache.drain_warnings()}
     return {"seconds": round(outcome.seconds, 4), **outcome.result}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, report
+from rules import artifact, remote_cache, report
 from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import timeout_from_env
@@ -60,9 +60,15 @@ def compile_tasks(root: Path, specs: list, targets: list):
     for t in targets:
         by_family[t.kernel].append(t)
     timeout = float(get_var("timeout", timeout_from_env()))
+    try:
+        cache = remote_cache.config_from(get_var("cache", None), get_var("cache_readonly", None))
+    except ValueError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
     built = artifact.KeyIndex(root / "out" / ".kforge" / "built-keys.json")
     for spec in specs:
-        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built)
+        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built,
+                                cache)
     built.save()
 
 

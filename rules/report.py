@@ -24,6 +24,7 @@ class BuildReporter(ConsoleReporter):
         self.total = 0
         self.records: dict[str, dict] = {}    # compile targets
         self.packages: dict[str, dict] = {}   # `doit package` bundles, reported apart from the targets
+        self.warnings: list[str] = []         # e.g. from the remote cache, each shown once
         self.begun: dict[str, float] = {}
 
     def initialize(self, tasks, selected_tasks):
@@ -48,16 +49,21 @@ class BuildReporter(ConsoleReporter):
 
     def add_success(self, task):
         if task.actions:
-            self._finish(task, "built", "")
+            values = getattr(task, "values", None) or {}
+            for message in values.get("cache_warnings", ()):
+                if message not in self.warnings:
+                    self.warnings.append(message)
+                    self.write(f"kforge: warning: {message}\n")
+            self._finish(task, "built", "", {"from_cache": True} if values.get("from_cache") else {})
 
     def add_failure(self, task, fail):
         if not task.actions:   # a family group "fails" when one of its targets did: already reported
             return
         self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
 
-    def _finish(self, task, status: str, error: str) -> None:
+    def _finish(self, task, status: str, error: str, extra: dict | None = None) -> None:
         seconds = time.monotonic() - self.begun.pop(task.name, time.monotonic())
-        record = {"name": task.name, "status": status, "seconds": round(seconds, 3)}
+        record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {})}
         if error:
             record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
         if _is_package(task):
@@ -68,16 +74,19 @@ class BuildReporter(ConsoleReporter):
         failed = sum(1 for r in self.records.values() if r["status"] == "failed")
         first = [line.strip() for line in error.splitlines() if line.strip().startswith("error:")][:1]
         detail = f"  {first[0]}" if first else ""
-        self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {status:<6} {task.name} "
+        label = "cached" if record.get("from_cache") else status
+        self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {failed}){detail}\n")
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
         counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "failed")}
         wall = time.monotonic() - self.started_at
-        slowest = sorted((r for r in records if r["status"] == "built"), key=lambda r: -r["seconds"])[:5]
-        self.write(f"\nkforge: built {counts['built']}, up to date {counts['up-to-date']}, "
-                   f"failed {counts['failed']}, wall {wall:.1f} s\n")
+        slowest = sorted((r for r in records if r["status"] == "built" and not r.get("from_cache")),
+                         key=lambda r: -r["seconds"])[:5]
+        cached = sum(1 for r in records if r.get("from_cache"))
+        self.write(f"\nkforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
+                   f"up to date {counts['up-to-date']}, failed {counts['failed']}, wall {wall:.1f} s\n")
         if slowest:
             self.write("slowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
         for r in records:
@@ -88,7 +97,7 @@ class BuildReporter(ConsoleReporter):
                 self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
         for msg in self.runtime_errors:
             self.write(f"\ndoit: {msg}\n")
-        self._save({"wall_seconds": round(wall, 3), "counts": counts,
+        self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 
     def _save(self, report: dict) -> None:
@@ -103,7 +112,7 @@ class BuildReporter(ConsoleReporter):
 def _record_json(record: dict) -> str:
     """json.dumps(record), written directly for the common error-free record: json.dumps builds a new
     encoder per call, which is most of a no-op run's report time at thousands of targets."""
-    if "error" in record:
+    if record.keys() != {"name", "status", "seconds"}:
         return json.dumps(record)
     return (f'{{"name": {encode_basestring_ascii(record["name"])}, "status": "{record["status"]}", '
             f'"seconds": {float(record["seconds"])!r}}}')

@@ -1,0 +1,138 @@
+"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT / HEAD on /cas/<sha256> and /ac/<key>.
+
+Any server that speaks it works: bazel-remote (start it with --disable_http_ac_validation: kforge's /ac/
+entries are JSON, not ActionResult protos) or nginx with WebDAV PUT. A target's action key (the key that
+decides rebuilds) names its /ac/ entry, a small JSON list of the artifact's files by content sha256; the
+files themselves are /cas/ blobs. A hit is verified (every sha256, meta.json's key, the ELF checks) before
+it counts; anything else is a miss and the target compiles. A cache that is down or slow only warns (once
+per worker process, in the build's output and report) and the build goes on locally. Read-only mode never uploads (for untrusted runners).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from rules import artifact
+
+TIMEOUT_S = 10.0
+AC_FORMAT = "kforge-ac-1"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    url: str
+    read_only: bool = False
+    timeout: float = TIMEOUT_S
+
+
+def config_from(url: str | None, read_only: str | bool | None) -> CacheConfig | None:
+    """From `doit cache=URL cache_readonly=1`, else KFORGE_CACHE / KFORGE_CACHE_READONLY (and
+    KFORGE_CACHE_TIMEOUT, seconds per request); None: no cache."""
+    url = url or os.environ.get("KFORGE_CACHE") or None
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"cache={url!r}: the remote cache must be an http:// or https:// URL")
+    flag = read_only if read_only is not None else os.environ.get("KFORGE_CACHE_READONLY", "")
+    timeout = float(os.environ.get("KFORGE_CACHE_TIMEOUT", TIMEOUT_S))
+    return CacheConfig(url.rstrip("/"), str(flag).lower() in ("1", "true", "yes", "ro"), timeout)
+
+
+class RemoteCache:
+    def __init__(self, cfg: CacheConfig):
+        self.cfg = cfg
+        self.down = False   # after one failure this process stops asking (one warning, not one per target)
+        self.warnings: list[str] = []   # handed to the build report with the next target's result
+
+    def drain_warnings(self) -> list[str]:
+        drained, self.warnings = self.warnings, []
+        return drained
+
+    def fetch(self, target) -> bool:
+        """Put the target's artifact in place from the cache; False on a miss, a bad entry or a cache down."""
+        entry = self._get(f"/ac/{target.key}")
+        if entry is None:
+            return False
+        try:
+            ac = json.loads(entry)
+            if ac.get("format") != AC_FORMAT:
+                raise ValueError(f"not a {AC_FORMAT} entry")
+            files = {}
+            for f in ac["files"]:
+                data = self._get(f"/cas/{f['sha256']}")
+                if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                    raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
+                files[f["name"]] = data
+            meta = json.loads(files.pop(artifact.META))
+            if meta.get("key") != target.key or set(files) != {meta.get("binary")}:
+                raise ValueError("its meta.json is for another key or names other files")
+            artifact.write(Path(target.out_dir), meta["binary"], files[meta["binary"]], meta)
+            artifact.load(Path(target.out_dir))   # sha256 against meta.json, ELF machine/arch, kernel code
+            return True
+        except (ValueError, KeyError, TypeError, artifact.ArtifactError) as e:
+            artifact.remove(target.out_dir)
+            self._warn(f"cache entry for {target.name} rejected ({e}); compiling it")
+            return False
+
+    def store(self, target) -> None:
+        """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them."""
+        if self.cfg.read_only or self.down:
+            return
+        directory = Path(target.out_dir)
+        meta_bytes = (directory / artifact.META).read_bytes()
+        binary_name = json.loads(meta_bytes)["binary"]
+        files = []
+        for name, data in ((artifact.META, meta_bytes), (binary_name, (directory / binary_name).read_bytes())):
+            digest = hashlib.sha256(data).hexdigest()
+            if not self._put(f"/cas/{digest}", data):
+                return
+            files.append({"name": name, "sha256": digest})
+        self._put(f"/ac/{target.key}", json.dumps({"format": AC_FORMAT, "target": target.name,
+                                                    "files": files}).encode())
+
+    def _get(self, path: str) -> bytes | None:
+        if self.down:
+            return None
+        try:
+            with urllib.request.urlopen(self.cfg.url + path, timeout=self.cfg.timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                self._fail(f"GET {path}: HTTP {e.code}")
+            return None
+        except (OSError, ValueError) as e:
+            self._fail(f"GET {path}: {e}")
+            return None
+
+    def _put(self, path: str, data: bytes) -> bool:
+        request = urllib.request.Request(self.cfg.url + path, data=data, method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=self.cfg.timeout):
+                return True
+        except (OSError, ValueError) as e:
+            self._fail(f"PUT {path}: {e}")
+            return False
+
+    def _fail(self, what: str) -> None:
+        self.down = True
+        self._warn(f"remote cache {self.cfg.url} unusable ({what}); building locally without it")
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+_caches: dict[CacheConfig, RemoteCache] = {}
+
+
+def cache_for(cfg: CacheConfig | None) -> RemoteCache | None:
+    """One RemoteCache per config per process, so that "down" is remembered across this worker's targets."""
+    if cfg is None:
+        return None
+    if cfg not in _caches:
+        _caches[cfg] = RemoteCache(cfg)
+    return _caches[cfg]

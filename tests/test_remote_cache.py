@@ -1,0 +1,97 @@
+"""The remote cache against a real server: Debian's nginx with WebDAV PUT on loopback, started per test
+module. Hit, miss, upload, a corrupt entry, a server that is down or never answers, read-only mode."""
+import json
+import socket
+import time
+
+import pytest
+
+from bench.nginx import NGINX, free_port, webdav_server
+from tests.support import build_report, doit, kernel_text, make_project, spec_text
+
+pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with webdav_server(tmp_path_factory.mktemp("nginx")) as (url, store):
+        yield url, store
+
+
+def project(tmp_path, name, factor="2"):
+    return make_project(tmp_path / name, specs={"scale": spec_text(archs=("sm_90a", "gfx942"), dtypes=("fp16", "bf16"))},
+                        kernels={"scale": kernel_text(factor=factor)})
+
+
+def records(root):
+    return json.loads((root / "out" / "build-report.json").read_text())["tasks"]
+
+
+def binaries(root):
+    return {p.relative_to(root / "out"): p.read_bytes() for p in (root / "out").glob("*/scale/*/*_kernel.*")}
+
+
+def test_a_second_clone_fetches_everything_and_compiles_nothing(server, tmp_path):
+    url, store = server
+    first = project(tmp_path, "first", factor="5")
+    doit(first, "-n", "2", f"cache={url}")
+    assert not any(r.get("from_cache") for r in records(first))
+    assert len(list((store / "ac").iterdir())) >= 4 and len(list((store / "cas").iterdir())) >= 8
+    second = project(tmp_path, "second", factor="5")
+    out = doit(second, "-n", "2", f"cache={url}")
+    assert all(r.get("from_cache") and r["status"] == "built" for r in records(second)), records(second)
+    assert "4 from the remote cache" in out.stdout
+    assert binaries(second) == binaries(first)
+    assert set(build_report(second).values()) == {"built"}
+    doit(second, f"cache={url}")
+    assert set(build_report(second).values()) == {"up-to-date"}
+
+
+def test_a_corrupt_entry_is_rejected_and_rebuilt(server, tmp_path):
+    url, store = server
+    first = project(tmp_path, "first", factor="6")
+    doit(first, f"cache={url}")
+    meta = json.loads(next((first / "out" / "sm_90a" / "scale").glob("fp16*/meta.json")).read_text())
+    blob = store / "cas" / meta["sha256"]
+    damaged = bytearray(blob.read_bytes())
+    damaged[100] ^= 0xFF
+    blob.write_bytes(bytes(damaged))   # the server now serves a damaged binary
+    second = project(tmp_path, "second", factor="6")
+    out = doit(second, f"cache={url}")
+    assert "rejected" in out.stdout and "does not match its sha256" in out.stdout
+    cached = {r["name"]: bool(r.get("from_cache")) for r in records(second)}
+    assert cached == {"scale:fp16-b256-w4@sm_90a": False, "scale:bf16-b256-w4@sm_90a": True,
+                      "scale:fp16-b256-w4@gfx942": True, "scale:bf16-b256-w4@gfx942": True}
+    assert binaries(second) == binaries(first)
+
+
+def test_a_server_that_is_down_or_never_answers_only_warns(tmp_path, monkeypatch):
+    down = project(tmp_path, "down", factor="7")
+    out = doit(down, f"cache=http://127.0.0.1:{free_port()}")
+    assert out.stdout.count("unusable") == 1 and "building locally" in out.stdout   # shown once
+    assert set(build_report(down).values()) == {"built"}
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)   # accepts connections, never answers
+    monkeypatch.setenv("KFORGE_CACHE_TIMEOUT", "0.5")
+    slow = project(tmp_path, "slow", factor="7")
+    start = time.monotonic()
+    out = doit(slow, f"cache=http://127.0.0.1:{silent.getsockname()[1]}")
+    assert "timed out" in out.stdout and set(build_report(slow).values()) == {"built"}
+    assert time.monotonic() - start < 60
+    silent.close()
+
+
+def test_read_only_mode_never_uploads(server, tmp_path):
+    url, store = server
+    before = set((store / "ac").iterdir()) if (store / "ac").exists() else set()
+    root = project(tmp_path, "ro", factor="8")
+    doit(root, f"cache={url}", "cache_readonly=1")
+    assert set(build_report(root).values()) == {"built"}
+    assert (set((store / "ac").iterdir()) if (store / "ac").exists() else set()) == before
+
+
+def test_a_cache_that_is_not_an_http_url_is_a_clear_error(tmp_path):
+    root = project(tmp_path, "bad")
+    out = doit(root, "cache=ftp://example.org/x", check=False)
+    assert out.returncode == 2 and "must be an http:// or https:// URL" in out.stderr
