@@ -28,34 +28,45 @@ _servers: dict[tuple[str, str], isolate.Server] = {}
 
 
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
-                   cache_cfg: remote_cache.CacheConfig | None = None):
+                   cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None):
     """doit python-action: returns saved values on success, TaskFailed (naming target and config) on failure.
     With a remote cache, a verified hit replaces the compile (the compiler is not even imported for it), and a
-    fresh build is uploaded."""
+    fresh build is uploaded. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
     cache = remote_cache.cache_for(cache_cfg)
     if cache is not None:
         start = time.monotonic()
         if cache.fetch(target):
             return {"seconds": round(time.monotonic() - start, 4), "from_cache": True,
                     "cache_warnings": cache.drain_warnings()}
+    if executor is not None:
+        from rules import dask_executor   # imports distributed: only where a cluster is used
+        outcome = dask_executor.compile_remote(target, root, timeout, executor)
+    else:
+        outcome = compile_here(target, root, timeout)
+    if not outcome.ok:
+        return _fail(target, outcome.error)
+    values = {"seconds": round(outcome.seconds, 4), **outcome.result}
+    if cache is not None:
+        cache.store(target)
+        values["cache_warnings"] = cache.drain_warnings()
+    return values
+
+
+def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
+    """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
     backend = importlib.import_module(TOOLCHAIN_MODULES[target.toolchain])
     try:
         backend.warm(root)
     except Exception as e:   # a toolchain that cannot even import fails every target clearly
-        return _fail(target, f"the {target.toolchain} toolchain is not usable in this environment: {e}")
+        return isolate.Outcome(False, 0.0, error=f"the {target.toolchain} toolchain is not usable in this "
+                                                 f"environment: {e}")
     scratch_root = Path(target.out_dir).parents[2] / ".kforge" / "tmp"
     scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f"{target.arch}-{target.kernel}-", dir=scratch_root)
     try:
-        outcome = _server_for(target, backend).call((target, scratch), timeout)
+        return _server_for(target, backend).call((target, scratch), timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if not outcome.ok:
-        return _fail(target, outcome.error)
-    if cache is not None:
-        cache.store(target)
-        return {"seconds": round(outcome.seconds, 4), **outcome.result, "cache_warnings": cache.drain_warnings()}
-    return {"seconds": round(outcome.seconds, 4), **outcome.result}
 
 
 def _server_for(target: Target, backend) -> isolate.Server:

@@ -12,6 +12,7 @@ from rules import artifact, remote_cache, report
 from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import timeout_from_env
+from rules.dask_executor import scheduler_address
 from rules.spec import SpecError, load_spec
 from rules.targets import build_targets
 from rules.tasks import family_tasks, package_tasks
@@ -60,15 +61,18 @@ def compile_tasks(root: Path, specs: list, targets: list):
     for t in targets:
         by_family[t.kernel].append(t)
     timeout = float(get_var("timeout", timeout_from_env()))
+    executor = get_var("executor", None) or os.environ.get("KFORGE_EXECUTOR") or None
     try:
         cache = remote_cache.config_from(get_var("cache", None), get_var("cache_readonly", None))
+        if executor is not None:
+            scheduler_address(executor)   # a malformed address stops here, before any task runs
     except ValueError as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
     built = artifact.KeyIndex(root / "out" / ".kforge" / "built-keys.json")
     for spec in specs:
         yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built,
-                                cache)
+                                cache, executor)
     built.save()
 
 

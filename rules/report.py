@@ -11,6 +11,7 @@ from doit.reporter import ConsoleReporter
 from rules.artifact import atomic_write
 
 ERROR_LINES = 6
+REPORTED_VALUES = ("from_cache", "compiled_on")   # copied from a target's result into its report record
 
 
 class BuildReporter(ConsoleReporter):
@@ -54,7 +55,7 @@ class BuildReporter(ConsoleReporter):
                 if message not in self.warnings:
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
-            self._finish(task, "built", "", {"from_cache": True} if values.get("from_cache") else {})
+            self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)})
 
     def add_failure(self, task, fail):
         if not task.actions:   # a family group "fails" when one of its targets did: already reported

@@ -10,18 +10,19 @@ from rules.targets import Target
 
 
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
-                 built: artifact.KeyIndex, cache=None) -> Iterator[dict]:
+                 built: artifact.KeyIndex, cache=None, executor: str | None = None) -> Iterator[dict]:
     yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
     for t in targets:
-        yield compile_task(t, root, timeout, built, cache)
+        yield compile_task(t, root, timeout, built, cache, executor)
 
 
-def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None) -> dict:
+def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
+                 executor: str | None = None) -> dict:
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
         "doc": f"{t.toolchain} {t.entry} {dict(t.config)} for {t.arch}",
-        "actions": [(compile_target, [t, root, timeout, cache])],
+        "actions": [(compile_target, [t, root, timeout, cache, executor])],
         "targets": [t.meta_path],
         # Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are
         # content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing,

@@ -1,0 +1,79 @@
+"""Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`.
+
+Each compile target's action sends its compile to the cluster as one task and writes the artifact that comes
+back into out/ atomically, as a local compile would; doit's up-to-date logic is unchanged, and so is local
+execution, the default. On a worker the compile runs in that worker's warm compile servers (rules/build.py),
+into a private scratch out/. Dask reschedules the task of a worker that died (a crash, a kill); a compile
+that fails on its own is reported like a local failure. The workers need kforge, its toolchains and the
+project's kernels importable: the same checkout path, or the same code installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rules import artifact, isolate
+
+RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
+_clients: dict[str, object] = {}
+_lock = threading.Lock()   # doit's thread workers share one client per scheduler
+
+
+def scheduler_address(executor: str) -> str:
+    """dask://HOST:PORT -> tcp://HOST:PORT (the scheduler's address)."""
+    if not executor.startswith("dask://") or ":" not in executor[len("dask://"):]:
+        raise ValueError(f"executor={executor!r}: expected dask://HOST:PORT (a Dask scheduler)")
+    return "tcp://" + executor[len("dask://"):]
+
+
+def compile_remote(target, root: str, timeout: float, executor: str) -> isolate.Outcome:
+    start = time.monotonic()
+    try:
+        future = _client(executor).submit(run_on_worker, target, root, timeout, pure=False, retries=RETRIES)
+        ok, seconds, result, files = future.result()
+    except Exception as e:   # the cluster is unreachable, or the task's workers kept dying
+        return isolate.Outcome(False, time.monotonic() - start,
+                               error=f"on the Dask cluster {executor}: {type(e).__name__}: {e}")
+    if not ok:
+        return isolate.Outcome(False, seconds, error=result)
+    meta = json.loads(files[artifact.META])
+    directory = Path(target.out_dir)
+    artifact.write(directory, meta["binary"], files[meta["binary"]], meta)
+    try:
+        artifact.load(directory)   # the same checks a local build's artifact passed
+    except artifact.ArtifactError as e:
+        artifact.remove(target.out_dir)
+        return isolate.Outcome(False, seconds, error=f"the artifact from the Dask cluster is bad: {e}")
+    return isolate.Outcome(True, seconds, result=result)
+
+
+def run_on_worker(target, root: str, timeout: float):
+    """On a Dask worker: compile into a private out/, return (ok, seconds, result | error, files)."""
+    from distributed import get_worker
+    from rules import build
+    scratch = Path(tempfile.mkdtemp(prefix="kforge-dask-"))
+    try:
+        local = dataclasses.replace(target, out_dir=str(scratch / target.arch / target.kernel / target.config_id))
+        outcome = build.compile_here(local, root, timeout)
+        if not outcome.ok:
+            return False, outcome.seconds, outcome.error, {}
+        directory = Path(local.out_dir)
+        meta_bytes = (directory / artifact.META).read_bytes()
+        binary = json.loads(meta_bytes)["binary"]
+        result = {**outcome.result, "compiled_on": get_worker().address}
+        return True, outcome.seconds, result, {artifact.META: meta_bytes, binary: (directory / binary).read_bytes()}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _client(executor: str):
+    with _lock:
+        if executor not in _clients:
+            from distributed import Client
+            _clients[executor] = Client(scheduler_address(executor), timeout=30)
+        return _clients[executor]

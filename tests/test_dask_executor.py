@@ -1,0 +1,77 @@
+"""Distributed compiles on a Dask LocalCluster of 2 worker processes: byte-identical to a local build,
+a worker killed mid-build is replaced and the run stays green, a compile error is still that target's."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        with distributed.Client(c) as client:
+            yield c.scheduler_address.replace("tcp://", "dask://"), client
+
+
+def project(tmp_path, name, blocks=(256,), bad=False):
+    specs = {"scale": spec_text(archs=("sm_90a", "gfx942"), dtypes=("fp16", "bf16"), blocks=blocks)}
+    kernels = {"scale": kernel_text()}
+    if bad:
+        specs["bad"], kernels["bad"] = spec_text(name="bad", module="bad"), kernel_text(factor="no_such_name")
+    return make_project(tmp_path / name, specs=specs, kernels=kernels)
+
+
+def artifacts(root):
+    return {p.relative_to(root / "out"): p.read_bytes() for p in (root / "out").glob("*/*/*/*")
+            if p.suffix in (".cubin", ".hsaco", ".json")}
+
+
+def records(root):
+    return {r["name"]: r for r in json.loads((root / "out" / "build-report.json").read_text())["tasks"]}
+
+
+def test_a_cluster_build_is_byte_identical_to_a_local_one(cluster, tmp_path):
+    address, client = cluster
+    local, remote = project(tmp_path, "local", bad=True), project(tmp_path, "remote", bad=True)
+    doit(local, "-n", "2", check=False)
+    out = doit(remote, "-n", "4", "-P", "thread", f"executor={address}", check=False)
+    assert out.returncode != 0 and "CompilationError" in out.stdout   # the bad target failed, and said why
+    assert "no_such_name" in (remote / "out" / "sm_90a" / "bad" / "fp16-b256-w4" / "error.txt").read_text()
+    workers = set(client.scheduler_info()["workers"])
+    built = {n: r for n, r in records(remote).items() if r["status"] == "built"}
+    assert len(built) == 4 and {r["compiled_on"] for r in built.values()} <= workers
+    assert records(remote)["bad:fp16-b256-w4@sm_90a"]["status"] == "failed"
+    assert artifacts(remote) == artifacts(local) and artifacts(local)
+
+
+def test_a_worker_killed_mid_build_is_replaced_and_the_run_stays_green(cluster, tmp_path):
+    address, client = cluster
+    root = project(tmp_path, "killed", blocks=(64, 128, 256, 512, 1024))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "4", "-P", "thread", f"executor={address}"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((root / "out").glob("*/scale/*/meta.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim = sorted(client.run(os.getpid).values())[0]
+    assert proc.poll() is None, "the build ended before a worker could be killed"
+    done_before = len(list((root / "out").glob("*/scale/*/meta.json")))
+    os.kill(victim, signal.SIGKILL)   # the nanny starts a new worker; Dask reruns what it was doing
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout + stderr
+    assert set(build_report(root).values()) == {"built"} and len(build_report(root)) == 20 > done_before
+    client.wait_for_workers(2, timeout=60)
+    assert victim not in client.run(os.getpid).values()   # it really died and was replaced
+
+
+def test_a_malformed_executor_is_a_clear_error(tmp_path):
+    out = doit(project(tmp_path, "bad-executor"), "executor=tcp://host", check=False)
+    assert out.returncode == 2 and "expected dask://HOST:PORT" in out.stderr
