@@ -55,8 +55,9 @@ def build_bundle(arch: str, targets: list[Target], root: str) -> None:
     wheel = dist / wheel_name(dist_name(arch), version)
     files = runtime_files(arch)
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    by_name = {t.name: t for t in targets}
     for entry in manifest["artifacts"]:
-        _, binary = artifact.load(Path(targets_by_name(targets)[entry["target"]].out_dir))   # sha256 + ELF
+        _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
         files[f"{dist_name(arch)}/{entry['binary']}"] = binary
     if not wheel.exists():
         write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
@@ -166,10 +167,6 @@ def runtime_digest(arch: str) -> str:
 def project_version(root: Path) -> str:
     with open(root / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["version"]
-
-
-def targets_by_name(targets: list[Target]) -> dict[str, Target]:
-    return {t.name: t for t in targets}
 
 
 def _current_meta(t: Target) -> dict | None:
