@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +94,8 @@ class RemoteCache:
                                                     "files": files}).encode())
 
     def _get(self, path: str) -> bytes | None:
+        import urllib.error
+        import urllib.request   # here, not at the top: every doit start imports this module, few use a cache
         if self.down:
             return None
         try:
@@ -110,6 +110,7 @@ class RemoteCache:
             return None
 
     def _put(self, path: str, data: bytes) -> bool:
+        import urllib.request
         request = urllib.request.Request(self.cfg.url + path, data=data, method="PUT")
         try:
             with urllib.request.urlopen(request, timeout=self.cfg.timeout):
