@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from doit.exceptions import TaskFailed
+
 from rules import artifact
 from rules.archs import ARCHS
 from rules.runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
@@ -43,9 +45,13 @@ def manifest_path(root: Path, arch: str) -> Path:
     return root / "out" / "dist" / f"{dist_name(arch)}.manifest.json"
 
 
-def build_bundle(arch: str, targets: list[Target], root: str) -> None:
+def build_bundle(arch: str, targets: list[Target], root: str):
     """The doit action: write the arch's wheel unless the same bytes are already there."""
     root_path = Path(root)
+    try:
+        tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(root_path, arch)}
+    except ValueError as e:
+        return TaskFailed(str(e))
     stamp = _stamp(arch, targets, root_path)   # before reading: a change while packaging re-packages next time
     manifest = make_manifest(arch, targets, root_path)
     data = manifest_bytes(manifest)
@@ -55,6 +61,8 @@ def build_bundle(arch: str, targets: list[Target], root: str) -> None:
     wheel = dist / wheel_name(dist_name(arch), version)
     files = runtime_files(arch)
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    for name, table in tables.items():
+        files[f"{dist_name(arch)}/tune/{name}"] = table
     by_name = {t.name: t for t in targets}
     for entry in manifest["artifacts"]:
         _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
@@ -90,6 +98,8 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
 
 def _stamp(arch: str, targets: list[Target], root: Path) -> str:
     h = hashlib.sha256(f"{project_version(root)}\0{runtime_digest(arch)}".encode())
+    for table in tuning_tables(root, arch):
+        h.update(f"\0{table.name}\0".encode() + table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
         built = _identity(t.meta_path)
         h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
@@ -129,9 +139,30 @@ def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
             artifacts.append(meta)
         else:
             failed.append(_failure(t))
+    tables = {f.stem: {"path": f"tune/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+              for f in tuning_tables(root, arch)}
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
             "kforge_version": project_version(root), "runtime_sha256": runtime_digest(arch),
-            "artifacts": artifacts, "failed": failed}
+            "artifacts": artifacts, "failed": failed, "tuned": tables}
+
+
+def tuning_tables(root: Path, arch: str) -> list[Path]:
+    """out/tune/<arch>/<kernel>.json: the tuning tables a GPU run wrote; each bundle ships its arch's."""
+    return sorted((root / "out" / "tune" / arch).glob("*.json"))
+
+
+def check_tuning_table(path: Path, arch: str) -> bytes:
+    from rules.runtime.select import NoTunedConfig, check_table
+    data = path.read_bytes()
+    try:
+        table = json.loads(data)
+        check_table(table, str(path))
+    except (ValueError, NoTunedConfig) as e:
+        raise ValueError(f"{path}: not a usable tuning table ({e}); re-run the tuning or delete the file") from None
+    if table.get("kernel") != path.stem or table.get("arch") != arch:
+        raise ValueError(f"{path}: the table says kernel {table.get('kernel')!r} arch {table.get('arch')!r}; "
+                         f"its place says {path.stem!r} {arch!r}")
+    return data
 
 
 def manifest_bytes(manifest: dict) -> bytes:

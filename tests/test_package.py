@@ -148,3 +148,28 @@ def test_runtime_imports_nothing_outside_itself():
             else:
                 continue
             assert not names & banned, f"{f.name} imports {names & banned}"
+
+
+def test_tuning_tables_ship_in_the_bundle_and_drive_selection(tmp_path):
+    from rules.runtime import Bundle
+    from rules.runtime.select import NoTunedConfig
+    root = make_project(tmp_path, specs={"scale": spec_text(dtypes=("fp16",), blocks=(256, 1024))})
+    doit(root)
+    with pytest.raises(NoTunedConfig, match="no tuning table for 'scale'"):
+        Bundle(wheel(root, "sm_90a")).tuned("scale")
+    table = {"format": "kforge-tune-1", "kernel": "scale", "arch": "sm_90a", "shape_args": ["n"], "shapes": [
+        {"shape": [1000], "ranking": [{"config_id": "fp16-b256-w4", "us": 3.0}, {"config_id": "fp16-b1024-w4", "us": 4.0}]},
+        {"shape": [1000000], "ranking": [{"config_id": "fp16-b1024-w4", "us": 30.0}]}]}
+    tables = root / "out" / "tune" / "sm_90a"
+    tables.mkdir(parents=True)
+    (tables / "scale.json").write_text(json.dumps(table))
+    before = wheel(root, "sm_90a").name
+    doit(root, "package")
+    assert wheel(root, "sm_90a").name != before   # a new table is new content: a new bundle
+    bundle = Bundle(wheel(root, "sm_90a"))
+    assert bundle.find_for_shape("scale", {"n": 1000})[0]["config_id"] == "fp16-b256-w4"
+    entry, why = bundle.find_for_shape("scale", {"n": 700000})
+    assert entry["config_id"] == "fp16-b1024-w4" and "nearest tuned shape [1000000]" in why
+    (tables / "scale.json").write_text("{broken")
+    out = doit(root, "package", check=False)
+    assert out.returncode != 0 and "scale.json: not a usable tuning table" in out.stdout + out.stderr

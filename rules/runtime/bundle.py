@@ -90,6 +90,27 @@ class Bundle:
             raise BundleError(f"{self.path}: {entry['binary']} refused: {e}") from None
         return data
 
+    def tuned(self, kernel: str) -> dict:
+        """The kernel's tuning table shipped in this bundle (ranked configs per tuned shape)."""
+        from .select import NoTunedConfig, check_table
+        info = (self.manifest.get("tuned") or {}).get(kernel)
+        if not isinstance(info, dict):
+            raise NoTunedConfig(f"{self.path} ({self.arch}) has no tuning table for {kernel!r}; tune it on a "
+                                f"{self.arch} GPU (out/tune/{self.arch}/{kernel}.json) and run `doit package`")
+        data = self._read(info.get("path"))
+        if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+            raise BundleError(f"{self.path}: {info.get('path')} does not match its sha256 in the manifest")
+        table = _parse_json(data)
+        check_table(table, f"{self.path}: {info.get('path')}")
+        return table
+
+    def find_for_shape(self, kernel: str, shape: dict[str, int]) -> tuple[dict, str]:
+        """(artifact, why) of the config the tuning table picks for `shape` (arg name -> size)."""
+        from .select import choose
+        entries = {e.get("config_id"): e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel}
+        config_id, why = choose(self.tuned(kernel), shape, entries)
+        return self.find(kernel, config_id), why
+
     def load(self, kernel: str, config: dict | str | None = None):
         """The kernel, loaded into the current GPU context (the caller knows the device is this arch)."""
         from .launch import Kernel

@@ -31,6 +31,16 @@ class Library:
     def bundles(self) -> list[Bundle]:
         return [self._open(p) for p in self._paths]
 
+    def load_for_shape(self, kernel: str, shape: dict[str, int], *, device: int = 0, arch: str | None = None):
+        """The kernel in the config its bundle's tuning table picks for `shape` (arg name -> size)."""
+        described, archs = (arch, [arch]) if arch else runnable_archs(device)
+        bundles = self.bundles_for(archs)
+        if not bundles:
+            raise NoMatchingKernel(f"no bundle for {described} (it runs {', '.join(archs)})")
+        from .launch import Kernel
+        entry, _ = bundles[0].find_for_shape(kernel, shape)
+        return Kernel(entry, bundles[0].binary(entry), bundles[0].vendor)
+
     def bundles_for(self, archs: list[str]) -> list[Bundle]:
         """The bundles for these archs, in the order given (best first)."""
         return [self._open(p) for a in archs for p in self._paths if _named_arch(p) in (a, None)

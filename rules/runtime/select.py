@@ -1,0 +1,54 @@
+"""Tuned selection: which prebuilt config to run for a problem shape, from a tuning table.
+
+A table (out/tune/<arch>/<kernel>.json, written by tuning on a GPU and shipped in the bundle) ranks the
+configs measured on each tuned shape. For a tuned shape the best config is chosen; for any other shape,
+the winner of the most similar tuned shape (L1 distance between log2 sizes, as PyTorch Inductor's
+size-hint selection does), going down its ranking and then to farther shapes while a config cannot handle
+the shape (its binary's divisibility promises). Nothing that can: a clear error.
+"""
+from __future__ import annotations
+
+import math
+
+TABLE_FORMAT = "kforge-tune-1"
+
+
+class NoTunedConfig(LookupError):
+    pass
+
+
+def distance(a: list[int], b: list[int]) -> float:
+    """L1 distance between log2 sizes: 1024 vs 2048 is as far as 16 vs 32."""
+    return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
+
+
+def check_table(table: dict, where: str) -> None:
+    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
+        raise NoTunedConfig(f"{where}: not a {TABLE_FORMAT} tuning table")
+    if not isinstance(table.get("shape_args"), list) or not isinstance(table.get("shapes"), list):
+        raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' and 'shapes' lists")
+
+
+def handles(entry: dict, shape: dict[str, int]) -> bool:
+    """False when a shape value breaks a divisibility the config's binary was compiled to assume."""
+    return all(shape[name] % 16 == 0 for name in entry.get("divisible_by_16", ()) if name in shape)
+
+
+def choose(table: dict, shape: dict[str, int], entries: dict[str, dict]) -> tuple[str, str]:
+    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id."""
+    args = table["shape_args"]
+    missing = [a for a in args if a not in shape]
+    if missing:
+        raise NoTunedConfig(f"{table.get('kernel')}: the shape needs {args}; missing {missing}")
+    wanted = [shape[a] for a in args]
+    tuned = sorted(table["shapes"], key=lambda s: distance(s["shape"], wanted))
+    for s in tuned:
+        for rank, row in enumerate(s["ranking"]):
+            entry = entries.get(row["config_id"])
+            if entry is not None and handles(entry, shape):
+                how = "tuned for this shape" if s["shape"] == wanted else \
+                    f"nearest tuned shape {s['shape']} (log2 L1 distance {distance(s['shape'], wanted):.2f})"
+                return row["config_id"], f"{how}, rank {rank + 1} there"
+    tried = ", ".join(str(s["shape"]) for s in tuned) or "none"
+    raise NoTunedConfig(f"{table.get('kernel')} {dict(zip(args, wanted))}: no ranked config can handle this shape "
+                        f"(tuned shapes: {tried}); sizes must meet the configs' divisibility (16) promises")

@@ -1,0 +1,40 @@
+"""Tuned selection on CPU: the best config for a tuned shape, the nearest tuned shape's winner otherwise,
+never a config that cannot handle the shape, and a clear error when none can."""
+import pytest
+
+from rules.runtime.select import NoTunedConfig, choose, distance
+
+ENTRIES = {"big": {"divisible_by_16": ["K"]}, "small": {"divisible_by_16": ["K"]}, "any": {}}
+TABLE = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [
+    {"shape": [4096, 4096, 4096], "ranking": [{"config_id": "big", "us": 900.0}, {"config_id": "any", "us": 1500.0}]},
+    {"shape": [16, 4096, 4096], "ranking": [{"config_id": "small", "us": 40.0}, {"config_id": "big", "us": 90.0}]},
+]}
+
+
+def shape(m, n, k):
+    return {"M": m, "N": n, "K": k}
+
+
+def test_a_tuned_shape_gets_its_best_config():
+    assert choose(TABLE, shape(4096, 4096, 4096), ENTRIES)[0] == "big"
+    assert choose(TABLE, shape(16, 4096, 4096), ENTRIES) == ("small", "tuned for this shape, rank 1 there")
+
+
+def test_an_unseen_shape_gets_the_nearest_tuned_shapes_winner():
+    config, why = choose(TABLE, shape(32, 4096, 4096), ENTRIES)   # log2 distance 1 to [16,...], 7 to [4096,...]
+    assert config == "small" and "nearest tuned shape [16, 4096, 4096]" in why
+    assert choose(TABLE, shape(2048, 4096, 8192), ENTRIES)[0] == "big"
+    assert distance([1024, 1, 1], [2048, 1, 1]) == distance([16, 1, 1], [32, 1, 1]) == 1.0
+
+
+def test_a_config_that_cannot_handle_the_shape_is_never_chosen():
+    config, why = choose(TABLE, shape(4096, 4096, 4100), ENTRIES)   # K not 16-divisible: only "any" can
+    assert config == "any" and "rank 2" in why
+
+
+def test_nothing_that_can_handle_the_shape_is_a_clear_error():
+    table = {**TABLE, "shapes": TABLE["shapes"][1:]}
+    with pytest.raises(NoTunedConfig, match=r"'K': 100}: no ranked config can handle .*tuned shapes: \[16, 4096, 4096\]"):
+        choose(table, shape(16, 4096, 100), ENTRIES)
+    with pytest.raises(NoTunedConfig, match="missing \\['K'\\]"):
+        choose(TABLE, {"M": 1, "N": 1}, ENTRIES)
