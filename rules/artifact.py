@@ -146,6 +146,27 @@ def load(directory: Path) -> tuple[dict, bytes]:
     return meta, binary
 
 
+def files_of(directory: Path) -> dict[str, bytes]:
+    """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
+    meta_bytes = (directory / META).read_bytes()
+    binary = json.loads(meta_bytes)["binary"]
+    return {META: meta_bytes, binary: (directory / binary).read_bytes()}
+
+
+def install(directory: Path, files: dict[str, bytes], key: str) -> None:
+    """Put an artifact received as files (files_of's form) in place, written as a build writes it, then check
+    it like any other (its key, sha256, ELF); a bad one is removed and ArtifactError says why."""
+    try:
+        meta = json.loads(files[META])
+        if meta.get("key") != key or set(files) != {META, meta.get("binary")}:
+            raise ArtifactError("its meta.json is for another key or names other files")
+        write(directory, meta["binary"], files[meta["binary"]], meta)
+        load(directory)   # sha256 against meta.json, ELF machine/arch, kernel code
+    except (ValueError, KeyError, TypeError) as e:   # ArtifactError is a ValueError
+        remove(str(directory))
+        raise ArtifactError(str(e)) from None
+
+
 def remove(directory: str) -> None:
     """`doit clean` for one target: drop its whole artifact directory."""
     shutil.rmtree(directory, ignore_errors=True)

@@ -10,7 +10,6 @@ project's kernels importable: the same checkout path, or the same code installed
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 import threading
@@ -41,13 +40,9 @@ def compile_remote(target, root: str, timeout: float, executor: str) -> isolate.
                                error=f"on the Dask cluster {executor}: {type(e).__name__}: {e}")
     if not ok:
         return isolate.Outcome(False, seconds, error=result)
-    meta = json.loads(files[artifact.META])
-    directory = Path(target.out_dir)
-    artifact.write(directory, meta["binary"], files[meta["binary"]], meta)
     try:
-        artifact.load(directory)   # the same checks a local build's artifact passed
+        artifact.install(Path(target.out_dir), files, target.key)   # the checks a local artifact passed
     except artifact.ArtifactError as e:
-        artifact.remove(target.out_dir)
         return isolate.Outcome(False, seconds, error=f"the artifact from the Dask cluster is bad: {e}")
     return isolate.Outcome(True, seconds, result=result)
 
@@ -62,11 +57,8 @@ def run_on_worker(target, root: str, timeout: float):
         outcome = build.compile_here(local, root, timeout)
         if not outcome.ok:
             return False, outcome.seconds, outcome.error, {}
-        directory = Path(local.out_dir)
-        meta_bytes = (directory / artifact.META).read_bytes()
-        binary = json.loads(meta_bytes)["binary"]
         result = {**outcome.result, "compiled_on": get_worker().address}
-        return True, outcome.seconds, result, {artifact.META: meta_bytes, binary: (directory / binary).read_bytes()}
+        return True, outcome.seconds, result, artifact.files_of(Path(local.out_dir))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -66,13 +66,9 @@ class RemoteCache:
                 if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
                     raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
                 files[f["name"]] = data
-            meta = json.loads(files.pop(artifact.META))
-            if meta.get("key") != target.key or set(files) != {meta.get("binary")}:
-                raise ValueError("its meta.json is for another key or names other files")
-            artifact.write(Path(target.out_dir), meta["binary"], files[meta["binary"]], meta)
-            artifact.load(Path(target.out_dir))   # sha256 against meta.json, ELF machine/arch, kernel code
+            artifact.install(Path(target.out_dir), files, target.key)
             return True
-        except (ValueError, KeyError, TypeError, artifact.ArtifactError) as e:
+        except (ValueError, KeyError, TypeError) as e:   # ArtifactError included
             artifact.remove(target.out_dir)
             self._warn(f"cache entry for {target.name} rejected ({e}); compiling it")
             return False
@@ -81,11 +77,8 @@ class RemoteCache:
         """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them."""
         if self.cfg.read_only or self.down:
             return
-        directory = Path(target.out_dir)
-        meta_bytes = (directory / artifact.META).read_bytes()
-        binary_name = json.loads(meta_bytes)["binary"]
         files = []
-        for name, data in ((artifact.META, meta_bytes), (binary_name, (directory / binary_name).read_bytes())):
+        for name, data in artifact.files_of(Path(target.out_dir)).items():
             digest = hashlib.sha256(data).hexdigest()
             if not self._put(f"/cas/{digest}", data):
                 return

@@ -35,7 +35,7 @@ class EpKernels:
                 if not self.jit_fallback:
                     raise
             else:
-                kernel = self.library.load(family, config)
+                kernel = bundle.kernel(entry)   # the entry select() picked: no second lookup
                 self.sources[name] = f"bundle {bundle.path.name}"
                 return lambda grid, *args: kernel(grid, *args, stream=torch.cuda.current_stream().cuda_stream)
         fn = FAMILIES[family]

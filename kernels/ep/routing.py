@@ -1,4 +1,5 @@
-"""Where each token goes: shared by the op and the reference, in plain torch ops (no host sync)."""
+"""Where each token goes, in plain torch ops (no host sync): the reference and the case matrix use it; the op
+computes the same on the GPU in one Triton kernel (route_kernel), which the verify sweep checks against it."""
 from __future__ import annotations
 
 import torch

@@ -113,8 +113,11 @@ class Bundle:
 
     def load(self, kernel: str, config: dict | str | None = None):
         """The kernel, loaded into the current GPU context (the caller knows the device is this arch)."""
+        return self.kernel(self.find(kernel, config))
+
+    def kernel(self, entry: dict):
+        """A picked entry's binary, checked, loaded into the current GPU context and ready to launch."""
         from .launch import Kernel
-        entry = self.find(kernel, config)
         return Kernel(entry, self.binary(entry), self.vendor)
 
     def _failed_note(self, kernel: str, config=None) -> str:

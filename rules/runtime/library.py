@@ -37,9 +37,8 @@ class Library:
         bundles = self.bundles_for(archs)
         if not bundles:
             raise NoMatchingKernel(f"no bundle for {described} (it runs {', '.join(archs)})")
-        from .launch import Kernel
         entry, _ = bundles[0].find_for_shape(kernel, shape)
-        return Kernel(entry, bundles[0].binary(entry), bundles[0].vendor)
+        return bundles[0].kernel(entry)
 
     def bundles_for(self, archs: list[str]) -> list[Bundle]:
         """The bundles for these archs, in the order given (best first)."""
@@ -60,8 +59,7 @@ class Library:
                 raise
             from .jit import JitKernel
             return JitKernel(self._recipe(kernel, config))
-        from .launch import Kernel
-        return Kernel(entry, bundle.binary(entry), bundle.vendor)
+        return bundle.kernel(entry)
 
     def select(self, kernel: str, config: dict | str | None = None, *, device: int = 0,
                arch: str | None = None) -> tuple[Bundle, dict]:
