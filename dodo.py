@@ -18,6 +18,11 @@ def task_package():
     yield from project.bundle_tasks(ROOT, TARGETS)
 
 
+def task_tune():
+    """Not a default task: on a GPU, rank each [tune] family's configs per shape (out/tune/<arch>/)."""
+    yield from project.tuning_tasks(ROOT, SPECS, TARGETS)
+
+
 def task_verify_dispatch_combine():
     """The multi-GPU verify sweep of the MoE dispatch/combine kernels: one process per GPU (world=N)."""
     return project.verify_task(ROOT)

@@ -100,6 +100,12 @@ def bundle_tasks(root: Path, targets: list):
     yield from package_tasks(targets, str(root))
 
 
+def tuning_tasks(root: Path, specs: list, targets: list):
+    """`doit tune` (a generator for dodo.py); rules/tune.py says when a table is current."""
+    from rules.tune import tune_tasks
+    yield from tune_tasks(specs, targets, str(root))
+
+
 def verify_task(root: Path) -> dict:
     """`doit verify_dispatch_combine [world=N]`: the multi-GPU sweep (kernels/ep/verify.py); never up to date."""
     def run(world: str | None):

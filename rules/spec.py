@@ -29,6 +29,14 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class Tune:
+    """[tune]: the problem shapes `doit tune` benchmarks the family's configs on, and how to make them."""
+    harness: str                        # module file with problem(shape, types, device) and grid(shape, config)
+    shape_args: tuple[str, ...]         # runtime integer arguments that make up a shape, e.g. (M, N, K)
+    shapes: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class Spec:
     path: str                       # the TOML file, as given (for messages)
     name: str                       # kernel family: doit task basename, out/<arch>/<name>/
@@ -43,6 +51,7 @@ class Spec:
     configs: tuple[Config, ...]     # sweep product + extras - excludes that match every arch
     excludes: tuple[tuple[tuple[str, Scalar | tuple[Scalar, ...]], ...], ...]
     description: str = ""
+    tune: Tune | None = None
 
     @property
     def constexprs(self) -> tuple[str, ...]:
@@ -73,7 +82,14 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
     "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
+    "tune": {
+        "harness": (str, True, "module file defining problem(shape, types, device) and grid(shape, config)"),
+        "shape_args": (list, True, "the runtime integer arguments a shape gives, e.g. ['M', 'N', 'K']"),
+        "shapes": (list, True, "problem shapes to tune for: lists of positive integers, one per shape_args"),
+    },
 }
+NESTED_LISTS = {("tune", "shapes")}
+HARNESS_FUNCTIONS = ("problem", "grid")
 REQUIRED_TABLES = ("kernel", "signature", "sweep")
 LIST_TABLES = ("extra", "exclude")
 
@@ -118,9 +134,10 @@ def load_spec(path: Path, root: Path) -> Spec:
         if h not in runtime_args:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
 
+    tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
     spec = Spec(path=where, name=name, source=k["source"], entry=k["entry"], toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
-                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""))
+                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune)
     from rules import sweep  # late: sweep needs Spec
     return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
 
@@ -151,12 +168,45 @@ def _check_keys(body: dict, table: str, where: str) -> None:
         if rule is None:
             raise SpecError(f"{where}: [{table}] unknown key {key!r}; allowed: {', '.join(schema)}")
         types, _, what = rule
-        if not isinstance(value, types) or (isinstance(value, list) and not _scalars(value)):
+        nested_ok = (table, key) in NESTED_LISTS
+        if not isinstance(value, types) or (isinstance(value, list) and not nested_ok and not _scalars(value)):
             raise SpecError(f"{where}: [{table}] {key}: expected {what}, got {value!r} "
                             f"({type(value).__name__})")
     for key, (_, required, what) in schema.items():
         if required and key != "*" and key not in body:
             raise SpecError(f"{where}: [{table}] missing key {key!r} ({what})")
+
+
+def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> Tune:
+    if toolchain != "triton":
+        raise SpecError(f"{where}: [tune] needs toolchain 'triton': tuning launches the artifacts through "
+                        f"kforge's runtime loader, which cannot launch {toolchain} artifacts yet")
+    harness = root / t["harness"]
+    if not harness.is_file():
+        raise SpecError(f"{where}: [tune] harness: file {t['harness']!r} does not exist (looked for {harness}); "
+                        f"fix the path, relative to {root}")
+    missing = [f for f in HARNESS_FUNCTIONS if sources.function_params(harness, f) is None]
+    if missing:
+        raise SpecError(f"{where}: [tune] harness: {t['harness']} must define {', '.join(HARNESS_FUNCTIONS)}; "
+                        f"missing {', '.join(missing)}")
+    int_args = [a for a, ty in signature if ty in ("i32", "i64", "u32", "u64")]
+    args = t["shape_args"]
+    for a in args:
+        if a not in int_args:
+            _fail(where, "tune", "shape_args", a, "integer runtime arguments: " + ", ".join(int_args))
+    if not args or len(set(args)) != len(args):
+        _fail(where, "tune", "shape_args", args, "a non-empty list of distinct integer arguments")
+    if not t["shapes"]:
+        _fail(where, "tune", "shapes", [], f"a non-empty list of shapes, each a list of {len(args)} sizes")
+    seen = set()
+    for shape in t["shapes"]:
+        if (not isinstance(shape, list) or len(shape) != len(args)
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+            _fail(where, "tune", "shapes", shape, f"a list of {len(args)} positive integers ({', '.join(args)})")
+        if tuple(shape) in seen:
+            _fail(where, "tune", "shapes", shape, "each shape once (this one is listed twice)")
+        seen.add(tuple(shape))
+    return Tune(harness=t["harness"], shape_args=tuple(args), shapes=tuple(tuple(s) for s in t["shapes"]))
 
 
 def _scalars(values: list) -> bool:

@@ -38,3 +38,22 @@ def test_nothing_that_can_handle_the_shape_is_a_clear_error():
         choose(table, shape(16, 4096, 100), ENTRIES)
     with pytest.raises(NoTunedConfig, match="missing \\['K'\\]"):
         choose(TABLE, {"M": 1, "N": 1}, ENTRIES)
+
+
+PER_DTYPE = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [
+    {"shape": [64, 64, 64], "where": {"dtype": "bf16"}, "ranking": [{"config_id": "bf16-a", "us": 1.0}]},
+    {"shape": [64, 64, 64], "where": {"dtype": "fp16"}, "ranking": [{"config_id": "fp16-a", "us": 1.0}]},
+]}
+PER_DTYPE_ENTRIES = {"bf16-a": {}, "fp16-a": {}}
+
+
+def test_where_picks_among_the_callers_kind_only():
+    assert choose(PER_DTYPE, shape(64, 64, 64), PER_DTYPE_ENTRIES, {"dtype": "fp16"})[0] == "fp16-a"
+    assert choose(PER_DTYPE, shape(99, 64, 64), PER_DTYPE_ENTRIES, {"dtype": "bf16"})[0] == "bf16-a"
+
+
+def test_a_table_of_several_kinds_needs_where():
+    with pytest.raises(NoTunedConfig, match=r'ranked separately .* say which with where=, e.g. where=\{"dtype": "bf16"\}'):
+        choose(PER_DTYPE, shape(64, 64, 64), PER_DTYPE_ENTRIES)
+    with pytest.raises(NoTunedConfig, match=r"nothing tuned where \{'dtype': 'fp8'\}"):
+        choose(PER_DTYPE, shape(64, 64, 64), PER_DTYPE_ENTRIES, {"dtype": "fp8"})

@@ -78,3 +78,49 @@ def test_missing_required_table_and_key(tmp_path):
 def test_extra_must_give_every_swept_parameter(tmp_path):
     message = error(tmp_path, spec_text() + '\n[[extra]]\ndtype = "fp16"\n')
     assert "[[extra]] #1" in message and "BLOCK" in message
+
+
+TUNE = '''
+[tune]
+harness = "tk/scale_tune.py"
+shape_args = ["n"]
+shapes = [[1000], [1000000]]
+'''
+HARNESS = "def problem(shape, types, device):\n    pass\n\n\ndef grid(shape, config):\n    pass\n"
+
+
+def load_tuned(tmp_path, tune_text, harness=HARNESS):
+    root = make_project(tmp_path, specs={"s": spec_text() + tune_text},
+                        kernels={"scale": kernel_text(), "scale_tune": harness})
+    return load_spec(root / "specs" / "s.toml", root)
+
+
+def test_tune_table_loads(tmp_path):
+    spec = load_tuned(tmp_path, TUNE)
+    assert spec.tune.shape_args == ("n",) and spec.tune.shapes == ((1000,), (1000000,))
+    assert spec.tune.harness == "tk/scale_tune.py"
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (('"tk/scale_tune.py"', '"tk/nope.py"'), ["[tune] harness", "tk/nope.py", "does not exist"]),
+    (('shape_args = ["n"]', 'shape_args = ["x_ptr"]'), ["[tune] shape_args", "'x_ptr'", "integer runtime arguments: n"]),
+    (('shape_args = ["n"]', 'shape_args = []'), ["[tune] shape_args", "non-empty"]),
+    (('[[1000], [1000000]]', '[]'), ["[tune] shapes", "non-empty"]),
+    (('[[1000], [1000000]]', '[[1000], [0]]'), ["[tune] shapes", "[0]", "positive integers (n)"]),
+    (('[[1000], [1000000]]', '[[1000, 2]]'), ["[tune] shapes", "[1000, 2]", "1 positive integers"]),
+    (('[[1000], [1000000]]', '[[1000], [1000]]'), ["[tune] shapes", "listed twice"]),
+    (('[[1000], [1000000]]', '[1000]'), ["[tune] shapes", "[tune] shapes: got 1000"]),
+    (('shapes =', 'shape ='), ["[tune] unknown key 'shape'"]),
+])
+def test_bad_tune_table_names_the_key(tmp_path, edit, expected):
+    old, new = edit
+    assert old in TUNE
+    with pytest.raises(SpecError) as e:
+        load_tuned(tmp_path, TUNE.replace(old, new, 1))
+    for part in ["specs/s.toml", *expected]:
+        assert part in str(e.value), (part, str(e.value))
+
+
+def test_tune_harness_must_define_problem_and_grid(tmp_path):
+    with pytest.raises(SpecError, match=r"harness: tk/scale_tune.py must define problem, grid; missing grid"):
+        load_tuned(tmp_path, TUNE, harness="def problem(shape, types, device):\n    pass\n")

@@ -104,11 +104,12 @@ class Bundle:
         check_table(table, f"{self.path}: {info.get('path')}")
         return table
 
-    def find_for_shape(self, kernel: str, shape: dict[str, int]) -> tuple[dict, str]:
-        """(artifact, why) of the config the tuning table picks for `shape` (arg name -> size)."""
+    def find_for_shape(self, kernel: str, shape: dict[str, int], where: dict | None = None) -> tuple[dict, str]:
+        """(artifact, why) of the config the tuning table picks for `shape` (arg name -> size), among the
+        configs with the `where` values (e.g. {"dtype": "bf16"}) when the table ranks several kinds."""
         from .select import choose
         entries = {e.get("config_id"): e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel}
-        config_id, why = choose(self.tuned(kernel), shape, entries)
+        config_id, why = choose(self.tuned(kernel), shape, entries, where)
         return self.find(kernel, config_id), why
 
     def load(self, kernel: str, config: dict | str | None = None):

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import sys
+from pathlib import Path
 
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
@@ -43,3 +46,60 @@ def _cuda_capability(device: int) -> tuple[int, int]:
             or cu.cuDeviceGetAttribute(ctypes.byref(minor), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)):
         raise DeviceError(f"CUDA device {device} is not usable (cuInit/cuDeviceGet failed)")
     return major.value, minor.value
+
+
+def identity(device: int = 0) -> dict:
+    """What a tuning result depends on: the GPU's vendor, name, arch and driver version (no torch, no compiler).
+
+    Run it in a child process (`python -m rules.runtime.device`) from a process that must not create a GPU
+    context before it forks.
+    """
+    if os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl"):
+        return _amd_identity(device)
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise DeviceError("no GPU here: neither libcuda.so.1 nor /dev/kfd (tuning needs a GPU of the arch)") from None
+    major, minor = _cuda_capability(device)
+    dev, version, name = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(256)
+    if cu.cuDeviceGet(ctypes.byref(dev), device) or cu.cuDeviceGetName(name, 256, dev) \
+            or cu.cuDriverGetVersion(ctypes.byref(version)):
+        raise DeviceError(f"CUDA device {device}: cannot read its name or the driver version")
+    return {"vendor": "nvidia", "name": name.value.decode(), "archs": cuda_archs(major, minor),
+            "driver": _nvidia_driver_release() or str(version.value)}
+
+
+def _nvidia_driver_release() -> str | None:
+    """The kernel driver's release (e.g. 580.159.04): finer than cuDriverGetVersion's CUDA API level."""
+    return _read("/sys/module/nvidia/version")
+
+
+def _amd_identity(device: int) -> dict:
+    """From the KFD topology in sysfs: GPU nodes have a non-zero gfx_target_version (e.g. 90402 = gfx942)."""
+    gpus = []
+    for node in sorted(Path("/sys/class/kfd/kfd/topology/nodes").glob("*"), key=lambda p: int(p.name)):
+        props = dict(line.split(" ", 1) for line in (node / "properties").read_text().splitlines() if " " in line)
+        version = int(props.get("gfx_target_version", "0"))
+        if version:
+            name = (node / "name").read_text().strip() if (node / "name").exists() else "AMD GPU"
+            gfx = f"gfx{version // 10000}{(version // 100) % 100:x}{version % 100:x}"
+            gpus.append({"vendor": "amd", "name": name, "archs": [gfx],
+                         "driver": _read("/sys/module/amdgpu/version") or "unknown"})
+    if device >= len(gpus):
+        raise DeviceError(f"AMD GPU {device} not found in the KFD topology ({len(gpus)} GPUs)")
+    return gpus[device]
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(identity(int(sys.argv[1]) if len(sys.argv) > 1 else 0), sort_keys=True))
+    except DeviceError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(1)

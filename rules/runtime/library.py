@@ -31,13 +31,15 @@ class Library:
     def bundles(self) -> list[Bundle]:
         return [self._open(p) for p in self._paths]
 
-    def load_for_shape(self, kernel: str, shape: dict[str, int], *, device: int = 0, arch: str | None = None):
-        """The kernel in the config its bundle's tuning table picks for `shape` (arg name -> size)."""
+    def load_for_shape(self, kernel: str, shape: dict[str, int], where: dict | None = None, *, device: int = 0,
+                       arch: str | None = None):
+        """The kernel in the config its bundle's tuning table picks for `shape` (arg name -> size) and the
+        `where` values (e.g. {"dtype": "bf16"})."""
         described, archs = (arch, [arch]) if arch else runnable_archs(device)
         bundles = self.bundles_for(archs)
         if not bundles:
             raise NoMatchingKernel(f"no bundle for {described} (it runs {', '.join(archs)})")
-        entry, _ = bundles[0].find_for_shape(kernel, shape)
+        entry, _ = bundles[0].find_for_shape(kernel, shape, where)
         return bundles[0].kernel(entry)
 
     def bundles_for(self, archs: list[str]) -> list[Bundle]:

@@ -8,6 +8,7 @@ the shape (its binary's divisibility promises). Nothing that can: a clear error.
 """
 from __future__ import annotations
 
+import json
 import math
 
 TABLE_FORMAT = "kforge-tune-1"
@@ -34,14 +35,19 @@ def handles(entry: dict, shape: dict[str, int]) -> bool:
     return all(shape[name] % 16 == 0 for name in entry.get("divisible_by_16", ()) if name in shape)
 
 
-def choose(table: dict, shape: dict[str, int], entries: dict[str, dict]) -> tuple[str, str]:
-    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id."""
+def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
+           where: dict | None = None) -> tuple[str, str]:
+    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id.
+
+    `where` gives the values the caller's data fixes (e.g. {"dtype": "bf16"}): a table ranks each
+    separately, and one kind is never handed another's config.
+    """
     args = table["shape_args"]
     missing = [a for a in args if a not in shape]
     if missing:
         raise NoTunedConfig(f"{table.get('kernel')}: the shape needs {args}; missing {missing}")
     wanted = [shape[a] for a in args]
-    tuned = sorted(table["shapes"], key=lambda s: distance(s["shape"], wanted))
+    tuned = sorted(_rows_for(table, where or {}), key=lambda s: distance(s["shape"], wanted))
     for s in tuned:
         for rank, row in enumerate(s["ranking"]):
             entry = entries.get(row["config_id"])
@@ -52,3 +58,15 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict]) -> tupl
     tried = ", ".join(str(s["shape"]) for s in tuned) or "none"
     raise NoTunedConfig(f"{table.get('kernel')} {dict(zip(args, wanted))}: no ranked config can handle this shape "
                         f"(tuned shapes: {tried}); sizes must meet the configs' divisibility (16) promises")
+
+
+def _rows_for(table: dict, where: dict) -> list[dict]:
+    rows = [s for s in table["shapes"] if all(s.get("where", {}).get(k) == v for k, v in where.items())]
+    kinds = sorted({json.dumps(s.get("where", {}), sort_keys=True) for s in rows})
+    if not rows:
+        have = sorted({json.dumps(s.get("where", {}), sort_keys=True) for s in table["shapes"]})
+        raise NoTunedConfig(f"{table.get('kernel')}: nothing tuned where {where}; the table has: {', '.join(have)}")
+    if len(kinds) > 1:
+        raise NoTunedConfig(f"{table.get('kernel')} is ranked separately for each of {', '.join(kinds)}: "
+                            f"say which with where=, e.g. where={kinds[0]}")
+    return rows

@@ -1,0 +1,132 @@
+"""`doit tune`: one task per (family with a [tune] table, arch), run on a GPU of that arch; not a default task.
+
+The task runs rules/tuner.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
+holds the current tuning key: a digest of the family's built artifacts (their sha256), the shape list,
+the harness and tuner code, and the GPU (name, arch, driver). Anything else (a touch, a rebuilt but
+identical binary, another checkout) keeps the table.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from rules import sources
+from rules.archs import ARCHS
+from rules.targets import Target
+
+TUNE_SCHEMA = 1
+RULES = Path(__file__).resolve().parent
+TUNER_FILES = (RULES / "tuner.py", RULES / "runtime" / "launch.py", RULES / "runtime" / "select.py")
+
+
+def table_path(root: Path, arch: str, kernel: str) -> Path:
+    return root / "out" / "tune" / arch / f"{kernel}.json"
+
+
+def local_vendors() -> set[str]:
+    """Vendors whose GPU driver is present, from device nodes alone: no driver call at task creation, so
+    `doit tune` on an NVIDIA machine makes no tasks for AMD archs (and the other way round)."""
+    found = {"nvidia"} if os.path.exists("/dev/nvidiactl") else set()
+    if os.path.exists("/dev/kfd"):
+        found.add("amd")
+    return found
+
+
+def tune_tasks(specs: list, targets: list[Target], root: str) -> Iterator[dict]:
+    yield {"basename": "tune", "name": None,
+           "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
+    vendors = local_vendors()
+    for spec in specs:
+        if spec.tune is None:
+            continue
+        archs = sorted({t.arch for t in targets if t.kernel == spec.name})
+        for arch in archs:
+            if vendors and ARCHS[arch].vendor not in vendors:
+                continue
+            mine = [t for t in targets if t.kernel == spec.name and t.arch == arch]
+            yield {
+                "basename": "tune",
+                "name": f"{spec.name}@{arch}",
+                "doc": f"tune {spec.name} for {arch} on {len(spec.tune.shapes)} shapes (needs a {arch} GPU)",
+                "actions": [(run_tuning, [spec, arch, mine, root])],
+                "task_dep": [t.name for t in mine],
+                "uptodate": [(is_current, [spec, arch, mine, root])],
+                "targets": [str(table_path(Path(root), arch, spec.name))],
+                "clean": [(remove, [spec, arch, root])],
+                "meta": {"after_failed_deps": True},   # tune what did build; the rest is reported failed
+                "verbosity": 2,
+            }
+
+
+def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
+    """What a tuning table depends on. The artifacts count by their binaries' sha256: a rebuild that gives
+    the same bytes keeps the table, any changed binary (or one more or one fewer config) re-tunes."""
+    built = sorted((t.config_id, sha) for t in targets if (sha := _built_sha256(t)) is not None)
+    harness = sources.local_closure(root / spec.tune.harness, root)
+    payload = {"schema": TUNE_SCHEMA, "kernel": spec.name, "arch": arch, "artifacts": built,
+               "shape_args": spec.tune.shape_args, "shapes": spec.tune.shapes,
+               "harness": [(str(p.relative_to(root.resolve())), _sha256(p)) for p in harness], "tuner": [_sha256(f) for f in TUNER_FILES], "gpu": gpu}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def _built_sha256(t: Target) -> str | None:
+    try:
+        meta = json.loads(Path(t.meta_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return meta.get("sha256") if isinstance(meta, dict) and meta.get("key") == t.key else None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_identity(root: str) -> dict:
+    """The local GPU, asked in a child process: doit's own process must not create a GPU context before
+    it forks its workers. Raises RuntimeError with the child's message when there is no usable GPU."""
+    proc = subprocess.run([sys.executable, "-m", "rules.runtime.device"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip() or f"rules.runtime.device exited with {proc.returncode}")
+    return json.loads(proc.stdout)
+
+
+def is_current(spec, arch: str, targets: list[Target], root: str) -> bool:
+    try:
+        table = json.loads(table_path(Path(root), arch, spec.name).read_bytes())
+        return table.get("key") == tuning_key(spec, arch, targets, Path(root), gpu_identity(root))
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        return False
+
+
+def run_tuning(spec, arch: str, targets: list[Target], root: str):
+    from doit.exceptions import TaskFailed
+    task = f"tune:{spec.name}@{arch}"
+    try:
+        gpu = gpu_identity(root)
+    except RuntimeError as e:
+        return TaskFailed(f"{task}: {e}")
+    if arch not in gpu["archs"]:
+        return TaskFailed(f"{task}: this GPU is {gpu['name']} (runs {', '.join(gpu['archs'])}); tune {arch} on a "
+                          f"{arch} GPU, or choose archs here: `doit tune archs={gpu['archs'][0]}`")
+    root_path = Path(root)
+    key = tuning_key(spec, arch, targets, root_path, gpu)
+    out = table_path(root_path, arch, spec.name).relative_to(root_path)
+    proc = subprocess.run([sys.executable, "-m", "rules.tuner", "--spec", spec.path, "--arch", arch,
+                           "--key", key, "--out", str(out)], cwd=root)
+    if proc.returncode != 0:
+        return TaskFailed(f"{task}: the tuner exited with {proc.returncode} (its messages are above); "
+                          f"{out} was left as it was")
+    return None
+
+
+def remove(spec, arch: str, root: str) -> None:
+    """`doit clean tune`."""
+    table_path(Path(root), arch, spec.name).unlink(missing_ok=True)

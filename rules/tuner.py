@@ -1,0 +1,181 @@
+"""The GPU half of `doit tune`: benchmark every built config of one family on its [tune] shapes, on the
+local GPU, and write the ranking to out/tune/<arch>/<kernel>.json.
+
+Runs as its own process (`python -m rules.tuner`, started by rules/tune.py): the only kforge process that
+imports torch for tuning. Kernels are launched from their checked artifacts through the runtime loader,
+exactly as an application would run them. Each config must reproduce torch's result on the shape before
+its time counts.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rules import artifact, sources
+from rules.runtime.device import identity
+from rules.runtime.launch import TORCH_DTYPES, Kernel
+from rules.runtime.select import TABLE_FORMAT, handles
+from rules.spec import load_spec
+from rules.targets import spec_targets
+
+WARMUP = 3
+BUDGET_MS = 25.0                 # GPU time spent timing one config on one shape...
+MIN_RUNS, MAX_RUNS = 7, 100      # ...within these bounds
+BATCH = 25                       # launches queued behind one GPU sleep
+SLEEP_CYCLES_PER_LAUNCH = 100_000  # > the CPU time to queue one launch and its two events (~50 us)
+ROTATE_BYTES_OVER_L2 = 2         # input copies rotated so one launch's data left L2 before it runs again
+MAX_COPIES = 64
+
+
+def median_us(launch, copies: int) -> tuple[float, int]:
+    """(median GPU time of launch(i) in microseconds, runs timed). launch(i) queues one run on copy
+    i % copies. Each batch is queued behind a GPU sleep, so the events time the kernel alone, not the
+    CPU's launch overhead; the copies make consecutive runs read different memory."""
+    import torch
+    for i in range(WARMUP):
+        launch(i % copies)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    launch(0)
+    torch.cuda.synchronize()
+    estimate_ms = (time.perf_counter() - start) * 1e3
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, BUDGET_MS / max(estimate_ms, 1e-3))))
+    times: list[float] = []
+    for first in range(0, runs, BATCH):
+        n = min(BATCH, runs - first)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        torch.cuda._sleep(SLEEP_CYCLES_PER_LAUNCH * n)
+        for j, (begin, end) in enumerate(events):
+            begin.record()
+            launch((first + j) % copies)
+            end.record()
+        torch.cuda.synchronize()
+        times += [begin.elapsed_time(end) * 1e3 for begin, end in events]
+    return statistics.median(times), runs
+
+
+def copies_needed(problem: dict) -> int:
+    """How many input sets to rotate through so that consecutive runs of a small shape miss in L2."""
+    import torch
+    tensors = [v for v in problem["args"].values() if isinstance(v, torch.Tensor)]
+    size = sum(t.numel() * t.element_size() for t in tensors) or 1
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    return max(1, min(MAX_COPIES, math.ceil(ROTATE_BYTES_OVER_L2 * l2 / size)))
+
+
+def check_result(problem: dict, want) -> str | None:
+    """None when the output matches torch's result `want` within the problem's tolerance, else why not."""
+    got = problem["output"].float()
+    err = (got - want).abs()
+    bad = err > problem["atol"] + problem["rtol"] * want.abs()
+    if bool(bad.any()) or not bool(got.isfinite().all()):
+        return f"wrong result: max abs error {float(err.max()):.3g}, {int(bad.sum())} of {bad.numel()} values off"
+    return None
+
+
+def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict:
+    """One tuned shape: every config's median time, fastest first, and the configs that may not win."""
+    import torch
+    types = {name: getattr(torch, TORCH_DTYPES[value].split(".")[1]) for name, value in where.items()}
+    problems = [harness.problem(shape, types, device)]
+    problems += [harness.problem(shape, types, device) for _ in range(copies_needed(problems[0]) - 1)]
+    expected = problems[0]["reference"]()
+    ranking, rejected = [], []
+    for kernel in kernels:
+        entry = kernel.entry
+        if not handles(entry, shape):
+            rejected.append({"config_id": entry["config_id"], "why": "its divisibility promises exclude this shape"})
+            continue
+        grid = harness.grid(shape, entry["config"])
+        order = [a["name"] for a in entry["signature"]]
+        arg_lists = [[p["args"][name] for name in order] for p in problems]
+        launch = lambda i: kernel(grid, *arg_lists[i])
+        try:
+            problems[0]["output"].fill_(float("nan"))
+            launch(0)
+            torch.cuda.synchronize()
+            wrong = check_result(problems[0], expected)
+        except Exception as e:   # a launch failure rejects this config; the GPU stays usable for the rest
+            wrong = f"launch failed: {e}"
+        if wrong:
+            rejected.append({"config_id": entry["config_id"], "why": wrong})
+            continue
+        us, runs = median_us(launch, len(problems))
+        ranking.append({"config_id": entry["config_id"], "us": round(us, 3), "runs": runs})
+    ranking.sort(key=lambda r: r["us"])
+    return {"shape": list(shape.values()), "where": where, "copies": len(problems), "ranking": ranking,
+            "rejected": rejected}
+
+
+def load_kernels(spec, arch: str, root: Path) -> list:
+    """Every config of the family built for `arch` from its current key, loaded from its checked artifact."""
+    kernels = []
+    for t in spec_targets(spec, root, root / "out", (arch,)):
+        try:
+            meta, binary = artifact.load(Path(t.out_dir))
+        except artifact.ArtifactError:
+            continue   # not built (or failed): it is not in the bundle either
+        if meta.get("key") == t.key:
+            kernels.append(Kernel(meta, binary, meta["vendor"]))
+    return kernels
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--spec", required=True)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--key", required=True, help="the tuning key rules/tune.py computed (stored in the table)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    root = Path.cwd()
+    spec = load_spec(root / args.spec, root)
+    gpu = identity()
+    if args.arch not in gpu["archs"]:
+        sys.stderr.write(f"kforge: tuning {spec.name} for {args.arch} needs a GPU that runs it; this is "
+                         f"{gpu['name']} ({', '.join(gpu['archs'])})\n")
+        return 2
+    import torch
+    torch.empty(1, device="cuda")   # torch's context first: the loader then launches into the same one
+    sys.path.insert(0, str(root))
+    harness = importlib.import_module(sources.module_name(root / spec.tune.harness, root))
+    kernels = load_kernels(spec, args.arch, root)
+    if not kernels:
+        sys.stderr.write(f"kforge: no built {spec.name} artifacts for {args.arch}; build them first "
+                         f"(`doit {spec.name} archs={args.arch}`)\n")
+        return 2
+    groups: dict[tuple, list] = {}
+    for k in kernels:   # one ranking per value of the type variables (dtype): the caller's data fixes those
+        groups.setdefault(tuple((v, k.entry["config"][v]) for v in spec.type_vars), []).append(k)
+    device = torch.device("cuda", torch.cuda.current_device())
+    shapes = []
+    started = time.perf_counter()
+    for values in spec.tune.shapes:
+        shape = dict(zip(spec.tune.shape_args, values))
+        for where, mine in sorted(groups.items()):
+            result = tune_shape(harness, shape, dict(where), mine, device)
+            shapes.append(result)
+            best = result["ranking"][0] if result["ranking"] else None
+            sys.stderr.write(f"kforge: tune {spec.name}@{args.arch} {shape} {dict(where)}: "
+                             + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
+                             + f" ({len(result['rejected'])} rejected)\n")
+            torch.cuda.empty_cache()
+    table = {"format": TABLE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
+             "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),
+             "method": {"warmup": WARMUP, "budget_ms": BUDGET_MS, "runs": [MIN_RUNS, MAX_RUNS],
+                        "statistic": "median of per-launch CUDA event times, launch overhead hidden",
+                        "rotation": f"inputs rotated over >= {ROTATE_BYTES_OVER_L2}x L2"},
+             "seconds": round(time.perf_counter() - started, 1), "shapes": shapes}
+    out = root / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    artifact.atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
