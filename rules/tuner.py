@@ -31,33 +31,36 @@ BATCH = 25                       # launches queued behind one GPU sleep
 SLEEP_CYCLES_PER_LAUNCH = 100_000  # > the CPU time to queue one launch and its two events (~50 us)
 ROTATE_BYTES_OVER_L2 = 2         # input copies rotated so one launch's data left L2 before it runs again
 MAX_COPIES = 64
+GIVE_UP_OVER_BEST = 3.0          # a config whose first run is 3x the best so far is ranked by that run alone
 
 
-def median_us(launch, copies: int) -> tuple[float, int]:
+def median_us(launch, copies: int, give_up_over_us: float = math.inf) -> tuple[float, int]:
     """(median GPU time of launch(i) in microseconds, runs timed). launch(i) queues one run on copy
     i % copies. Each batch is queued behind a GPU sleep, so the events time the kernel alone, not the
-    CPU's launch overhead; the copies make consecutive runs read different memory."""
-    import torch
+    CPU's launch overhead; the copies make consecutive runs read different memory. A first run slower
+    than give_up_over_us is returned alone (runs = 1): a config that slow cannot win."""
     for i in range(WARMUP):
         launch(i % copies)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    launch(0)
-    torch.cuda.synchronize()
-    estimate_ms = (time.perf_counter() - start) * 1e3
-    runs = int(min(MAX_RUNS, max(MIN_RUNS, BUDGET_MS / max(estimate_ms, 1e-3))))
+    first_us = _timed_batch(launch, copies, 0, 1)[0]
+    if first_us > give_up_over_us:
+        return first_us, 1
+    runs = int(min(MAX_RUNS, max(MIN_RUNS, BUDGET_MS * 1e3 / max(first_us, 1e-3))))
     times: list[float] = []
     for first in range(0, runs, BATCH):
-        n = min(BATCH, runs - first)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        torch.cuda._sleep(SLEEP_CYCLES_PER_LAUNCH * n)
-        for j, (begin, end) in enumerate(events):
-            begin.record()
-            launch((first + j) % copies)
-            end.record()
-        torch.cuda.synchronize()
-        times += [begin.elapsed_time(end) * 1e3 for begin, end in events]
+        times += _timed_batch(launch, copies, first, min(BATCH, runs - first))
     return statistics.median(times), runs
+
+
+def _timed_batch(launch, copies: int, first: int, n: int) -> list[float]:
+    import torch
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    torch.cuda._sleep(SLEEP_CYCLES_PER_LAUNCH * n)
+    for j, (begin, end) in enumerate(events):
+        begin.record()
+        launch((first + j) % copies)
+        end.record()
+    torch.cuda.synchronize()
+    return [begin.elapsed_time(end) * 1e3 for begin, end in events]
 
 
 def copies_needed(problem: dict) -> int:
@@ -106,7 +109,8 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
         if wrong:
             rejected.append({"config_id": entry["config_id"], "why": wrong})
             continue
-        us, runs = median_us(launch, len(problems))
+        best = min((r["us"] for r in ranking), default=math.inf)
+        us, runs = median_us(launch, len(problems), give_up_over_us=GIVE_UP_OVER_BEST * best)
         ranking.append({"config_id": entry["config_id"], "us": round(us, 3), "runs": runs})
     ranking.sort(key=lambda r: r["us"])
     return {"shape": list(shape.values()), "where": where, "copies": len(problems), "ranking": ranking,
@@ -168,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {"format": TABLE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
              "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),
              "method": {"warmup": WARMUP, "budget_ms": BUDGET_MS, "runs": [MIN_RUNS, MAX_RUNS],
+                        "single_run_when_over_best": GIVE_UP_OVER_BEST,
                         "statistic": "median of per-launch CUDA event times, launch overhead hidden",
                         "rotation": f"inputs rotated over >= {ROTATE_BYTES_OVER_L2}x L2"},
              "seconds": round(time.perf_counter() - started, 1), "shapes": shapes}

@@ -49,7 +49,8 @@ def test_doit_tune_ranks_every_config_per_shape_and_dtype(project):
     for s in table["shapes"]:
         ids = [r["config_id"] for r in s["ranking"]]
         assert sorted(ids) == sorted(f"{s['where']['dtype']}-b{b}-w4" for b in (128, 1024)), s
-        assert all(r["us"] > 0 and r["runs"] >= 7 for r in s["ranking"]) and not s["rejected"]
+        best = s["ranking"][0]["us"]
+        assert all(r["us"] > 0 and (r["runs"] >= 7 or r["us"] > 3 * best) for r in s["ranking"]) and not s["rejected"]
         assert [r["us"] for r in s["ranking"]] == sorted(r["us"] for r in s["ranking"])
     assert "built 1" in out.stdout + out.stderr
     again = doit(project, "tune")
