@@ -1,7 +1,7 @@
 """Cold start: a fresh process's time to its first correct result, from the bundle vs through Triton's JIT.
 
 Usage (on a GPU machine, with a bundle from `doit package`):
-    python bench/cold_start.py out/dist [--kernel gemm] [--config bf16-m128n128k64-w8s3] [--repeat 5]
+    python bench/cold_start.py out/dist [--kernel gemm] [--config bf16-m128n128k64-w8s3-split1] [--repeat 5]
 
 Every run is a new Python process. In it, "setup" (the same in every mode) imports torch, makes the CUDA
 context and the inputs; then the timed "kernel part" gets the first correct result:
@@ -91,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dist")
     ap.add_argument("--kernel", default="gemm")
-    ap.add_argument("--config", default="bf16-m128n128k64-w8s3")
+    ap.add_argument("--config", default="bf16-m128n128k64-w8s3-split1")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--child", default=None)
     ap.add_argument("--json", default=None)

@@ -33,8 +33,9 @@ def check_gemm(k, c: dict):
     M, N, K = 1000, 1536, 512
     a = torch.randn(M, K, device="cuda", dtype=DT[c["dtype"]])
     b = torch.randn(K, N, device="cuda", dtype=DT[c["dtype"]])
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=a.dtype)
-    k((cdiv(M, c["BLOCK_M"]) * cdiv(N, c["BLOCK_N"]),), a, b, out, M, N, K, K, N, N)
+    split = c.get("SPLIT_K", 1)   # split-K adds into C: it starts at zero
+    out = torch.full((M, N), 0.0 if split > 1 else float("nan"), device="cuda", dtype=a.dtype)
+    k((cdiv(M, c["BLOCK_M"]) * cdiv(N, c["BLOCK_N"]), split), a, b, out, M, N, K, K, N, N)
     return rel_err(out, a.double() @ b.double()), 1e-2
 
 

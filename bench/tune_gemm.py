@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from kernels import gemm_tune  # noqa: E402
 from rules.runtime import Library  # noqa: E402
 from rules.runtime.device import runnable_archs  # noqa: E402
-from rules.tuner import check_result, copies_needed, median_us  # noqa: E402
+from rules.tuner import check_result, copies_needed, make_launch, median_us  # noqa: E402
 
 # Not in specs/gemm.toml: other M (some not 16-divisible), other model widths.
 HELD_OUT = [[m, n, k] for m in (32, 128, 512, 2048, 3000) for n, k in ((5120, 5120), (3072, 8192))]
@@ -61,10 +61,7 @@ class Runner:
         if config_id not in self.loaded:
             self.loaded[config_id] = self.bundle.load("gemm", config_id)
         kernel = self.loaded[config_id]
-        grid = gemm_tune.grid(self.shape, kernel.entry["config"])
-        order = [a["name"] for a in kernel.entry["signature"]]
-        args = [[p["args"][n] for n in order] for p in self.problems]
-        launch = lambda i: kernel(grid, *args[i])
+        launch = make_launch(gemm_tune, kernel, self.shape, self.problems)
         self.problems[0]["output"].fill_(float("nan"))
         launch(0)
         torch.cuda.synchronize()

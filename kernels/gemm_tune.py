@@ -26,4 +26,10 @@ def problem(shape: dict, types: dict, device) -> dict:
 def grid(shape: dict, config: dict) -> tuple:
     tiles_m = -(-shape["M"] // config["BLOCK_M"])
     tiles_n = -(-shape["N"] // config["BLOCK_N"])
-    return (tiles_m * tiles_n,)
+    return (tiles_m * tiles_n, config["SPLIT_K"])
+
+
+def prepare(problem: dict, config: dict) -> None:
+    """Split-K adds its partial products into C, so C starts at zero (timed with the kernel)."""
+    if config["SPLIT_K"] > 1:
+        problem["output"].zero_()

@@ -83,7 +83,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
     "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
     "tune": {
-        "harness": (str, True, "module file defining problem(shape, types, device) and grid(shape, config)"),
+        "harness": (str, True, "module file defining problem(shape, types, device) and grid(shape, config); "
+                               "optionally prepare(problem, config), run before each launch"),
         "shape_args": (list, True, "the runtime integer arguments a shape gives, e.g. ['M', 'N', 'K']"),
         "shapes": (list, True, "problem shapes to tune for: lists of positive integers, one per shape_args"),
     },

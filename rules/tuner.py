@@ -9,6 +9,7 @@ its time counts.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import math
@@ -28,7 +29,6 @@ WARMUP = 3
 BUDGET_MS = 25.0                 # GPU time spent timing one config on one shape...
 MIN_RUNS, MAX_RUNS = 7, 100      # ...within these bounds
 BATCH = 25                       # launches queued behind one GPU sleep
-SLEEP_CYCLES_PER_LAUNCH = 100_000  # > the CPU time to queue one launch and its two events (~50 us)
 ROTATE_BYTES_OVER_L2 = 2         # input copies rotated so one launch's data left L2 before it runs again
 MAX_COPIES = 64
 GIVE_UP_OVER_BEST = 3.0          # a config whose first run is 3x the best so far is ranked by that run alone
@@ -52,15 +52,50 @@ def median_us(launch, copies: int, give_up_over_us: float = math.inf) -> tuple[f
 
 
 def _timed_batch(launch, copies: int, first: int, n: int) -> list[float]:
+    """Per-launch GPU times of n launches queued behind one GPU sleep that outlasts queueing them, so no
+    CPU launch overhead is in the times. If the GPU woke first anyway (a slow moment on the CPU), the
+    batch is redone with a sleep sized from what queueing it took."""
     import torch
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    torch.cuda._sleep(SLEEP_CYCLES_PER_LAUNCH * n)
-    for j, (begin, end) in enumerate(events):
+    clock = _clock()
+    for _ in range(5):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        awake = torch.cuda.Event()
+        gc.disable()   # a collection mid-batch would stall the queueing
+        try:
+            torch.cuda._sleep(int((2 * n * _queue_us["per_launch"] + 20) * clock))
+            awake.record()
+            start = time.perf_counter()
+            for j, (begin, end) in enumerate(events):
+                begin.record()
+                launch((first + j) % copies)
+                end.record()
+            queued_us = (time.perf_counter() - start) * 1e6 / n
+            woke_early = awake.query()
+        finally:
+            gc.enable()
+        torch.cuda.synchronize()
+        _queue_us["per_launch"] = max(queued_us, 0.8 * _queue_us["per_launch"])
+        if not woke_early:
+            return [begin.elapsed_time(end) * 1e3 for begin, end in events]
+    raise RuntimeError("could not queue a batch of launches behind a GPU sleep; is the CPU overloaded?")
+
+
+_queue_us = {"per_launch": 100.0}   # CPU time to queue one launch and its events, as last measured
+_clock_cycles_per_us: list[float] = []
+
+
+def _clock() -> float:
+    """GPU clock cycles per microsecond as torch.cuda._sleep counts them, measured once."""
+    import torch
+    if not _clock_cycles_per_us:
+        cycles = 20_000_000
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        launch((first + j) % copies)
+        torch.cuda._sleep(cycles)
         end.record()
-    torch.cuda.synchronize()
-    return [begin.elapsed_time(end) * 1e3 for begin, end in events]
+        torch.cuda.synchronize()
+        _clock_cycles_per_us.append(cycles / (begin.elapsed_time(end) * 1e3))
+    return _clock_cycles_per_us[0]
 
 
 def copies_needed(problem: dict) -> int:
@@ -82,6 +117,22 @@ def check_result(problem: dict, want) -> str | None:
     return None
 
 
+def make_launch(harness, kernel, shape: dict, problems: list[dict]):
+    """launch(i): one run of the loaded kernel on problems[i], after the harness's prepare (e.g. zeroing an
+    output that split-K accumulates into), which is then part of what is timed, as callers pay it too."""
+    config = kernel.entry["config"]
+    grid = harness.grid(shape, config)
+    order = [a["name"] for a in kernel.entry["signature"]]
+    arg_lists = [[p["args"][name] for name in order] for p in problems]
+    prepare = getattr(harness, "prepare", None)
+
+    def launch(i: int) -> None:
+        if prepare is not None:
+            prepare(problems[i], config)
+        kernel(grid, *arg_lists[i])
+    return launch
+
+
 def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict:
     """One tuned shape: every config's median time, fastest first, and the configs that may not win."""
     import torch
@@ -95,10 +146,7 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
         if not handles(entry, shape):
             rejected.append({"config_id": entry["config_id"], "why": "its divisibility promises exclude this shape"})
             continue
-        grid = harness.grid(shape, entry["config"])
-        order = [a["name"] for a in entry["signature"]]
-        arg_lists = [[p["args"][name] for name in order] for p in problems]
-        launch = lambda i: kernel(grid, *arg_lists[i])
+        launch = make_launch(harness, kernel, shape, problems)
         try:
             problems[0]["output"].fill_(float("nan"))
             launch(0)
@@ -162,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     for values in spec.tune.shapes:
         shape = dict(zip(spec.tune.shape_args, values))
         for where, mine in sorted(groups.items()):
+            began = time.perf_counter()
             result = tune_shape(harness, shape, dict(where), mine, device)
             shapes.append(result)
             best = result["ranking"][0] if result["ranking"] else None
             sys.stderr.write(f"kforge: tune {spec.name}@{args.arch} {shape} {dict(where)}: "
                              + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
-                             + f" ({len(result['rejected'])} rejected)\n")
+                             + f" ({len(result['rejected'])} rejected, {time.perf_counter() - began:.1f} s)\n")
             torch.cuda.empty_cache()
     table = {"format": TABLE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
              "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 from rules.runtime import Library  # noqa: E402
 
 DIST = Path(os.environ.get("KFORGE_DIST", Path(__file__).resolve().parents[1] / "out" / "dist"))
-CONFIG = "bf16-m128n128k64-w8s3"
+CONFIG = "bf16-m128n128k64-w8s3-split1"
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ Importable without doit, Triton, FlyDSL or torch, and self-contained (relative i
 `doit package` copies this package into every bundle wheel, so an application needs only the wheel.
 
     lib = Library("out/dist")                          # or a wheel, or an installed bundle's directory
-    gemm = lib.load("gemm", {"dtype": "bf16", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64})
+    gemm = lib.load("gemm", "bf16-m128n128k64-w8s3-split1")   # a config id, or a dict of config values
     gemm(grid, a, b, c, M, N, K, K, N, N, stream=torch.cuda.current_stream().cuda_stream)
 """
 import importlib
