@@ -57,3 +57,17 @@ def test_a_table_of_several_kinds_needs_where():
         choose(PER_DTYPE, shape(64, 64, 64), PER_DTYPE_ENTRIES)
     with pytest.raises(NoTunedConfig, match=r"nothing tuned where \{'dtype': 'fp8'\}"):
         choose(PER_DTYPE, shape(64, 64, 64), PER_DTYPE_ENTRIES, {"dtype": "fp8"})
+
+
+def test_between_equally_near_tuned_shapes_the_config_good_on_both_wins():
+    table = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [
+        {"shape": [256, 4096, 4096], "ranking": [{"config_id": "small", "us": 10.0}, {"config_id": "both", "us": 11.0},
+                                                {"config_id": "big", "us": 30.0}]},
+        {"shape": [1024, 4096, 4096], "ranking": [{"config_id": "big", "us": 20.0}, {"config_id": "both", "us": 21.0},
+                                                 {"config_id": "small", "us": 50.0}]}]}
+    entries = {"small": {}, "both": {}, "big": {}}
+    config, why = choose(table, shape(512, 4096, 4096), entries)   # log2 distance 1 to each
+    assert config == "both" and "equally near tuned shapes [256, 4096, 4096], [1024, 4096, 4096]" in why
+    assert choose(table, shape(300, 4096, 4096), entries)[0] == "small"   # nearer to 256: its winner
+    only_big = {"big": {}, "small": {"divisible_by_16": ["K"]}, "both": {"divisible_by_16": ["K"]}}
+    assert choose(table, shape(512, 4096, 4100), only_big)[0] == "big"   # the others cannot handle K=4100

@@ -4,7 +4,8 @@ A table (out/tune/<arch>/<kernel>.json, written by tuning on a GPU and shipped i
 configs measured on each tuned shape. For a tuned shape the best config is chosen; for any other shape,
 the winner of the most similar tuned shape (L1 distance between log2 sizes, as PyTorch Inductor's
 size-hint selection does), going down its ranking and then to farther shapes while a config cannot handle
-the shape (its binary's divisibility promises). Nothing that can: a clear error.
+the shape (its binary's divisibility promises). When several tuned shapes are equally near, the config
+closest to each one's best across them. Nothing that can: a clear error.
 """
 from __future__ import annotations
 
@@ -48,6 +49,14 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
         raise NoTunedConfig(f"{table.get('kernel')}: the shape needs {args}; missing {missing}")
     wanted = [shape[a] for a in args]
     tuned = sorted(_rows_for(table, where or {}), key=lambda s: distance(s["shape"], wanted))
+    tied = [s for s in tuned if math.isclose(distance(s["shape"], wanted), distance(tuned[0]["shape"], wanted))]
+    if len(tied) > 1:
+        pick = _best_across(tied, shape, entries)
+        if pick is not None:
+            config_id, slowdown = pick
+            return config_id, (f"equally near tuned shapes {', '.join(str(s['shape']) for s in tied)} (log2 L1 "
+                               f"distance {distance(tied[0]['shape'], wanted):.2f}): the config closest to each "
+                               f"one's best across them ({slowdown:.2f}x their best, geometric mean)")
     for s in tuned:
         for rank, row in enumerate(s["ranking"]):
             entry = entries.get(row["config_id"])
@@ -58,6 +67,18 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
     tried = ", ".join(str(s["shape"]) for s in tuned) or "none"
     raise NoTunedConfig(f"{table.get('kernel')} {dict(zip(args, wanted))}: no ranked config can handle this shape "
                         f"(tuned shapes: {tried}); sizes must meet the configs' divisibility (16) promises")
+
+
+def _best_across(rows: list[dict], shape: dict[str, int], entries: dict[str, dict]) -> tuple[str, float] | None:
+    """Between equally near tuned shapes (a shape half-way in log2 between two tuned ones), neither's
+    specialist: the config ranked on all of them with the least geometric-mean slowdown to each one's best."""
+    times = [{r["config_id"]: r["us"] for r in s["ranking"]} for s in rows]
+    common = [c for c in times[0] if all(c in t for t in times) and c in entries and handles(entries[c], shape)]
+    if not common:
+        return None
+    slowdown = {c: math.exp(sum(math.log(t[c] / min(t.values())) for t in times) / len(times)) for c in common}
+    best = min(common, key=slowdown.get)
+    return best, slowdown[best]
 
 
 def _rows_for(table: dict, where: dict) -> list[dict]:
