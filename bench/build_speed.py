@@ -1,6 +1,7 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
-Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--archs sm_90a,gfx942] [--specs 'fly_*'] [--json out.json]
+Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
+       [--json out.json]
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
@@ -14,6 +15,7 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import shutil
 import subprocess
 import sys
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--archs", default=None)
     ap.add_argument("--specs", default="*", help="glob of spec names to build, e.g. 'fly_*'")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--repeat", type=int, default=1, help="repetitions, alternating the order of the modes")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()
@@ -92,35 +95,57 @@ def main() -> None:
         print(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
+    runs = [("doit", n) for n in a.jobs] + [("pool", n) for n in a.pool]
     rows = []
-    for n in a.jobs:
-        project = fresh_copy(work / f"doit-n{n}", a.specs)
-        extra = [f"archs={a.archs}"] if a.archs else []
-        families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
-        seconds = run_doit(project, "-n", str(n), *extra, *families)
-        counts = report_counts(project)
-        rows.append({"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": counts["built"],
-                     "failed": counts["failed"]})
-        print(f"doit -n {n}: {seconds:.1f} s, {counts}", flush=True)
-    for n in a.pool:
-        project = fresh_copy(work / f"pool-{n}", a.specs)
-        seconds, ok = time_pool(project, n, a.archs)
-        rows.append({"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0})
-        print(f"pool {n}: {seconds:.1f} s, {ok} compiled", flush=True)
-    base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
-    print(f"\nmachine: {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
-    print("| mode | targets | wall s | targets/s | speedup vs -n 1 | speedup / N | vs pool at same N |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
-        speed = base / r["seconds"] if base else None
-        vs_pool = (pool["seconds"] / r["seconds"]) if pool and r["mode"].startswith("doit") else None
-        fmt = lambda x, f: f.format(x) if x is not None else "-"
-        print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
-              f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
-              f"{fmt(vs_pool, '{:.2f}')} |")
+    for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
+        for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
+            row = run_doit_mode(work, n, a) if kind == "doit" else run_pool_mode(work, n, a)
+            row["repetition"] = rep + 1
+            rows.append(row)
+            print(f"{row['mode']} (repetition {rep + 1}): {row['seconds']:.1f} s, {row['targets']} built", flush=True)
+    print_table(rows)
     if a.json:
         Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
+
+
+def run_doit_mode(work: Path, n: int, a) -> dict:
+    project = fresh_copy(work / f"doit-n{n}", a.specs)
+    extra = [f"archs={a.archs}"] if a.archs else []
+    families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
+    seconds = run_doit(project, "-n", str(n), *extra, *families)
+    counts = report_counts(project)
+    return {"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": counts["built"], "failed": counts["failed"]}
+
+
+def run_pool_mode(work: Path, n: int, a) -> dict:
+    project = fresh_copy(work / f"pool-{n}", a.specs)
+    seconds, ok = time_pool(project, n, a.archs)
+    return {"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0}
+
+
+def print_table(all_rows: list[dict]) -> None:
+    """One table per repetition, then the median of each ratio over the repetitions."""
+    ratios: dict[str, list[float]] = {}
+    for rep in sorted({r["repetition"] for r in all_rows}):
+        rows = [r for r in all_rows if r["repetition"] == rep]
+        base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
+        print(f"\nrepetition {rep} on {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+        print("| mode | targets | wall s | targets/s | speedup vs -n 1 | speedup / N | vs pool at same N |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
+            speed = base / r["seconds"] if base else None
+            vs_pool = (pool["seconds"] / r["seconds"]) if pool and r["mode"].startswith("doit") else None
+            if speed and r["mode"].startswith("doit"):
+                ratios.setdefault(f"{r['mode']} speedup / N", []).append(speed / r["n"])
+            if vs_pool:
+                ratios.setdefault(f"{r['mode']} vs pool", []).append(vs_pool)
+            fmt = lambda x, f: f.format(x) if x is not None else "-"
+            print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
+                  f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
+                  f"{fmt(vs_pool, '{:.2f}')} |")
+    for name, values in ratios.items():
+        print(f"{name}: {', '.join(f'{v:.2f}' for v in values)}; median {statistics.median(values):.2f}")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,29 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     return values
 
 
+def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
+    """Run in the doit master before `doit -n N` forks: import the compiler of the local compiles that will
+    run, once, so that the N workers inherit it (Triton: 0.5 s of import and toolchain hash each, measured
+    on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast."""
+    seen, todo, toolchains = set(), list(selected), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen.add(name)
+        todo += tasks[name].task_dep
+        compile_info = (tasks[name].meta or {}).get("kforge_compile")
+        if compile_info and compile_info["runs_here"]:
+            toolchains.add(compile_info["toolchain"])
+    for toolchain in sorted(toolchains):
+        backend = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
+        if getattr(backend, "WARM_BEFORE_FORK", False):
+            try:
+                backend.warm(root)
+            except Exception:   # each target reports an unusable toolchain itself, by name
+                pass
+
+
 def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
     """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
     backend = importlib.import_module(TOOLCHAIN_MODULES[target.toolchain])

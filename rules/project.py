@@ -1,6 +1,7 @@
 """The glue dodo.py calls: find specs, choose archs from the command line, configure doit."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -9,9 +10,9 @@ from pathlib import Path
 from doit import get_var
 
 from rules import artifact, remote_cache, report
-from rules.doit_commands import run_after_failed_deps
+from rules.doit_commands import before_workers_fork, run_after_failed_deps
 from rules.archs import parse_arch_list
-from rules.build import timeout_from_env
+from rules.build import timeout_from_env, warm_before_fork
 from rules.dask_executor import scheduler_address
 from rules.spec import SpecError, load_spec
 from rules.targets import build_targets
@@ -36,6 +37,7 @@ def doit_config(root: Path, families: list[str]) -> dict:
     reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
     _sigterm_as_interrupt()
     run_after_failed_deps()
+    before_workers_fork(functools.partial(warm_before_fork, root=str(root)))
     return {
         "backend": "sqlite3",
         "dep_file": str(out / ".doit.sqlite3"),

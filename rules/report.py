@@ -11,7 +11,7 @@ from doit.reporter import ConsoleReporter
 from rules.artifact import atomic_write
 
 ERROR_LINES = 6
-REPORTED_VALUES = ("from_cache", "compiled_on")   # copied from a target's result into its report record
+REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
 
 
 class BuildReporter(ConsoleReporter):
@@ -27,6 +27,7 @@ class BuildReporter(ConsoleReporter):
         self.packages: dict[str, dict] = {}   # `doit package` bundles, reported apart from the targets
         self.warnings: list[str] = []         # e.g. from the remote cache, each shown once
         self.begun: dict[str, float] = {}
+        self.failed = 0
 
     def initialize(self, tasks, selected_tasks):
         todo, seen = list(selected_tasks), set()
@@ -40,7 +41,7 @@ class BuildReporter(ConsoleReporter):
         self.write(f"kforge: {self.total} targets selected\n")
 
     def execute_task(self, task):
-        self.begun[task.name] = time.monotonic()
+        self.begun[task.name] = time.monotonic()   # when doit hands the task to a worker
 
     def skip_uptodate(self, task):
         if _is_package(task):
@@ -63,8 +64,10 @@ class BuildReporter(ConsoleReporter):
         self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
 
     def _finish(self, task, status: str, error: str, extra: dict | None = None) -> None:
-        seconds = time.monotonic() - self.begun.pop(task.name, time.monotonic())
-        record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {})}
+        begun = self.begun.pop(task.name, time.monotonic())
+        seconds = time.monotonic() - begun
+        record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {}),
+                  "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
         if error:
             record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
         if _is_package(task):
@@ -72,12 +75,12 @@ class BuildReporter(ConsoleReporter):
             self.write(f"{task.name} {status} {seconds:.2f}s\n")
             return
         self.records[task.name] = record
-        failed = sum(1 for r in self.records.values() if r["status"] == "failed")
+        self.failed += status == "failed"
         first = [line.strip() for line in error.splitlines() if line.strip().startswith("error:")][:1]
         detail = f"  {first[0]}" if first else ""
         label = "cached" if record.get("from_cache") else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
-                   f"{seconds:.2f}s  (failed so far: {failed}){detail}\n")
+                   f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
@@ -113,10 +116,11 @@ class BuildReporter(ConsoleReporter):
 def _record_json(record: dict) -> str:
     """json.dumps(record), written directly for the common error-free record: json.dumps builds a new
     encoder per call, which is most of a no-op run's report time at thousands of targets."""
-    if record.keys() != {"name", "status", "seconds"}:
+    if record.keys() - {"start"} != {"name", "status", "seconds"}:
         return json.dumps(record)
+    start = f', "start": {float(record["start"])!r}' if "start" in record else ""
     return (f'{{"name": {encode_basestring_ascii(record["name"])}, "status": "{record["status"]}", '
-            f'"seconds": {float(record["seconds"])!r}}}')
+            f'"seconds": {float(record["seconds"])!r}{start}}}')
 
 
 def _is_package(task) -> bool:

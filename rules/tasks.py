@@ -18,6 +18,7 @@ def family_tasks(family: str, description: str, targets: list[Target], root: str
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
                  executor: str | None = None) -> dict:
+    current = built.is_current(t.meta_path, t.key)
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
@@ -27,8 +28,9 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
         # Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are
         # content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing,
         # and a killed run's finished artifacts count even though doit's DB was never written.
-        "uptodate": [built.is_current(t.meta_path, t.key)],
+        "uptodate": [current],
         "clean": [(artifact.remove, [t.out_dir])],
+        "meta": {"kforge_compile": {"toolchain": t.toolchain, "runs_here": not current and executor is None}},
         "verbosity": 0,
     }
 

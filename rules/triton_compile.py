@@ -13,6 +13,7 @@ from rules.runtime import elf
 
 _root = ""
 ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
+WARM_BEFORE_FORK = True    # importing Triton starts no threads: `doit -n N` imports it once, before forking
 
 
 def warm(root: str) -> None:

@@ -159,3 +159,23 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
     doit(root, "-n", "2")
     built = {n.split(":")[1].split("@")[0] for n in statuses(root, "built")}
     assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
+
+
+def test_compilers_are_imported_before_the_fork_only_for_compiles_that_will_run(monkeypatch):
+    import sys
+    import types
+    from rules import build
+    warmed = []
+    fake = types.ModuleType("fake_compile")
+    fake.WARM_BEFORE_FORK = True
+    fake.warm = warmed.append
+    monkeypatch.setitem(sys.modules, "fake_compile", fake)
+    monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
+    task = lambda deps=(), **compile_info: types.SimpleNamespace(
+        task_dep=list(deps), meta={"kforge_compile": compile_info} if compile_info else None)
+    tasks = {"fam": task(["fam:a", "fam:b"]), "fam:a": task(toolchain="fake", runs_here=False),
+             "fam:b": task(toolchain="fake", runs_here=False), "other:c": task(toolchain="fake", runs_here=True)}
+    build.warm_before_fork(tasks, ["fam"], "/root")
+    assert warmed == []   # everything selected is up to date (a no-op run imports no compiler)
+    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
+    assert warmed == ["/root"]
