@@ -3,7 +3,8 @@
 Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16, uniform random distinct experts. Each op is
 timed on every rank between barriers (host wall clock around a synchronize, median of --iters), the slowest
-rank counts. Bytes per rank: logical = rows received x row bytes (the peers' convention), NVLink = only the
+rank counts; graph-mode rows also give the GPU time per call over 50 back-to-back replays (CUDA
+events, no host synchronize per call). Bytes per rank: logical = rows received x row bytes (the peers' convention), NVLink = only the
 rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
 and payloads); the op's combine reads expert outputs written in place (expert_output()).
 """
@@ -45,6 +46,23 @@ def timed(fn, iters: int) -> float:
     return t.item()
 
 
+def timed_back_to_back(fn, calls: int = 50) -> float:
+    """GPU seconds per call of `calls` back-to-back calls (CUDA events, no host sync between): the max over
+    ranks. The op's barriers keep the ranks in step; nothing of the host's per-call overhead is timed."""
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    t = torch.tensor([begin.elapsed_time(end) / 1e3 / calls], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library) -> dict:
     cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens)
     g = torch.Generator().manual_seed(rank)
@@ -75,6 +93,9 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
         "nccl_dispatch_s": timed(lambda: reference.dispatch(x, idx, w, cfg), iters),
         "nccl_combine_s": timed(lambda: reference.combine(y, ref, tokens, cfg), iters),
     }
+    if graph:
+        results["op_dispatch_b2b_s"] = timed_back_to_back(run_dispatch)
+        results["op_combine_b2b_s"] = timed_back_to_back(run_combine)
     per_rank = torch.tensor([n * cfg.row_bytes, remote * cfg.row_bytes], dtype=torch.float64, device="cuda")
     dist.all_reduce(per_rank, op=dist.ReduceOp.AVG)
     results.update(tokens=tokens, logical_bytes=per_rank[0].item(), remote_bytes=per_rank[1].item(), graph=graph)
@@ -94,15 +115,16 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
         print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, bf16, median of {iters}; "
               f"kernels: {'bundles in ' + dist_dir if dist_dir else 'Triton JIT'}\n")
         print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
-              "kforge GB/s NVLink | NVLink % of 450 |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "kforge GB/s NVLink | NVLink % of 450 | kforge us, back-to-back graph replays (events) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             for op in ("dispatch", "combine"):
                 ours, theirs = r[f"op_{op}_s"], r[f"nccl_{op}_s"]
                 remote = r["remote_bytes"] / ours / 1e9
                 print(f"| {r['tokens']} | {'graph' if r['graph'] else 'eager'} | {op} | {ours * 1e6:.1f} | "
                       f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r['logical_bytes'] / ours / 1e9:.1f} | "
-                      f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% |")
+                      f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% | "
+                      + (f"{r[f'op_{op}_b2b_s'] * 1e6:.1f} |" if r["graph"] else "- |"))
         if out:
             Path(out).write_text(json.dumps({"world": world, "rows": rows}, indent=1))
     dist.destroy_process_group()

@@ -27,8 +27,8 @@ class Dispatched:
     topk_idx: torch.Tensor   # [R, K] int32 global expert ids, verbatim
     topk_w: torch.Tensor     # [R, K] f32 (zeros when none were sent)
     src: torch.Tensor        # [R] int32 source_rank * M + source_token
-    num_recv: torch.Tensor   # int32 scalar on the device: min(rows sent here, capacity)
-    overflow: torch.Tensor   # bool scalar on the device: more rows were sent here than fit
+    num_recv: torch.Tensor   # int32 scalar on the device: min(rows sent here, capacity) (the op's buffer)
+    overflow: torch.Tensor   # bool scalar on the device: more rows were sent here than fit (the op's buffer)
     handle: torch.Tensor     # [T, W] int32: where each of this rank's tokens landed (-1: not sent / dropped)
 
 
@@ -55,6 +55,8 @@ class EpDispatchCombine:
         self.flags, self._flag_table = self._symmetric((W,), torch.int32)
         self.flags.zero_()
         self.epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.num_recv = torch.zeros((), dtype=torch.int32, device="cuda")
+        self.overflow = torch.zeros((), dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
         dist.barrier(group=self.group)   # every rank's flags are zero before anyone signals
 
@@ -83,10 +85,10 @@ class EpDispatchCombine:
             self.kernels("ep_dispatch", config, (T,), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
                          pos, self.matrix, handle, self._recv_x_table, self._recv_idx_table, self._recv_w_table,
                          self._recv_src_table, self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity)
-        self._barrier()
-        total = self.matrix[:, self.rank].sum(dtype=torch.int32)
-        return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src,
-                          torch.clamp(total, max=cfg.capacity), total > cfg.capacity, handle)
+        self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
+                     self.overflow, self.rank, cfg.capacity)
+        return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src, self.num_recv,
+                          self.overflow.view(torch.bool), handle)
 
     def combine(self, y: torch.Tensor | None, handle: torch.Tensor) -> torch.Tensor:
         """out[T, H] for the tokens of the dispatch that returned `handle`; y: [rows, H] expert outputs in

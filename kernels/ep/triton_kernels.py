@@ -33,6 +33,18 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr):
 
 
 @triton.jit
+def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, rank, R, W: tl.constexpr):
+    """The end of dispatch in one launch: the barrier (every rank's rows have landed), then this rank's
+    num_recv = min(rows sent here, R) and overflow = rows sent here > R, from the count matrix."""
+    _barrier(flag_table, epoch_ptr, rank, W)
+    total = tl.zeros([], dtype=tl.int32)
+    for s in tl.static_range(W):
+        total += tl.load(matrix_ptr + s * W + rank)
+    tl.store(num_recv_ptr, tl.minimum(total, R))
+    tl.store(overflow_ptr, (total > R).to(tl.uint8))
+
+
+@triton.jit
 def exchange_counts_kernel(counts_ptr, matrix_table, flag_table, epoch_ptr, rank, W: tl.constexpr):
     """Row `rank` of every peer's W x W count matrix := this rank's per-destination counts; then a barrier."""
     for p in tl.static_range(W):
