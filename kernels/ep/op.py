@@ -108,6 +108,11 @@ class EpDispatchCombine:
         self._barrier()   # every rank has read what it needs: y may be overwritten
         return out
 
+    def barrier(self) -> None:
+        """A device-side barrier of the group on the current stream (no host sync): e.g. to line the ranks'
+        streams up before timing a call."""
+        self._barrier()
+
     def _barrier(self) -> None:
         self.kernels("ep_barrier", {"W": self.cfg.world_size}, (1,), self._flag_table, self.epoch, self.rank)
 

@@ -90,15 +90,18 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, pos_ptr, matrix_ptr, handle_ptr, recv
                     W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr):
     """Program t sends token t's row (and its ids, weights, source id) to each rank it goes to, at the row
     the count matrix gives it there, and records that row in handle[t, d] for combine."""
+    K_POW2: tl.constexpr = triton.next_power_of_2(K)
     t = tl.program_id(0).to(tl.int64)
     for d in tl.static_range(W):
         row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
         tl.store(handle_ptr + t * W + d, row.to(tl.int32))
-        if row >= 0:
-            for k in tl.static_range(K):
-                tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + k, tl.load(idx_ptr + t * K + k))
-                if HAS_W:
-                    tl.store(_peer(recv_w_table, d, tl.float32) + row * K + k, tl.load(w_ptr + t * K + k))
+        if row >= 0:   # ids and weights as one K-wide store each: K scalar stores would be K tiny NVLink writes
+            ks = tl.arange(0, K_POW2)
+            tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks, tl.load(idx_ptr + t * K + ks, mask=ks < K),
+                     mask=ks < K)
+            if HAS_W:
+                tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks, tl.load(w_ptr + t * K + ks, mask=ks < K),
+                         mask=ks < K)
             tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)

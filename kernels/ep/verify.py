@@ -231,6 +231,7 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
         for it in range(case.iterations):
             feeds = [inputs(case, cfg, rank, it * len(ops) + j, device="cuda") for j in range(len(ops))]
             events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            ops[0].barrier()     # the ranks' streams start the timed span together: no waiting on a late peer
             events[0].record()
             sent = [op.dispatch(*feed) for op, feed in zip(ops, feeds)]
             events[1].record()   # the checks' copies and the stand-in expert are outside the timed spans
