@@ -1,6 +1,7 @@
 """Dispatch/combine bandwidth and latency: kforge's op vs the all_to_all_single (NCCL) path, one run.
 
-Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--json out.json]
+Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
+       [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16, uniform random distinct experts. Each op is
 timed on every rank between barriers (host wall clock around a synchronize, median of --iters), the slowest
 rank counts; graph-mode rows also give the GPU time per call over 50 back-to-back replays (CUDA
@@ -24,7 +25,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.ep import reference  # noqa: E402
-from kernels.ep.cases import routing  # noqa: E402
+from kernels.ep.cases import quantize_fp8, routing  # noqa: E402
 from kernels.ep.config import EpConfig  # noqa: E402
 from kernels.ep.op import EpDispatchCombine  # noqa: E402
 
@@ -63,20 +64,24 @@ def timed_back_to_back(fn, calls: int = 50) -> float:
     return t.item()
 
 
-def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library) -> dict:
-    cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens)
+def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library, dtype: str) -> dict:
+    cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens,
+                   dtype=dtype)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(tokens, cfg.hidden, generator=g).to(torch.bfloat16).cuda()
+    scales = None
+    if cfg.num_scales:   # fp8 rows with one f32 scale per 128 elements, sent along
+        x, scales = quantize_fp8(x, cfg.scale_block)
     idx = routing("random", tokens, cfg.topk, cfg.experts_per_rank, world, rank, g).cuda()
     w = torch.rand(tokens, cfg.topk, generator=g).cuda()
     op = EpDispatchCombine(cfg, library=library)
-    d = op.dispatch(x, idx, w)
+    d = op.dispatch(x, idx, w, scales)
     op.expert_output().copy_(d.x)
     op.combine(None, d.handle)   # compiles the kernels
     torch.cuda.synchronize()
     n = int(d.num_recv)
     remote = int((d.src[:n] // tokens != rank).sum())
-    run_dispatch = lambda: op.dispatch(x, idx, w)
+    run_dispatch = lambda: op.dispatch(x, idx, w, scales)
     run_combine = lambda: op.combine(None, d.handle)
     if graph:   # the op's own latency, without Python's launch overhead
         graphs = []
@@ -86,23 +91,25 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
                 fn()
             graphs.append(cg)
         run_dispatch, run_combine = graphs[0].replay, graphs[1].replay
-    ref = reference.dispatch(x, idx, w, cfg)
-    y = ref.x.clone()
+    ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
+    y = ref.x.to(op.expert_output().dtype)
     results = {
         "op_dispatch_s": timed(run_dispatch, iters), "op_combine_s": timed(run_combine, iters),
-        "nccl_dispatch_s": timed(lambda: reference.dispatch(x, idx, w, cfg), iters),
+        "nccl_dispatch_s": timed(lambda: reference.dispatch(x, idx, w, cfg, x_scales=scales), iters),
         "nccl_combine_s": timed(lambda: reference.combine(y, ref, tokens, cfg), iters),
     }
     if graph:
         results["op_dispatch_b2b_s"] = timed_back_to_back(run_dispatch)
         results["op_combine_b2b_s"] = timed_back_to_back(run_combine)
-    per_rank = torch.tensor([n * cfg.row_bytes, remote * cfg.row_bytes], dtype=torch.float64, device="cuda")
+    per_rank = torch.tensor([n * cfg.row_bytes, remote * cfg.row_bytes, n * cfg.combine_row_bytes,
+                             remote * cfg.combine_row_bytes], dtype=torch.float64, device="cuda")
     dist.all_reduce(per_rank, op=dist.ReduceOp.AVG)
-    results.update(tokens=tokens, logical_bytes=per_rank[0].item(), remote_bytes=per_rank[1].item(), graph=graph)
+    results.update(tokens=tokens, dispatch_logical_bytes=per_rank[0].item(), dispatch_remote_bytes=per_rank[1].item(),
+                   combine_logical_bytes=per_rank[2].item(), combine_remote_bytes=per_rank[3].item(), graph=graph)
     return results
 
 
-def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_dir: str | None) -> None:
+def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_dir: str | None, dtype: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
@@ -110,9 +117,10 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
     if dist_dir:
         from rules.runtime import Library
         library = Library(dist_dir)
-    rows = [measure(t, rank, world, iters, graph, library) for t in (4096, 128) for graph in (False, True)]
+    rows = [measure(t, rank, world, iters, graph, library, dtype) for t in (4096, 128) for graph in (False, True)]
     if rank == 0:
-        print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, bf16, median of {iters}; "
+        print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, {dtype} dispatch "
+              f"({'bf16 combine, ' if dtype != 'bf16' else ''}bytes incl. scales), median of {iters}; "
               f"kernels: {'bundles in ' + dist_dir if dist_dir else 'Triton JIT'}\n")
         print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
               "kforge GB/s NVLink | NVLink % of 450 | kforge us, back-to-back graph replays (events) |")
@@ -120,13 +128,13 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
         for r in rows:
             for op in ("dispatch", "combine"):
                 ours, theirs = r[f"op_{op}_s"], r[f"nccl_{op}_s"]
-                remote = r["remote_bytes"] / ours / 1e9
+                remote = r[f"{op}_remote_bytes"] / ours / 1e9
                 print(f"| {r['tokens']} | {'graph' if r['graph'] else 'eager'} | {op} | {ours * 1e6:.1f} | "
-                      f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r['logical_bytes'] / ours / 1e9:.1f} | "
+                      f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r[f'{op}_logical_bytes'] / ours / 1e9:.1f} | "
                       f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% | "
                       + (f"{r[f'op_{op}_b2b_s'] * 1e6:.1f} |" if r["graph"] else "- |"))
         if out:
-            Path(out).write_text(json.dumps({"world": world, "rows": rows}, indent=1))
+            Path(out).write_text(json.dumps({"world": world, "dtype": dtype, "rows": rows}, indent=1))
     dist.destroy_process_group()
 
 
@@ -137,8 +145,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--dist", default=None, help="run the op's precompiled kernels from these bundles")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_e4m3"], help="what dispatch moves")
     a = ap.parse_args()
-    mp.spawn(worker, args=(a.world, a.port, a.iters, a.json, a.dist), nprocs=a.world)
+    mp.spawn(worker, args=(a.world, a.port, a.iters, a.json, a.dist, a.dtype), nprocs=a.world)
 
 
 if __name__ == "__main__":

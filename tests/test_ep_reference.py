@@ -13,15 +13,30 @@ from kernels.ep import cases
 from kernels.ep.config import EpConfig
 
 WORLD = 3
-CASES = [replace(cases.Case("t"), name=n, hidden=32, seed=i, **kw) for i, (n, kw) in enumerate([
+CASES = [replace(cases.Case("t"), name=n, seed=i, **{"hidden": 32, **kw}) for i, (n, kw) in enumerate([
     ("random", {}), ("sentinels-mixed", {"routing": "sentinels", "tokens": "mixed"}),
     ("k1-e1-no-weights", {"topk": 1, "experts_per_rank": 1, "weights": False, "tokens": 5}),
     ("same-rank", {"routing": "same_rank", "tokens": "mixed"}), ("all-to-one", {"routing": "all_to_one"}),
-    ("overflow", {"capacity": "small"})])]
+    ("overflow", {"capacity": "small"}),
+    ("fp8-block-scales", {"dtype": "fp8_e4m3", "hidden": 256, "routing": "sentinels", "tokens": "mixed"})])]
 
 
-def expert(rows, d):
-    return (rows.float() * (d + 1)).to(rows.dtype)
+def feed(case, cfg, rank):
+    """The case's inputs; fp8 cases quantize the rows per block and send the scales along."""
+    x, idx, w = cases.inputs(case, cfg, rank)
+    if cfg.num_scales:
+        x, scales = cases.quantize_fp8(x, cfg.scale_block)
+        return x, idx, w, scales
+    return x, idx, w, None
+
+
+def expert(rows, scales, d):
+    values = cases.dequantize_fp8(rows, scales) if scales is not None else rows.float()
+    return (values * (d + 1)).to(torch.bfloat16)
+
+
+def same_bytes(a, b):
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def cfg_for(case):
@@ -32,25 +47,27 @@ def cfg_for(case):
 
 
 def expected(case, cfg, rank):
-    feeds = [cases.inputs(case, cfg, s) for s in range(WORLD)]
+    feeds = [feed(case, cfg, s) for s in range(WORLD)]
     dests = lambda idx: [sorted({int(i) // cfg.experts_per_rank for i in row if 0 <= i < cfg.num_experts})
                          for row in idx.tolist()]
     arrived = {d: [] for d in range(WORLD)}   # per destination, in (source rank, source token) order
-    for s, (x, idx, w) in enumerate(feeds):
+    for s, (x, idx, w, _) in enumerate(feeds):
         for t, ds in enumerate(dests(idx)):
             for d in ds:
                 arrived[d].append((s, t))
     kept = {d: set(arrived[d][:cfg.capacity]) for d in arrived}
-    x, idx, w = feeds[rank]
+    x, idx, w, scales = feeds[rank]
     out = torch.zeros(x.shape[0], cfg.hidden, dtype=torch.float64)
     for t, ds in enumerate(dests(idx)):
         for d in ds:
             if (rank, t) in kept[d]:
-                out[t] += expert(x[t], d).double()
+                out[t] += expert(x[t:t + 1], None if scales is None else scales[t:t + 1], d)[0].double()
     mine = arrived[rank][:cfg.capacity]
-    rows = torch.stack([feeds[s][0][t] for s, t in mine]) if mine else torch.empty(0, cfg.hidden, dtype=torch.bfloat16)
+    rows = torch.cat([feeds[s][0][t:t + 1] for s, t in mine]) if mine else x[:0]
+    row_scales = (torch.cat([feeds[s][3][t:t + 1] for s, t in mine]) if mine else scales[:0]) \
+        if scales is not None else None
     src = [s * cfg.max_tokens_per_rank + t for s, t in mine]
-    return rows, src, len(arrived[rank]), out.to(torch.bfloat16)
+    return rows, row_scales, src, len(arrived[rank]), out.to(torch.bfloat16)
 
 
 def run_rank(rank, port, result_dir):
@@ -61,11 +78,12 @@ def run_rank(rank, port, result_dir):
     verdicts = {}
     for case in CASES:
         cfg = cfg_for(case)
-        x, idx, w = cases.inputs(case, cfg, rank)
-        ref = reference.dispatch(x, idx, w, cfg)
-        out = reference.combine(expert(ref.x, rank), ref, x.shape[0], cfg)
-        rows, src, total, want = expected(case, cfg, rank)
-        verdicts[case.name] = {"rows": torch.equal(ref.x, rows), "src": ref.src.tolist() == src,
+        x, idx, w, scales = feed(case, cfg, rank)
+        ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
+        out = reference.combine(expert(ref.x, ref.x_scales, rank), ref, x.shape[0], cfg)
+        rows, row_scales, src, total, want = expected(case, cfg, rank)
+        scales_ok = ref.x_scales is None if scales is None else same_bytes(ref.x_scales, row_scales)
+        verdicts[case.name] = {"rows": same_bytes(ref.x, rows) and scales_ok, "src": ref.src.tolist() == src,
                                "total": ref.total == total, "combine": torch.equal(out, want),
                                "n": ref.num_recv, "arrived": ref.total, "T": x.shape[0]}
     (result_dir / f"rank{rank}.json").write_text(json.dumps(verdicts))
@@ -100,4 +118,8 @@ def test_config_rejects_bad_values_with_the_key():
         EpConfig(world_size=0, hidden=64, experts_per_rank=1, topk=1, max_tokens_per_rank=1)
     with pytest.raises(ValueError, match="EpConfig.dtype 'fp8'"):
         EpConfig(world_size=2, hidden=64, experts_per_rank=1, topk=1, max_tokens_per_rank=1, dtype="fp8")
+    with pytest.raises(ValueError, match="hidden=64 must be a multiple of scale_block=128"):
+        EpConfig(world_size=2, hidden=64, experts_per_rank=1, topk=1, max_tokens_per_rank=1, dtype="fp8_e4m3")
+    fp8 = EpConfig(world_size=2, hidden=256, experts_per_rank=1, topk=1, max_tokens_per_rank=1, dtype="fp8_e4m3")
+    assert (fp8.num_scales, fp8.row_bytes, fp8.combine_dtype, fp8.combine_row_bytes) == (2, 256 + 8, "bf16", 512)
     assert EpConfig(world_size=4, hidden=64, experts_per_rank=2, topk=1, max_tokens_per_rank=8).capacity == 32

@@ -25,11 +25,13 @@ class Case:
     graph: bool = False              # capture one dispatch+combine, replay with new contents
     interleaved: bool = False        # two op instances, calls interleaved
     strict: bool = False             # small-integer values: combine must be byte-exact
+    dtype: str = "bf16"              # or "fp8_e4m3": rows quantized per 128-element block, scales sent along
     seed: int = 0
 
     def config(self, world: int, capacity: int | None = None) -> EpConfig:
         return EpConfig(world_size=world, hidden=self.hidden, experts_per_rank=self.experts_per_rank,
-                        topk=self.topk, max_tokens_per_rank=self.max_tokens, recv_capacity=capacity)
+                        topk=self.topk, max_tokens_per_rank=self.max_tokens, recv_capacity=capacity,
+                        dtype=self.dtype)
 
 
 def matrix(world: int) -> list[Case]:
@@ -50,6 +52,10 @@ def matrix(world: int) -> list[Case]:
         replace(base, name="capacity-too-small-overflow", capacity="small"),
         replace(base, name="five-back-to-back", iterations=5, tokens="mixed"),
         replace(base, name="cuda-graph-replay", graph=True, hidden=1024),
+        replace(base, name="fp8-e4m3-block-scales-h7168-e32", dtype="fp8_e4m3", hidden=7168, experts_per_rank=32),
+        replace(base, name="fp8-mixed-tokens-sentinels", dtype="fp8_e4m3", hidden=1024, tokens="mixed",
+                routing="sentinels"),
+        replace(base, name="fp8-cuda-graph-replay", dtype="fp8_e4m3", graph=True, hidden=1024),
         replace(base, name="two-ops-interleaved", interleaved=True, hidden=1024),
     ]
     cases += [replace(base, name=f"routing-{r}", routing=r, hidden=1024, tokens="mixed")
@@ -78,6 +84,22 @@ def inputs(case: Case, cfg: EpConfig, rank: int, iteration: int = 0, device="cpu
     idx = routing(case.routing, T, K, E, W, rank, g)
     w = torch.rand(T, K, generator=g) if case.weights else None
     return x.to(device), idx.to(device), (w.to(device) if w is not None else None)
+
+
+def quantize_fp8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] -> (e4m3 rows, f32 scales [T, H / block]): each block scaled so its largest value maps to 448."""
+    T, H = x.shape
+    blocks = x.float().reshape(T, H // block, block)
+    scales = (blocks.abs().amax(-1) / 448.0).clamp(min=1e-12)
+    rows = (blocks / scales[..., None]).reshape(T, H).to(torch.float8_e4m3fn)
+    return rows.contiguous(), scales.contiguous()
+
+
+def dequantize_fp8(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """f32 [T, H] from e4m3 rows and their block scales."""
+    T, H = rows.shape
+    block = H // scales.shape[1] if scales.shape[1] else H
+    return (rows.float().reshape(T, -1, block) * scales[..., None]).reshape(T, H)
 
 
 def routing(mode: str, T: int, K: int, E: int, W: int, rank: int, g: torch.Generator) -> torch.Tensor:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8_e4m3": 1}
+FP8 = "fp8_e4m3"
 
 
 @dataclass(frozen=True)
@@ -13,8 +14,9 @@ class EpConfig:
     experts_per_rank: int        # E: global expert id e lives on rank e // E
     topk: int                    # K: expert ids per token (-1 = none)
     max_tokens_per_rank: int     # M: the most tokens one rank dispatches in a call
-    dtype: str = "bf16"
+    dtype: str = "bf16"          # what dispatch moves; fp8_e4m3 rows travel with block scales
     recv_capacity: int | None = None   # R: rows a rank can receive; default world_size * M
+    scale_block: int = 128       # fp8: one f32 scale per this many elements of a row (x_scales [T, H / 128])
 
     def __post_init__(self):
         for name in ("world_size", "hidden", "experts_per_rank", "topk", "max_tokens_per_rank"):
@@ -25,6 +27,8 @@ class EpConfig:
             raise ValueError(f"EpConfig.dtype {self.dtype!r}: allowed {', '.join(ELEMENT_BYTES)}")
         if self.hidden % 16:   # the kernels move rows in 16-byte vectors; their binaries assume it
             raise ValueError(f"EpConfig.hidden={self.hidden} must be a multiple of 16")
+        if self.dtype == FP8 and (self.scale_block < 1 or self.hidden % self.scale_block):
+            raise ValueError(f"EpConfig.hidden={self.hidden} must be a multiple of scale_block={self.scale_block}")
         if self.recv_capacity is not None and self.recv_capacity < 1:
             raise ValueError(f"EpConfig.recv_capacity must be >= 1, got {self.recv_capacity}")
 
@@ -37,5 +41,20 @@ class EpConfig:
         return self.world_size * self.experts_per_rank
 
     @property
+    def num_scales(self) -> int:
+        """f32 scales per dispatched row (fp8), 0 otherwise."""
+        return self.hidden // self.scale_block if self.dtype == FP8 else 0
+
+    @property
+    def combine_dtype(self) -> str:
+        """Expert outputs and combine results: bf16 when dispatch moves fp8 (as DeepEP and mori do)."""
+        return "bf16" if self.dtype == FP8 else self.dtype
+
+    @property
     def row_bytes(self) -> int:
-        return self.hidden * ELEMENT_BYTES[self.dtype]
+        """Bytes dispatch moves per row: the elements and, for fp8, their scales."""
+        return self.hidden * ELEMENT_BYTES[self.dtype] + 4 * self.num_scales
+
+    @property
+    def combine_row_bytes(self) -> int:
+        return self.hidden * ELEMENT_BYTES[self.combine_dtype]

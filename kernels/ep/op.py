@@ -1,8 +1,9 @@
 """EpDispatchCombine: the dispatch/combine op on symmetric memory, Triton kernels, no host sync.
 
-dispatch(x[T,H], topk_idx[T,K] int32, topk_w[T,K] f32 | None) sends each token once to every rank that holds
-one of its experts (rank = id // experts_per_rank); every rank receives rows ordered by (source rank,
-source token). combine(y) sums, for each of this rank's tokens, the rows its destinations produced for it.
+dispatch(x[T,H], topk_idx[T,K] int32, topk_w[T,K] f32 | None, x_scales[T,H/128] f32 for fp8) sends each
+token once to every rank that holds one of its experts (rank = id // experts_per_rank); every rank receives
+rows ordered by (source rank, source token). combine(y) sums, for each of this rank's tokens, the rows its
+destinations produced for it (bf16 when dispatch moved fp8).
 All ranks call both in the same order (also with T = 0). Outputs are views of the op's buffers, valid until
 the next call. Receiving more than the capacity drops the tail rows (no write past the buffers) and sets
 `overflow`.
@@ -15,10 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-from kernels.ep.config import EpConfig
+from kernels.ep.config import FP8, EpConfig
 from kernels.ep.launch import EpKernels
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn}
+KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "fp8e4nv"}   # the specs' dtype names
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Dispatched:
     topk_idx: torch.Tensor   # [R, K] int32 global expert ids, verbatim
     topk_w: torch.Tensor     # [R, K] f32 (zeros when none were sent)
     src: torch.Tensor        # [R] int32 source_rank * M + source_token
+    x_scales: torch.Tensor | None   # [R, H / scale_block] f32 for fp8 rows (a strided view), else None
     num_recv: torch.Tensor   # int32 scalar on the device: min(rows sent here, capacity) (the op's buffer)
     overflow: torch.Tensor   # bool scalar on the device: more rows were sent here than fit (the op's buffer)
     handle: torch.Tensor     # [T, W] int32: where each of this rank's tokens landed (-1: not sent / dropped)
@@ -47,10 +50,12 @@ class EpDispatchCombine:
         R, H, K, W = cfg.capacity, cfg.hidden, cfg.topk, cfg.world_size
         dtype = DTYPES[cfg.dtype]
         self.recv_x, self._recv_x_table = self._symmetric((R, H), dtype)
+        self.scale_stride = -(-max(cfg.num_scales, 1) // 4) * 4   # scale rows 16-byte aligned (the kernel assumes)
+        self.recv_scales, self._recv_scale_table = self._symmetric((R, self.scale_stride), torch.float32)
         self.recv_idx, self._recv_idx_table = self._symmetric((R, K), torch.int32)
         self.recv_w, self._recv_w_table = self._symmetric((R, K), torch.float32)
         self.recv_src, self._recv_src_table = self._symmetric((R,), torch.int32)
-        self.y, self._y_table = self._symmetric((R, H), dtype)
+        self.y, self._y_table = self._symmetric((R, H), DTYPES[cfg.combine_dtype])
         self.matrix, self._matrix_table = self._symmetric((W, W), torch.int32)
         self.flags, self._flag_table = self._symmetric((W,), torch.int32)
         self.flags.zero_()
@@ -69,9 +74,10 @@ class EpDispatchCombine:
         """[R, H]: write expert outputs here (row i for received row i) and combine(None) copies nothing."""
         return self.y
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor | None = None) -> Dispatched:
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor | None = None,
+                 x_scales: torch.Tensor | None = None) -> Dispatched:
         cfg, W = self.cfg, self.cfg.world_size
-        T = self._check_inputs(x, topk_idx, topk_w)
+        T = self._check_inputs(x, topk_idx, topk_w, x_scales)
         pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
         counts = torch.empty(W, dtype=torch.int32, device="cuda")
         handle = torch.empty(T, W, dtype=torch.int32, device="cuda")
@@ -81,13 +87,18 @@ class EpDispatchCombine:
         if topk_w is None:
             self.recv_w.zero_()
         if T:
-            config = {"dtype": cfg.dtype, "W": W, "K": cfg.topk, "HAS_W": topk_w is not None}
+            fp8 = x_scales is not None
+            config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
+                      "HAS_SCALES": fp8}
             self.kernels("ep_dispatch", config, (T,), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
-                         pos, self.matrix, handle, self._recv_x_table, self._recv_idx_table, self._recv_w_table,
-                         self._recv_src_table, self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity)
+                         x_scales if fp8 else self.recv_scales, pos, self.matrix, handle, self._recv_x_table,
+                         self._recv_idx_table, self._recv_w_table, self._recv_scale_table, self._recv_src_table,
+                         self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
+                         self.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
                      self.overflow, self.rank, cfg.capacity)
-        return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src, self.num_recv,
+        scales = self.recv_scales[:, :cfg.num_scales] if cfg.num_scales else None
+        return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src, scales, self.num_recv,
                           self.overflow.view(torch.bool), handle)
 
     def combine(self, y: torch.Tensor | None, handle: torch.Tensor) -> torch.Tensor:
@@ -103,7 +114,7 @@ class EpDispatchCombine:
         out = torch.empty(T, self.cfg.hidden, dtype=self.y.dtype, device="cuda")
         self._barrier()   # every rank's y is in place
         if T:
-            self.kernels("ep_combine", {"dtype": self.cfg.dtype, "W": self.cfg.world_size}, (T,), out, handle,
+            self.kernels("ep_combine", {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}, (T,), out, handle,
                          self._y_table, self.cfg.hidden)
         self._barrier()   # every rank has read what it needs: y may be overwritten
         return out
@@ -116,7 +127,7 @@ class EpDispatchCombine:
     def _barrier(self) -> None:
         self.kernels("ep_barrier", {"W": self.cfg.world_size}, (1,), self._flag_table, self.epoch, self.rank)
 
-    def _check_inputs(self, x, topk_idx, topk_w) -> int:
+    def _check_inputs(self, x, topk_idx, topk_w, x_scales) -> int:
         cfg = self.cfg
         T = x.shape[0] if x.dim() == 2 else -1
         problems = []
@@ -131,6 +142,12 @@ class EpDispatchCombine:
         if topk_w is not None and (topk_w.shape != topk_idx.shape or topk_w.dtype != torch.float32
                                    or not topk_w.is_contiguous()):
             problems.append(f"topk_w must be a contiguous [{T}, {cfg.topk}] float32 tensor or None")
+        if cfg.num_scales and (x_scales is None or x_scales.shape != (max(T, 0), cfg.num_scales)
+                               or x_scales.dtype != torch.float32 or not x_scales.is_contiguous()):
+            problems.append(f"{cfg.dtype} rows need x_scales: a contiguous [{T}, {cfg.num_scales}] float32 tensor "
+                            f"(one scale per {cfg.scale_block} elements)")
+        if not cfg.num_scales and x_scales is not None:
+            problems.append(f"x_scales are for fp8 rows; this op moves {cfg.dtype}")
         if problems:
             raise ValueError("dispatch: " + "; ".join(problems))
         return T

@@ -22,6 +22,7 @@ class ReferenceDispatch:
     topk_idx: torch.Tensor
     topk_w: torch.Tensor
     src: torch.Tensor
+    x_scales: torch.Tensor | None   # fp8 rows' block scales, [n, H / scale_block]
     total: int             # rows sent to this rank (before the capacity cut)
     tokens: torch.Tensor   # this rank's sent token ids, in send order (by destination, then token)
     send_splits: list[int]
@@ -40,7 +41,12 @@ def _exchange(t: torch.Tensor, send: list[int], recv: list[int], group) -> torch
     return out.view(t.dtype).view((sum(recv),) + tuple(t.shape[1:]))
 
 
-def dispatch(x, topk_idx, topk_w, cfg: EpConfig, group=None) -> ReferenceDispatch:
+def _take(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[index], gathered as bytes: not every backend indexes fp8 tensors directly."""
+    return rows.view(torch.uint8)[index].view(rows.dtype) if rows.element_size() == 1 else rows[index]
+
+
+def dispatch(x, topk_idx, topk_w, cfg: EpConfig, group=None, x_scales=None) -> ReferenceDispatch:
     group = group or dist.group.WORLD
     rank, W = dist.get_rank(group), cfg.world_size
     mask = destinations(topk_idx, cfg.experts_per_rank, W)
@@ -51,9 +57,13 @@ def dispatch(x, topk_idx, topk_w, cfg: EpConfig, group=None) -> ReferenceDispatc
     send, recv = send_counts.tolist(), recv_counts.tolist()
     weights = topk_w if topk_w is not None else torch.zeros(topk_idx.shape, dtype=torch.float32, device=x.device)
     src = (rank * cfg.max_tokens_per_rank + tokens).to(torch.int32)
-    got = [_exchange(t, send, recv, group) for t in (x[tokens], topk_idx[tokens], weights[tokens], src)]
+    payloads = [_take(x, tokens), topk_idx[tokens], weights[tokens], src]
+    if x_scales is not None:
+        payloads.append(x_scales[tokens])
+    got = [_exchange(t, send, recv, group) for t in payloads]
     n = min(sum(recv), cfg.capacity)
-    return ReferenceDispatch(got[0][:n], got[1][:n], got[2][:n], got[3][:n], sum(recv), tokens, send, recv)
+    scales = got[4][:n] if x_scales is not None else None
+    return ReferenceDispatch(got[0][:n], got[1][:n], got[2][:n], got[3][:n], scales, sum(recv), tokens, send, recv)
 
 
 def combine(y: torch.Tensor, ref: ReferenceDispatch, num_tokens: int, cfg: EpConfig, group=None) -> torch.Tensor:

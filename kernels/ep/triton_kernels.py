@@ -85,12 +85,15 @@ def _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr):
 
 
 @triton.jit
-def dispatch_kernel(x_ptr, idx_ptr, w_ptr, pos_ptr, matrix_ptr, handle_ptr, recv_x_table, recv_idx_table,
-                    recv_w_table, recv_src_table, rank, H, M, R,
-                    W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Program t sends token t's row (and its ids, weights, source id) to each rank it goes to, at the row
-    the count matrix gives it there, and records that row in handle[t, d] for combine."""
+def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, matrix_ptr, handle_ptr, recv_x_table, recv_idx_table,
+                    recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
+                    W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    """Program t sends token t's row (and its ids, weights, S block scales, source id) to each rank it goes
+    to, at the row the count matrix gives it there, and records that row in handle[t, d] for combine. The
+    receivers' scale rows are S_STRIDE apart, a multiple of 4: 16-byte stores, not S tiny NVLink writes."""
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
+    SCALE_CHUNK: tl.constexpr = 64
     t = tl.program_id(0).to(tl.int64)
     for d in tl.static_range(W):
         row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
@@ -102,6 +105,11 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, pos_ptr, matrix_ptr, handle_ptr, recv
             if HAS_W:
                 tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks, tl.load(w_ptr + t * K + ks, mask=ks < K),
                          mask=ks < K)
+            if HAS_SCALES:
+                for s0 in range(0, S, SCALE_CHUNK):
+                    ss = s0 + tl.arange(0, SCALE_CHUNK)
+                    dst = _peer(recv_scale_table, d, tl.float32) + tl.multiple_of(row * S_STRIDE, 4) + ss
+                    tl.store(dst, tl.load(scale_ptr + t * S + ss, mask=ss < S), mask=ss < S)
             tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)

@@ -221,7 +221,7 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
         cap = max(arriving) if case.capacity == "exact" else max(1, max(arriving) // 2)
         cfg = case.config(world, cap)
         note = f"capacity {cap}, rows arriving per rank {arriving}"
-    expert = lambda rows: (rows.float() * (rank + 1)).to(rows.dtype)   # a destination-specific transform
+    expert = _expert(rank, cfg)
     ops = [EpDispatchCombine(cfg, library=library) for _ in range(2 if case.interleaved else 1)]
     mark("built")
     runs, times = [], {"dispatch": [], "combine": []}
@@ -229,14 +229,14 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
         runs = _graph_runs(case, cfg, rank, ops[0], expert, mark)
     else:
         for it in range(case.iterations):
-            feeds = [inputs(case, cfg, rank, it * len(ops) + j, device="cuda") for j in range(len(ops))]
+            feeds = [_feed(case, cfg, rank, it * len(ops) + j) for j in range(len(ops))]
             events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
             ops[0].barrier()     # the ranks' streams start the timed span together: no waiting on a late peer
             events[0].record()
             sent = [op.dispatch(*feed) for op, feed in zip(ops, feeds)]
             events[1].record()   # the checks' copies and the stand-in expert are outside the timed spans
             snaps = [_snapshot(d) for d in sent]
-            ys = [expert(d.x) for d in sent]
+            ys = [expert(d.x, d.x_scales) for d in sent]
             events[2].record()
             outs = [op.combine(y, d.handle) for op, y, d in zip(ops, ys, sent)]
             events[3].record()
@@ -245,12 +245,14 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
         mark("ran")
     torch.cuda.synchronize()
     ok, worst = True, 0.0
-    for (x, idx, w), snap, out in runs:
-        ref = reference.dispatch(x, idx, w, cfg)
+    for (x, idx, w, scales), snap, out in runs:
+        ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
         n = ref.num_recv
         ok &= int(snap["num_recv"]) == n and bool(snap["overflow"]) == (ref.total > cfg.capacity)
-        ok &= all(torch.equal(snap[k][:n], getattr(ref, k)) for k in ("x", "topk_idx", "topk_w", "src"))
-        want = reference.combine(expert(ref.x), ref, x.shape[0], cfg)
+        ok &= all(_same_bytes(snap[k][:n], getattr(ref, k)) for k in ("x", "topk_idx", "topk_w", "src"))
+        if scales is not None:
+            ok &= _same_bytes(snap["x_scales"][:n], ref.x_scales)
+        want = reference.combine(expert(ref.x, ref.x_scales), ref, x.shape[0], cfg)
         if x.shape[0]:
             worst = max(worst, (out.float() - want.float()).abs().max().item())
         ok &= torch.equal(out, want) if case.strict else torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
@@ -265,35 +267,67 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
         remote = int((snap["src"][:n] // cfg.max_tokens_per_rank != rank).sum())
         metrics = {"dispatch_us": d_us, "combine_us": c_us,
                    "dispatch_logical_bytes": n * cfg.row_bytes, "dispatch_remote_bytes": remote * cfg.row_bytes,
-                   "combine_logical_bytes": n * cfg.row_bytes, "combine_remote_bytes": remote * cfg.row_bytes}
+                   "combine_logical_bytes": n * cfg.combine_row_bytes,
+                   "combine_remote_bytes": remote * cfg.combine_row_bytes}
     sources = sorted({s for op in ops for s in op.kernels.sources.values()})
     return bool(ok), worst, metrics, note, sources
 
 
 def _snapshot(d) -> dict:
     return {"x": d.x.clone(), "topk_idx": d.topk_idx.clone(), "topk_w": d.topk_w.clone(), "src": d.src.clone(),
-            "num_recv": d.num_recv.clone(), "overflow": d.overflow.clone()}
+            "num_recv": d.num_recv.clone(), "overflow": d.overflow.clone(),
+            "x_scales": d.x_scales.clone() if d.x_scales is not None else None}
+
+
+def _feed(case, cfg, rank: int, iteration: int):
+    """(x, topk_idx, topk_w, x_scales) on the GPU: fp8 cases quantize the case's rows per block."""
+    from kernels.ep.cases import inputs, quantize_fp8
+    x, idx, w = inputs(case, cfg, rank, iteration, device="cuda")
+    if cfg.num_scales:
+        x, scales = quantize_fp8(x, cfg.scale_block)
+        return x, idx, w, scales
+    return x, idx, w, None
+
+
+def _expert(rank: int, cfg):
+    """A destination-specific stand-in for the experts: rows (dequantized, for fp8) times rank + 1."""
+    import torch
+    from kernels.ep.cases import dequantize_fp8
+    from kernels.ep.op import DTYPES
+    out = DTYPES[cfg.combine_dtype]
+
+    def expert(rows, scales=None):
+        values = dequantize_fp8(rows, scales) if scales is not None else rows.float()
+        return (values * (rank + 1)).to(out)
+    return expert
+
+
+def _same_bytes(a, b) -> bool:
+    """Byte-exact equality (also for fp8, which torch.equal does not take everywhere)."""
+    import torch
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def _graph_runs(case, cfg, rank, op, expert, mark):
     """Capture dispatch + combine once; replay with new inputs copied into the captured tensors."""
     import torch
-    from kernels.ep.cases import inputs
-    x_s, idx_s, w_s = inputs(case, cfg, rank, 0, device="cuda")
-    d = op.dispatch(x_s, idx_s, w_s)            # eager first: compiles the kernels outside the capture
-    op.combine(expert(d.x), d.handle)
+    feed_s = _feed(case, cfg, rank, 0)
+    d = op.dispatch(*feed_s)            # eager first: compiles the kernels outside the capture
+    op.combine(expert(d.x, d.x_scales), d.handle)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        d = op.dispatch(x_s, idx_s, w_s)
-        out_s = op.combine(expert(d.x), d.handle)
+        d = op.dispatch(*feed_s)
+        out_s = op.combine(expert(d.x, d.x_scales), d.handle)
     mark("captured")
     runs = []
     for it in range(1, 4):
-        x, idx, w = inputs(case, cfg, rank, it, device="cuda")   # same T every iteration (tokens is an int)
-        x_s.copy_(x), idx_s.copy_(idx), w_s.copy_(w)
+        feed = _feed(case, cfg, rank, it)   # same T every iteration (tokens is an int)
+        for captured, new in zip(feed_s, feed):
+            if captured is not None:
+                captured.copy_(new)
         graph.replay()
-        runs.append(((x, idx, w), _snapshot(d), out_s.clone()))
+        runs.append((feed, _snapshot(d), out_s.clone()))
     mark("replayed")
     return runs
 
