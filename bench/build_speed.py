@@ -136,7 +136,7 @@ def print_table(all_rows: list[dict]) -> None:
             pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
             speed = base / r["seconds"] if base else None
             vs_pool = (pool["seconds"] / r["seconds"]) if pool and r["mode"].startswith("doit") else None
-            if speed and r["mode"].startswith("doit"):
+            if speed and r["mode"].startswith("doit") and r["n"] > 1:
                 ratios.setdefault(f"{r['mode']} speedup / N", []).append(speed / r["n"])
             if vs_pool:
                 ratios.setdefault(f"{r['mode']} vs pool", []).append(vs_pool)
