@@ -1,7 +1,6 @@
 """`doit tune` end to end on a GPU (pytest -m gpu, on an H100/H200 with doit installed): a tiny family is
 built, tuned, re-tuned only when something changed, and a config that computes the wrong thing never wins."""
 import json
-import os
 
 import pytest
 

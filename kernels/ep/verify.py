@@ -291,7 +291,6 @@ def _feed(case, cfg, rank: int, iteration: int):
 
 def _expert(rank: int, cfg):
     """A destination-specific stand-in for the experts: rows (dequantized, for fp8) times rank + 1."""
-    import torch
     from kernels.ep.cases import dequantize_fp8
     from kernels.ep.op import DTYPES
     out = DTYPES[cfg.combine_dtype]
