@@ -9,6 +9,7 @@ its time counts.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
 import importlib
 import json
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         groups.setdefault(tuple((v, k.entry["config"][v]) for v in spec.type_vars), []).append(k)
     device = torch.device("cuda", torch.cuda.current_device())
     shapes = []
+    lock = _hold_gpu(root / "out" / "tune", device.index)   # another tuning on this GPU would skew both
     started = time.perf_counter()
     for values in spec.tune.shapes:
         shape = dict(zip(spec.tune.shape_args, values))
@@ -225,10 +227,20 @@ def main(argv: list[str] | None = None) -> int:
                         "statistic": "median of per-launch CUDA event times, launch overhead hidden",
                         "rotation": f"inputs rotated over >= {ROTATE_BYTES_OVER_L2}x L2"},
              "seconds": round(time.perf_counter() - started, 1), "shapes": shapes}
+    lock.close()
     out = root / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     artifact.atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
     return 0
+
+
+def _hold_gpu(directory: Path, index: int):
+    """An exclusive lock per GPU, held while measuring: `doit -n N tune` or a second `doit tune` waits its turn
+    instead of timing kernels that share the GPU. Released when the returned file is closed (or we exit)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / f".gpu{index}.lock", "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
 
 
 if __name__ == "__main__":
