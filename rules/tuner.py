@@ -153,8 +153,8 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
             launch(0)
             torch.cuda.synchronize()
             wrong = check_result(problems[0], expected)
-        except Exception as e:   # a launch failure rejects this config; the GPU stays usable for the rest
-            wrong = f"launch failed: {e}"
+        except Exception as e:   # a refused launch (resources, arguments) rejects this config; a fault that
+            wrong = f"launch failed: {e}"   # breaks the CUDA context fails the next call, and the run, loudly
         if wrong:
             rejected.append({"config_id": entry["config_id"], "why": wrong})
             continue
