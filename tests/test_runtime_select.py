@@ -71,3 +71,5 @@ def test_between_equally_near_tuned_shapes_the_config_good_on_both_wins():
     assert choose(table, shape(300, 4096, 4096), entries)[0] == "small"   # nearer to 256: its winner
     only_big = {"big": {}, "small": {"divisible_by_16": ["K"]}, "both": {"divisible_by_16": ["K"]}}
     assert choose(table, shape(512, 4096, 4100), only_big)[0] == "big"   # the others cannot handle K=4100
+    table["shapes"][1]["ranking"] = []   # every config was rejected there: the other shape's winner
+    assert choose(table, shape(512, 4096, 4096), entries)[0] == "small"

@@ -72,7 +72,9 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
 def _best_across(rows: list[dict], shape: dict[str, int], entries: dict[str, dict]) -> tuple[str, float] | None:
     """Between equally near tuned shapes (a shape half-way in log2 between two tuned ones), neither's
     specialist: the config ranked on all of them with the least geometric-mean slowdown to each one's best."""
-    times = [{r["config_id"]: r["us"] for r in s["ranking"]} for s in rows]
+    times = [{r["config_id"]: r["us"] for r in s["ranking"]} for s in rows if s["ranking"]]
+    if len(times) < 2:   # a tuned shape where every config was rejected ranks nothing
+        return None
     common = [c for c in times[0] if all(c in t for t in times) and c in entries and handles(entries[c], shape)]
     if not common:
         return None
