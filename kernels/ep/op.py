@@ -114,8 +114,8 @@ class EpDispatchCombine:
         out = torch.empty(T, self.cfg.hidden, dtype=self.y.dtype, device="cuda")
         self._barrier()   # every rank's y is in place
         if T:
-            self.kernels("ep_combine", {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}, (T,), out, handle,
-                         self._y_table, self.cfg.hidden)
+            config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
+            self.kernels("ep_combine", config, (T,), out, handle, self._y_table, self.cfg.hidden)
         self._barrier()   # every rank has read what it needs: y may be overwritten
         return out
 
