@@ -2,11 +2,11 @@
 
 Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
        [--json out.json]
-Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16, uniform random distinct experts. Each op is
-timed on every rank between barriers (host wall clock around a synchronize, median of --iters), the slowest
-rank counts; graph-mode rows also give the GPU time per call over 50 back-to-back replays (CUDA
-events, no host synchronize per call). Bytes per rank: logical = rows received x row bytes (the peers' convention), NVLink = only the
-rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
+Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16 (or fp8 rows with block scales),
+uniform random distinct experts. Each op is timed on every rank between barriers (host wall clock around a
+synchronize, median of --iters), the slowest rank counts; graph-mode rows also give the GPU time per call
+over 50 back-to-back replays (CUDA events, no host synchronize per call). Bytes per rank: logical = rows
+received x row bytes (the peers' convention), NVLink = only the rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
 and payloads); the op's combine reads expert outputs written in place (expert_output()).
 """
 from __future__ import annotations

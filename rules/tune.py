@@ -71,7 +71,8 @@ def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) ->
     harness = sources.local_closure(root / spec.tune.harness, root)
     payload = {"schema": TUNE_SCHEMA, "kernel": spec.name, "arch": arch, "artifacts": built,
                "shape_args": spec.tune.shape_args, "shapes": spec.tune.shapes,
-               "harness": [(str(p.relative_to(root.resolve())), _sha256(p)) for p in harness], "tuner": [_sha256(f) for f in TUNER_FILES], "gpu": gpu}
+               "harness": [(str(p.relative_to(root.resolve())), _sha256(p)) for p in harness],
+               "tuner": [_sha256(f) for f in TUNER_FILES], "gpu": gpu}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()
 
 
