@@ -1,0 +1,136 @@
+"""What this machine's NVLink gives an all-to-all of plain copies: the ceiling the EP kernels are held to.
+
+Usage (on a multi-GPU host with Triton): python bench/nvlink_ceiling.py [--world 4] [--mb 64] [--json out.json]
+Every rank sends --mb MiB to every other rank at once, into symmetric memory, three ways:
+- sm-push: a Triton kernel on the sender's SMs stores into the peers' buffers (the EP dispatch's way);
+- sm-pull: a Triton kernel on the receiver's SMs loads from the peers' buffers (the EP combine's way);
+  it reads back what sm-push stored, which the run checks;
+- copy-engine: copy_() into each peer's buffer, one stream per peer (cudaMemcpy peer-to-peer, no SMs).
+GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
+of --iters; the percentage is of 450 GB/s (H100/H200 NVLink 4).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+import torch.multiprocessing as mp
+import triton
+import triton.language as tl
+
+NVLINK_GBS = 450.0
+BLOCK = 8192
+
+
+@triton.jit
+def _push(src_ptr, table, rank, n, W: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (c, p): chunk c of the block for peer p, stored into p's buffer at this rank's slot."""
+    c, p = tl.program_id(0), tl.program_id(1)
+    if p != rank:
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        dst = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16)
+        v = tl.load(src_ptr + p * n + offs, mask=offs < n)
+        tl.store(dst + rank * n + offs, v, mask=offs < n)
+
+
+@triton.jit
+def _pull(dst_ptr, table, rank, n, W: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (c, p): chunk c of this rank's slot in peer p's buffer, loaded into the local block for p."""
+    c, p = tl.program_id(0), tl.program_id(1)
+    if p != rank:
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        src = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16)
+        v = tl.load(src + rank * n + offs, mask=offs < n)
+        tl.store(dst_ptr + p * n + offs, v, mask=offs < n)
+
+
+def timed(fn, iters: int) -> float:
+    samples = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(begin.elapsed_time(end) / 1e3)
+    t = torch.tensor([statistics.median(samples)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | None) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    n = mb * (1 << 20) // 2   # bf16 elements per peer
+    local = torch.randn(world, n, device="cuda").to(torch.bfloat16)
+    pulled = torch.zeros_like(local)
+    shared = symm_mem.empty(world * n, dtype=torch.bfloat16, device="cuda")
+    handle = symm_mem.rendezvous(shared, dist.group.WORLD.group_name)
+    table = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device="cuda")
+    grid = (triton.cdiv(n, BLOCK), world)
+    peers = [p for p in range(world) if p != rank]
+    streams = {p: torch.cuda.Stream() for p in peers}
+    views = {p: handle.get_buffer(p, (world, n), torch.bfloat16)[rank] for p in peers}
+
+    def copy_engine():
+        main = torch.cuda.current_stream()
+        for p in peers:
+            streams[p].wait_stream(main)
+            with torch.cuda.stream(streams[p]):
+                views[p].copy_(local[p], non_blocking=True)
+        for p in peers:
+            main.wait_stream(streams[p])
+
+    modes = {"sm-push": lambda: _push[grid](local, table, rank, n, W=world, BLOCK=BLOCK, num_warps=8),
+             "sm-pull": lambda: _pull[grid](pulled, table, rank, n, W=world, BLOCK=BLOCK, num_warps=8),
+             "copy-engine": copy_engine}
+    rows = []
+    for name, fn in modes.items():
+        fn()   # compile / warm up
+        torch.cuda.synchronize()
+        seconds = timed(fn, iters)
+        crossed = len(peers) * n * 2
+        rows.append({"mode": name, "seconds": seconds, "bytes_per_direction": crossed,
+                     "gbs": crossed / seconds / 1e9})
+    # the copies landed where they should: peer p's buffer holds local[p] at this rank's slot (pushed, then
+    # copied), and the pull read back from there what this rank had pushed
+    dist.barrier()
+    torch.cuda.synchronize()
+    ok = all(torch.equal(views[p], local[p]) and torch.equal(pulled[p], local[p]) for p in peers)
+    flag = torch.tensor([int(ok)], device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if rank == 0:
+        print(f"{world} x {torch.cuda.get_device_name()}, {mb} MiB to each peer, median of {iters}, slowest rank; "
+              f"data checked: {bool(flag.item())}\n")
+        print("| mode | us | GB/s per direction | % of 450 |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['mode']} | {r['seconds'] * 1e6:.0f} | {r['gbs']:.1f} | {100 * r['gbs'] / NVLINK_GBS:.0f}% |")
+        if out:
+            Path(out).write_text(json.dumps({"world": world, "mb": mb, "checked": bool(flag.item()), "rows": rows},
+                                            indent=1))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=torch.cuda.device_count())
+    ap.add_argument("--mb", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--port", type=int, default=29555)
+    a = ap.parse_args()
+    mp.spawn(worker, args=(a.world, a.port, a.mb, a.iters, a.json), nprocs=a.world)
+
+
+if __name__ == "__main__":
+    main()
