@@ -71,7 +71,7 @@ def worker(rank: int, world: int, port: int, out: str | None) -> None:
         dist.all_reduce(b, op=dist.ReduceOp.AVG)
         rows.append({"BLOCK_H": block_h, "num_warps": warps, "dispatch_us": t_d * 1e6, "combine_us": t_c * 1e6,
                      "remote_bytes": b.item()})
-        del op, graphs
+        graphs.clear()   # the captured graphs hold the op's buffers
         torch.cuda.synchronize()
         dist.barrier()
     if rank == 0:
