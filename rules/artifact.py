@@ -38,6 +38,15 @@ def _read_key(meta_path: str) -> tuple[list | None, str | None]:
     return [st.st_ino, st.st_mtime_ns, st.st_size], key if isinstance(key, str) else None
 
 
+def current_meta(meta_path: str, key: str) -> dict | None:
+    """meta.json's content when that artifact was built from exactly this key, else None."""
+    try:
+        meta = json.loads(Path(meta_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("key") == key else None
+
+
 class KeyIndex:
     """The key in each meta.json, remembered by file identity (inode, mtime, size) in out/.kforge/.
 

@@ -132,7 +132,7 @@ def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
     key, else a "failed" record with the start of its error and what a JIT fallback needs to build it."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
-        meta = _current_meta(t)
+        meta = artifact.current_meta(t.meta_path, t.key)
         if meta is not None:
             meta["binary"] = f"{t.kernel}/{t.config_id}/{meta['binary']}"
             meta["options"] = dict(t.options)
@@ -198,14 +198,6 @@ def runtime_digest(arch: str) -> str:
 def project_version(root: Path) -> str:
     with open(root / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["version"]
-
-
-def _current_meta(t: Target) -> dict | None:
-    try:
-        meta = json.loads(Path(t.meta_path).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("key") == t.key else None
 
 
 def _failure(t: Target) -> dict:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from rules import sources
+from rules import artifact, sources
 from rules.archs import ARCHS
 from rules.targets import Target
 
@@ -67,25 +67,14 @@ def tune_tasks(specs: list, targets: list[Target], root: str) -> Iterator[dict]:
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
     """What a tuning table depends on. The artifacts count by their binaries' sha256: a rebuild that gives
     the same bytes keeps the table, any changed binary (or one more or one fewer config) re-tunes."""
-    built = sorted((t.config_id, sha) for t in targets if (sha := _built_sha256(t)) is not None)
+    metas = ((t.config_id, artifact.current_meta(t.meta_path, t.key)) for t in targets)
+    built = sorted((config_id, meta.get("sha256")) for config_id, meta in metas if meta is not None)
     harness = sources.local_closure(root / spec.tune.harness, root)
     payload = {"schema": TUNE_SCHEMA, "kernel": spec.name, "arch": arch, "artifacts": built,
                "shape_args": spec.tune.shape_args, "shapes": spec.tune.shapes,
-               "harness": [(str(p.relative_to(root.resolve())), _sha256(p)) for p in harness],
-               "tuner": [_sha256(f) for f in TUNER_FILES], "gpu": gpu}
+               "harness": sources.digest_files(harness, root),
+               "tuner": [artifact.sha256(f.read_bytes()) for f in TUNER_FILES], "gpu": gpu}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()
-
-
-def _built_sha256(t: Target) -> str | None:
-    try:
-        meta = json.loads(Path(t.meta_path).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return meta.get("sha256") if isinstance(meta, dict) and meta.get("key") == t.key else None
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @functools.lru_cache(maxsize=None)
