@@ -12,6 +12,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from rules import artifact, isolate, remote_cache
+from rules.doit_commands import tasks_to_run
 from rules.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
@@ -56,17 +57,8 @@ def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
     """Run in the doit master before `doit -n N` forks: import the compiler of the local compiles that will
     run, once, so that the N workers inherit it (Triton: 0.5 s of import and toolchain hash each, measured
     on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast."""
-    seen, todo, toolchains = set(), list(selected), set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in tasks:
-            continue
-        seen.add(name)
-        todo += tasks[name].task_dep
-        compile_info = (tasks[name].meta or {}).get("kforge_compile")
-        if compile_info and compile_info["runs_here"]:
-            toolchains.add(compile_info["toolchain"])
-    for toolchain in sorted(toolchains):
+    runs = [(t.meta or {}).get("kforge_compile") for t in tasks_to_run(tasks, selected)]
+    for toolchain in sorted({info["toolchain"] for info in runs if info and info["runs_here"]}):
         backend = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
         if getattr(backend, "WARM_BEFORE_FORK", False):
             try:

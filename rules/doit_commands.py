@@ -70,3 +70,15 @@ def before_workers_fork(hook) -> None:
         return doit_start(self, job_q, result_q)
     start_processes.kforge = True
     MRunner._run_start_processes = start_processes
+
+
+def tasks_to_run(tasks: dict, selected) -> list:
+    """The selected tasks and everything they depend on (task_dep, setup), each once."""
+    todo, seen = list(selected), {}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen[name] = tasks[name]
+        todo += tasks[name].task_dep + tasks[name].setup_tasks
+    return list(seen.values())

@@ -9,6 +9,7 @@ from pathlib import Path
 from doit.reporter import ConsoleReporter
 
 from rules.artifact import atomic_write
+from rules.doit_commands import tasks_to_run
 
 ERROR_LINES = 6
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
@@ -30,14 +31,7 @@ class BuildReporter(ConsoleReporter):
         self.failed = 0
 
     def initialize(self, tasks, selected_tasks):
-        todo, seen = list(selected_tasks), set()
-        while todo:
-            name = todo.pop()
-            if name in seen or name not in tasks:
-                continue
-            seen.add(name)
-            todo += tasks[name].task_dep + tasks[name].setup_tasks
-        self.total = sum(1 for n in seen if tasks[n].actions and not _is_package(tasks[n]))
+        self.total = sum(1 for t in tasks_to_run(tasks, selected_tasks) if t.actions and not _is_package(t))
         self.write(f"kforge: {self.total} targets selected\n")
 
     def execute_task(self, task):

@@ -172,7 +172,7 @@ def test_compilers_are_imported_before_the_fork_only_for_compiles_that_will_run(
     monkeypatch.setitem(sys.modules, "fake_compile", fake)
     monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
     task = lambda deps=(), **compile_info: types.SimpleNamespace(
-        task_dep=list(deps), meta={"kforge_compile": compile_info} if compile_info else None)
+        task_dep=list(deps), setup_tasks=[], meta={"kforge_compile": compile_info} if compile_info else None)
     tasks = {"fam": task(["fam:a", "fam:b"]), "fam:a": task(toolchain="fake", runs_here=False),
              "fam:b": task(toolchain="fake", runs_here=False), "other:c": task(toolchain="fake", runs_here=True)}
     build.warm_before_fork(tasks, ["fam"], "/root")
