@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from kernels import gemm_tune  # noqa: E402
 from rules.runtime import Library  # noqa: E402
 from rules.runtime.device import runnable_archs  # noqa: E402
-from rules.tuner import check_result, copies_needed, make_launch, median_us  # noqa: E402
+from rules.tuner import checked_time, make_launch, make_problems, median_us  # noqa: E402
 
 # Not in specs/gemm.toml: other M (some not 16-divisible), other model widths. The second set was added
 # after the first had been measured (docs/results.md says what changed in between).
@@ -53,24 +53,17 @@ class Runner:
 
     def __init__(self, bundle, shape: list[int], dtype: torch.dtype, loaded: dict):
         self.bundle, self.shape = bundle, dict(zip(("M", "N", "K"), shape))
-        self.problems = [gemm_tune.problem(self.shape, {"dtype": dtype}, "cuda")]
-        self.problems += [gemm_tune.problem(self.shape, {"dtype": dtype}, "cuda")
-                          for _ in range(copies_needed(self.problems[0]) - 1)]
-        self.expected = self.problems[0]["reference"]()
+        self.problems, self.expected = make_problems(gemm_tune, self.shape, {"dtype": dtype}, "cuda")
         self.loaded = loaded   # config id -> loaded kernel, shared by every shape
 
     def config(self, config_id: str) -> float:
         if config_id not in self.loaded:
             self.loaded[config_id] = self.bundle.load("gemm", config_id)
-        kernel = self.loaded[config_id]
-        launch = make_launch(gemm_tune, kernel, self.shape, self.problems)
-        self.problems[0]["output"].fill_(float("nan"))
-        launch(0)
-        torch.cuda.synchronize()
-        wrong = check_result(self.problems[0], self.expected)
-        if wrong:
-            raise SystemExit(f"gemm {config_id} on {self.shape}: {wrong}")
-        return median_us(launch, len(self.problems))[0]
+        launch = make_launch(gemm_tune, self.loaded[config_id], self.shape, self.problems)
+        timed = checked_time(launch, self.problems, self.expected)
+        if isinstance(timed, str):
+            raise SystemExit(f"gemm {config_id} on {self.shape}: {timed}")
+        return timed[0]
 
     def torch_matmul(self) -> float:
         ps = self.problems

@@ -134,32 +134,44 @@ def make_launch(harness, kernel, shape: dict, problems: list[dict]):
     return launch
 
 
+def make_problems(harness, shape: dict, types: dict, device) -> tuple[list[dict], object]:
+    """The shape's problem, copied as often as rotation past L2 needs, and torch's result for the first."""
+    problems = [harness.problem(shape, types, device)]
+    problems += [harness.problem(shape, types, device) for _ in range(copies_needed(problems[0]) - 1)]
+    return problems, problems[0]["reference"]()
+
+
+def checked_time(launch, problems: list[dict], expected, give_up_over_us: float = math.inf):
+    """(median us, runs) of launch once its first run reproduced `expected`; else why not, as a string."""
+    import torch
+    try:
+        problems[0]["output"].fill_(float("nan"))
+        launch(0)
+        torch.cuda.synchronize()
+        wrong = check_result(problems[0], expected)
+    except Exception as e:   # a refused launch (resources, arguments) rejects this config; a fault that
+        wrong = f"launch failed: {e}"   # breaks the CUDA context fails the next call, and the run, loudly
+    return wrong or median_us(launch, len(problems), give_up_over_us)
+
+
 def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict:
     """One tuned shape: every config's median time, fastest first, and the configs that may not win."""
     import torch
     types = {name: getattr(torch, TORCH_DTYPES[value].split(".")[1]) for name, value in where.items()}
-    problems = [harness.problem(shape, types, device)]
-    problems += [harness.problem(shape, types, device) for _ in range(copies_needed(problems[0]) - 1)]
-    expected = problems[0]["reference"]()
+    problems, expected = make_problems(harness, shape, types, device)
     ranking, rejected = [], []
     for kernel in kernels:
         entry = kernel.entry
         if not handles(entry, shape):
             rejected.append({"config_id": entry["config_id"], "why": "its divisibility promises exclude this shape"})
             continue
-        launch = make_launch(harness, kernel, shape, problems)
-        try:
-            problems[0]["output"].fill_(float("nan"))
-            launch(0)
-            torch.cuda.synchronize()
-            wrong = check_result(problems[0], expected)
-        except Exception as e:   # a refused launch (resources, arguments) rejects this config; a fault that
-            wrong = f"launch failed: {e}"   # breaks the CUDA context fails the next call, and the run, loudly
-        if wrong:
-            rejected.append({"config_id": entry["config_id"], "why": wrong})
-            continue
         best = min((r["us"] for r in ranking), default=math.inf)
-        us, runs = median_us(launch, len(problems), give_up_over_us=GIVE_UP_OVER_BEST * best)
+        timed = checked_time(make_launch(harness, kernel, shape, problems), problems, expected,
+                             GIVE_UP_OVER_BEST * best)
+        if isinstance(timed, str):
+            rejected.append({"config_id": entry["config_id"], "why": timed})
+            continue
+        us, runs = timed
         ranking.append({"config_id": entry["config_id"], "us": round(us, 3), "runs": runs})
     ranking.sort(key=lambda r: r["us"])
     return {"shape": list(shape.values()), "where": where, "copies": len(problems), "ranking": ranking,

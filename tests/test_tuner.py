@@ -14,3 +14,33 @@ def test_one_tuning_at_a_time_per_gpu(tmp_path):
     assert subprocess.run([sys.executable, "-c", try_lock, str(tmp_path / ".gpu1.lock")]).returncode == 0
     held.close()
     assert subprocess.run([sys.executable, "-c", try_lock, lock_file]).returncode == 0   # released
+
+
+def test_a_config_is_timed_only_after_it_reproduced_torchs_result(monkeypatch):
+    """The check-then-time step on CPU tensors (the GPU's sync and timing stubbed): a right result is timed,
+    a wrong one and a failed launch are reasons, never times."""
+    import types
+
+    import torch
+
+    from rules import tuner
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(tuner, "copies_needed", lambda problem: 2)
+    monkeypatch.setattr(tuner, "median_us", lambda launch, copies, give_up=None: (5.0, 7))
+    harness = types.SimpleNamespace(problem=lambda shape, types, device: {
+        "args": {"x": torch.arange(4.0)}, "output": torch.empty(4), "reference": lambda: torch.arange(4.0) * 2,
+        "atol": 1e-3, "rtol": 1e-3})
+    problems, expected = tuner.make_problems(harness, {"n": 4}, {}, "cpu")
+    assert len(problems) == 2 and torch.equal(expected, torch.arange(4.0) * 2)
+
+    def right(i):
+        problems[i]["output"].copy_(problems[i]["args"]["x"] * 2)
+
+    def wrong(i):
+        problems[i]["output"].copy_(problems[i]["args"]["x"] * 3)
+
+    def refused(i):
+        raise RuntimeError("too many resources requested for launch")
+    assert tuner.checked_time(right, problems, expected) == (5.0, 7)
+    assert tuner.checked_time(wrong, problems, expected).startswith("wrong result: max abs error 3")
+    assert tuner.checked_time(refused, problems, expected) == "launch failed: too many resources requested for launch"
