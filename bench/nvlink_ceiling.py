@@ -29,25 +29,18 @@ BLOCK = 8192
 
 
 @triton.jit
-def _push(src_ptr, table, rank, n, W: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (c, p): chunk c of the block for peer p, stored into p's buffer at this rank's slot."""
+def _copy(local_ptr, table, rank, n, PUSH: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (c, p): chunk c between the local block for peer p and this rank's slot in p's buffer;
+    PUSH stores into the peer (sender's SMs), else loads from it (receiver's SMs)."""
     c, p = tl.program_id(0), tl.program_id(1)
     if p != rank:
         offs = c * BLOCK + tl.arange(0, BLOCK)
-        dst = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16)
-        v = tl.load(src_ptr + p * n + offs, mask=offs < n)
-        tl.store(dst + rank * n + offs, v, mask=offs < n)
-
-
-@triton.jit
-def _pull(dst_ptr, table, rank, n, W: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (c, p): chunk c of this rank's slot in peer p's buffer, loaded into the local block for p."""
-    c, p = tl.program_id(0), tl.program_id(1)
-    if p != rank:
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        src = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16)
-        v = tl.load(src + rank * n + offs, mask=offs < n)
-        tl.store(dst_ptr + p * n + offs, v, mask=offs < n)
+        peer = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16) + rank * n + offs
+        here = local_ptr + p * n + offs
+        if PUSH:
+            tl.store(peer, tl.load(here, mask=offs < n), mask=offs < n)
+        else:
+            tl.store(here, tl.load(peer, mask=offs < n), mask=offs < n)
 
 
 def timed(fn, iters: int) -> float:
@@ -90,8 +83,8 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         for p in peers:
             main.wait_stream(streams[p])
 
-    modes = {"sm-push": lambda: _push[grid](local, table, rank, n, W=world, BLOCK=BLOCK, num_warps=8),
-             "sm-pull": lambda: _pull[grid](pulled, table, rank, n, W=world, BLOCK=BLOCK, num_warps=8),
+    modes = {"sm-push": lambda: _copy[grid](local, table, rank, n, PUSH=True, BLOCK=BLOCK, num_warps=8),
+             "sm-pull": lambda: _copy[grid](pulled, table, rank, n, PUSH=False, BLOCK=BLOCK, num_warps=8),
              "copy-engine": copy_engine}
     rows = []
     for name, fn in modes.items():
