@@ -64,7 +64,8 @@ def timed_back_to_back(fn, calls: int = 50) -> float:
     return t.item()
 
 
-def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library, dtype: str) -> dict:
+def problem(tokens: int, rank: int, world: int, dtype: str):
+    """(cfg, x, topk_idx, topk_w, x_scales) of the benchmark: H=7168, top-8 of 32 experts per rank."""
     cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens,
                    dtype=dtype)
     g = torch.Generator().manual_seed(rank)
@@ -74,23 +75,37 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
         x, scales = quantize_fp8(x, cfg.scale_block)
     idx = routing("random", tokens, cfg.topk, cfg.experts_per_rank, world, rank, g).cuda()
     w = torch.rand(tokens, cfg.topk, generator=g).cuda()
+    return cfg, x, idx, w, scales
+
+
+def ready_op(cfg, x, idx, w, scales, rank: int, library=None):
+    """(op, its first dispatch, rows received from other ranks): one call each way compiles the kernels,
+    and combine then reads expert outputs written in place."""
     op = EpDispatchCombine(cfg, library=library)
     d = op.dispatch(x, idx, w, scales)
     op.expert_output().copy_(d.x)
-    op.combine(None, d.handle)   # compiles the kernels
+    op.combine(None, d.handle)
     torch.cuda.synchronize()
     n = int(d.num_recv)
-    remote = int((d.src[:n] // tokens != rank).sum())
+    return op, d, int((d.src[:n] // cfg.max_tokens_per_rank != rank).sum())
+
+
+def captured(fn):
+    """fn captured in a CUDA graph: the replay runs the op without Python's launch overhead."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library, dtype: str) -> dict:
+    cfg, x, idx, w, scales = problem(tokens, rank, world, dtype)
+    op, d, remote = ready_op(cfg, x, idx, w, scales, rank, library)
+    n = int(d.num_recv)
     run_dispatch = lambda: op.dispatch(x, idx, w, scales)
     run_combine = lambda: op.combine(None, d.handle)
-    if graph:   # the op's own latency, without Python's launch overhead
-        graphs = []
-        for fn in (run_dispatch, run_combine):
-            cg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cg):
-                fn()
-            graphs.append(cg)
-        run_dispatch, run_combine = graphs[0].replay, graphs[1].replay
+    if graph:
+        run_dispatch, run_combine = captured(run_dispatch).replay, captured(run_combine).replay
     ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
     y = ref.x.to(op.expert_output().dtype)
     results = {

@@ -18,11 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.ep_bandwidth import NVLINK_GBS, timed_back_to_back  # noqa: E402
+from bench.ep_bandwidth import NVLINK_GBS, captured, problem, ready_op, timed_back_to_back  # noqa: E402
 from kernels.ep import launch  # noqa: E402
-from kernels.ep.cases import routing  # noqa: E402
-from kernels.ep.config import EpConfig  # noqa: E402
-from kernels.ep.op import EpDispatchCombine  # noqa: E402
 
 VARIANTS = [(1024, 4), (1024, 8), (2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16)]
 
@@ -42,30 +39,16 @@ def worker(rank: int, world: int, port: int, out: str | None) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     tokens = 4096
-    cfg = EpConfig(world_size=world, hidden=7168, experts_per_rank=32, topk=8, max_tokens_per_rank=tokens)
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(tokens, cfg.hidden, generator=g).to(torch.bfloat16).cuda()
-    idx = routing("random", tokens, cfg.topk, cfg.experts_per_rank, world, rank, g).cuda()
-    w = torch.rand(tokens, cfg.topk, generator=g).cuda()
+    cfg, x, idx, w, _ = problem(tokens, rank, world, "bf16")
     originals = dict(launch.FAMILIES)
     rows = []
     for block_h, warps in VARIANTS:
         for family in ("ep_dispatch", "ep_combine"):
             launch.CONSTANTS[family] = {"BLOCK_H": block_h}
             launch.FAMILIES[family] = WithWarps(originals[family], warps)
-        op = EpDispatchCombine(cfg)
-        d = op.dispatch(x, idx, w)
-        op.expert_output().copy_(d.x)
-        op.combine(None, d.handle)
-        torch.cuda.synchronize()
-        n = int(d.num_recv)
-        remote = int((d.src[:n] // tokens != rank).sum()) * cfg.row_bytes
-        graphs = []
-        for fn in (lambda: op.dispatch(x, idx, w), lambda: op.combine(None, d.handle)):
-            cg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cg):
-                fn()
-            graphs.append(cg)
+        op, d, remote_rows = ready_op(cfg, x, idx, w, None, rank)
+        remote = remote_rows * cfg.row_bytes
+        graphs = [captured(lambda: op.dispatch(x, idx, w)), captured(lambda: op.combine(None, d.handle))]
         t_d, t_c = timed_back_to_back(graphs[0].replay), timed_back_to_back(graphs[1].replay)
         b = torch.tensor([float(remote)], device="cuda", dtype=torch.float64)
         dist.all_reduce(b, op=dist.ReduceOp.AVG)
