@@ -112,19 +112,16 @@ class EpDispatchCombine:
             self.y[:y.shape[0]].copy_(y)
         T = handle.shape[0]
         out = torch.empty(T, self.cfg.hidden, dtype=self.y.dtype, device="cuda")
-        self._barrier()   # every rank's y is in place
+        self.barrier()   # every rank's y is in place
         if T:
             config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
             self.kernels("ep_combine", config, (T,), out, handle, self._y_table, self.cfg.hidden)
-        self._barrier()   # every rank has read what it needs: y may be overwritten
+        self.barrier()   # every rank has read what it needs: y may be overwritten
         return out
 
     def barrier(self) -> None:
         """A device-side barrier of the group on the current stream (no host sync): e.g. to line the ranks'
         streams up before timing a call."""
-        self._barrier()
-
-    def _barrier(self) -> None:
         self.kernels("ep_barrier", {"W": self.cfg.world_size}, (1,), self._flag_table, self.epoch, self.rank)
 
     def _check_inputs(self, x, topk_idx, topk_w, x_scales) -> int:
