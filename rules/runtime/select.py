@@ -49,13 +49,14 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
         raise NoTunedConfig(f"{table.get('kernel')}: the shape needs {args}; missing {missing}")
     wanted = [shape[a] for a in args]
     tuned = sorted(_rows_for(table, where or {}), key=lambda s: distance(s["shape"], wanted))
-    tied = [s for s in tuned if math.isclose(distance(s["shape"], wanted), distance(tuned[0]["shape"], wanted))]
+    nearest = distance(tuned[0]["shape"], wanted)
+    tied = [s for s in tuned if math.isclose(distance(s["shape"], wanted), nearest)]
     if len(tied) > 1:
         pick = _best_across(tied, shape, entries)
         if pick is not None:
             config_id, slowdown = pick
             return config_id, (f"equally near tuned shapes {', '.join(str(s['shape']) for s in tied)} (log2 L1 "
-                               f"distance {distance(tied[0]['shape'], wanted):.2f}): the config closest to each "
+                               f"distance {nearest:.2f}): the config closest to each "
                                f"one's best across them ({slowdown:.2f}x their best, geometric mean)")
     for s in tuned:
         for rank, row in enumerate(s["ranking"]):
