@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.ep_bandwidth import NVLINK_GBS, captured, problem, ready_op, timed_back_to_back  # noqa: E402
 from kernels.ep import launch  # noqa: E402
 
-VARIANTS = [(1024, 4), (1024, 8), (2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16)]
+VARIANTS = [(512, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8), (2048, 16)]
 
 
 class WithWarps:

@@ -4,8 +4,10 @@ Usage (on a multi-GPU host with Triton): python bench/nvlink_ceiling.py [--world
 Every rank sends --mb MiB to every other rank at once, into symmetric memory, three ways:
 - sm-push: a Triton kernel on the sender's SMs stores into the peers' buffers (the EP dispatch's way);
 - sm-pull: a Triton kernel on the receiver's SMs loads from the peers' buffers (the EP combine's way);
-  it reads back what sm-push stored, which the run checks;
-- copy-engine: copy_() into each peer's buffer, one stream per peer (cudaMemcpy peer-to-peer, no SMs).
+  it reads back what sm-push stored, which the run checks; both for a few (bytes per program, warps);
+- tma-push, tma-pull: the same through the TMA unit (tensor descriptors made on the device);
+- copy-engine: copy_() into each peer's buffer, one stream per peer (cudaMemcpy peer-to-peer, no SMs);
+- nccl: torch.distributed.all_to_all_single of the same blocks (its own buffers, its own kernels).
 GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
 of --iters; the percentage is of 450 GB/s (H100/H200 NVLink 4).
 """
@@ -25,22 +27,39 @@ import triton
 import triton.language as tl
 
 NVLINK_GBS = 450.0
-BLOCK = 8192
+SM_VARIANTS = [(2048, 4), (8192, 8), (8192, 16), (32768, 16)]   # (bf16 elements per program, warps)
+TMA_VARIANTS = [(16, 4), (64, 4), (64, 8)]   # (256-element rows per program, warps)
 
 
 @triton.jit
-def _copy(local_ptr, table, rank, n, PUSH: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (c, p): chunk c between the local block for peer p and this rank's slot in p's buffer;
-    PUSH stores into the peer (sender's SMs), else loads from it (receiver's SMs)."""
-    c, p = tl.program_id(0), tl.program_id(1)
-    if p != rank:
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        peer = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16) + rank * n + offs
-        here = local_ptr + p * n + offs
-        if PUSH:
-            tl.store(peer, tl.load(here, mask=offs < n), mask=offs < n)
-        else:
-            tl.store(here, tl.load(peer, mask=offs < n), mask=offs < n)
+def _copy(local_ptr, table, rank, n, W: tl.constexpr, PUSH: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (i, c): chunk c between the local block for peer p = rank + 1 + i (mod W) and this rank's slot
+    in p's buffer; PUSH stores into the peer (sender's SMs), else loads from it (receiver's SMs). Axis 0 runs
+    over the peers first, so the blocks in flight at any moment spread over every receiver's links."""
+    p = (rank + 1 + tl.program_id(0)) % W
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    peer = tl.multiple_of(tl.load(table + p).to(tl.pointer_type(tl.bfloat16)), 16) + rank * n + offs
+    here = local_ptr + p * n + offs
+    if PUSH:
+        tl.store(peer, tl.load(here, mask=offs < n), mask=offs < n)
+    else:
+        tl.store(here, tl.load(peer, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def _tma_copy(local_ptr, table, rank, n, W: tl.constexpr, PUSH: tl.constexpr, ROWS: tl.constexpr):
+    """_copy through the TMA unit: each side is an [n / 256, 256] tensor, a program moves ROWS x 256 of it
+    (global -> shared memory -> global, one bulk copy each way)."""
+    p = (rank + 1 + tl.program_id(0)) % W
+    row = tl.program_id(1) * ROWS
+    peer = tl.load(table + p).to(tl.pointer_type(tl.bfloat16)) + rank * n
+    here = local_ptr + p * n
+    peer_tiles = tl.make_tensor_descriptor(peer, [n // 256, 256], [256, 1], [ROWS, 256])
+    here_tiles = tl.make_tensor_descriptor(here, [n // 256, 256], [256, 1], [ROWS, 256])
+    if PUSH:
+        peer_tiles.store([row, 0], here_tiles.load([row, 0]))
+    else:
+        here_tiles.store([row, 0], peer_tiles.load([row, 0]))
 
 
 def timed(fn, iters: int) -> float:
@@ -69,7 +88,6 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
     shared = symm_mem.empty(world * n, dtype=torch.bfloat16, device="cuda")
     handle = symm_mem.rendezvous(shared, dist.group.WORLD.group_name)
     table = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device="cuda")
-    grid = (triton.cdiv(n, BLOCK), world)
     peers = [p for p in range(world) if p != rank]
     streams = {p: torch.cuda.Stream() for p in peers}
     views = {p: handle.get_buffer(p, (world, n), torch.bfloat16)[rank] for p in peers}
@@ -83,9 +101,25 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         for p in peers:
             main.wait_stream(streams[p])
 
-    modes = {"sm-push": lambda: _copy[grid](local, table, rank, n, PUSH=True, BLOCK=BLOCK, num_warps=8),
-             "sm-pull": lambda: _copy[grid](pulled, table, rank, n, PUSH=False, BLOCK=BLOCK, num_warps=8),
-             "copy-engine": copy_engine}
+    def sm(push: bool, block: int, warps: int):
+        grid = (world - 1, triton.cdiv(n, block))
+        return lambda: _copy[grid](local if push else pulled, table, rank, n, W=world, PUSH=push, BLOCK=block,
+                                   num_warps=warps)
+
+    modes = {f"sm-{'push' if push else 'pull'} {block * 2 // 1024} KiB/{warps}w": sm(push, block, warps)
+             for push in (True, False) for block, warps in SM_VARIANTS}
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+    def tma(push: bool, rows: int, warps: int):
+        grid = (world - 1, triton.cdiv(n // 256, rows))
+        return lambda: _tma_copy[grid](local if push else pulled, table, rank, n, W=world, PUSH=push, ROWS=rows,
+                                       num_warps=warps)
+
+    modes.update({f"tma-{'push' if push else 'pull'} {rows // 2} KiB/{warps}w": tma(push, rows, warps)
+                  for push in (True, False) for rows, warps in TMA_VARIANTS})
+    modes["copy-engine"] = copy_engine
+    received = torch.empty_like(local)
+    modes["nccl all_to_all_single"] = lambda: dist.all_to_all_single(received, local)
     rows = []
     for name, fn in modes.items():
         fn()   # compile / warm up

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
 from kernels.ep.config import FP8, EpConfig
-from kernels.ep.launch import EpKernels
+from kernels.ep.launch import CONSTANTS, EpKernels
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn}
 KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "fp8e4nv"}   # the specs' dtype names
@@ -90,7 +90,7 @@ class EpDispatchCombine:
             fp8 = x_scales is not None
             config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
                       "HAS_SCALES": fp8}
-            self.kernels("ep_dispatch", config, (T,), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
+            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
                          x_scales if fp8 else self.recv_scales, pos, self.matrix, handle, self._recv_x_table,
                          self._recv_idx_table, self._recv_w_table, self._recv_scale_table, self._recv_src_table,
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
@@ -115,9 +115,13 @@ class EpDispatchCombine:
         self.barrier()   # every rank's y is in place
         if T:
             config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
-            self.kernels("ep_combine", config, (T,), out, handle, self._y_table, self.cfg.hidden)
+            self.kernels("ep_combine", config, (T, self._chunks("ep_combine")), out, handle, self._y_table, self.cfg.hidden)
         self.barrier()   # every rank has read what it needs: y may be overwritten
         return out
+
+    def _chunks(self, family: str) -> int:
+        """Programs per row: the kernels move BLOCK_H elements of a row each."""
+        return -(-self.cfg.hidden // CONSTANTS[family]["BLOCK_H"])
 
     def barrier(self) -> None:
         """A device-side barrier of the group on the current stream (no host sync): e.g. to line the ranks'

@@ -14,15 +14,21 @@ def _peer(table, rank, ty: tl.constexpr):
 
 @triton.jit
 def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr):
-    """Every rank signals every rank, then waits for all: one program, called by one thread block."""
+    """Every rank signals every rank, then waits for all: one program, called by one thread block. The W
+    signals and the W polls go out as one vector each: W sequential NVLink round trips per barrier cost
+    microseconds."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
     tl.debug_barrier()   # this block's earlier stores are ordered before the release below
     epoch = tl.load(epoch_ptr) + 1
-    mine = _peer(flag_table, rank, tl.int32)
-    for p in tl.static_range(W):
-        tl.atomic_xchg(_peer(flag_table, p, tl.int32) + rank, epoch, sem="release", scope="sys")
-    for p in tl.static_range(W):
-        while tl.atomic_add(mine + p, 0, sem="acquire", scope="sys") < epoch:
-            pass
+    ps = tl.arange(0, W_POW2)
+    live = ps < W
+    peers = tl.load(flag_table + ps, mask=live, other=0).to(tl.pointer_type(tl.int32))
+    tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=live, sem="release", scope="sys")
+    mine = _peer(flag_table, rank, tl.int32) + ps
+    behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
+    while behind > 0:
+        seen = tl.atomic_add(mine, 0, mask=live, sem="acquire", scope="sys")
+        behind = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
     tl.store(epoch_ptr, epoch)
     tl.debug_barrier()
 
@@ -57,16 +63,18 @@ def exchange_counts_kernel(counts_ptr, matrix_table, flag_table, epoch_ptr, rank
 @triton.jit
 def route_kernel(idx_ptr, pos_ptr, counts_ptr, T, E, K: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr):
     """Program d: pos[t, d] = how many earlier tokens go to rank d (-1: token t does not), counts[d] = total.
-    A token goes to d once however many of its K experts live there; ids < 0 or >= E * W go nowhere."""
+    A token goes to d once however many of its K experts live there; ids < 0 or >= E * W go nowhere.
+    Ids are read as [BLOCK_T, K] tiles: whole rows per load, not K strided column loads."""
+    K_POW2: tl.constexpr = triton.next_power_of_2(K)
     d = tl.program_id(0)
+    ks = tl.arange(0, K_POW2)
     carry = tl.zeros([], dtype=tl.int32)
     for t0 in range(0, T, BLOCK_T):
         ts = t0 + tl.arange(0, BLOCK_T)
         inside = ts < T
-        hit = tl.zeros([BLOCK_T], dtype=tl.int32)
-        for k in tl.static_range(K):
-            e = tl.load(idx_ptr + ts.to(tl.int64) * K + k, mask=inside, other=-1)
-            hit = tl.maximum(hit, ((e >= 0) & (e < E * W) & (e // E == d)).to(tl.int32))
+        e = tl.load(idx_ptr + ts.to(tl.int64)[:, None] * K + ks[None, :], mask=inside[:, None] & (ks < K)[None, :],
+                    other=-1)
+        hit = tl.max(((e >= 0) & (e < E * W) & (e // E == d)).to(tl.int32), axis=1)
         before = tl.cumsum(hit, axis=0) - hit
         tl.store(pos_ptr + ts.to(tl.int64) * W + d, tl.where(hit > 0, carry + before, -1), mask=inside)
         carry += tl.sum(hit, axis=0)
@@ -89,46 +97,48 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, matrix_ptr, handl
                     recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
                     W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
                     BLOCK_H: tl.constexpr):
-    """Program t sends token t's row (and its ids, weights, S block scales, source id) to each rank it goes
-    to, at the row the count matrix gives it there, and records that row in handle[t, d] for combine. The
-    receivers' scale rows are S_STRIDE apart, a multiple of 4: 16-byte stores, not S tiny NVLink writes."""
+    """Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token goes to, at
+    the row the count matrix gives it there; chunk 0's program also sends the ids, weights, S block scales
+    and source id, and records the rows in handle[t, d] for combine. A chunk per program: one sequential
+    round of stores, so a few tokens still fill the GPU. The receivers' scale rows are S_STRIDE apart, a
+    multiple of 4: 16-byte stores, not S tiny NVLink writes."""
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
     SCALE_CHUNK: tl.constexpr = 64
     t = tl.program_id(0).to(tl.int64)
+    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    v = tl.load(x_ptr + t * H + hs, mask=hs < H)
     for d in tl.static_range(W):
         row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
-        tl.store(handle_ptr + t * W + d, row.to(tl.int32))
-        if row >= 0:   # ids and weights as one K-wide store each: K scalar stores would be K tiny NVLink writes
-            ks = tl.arange(0, K_POW2)
-            tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks, tl.load(idx_ptr + t * K + ks, mask=ks < K),
-                     mask=ks < K)
-            if HAS_W:
-                tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks, tl.load(w_ptr + t * K + ks, mask=ks < K),
-                         mask=ks < K)
-            if HAS_SCALES:
-                for s0 in range(0, S, SCALE_CHUNK):
-                    ss = s0 + tl.arange(0, SCALE_CHUNK)
-                    dst = _peer(recv_scale_table, d, tl.float32) + tl.multiple_of(row * S_STRIDE, 4) + ss
-                    tl.store(dst, tl.load(scale_ptr + t * S + ss, mask=ss < S), mask=ss < S)
-            tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
-    for h0 in range(0, H, BLOCK_H):
-        hs = h0 + tl.arange(0, BLOCK_H)
-        v = tl.load(x_ptr + t * H + hs, mask=hs < H)
+        if row >= 0:
+            tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
+    if tl.program_id(1) == 0:
         for d in tl.static_range(W):
             row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
-            if row >= 0:
-                tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
+            tl.store(handle_ptr + t * W + d, row.to(tl.int32))
+            if row >= 0:   # ids and weights as one K-wide store each: K scalar stores would be K tiny NVLink writes
+                ks = tl.arange(0, K_POW2)
+                tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks,
+                         tl.load(idx_ptr + t * K + ks, mask=ks < K), mask=ks < K)
+                if HAS_W:
+                    tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks,
+                             tl.load(w_ptr + t * K + ks, mask=ks < K), mask=ks < K)
+                if HAS_SCALES:
+                    for s0 in range(0, S, SCALE_CHUNK):
+                        ss = s0 + tl.arange(0, SCALE_CHUNK)
+                        dst = _peer(recv_scale_table, d, tl.float32) + tl.multiple_of(row * S_STRIDE, 4) + ss
+                        tl.store(dst, tl.load(scale_ptr + t * S + ss, mask=ss < S), mask=ss < S)
+                tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
 
 
 @triton.jit
 def combine_kernel(out_ptr, dest_row_ptr, y_table, H, W: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t] = sum over destinations d (ascending) of y_d[row_d(t)], accumulated in f32, rounded once."""
+    """Program (t, c): chunk c of out[t] = sum over destinations d (ascending) of y_d[row_d(t)], accumulated
+    in f32, rounded once. The W loads are independent: one round trip per program."""
     t = tl.program_id(0).to(tl.int64)
-    for h0 in range(0, H, BLOCK_H):
-        hs = h0 + tl.arange(0, BLOCK_H)
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for d in tl.static_range(W):
-            row = tl.load(dest_row_ptr + t * W + d).to(tl.int64)
-            src = _peer(y_table, d, out_ptr.dtype.element_ty) + tl.maximum(row, 0) * H + hs
-            acc += tl.load(src, mask=(hs < H) & (row >= 0), other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * H + hs, acc.to(out_ptr.dtype.element_ty), mask=hs < H)
+    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for d in tl.static_range(W):
+        row = tl.load(dest_row_ptr + t * W + d).to(tl.int64)
+        src = _peer(y_table, d, out_ptr.dtype.element_ty) + tl.maximum(row, 0) * H + hs
+        acc += tl.load(src, mask=(hs < H) & (row >= 0), other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + hs, acc.to(out_ptr.dtype.element_ty), mask=hs < H)

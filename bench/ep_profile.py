@@ -1,0 +1,75 @@
+"""Where a dispatch and a combine spend their GPU time: each kernel's mean duration (torch.profiler, CUPTI),
+at 4096 tokens/rank, H=7168, top-8, 32 experts/rank, the shapes of bench/ep_bandwidth.py.
+
+Usage (on a multi-GPU host): python bench/ep_profile.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
+Barrier kernels' times include waiting for the slowest rank; the table gives the min and max over ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.ep_bandwidth import problem, ready_op  # noqa: E402
+
+
+def kernel_means(fn, calls: int) -> dict[str, float]:
+    """Mean GPU microseconds per call of each kernel fn launches."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total[event.name[:60]] += event.device_time / calls
+    return dict(total)
+
+
+def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, calls: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    library = None
+    if dist_dir:
+        from rules.runtime import Library
+        library = Library(dist_dir)
+    cfg, x, idx, w, scales = problem(4096, rank, world, dtype)
+    op, d, _ = ready_op(cfg, x, idx, w, scales, rank, library)
+    tables = {"dispatch": kernel_means(lambda: op.dispatch(x, idx, w, scales), calls),
+              "combine": kernel_means(lambda: op.combine(None, d.handle), calls)}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, tables)
+    if rank == 0:
+        print(f"{world} x {torch.cuda.get_device_name()}, 4096 tokens/rank, H=7168, top-8, {dtype}, "
+              f"mean of {calls} eager calls\n")
+        print("| op | kernel | us, min over ranks | us, max over ranks |")
+        print("|---|---|---|---|")
+        for op_name in tables:
+            for kernel in tables[op_name]:
+                times = [g[op_name].get(kernel, 0.0) for g in gathered]
+                print(f"| {op_name} | {kernel} | {min(times):.1f} | {max(times):.1f} |")
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=torch.cuda.device_count())
+    ap.add_argument("--port", type=int, default=29566)
+    ap.add_argument("--dist", default=None, help="run the op's precompiled kernels from these bundles")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_e4m3"])
+    ap.add_argument("--calls", type=int, default=20)
+    a = ap.parse_args()
+    mp.spawn(worker, args=(a.world, a.port, a.dist, a.dtype, a.calls), nprocs=a.world)
+
+
+if __name__ == "__main__":
+    main()
