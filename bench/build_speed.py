@@ -7,6 +7,9 @@ doit runs the kernel families by name: the same compile work as the pool, withou
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
 workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
+Columns: CPU s = busy CPU seconds of the whole machine during the mode; compiler s = seconds inside
+triton.compile (or FlyDSL's compile), summed over targets; job s = seconds per job as its worker saw it
+(doit: the task's action, compile server round trip included), summed; jobs running, mean = job s / wall.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
+from bench.common import fresh_copy, run_doit  # noqa: E402
 from rules.archs import parse_arch_list  # noqa: E402
 from rules.project import load_specs  # noqa: E402
 from rules.build import TOOLCHAIN_MODULES  # noqa: E402
@@ -43,40 +46,43 @@ def _pool_init(toolchain: str, arch: str | None, root: str) -> None:
     _worker["module"] = module
 
 
-def pool_compile(target) -> bool:
+def pool_compile(target) -> tuple[bool, float, float]:
+    """(ok, seconds of the job, seconds inside the compiler)."""
+    start = time.perf_counter()
     scratch = tempfile.mkdtemp()
     try:
-        _worker["module"].compile_one((target, scratch))
-        return True
+        result = _worker["module"].compile_one((target, scratch))
+        return True, time.perf_counter() - start, result.get("compile_seconds", 0.0)
     except Exception:
-        return False
+        return False, time.perf_counter() - start, 0.0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def pool_build(project: Path, workers: int, archs) -> int:
+def pool_build(project: Path, workers: int, archs) -> dict:
     """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
     (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process)."""
     targets = build_targets(load_specs(project), project, project / "out", archs)
     groups: dict[tuple[str, str | None], list] = {}
     for t in targets:
         groups.setdefault((t.toolchain, t.arch if t.toolchain == "flydsl" else None), []).append(t)
-    ok = 0
+    jobs = []
     for (toolchain, arch), group in groups.items():
         with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
                                  initargs=(toolchain, arch, str(project))) as pool:
-            ok += sum(pool.map(pool_compile, group, chunksize=1))
-    return ok
+            jobs += pool.map(pool_compile, group, chunksize=1)
+    return {"targets": sum(ok for ok, _, _ in jobs), "job_seconds": sum(s for _, s, _ in jobs),
+            "compile_seconds": sum(c for _, _, c in jobs)}
 
 
-def time_pool(project: Path, workers: int, archs_text: str | None) -> tuple[float, int]:
+def time_pool(project: Path, workers: int, archs_text: str | None) -> tuple[float, dict]:
     """The pool loop as a command of its own, timed from outside like `doit`: interpreter start, imports
     and loading the catalog count for both."""
     cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers)] + \
         (["--archs", archs_text] if archs_text else [])
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return time.perf_counter() - start, int(out.stdout.strip().splitlines()[-1])
+    return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -92,15 +98,16 @@ def main() -> None:
     a = ap.parse_args()
     archs = parse_arch_list(a.archs, "--archs") if a.archs else None
     if a.pool_child:
-        print(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs))
+        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
     runs = [("doit", n) for n in a.jobs] + [("pool", n) for n in a.pool]
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
+            cpu = machine_cpu_seconds()
             row = run_doit_mode(work, n, a) if kind == "doit" else run_pool_mode(work, n, a)
-            row["repetition"] = rep + 1
+            row.update(repetition=rep + 1, cpu_seconds=round(machine_cpu_seconds() - cpu, 1))
             rows.append(row)
             print(f"{row['mode']} (repetition {rep + 1}): {row['seconds']:.1f} s, {row['targets']} built", flush=True)
     print_table(rows)
@@ -108,19 +115,30 @@ def main() -> None:
         Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
 
 
+def machine_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat): a mode's whole compile work (workers,
+    compile servers, ptxas), whoever reaps its processes; the bench machines run nothing else meanwhile."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run_doit_mode(work: Path, n: int, a) -> dict:
     project = fresh_copy(work / f"doit-n{n}", a.specs)
     extra = [f"archs={a.archs}"] if a.archs else []
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
     seconds = run_doit(project, "-n", str(n), *extra, *families)
-    counts = report_counts(project)
-    return {"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": counts["built"], "failed": counts["failed"]}
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    tasks = report["tasks"]
+    return {"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": report["counts"]["built"],
+            "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
+            "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}
 
 
 def run_pool_mode(work: Path, n: int, a) -> dict:
     project = fresh_copy(work / f"pool-{n}", a.specs)
-    seconds, ok = time_pool(project, n, a.archs)
-    return {"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "targets": ok, "failed": 0}
+    seconds, result = time_pool(project, n, a.archs)
+    return {"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "failed": 0, **result}
 
 
 def print_table(all_rows: list[dict]) -> None:
@@ -130,8 +148,9 @@ def print_table(all_rows: list[dict]) -> None:
         rows = [r for r in all_rows if r["repetition"] == rep]
         base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
         print(f"\nrepetition {rep} on {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
-        print("| mode | targets | wall s | targets/s | speedup vs -n 1 | speedup / N | vs pool at same N |")
-        print("|---|---|---|---|---|---|---|")
+        print("| mode | targets | wall s | targets/s | CPU s | compiler s | job s | jobs running, mean | speedup vs -n 1 "
+              "| speedup / N | vs pool at same N |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
             speed = base / r["seconds"] if base else None
@@ -142,10 +161,16 @@ def print_table(all_rows: list[dict]) -> None:
                 ratios.setdefault(f"{r['mode']} vs pool", []).append(vs_pool)
             fmt = lambda x, f: f.format(x) if x is not None else "-"
             print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
+                  f"{r['cpu_seconds']} | {r['compile_seconds']:.1f} | {r['job_seconds']:.1f} | "
+                  f"{r['job_seconds'] / r['seconds']:.2f} | "
                   f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
                   f"{fmt(vs_pool, '{:.2f}')} |")
     for name, values in ratios.items():
-        print(f"{name}: {', '.join(f'{v:.2f}' for v in values)}; median {statistics.median(values):.2f}")
+        spread = ""
+        if len(values) > 2:   # a 95% interval of the mean ratio (normal approximation)
+            half = 1.96 * statistics.stdev(values) / len(values) ** 0.5
+            spread = f", mean {statistics.mean(values):.3f} +- {half:.3f}"
+        print(f"{name}: {', '.join(f'{v:.2f}' for v in values)}; median {statistics.median(values):.2f}{spread}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -103,6 +104,7 @@ class Server:
 
 def _serve(conn, fn, setup) -> None:
     try:
+        gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
         _die_with_parent()
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
         signal.signal(signal.SIGINT, signal.SIG_DFL)
