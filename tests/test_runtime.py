@@ -157,20 +157,54 @@ def test_jit_fallback_is_opt_in_and_builds_from_the_recorded_recipe(dist, monkey
         sys.modules.pop(name, None)
 
 
+class FakeTensor:
+    def __init__(self, address, dtype="torch.bfloat16", is_cuda=True):
+        self.address, self.dtype, self.is_cuda = address, dtype, is_cuda
+
+    def data_ptr(self):
+        return self.address
+
+
+def _arguments(**entry):
+    from rules.runtime.launch import Arguments
+    return Arguments({"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"],
+                      "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
+                                    {"name": "scale", "type": "fp32"}], **entry})
+
+
+def test_launch_arguments_fill_the_kernel_params_array():
+    import ctypes
+    args = _arguments()
+    params = args.pack((FakeTensor(4096), 64, 0.5))
+    assert len(params) == 5   # the signature, then Triton's global and profile scratch pointers (null)
+    assert ctypes.c_void_p.from_address(params[0]).value == 4096
+    assert ctypes.c_int32.from_address(params[1]).value == 64
+    assert ctypes.c_float.from_address(params[2]).value == 0.5
+    assert ctypes.c_void_p.from_address(params[3]).value is None and ctypes.c_void_p.from_address(params[4]).value is None
+    params = args.pack((8192, 32, 2.0))   # a raw address; the same slots, refilled
+    assert ctypes.c_void_p.from_address(params[0]).value == 8192
+    assert ctypes.c_int32.from_address(params[1]).value == 32
+
+
 def test_a_launch_breaking_the_binarys_divisibility_promise_is_refused():
-    from rules.runtime.launch import check_divisibility
-
-    class Tensor:
-        def __init__(self, address):
-            self.address = address
-
-        def data_ptr(self):
-            return self.address
-    entry = {"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"],
-             "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
-                           {"name": "M", "type": "i32"}]}
-    check_divisibility(entry, (Tensor(4096), 64, 3))
+    args = _arguments()
     with pytest.raises(ValueError, match="argument K must be 16-divisible .* value is 40"):
-        check_divisibility(entry, (Tensor(4096), 40, 3))
+        args.pack((FakeTensor(4096), 40, 1.0))
     with pytest.raises(ValueError, match="argument a_ptr must be 16-divisible .* address is 4098"):
-        check_divisibility(entry, (Tensor(4098), 64, 3))
+        args.pack((FakeTensor(4098), 64, 1.0))
+
+
+def test_launch_arguments_of_the_wrong_kind_are_refused():
+    from rules.runtime.launch import LaunchError
+    args = _arguments()
+    with pytest.raises(TypeError, match="argument a_ptr is \\*bf16, got a torch.float32 tensor"):
+        args.pack((FakeTensor(4096, dtype="torch.float32"), 64, 1.0))
+    args.pack((FakeTensor(4096), 64, 1.0))   # bf16 is checked once and remembered...
+    with pytest.raises(TypeError, match="argument a_ptr is \\*bf16, got a torch.float32 tensor"):
+        args.pack((FakeTensor(4096, dtype="torch.float32"), 64, 1.0))   # ...another dtype still is checked
+    with pytest.raises(TypeError, match="a_ptr is a CPU tensor"):
+        args.pack((FakeTensor(4096, is_cuda=False), 64, 1.0))
+    with pytest.raises(TypeError, match=r"takes \(a_ptr, K, scale\), got 2 arguments"):
+        args.pack((FakeTensor(4096), 64))
+    with pytest.raises(LaunchError, match="argument b has type f8, which this loader cannot pass"):
+        _arguments(signature=[{"name": "b", "type": "f8"}])
