@@ -11,3 +11,7 @@ def test_every_op_kernel_has_a_spec_with_the_same_entry_and_constants():
         spec = specs[family]
         assert spec.entry == fn.fn.__name__ and spec.source == "kernels/ep/triton_kernels.py"
         assert dict(spec.constants) == launch.CONSTANTS.get(family, {})
+
+
+def test_dispatch_finds_tokens_in_the_blocks_route_made():
+    assert launch.CONSTANTS["ep_dispatch"]["BLOCK_T"] == launch.CONSTANTS["ep_route"]["BLOCK_T"]

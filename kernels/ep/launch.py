@@ -10,7 +10,9 @@ FAMILIES = {"ep_route": tk.route_kernel, "ep_dispatch": tk.dispatch_kernel, "ep_
             "ep_barrier": tk.barrier_kernel, "ep_exchange_counts": tk.exchange_counts_kernel,
             "ep_dispatch_done": tk.dispatch_done_kernel}
 # The same values as [constants] in specs/ep_*.toml (tests/test_ep_launch.py checks): the JIT path uses them.
-CONSTANTS = {"ep_route": {"BLOCK_T": 1024}, "ep_dispatch": {"BLOCK_H": 1024}, "ep_combine": {"BLOCK_H": 1024}}
+# ep_dispatch's BLOCK_T must be ep_route's: it finds each token's block of the route.
+CONSTANTS = {"ep_route": {"BLOCK_T": 256}, "ep_exchange_counts": {"BLOCKS": 64},
+             "ep_dispatch": {"BLOCK_H": 1024, "BLOCK_T": 256}, "ep_combine": {"BLOCK_H": 1024}}
 
 
 class EpKernels:

@@ -78,21 +78,26 @@ class EpDispatchCombine:
                  x_scales: torch.Tensor | None = None) -> Dispatched:
         cfg, W = self.cfg, self.cfg.world_size
         T = self._check_inputs(x, topk_idx, topk_w, x_scales)
+        block_t = CONSTANTS["ep_route"]["BLOCK_T"]
+        blocks = -(-T // block_t)
         pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
-        counts = torch.empty(W, dtype=torch.int32, device="cuda")
+        block_counts = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")   # never a null pointer
+        block_base = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")
         handle = torch.empty(T, W, dtype=torch.int32, device="cuda")
-        self.kernels("ep_route", {"W": W, "K": cfg.topk}, (W,), topk_idx, pos, counts, T, cfg.experts_per_rank)
-        self.kernels("ep_exchange_counts", {"W": W}, (1,), counts, self._matrix_table, self._flag_table,
-                     self.epoch, self.rank)
+        if T:
+            self.kernels("ep_route", {"W": W, "K": cfg.topk}, (blocks,), topk_idx, pos, block_counts, T,
+                         cfg.experts_per_rank)
+        self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
+                     self._flag_table, self.epoch, self.rank)
         if topk_w is None:
             self.recv_w.zero_()
         if T:
             fp8 = x_scales is not None
             config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
                       "HAS_SCALES": fp8}
-            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), x, topk_idx, topk_w if topk_w is not None else self.recv_w,
-                         x_scales if fp8 else self.recv_scales, pos, self.matrix, handle, self._recv_x_table,
-                         self._recv_idx_table, self._recv_w_table, self._recv_scale_table, self._recv_src_table,
+            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), x, topk_idx,
+                         topk_w if topk_w is not None else self.recv_w, x_scales if fp8 else self.recv_scales, pos,
+                         block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table, self._recv_w_table, self._recv_scale_table, self._recv_src_table,
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
                          self.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,

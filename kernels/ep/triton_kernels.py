@@ -51,41 +51,53 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
 
 
 @triton.jit
-def exchange_counts_kernel(counts_ptr, matrix_table, flag_table, epoch_ptr, rank, W: tl.constexpr):
-    """Row `rank` of every peer's W x W count matrix := this rank's per-destination counts; then a barrier."""
+def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_table, epoch_ptr, rank,
+                           W: tl.constexpr, BLOCKS: tl.constexpr):
+    """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
+    to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix;
+    then a barrier. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
+    ds = tl.arange(0, W_POW2)
+    carry = tl.zeros([W_POW2], dtype=tl.int32)
+    for b0 in range(0, NB, BLOCKS):
+        bs = b0 + tl.arange(0, BLOCKS)
+        at = bs[:, None] * W + ds[None, :]
+        live = (bs < NB)[:, None] & (ds < W)[None, :]
+        c = tl.load(block_counts_ptr + at, mask=live, other=0)
+        tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
+        carry += tl.sum(c, axis=0)
     for p in tl.static_range(W):
-        peer = _peer(matrix_table, p, tl.int32) + rank * W
-        for d in tl.static_range(W):
-            tl.store(peer + d, tl.load(counts_ptr + d))
+        tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
     _barrier(flag_table, epoch_ptr, rank, W)
 
 
 @triton.jit
-def route_kernel(idx_ptr, pos_ptr, counts_ptr, T, E, K: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Program d: pos[t, d] = how many earlier tokens go to rank d (-1: token t does not), counts[d] = total.
-    A token goes to d once however many of its K experts live there; ids < 0 or >= E * W go nowhere.
-    Ids are read as [BLOCK_T, K] tiles: whole rows per load, not K strided column loads."""
+def route_kernel(idx_ptr, pos_ptr, block_counts_ptr, T, E, K: tl.constexpr, W: tl.constexpr,
+                 BLOCK_T: tl.constexpr):
+    """Program b, tokens [b * BLOCK_T, (b + 1) * BLOCK_T): for each rank d, pos[t, d] = how many earlier
+    tokens of the block go to d (-1: token t does not) and block_counts[b, d] = how many go there in all;
+    exchange_counts_kernel adds the blocks before. A token goes to d once however many of its K experts
+    live there; ids < 0 or >= E * W go nowhere. Ids are read as one [BLOCK_T, K] tile."""
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
-    d = tl.program_id(0)
+    b = tl.program_id(0)
+    ts = b * BLOCK_T + tl.arange(0, BLOCK_T)
     ks = tl.arange(0, K_POW2)
-    carry = tl.zeros([], dtype=tl.int32)
-    for t0 in range(0, T, BLOCK_T):
-        ts = t0 + tl.arange(0, BLOCK_T)
-        inside = ts < T
-        e = tl.load(idx_ptr + ts.to(tl.int64)[:, None] * K + ks[None, :], mask=inside[:, None] & (ks < K)[None, :],
-                    other=-1)
-        hit = tl.max(((e >= 0) & (e < E * W) & (e // E == d)).to(tl.int32), axis=1)
-        before = tl.cumsum(hit, axis=0) - hit
-        tl.store(pos_ptr + ts.to(tl.int64) * W + d, tl.where(hit > 0, carry + before, -1), mask=inside)
-        carry += tl.sum(hit, axis=0)
-    tl.store(counts_ptr + d, carry)
+    inside = ts < T
+    e = tl.load(idx_ptr + ts.to(tl.int64)[:, None] * K + ks[None, :], mask=inside[:, None] & (ks < K)[None, :],
+                other=-1)
+    dest = tl.where((e >= 0) & (e < E * W), e // E, W)
+    for d in tl.static_range(W):
+        hit = tl.max((dest == d).to(tl.int32), axis=1)
+        tl.store(pos_ptr + ts.to(tl.int64) * W + d, tl.where(hit > 0, tl.cumsum(hit, axis=0) - hit, -1), mask=inside)
+        tl.store(block_counts_ptr + b * W + d, tl.sum(hit, axis=0))
 
 
 @triton.jit
-def _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr):
-    """Where token t lands on rank d: after the rows of lower ranks; -1 if it is not sent or past capacity."""
+def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Where token t lands on rank d: after the rows of lower ranks and of this rank's earlier blocks; -1 if
+    it is not sent or past capacity."""
     pos = tl.load(pos_ptr + t * W + d)
-    before = tl.zeros([], dtype=tl.int32)
+    before = tl.load(block_base_ptr + (t // BLOCK_T) * W + d)
     for s in tl.static_range(W):
         before += tl.where(s < rank, tl.load(matrix_ptr + s * W + d), 0)
     row = before + pos
@@ -93,10 +105,10 @@ def _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr):
 
 
 @triton.jit
-def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, matrix_ptr, handle_ptr, recv_x_table, recv_idx_table,
-                    recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
+def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_x_table,
+                    recv_idx_table, recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
                     W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
+                    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
     """Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token goes to, at
     the row the count matrix gives it there; chunk 0's program also sends the ids, weights, S block scales
     and source id, and records the rows in handle[t, d] for combine. A chunk per program: one sequential
@@ -108,12 +120,12 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, matrix_ptr, handl
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     v = tl.load(x_ptr + t * H + hs, mask=hs < H)
     for d in tl.static_range(W):
-        row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
+        row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
         if row >= 0:
             tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
     if tl.program_id(1) == 0:
         for d in tl.static_range(W):
-            row = _landing_row(pos_ptr, matrix_ptr, t, d, rank, R, W)
+            row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
             tl.store(handle_ptr + t * W + d, row.to(tl.int32))
             if row >= 0:   # ids and weights as one K-wide store each: K scalar stores would be K tiny NVLink writes
                 ks = tl.arange(0, K_POW2)
