@@ -148,8 +148,8 @@ def print_table(all_rows: list[dict]) -> None:
         rows = [r for r in all_rows if r["repetition"] == rep]
         base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
         print(f"\nrepetition {rep} on {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
-        print("| mode | targets | wall s | targets/s | CPU s | compiler s | job s | jobs running, mean | speedup vs -n 1 "
-              "| speedup / N | vs pool at same N |")
+        print("| mode | targets | wall s | targets/s | CPU s | compiler s | job s | jobs running, mean "
+              "| speedup vs -n 1 | speedup / N | vs pool at same N |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)

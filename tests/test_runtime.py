@@ -180,7 +180,8 @@ def test_launch_arguments_fill_the_kernel_params_array():
     assert ctypes.c_void_p.from_address(params[0]).value == 4096
     assert ctypes.c_int32.from_address(params[1]).value == 64
     assert ctypes.c_float.from_address(params[2]).value == 0.5
-    assert ctypes.c_void_p.from_address(params[3]).value is None and ctypes.c_void_p.from_address(params[4]).value is None
+    assert ctypes.c_void_p.from_address(params[3]).value is None   # null scratch pointers
+    assert ctypes.c_void_p.from_address(params[4]).value is None
     params = args.pack((8192, 32, 2.0))   # a raw address; the same slots, refilled
     assert ctypes.c_void_p.from_address(params[0]).value == 8192
     assert ctypes.c_int32.from_address(params[1]).value == 32

@@ -97,7 +97,8 @@ class EpDispatchCombine:
                       "HAS_SCALES": fp8}
             self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), x, topk_idx,
                          topk_w if topk_w is not None else self.recv_w, x_scales if fp8 else self.recv_scales, pos,
-                         block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table, self._recv_w_table, self._recv_scale_table, self._recv_src_table,
+                         block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table,
+                         self._recv_w_table, self._recv_scale_table, self._recv_src_table,
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
                          self.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
