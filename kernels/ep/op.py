@@ -121,7 +121,8 @@ class EpDispatchCombine:
         self.barrier()   # every rank's y is in place
         if T:
             config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
-            self.kernels("ep_combine", config, (T, self._chunks("ep_combine")), out, handle, self._y_table, self.cfg.hidden)
+            self.kernels("ep_combine", config, (T, self._chunks("ep_combine")), out, handle, self._y_table,
+                         self.cfg.hidden)
         self.barrier()   # every rank has read what it needs: y may be overwritten
         return out
 

@@ -82,6 +82,7 @@ class Kernel:
                               f"(their kernarg layout is in the manifest's kernel_abi)")
         if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
             raise LaunchError(f"{self.name}: the kernel needs scratch memory, which this loader does not allocate")
+        self._arguments = Arguments(entry)   # an argument type it cannot pass fails here, before the driver
         self.driver = Driver.get(vendor)
         self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module
         self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
@@ -91,7 +92,6 @@ class Kernel:
             self.driver.call("FuncSetAttribute", self._func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                              entry["shared"])
         self._launch = self.driver.lib.cuLaunchKernel if vendor == "nvidia" else self.driver.lib.hipModuleLaunchKernel
-        self._arguments = Arguments(entry)
         self._lock = threading.Lock()   # the argument slots are shared: one launch fills and submits them at a time
 
     def __call__(self, grid, *args, stream: int = 0) -> None:
