@@ -1,7 +1,8 @@
 """Where a dispatch and a combine spend their GPU time: each kernel's mean duration (torch.profiler, CUPTI),
-at 4096 tokens/rank, H=7168, top-8, 32 experts/rank, the shapes of bench/ep_bandwidth.py.
+at 4096 (or --tokens) tokens/rank, H=7168, top-8, 32 experts/rank, the shapes of bench/ep_bandwidth.py.
 
 Usage (on a multi-GPU host): python bench/ep_profile.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
+       [--tokens 128]
 Barrier kernels' times include waiting for the slowest rank; the table gives the min and max over ranks.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def kernel_means(fn, calls: int) -> dict[str, float]:
     return dict(total)
 
 
-def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, calls: int) -> None:
+def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, calls: int, tokens: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
@@ -42,14 +43,14 @@ def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, c
     if dist_dir:
         from rules.runtime import Library
         library = Library(dist_dir)
-    cfg, x, idx, w, scales = problem(4096, rank, world, dtype)
+    cfg, x, idx, w, scales = problem(tokens, rank, world, dtype)
     op, d, _ = ready_op(cfg, x, idx, w, scales, rank, library)
     tables = {"dispatch": kernel_means(lambda: op.dispatch(x, idx, w, scales), calls),
               "combine": kernel_means(lambda: op.combine(None, d.handle), calls)}
     gathered = [None] * world
     dist.all_gather_object(gathered, tables)
     if rank == 0:
-        print(f"{world} x {torch.cuda.get_device_name()}, 4096 tokens/rank, H=7168, top-8, {dtype}, "
+        print(f"{world} x {torch.cuda.get_device_name()}, {tokens} tokens/rank, H=7168, top-8, {dtype}, "
               f"mean of {calls} eager calls\n")
         print("| op | kernel | us, min over ranks | us, max over ranks |")
         print("|---|---|---|---|")
@@ -67,8 +68,9 @@ def main() -> None:
     ap.add_argument("--dist", default=None, help="run the op's precompiled kernels from these bundles")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_e4m3"])
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=4096)
     a = ap.parse_args()
-    mp.spawn(worker, args=(a.world, a.port, a.dist, a.dtype, a.calls), nprocs=a.world)
+    mp.spawn(worker, args=(a.world, a.port, a.dist, a.dtype, a.calls, a.tokens), nprocs=a.world)
 
 
 if __name__ == "__main__":
