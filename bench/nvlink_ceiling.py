@@ -1,7 +1,7 @@
 """What this machine's NVLink gives an all-to-all of plain copies: the ceiling the EP kernels are held to.
 
 Usage (on a multi-GPU host with Triton): python bench/nvlink_ceiling.py [--world 4] [--mb 64] [--json out.json]
-Every rank sends --mb MiB to every other rank at once, into symmetric memory, three ways:
+Every rank sends --mb MiB to every other rank at once, into symmetric memory, in several ways:
 - sm-push: a Triton kernel on the sender's SMs stores into the peers' buffers (the EP dispatch's way);
 - sm-pull: a Triton kernel on the receiver's SMs loads from the peers' buffers (the EP combine's way);
   it reads back what sm-push stored, which the run checks; both for a few (bytes per program, warps);
