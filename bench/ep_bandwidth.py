@@ -124,14 +124,20 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
     return results
 
 
-def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_dir: str | None, dtype: str) -> None:
+def join_group(rank: int, world: int, port: int, dist_dir: str | None = None):
+    """This process becomes rank `rank` of a local NCCL group on GPU `rank`; returns the runtime Library of
+    dist_dir's bundles (None: the op's kernels run through Triton's JIT)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    library = None
-    if dist_dir:
-        from rules.runtime import Library
-        library = Library(dist_dir)
+    if not dist_dir:
+        return None
+    from rules.runtime import Library
+    return Library(dist_dir)
+
+
+def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_dir: str | None, dtype: str) -> None:
+    library = join_group(rank, world, port, dist_dir)
     rows = [measure(t, rank, world, iters, graph, library, dtype) for t in (4096, 128) for graph in (False, True)]
     if rank == 0:
         print(f"{world} x {torch.cuda.get_device_name()}, H=7168, top-8, 32 experts/rank, {dtype} dispatch "

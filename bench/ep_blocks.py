@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.ep_bandwidth import NVLINK_GBS, captured, problem, ready_op, timed_back_to_back  # noqa: E402
+from bench.ep_bandwidth import (NVLINK_GBS, captured, join_group, problem, ready_op,  # noqa: E402
+                                timed_back_to_back)
 from kernels.ep import launch  # noqa: E402
 
 VARIANTS = [(512, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8), (2048, 16)]
@@ -35,9 +35,7 @@ class WithWarps:
 
 
 def worker(rank: int, world: int, port: int, out: str | None) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    join_group(rank, world, port)
     tokens = 4096
     cfg, x, idx, w, _ = problem(tokens, rank, world, "bf16")
     originals = dict(launch.FAMILIES)

@@ -8,7 +8,6 @@ Barrier kernels' times include waiting for the slowest rank; the table gives the
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.ep_bandwidth import problem, ready_op  # noqa: E402
+from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
 
 
 def kernel_means(fn, calls: int) -> dict[str, float]:
@@ -36,13 +35,7 @@ def kernel_means(fn, calls: int) -> dict[str, float]:
 
 
 def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, calls: int, tokens: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    library = None
-    if dist_dir:
-        from rules.runtime import Library
-        library = Library(dist_dir)
+    library = join_group(rank, world, port, dist_dir)
     cfg, x, idx, w, scales = problem(tokens, rank, world, dtype)
     op, d, _ = ready_op(cfg, x, idx, w, scales, rank, library)
     tables = {"dispatch": kernel_means(lambda: op.dispatch(x, idx, w, scales), calls),
