@@ -42,7 +42,7 @@ def worker(rank: int, world: int, port: int, out: str | None) -> None:
     rows = []
     for block_h, warps in VARIANTS:
         for family in ("ep_dispatch", "ep_combine"):
-            launch.CONSTANTS[family] = {"BLOCK_H": block_h}
+            launch.CONSTANTS[family] = {**launch.CONSTANTS[family], "BLOCK_H": block_h}
             launch.FAMILIES[family] = WithWarps(originals[family], warps)
         op, d, remote_rows = ready_op(cfg, x, idx, w, None, rank)
         remote = remote_rows * cfg.row_bytes
