@@ -1,7 +1,9 @@
-"""The dispatch's routing kernel run on the CPU by Triton's interpreter, against kernels/ep/routing.py.
+"""The op's kernels run on the CPU by Triton's interpreter, against kernels/ep/routing.py.
 
-The interpreter is chosen when Triton is imported (TRITON_INTERPRET=1), so the kernel runs in a child
-process. The kernels that reach peers (pointer tables, flags) need GPUs: the verify sweep covers them.
+The interpreter is chosen when Triton is imported (TRITON_INTERPRET=1), so the kernels run in a child
+process. Several ranks are simulated in that one process: their receive buffers are CPU tensors reached
+through the same pointer tables the GPUs use. What needs real GPUs (the flag barriers, ordering across
+devices, bf16 rounding exactly as the GPU does it) is left to the verify sweep.
 """
 import os
 import subprocess
@@ -32,8 +34,69 @@ print("ok")
 """
 
 
-def test_route_kernel_gives_each_token_its_place_per_destination():
+DISPATCH_COMBINE_CHECK = """
+import torch
+from kernels.ep import launch, triton_kernels as tk
+from kernels.ep.routing import destinations
+
+BLOCK_T, BLOCK_H = launch.CONSTANTS["ep_route"]["BLOCK_T"], 32
+g = torch.Generator().manual_seed(1)
+W, E, K, H, M = 3, 2, 3, 96, BLOCK_T + 44
+R = W * M
+T = [M, 0, 17]   # tokens per rank: two blocks of the route, none, one
+x = [torch.randn(t, H, generator=g) for t in T]   # f32 rows: the interpreter rounds bf16 unlike the GPU
+idx = [torch.randint(-1, E * W, (t, K), generator=g, dtype=torch.int32) for t in T]
+w = [torch.rand(t, K, generator=g) for t in T]
+recv = {name: [torch.full(shape, -5, dtype=dt) for _ in range(W)] for name, shape, dt in
+        [("x", (R, H), torch.float32), ("idx", (R, K), torch.int32), ("w", (R, K), torch.float32),
+         ("src", (R,), torch.int32), ("scale", (R, 4), torch.float32)]}
+table = {name: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64) for name, bufs in recv.items()}
+pos, base, totals = [], [], []
+for r in range(W):   # route_kernel, then what exchange_counts_kernel computes (its flags need GPUs)
+    nb = max(-(-T[r] // BLOCK_T), 1)
+    p, c = torch.empty(T[r], W, dtype=torch.int32), torch.zeros(nb, W, dtype=torch.int32)
+    if T[r]:
+        tk.route_kernel[(nb,)](idx[r], p, c, T[r], E, K=K, W=W, BLOCK_T=BLOCK_T)
+    b = torch.zeros_like(c)
+    b[1:] = torch.cumsum(c, 0)[:-1]
+    pos.append(p), base.append(b), totals.append(c.sum(0))
+matrix = torch.stack(totals).to(torch.int32)   # matrix[s, d]: rows rank s sends to rank d
+handles = []
+for r in range(W):
+    h = torch.full((T[r], W), -9, dtype=torch.int32)
+    if T[r]:
+        tk.dispatch_kernel[(T[r], -(-H // BLOCK_H))](
+            x[r], idx[r], w[r], recv["scale"][r], pos[r], base[r], matrix, h, table["x"], table["idx"], table["w"],
+            table["scale"], table["src"], r, H, M, R, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
+            BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T)
+    handles.append(h)
+for d in range(W):   # rank d got every token with an expert on d, once, in (source rank, source token) order
+    sent = [(s, t) for s in range(W) for t in range(T[s]) if destinations(idx[s], E, W)[t, d]]
+    n = len(sent)
+    assert torch.equal(recv["x"][d][:n], torch.stack([x[s][t] for s, t in sent])), d
+    assert torch.equal(recv["idx"][d][:n], torch.stack([idx[s][t] for s, t in sent])), d
+    assert torch.equal(recv["w"][d][:n], torch.stack([w[s][t] for s, t in sent])), d
+    assert recv["src"][d][:n].tolist() == [s * M + t for s, t in sent], d
+    assert (recv["x"][d][n:] == -5).all(), d   # nothing written past the rows sent here
+for r in range(W):   # combine with the received rows as expert outputs: each token times its destinations
+    if T[r]:
+        out = torch.empty(T[r], H)
+        tk.combine_kernel[(T[r], -(-H // BLOCK_H))](out, handles[r], table["x"], H, W=W, BLOCK_H=BLOCK_H)
+        assert torch.allclose(out, x[r] * destinations(idx[r], E, W).sum(1, keepdim=True).float()), r
+print("ok")
+"""
+
+
+def _interpreted(script: str) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", ROUTE_CHECK], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_route_kernel_gives_each_token_its_place_per_destination():
+    _interpreted(ROUTE_CHECK)
+
+
+def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
+    _interpreted(DISPATCH_COMBINE_CHECK)
