@@ -1,7 +1,9 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--json out.json]
+       [--prefetch 0] [--json out.json]
+--prefetch K adds, for each --jobs N, a mode `doit -n N prefetch=K` (0: doit's own scheduling, nothing queued
+ahead of the workers) beside the default.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
@@ -93,6 +95,7 @@ def main() -> None:
     ap.add_argument("--specs", default="*", help="glob of spec names to build, e.g. 'fly_*'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="repetitions, alternating the order of the modes")
+    ap.add_argument("--prefetch", type=int, nargs="*", default=[], help="extra doit modes with prefetch=K")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()
@@ -101,7 +104,8 @@ def main() -> None:
         print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
-    runs = [("doit", n) for n in a.jobs] + [("pool", n) for n in a.pool]
+    runs = [("doit", (n, None)) for n in a.jobs] + [("doit", (n, k)) for n in a.jobs for k in a.prefetch] + \
+        [("pool", n) for n in a.pool]
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
@@ -123,14 +127,15 @@ def machine_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def run_doit_mode(work: Path, n: int, a) -> dict:
+def run_doit_mode(work: Path, n_prefetch: tuple[int, int | None], a) -> dict:
+    n, prefetch = n_prefetch
     project = fresh_copy(work / f"doit-n{n}", a.specs)
-    extra = [f"archs={a.archs}"] if a.archs else []
+    extra = ([f"archs={a.archs}"] if a.archs else []) + ([f"prefetch={prefetch}"] if prefetch is not None else [])
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
     seconds = run_doit(project, "-n", str(n), *extra, *families)
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
-    return {"mode": f"doit -n {n}", "n": n, "seconds": seconds, "targets": report["counts"]["built"],
+    return {"mode": f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else ""), "n": n, "seconds": seconds, "targets": report["counts"]["built"],
             "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
             "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}
 
@@ -159,6 +164,10 @@ def print_table(all_rows: list[dict]) -> None:
                 ratios.setdefault(f"{r['mode']} speedup / N", []).append(speed / r["n"])
             if vs_pool:
                 ratios.setdefault(f"{r['mode']} vs pool", []).append(vs_pool)
+            if "prefetch=" in r["mode"]:   # the A/B of queueing ahead: the default's speed over this mode's
+                default = next((d for d in rows if d["mode"] == f"doit -n {r['n']}"), None)
+                if default:
+                    ratios.setdefault(f"doit -n {r['n']} vs {r['mode']}", []).append(r["seconds"] / default["seconds"])
             fmt = lambda x, f: f.format(x) if x is not None else "-"
             print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
                   f"{r['cpu_seconds']} | {r['compile_seconds']:.1f} | {r['job_seconds']:.1f} | "

@@ -1,13 +1,11 @@
-"""What kforge adjusts in doit: `forget` (registered in pyproject.toml under [tool.doit.plugins.command]),
-tasks that run after failed dependencies, and a hook before `doit -n N` forks its workers (both installed
-by rules.project.doit_config)."""
+"""What kforge adjusts in doit: `forget` (registered in pyproject.toml under [tool.doit.plugins.command]) and
+tasks that run after failed dependencies (installed by rules.project.doit_config). The runner: doit_runner.py."""
 from __future__ import annotations
 
 import os
 
 from doit.cmd_forget import Forget as DoitForget
 from doit.control import ExecNode
-from doit.runner import MRunner
 
 from rules.artifact import META
 
@@ -53,23 +51,6 @@ def run_after_failed_deps() -> None:
         doit_parent_status(self, parent_node)
     parent_status.kforge = True
     ExecNode.parent_status = parent_status
-
-
-def before_workers_fork(hook) -> None:
-    """Call hook(tasks, selected task names) in the doit master just before `doit -n N` forks its workers.
-
-    kforge uses it to import each needed compiler once there, so every worker (and the compile server
-    each forks) starts with it loaded instead of paying the import and toolchain hash N times over.
-    """
-    if getattr(MRunner._run_start_processes, "kforge", False):
-        return
-    doit_start = MRunner._run_start_processes
-
-    def start_processes(self, job_q, result_q):
-        hook(self.task_dispatcher.tasks, self.task_dispatcher.selected_tasks)
-        return doit_start(self, job_q, result_q)
-    start_processes.kforge = True
-    MRunner._run_start_processes = start_processes
 
 
 def tasks_to_run(tasks: dict, selected) -> list:

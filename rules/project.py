@@ -9,8 +9,8 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, remote_cache, report
-from rules.doit_commands import before_workers_fork, run_after_failed_deps
+from rules import artifact, doit_runner, remote_cache, report
+from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import timeout_from_env, warm_before_fork
 from rules.dask_executor import scheduler_address
@@ -37,7 +37,8 @@ def doit_config(root: Path, families: list[str]) -> dict:
     reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
     _sigterm_as_interrupt()
     run_after_failed_deps()
-    before_workers_fork(functools.partial(warm_before_fork, root=str(root)))
+    doit_runner.install(before_fork=functools.partial(warm_before_fork, root=str(root)),
+                        prefetch=_prefetch_from_command_line())
     return {
         "backend": "sqlite3",
         "dep_file": str(out / ".doit.sqlite3"),
@@ -45,6 +46,18 @@ def doit_config(root: Path, families: list[str]) -> dict:
         "reporter": reporter,
         "default_tasks": families + ["package"],
     }
+
+
+def _prefetch_from_command_line() -> int | None:
+    """`prefetch=K`: tasks queued beyond the running ones (default: one per worker; 0 is doit's own scheduling)."""
+    text = get_var("prefetch", None)
+    if text is None:
+        return None
+    if not text.isdigit():
+        sys.stderr.write(f"kforge: prefetch={text} on the command line: expected a whole number >= 0, "
+                         f"e.g. prefetch=16 (0 queues nothing ahead, as doit itself does)\n")
+        raise SystemExit(2)
+    return int(text)
 
 
 def load_catalog(root: Path) -> tuple[list, list]:

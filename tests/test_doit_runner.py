@@ -1,0 +1,123 @@
+"""rules/doit_runner.py: `doit -n N` on small dodo files of plain Python tasks, with and without kforge's runner."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.support import REPO
+
+DODO = '''
+import os, signal, time
+from pathlib import Path
+from doit.reporter import ConsoleReporter
+from doit.tools import run_once
+{install}
+LOG = Path(__file__).parent / "log"
+
+def record(name, fail=False):
+    with open(LOG, "a") as f:
+        f.write(f"{{name}} {{os.getpid()}}\\n")
+    return not fail
+
+class Reporter(ConsoleReporter):
+    def add_success(self, task):
+        super().add_success(task)
+        {on_success}
+
+DOIT_CONFIG = {{"continue": True, "reporter": Reporter, "verbosity": 0}}
+{tasks}
+'''
+
+CHAIN_AND_FAN = '''
+def task_fan():
+    for i in range(25):
+        yield {"name": f"t{i}", "actions": [(record, [f"fan:t{i}", i == 7])], "uptodate": [run_once]}
+
+def task_after():
+    """runs after every fan task but the failed one's dependents"""
+    yield {"name": "one", "actions": [(record, ["after:one"])], "task_dep": ["fan:t3", "fan:t4"],
+           "uptodate": [run_once]}
+    yield {"name": "two", "actions": [(record, ["after:two"])], "task_dep": ["after:one", "fan:t20"],
+           "uptodate": [run_once]}
+    yield {"name": "blocked", "actions": [(record, ["after:blocked"])], "task_dep": ["fan:t7"]}
+'''
+
+
+def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, timeout=60):
+    """install: None runs doit's own runner, else the arguments to doit_runner.install()."""
+    text = DODO.format(install="" if install is None else f"from rules import doit_runner; doit_runner.install({install})",
+                       on_success=on_success, tasks=textwrap.dedent(tasks))
+    (tmp_path / "dodo.py").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def log_lines(tmp_path) -> list[str]:
+    return [line.split()[0] for line in (tmp_path / "log").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("workers", ["1", "3"])
+@pytest.mark.parametrize("install", ["", None], ids=["kforge", "doit"])
+def test_every_task_runs_once_and_after_its_dependencies(tmp_path, workers, install):
+    proc = run_doit(tmp_path, "-n", workers, install=install)
+    assert proc.returncode == 2, proc.stderr   # fan:t7 fails; doit says 2 as after:blocked cannot run
+    ran = log_lines(tmp_path)
+    assert sorted(ran) == sorted([f"fan:t{i}" for i in range(25)] + ["after:one", "after:two"])
+    for dependent, deps in {"after:one": ["fan:t3", "fan:t4"], "after:two": ["after:one", "fan:t20"]}.items():
+        assert all(ran.index(d) < ran.index(dependent) for d in deps)
+    assert "after:blocked" not in ran and "fan:t7" in proc.stdout + proc.stderr
+    second = run_doit(tmp_path, "-n", workers, install=install)   # doit's state: only the failed one reruns
+    assert second.returncode == 2
+    assert log_lines(tmp_path)[len(ran):] == ["fan:t7"]
+
+
+# The master takes in t0's result only once t1 has run. With -n 1 that can only happen when t1 was queued
+# before the master took in t0's result: doit's own runner never does, so its master waits out the deadline.
+WAIT_FOR_T1 = '''if task.name == "seq:t0":
+            deadline = time.monotonic() + 20
+            while "seq:t1" not in LOG.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            LOG.open("a").write(("t1 ran first" if "seq:t1" in LOG.read_text() else "t1 waited") + " 0\\n")'''
+
+SEQUENCE = '''
+def task_seq():
+    for i in range(3):
+        yield {"name": f"t{i}", "actions": [(record, [f"seq:t{i}"])]}
+'''
+
+
+def test_next_task_is_queued_before_the_master_takes_in_the_last_result(tmp_path):
+    proc = run_doit(tmp_path, "-n", "1", on_success=WAIT_FOR_T1, tasks=SEQUENCE)
+    assert proc.returncode == 0, proc.stderr
+    assert log_lines(tmp_path) == ["seq:t0", "seq:t1", "t1", "seq:t2"]   # "t1 ran first"
+
+
+@pytest.mark.parametrize("install", [None, "prefetch=0"], ids=["doit", "kforge-prefetch=0"])
+def test_doits_own_scheduling_waits_for_the_master(tmp_path, install):
+    """The test above can fail: doit's runner, and kforge's queueing nothing ahead, time out of the wait."""
+    proc = run_doit(tmp_path, "-n", "1", install=install, on_success=WAIT_FOR_T1.replace("20", "1"), tasks=SEQUENCE)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "log").read_text().splitlines()[1] == "t1 waited 0"
+
+
+KILLS_ITS_WORKER = '''
+def task_die():
+    yield {"name": "self", "actions": [lambda: os.kill(os.getpid(), signal.SIGKILL)]}
+    for i in range(4):
+        yield {"name": f"t{i}", "actions": [(record, [f"die:t{i}"])]}
+'''
+
+
+def test_a_dead_worker_ends_the_run_with_an_error_instead_of_a_hang(tmp_path):
+    proc = run_doit(tmp_path, "-n", "2", tasks=KILLS_ITS_WORKER, timeout=60)
+    assert proc.returncode != 0
+    assert "a doit worker process died" in proc.stderr and "exit code -9" in proc.stderr
+
+
+def test_no_more_workers_than_tasks(tmp_path):
+    proc = run_doit(tmp_path, "-n", "8", tasks=SEQUENCE.replace("range(3)", "range(2)"))
+    assert proc.returncode == 0, proc.stderr
+    assert len({line.split()[1] for line in (tmp_path / "log").read_text().splitlines()}) <= 2
