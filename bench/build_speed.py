@@ -61,10 +61,14 @@ def pool_compile(target) -> tuple[bool, float, float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def pool_build(project: Path, workers: int, archs) -> dict:
+def pool_build(project: Path, workers: int, archs, warm_parent: bool = False) -> dict:
     """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
-    (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process)."""
+    (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process). warm_parent: the
+    parent imports the compiler before the pool forks its workers, as `doit -n N` does."""
     targets = build_targets(load_specs(project), project, project / "out", archs)
+    if warm_parent:
+        for toolchain in sorted({t.toolchain for t in targets}):
+            importlib.import_module(TOOLCHAIN_MODULES[toolchain]).warm(str(project))
     groups: dict[tuple[str, str | None], list] = {}
     for t in targets:
         groups.setdefault((t.toolchain, t.arch if t.toolchain == "flydsl" else None), []).append(t)
@@ -77,11 +81,11 @@ def pool_build(project: Path, workers: int, archs) -> dict:
             "compile_seconds": sum(c for _, _, c in jobs)}
 
 
-def time_pool(project: Path, workers: int, archs_text: str | None) -> tuple[float, dict]:
+def time_pool(project: Path, workers: int, archs_text: str | None, warm_parent: bool) -> tuple[float, dict]:
     """The pool loop as a command of its own, timed from outside like `doit`: interpreter start, imports
     and loading the catalog count for both."""
     cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers)] + \
-        (["--archs", archs_text] if archs_text else [])
+        (["--archs", archs_text] if archs_text else []) + (["--pool-warm-parent"] if warm_parent else [])
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,54 +100,70 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="repetitions, alternating the order of the modes")
     ap.add_argument("--prefetch", type=int, nargs="*", default=[], help="extra doit modes with prefetch=K")
+    ap.add_argument("--pool-warm-parent", action="store_true",
+                    help="pool modes whose parent imports the compiler before forking (as doit -n N does)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="also doit modes with KFORGE_WARM_BEFORE_FORK=0 (compile servers import the compiler)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()
     archs = parse_arch_list(a.archs, "--archs") if a.archs else None
     if a.pool_child:
-        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs)))
+        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_warm_parent)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
-    runs = [("doit", (n, None)) for n in a.jobs] + [("doit", (n, k)) for n in a.jobs for k in a.prefetch] + \
-        [("pool", n) for n in a.pool]
+    runs = [("doit", (n, None, True)) for n in a.jobs] + \
+        [("doit", (n, k, True)) for n in a.jobs for k in a.prefetch] + \
+        [("doit", (n, None, False)) for n in a.jobs if a.no_warm] + \
+        [("pool", (n, False)) for n in a.pool] + [("pool", (n, True)) for n in a.pool if a.pool_warm_parent]
+    if a.pool_child is None and a.pool_warm_parent and not a.pool:
+        ap.error("--pool-warm-parent needs --pool N")
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
-            cpu = machine_cpu_seconds()
+            before = machine_counters()
             row = run_doit_mode(work, n, a) if kind == "doit" else run_pool_mode(work, n, a)
-            row.update(repetition=rep + 1, cpu_seconds=round(machine_cpu_seconds() - cpu, 1))
+            after = machine_counters()
+            row.update(repetition=rep + 1, **{k: round(after[k] - before[k], 1) for k in after})
             rows.append(row)
             print(f"{row['mode']} (repetition {rep + 1}): {row['seconds']:.1f} s, {row['targets']} built", flush=True)
+            if a.json:   # after every row: a run cut short by a time limit keeps what it measured
+                Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
     print_table(rows)
-    if a.json:
-        Path(a.json).write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
 
 
-def machine_cpu_seconds() -> float:
-    """Busy CPU seconds of the whole machine so far (/proc/stat): a mode's whole compile work (workers,
-    compile servers, ptxas), whoever reaps its processes; the bench machines run nothing else meanwhile."""
+def machine_counters() -> dict:
+    """Busy CPU seconds of the whole machine so far (/proc/stat), user and kernel apart, and its page faults
+    (/proc/vmstat): a mode's whole compile work (workers, compile servers, ptxas), whoever reaps its
+    processes; the bench machines run nothing else meanwhile."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) / os.sysconf("SC_CLK_TCK") for f in fields[:8])
+    vmstat = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return {"cpu_seconds": user + nice + system + irq + softirq + steal, "cpu_user_seconds": user + nice,
+            "cpu_kernel_seconds": system + irq + softirq, "cpu_steal_seconds": steal,   # steal: a VM's host took it
+            "page_faults_k": int(vmstat.get("pgfault", 0)) / 1000}
 
 
-def run_doit_mode(work: Path, n_prefetch: tuple[int, int | None], a) -> dict:
-    n, prefetch = n_prefetch
+def run_doit_mode(work: Path, mode: tuple[int, int | None, bool], a) -> dict:
+    n, prefetch, warm = mode
     project = fresh_copy(work / f"doit-n{n}", a.specs)
     extra = ([f"archs={a.archs}"] if a.archs else []) + ([f"prefetch={prefetch}"] if prefetch is not None else [])
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
-    seconds = run_doit(project, "-n", str(n), *extra, *families)
+    seconds = run_doit(project, "-n", str(n), *extra, *families, env={} if warm else {"KFORGE_WARM_BEFORE_FORK": "0"})
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
-    return {"mode": f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else ""), "n": n, "seconds": seconds, "targets": report["counts"]["built"],
+    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + ("" if warm else " no warm")
+    return {"mode": label, "n": n, "seconds": seconds, "targets": report["counts"]["built"],
             "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
             "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}
 
 
-def run_pool_mode(work: Path, n: int, a) -> dict:
+def run_pool_mode(work: Path, mode: tuple[int, bool], a) -> dict:
+    n, warm_parent = mode
     project = fresh_copy(work / f"pool-{n}", a.specs)
-    seconds, result = time_pool(project, n, a.archs)
-    return {"mode": f"ProcessPoolExecutor({n})", "n": n, "seconds": seconds, "failed": 0, **result}
+    seconds, result = time_pool(project, n, a.archs, warm_parent)
+    return {"mode": f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else ""), "n": n,
+            "seconds": seconds, "failed": 0, **result}
 
 
 def print_table(all_rows: list[dict]) -> None:
@@ -153,13 +173,13 @@ def print_table(all_rows: list[dict]) -> None:
         rows = [r for r in all_rows if r["repetition"] == rep]
         base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
         print(f"\nrepetition {rep} on {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
-        print("| mode | targets | wall s | targets/s | CPU s | compiler s | job s | jobs running, mean "
-              "| speedup vs -n 1 | speedup / N | vs pool at same N |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| mode | targets | wall s | targets/s | CPU s | kernel CPU s | page faults, k | compiler s | job s "
+              "| jobs running, mean | speedup vs -n 1 | speedup / N | vs pool at same N |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            pool = next((p for p in rows if p["mode"].startswith("Process") and p["n"] == r["n"]), None)
+            pool = next((p for p in rows if p["mode"] == f"ProcessPoolExecutor({r['n']})"), None)
             speed = base / r["seconds"] if base else None
-            vs_pool = (pool["seconds"] / r["seconds"]) if pool and r["mode"].startswith("doit") else None
+            vs_pool = (pool["seconds"] / r["seconds"]) if pool and r is not pool else None
             if speed and r["mode"].startswith("doit") and r["n"] > 1:
                 ratios.setdefault(f"{r['mode']} speedup / N", []).append(speed / r["n"])
             if vs_pool:
@@ -170,7 +190,8 @@ def print_table(all_rows: list[dict]) -> None:
                     ratios.setdefault(f"doit -n {r['n']} vs {r['mode']}", []).append(r["seconds"] / default["seconds"])
             fmt = lambda x, f: f.format(x) if x is not None else "-"
             print(f"| {r['mode']} | {r['targets']} | {r['seconds']:.1f} | {r['targets'] / r['seconds']:.1f} | "
-                  f"{r['cpu_seconds']} | {r['compile_seconds']:.1f} | {r['job_seconds']:.1f} | "
+                  f"{r['cpu_seconds']} | {r.get('cpu_kernel_seconds', '-')} | {r.get('page_faults_k', '-')} | "
+                  f"{r['compile_seconds']:.1f} | {r['job_seconds']:.1f} | "
                   f"{r['job_seconds'] / r['seconds']:.2f} | "
                   f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
                   f"{fmt(vs_pool, '{:.2f}')} |")

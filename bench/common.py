@@ -25,8 +25,9 @@ def fresh_copy(dest: Path, specs: str = "*") -> Path:
     return dest
 
 
-def run_doit(project: Path, *args: str) -> float:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+def run_doit(project: Path, *args: str, env: dict | None = None) -> float:
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env,
                           capture_output=True, text=True)
