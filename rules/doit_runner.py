@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 
 from doit import cmd_run
+from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner
 
 
@@ -25,24 +26,24 @@ class PrefetchRunner(MRunner):
         self._run_tasks_init(task_dispatcher)
         if self.before_fork is not None:
             self.before_fork(self.tasks, task_dispatcher.selected_tasks)
-        self.in_flight = 0          # tasks queued or running whose result has not come back
+        self.unfinished: set[str] = set()   # names of the tasks queued or running, whose result has not come back
         self.dispatcher_done = False
         self._queue_ahead(job_q, None)
         workers = [self.Child(target=self.execute_task_subprocess, args=(job_q, result_q, self.reporter.__class__))
-                   for _ in range(min(self.num_process, self.in_flight))]   # no more workers than tasks
+                   for _ in range(min(self.num_process, len(self.unfinished)))]   # no more workers than tasks
         try:
             for worker in workers:
                 worker.start()
-            while self.in_flight:
-                result = _next_result(result_q, workers)
+            while self.unfinished:
+                result = _next_result(result_q, workers, self.unfinished)
                 if "exit" in result:   # a worker itself broke (not a task): doit's own handling
                     raise result["exit"](result["exception"])
                 node = task_dispatcher.nodes[result["name"]]
                 if "reporter" in result:
                     getattr(self.reporter, result["reporter"])(node.task)
                     continue
+                self.unfinished.discard(node.task.name)
                 self._process_result(node, node.task, result)
-                self.in_flight -= 1
                 self._queue_ahead(job_q, node)
         except (SystemExit, KeyboardInterrupt, Exception):
             for worker in workers:
@@ -60,7 +61,7 @@ class PrefetchRunner(MRunner):
         """Tell the dispatcher that `completed` finished, then queue tasks until the queue is full, every task
         is dispatched, or the rest wait on running ones ("hold on")."""
         depth = self.num_process + (self.num_process if self.prefetch is None else self.prefetch)
-        while not self.dispatcher_done and self.in_flight < depth:
+        while not self.dispatcher_done and len(self.unfinished) < depth:
             job = self.get_next_job(completed)
             completed = None
             if job is None:       # nothing left to dispatch, or a failure stopped the run (no --continue)
@@ -70,22 +71,25 @@ class PrefetchRunner(MRunner):
                 break
             else:
                 job_q.put(job)
-                self.in_flight += 1
-        if not self.in_flight and not self.dispatcher_done:
+                self.unfinished.add(job.name)
+        if not self.unfinished and not self.dispatcher_done:
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
 
 
-def _next_result(result_q, workers, poll_s: float = 1.0) -> dict:
-    """The next message from the workers; an error instead of doit's endless wait when a worker died."""
+def _next_result(result_q, workers, unfinished: set[str], poll_s: float = 1.0) -> dict:
+    """The next message from the workers. When a worker died instead (killed from outside: doit's own runner
+    then waits forever), stop the run through doit's error path: doit saves what finished and the reporter
+    writes its summary and out/build-report.json."""
     while True:
         try:
             return result_q.get(timeout=poll_s)
         except queue.Empty:
             dead = [w for w in workers if not w.is_alive()]
             if dead:
-                codes = ", ".join(f"pid {w.pid} exit code {w.exitcode}" for w in dead)
-                raise RuntimeError(f"a doit worker process died ({codes}); the task it ran is lost. "
-                                   "Finished targets are kept: run the same command again.")
+                how = ", ".join(f"pid {w.pid}, exit code {w.exitcode}" for w in dead)
+                raise InvalidTask(f"a doit worker process died ({how}) while running one of the tasks still "
+                                  f"queued or running: {', '.join(sorted(unfinished))}. The run stopped; everything "
+                                  f"finished is kept. Run the same command again to build the rest.")
 
 
 def install(before_fork=None, prefetch: int | None = None) -> None:

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -156,6 +157,33 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
     for d in metas.iterdir():   # whatever counts as built is whole and valid
         if (d / "meta.json").exists():
             artifact.load(d)
+    doit(root, "-n", "2")
+    built = {n.split(":")[1].split("@")[0] for n in statuses(root, "built")}
+    assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
+
+
+def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(tmp_path):
+    """A doit worker killed from outside (an OOM kill of the worker, not of its compiler): doit's own runner
+    waits forever; kforge's stops, names the tasks in flight, saves the report and keeps what finished."""
+    slow = "import time\ntime.sleep(0.7)\n" + kernel_text()
+    blocks = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+    root = make_project(tmp_path, specs={"scale": spec_text(blocks=blocks)}, kernels={"scale": slow})
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metas = root / "out" / "sm_90a" / "scale"
+    deadline = time.monotonic() + 120
+    while len(list(metas.glob("*/meta.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    os.kill(int(workers[0]), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert f"a doit worker process died (pid {workers[0]}, exit code -9)" in output
+    finished = {p.parent.name for p in metas.glob("*/meta.json")}
+    assert 2 <= len(finished) < len(blocks)
+    reported = statuses(root, "built")   # the report was written; it lists the results doit took in
+    assert reported and reported <= {f"scale:{f}@sm_90a" for f in finished}
     doit(root, "-n", "2")
     built = {n.split(":")[1].split("@")[0] for n in statuses(root, "built")}
     assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
