@@ -1,15 +1,17 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--prefetch 0] [--json out.json]
---prefetch K adds, for each --jobs N, a mode `doit -n N prefetch=K` (0: doit's own scheduling, nothing queued
-ahead of the workers) beside the default.
+       [--prefetch 0] [--no-warm] [--pool-warm-parent] [--json out.json]
+A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
+queued ahead of the workers); --no-warm adds `doit -n N` with KFORGE_WARM_BEFORE_FORK=0 (each compile server
+imports the compiler itself); --pool-warm-parent adds a pool whose parent imports the compiler before forking.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
 workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
-Columns: CPU s = busy CPU seconds of the whole machine during the mode; compiler s = seconds inside
+Columns: CPU s = busy CPU seconds of the whole machine during the mode (kernel CPU s: the kernel's share;
+the JSON also has user and steal seconds); page faults = the machine's, from /proc/vmstat; compiler s = seconds inside
 triton.compile (or FlyDSL's compile), summed over targets; job s = seconds per job as its worker saw it
 (doit: the task's action, compile server round trip included), summed; jobs running, mean = job s / wall.
 """
