@@ -1,10 +1,11 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--prefetch 0] [--no-warm] [--pool-warm-parent] [--json out.json]
+       [--prefetch 0] [--no-warm] [--pool-warm-parent] [--pool-server] [--json out.json]
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
 queued ahead of the workers); --no-warm adds `doit -n N` with KFORGE_WARM_BEFORE_FORK=0 (each compile server
-imports the compiler itself); --pool-warm-parent adds a pool whose parent imports the compiler before forking.
+imports the compiler itself); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
+--pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
@@ -35,24 +36,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
 from rules.archs import parse_arch_list  # noqa: E402
 from rules.project import load_specs  # noqa: E402
+from rules import build  # noqa: E402
 from rules.build import TOOLCHAIN_MODULES  # noqa: E402
 from rules.targets import build_targets  # noqa: E402
 
 _worker: dict = {}
 
 
-def _pool_init(toolchain: str, arch: str | None, root: str) -> None:
-    """Each pool worker imports its compiler once; FlyDSL workers serve one arch (it fixes it per process)."""
+def _pool_init(toolchain: str, arch: str | None, root: str, server: bool = False) -> None:
+    """Each pool worker imports its compiler once; FlyDSL workers serve one arch (it fixes it per process).
+    server: each job goes through kforge's compile server (rules/build.compile_here), as in a doit worker."""
     module = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
     module.warm(root)
-    if arch is not None:
+    if arch is not None and not server:
         module.setup(arch)
-    _worker["module"] = module
+    _worker.update(module=module, root=root, server=server)
 
 
 def pool_compile(target) -> tuple[bool, float, float]:
     """(ok, seconds of the job, seconds inside the compiler)."""
     start = time.perf_counter()
+    if _worker.get("server"):   # kforge's compile path without doit: a warm compile server forked per worker
+        outcome = build.compile_here(target, _worker["root"], build.DEFAULT_TIMEOUT_S)
+        return outcome.ok, time.perf_counter() - start, (outcome.result or {}).get("compile_seconds", 0.0)
     scratch = tempfile.mkdtemp()
     try:
         result = _worker["module"].compile_one((target, scratch))
@@ -63,7 +69,7 @@ def pool_compile(target) -> tuple[bool, float, float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def pool_build(project: Path, workers: int, archs, warm_parent: bool = False) -> dict:
+def pool_build(project: Path, workers: int, archs, warm_parent: bool = False, server: bool = False) -> dict:
     """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
     (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process). warm_parent: the
     parent imports the compiler before the pool forks its workers, as `doit -n N` does."""
@@ -77,17 +83,19 @@ def pool_build(project: Path, workers: int, archs, warm_parent: bool = False) ->
     jobs = []
     for (toolchain, arch), group in groups.items():
         with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
-                                 initargs=(toolchain, arch, str(project))) as pool:
+                                 initargs=(toolchain, arch, str(project), server)) as pool:
             jobs += pool.map(pool_compile, group, chunksize=1)
     return {"targets": sum(ok for ok, _, _ in jobs), "job_seconds": sum(s for _, s, _ in jobs),
             "compile_seconds": sum(c for _, _, c in jobs)}
 
 
-def time_pool(project: Path, workers: int, archs_text: str | None, warm_parent: bool) -> tuple[float, dict]:
+def time_pool(project: Path, workers: int, archs_text: str | None, warm_parent: bool,
+              server: bool = False) -> tuple[float, dict]:
     """The pool loop as a command of its own, timed from outside like `doit`: interpreter start, imports
     and loading the catalog count for both."""
     cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers)] + \
-        (["--archs", archs_text] if archs_text else []) + (["--pool-warm-parent"] if warm_parent else [])
+        (["--archs", archs_text] if archs_text else []) + (["--pool-warm-parent"] if warm_parent else []) + \
+        (["--pool-server"] if server else [])
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
@@ -104,6 +112,8 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, nargs="*", default=[], help="extra doit modes with prefetch=K")
     ap.add_argument("--pool-warm-parent", action="store_true",
                     help="pool modes whose parent imports the compiler before forking (as doit -n N does)")
+    ap.add_argument("--pool-server", action="store_true",
+                    help="also pool modes whose workers compile through kforge's compile server (no doit)")
     ap.add_argument("--no-warm", action="store_true",
                     help="also doit modes with KFORGE_WARM_BEFORE_FORK=0 (compile servers import the compiler)")
     ap.add_argument("--workdir", default=None)
@@ -111,15 +121,18 @@ def main() -> None:
     a = ap.parse_args()
     archs = parse_arch_list(a.archs, "--archs") if a.archs else None
     if a.pool_child:
-        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_warm_parent)))
+        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_warm_parent,
+                                    a.pool_server)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
     runs = [("doit", (n, None, True)) for n in a.jobs] + \
         [("doit", (n, k, True)) for n in a.jobs for k in a.prefetch] + \
         [("doit", (n, None, False)) for n in a.jobs if a.no_warm] + \
-        [("pool", (n, False)) for n in a.pool] + [("pool", (n, True)) for n in a.pool if a.pool_warm_parent]
-    if a.pool_child is None and a.pool_warm_parent and not a.pool:
-        ap.error("--pool-warm-parent needs --pool N")
+        [("pool", (n, False, False)) for n in a.pool] + \
+        [("pool", (n, True, False)) for n in a.pool if a.pool_warm_parent] + \
+        [("pool", (n, False, True)) for n in a.pool if a.pool_server]
+    if (a.pool_warm_parent or a.pool_server) and not a.pool:
+        ap.error("--pool-warm-parent and --pool-server need --pool N")
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
@@ -160,11 +173,12 @@ def run_doit_mode(work: Path, mode: tuple[int, int | None, bool], a) -> dict:
             "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}
 
 
-def run_pool_mode(work: Path, mode: tuple[int, bool], a) -> dict:
-    n, warm_parent = mode
+def run_pool_mode(work: Path, mode: tuple[int, bool, bool], a) -> dict:
+    n, warm_parent, server = mode
     project = fresh_copy(work / f"pool-{n}", a.specs)
-    seconds, result = time_pool(project, n, a.archs, warm_parent)
-    return {"mode": f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else ""), "n": n,
+    seconds, result = time_pool(project, n, a.archs, warm_parent, server)
+    label = f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else "") + (" via compile server" if server else "")
+    return {"mode": label, "n": n,
             "seconds": seconds, "failed": 0, **result}
 
 
