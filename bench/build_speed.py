@@ -177,9 +177,9 @@ def run_pool_mode(work: Path, mode: tuple[int, bool, bool], a) -> dict:
     n, warm_parent, server = mode
     project = fresh_copy(work / f"pool-{n}", a.specs)
     seconds, result = time_pool(project, n, a.archs, warm_parent, server)
-    label = f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else "") + (" via compile server" if server else "")
-    return {"mode": label, "n": n,
-            "seconds": seconds, "failed": 0, **result}
+    label = f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else "") + \
+        (" via compile server" if server else "")
+    return {"mode": label, "n": n, "seconds": seconds, "failed": 0, **result}
 
 
 def print_table(all_rows: list[dict]) -> None:

@@ -26,6 +26,7 @@ class Reporter(ConsoleReporter):
         super().add_success(task)
         {on_success}
 
+WAIT_S = {wait_s}
 DOIT_CONFIG = {{"continue": True, "reporter": Reporter, "verbosity": 0}}
 {tasks}
 '''
@@ -36,7 +37,7 @@ def task_fan():
         yield {"name": f"t{i}", "actions": [(record, [f"fan:t{i}", i == 7])], "uptodate": [run_once]}
 
 def task_after():
-    """runs after every fan task but the failed one's dependents"""
+    """tasks that depend on fan tasks; "blocked" depends on fan:t7, which fails"""
     yield {"name": "one", "actions": [(record, ["after:one"])], "task_dep": ["fan:t3", "fan:t4"],
            "uptodate": [run_once]}
     yield {"name": "two", "actions": [(record, ["after:two"])], "task_dep": ["after:one", "fan:t20"],
@@ -45,10 +46,11 @@ def task_after():
 '''
 
 
-def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, timeout=60):
+def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, timeout=60,
+             wait_s=20):
     """install: None runs doit's own runner, else the arguments to doit_runner.install()."""
-    text = DODO.format(install="" if install is None else f"from rules import doit_runner; doit_runner.install({install})",
-                       on_success=on_success, tasks=textwrap.dedent(tasks))
+    setup = "" if install is None else f"from rules import doit_runner; doit_runner.install({install})"
+    text = DODO.format(install=setup, on_success=on_success, tasks=textwrap.dedent(tasks), wait_s=wait_s)
     (tmp_path / "dodo.py").write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "doit", *args], cwd=tmp_path, env=env, capture_output=True,
@@ -77,7 +79,7 @@ def test_every_task_runs_once_and_after_its_dependencies(tmp_path, workers, inst
 # The master takes in t0's result only once t1 has run. With -n 1 that can only happen when t1 was queued
 # before the master took in t0's result: doit's own runner never does, so its master waits out the deadline.
 WAIT_FOR_T1 = '''if task.name == "seq:t0":
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + WAIT_S
             while "seq:t1" not in LOG.read_text() and time.monotonic() < deadline:
                 time.sleep(0.01)
             LOG.open("a").write(("t1 ran first" if "seq:t1" in LOG.read_text() else "t1 waited") + " 0\\n")'''
@@ -98,7 +100,8 @@ def test_next_task_is_queued_before_the_master_takes_in_the_last_result(tmp_path
 @pytest.mark.parametrize("install", [None, "prefetch=0"], ids=["doit", "kforge-prefetch=0"])
 def test_doits_own_scheduling_waits_for_the_master(tmp_path, install):
     """The test above can fail: doit's runner, and kforge's queueing nothing ahead, time out of the wait."""
-    proc = run_doit(tmp_path, "-n", "1", install=install, on_success=WAIT_FOR_T1.replace("20", "1"), tasks=SEQUENCE)
+    proc = run_doit(tmp_path, "-n", "1", install=install, on_success=WAIT_FOR_T1, tasks=SEQUENCE,
+                    wait_s=1)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "log").read_text().splitlines()[1] == "t1 waited 0"
 
