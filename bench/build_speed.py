@@ -3,7 +3,7 @@
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
        [--prefetch 0] [--no-warm] [--pool-warm-parent] [--pool-server] [--json out.json]
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
-queued ahead of the workers); --no-warm adds `doit -n N` with KFORGE_WARM_BEFORE_FORK=0 (each compile server
+queued ahead of the workers); --no-warm adds `doit -n N` with KFORGE_WARM_BEFORE_FORK=0 (each doit worker
 imports the compiler itself); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--pool-server", action="store_true",
                     help="also pool modes whose workers compile through kforge's compile server (no doit)")
     ap.add_argument("--no-warm", action="store_true",
-                    help="also doit modes with KFORGE_WARM_BEFORE_FORK=0 (compile servers import the compiler)")
+                    help="also doit modes with KFORGE_WARM_BEFORE_FORK=0 (each doit worker imports the compiler)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()

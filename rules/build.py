@@ -57,7 +57,7 @@ def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
     """Run in the doit master before `doit -n N` forks: import the compiler of the local compiles that will
     run, once, so that the N workers inherit it (Triton: 0.5 s of import and toolchain hash each, measured
     on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast.
-    KFORGE_WARM_BEFORE_FORK=0 turns it off (each compile server imports its compiler itself)."""
+    KFORGE_WARM_BEFORE_FORK=0 turns it off (each worker imports its compiler itself, in compile_here)."""
     if os.environ.get("KFORGE_WARM_BEFORE_FORK", "1") == "0":
         return
     runs = [(t.meta or {}).get("kforge_compile") for t in tasks_to_run(tasks, selected)]
