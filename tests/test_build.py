@@ -138,18 +138,27 @@ def test_hanging_compile_times_out(tmp_path):
     assert "timed out after 3 s" in proc.stdout
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
+SLOW_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def start_slow_build(tmp_path, finished: int):
+    """`doit -n 2` of eight 0.7 s compiles, returned once `finished` of them are built: (process, root, metas)."""
     slow = "import time\ntime.sleep(0.7)\n" + kernel_text()
-    blocks = (32, 64, 128, 256, 512, 1024, 2048, 4096)
-    root = make_project(tmp_path, specs={"scale": spec_text(blocks=blocks)}, kernels={"scale": slow})
+    root = make_project(tmp_path, specs={"scale": spec_text(blocks=SLOW_BLOCKS)}, kernels={"scale": slow})
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metas = root / "out" / "sm_90a" / "scale"
     deadline = time.monotonic() + 120
-    while len(list(metas.glob("*/meta.json"))) < 3 and time.monotonic() < deadline:
+    while len(list(metas.glob("*/meta.json"))) < finished and time.monotonic() < deadline:
         time.sleep(0.05)
+    return proc, root, metas
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
+    proc, root, metas = start_slow_build(tmp_path, finished=3)
+    blocks = SLOW_BLOCKS
     proc.send_signal(sig)
     proc.communicate(timeout=60)
     finished = {p.parent.name for p in metas.glob("*/meta.json")}
@@ -165,16 +174,8 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
 def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(tmp_path):
     """A doit worker killed from outside (an OOM kill of the worker, not of its compiler): doit's own runner
     waits forever; kforge's stops, names the tasks in flight, saves the report and keeps what finished."""
-    slow = "import time\ntime.sleep(0.7)\n" + kernel_text()
-    blocks = (32, 64, 128, 256, 512, 1024, 2048, 4096)
-    root = make_project(tmp_path, specs={"scale": spec_text(blocks=blocks)}, kernels={"scale": slow})
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metas = root / "out" / "sm_90a" / "scale"
-    deadline = time.monotonic() + 120
-    while len(list(metas.glob("*/meta.json"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc, root, metas = start_slow_build(tmp_path, finished=2)
+    blocks = SLOW_BLOCKS
     master_cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()   # forked workers share it; a helper would not
     workers = [c for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
                if Path(f"/proc/{c}/cmdline").read_bytes() == master_cmdline]
