@@ -1,10 +1,11 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--prefetch 0] [--no-warm] [--pool-warm-parent] [--pool-server] [--json out.json]
+       [--prefetch 0] [--import-in worker server] [--pool-warm-parent] [--pool-server] [--json out.json]
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
-queued ahead of the workers); --no-warm adds `doit -n N` with KFORGE_WARM_BEFORE_FORK=0 (each doit worker
-imports the compiler itself); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
+queued ahead of the workers); --import-in P adds `doit -n N` with KFORGE_IMPORT_COMPILER_IN=P (worker: each
+doit worker imports the compiler before forking its compile server; server: each compile server imports it
+after the fork; the default imports it once in the doit master); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
@@ -114,8 +115,8 @@ def main() -> None:
                     help="pool modes whose parent imports the compiler before forking (as doit -n N does)")
     ap.add_argument("--pool-server", action="store_true",
                     help="also pool modes whose workers compile through kforge's compile server (no doit)")
-    ap.add_argument("--no-warm", action="store_true",
-                    help="also doit modes with KFORGE_WARM_BEFORE_FORK=0 (each doit worker imports the compiler)")
+    ap.add_argument("--import-in", nargs="*", default=[], choices=["worker", "server"],
+                    help="also doit modes with KFORGE_IMPORT_COMPILER_IN=worker or server")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     a = ap.parse_args()
@@ -125,9 +126,9 @@ def main() -> None:
                                     a.pool_server)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
-    runs = [("doit", (n, None, True)) for n in a.jobs] + \
-        [("doit", (n, k, True)) for n in a.jobs for k in a.prefetch] + \
-        [("doit", (n, None, False)) for n in a.jobs if a.no_warm] + \
+    runs = [("doit", (n, None, None)) for n in a.jobs] + \
+        [("doit", (n, k, None)) for n in a.jobs for k in a.prefetch] + \
+        [("doit", (n, None, place)) for n in a.jobs for place in a.import_in] + \
         [("pool", (n, False, False)) for n in a.pool] + \
         [("pool", (n, True, False)) for n in a.pool if a.pool_warm_parent] + \
         [("pool", (n, False, True)) for n in a.pool if a.pool_server]
@@ -159,15 +160,16 @@ def machine_counters() -> dict:
             "page_faults_k": int(vmstat.get("pgfault", 0)) / 1000}
 
 
-def run_doit_mode(work: Path, mode: tuple[int, int | None, bool], a) -> dict:
-    n, prefetch, warm = mode
+def run_doit_mode(work: Path, mode: tuple[int, int | None, str | None], a) -> dict:
+    n, prefetch, import_in = mode
     project = fresh_copy(work / f"doit-n{n}", a.specs)
     extra = ([f"archs={a.archs}"] if a.archs else []) + ([f"prefetch={prefetch}"] if prefetch is not None else [])
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
-    seconds = run_doit(project, "-n", str(n), *extra, *families, env={} if warm else {"KFORGE_WARM_BEFORE_FORK": "0"})
+    seconds = run_doit(project, "-n", str(n), *extra, *families,
+                       env={"KFORGE_IMPORT_COMPILER_IN": import_in} if import_in else {})
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
-    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + ("" if warm else " no warm")
+    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + (f" import in {import_in}" if import_in else "")
     return {"mode": label, "n": n, "seconds": seconds, "targets": report["counts"]["built"],
             "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
             "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}

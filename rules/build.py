@@ -53,12 +53,30 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     return values
 
 
+# Where a doit build imports each compiler (env KFORGE_IMPORT_COMPILER_IN; an A/B knob of bench/build_speed.py):
+#   master: once, in the doit master, before it forks its workers (default; they inherit it),
+#   worker: in each doit worker, before it forks its compile server,
+#   server: in each compile server itself, after the fork (as a process pool's worker does).
+IMPORT_PLACES = ("master", "worker", "server")
+
+
+def compiler_import_place() -> str:
+    return os.environ.get("KFORGE_IMPORT_COMPILER_IN", "master")
+
+
+def check_import_place() -> None:
+    """In the doit master, before any task runs: a misspelt value stops the build, naming the variable."""
+    place = compiler_import_place()
+    if place not in IMPORT_PLACES:
+        raise ValueError(f"KFORGE_IMPORT_COMPILER_IN={place!r} in the environment: expected one of "
+                         f"{', '.join(IMPORT_PLACES)} (or leave it unset: master)")
+
+
 def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
     """Run in the doit master before `doit -n N` forks: import the compiler of the local compiles that will
     run, once, so that the N workers inherit it (Triton: 0.5 s of import and toolchain hash each, measured
-    on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast.
-    KFORGE_WARM_BEFORE_FORK=0 turns it off (each worker imports its compiler itself, in compile_here)."""
-    if os.environ.get("KFORGE_WARM_BEFORE_FORK", "1") == "0":
+    on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast."""
+    if compiler_import_place() != "master":
         return
     runs = [(t.meta or {}).get("kforge_compile") for t in tasks_to_run(tasks, selected)]
     for toolchain in sorted({info["toolchain"] for info in runs if info and info["runs_here"]}):
@@ -73,31 +91,47 @@ def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
 def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
     """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
     backend = importlib.import_module(TOOLCHAIN_MODULES[target.toolchain])
-    try:
-        backend.warm(root)
-    except Exception as e:   # a toolchain that cannot even import fails every target clearly
-        return isolate.Outcome(False, 0.0, error=f"the {target.toolchain} toolchain is not usable in this "
-                                                 f"environment: {e}")
+    import_in_server = compiler_import_place() == "server"
+    if not import_in_server:
+        try:
+            backend.warm(root)
+        except Exception as e:   # a toolchain that cannot even import fails every target clearly
+            return isolate.Outcome(False, 0.0, error=_unusable(target, e))
     scratch_root = Path(target.out_dir).parents[2] / ".kforge" / "tmp"
     scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f"{target.arch}-{target.kernel}-", dir=scratch_root)
     try:
-        return _server_for(target, backend).call((target, scratch), timeout)
+        return _server_for(target, backend, root, import_in_server).call((target, scratch), timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _server_for(target: Target, backend) -> isolate.Server:
+def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
     per_arch = backend.ARCH_PER_PROCESS
     wanted = (target.toolchain, target.arch if per_arch else None)
     server = _servers.pop(wanted, None)
     if server is None:
-        setup = functools.partial(backend.setup, target.arch) if per_arch else None
+        setup = functools.partial(_server_setup, target, backend, root, import_in_server, per_arch)
         server = isolate.Server(backend.compile_one, setup)
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used
     return server
+
+
+def _server_setup(target: Target, backend, root: str, import_here: bool, per_arch: bool) -> None:
+    """Once in each fresh compile server, after the fork."""
+    if import_here:
+        try:
+            backend.warm(root)
+        except Exception as e:
+            raise RuntimeError(_unusable(target, e)) from None
+    if per_arch:
+        backend.setup(target.arch)
+
+
+def _unusable(target: Target, e: Exception) -> str:
+    return f"the {target.toolchain} toolchain is not usable in this environment: {e}"
 
 
 def _fail(target: Target, error: str) -> TaskFailed:

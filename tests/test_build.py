@@ -210,3 +210,40 @@ def test_compilers_are_imported_before_the_fork_only_for_compiles_that_will_run(
     assert warmed == []   # everything selected is up to date (a no-op run imports no compiler)
     build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
     assert warmed == ["/root"]
+
+
+@pytest.mark.parametrize("place", ["master", "worker", "server"])
+def test_compile_here_imports_the_compiler_where_the_knob_says(monkeypatch, tmp_path, place):
+    import types
+    from rules import build
+    fake = types.ModuleType("fake_compile")
+    fake.ARCH_PER_PROCESS = False
+    fake.warmed_in = None
+    fake.warm = lambda root: setattr(fake, "warmed_in", os.getpid())
+    fake.compile_one = lambda request: {"warmed_in": fake.warmed_in, "compiled_in": os.getpid()}
+    monkeypatch.setitem(sys.modules, "fake_compile", fake)
+    monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
+    monkeypatch.setattr(build, "_servers", {})
+    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", place)
+    target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k",
+                                   out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"))
+    try:
+        outcome = build.compile_here(target, str(tmp_path), timeout=60)
+    finally:
+        build._servers.pop(("fake", None)).close()
+    assert outcome.ok, outcome.error
+    assert outcome.result["compiled_in"] != os.getpid()   # always in the forked compile server
+    # master and worker: this process imported it (the server inherited it); server: the server itself did
+    expected = outcome.result["compiled_in"] if place == "server" else os.getpid()
+    assert outcome.result["warmed_in"] == expected
+
+
+def test_a_misspelt_import_place_stops_the_build_naming_the_variable(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()})
+    env = dict(os.environ, KFORGE_IMPORT_COMPILER_IN="servr",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "KFORGE_IMPORT_COMPILER_IN='servr' in the environment: expected one of master, worker, server" in proc.stderr
+    assert not list((root / "out").glob("sm_90a/*/*/meta.json"))
