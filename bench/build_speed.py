@@ -1,12 +1,15 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--prefetch 0] [--import-in worker server] [--pool-warm-parent] [--pool-server] [--json out.json]
+       [--prefetch 0] [--import-in worker server] [--server-gc] [--pool-warm-parent] [--pool-server]
+       [--pool-no-gc] [--json out.json]
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
 queued ahead of the workers); --import-in P adds `doit -n N` with KFORGE_IMPORT_COMPILER_IN=P (worker: each
 doit worker imports the compiler before forking its compile server; server: each compile server imports it
-after the fork; the default imports it once in the doit master); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
---pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do.
+after the fork; the default imports it once in the doit master); --server-gc adds `doit -n N` with
+KFORGE_SERVER_GC=on (compile servers with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
+--pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do;
+--pool-no-gc adds a pool whose workers run without the cyclic collector, as kforge's compile servers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
@@ -15,11 +18,13 @@ workers import the compiler once, one compile_one call per job, as aiter's and I
 Columns: CPU s = busy CPU seconds of the whole machine during the mode (kernel CPU s: the kernel's share;
 the JSON also has user and steal seconds); page faults = the machine's, from /proc/vmstat; compiler s = seconds inside
 triton.compile (or FlyDSL's compile), summed over targets; job s = seconds per job as its worker saw it
-(doit: the task's action, compile server round trip included), summed; jobs running, mean = job s / wall.
+(doit: the task's action, compile server round trip included), summed; jobs running, mean = job s / wall;
+first / last artifact = seconds from the command's start until the first / last meta.json was written.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -44,9 +49,14 @@ from rules.targets import build_targets  # noqa: E402
 _worker: dict = {}
 
 
-def _pool_init(toolchain: str, arch: str | None, root: str, server: bool = False) -> None:
+def _pool_init(toolchain: str, arch: str | None, root: str, variant: str) -> None:
     """Each pool worker imports its compiler once; FlyDSL workers serve one arch (it fixes it per process).
-    server: each job goes through kforge's compile server (rules/build.compile_here), as in a doit worker."""
+    variant "via compile server": each job goes through kforge's compile server (rules/build.compile_here), as
+    in a doit worker; "no gc": the worker runs without Python's cyclic collector, as kforge's servers do."""
+    server = variant == "via compile server"
+    if variant == "no gc":
+        gc.freeze()
+        gc.disable()
     module = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
     module.warm(root)
     if arch is not None and not server:
@@ -70,12 +80,12 @@ def pool_compile(target) -> tuple[bool, float, float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def pool_build(project: Path, workers: int, archs, warm_parent: bool = False, server: bool = False) -> dict:
+def pool_build(project: Path, workers: int, archs, variant: str = "") -> dict:
     """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
-    (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process). warm_parent: the
-    parent imports the compiler before the pool forks its workers, as `doit -n N` does."""
+    (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process). variant "warm parent":
+    the parent imports the compiler before the pool forks its workers, as `doit -n N` does."""
     targets = build_targets(load_specs(project), project, project / "out", archs)
-    if warm_parent:
+    if variant == "warm parent":
         for toolchain in sorted({t.toolchain for t in targets}):
             importlib.import_module(TOOLCHAIN_MODULES[toolchain]).warm(str(project))
     groups: dict[tuple[str, str | None], list] = {}
@@ -84,22 +94,28 @@ def pool_build(project: Path, workers: int, archs, warm_parent: bool = False, se
     jobs = []
     for (toolchain, arch), group in groups.items():
         with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
-                                 initargs=(toolchain, arch, str(project), server)) as pool:
+                                 initargs=(toolchain, arch, str(project), variant)) as pool:
             jobs += pool.map(pool_compile, group, chunksize=1)
     return {"targets": sum(ok for ok, _, _ in jobs), "job_seconds": sum(s for _, s, _ in jobs),
             "compile_seconds": sum(c for _, _, c in jobs)}
 
 
-def time_pool(project: Path, workers: int, archs_text: str | None, warm_parent: bool,
-              server: bool = False) -> tuple[float, dict]:
+def time_pool(project: Path, workers: int, archs_text: str | None, variant: str) -> tuple[float, dict]:
     """The pool loop as a command of its own, timed from outside like `doit`: interpreter start, imports
     and loading the catalog count for both."""
-    cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers)] + \
-        (["--archs", archs_text] if archs_text else []) + (["--pool-warm-parent"] if warm_parent else []) + \
-        (["--pool-server"] if server else [])
-    start = time.perf_counter()
+    cmd = [sys.executable, __file__, "--pool-child", str(project), str(workers), "--pool-variant", variant] + \
+        (["--archs", archs_text] if archs_text else [])
+    started_at, start = time.time(), time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
+    return time.perf_counter() - start, {**json.loads(out.stdout.strip().splitlines()[-1]),
+                                         **artifact_span(project, started_at)}
+
+
+def artifact_span(project: Path, started_at: float) -> dict:
+    """Seconds from the command's start to the first and the last meta.json written (start-up and tail)."""
+    times = sorted(m.stat().st_mtime for m in (project / "out").glob("*/*/*/meta.json"))
+    return {"first_artifact_s": round(times[0] - started_at, 2), "last_artifact_s": round(times[-1] - started_at, 2)} \
+        if times else {}
 
 
 def main() -> None:
@@ -115,25 +131,30 @@ def main() -> None:
                     help="pool modes whose parent imports the compiler before forking (as doit -n N does)")
     ap.add_argument("--pool-server", action="store_true",
                     help="also pool modes whose workers compile through kforge's compile server (no doit)")
+    ap.add_argument("--pool-no-gc", action="store_true",
+                    help="also pool modes whose workers run without Python's cyclic collector (as kforge's servers)")
+    ap.add_argument("--server-gc", action="store_true",
+                    help="also doit modes with KFORGE_SERVER_GC=on (compile servers with the cyclic collector)")
     ap.add_argument("--import-in", nargs="*", default=[], choices=["worker", "server"],
                     help="also doit modes with KFORGE_IMPORT_COMPILER_IN=worker or server")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
+    ap.add_argument("--pool-variant", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     archs = parse_arch_list(a.archs, "--archs") if a.archs else None
     if a.pool_child:
-        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_warm_parent,
-                                    a.pool_server)))
+        print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_variant)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
-    runs = [("doit", (n, None, None)) for n in a.jobs] + \
-        [("doit", (n, k, None)) for n in a.jobs for k in a.prefetch] + \
-        [("doit", (n, None, place)) for n in a.jobs for place in a.import_in] + \
-        [("pool", (n, False, False)) for n in a.pool] + \
-        [("pool", (n, True, False)) for n in a.pool if a.pool_warm_parent] + \
-        [("pool", (n, False, True)) for n in a.pool if a.pool_server]
-    if (a.pool_warm_parent or a.pool_server) and not a.pool:
-        ap.error("--pool-warm-parent and --pool-server need --pool N")
+    doit_envs = [{}] + [{"KFORGE_IMPORT_COMPILER_IN": place} for place in a.import_in] + \
+        ([{"KFORGE_SERVER_GC": "on"}] if a.server_gc else [])
+    pool_variants = [""] + [v for v, on in (("warm parent", a.pool_warm_parent), ("via compile server", a.pool_server),
+                                            ("no gc", a.pool_no_gc)) if on]
+    runs = [("doit", (n, None, env)) for n in a.jobs for env in doit_envs] + \
+        [("doit", (n, k, {})) for n in a.jobs for k in a.prefetch] + \
+        [("pool", (n, variant)) for n in a.pool for variant in pool_variants]
+    if len(pool_variants) > 1 and not a.pool:
+        ap.error("--pool-warm-parent, --pool-server and --pool-no-gc need --pool N")
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
@@ -160,27 +181,26 @@ def machine_counters() -> dict:
             "page_faults_k": int(vmstat.get("pgfault", 0)) / 1000}
 
 
-def run_doit_mode(work: Path, mode: tuple[int, int | None, str | None], a) -> dict:
-    n, prefetch, import_in = mode
+def run_doit_mode(work: Path, mode: tuple[int, int | None, dict], a) -> dict:
+    n, prefetch, env = mode
     project = fresh_copy(work / f"doit-n{n}", a.specs)
     extra = ([f"archs={a.archs}"] if a.archs else []) + ([f"prefetch={prefetch}"] if prefetch is not None else [])
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
-    seconds = run_doit(project, "-n", str(n), *extra, *families,
-                       env={"KFORGE_IMPORT_COMPILER_IN": import_in} if import_in else {})
+    started_at = time.time()
+    seconds = run_doit(project, "-n", str(n), *extra, *families, env=env)
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
-    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + (f" import in {import_in}" if import_in else "")
+    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + "".join(f" {k}={v}" for k, v in env.items())
     return {"mode": label, "n": n, "seconds": seconds, "targets": report["counts"]["built"],
             "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
-            "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks)}
+            "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks), **artifact_span(project, started_at)}
 
 
-def run_pool_mode(work: Path, mode: tuple[int, bool, bool], a) -> dict:
-    n, warm_parent, server = mode
+def run_pool_mode(work: Path, mode: tuple[int, str], a) -> dict:
+    n, variant = mode
     project = fresh_copy(work / f"pool-{n}", a.specs)
-    seconds, result = time_pool(project, n, a.archs, warm_parent, server)
-    label = f"ProcessPoolExecutor({n})" + (" warm parent" if warm_parent else "") + \
-        (" via compile server" if server else "")
+    seconds, result = time_pool(project, n, a.archs, variant)
+    label = f"ProcessPoolExecutor({n})" + (f" {variant}" if variant else "")
     return {"mode": label, "n": n, "seconds": seconds, "failed": 0, **result}
 
 
@@ -192,8 +212,8 @@ def print_table(all_rows: list[dict]) -> None:
         base = next((r["seconds"] for r in rows if r["mode"] == "doit -n 1"), None)
         print(f"\nrepetition {rep} on {platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
         print("| mode | targets | wall s | targets/s | CPU s | kernel CPU s | page faults, k | compiler s | job s "
-              "| jobs running, mean | speedup vs -n 1 | speedup / N | vs pool at same N |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| jobs running, mean | first / last artifact s | speedup vs -n 1 | speedup / N | vs pool at same N |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             pool = next((p for p in rows if p["mode"] == f"ProcessPoolExecutor({r['n']})"), None)
             speed = base / r["seconds"] if base else None
@@ -202,7 +222,7 @@ def print_table(all_rows: list[dict]) -> None:
                 ratios.setdefault(f"{r['mode']} speedup / N", []).append(speed / r["n"])
             if vs_pool:
                 ratios.setdefault(f"{r['mode']} vs pool", []).append(vs_pool)
-            if "prefetch=" in r["mode"]:   # the A/B of queueing ahead: the default's speed over this mode's
+            if r["mode"].startswith(f"doit -n {r['n']} "):   # an A/B variant: the default's speed over this one's
                 default = next((d for d in rows if d["mode"] == f"doit -n {r['n']}"), None)
                 if default:
                     ratios.setdefault(f"doit -n {r['n']} vs {r['mode']}", []).append(r["seconds"] / default["seconds"])
@@ -211,6 +231,7 @@ def print_table(all_rows: list[dict]) -> None:
                   f"{r['cpu_seconds']} | {r.get('cpu_kernel_seconds', '-')} | {r.get('page_faults_k', '-')} | "
                   f"{r['compile_seconds']:.1f} | {r['job_seconds']:.1f} | "
                   f"{r['job_seconds'] / r['seconds']:.2f} | "
+                  f"{r.get('first_artifact_s', '-')} / {r.get('last_artifact_s', '-')} | "
                   f"{fmt(speed, '{:.2f}')} | {fmt(speed / r['n'] if speed else None, '{:.2f}')} | "
                   f"{fmt(vs_pool, '{:.2f}')} |")
     for name, values in ratios.items():

@@ -53,23 +53,30 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     return values
 
 
-# Where a doit build imports each compiler (env KFORGE_IMPORT_COMPILER_IN; an A/B knob of bench/build_speed.py):
-#   master: once, in the doit master, before it forks its workers (default; they inherit it),
-#   worker: in each doit worker, before it forks its compile server,
-#   server: in each compile server itself, after the fork (as a process pool's worker does).
-IMPORT_PLACES = ("master", "worker", "server")
+# Two A/B knobs of bench/build_speed.py, read from the environment (the doit workers and servers inherit it):
+#   KFORGE_IMPORT_COMPILER_IN: where a doit build imports each compiler:
+#     master: once, in the doit master, before it forks its workers (default; they inherit it),
+#     worker: in each doit worker, before it forks its compile server,
+#     server: in each compile server itself, after the fork (as a process pool's worker does);
+#   KFORGE_SERVER_GC: off (default): compile servers run without Python's cyclic collector (rules/isolate.py
+#     says why), on: with it.
+ENV_CHOICES = {"KFORGE_IMPORT_COMPILER_IN": ("master", "worker", "server"), "KFORGE_SERVER_GC": ("off", "on")}
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, ENV_CHOICES[name][0])
 
 
 def compiler_import_place() -> str:
-    return os.environ.get("KFORGE_IMPORT_COMPILER_IN", "master")
+    return _env("KFORGE_IMPORT_COMPILER_IN")
 
 
-def check_import_place() -> None:
+def check_environment() -> None:
     """In the doit master, before any task runs: a misspelt value stops the build, naming the variable."""
-    place = compiler_import_place()
-    if place not in IMPORT_PLACES:
-        raise ValueError(f"KFORGE_IMPORT_COMPILER_IN={place!r} in the environment: expected one of "
-                         f"{', '.join(IMPORT_PLACES)} (or leave it unset: master)")
+    for name, choices in ENV_CHOICES.items():
+        if _env(name) not in choices:
+            raise ValueError(f"{name}={_env(name)!r} in the environment: expected one of {', '.join(choices)} "
+                             f"(or leave it unset: {choices[0]})")
 
 
 def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
@@ -112,7 +119,7 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server, per_arch)
-        server = isolate.Server(backend.compile_one, setup)
+        server = isolate.Server(backend.compile_one, setup, collect_garbage=_env("KFORGE_SERVER_GC") == "on")
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used

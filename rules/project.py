@@ -12,7 +12,7 @@ from doit import get_var
 from rules import artifact, doit_runner, remote_cache, report
 from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
-from rules.build import check_import_place, timeout_from_env, warm_before_fork
+from rules.build import check_environment, timeout_from_env, warm_before_fork
 from rules.dask_executor import scheduler_address
 from rules.spec import SpecError, load_spec
 from rules.targets import build_targets
@@ -38,7 +38,7 @@ def doit_config(root: Path, families: list[str]) -> dict:
     _sigterm_as_interrupt()
     run_after_failed_deps()
     try:
-        check_import_place()
+        check_environment()
     except ValueError as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
