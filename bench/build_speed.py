@@ -6,7 +6,8 @@ Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs s
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
 queued ahead of the workers); --import-in P adds `doit -n N` with KFORGE_IMPORT_COMPILER_IN=P (worker: each
 doit worker imports the compiler before forking its compile server; server: each compile server imports it
-after the fork; the default imports it once in the doit master); --server-gc adds `doit -n N` with
+after the fork; master: the doit master imports it once before forking its workers; by default each
+toolchain says, rules/build.py); --server-gc adds `doit -n N` with
 KFORGE_SERVER_GC=on (compile servers with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do;
 --pool-no-gc adds a pool whose workers run without the cyclic collector, as kforge's compile servers do.
@@ -135,8 +136,8 @@ def main() -> None:
                     help="also pool modes whose workers run without Python's cyclic collector (as kforge's servers)")
     ap.add_argument("--server-gc", action="store_true",
                     help="also doit modes with KFORGE_SERVER_GC=on (compile servers with the cyclic collector)")
-    ap.add_argument("--import-in", nargs="*", default=[], choices=["worker", "server"],
-                    help="also doit modes with KFORGE_IMPORT_COMPILER_IN=worker or server")
+    ap.add_argument("--import-in", nargs="*", default=[], choices=["master", "worker", "server"],
+                    help="also doit modes with KFORGE_IMPORT_COMPILER_IN=master, worker or server")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     ap.add_argument("--pool-variant", default="", help=argparse.SUPPRESS)

@@ -16,8 +16,10 @@ from rules.doit_commands import tasks_to_run
 from rules.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
-# and ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the env),
-# False when it takes the arch per compile (Triton), so that one server serves every arch.
+# ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the env), False
+# when it takes the arch per compile (Triton), so that one server serves every arch; IMPORT_IN: where a build
+# imports the compiler by default (see import_place); WARM_BEFORE_FORK: True if importing it starts no threads,
+# so that a process may fork after it.
 TOOLCHAIN_MODULES = {"triton": "rules.triton_compile", "flydsl": "rules.flydsl_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -53,42 +55,39 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     return values
 
 
-# Two A/B knobs of bench/build_speed.py, read from the environment (the doit workers and servers inherit it):
-#   KFORGE_IMPORT_COMPILER_IN: where a doit build imports each compiler:
-#     master: once, in the doit master, before it forks its workers (default; they inherit it),
-#     worker: in each doit worker, before it forks its compile server,
-#     server: in each compile server itself, after the fork (as a process pool's worker does);
+# Two knobs for A/B runs of bench/build_speed.py, read from the environment (doit workers and servers inherit it):
+#   KFORGE_IMPORT_COMPILER_IN: where a doit build imports each compiler (default: the toolchain's IMPORT_IN):
+#     master: once, in the doit master, before it forks its workers, which inherit it (only for a toolchain
+#       whose import starts no threads),
+#     worker: in each doit worker, before it forks its compile servers, which inherit it,
+#     server: in each compile server, after the fork, as a process pool's worker does;
 #   KFORGE_SERVER_GC: off (default): compile servers run without Python's cyclic collector (rules/isolate.py
 #     says why), on: with it.
 ENV_CHOICES = {"KFORGE_IMPORT_COMPILER_IN": ("master", "worker", "server"), "KFORGE_SERVER_GC": ("off", "on")}
 
 
-def _env(name: str) -> str:
-    return os.environ.get(name, ENV_CHOICES[name][0])
-
-
-def compiler_import_place() -> str:
-    return _env("KFORGE_IMPORT_COMPILER_IN")
+def import_place(backend) -> str:
+    return os.environ.get("KFORGE_IMPORT_COMPILER_IN") or backend.IMPORT_IN
 
 
 def check_environment() -> None:
     """In the doit master, before any task runs: a misspelt value stops the build, naming the variable."""
     for name, choices in ENV_CHOICES.items():
-        if _env(name) not in choices:
-            raise ValueError(f"{name}={_env(name)!r} in the environment: expected one of {', '.join(choices)} "
-                             f"(or leave it unset: {choices[0]})")
+        value = os.environ.get(name)
+        if value and value not in choices:
+            raise ValueError(f"{name}={value!r} in the environment: expected one of {', '.join(choices)} "
+                             f"(or leave it unset)")
 
 
 def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
     """Run in the doit master before `doit -n N` forks: import the compiler of the local compiles that will
     run, once, so that the N workers inherit it (Triton: 0.5 s of import and toolchain hash each, measured
-    on the H100 host). Nothing is imported when everything is up to date: a no-op run stays fast."""
-    if compiler_import_place() != "master":
-        return
+    on the H100 host), for each toolchain imported in the master (import_place). Nothing is imported when
+    everything is up to date: a no-op run stays fast."""
     runs = [(t.meta or {}).get("kforge_compile") for t in tasks_to_run(tasks, selected)]
     for toolchain in sorted({info["toolchain"] for info in runs if info and info["runs_here"]}):
         backend = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
-        if getattr(backend, "WARM_BEFORE_FORK", False):
+        if import_place(backend) == "master" and backend.WARM_BEFORE_FORK:
             try:
                 backend.warm(root)
             except Exception:   # each target reports an unusable toolchain itself, by name
@@ -98,7 +97,7 @@ def warm_before_fork(tasks: dict, selected: list[str], root: str) -> None:
 def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
     """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
     backend = importlib.import_module(TOOLCHAIN_MODULES[target.toolchain])
-    import_in_server = compiler_import_place() == "server"
+    import_in_server = import_place(backend) == "server"
     if not import_in_server:
         try:
             backend.warm(root)
@@ -119,7 +118,7 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server, per_arch)
-        server = isolate.Server(backend.compile_one, setup, collect_garbage=_env("KFORGE_SERVER_GC") == "on")
+        server = isolate.Server(backend.compile_one, setup, collect_garbage=os.environ.get("KFORGE_SERVER_GC") == "on")
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used

@@ -192,16 +192,17 @@ def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(
     assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
 
 
-def test_compilers_are_imported_before_the_fork_only_for_compiles_that_will_run(monkeypatch):
-    import sys
+def test_compilers_are_imported_before_the_fork_only_where_asked_and_for_compiles_that_will_run(monkeypatch):
     import types
     from rules import build
     warmed = []
     fake = types.ModuleType("fake_compile")
     fake.WARM_BEFORE_FORK = True
+    fake.IMPORT_IN = "master"
     fake.warm = warmed.append
     monkeypatch.setitem(sys.modules, "fake_compile", fake)
     monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
+    monkeypatch.delenv("KFORGE_IMPORT_COMPILER_IN", raising=False)
     task = lambda deps=(), **compile_info: types.SimpleNamespace(
         task_dep=list(deps), setup_tasks=[], meta={"kforge_compile": compile_info} if compile_info else None)
     tasks = {"fam": task(["fam:a", "fam:b"]), "fam:a": task(toolchain="fake", runs_here=False),
@@ -210,21 +211,32 @@ def test_compilers_are_imported_before_the_fork_only_for_compiles_that_will_run(
     assert warmed == []   # everything selected is up to date (a no-op run imports no compiler)
     build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
     assert warmed == ["/root"]
+    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", "server")   # the environment overrides the toolchain
+    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
+    assert warmed == ["/root"]
+    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", "master")
+    fake.WARM_BEFORE_FORK = False   # a toolchain that must not be imported before a fork never is
+    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
+    assert warmed == ["/root"]
 
 
-@pytest.mark.parametrize("place", ["master", "worker", "server"])
+@pytest.mark.parametrize("place", ["master", "worker", "server", None])
 def test_compile_here_imports_the_compiler_where_the_knob_says(monkeypatch, tmp_path, place):
     import types
     from rules import build
     fake = types.ModuleType("fake_compile")
     fake.ARCH_PER_PROCESS = False
+    fake.IMPORT_IN = "server"   # the toolchain's default, when the environment says nothing
     fake.warmed_in = None
     fake.warm = lambda root: setattr(fake, "warmed_in", os.getpid())
     fake.compile_one = lambda request: {"warmed_in": fake.warmed_in, "compiled_in": os.getpid()}
     monkeypatch.setitem(sys.modules, "fake_compile", fake)
     monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
     monkeypatch.setattr(build, "_servers", {})
-    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", place)
+    if place is None:
+        monkeypatch.delenv("KFORGE_IMPORT_COMPILER_IN", raising=False)
+    else:
+        monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", place)
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k",
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"))
     try:
@@ -234,11 +246,11 @@ def test_compile_here_imports_the_compiler_where_the_knob_says(monkeypatch, tmp_
     assert outcome.ok, outcome.error
     assert outcome.result["compiled_in"] != os.getpid()   # always in the forked compile server
     # master and worker: this process imported it (the server inherited it); server: the server itself did
-    expected = outcome.result["compiled_in"] if place == "server" else os.getpid()
+    expected = os.getpid() if place in ("master", "worker") else outcome.result["compiled_in"]
     assert outcome.result["warmed_in"] == expected
 
 
-def test_a_misspelt_import_place_stops_the_build_naming_the_variable(tmp_path):
+def test_a_misspelt_knob_stops_the_build_naming_the_variable(tmp_path):
     root = make_project(tmp_path / "p", specs={"scale": spec_text()})
     env = dict(os.environ, KFORGE_IMPORT_COMPILER_IN="servr",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
