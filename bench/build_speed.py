@@ -11,7 +11,9 @@ toolchain says, rules/build.py); --server-gc adds `doit -n N` with
 KFORGE_SERVER_GC=on (compile servers with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do;
 --pool-no-gc adds a pool whose workers run without the cyclic collector, as kforge's compile servers do.
-Every run starts from an empty out/ in a fresh copy of the project, one after another in this process.
+Every run starts from an empty out/ in a fresh copy of the project, one after another in this process, after
+one untimed run of every mode (without it, whichever mode ran first on a fresh machine paid for reading the
+compiler from disk: that first pair was kforge's worst in each of this session's four H100 runs).
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
@@ -138,6 +140,8 @@ def main() -> None:
                     help="also doit modes with KFORGE_SERVER_GC=on (compile servers with the cyclic collector)")
     ap.add_argument("--import-in", nargs="*", default=[], choices=["master", "worker", "server"],
                     help="also doit modes with KFORGE_IMPORT_COMPILER_IN=master, worker or server")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="one untimed run of every mode first (default; --no-warmup skips it)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--pool-child", nargs=2, default=None, metavar=("PROJECT", "WORKERS"))
     ap.add_argument("--pool-variant", default="", help=argparse.SUPPRESS)
@@ -156,6 +160,10 @@ def main() -> None:
         [("pool", (n, variant)) for n in a.pool for variant in pool_variants]
     if len(pool_variants) > 1 and not a.pool:
         ap.error("--pool-warm-parent, --pool-server and --pool-no-gc need --pool N")
+    if a.warmup:   # untimed: the first build on a fresh machine reads the compiler and Python's bytecode from disk
+        for kind, n in runs:
+            run_doit_mode(work, n, a) if kind == "doit" else run_pool_mode(work, n, a)
+        print("warm-up round done (not counted)", flush=True)
     rows = []
     for rep in range(a.repeat):   # odd repetitions run the modes in reverse order: no mode always goes first
         for kind, n in (runs if rep % 2 == 0 else runs[::-1]):
