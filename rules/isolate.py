@@ -8,9 +8,10 @@ overrides) stays in the child, which serves one toolchain, and one arch where th
 per process. When a call crashes or times out, the child is gone; the next call forks a fresh one.
 
 The child runs without Python's cyclic garbage collector. Triton's MLIR contexts are freed only by that
-collector, and a process that has freed them compiles about 10% slower from then on (measured on the dev
-machine: 100 Triton compiles in one process took 17.0-17.7 CPU s with the collector off or with every context
-kept alive, against 18.7-19.9 s with it on; the cause is inside MLIR/LLVM and was not found). Without the
+collector, and a process that has freed them compiles more slowly from then on: 100 Triton compiles in one
+process took 17.2 CPU s with the collector off and 17.7-17.8 s with it on but every context kept alive,
+against 19.5-19.9 s with it on (bench/compile_gc.py on the dev machine; the cause inside MLIR/LLVM was not
+found; on the 16-CPU H100 host a whole build gained about 5%: docs/results.md). Without the
 collector memory only grows (about 1 MB per Triton compile), so a child whose resident memory has grown by
 more than `retire_after_mb` since its setup is retired after the call that crossed the line: the next call
 forks a fresh one, from the same warm parent.

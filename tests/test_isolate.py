@@ -122,3 +122,33 @@ def test_hang_times_out():
     out = run(hangs, None, timeout=1)
     assert not out.ok and "timed out after 1 s" in out.error
     assert time.monotonic() - start < 10
+
+
+_held = []
+
+
+def grows(megabytes):
+    _held.append(bytearray(megabytes * 2**20))   # touched memory: resident
+    return {"pid": os.getpid(), "collector_on": __import__("gc").isenabled()}
+
+
+def test_the_child_runs_without_the_cyclic_collector_unless_asked():
+    assert run(grows, 0, timeout=30).result["collector_on"] is False
+    server = isolate.Server(grows, collect_garbage=True)
+    try:
+        assert server.call(0, timeout=30).result["collector_on"] is True
+    finally:
+        server.close()
+
+
+def test_a_child_that_grew_past_its_bound_is_replaced_after_the_call():
+    server = isolate.Server(grows, retire_after_mb=40)
+    try:
+        small = [server.call(1, timeout=30) for _ in range(2)]
+        big = server.call(64, timeout=30)   # crosses the bound: answered, then retired
+        after = server.call(1, timeout=30)
+    finally:
+        server.close()
+    assert all(o.ok for o in small + [big, after])
+    assert small[0].result["pid"] == small[1].result["pid"] == big.result["pid"]
+    assert after.result["pid"] != big.result["pid"] and server.started == 2
