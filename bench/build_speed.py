@@ -7,8 +7,9 @@ A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit
 queued ahead of the workers); --import-in P adds `doit -n N` with KFORGE_IMPORT_COMPILER_IN=P (worker: each
 doit worker imports the compiler before forking its compile server; server: each compile server imports it
 after the fork; master: the doit master imports it once before forking its workers; by default each
-toolchain says, rules/build.py); --server-gc adds `doit -n N` with
-KFORGE_SERVER_GC=on (compile servers with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports the compiler before forking;
+toolchain says, rules/build.py); --server-gc adds `doit -n N` with KFORGE_SERVER_GC=on (compile servers
+with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports
+the compiler before forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do;
 --pool-no-gc adds a pool whose workers run without the cyclic collector, as kforge's compile servers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process, after
@@ -21,7 +22,8 @@ workers import the compiler once, one compile_one call per job, as aiter's and I
 Columns: CPU s = busy CPU seconds of the whole machine during the mode (kernel CPU s: the kernel's share;
 the JSON also has user and steal seconds); page faults = the machine's, from /proc/vmstat; compiler s = seconds inside
 triton.compile (or FlyDSL's compile), summed over targets; job s = seconds per job as its worker saw it
-(doit: the task's action, compile server round trip included), summed; jobs running, mean = job s / wall;
+(doit: the task's action, the compile server's round trip and its import of the compiler included), summed;
+jobs running, mean = job s / wall;
 first / last artifact = seconds from the command's start until the first / last meta.json was written.
 """
 from __future__ import annotations
@@ -199,7 +201,8 @@ def run_doit_mode(work: Path, mode: tuple[int, int | None, dict], a) -> dict:
     seconds = run_doit(project, "-n", str(n), *extra, *families, env=env)
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
-    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + "".join(f" {k}={v}" for k, v in env.items())
+    label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + \
+        "".join(f" {k}={v}" for k, v in env.items())
     return {"mode": label, "n": n, "seconds": seconds, "targets": report["counts"]["built"],
             "failed": report["counts"]["failed"], "job_seconds": sum(t["seconds"] for t in tasks),
             "compile_seconds": sum(t.get("compile_seconds", 0.0) for t in tasks), **artifact_span(project, started_at)}

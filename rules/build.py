@@ -18,8 +18,8 @@ from rules.targets import Target
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
 # ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the env), False
 # when it takes the arch per compile (Triton), so that one server serves every arch; IMPORT_IN: where a build
-# imports the compiler by default (see import_place); WARM_BEFORE_FORK: True if importing it starts no threads,
-# so that a process may fork after it.
+# imports the compiler by default (see import_place); WARM_BEFORE_FORK: whether the doit master may import it
+# before forking its workers.
 TOOLCHAIN_MODULES = {"triton": "rules.triton_compile", "flydsl": "rules.flydsl_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -118,7 +118,8 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server, per_arch)
-        server = isolate.Server(backend.compile_one, setup, collect_garbage=os.environ.get("KFORGE_SERVER_GC") == "on")
+        collect_garbage = os.environ.get("KFORGE_SERVER_GC") == "on"
+        server = isolate.Server(backend.compile_one, setup, collect_garbage=collect_garbage)
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used

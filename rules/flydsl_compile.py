@@ -25,7 +25,7 @@ from rules.dtypes import canonical_arg_type
 
 _state: dict = {}
 ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch
-WARM_BEFORE_FORK = False  # never imported in the doit master: a no-op or Triton-only run does not pay for torch
+WARM_BEFORE_FORK = False  # not in the doit master: forking it with torch loaded was never tried or measured
 IMPORT_IN = "worker"      # once per doit worker (about 2 s), inherited by its servers, one per arch
 
 
