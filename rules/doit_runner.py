@@ -6,11 +6,12 @@ machine whose every core compiles, the master waits for a core too. Measured on 
 about 1.3% fewer compiles running than a ProcessPoolExecutor, which keeps jobs queued ahead (bench/build_speed.py).
 This runner keeps up to `prefetch` tasks queued beyond those running, so a worker that finishes takes the next
 one at once. Dependencies hold as in doit: a task is queued only once doit's dispatcher has released it.
-It also calls a hook just before the workers fork (kforge imports each needed compiler there, once).
+It also calls a hook just before the workers fork (kforge may import a compiler there: rules/build.py).
 """
 from __future__ import annotations
 
 import queue
+import time
 
 from doit import cmd_run
 from doit.exceptions import InvalidTask
@@ -31,11 +32,12 @@ class PrefetchRunner(MRunner):
         self._queue_ahead(job_q, None)
         workers = [self.Child(target=self.execute_task_subprocess, args=(job_q, result_q, self.reporter.__class__))
                    for _ in range(min(self.num_process, len(self.unfinished)))]   # no more workers than tasks
+        watch = _DeadWorkerWatch(result_q, workers)
         try:
             for worker in workers:
                 worker.start()
             while self.unfinished:
-                result = _next_result(result_q, workers, self.unfinished)
+                result = watch.next_result(self.unfinished)
                 if "exit" in result:   # a worker itself broke (not a task): doit's own handling
                     raise result["exit"](result["exception"])
                 node = task_dispatcher.nodes[result["name"]]
@@ -76,20 +78,31 @@ class PrefetchRunner(MRunner):
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
 
 
-def _next_result(result_q, workers, unfinished: set[str], poll_s: float = 1.0) -> dict:
-    """The next message from the workers. When a worker died instead (killed from outside: doit's own runner
-    then waits forever), stop the run through doit's error path: doit saves what finished and the reporter
-    writes its summary and out/build-report.json."""
-    while True:
-        try:
-            return result_q.get(timeout=poll_s)
-        except queue.Empty:
-            dead = [w for w in workers if not w.is_alive()]
-            if dead:
-                how = ", ".join(f"pid {w.pid}, exit code {w.exitcode}" for w in dead)
-                raise InvalidTask(f"a doit worker process died ({how}) while running one of the tasks still "
-                                  f"queued or running: {', '.join(sorted(unfinished))}. The run stopped; everything "
-                                  f"finished is kept. Run the same command again to build the rest.")
+class _DeadWorkerWatch:
+    """Reads the workers' results; when a worker died instead (killed from outside: doit's own runner then
+    waits forever), stops the run through doit's error path: doit saves what finished and the reporter writes
+    its summary and out/build-report.json. Liveness is checked before every read, not only when the queue is
+    idle, or the other workers' results would keep the run going to its end; the results already sent when
+    the death is seen are still taken in, for up to grace_s."""
+
+    def __init__(self, result_q, workers, poll_s: float = 1.0, grace_s: float = 0.5):
+        self.result_q, self.workers, self.poll_s, self.grace_s = result_q, workers, poll_s, grace_s
+        self.death_seen_at: float | None = None
+
+    def next_result(self, unfinished: set[str]) -> dict:
+        while True:
+            dead = [w for w in self.workers if not w.is_alive()]
+            if dead and self.death_seen_at is None:
+                self.death_seen_at = time.monotonic()
+            timeout = self.poll_s if not dead else max(0.0, self.death_seen_at + self.grace_s - time.monotonic())
+            try:
+                return self.result_q.get(timeout=timeout)
+            except queue.Empty:
+                if dead:
+                    how = ", ".join(f"pid {w.pid}, exit code {w.exitcode}" for w in dead)
+                    raise InvalidTask(f"a doit worker process died ({how}) while running one of the tasks still "
+                                      f"queued or running: {', '.join(sorted(unfinished))}. The run stopped; "
+                                      f"everything finished is kept. Run the same command again to build the rest.")
 
 
 def install(before_fork=None, prefetch: int | None = None) -> None:

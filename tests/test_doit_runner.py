@@ -125,6 +125,25 @@ def test_a_dead_worker_ends_the_run_with_an_error_instead_of_a_hang(tmp_path):
     assert again.returncode == 2 and sorted(log_lines(tmp_path)) == [f"die:t{i}" for i in range(4)]
 
 
+KILLS_ITS_WORKER_WHILE_OTHERS_WORK = '''
+def task_die():
+    yield {"name": "self", "actions": [lambda: os.kill(os.getpid(), signal.SIGKILL)]}
+
+def task_busy():
+    for i in range(40):
+        yield {"name": f"t{i}", "actions": [(lambda name: time.sleep(0.3) or record(name), [f"busy:t{i}"])]}
+'''
+
+
+def test_a_dead_worker_stops_the_run_while_the_others_keep_finishing_tasks(tmp_path):
+    """The surviving worker sends a result every 0.3 s: a master that looked for dead workers only when no
+    result came for a second would run all 40 tasks (12 s) before it stopped."""
+    proc = run_doit(tmp_path, "-n", "2", tasks=KILLS_ITS_WORKER_WHILE_OTHERS_WORK, timeout=60)
+    assert proc.returncode == 2
+    assert "a doit worker process died" in proc.stdout + proc.stderr
+    assert 1 <= len(log_lines(tmp_path)) <= 15
+
+
 def test_no_more_workers_than_tasks(tmp_path):
     proc = run_doit(tmp_path, "-n", "8", tasks=SEQUENCE.replace("range(3)", "range(2)"))
     assert proc.returncode == 0, proc.stderr
