@@ -113,11 +113,10 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
-    per_arch = backend.ARCH_PER_PROCESS
-    wanted = (target.toolchain, target.arch if per_arch else None)
+    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None)
     server = _servers.pop(wanted, None)
     if server is None:
-        setup = functools.partial(_server_setup, target, backend, root, import_in_server, per_arch)
+        setup = functools.partial(_server_setup, target, backend, root, import_in_server)
         collect_garbage = os.environ.get("KFORGE_SERVER_GC") == "on"
         server = isolate.Server(backend.compile_one, setup, collect_garbage=collect_garbage)
         while len(_servers) >= MAX_SERVERS:
@@ -126,14 +125,14 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
     return server
 
 
-def _server_setup(target: Target, backend, root: str, import_here: bool, per_arch: bool) -> None:
+def _server_setup(target: Target, backend, root: str, import_here: bool) -> None:
     """Once in each fresh compile server, after the fork."""
     if import_here:
         try:
             backend.warm(root)
         except Exception as e:
             raise RuntimeError(_unusable(target, e)) from None
-    if per_arch:
+    if backend.ARCH_PER_PROCESS:
         backend.setup(target.arch)
 
 

@@ -73,8 +73,9 @@ def kernel_text(factor: str = "2", imports: str = "") -> str:
     return ADD_KERNEL.format(factor=factor, imports=imports)
 
 
-def doit(project: Path, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def doit(project: Path, *args: str, timeout: float = 600, check: bool = True,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
