@@ -99,9 +99,10 @@ def compile_tasks(root: Path, specs: list, targets: list):
 def _sigterm_as_interrupt() -> None:
     """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state.
 
-    Only in the doit master. Its forked workers inherit the handler, but doit stops them with SIGTERM and
-    then stops reading their queue: a worker that raised KeyboardInterrupt there would block on its queue
-    at exit and hang the build, so a worker dies at once (its compile child follows, via PDEATHSIG).
+    Only in the doit master. A forked worker restores the default action as it starts (rules/doit_runner.py);
+    until then it inherits this handler, which must not raise there: the master stops its workers with
+    SIGTERM and stops reading their queue, so a worker that raised KeyboardInterrupt would block on that
+    queue at exit. A worker dies at once instead (its compile child follows, via PDEATHSIG).
     """
     master = os.getpid()
 

@@ -91,3 +91,34 @@ def build_report(project: Path) -> dict[str, str]:
 
 def statuses(project: Path, status: str) -> set[str]:
     return {n for n, s in build_report(project).items() if s == status}
+
+
+def finish_or_explain(proc: subprocess.Popen, timeout: float) -> str:
+    """proc's output once it exits; if it is still running after timeout s, kill it and its children and fail
+    with what each of their threads was waiting in (a hang seen only on CI is then explained by CI's log)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        tree = process_tree(proc.pid)
+        for pid in reversed([pid for pid, _ in tree]):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        output = proc.communicate()[0]
+        raise AssertionError(f"still running after {timeout} s; its processes (pid: state, a wchan per thread):\n"
+                             + "\n".join(line for _, line in tree) + f"\noutput:\n{output[-3000:]}")
+
+
+def process_tree(pid: int, depth: int = 0) -> list[tuple[int, str]]:
+    proc = Path(f"/proc/{pid}")
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        waits = [(t / "wchan").read_text() or "-" for t in sorted((proc / "task").iterdir())]
+        children = (proc / "task" / str(pid) / "children").read_text().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    rows = [(pid, "  " * depth + f"{pid}: {state} {' '.join(waits)}")]
+    for child in children:
+        rows += process_tree(int(child), depth + 1)
+    return rows

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rules import artifact
-from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
+from tests.support import REPO, build_report, doit, finish_or_explain, kernel_text, make_project, spec_text, statuses
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
@@ -160,7 +160,7 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
     proc, root, metas = start_slow_build(tmp_path, finished=3)
     blocks = SLOW_BLOCKS
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
+    finish_or_explain(proc, timeout=60)
     finished = {p.parent.name for p in metas.glob("*/meta.json")}
     assert 3 <= len(finished) < len(blocks)
     for d in metas.iterdir():   # whatever counts as built is whole and valid
@@ -180,7 +180,7 @@ def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(
     workers = [c for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
                if Path(f"/proc/{c}/cmdline").read_bytes() == master_cmdline]
     os.kill(int(workers[0]), signal.SIGKILL)
-    output, _ = proc.communicate(timeout=60)
+    output = finish_or_explain(proc, timeout=60)
     assert proc.returncode == 2, output
     assert f"a doit worker process died (pid {workers[0]}, exit code -9)" in output
     finished = {p.parent.name for p in metas.glob("*/meta.json")}

@@ -1,12 +1,15 @@
 """rules/doit_runner.py: `doit -n N` on small dodo files of plain Python tasks, with and without kforge's runner."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, finish_or_explain
 
 DODO = '''
 import os, signal, time
@@ -148,3 +151,34 @@ def test_no_more_workers_than_tasks(tmp_path):
     proc = run_doit(tmp_path, "-n", "8", tasks=SEQUENCE.replace("range(3)", "range(2)"))
     assert proc.returncode == 0, proc.stderr
     assert len({line.split()[1] for line in (tmp_path / "log").read_text().splitlines()}) <= 2
+
+
+IGNORES_SIGTERM = '''
+def deaf():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a worker that outlives the master's SIGTERM
+    record("deaf:t0")
+    time.sleep(600)
+
+def task_deaf():
+    yield {"name": "t0", "actions": [deaf]}
+'''
+
+
+def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
+    """Multiprocessing joins a master's workers before it exits: a master that only sent SIGTERM would wait
+    out this worker's 600 s sleep, then wait forever for a job."""
+    text = DODO.format(install="from rules import doit_runner; doit_runner.install()", on_success="pass",
+                       tasks=textwrap.dedent(IGNORES_SIGTERM), wait_s=20)
+    (tmp_path / "dodo.py").write_text(text)
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and log.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(log.read_text().split()[1])
+    proc.send_signal(signal.SIGINT)
+    output = finish_or_explain(proc, timeout=30)
+    assert proc.returncode != 0, output
+    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
