@@ -141,9 +141,24 @@ def test_hanging_compile_times_out(tmp_path):
 SLOW_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
+# A compile server imports a kernel module once, then looks its entry up once per compile: hiding the entry
+# behind a module __getattr__ makes every compile slow, not only the first in each server.
+SLOW_ENTRY = '''
+import time
+_scale_kernel = scale_kernel
+del scale_kernel
+
+def __getattr__(name):
+    if name == "scale_kernel":
+        time.sleep(0.7)
+        return _scale_kernel
+    raise AttributeError(name)
+'''
+
+
 def start_slow_build(tmp_path, finished: int):
     """`doit -n 2` of eight 0.7 s compiles, returned once `finished` of them are built: (process, root, metas)."""
-    slow = "import time\ntime.sleep(0.7)\n" + kernel_text()
+    slow = kernel_text() + SLOW_ENTRY
     root = make_project(tmp_path, specs={"scale": spec_text(blocks=SLOW_BLOCKS)}, kernels={"scale": slow})
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
