@@ -36,6 +36,7 @@ def doit_config(root: Path, families: list[str]) -> dict:
     out.mkdir(exist_ok=True)
     reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
     _sigterm_as_interrupt()
+    _interrupt_without_traceback()
     run_after_failed_deps()
     try:
         check_environment()
@@ -114,6 +115,21 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupt_without_traceback() -> None:
+    """An interrupted build ends with one line, not a Python traceback from wherever doit was waiting. The
+    exit status stays Python's for an unhandled KeyboardInterrupt (killed by SIGINT: 130 in a shell)."""
+    default = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            sys.stderr.write("kforge: interrupted. Every target finished so far is kept; run the same command "
+                             "again to build the rest.\n")
+        else:
+            default(kind, value, traceback)
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = hook
 
 
 def bundle_tasks(root: Path, targets: list):
