@@ -177,7 +177,7 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
     proc.send_signal(sig)
     output = finish_or_explain(proc, timeout=60)
     assert proc.returncode == -signal.SIGINT, output   # Python's status for an unhandled KeyboardInterrupt
-    assert "kforge: interrupted. Every target finished so far is kept" in output and "Traceback" not in output
+    assert "kforge: interrupted. Every task finished so far is kept" in output and "Traceback" not in output
     finished = {p.parent.name for p in metas.glob("*/meta.json")}
     assert 3 <= len(finished) < len(blocks)
     for d in metas.iterdir():   # whatever counts as built is whole and valid
