@@ -125,7 +125,7 @@ def _interrupt_without_traceback() -> None:
     def hook(kind, value, traceback):
         if issubclass(kind, KeyboardInterrupt):
             sys.stderr.write("kforge: interrupted. Every task finished so far is kept; run the same command "
-                             "again to build the rest.\n")
+                             "again to do the rest.\n")
         else:
             default(kind, value, traceback)
     if sys.excepthook is sys.__excepthook__:
