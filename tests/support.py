@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -102,7 +103,7 @@ def finish_or_explain(proc: subprocess.Popen, timeout: float) -> str:
         tree = process_tree(proc.pid)
         for pid in reversed([pid for pid, _ in tree]):
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         output = proc.communicate()[0]

@@ -49,15 +49,21 @@ def task_after():
 '''
 
 
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, timeout=60,
              wait_s=20):
     """install: None runs doit's own runner, else the arguments to doit_runner.install()."""
+    write_dodo(tmp_path, install, on_success, tasks, wait_s)
+    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write_dodo(tmp_path, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, wait_s=20) -> None:
     setup = "" if install is None else f"from rules import doit_runner; doit_runner.install({install})"
     text = DODO.format(install=setup, on_success=on_success, tasks=textwrap.dedent(tasks), wait_s=wait_s)
     (tmp_path / "dodo.py").write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def log_lines(tmp_path) -> list[str]:
@@ -167,11 +173,8 @@ def task_deaf():
 def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
     """Multiprocessing joins a master's workers before it exits: a master that only sent SIGTERM would wait
     out this worker's 600 s sleep, then wait forever for a job."""
-    text = DODO.format(install="from rules import doit_runner; doit_runner.install()", on_success="pass",
-                       tasks=textwrap.dedent(IGNORES_SIGTERM), wait_s=20)
-    (tmp_path / "dodo.py").write_text(text)
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
+    write_dodo(tmp_path, tasks=IGNORES_SIGTERM)
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=tmp_path, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = tmp_path / "log"
     deadline = time.monotonic() + 60
@@ -181,4 +184,5 @@ def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
     proc.send_signal(signal.SIGINT)
     output = finish_or_explain(proc, timeout=30)
     assert proc.returncode != 0, output
-    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+    stat = Path(f"/proc/{worker}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"   # gone, or a zombie
