@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +93,13 @@ def build_report(project: Path) -> dict[str, str]:
 
 def statuses(project: Path, status: str) -> set[str]:
     return {n for n, s in build_report(project).items() if s == status}
+
+
+def wait_until(condition, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Poll condition() until it holds or timeout_s passes; the caller's assertions then say what is missing."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def finish_or_explain(proc: subprocess.Popen, timeout: float) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rules import artifact
-from tests.support import REPO, build_report, doit, finish_or_explain, kernel_text, make_project, spec_text, statuses
+from tests.support import (REPO, build_report, doit, finish_or_explain, kernel_text, make_project, spec_text,
+                           statuses, wait_until)
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
@@ -164,9 +165,7 @@ def start_slow_build(tmp_path, finished: int):
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metas = root / "out" / "sm_90a" / "scale"
-    deadline = time.monotonic() + 120
-    while len(list(metas.glob("*/meta.json"))) < finished and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(list(metas.glob("*/meta.json"))) >= finished, timeout_s=120)
     return proc, root, metas
 
 

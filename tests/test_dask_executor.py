@@ -5,11 +5,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text
+from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, wait_until
 
 distributed = pytest.importorskip("distributed")
 
@@ -58,9 +57,7 @@ def test_a_worker_killed_mid_build_is_replaced_and_the_run_stays_green(cluster, 
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "4", "-P", "thread", f"executor={address}"],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((root / "out").glob("*/scale/*/meta.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: list((root / "out").glob("*/scale/*/meta.json")), timeout_s=120)
     victim = sorted(client.run(os.getpid).values())[0]
     assert proc.poll() is None, "the build ended before a worker could be killed"
     done_before = len(list((root / "out").glob("*/scale/*/meta.json")))

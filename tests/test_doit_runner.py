@@ -4,12 +4,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, finish_or_explain
+from tests.support import REPO, finish_or_explain, wait_until
 
 DODO = '''
 import os, signal, time
@@ -177,9 +176,7 @@ def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=tmp_path, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = tmp_path / "log"
-    deadline = time.monotonic() + 60
-    while not (log.exists() and log.read_text().endswith("\n")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: log.exists() and log.read_text().endswith("\n"), timeout_s=60)
     worker = int(log.read_text().split()[1])
     proc.send_signal(signal.SIGINT)
     output = finish_or_explain(proc, timeout=30)
