@@ -1,21 +1,29 @@
 """Find an ld.lld that can link AMD code objects for FlyDSL, with or without a ROCm install.
 
-FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld. A ROCm install's linker is used as is; otherwise a
-system lld (Debian's lld-19) is offered to FlyDSL through a small folder that looks like a ROCm tree.
-Code object v6 needs lld 17 or newer (Debian's lld 14 fails with "unknown abi version").
+FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld. A ROCm install's linker is used as is; otherwise a system lld
+(Debian's lld-19) or, on a machine with neither, the LLD inside Triton's libtriton (rules/triton_lld.py;
+kforge pins Triton, so a pip install alone can build FlyDSL targets) is offered to FlyDSL through a small
+folder that looks like a ROCm tree. Code object v6 needs lld 17 or newer (Debian's lld 14 fails with
+"unknown abi version").
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
 MIN_MAJOR = 17
 NEWEST_GUESS = 22
-INSTALL_HINT = ("install a ROCm toolkit (and set ROCM_PATH), or Debian/Ubuntu's lld: "
-                "`sudo apt-get install lld-19` (any lld >= 17 works)")
+INSTALL_HINT = ("set KFORGE_LD_LLD=triton (the LLD inside Triton's libtriton, which kforge installs), or point it "
+                "at a working ld.lld >= 17 (ROCm's llvm/bin/ld.lld, or Debian/Ubuntu's lld: "
+                "`apt-get install lld-19` as root)")
 
 
 class LinkerMissing(RuntimeError):
@@ -23,10 +31,11 @@ class LinkerMissing(RuntimeError):
 
 
 def candidates() -> list[Path]:
-    """Where to look, best first: KFORGE_LD_LLD if set (then only it), ROCm's own linker, versioned system
-    lld, plain ld.lld on PATH."""
-    if os.environ.get("KFORGE_LD_LLD"):
-        return [Path(os.environ["KFORGE_LD_LLD"])]
+    """Where to look, best first: KFORGE_LD_LLD if set to a path (then only it), ROCm's own linker, versioned
+    system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to look for."""
+    chosen = os.environ.get("KFORGE_LD_LLD")
+    if chosen:
+        return [] if chosen == TRITON else [Path(chosen)]
     found: list[Path] = []
     for rocm in filter(None, (os.environ.get("ROCM_PATH"), "/opt/rocm")):
         found.append(Path(rocm) / "llvm" / "bin" / "ld.lld")
@@ -51,21 +60,51 @@ def version(path: Path) -> tuple[int, str] | None:
     return (int(m[1]), out.stdout.strip().splitlines()[0]) if out.returncode == 0 and m else None
 
 
-def find() -> Path:
-    """The first usable ld.lld, or LinkerMissing saying what was tried and how to get one."""
+def find(kforge_dir: Path) -> Path:
+    """The first usable ld.lld; else Triton's, as a script under kforge_dir; else LinkerMissing saying what was
+    tried and how to get one. KFORGE_LD_LLD=triton asks for Triton's alone (the same linker on every machine)."""
+    chosen = os.environ.get("KFORGE_LD_LLD")
     tried = []
     for path in candidates():
         if not path.exists():
-            if os.environ.get("KFORGE_LD_LLD"):
+            if chosen:
                 tried.append(f"{path} (KFORGE_LD_LLD: no such file)")
             continue
         v = version(path)
         if v and v[0] >= MIN_MAJOR:
             return path
         tried.append(f"{path} ({v[1] if v else 'does not run'})")
+    if not chosen or chosen == TRITON:
+        script = triton_lld_script(kforge_dir / "triton-lld")
+        if script is not None:
+            return script
+        tried.append("Triton's LLD (triton is not installed, or has no libtriton)")
     seen = "; found but unusable: " + ", ".join(tried) if tried else ""
     raise LinkerMissing(f"FlyDSL needs ld.lld (LLVM {MIN_MAJOR} or newer) to link AMD code objects and none "
                         f"was found{seen}. Fix: {INSTALL_HINT}")
+
+
+def triton_lld_script(directory: Path) -> Path | None:
+    """directory/ld.lld: a shell script running rules/triton_lld.py with this Python and Triton's libtriton,
+    or None without Triton. Rewritten (atomically) only when its text changes."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    libtriton = Path(spec.submodule_search_locations[0]) / "_C" / "libtriton.so"
+    if not libtriton.is_file():
+        return None
+    label = f"triton=={importlib.metadata.version('triton')}"
+    runner = Path(__file__).resolve().with_name("triton_lld.py")
+    text = ("#!/bin/sh\n# written by kforge (rules/amd_linker.py): FlyDSL's ld.lld is the LLD in Triton's libtriton\n"
+            f"exec {shlex.join([sys.executable, '-I', str(runner), str(libtriton), label])} \"$@\"\n")
+    script = directory / "ld.lld"
+    if not (script.is_file() and script.read_text() == text):
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = script.with_name(f".ld.lld.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, script)
+    return script
 
 
 def rocm_root_for(linker: Path, shim_dir: Path) -> Path:

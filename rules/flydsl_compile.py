@@ -50,9 +50,9 @@ def setup(arch: str) -> None:
     """Once in each compile server: this process compiles for `arch` only."""
     os.environ["ARCH"] = arch
     os.environ["FLYDSL_GPU_ARCH"] = arch
-    linker = amd_linker.find()   # LinkerMissing fails every FlyDSL target with the fix; Triton is unaffected
-    shim = Path(_state["root"]) / "out" / ".kforge" / "rocm-shim"
-    os.environ["ROCM_PATH"] = str(amd_linker.rocm_root_for(linker, shim))
+    kforge_dir = Path(_state["root"]) / "out" / ".kforge"
+    linker = amd_linker.find(kforge_dir)   # LinkerMissing fails every FlyDSL target with the fix, not Triton's
+    os.environ["ROCM_PATH"] = str(amd_linker.rocm_root_for(linker, kforge_dir / "rocm-shim"))
 
 
 def compile_one(request: tuple) -> dict:

@@ -80,7 +80,7 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
     if toolchain == "flydsl":
         from rules import amd_linker
         try:
-            parts.append(("ld.lld", tool_version(amd_linker.find(), cache_file)))
+            parts.append(("ld.lld", tool_version(amd_linker.find(cache_file.parent), cache_file)))
         except amd_linker.LinkerMissing:
             parts.append(("ld.lld", "missing"))   # its targets fail with the fix; the key notes the absence
     return tuple(parts)

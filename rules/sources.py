@@ -1,4 +1,10 @@
-"""Kernel sources read without importing them: entry functions, local imports, content digests."""
+"""Kernel sources read without importing them: entry functions, local imports, content digests.
+
+Project source is what the project itself wrote: a .py file under the root that is not inside out/, a hidden
+directory (.venv, .git, .tox), a virtualenv (a directory holding pyvenv.cfg) or an installed-packages directory.
+Only project source is followed for imports, keyed, or renamed in binaries (rules/triton_compile.py): an
+in-tree virtualenv's torch is a dependency, not the project's code.
+"""
 from __future__ import annotations
 
 import ast
@@ -32,6 +38,32 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+BUILD_DIR = "out"   # at the root: kforge's outputs
+NOT_PROJECT_DIRS = {"site-packages", "dist-packages", "__pycache__", "node_modules"}   # at any depth
+
+
+def project_source_problem(path: Path, root: Path) -> str | None:
+    """Why `path` is not project source (see the module docstring), or None when it is."""
+    try:
+        rel = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return f"it is outside the project ({root})"
+    folders = rel.parts[:-1]
+    for i, part in enumerate(folders):
+        if part.startswith("."):
+            return f"it is inside the hidden directory {'/'.join(folders[:i + 1])}/"
+        if part in NOT_PROJECT_DIRS or (i == 0 and part == BUILD_DIR):
+            return f"it is inside {'/'.join(folders[:i + 1])}/, which holds no project source"
+        if _is_virtualenv(root.resolve().joinpath(*folders[:i + 1])):
+            return f"it is inside the virtualenv {'/'.join(folders[:i + 1])}/"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _is_virtualenv(directory: Path) -> bool:
+    return (directory / "pyvenv.cfg").is_file()
+
+
 def local_closure(path: Path, root: Path) -> tuple[Path, ...]:
     """The source and every project module it imports, transitively, sorted (the files its binary depends on)."""
     seen: set[Path] = set()
@@ -41,7 +73,8 @@ def local_closure(path: Path, root: Path) -> tuple[Path, ...]:
         if p in seen:
             continue
         seen.add(p)
-        todo += [q for q in _local_imports(p, root.resolve()) if q not in seen]
+        todo += [q for q in _local_imports(p, root.resolve())
+                 if q not in seen and project_source_problem(q, root) is None]
     return tuple(sorted(seen))
 
 
@@ -74,7 +107,7 @@ def _up(p: Path, n: int) -> Path:
 
 
 def _resolve(base: Path, parts: list[str]) -> Path | None:
-    """The file a dotted import names under base (module.py or package/__init__.py, plus parent packages)."""
+    """The project source file a dotted import names under base (module.py or package/__init__.py)."""
     target = base.joinpath(*parts)
     for candidate in (target.with_suffix(".py"), target / "__init__.py"):
         if candidate.is_file():

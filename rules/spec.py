@@ -118,6 +118,10 @@ def load_spec(path: Path, root: Path) -> Spec:
     if not source_path.is_file():
         raise SpecError(f"{where}: [kernel] source: file {k['source']!r} does not exist "
                         f"(looked for {source_path}); fix the path, relative to {root}")
+    not_project = sources.project_source_problem(source_path, root)
+    if not_project:
+        raise SpecError(f"{where}: [kernel] source: {k['source']!r} is not the project's own source: {not_project}; "
+                        f"keep kernel sources in the project's directories, e.g. kernels/")
     params = sources.function_params(source_path, k["entry"])
     if params is None:
         raise SpecError(f"{where}: [kernel] entry: no function {k['entry']!r} in {k['source']}; "

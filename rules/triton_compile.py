@@ -72,21 +72,27 @@ def _entry(target):
     fn = getattr(module, target.entry, None)
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
-    _relative_file_names(JITFunction)
+    _relative_file_names(JITFunction, target)
     return fn
 
 
-def _relative_file_names(jit_type) -> None:
+def _relative_file_names(jit_type, target) -> None:
     """Triton writes each function's source file name into the binary's line info: make it the path
-    relative to the project, so that two checkouts at different paths build byte-identical binaries."""
-    root = os.path.join(_root, "")
+    relative to the project, so that two checkouts at different paths build byte-identical binaries.
+    Only the target's own sources (its kernel module and the project modules it imports) are touched: any
+    other module, e.g. an installed package in a virtualenv inside the checkout, is never even looked into
+    (reading attributes of arbitrary modules runs their module-level __getattr__, torch's included)."""
+    root = Path(_root)
+    own = {str(root / rel): rel for rel, _ in target.source_digests}
     for module in list(sys.modules.values()):
-        if not (getattr(module, "__file__", None) or "").startswith(root):
+        if own.get(getattr(module, "__file__", None) or "") is None:
             continue
         for value in list(vars(module).values()):
-            code = getattr(getattr(value, "fn", None), "__code__", None)
-            if isinstance(value, jit_type) and code is not None and code.co_filename.startswith(root):
-                value.fn.__code__ = code.replace(co_filename=code.co_filename[len(root):])
+            if not isinstance(value, jit_type):
+                continue
+            code = getattr(value.fn, "__code__", None)
+            if code is not None and code.co_filename in own:
+                value.fn.__code__ = code.replace(co_filename=own[code.co_filename])
 
 
 def _meta(target, md, binary: bytes) -> dict:

@@ -77,7 +77,8 @@ def kernel_text(factor: str = "2", imports: str = "") -> str:
 
 def doit(project: Path, *args: str, timeout: float = 600, check: bool = True,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env or {}), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), env.get("PYTHONPATH"))))
     proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:

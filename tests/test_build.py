@@ -62,6 +62,27 @@ def test_restored_out_on_another_checkout_rebuilds_nothing(project, tmp_path):
     assert statuses(other, "up-to-date") == set(TWO)
 
 
+def test_an_in_tree_virtualenv_is_never_walked_by_a_compile(tmp_path):
+    """README's set-up puts .venv inside the checkout. One worker builds a FlyDSL target (it imports torch, here
+    from <project>/.venv) and then Triton targets: Triton's compile must not look into torch's modules (their
+    module-level __getattr__ raised 'Torch not compiled with CUDA enabled' for every Triton target)."""
+    import torch
+    from tests.test_flydsl import fly_kernel, fly_spec
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec(), "scale": spec_text(archs=("sm_90a", "gfx942"))},
+                        kernels={"copy": fly_kernel(), "scale": kernel_text()})
+    venv = root / ".venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.parent.mkdir(parents=True)
+    site.symlink_to(Path(torch.__file__).resolve().parents[1])   # this interpreter's packages, seen in-tree
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    wanted = ("copy:fp16-v8@gfx942", "scale:fp16-b256-w4@sm_90a", "scale:fp16-b256-w4@gfx942")
+    proc = doit(root, "-n", "1", *wanted, env={"PYTHONPATH": str(site)}, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert statuses(root, "built") == set(wanted)
+    meta = json.loads((root / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_text())
+    assert list(meta["source"]["digests"]) == ["tk/scale.py"]
+
+
 def test_forget_and_clean(project):
     doit(project, "forget", TWO[0])
     doit(project)

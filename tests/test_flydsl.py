@@ -143,12 +143,13 @@ def test_linker_search_message_names_what_it_tried(monkeypatch, tmp_path):
     old.write_text("#!/bin/sh\necho 'Debian LLD 14.0.6 (compatible with GNU linkers)'\n")
     old.chmod(0o755)
     monkeypatch.setattr(amd_linker, "candidates", lambda: [tmp_path / "missing", old])
+    monkeypatch.setenv("KFORGE_LD_LLD", str(old))   # chosen explicitly: no fallback to Triton's LLD
     with pytest.raises(amd_linker.LinkerMissing, match=r"LLD 14\.0\.6.*apt-get install lld-19"):
-        amd_linker.find()
+        amd_linker.find(tmp_path)
 
 
 def test_a_system_lld_is_offered_to_flydsl_as_a_rocm_tree(tmp_path):
-    linker = amd_linker.find()
+    linker = amd_linker.find(tmp_path)
     root = amd_linker.rocm_root_for(linker, tmp_path / "shim")
     assert (root / "llvm" / "bin" / "ld.lld").resolve() == linker.resolve()
 
@@ -164,3 +165,24 @@ def test_a_bad_arch_fails_only_its_target(tmp_path):
     assert proc.returncode != 0
     assert build_report(root) == {"copy:fp16-v8@gfx942": "built", "copy:bf16-v8@gfx942": "failed"}
     assert "gfx9999" in proc.stdout
+
+
+def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(tmp_path):
+    """A machine with only `pip install` (no ROCm, no system lld) still builds FlyDSL targets: the LLD linked into
+    Triton's libtriton does the link (KFORGE_LD_LLD=triton asks for it even where a system lld exists)."""
+    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": fly_kernel()})
+    doit(root, "-n", "1", env={"KFORGE_LD_LLD": "triton"})
+    assert statuses(root, "built") == {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+    meta, _ = artifact.load(root / "out/gfx942/copy/fp16-v8")   # sha256, ELF machine and flags, kernel code
+    assert meta["toolchain_versions"]["ld.lld"].startswith("LLD in triton==")
+    assert "/" not in meta["toolchain_versions"]["ld.lld"]   # keyed without a path: another checkout hits
+
+
+def test_tritons_lld_runner_refuses_a_link_it_cannot_do_exactly():
+    from rules import triton_lld
+    assert triton_lld.link_args(["-shared", "in.o", "-o", "out.hsaco"]) == ("in.o", "out.hsaco")
+    assert triton_lld.link_args(["-o", "out.hsaco", "in.o", "-shared"]) == ("in.o", "out.hsaco")
+    for bad in (["-shared", "a.o", "b.o", "-o", "x"], ["-shared", "a.o"], ["--gc-sections", "a.o", "-o", "x"],
+                ["-shared", "a.o", "-o"]):
+        with pytest.raises(ValueError, match="-shared INPUT -o OUTPUT"):
+            triton_lld.link_args(bad)

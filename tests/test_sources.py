@@ -21,3 +21,27 @@ def test_function_params(tmp_path):
     assert sources.function_params(f, "k") == ("a", "b", "C")
     assert sources.function_params(f, "nope") is None
     assert sources.module_name(f, tmp_path) == "k"
+
+
+def test_installed_packages_hidden_dirs_and_out_are_never_project_source(tmp_path):
+    """README's set-up makes .venv inside the checkout: its packages are dependencies, never keyed or walked."""
+    venv_site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    for folder in (tmp_path / "kernels", tmp_path / ".hidden", tmp_path / "out" / "x", venv_site / "torch"):
+        folder.mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    for name in ("torch.py", "helper.py"):   # a project module named like an installed package is still project
+        (tmp_path / "kernels" / name).write_text("")
+    (tmp_path / "kernels" / "k.py").write_text("from kernels import helper\nimport venv.lib\nimport out.x.gen\n"
+                                               "from .hidden import h\nimport torch\n")
+    (tmp_path / "out" / "x" / "gen.py").write_text("")
+    (tmp_path / ".hidden" / "h.py").write_text("")
+    (venv_site / "torch" / "__init__.py").write_text("")
+    (tmp_path / "venv" / "lib" / "__init__.py").write_text("")
+    closure = sources.local_closure(tmp_path / "kernels" / "k.py", tmp_path)
+    assert sorted(p.name for p in closure) == ["helper.py", "k.py"]
+    problem = sources.project_source_problem
+    assert problem(tmp_path / "kernels" / "k.py", tmp_path) is None
+    assert "virtualenv venv/" in problem(venv_site / "torch" / "__init__.py", tmp_path)
+    assert "hidden directory .hidden/" in problem(tmp_path / ".hidden" / "h.py", tmp_path)
+    assert "out/" in problem(tmp_path / "out" / "x" / "gen.py", tmp_path)
+    assert "outside the project" in problem(tmp_path.parent / "elsewhere.py", tmp_path)
