@@ -13,14 +13,34 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import time
 
 from doit import cmd_run
 from doit.exceptions import InvalidTask
-from doit.runner import JobHold, MRunner
+from doit.runner import JobHold, MRunner, MThreadRunner
 
 
-class PrefetchRunner(MRunner):
+class _CappedWorkers:
+    """No more workers than `max_workers`: each worker runs one compile at a time, so this caps the compiles that
+    run at once (rules/cpus.py says why). The one-line notice says where the cap came from."""
+    max_workers: int | None = None   # None: no cap (compiles run elsewhere, e.g. on a Dask cluster)
+    cap_reason = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.max_workers is not None and self.num_process > self.max_workers:
+            sys.stderr.write(f"kforge: -n {self.num_process} is more than {self.cap_reason}: at most "
+                             f"{self.max_workers} task{'s run' if self.max_workers > 1 else ' runs'} at once "
+                             f"(max_compiles=N on the command line or KFORGE_MAX_COMPILES=N sets the cap)\n")
+            self.num_process = self.max_workers
+
+
+class CappedThreadRunner(_CappedWorkers, MThreadRunner):
+    """`doit -n N -P thread`: doit's thread runner, with the cap."""
+
+
+class PrefetchRunner(_CappedWorkers, MRunner):
     before_fork = None   # hook(tasks by name, selected task names), called in the master before the fork
     prefetch = None      # tasks queued beyond those running; None: one per worker
 
@@ -128,8 +148,13 @@ def _stop(workers, grace_s: float = 3.0) -> None:
             worker.join()
 
 
-def install(before_fork=None, prefetch: int | None = None) -> None:
-    """Make `doit -n N` (process workers) use PrefetchRunner; `-P thread` and `-n 0` keep doit's runners."""
+def install(before_fork=None, prefetch: int | None = None, max_workers: int | None = None,
+            cap_reason: str = "") -> None:
+    """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
+    most max_workers workers; `-n 0` keeps doit's serial runner."""
     PrefetchRunner.before_fork = staticmethod(before_fork) if before_fork else None
     PrefetchRunner.prefetch = prefetch
+    for runner in (PrefetchRunner, CappedThreadRunner):
+        runner.max_workers, runner.cap_reason = max_workers, cap_reason
     cmd_run.MRunner = PrefetchRunner
+    cmd_run.MThreadRunner = CappedThreadRunner

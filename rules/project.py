@@ -9,7 +9,7 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, doit_runner, remote_cache, report
+from rules import artifact, cpus, doit_runner, remote_cache, report
 from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import check_environment, timeout_from_env, warm_before_fork
@@ -43,15 +43,32 @@ def doit_config(root: Path, families: list[str]) -> dict:
     except ValueError as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
+    max_workers, cap_reason = _compile_cap()
     doit_runner.install(before_fork=functools.partial(warm_before_fork, root=str(root)),
-                        prefetch=_prefetch_from_command_line())
+                        prefetch=_prefetch_from_command_line(), max_workers=max_workers, cap_reason=cap_reason)
     return {
         "backend": "sqlite3",
         "dep_file": str(out / ".doit.sqlite3"),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
         "default_tasks": families + ["package"],
+        "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
     }
+
+
+def _compile_cap() -> tuple[int | None, str]:
+    """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
+    if _executor() is not None:
+        return None, ""
+    try:
+        return cpus.cap(get_var(cpus.VAR, None))
+    except ValueError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
+
+
+def _executor() -> str | None:
+    return get_var("executor", None) or os.environ.get("KFORGE_EXECUTOR") or None
 
 
 def _prefetch_from_command_line() -> int | None:
@@ -82,7 +99,7 @@ def compile_tasks(root: Path, specs: list, targets: list):
     for t in targets:
         by_family[t.kernel].append(t)
     timeout = float(get_var("timeout", timeout_from_env()))
-    executor = get_var("executor", None) or os.environ.get("KFORGE_EXECUTOR") or None
+    executor = _executor()
     try:
         cache = remote_cache.config_from(get_var("cache", None), get_var("cache_readonly", None))
         if executor is not None:
