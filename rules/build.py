@@ -47,7 +47,7 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     else:
         outcome = compile_here(target, root, timeout)
     if not outcome.ok:
-        return _fail(target, outcome.error)
+        return _fail(target, outcome.error, outcome.traceback)
     values = {"seconds": round(outcome.seconds, 4), **outcome.result}
     if cache is not None:
         cache.store(target)
@@ -140,10 +140,11 @@ def _unusable(target: Target, e: Exception) -> str:
     return f"the {target.toolchain} toolchain is not usable in this environment: {e}"
 
 
-def _fail(target: Target, error: str) -> TaskFailed:
+def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
                f"  error: {error}\n  retry alone: doit {target.name}")
-    artifact.write_error(Path(target.out_dir), target.key, message)
+    kept = f"{message}\n\nTraceback in the compiler's process:\n{traceback}" if traceback else message
+    artifact.write_error(Path(target.out_dir), target.key, kept)
     return TaskFailed(message)
 
 

@@ -41,6 +41,7 @@ class Outcome:
     seconds: float
     result: dict | None = None
     error: str = ""
+    traceback: str = ""   # the compiler's own, where it raised: kept in error.txt, not printed
 
 
 class Server:
@@ -77,7 +78,8 @@ class Server:
             if payload.get("retire"):   # grown past its memory bound: the next call forks a fresh child
                 self._kill()
             if "error" in payload:
-                return Outcome(False, seconds, error=payload["error"] + _tail(log))
+                return Outcome(False, seconds, error=payload["error"] + _tail(log),
+                               traceback=payload.get("traceback", ""))
             return Outcome(True, seconds, result=payload["result"])
 
     def close(self) -> None:
@@ -134,7 +136,7 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float) -> No
             try:
                 setup()
             except Exception as e:
-                setup_error = _short_error(e)
+                setup_error = _error_payload(e)
         baseline_mb = _resident_mb()
         while True:
             try:
@@ -146,12 +148,12 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float) -> No
             os.dup2(log_fd, 2)
             os.close(log_fd)
             if setup_error is not None:
-                payload = {"error": setup_error}
+                payload = setup_error
             else:
                 try:
                     payload = {"result": fn(request)}
-                except Exception as e:   # the compiler's own error: report it, shortened
-                    payload = {"error": _short_error(e)}
+                except Exception as e:   # the compiler's own error: report it shortened, keep its traceback
+                    payload = _error_payload(e)
             sys.stderr.flush()
             if _resident_mb() - baseline_mb > retire_after_mb:
                 payload["retire"] = True
@@ -171,6 +173,10 @@ def _death(status: int) -> str:
         why = "killed (out of memory?)" if sig == signal.SIGKILL else "crashed"
         return f"compiler process {why}: {signal.Signals(sig).name}"
     return f"compiler process exited with code {os.WEXITSTATUS(status)} and no result"
+
+
+def _error_payload(e: Exception) -> dict:
+    return {"error": _short_error(e), "traceback": traceback.format_exc()}
 
 
 def _short_error(e: Exception) -> str:

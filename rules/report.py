@@ -12,6 +12,9 @@ from rules.artifact import atomic_write
 from rules.doit_commands import tasks_to_run
 
 ERROR_LINES = 6
+ERROR_CHARS = 400   # of an error line, in progress lines and the summary (error.txt keeps it whole)
+FIRST_SHOWN = 5
+RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py   # targets named per group of identical failures in the summary
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
 
 
@@ -32,7 +35,7 @@ class BuildReporter(ConsoleReporter):
 
     def initialize(self, tasks, selected_tasks):
         self.total = sum(1 for t in tasks_to_run(tasks, selected_tasks) if t.actions and not _is_package(t))
-        self.write(f"kforge: {self.total} targets selected\n")
+        self.write(f"kforge: {plural(self.total, 'target')} selected\n")
 
     def execute_task(self, task):
         self.begun[task.name] = time.monotonic()   # when doit hands the task to a worker
@@ -64,14 +67,14 @@ class BuildReporter(ConsoleReporter):
                   "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
         if error:
             record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
+            record["cause"] = error_line(error)   # one line; what the summary groups failures by
         if _is_package(task):
             self.packages[task.name] = record
             self.write(f"{task.name} {status} {seconds:.2f}s\n")
             return
         self.records[task.name] = record
         self.failed += status == "failed"
-        first = [line.strip() for line in error.splitlines() if line.strip().startswith("error:")][:1]
-        detail = f"  {first[0]}" if first else ""
+        detail = f"  error: {record['cause']}" if error else ""
         label = "cached" if record.get("from_cache") else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
@@ -83,18 +86,19 @@ class BuildReporter(ConsoleReporter):
         slowest = sorted((r for r in records if r["status"] == "built" and not r.get("from_cache")),
                          key=lambda r: -r["seconds"])[:5]
         cached = sum(1 for r in records if r.get("from_cache"))
-        self.write(f"\nkforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
-                   f"up to date {counts['up-to-date']}, failed {counts['failed']}, wall {wall:.1f} s\n")
-        if slowest:
-            self.write("slowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
-        for r in records:
-            if r["status"] == "failed":
-                self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
+        for line in failure_groups([r for r in records if r["status"] == "failed"]):
+            self.write(line + "\n")
         for r in self.packages.values():
             if r["status"] == "failed":
                 self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
         for msg in self.runtime_errors:
             self.write(f"\ndoit: {msg}\n")
+        # the summary comes last: with many failures it is what a terminal still shows
+        if slowest:
+            self.write("\nslowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
+        self.write(f"{'' if slowest else chr(10)}kforge: built {counts['built']}"
+                   f"{f' ({cached} from the remote cache)' if cached else ''}, up to date {counts['up-to-date']}, "
+                   f"failed {counts['failed']}, wall {wall:.1f} s\n")
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 
@@ -105,6 +109,55 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         atomic_write(path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())
+
+
+def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
+    """Failed targets grouped by their error line, largest group first: one paragraph per distinct error,
+    naming how many targets failed with it and the first few, instead of a block per target."""
+    groups: dict[str, list[str]] = {}
+    for r in failed:
+        groups.setdefault(r.get("cause") or error_line(r.get("error", "")), []).append(r["name"])
+    lines = []
+    for error, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        head = (f"{plural(len(names), 'target')} failed with" if len(names) > 1 else f"{names[0]} failed with")
+        lines += ["", f"kforge: {head}: {error}"]
+        if len(names) > 1:
+            more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
+            lines.append(f"  {'first ' + str(shown) if len(names) > shown else 'they are'}: "
+                         f"{', '.join(names[:shown])}{more}")
+        lines.append(f"  retry one alone: doit {names[0]}")
+    if failed:
+        lines.append("Each failed target's full message and traceback is in its error.txt "
+                     "(out/<arch>/<kernel>/<config_id>/); every failure is in out/build-report.json.")
+    return lines
+
+
+def error_line(message: str) -> str:
+    """What went wrong, in one line, from a target's failure message (rules/build.py writes `error: ...`). An
+    error whose first line ends in ':' continues below (Triton's CompilationError quotes the source, then
+    names the cause): its last line is added. A crashed compiler's last output line is added to the crash."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
+    if start is None:
+        return _short(lines[0] if lines else "(no message)")
+    found = lines[start][len("error:"):].strip()
+    rest = lines[start + 1:]
+    retry = next((i for i, line in enumerate(rest) if line.startswith(RETRY)), len(rest))
+    output = next((i for i, line in enumerate(rest) if line.startswith(COMPILER_OUTPUT)), retry)
+    own, printed = rest[:min(output, retry)], rest[output + 1:retry]
+    if found.endswith(":") and own:
+        found += " ... " + own[-1]
+    elif found.startswith("compiler process") and printed:   # a crash: the compiler's last words
+        found += " ... " + printed[-1]
+    return _short(found)
+
+
+def _short(found: str) -> str:
+    return found if len(found) <= ERROR_CHARS else found[:ERROR_CHARS] + " ..."
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _record_json(record: dict) -> str:

@@ -145,7 +145,10 @@ def test_compiler_crash_fails_only_that_target(tmp_path):
     assert "crashed: SIGSEGV" in errors["segv:fp16-b256-w4@sm_90a"]
     assert "LLVM ERROR: out of registers" in errors["llvm:fp16-b256-w4@sm_90a"]
     assert "config: {'dtype': 'fp16', 'BLOCK': 256, 'num_warps': 4}" in errors["segv:fp16-b256-w4@sm_90a"]
-    assert "FAILED abort:fp16-b256-w4@sm_90a" in proc.stdout
+    assert "kforge: abort:fp16-b256-w4@sm_90a failed with: compiler process crashed: SIGABRT" in proc.stdout
+    assert ("llvm:fp16-b256-w4@sm_90a failed with: compiler process exited with code 134 and no result ... "
+            "LLVM ERROR: out of registers") in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("kforge: built 3, up to date 0, failed 3, wall ")
     assert len(report) == 6
     assert (root / "out" / "sm_90a" / "abort" / "fp16-b256-w4" / "error.txt").exists()
 
