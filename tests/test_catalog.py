@@ -1,19 +1,17 @@
-"""The repository's whole catalog (Triton and FlyDSL, default archs) builds green from a clean out/."""
+"""The repository's whole catalog (Triton and FlyDSL, default archs) builds green in this checkout, as README's
+build command builds it: CI runs that command first, so here it is a no-op check of what it built (a checkout
+where it never ran builds it now, into its own out/)."""
 import json
-import shutil
 
-from tests.support import REPO, doit, make_project
+from tests.support import REPO, doit
 
 
-def test_the_whole_catalog_builds(tmp_path):
-    root = make_project(tmp_path / "catalog", specs={}, kernels={})
-    shutil.rmtree(root / "specs")
-    for name in ("specs", "kernels"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    doit(root, "-n", "2", timeout=3600)
-    report = json.loads((root / "out" / "build-report.json").read_text())
+def test_the_whole_catalog_is_built_and_green():
+    doit(REPO, "-n", "2", timeout=3600)
+    report = json.loads((REPO / "out" / "build-report.json").read_text())
     assert report["counts"]["failed"] == 0
     families = {t["name"].split(":")[0] for t in report["tasks"]}
     assert {"gemm", "rmsnorm", "softmax", "moe_gemm", "fly_gemm", "fly_fp8_gemm", "fly_rmsnorm",
             "fly_softmax"} <= families
-    assert report["counts"]["built"] == len(report["tasks"]) > 900
+    assert report["counts"]["built"] + report["counts"]["up-to-date"] == len(report["tasks"]) > 900
+    assert all(p["status"] != "failed" for p in report["packages"])
