@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from json.encoder import encode_basestring_ascii
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from rules.artifact import atomic_write
 from rules.doit_commands import tasks_to_run
 
 ERROR_LINES = 6
-ERROR_CHARS = 400   # of an error line, in progress lines and the summary (error.txt keeps it whole)
+ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py   # targets named per group of identical failures in the summary
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
@@ -30,6 +31,7 @@ class BuildReporter(ConsoleReporter):
         self.records: dict[str, dict] = {}    # compile targets
         self.packages: dict[str, dict] = {}   # `doit package` bundles, reported apart from the targets
         self.warnings: list[str] = []         # e.g. from the remote cache, each shown once
+        self.warned: set[str] = set()
         self.begun: dict[str, float] = {}
         self.failed = 0
 
@@ -50,7 +52,11 @@ class BuildReporter(ConsoleReporter):
         if task.actions:
             values = getattr(task, "values", None) or {}
             for message in values.get("cache_warnings", ()):
-                if message not in self.warnings:
+                # each worker process warns once that a cache is down, each with its own request in
+                # parentheses: the same warning about other details is shown once
+                gist = re.sub(r"\(.*\)", "", message)
+                if gist not in self.warned:
+                    self.warned.add(gist)
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
             self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)})
@@ -74,7 +80,7 @@ class BuildReporter(ConsoleReporter):
             return
         self.records[task.name] = record
         self.failed += status == "failed"
-        detail = f"  error: {record['cause']}" if error else ""
+        detail = f"  error: {_short(record['cause'])}" if error else ""
         label = "cached" if record.get("from_cache") else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
@@ -139,7 +145,7 @@ def error_line(message: str) -> str:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
     if start is None:
-        return _short(lines[0] if lines else "(no message)")
+        return lines[0] if lines else "(no message)"
     found = lines[start][len("error:"):].strip()
     rest = lines[start + 1:]
     retry = next((i for i, line in enumerate(rest) if line.startswith(RETRY)), len(rest))
@@ -149,7 +155,7 @@ def error_line(message: str) -> str:
         found += " ... " + own[-1]
     elif found.startswith("compiler process") and printed:   # a crash: the compiler's last words
         found += " ... " + printed[-1]
-    return _short(found)
+    return found
 
 
 def _short(found: str) -> str:

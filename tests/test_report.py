@@ -16,7 +16,7 @@ def test_the_error_line_of_a_message():
         "compiler process crashed: SIGSEGV ... in ptxas"
     assert error_line("just one line") == "just one line"
     assert error_line("") == "(no message)"
-    assert error_line("error: " + "x" * 1000).endswith(" ...")
+    assert error_line("error: " + "x" * 1000) == "x" * 1000   # whole: the fix is often at its end
 
 
 def test_failures_are_grouped_by_error_largest_group_first():
