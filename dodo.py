@@ -5,7 +5,7 @@ from rules import project
 
 ROOT = Path(__file__).resolve().parent
 SPECS, TARGETS = project.load_catalog(ROOT)
-DOIT_CONFIG = project.doit_config(ROOT, [s.name for s in SPECS])
+DOIT_CONFIG = project.doit_config(ROOT, SPECS, TARGETS)
 
 
 def task_kernels():

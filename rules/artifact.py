@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
+from rules import out_dir
 from rules.archs import ARCHS
 from rules.runtime import elf
 
@@ -177,8 +177,9 @@ def install(directory: Path, files: dict[str, bytes], key: str) -> None:
 
 
 def remove(directory: str) -> None:
-    """`doit clean` for one target: drop its whole artifact directory."""
-    shutil.rmtree(directory, ignore_errors=True)
+    """Drop one target's whole artifact directory (never anything outside out/: rules/out_dir.py)."""
+    path = Path(directory)
+    out_dir.remove_artifact_dir(path.parents[2], path)
 
 
 def _task(directory: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from rules import artifact, isolate, remote_cache
-from rules.doit_commands import tasks_to_run
+from rules.doit_runner import tasks_to_run
 from rules.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,

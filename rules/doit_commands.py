@@ -1,12 +1,19 @@
-"""What kforge adjusts in doit: `forget` (registered in pyproject.toml under [tool.doit.plugins.command]) and
-tasks that run after failed dependencies (installed by rules.project.doit_config). The runner: doit_runner.py."""
+"""What kforge adjusts in doit: the commands `forget`, `info`, `clean` and `prune` (registered in pyproject.toml
+under [tool.doit.plugins.command]) and tasks that run after failed dependencies (installed by
+rules.project.doit_config). The runner: doit_runner.py."""
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 
+from doit.cmd_base import DoitCmdBase
+from doit.cmd_clean import Clean as DoitClean
 from doit.cmd_forget import Forget as DoitForget
 from doit.control import ExecNode
+from doit.exceptions import InvalidCommand
 
+from rules import artifact, out_dir, report
 from rules.artifact import META
 
 
@@ -53,13 +60,117 @@ def run_after_failed_deps() -> None:
     ExecNode.parent_status = parent_status
 
 
-def tasks_to_run(tasks: dict, selected) -> list:
-    """The selected tasks and everything they depend on (task_dep, setup), each once."""
-    todo, seen = list(selected), {}
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in tasks:
-            continue
-        seen[name] = tasks[name]
-        todo += tasks[name].task_dep + tasks[name].setup_tasks
-    return list(seen.values())
+def compile_target_of(task):
+    """The Target a compile task builds (rules/tasks.py puts it in the task's meta), or None for other tasks."""
+    return (task.meta or {}).get("kforge_target")
+
+
+def target_state(target) -> str:
+    """up to date | stale (built from another key) | failed: <cause> | not built."""
+    if artifact.is_current(target.meta_path, target.key):
+        return "up to date"
+    directory = Path(target.out_dir)
+    if (directory / META).exists():
+        return "stale: built from another key (inputs changed since); the next build rebuilds it"
+    error = directory / artifact.ERROR
+    if error.exists():
+        text = error.read_text(errors="replace")
+        old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
+        return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}"
+    return "not built"
+
+
+class Info(DoitCmdBase):
+    """`doit info TARGET | FAMILY`: what kforge knows of a target, or one line per target of a family."""
+    name = "info"
+    doc_purpose = "show a target's config, key, artifact and state, or a family's targets"
+    doc_usage = "TARGET | FAMILY"
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self, pos_args):
+        tasks = {t.name: t for t in self.task_list}
+        if len(pos_args) != 1 or pos_args[0] not in tasks:
+            families = sorted({t.kernel for t in map(compile_target_of, tasks.values()) if t})
+            got = f"no target or family named {pos_args[0]!r}" if len(pos_args) == 1 else "give one name"
+            raise InvalidCommand(f"kforge: doit info: {got}; families: {', '.join(families)}; "
+                                 f"`doit list --all` lists every target")
+        task = tasks[pos_args[0]]
+        target = compile_target_of(task)
+        write = self.outstream.write
+        if target is not None:
+            root = Path(target.out_dir).parents[3]
+            write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
+                  f"{target.entry}\n  config: {dict(target.config)}\n  key: {target.key}\n"
+                  f"  artifact: {os.path.relpath(target.out_dir, root)}/\n  state: {target_state(target)}\n")
+            return 0
+        members = [compile_target_of(tasks[d]) for d in task.task_dep if d in tasks]
+        if members and all(members):
+            states = [(t.name, target_state(t)) for t in members]
+            counts: dict[str, int] = {}
+            for name, state in states:
+                write(f"{name}  {state}\n")
+                key = state.split(":")[0]
+                counts[key] = counts.get(key, 0) + 1
+            write(f"{task.name}: {report.plural(len(states), 'target')}: "
+                  + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
+            return 0
+        write(f"{task.name}\n  {task.doc or ''}\n  after: {', '.join(task.task_dep) or 'nothing'}\n"
+              if len(task.task_dep) <= 8 else
+              f"{task.name}\n  {task.doc or ''}\n  after {report.plural(len(task.task_dep), 'task')}\n")
+        return 0
+
+
+class Clean(DoitClean):
+    """doit's clean, with one summary line instead of a line per action: a compile target's artifact directory
+    goes (and the directories it leaves empty, never out/ itself); nothing outside out/ is ever deleted."""
+
+    def clean_tasks(self, tasks, dryrun, cleanforget):
+        removed, refused, others = [], [], 0
+        for task in {t.name: t for t in tasks}.values():
+            target = compile_target_of(task)
+            if target is None:
+                if task.clean_actions:
+                    others += 1
+                    task.clean(io.StringIO(), dryrun)   # package: its wheel and manifest (rules/package.py)
+            elif dryrun:
+                removed.append(target.name)
+            else:
+                try:
+                    if out_dir.remove_artifact_dir(Path(target.out_dir).parents[2], Path(target.out_dir)):
+                        removed.append(target.name)
+                except out_dir.OutsideOut as e:
+                    refused.append(str(e))
+            if cleanforget and not dryrun:
+                self.dep_manager.remove(task.name)
+        self.dep_manager.close()
+        verb = "would remove" if dryrun else "removed"
+        extra = f" and cleaned {report.plural(others, 'other task')}" if others else ""
+        self.outstream.write(f"kforge: {verb} {report.plural(len(removed), 'artifact')} from out/{extra}\n")
+        for message in refused:
+            self.outstream.write(f"kforge: refused: {message}\n")
+
+
+class Prune(DoitCmdBase):
+    """`doit prune`: delete the artifact directories in out/ that belong to no target of the catalog."""
+    name = "prune"
+    doc_purpose = "delete artifacts in out/ that belong to no target (configs dropped from a sweep, deleted specs)"
+    doc_usage = ""
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self):
+        from rules.project import arch_filter   # late: project imports this module
+        current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
+        out = Path(current[0]).parents[2] if current else Path("out").resolve()   # doit runs in dodo.py's dir
+        removed, refused = 0, []
+        for path in out_dir.orphaned(out, current, arch_filter()):
+            try:
+                removed += out_dir.remove_artifact_dir(out, path)
+            except out_dir.OutsideOut as e:
+                refused.append(str(e))
+        self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
+                             if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
+        for message in refused:
+            self.outstream.write(f"kforge: refused: {message}\n")
+        return 0

@@ -158,3 +158,15 @@ def install(before_fork=None, prefetch: int | None = None, max_workers: int | No
         runner.max_workers, runner.cap_reason = max_workers, cap_reason
     cmd_run.MRunner = PrefetchRunner
     cmd_run.MThreadRunner = CappedThreadRunner
+
+
+def tasks_to_run(tasks: dict, selected) -> list:
+    """The selected tasks and everything they depend on (task_dep, setup), each once."""
+    todo, seen = list(selected), {}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen[name] = tasks[name]
+        todo += tasks[name].task_dep + tasks[name].setup_tasks
+    return list(seen.values())

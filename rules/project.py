@@ -9,7 +9,7 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, cpus, doit_runner, remote_cache, report
+from rules import artifact, cpus, doit_runner, out_dir, remote_cache, report
 from rules.doit_commands import run_after_failed_deps
 from rules.archs import parse_arch_list
 from rules.build import check_environment, timeout_from_env, warm_before_fork
@@ -31,10 +31,12 @@ def arch_filter() -> tuple[str, ...] | None:
     return None if text is None else parse_arch_list(text, "archs= on the command line")
 
 
-def doit_config(root: Path, families: list[str]) -> dict:
+def doit_config(root: Path, specs: list, targets: list) -> dict:
     out = root / "out"
     out.mkdir(exist_ok=True)
-    reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json")})
+    orphans = functools.partial(out_dir.orphaned, out, [t.out_dir for t in targets], arch_filter())
+    reporter = type("BuildReporter", (report.BuildReporter,), {"report_path": str(out / "build-report.json"),
+                                                                "find_orphans": staticmethod(orphans)})
     _sigterm_as_interrupt()
     _interrupt_without_traceback()
     run_after_failed_deps()
@@ -51,7 +53,7 @@ def doit_config(root: Path, families: list[str]) -> dict:
         "dep_file": str(out / ".doit.sqlite3"),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
-        "default_tasks": families + ["package"],
+        "default_tasks": [s.name for s in specs] + ["package"],
         "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
     }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from doit.reporter import ConsoleReporter
 
 from rules.artifact import atomic_write
-from rules.doit_commands import tasks_to_run
+from rules.doit_runner import tasks_to_run
 
 ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
@@ -23,6 +23,7 @@ class BuildReporter(ConsoleReporter):
     """One line per finished task ([done/total], failures so far); up-to-date tasks are only counted."""
     desc = "kforge progress and summary"
     report_path = "out/build-report.json"   # set per project by rules.project.doit_config()
+    find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
@@ -102,7 +103,10 @@ class BuildReporter(ConsoleReporter):
         # the summary comes last: with many failures it is what a terminal still shows
         if slowest:
             self.write("\nslowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
-        self.write(f"{'' if slowest else chr(10)}kforge: built {counts['built']}"
+        orphans = self.find_orphans() if self.find_orphans else []
+        if orphans:
+            self.write(f"{'' if slowest else chr(10)}kforge: {report_orphans(orphans)}\n")
+        self.write(f"{'' if slowest or orphans else chr(10)}kforge: built {counts['built']}"
                    f"{f' ({cached} from the remote cache)' if cached else ''}, up to date {counts['up-to-date']}, "
                    f"failed {counts['failed']}, wall {wall:.1f} s\n")
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
@@ -160,6 +164,11 @@ def error_line(message: str) -> str:
 
 def _short(found: str) -> str:
     return found if len(found) <= ERROR_CHARS else found[:ERROR_CHARS] + " ..."
+
+
+def report_orphans(orphans: list) -> str:
+    verb = "belongs" if len(orphans) == 1 else "belong"
+    return f"{plural(len(orphans), 'artifact')} in out/ {verb} to no target: `doit prune` removes them"
 
 
 def plural(n: int, noun: str) -> str:

@@ -30,7 +30,8 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
         # and a killed run's finished artifacts count even though doit's DB was never written.
         "uptodate": [current],
         "clean": [(artifact.remove, [t.out_dir])],
-        "meta": {"kforge_compile": {"toolchain": t.toolchain, "runs_here": not current and executor is None}},
+        "meta": {"kforge_compile": {"toolchain": t.toolchain, "runs_here": not current and executor is None},
+                 "kforge_target": t},   # for `doit info`, `clean`, `prune` (rules/doit_commands.py)
         "verbosity": 0,
     }
 

@@ -97,7 +97,7 @@ def test_list_info_and_family_selection(project):
     assert "scale" in doit(project, "list").stdout
     listing = doit(project, "list", "--all").stdout
     assert all(t in listing for t in TWO)
-    assert "up-to-date" in doit(project, "info", TWO[0]).stdout
+    assert "state: up to date" in doit(project, "info", TWO[0]).stdout
     doit(project, "forget", "--all")
     doit(project, "scale")
     assert statuses(project, "built") == set(TWO)

@@ -1,0 +1,76 @@
+"""kforge's doit commands as a user types them: info, clean, prune (forget: tests/test_build.py)."""
+import os
+
+import pytest
+
+from rules import out_dir
+from tests.support import doit, make_project, spec_text, statuses
+
+BLOCKS = (64, 128, 256)
+NAMES = {f"scale:fp16-b{b}-w4@sm_90a" for b in BLOCKS}
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=BLOCKS)})
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == NAMES
+    return root
+
+
+def test_info_of_a_target_shows_what_kforge_knows_and_nothing_internal(project):
+    out = doit(project, "info", "scale:fp16-b128-w4@sm_90a").stdout
+    assert "spec: specs/scale.toml" in out and "triton entry: tk.scale.scale_kernel" in out
+    assert "config: {'dtype': 'fp16', 'BLOCK': 128, 'num_warps': 4}" in out
+    assert "artifact: out/sm_90a/scale/fp16-b128-w4/" in out and "state: up to date" in out
+    assert "key: " in out and "kforge_compile" not in out and "meta" not in out
+    (project / "tk" / "scale.py").write_text((project / "tk" / "scale.py").read_text().replace("* 2", "* 3"))
+    assert "state: stale" in doit(project, "info", "scale:fp16-b128-w4@sm_90a").stdout
+
+
+def test_info_of_a_family_lists_its_targets_and_counts_states(project):
+    (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").unlink()
+    out = doit(project, "info", "scale").stdout
+    assert "scale:fp16-b64-w4@sm_90a  not built" in out and "scale:fp16-b256-w4@sm_90a  up to date" in out
+    assert out.rstrip().endswith("scale: 3 targets: 1 not built, 2 up to date")
+    assert "no dependencies" not in out
+
+
+def test_info_of_an_unknown_name_is_one_clear_error(project):
+    bad = doit(project, "info", "scael", check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "no target or family named 'scael'; families: scale; `doit list --all` lists every target" in bad.stderr
+
+
+def test_clean_prints_one_line_and_leaves_no_empty_directories(project):
+    proc = doit(project, "clean", "scale")
+    assert proc.stdout.strip() == "kforge: removed 3 artifacts from out/"
+    assert not (project / "out" / "sm_90a").exists()   # emptied, so removed; out/ itself stays
+    assert (project / "out").is_dir()
+    one = doit(project, "clean", "scale:fp16-b64-w4@sm_90a").stdout
+    assert one.strip() == "kforge: removed 0 artifacts from out/"
+
+
+def test_prune_removes_exactly_the_artifacts_of_no_target_and_the_build_says_so(project):
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    summary = doit(project).stdout
+    assert "kforge: 2 artifacts in out/ belong to no target: `doit prune` removes them" in summary
+    assert doit(project, "prune").stdout.strip() == "kforge: pruned 2 artifacts that belonged to no target"
+    assert sorted(os.listdir(project / "out/sm_90a/scale")) == ["fp16-b128-w4"]
+    assert "nothing to prune" in doit(project, "prune").stdout
+    assert "belong to no target" not in doit(project).stdout
+
+
+def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (project / "out/sm_90a/scale/evil").symlink_to(outside)            # an orphan that is a link
+    (project / "out/gfx942").symlink_to(outside, target_is_directory=True)   # an arch dir that is a link
+    assert "pruned 1 artifact " in doit(project, "prune").stdout
+    assert (outside / "keep.txt").read_text() == "mine" and not (project / "out/sm_90a/scale/evil").exists()
+    with pytest.raises(out_dir.OutsideOut):
+        out_dir.remove_artifact_dir(project / "out", project / "out" / "gfx942" / "scale" / "x")
+    with pytest.raises(out_dir.OutsideOut):
+        out_dir.remove_artifact_dir(project / "out", outside)
+    assert (outside / "keep.txt").exists()
