@@ -126,7 +126,7 @@ class Clean(DoitClean):
     goes (and the directories it leaves empty, never out/ itself); nothing outside out/ is ever deleted."""
 
     def clean_tasks(self, tasks, dryrun, cleanforget):
-        removed, refused, others = [], [], 0
+        removed, refused, others = 0, [], 0
         for task in {t.name: t for t in tasks}.values():
             target = compile_target_of(task)
             if target is None:
@@ -134,11 +134,10 @@ class Clean(DoitClean):
                     others += 1
                     task.clean(io.StringIO(), dryrun)   # package: its wheel and manifest (rules/package.py)
             elif dryrun:
-                removed.append(target.name)
+                removed += Path(target.out_dir).exists()
             else:
                 try:
-                    if out_dir.remove_artifact_dir(Path(target.out_dir).parents[2], Path(target.out_dir)):
-                        removed.append(target.name)
+                    removed += out_dir.remove_artifact_dir(Path(target.out_dir).parents[2], Path(target.out_dir))
                 except out_dir.OutsideOut as e:
                     refused.append(str(e))
             if cleanforget and not dryrun:
@@ -146,7 +145,7 @@ class Clean(DoitClean):
         self.dep_manager.close()
         verb = "would remove" if dryrun else "removed"
         extra = f" and cleaned {report.plural(others, 'other task')}" if others else ""
-        self.outstream.write(f"kforge: {verb} {report.plural(len(removed), 'artifact')} from out/{extra}\n")
+        self.outstream.write(f"kforge: {verb} {report.plural(removed, 'artifact')} from out/{extra}\n")
         for message in refused:
             self.outstream.write(f"kforge: refused: {message}\n")
 

@@ -14,8 +14,8 @@ from rules.doit_runner import tasks_to_run
 
 ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
-FIRST_SHOWN = 5
-RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py   # targets named per group of identical failures in the summary
+FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
+RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
 
 
