@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rules.files import atomic_symlink, atomic_write
+
 TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
 MIN_MAJOR = 17
 NEWEST_GUESS = 22
@@ -100,10 +102,7 @@ def triton_lld_script(directory: Path) -> Path | None:
     script = directory / "ld.lld"
     if not (script.is_file() and script.read_text() == text):
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = script.with_name(f".ld.lld.{os.getpid()}")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, script)
+        atomic_write(script, text.encode(), mode=0o755)
     return script
 
 
@@ -114,8 +113,5 @@ def rocm_root_for(linker: Path, shim_dir: Path) -> Path:
     target = shim_dir / "llvm" / "bin" / "ld.lld"
     target.parent.mkdir(parents=True, exist_ok=True)
     if not (target.is_symlink() and os.readlink(target) == str(linker)):
-        tmp = target.with_name(f".ld.lld.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(linker)
-        os.replace(tmp, target)
+        atomic_symlink(target, linker)
     return shim_dir

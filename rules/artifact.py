@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 
 from rules import out_dir
+from rules.files import atomic_write
 from rules.archs import ARCHS
+from rules.keys import SCHEMA_VERSION
 from rules.runtime import elf
 
 META = "meta.json"
@@ -90,7 +92,6 @@ class KeyIndex:
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
          shared: int, **toolchain_fields) -> dict:
     """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
-    from rules.keys import SCHEMA_VERSION   # late: keys imports this module
     arch = ARCHS[target.arch]
     return {
         "schema": SCHEMA_VERSION,
@@ -185,14 +186,6 @@ def remove(directory: str) -> None:
 def _task(directory: Path) -> str:
     arch, kernel, cid = directory.parts[-3:]
     return f"{kernel}:{cid}@{arch}"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp file beside path, then rename: readers see the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _unlink(path: Path) -> None:

@@ -43,7 +43,7 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
                     "cache_warnings": cache.drain_warnings()}
     if executor is not None:
         from rules import dask_executor   # imports distributed: only where a cluster is used
-        outcome = dask_executor.compile_remote(target, root, timeout, executor)
+        outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_here)
     else:
         outcome = compile_here(target, root, timeout)
     if not outcome.ok:
@@ -147,6 +147,3 @@ def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:
     artifact.write_error(Path(target.out_dir), target.key, kept)
     return TaskFailed(message)
 
-
-def timeout_from_env() -> float:
-    return float(os.environ.get("KFORGE_COMPILE_TIMEOUT", DEFAULT_TIMEOUT_S))

@@ -11,8 +11,7 @@ import math
 import os
 from pathlib import Path
 
-ENV = "KFORGE_MAX_COMPILES"
-VAR = "max_compiles"   # `doit max_compiles=N` on the command line
+ENV = "KFORGE_MAX_COMPILES"   # the cap's environment twin of `doit max_compiles=N` (rules/settings.py)
 
 
 def available() -> int:
@@ -64,18 +63,3 @@ def _v1_limit(directory: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return None if quota <= 0 or period <= 0 else math.ceil(quota / period)
-
-
-def cap(command_line: str | None) -> tuple[int, str]:
-    """(the most compiles at once, where that number comes from): `max_compiles=N` on the command line, else
-    KFORGE_MAX_COMPILES, else available(). A malformed value is a ValueError naming where it came from."""
-    for where, text in ((f"{VAR}= on the command line", command_line), (f"{ENV} in the environment",
-                                                                          os.environ.get(ENV))):
-        if text is None or text == "":
-            continue
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{where}: got {text!r}; expected a whole number >= 1, the most compiles to run at "
-                             f"once (default: the {available()} CPUs this process may use)")
-        return int(text), f"{where.split('=')[0]}={text}" if where.startswith(VAR) else f"{ENV}={text}"
-    n = available()
-    return n, f"the {n} CPU{'s' if n != 1 else ''} this process may use"

@@ -30,10 +30,12 @@ def scheduler_address(executor: str) -> str:
     return "tcp://" + executor[len("dask://"):]
 
 
-def compile_remote(target, root: str, timeout: float, executor: str) -> isolate.Outcome:
+def compile_remote(target, root: str, timeout: float, executor: str, compile_here) -> isolate.Outcome:
+    """compile_here(target, root, timeout) -> Outcome runs on a worker (rules/build.py's, sent by reference)."""
     start = time.monotonic()
     try:
-        future = _client(executor).submit(run_on_worker, target, root, timeout, pure=False, retries=RETRIES)
+        future = _client(executor).submit(run_on_worker, compile_here, target, root, timeout, pure=False,
+                                          retries=RETRIES)
         ok, seconds, result, files = future.result()
     except Exception as e:   # the cluster is unreachable, or the task's workers kept dying
         return isolate.Outcome(False, time.monotonic() - start,
@@ -47,14 +49,13 @@ def compile_remote(target, root: str, timeout: float, executor: str) -> isolate.
     return isolate.Outcome(True, seconds, result=result)
 
 
-def run_on_worker(target, root: str, timeout: float):
+def run_on_worker(compile_here, target, root: str, timeout: float):
     """On a Dask worker: compile into a private out/, return (ok, seconds, result | error, files)."""
     from distributed import get_worker
-    from rules import build
     scratch = Path(tempfile.mkdtemp(prefix="kforge-dask-"))
     try:
         local = dataclasses.replace(target, out_dir=str(scratch / target.arch / target.kernel / target.config_id))
-        outcome = build.compile_here(local, root, timeout)
+        outcome = compile_here(local, root, timeout)
         if not outcome.ok:
             return False, outcome.seconds, outcome.error, {}
         result = {**outcome.result, "compiled_on": get_worker().address}

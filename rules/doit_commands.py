@@ -13,7 +13,7 @@ from doit.cmd_forget import Forget as DoitForget
 from doit.control import ExecNode
 from doit.exceptions import InvalidCommand
 
-from rules import artifact, out_dir, report
+from rules import artifact, out_dir, report, settings
 from rules.artifact import META
 
 
@@ -159,11 +159,10 @@ class Prune(DoitCmdBase):
     cmd_options = ()
 
     def _execute(self):
-        from rules.project import arch_filter   # late: project imports this module
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
         out = Path(current[0]).parents[2] if current else Path("out").resolve()   # doit runs in dodo.py's dir
         removed, refused = 0, []
-        for path in out_dir.orphaned(out, current, arch_filter()):
+        for path in out_dir.orphaned(out, current, settings.get("archs")):
             try:
                 removed += out_dir.remove_artifact_dir(out, path)
             except out_dir.OutsideOut as e:

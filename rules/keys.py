@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rules.artifact import atomic_write
+from rules.files import atomic_write
 
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
 SCHEMA_VERSION = 3   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime

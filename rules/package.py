@@ -16,6 +16,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from rules import artifact
+from rules.files import atomic_write
 from rules.archs import ARCHS
 from rules.runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
 from rules.targets import Target
@@ -72,9 +73,9 @@ def build_bundle(arch: str, targets: list[Target], root: str):
     for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
         if stale != wheel:
             stale.unlink()
-    artifact.atomic_write(manifest_path(root_path, arch), data)
+    atomic_write(manifest_path(root_path, arch), data)
     _stamp_path(root_path, arch).parent.mkdir(parents=True, exist_ok=True)
-    artifact.atomic_write(_stamp_path(root_path, arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    atomic_write(_stamp_path(root_path, arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 

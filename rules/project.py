@@ -9,11 +9,9 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, cpus, doit_runner, out_dir, remote_cache, report
+from rules import artifact, cpus, doit_runner, out_dir, remote_cache, report, settings
 from rules.doit_commands import run_after_failed_deps
-from rules.archs import parse_arch_list
-from rules.build import check_environment, timeout_from_env, warm_before_fork
-from rules.dask_executor import scheduler_address
+from rules.build import check_environment, warm_before_fork
 from rules.spec import SpecError, load_spec
 from rules.targets import build_targets
 from rules.tasks import family_tasks, package_tasks
@@ -27,8 +25,16 @@ def load_specs(root: Path) -> list:
 
 
 def arch_filter() -> tuple[str, ...] | None:
-    text = get_var("archs", None)
-    return None if text is None else parse_arch_list(text, "archs= on the command line")
+    return _setting("archs")
+
+
+def _setting(name: str):
+    """A setting's value (rules/settings.py), or one line naming it and exit code 2."""
+    try:
+        return settings.get(name)
+    except ValueError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
 
 
 def doit_config(root: Path, specs: list, targets: list) -> dict:
@@ -47,7 +53,7 @@ def doit_config(root: Path, specs: list, targets: list) -> dict:
         raise SystemExit(2)
     max_workers, cap_reason = _compile_cap()
     doit_runner.install(before_fork=functools.partial(warm_before_fork, root=str(root)),
-                        prefetch=_prefetch_from_command_line(), max_workers=max_workers, cap_reason=cap_reason)
+                        prefetch=_setting("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
     return {
         "backend": "sqlite3",
         "dep_file": str(out / ".doit.sqlite3"),
@@ -60,29 +66,10 @@ def doit_config(root: Path, specs: list, targets: list) -> dict:
 
 def _compile_cap() -> tuple[int | None, str]:
     """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
-    if _executor() is not None:
+    if _setting("executor") is not None:
         return None, ""
-    try:
-        return cpus.cap(get_var(cpus.VAR, None))
-    except ValueError as e:
-        sys.stderr.write(f"kforge: {e}\n")
-        raise SystemExit(2)
-
-
-def _executor() -> str | None:
-    return get_var("executor", None) or os.environ.get("KFORGE_EXECUTOR") or None
-
-
-def _prefetch_from_command_line() -> int | None:
-    """`prefetch=K`: tasks queued beyond the running ones (default: one per worker; 0 is doit's own scheduling)."""
-    text = get_var("prefetch", None)
-    if text is None:
-        return None
-    if not text.isdigit():
-        sys.stderr.write(f"kforge: prefetch={text} on the command line: expected a whole number >= 0, "
-                         f"e.g. prefetch=16 (0 queues nothing ahead, as doit itself does)\n")
-        raise SystemExit(2)
-    return int(text)
+    cap = _setting("max_compiles")
+    return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
 
 
 def load_catalog(root: Path) -> tuple[list, list]:
@@ -100,12 +87,9 @@ def compile_tasks(root: Path, specs: list, targets: list):
     by_family: dict[str, list] = {s.name: [] for s in specs}
     for t in targets:
         by_family[t.kernel].append(t)
-    timeout = float(get_var("timeout", timeout_from_env()))
-    executor = _executor()
+    timeout, executor = _setting("timeout"), _setting("executor")
     try:
         cache = remote_cache.config_from(get_var("cache", None), get_var("cache_readonly", None))
-        if executor is not None:
-            scheduler_address(executor)   # a malformed address stops here, before any task runs
     except ValueError as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)

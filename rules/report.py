@@ -9,7 +9,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from rules.artifact import atomic_write
+from rules.files import atomic_write
 from rules.doit_runner import tasks_to_run
 
 ERROR_LINES = 6

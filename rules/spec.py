@@ -8,61 +8,15 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 from rules import archs as archs_mod
-from rules import sources
-from rules.dtypes import allowed_dtypes, canonical_arg_type, canonical_dtype
-
-Scalar = int | float | bool | str
-Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
+from rules import sources, sweep
+from rules.dtypes import allowed_dtypes, canonical_arg_type
+from rules.spec_model import TYPE_VAR_RE, Spec, SpecError, Tune
 
 TOOLCHAINS = ("triton", "flydsl")
-COMPILE_OPTIONS = ("num_warps", "num_stages")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class SpecError(ValueError):
-    """A spec that cannot be built; the message says where, what was received and what is allowed."""
-
-
-@dataclass(frozen=True)
-class Tune:
-    """[tune]: the problem shapes `doit tune` benchmarks the family's configs on, and how to make them."""
-    harness: str                        # module file with problem(shape, types, device) and grid(shape, config)
-    shape_args: tuple[str, ...]         # runtime integer arguments that make up a shape, e.g. (M, N, K)
-    shapes: tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True)
-class Spec:
-    path: str                       # the TOML file, as given (for messages)
-    name: str                       # kernel family: doit task basename, out/<arch>/<name>/
-    source: str                     # kernel source, relative to the project root
-    entry: str                      # the @triton.jit function in it
-    toolchain: str
-    archs: tuple[str, ...]
-    id_template: str
-    signature: tuple[tuple[str, str], ...]   # (argument, type | "constexpr"); types may hold {type_var}
-    constants: tuple[tuple[str, Scalar], ...]
-    divisible_by_16: tuple[str, ...]
-    configs: tuple[Config, ...]     # sweep product + extras - excludes that match every arch
-    excludes: tuple[tuple[tuple[str, Scalar | tuple[Scalar, ...]], ...], ...]
-    description: str = ""
-    tune: Tune | None = None
-
-    @property
-    def constexprs(self) -> tuple[str, ...]:
-        return tuple(a for a, t in self.signature if t == "constexpr")
-
-    @property
-    def type_vars(self) -> tuple[str, ...]:
-        found: list[str] = []
-        for _, t in self.signature:
-            found += [v for v in TYPE_VAR_RE.findall(t) if v not in found]
-        return tuple(found)
 
 
 # table -> key -> (python type(s), required, what it is). "*" is any key (mappings).
@@ -143,7 +97,6 @@ def load_spec(path: Path, root: Path) -> Spec:
     spec = Spec(path=where, name=name, source=k["source"], entry=k["entry"], toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune)
-    from rules import sweep  # late: sweep needs Spec
     return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
 
 
@@ -264,13 +217,3 @@ def _rel(path: Path, root: Path) -> str:
         return str(path.resolve().relative_to(root.resolve()))
     except ValueError:
         return str(path)
-
-
-def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str) -> Scalar:
-    """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
-    if param in type_vars:
-        canon = canonical_dtype(value) if isinstance(value, str) else None
-        if canon is None:
-            _fail(where, "sweep", param, value, allowed_dtypes())
-        return canon
-    return value

@@ -5,7 +5,8 @@ import dataclasses
 import itertools
 import string
 
-from rules.spec import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError, canonical_value
+from rules.dtypes import allowed_dtypes, canonical_dtype
+from rules.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
 
 WARPS_ALLOWED = (1, 2, 4, 8, 16)
 
@@ -123,3 +124,13 @@ def _check_unique_ids(spec: Spec) -> None:
             raise SpecError(f"{spec.path}: configs {dict(seen[cid])} and {dict(c)} both get id {cid!r}; "
                             f"add the differing parameter to [kernel] id")
         seen[cid] = c
+
+
+def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str) -> Scalar:
+    """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
+    if param in type_vars:
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            raise SpecError(f"{where}: [sweep] {param}: got {value!r}; allowed: {allowed_dtypes()}")
+        return canon
+    return value

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rules import keys, sources, sweep
 from rules.archs import ARCHS
-from rules.spec import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
+from rules.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
 from rules.dtypes import canonical_arg_type
 
 

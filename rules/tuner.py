@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from rules import artifact, sources
+from rules.files import atomic_write
 from rules.runtime.device import identity
 from rules.runtime.launch import TORCH_DTYPES, Kernel
 from rules.runtime.select import TABLE_FORMAT, handles
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     lock.close()
     out = root / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    artifact.atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
     return 0
 
 

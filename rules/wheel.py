@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import zipfile
 from pathlib import Path
+
+from rules.files import replacing
 
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)   # the earliest a zip can store
 
@@ -23,15 +24,13 @@ def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[s
     payload[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: kforge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in sorted(payload.items())]
     payload[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # then a rename: never half a wheel
-    with zipfile.ZipFile(tmp, "w") as zf:
+    with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:   # never half a wheel
         for name in sorted(payload):   # dist-info sorts after the package: pip reads it either way
             entry = zipfile.ZipInfo(name, FIXED_TIME)
             entry.compress_type = zipfile.ZIP_DEFLATED
             entry.external_attr = 0o644 << 16
             entry.create_system = 3
             zf.writestr(entry, payload[name], compresslevel=6)
-    os.replace(tmp, path)
 
 
 def _b64_digest(data: bytes) -> str:

@@ -39,15 +39,19 @@ def test_available_respects_the_affinity_mask():
 
 
 def test_the_knob_sets_the_cap_and_a_bad_value_names_where_it_came_from(monkeypatch):
+    from doit import doit_cmd
+    from rules import settings
     monkeypatch.delenv(cpus.ENV, raising=False)
-    assert cpus.cap(None) == (cpus.available(), f"the {cpus.available()} CPU{'s' if cpus.available() > 1 else ''} this process may use")
-    assert cpus.cap("3") == (3, "max_compiles=3")
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {})
+    assert settings.get("max_compiles") == cpus.available() and settings.source("max_compiles") is None
     monkeypatch.setenv(cpus.ENV, "5")
-    assert cpus.cap(None) == (5, "KFORGE_MAX_COMPILES=5")
-    assert cpus.cap("2")[0] == 2   # the command line wins
+    assert settings.get("max_compiles") == 5 and settings.source("max_compiles") == "KFORGE_MAX_COMPILES=5"
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"max_compiles": "3"})
+    assert settings.get("max_compiles") == 3 and settings.source("max_compiles") == "max_compiles=3"   # wins
     for bad in ("0", "x", "-1"):
+        monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"max_compiles": bad})
         with pytest.raises(ValueError, match=r"max_compiles= on the command line: got"):
-            cpus.cap(bad)
+            settings.get("max_compiles")
 
 
 # Each compile server appends its doit worker's pid (its parent) when it imports the kernel module.

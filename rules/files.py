@@ -1,0 +1,34 @@
+"""Replacing a file atomically: write a temp file beside it, then rename, so readers see the old file or the new
+one, never half of one. The temp name has the pid and a random part (two threads of one process, or two
+processes, may replace the same file at once), and a failed write leaves no temp file behind."""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path: Path):
+    """Yields a temp path beside `path`; once the block has written it, it replaces `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    with replacing(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+
+
+def atomic_symlink(path: Path, target: Path) -> None:
+    with replacing(path) as tmp:
+        os.symlink(target, tmp)

@@ -1,0 +1,82 @@
+"""The build's settings: `doit name=value` on the command line, else its KFORGE_* twin, else a default.
+
+Each setting is declared once, with its type and what it is, and read once per run; a malformed value is a
+ValueError naming where it came from (command line or environment) and what is allowed, which rules/project.py
+turns into one line and exit code 2. (Knobs kept for benchmark A/B runs only are in rules/build.py.)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from doit import get_var
+
+from rules import cpus
+from rules.archs import parse_arch_list
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                            # `doit name=value`
+    env: str | None                      # its environment twin
+    parse: Callable[[str, str], object]  # (text, where) -> value, or ValueError naming `where`
+    default: Callable[[], object]
+    help: str
+
+
+def _whole(minimum: int):
+    def parse(text: str, where: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise ValueError(f"{where}: got {text!r}; expected a whole number >= {minimum}")
+        return int(text)
+    return parse
+
+
+def _seconds(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{where}: got {text!r}; expected a number of seconds > 0, e.g. 120")
+    return value
+
+
+def _archs(text: str, where: str) -> tuple[str, ...]:
+    return parse_arch_list(text, where)
+
+
+def _executor(text: str, where: str) -> str:
+    if not text.startswith("dask://") or ":" not in text[len("dask://"):]:
+        raise ValueError(f"{where}: got {text!r}; expected dask://HOST:PORT (a Dask scheduler)")
+    return text
+
+
+SETTINGS = {s.name: s for s in (
+    Setting("archs", None, _archs, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
+    Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
+    Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
+    Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
+    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, "compile on a Dask cluster: dask://HOST:PORT"),
+)}
+
+
+def get(name: str):
+    """The setting's value: the command line's, else the environment's, else the default."""
+    setting = SETTINGS[name]
+    for where, text in ((f"{name}= on the command line", get_var(name, None)),
+                        (f"{setting.env} in the environment", os.environ.get(setting.env) if setting.env else None)):
+        if text is not None and text != "":
+            return setting.parse(text, where)
+    return setting.default()
+
+
+def source(name: str) -> str | None:
+    """`name=TEXT` or `ENV=TEXT`, as the user set it, or None when the default holds."""
+    setting = SETTINGS[name]
+    if get_var(name, None):
+        return f"{name}={get_var(name, None)}"
+    if setting.env and os.environ.get(setting.env):
+        return f"{setting.env}={os.environ[setting.env]}"
+    return None

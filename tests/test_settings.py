@@ -1,0 +1,24 @@
+"""The build's settings (`doit name=value` and their KFORGE_* twins): a bad value is one line naming it."""
+import pytest
+
+from tests.support import doit, make_project
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (("timeout=abc",), {}, "timeout= on the command line: got 'abc'; expected a number of seconds > 0"),
+    ((), {"KFORGE_COMPILE_TIMEOUT": "-5"}, "KFORGE_COMPILE_TIMEOUT in the environment: got '-5'"),
+    (("prefetch=x",), {}, "prefetch= on the command line: got 'x'; expected a whole number >= 0"),
+    (("max_compiles=0",), {}, "max_compiles= on the command line: got '0'; expected a whole number >= 1"),
+    (("executor=tcp://h:1",), {}, "executor= on the command line: got 'tcp://h:1'; expected dask://HOST:PORT"),
+    (("archs=sm_91",), {}, "archs= on the command line: unknown arch sm_91"),
+], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs"])
+def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
+    proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"kforge: {message}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "p" / "out" / "sm_90a").exists()   # nothing was built
+
+
+def test_the_command_line_wins_over_the_environment(tmp_path):
+    proc = doit(make_project(tmp_path / "p"), "-n", "2", "max_compiles=1", env={"KFORGE_MAX_COMPILES": "x"})
+    assert "more than max_compiles=1" in proc.stderr
