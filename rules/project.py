@@ -87,12 +87,8 @@ def compile_tasks(root: Path, specs: list, targets: list):
     by_family: dict[str, list] = {s.name: [] for s in specs}
     for t in targets:
         by_family[t.kernel].append(t)
-    timeout, executor = _setting("timeout"), _setting("executor")
-    try:
-        cache = remote_cache.config_from(get_var("cache", None), get_var("cache_readonly", None))
-    except ValueError as e:
-        sys.stderr.write(f"kforge: {e}\n")
-        raise SystemExit(2)
+    timeout, executor, url = _setting("timeout"), _setting("executor"), _setting("cache")
+    cache = remote_cache.CacheConfig(url, _setting("cache_readonly"), _setting("cache_timeout")) if url else None
     built = artifact.KeyIndex(root / "out" / ".kforge" / "built-keys.json")
     for spec in specs:
         yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built,

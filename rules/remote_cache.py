@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rules import artifact
 
-TIMEOUT_S = 10.0
 AC_FORMAT = "kforge-ac-1"
 
 
@@ -25,20 +23,7 @@ AC_FORMAT = "kforge-ac-1"
 class CacheConfig:
     url: str
     read_only: bool = False
-    timeout: float = TIMEOUT_S
-
-
-def config_from(url: str | None, read_only: str | bool | None) -> CacheConfig | None:
-    """From `doit cache=URL cache_readonly=1`, else KFORGE_CACHE / KFORGE_CACHE_READONLY (and
-    KFORGE_CACHE_TIMEOUT, seconds per request); None: no cache."""
-    url = url or os.environ.get("KFORGE_CACHE") or None
-    if not url:
-        return None
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"cache={url!r}: the remote cache must be an http:// or https:// URL")
-    flag = read_only if read_only is not None else os.environ.get("KFORGE_CACHE_READONLY", "")
-    timeout = float(os.environ.get("KFORGE_CACHE_TIMEOUT", TIMEOUT_S))
-    return CacheConfig(url.rstrip("/"), str(flag).lower() in ("1", "true", "yes", "ro"), timeout)
+    timeout: float = 10.0   # seconds per request (`cache_timeout=` / KFORGE_CACHE_TIMEOUT, rules/settings.py)
 
 
 class RemoteCache:

@@ -53,12 +53,31 @@ def _executor(text: str, where: str) -> str:
     return text
 
 
+def _flag(text: str, where: str) -> bool:
+    lowered = text.lower()
+    if lowered not in FLAGS:
+        raise ValueError(f"{where}: got {text!r}; expected one of {', '.join(sorted(FLAGS))}")
+    return FLAGS[lowered]
+
+
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _url(text: str, where: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
+    return text.rstrip("/")
+
+
 SETTINGS = {s.name: s for s in (
     Setting("archs", None, _archs, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
     Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
     Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
     Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, "compile on a Dask cluster: dask://HOST:PORT"),
+    Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
+    Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
+    Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
 )}
 
 

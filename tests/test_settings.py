@@ -11,7 +11,12 @@ from tests.support import doit, make_project
     (("max_compiles=0",), {}, "max_compiles= on the command line: got '0'; expected a whole number >= 1"),
     (("executor=tcp://h:1",), {}, "executor= on the command line: got 'tcp://h:1'; expected dask://HOST:PORT"),
     (("archs=sm_91",), {}, "archs= on the command line: unknown arch sm_91"),
-], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs"])
+    (("cache=ftp://h/",), {}, "cache= on the command line: got 'ftp://h/'; the remote cache must be an http://"),
+    (("cache=http://127.0.0.1:9", "cache_readonly=maybe"), {},
+     "cache_readonly= on the command line: got 'maybe'; expected one of"),
+    (("cache=http://127.0.0.1:9",), {"KFORGE_CACHE_TIMEOUT": "abc"}, "KFORGE_CACHE_TIMEOUT in the environment: got 'abc'"),
+], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache_readonly",
+        "cache-timeout-env"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
