@@ -53,3 +53,13 @@ def test_rules_has_no_import_cycles():
     graph = module_graph()
     assert "rules.artifact" in graph and graph["rules.project"]   # the graph was really read
     assert cycles(graph) == []
+
+
+def test_every_package_of_the_code_is_installed():
+    """pyproject's package list names every directory of rules/ and kernels/ that holds Python code (a
+    non-editable install once lacked kernels.ep)."""
+    import tomllib
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for top in ("rules", "kernels")
+             for p in (REPO / top).rglob("*.py") if "__pycache__" not in p.parts}
+    assert found <= listed, f"not installed: {sorted(found - listed)}"
