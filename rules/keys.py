@@ -1,7 +1,7 @@
 """Action keys: one sha256 over everything a target's binary depends on.
 
 The same key decides doit's up-to-date check (it is compared with the key saved in the artifact's meta.json)
-and names the artifact's provenance, so a future shared cache can look artifacts up by it.
+and names the artifact's provenance: the remote cache looks artifacts up by it (rules/remote_cache.py).
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
 
 
 def action_key(payload: dict) -> str:
-    """sha256 of the canonical JSON of everything that goes into a build (see targets.Target.key_payload)."""
+    """sha256 of the canonical JSON of everything that goes into a build (rules/targets.py builds the payload)."""
     blob = json.dumps({"schema": SCHEMA_VERSION, **payload}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
