@@ -135,8 +135,7 @@ class _DeadWorkerWatch:
 
 def _stop(workers, grace_s: float = 3.0) -> None:
     """SIGTERM every started worker; SIGKILL any still alive after grace_s. An interrupted master exits only once
-    multiprocessing has joined its workers, so one worker that outlived SIGTERM would hang the exit forever
-    (an interrupted `doit -n 2` whose worker outlived SIGTERM never ended)."""
+    multiprocessing has joined its workers, so one worker that outlived SIGTERM would hang the exit forever."""
     started = [w for w in workers if w.pid is not None]
     for worker in started:
         worker.terminate()

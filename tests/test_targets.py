@@ -64,8 +64,17 @@ def test_dtype_is_in_the_key_by_canonical_name(tmp_path):
 
 
 def test_bool_and_int_constexprs_are_different_keys(tmp_path):
-    payload = {"constexprs": [("FLAG", "bool", True)]}
-    assert keys.action_key(payload) != keys.action_key({"constexprs": [("FLAG", "int", 1)]})
+    """`FLAG = true` and `FLAG = 1` in a spec's [constants] compile differently in Triton: different keys."""
+    kernel = kernel_text().replace("BLOCK: tl.constexpr):", "BLOCK: tl.constexpr, FLAG: tl.constexpr):")
+    spec = spec_text().replace('BLOCK = "constexpr"', 'BLOCK = "constexpr"\nFLAG = "constexpr"') + "\n[constants]\nFLAG = VALUE\n"
+    root = make_project(tmp_path, specs={"scale": spec.replace("VALUE", "true")}, kernels={"scale": kernel})
+    as_bool = keys_of(root)
+    (root / "specs" / "scale.toml").write_text(spec.replace("VALUE", "1"))
+    as_int = keys_of(root)
+    assert as_bool.keys() == as_int.keys() == {"scale:fp16-b256-w4@sm_90a"}
+    assert as_bool != as_int
+    (root / "specs" / "scale.toml").write_text(spec.replace("VALUE", "true"))
+    assert keys_of(root) == as_bool
 
 
 def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
