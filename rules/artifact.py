@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from rules import out_dir
@@ -18,6 +19,7 @@ from rules.runtime import elf
 
 META = "meta.json"
 ERROR = "error.txt"
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # an artifact's file names (and nothing else)
 
 
 class ArtifactError(ValueError):
@@ -139,42 +141,59 @@ def load(directory: Path) -> tuple[dict, bytes]:
     meta_path = directory / META
     try:
         meta = json.loads(meta_path.read_text())
-        binary = (directory / meta["binary"]).read_bytes()
-    except (OSError, ValueError, KeyError) as e:
+        binary = (directory / plain_name(meta["binary"])).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); rebuild it with `doit {_task(directory)}`")
+    verify(meta, binary, directory)
+    return meta, binary
+
+
+def verify(meta: dict, binary: bytes, directory: Path) -> None:
+    """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
     digest = hashlib.sha256(binary).hexdigest()
     if digest != meta.get("sha256"):
         raise ArtifactError(f"{directory / meta['binary']}: sha256 {digest} does not match meta.json's "
                             f"{meta.get('sha256')}; the file is corrupt or was replaced; "
                             f"rebuild with `doit forget {meta.get('target')} && doit {meta.get('target')}`")
     if meta.get("arch") not in ARCHS:
-        raise ArtifactError(f"{meta_path}: unknown arch {meta.get('arch')!r}")
+        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
     try:
         elf.check_binary(binary, meta["arch"], meta["symbol"])
     except elf.ElfError as e:
         raise ArtifactError(f"{directory / meta['binary']}: {e}") from None
-    return meta, binary
+
+
+def plain_name(name) -> str:
+    """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
+    if not (isinstance(name, str) and PLAIN_NAME.fullmatch(name)):
+        raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
+                            f"no '/' and not starting with '.')")
+    return name
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
     """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
     meta_bytes = (directory / META).read_bytes()
-    binary = json.loads(meta_bytes)["binary"]
+    binary = plain_name(json.loads(meta_bytes)["binary"])
     return {META: meta_bytes, binary: (directory / binary).read_bytes()}
 
 
 def install(directory: Path, files: dict[str, bytes], key: str) -> None:
-    """Put an artifact received as files (files_of's form) in place, written as a build writes it, then check
-    it like any other (its key, sha256, ELF); a bad one is removed and ArtifactError says why."""
+    """Put an artifact received as files (files_of's form: from a remote cache or a Dask worker, so untrusted)
+    in place. Everything is checked in memory before anything is written: every file name is a plain name,
+    meta.json is for this key and names exactly these files, the binary matches its sha256 and the ELF checks.
+    Then it is written as a build writes it (binary, then meta.json, each by rename). ArtifactError says why
+    an artifact was refused; a refused one writes nothing."""
     try:
+        for name in files:
+            plain_name(name)
         meta = json.loads(files[META])
-        if meta.get("key") != key or set(files) != {META, meta.get("binary")}:
+        if not isinstance(meta, dict) or meta.get("key") != key or set(files) != {META, meta.get("binary")}:
             raise ArtifactError("its meta.json is for another key or names other files")
-        write(directory, meta["binary"], files[meta["binary"]], meta)
-        load(directory)   # sha256 against meta.json, ELF machine/arch, kernel code
+        verify(meta, files[meta["binary"]], directory)
     except (ValueError, KeyError, TypeError) as e:   # ArtifactError is a ValueError
-        remove(str(directory))
         raise ArtifactError(str(e)) from None
+    write(directory, meta["binary"], files[meta["binary"]], meta)
 
 
 def remove(directory: str) -> None:

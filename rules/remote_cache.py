@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from rules import artifact
 
 AC_FORMAT = "kforge-ac-1"
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class RemoteCache:
                 raise ValueError(f"not a {AC_FORMAT} entry")
             files = {}
             for f in ac["files"]:
+                if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
+                    raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
+                artifact.plain_name(f["name"])   # before any request: the entry is untrusted
                 data = self._get(f"/cas/{f['sha256']}")
                 if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
                     raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")

@@ -101,14 +101,19 @@ class BuildReporter(ConsoleReporter):
         for msg in self.runtime_errors:
             self.write(f"\ndoit: {msg}\n")
         # the summary comes last: with many failures it is what a terminal still shows
+        summary = []
         if slowest:
-            self.write("\nslowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest) + "\n")
+            summary.append("slowest compiles: " + ", ".join(f"{r['name']} {r['seconds']:.2f}s" for r in slowest))
+        if self.warnings:   # each was shown as it came; the first again here, where a terminal still shows it
+            extra = len(self.warnings) - 1
+            more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
+            summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
-            self.write(f"{'' if slowest else chr(10)}kforge: {report_orphans(orphans)}\n")
-        self.write(f"{'' if slowest or orphans else chr(10)}kforge: built {counts['built']}"
-                   f"{f' ({cached} from the remote cache)' if cached else ''}, up to date {counts['up-to-date']}, "
-                   f"failed {counts['failed']}, wall {wall:.1f} s\n")
+            summary.append(f"kforge: {report_orphans(orphans)}")
+        summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
+                       f"up to date {counts['up-to-date']}, failed {counts['failed']}, wall {wall:.1f} s")
+        self.write("\n" + "\n".join(summary) + "\n")
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import string
 
 from rules.dtypes import allowed_dtypes, canonical_dtype
 from rules.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
 
 WARPS_ALLOWED = (1, 2, 4, 8, 16)
+
+
+CONFIG_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # a directory name and part of a target name
 
 
 def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) -> Spec:
@@ -117,9 +121,15 @@ def _check_id_template(spec: Spec, params) -> None:
 
 
 def _check_unique_ids(spec: Spec) -> None:
+    """Every config id is unique and a safe name: it becomes a directory under out/ and part of the target
+    name <kernel>:<id>@<arch> (a value like '../x', 'a b' or 'x@y' would escape out/ or break the name)."""
     seen: dict[str, Config] = {}
     for c in spec.configs:
         cid = config_id(spec, c)
+        if not CONFIG_ID.fullmatch(cid):
+            raise SpecError(f"{spec.path}: [sweep] config {dict(c)} gets the id {cid!r}, which is not a safe name; "
+                            f"ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, digit or '_'), "
+                            f"at most 200 characters: change the values or [kernel] id")
         if cid in seen:
             raise SpecError(f"{spec.path}: configs {dict(seen[cid])} and {dict(c)} both get id {cid!r}; "
                             f"add the differing parameter to [kernel] id")

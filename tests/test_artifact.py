@@ -88,3 +88,36 @@ def test_a_garbage_key_index_is_ignored(art, tmp_path):
     (tmp_path / "keys.json").write_text('["not", "a dict"]')
     key = json.loads((art / "meta.json").read_text())["key"]
     assert artifact.KeyIndex(tmp_path / "keys.json").is_current(str(art / "meta.json"), key)
+
+
+@pytest.mark.parametrize("name", ["../../../../escaped.cubin", "/tmp/kforge-absolute-escape.cubin", "a/b.cubin",
+                                  ".hidden", "..", "nul\x00.cubin"])
+def test_an_artifact_from_outside_naming_a_path_writes_nothing(art, tmp_path, name):
+    """A remote cache entry or Dask result is untrusted: a file name that is not a plain name is refused before
+    anything is written, wherever it points."""
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    binary = files.pop(meta["binary"])
+    meta["binary"] = name
+    files[name] = binary
+    files[artifact.META] = json.dumps(meta).encode()
+    target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
+    before = set(tmp_path.rglob("*"))
+    with pytest.raises(artifact.ArtifactError, match="not a plain file name"):
+        artifact.install(target, files, meta["key"])
+    assert set(tmp_path.rglob("*")) == before and not target.exists()
+    assert not __import__("os").path.exists("/tmp/kforge-absolute-escape.cubin")
+
+
+def test_a_bad_artifact_from_outside_is_checked_before_anything_is_written(art, tmp_path):
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    damaged = bytearray(files[meta["binary"]])
+    damaged[-1] ^= 0xFF
+    files[meta["binary"]] = bytes(damaged)
+    target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
+    with pytest.raises(artifact.ArtifactError, match="sha256"):
+        artifact.install(target, files, meta["key"])
+    assert not target.exists()
+    artifact.install(target, artifact.files_of(art), meta["key"])   # the genuine one installs
+    assert artifact.load(target)[0]["key"] == meta["key"]

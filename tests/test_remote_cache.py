@@ -1,5 +1,6 @@
 """The remote cache against a real server: Debian's nginx with WebDAV PUT on loopback, started per test
 module. Hit, miss, upload, a corrupt entry, a server that is down or never answers, read-only mode."""
+import hashlib
 import json
 import socket
 import time
@@ -68,7 +69,8 @@ def test_a_corrupt_entry_is_rejected_and_rebuilt(server, tmp_path):
 def test_a_server_that_is_down_or_never_answers_only_warns(tmp_path, monkeypatch):
     down = project(tmp_path, "down", factor="7")
     out = doit(down, f"cache=http://127.0.0.1:{free_port()}")
-    assert out.stdout.count("unusable") == 1 and "building locally" in out.stdout   # shown once
+    assert out.stdout.count("kforge: warning: remote cache") == 1 and "building locally" in out.stdout   # once
+    assert "kforge: 1 warning: remote cache" in out.stdout   # and again in the summary
     assert set(build_report(down).values()) == {"built"}
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -95,3 +97,28 @@ def test_a_cache_that_is_not_an_http_url_is_a_clear_error(tmp_path):
     root = project(tmp_path, "bad")
     out = doit(root, "cache=ftp://example.org/x", check=False)
     assert out.returncode == 2 and "must be an http:// or https:// URL" in out.stderr
+
+
+def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_and_writes_nothing(server, tmp_path):
+    """A cache entry whose file names lead out of the artifact directory (relative or absolute), pointing at a real
+    binary: refused before anything is written, the target compiles locally, the summary says so."""
+    url, store = server
+    first = project(tmp_path, "first", factor="8")
+    doit(first, "-n", "2", f"cache={url}")
+    escape = tmp_path / "escaped.cubin"
+    for meta_path in (first / "out").glob("*/scale/*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        hostile = "../../../../../escaped.cubin" if meta["arch"] == "sm_90a" else str(escape)
+        forged = json.dumps(dict(meta, binary=hostile)).encode()   # a consistent entry: meta.json names it too
+        (store / "cas" / hashlib.sha256(forged).hexdigest()).write_bytes(forged)
+        files = [{"name": "meta.json", "sha256": hashlib.sha256(forged).hexdigest()},
+                 {"name": hostile, "sha256": meta["sha256"]}]   # the real binary's blob
+        (store / "ac" / meta["key"]).write_text(json.dumps({"format": "kforge-ac-1", "files": files}))
+    second = project(tmp_path, "second", factor="8")
+    before = set(tmp_path.rglob("*"))
+    out = doit(second, "-n", "2", f"cache={url}", "cache_readonly=1")
+    assert not any(r.get("from_cache") for r in records(second)) and set(build_report(second).values()) == {"built"}
+    assert "rejected (file name" in out.stdout and "kforge: 4 warnings: cache entry for scale:" in out.stdout
+    assert not escape.exists()
+    new = {p for p in set(tmp_path.rglob("*")) - before if (second / "out") not in p.parents and p != second / "out"}
+    assert not new, sorted(map(str, new))

@@ -1,5 +1,7 @@
 """Sweep expansion and config ids: readable, stable, derived from values only."""
-from rules.spec import load_spec
+import pytest
+
+from rules.spec import SpecError, load_spec
 from rules.sweep import config_id
 from tests.support import make_project, spec_text
 
@@ -45,3 +47,11 @@ def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
     spec = load_spec(root / "specs" / "s.toml", root)
     names = sorted(t.name for t in spec_targets(spec, root, root / "out", None))
     assert names == ["scale:fp16-b128-w4@gfx942", "scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a"]
+
+
+@pytest.mark.parametrize("value", ["../../../../escape", "a b", "x@y", "k:v", ".hidden", "-dash", "a/b", "x" * 300])
+def test_a_config_id_that_is_not_a_safe_name_is_refused_at_load(tmp_path, value):
+    """Config ids become directories under out/ and part of <kernel>:<id>@<arch>."""
+    text = spec_text(blocks=(value,)).replace('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{BLOCK}"')
+    with pytest.raises(SpecError, match=r"specs/s.toml: \[sweep\] config .* gets the id .* which is not a safe name"):
+        load(tmp_path, text)
