@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,30 +78,29 @@ class RemoteCache:
                                                     "files": files}).encode())
 
     def _get(self, path: str) -> bytes | None:
-        import urllib.error
-        import urllib.request   # here, not at the top: every doit start imports this module, few use a cache
         if self.down:
             return None
         try:
-            with urllib.request.urlopen(self.cfg.url + path, timeout=self.cfg.timeout) as r:
-                return r.read()
-        except urllib.error.HTTPError as e:
-            if e.code != 404:
-                self._fail(f"GET {path}: HTTP {e.code}")
-            return None
-        except (OSError, ValueError) as e:
+            status, body = _request(self.cfg, "GET", path)
+        except OSError as e:
             self._fail(f"GET {path}: {e}")
             return None
+        if status == 200:
+            return body
+        if status != 404:
+            self._fail(f"GET {path}: HTTP {status}")
+        return None
 
     def _put(self, path: str, data: bytes) -> bool:
-        import urllib.request
-        request = urllib.request.Request(self.cfg.url + path, data=data, method="PUT")
         try:
-            with urllib.request.urlopen(request, timeout=self.cfg.timeout):
-                return True
-        except (OSError, ValueError) as e:
+            status, _ = _request(self.cfg, "PUT", path, data)
+        except OSError as e:
             self._fail(f"PUT {path}: {e}")
             return False
+        if status not in (200, 201, 204):
+            self._fail(f"PUT {path}: HTTP {status}")
+            return False
+        return True
 
     def _fail(self, what: str) -> None:
         self.down = True
@@ -120,3 +120,41 @@ def cache_for(cfg: CacheConfig | None) -> RemoteCache | None:
     if cfg not in _caches:
         _caches[cfg] = RemoteCache(cfg)
     return _caches[cfg]
+
+
+def _request(cfg: CacheConfig, method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+    """(status, body) of one request that takes at most cfg.timeout seconds in all: connecting, sending and
+    every read. A socket timeout alone bounds each read, so a server trickling a byte every few seconds
+    would hold a build forever; at the deadline a timer shuts the socket, and the read in progress fails.
+    OSError (TimeoutError included) for anything that is not an HTTP answer in time."""
+    import http.client   # here, not at the top: every doit start imports this module, few use a cache
+    import threading
+    import urllib.parse
+    url = urllib.parse.urlsplit(cfg.url)
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = kind(url.hostname, url.port, timeout=cfg.timeout)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    timer = threading.Timer(cfg.timeout, expire)
+    timer.start()
+    try:
+        conn.request(method, url.path.rstrip("/") + path, body=data)
+        response = conn.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set():
+            raise TimeoutError(f"timed out: no complete answer within {cfg.timeout:g} s (cache_timeout=)") from None
+        raise OSError(str(e) or type(e).__name__) from None
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        raise TimeoutError(f"timed out: no complete answer within {cfg.timeout:g} s (cache_timeout=)")
+    return response.status, body

@@ -122,3 +122,40 @@ def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_an
     assert not escape.exists()
     new = {p for p in set(tmp_path.rglob("*")) - before if (second / "out") not in p.parents and p != second / "out"}
     assert not new, sorted(map(str, new))
+
+
+def test_a_server_that_trickles_bytes_is_cut_off_at_the_deadline(tmp_path, monkeypatch):
+    """A byte every 0.2 s keeps each read under any per-read timeout; the whole request still ends at
+    cache_timeout, and the build compiles locally."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def trickle(conn):
+        with conn:
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000000:
+                if stop.wait(0.2):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
+    root = project(tmp_path, "trickle", factor="9")
+    start = time.monotonic()
+    out = doit(root, "-n", "2", f"cache=http://127.0.0.1:{listener.getsockname()[1]}", "cache_timeout=1")
+    elapsed = time.monotonic() - start
+    stop.set()
+    listener.close()
+    assert "timed out: no complete answer within 1 s" in out.stdout
+    assert set(build_report(root).values()) == {"built"} and elapsed < 60
