@@ -11,6 +11,7 @@ an interrupted run never waits on a worker that outlived its SIGTERM (see _stop)
 """
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import sys
@@ -19,6 +20,8 @@ import time
 from doit import cmd_run
 from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
+
+from rules import isolate
 
 
 class _CappedWorkers:
@@ -45,6 +48,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
     prefetch = None      # tasks queued beyond those running; None: one per worker
 
     def run_tasks(self, task_dispatcher):
+        self.master_pid = os.getpid()
         result_q, job_q = self.Queue(), self.Queue()
         self._run_tasks_init(task_dispatcher)
         if self.before_fork is not None:
@@ -82,6 +86,9 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
 
     def execute_task_subprocess(self, job_q, result_q, reporter_class):
+        # A SIGKILLed master (a CI runner cancelling the job) takes its workers with it, and they their compile
+        # servers; orphans would hold hundreds of MB each.
+        isolate.die_with_parent(self.master_pid)
         # The kernel's default action: SIGTERM ends a worker whatever its threads are doing. A Python-level
         # handler (the master's, inherited: rules/project.py) runs only once the main thread next runs Python.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

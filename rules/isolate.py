@@ -95,10 +95,11 @@ class Server:
 
     def _start(self) -> None:
         parent_end, child_end = Pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:   # child: never returns
             parent_end.close()
-            _serve(child_end, self.fn, self.setup, self.collect_garbage, self.retire_after_mb)
+            _serve(child_end, self.fn, self.setup, self.collect_garbage, self.retire_after_mb, parent)
         child_end.close()
         self.pid, self.conn = pid, parent_end
         self.started += 1
@@ -120,12 +121,12 @@ class Server:
         return status
 
 
-def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float) -> None:
+def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, parent: int) -> None:
     try:
         gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
         if not collect_garbage:
             gc.disable()   # see the module's docstring
-        _die_with_parent()
+        die_with_parent(parent)
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -193,9 +194,12 @@ def _tail(log) -> str:
     return "\ncompiler output (last lines):\n  " + "\n  ".join(lines)
 
 
-def _die_with_parent() -> None:
-    """If the build process is killed, its compile server stops too (Linux prctl PR_SET_PDEATHSIG)."""
+def die_with_parent(parent_pid: int) -> None:
+    """In a forked child: be killed when the process that forked it dies (Linux prctl PR_SET_PDEATHSIG), so
+    that a SIGKILLed build leaves no worker or compile server behind; exit now if it has died already."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent_pid:   # it died between the fork and the prctl
+        os._exit(1)

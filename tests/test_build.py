@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rules import artifact
-from tests.support import (REPO, build_report, doit, finish_or_explain, kernel_text, make_project, spec_text,
-                           statuses, wait_until)
+from tests.support import (REPO, build_report, doit, finish_or_explain, kernel_text, make_project, process_tree,
+                           spec_text, statuses, wait_until)
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
@@ -230,6 +230,24 @@ def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(
     doit(root, "-n", "2")
     built = {n.split(":")[1].split("@")[0] for n in statuses(root, "built")}
     assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
+
+
+def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
+    """A CI runner cancelling a job SIGKILLs the doit master: its workers and their compile servers go too."""
+    proc, _, _ = start_slow_build(tmp_path, finished=2)
+    tree = [pid for pid, _ in process_tree(proc.pid)]
+    assert len(tree) >= 3, tree   # the master, its workers, at least one compile server
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    def alive():
+        return [pid for pid in tree[1:] if Path(f"/proc/{pid}").exists()
+                and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")]
+    wait_until(lambda: not alive(), timeout_s=15)
+    survivors = alive()
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"still running after the master was killed: {survivors}"
 
 
 def test_compilers_are_imported_before_the_fork_only_where_asked_and_for_compiles_that_will_run(monkeypatch):
