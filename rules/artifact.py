@@ -27,19 +27,9 @@ class ArtifactError(ValueError):
 
 
 def is_current(meta_path: str, key: str) -> bool:
-    """True when the artifact at meta_path was built from exactly this action key."""
-    return _read_key(meta_path)[1] == key
-
-
-def _read_key(meta_path: str) -> tuple[list | None, str | None]:
-    """(identity of the meta.json file read, the key in it); stat and content come from one open file."""
-    try:
-        with open(meta_path, "rb") as f:
-            st = os.fstat(f.fileno())
-            key = json.loads(f.read()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None, None
-    return [st.st_ino, st.st_mtime_ns, st.st_size], key if isinstance(key, str) else None
+    """True when the artifact at meta_path was built from exactly this action key and its binary is intact."""
+    found = _read_artifact(meta_path)
+    return found is not None and found[1] == key and found[3] is not None
 
 
 def current_meta(meta_path: str, key: str) -> dict | None:
@@ -52,12 +42,13 @@ def current_meta(meta_path: str, key: str) -> dict | None:
 
 
 class KeyIndex:
-    """The key in each meta.json, remembered by file identity (inode, mtime, size) in out/.kforge/.
+    """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
+    identities (inode, mtime, size) of both in out/.kforge/.
 
-    A no-op run over thousands of targets then stats each meta.json instead of reading and parsing it.
-    meta.json is only ever replaced by rename (a new inode), so a matching identity means unchanged
-    content; anything else (a rebuilt, restored or edited artifact) is read again. Only a hint: the file
-    on disk always decides.
+    A no-op run over thousands of targets then stats two files per target instead of reading meta.json and
+    hashing its binary. meta.json and binaries are only ever replaced by rename (a new inode), so matching
+    identities mean unchanged content; anything else (a rebuilt, restored, edited, corrupted or deleted file)
+    is read and hashed again. Only a hint: the files on disk always decide.
     """
 
     def __init__(self, path: Path):
@@ -71,24 +62,52 @@ class KeyIndex:
         self.changed = False
 
     def is_current(self, meta_path: str, key: str) -> bool:
-        try:
-            st = os.stat(meta_path)
-        except OSError:
+        """meta.json holds `key` and the binary it names is there with the sha256 it records."""
+        meta_stamp = _stamp(meta_path)
+        if meta_stamp is None:
             return False
         entry = self.entries.get(meta_path)
-        if isinstance(entry, list) and entry[:3] == [st.st_ino, st.st_mtime_ns, st.st_size]:
-            return entry[3] == key
-        stamp, found = _read_key(meta_path)
-        if stamp is not None:
-            self.entries[meta_path] = stamp + [found]
+        if isinstance(entry, list) and len(entry) == 6 and entry[0] == meta_stamp:
+            if entry[1] != key:
+                return False
+            if entry[3] is not None and _stamp(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
+                return True
+        found = _read_artifact(meta_path)
+        if found is not None:
+            self.entries[meta_path] = list(found)
             self.changed = True
-        return found == key
+        return found is not None and found[1] == key and found[3] is not None
 
     def save(self) -> None:
         if self.changed:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, json.dumps(self.entries).encode())
             self.changed = False
+
+
+def _stamp(path: str, fd: int | None = None) -> list | None:
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
+
+
+def _read_artifact(meta_path: str) -> tuple | None:
+    """(meta.json's identity, its key, its binary's name, the binary's identity if its sha256 matches meta.json's
+    else None), or None when meta.json is unreadable. Each identity comes from the open file that was read."""
+    try:
+        with open(meta_path, "rb") as f:
+            meta_stamp, meta = _stamp(meta_path, f.fileno()), json.loads(f.read())
+        key, name = meta.get("key"), plain_name(meta.get("binary"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(meta_path), name), "rb") as f:
+            stamp, digest = _stamp("", f.fileno()), hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        stamp = digest = None
+    return meta_stamp, key if isinstance(key, str) else None, name, stamp if digest == meta.get("sha256") else None
 
 
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,

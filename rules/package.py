@@ -66,7 +66,10 @@ def build_bundle(arch: str, targets: list[Target], root: str):
         files[f"{dist_name(arch)}/tune/{name}"] = table
     by_name = {t.name: t for t in targets}
     for entry in manifest["artifacts"]:
-        _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
+        try:
+            _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
+        except artifact.ArtifactError as e:   # changed on disk since its compile task ran
+            return TaskFailed(f"package:{arch}: {entry['target']}: {e}")
         files[f"{dist_name(arch)}/{entry['binary']}"] = binary
     if not wheel.exists():
         write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)

@@ -111,8 +111,11 @@ class BuildReporter(ConsoleReporter):
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
             summary.append(f"kforge: {report_orphans(orphans)}")
+        packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
+        failed = counts["failed"] + packages_failed
+        also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
         summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
-                       f"up to date {counts['up-to-date']}, failed {counts['failed']}, wall {wall:.1f} s")
+                       f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
         self.write("\n" + "\n".join(summary) + "\n")
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})

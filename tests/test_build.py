@@ -314,3 +314,45 @@ def test_a_misspelt_knob_stops_the_build_naming_the_variable(tmp_path):
     assert proc.returncode == 2
     assert "KFORGE_IMPORT_COMPILER_IN='servr' in the environment: expected one of master, worker, server" in proc.stderr
     assert not list((root / "out").glob("sm_90a/*/*/meta.json"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_corrupt_or_missing_binary_beside_its_meta_is_rebuilt(project, damage):
+    """meta.json intact, its binary changed or gone: not up to date (the next build rebuilds it), and never
+    packaged (a stale key index must not hide it)."""
+    doit(project)   # the key index now remembers both files
+    binary = next((project / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin"))
+    if damage == "flip":
+        data = bytearray(binary.read_bytes())
+        data[-1] ^= 0xFF
+        binary.write_bytes(bytes(data))
+    else:
+        binary.unlink()
+    proc = doit(project)
+    assert statuses(project, "built") == {TWO[1]} and statuses(project, "up-to-date") == {TWO[0]}
+    assert "failed 0" in proc.stdout
+    assert artifact.load(project / "out/sm_90a/scale/fp16-b256-w4")   # whole again
+
+
+def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_failed(project, capsys):
+    """A binary that changed after its compile task ran (between the up-to-date check and packaging): the
+    package task fails naming the target and the fix, and the summary counts it as failed."""
+    import io
+    from types import SimpleNamespace
+    from rules import package, report
+    from rules.project import load_catalog
+    binary = next((project / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin"))
+    data = bytearray(binary.read_bytes())
+    data[-1] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    _, targets = load_catalog(project)
+    failed = package.build_bundle("sm_90a", targets, str(project))
+    assert f"package:sm_90a: {TWO[1]}: " in str(failed) and "does not match" in str(failed)
+    assert "doit forget" in str(failed)   # the fix
+    out = io.StringIO()
+    reporter = type("R", (report.BuildReporter,), {"report_path": str(project / "out" / "r.json")})(out, {})
+    task = SimpleNamespace(name="package:sm_90a", actions=[1])
+    reporter.execute_task(task)
+    reporter.add_failure(task, failed)
+    reporter.complete_run()
+    assert out.getvalue().rstrip().splitlines()[-1].startswith("kforge: built 0, up to date 0, failed 1 (1 package task)")
