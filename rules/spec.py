@@ -56,6 +56,10 @@ def load_spec(path: Path, root: Path) -> Spec:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{where}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason}); save the spec as UTF-8") from None
+    except OSError as e:
+        raise SpecError(f"{where}: cannot read it ({e.strerror or e}); a spec is a .toml file") from None
     _check_schema(raw, where)
     k = raw["kernel"]
     name = _check_name(k["name"], where)

@@ -124,3 +124,13 @@ def test_bad_tune_table_names_the_key(tmp_path, edit, expected):
 def test_tune_harness_must_define_problem_and_grid(tmp_path):
     with pytest.raises(SpecError, match=r"harness: tk/scale_tune.py must define problem, grid; missing grid"):
         load_tuned(tmp_path, TUNE, harness="def problem(shape, types, device):\n    pass\n")
+
+
+def test_a_spec_that_is_not_readable_utf8_text_is_one_error_naming_it(tmp_path):
+    root = make_project(tmp_path, specs={})
+    (root / "specs" / "latin1.toml").write_bytes(b'[kernel]\nname = "caf\xe9"\n')
+    with pytest.raises(SpecError, match=r"specs/latin1.toml: not UTF-8 text \(byte 20: invalid"):
+        load_spec(root / "specs" / "latin1.toml", root)
+    (root / "specs" / "dir.toml").mkdir()
+    with pytest.raises(SpecError, match=r"specs/dir.toml: cannot read it \(Is a directory\)"):
+        load_spec(root / "specs" / "dir.toml", root)
