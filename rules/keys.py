@@ -17,7 +17,8 @@ from pathlib import Path
 from rules.files import atomic_write
 
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
-SCHEMA_VERSION = 3   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime
+SCHEMA_VERSION = 4   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime;
+#                     4: nor the path of the virtualenv Triton is installed in
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")

@@ -77,22 +77,28 @@ def _entry(target):
 
 
 def _relative_file_names(jit_type, target) -> None:
-    """Triton writes each function's source file name into the binary's line info: make it the path
-    relative to the project, so that two checkouts at different paths build byte-identical binaries.
-    Only the target's own sources (its kernel module and the project modules it imports) are touched: any
-    other module, e.g. an installed package in a virtualenv inside the checkout, is never even looked into
-    (reading attributes of arbitrary modules runs their module-level __getattr__, torch's included)."""
-    root = Path(_root)
-    own = {str(root / rel): rel for rel, _ in target.source_digests}
-    for module in list(sys.modules.values()):
-        if own.get(getattr(module, "__file__", None) or "") is None:
-            continue
+    """Triton writes the source file name of each function a kernel inlines into the binary's line info. Make
+    it a path that does not depend on where things lie, so that two checkouts (and their virtualenvs) at
+    different paths build byte-identical binaries: the target's own sources (its kernel module and the
+    project modules it imports) relative to the project, Triton's own library (tl.cdiv, tl.sum, ...)
+    relative to site-packages (`triton/language/standard.py`). No other module is looked into: reading
+    attributes of arbitrary modules runs their module-level __getattr__ (torch's asserted on CUDA)."""
+    import triton
+    root, library = Path(_root), Path(triton.__file__).parent
+    renames = {str(root / rel): rel for rel, _ in target.source_digests}
+    modules = [m for m in list(sys.modules.values()) if (getattr(m, "__file__", None) or "") in renames]
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None) or ""
+        if (name == "triton" or name.startswith("triton.")) and where.startswith(str(library) + os.sep):
+            modules.append(module)
+            renames[where] = str(Path("triton") / Path(where).relative_to(library))
+    for module in modules:
         for value in list(vars(module).values()):
-            if not isinstance(value, jit_type):
+            if not isinstance(value, jit_type):   # a type check: runs no code of the value's
                 continue
             code = getattr(value.fn, "__code__", None)
-            if code is not None and code.co_filename in own:
-                value.fn.__code__ = code.replace(co_filename=own[code.co_filename])
+            if code is not None and code.co_filename in renames:
+                value.fn.__code__ = code.replace(co_filename=renames[code.co_filename])
 
 
 def _meta(target, md, binary: bytes) -> dict:

@@ -83,6 +83,26 @@ def test_an_in_tree_virtualenv_is_never_walked_by_a_compile(tmp_path):
     assert list(meta["source"]["digests"]) == ["tk/scale.py"]
 
 
+def test_checkouts_at_other_paths_with_their_own_in_tree_virtualenvs_build_identical_binaries(tmp_path):
+    """Line info names the kernel's files and Triton's library functions it inlines (tl.sigmoid lives in
+    triton/language/standard.py): neither may carry the checkout's or the virtualenv's absolute path."""
+    import torch
+    kernel = kernel_text().replace("tl.load(x_ptr + i, mask=m) * 2", "tl.sigmoid(tl.load(x_ptr + i, mask=m).to(tl.float32))")
+    assert "tl.sigmoid" in kernel
+    built = []
+    for name in ("a", "somewhere-else-entirely"):
+        root = make_project(tmp_path / name, kernels={"scale": kernel})
+        site = root / ".venv" / "lib" / "python3.11" / "site-packages"
+        site.parent.mkdir(parents=True)
+        site.symlink_to(Path(torch.__file__).resolve().parents[1])   # this interpreter's packages, seen in-tree
+        (root / ".venv" / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+        doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
+        binary = next((root / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin")).read_bytes()
+        assert str(tmp_path).encode() not in binary and b"triton/language" in binary
+        built.append(binary)
+    assert built[0] == built[1]
+
+
 def test_forget_and_clean(project):
     doit(project, "forget", TWO[0])
     doit(project)
