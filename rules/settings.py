@@ -83,19 +83,21 @@ SETTINGS = {s.name: s for s in (
 
 def get(name: str):
     """The setting's value: the command line's, else the environment's, else the default."""
-    setting = SETTINGS[name]
-    for where, text in ((f"{name}= on the command line", get_var(name, None)),
-                        (f"{setting.env} in the environment", os.environ.get(setting.env) if setting.env else None)):
-        if text is not None and text != "":
-            return setting.parse(text, where)
-    return setting.default()
+    given = _given(name)
+    return SETTINGS[name].default() if given is None else SETTINGS[name].parse(given[2], given[1])
 
 
 def source(name: str) -> str | None:
     """`name=TEXT` or `ENV=TEXT`, as the user set it, or None when the default holds."""
-    setting = SETTINGS[name]
-    if get_var(name, None):
-        return f"{name}={get_var(name, None)}"
-    if setting.env and os.environ.get(setting.env):
-        return f"{setting.env}={os.environ[setting.env]}"
+    given = _given(name)
+    return None if given is None else f"{given[0]}={given[2]}"
+
+
+def _given(name: str) -> tuple[str, str, str] | None:
+    """(variable, where, text) of the value the user gave, the command line first; None if neither gave one."""
+    env = SETTINGS[name].env
+    for variable, where, text in ((name, f"{name}= on the command line", get_var(name, None)),
+                                  (env, f"{env} in the environment", os.environ.get(env) if env else None)):
+        if text:
+            return variable, where, text
     return None
