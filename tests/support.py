@@ -103,6 +103,13 @@ def wait_until(condition, timeout_s: float, poll_s: float = 0.05) -> None:
         time.sleep(poll_s)
 
 
+def default_sigint() -> None:
+    """Popen's preexec_fn for a build a test interrupts: a shell starts background commands with SIGINT
+    ignored, and a Python started so never raises KeyboardInterrupt; the test must not depend on how it
+    was launched."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def finish_or_explain(proc: subprocess.Popen, timeout: float) -> str:
     """proc's output once it exits; if it is still running after timeout s, kill it and its children and fail
     with what each of their threads was waiting in (a hang seen only on CI is then explained by CI's log)."""

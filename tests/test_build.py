@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rules import artifact
-from tests.support import (REPO, build_report, doit, finish_or_explain, kernel_text, make_project, process_tree,
-                           spec_text, statuses, wait_until)
+from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
+                           process_tree, spec_text, statuses, wait_until)
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
@@ -206,7 +206,7 @@ def start_slow_build(tmp_path, finished: int):
     slow = kernel_text() + SLOW_ENTRY
     root = make_project(tmp_path, specs={"scale": spec_text(blocks=SLOW_BLOCKS)}, kernels={"scale": slow})
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=root, env=env, preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metas = root / "out" / "sm_90a" / "scale"
     wait_until(lambda: len(list(metas.glob("*/meta.json"))) >= finished, timeout_s=120)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, finish_or_explain, wait_until
+from tests.support import REPO, default_sigint, finish_or_explain, wait_until
 
 DODO = '''
 import os, signal, time
@@ -174,6 +174,7 @@ def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
     out this worker's 600 s sleep, then wait forever for a job."""
     write_dodo(tmp_path, tasks=IGNORES_SIGTERM)
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=tmp_path, env=ENV, text=True,
+                            preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = tmp_path / "log"
     wait_until(lambda: log.exists() and log.read_text().endswith("\n"), timeout_s=60)
