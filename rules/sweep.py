@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import string
 
+from rules import settings
 from rules.dtypes import allowed_dtypes, canonical_dtype
 from rules.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
 
@@ -22,6 +24,17 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
     for p, values in sweep.items():
         if not values:
             raise SpecError(f"{where}: [sweep] {p}: empty list; give at least one value")
+        kinds = sorted({type(v).__name__ for v in values})
+        if len(kinds) > 1:
+            raise SpecError(f"{where}: [sweep] {p}: values of mixed types ({', '.join(kinds)}): got {values!r}; "
+                            f"give every value of one type")
+    size = math.prod(len(v) for v in sweep.values()) + len(extras)   # counted before anything is expanded
+    limit = settings.get("max_configs")
+    if size > limit:
+        raise SpecError(f"{where}: [sweep] gives {size:,} configs ("
+                        + " x ".join(f"{len(v)} {p}" for p, v in sweep.items())
+                        + f"), more than the {limit:,} one family may have; narrow the sweep, split the family, "
+                          f"or raise the limit with KFORGE_MAX_CONFIGS=N")
     canon = {p: tuple(_canon(spec, p, v, "sweep") for v in vs) for p, vs in sweep.items()}
     configs: list[Config] = [tuple(zip(params, combo)) for combo in itertools.product(*canon.values())]
     for i, extra in enumerate(extras):

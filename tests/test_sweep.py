@@ -55,3 +55,25 @@ def test_a_config_id_that_is_not_a_safe_name_is_refused_at_load(tmp_path, value)
     text = spec_text(blocks=(value,)).replace('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{BLOCK}"')
     with pytest.raises(SpecError, match=r"specs/s.toml: \[sweep\] config .* gets the id .* which is not a safe name"):
         load(tmp_path, text)
+
+
+def test_values_of_mixed_types_in_one_sweep_list_are_refused_at_load(tmp_path):
+    text = spec_text(blocks=(256,)).replace("BLOCK = [256]", 'BLOCK = ["1024", 1024.5, true]')
+    assert 'BLOCK = ["1024", 1024.5, true]' in text
+    with pytest.raises(SpecError, match=r"specs/s.toml: \[sweep\] BLOCK: values of mixed types \(bool, float, str\)"):
+        load(tmp_path, text)
+
+
+def test_a_huge_sweep_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
+    import time
+    text = spec_text(blocks=tuple(range(16, 16 * 2001, 16))).replace(
+        "num_warps = [4]", "num_warps = [1, 2, 4, 8, 16]\nnum_stages = [1, 2, 3, 4, 5, 6, 7, 8]")
+    start = time.monotonic()
+    with pytest.raises(SpecError, match=r"specs/s.toml: \[sweep\] gives 80,000 configs \(1 dtype x 2000 BLOCK x "
+                                        r"5 num_warps x 8 num_stages\), more than the 50,000 one family may have"):
+        load(tmp_path / "a", text)
+    assert time.monotonic() - start < 5   # refused without expanding two million configs
+    monkeypatch.setenv("KFORGE_MAX_CONFIGS", "3")
+    with pytest.raises(SpecError, match=r"gives 4 configs .* more than the 3 one family may have"):
+        load(tmp_path / "b", spec_text(blocks=(16, 32, 64, 128)))
+    assert len(load(tmp_path / "c", spec_text(blocks=(16, 32, 64))).configs) == 3
