@@ -147,6 +147,10 @@ def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> T
     if not harness.is_file():
         raise SpecError(f"{where}: [tune] harness: file {t['harness']!r} does not exist (looked for {harness}); "
                         f"fix the path, relative to {root}")
+    not_project = sources.project_source_problem(harness, root)
+    if not_project:
+        raise SpecError(f"{where}: [tune] harness: {t['harness']!r} is not the project's own source: {not_project}; "
+                        f"keep tune harnesses in the project's directories, e.g. kernels/")
     missing = [f for f in HARNESS_FUNCTIONS if sources.function_params(harness, f) is None]
     if missing:
         raise SpecError(f"{where}: [tune] harness: {t['harness']} must define {', '.join(HARNESS_FUNCTIONS)}; "

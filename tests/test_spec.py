@@ -134,3 +134,11 @@ def test_a_spec_that_is_not_readable_utf8_text_is_one_error_naming_it(tmp_path):
     (root / "specs" / "dir.toml").mkdir()
     with pytest.raises(SpecError, match=r"specs/dir.toml: cannot read it \(Is a directory\)"):
         load_spec(root / "specs" / "dir.toml", root)
+
+
+def test_a_tune_harness_outside_the_project_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere_tune.py"
+    outside.write_text(HARNESS)
+    with pytest.raises(SpecError, match=r"\[tune\] harness: '../elsewhere_tune.py' is not the project's own source: "
+                                        r"it is outside the project"):
+        load_tuned(tmp_path / "p", TUNE.replace('"tk/scale_tune.py"', '"../elsewhere_tune.py"'))
