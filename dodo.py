@@ -1,7 +1,7 @@
 """kforge: `doit -n 16` compiles every (kernel, config, arch) declared in specs/. See README.md."""
 from pathlib import Path
 
-from rules import project
+from kforge import project
 
 ROOT = Path(__file__).resolve().parent
 SPECS, TARGETS = project.load_catalog(ROOT)

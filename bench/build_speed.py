@@ -45,11 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
-from rules.archs import parse_arch_list  # noqa: E402
-from rules.project import load_specs  # noqa: E402
-from rules import build  # noqa: E402
-from rules.build import TOOLCHAIN_MODULES  # noqa: E402
-from rules.targets import build_targets  # noqa: E402
+from kforge.archs import parse_arch_list  # noqa: E402
+from kforge.project import load_specs  # noqa: E402
+from kforge import build  # noqa: E402
+from kforge.build import TOOLCHAIN_MODULES  # noqa: E402
+from kforge.targets import build_targets  # noqa: E402
 
 _worker: dict = {}
 

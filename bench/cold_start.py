@@ -49,7 +49,7 @@ def child(mode: str, dist: str, kernel: str, config: str, site: str) -> None:
         bundle = importlib.import_module(f"kforge_kernels_{recipe['arch']}").bundle()
         k = bundle.load(kernel, config)
     else:
-        from rules.runtime.jit import JitKernel
+        from kforge_runtime.jit import JitKernel
         k = JitKernel(recipe)
     loaded = time.perf_counter()
     cfg = recipe["config"]

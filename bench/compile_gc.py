@@ -31,9 +31,9 @@ MODES = ("on", "off", "contexts kept")
 
 
 def child(project: Path, mode: str, count: int) -> dict:
-    from rules import triton_compile
-    from rules.project import load_specs
-    from rules.targets import build_targets
+    from kforge import triton_compile
+    from kforge.project import load_specs
+    from kforge.targets import build_targets
     targets = build_targets(load_specs(project), project, project / "out", ("sm_90a", "gfx942"))[::4][:count]
     triton_compile.warm(str(project))
     if mode == "off":

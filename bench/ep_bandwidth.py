@@ -132,7 +132,7 @@ def join_group(rank: int, world: int, port: int, dist_dir: str | None = None):
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     if not dist_dir:
         return None
-    from rules.runtime import Library
+    from kforge_runtime import Library
     return Library(dist_dir)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 os.environ["TRITON_CACHE_DIR"] = CACHE = tempfile.mkdtemp(prefix="triton-cache-")   # must stay empty
 import torch  # noqa: E402
 
-from rules.runtime import Library  # noqa: E402
-from rules.runtime.device import runnable_archs  # noqa: E402
+from kforge_runtime import Library  # noqa: E402
+from kforge_runtime.device import runnable_archs  # noqa: E402
 
 DIST = Path(sys.argv[1] if len(sys.argv) > 1 else "out/dist")
 SAMPLES = 12

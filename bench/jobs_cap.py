@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
-from rules import cpus  # noqa: E402
+from kforge import cpus  # noqa: E402
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rules.runtime import launch  # noqa: E402
-from rules.runtime.bundle import Bundle  # noqa: E402
+from kforge_runtime import launch  # noqa: E402
+from kforge_runtime.bundle import Bundle  # noqa: E402
 
 
 class GpuTensor:

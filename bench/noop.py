@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, run_doit  # noqa: E402
-from rules.project import load_specs  # noqa: E402
-from rules.targets import build_targets  # noqa: E402
+from kforge.project import load_specs  # noqa: E402
+from kforge.targets import build_targets  # noqa: E402
 
 KERNEL = '''import triton
 import triton.language as tl

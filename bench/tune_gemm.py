@@ -24,9 +24,9 @@ os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")   # no
 import torch  # noqa: E402
 
 from kernels import gemm_tune  # noqa: E402
-from rules.runtime import Library  # noqa: E402
-from rules.runtime.device import runnable_archs  # noqa: E402
-from rules.tuner import checked_time, make_launch, make_problems, median_us  # noqa: E402
+from kforge_runtime import Library  # noqa: E402
+from kforge_runtime.device import runnable_archs  # noqa: E402
+from kforge.tuner import checked_time, make_launch, make_problems, median_us  # noqa: E402
 
 # Not in specs/gemm.toml: other M (some not 16-divisible), other model widths. The second set was added
 # after the first had been measured (docs/results.md says what changed in between).

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rules.files import atomic_symlink, atomic_write
+from kforge.files import atomic_symlink, atomic_write
 
 TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
 MIN_MAJOR = 17

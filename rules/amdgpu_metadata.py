@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from rules.runtime import elf as elf_mod
+from kforge_runtime import elf as elf_mod
 
 NT_AMDGPU_METADATA = 32
 KERNEL_FIELDS = (".name", ".symbol", ".kernarg_segment_size", ".kernarg_segment_align",

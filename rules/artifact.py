@@ -11,11 +11,11 @@ import os
 import re
 from pathlib import Path
 
-from rules import out_dir
-from rules.files import atomic_write
-from rules.archs import ARCHS
-from rules.keys import SCHEMA_VERSION
-from rules.runtime import elf
+from kforge import out_dir
+from kforge.files import atomic_write
+from kforge.archs import ARCHS
+from kforge.keys import SCHEMA_VERSION
+from kforge_runtime import elf
 
 META = "meta.json"
 ERROR = "error.txt"

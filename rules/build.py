@@ -11,16 +11,16 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from rules import artifact, isolate, remote_cache
-from rules.doit_runner import tasks_to_run
-from rules.targets import Target
+from kforge import artifact, isolate, remote_cache
+from kforge.doit_runner import tasks_to_run
+from kforge.targets import Target
 
 # toolchain name (as in specs) -> module with warm(root), setup(arch), compile_one((target, scratch)) -> dict,
 # ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the env), False
 # when it takes the arch per compile (Triton), so that one server serves every arch; IMPORT_IN: where a build
 # imports the compiler by default (see import_place); WARM_BEFORE_FORK: whether the doit master may import it
 # before forking its workers.
-TOOLCHAIN_MODULES = {"triton": "rules.triton_compile", "flydsl": "rules.flydsl_compile"}
+TOOLCHAIN_MODULES = {"triton": "kforge.triton_compile", "flydsl": "kforge.flydsl_compile"}
 DEFAULT_TIMEOUT_S = 600.0
 
 # This process's compile servers by (toolchain, arch or None), least recently used first. A server that is kept
@@ -42,7 +42,7 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
             return {"seconds": round(time.monotonic() - start, 4), "from_cache": True,
                     "cache_warnings": cache.drain_warnings()}
     if executor is not None:
-        from rules import dask_executor   # imports distributed: only where a cluster is used
+        from kforge import dask_executor   # imports distributed: only where a cluster is used
         outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_here)
     else:
         outcome = compile_here(target, root, timeout)

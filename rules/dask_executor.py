@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from rules import artifact, isolate
+from kforge import artifact, isolate
 
 RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
 _clients: dict[str, object] = {}

@@ -1,6 +1,6 @@
 """What kforge adjusts in doit: the commands `forget`, `info`, `clean` and `prune` (registered in pyproject.toml
 under [tool.doit.plugins.command]) and tasks that run after failed dependencies (installed by
-rules.project.doit_config). The runner: doit_runner.py."""
+kforge.project.doit_config). The runner: doit_runner.py."""
 from __future__ import annotations
 
 import io
@@ -13,8 +13,8 @@ from doit.cmd_forget import Forget as DoitForget
 from doit.control import ExecNode
 from doit.exceptions import InvalidCommand
 
-from rules import artifact, out_dir, report, settings
-from rules.artifact import META
+from kforge import artifact, out_dir, report, settings
+from kforge.artifact import META
 
 
 class Forget(DoitForget):

@@ -21,7 +21,7 @@ from doit import cmd_run
 from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
 
-from rules import isolate
+from kforge import isolate
 
 
 class _CappedWorkers:

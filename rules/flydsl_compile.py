@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from rules import amd_linker, amdgpu_metadata, artifact
-from rules.archs import ARCHS
-from rules.runtime import elf
-from rules.dtypes import canonical_arg_type
+from kforge import amd_linker, amdgpu_metadata, artifact
+from kforge.archs import ARCHS
+from kforge_runtime import elf
+from kforge.dtypes import canonical_arg_type
 
 _state: dict = {}
 ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch

@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rules.files import atomic_write
+from kforge.files import atomic_write
 
 # Bump when the artifact layout or meta.json format changes: every target rebuilds.
 SCHEMA_VERSION = 4   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime;
@@ -79,7 +79,7 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
     if toolchain == "triton" and vendor == "nvidia":
         parts.append(("ptxas", tool_version(ptxas_path(sm), cache_file)))
     if toolchain == "flydsl":
-        from rules import amd_linker
+        from kforge import amd_linker
         try:
             parts.append(("ld.lld", tool_version(amd_linker.find(cache_file.parent), cache_file)))
         except amd_linker.LinkerMissing:

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from rules.archs import ARCHS
+from kforge.archs import ARCHS
 
 
 class OutsideOut(ValueError):

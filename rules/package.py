@@ -15,12 +15,12 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from rules import artifact
-from rules.files import atomic_write
-from rules.archs import ARCHS
-from rules.runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
-from rules.targets import Target
-from rules.wheel import wheel_name, write_wheel
+from kforge import artifact
+from kforge.files import atomic_write
+from kforge.archs import ARCHS
+from kforge_runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
+from kforge.targets import Target
+from kforge.wheel import wheel_name, write_wheel
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
@@ -156,7 +156,7 @@ def tuning_tables(root: Path, arch: str) -> list[Path]:
 
 
 def check_tuning_table(path: Path, arch: str) -> bytes:
-    from rules.runtime.select import NoTunedConfig, check_table
+    from kforge_runtime.select import NoTunedConfig, check_table
     data = path.read_bytes()
     try:
         table = json.loads(data)

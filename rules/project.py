@@ -9,12 +9,12 @@ from pathlib import Path
 
 from doit import get_var
 
-from rules import artifact, cpus, doit_runner, out_dir, remote_cache, report, settings
-from rules.doit_commands import run_after_failed_deps
-from rules.build import check_environment, warm_before_fork
-from rules.spec import SpecError, load_spec
-from rules.targets import build_targets
-from rules.tasks import family_tasks, package_tasks
+from kforge import artifact, cpus, doit_runner, out_dir, remote_cache, report, settings
+from kforge.doit_commands import run_after_failed_deps
+from kforge.build import check_environment, warm_before_fork
+from kforge.spec import SpecError, load_spec
+from kforge.targets import build_targets
+from kforge.tasks import family_tasks, package_tasks
 
 
 def load_specs(root: Path) -> list:
@@ -138,7 +138,7 @@ def bundle_tasks(root: Path, targets: list):
 
 def tuning_tasks(root: Path, specs: list, targets: list):
     """`doit tune` (a generator for dodo.py); rules/tune.py says when a table is current."""
-    from rules.tune import tune_tasks
+    from kforge.tune import tune_tasks
     yield from tune_tasks(specs, targets, str(root))
 
 

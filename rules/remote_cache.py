@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from rules import artifact
+from kforge import artifact
 
 AC_FORMAT = "kforge-ac-1"
 SHA256 = re.compile(r"[0-9a-f]{64}")

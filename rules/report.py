@@ -9,8 +9,8 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from rules.files import atomic_write
-from rules.doit_runner import tasks_to_run
+from kforge.files import atomic_write
+from kforge.doit_runner import tasks_to_run
 
 ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
@@ -22,7 +22,7 @@ REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied fr
 class BuildReporter(ConsoleReporter):
     """One line per finished task ([done/total], failures so far); up-to-date tasks are only counted."""
     desc = "kforge progress and summary"
-    report_path = "out/build-report.json"   # set per project by rules.project.doit_config()
+    report_path = "out/build-report.json"   # set per project by kforge.project.doit_config()
     find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
 
     def __init__(self, outstream, options):

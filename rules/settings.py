@@ -12,8 +12,8 @@ from typing import Callable
 
 from doit import get_var
 
-from rules import cpus
-from rules.archs import parse_arch_list
+from kforge import cpus
+from kforge.archs import parse_arch_list
 
 
 @dataclass(frozen=True)

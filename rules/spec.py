@@ -10,10 +10,10 @@ import re
 import tomllib
 from pathlib import Path
 
-from rules import archs as archs_mod
-from rules import sources, sweep
-from rules.dtypes import allowed_dtypes, canonical_arg_type
-from rules.spec_model import TYPE_VAR_RE, Spec, SpecError, Tune
+from kforge import archs as archs_mod
+from kforge import sources, sweep
+from kforge.dtypes import allowed_dtypes, canonical_arg_type
+from kforge.spec_model import TYPE_VAR_RE, Spec, SpecError, Tune
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

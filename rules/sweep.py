@@ -7,9 +7,9 @@ import math
 import re
 import string
 
-from rules import settings
-from rules.dtypes import allowed_dtypes, canonical_dtype
-from rules.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
+from kforge import settings
+from kforge.dtypes import allowed_dtypes, canonical_dtype
+from kforge.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
 
 WARPS_ALLOWED = (1, 2, 4, 8, 16)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rules import keys, sources, sweep
-from rules.archs import ARCHS
-from rules.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
-from rules.dtypes import canonical_arg_type
+from kforge import keys, sources, sweep
+from kforge.archs import ARCHS
+from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
+from kforge.dtypes import canonical_arg_type
 
 
 @dataclass(frozen=True)

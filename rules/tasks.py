@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rules import artifact, package
-from rules.build import compile_target
-from rules.targets import Target
+from kforge import artifact, package
+from kforge.build import compile_target
+from kforge.targets import Target
 
 
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from rules import amdgpu_metadata, artifact
-from rules.archs import ARCHS
-from rules.runtime import elf
+from kforge import amdgpu_metadata, artifact
+from kforge.archs import ARCHS
+from kforge_runtime import elf
 
 _root = ""
 ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from rules import artifact, sources
-from rules.archs import ARCHS
-from rules.targets import Target
+from kforge import artifact, sources
+from kforge.archs import ARCHS
+from kforge.targets import Target
 
 TUNE_SCHEMA = 1
 RULES = Path(__file__).resolve().parent
@@ -81,10 +81,10 @@ def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) ->
 def gpu_identity(root: str) -> dict:
     """The local GPU, asked in a child process: doit's own process must not create a GPU context before
     it forks its workers. Raises RuntimeError with the child's message when there is no usable GPU."""
-    proc = subprocess.run([sys.executable, "-m", "rules.runtime.device"], cwd=root, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kforge_runtime.device"], cwd=root, capture_output=True,
                           text=True, timeout=120)
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr.strip() or f"rules.runtime.device exited with {proc.returncode}")
+        raise RuntimeError(proc.stderr.strip() or f"kforge_runtime.device exited with {proc.returncode}")
     return json.loads(proc.stdout)
 
 
@@ -109,7 +109,7 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
     root_path = Path(root)
     key = tuning_key(spec, arch, targets, root_path, gpu)
     out = table_path(root_path, arch, spec.name).relative_to(root_path)
-    proc = subprocess.run([sys.executable, "-m", "rules.tuner", "--spec", spec.path, "--arch", arch,
+    proc = subprocess.run([sys.executable, "-m", "kforge.tuner", "--spec", spec.path, "--arch", arch,
                            "--key", key, "--out", str(out)], cwd=root)
     if proc.returncode != 0:
         return TaskFailed(f"{task}: the tuner exited with {proc.returncode} (its messages are above); "

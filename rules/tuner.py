@@ -1,7 +1,7 @@
 """The GPU half of `doit tune`: benchmark every built config of one family on its [tune] shapes, on the
 local GPU, and write the ranking to out/tune/<arch>/<kernel>.json.
 
-Runs as its own process (`python -m rules.tuner`, started by rules/tune.py): the only kforge process that
+Runs as its own process (`python -m kforge.tuner`, started by rules/tune.py): the only kforge process that
 imports torch for tuning. Kernels are launched from their checked artifacts through the runtime loader,
 exactly as an application would run them. Each config must reproduce torch's result on the shape before
 its time counts.
@@ -19,13 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-from rules import artifact, sources
-from rules.files import atomic_write
-from rules.runtime.device import identity
-from rules.runtime.launch import TORCH_DTYPES, Kernel
-from rules.runtime.select import TABLE_FORMAT, handles
-from rules.spec import load_spec
-from rules.targets import spec_targets
+from kforge import artifact, sources
+from kforge.files import atomic_write
+from kforge_runtime.device import identity
+from kforge_runtime.launch import TORCH_DTYPES, Kernel
+from kforge_runtime.select import TABLE_FORMAT, handles
+from kforge.spec import load_spec
+from kforge.targets import spec_targets
 
 WARMUP = 3
 BUDGET_MS = 25.0                 # GPU time spent timing one config on one shape...

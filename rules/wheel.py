@@ -6,7 +6,7 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-from rules.files import replacing
+from kforge.files import replacing
 
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)   # the earliest a zip can store
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from rules import artifact
+from kforge import artifact
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rules import artifact
+from kforge import artifact
 from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
                            process_tree, spec_text, statuses, wait_until)
 
@@ -272,7 +272,7 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
 
 def test_compilers_are_imported_before_the_fork_only_where_asked_and_for_compiles_that_will_run(monkeypatch):
     import types
-    from rules import build
+    from kforge import build
     warmed = []
     fake = types.ModuleType("fake_compile")
     fake.WARM_BEFORE_FORK = True
@@ -301,7 +301,7 @@ def test_compilers_are_imported_before_the_fork_only_where_asked_and_for_compile
 @pytest.mark.parametrize("place", ["master", "worker", "server", None])
 def test_compile_here_imports_the_compiler_where_the_knob_says(monkeypatch, tmp_path, place):
     import types
-    from rules import build
+    from kforge import build
     fake = types.ModuleType("fake_compile")
     fake.ARCH_PER_PROCESS = False
     fake.IMPORT_IN = "server"   # the toolchain's default, when the environment says nothing
@@ -359,8 +359,8 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     package task fails naming the target and the fix, and the summary counts it as failed."""
     import io
     from types import SimpleNamespace
-    from rules import package, report
-    from rules.project import load_catalog
+    from kforge import package, report
+    from kforge.project import load_catalog
     binary = next((project / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin"))
     data = bytearray(binary.read_bytes())
     data[-1] ^= 0xFF

@@ -60,7 +60,7 @@ def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks
 
 
 def write_dodo(tmp_path, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, wait_s=20) -> None:
-    setup = "" if install is None else f"from rules import doit_runner; doit_runner.install({install})"
+    setup = "" if install is None else f"from kforge import doit_runner; doit_runner.install({install})"
     text = DODO.format(install=setup, on_success=on_success, tasks=textwrap.dedent(tasks), wait_s=wait_s)
     (tmp_path / "dodo.py").write_text(text)
 

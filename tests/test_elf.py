@@ -3,8 +3,8 @@ import struct
 
 import pytest
 
-from rules.runtime import elf
-from rules.archs import ARCHS
+from kforge_runtime import elf
+from kforge.archs import ARCHS
 from tests.conftest import ALL_ARCHS
 
 

@@ -1,7 +1,7 @@
 """The op's kernels are ordinary kforge targets: specs/ep_*.toml name the functions the op launches, with
 the constants its JIT path uses."""
 from kernels.ep import launch
-from rules.project import load_specs
+from kforge.project import load_specs
 from tests.support import REPO
 
 

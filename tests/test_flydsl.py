@@ -6,7 +6,7 @@ import shutil
 import textwrap
 import pytest
 
-from rules import amd_linker, amdgpu_metadata, artifact
+from kforge import amd_linker, amdgpu_metadata, artifact
 from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
 
 FLY_ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -181,7 +181,7 @@ def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(tmp_path)
 
 
 def test_tritons_lld_runner_refuses_a_link_it_cannot_do_exactly():
-    from rules import triton_lld
+    from kforge import triton_lld
     assert triton_lld.link_args(["-shared", "in.o", "-o", "out.hsaco"]) == ("in.o", "out.hsaco")
     assert triton_lld.link_args(["-o", "out.hsaco", "in.o", "-shared"]) == ("in.o", "out.hsaco")
     for bad in (["-shared", "a.o", "b.o", "-o", "x"], ["-shared", "a.o"], ["--gc-sections", "a.o", "-o", "x"],

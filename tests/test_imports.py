@@ -6,23 +6,35 @@ from pathlib import Path
 from tests.support import REPO
 
 
-def imports_of(path: Path, package: str) -> set[str]:
-    """Modules of `package` that the file imports anywhere in it (module level or inside functions)."""
+PACKAGES = {"kforge": REPO / "rules", "kforge_runtime": REPO / "rules" / "runtime"}   # pyproject's package-dir
+
+
+def module_name(path: Path) -> str:
+    """rules/x.py -> kforge.x, rules/runtime/y.py -> kforge_runtime.y (as installed)."""
+    package, folder = max(((p, f) for p, f in PACKAGES.items() if f in path.parents), key=lambda pf: len(pf[1].parts))
+    return ".".join((package, *path.relative_to(folder).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules of kforge that the file imports anywhere in it (module level or inside functions, relative too)."""
+    here = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == package}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}   # `from rules import artifact`
+            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = ".".join(filter(None, [here.rsplit(".", node.level - 1)[0] if node.level > 1 else here, module]))
+            if module.split(".")[0] in PACKAGES:
+                found.add(module)
+                found |= {f"{module}.{a.name}" for a in node.names}   # `from kforge import artifact`
     return found
 
 
-def module_graph(package: str = "rules") -> dict[str, set[str]]:
-    files = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in (REPO / package).rglob("*.py")}
-    return {name: {m for m in imports_of(path, package) if m in files and m != name}
-            for name, path in files.items()}
+def module_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGES["kforge"].rglob("*.py") if "__pycache__" not in p.parts}
+    return {name: {m for m in imports_of(path) if m in files and m != name} for name, path in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -49,17 +61,20 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_rules_has_no_import_cycles():
+def test_kforge_has_no_import_cycles():
     graph = module_graph()
-    assert "rules.artifact" in graph and graph["rules.project"]   # the graph was really read
+    assert graph["kforge.project"] and "kforge_runtime.elf" in graph["kforge.artifact"]   # really read
+    assert "kforge_runtime.elf" in graph["kforge_runtime.bundle"]   # relative imports read too
     assert cycles(graph) == []
 
 
-def test_every_package_of_the_code_is_installed():
-    """pyproject's package list names every directory of rules/ and kernels/ that holds Python code (a
-    non-editable install once lacked kernels.ep)."""
+def test_every_package_of_the_code_is_installed_and_the_example_kernels_are_not():
+    """Every folder of rules/ that holds Python code is an installed package, under the import name pyproject
+    maps it to; kforge's example kernels (kernels/) are the checkout's, never a top-level `kernels` package."""
     import tomllib
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(REPO).parts) for top in ("rules", "kernels")
-             for p in (REPO / top).rglob("*.py") if "__pycache__" not in p.parts}
-    assert found <= listed, f"not installed: {sorted(found - listed)}"
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {name: str(folder.relative_to(REPO)) for name, folder in PACKAGES.items()}
+    found = {module_name(p).removesuffix("." + p.stem) if p.name != "__init__.py" else module_name(p)
+             for p in PACKAGES["kforge"].rglob("*.py") if "__pycache__" not in p.parts}
+    assert found == set(setuptools["packages"])
+    assert not any(name.split(".")[0] == "kernels" for name in setuptools["packages"])

@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 
-from rules import isolate
+from kforge import isolate
 
 
 def ok(x):

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from rules import package
+from kforge import package
 from tests.support import REPO, doit, kernel_text, make_project, spec_text
 
 ARCHS = ("sm_90a", "gfx942")
@@ -67,8 +67,8 @@ def test_failed_targets_are_listed_with_their_error(packaged):
 
 
 def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
-    from rules.project import load_specs
-    from rules.targets import build_targets
+    from kforge.project import load_specs
+    from kforge.targets import build_targets
     copy = shutil.copytree(packaged, tmp_path / "p")
     shutil.rmtree(copy / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
     targets = [t for t in build_targets(load_specs(copy), copy, copy / "out", None) if t.arch == "sm_90a"]
@@ -151,8 +151,8 @@ def test_runtime_imports_nothing_outside_itself():
 
 
 def test_tuning_tables_ship_in_the_bundle_and_drive_selection(tmp_path):
-    from rules.runtime import Bundle
-    from rules.runtime.select import NoTunedConfig
+    from kforge_runtime import Bundle
+    from kforge_runtime.select import NoTunedConfig
     root = make_project(tmp_path, specs={"scale": spec_text(dtypes=("fp16",), blocks=(256, 1024))})
     doit(root)
     with pytest.raises(NoTunedConfig, match="no tuning table for 'scale'"):

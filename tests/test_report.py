@@ -1,5 +1,5 @@
 """The end of a build's output: failures grouped by their error, the summary last, tracebacks in error.txt."""
-from rules.report import error_line, failure_groups, plural
+from kforge.report import error_line, failure_groups, plural
 from tests.support import doit, kernel_text, make_project, spec_text, statuses
 
 MESSAGE = ("{name} failed\n  spec: specs/x.toml\n  config: {{'BLOCK': 16}}\n  error: {error}\n"

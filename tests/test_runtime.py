@@ -6,9 +6,9 @@ import zipfile
 
 import pytest
 
-from rules.runtime import Bundle, BundleError, Library, NoMatchingKernel
-from rules.runtime import library as library_module
-from rules.runtime.device import cuda_archs
+from kforge_runtime import Bundle, BundleError, Library, NoMatchingKernel
+from kforge_runtime import library as library_module
+from kforge_runtime.device import cuda_archs
 from tests.support import doit, make_project, spec_text
 
 ARCHS = ("sm_80", "sm_90a", "gfx942")
@@ -166,7 +166,7 @@ class FakeTensor:
 
 
 def _arguments(**entry):
-    from rules.runtime.launch import Arguments
+    from kforge_runtime.launch import Arguments
     return Arguments({"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"],
                       "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
                                     {"name": "scale", "type": "fp32"}], **entry})
@@ -196,7 +196,7 @@ def test_a_launch_breaking_the_binarys_divisibility_promise_is_refused():
 
 
 def test_launch_arguments_of_the_wrong_kind_are_refused():
-    from rules.runtime.launch import LaunchError
+    from kforge_runtime.launch import LaunchError
     args = _arguments()
     with pytest.raises(TypeError, match="argument a_ptr is \\*bf16, got a torch.float32 tensor"):
         args.pack((FakeTensor(4096, dtype="torch.float32"), 64, 1.0))

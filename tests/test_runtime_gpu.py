@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 
-from rules.runtime import Library  # noqa: E402
+from kforge_runtime import Library  # noqa: E402
 
 DIST = Path(os.environ.get("KFORGE_DIST", Path(__file__).resolve().parents[1] / "out" / "dist"))
 CONFIG = "bf16-m128n128k64-w8s3-split1"

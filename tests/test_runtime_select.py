@@ -2,7 +2,7 @@
 never a config that cannot handle the shape, and a clear error when none can."""
 import pytest
 
-from rules.runtime.select import NoTunedConfig, choose, distance
+from kforge_runtime.select import NoTunedConfig, choose, distance
 
 ENTRIES = {"big": {"divisible_by_16": ["K"]}, "small": {"divisible_by_16": ["K"]}, "any": {}}
 TABLE = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [

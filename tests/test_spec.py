@@ -1,7 +1,7 @@
 """Spec validation: every bad input stops with one message naming the file, the key, the value and the fix."""
 import pytest
 
-from rules.spec import SpecError, load_spec
+from kforge.spec import SpecError, load_spec
 from tests.support import kernel_text, make_project, spec_text
 
 

@@ -1,8 +1,8 @@
 """Sweep expansion and config ids: readable, stable, derived from values only."""
 import pytest
 
-from rules.spec import SpecError, load_spec
-from rules.sweep import config_id
+from kforge.spec import SpecError, load_spec
+from kforge.sweep import config_id
 from tests.support import make_project, spec_text
 
 
@@ -41,7 +41,7 @@ def test_extra_and_exclude(tmp_path):
 
 
 def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
-    from rules.targets import spec_targets
+    from kforge.targets import spec_targets
     text = spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256)) + '\n[[exclude]]\narch = "gfx942"\nBLOCK = 256\n'
     root = make_project(tmp_path, specs={"s": text})
     spec = load_spec(root / "specs" / "s.toml", root)

@@ -3,15 +3,15 @@ import os
 
 import pytest
 
-from rules import keys
-from rules.spec import load_spec
-from rules.targets import build_targets
+from kforge import keys
+from kforge.spec import load_spec
+from kforge.targets import build_targets
 from tests.support import kernel_text, make_project, spec_text
 
 
 def keys_of(root) -> dict[str, str]:
     keys.toolchain_fingerprint.cache_clear()
-    from rules import sources
+    from kforge import sources
     sources._sha256.cache_clear()
     sources._parse.cache_clear()
     specs = [load_spec(p, root) for p in sorted((root / "specs").glob("*.toml"))]

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from rules import sources, tune
-from rules.spec import load_spec
-from rules.targets import spec_targets
+from kforge import sources, tune
+from kforge.spec import load_spec
+from kforge.targets import spec_targets
 from tests.support import doit, kernel_text, make_project, spec_text
 
 TUNE = '\n[tune]\nharness = "tk/scale_tune.py"\nshape_args = ["n"]\nshapes = [[1000], [1000000]]\n'

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from rules.tuner import _hold_gpu
+from kforge.tuner import _hold_gpu
 
 
 def test_one_tuning_at_a_time_per_gpu(tmp_path):
@@ -23,7 +23,7 @@ def test_a_config_is_timed_only_after_it_reproduced_torchs_result(monkeypatch):
 
     import torch
 
-    from rules import tuner
+    from kforge import tuner
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(tuner, "copies_needed", lambda problem: 2)
     monkeypatch.setattr(tuner, "median_us", lambda launch, copies, give_up=None: (5.0, 7))

@@ -56,7 +56,7 @@ def test_doit_tune_ranks_every_config_per_shape_and_dtype(project):
     assert "up to date" in again.stdout + again.stderr and "built 1" not in again.stdout + again.stderr
     # package ships it; selection by shape and dtype
     doit(project, "package")
-    from rules.runtime import Bundle
+    from kforge_runtime import Bundle
     bundle = Bundle(next((project / "out" / "dist").glob(f"*{arch()}*.whl")))
     entry, why = bundle.find_for_shape("scale", {"n": 3000000}, {"dtype": "bf16"})
     assert entry["config"]["dtype"] == "bf16" and "nearest tuned shape [4000000]" in why

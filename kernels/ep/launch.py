@@ -31,7 +31,7 @@ class EpKernels:
     def _load(self, family: str, config: dict):
         name = f"{family}{config}"
         if self.library is not None:
-            from rules.runtime import NoMatchingKernel
+            from kforge_runtime import NoMatchingKernel
             try:
                 bundle, entry = self.library.select(family, config)
             except NoMatchingKernel:

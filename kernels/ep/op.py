@@ -36,7 +36,7 @@ class Dispatched:
 
 
 class EpDispatchCombine:
-    """library: a rules.runtime.Library (e.g. Library("out/dist")) to run the precompiled kernels from; None
+    """library: a kforge_runtime.Library (e.g. Library("out/dist")) to run the precompiled kernels from; None
     runs them through Triton's JIT. jit_fallback: with a library, JIT what it lacks instead of failing."""
 
     def __init__(self, cfg: EpConfig, group=None, library=None, jit_fallback: bool = False):

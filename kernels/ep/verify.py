@@ -155,7 +155,7 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> Non
     progress = out / "progress" / f"rank{rank}.jsonl"
     library = None
     if dist_dir:
-        from rules.runtime import Library
+        from kforge_runtime import Library
         library = Library(dist_dir)
     cases = [c for c in matrix(world) if only is None or only in c.name]
     for index in range(start, len(cases)):

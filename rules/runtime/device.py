@@ -51,7 +51,7 @@ def _cuda_capability(device: int) -> tuple[int, int]:
 def identity(device: int = 0) -> dict:
     """What a tuning result depends on: the GPU's vendor, name, arch and driver version (no torch, no compiler).
 
-    Run it in a child process (`python -m rules.runtime.device`) from a process that must not create a GPU
+    Run it in a child process (`python -m kforge_runtime.device`) from a process that must not create a GPU
     context before it forks.
     """
     if os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl"):
