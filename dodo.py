@@ -1,11 +1,14 @@
 """kforge: `doit -n 16` compiles every (kernel, config, arch) declared in specs/. See README.md."""
 from pathlib import Path
 
-from kforge import project
+from kforge import doit_edge, project
 
 ROOT = Path(__file__).resolve().parent
 SPECS, TARGETS = project.load_catalog(ROOT)
-DOIT_CONFIG = project.doit_config(ROOT, SPECS, TARGETS)
+DOIT_CONFIG = doit_edge.config(ROOT, SPECS, TARGETS)
+
+if (ROOT / "kernels" / "ep" / "tasks.py").is_file():   # this checkout's example op: `doit verify_dispatch_combine`
+    from kernels.ep.tasks import task_verify_dispatch_combine  # noqa: F401
 
 
 def task_kernels():
@@ -21,8 +24,3 @@ def task_package():
 def task_tune():
     """Not a default task: on a GPU, rank each [tune] family's configs per shape (out/tune/<arch>/)."""
     yield from project.tuning_tasks(ROOT, SPECS, TARGETS)
-
-
-def task_verify_dispatch_combine():
-    """The multi-GPU verify sweep of the MoE dispatch/combine kernels: one process per GPU (world=N)."""
-    return project.verify_task(ROOT)

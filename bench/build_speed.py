@@ -1,15 +1,10 @@
 """Cold build of the whole catalog: `doit -n N` for several N, and an aiter-style ProcessPoolExecutor loop.
 
 Usage: python bench/build_speed.py --jobs 1 2 [--pool 2] [--repeat 3] [--archs sm_90a,gfx942] [--specs 'fly_*']
-       [--prefetch 0] [--import-in worker server] [--server-gc] [--pool-warm-parent] [--pool-server]
-       [--pool-no-gc] [--json out.json]
+       [--prefetch 0] [--pool-warm-parent] [--pool-server] [--pool-no-gc] [--json out.json]
 A/B modes beside the defaults: --prefetch K adds `doit -n N prefetch=K` (0: doit's own scheduling, nothing
-queued ahead of the workers); --import-in P adds `doit -n N` with KFORGE_IMPORT_COMPILER_IN=P (worker: each
-doit worker imports the compiler before forking its compile server; server: each compile server imports it
-after the fork; master: the doit master imports it once before forking its workers; by default each
-toolchain says, rules/build.py); --server-gc adds `doit -n N` with KFORGE_SERVER_GC=on (compile servers
-with Python's cyclic collector on, as before session 7); --pool-warm-parent adds a pool whose parent imports
-the compiler before forking;
+queued ahead of the workers); --pool-warm-parent adds a pool whose parent imports the compiler before
+forking;
 --pool-server adds a pool whose workers compile through kforge's compile server, as doit's workers do;
 --pool-no-gc adds a pool whose workers run without the cyclic collector, as kforge's compile servers do.
 Every run starts from an empty out/ in a fresh copy of the project, one after another in this process, after
@@ -18,7 +13,7 @@ compiler from disk: that first pair was kforge's worst in each of this session's
 doit runs the kernel families by name: the same compile work as the pool, without `doit package`. Both are
 timed as whole commands (a fresh interpreter each), so start-up and catalog loading count on both sides.
 The pool loop compiles the same targets in-process in N pool workers, one pool per (toolchain, arch) whose
-workers import the compiler once, one compile_one call per job, as aiter's and Inductor's precompile loops do.
+workers import the compiler once, one lower-and-write call per job, as aiter's and Inductor's precompile loops do.
 Columns: CPU s = busy CPU seconds of the whole machine during the mode (kernel CPU s: the kernel's share;
 the JSON also has user and steal seconds); page faults = the machine's, from /proc/vmstat; compiler s = seconds inside
 triton.compile (or FlyDSL's compile), summed over targets; job s = seconds per job as its worker saw it
@@ -47,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
 from kforge.archs import parse_arch_list  # noqa: E402
 from kforge.project import load_specs  # noqa: E402
-from kforge import build  # noqa: E402
-from kforge.build import TOOLCHAIN_MODULES  # noqa: E402
+from kforge import compile_core  # noqa: E402
+from kforge.build import DEFAULT_TIMEOUT_S  # noqa: E402
 from kforge.targets import build_targets  # noqa: E402
 
 _worker: dict = {}
@@ -56,13 +51,13 @@ _worker: dict = {}
 
 def _pool_init(toolchain: str, arch: str | None, root: str, variant: str) -> None:
     """Each pool worker imports its compiler once; FlyDSL workers serve one arch (it fixes it per process).
-    variant "via compile server": each job goes through kforge's compile server (rules/build.compile_here), as
+    variant "via compile server": each job goes through kforge's compile server (rules/compile_core.compile_here), as
     in a doit worker; "no gc": the worker runs without Python's cyclic collector, as kforge's servers do."""
     server = variant == "via compile server"
     if variant == "no gc":
         gc.freeze()
         gc.disable()
-    module = importlib.import_module(TOOLCHAIN_MODULES[toolchain])
+    module = importlib.import_module(compile_core.BACKENDS[toolchain])
     module.warm(root)
     if arch is not None and not server:
         module.setup(arch)
@@ -73,12 +68,12 @@ def pool_compile(target) -> tuple[bool, float, float]:
     """(ok, seconds of the job, seconds inside the compiler)."""
     start = time.perf_counter()
     if _worker.get("server"):   # kforge's compile path without doit: a warm compile server forked per worker
-        outcome = build.compile_here(target, _worker["root"], build.DEFAULT_TIMEOUT_S)
-        return outcome.ok, time.perf_counter() - start, (outcome.result or {}).get("compile_seconds", 0.0)
+        outcome = compile_core.compile_here(target, _worker["root"], DEFAULT_TIMEOUT_S)
+        return outcome.ok, time.perf_counter() - start, outcome.result.compile_seconds if outcome.ok else 0.0
     scratch = tempfile.mkdtemp()
     try:
-        result = _worker["module"].compile_one((target, scratch))
-        return True, time.perf_counter() - start, result.get("compile_seconds", 0.0)
+        written = compile_core.lower_and_write(_worker["module"], (target, scratch))
+        return True, time.perf_counter() - start, written.compile_seconds
     except Exception:
         return False, time.perf_counter() - start, 0.0
     finally:
@@ -86,13 +81,13 @@ def pool_compile(target) -> tuple[bool, float, float]:
 
 
 def pool_build(project: Path, workers: int, archs, variant: str = "") -> dict:
-    """aiter-style: a ProcessPoolExecutor maps compile_one over the targets: one pool for all Triton targets
+    """aiter-style: a ProcessPoolExecutor maps lower-and-write over the targets: one pool for all Triton targets
     (Triton takes the arch per compile), one per arch for FlyDSL (one arch per process). variant "warm parent":
     the parent imports the compiler before the pool forks its workers, as `doit -n N` does."""
-    targets = build_targets(load_specs(project), project, project / "out", archs)
+    targets = build_targets(load_specs(project), project, archs)
     if variant == "warm parent":
         for toolchain in sorted({t.toolchain for t in targets}):
-            importlib.import_module(TOOLCHAIN_MODULES[toolchain]).warm(str(project))
+            importlib.import_module(compile_core.BACKENDS[toolchain]).warm(str(project))
     groups: dict[tuple[str, str | None], list] = {}
     for t in targets:
         groups.setdefault((t.toolchain, t.arch if t.toolchain == "flydsl" else None), []).append(t)
@@ -138,10 +133,6 @@ def main() -> None:
                     help="also pool modes whose workers compile through kforge's compile server (no doit)")
     ap.add_argument("--pool-no-gc", action="store_true",
                     help="also pool modes whose workers run without Python's cyclic collector (as kforge's servers)")
-    ap.add_argument("--server-gc", action="store_true",
-                    help="also doit modes with KFORGE_SERVER_GC=on (compile servers with the cyclic collector)")
-    ap.add_argument("--import-in", nargs="*", default=[], choices=["master", "worker", "server"],
-                    help="also doit modes with KFORGE_IMPORT_COMPILER_IN=master, worker or server")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                     help="one untimed run of every mode first (default; --no-warmup skips it)")
     ap.add_argument("--workdir", default=None)
@@ -153,8 +144,7 @@ def main() -> None:
         print(json.dumps(pool_build(Path(a.pool_child[0]), int(a.pool_child[1]), archs, a.pool_variant)))
         return
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kforge-bench-"))
-    doit_envs = [{}] + [{"KFORGE_IMPORT_COMPILER_IN": place} for place in a.import_in] + \
-        ([{"KFORGE_SERVER_GC": "on"}] if a.server_gc else [])
+    doit_envs = [{}]
     pool_variants = [""] + [v for v, on in (("warm parent", a.pool_warm_parent), ("via compile server", a.pool_server),
                                             ("no gc", a.pool_no_gc)) if on]
     runs = [("doit", (n, None, env)) for n in a.jobs for env in doit_envs] + \

@@ -31,10 +31,10 @@ MODES = ("on", "off", "contexts kept")
 
 
 def child(project: Path, mode: str, count: int) -> dict:
-    from kforge import triton_compile
+    from kforge import compile_core, triton_compile
     from kforge.project import load_specs
     from kforge.targets import build_targets
-    targets = build_targets(load_specs(project), project, project / "out", ("sm_90a", "gfx942"))[::4][:count]
+    targets = build_targets(load_specs(project), project, ("sm_90a", "gfx942"))[::4][:count]
     triton_compile.warm(str(project))
     if mode == "off":
         gc.disable()
@@ -53,7 +53,7 @@ def child(project: Path, mode: str, count: int) -> dict:
     compile_s = 0.0
     for target in targets:
         scratch = tempfile.mkdtemp()
-        compile_s += triton_compile.compile_one((target, scratch))["compile_seconds"]
+        compile_s += compile_core.lower_and_write(triton_compile, (target, scratch)).compile_seconds
         shutil.rmtree(scratch)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"mode": mode, "targets": len(targets), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),

@@ -76,7 +76,7 @@ BLOCK = [{blocks}]
 ''')
     # one real compile per arch, then seed the rest with their own keys
     run_doit(root, "scale:b16@sm_90a", "scale:b16@gfx942")
-    for t in build_targets(load_specs(root), root, root / "out", None):
+    for t in build_targets(load_specs(root), root, None):
         src = root / "out" / t.arch / "scale" / "b16"
         dst = Path(t.out_dir)
         if dst == src:

@@ -8,18 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 
-from kforge import out_dir
-from kforge.files import atomic_write
+from kforge import out_dir, stamps
 from kforge.archs import ARCHS
-from kforge.keys import SCHEMA_VERSION
-from kforge_runtime import elf
-
-META = "meta.json"
-ERROR = "error.txt"
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # an artifact's file names (and nothing else)
+from kforge.files import atomic_write
+from kforge_runtime import schema
+from kforge_runtime.schema import ERROR, META
 
 
 class ArtifactError(ValueError):
@@ -51,6 +46,15 @@ class KeyIndex:
     is read and hashed again. Only a hint: the files on disk always decide.
     """
 
+    _open: dict[Path, "KeyIndex"] = {}
+
+    @classmethod
+    def of(cls, path: Path) -> "KeyIndex":
+        """The one index of this file in this process: task generation reads it, the reporter saves it."""
+        if path not in cls._open:
+            cls._open[path] = cls(path)
+        return cls._open[path]
+
     def __init__(self, path: Path):
         self.path = path
         try:
@@ -63,20 +67,27 @@ class KeyIndex:
 
     def is_current(self, meta_path: str, key: str) -> bool:
         """meta.json holds `key` and the binary it names is there with the sha256 it records."""
-        meta_stamp = _stamp(meta_path)
+        meta_stamp = stamps.identity(meta_path)
         if meta_stamp is None:
             return False
         entry = self.entries.get(meta_path)
         if isinstance(entry, list) and len(entry) == 6 and entry[0] == meta_stamp:
             if entry[1] != key:
                 return False
-            if entry[3] is not None and _stamp(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
+            if entry[3] is not None and stamps.identity(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
                 return True
         found = _read_artifact(meta_path)
         if found is not None:
             self.entries[meta_path] = list(found)
             self.changed = True
         return found is not None and found[1] == key and found[3] is not None
+
+    def refresh(self, meta_path: str) -> None:
+        """Remember a freshly built artifact (read and hashed once), so that the next run only stats it."""
+        found = _read_artifact(meta_path)
+        if found is not None:
+            self.entries[meta_path] = list(found)
+            self.changed = True
 
     def save(self) -> None:
         if self.changed:
@@ -85,26 +96,18 @@ class KeyIndex:
             self.changed = False
 
 
-def _stamp(path: str, fd: int | None = None) -> list | None:
-    try:
-        st = os.fstat(fd) if fd is not None else os.stat(path)
-    except OSError:
-        return None
-    return [st.st_ino, st.st_mtime_ns, st.st_size]
-
-
 def _read_artifact(meta_path: str) -> tuple | None:
     """(meta.json's identity, its key, its binary's name, the binary's identity if its sha256 matches meta.json's
     else None), or None when meta.json is unreadable. Each identity comes from the open file that was read."""
     try:
         with open(meta_path, "rb") as f:
-            meta_stamp, meta = _stamp(meta_path, f.fileno()), json.loads(f.read())
+            meta_stamp, meta = stamps.identity(meta_path, f.fileno()), json.loads(f.read())
         key, name = meta.get("key"), plain_name(meta.get("binary"))
     except (OSError, ValueError, AttributeError):
         return None
     try:
         with open(os.path.join(os.path.dirname(meta_path), name), "rb") as f:
-            stamp, digest = _stamp("", f.fileno()), hashlib.sha256(f.read()).hexdigest()
+            stamp, digest = stamps.identity("", f.fileno()), hashlib.sha256(f.read()).hexdigest()
     except OSError:
         stamp = digest = None
     return meta_stamp, key if isinstance(key, str) else None, name, stamp if digest == meta.get("sha256") else None
@@ -115,7 +118,7 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
     """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
     arch = ARCHS[target.arch]
     return {
-        "schema": SCHEMA_VERSION,
+        "schema": schema.ARTIFACT_SCHEMA,
         "target": target.name,
         "kernel": target.kernel,
         "config_id": target.config_id,
@@ -161,30 +164,26 @@ def load(directory: Path) -> tuple[dict, bytes]:
     try:
         meta = json.loads(meta_path.read_text())
         binary = (directory / plain_name(meta["binary"])).read_bytes()
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ArtifactError(f"{directory}: unreadable artifact ({e}); rebuild it with `doit {_task(directory)}`")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
     verify(meta, binary, directory)
     return meta, binary
 
 
 def verify(meta: dict, binary: bytes, directory: Path) -> None:
     """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
-    digest = hashlib.sha256(binary).hexdigest()
-    if digest != meta.get("sha256"):
-        raise ArtifactError(f"{directory / meta['binary']}: sha256 {digest} does not match meta.json's "
-                            f"{meta.get('sha256')}; the file is corrupt or was replaced; "
-                            f"rebuild with `doit forget {meta.get('target')} && doit {meta.get('target')}`")
     if meta.get("arch") not in ARCHS:
         raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
     try:
-        elf.check_binary(binary, meta["arch"], meta["symbol"])
-    except elf.ElfError as e:
-        raise ArtifactError(f"{directory / meta['binary']}: {e}") from None
+        schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise ArtifactError(f"{directory / meta['binary']}: {e}; the file is corrupt or was replaced; rebuild with "
+                            f"`doit forget {meta.get('target')} && doit {meta.get('target')}`") from None
 
 
 def plain_name(name) -> str:
     """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
-    if not (isinstance(name, str) and PLAIN_NAME.fullmatch(name)):
+    if not schema.is_plain_name(name):
         raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
                             f"no '/' and not starting with '.')")
     return name
@@ -215,15 +214,9 @@ def install(directory: Path, files: dict[str, bytes], key: str) -> None:
     write(directory, meta["binary"], files[meta["binary"]], meta)
 
 
-def remove(directory: str) -> None:
+def remove(out: str, directory: str) -> None:
     """Drop one target's whole artifact directory (never anything outside out/: rules/out_dir.py)."""
-    path = Path(directory)
-    out_dir.remove_artifact_dir(path.parents[2], path)
-
-
-def _task(directory: Path) -> str:
-    arch, kernel, cid = directory.parts[-3:]
-    return f"{kernel}:{cid}@{arch}"
+    out_dir.remove_artifact_dir(Path(out), Path(directory))
 
 
 def _unlink(path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Each compile target's action sends its compile to the cluster as one task and writes the artifact that comes
 back into out/ atomically, as a local compile would; doit's up-to-date logic is unchanged, and so is local
-execution, the default. On a worker the compile runs in that worker's warm compile servers (rules/build.py),
-into a private scratch out/. Dask reschedules the task of a worker that died (a crash, a kill); a compile
+execution, the default. On a worker the compile runs in that worker's warm compile servers (rules/compile_core.py),
+into a private scratch project's out/. Dask reschedules the task of a worker that died (a crash, a kill); a compile
 that fails on its own is reported like a local failure. The workers need kforge, its toolchains and the
 project's kernels importable: the same checkout path, or the same code installed.
 """
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from kforge import artifact, isolate
+from kforge.layout import Layout
 
 RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
 _clients: dict[str, object] = {}
@@ -30,11 +31,12 @@ def scheduler_address(executor: str) -> str:
     return "tcp://" + executor[len("dask://"):]
 
 
-def compile_remote(target, root: str, timeout: float, executor: str, compile_here) -> isolate.Outcome:
-    """compile_here(target, root, timeout) -> Outcome runs on a worker (rules/build.py's, sent by reference)."""
+def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:
+    """compile_into(target, private_root, root, timeout) -> Outcome runs on a worker (the compile core's,
+    sent by reference); the artifact it sends back is checked and installed here."""
     start = time.monotonic()
     try:
-        future = _client(executor).submit(run_on_worker, compile_here, target, root, timeout, pure=False,
+        future = _client(executor).submit(run_on_worker, compile_into, target, root, timeout, pure=False,
                                           retries=RETRIES)
         ok, seconds, result, files = future.result()
     except Exception as e:   # the cluster is unreachable, or the task's workers kept dying
@@ -49,17 +51,17 @@ def compile_remote(target, root: str, timeout: float, executor: str, compile_her
     return isolate.Outcome(True, seconds, result=result)
 
 
-def run_on_worker(compile_here, target, root: str, timeout: float):
+def run_on_worker(compile_into, target, root: str, timeout: float):
     """On a Dask worker: compile into a private out/, return (ok, seconds, result | error, files)."""
     from distributed import get_worker
     scratch = Path(tempfile.mkdtemp(prefix="kforge-dask-"))
     try:
-        local = dataclasses.replace(target, out_dir=str(scratch / target.arch / target.kernel / target.config_id))
-        outcome = compile_here(local, root, timeout)
+        outcome = compile_into(target, scratch, root, timeout)
         if not outcome.ok:
             return False, outcome.seconds, outcome.error, {}
-        result = {**outcome.result, "compiled_on": get_worker().address}
-        return True, outcome.seconds, result, artifact.files_of(Path(local.out_dir))
+        result = dataclasses.replace(outcome.result, compiled_on=get_worker().address)
+        private = Layout(scratch).artifact_dir(target.arch, target.kernel, target.config_id)
+        return True, outcome.seconds, result, artifact.files_of(private)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -1,6 +1,5 @@
-"""What kforge adjusts in doit: the commands `forget`, `info`, `clean` and `prune` (registered in pyproject.toml
-under [tool.doit.plugins.command]) and tasks that run after failed dependencies (installed by
-kforge.project.doit_config). The runner: doit_runner.py."""
+"""kforge's doit commands `forget`, `info`, `clean` and `prune`, registered in pyproject.toml under
+[tool.doit.plugins.command] (the rest of kforge's doit integration: doit_edge.py)."""
 from __future__ import annotations
 
 import io
@@ -10,11 +9,11 @@ from pathlib import Path
 from doit.cmd_base import DoitCmdBase
 from doit.cmd_clean import Clean as DoitClean
 from doit.cmd_forget import Forget as DoitForget
-from doit.control import ExecNode
 from doit.exceptions import InvalidCommand
 
 from kforge import artifact, out_dir, report, settings
-from kforge.artifact import META
+from kforge.layout import Layout
+from kforge_runtime.schema import ERROR, META
 
 
 class Forget(DoitForget):
@@ -42,24 +41,6 @@ class Forget(DoitForget):
         return result
 
 
-def run_after_failed_deps() -> None:
-    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
-
-    doit never runs a task one of whose task_dep failed. `doit package` must run anyway, to ship what
-    was built and list what failed; it still waits for every compile, and the run still exits non-zero.
-    """
-    if getattr(ExecNode.parent_status, "kforge", False):
-        return
-    doit_parent_status = ExecNode.parent_status
-
-    def parent_status(self, parent_node):
-        if parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps"):
-            return
-        doit_parent_status(self, parent_node)
-    parent_status.kforge = True
-    ExecNode.parent_status = parent_status
-
-
 def compile_target_of(task):
     """The Target a compile task builds (rules/tasks.py puts it in the task's meta), or None for other tasks."""
     return (task.meta or {}).get("kforge_target")
@@ -72,7 +53,7 @@ def target_state(target) -> str:
     directory = Path(target.out_dir)
     if (directory / META).exists():
         return "stale: built from another key (inputs changed since); the next build rebuilds it"
-    error = directory / artifact.ERROR
+    error = directory / ERROR
     if error.exists():
         text = error.read_text(errors="replace")
         old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
@@ -99,7 +80,7 @@ class Info(DoitCmdBase):
         target = compile_target_of(task)
         write = self.outstream.write
         if target is not None:
-            root = Path(target.out_dir).parents[3]
+            root = Path(target.out).parent
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
                   f"{target.entry}\n  config: {dict(target.config)}\n  key: {target.key}\n"
                   f"  artifact: {os.path.relpath(target.out_dir, root)}/\n  state: {target_state(target)}\n")
@@ -137,7 +118,7 @@ class Clean(DoitClean):
                 removed += Path(target.out_dir).exists()
             else:
                 try:
-                    removed += out_dir.remove_artifact_dir(Path(target.out_dir).parents[2], Path(target.out_dir))
+                    removed += out_dir.remove_artifact_dir(Path(target.out), Path(target.out_dir))
                 except out_dir.OutsideOut as e:
                     refused.append(str(e))
             if cleanforget and not dryrun:
@@ -160,7 +141,7 @@ class Prune(DoitCmdBase):
 
     def _execute(self):
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
-        out = Path(current[0]).parents[2] if current else Path("out").resolve()   # doit runs in dodo.py's dir
+        out = Layout.of(Path.cwd()).out   # doit runs in dodo.py's directory
         removed, refused = 0, []
         for path in out_dir.orphaned(out, current, settings.get("archs")):
             try:

@@ -6,8 +6,7 @@ machine whose every core compiles, the master waits for a core too. Measured on 
 about 1.3% fewer compiles running than a ProcessPoolExecutor, which keeps jobs queued ahead (bench/build_speed.py).
 This runner keeps up to `prefetch` tasks queued beyond those running, so a worker that finishes takes the next
 one at once. Dependencies hold as in doit: a task is queued only once doit's dispatcher has released it.
-It also calls a hook just before the workers fork (kforge may import a compiler there: rules/build.py), and
-an interrupted run never waits on a worker that outlived its SIGTERM (see _stop).
+An interrupted run never waits on a worker that outlived its SIGTERM (see _stop).
 """
 from __future__ import annotations
 
@@ -44,15 +43,12 @@ class CappedThreadRunner(_CappedWorkers, MThreadRunner):
 
 
 class PrefetchRunner(_CappedWorkers, MRunner):
-    before_fork = None   # hook(tasks by name, selected task names), called in the master before the fork
     prefetch = None      # tasks queued beyond those running; None: one per worker
 
     def run_tasks(self, task_dispatcher):
         self.master_pid = os.getpid()
         result_q, job_q = self.Queue(), self.Queue()
         self._run_tasks_init(task_dispatcher)
-        if self.before_fork is not None:
-            self.before_fork(self.tasks, task_dispatcher.selected_tasks)
         self.unfinished: set[str] = set()   # names of the tasks queued or running, whose result has not come back
         self.dispatcher_done = False
         self._queue_ahead(job_q, None)
@@ -154,11 +150,9 @@ def _stop(workers, grace_s: float = 3.0) -> None:
             worker.join()
 
 
-def install(before_fork=None, prefetch: int | None = None, max_workers: int | None = None,
-            cap_reason: str = "") -> None:
+def install(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
     """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
     most max_workers workers; `-n 0` keeps doit's serial runner."""
-    PrefetchRunner.before_fork = staticmethod(before_fork) if before_fork else None
     PrefetchRunner.prefetch = prefetch
     for runner in (PrefetchRunner, CappedThreadRunner):
         runner.max_workers, runner.cap_reason = max_workers, cap_reason

@@ -18,14 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kforge import amd_linker, amdgpu_metadata, artifact
-from kforge.archs import ARCHS
-from kforge_runtime import elf
+from kforge import amd_linker, amdgpu_metadata
 from kforge.dtypes import canonical_arg_type
 
 _state: dict = {}
 ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch
-WARM_BEFORE_FORK = False  # not in the doit master: forking it with torch loaded was never tried or measured
 IMPORT_IN = "worker"      # once per doit worker (about 2 s), inherited by its servers, one per arch
 
 
@@ -55,12 +52,12 @@ def setup(arch: str) -> None:
     os.environ["ROCM_PATH"] = str(amd_linker.rocm_root_for(linker, kforge_dir / "rocm-shim"))
 
 
-def compile_one(request: tuple) -> dict:
-    """Runs in the compile server: trace, lower, link; check the code object; write the artifact."""
-    target, _scratch = request
+def lower(target, _scratch: str):
+    """In the compile server: trace, lower and link the target with FlyDSL into a Lowered."""
     import flydsl.compiler as flyc
 
-    arch = ARCHS[target.arch]
+    from kforge.compile_core import Lowered
+
     launcher, placeholders = _build(target)
     start = time.monotonic()
     stderr = _capture_fd2(lambda: flyc.compile(launcher, *placeholders))
@@ -74,21 +71,12 @@ def compile_one(request: tuple) -> dict:
     if len(names) != 1:
         raise RuntimeError(f"the launcher compiled to {len(names)} kernels {names}; kforge ships one per target")
     symbol = names[0]
-    try:
-        elf.check_binary(binary, target.arch, symbol)
-    except elf.ElfError as e:
-        raise RuntimeError(f"bad code object from FlyDSL: {e}") from None
     abi = amdgpu_metadata.kernel_abi(binary, symbol)
-    lds = abi.get("group_segment_fixed_size", 0)
-    arch.check_shared(lds)
+    wave = abi.get("wavefront_size", 64)
     threads = (abi.get("reqd_workgroup_size") or [abi.get("max_flat_workgroup_size", 0)])[0]
-    meta = artifact.meta(
-        target, binary_name=f"{symbol}.hsaco", binary=binary, symbol=symbol,
-        num_warps=max(1, threads // abi.get("wavefront_size", 64)), warp_size=abi.get("wavefront_size", 64),
-        shared=lds, kernel_abi=abi,
-        launcher=getattr(getattr(launcher, "func", launcher), "__name__", "?"))
-    artifact.write(Path(target.out_dir), meta["binary"], binary, meta)
-    return {"compile_seconds": round(seconds, 4), "sha256": meta["sha256"]}
+    return Lowered(binary, f"{symbol}.hsaco", symbol, max(1, threads // wave), wave,
+                   abi.get("group_segment_fixed_size", 0), seconds,
+                   {"kernel_abi": abi, "launcher": getattr(getattr(launcher, "func", launcher), "__name__", "?")})
 
 
 def _build(target):

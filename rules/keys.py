@@ -6,7 +6,6 @@ and names the artifact's provenance: the remote cache looks artifacts up by it (
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -14,11 +13,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from kforge import stamps
 from kforge.files import atomic_write
-
-# Bump when the artifact layout or meta.json format changes: every target rebuilds.
-SCHEMA_VERSION = 4   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or mtime;
-#                     4: nor the path of the virtualenv Triton is installed in
+from kforge_runtime import schema
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
@@ -89,8 +86,7 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
 
 def action_key(payload: dict) -> str:
     """sha256 of the canonical JSON of everything that goes into a build (rules/targets.py builds the payload)."""
-    blob = json.dumps({"schema": SCHEMA_VERSION, **payload}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, **payload})
 
 
 def _read_json(path: Path) -> dict:

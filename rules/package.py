@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import tomllib
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from kforge import artifact
-from kforge.files import atomic_write
+from kforge import artifact, stamps
 from kforge.archs import ARCHS
-from kforge_runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
+from kforge.files import atomic_write
+from kforge.layout import Layout
 from kforge.targets import Target
-from kforge.wheel import wheel_name, write_wheel
+from kforge.wheel import write_wheel
+from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, MANIFEST, dist_name, wheel_name
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
@@ -37,27 +37,18 @@ def bundle() -> Bundle:
 '''
 
 
-def dist_name(arch: str) -> str:
-    return f"kforge_kernels_{arch}"
-
-
-def manifest_path(root: Path, arch: str) -> Path:
-    """A copy of the bundle's manifest beside the wheel, for people and CI logs to read."""
-    return root / "out" / "dist" / f"{dist_name(arch)}.manifest.json"
-
-
 def build_bundle(arch: str, targets: list[Target], root: str):
     """The doit action: write the arch's wheel unless the same bytes are already there."""
-    root_path = Path(root)
+    root_path, layout = Path(root), Layout.of(root)
     try:
-        tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(root_path, arch)}
+        tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
     except ValueError as e:
         return TaskFailed(str(e))
     stamp = _stamp(arch, targets, root_path)   # before reading: a change while packaging re-packages next time
     manifest = make_manifest(arch, targets, root_path)
     data = manifest_bytes(manifest)
     version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
-    dist = root_path / "out" / "dist"
+    dist = layout.dist
     dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / wheel_name(dist_name(arch), version)
     files = runtime_files(arch)
@@ -76,9 +67,9 @@ def build_bundle(arch: str, targets: list[Target], root: str):
     for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
         if stale != wheel:
             stale.unlink()
-    atomic_write(manifest_path(root_path, arch), data)
-    _stamp_path(root_path, arch).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(_stamp_path(root_path, arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    atomic_write(layout.manifest_copy(arch), data)
+    layout.package_stamp(arch).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 
@@ -91,33 +82,30 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
     restored out/ (fresh stats) re-packages, and the same inputs give the same wheel bytes, which are then
     left as they are.
     """
-    root_path = Path(root)
+    root_path, layout = Path(root), Layout.of(root)
     try:
-        saved = json.loads(_stamp_path(root_path, arch).read_bytes())
+        saved = json.loads(layout.package_stamp(arch).read_bytes())
         return (saved["stamp"] == _stamp(arch, targets, root_path)
-                and (root_path / "out" / "dist" / saved["wheel"]).is_file())
+                and (layout.dist / saved["wheel"]).is_file())
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
 def _stamp(arch: str, targets: list[Target], root: Path) -> str:
     h = hashlib.sha256(f"{project_version(root)}\0{runtime_digest(arch)}".encode())
-    for table in tuning_tables(root, arch):
+    for table in tuning_tables(Layout(root), arch):
         h.update(f"\0{table.name}\0".encode() + table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
         built = _identity(t.meta_path)
         h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
         if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
-            h.update(_content(Path(t.out_dir) / artifact.ERROR))
+            h.update(_content(Path(t.out_dir) / ERROR))
     return h.hexdigest()
 
 
 def _identity(path) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "-"
-    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+    found = stamps.identity(path)
+    return "-" if found is None else ":".join(map(str, found))
 
 
 def _content(path: Path) -> bytes:
@@ -125,10 +113,6 @@ def _content(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b"-"
-
-
-def _stamp_path(root: Path, arch: str) -> Path:
-    return root / "out" / ".kforge" / f"package-{arch}.json"
 
 
 def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
@@ -144,15 +128,15 @@ def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
         else:
             failed.append(_failure(t))
     tables = {f.stem: {"path": f"tune/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-              for f in tuning_tables(root, arch)}
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
+              for f in tuning_tables(Layout(root), arch)}
+    return {"format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
             "kforge_version": project_version(root), "runtime_sha256": runtime_digest(arch),
             "artifacts": artifacts, "failed": failed, "tuned": tables}
 
 
-def tuning_tables(root: Path, arch: str) -> list[Path]:
+def tuning_tables(layout: Layout, arch: str) -> list[Path]:
     """out/tune/<arch>/<kernel>.json: the tuning tables a GPU run wrote; each bundle ships its arch's."""
-    return sorted((root / "out" / "tune" / arch).glob("*.json"))
+    return sorted(layout.tuning_table(arch, "*").parent.glob("*.json"))
 
 
 def check_tuning_table(path: Path, arch: str) -> bytes:
@@ -180,8 +164,8 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 def remove(arch: str, root: str) -> None:
     """`doit clean package`."""
-    dist = Path(root) / "out" / "dist"
-    for f in [*dist.glob(f"{dist_name(arch)}-*.whl"), manifest_path(Path(root), arch)]:
+    layout = Layout.of(root)
+    for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), layout.manifest_copy(arch)]:
         f.unlink(missing_ok=True)
 
 
@@ -205,7 +189,7 @@ def project_version(root: Path) -> str:
 
 
 def _failure(t: Target) -> dict:
-    error_path = Path(t.out_dir) / artifact.ERROR
+    error_path = Path(t.out_dir) / ERROR
     status, error = "not built", ""
     try:
         key_line, _, message = error_path.read_text().partition("\n")
@@ -215,5 +199,6 @@ def _failure(t: Target) -> dict:
         pass
     return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
             "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
-            "source": {"module": t.module, "entry": t.entry}, "constexprs": dict(t.constexprs),
+            "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},
+            "constexprs": dict(t.constexprs),
             "options": dict(t.options)}

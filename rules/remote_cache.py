@@ -60,7 +60,7 @@ class RemoteCache:
             artifact.install(Path(target.out_dir), files, target.key)
             return True
         except (ValueError, KeyError, TypeError) as e:   # ArtifactError included
-            artifact.remove(target.out_dir)
+            artifact.remove(target.out, target.out_dir)
             self._warn(f"cache entry for {target.name} rejected ({e}); compiling it")
             return False
 

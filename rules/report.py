@@ -22,8 +22,9 @@ REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied fr
 class BuildReporter(ConsoleReporter):
     """One line per finished task ([done/total], failures so far); up-to-date tasks are only counted."""
     desc = "kforge progress and summary"
-    report_path = "out/build-report.json"   # set per project by kforge.project.doit_config()
+    report_path = "out/build-report.json"   # set per project by kforge.doit_edge.config()
     find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
+    key_index = None      # artifact.KeyIndex: told of each built target, saved at the end of the run
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
@@ -61,6 +62,9 @@ class BuildReporter(ConsoleReporter):
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
             self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)})
+            target = (task.meta or {}).get("kforge_target")
+            if target is not None and self.key_index is not None:
+                self.key_index.refresh(target.meta_path)
 
     def add_failure(self, task, fail):
         if not task.actions:   # a family group "fails" when one of its targets did: already reported
@@ -117,6 +121,8 @@ class BuildReporter(ConsoleReporter):
         summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
                        f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
         self.write("\n" + "\n".join(summary) + "\n")
+        if self.key_index is not None:
+            self.key_index.save()
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kforge import keys, sources, sweep
 from kforge.archs import ARCHS
+from kforge.layout import Layout
 from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
 from kforge.dtypes import canonical_arg_type
 
@@ -27,7 +28,8 @@ class Target:
     config: Config
     source_digests: tuple[tuple[str, str], ...]
     toolchain_versions: tuple[tuple[str, str], ...]
-    out_dir: str
+    out: str                    # the project's out/ (rules/layout.py)
+    out_dir: str                # this target's artifact directory in it
     key: str
 
     @property
@@ -39,7 +41,7 @@ class Target:
         return f"{self.out_dir}/meta.json"
 
 
-def build_targets(specs: list[Spec], root: Path, out: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
     targets: list[Target] = []
     seen: dict[str, str] = {}
     for spec in specs:
@@ -47,11 +49,25 @@ def build_targets(specs: list[Spec], root: Path, out: Path, arch_filter: tuple[s
             raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
                             f"target names must be unique: rename one [kernel] name")
         seen[spec.name] = spec.path
-        targets += spec_targets(spec, root, out, arch_filter)
+        targets += spec_targets(spec, root, arch_filter)
     return targets
 
 
-def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+@dataclass(frozen=True)
+class _Shared:
+    """What every config of one (spec, arch) shares: computed once, not per target."""
+    spec: Spec
+    arch: str
+    source: str
+    module: str
+    digests: tuple[tuple[str, str], ...]
+    versions: tuple[tuple[str, str], ...]
+    key: str   # the digest of all of the above that goes into each target's key
+    layout: Layout
+
+
+def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+    layout = Layout.of(root)
     source = (root / spec.source).resolve()
     digests = sources.digest_files(sources.local_closure(source, root), root)
     module = sources.module_name(source, root)
@@ -62,22 +78,22 @@ def spec_targets(spec: Spec, root: Path, out: Path, arch_filter: tuple[str, ...]
             continue
         arch = ARCHS[arch_name]
         sm = arch.target_arch if isinstance(arch.target_arch, int) else 0
-        versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, out / ".kforge" / "tools.json")
+        versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, layout.tool_versions)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
-        shared = keys.action_key({
+        key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env})
-        ctx = (spec, arch_name, str(source), module, digests, versions, shared, str(out))
+        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, layout)
         for config in spec.configs:
             if any(sweep.matches(ex, config, arch_name) for ex in spec.excludes):
                 continue
-            result.append(_target(ctx, config))
+            result.append(_target(shared, config))
     return result
 
 
-def _target(ctx, config) -> Target:
-    spec, arch, source, module, digests, versions, shared, out = ctx
+def _target(shared: _Shared, config) -> Target:
+    spec, arch = shared.spec, shared.arch
     values = dict(config)
     signature = tuple((a, t if t == "constexpr" else canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
                       for a, t in spec.signature)
@@ -90,10 +106,10 @@ def _target(ctx, config) -> Target:
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
     options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
     cid = sweep.config_id(spec, config)
-    key = keys.action_key({"shared": shared, "signature": signature, "options": options,
+    key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
                            "constexprs": [(c, type(v).__name__, v) for c, v in constexprs]})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
-                  source=source, module=module, entry=spec.entry, signature=signature,
+                  source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
-                  config=config, source_digests=digests, toolchain_versions=versions,
-                  out_dir=f"{out}/{arch}/{spec.name}/{cid}", key=key)
+                  config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
+                  out=str(shared.layout.out), out_dir=str(shared.layout.artifact_dir(arch, spec.name, cid)), key=key)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from kforge import artifact, package
 from kforge.build import compile_target
+from kforge.layout import Layout
 from kforge.targets import Target
+from kforge_runtime.schema import dist_name
 
 
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
@@ -29,7 +30,7 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
         # content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing,
         # and a killed run's finished artifacts count even though doit's DB was never written.
         "uptodate": [current],
-        "clean": [(artifact.remove, [t.out_dir])],
+        "clean": [(artifact.remove, [t.out, t.out_dir])],
         "meta": {"kforge_compile": {"toolchain": t.toolchain, "runs_here": not current and executor is None},
                  "kforge_target": t},   # for `doit info`, `clean`, `prune` (rules/doit_commands.py)
         "verbosity": 0,
@@ -46,11 +47,11 @@ def package_tasks(targets: list[Target], root: str) -> Iterator[dict]:
         yield {
             "basename": "package",
             "name": arch,
-            "doc": f"out/dist/{package.dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
+            "doc": f"out/dist/{dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
             "actions": [(package.build_bundle, [arch, mine, root])],
             "task_dep": [t.name for t in mine],
             "uptodate": [(package.is_current, [arch, mine, root])],
-            "targets": [str(package.manifest_path(Path(root), arch))],
+            "targets": [str(Layout.of(root).manifest_copy(arch))],
             "clean": [(package.remove, [arch, root])],
             # runs when some compiles failed, and lists them: see doit_commands.run_after_failed_deps
             "meta": {"after_failed_deps": True},

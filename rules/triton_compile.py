@@ -7,13 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from kforge import amdgpu_metadata, artifact
+from kforge import amdgpu_metadata
 from kforge.archs import ARCHS
-from kforge_runtime import elf
 
 _root = ""
 ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
-WARM_BEFORE_FORK = True    # importing Triton starts no threads: a process may fork after it
 # Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
 # way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
 # docs/results.md), though each server then pays the 0.5 s import.
@@ -33,13 +31,14 @@ def warm(root: str) -> None:
     _root = root
 
 
-def compile_one(request: tuple) -> dict:
-    """Runs in the compile server: compile, check the ELF, write the artifact atomically."""
-    target, scratch = request
+def lower(target, scratch: str):
+    """In the compile server: compile the target with Triton into a Lowered (checked and written by the core)."""
     os.environ["TRITON_CACHE_DIR"] = scratch   # private: a compile never reads another's cache
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from kforge.compile_core import Lowered
 
     arch = ARCHS[target.arch]
     fn = _entry(target)
@@ -56,14 +55,13 @@ def compile_one(request: tuple) -> dict:
     seconds = time.monotonic() - start
     binary = kernel.asm[arch.binary_ext]
     md = kernel.metadata
-    try:
-        elf.check_binary(binary, target.arch, md.name)
-    except elf.ElfError as e:
-        raise RuntimeError(f"bad binary from Triton: {e}") from None
-    arch.check_shared(md.shared)
-    meta = _meta(target, md, binary)
-    artifact.write(Path(target.out_dir), meta["binary"], binary, meta)
-    return {"compile_seconds": round(seconds, 4), "sha256": meta["sha256"]}
+    fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
+              "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
+              "divisible_by_16": list(target.divisible_by_16)}
+    if arch.vendor == "amd":
+        fields["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
+    return Lowered(binary, f"{md.name}.{arch.binary_ext}", md.name, md.num_warps, md.warp_size, md.shared,
+                   seconds, fields)
 
 
 def _entry(target):
@@ -99,17 +97,3 @@ def _relative_file_names(jit_type, target) -> None:
             code = getattr(value.fn, "__code__", None)
             if code is not None and code.co_filename in renames:
                 value.fn.__code__ = code.replace(co_filename=renames[code.co_filename])
-
-
-def _meta(target, md, binary: bytes) -> dict:
-    arch = ARCHS[target.arch]
-    extra = {}
-    if arch.vendor == "amd":
-        extra["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
-    return artifact.meta(
-        target, binary_name=f"{md.name}.{arch.binary_ext}", binary=binary, symbol=md.name,
-        num_warps=md.num_warps, warp_size=md.warp_size, shared=md.shared,
-        num_stages=md.num_stages,
-        global_scratch_size=getattr(md, "global_scratch_size", 0),
-        profile_scratch_size=getattr(md, "profile_scratch_size", 0),
-        divisible_by_16=list(target.divisible_by_16), **extra)

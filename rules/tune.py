@@ -8,7 +8,6 @@ identical binary, another checkout) keeps the table.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import subprocess
@@ -16,8 +15,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kforge import artifact, sources
+from kforge import artifact, sources, stamps
 from kforge.archs import ARCHS
+from kforge.layout import Layout
 from kforge.targets import Target
 
 TUNE_SCHEMA = 1
@@ -26,7 +26,7 @@ TUNER_FILES = (RULES / "tuner.py", RULES / "runtime" / "launch.py", RULES / "run
 
 
 def table_path(root: Path, arch: str, kernel: str) -> Path:
-    return root / "out" / "tune" / arch / f"{kernel}.json"
+    return Layout(root).tuning_table(arch, kernel)
 
 
 def local_vendors() -> set[str]:
@@ -74,7 +74,7 @@ def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) ->
                "shape_args": spec.tune.shape_args, "shapes": spec.tune.shapes,
                "harness": sources.digest_files(harness, root),
                "tuner": [artifact.sha256(f.read_bytes()) for f in TUNER_FILES], "gpu": gpu}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()
+    return stamps.digest(payload)
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from kforge.layout import Layout
 from kforge import artifact, sources
 from kforge.files import atomic_write
 from kforge_runtime.device import identity
@@ -182,7 +183,7 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
 def load_kernels(spec, arch: str, root: Path) -> list:
     """Every config of the family built for `arch` from its current key, loaded from its checked artifact."""
     kernels = []
-    for t in spec_targets(spec, root, root / "out", (arch,)):
+    for t in spec_targets(spec, root, (arch,)):
         try:
             meta, binary = artifact.load(Path(t.out_dir))
         except artifact.ArtifactError:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         groups.setdefault(tuple((v, k.entry["config"][v]) for v in spec.type_vars), []).append(k)
     device = torch.device("cuda", torch.cuda.current_device())
     shapes = []
-    lock = _hold_gpu(root / "out" / "tune", device.index)   # another tuning on this GPU would skew both
+    lock = _hold_gpu(Layout(root).tune, device.index)   # another tuning on this GPU would skew both
     started = time.perf_counter()
     for values in spec.tune.shapes:
         shape = dict(zip(spec.tune.shape_args, values))

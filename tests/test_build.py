@@ -270,70 +270,54 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
     assert not survivors, f"still running after the master was killed: {survivors}"
 
 
-def test_compilers_are_imported_before_the_fork_only_where_asked_and_for_compiles_that_will_run(monkeypatch):
+@pytest.mark.parametrize("place", ["worker", "server"])
+def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
+                                                                                          place):
     import types
-    from kforge import build
-    warmed = []
-    fake = types.ModuleType("fake_compile")
-    fake.WARM_BEFORE_FORK = True
-    fake.IMPORT_IN = "master"
-    fake.warm = warmed.append
-    monkeypatch.setitem(sys.modules, "fake_compile", fake)
-    monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
-    monkeypatch.delenv("KFORGE_IMPORT_COMPILER_IN", raising=False)
-    task = lambda deps=(), **compile_info: types.SimpleNamespace(
-        task_dep=list(deps), setup_tasks=[], meta={"kforge_compile": compile_info} if compile_info else None)
-    tasks = {"fam": task(["fam:a", "fam:b"]), "fam:a": task(toolchain="fake", runs_here=False),
-             "fam:b": task(toolchain="fake", runs_here=False), "other:c": task(toolchain="fake", runs_here=True)}
-    build.warm_before_fork(tasks, ["fam"], "/root")
-    assert warmed == []   # everything selected is up to date (a no-op run imports no compiler)
-    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
-    assert warmed == ["/root"]
-    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", "server")   # the environment overrides the toolchain
-    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
-    assert warmed == ["/root"]
-    monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", "master")
-    fake.WARM_BEFORE_FORK = False   # a toolchain that must not be imported before a fork never is
-    build.warm_before_fork(tasks, ["fam", "other:c"], "/root")
-    assert warmed == ["/root"]
-
-
-@pytest.mark.parametrize("place", ["master", "worker", "server", None])
-def test_compile_here_imports_the_compiler_where_the_knob_says(monkeypatch, tmp_path, place):
-    import types
-    from kforge import build
+    from kforge import compile_core
     fake = types.ModuleType("fake_compile")
     fake.ARCH_PER_PROCESS = False
-    fake.IMPORT_IN = "server"   # the toolchain's default, when the environment says nothing
+    fake.IMPORT_IN = place
     fake.warmed_in = None
     fake.warm = lambda root: setattr(fake, "warmed_in", os.getpid())
-    fake.compile_one = lambda request: {"warmed_in": fake.warmed_in, "compiled_in": os.getpid()}
+
+    def lower(target, scratch):   # reports where it ran through its error: the server's answer
+        raise RuntimeError(f"warmed_in={fake.warmed_in} lowered_in={os.getpid()}")
+    fake.lower = lower
     monkeypatch.setitem(sys.modules, "fake_compile", fake)
-    monkeypatch.setitem(build.TOOLCHAIN_MODULES, "fake", "fake_compile")
-    monkeypatch.setattr(build, "_servers", {})
-    if place is None:
-        monkeypatch.delenv("KFORGE_IMPORT_COMPILER_IN", raising=False)
-    else:
-        monkeypatch.setenv("KFORGE_IMPORT_COMPILER_IN", place)
-    target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k",
+    monkeypatch.setitem(compile_core.BACKENDS, "fake", "fake_compile")
+    monkeypatch.setattr(compile_core, "_servers", {})
+    target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", out=str(tmp_path / "out"),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"))
     try:
-        outcome = build.compile_here(target, str(tmp_path), timeout=60)
+        outcome = compile_core.compile_here(target, str(tmp_path), timeout=60)
     finally:
-        build._servers.pop(("fake", None)).close()
-    assert outcome.ok, outcome.error
-    assert outcome.result["compiled_in"] != os.getpid()   # always in the forked compile server
-    # master and worker: this process imported it (the server inherited it); server: the server itself did
-    expected = os.getpid() if place in ("master", "worker") else outcome.result["compiled_in"]
-    assert outcome.result["warmed_in"] == expected
+        compile_core._servers.pop(("fake", None)).close()
+    warmed_in, lowered_in = (int(part.split("=")[1]) for part in outcome.error.split(": ", 1)[1].split())
+    assert lowered_in != os.getpid()   # always in the forked compile server
+    # worker: this process imported it and the server inherited it; server: the server itself did
+    assert warmed_in == (os.getpid() if place == "worker" else lowered_in)
 
 
-def test_a_misspelt_knob_stops_the_build_naming_the_variable(tmp_path):
-    root = make_project(tmp_path / "p", specs={"scale": spec_text()})
-    proc = doit(root, "-n", "2", timeout=120, check=False, env={"KFORGE_IMPORT_COMPILER_IN": "servr"})
-    assert proc.returncode == 2
-    assert "KFORGE_IMPORT_COMPILER_IN='servr' in the environment: expected one of master, worker, server" in proc.stderr
-    assert not list((root / "out").glob("sm_90a/*/*/meta.json"))
+def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_writes_nothing(built):
+    """A backend only lowers; the core checks before it writes (a backend cannot write a bad artifact)."""
+    import dataclasses
+    from kforge import compile_core
+    from kforge.project import load_specs
+    from kforge.targets import build_targets
+    targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
+    nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
+    amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
+    scratch = built / "scratch" / "sm_90a" / "scale" / "c"
+    target = dataclasses.replace(nvidia, out_dir=str(scratch))
+    lowered = compile_core.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
+    with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
+        compile_core.check_and_write(target, lowered)
+    assert not scratch.exists()
+    for bad_name in ("../x.cubin", "/tmp/x.cubin", ".hidden"):
+        with pytest.raises(RuntimeError, match="named the binary"):
+            compile_core.check_and_write(target, dataclasses.replace(lowered, binary_name=bad_name))
+    assert not scratch.exists()
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])

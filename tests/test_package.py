@@ -1,4 +1,5 @@
 """`doit package`: one wheel per arch, manifest contents, failed targets listed, determinism, incrementality."""
+import hashlib
 import json
 import shutil
 import subprocess
@@ -59,7 +60,10 @@ def test_failed_targets_are_listed_with_their_error(packaged):
     failed = manifest(packaged, "sm_90a")["failed"]
     assert [(f["target"], f["status"]) for f in failed] == [("bad:fp16-b256-w4@sm_90a", "failed")]
     assert "no_such_name" in failed[0]["error"]
-    assert failed[0]["source"] == {"module": "tk.bad", "entry": "scale_kernel"}
+    # what a JIT fallback needs, and may compile only if the source is still this one (kforge_runtime.jit)
+    source = (packaged / "tk" / "bad.py").read_bytes()
+    assert failed[0]["source"] == {"module": "tk.bad", "entry": "scale_kernel",
+                                   "digests": {"tk/bad.py": hashlib.sha256(source).hexdigest()}}
     assert manifest(packaged, "gfx942")["failed"] == []
     report = json.loads((packaged / "out" / "build-report.json").read_text())
     assert {p["name"]: p["status"] for p in report["packages"]} == {"package:gfx942": "built",
@@ -71,7 +75,7 @@ def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
     from kforge.targets import build_targets
     copy = shutil.copytree(packaged, tmp_path / "p")
     shutil.rmtree(copy / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
-    targets = [t for t in build_targets(load_specs(copy), copy, copy / "out", None) if t.arch == "sm_90a"]
+    targets = [t for t in build_targets(load_specs(copy), copy, None) if t.arch == "sm_90a"]
     m = package.make_manifest("sm_90a", targets, copy)
     assert {f["target"]: f["status"] for f in m["failed"]} == {"bad:fp16-b256-w4@sm_90a": "failed",
                                                                "scale:fp16-b256-w4@sm_90a": "not built"}

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from kforge import keys
+from kforge_runtime import schema
 from kforge.spec import load_spec
 from kforge.targets import build_targets
 from tests.support import kernel_text, make_project, spec_text
@@ -15,7 +16,7 @@ def keys_of(root) -> dict[str, str]:
     sources._sha256.cache_clear()
     sources._parse.cache_clear()
     specs = [load_spec(p, root) for p in sorted((root / "specs").glob("*.toml"))]
-    return {t.name: t.key for t in build_targets(specs, root, root / "out", None)}
+    return {t.name: t.key for t in build_targets(specs, root, None)}
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
     monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
     assert changed(before, keys_of(project)) == set(before)
     monkeypatch.delenv("TRITON_F32_DEFAULT")
-    monkeypatch.setattr(keys, "SCHEMA_VERSION", keys.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "ARTIFACT_SCHEMA", schema.ARTIFACT_SCHEMA + 1)
     assert changed(before, keys_of(project)) == set(before)
     monkeypatch.undo()
     monkeypatch.setattr(keys, "package_version", lambda dist: "9.9.9")

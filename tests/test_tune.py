@@ -27,7 +27,7 @@ def key(root, gpu=H100, arch="sm_90a"):
     sources._sha256.cache_clear()   # as in a fresh doit process
     sources._parse.cache_clear()
     spec = load_spec(root / "specs" / "scale.toml", root)
-    return tune.tuning_key(spec, arch, spec_targets(spec, root, root / "out", (arch,)), root, gpu)
+    return tune.tuning_key(spec, arch, spec_targets(spec, root, (arch,)), root, gpu)
 
 
 def test_the_key_changes_with_the_artifacts_the_shapes_and_the_gpu(project):
@@ -60,7 +60,7 @@ def test_a_rebuilt_binary_retunes_only_when_its_bytes_change(project):
 def test_a_table_with_the_current_key_is_up_to_date(project, monkeypatch):
     monkeypatch.setattr(tune, "gpu_identity", lambda root: H100)
     spec = load_spec(project / "specs" / "scale.toml", project)
-    targets = spec_targets(spec, project, project / "out", ("sm_90a",))
+    targets = spec_targets(spec, project, ("sm_90a",))
     path = tune.table_path(project, "sm_90a", "scale")
     assert not tune.is_current(spec, "sm_90a", targets, str(project))
     path.parent.mkdir(parents=True)
@@ -72,7 +72,7 @@ def test_a_table_with_the_current_key_is_up_to_date(project, monkeypatch):
 
 def test_tasks_only_for_the_local_gpus_vendor_and_never_by_default(project, monkeypatch):
     spec = load_spec(project / "specs" / "scale.toml", project)
-    targets = spec_targets(spec, project, project / "out", None)
+    targets = spec_targets(spec, project, None)
     names = lambda: [t["name"] for t in tune.tune_tasks([spec], targets, str(project)) if t["name"]]
     monkeypatch.setattr(tune, "local_vendors", lambda: {"nvidia"})
     assert names() == ["scale@sm_90a"]
@@ -88,7 +88,7 @@ def test_tasks_only_for_the_local_gpus_vendor_and_never_by_default(project, monk
 
 def test_tuning_where_the_gpu_cannot_run_the_arch_fails_clearly(project, monkeypatch):
     spec = load_spec(project / "specs" / "scale.toml", project)
-    targets = spec_targets(spec, project, project / "out", ("gfx942",))
+    targets = spec_targets(spec, project, ("gfx942",))
     monkeypatch.setattr(tune, "gpu_identity", lambda root: H100)
     failed = tune.run_tuning(spec, "gfx942", targets, str(project))
     assert "tune:scale@gfx942: this GPU is NVIDIA H100 80GB HBM3 (runs sm_90a, sm_90)" in str(failed)

@@ -1,0 +1,27 @@
+"""The example project's own doit task for its MoE dispatch/combine op; dodo.py picks it up when kernels/ep/
+is there. Imports nothing heavy: torch is imported only when the sweep runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from doit import get_var
+
+from kforge.layout import Layout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def task_verify_dispatch_combine():
+    """The multi-GPU verify sweep of the MoE dispatch/combine kernels: one process per GPU (world=N)."""
+    def run(world: str | None):
+        from doit.exceptions import TaskFailed
+
+        from kernels.ep.verify import run_sweep
+        layout = Layout(ROOT)
+        dist = layout.dist   # the op runs the bundled ep_* kernels when `doit package` made them
+        code = run_sweep(int(world) if world else None, str(layout.verify / "dispatch_combine"),
+                         dist_dir=str(dist) if list(dist.glob("*.whl")) else None)
+        if code == 2:
+            return TaskFailed("verify_dispatch_combine could not run (see the message above)")
+        return None if code == 0 else TaskFailed("some cases failed: out/verify/dispatch_combine/report.md")
+    return {"actions": [(run, [get_var("world", None)])], "uptodate": [False], "verbosity": 2}

@@ -1,0 +1,119 @@
+"""Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed explicitly
+by config() from dodo.py. Each patch of doit's internals says why in one line.
+
+  - the runner: doit_runner.PrefetchRunner / CappedThreadRunner replace doit's MRunner / MThreadRunner
+    (a queue kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
+  - tasks that run after failed dependencies (`doit package` ships what built, lists what failed);
+  - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
+  - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current.
+The commands forget/info/clean/prune are doit plugins declared in pyproject.toml (doit_commands.py).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from pathlib import Path
+
+from doit.control import ExecNode
+
+from kforge import artifact, cpus, doit_runner, out_dir, report, settings
+from kforge.layout import Layout
+
+
+def config(root: Path, specs: list, targets: list) -> dict:
+    """DOIT_CONFIG for dodo.py, after installing kforge's runner and hooks."""
+    layout = Layout(root)
+    # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
+    # directory created outside an action.
+    layout.out.mkdir(exist_ok=True)
+    reporter = type("BuildReporter", (report.BuildReporter,), {
+        "report_path": str(layout.build_report),
+        "key_index": artifact.KeyIndex.of(layout.built_keys),
+        "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in targets],
+                                                       option("archs")))})
+    _sigterm_as_interrupt()
+    _interrupt_without_traceback()
+    _run_after_failed_deps()
+    max_workers, cap_reason = _compile_cap()
+    doit_runner.install(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    return {
+        "backend": "sqlite3",
+        "dep_file": str(layout.doit_db),
+        "continue": True,            # one failed target never stops the others
+        "reporter": reporter,
+        "default_tasks": [s.name for s in specs] + ["package"],
+        "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
+    }
+
+
+def option(name: str):
+    """A setting's value (rules/settings.py), or one line naming it and exit code 2."""
+    try:
+        return settings.get(name)
+    except ValueError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
+
+
+def _compile_cap() -> tuple[int | None, str]:
+    """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
+    if option("executor") is not None:
+        return None, ""
+    cap = option("max_compiles")
+    return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
+
+
+def _run_after_failed_deps() -> None:
+    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
+
+    doit never runs a task one of whose task_dep failed, and has no option for it: its ExecNode.parent_status
+    is wrapped. `doit package` must run anyway, to ship what was built and list what failed; it still waits
+    for every compile, and the run still exits non-zero.
+    """
+    if getattr(ExecNode.parent_status, "kforge", False):
+        return
+    doit_parent_status = ExecNode.parent_status
+
+    def parent_status(self, parent_node):
+        if parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps"):
+            return
+        doit_parent_status(self, parent_node)
+    parent_status.kforge = True
+    ExecNode.parent_status = parent_status
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state.
+
+    Only in the doit master. A forked worker restores the default action as it starts (rules/doit_runner.py);
+    until then it inherits this handler, which must not raise there: the master stops its workers with
+    SIGTERM and stops reading their queue, so a worker that raised KeyboardInterrupt would block on that
+    queue at exit. A worker dies at once instead (its compile child follows, via PDEATHSIG).
+    """
+    master = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != master:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupt_without_traceback() -> None:
+    """An interrupted build ends with one line, not a Python traceback from wherever doit was waiting. The
+    exit status stays Python's for an unhandled KeyboardInterrupt (killed by SIGINT: 130 in a shell)."""
+    default = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            sys.stderr.write("kforge: interrupted. Every task finished so far is kept; run the same command "
+                             "again to do the rest.\n")
+        else:
+            default(kind, value, traceback)
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = hook

@@ -1,0 +1,80 @@
+"""Every path kforge reads or writes under a project's out/, in one place.
+
+    out/<arch>/<kernel>/<config_id>/{<binary>, meta.json | error.txt}   one target's artifact
+    out/dist/kforge_kernels_<arch>-<version>.whl (+ .manifest.json)    `doit package`
+    out/tune/<arch>/<kernel>.json                                      `doit tune`
+    out/build-report.json, out/.doit.sqlite3                           the last run; doit's own state
+    out/.kforge/                                                       kforge's private state (indexes, stamps,
+                                                                       scratch, tool versions, linker shims)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge_runtime.schema import dist_name
+
+OUT = "out"   # at the project root; the only directory kforge writes into
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path   # the project: where dodo.py, specs/ and out/ are
+
+    @classmethod
+    def of(cls, root) -> "Layout":
+        return cls(Path(root))
+
+    @property
+    def out(self) -> Path:
+        return self.root / OUT
+
+    @property
+    def state(self) -> Path:
+        return self.out / ".kforge"
+
+    @property
+    def scratch(self) -> Path:
+        """Compilers' private temp directories (one per compile, removed after it)."""
+        return self.state / "tmp"
+
+    @property
+    def built_keys(self) -> Path:
+        return self.state / "built-keys.json"
+
+    @property
+    def tool_versions(self) -> Path:
+        return self.state / "tools.json"
+
+    @property
+    def doit_db(self) -> Path:
+        return self.out / ".doit.sqlite3"
+
+    @property
+    def build_report(self) -> Path:
+        return self.out / "build-report.json"
+
+    @property
+    def dist(self) -> Path:
+        return self.out / "dist"
+
+    @property
+    def tune(self) -> Path:
+        return self.out / "tune"
+
+    @property
+    def verify(self) -> Path:
+        return self.out / "verify"
+
+    def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
+        return self.out / arch / kernel / config_id
+
+    def manifest_copy(self, arch: str) -> Path:
+        """A copy of a bundle's manifest beside its wheel, for people and CI logs to read."""
+        return self.dist / f"{dist_name(arch)}.manifest.json"
+
+    def package_stamp(self, arch: str) -> Path:
+        return self.state / f"package-{arch}.json"
+
+    def tuning_table(self, arch: str, kernel: str) -> Path:
+        return self.tune / arch / f"{kernel}.json"

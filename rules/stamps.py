@@ -1,0 +1,32 @@
+"""How kforge decides "is it current", for every output it makes: a digest of the output's inputs is saved
+with the output, and the output is current while the same digest comes out now.
+
+Inputs enter a digest by content (sources, specs, tool versions, binaries' sha256), except files that only
+kforge writes, and only ever by rename (meta.json, binaries, error.txt): those may enter by their identity
+(inode, mtime, size), since a replaced file has a new inode. Identity never stands for content a user may
+edit in place. Where the digests are saved:
+  - a compile target: its action key, in its meta.json (rules/keys.py), with the identities of meta.json
+    and its binary remembered in out/.kforge/built-keys.json so a no-op run need not re-hash (artifact.py);
+  - a bundle: out/.kforge/package-<arch>.json (package.py);
+  - a tuning table: the table's own "key" (tune.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+
+def digest(payload) -> str:
+    """sha256 of the canonical JSON of payload (sorted keys, no spaces; tuples as lists)."""
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def identity(path: str, fd: int | None = None) -> list | None:
+    """[inode, mtime_ns, size] of a file (or of the open file fd), None when it is not there."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
