@@ -1,0 +1,1 @@
+"""kforge, the build system (imported as `kforge`; this folder is rules/): specs -> targets -> artifacts -> bundles."""

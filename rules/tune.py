@@ -1,6 +1,6 @@
 """`doit tune`: one task per (family with a [tune] table, arch), run on a GPU of that arch; not a default task.
 
-The task runs rules/tuner.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
+The task runs rules/tune_gpu.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
 holds the current tuning key: a digest of the family's built artifacts (their sha256), the shape list,
 the harness and tuner code, and the GPU (name, arch, driver). Anything else (a touch, a rebuilt but
 identical binary, another checkout) keeps the table.
@@ -22,7 +22,7 @@ from kforge.targets import Target
 
 TUNE_SCHEMA = 1
 RULES = Path(__file__).resolve().parent
-TUNER_FILES = (RULES / "tuner.py", RULES / "runtime" / "launch.py", RULES / "runtime" / "select.py")
+TUNER_FILES = (RULES / "tune_gpu.py", RULES / "runtime" / "launch.py", RULES / "runtime" / "select.py")
 
 
 def table_path(root: Path, arch: str, kernel: str) -> Path:
@@ -109,7 +109,7 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
     root_path = Path(root)
     key = tuning_key(spec, arch, targets, root_path, gpu)
     out = table_path(root_path, arch, spec.name).relative_to(root_path)
-    proc = subprocess.run([sys.executable, "-m", "kforge.tuner", "--spec", spec.path, "--arch", arch,
+    proc = subprocess.run([sys.executable, "-m", "kforge.tune_gpu", "--spec", spec.path, "--arch", arch,
                            "--key", key, "--out", str(out)], cwd=root)
     if proc.returncode != 0:
         return TaskFailed(f"{task}: the tuner exited with {proc.returncode} (its messages are above); "

@@ -1,7 +1,7 @@
 """The GPU half of `doit tune`: benchmark every built config of one family on its [tune] shapes, on the
 local GPU, and write the ranking to out/tune/<arch>/<kernel>.json.
 
-Runs as its own process (`python -m kforge.tuner`, started by rules/tune.py): the only kforge process that
+Runs as its own process (`python -m kforge.tune_gpu`, started by rules/tune.py): the only kforge process that
 imports torch for tuning. Kernels are launched from their checked artifacts through the runtime loader,
 exactly as an application would run them. Each config must reproduce torch's result on the shape before
 its time counts.

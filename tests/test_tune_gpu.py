@@ -1,8 +1,8 @@
-"""The tuner's CPU-checkable parts (the measuring itself runs on a GPU: tests/test_tuner_gpu.py)."""
+"""The tuner's CPU-checkable parts (the measuring itself runs on a GPU: tests/test_tune_gpu_device.py)."""
 import subprocess
 import sys
 
-from kforge.tuner import _hold_gpu
+from kforge.tune_gpu import _hold_gpu
 
 
 def test_one_tuning_at_a_time_per_gpu(tmp_path):
@@ -23,7 +23,7 @@ def test_a_config_is_timed_only_after_it_reproduced_torchs_result(monkeypatch):
 
     import torch
 
-    from kforge import tuner
+    from kforge import tune_gpu as tuner
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(tuner, "copies_needed", lambda problem: 2)
     monkeypatch.setattr(tuner, "median_us", lambda launch, copies, give_up=None: (5.0, 7))
