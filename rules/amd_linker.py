@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kforge import triton_lld
 from kforge.files import atomic_symlink, atomic_write
 
 TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
@@ -65,18 +66,10 @@ def version(path: Path) -> tuple[int, str] | None:
 def find(kforge_dir: Path) -> Path:
     """The first usable ld.lld; else Triton's, as a script under kforge_dir; else LinkerMissing saying what was
     tried and how to get one. KFORGE_LD_LLD=triton asks for Triton's alone (the same linker on every machine)."""
-    chosen = os.environ.get("KFORGE_LD_LLD")
-    tried = []
-    for path in candidates():
-        if not path.exists():
-            if chosen:
-                tried.append(f"{path} (KFORGE_LD_LLD: no such file)")
-            continue
-        v = version(path)
-        if v and v[0] >= MIN_MAJOR:
-            return path
-        tried.append(f"{path} ({v[1] if v else 'does not run'})")
-    if not chosen or chosen == TRITON:
+    path, tried = _system_linker()
+    if path is not None:
+        return path
+    if _triton_allowed():
         script = triton_lld_script(kforge_dir / "triton-lld")
         if script is not None:
             return script
@@ -86,17 +79,55 @@ def find(kforge_dir: Path) -> Path:
                         f"was found{seen}. Fix: {INSTALL_HINT}")
 
 
-def triton_lld_script(directory: Path) -> Path | None:
-    """directory/ld.lld: a shell script running rules/triton_lld.py with this Python and Triton's libtriton,
-    or None without Triton. Rewritten (atomically) only when its text changes."""
+def key_part(version_of) -> str:
+    """The `--version` line of the linker find() would pick, for action keys, writing nothing: a system lld's
+    by version_of(path); Triton's LLD's from Triton's version alone; "missing" when there is none."""
+    path, _ = _system_linker()
+    if path is not None:
+        return version_of(path)
+    label = _triton_label() if _triton_allowed() else None
+    return triton_lld.version_line(label) if label else "missing"
+
+
+def _triton_allowed() -> bool:
+    return os.environ.get("KFORGE_LD_LLD") in (None, "", TRITON)
+
+
+def _system_linker() -> tuple[Path | None, list[str]]:
+    """(the first usable candidate or None, what was found but refused)."""
+    chosen = os.environ.get("KFORGE_LD_LLD")
+    tried = []
+    for path in candidates():
+        if not path.exists():
+            if chosen:
+                tried.append(f"{path} (KFORGE_LD_LLD: no such file)")
+            continue
+        v = version(path)
+        if v and v[0] >= MIN_MAJOR:
+            return path, tried
+        tried.append(f"{path} ({v[1] if v else 'does not run'})")
+    return None, tried
+
+
+def _libtriton() -> Path | None:
     spec = importlib.util.find_spec("triton")
     if spec is None or not spec.submodule_search_locations:
         return None
     libtriton = Path(spec.submodule_search_locations[0]) / "_C" / "libtriton.so"
-    if not libtriton.is_file():
+    return libtriton if libtriton.is_file() else None
+
+
+def _triton_label() -> str | None:
+    return f"triton=={importlib.metadata.version('triton')}" if _libtriton() else None
+
+
+def triton_lld_script(directory: Path) -> Path | None:
+    """directory/ld.lld: a shell script running rules/triton_lld.py with this Python and Triton's libtriton,
+    or None without Triton. Rewritten (atomically) only when its text changes."""
+    libtriton, label = _libtriton(), _triton_label()
+    if libtriton is None:
         return None
-    label = f"triton=={importlib.metadata.version('triton')}"
-    runner = Path(__file__).resolve().with_name("triton_lld.py")
+    runner = Path(triton_lld.__file__).resolve()
     text = ("#!/bin/sh\n# written by kforge (rules/amd_linker.py): FlyDSL's ld.lld is the LLD in Triton's libtriton\n"
             f"exec {shlex.join([sys.executable, '-I', str(runner), str(libtriton), label])} \"$@\"\n")
     script = directory / "ld.lld"

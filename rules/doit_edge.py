@@ -18,7 +18,7 @@ from pathlib import Path
 
 from doit.control import ExecNode
 
-from kforge import artifact, cpus, doit_runner, out_dir, report, settings
+from kforge import artifact, cpus, doit_runner, keys, out_dir, report, settings
 from kforge.layout import Layout
 
 
@@ -31,6 +31,7 @@ def config(root: Path, specs: list, targets: list) -> dict:
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
+        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions),),
         "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in targets],
                                                        option("archs")))})
     _sigterm_as_interrupt()

@@ -16,9 +16,9 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from kforge import amd_linker, amdgpu_metadata
+from kforge.layout import Layout
 from kforge.dtypes import canonical_arg_type
 
 _state: dict = {}
@@ -30,7 +30,7 @@ def warm(root: str) -> None:
     """Once per process, before forking compile servers: FlyDSL's own dirs under out/, then the import."""
     if _state.get("root") == root:
         return
-    kforge_dir = Path(root) / "out" / ".kforge"
+    kforge_dir = Layout.of(root).state
     os.environ["COMPILE_ONLY"] = "1"
     os.environ["FLYDSL_RUNTIME_ENABLE_CACHE"] = "0"
     os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = str(kforge_dir / "flydsl-cache")   # unused while disabled
@@ -47,7 +47,7 @@ def setup(arch: str) -> None:
     """Once in each compile server: this process compiles for `arch` only."""
     os.environ["ARCH"] = arch
     os.environ["FLYDSL_GPU_ARCH"] = arch
-    kforge_dir = Path(_state["root"]) / "out" / ".kforge"
+    kforge_dir = Layout.of(_state["root"]).state
     linker = amd_linker.find(kforge_dir)   # LinkerMissing fails every FlyDSL target with the fix, not Triton's
     os.environ["ROCM_PATH"] = str(amd_linker.rocm_root_for(linker, kforge_dir / "rocm-shim"))
 

@@ -54,33 +54,50 @@ def ptxas_path(sm: int) -> Path | None:
     return default if default and default.is_file() else None
 
 
-def tool_version(path: Path | None, cache_file: Path) -> str:
-    """`tool --version`'s last line, cached by (path, size, mtime) because running it costs ~25 ms."""
-    if path is None:
-        return "missing"
-    st = path.stat()
-    stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
-    cache = _read_json(cache_file)
-    if stamp not in cache:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
-        lines = out.stdout.strip().splitlines()
-        cache[stamp] = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
-        _write_json(cache_file, cache)
-    return cache[stamp]
+class ToolVersions:
+    """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json because running
+    a tool costs ~25 ms. Read while tasks are generated; saved by the reporter at the end of a run."""
+    _open: dict[Path, "ToolVersions"] = {}
+
+    @classmethod
+    def of(cls, path: Path) -> "ToolVersions":
+        if path not in cls._open:
+            cls._open[path] = cls(path)
+        return cls._open[path]
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines = _read_json(path)
+        self.changed = False
+
+    def __call__(self, tool: Path | None) -> str:
+        if tool is None:
+            return "missing"
+        st = tool.stat()
+        stamp = f"{tool}:{st.st_size}:{st.st_mtime_ns}"
+        if stamp not in self.lines:
+            out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
+            lines = out.stdout.strip().splitlines()
+            self.lines[stamp] = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
+            self.changed = True
+        return self.lines[stamp]
+
+    def save(self) -> None:
+        if self.changed:
+            _write_json(self.path, self.lines)
+            self.changed = False
 
 
 @functools.lru_cache(maxsize=None)
 def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path) -> tuple[tuple[str, str], ...]:
-    """What identifies the compiler for one (toolchain, arch family)."""
+    """What identifies the compiler for one (toolchain, arch family). Writes nothing."""
+    versions = ToolVersions.of(cache_file)
     parts = [(toolchain, package_version(toolchain))]
     if toolchain == "triton" and vendor == "nvidia":
-        parts.append(("ptxas", tool_version(ptxas_path(sm), cache_file)))
-    if toolchain == "flydsl":
+        parts.append(("ptxas", versions(ptxas_path(sm))))
+    if toolchain == "flydsl":   # "missing": its targets fail with the fix; the key notes the absence
         from kforge import amd_linker
-        try:
-            parts.append(("ld.lld", tool_version(amd_linker.find(cache_file.parent), cache_file)))
-        except amd_linker.LinkerMissing:
-            parts.append(("ld.lld", "missing"))   # its targets fail with the fix; the key notes the absence
+        parts.append(("ld.lld", amd_linker.key_part(versions)))
     return tuple(parts)
 
 

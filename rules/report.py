@@ -25,6 +25,7 @@ class BuildReporter(ConsoleReporter):
     report_path = "out/build-report.json"   # set per project by kforge.doit_edge.config()
     find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
     key_index = None      # artifact.KeyIndex: told of each built target, saved at the end of the run
+    saved_at_end = ()     # more state read while tasks were generated, saved at the end of the run
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
@@ -121,8 +122,9 @@ class BuildReporter(ConsoleReporter):
         summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
                        f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
         self.write("\n" + "\n".join(summary) + "\n")
-        if self.key_index is not None:
-            self.key_index.save()
+        for state in (self.key_index, *self.saved_at_end):
+            if state is not None:
+                state.save()
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
 

@@ -14,6 +14,12 @@ import sys
 USAGE = "usage: triton_lld.py LIBTRITON LABEL [--version | -shared INPUT.o -o OUTPUT.hsaco]"
 
 
+def version_line(label: str) -> str:
+    """What `ld.lld --version` prints: no path in it, since the line is part of FlyDSL targets' keys (which
+    rules/amd_linker.py computes from the label alone, without running or writing anything)."""
+    return f"LLD in {label}'s libtriton (compatible with GNU linkers)"
+
+
 def link_args(args: list[str]) -> tuple[str, str]:
     """(input, output) of `-shared INPUT -o OUTPUT` in any order; anything else is refused, never guessed."""
     rest, output = list(args), None
@@ -33,8 +39,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(USAGE + "\n")
         return 2
     libtriton, label, args = argv[0], argv[1], argv[2:]
-    if args == ["--version"]:   # no path in it: the line is part of FlyDSL targets' keys
-        print(f"LLD in {label}'s libtriton (compatible with GNU linkers)")
+    if args == ["--version"]:
+        print(version_line(label))
         return 0
     try:
         source, output = link_args(args)

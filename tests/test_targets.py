@@ -1,5 +1,6 @@
 """Action keys: each input that changes a binary changes exactly the keys of the targets it feeds."""
 import os
+import shutil
 
 import pytest
 
@@ -7,7 +8,7 @@ from kforge import keys
 from kforge_runtime import schema
 from kforge.spec import load_spec
 from kforge.targets import build_targets
-from tests.support import kernel_text, make_project, spec_text
+from tests.support import doit, kernel_text, make_project, spec_text
 
 
 def keys_of(root) -> dict[str, str]:
@@ -90,7 +91,15 @@ def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
     assert changed(before, keys_of(project)) == set(before)
 
 
+def test_listing_the_targets_writes_nothing(project):
+    """Generating tasks has no side effects: `doit list` leaves out/ holding only doit's own database."""
+    out = project / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    doit(project, "list", "--all")
+    assert sorted(p.name for p in out.rglob("*")) == [".doit.sqlite3"]
+
+
 def test_ptxas_version_is_in_nvidia_keys_only(project, monkeypatch):
     before = keys_of(project)
-    monkeypatch.setattr(keys, "tool_version", lambda path, cache: "ptxas 99.0")
+    monkeypatch.setattr(keys.ToolVersions, "__call__", lambda self, tool: "ptxas 99.0")
     assert changed(before, keys_of(project)) == {n for n in before if n.endswith("@sm_90a")}
