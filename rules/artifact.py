@@ -71,7 +71,7 @@ class KeyIndex:
         if meta_stamp is None:
             return False
         entry = self.entries.get(meta_path)
-        if isinstance(entry, list) and len(entry) == 6 and entry[0] == meta_stamp:
+        if isinstance(entry, list) and len(entry) == 4 and entry[0] == meta_stamp:
             if entry[1] != key:
                 return False
             if entry[3] is not None and stamps.identity(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:

@@ -84,6 +84,20 @@ def test_key_index_remembers_keys_and_notices_a_replaced_meta(art, tmp_path):
     assert not reloaded.is_current(meta_path, "rebuilt")
 
 
+def test_an_unchanged_artifact_is_current_from_the_saved_index_without_reading_it(art, tmp_path, monkeypatch):
+    """What makes a no-op run cheap: meta.json and the binary are only stat'ed, neither read nor hashed."""
+    meta_path = str(art / "meta.json")
+    key = json.loads((art / "meta.json").read_text())["key"]
+    index = artifact.KeyIndex(tmp_path / "keys.json")
+    assert index.is_current(meta_path, key)
+    index.save()
+
+    def no_reading(path):
+        raise AssertionError(f"read {path}")
+    monkeypatch.setattr(artifact, "_read_artifact", no_reading)
+    assert artifact.KeyIndex(tmp_path / "keys.json").is_current(meta_path, key)
+
+
 def test_a_garbage_key_index_is_ignored(art, tmp_path):
     (tmp_path / "keys.json").write_text('["not", "a dict"]')
     key = json.loads((art / "meta.json").read_text())["key"]
