@@ -119,4 +119,6 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
 
 def remove(spec, arch: str, root: str) -> None:
     """`doit clean tune`."""
-    table_path(Path(root), arch, spec.name).unlink(missing_ok=True)
+    table = table_path(Path(root), arch, spec.name)
+    table.unlink(missing_ok=True)
+    table.with_name(f".{table.name}.partial").unlink(missing_ok=True)   # a stopped run's rankings (tune_gpu.py)

@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from kforge.layout import Layout
 from kforge import artifact, sources
 from kforge.files import atomic_write
+from kforge.layout import Layout
 from kforge_runtime.device import identity
 from kforge_runtime.launch import TORCH_DTYPES, Kernel
 from kforge_runtime.select import TABLE_FORMAT, handles
@@ -54,18 +54,24 @@ def median_us(launch, copies: int, give_up_over_us: float = math.inf) -> tuple[f
     return statistics.median(times), runs
 
 
+class TimingUnsettled(RuntimeError):
+    """The GPU kept waking before a batch was queued: the CPU was too busy to time this config just now."""
+
+
 def _timed_batch(launch, copies: int, first: int, n: int) -> list[float]:
     """Per-launch GPU times of n launches queued behind one GPU sleep that outlasts queueing them, so no
     CPU launch overhead is in the times. If the GPU woke first anyway (a slow moment on the CPU), the
-    batch is redone with a sleep sized from what queueing it took."""
+    batch is redone, fresh, behind a sleep twice as long as the last (up to SLEEP_CAP_US)."""
     import torch
     clock = _clock()
-    for _ in range(5):
+    margin = 2.0
+    for _ in range(BATCH_TRIES):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         awake = torch.cuda.Event()
+        sleep_us = min(SLEEP_CAP_US, margin * n * _queue_us["per_launch"] + 20)
         gc.disable()   # a collection mid-batch would stall the queueing
         try:
-            torch.cuda._sleep(int((2 * n * _queue_us["per_launch"] + 20) * clock))
+            torch.cuda._sleep(int(sleep_us * clock))
             awake.record()
             start = time.perf_counter()
             for j, (begin, end) in enumerate(events):
@@ -80,7 +86,14 @@ def _timed_batch(launch, copies: int, first: int, n: int) -> list[float]:
         _queue_us["per_launch"] = max(queued_us, 0.8 * _queue_us["per_launch"])
         if not woke_early:
             return [begin.elapsed_time(end) * 1e3 for begin, end in events]
-    raise RuntimeError("could not queue a batch of launches behind a GPU sleep; is the CPU overloaded?")
+        margin *= 2
+    raise TimingUnsettled(f"the GPU woke before {n} launches were queued, {BATCH_TRIES} times, behind sleeps of "
+                          f"up to {sleep_us / 1e3:.0f} ms; is the CPU overloaded?")
+
+
+BATCH_TRIES = 8          # fresh batches behind ever longer sleeps before a config's timing is put off
+SLEEP_CAP_US = 500_000   # the longest sleep a batch waits behind
+CONFIG_TRIES = 3         # a config whose timing stayed unsettled is timed again, after a pause, this often
 
 
 _queue_us = {"per_launch": 100.0}   # CPU time to queue one launch and its events, as last measured
@@ -168,8 +181,8 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
             rejected.append({"config_id": entry["config_id"], "why": "its divisibility promises exclude this shape"})
             continue
         best = min((r["us"] for r in ranking), default=math.inf)
-        timed = checked_time(make_launch(harness, kernel, shape, problems), problems, expected,
-                             GIVE_UP_OVER_BEST * best)
+        timed = _settled(lambda: checked_time(make_launch(harness, kernel, shape, problems), problems, expected,
+                                              GIVE_UP_OVER_BEST * best))
         if isinstance(timed, str):
             rejected.append({"config_id": entry["config_id"], "why": timed})
             continue
@@ -178,6 +191,44 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
     ranking.sort(key=lambda r: r["us"])
     return {"shape": list(shape.values()), "where": where, "copies": len(problems), "ranking": ranking,
             "rejected": rejected}
+
+
+def _settled(time_it):
+    """time_it(), timed again after a pause when the CPU was too busy to time it (TimingUnsettled); after
+    CONFIG_TRIES, the reason as a string: the config is listed as rejected, the tuning goes on."""
+    for attempt in range(CONFIG_TRIES):
+        try:
+            return time_it()
+        except TimingUnsettled as e:
+            reason = f"not timed: {e}"
+            sys.stderr.write(f"kforge: tune: {e} (try {attempt + 1} of {CONFIG_TRIES})\n")
+            time.sleep(0.5 * (attempt + 1))
+    return reason
+
+
+def progress_path(out: Path) -> Path:
+    """Where finished rankings are kept while a tuning runs: a run that stopped resumes from them."""
+    return out.with_name(f".{out.name}.partial")
+
+
+def load_progress(path: Path, key: str) -> dict[str, dict]:
+    """The rankings a stopped run of the same tuning key finished, by shape and where; {} for any other."""
+    try:
+        saved = json.loads(path.read_bytes())
+        if saved.get("key") == key and isinstance(saved.get("shapes"), dict):
+            return saved["shapes"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def save_progress(path: Path, key: str, shapes: dict[str, dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"key": key, "shapes": shapes}).encode())
+
+
+def shape_id(shape: dict, where: dict) -> str:
+    return json.dumps([shape, where], sort_keys=True)
 
 
 def load_kernels(spec, arch: str, root: Path) -> list:
@@ -221,14 +272,26 @@ def main(argv: list[str] | None = None) -> int:
         groups.setdefault(tuple((v, k.entry["config"][v]) for v in spec.type_vars), []).append(k)
     device = torch.device("cuda", torch.cuda.current_device())
     shapes = []
+    out = root / args.out
+    progress = progress_path(out)
+    done = load_progress(progress, args.key)
+    if done:
+        sys.stderr.write(f"kforge: tune {spec.name}@{args.arch}: resuming; {len(done)} rankings kept from a "
+                         f"run that stopped\n")
     lock = _hold_gpu(Layout(root).tune, device.index)   # another tuning on this GPU would skew both
     started = time.perf_counter()
     for values in spec.tune.shapes:
         shape = dict(zip(spec.tune.shape_args, values))
         for where, mine in sorted(groups.items()):
+            sid = shape_id(shape, dict(where))
+            if sid in done:
+                shapes.append(done[sid])
+                continue
             began = time.perf_counter()
             result = tune_shape(harness, shape, dict(where), mine, device)
             shapes.append(result)
+            done[sid] = result
+            save_progress(progress, args.key, done)
             best = result["ranking"][0] if result["ranking"] else None
             sys.stderr.write(f"kforge: tune {spec.name}@{args.arch} {shape} {dict(where)}: "
                              + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
@@ -242,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                         "rotation": f"inputs rotated over >= {ROTATE_BYTES_OVER_L2}x L2"},
              "seconds": round(time.perf_counter() - started, 1), "shapes": shapes}
     lock.close()
-    out = root / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
+    progress.unlink(missing_ok=True)
     return 0
 
 

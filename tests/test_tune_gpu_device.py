@@ -70,3 +70,23 @@ def test_a_config_with_a_wrong_result_never_wins(project):
     for s in table["shapes"]:
         assert s["ranking"] == [] and len(s["rejected"]) == 2
         assert all(r["why"].startswith("wrong result") for r in s["rejected"])
+
+
+def test_a_batch_the_cpu_could_not_queue_in_time_is_retried_behind_longer_sleeps():
+    """Queueing slows down three times over from one batch to the next (as on a host getting busier): a sleep
+    sized only from the last batch's queueing never outlasts the next; the batch is redone behind sleeps that
+    grow faster than that, not the tuning failed."""
+    import time
+
+    from kforge import tune_gpu
+    x = torch.ones(1 << 16, device="cuda")
+    calls = []
+
+    def launch(i):
+        calls.append(i)
+        batch = (len(calls) - 1) // 5
+        if batch < tune_gpu.BATCH_TRIES:
+            time.sleep(0.0005 * 3 ** batch)
+        x.mul_(1.0)
+    times = tune_gpu._timed_batch(launch, 1, 0, 5)
+    assert len(times) == 5 and all(t > 0 for t in times)
