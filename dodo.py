@@ -4,8 +4,8 @@ from pathlib import Path
 from kforge import doit_edge, project
 
 ROOT = Path(__file__).resolve().parent
-SPECS, TARGETS = project.load_catalog(ROOT)
-DOIT_CONFIG = doit_edge.config(ROOT, SPECS, TARGETS)
+CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/catalog.py)
+DOIT_CONFIG = doit_edge.config(ROOT, CATALOG)
 
 if (ROOT / "kernels" / "ep" / "tasks.py").is_file():   # this checkout's example op: `doit verify_dispatch_combine`
     from kernels.ep.tasks import task_verify_dispatch_combine  # noqa: F401
@@ -13,14 +13,14 @@ if (ROOT / "kernels" / "ep" / "tasks.py").is_file():   # this checkout's example
 
 def task_kernels():
     """One task per target, grouped by kernel family (`doit gemm`)."""
-    yield from project.compile_tasks(ROOT, SPECS, TARGETS)
+    yield from project.compile_tasks(ROOT, CATALOG)
 
 
 def task_package():
     """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
-    yield from project.bundle_tasks(ROOT, TARGETS)
+    yield from project.bundle_tasks(ROOT, CATALOG)
 
 
 def task_tune():
     """Not a default task: on a GPU, rank each [tune] family's configs per shape (out/tune/<arch>/)."""
-    yield from project.tuning_tasks(ROOT, SPECS, TARGETS)
+    yield from project.tuning_tasks(ROOT, CATALOG)

@@ -22,7 +22,7 @@ from kforge import artifact, cpus, doit_runner, keys, out_dir, report, settings
 from kforge.layout import Layout
 
 
-def config(root: Path, specs: list, targets: list) -> dict:
+def config(root: Path, catalog) -> dict:
     """DOIT_CONFIG for dodo.py, after installing kforge's runner and hooks."""
     layout = Layout(root)
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
@@ -31,8 +31,8 @@ def config(root: Path, specs: list, targets: list) -> dict:
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
-        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions),),
-        "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in targets],
+        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), catalog),
+        "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets],
                                                        option("archs")))})
     _sigterm_as_interrupt()
     _interrupt_without_traceback()
@@ -44,7 +44,7 @@ def config(root: Path, specs: list, targets: list) -> dict:
         "dep_file": str(layout.doit_db),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
-        "default_tasks": [s.name for s in specs] + ["package"],
+        "default_tasks": [f.name for f in catalog.families] + ["package"],
         "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
     }
 

@@ -8,7 +8,7 @@ from kforge import artifact, remote_cache
 from kforge.doit_edge import option
 from kforge.layout import Layout
 from kforge.spec import SpecError, load_spec
-from kforge.targets import build_targets
+from kforge.catalog import Catalog
 from kforge.tasks import family_tasks, package_tasks
 
 
@@ -19,35 +19,34 @@ def load_specs(root: Path) -> list:
     return [load_spec(f, root) for f in files]
 
 
-def load_catalog(root: Path) -> tuple[list, list]:
-    """(specs, targets) for the archs chosen on the command line, or one clear error and exit code 2."""
+def load_catalog(root: Path) -> Catalog:
+    """The catalog for the archs chosen on the command line, or one clear error and exit code 2."""
     try:
-        specs = load_specs(root)
-        return specs, build_targets(specs, root, option("archs"))
+        return Catalog(root, option("archs"), option("max_configs")).load()
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
 
 
-def compile_tasks(root: Path, specs: list, targets: list):
+def compile_tasks(root: Path, catalog: Catalog):
     """All compile tasks, grouped by family (a generator for dodo.py)."""
-    by_family: dict[str, list] = {s.name: [] for s in specs}
-    for t in targets:
+    by_family: dict[str, list] = {f.name: [] for f in catalog.families}
+    for t in catalog.targets:
         by_family[t.kernel].append(t)
     timeout, executor, url = option("timeout"), option("executor"), option("cache")
     cache = remote_cache.CacheConfig(url, option("cache_readonly"), option("cache_timeout")) if url else None
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
-    for spec in specs:
-        yield from family_tasks(spec.name, spec.description, by_family[spec.name], str(root), timeout, built,
-                                cache, executor)
+    for family in catalog.families:
+        yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,
+                                built, cache, executor)
 
 
-def bundle_tasks(root: Path, targets: list):
+def bundle_tasks(root: Path, catalog: Catalog):
     """`doit package`: one wheel per arch (a generator for dodo.py)."""
-    yield from package_tasks(targets, str(root))
+    yield from package_tasks(catalog.targets, str(root))
 
 
-def tuning_tasks(root: Path, specs: list, targets: list):
+def tuning_tasks(root: Path, catalog: Catalog):
     """`doit tune` (a generator for dodo.py); rules/tune.py says when a table is current."""
     from kforge.tune import tune_tasks
-    yield from tune_tasks(specs, targets, str(root))
+    yield from tune_tasks(catalog.families, catalog.targets, str(root))

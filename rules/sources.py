@@ -13,9 +13,20 @@ import hashlib
 from pathlib import Path
 
 
-@functools.lru_cache(maxsize=None)
 def _parse(path: Path) -> ast.Module:
+    return _parse_version(path, *_version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_version(path: Path, *version) -> ast.Module:
     return ast.parse(path.read_bytes(), filename=str(path))
+
+
+def _version(path: Path) -> tuple:
+    """What the per-process caches of file contents are keyed by besides the path: a file edited while the
+    process runs (a test, a long-lived tool) is read again."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def function_names(path: Path) -> list[str]:
@@ -64,8 +75,10 @@ def _is_virtualenv(directory: Path) -> bool:
     return (directory / "pyvenv.cfg").is_file()
 
 
-def local_closure(path: Path, root: Path) -> tuple[Path, ...]:
-    """The source and every project module it imports, transitively, sorted (the files its binary depends on)."""
+def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tuple[Path, ...]:
+    """The source and every project module it imports, transitively, sorted (the files its binary depends on).
+    `misses`, if given, collects the project files an import looked for and did not find (`import torch`:
+    <root>/torch/__init__.py, <root>/torch.py): a file created there would change the closure."""
     seen: set[Path] = set()
     todo = [path.resolve()]
     while todo:
@@ -73,12 +86,12 @@ def local_closure(path: Path, root: Path) -> tuple[Path, ...]:
         if p in seen:
             continue
         seen.add(p)
-        todo += [q for q in _local_imports(p, root.resolve())
+        todo += [q for q in _local_imports(p, root.resolve(), misses)
                  if q not in seen and project_source_problem(q, root) is None]
     return tuple(sorted(seen))
 
 
-def _local_imports(path: Path, root: Path) -> list[Path]:
+def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:
     found = []
     package = path.parent
     for node in ast.walk(_parse(path)):
@@ -94,7 +107,7 @@ def _local_imports(path: Path, root: Path) -> list[Path]:
             continue
         for base in bases:
             for dotted in names:
-                f = _resolve(base, dotted.split("."))
+                f = _resolve(base, dotted.split("."), misses)
                 if f is not None:
                     found.append(f)
     return found
@@ -106,12 +119,15 @@ def _up(p: Path, n: int) -> Path:
     return p
 
 
-def _resolve(base: Path, parts: list[str]) -> Path | None:
-    """The project source file a dotted import names under base (module.py or package/__init__.py)."""
+def _resolve(base: Path, parts: list[str], misses: set[Path] | None = None) -> Path | None:
+    """The project source file a dotted import names under base (package/__init__.py or module.py)."""
     target = base.joinpath(*parts)
-    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+    candidates = (target / "__init__.py", target.with_suffix(".py"))   # Python's order: a package first
+    for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+    if misses is not None:
+        misses.update(candidates)
     return None
 
 
@@ -120,6 +136,10 @@ def digest_files(paths: tuple[Path, ...], root: Path) -> tuple[tuple[str, str], 
     return tuple((str(p.relative_to(root.resolve())), _sha256(p)) for p in paths)
 
 
-@functools.lru_cache(maxsize=None)
 def _sha256(path: Path) -> str:
+    return _sha256_version(path, *_version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256_version(path: Path, *version) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -40,8 +40,28 @@ class Target:
     def meta_path(self) -> str:
         return f"{self.out_dir}/meta.json"
 
+    def record(self) -> list:
+        """The fields as JSON values, in order (rules/catalog.py keeps targets this way between runs)."""
+        return [getattr(self, f) for f in _FIELDS]
 
-def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+    @classmethod
+    def from_record(cls, record: list) -> "Target":
+        """Inverse of record(): JSON's lists back to the tuples the fields hold."""
+        values = dict(zip(_FIELDS, record))
+        for name in _PAIRS:
+            values[name] = tuple(tuple(pair) for pair in values[name])
+        values["divisible_by_16"] = tuple(values["divisible_by_16"])
+        return cls(**values)
+
+
+_FIELDS = tuple(Target.__dataclass_fields__)
+_PAIRS = ("signature", "constexprs", "options", "config", "source_digests", "toolchain_versions")
+
+
+def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
+                  read: set[Path] | None = None) -> list[Target]:
+    """Every target of the specs for the archs (None: all). `read`, if given, collects the kernel source files
+    the targets were computed from, and those an import looked for in vain (rules/catalog.py stamps them)."""
     targets: list[Target] = []
     seen: dict[str, str] = {}
     for spec in specs:
@@ -49,7 +69,7 @@ def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | 
             raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
                             f"target names must be unique: rename one [kernel] name")
         seen[spec.name] = spec.path
-        targets += spec_targets(spec, root, arch_filter)
+        targets += spec_targets(spec, root, arch_filter, read)
     return targets
 
 
@@ -66,10 +86,15 @@ class _Shared:
     layout: Layout
 
 
-def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None) -> list[Target]:
+def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
+                 read: set[Path] | None = None) -> list[Target]:
     layout = Layout.of(root)
     source = (root / spec.source).resolve()
-    digests = sources.digest_files(sources.local_closure(source, root), root)
+    misses: set[Path] = set()
+    closure = sources.local_closure(source, root, misses)
+    if read is not None:   # the files the targets depend on, and those whose creation would change them
+        read.update(closure, misses)
+    digests = sources.digest_files(closure, root)
     module = sources.module_name(source, root)
     env = keys.compiler_env()
     result = []

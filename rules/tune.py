@@ -18,6 +18,7 @@ from pathlib import Path
 from kforge import artifact, sources, stamps
 from kforge.archs import ARCHS
 from kforge.layout import Layout
+from kforge.spec import load_spec
 from kforge.targets import Target
 
 TUNE_SCHEMA = 1
@@ -38,13 +39,15 @@ def local_vendors() -> set[str]:
     return found
 
 
-def tune_tasks(specs: list, targets: list[Target], root: str) -> Iterator[dict]:
+def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
+    """families: the catalog's (rules/catalog.py); the spec of each tuned one is loaded here."""
     yield {"basename": "tune", "name": None,
            "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
     vendors = local_vendors()
-    for spec in specs:
-        if spec.tune is None:
+    for family in families:
+        if not family.tuned:
             continue
+        spec = load_spec(Path(root) / family.path, Path(root))
         archs = sorted({t.arch for t in targets if t.kernel == spec.name})
         for arch in archs:
             if vendors and ARCHS[arch].vendor not in vendors:

@@ -349,8 +349,7 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     data = bytearray(binary.read_bytes())
     data[-1] ^= 0xFF
     binary.write_bytes(bytes(data))
-    _, targets = load_catalog(project)
-    failed = package.build_bundle("sm_90a", targets, str(project))
+    failed = package.build_bundle("sm_90a", load_catalog(project).targets, str(project))
     assert f"package:sm_90a: {TWO[1]}: " in str(failed) and "does not match" in str(failed)
     assert "doit forget" in str(failed)   # the fix
     out = io.StringIO()

@@ -17,3 +17,91 @@ def test_the_catalog_loads_into_unique_targets_inside_out():
     out = Layout(REPO).out
     assert all(out in Layout(REPO).artifact_dir(t.arch, t.kernel, t.config_id).parents for t in targets)
     assert {t.toolchain for t in targets} == {"triton", "flydsl"}
+
+
+# rules/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
+
+import os  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from kforge import catalog as catalog_module  # noqa: E402
+from tests.support import kernel_text, make_project, spec_text  # noqa: E402
+
+HELPER = "FACTOR = 3\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    kernel = kernel_text(factor="FACTOR", imports="from tk.helper import FACTOR")
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))},
+                        kernels={"scale": kernel, "helper": HELPER})
+    return root
+
+
+def loaded(root):
+    return catalog_module.Catalog(root, None, 50_000).load()
+
+
+def load_watched(root, monkeypatch):
+    """(target name -> key, whether the load used the saved catalog rather than the specs)."""
+    from_specs = []
+    real = catalog_module.load_spec
+    monkeypatch.setattr(catalog_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
+    found = loaded(root)
+    monkeypatch.setattr(catalog_module, "load_spec", real)
+    return {t.name: t.key for t in found.targets}, not from_specs
+
+
+def later(path, text):
+    """Rewrite a file so that its identity surely changes (a new mtime even on a coarse clock)."""
+    time.sleep(0.01)
+    path.write_text(text)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+
+
+def test_an_unchanged_project_loads_the_saved_catalog_with_the_same_targets(project, monkeypatch):
+    first = loaded(project)
+    first.save()
+    expected = {t.name: t for t in first.targets}
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert used_saved and keys == {n: t.key for n, t in expected.items()}
+    again = {t.name: t for t in loaded(project).targets}
+    assert again == expected   # every field, with the tuples the fields hold
+
+
+@pytest.mark.parametrize("edit", ["spec value", "kernel source", "helper module", "new spec", "kforge code",
+                                  "corrupt catalog"])
+def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, tmp_path, edit):
+    before = {t.name: t.key for t in loaded(project).targets}
+    first = loaded(project)
+    first.save()
+    if edit == "spec value":
+        later(project / "specs" / "scale.toml", spec_text(blocks=(128, 512)))
+    elif edit == "kernel source":
+        later(project / "tk" / "scale.py", kernel_text(factor="FACTOR + 1", imports="from tk.helper import FACTOR"))
+    elif edit == "helper module":
+        later(project / "tk" / "helper.py", "FACTOR = 4\n")
+    elif edit == "new spec":
+        (project / "specs" / "other.toml").write_text(spec_text(name="other"))
+    elif edit == "kforge code":
+        code = tmp_path / "kforge_code"
+        code.mkdir()
+        (code / "x.py").write_text("")
+        monkeypatch.setattr(catalog_module, "KFORGE_CODE", code)
+        first = loaded(project)
+        first.save()
+        later(code / "x.py", "# edited\n")
+    else:
+        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-1", "stamp"')
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved
+    if edit in ("kernel source", "helper module"):
+        assert set(keys) == set(before) and all(keys[n] != before[n] for n in before)
+    elif edit == "spec value":
+        assert any("b512" in n for n in keys) and not any("b256" in n for n in keys)
+    elif edit == "new spec":
+        assert any(n.startswith("other:") for n in keys)
+    else:
+        assert keys == before

@@ -13,9 +13,6 @@ from tests.support import doit, kernel_text, make_project, spec_text
 
 def keys_of(root) -> dict[str, str]:
     keys.toolchain_fingerprint.cache_clear()
-    from kforge import sources
-    sources._sha256.cache_clear()
-    sources._parse.cache_clear()
     specs = [load_spec(p, root) for p in sorted((root / "specs").glob("*.toml"))]
     return {t.name: t.key for t in build_targets(specs, root, None)}
 

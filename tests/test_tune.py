@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from kforge import sources, tune
+from kforge import tune
+from kforge.catalog import Family
 from kforge.spec import load_spec
 from kforge.targets import spec_targets
 from tests.support import doit, kernel_text, make_project, spec_text
@@ -24,8 +25,6 @@ def project(tmp_path):
 
 
 def key(root, gpu=H100, arch="sm_90a"):
-    sources._sha256.cache_clear()   # as in a fresh doit process
-    sources._parse.cache_clear()
     spec = load_spec(root / "specs" / "scale.toml", root)
     return tune.tuning_key(spec, arch, spec_targets(spec, root, (arch,)), root, gpu)
 
@@ -73,7 +72,8 @@ def test_a_table_with_the_current_key_is_up_to_date(project, monkeypatch):
 def test_tasks_only_for_the_local_gpus_vendor_and_never_by_default(project, monkeypatch):
     spec = load_spec(project / "specs" / "scale.toml", project)
     targets = spec_targets(spec, project, None)
-    names = lambda: [t["name"] for t in tune.tune_tasks([spec], targets, str(project)) if t["name"]]
+    family = Family(spec.name, spec.description, spec.path, tuned=True)
+    names = lambda: [t["name"] for t in tune.tune_tasks([family], targets, str(project)) if t["name"]]
     monkeypatch.setattr(tune, "local_vendors", lambda: {"nvidia"})
     assert names() == ["scale@sm_90a"]
     monkeypatch.setattr(tune, "local_vendors", lambda: {"amd"})

@@ -1,0 +1,94 @@
+"""The catalog (specs -> families and targets), kept in out/.kforge/catalog.json between runs.
+
+Loading specs and computing 1,000+ targets (parsing every kernel source for its imports, hashing them, one
+action key per target) is most of a no-op run. Its result depends only on files and settings that can be
+checked without doing that work: the list of spec files and each of them, every kernel source and project
+module the targets were computed from, the project files an import looked for and did not find (one created
+there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
+environment, the Python, the project's path and the settings that shape the catalog. The saved catalog is used only while the digest of
+all of those (files by identity: inode, mtime, size) is the one saved with it; anything else loads it again.
+Saved by the reporter at the end of a run: listing tasks writes nothing.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge import keys, stamps
+from kforge.archs import ARCHS
+from kforge.files import atomic_write
+from kforge.layout import Layout
+from kforge.spec import SpecError, load_spec
+from kforge.targets import Target, build_targets
+
+FORMAT = "kforge-catalog-1"
+KFORGE_CODE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the tasks need of a spec beyond its targets."""
+    name: str
+    description: str
+    path: str       # the spec file
+    tuned: bool     # has a [tune] table (`doit tune` loads the spec itself)
+
+
+class Catalog:
+    def __init__(self, root: Path, archs: tuple[str, ...] | None, max_configs: int):
+        self.root, self.archs, self.max_configs = root, archs, max_configs
+        self.path = Layout(root).state / "catalog.json"
+        self.families: list[Family] = []
+        self.targets: list[Target] = []
+        self._fresh: dict | None = None   # a catalog loaded from the specs, to save at the end of the run
+
+    def load(self) -> "Catalog":
+        """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError)."""
+        spec_files = sorted((self.root / "specs").glob("*.toml"))
+        saved = self._read_saved()
+        if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
+            self.families = [Family(*f) for f in saved["families"]]
+            self.targets = [Target.from_record(r) for r in saved["targets"]]
+            return self
+        if not spec_files:
+            raise SpecError(f"{self.root / 'specs'}: no *.toml specs found")
+        specs = [load_spec(f, self.root) for f in spec_files]
+        read: set[Path] = set()
+        self.targets = build_targets(specs, self.root, self.archs, read)
+        self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
+        toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
+        files = sorted(str(p) for p in read)
+        self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains), "read": files,
+                       "toolchains": toolchains, "families": [list(vars(f).values()) for f in self.families],
+                       "targets": [t.record() for t in self.targets]}
+        return self
+
+    def save(self) -> None:
+        """Keep a catalog loaded from the specs for the next run (called at the end of a run)."""
+        if self._fresh is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(self._fresh, separators=(",", ":")).encode())
+            self._fresh = None
+
+    def _read_saved(self) -> dict | None:
+        try:
+            saved = json.loads(self.path.read_bytes())
+            return saved if isinstance(saved, dict) and saved.get("format") == FORMAT else None
+        except (OSError, ValueError):
+            return None
+
+    def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list) -> str:
+        files = [*map(str, spec_files), *read]
+        code = sorted(str(p) for p in KFORGE_CODE.rglob("*.py"))
+        fingerprints = []
+        for toolchain, arch in toolchains:
+            a = ARCHS[arch]
+            sm = a.target_arch if isinstance(a.target_arch, int) else 0
+            fingerprints.append(keys.toolchain_fingerprint(toolchain, a.vendor, sm,
+                                                           Layout(self.root).tool_versions))
+        return stamps.digest({
+            "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
+            "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
+            "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
