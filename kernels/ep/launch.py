@@ -1,6 +1,10 @@
 """How the op runs its kernels: precompiled, from a kforge bundle (`doit package`: specs/ep_*.toml), or by
-Triton's JIT. A bundle that lacks a config is an error unless jit_fallback=True: never a silent compile."""
+Triton's JIT. A bundle that lacks a config is an error unless jit_fallback=True, which then takes the
+library's JIT fallback (kforge_runtime.Library.load): never a silent compile."""
 from __future__ import annotations
+
+import tomllib
+from pathlib import Path
 
 import torch
 
@@ -9,10 +13,18 @@ from kernels.ep import triton_kernels as tk
 FAMILIES = {"ep_route": tk.route_kernel, "ep_dispatch": tk.dispatch_kernel, "ep_combine": tk.combine_kernel,
             "ep_barrier": tk.barrier_kernel, "ep_exchange_counts": tk.exchange_counts_kernel,
             "ep_dispatch_done": tk.dispatch_done_kernel}
-# The same values as [constants] in specs/ep_*.toml (tests/test_ep_launch.py checks): the JIT path uses them.
-# ep_dispatch's BLOCK_T must be ep_route's: it finds each token's block of the route.
-CONSTANTS = {"ep_route": {"BLOCK_T": 256}, "ep_exchange_counts": {"BLOCKS": 64},
-             "ep_dispatch": {"BLOCK_H": 1024, "BLOCK_T": 256}, "ep_combine": {"BLOCK_H": 1024}}
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+def _spec_constants() -> dict[str, dict]:
+    """[constants] of specs/ep_*.toml, read from the specs themselves: the JIT path (no library) compiles
+    exactly what the bundles hold. ep_dispatch's BLOCK_T must be ep_route's: it finds each token's block of
+    the route (tests/test_ep_launch.py checks)."""
+    return {family: tomllib.loads((SPECS / f"{family}.toml").read_text()).get("constants", {})
+            for family in FAMILIES}
+
+
+CONSTANTS = _spec_constants()
 
 
 class EpKernels:
@@ -37,11 +49,14 @@ class EpKernels:
             except NoMatchingKernel:
                 if not self.jit_fallback:
                     raise
+                # the library's own fallback: the recipe recorded in the bundles, its source checked
+                kernel = self.library.load(family, config, jit_fallback=True)
+                self.sources[name] = "triton jit (the library's fallback)"
             else:
                 kernel = bundle.kernel(entry)   # the entry select() picked: no second lookup
                 self.sources[name] = f"bundle {bundle.path.name}"
-                return lambda grid, *args: kernel(grid, *args, stream=torch.cuda.current_stream().cuda_stream)
-        fn = FAMILIES[family]
+            return lambda grid, *args: kernel(grid, *args, stream=torch.cuda.current_stream().cuda_stream)
+        fn = FAMILIES[family]   # no library: Triton's JIT of the same functions and constants
         constexprs = {**{k: v for k, v in config.items() if k != "dtype"}, **CONSTANTS.get(family, {})}
         self.sources[name] = "triton jit"
         return lambda grid, *args: fn[grid](*args, **constexprs)
