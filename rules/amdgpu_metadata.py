@@ -30,9 +30,15 @@ def read(data: bytes) -> dict:
             continue
         for name, note_type, desc in _notes(data[section.offset:section.offset + section.size]):
             if name == b"AMDGPU" and note_type == NT_AMDGPU_METADATA:
-                value, _ = _unpack(desc, 0)
+                try:
+                    value, _ = _unpack(desc, 0)
+                except (IndexError, struct.error, UnicodeDecodeError, TypeError, RecursionError) as e:
+                    raise MetadataError(f"AMDGPU metadata note is corrupt or cut short ({type(e).__name__})") from None
                 if not isinstance(value, dict):
                     raise MetadataError("AMDGPU metadata note is not a map")
+                kernels = value.get("amdhsa.kernels", [])
+                if not (isinstance(kernels, list) and all(isinstance(k, dict) for k in kernels)):
+                    raise MetadataError("AMDGPU metadata: amdhsa.kernels is not a list of maps")
                 return value
     raise MetadataError("no AMDGPU metadata note (NT_AMDGPU_METADATA) in the code object")
 
@@ -79,7 +85,7 @@ def _unpack(b: bytes, i: int):
         return _array(b, i + 1, t & 0x0F)
     if 0xA0 <= t <= 0xBF:
         n = t & 0x1F
-        return b[i + 1:i + 1 + n].decode(), i + 1 + n
+        return _take(b, i + 1, n).decode(), i + 1 + n
     if t == 0xC0:
         return None, i + 1
     if t in (0xC2, 0xC3):
@@ -97,11 +103,18 @@ def _unpack(b: bytes, i: int):
         n = struct.unpack_from(fmt, b, i + 1)[0]
         j = i + 1 + struct.calcsize(fmt)
         if kind == "str":
-            return b[j:j + n].decode(), j + n
+            return _take(b, j, n).decode(), j + n
         if kind == "bin":
-            return bytes(b[j:j + n]), j + n
+            return _take(b, j, n), j + n
         return (_array if kind == "array" else _map)(b, j, n)
     raise MetadataError(f"unsupported msgpack type byte 0x{t:02x} in AMDGPU metadata")
+
+
+def _take(b: bytes, i: int, n: int) -> bytes:
+    """n bytes at b[i:], all of them: a string or blob cut short is an error, not a shorter value."""
+    if i + n > len(b):
+        raise IndexError("a string or blob runs past the end of the note")
+    return bytes(b[i:i + n])
 
 
 def _array(b: bytes, i: int, n: int):

@@ -11,10 +11,6 @@ from kforge.files import replacing
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)   # the earliest a zip can store
 
 
-def wheel_name(dist: str, version: str) -> str:
-    return f"{dist}-{version}-py3-none-any.whl"
-
-
 def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[str, bytes]) -> None:
     """A pure-Python wheel holding `files` (archive name -> content) plus its dist-info, written atomically."""
     info = f"{dist}-{version}.dist-info"
@@ -25,7 +21,7 @@ def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[s
     record = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in sorted(payload.items())]
     payload[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
     with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:   # never half a wheel
-        for name in sorted(payload):   # dist-info sorts after the package: pip reads it either way
+        for name in sorted(payload):   # dist-info sorts before the package ('-' < '/'): pip reads it either way
             entry = zipfile.ZipInfo(name, FIXED_TIME)
             entry.compress_type = zipfile.ZIP_DEFLATED
             entry.external_attr = 0o644 << 16

@@ -1,4 +1,11 @@
 """The end of a build's output: failures grouped by their error, the summary last, tracebacks in error.txt."""
+import io
+import json
+import types
+
+from doit.exceptions import TaskFailed
+
+from kforge import report
 from kforge.report import error_line, failure_groups, plural
 from tests.support import doit, kernel_text, make_project, spec_text, statuses
 
@@ -47,3 +54,131 @@ def test_a_failing_build_ends_with_grouped_errors_then_the_summary_and_keeps_eac
     assert "Traceback in the compiler's process:" in kept and "triton_compile.py" in kept and "in lower" in kept
     one = doit(root, "one")
     assert "kforge: 1 target selected" in one.stdout
+
+
+def test_an_error_line_ending_in_a_colon_takes_its_cause_from_above_the_retry_and_compiler_output_lines():
+    nothing_below = "error: CompilationError: at 1:2:\n  retry alone: doit x:a@sm_90a"
+    assert error_line(nothing_below) == "CompilationError: at 1:2:"
+    with_output = ("error: CompilationError: at 1:2:\ndef k():\nNameError('y')\n"
+                   "compiler output (last lines):\n  some warning\nretry alone: doit x:a@sm_90a")
+    assert error_line(with_output) == "CompilationError: at 1:2: ... NameError('y')"
+
+
+def test_an_error_line_keeps_the_first_error_and_adds_compiler_output_only_to_a_crash():
+    assert error_line("building\n\n  error: A\nerror: B\n") == "A"
+    not_a_crash = "error: RuntimeError: boom\ncompiler output (last lines):\n  ptxas noise"
+    assert error_line(not_a_crash) == "RuntimeError: boom"
+    assert error_line("error: compiler process crashed: SIGKILL\nretry alone: doit x") == \
+        "compiler process crashed: SIGKILL"
+    assert error_line("\n   \n  Traceback (most recent call last):\n  File x\n") == "Traceback (most recent call last):"
+
+
+def test_a_group_of_exactly_the_shown_number_names_them_all_and_equal_groups_go_by_error():
+    failed = [{"name": f"k:{i}", "cause": "B: later"} for i in range(3)]
+    failed += [{"name": "k:x", "cause": "A: first"}, {"name": "k:y", "cause": "A: first"}]
+    failed += [{"name": "k:z", "cause": "A: first"}]
+    lines = failure_groups(failed, shown=3)
+    text = "\n".join(lines)
+    assert text.index("3 targets failed with: A: first") < text.index("3 targets failed with: B: later")
+    assert "  they are: k:x, k:y, k:z\n" in text and "  they are: k:0, k:1, k:2\n" in text and "more)" not in text
+    assert "  retry one alone: doit k:x" in lines and "  retry one alone: doit k:0" in lines
+    assert sum("full message and traceback" in line for line in lines) == 1   # the hint once, at the end
+    assert "full message and traceback" in lines[-1]
+    assert "  first 2: k:0, k:1 (and 1 more)" in failure_groups(failed, shown=2)
+
+
+def test_a_failure_without_a_cause_is_grouped_by_the_error_line_of_its_message():
+    failed = [{"name": "k:a", "error": "k:a failed\n  error: ValueError: x\n  retry alone: doit k:a"},
+              {"name": "k:b", "cause": "ValueError: x"}, {"name": "k:c"}]
+    text = "\n".join(failure_groups(failed))
+    assert "2 targets failed with: ValueError: x\n  they are: k:a, k:b" in text
+    assert "k:c failed with: (no message)\n  retry one alone: doit k:c" in text
+    assert plural(0, "target") == "0 targets"
+
+
+class FakeTask:
+    """What BuildReporter reads of a doit task."""
+
+    def __init__(self, name, actions=True, values=None, meta=None, task_dep=()):
+        self.name, self.actions, self.values, self.meta = name, ["run"] if actions else [], values or {}, meta
+        self.task_dep, self.setup_tasks = list(task_dep), []
+
+
+class Saved:
+    def __init__(self):
+        self.saves, self.refreshed = 0, []
+
+    def save(self):
+        self.saves += 1
+
+    def refresh(self, path):
+        self.refreshed.append(path)
+
+
+def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(report, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    out, key_index, other_state = io.StringIO(), Saved(), Saved()
+    reporter = report.BuildReporter(out, {})
+    reporter.report_path = str(tmp_path / "out" / "build-report.json")
+    reporter.key_index, reporter.saved_at_end = key_index, (other_state,)
+    reporter.find_orphans = lambda: ["out/sm_90a/gone/x", "out/sm_90a/gone/y"]
+    odd = 'k:"\u00e9"@sm_90a'   # a name json must escape
+    target = types.SimpleNamespace(meta_path="out/sm_90a/k/a/meta.json")
+    built = FakeTask("k:a@sm_90a", values={"compile_seconds": 2.5, "from_cache": False,
+                                           "cache_warnings": ["remote cache down (GET http://c/1)"]},
+                     meta={"kforge_target": target})
+    cached = FakeTask("k:b@sm_90a", values={"from_cache": True, "compiled_on": "host1", "cache_warnings": [
+        "remote cache down (GET http://c/2)", "remote cache full"]})
+    failing, fresh = FakeTask("k:c@sm_90a"), FakeTask(odd)
+    group = FakeTask("k", actions=False, task_dep=[t.name for t in (built, cached, failing, fresh)])
+    package = FakeTask("package:sm_90a")
+    tasks = {t.name: t for t in (built, cached, failing, fresh, group, package, FakeTask("unselected"))}
+    reporter.initialize(tasks, ["k", "package:sm_90a"])
+    long_cause = "ValueError: " + "v" * 500
+    message = "\n".join(["k:c@sm_90a failed", f"  error: {long_cause}"] + [f"  line {i}" for i in range(10)])
+    for task, seconds, finish in [(built, 3.0, reporter.add_success), (cached, 10.0, reporter.add_success),
+                                  (failing, 1.0, lambda t: reporter.add_failure(t, TaskFailed(message)))]:
+        reporter.execute_task(task)
+        clock[0] += seconds
+        finish(task)
+    reporter.skip_uptodate(fresh)
+    reporter.add_failure(group, TaskFailed("one of its targets failed"))   # already reported: ignored
+    reporter.execute_task(package)
+    reporter.add_failure(package, TaskFailed("no space left"))
+    reporter.runtime_error("a doit complaint")
+    reporter.complete_run()
+
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "kforge: 4 targets selected"   # neither the group, the package nor an unselected task
+    assert "[1/4] built  k:a@sm_90a 3.00s  (failed so far: 0)" in lines
+    assert "[2/4] cached k:b@sm_90a 10.00s  (failed so far: 0)" in lines
+    assert f"[3/4] failed k:c@sm_90a 1.00s  (failed so far: 1)  error: {long_cause[:400]} ..." in lines
+    assert lines.count("kforge: warning: remote cache down (GET http://c/1)") == 1
+    assert not any("http://c/2" in line for line in lines) and "kforge: warning: remote cache full" in lines
+    assert f"kforge: k:c@sm_90a failed with: {long_cause}" in lines   # the summary keeps the cause whole
+    assert "FAILED package:sm_90a:" in lines and "no space left" in lines and "doit: a doit complaint" in lines
+    assert "slowest compiles: k:a@sm_90a 3.00s" in lines   # a cached target is no compile
+    assert "kforge: 2 warnings: remote cache down (GET http://c/1) (and 1 more above and in out/build-report.json)" \
+        in lines
+    assert "kforge: 2 artifacts in out/ belong to no target: `doit prune` removes them" in lines
+    assert lines[-1] == ("kforge: built 2 (1 from the remote cache), up to date 1, failed 2 (1 package task), "
+                         "wall 14.0 s")
+    assert key_index.refreshed == ["out/sm_90a/k/a/meta.json"] and key_index.saves == 1 and other_state.saves == 1
+
+    text = (tmp_path / "out" / "build-report.json").read_text()
+    saved = json.loads(text)
+    assert saved["counts"] == {"built": 2, "up-to-date": 1, "failed": 1} and saved["wall_seconds"] == 14.0
+    assert saved["warnings"] == ["remote cache down (GET http://c/1)", "remote cache full"]
+    assert [r["name"] for r in saved["tasks"]] == sorted([built.name, cached.name, failing.name, odd])
+    records = {r["name"]: r for r in saved["tasks"]}
+    assert records[built.name] == {"name": built.name, "status": "built", "seconds": 3.0, "compile_seconds": 2.5,
+                                   "start": 0.0}   # from_cache False is left out
+    assert records[cached.name] == {"name": cached.name, "status": "built", "seconds": 10.0, "from_cache": True,
+                                    "compiled_on": "host1", "start": 3.0}
+    assert records[odd] == {"name": odd, "status": "up-to-date", "seconds": 0.0}
+    failed = records[failing.name]
+    assert failed["cause"] == long_cause and failed["start"] == 13.0
+    assert failed["error"].splitlines() == message.splitlines()[:report.ERROR_LINES]
+    assert [p["name"] for p in saved["packages"]] == ["package:sm_90a"] and saved["packages"][0]["status"] == "failed"
+    assert len(text.splitlines()) == len(saved["tasks"]) + 2   # one line per task between the head and the end
