@@ -1,7 +1,7 @@
 """A throw-away remote cache: Debian's nginx serving a directory with WebDAV PUT on loopback.
 
-Used by bench/remote_cache.py and tests/test_remote_cache.py. Needs nginx with the dav module (Debian's
-nginx-light has it; .ci/run installs it).
+Used by bench/remote_cache.py (the tests have their own, tests/cache_server.py: tests and benchmarks do not
+import each other). Needs nginx with the dav module (Debian's nginx-light has it; .ci/run installs it).
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ def compile_tasks(root: Path, catalog: Catalog):
     for t in catalog.targets:
         by_family[t.kernel].append(t)
     timeout, executor, url = option("timeout"), option("executor"), option("cache")
-    cache = remote_cache.CacheConfig(url, option("cache_readonly"), option("cache_timeout")) if url else None
+    cache = (remote_cache.CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"))
+             if url else None)
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
     for family in catalog.families:
         yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,

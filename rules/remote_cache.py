@@ -6,19 +6,25 @@ decides rebuilds) names its /ac/ entry, a small JSON list of the artifact's file
 files themselves are /cas/ blobs. A hit is verified (every sha256, meta.json's key, the ELF checks) before
 it counts; anything else is a miss and the target compiles. A cache that is down or slow only warns (once
 per worker process, in the build's output and report) and the build goes on locally. Read-only mode never uploads (for untrusted runners).
+
+With a shared secret (`cache_key=` / KFORGE_CACHE_KEY) writers sign each /ac/ entry and readers refuse one whose
+tag is missing or wrong before fetching a blob: whoever can write to the server but lacks the secret cannot make
+a reader take their binary for a key. Without a secret, entries are neither signed nor checked for a tag.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge import artifact
 
 AC_FORMAT = "kforge-ac-1"
+TAG = "hmac_sha256"   # the /ac/ entry's field holding its tag, with a secret configured
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -27,6 +33,18 @@ class CacheConfig:
     url: str
     read_only: bool = False
     timeout: float = 10.0   # seconds per request (`cache_timeout=` / KFORGE_CACHE_TIMEOUT, rules/settings.py)
+    # The signing secret (`cache_key=`), kept out of repr: doit task actions carry this config, and a repr may be logged.
+    key: str | None = field(default=None, repr=False)
+
+
+def tag(secret: str, action_key: str, files: list[dict]) -> str:
+    """An /ac/ entry's tag: HMAC-SHA256, in hex, keyed by the secret's bytes (UTF-8; an environment value that
+    is not UTF-8 keeps its raw bytes, surrogateescape), over the canonical bytes
+    json.dumps([AC_FORMAT, action_key, [[name, sha256], ...]], separators=(",", ":")) (ASCII: json escapes
+    the rest), files in the entry's order. It binds the format, the /ac/ path's key and every file, so an entry
+    cannot be altered, nor moved to another key, by anyone without the secret."""
+    message = json.dumps([AC_FORMAT, action_key, [[f["name"], f["sha256"]] for f in files]], separators=(",", ":"))
+    return hmac.new(secret.encode("utf-8", "surrogateescape"), message.encode(), hashlib.sha256).hexdigest()
 
 
 class RemoteCache:
@@ -46,8 +64,12 @@ class RemoteCache:
             return False
         try:
             ac = json.loads(entry)
-            if ac.get("format") != AC_FORMAT:
+            if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
                 raise ValueError(f"not a {AC_FORMAT} entry")
+            if self.cfg.key is not None:
+                self._check_tag(ac, target.key)
+            if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
+                raise ValueError("it does not list exactly two files (meta.json and one binary)")
             files = {}
             for f in ac["files"]:
                 if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
@@ -59,7 +81,9 @@ class RemoteCache:
                 files[f["name"]] = data
             artifact.install(Path(target.out_dir), files, target.key)
             return True
-        except (ValueError, KeyError, TypeError) as e:   # ArtifactError included
+        # A malformed entry is a miss, never a failed build (ArtifactError is a ValueError; RecursionError is
+        # JSON nested deeper than the parser goes).
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             artifact.remove(target.out, target.out_dir)
             self._warn(f"cache entry for {target.name} rejected ({e}); compiling it")
             return False
@@ -74,8 +98,20 @@ class RemoteCache:
             if not self._put(f"/cas/{digest}", data):
                 return
             files.append({"name": name, "sha256": digest})
-        self._put(f"/ac/{target.key}", json.dumps({"format": AC_FORMAT, "target": target.name,
-                                                    "files": files}).encode())
+        entry = {"format": AC_FORMAT, "target": target.name, "files": files}
+        if self.cfg.key is not None:
+            entry[TAG] = tag(self.cfg.key, target.key, files)
+        self._put(f"/ac/{target.key}", json.dumps(entry).encode())
+
+    def _check_tag(self, ac: dict, action_key: str) -> None:
+        """ValueError unless the entry carries the tag this cache's secret makes for it (compared in constant time)."""
+        given = ac.get(TAG)
+        if not (isinstance(given, str) and SHA256.fullmatch(given)):
+            raise ValueError(f"it carries no {TAG} tag while cache_key is set: written without a key, or altered; "
+                             f"every writer needs the same cache_key")
+        if not hmac.compare_digest(given, tag(self.cfg.key, action_key, ac["files"])):
+            raise ValueError("its tag does not match cache_key: written with another key, altered, or moved from "
+                             "another action key")
 
     def _get(self, path: str) -> bytes | None:
         if self.down:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from doit import get_var
@@ -23,6 +24,7 @@ class Setting:
     parse: Callable[[str, str], object]  # (text, where) -> value, or ValueError naming `where`
     default: Callable[[], object]
     help: str
+    secret: bool = False                 # its value is never shown (source() hides it; parse never quotes it)
 
 
 def _whole(minimum: int):
@@ -69,6 +71,25 @@ def _url(text: str, where: str) -> str:
     return text.rstrip("/")
 
 
+MIN_KEY_CHARS = 16
+
+
+def _key(text: str, where: str) -> str:
+    """A shared secret, or `@PATH` of a file holding it (one line). Never quoted back: a message may be logged."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            text = Path(path).read_text().strip()   # the newline `openssl rand -hex 32 > FILE` leaves is not key
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{where}: cannot read the key file {path} ({getattr(e, 'strerror', None) or e}); "
+                             f"give a readable file holding the key") from None
+        where = f"{where}: the key file {path}"
+    if len(text) < MIN_KEY_CHARS:
+        raise ValueError(f"{where}: the key must be at least {MIN_KEY_CHARS} characters (not shown here); "
+                         f"make one with `openssl rand -hex 32`")
+    return text
+
+
 SETTINGS = {s.name: s for s in (
     Setting("archs", None, _archs, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
@@ -78,6 +99,8 @@ SETTINGS = {s.name: s for s in (
     Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
     Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
     Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
+    Setting("cache_key", "KFORGE_CACHE_KEY", _key, lambda: None,
+            "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
 )}
 
@@ -91,7 +114,9 @@ def get(name: str):
 def source(name: str) -> str | None:
     """`name=TEXT` or `ENV=TEXT`, as the user set it, or None when the default holds."""
     given = _given(name)
-    return None if given is None else f"{given[0]}={given[2]}"
+    if given is None:
+        return None
+    return f"{given[0]}=(hidden)" if SETTINGS[name].secret else f"{given[0]}={given[2]}"
 
 
 def _given(name: str) -> tuple[str, str, str] | None:

@@ -78,3 +78,13 @@ def test_every_package_of_the_code_is_installed_and_the_example_kernels_are_not(
              for p in PACKAGES["kforge"].rglob("*.py") if "__pycache__" not in p.parts}
     assert found == set(setuptools["packages"])
     assert not any(name.split(".")[0] == "kernels" for name in setuptools["packages"])
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    """Tests stand on kforge alone, benchmarks too: neither reaches into the other's helpers."""
+    for folder, other in (("tests", "bench"), ("bench", "tests")):
+        for path in sorted((REPO / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                assert not any(n.split(".")[0] == other for n in names), f"{path.relative_to(REPO)} imports {other}"

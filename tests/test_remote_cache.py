@@ -1,13 +1,16 @@
 """The remote cache against a real server: Debian's nginx with WebDAV PUT on loopback, started per test
-module. Hit, miss, upload, a corrupt entry, a server that is down or never answers, read-only mode."""
+module. Hit, miss, upload, a corrupt entry, a server that is down or never answers, read-only mode, and a
+signed cache (cache_key=): a tag missing, forged or moved to another key is refused before any blob is fetched."""
 import hashlib
+import hmac
 import json
 import socket
 import time
 
 import pytest
 
-from bench.nginx import NGINX, free_port, webdav_server
+from kforge.remote_cache import CacheConfig
+from tests.cache_server import NGINX, free_port, webdav_server
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
@@ -15,8 +18,8 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's ngi
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with webdav_server(tmp_path_factory.mktemp("nginx")) as (url, store):
-        yield url, store
+    with webdav_server(tmp_path_factory.mktemp("nginx")) as cache_server:
+        yield cache_server
 
 
 def project(tmp_path, name, factor="2"):
@@ -33,7 +36,7 @@ def binaries(root):
 
 
 def test_a_second_clone_fetches_everything_and_compiles_nothing(server, tmp_path):
-    url, store = server
+    url, store = server.url, server.store
     first = project(tmp_path, "first", factor="5")
     doit(first, "-n", "2", f"cache={url}")
     assert not any(r.get("from_cache") for r in records(first))
@@ -49,7 +52,7 @@ def test_a_second_clone_fetches_everything_and_compiles_nothing(server, tmp_path
 
 
 def test_a_corrupt_entry_is_rejected_and_rebuilt(server, tmp_path):
-    url, store = server
+    url, store = server.url, server.store
     first = project(tmp_path, "first", factor="6")
     doit(first, f"cache={url}")
     meta = json.loads(next((first / "out" / "sm_90a" / "scale").glob("fp16*/meta.json")).read_text())
@@ -85,7 +88,7 @@ def test_a_server_that_is_down_or_never_answers_only_warns(tmp_path, monkeypatch
 
 
 def test_read_only_mode_never_uploads(server, tmp_path):
-    url, store = server
+    url, store = server.url, server.store
     before = set((store / "ac").iterdir()) if (store / "ac").exists() else set()
     root = project(tmp_path, "ro", factor="8")
     doit(root, f"cache={url}", "cache_readonly=1")
@@ -102,7 +105,7 @@ def test_a_cache_that_is_not_an_http_url_is_a_clear_error(tmp_path):
 def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_and_writes_nothing(server, tmp_path):
     """A cache entry whose file names lead out of the artifact directory (relative or absolute), pointing at a real
     binary: refused before anything is written, the target compiles locally, the summary says so."""
-    url, store = server
+    url, store = server.url, server.store
     first = project(tmp_path, "first", factor="8")
     doit(first, "-n", "2", f"cache={url}")
     escape = tmp_path / "escaped.cubin"
@@ -159,3 +162,124 @@ def test_a_server_that_trickles_bytes_is_cut_off_at_the_deadline(tmp_path, monke
     listener.close()
     assert "timed out: no complete answer within 1 s" in out.stdout
     assert set(build_report(root).values()) == {"built"} and elapsed < 60
+
+
+SECRET = "kforge-test-secret-7f3a9c51"
+OTHER_SECRET = "not-the-secret-0123456789"
+FP16 = "scale:fp16-b256-w4@sm_90a"
+
+
+def tag(secret: str, key: str, files: list) -> str:
+    """The tag as rules/remote_cache.py documents it: HMAC-SHA256 over the compact JSON of
+    ["kforge-ac-1", action key, [[name, sha256], ...]], in hex."""
+    message = json.dumps(["kforge-ac-1", key, [[f["name"], f["sha256"]] for f in files]], separators=(",", ":"))
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def two_configs(tmp_path, name, factor):
+    """fp16 and bf16 for sm_90a: two targets, two /ac/ entries."""
+    return make_project(tmp_path / name, specs={"scale": spec_text(archs=("sm_90a",), dtypes=("fp16", "bf16"))},
+                        kernels={"scale": kernel_text(factor=factor)})
+
+
+def keys_of(root) -> dict[str, str]:
+    """target name -> action key (its /ac/ entry's name)."""
+    metas = [json.loads(p.read_text()) for p in (root / "out").glob("*/scale/*/meta.json")]
+    return {m["target"]: m["key"] for m in metas}
+
+
+def assert_secret_nowhere(root, out):
+    assert SECRET not in out.stdout + out.stderr
+    assert not [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]   # report included
+
+
+def test_a_signed_cache_is_read_with_its_key_and_the_key_shows_nowhere(server, tmp_path):
+    first = two_configs(tmp_path, "first", "10")
+    wrote = doit(first, "-n", "2", f"cache={server.url}", f"cache_key={SECRET}")   # the form likeliest to be echoed
+    for key in keys_of(first).values():
+        entry = json.loads((server.store / "ac" / key).read_text())
+        assert entry.get("hmac_sha256") == tag(SECRET, key, entry["files"])
+    key_file = tmp_path / "cache.key"
+    key_file.write_text(SECRET + "\n")   # as `openssl rand -hex 32 > cache.key` writes it
+    second = two_configs(tmp_path, "second", "10")
+    read = doit(second, "-n", "2", f"cache={server.url}", f"cache_key=@{key_file}")
+    assert all(r.get("from_cache") for r in records(second)) and "2 from the remote cache" in read.stdout
+    assert "warning" not in read.stdout
+    assert binaries(second) == binaries(first)
+    assert_secret_nowhere(first, wrote)
+    assert_secret_nowhere(second, read)
+
+
+def test_an_unsigned_reader_reads_a_signed_cache(server, tmp_path):
+    doit(two_configs(tmp_path, "signed", "11"), "-n", "2", f"cache={server.url}", env={"KFORGE_CACHE_KEY": SECRET})
+    plain = two_configs(tmp_path, "plain", "11")
+    out = doit(plain, "-n", "2", f"cache={server.url}")
+    assert all(r.get("from_cache") for r in records(plain)) and "warning" not in out.stdout
+
+
+# What a writer without the secret can do to fp16's entry (key: its action key; other: bf16's signed entry).
+def forge(entry: dict, key: str, other: dict) -> dict:
+    return dict(entry, hmac_sha256=tag(OTHER_SECRET, key, entry["files"]))
+
+
+def strip(entry: dict, key: str, other: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "hmac_sha256"}
+
+
+def swap(entry: dict, key: str, other: dict) -> dict:
+    return other   # bf16's valid artifact, with the tag the right secret made for bf16's key
+
+
+@pytest.mark.parametrize("tamper, why, factor", [(forge, "its tag does not match", "12"),
+                                                 (strip, "it carries no hmac_sha256 tag", "13"),
+                                                 (swap, "its tag does not match", "14")],
+                         ids=["re-signed", "stripped", "swapped"])
+def test_a_signed_reader_refuses_an_entry_whose_tag_is_wrong_or_missing_before_fetching_blobs(server, tmp_path,
+                                                                                             tamper, why, factor):
+    first = two_configs(tmp_path, "first", factor)
+    doit(first, "-n", "2", f"cache={server.url}", env={"KFORGE_CACHE_KEY": SECRET})
+    keys = keys_of(first)
+    fp16, bf16 = keys[FP16], keys["scale:bf16-b256-w4@sm_90a"]
+    entry, other = (json.loads((server.store / "ac" / k).read_text()) for k in (fp16, bf16))
+    (server.store / "ac" / fp16).write_text(json.dumps(tamper(entry, fp16, other)))
+    second = two_configs(tmp_path, "second", factor)
+    served = len(server.requests())
+    out = doit(second, FP16, f"cache={server.url}", env={"KFORGE_CACHE_KEY": SECRET})
+    assert f"cache entry for {FP16} rejected ({why}" in out.stdout and "kforge: 1 warning: cache entry" in out.stdout
+    assert [bool(r.get("from_cache")) for r in records(second)] == [False] and build_report(second) == {FP16: "built"}
+    assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
+    assert_secret_nowhere(second, out)
+
+
+def test_the_cache_config_never_shows_its_key():
+    cfg = CacheConfig("http://127.0.0.1:9", False, 10.0, SECRET)
+    assert SECRET not in repr(cfg) and SECRET not in str(cfg)
+
+
+@pytest.mark.parametrize("body, why, factor", [("[]", "not a kforge-ac-1 entry", "15"),
+                                               ("[" * 100_000, "maximum recursion depth", "16")],
+                         ids=["a-list", "nested-too-deep"])
+def test_an_entry_that_is_not_a_json_object_is_refused_not_a_failed_build(server, tmp_path, body, why, factor):
+    first = make_project(tmp_path / "first", kernels={"scale": kernel_text(factor=factor)})
+    doit(first, f"cache={server.url}")
+    (server.store / "ac" / keys_of(first)[FP16]).write_text(body)
+    second = make_project(tmp_path / "second", kernels={"scale": kernel_text(factor=factor)})
+    out = doit(second, f"cache={server.url}")
+    assert f"cache entry for {FP16} rejected ({why}" in out.stdout
+    assert build_report(second) == {FP16: "built"}
+
+
+def test_an_unsigned_entry_listing_more_files_than_an_artifact_has_is_refused_before_fetching_blobs(server, tmp_path):
+    """A hostile server cannot stretch one lookup over a thousand blob requests: an artifact is two files."""
+    first = make_project(tmp_path / "first", kernels={"scale": kernel_text(factor="17")})
+    doit(first, f"cache={server.url}")
+    path = server.store / "ac" / keys_of(first)[FP16]
+    entry = json.loads(path.read_text())
+    entry["files"] = entry["files"] + [{"name": f"x{i}.cubin", "sha256": "0" * 64} for i in range(1000)]
+    path.write_text(json.dumps(entry))
+    second = make_project(tmp_path / "second", kernels={"scale": kernel_text(factor="17")})
+    served = len(server.requests())
+    out = doit(second, f"cache={server.url}")
+    assert f"cache entry for {FP16} rejected (it does not list exactly two files" in out.stdout
+    assert build_report(second) == {FP16: "built"}
+    assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []

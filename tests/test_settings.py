@@ -1,6 +1,7 @@
 """The build's settings (`doit name=value` and their KFORGE_* twins): a bad value is one line naming it."""
 import pytest
 
+from kforge import settings
 from tests.support import doit, make_project
 
 
@@ -15,8 +16,10 @@ from tests.support import doit, make_project
     (("cache=http://127.0.0.1:9", "cache_readonly=maybe"), {},
      "cache_readonly= on the command line: got 'maybe'; expected one of"),
     (("cache=http://127.0.0.1:9",), {"KFORGE_CACHE_TIMEOUT": "abc"}, "KFORGE_CACHE_TIMEOUT in the environment: got 'abc'"),
+    (("cache=http://127.0.0.1:9", "cache_key=@/nonexistent/cache.key"), {},
+     "cache_key= on the command line: cannot read the key file /nonexistent/cache.key"),
 ], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache_readonly",
-        "cache-timeout-env"])
+        "cache-timeout-env", "cache-key-file"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -27,3 +30,23 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, mes
 def test_the_command_line_wins_over_the_environment(tmp_path):
     proc = doit(make_project(tmp_path / "p"), "-n", "2", "max_compiles=1", env={"KFORGE_MAX_COMPILES": "x"})
     assert "more than max_compiles=1" in proc.stderr
+
+
+@pytest.mark.parametrize("args, env, where", [
+    (("cache_key=short-secret",), {}, "cache_key= on the command line"),
+    ((), {"KFORGE_CACHE_KEY": "short-secret"}, "KFORGE_CACHE_KEY in the environment"),
+    (("cache_key=@KEYFILE",), {}, "the key file"),
+], ids=["command-line", "environment", "file"])
+def test_a_short_cache_key_is_refused_without_showing_it(tmp_path, args, env, where):
+    (tmp_path / "cache.key").write_text("short-secret\n")
+    args = tuple(a.replace("KEYFILE", str(tmp_path / "cache.key")) for a in args)
+    proc = doit(make_project(tmp_path / "p"), "cache=http://127.0.0.1:9", *args, env=env, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert where in proc.stderr and "at least 16 characters" in proc.stderr
+    assert "short-secret" not in proc.stdout + proc.stderr
+
+
+def test_where_a_secret_setting_came_from_is_shown_without_its_value(monkeypatch):
+    monkeypatch.setenv("KFORGE_CACHE_KEY", "kforge-test-secret-7f3a9c51")
+    assert settings.source("cache_key") == "KFORGE_CACHE_KEY=(hidden)"
+    assert settings.get("cache_key") == "kforge-test-secret-7f3a9c51"
