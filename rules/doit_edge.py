@@ -49,13 +49,19 @@ def config(root: Path, catalog) -> dict:
     }
 
 
+_options: list = []   # this run's settings.Options, parsed on first use
+
+
 def option(name: str):
-    """A setting's value (rules/settings.py), or one line naming it and exit code 2."""
-    try:
-        return settings.get(name)
-    except ValueError as e:
-        sys.stderr.write(f"kforge: {e}\n")
-        raise SystemExit(2)
+    """A setting's value for this run (rules/settings.py); a malformed setting, any of them: one line naming
+    it and exit code 2."""
+    if not _options:
+        try:
+            _options.append(settings.options())
+        except ValueError as e:
+            sys.stderr.write(f"kforge: {e}\n")
+            raise SystemExit(2)
+    return getattr(_options[0], name)
 
 
 def _compile_cap() -> tuple[int | None, str]:

@@ -1,13 +1,13 @@
 """The build's settings: `doit name=value` on the command line, else its KFORGE_* twin, else a default.
 
-Each setting is declared once, with its type and what it is, and read once per run; a malformed value is a
-ValueError naming where it came from (command line or environment) and what is allowed, which rules/project.py
-turns into one line and exit code 2. (Knobs kept for benchmark A/B runs only are in rules/build.py.)
+Each setting is declared once, with its type and what it is; options() parses them all, once per run, into a
+frozen Options. A malformed value is a ValueError naming where it came from (command line or environment) and
+what is allowed, which rules/doit_edge.py turns into one line and exit code 2 before any task runs.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -103,6 +103,15 @@ SETTINGS = {s.name: s for s in (
             "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
 )}
+
+
+# Every setting's value for one run, as attributes named as the settings are (`options().timeout`).
+Options = make_dataclass("Options", list(SETTINGS), frozen=True)
+
+
+def options() -> Options:
+    """Every setting, parsed: a malformed one stops the run even when this run would not use it."""
+    return Options(**{name: get(name) for name in SETTINGS})
 
 
 def get(name: str):
