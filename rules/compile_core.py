@@ -73,7 +73,7 @@ class CompileResult:
     def values(self) -> dict:
         """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-                if v not in (None, False, ())}
+                if v is not None and v is not False and v != ()}   # 0.0 is a value (and 0.0 == False)
 
 
 def check_and_write(target: Target, lowered: Lowered) -> Written:
@@ -103,7 +103,7 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    scratch_root = Layout.of(target.out).scratch
+    scratch_root = Layout.around(target.out).scratch
     scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f"{target.arch}-{target.kernel}-", dir=scratch_root)
     try:

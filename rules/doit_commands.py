@@ -80,7 +80,7 @@ class Info(DoitCmdBase):
         target = compile_target_of(task)
         write = self.outstream.write
         if target is not None:
-            root = Path(target.out).parent
+            root = Layout.around(target.out).root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
                   f"{target.entry}\n  config: {dict(target.config)}\n  key: {target.key}\n"
                   f"  artifact: {os.path.relpath(target.out_dir, root)}/\n  state: {target_state(target)}\n")

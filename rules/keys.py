@@ -19,7 +19,10 @@ from kforge_runtime import schema
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
 _ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
-_ENV_IGNORED = {"TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+# TRITON_PTXAS*_PATH: which ptxas runs is in the key by its version line, not by where it lies (machines
+# with ptxas elsewhere still share cache entries).
+_ENV_IGNORED = {"TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
+                "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
                 "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "FLYDSL_RUNTIME_CACHE_DIR",
                 "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR", "FLYDSL_AUTOTUNE_CACHE_DIR",
                 "FLYDSL_GPU_ARCH"}   # FLYDSL_GPU_ARCH: kforge sets it per target
@@ -76,9 +79,13 @@ class ToolVersions:
         st = tool.stat()
         stamp = f"{tool}:{st.st_size}:{st.st_mtime_ns}"
         if stamp not in self.lines:
-            out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
-            lines = out.stdout.strip().splitlines()
-            self.lines[stamp] = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
+            try:
+                out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
+                lines = out.stdout.strip().splitlines()
+                line = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
+            except (OSError, subprocess.SubprocessError) as e:   # not executable, hangs: its targets say so
+                line = f"unusable ({type(e).__name__})"
+            self.lines[stamp] = line
             self.changed = True
         return self.lines[stamp]
 
@@ -108,9 +115,10 @@ def action_key(payload: dict) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -25,6 +25,11 @@ class Layout:
     def of(cls, root) -> "Layout":
         return cls(Path(root))
 
+    @classmethod
+    def around(cls, out) -> "Layout":
+        """The layout whose out/ folder is `out` (a Target carries its out/)."""
+        return cls(Path(out).parent)
+
     @property
     def out(self) -> Path:
         return self.root / OUT

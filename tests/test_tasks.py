@@ -1,0 +1,141 @@
+"""tasks: the doit task dicts made from Targets (compile, family group, package), checked without compiling."""
+import json
+from pathlib import Path
+
+import pytest
+from doit.loader import generate_tasks
+
+from kforge import artifact, package, tasks
+from kforge.build import compile_target
+from kforge.layout import Layout
+from kforge.project import load_specs
+from kforge.targets import build_targets
+from tests.support import make_project, spec_text
+
+ARCHS = ("sm_90a", "gfx942")
+
+
+@pytest.fixture
+def project(tmp_path):
+    specs = {"scale": spec_text(archs=ARCHS, blocks=(128, 256)),
+             "twice": spec_text(name="twice", archs=ARCHS)}
+    return make_project(tmp_path / "p", specs=specs)
+
+
+@pytest.fixture
+def targets(project):
+    return build_targets(load_specs(project), project, None)
+
+
+@pytest.fixture
+def index(tmp_path):
+    return artifact.KeyIndex(tmp_path / "built-keys.json")
+
+
+def fake_artifact(target, key=None):
+    """An artifact on disk that the key index takes as built from `key` (no ELF checks at this level)."""
+    binary = b"pretend code"
+    out = Path(target.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "k.cubin").write_bytes(binary)
+    (out / "meta.json").write_text(json.dumps({"key": key or target.key, "binary": "k.cubin",
+                                               "sha256": artifact.sha256(binary)}))
+
+
+def test_a_compile_tasks_doit_name_is_the_targets_name(targets, project, index):
+    t = targets[0]
+    d = tasks.compile_task(t, str(project), 60.0, index)
+    assert f"{d['basename']}:{d['name']}" == t.name == f"{t.kernel}:{t.config_id}@{t.arch}"
+    made = generate_tasks(t.kernel, (x for x in [d]))   # doit adds a group task named after the basename
+    assert [task.name for task in made] == [t.kernel, t.name]
+
+
+def test_a_compile_task_has_no_file_dep_and_its_target_is_the_meta_json(targets, project, index):
+    for t in targets:
+        d = tasks.compile_task(t, str(project), 60.0, index)
+        assert not d.get("file_dep")
+        assert d["targets"] == [t.meta_path] == [f"{t.out_dir}/meta.json"]
+
+
+def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_cache_and_executor(targets, project, index):
+    t = targets[0]
+    cache = object()
+    d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1")
+    assert d["actions"] == [(compile_target, [t, str(project), 12.5, cache, "dask://h:1"])]
+
+
+def test_a_compile_task_is_up_to_date_exactly_when_the_key_index_finds_its_key_on_disk(targets, project, index):
+    t, other = targets[0], targets[1]
+    assert tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [False]
+    fake_artifact(t)
+    fake_artifact(other, key="a key from another build")
+    assert tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [True]
+    assert tasks.compile_task(other, str(project), 60.0, index)["uptodate"] == [False]
+    assert index.changed   # what it read is remembered for the reporter to save
+
+
+def test_a_compile_tasks_meta_carries_the_target_and_whether_it_compiles_in_this_process(targets, project, index):
+    t, built = targets[0], targets[1]
+    fake_artifact(built)
+    here = tasks.compile_task(t, str(project), 60.0, index)
+    assert here["meta"]["kforge_target"] is t
+    assert here["meta"]["kforge_compile"] == {"toolchain": "triton", "runs_here": True}
+    remote = tasks.compile_task(t, str(project), 60.0, index, executor="dask://h:1")
+    assert remote["meta"]["kforge_compile"]["runs_here"] is False
+    current = tasks.compile_task(built, str(project), 60.0, index)
+    assert current["meta"]["kforge_compile"]["runs_here"] is False
+
+
+def test_a_compile_tasks_clean_action_removes_only_its_artifact_directory(targets, project, index):
+    t, neighbour = targets[0], targets[1]
+    fake_artifact(t)
+    fake_artifact(neighbour)
+    d = tasks.compile_task(t, str(project), 60.0, index)
+    [(fn, args)] = d["clean"]
+    fn(*args)
+    assert not Path(t.out_dir).exists()
+    assert (Path(neighbour.out_dir) / "meta.json").is_file()
+    assert (project / "out").is_dir()
+
+
+def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index):
+    scale = [t for t in targets if t.kernel == "scale"]
+    made = generate_tasks("scale", tasks.family_tasks("scale", "", scale, str(project), 60.0, index))
+    group, *compiles = made
+    assert group.name == "scale" and not group.actions and group.doc == "all scale targets"
+    assert group.task_dep == [t.name for t in scale] == [c.name for c in compiles]
+    assert all(c.subtask_of == "scale" for c in compiles)
+    assert len(scale) == 4
+
+
+def test_a_familys_description_is_its_group_tasks_doc(targets, project, index):
+    twice = [t for t in targets if t.kernel == "twice"]
+    first = next(tasks.family_tasks("twice", "doubles things", twice, str(project), 60.0, index))
+    assert first == {"basename": "twice", "name": None, "doc": "doubles things"}
+
+
+def test_there_is_one_package_task_per_arch_after_every_compile_task_of_that_arch(targets, project):
+    made = {t.name: t for t in generate_tasks("package", tasks.package_tasks(targets, str(project)))}
+    assert sorted(made) == ["package", "package:gfx942", "package:sm_90a"]
+    assert sorted(made["package"].task_dep) == ["package:gfx942", "package:sm_90a"]
+    for arch in ARCHS:
+        mine = [t for t in targets if t.arch == arch]
+        assert {t.kernel for t in mine} == {"scale", "twice"} and len(mine) == 3
+        assert made[f"package:{arch}"].task_dep == [t.name for t in mine]
+
+
+def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(targets, project):
+    dicts = list(tasks.package_tasks(targets, str(project)))[1:]
+    assert [d["name"] for d in dicts] == sorted(ARCHS)
+    for d in dicts:
+        arch = d["name"]
+        mine = [t for t in targets if t.arch == arch]
+        assert d["meta"] == {"after_failed_deps": True}
+        assert d["targets"] == [str(Layout(project).manifest_copy(arch))]
+        assert d["actions"] == [(package.build_bundle, [arch, mine, str(project)])]
+        assert d["uptodate"] == [(package.is_current, [arch, mine, str(project)])]
+        assert d["clean"] == [(package.remove, [arch, str(project)])]
+
+
+def test_no_targets_make_only_the_package_group_task(project):
+    assert [d["name"] for d in tasks.package_tasks([], str(project))] == [None]
