@@ -1,7 +1,7 @@
 """Tuned selection vs the best single fixed config, for gemm, on the local GPU (issue 8).
 
 Usage (on an H100/H200, after `doit tune archs=sm_90a && doit package archs=sm_90a`):
-    python bench/tune_gemm.py [--dist out/dist] [--dtype bf16] [--json docs/tune_gemm_h100.json]
+    python bench/tune_gemm.py [--dist out/dist] [--dtype bf16] [--json docs/data/tune_gemm-h100.json]
 
 One run measures, side by side with the tuner's own timing (rules/tune_gpu.py: median of per-launch event
 times, launch overhead hidden, inputs rotated past L2):
@@ -29,7 +29,7 @@ from kforge_runtime.device import runnable_archs  # noqa: E402
 from kforge.tune_gpu import checked_time, make_launch, make_problems, median_us  # noqa: E402
 
 # Not in specs/gemm.toml: other M (some not 16-divisible), other model widths. The second set was added
-# after the first had been measured (docs/results.md says what changed in between).
+# after the first had been measured (docs/benchmarks.md gives each set's result; the earlier run: git history).
 HELD_OUT = [[m, n, k] for m in (32, 128, 512, 2048, 3000) for n, k in ((5120, 5120), (3072, 8192))]
 HELD_OUT += [[m, n, k] for m in (48, 768, 6000) for n, k in ((8192, 2048), (2560, 2560))]
 

@@ -11,7 +11,7 @@ The child runs without Python's cyclic garbage collector. Triton's MLIR contexts
 collector, and a process that has freed them compiles more slowly from then on: 100 Triton compiles in one
 process took 17.2 CPU s with the collector off and 17.7-17.8 s with it on but every context kept alive,
 against 19.5-19.9 s with it on (bench/compile_gc.py on the dev machine; the cause inside MLIR/LLVM was not
-found; on the 16-CPU H100 host a whole build gained about 5%: docs/results.md). Without the
+found; on the 16-CPU H100 host a whole build gained about 5%: docs/benchmarks.md). Without the
 collector memory only grows (about 1 MB per Triton compile), so a child whose resident memory has grown by
 more than `retire_after_mb` since its setup is retired after the call that crossed the line: the next call
 forks a fresh one, from the same warm parent.

@@ -14,7 +14,7 @@ _root = ""
 ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
 # Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
 # way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
-# docs/results.md), though each server then pays the 0.5 s import.
+# docs/benchmarks.md), though each server then pays the 0.5 s import.
 IMPORT_IN = "server"
 
 
