@@ -5,6 +5,8 @@ bf16 and fp16 are never one key (FlyDSL 0.4.2 and the seed projects shipped keys
 """
 from __future__ import annotations
 
+import functools
+
 # canonical name (Triton's signature spelling) -> size in bytes
 DTYPES: dict[str, int] = {
     "fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8e4nv": 1, "fp8e4b8": 1, "fp8e5": 1,
@@ -31,6 +33,7 @@ def allowed_dtypes() -> str:
     return ", ".join(DTYPES)
 
 
+@functools.lru_cache(maxsize=1024)   # rules/targets.py asks once per argument per target: few distinct texts
 def canonical_arg_type(text: str) -> str | None:
     """A Triton argument type ('*bf16', 'i32', 'fp32') in canonical spelling, or None if unknown."""
     pointer = text.startswith("*")

@@ -13,10 +13,12 @@ from pathlib import Path
 from kforge import archs as archs_mod
 from kforge import sources, sweep
 from kforge.dtypes import allowed_dtypes, canonical_arg_type
-from kforge.spec_model import TYPE_VAR_RE, Spec, SpecError, Tune
+from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, SpecError, Tune, shown
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")   # a TOML key written without quotes
+INT64 = range(-2**63, 2**63)               # TOML's integers
 
 
 # table -> key -> (python type(s), required, what it is). "*" is any key (mappings).
@@ -58,31 +60,33 @@ def load_spec(path: Path, root: Path) -> Spec:
         raise SpecError(f"{where}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason}); save the spec as UTF-8") from None
+    except ValueError as e:   # tomllib reads a decimal integer with Python's int(), which stops at 4,300 digits
+        raise SpecError(f"{where}: not valid TOML: {str(e).split(';')[0]}; "
+                        f"allowed: TOML's 64-bit integers, -2**63 .. 2**63-1") from None
+    except RecursionError:
+        raise SpecError(f"{where}: not valid TOML: arrays or tables nested too deeply to read; "
+                        f"allowed: a few levels, as in [tune] shapes") from None
     except OSError as e:
         raise SpecError(f"{where}: cannot read it ({e.strerror or e}); a spec is a .toml file") from None
+    _check_integers(raw, where)
     _check_schema(raw, where)
     k = raw["kernel"]
     name = _check_name(k["name"], where)
     if k["toolchain"] not in TOOLCHAINS:
         _fail(where, "kernel", "toolchain", k["toolchain"], ", ".join(TOOLCHAINS))
     arch_names = tuple(k.get("archs", archs_mod.DEFAULT_ARCHS))
-    for a in arch_names:
+    for i, a in enumerate(arch_names):
         if a not in archs_mod.ARCHS:
             _fail(where, "kernel", "archs", a, ", ".join(archs_mod.ARCHS))
+        if a in arch_names[:i]:   # it would be two targets of one name
+            _fail(where, "kernel", "archs", a, "each arch once (this one is listed twice)")
     if not arch_names:
         _fail(where, "kernel", "archs", [], "a non-empty list of " + ", ".join(archs_mod.ARCHS))
 
-    source_path = root / k["source"]
-    if not source_path.is_file():
-        raise SpecError(f"{where}: [kernel] source: file {k['source']!r} does not exist "
-                        f"(looked for {source_path}); fix the path, relative to {root}")
-    not_project = sources.project_source_problem(source_path, root)
-    if not_project:
-        raise SpecError(f"{where}: [kernel] source: {k['source']!r} is not the project's own source: {not_project}; "
-                        f"keep kernel sources in the project's directories, e.g. kernels/")
+    source_path = _project_python(root, k["source"], where, "[kernel] source", "kernel sources")
     params = sources.function_params(source_path, k["entry"])
     if params is None:
-        raise SpecError(f"{where}: [kernel] entry: no function {k['entry']!r} in {k['source']}; "
+        raise SpecError(f"{where}: [kernel] entry: no function {shown(k['entry'])} in {k['source']}; "
                         f"functions there: {', '.join(sources.function_names(source_path)) or 'none'}")
 
     signature = tuple(raw["signature"].items())
@@ -104,10 +108,40 @@ def load_spec(path: Path, root: Path) -> Spec:
     return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
 
 
+def _check_integers(raw: dict, where: str) -> None:
+    """TOML integers are 64-bit, but tomllib reads longer ones (in hex): too long for Python to print in a
+    message or an id (past 4,300 digits), and no kernel argument takes one."""
+    for table, body in raw.items():
+        for key, value in body.items() if isinstance(body, dict) else [(None, body)]:
+            big = _big_int(value)
+            if big is not None:
+                raise SpecError(f"{where}: [{_key(table)}]{'' if key is None else ' ' + _key(key)}: got an integer "
+                                f"of {big.bit_length()} bits; allowed: TOML's 64-bit integers, -2**63 .. 2**63-1")
+
+
+def _big_int(value) -> int | None:
+    """An integer outside TOML's range anywhere in value (in lists and tables at any depth), or None."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo += v.values()
+        elif isinstance(v, list):
+            todo += v
+        elif isinstance(v, int) and v not in INT64:
+            return v
+    return None
+
+
+def _key(key: str) -> str:
+    """A key as a message shows it: as the spec may write it bare, else quoted (a key may hold anything)."""
+    return key if BARE_KEY.fullmatch(key) and len(key) <= NAME_MAX else shown(key)
+
+
 def _check_schema(raw: dict, where: str) -> None:
     for table in raw:
         if table not in SCHEMA:
-            raise SpecError(f"{where}: unknown table [{table}]; allowed: {', '.join(SCHEMA)}")
+            raise SpecError(f"{where}: unknown table [{_key(table)}]; allowed: {', '.join(SCHEMA)}")
     for table in REQUIRED_TABLES:
         if table not in raw:
             raise SpecError(f"{where}: missing table [{table}]")
@@ -128,11 +162,14 @@ def _check_keys(body: dict, table: str, where: str) -> None:
     for key, value in body.items():
         rule = schema.get(key) or schema.get("*")
         if rule is None:
-            raise SpecError(f"{where}: [{table}] unknown key {key!r}; allowed: {', '.join(schema)}")
+            raise SpecError(f"{where}: [{table}] unknown key {shown(key)}; allowed: {', '.join(schema)}")
         types, _, what = rule
+        if "*" in schema and not (key.isidentifier() and len(key) <= NAME_MAX):   # used in code and messages
+            raise SpecError(f"{where}: [{table}] {shown(key)}: not a name; allowed: the kernel's argument and "
+                            f"parameter names (letters, digits and _, not starting with a digit; at most {NAME_MAX})")
         nested_ok = (table, key) in NESTED_LISTS
         if not isinstance(value, types) or (isinstance(value, list) and not nested_ok and not _scalars(value)):
-            raise SpecError(f"{where}: [{table}] {key}: expected {what}, got {value!r} "
+            raise SpecError(f"{where}: [{table}] {key}: expected {what}, got {shown(value)} "
                             f"({type(value).__name__})")
     for key, (_, required, what) in schema.items():
         if required and key != "*" and key not in body:
@@ -143,14 +180,7 @@ def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> T
     if toolchain != "triton":
         raise SpecError(f"{where}: [tune] needs toolchain 'triton': tuning launches the artifacts through "
                         f"kforge's runtime loader, which cannot launch {toolchain} artifacts yet")
-    harness = root / t["harness"]
-    if not harness.is_file():
-        raise SpecError(f"{where}: [tune] harness: file {t['harness']!r} does not exist (looked for {harness}); "
-                        f"fix the path, relative to {root}")
-    not_project = sources.project_source_problem(harness, root)
-    if not_project:
-        raise SpecError(f"{where}: [tune] harness: {t['harness']!r} is not the project's own source: {not_project}; "
-                        f"keep tune harnesses in the project's directories, e.g. kernels/")
+    harness = _project_python(root, t["harness"], where, "[tune] harness", "tune harnesses")
     missing = [f for f in HARNESS_FUNCTIONS if sources.function_params(harness, f) is None]
     if missing:
         raise SpecError(f"{where}: [tune] harness: {t['harness']} must define {', '.join(HARNESS_FUNCTIONS)}; "
@@ -175,6 +205,33 @@ def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> T
     return Tune(harness=t["harness"], shape_args=tuple(args), shapes=tuple(tuple(s) for s in t["shapes"]))
 
 
+def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Path:
+    """root/rel, when it is a Python file of the project's own source (read, never imported, here)."""
+    path = root / rel
+    try:
+        found = path.is_file()
+    except OSError as e:   # a name too long for the file system, a directory that may not be searched
+        raise SpecError(f"{where}: {key}: cannot look up {shown(rel)} ({e.strerror}); "
+                        f"fix the path, relative to {root}") from None
+    if not found:
+        raise SpecError(f"{where}: {key}: file {shown(rel)} does not exist (looked for {shown(str(path))}); "
+                        f"fix the path, relative to {root}")
+    not_project = sources.project_source_problem(path, root)
+    if not_project:
+        raise SpecError(f"{where}: {key}: {shown(rel)} is not the project's own source: {not_project}; "
+                        f"keep {what} in the project's directories, e.g. kernels/")
+    try:
+        sources.function_names(path)   # parses it (and keeps the parse for the checks that follow)
+    except SyntaxError as e:
+        why = f"line {e.lineno}: {e.msg}" if e.lineno else e.msg
+    except (ValueError, OSError) as e:   # null bytes; unreadable
+        why = getattr(e, "strerror", None) or str(e)
+    else:
+        return path
+    raise SpecError(f"{where}: {key}: {shown(rel)} is not Python kforge can read ({why}); fix the file, or the "
+                    f"path (relative to {root})")
+
+
 def _scalars(values: list) -> bool:
     return all(isinstance(v, (int, float, bool, str)) for v in values)
 
@@ -189,7 +246,7 @@ def _check_signature(signature, params, where, entry) -> None:
     names = [a for a, _ in signature]
     if names != list(params):
         raise SpecError(f"{where}: [signature] must list the arguments of {entry} in order; "
-                        f"got {names}, the source has {list(params)}")
+                        f"got {shown(names)}, the source has {shown(list(params))}")
     _check_types(signature, where)
 
 
@@ -217,7 +274,7 @@ def _check_types(signature, where) -> None:
 
 
 def _fail(where: str, table: str, key: str, value, allowed: str):
-    raise SpecError(f"{where}: [{table}] {key}: got {value!r}; allowed: {allowed}")
+    raise SpecError(f"{where}: [{table}] {key}: got {shown(value)}; allowed: {allowed}")
 
 
 def _rel(path: Path, root: Path) -> str:

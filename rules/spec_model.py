@@ -1,19 +1,97 @@
-"""What a loaded spec is: the frozen Spec and Tune, config values, and SpecError. Loading: rules/spec.py;
-sweeps and config ids: rules/sweep.py (both build on this module, not on each other)."""
+"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes, config values,
+and SpecError. Loading: rules/spec.py; sweeps and config ids: rules/sweep.py (both build on this module, not
+on each other)."""
 from __future__ import annotations
 
+import itertools
+import operator
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property, reduce
 
 Scalar = int | float | bool | str
 Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
 
 COMPILE_OPTIONS = ("num_warps", "num_stages")
-TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+NAME_MAX = 100   # characters in an argument, parameter or type variable name (they go into every message)
+TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,99})\}")   # at most NAME_MAX characters
 
 
 class SpecError(ValueError):
     """A spec that cannot be built; the message says where, what was received and what is allowed."""
+
+
+def shown(value, limit: int = 200) -> str:
+    """repr(value) for a message, cut short: a spec may hold a 50,000-value list or a 5,000-character path."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+@dataclass(frozen=True)
+class Exclude:
+    """One [[exclude]]: it drops a config on an arch when each key it gives holds one of the values listed."""
+    given: tuple[tuple[str, tuple[Scalar, ...]], ...]   # key -> values, canonical, as the spec gave them
+    at: tuple[tuple[int, frozenset], ...]               # the swept keys: (position in a config, values)
+    archs: frozenset | None                             # the arch values; None: every arch
+
+    def matches(self, config: Config, arch: str) -> bool:
+        """config: one of the family's configs (its values in the sweep's order, which `at` indexes)."""
+        return (self.archs is None or arch in self.archs) and all(config[i][1] in vs for i, vs in self.at)
+
+
+@dataclass(frozen=True)
+class Configs:
+    """A family's configs, made on demand: every combination of the swept values (in the order listed), then
+    the extras outside it, less the configs excluded on every arch. Nothing is stored per config: a family
+    may have 50,000 (rules/sweep.py checks them per value; rules/targets.py makes each once per arch)."""
+    params: tuple[str, ...]
+    values: tuple[tuple[Scalar, ...], ...]   # per param: its distinct canonical values
+    extras: tuple[Config, ...]               # the [[extra]] configs that are not combinations of `values`
+    excludes: tuple[Exclude, ...]
+    archs: tuple[str, ...]
+
+    def __iter__(self) -> Iterator[Config]:
+        return self.on(*self.archs)
+
+    def on(self, *archs: str) -> Iterator[Config]:
+        """The configs built for at least one of archs (for one arch: the configs of its targets), in order."""
+        if not self.excludes:
+            yield from (tuple(zip(self.params, combo)) for combo in itertools.product(*self.values))
+            yield from self.extras
+            return
+        # Bit e of a mask: exclude e allows that value (or arch). A config is excluded on an arch when some
+        # exclude allows each of its values and the arch: an AND per parameter, not a test per exclude, so
+        # thousands of [[exclude]] blocks cost a 50,000-config family little more than a few do.
+        every = (1 << len(self.excludes)) - 1
+        free = [_bits(all(p != i for p, _ in ex.at) for ex in self.excludes) for i in range(len(self.params))]
+        given: list[dict[Scalar, int]] = [{} for _ in self.params]   # per param: value -> the excludes listing it
+        for e, ex in enumerate(self.excludes):
+            for i, vs in ex.at:
+                for v in vs:
+                    given[i][v] = given[i].get(v, 0) | 1 << e
+        on_arch = [_bits(ex.archs is None or arch in ex.archs for ex in self.excludes) for arch in archs]
+
+        def kept(masks) -> bool:
+            hit = reduce(operator.and_, masks, every)
+            return not all(hit & bits for bits in on_arch)
+        allowed = [[free[i] | given[i].get(v, 0) for v in vs] for i, vs in enumerate(self.values)]
+        for combo in itertools.product(*(range(len(vs)) for vs in self.values)):
+            if kept(map(list.__getitem__, allowed, combo)):
+                yield tuple(zip(self.params, map(tuple.__getitem__, self.values, combo)))
+        yield from (c for c in self.extras if kept(free[i] | given[i].get(v, 0) for i, (_, v) in enumerate(c)))
+
+    def __len__(self) -> int:
+        return self.count
+
+    @cached_property
+    def count(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _bits(flags) -> int:
+    """An int whose bit e is set when flag e is true."""
+    return sum(1 << e for e, flag in enumerate(flags) if flag)
 
 
 @dataclass(frozen=True)
@@ -36,16 +114,17 @@ class Spec:
     signature: tuple[tuple[str, str], ...]   # (argument, type | "constexpr"); types may hold {type_var}
     constants: tuple[tuple[str, Scalar], ...]
     divisible_by_16: tuple[str, ...]
-    configs: tuple[Config, ...]     # sweep product + extras - excludes that match every arch
-    excludes: tuple[tuple[tuple[str, Scalar | tuple[Scalar, ...]], ...], ...]
+    configs: Configs                # sweep product + extras - excludes that match every arch
+    excludes: tuple[Exclude, ...]
     description: str = ""
     tune: Tune | None = None
 
-    @property
+    # cached: rules/targets.py and config ids ask once per config
+    @cached_property
     def constexprs(self) -> tuple[str, ...]:
         return tuple(a for a, t in self.signature if t == "constexpr")
 
-    @property
+    @cached_property
     def type_vars(self) -> tuple[str, ...]:
         found: list[str] = []
         for _, t in self.signature:

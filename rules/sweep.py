@@ -2,22 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import re
 import string
 
 from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
-from kforge.spec_model import COMPILE_OPTIONS, Config, Scalar, Spec, SpecError
+from kforge.spec_model import COMPILE_OPTIONS, Config, Configs, Exclude, Scalar, Spec, SpecError, shown
 
 WARPS_ALLOWED = (1, 2, 4, 8, 16)
 
 
 CONFIG_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # a directory name and part of a target name
+ID_FIRST = frozenset(string.ascii_letters + string.digits + "_")   # CONFIG_ID's characters, for per-value checks
+ID_CHARS = ID_FIRST | frozenset(".+-")
+ID_MAX = 200
 
 
 def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) -> Spec:
+    """The spec with its Configs. Everything is checked per sweep value, not per config: a 50,000-config
+    family loads without making its configs (only when its ids cannot be shown unique that way)."""
     where = spec.path
     params = tuple(sweep)
     _check_params(spec, params)
@@ -26,7 +30,7 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
             raise SpecError(f"{where}: [sweep] {p}: empty list; give at least one value")
         kinds = sorted({type(v).__name__ for v in values})
         if len(kinds) > 1:
-            raise SpecError(f"{where}: [sweep] {p}: values of mixed types ({', '.join(kinds)}): got {values!r}; "
+            raise SpecError(f"{where}: [sweep] {p}: values of mixed types ({', '.join(kinds)}): got {shown(values)}; "
                             f"give every value of one type")
     size = math.prod(len(v) for v in sweep.values()) + len(extras)   # counted before anything is expanded
     limit = settings.get("max_configs")
@@ -35,45 +39,55 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
                         + " x ".join(f"{len(v)} {p}" for p, v in sweep.items())
                         + f"), more than the {limit:,} one family may have; narrow the sweep, split the family, "
                           f"or raise the limit with KFORGE_MAX_CONFIGS=N")
-    canon = {p: tuple(_canon(spec, p, v, "sweep") for v in vs) for p, vs in sweep.items()}
-    configs: list[Config] = [tuple(zip(params, combo)) for combo in itertools.product(*canon.values())]
+    # a value listed twice is one value (its configs would be the same targets twice)
+    values = tuple(tuple(dict.fromkeys(_canon(spec, p, v, "sweep") for v in vs)) for p, vs in sweep.items())
+    swept = [frozenset(vs) for vs in values]
+    listed: list[Config] = []
     for i, extra in enumerate(extras):
         if set(extra) != set(params):
             raise SpecError(f"{where}: [[extra]] #{i + 1} must give exactly the swept parameters "
-                            f"{list(params)}; got {list(extra)}")
-        configs.append(tuple((p, _canon(spec, p, extra[p], "extra")) for p in params))
-    configs = list(dict.fromkeys(configs))   # an extra equal to a swept config is the same target
+                            f"{list(params)}; got {shown(list(extra))}")
+        listed.append(tuple((p, _canon(spec, p, extra[p], "extra")) for p in params))
+    # an extra equal to a swept config (or to an earlier extra) is the same target
+    outside = tuple(c for c in dict.fromkeys(listed) if not all(v in vs for (_, v), vs in zip(c, swept)))
 
     norm_excludes = tuple(_normalize_exclude(spec, params, i, ex) for i, ex in enumerate(excludes))
     for i, ex in enumerate(norm_excludes):
-        if not any(matches(ex, c, a) for c in configs for a in spec.archs):
-            raise SpecError(f"{where}: [[exclude]] #{i + 1} {dict(ex)} matches no config; "
+        if not _matches_some(ex, swept, outside, spec.archs):
+            raise SpecError(f"{where}: [[exclude]] #{i + 1} {shown(dict(ex.given))} matches no config; "
                             f"fix its values or remove it")
-    kept = tuple(c for c in configs if not all(any(matches(ex, c, a) for ex in norm_excludes)
-                                               for a in spec.archs))
-    if not kept:
+    configs = Configs(params, values, outside, norm_excludes, spec.archs)
+    if next(iter(configs), None) is None:
         raise SpecError(f"{where}: the sweep is empty after [[exclude]]; nothing would be built")
-    spec = dataclasses.replace(spec, configs=kept, excludes=norm_excludes)
+    spec = dataclasses.replace(spec, configs=configs, excludes=norm_excludes)
     _check_id_template(spec, params)
-    _check_unique_ids(spec)
+    if not _ids_unique_and_safe(spec, values, outside):
+        _check_unique_ids(spec)   # config by config: names the configs at fault, or finds none (excluded)
     return spec
 
 
-def matches(exclude, config: Config, arch: str) -> bool:
-    values = dict(config, arch=arch)
-    return all(values[k] in v for k, v in exclude)
+def matches(exclude: Exclude, config: Config, arch: str) -> bool:
+    """Whether the exclude drops one of the family's configs on arch (rules/targets.py asks per target)."""
+    return exclude.matches(config, arch)
+
+
+def _matches_some(ex: Exclude, swept: list[frozenset], outside: tuple[Config, ...], archs: tuple[str, ...]) -> bool:
+    """Whether ex drops any config on any arch, from the values: the product holds every combination of them."""
+    if ex.archs is not None and not ex.archs.intersection(archs):
+        return False
+    return all(vs & swept[i] for i, vs in ex.at) or any(all(c[i][1] in vs for i, vs in ex.at) for c in outside)
 
 
 def config_id(spec: Spec, config: Config) -> str:
     """'bf16-m128n128k64-w8s3' from the spec's id template, or 'bf16-block_m128-...' by default."""
-    values = {p: _short(v) if isinstance(v, bool) else v for p, v in config}
     if spec.id_template:
-        return spec.id_template.format(**values)
-    parts = [str(v) if p in spec.type_vars else f"{p.lower()}{_short(v)}" for p, v in config]
-    return "-".join(parts)
+        return spec.id_template.format_map({p: _short(v) for p, v in config})
+    type_vars = spec.type_vars
+    return "-".join(_short(v) if p in type_vars else f"{p.lower()}{_short(v)}" for p, v in config)
 
 
 def _short(v: Scalar) -> str:
+    """A value as ids spell it (what str.format writes, but true/false as TOML writes them)."""
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -102,35 +116,92 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
 
 
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
-    value = canonical_value(param, value, spec.type_vars, spec.path)
+    value = canonical_value(param, value, spec.type_vars, spec.path, table)
     if param == "num_warps" and (type(value) is not int or value not in WARPS_ALLOWED):
-        raise SpecError(f"{spec.path}: [{table}] num_warps: got {value!r}; allowed: {WARPS_ALLOWED}")
+        raise SpecError(f"{spec.path}: [{table}] num_warps: got {shown(value)}; allowed: {WARPS_ALLOWED}")
     if param == "num_stages" and (type(value) is not int or not 1 <= value <= 8):
-        raise SpecError(f"{spec.path}: [{table}] num_stages: got {value!r}; allowed: integers 1..8")
+        raise SpecError(f"{spec.path}: [{table}] num_stages: got {shown(value)}; allowed: integers 1..8")
     return value
 
 
-def _normalize_exclude(spec: Spec, params, i: int, ex: dict):
+def _normalize_exclude(spec: Spec, params, i: int, ex: dict) -> Exclude:
     for k in ex:
         if k not in params and k != "arch":
-            raise SpecError(f"{spec.path}: [[exclude]] #{i + 1}: key {k!r} is not swept; "
+            raise SpecError(f"{spec.path}: [[exclude]] #{i + 1}: key {shown(k)} is not swept; "
                             f"allowed: {', '.join(params)}, arch")
-    return tuple((k, tuple(_canon(spec, k, x, "exclude") if k != "arch" else x
-                           for x in (v if isinstance(v, list) else [v])))
-                 for k, v in ex.items())
+    given = tuple((k, tuple(_canon(spec, k, x, "exclude") if k != "arch" else x
+                            for x in (v if isinstance(v, list) else [v])))
+                  for k, v in ex.items())
+    return Exclude(given=given, at=tuple((params.index(k), frozenset(vs)) for k, vs in given if k != "arch"),
+                   archs=next((frozenset(vs) for k, vs in given if k == "arch"), None))
 
 
 def _check_id_template(spec: Spec, params) -> None:
     if not spec.id_template:
         return
-    fields = [f for _, f, _, _ in string.Formatter().parse(spec.id_template) if f is not None]
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(spec.id_template) if f is not None]
+    except ValueError as e:   # an unmatched '{' or '}'
+        raise SpecError(f"{spec.path}: [kernel] id: {shown(spec.id_template)} is not a template ({e}); "
+                        f"allowed: text with placeholders such as {{BLOCK}}") from None
     for f in fields:
         if f not in params:
             raise SpecError(f"{spec.path}: [kernel] id: placeholder {{{f}}} is not a swept parameter; "
                             f"allowed: {', '.join(params)}")
     if not all(c.isalnum() or c in "-_.{}" for c in spec.id_template):
-        raise SpecError(f"{spec.path}: [kernel] id: {spec.id_template!r} may hold only letters, digits, "
+        raise SpecError(f"{spec.path}: [kernel] id: {shown(spec.id_template)} may hold only letters, digits, "
                         f"'-', '_', '.' and placeholders")
+
+
+def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...]) -> bool:
+    """True when the values alone show that every config's id is a safe name and no two are equal; False
+    when that takes formatting each config (_check_unique_ids).
+
+    An id is the template's text with a value spelled at each placeholder. Ids are unique when each id can
+    be read back into its values: a parameter with one value is fixed text; one with several is in the id,
+    spells each value differently, and (where it first appears) ends the id or is followed by text whose
+    first character none of its spellings holds, so its value ends where that text begins.
+    """
+    spellings = []   # per param: how its ids spell each of its distinct values, extras' values included
+    for i, vs in enumerate(values):
+        texts = [_short(v) for v in dict.fromkeys(vs + tuple(c[i][1] for c in outside))]
+        if len(set(texts)) != len(texts):
+            return False
+        spellings.append(texts)
+    pieces: list[str | int] = []   # the id: text, or the index of a parameter with several values
+    for piece in _id_pieces(spec):
+        if isinstance(piece, int) and len(spellings[piece]) == 1:
+            piece = spellings[piece][0]
+        if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+            pieces[-1] += piece
+        elif piece != "":
+            pieces.append(piece)
+    if any(len(texts) > 1 and i not in pieces for i, texts in enumerate(spellings)):
+        return False   # configs that differ only there share an id
+    seen = set()
+    for j, piece in enumerate(pieces):
+        if isinstance(piece, int) and piece not in seen:
+            seen.add(piece)
+            after = pieces[j + 1] if j + 1 < len(pieces) else ""
+            if isinstance(after, int) or (after and any(after[0] in t for t in spellings[piece])):
+                return False
+    # safe: CONFIG_ID's characters, a safe first one, and not too long even with the longest values
+    choices = [[p] if isinstance(p, str) else spellings[p] for p in pieces]
+    return (bool(choices) and all(t[:1] and t[0] in ID_FIRST for t in choices[0])
+            and all(ID_CHARS.issuperset(t) for texts in choices for t in texts)
+            and sum(max(map(len, texts)) for texts in choices) <= ID_MAX)
+
+
+def _id_pieces(spec: Spec) -> list[str | int]:
+    """The id template as text and parameter indexes ('{dtype}-b{BLOCK}' -> [0, '-b', 1])."""
+    params = spec.configs.params
+    if spec.id_template:
+        pieces: list[str | int] = []
+        for text, field, _, _ in string.Formatter().parse(spec.id_template):
+            pieces += [text] + ([params.index(field)] if field is not None else [])
+        return pieces
+    return [piece for i, p in enumerate(params)
+            for piece in (["-"] if i else []) + ([] if p in spec.type_vars else [p.lower()]) + [i]]
 
 
 def _check_unique_ids(spec: Spec) -> None:
@@ -140,20 +211,20 @@ def _check_unique_ids(spec: Spec) -> None:
     for c in spec.configs:
         cid = config_id(spec, c)
         if not CONFIG_ID.fullmatch(cid):
-            raise SpecError(f"{spec.path}: [sweep] config {dict(c)} gets the id {cid!r}, which is not a safe name; "
-                            f"ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, digit or '_'), "
-                            f"at most 200 characters: change the values or [kernel] id")
+            raise SpecError(f"{spec.path}: [sweep] config {shown(dict(c))} gets the id {shown(cid)}, which is not a "
+                            f"safe name; ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, "
+                            f"digit or '_'), at most 200 characters: change the values or [kernel] id")
         if cid in seen:
-            raise SpecError(f"{spec.path}: configs {dict(seen[cid])} and {dict(c)} both get id {cid!r}; "
-                            f"add the differing parameter to [kernel] id")
+            raise SpecError(f"{spec.path}: configs {shown(dict(seen[cid]))} and {shown(dict(c))} both get id "
+                            f"{shown(cid)}; add the differing parameter to [kernel] id")
         seen[cid] = c
 
 
-def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str) -> Scalar:
+def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str, table: str = "sweep") -> Scalar:
     """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
     if param in type_vars:
         canon = canonical_dtype(value) if isinstance(value, str) else None
         if canon is None:
-            raise SpecError(f"{where}: [sweep] {param}: got {value!r}; allowed: {allowed_dtypes()}")
+            raise SpecError(f"{where}: [{table}] {param}: got {shown(value)}; allowed: {allowed_dtypes()}")
         return canon
     return value

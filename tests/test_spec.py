@@ -13,7 +13,7 @@ def load(tmp_path, text, kernel=None):
 def error(tmp_path, text, kernel=None) -> str:
     with pytest.raises(SpecError) as e:
         load(tmp_path, text, kernel)
-    assert "specs/s.toml" in str(e.value)
+    assert "specs/s.toml" in str(e.value) and "\n" not in str(e.value)
     return str(e.value)
 
 
@@ -45,6 +45,23 @@ def test_valid_spec_loads(tmp_path):
     (('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{dtype}-{WIDTH}"'), ["placeholder {WIDTH}"]),
     (('[kernel]', 'x = 1\n[kernel]'), ["unknown table [x]"]),
     (('n = "i32"', 'n = "i32'), ["not valid TOML"]),
+    (('archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942", "sm_90a"]'), ["archs", "'sm_90a'", "listed twice"]),
+    (('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{dtype"'), ["[kernel] id: '{dtype' is not a template"]),
+    (('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "}{dtype}"'), ["[kernel] id: '}{dtype}' is not a template"]),
+    (('source = "tk/scale.py"', 'source = "pyproject.toml"'), ["[kernel] source: 'pyproject.toml' is not Python",
+                                                              "(line 3: "]),
+    (('source = "tk/scale.py"', f'source = "tk/{"x" * 300}.py"'), ["[kernel] source: cannot look up 'tk/xxx",
+                                                                    "(File name too long)"]),
+    (('num_warps = [4]', 'num_warps = [4]\n"a\\nb" = [1]'), ["[sweep] 'a\\nb': not a name"]),
+    (('num_warps = [4]', f'num_warps = [4]\n{"W" * 101} = [1]'), ["[sweep] 'WWW", "not a name", "at most 100"]),
+    (('[hints]', '["hi\\nts"]'), ["unknown table ['hi\\nts']"]),
+    (('BLOCK = [128, 256]', f'BLOCK = [{"9" * 5000}]'), ["not valid TOML: Exceeds the limit (4300 digits)",
+                                                       "allowed: TOML's 64-bit integers"]),
+    (('BLOCK = [128, 256]', f'BLOCK = [0x{"f" * 4000}]'), ["[sweep] BLOCK: got an integer of 16000 bits",
+                                                         "allowed: TOML's 64-bit integers"]),
+    (('BLOCK = [128, 256]', f'BLOCK = [128, {"[" * 1000}{"]" * 1000}]'), ["not valid TOML: arrays or tables nested"]),
+    (('n = "i32"', f'n = {list(range(20000))}'), ["[signature] n: expected argument type", "[0, 1, 2, 3,",
+                                                  "... (128,890 characters) (list)"]),
 ])
 def test_bad_spec_names_file_key_value(tmp_path, edit, expected):
     old, new = edit
@@ -119,6 +136,19 @@ def test_bad_tune_table_names_the_key(tmp_path, edit, expected):
         load_tuned(tmp_path, TUNE.replace(old, new, 1))
     for part in ["specs/s.toml", *expected]:
         assert part in str(e.value), (part, str(e.value))
+
+
+def test_a_kernel_source_that_is_not_python_is_one_error_naming_it(tmp_path):
+    message = error(tmp_path, spec_text(), kernel=kernel_text() + "\ndef broken(:\n")
+    assert "[kernel] source: 'tk/scale.py' is not Python kforge can read (line 12: invalid syntax)" in message
+    message = error(tmp_path / "nul", spec_text(), kernel=kernel_text() + "\0")
+    assert "[kernel] source: 'tk/scale.py' is not Python kforge can read (" in message and "null bytes" in message
+
+
+def test_a_tune_harness_that_is_not_python_is_one_error_naming_it(tmp_path):
+    with pytest.raises(SpecError, match=r"specs/s.toml: \[tune\] harness: 'tk/scale_tune.py' is not Python kforge "
+                                        r"can read \(line 1: invalid syntax\)"):
+        load_tuned(tmp_path, TUNE, harness="def problem(:\n")
 
 
 def test_tune_harness_must_define_problem_and_grid(tmp_path):

@@ -4,6 +4,7 @@ are unique, safe names (what load_spec promises the rest of the build).
 
 Seeds are valid specs: the repo's specs/*.toml (loaded against the repo) and tests/support.spec_text() (a
 throw-away project). Mutations come from a fixed seed, so a failure reproduces; its message shows the case.
+About 1,950 cases, each under a time limit; a few seconds in all.
 """
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from kforge.spec import SpecError, load_spec
 from kforge.sweep import CONFIG_ID, config_id
 from tests.support import REPO, make_project, spec_text
 
 CASE_SECONDS = 5   # one case (load, then every config and id) is far below this; above it is a hang
+MESSAGE_MAX = 1000   # a message quotes what it got, shortened: a huge list is not printed whole
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 ODD_STRINGS = [
@@ -32,6 +32,7 @@ ODD_STRINGS = [
     "dodo.py", "tk", "tk/", "kernels", "constexpr", "*{dtype}", "*{nope}", "*bf16", "i32", "fp16", "bfloat16",
     "sm_90a", "gfx942", "triton", "flydsl",
 ]
+ODD_KEYS = ["", " ", "a b", "/", "..", "@", ":", "\x00", "\n", "{", "1abc", "caf\u00e9", "x" * 300, "a" * 5000]
 ODD_NUMBERS = [0, 1, -1, 3, 7, 16, 128, 2**31, 2**63 - 1, -2**63, 2**64, 2**20000,
                0.0, -0.0, 0.5, 1e300, -1e-5, math.inf, -math.inf, math.nan, True, False]
 DATES = [datetime.datetime(1979, 5, 27, 7, 32), datetime.date(1979, 5, 27), datetime.time(7, 32),
@@ -71,6 +72,8 @@ def _key(k: str) -> str:
 
 
 def _string(s: str) -> str:
+    if s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
     escaped = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
     return '"' + "".join(escaped.get(c) or (c if c.isprintable() else f"\\u{ord(c):04x}") for c in s) + '"'
 
@@ -140,12 +143,10 @@ def check_case(path: Path, root: Path, data: bytes) -> str | None:
         ids = [config_id(spec, c) for c in configs]
     except SpecError as e:
         message = str(e)
-        if where not in message or "\n" in message:
-            return f"SpecError not one line naming {where}: {message[:300]!r}"
+        if where not in message or "\n" in message or len(message) > MESSAGE_MAX:
+            return f"SpecError not one line of at most {MESSAGE_MAX} characters naming {where}: {message[:300]!r}"
         return None
-    except BaseException as e:   # noqa: BLE001 - any other exception (or a hang) is the finding
-        if isinstance(e, KeyboardInterrupt):
-            raise
+    except Exception as e:   # any other exception, or Hang, is the finding
         return f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -244,33 +245,36 @@ def random_value(rng: random.Random, names: list, depth: int = 0):
     if kind == "table":
         return {str(rng.choice(names)): random_value(rng, names, depth + 1) for _ in range(rng.choice([0, 1, 2]))}
     if kind == "huge":
-        n = rng.choice([1000, 30000, 60000])
+        n = rng.choice([1000, 20000, 51000])   # 51,000: over the 50,000 configs one family may have
         return rng.choice([list(range(16, 16 * (n + 1), 16)), [f"v{i}" for i in range(n)], ["fp16"] * n])
     d = rng.choice([10, 100, 300, 1000])
     return Raw(rng.choice(["[" * d + "1" + "]" * d, "{a = " * d + "1" + "}" * d]))
 
 
 def structural_mutation(rng: random.Random, doc: dict, names: list) -> str:
-    spots = paths(doc)
-    spot = rng.choice(spots)
+    table = rng.choice([()] + [(k,) for k in doc])   # each table as likely as another, however long
+    spots = [p for p in paths(doc) if p[:len(table)] == table]
+    leaves = [p for p in spots if p and not isinstance(get(doc, p), (dict, list))]
+    kind = rng.choice(["leaf", "leaf", "leaf", "replace", "replace", "delete", "add key", "append"])
+    spot = rng.choice(leaves if kind == "leaf" and leaves else spots)
     node = get(doc, spot)
-    kind = rng.choice(["replace", "replace", "replace", "delete", "add key", "append"])
     if kind == "add key" and isinstance(node, dict):
-        key = rng.choice(names + ODD_STRINGS[:20])
+        key = str(rng.choice(names + ODD_KEYS))
         node[key] = random_value(rng, names)
         return f"add {key!r} at {spot}"
     if kind == "append" and isinstance(node, list):
         node.append(random_value(rng, names) if rng.random() < 0.5 or not node else node[0])
         return f"append to {spot}"
     if kind == "delete" and spot:
-        parent = get(doc, spot[:-1])
-        del parent[spot[-1]]
+        del get(doc, spot[:-1])[spot[-1]]
         return f"delete {spot}"
     if not spot:
         return "nothing"
-    value = random_value(rng, names)
+    # a leaf keeps the document's shape (so the loader gets further); a replaced value may change it
+    value = random_value(rng, names, depth=2 if kind == "leaf" else 0)
     get(doc, spot[:-1])[spot[-1]] = value
-    return f"replace {spot} with {type(value).__name__}"
+    shown = f"a list of {len(value)}" if isinstance(value, list) else _value(value)[:40]
+    return f"{kind} {spot} with {shown}"
 
 
 def names_in(doc) -> list:
@@ -295,4 +299,30 @@ def test_structural_mutations_load_or_name_the_file(tmp_path):
             doc = tomllib.loads(seed.text)
             whats = [structural_mutation(rng, doc, names) for _ in range(rng.choice([1, 1, 2, 3]))]
             cases.append((seed, "; ".join(whats), dumps(doc).encode()))
+    run_cases(tmp_path, cases)
+
+
+# --- (c) every odd string at every string position of one seed: what random choice hits only by luck -----
+
+def renamed(doc: dict, spot: tuple, key: str) -> dict:
+    """doc with the key at spot renamed (its place in the table kept)."""
+    parent = get(doc, spot[:-1])
+    items = list(parent.items())
+    parent.clear()
+    parent.update((key if k == spot[-1] else k, v) for k, v in items)
+    return doc
+
+
+def test_odd_strings_at_every_string_value_and_key(tmp_path):
+    seed = seeds(tmp_path)[1]   # the richest self-contained one: extra, exclude and tune
+    parsed = tomllib.loads(seed.text)
+    cases = []
+    for spot in paths(parsed):
+        for odd in ODD_STRINGS if isinstance(get(parsed, spot), str) else ():
+            doc = tomllib.loads(seed.text)
+            get(doc, spot[:-1])[spot[-1]] = odd
+            cases.append((seed, f"{spot} = {odd!r:.40}", dumps(doc).encode()))
+        for odd in ODD_KEYS if spot and isinstance(spot[-1], str) else ():
+            doc = renamed(tomllib.loads(seed.text), spot, odd)
+            cases.append((seed, f"key {spot} renamed {odd!r:.40}", dumps(doc).encode()))
     run_cases(tmp_path, cases)

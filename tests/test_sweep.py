@@ -1,9 +1,13 @@
 """Sweep expansion and config ids: readable, stable, derived from values only."""
+import itertools
+import random
+import re
+
 import pytest
 
 from kforge.spec import SpecError, load_spec
 from kforge.sweep import config_id
-from tests.support import make_project, spec_text
+from tests.support import kernel_text, make_project, spec_text
 
 
 def load(tmp_path, text):
@@ -77,3 +81,158 @@ def test_a_huge_sweep_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
     with pytest.raises(SpecError, match=r"gives 4 configs .* more than the 3 one family may have"):
         load(tmp_path / "b", spec_text(blocks=(16, 32, 64, 128)))
     assert len(load(tmp_path / "c", spec_text(blocks=(16, 32, 64))).configs) == 3
+
+
+def test_a_50000_config_family_is_checked_per_value_not_per_config(tmp_path, monkeypatch):
+    """Loading formats no config id and tries no config against the excludes one by one (they are checked per
+    value): configs are made when iterated (rules/targets.py does), so a family's size costs nothing to load."""
+    from kforge import sweep
+    from kforge.spec_model import Exclude
+    text = spec_text(blocks=tuple(range(16, 16 * 2001, 16))).replace(
+        "num_warps = [4]", "num_warps = [1, 2, 4, 8, 16]\nnum_stages = [1, 2, 3, 4, 5]").replace(
+        '"{dtype}-b{BLOCK}-w{num_warps}"', '"{dtype}-b{BLOCK}-w{num_warps}s{num_stages}"')
+    text += "\n[[exclude]]\nBLOCK = 16\nnum_warps = 1\n"
+    calls = {"config_id": 0, "matches": 0}
+
+    def counted(name, real):
+        def call(*args):
+            calls[name] += 1
+            return real(*args)
+        return call
+    monkeypatch.setattr(sweep, "config_id", counted("config_id", sweep.config_id))
+    monkeypatch.setattr(Exclude, "matches", counted("matches", Exclude.matches))
+    spec = load(tmp_path, text)
+    assert calls == {"config_id": 0, "matches": 0}
+    monkeypatch.undo()
+    ids = [config_id(spec, c) for c in spec.configs]
+    assert len(spec.configs) == len(set(ids)) == 50_000 - 5
+    assert ids[:2] == ["fp16-b16-w2s1", "fp16-b16-w2s2"] and ids[-1] == "fp16-b32000-w16s5"
+
+
+TAGGED_KERNEL = kernel_text().replace("BLOCK: tl.constexpr):", "BLOCK: tl.constexpr, TAG: tl.constexpr):")
+
+
+@pytest.mark.parametrize("template, sweep, extra", [
+    ("{BLOCK}{TAG}", 'BLOCK = ["a", "ab"]\nTAG = ["bc", "c"]', ""),         # 'a' 'bc' and 'ab' 'c'
+    ("{TAG}-{BLOCK}", 'BLOCK = ["1", "1-1"]\nTAG = ["a", "a-1"]', ""),      # 'a' '-' '1-1' and 'a-1' '-' '1'
+    ("{TAG}-{BLOCK}", 'BLOCK = [1, 2]\nTAG = ["a"]', 'BLOCK = "1"\nTAG = "a"'),   # 1 and "1" are spelled alike
+])
+def test_configs_that_share_an_id_are_refused_however_the_id_is_built(tmp_path, template, sweep, extra):
+    text = spec_text().replace('"{dtype}-b{BLOCK}-w{num_warps}"', f'"{template}"').replace(
+        'BLOCK = "constexpr"', 'BLOCK = "constexpr"\nTAG = "constexpr"').replace("BLOCK = [256]", sweep)
+    text += f"\n[[extra]]\ndtype = \"fp16\"\nnum_warps = 4\n{extra}\n" if extra else ""
+    root = make_project(tmp_path, specs={"s": text}, kernels={"scale": TAGGED_KERNEL})
+    with pytest.raises(SpecError, match=r"specs/s.toml: configs .* and .* both get id '[^']*'; add the differing"):
+        load_spec(root / "specs" / "s.toml", root)
+
+
+def test_a_family_with_nothing_swept_is_one_config(tmp_path):
+    text = spec_text(archs=("sm_90a", "gfx942")).replace('"*{dtype}"', '"*fp16"').replace(
+        '"{dtype}-b{BLOCK}-w{num_warps}"', '"one"').split("[sweep]")[0] + "[constants]\nBLOCK = 256\n\n[sweep]\n"
+    spec = load(tmp_path, text + '\n[[exclude]]\narch = "gfx942"\n')
+    assert list(spec.configs) == [()] and list(spec.configs.on("gfx942")) == [] and config_id(spec, ()) == "one"
+
+
+def test_hundreds_of_excludes_cost_a_big_family_little(tmp_path):
+    """500 [[exclude]] blocks on 50,000 configs took 25 s to load when each config was tried against each."""
+    import time
+    blocks = list(range(16, 16 * 2001, 16))
+    text = spec_text(blocks=tuple(blocks)).replace(
+        "num_warps = [4]", "num_warps = [1, 2, 4, 8, 16]\nnum_stages = [1, 2, 3, 4, 5]").replace(
+        '"{dtype}-b{BLOCK}-w{num_warps}"', '"{dtype}-b{BLOCK}-w{num_warps}s{num_stages}"')
+    text += "".join(f"\n[[exclude]]\nBLOCK = [{blocks[2 * i]}, {blocks[2 * i + 1]}]\n" for i in range(500))
+    start = time.monotonic()
+    spec = load(tmp_path, text)
+    assert len(spec.configs) == 25 * 1000 and len(list(spec.configs.on("sm_90a"))) == 25 * 1000
+    assert time.monotonic() - start < 5
+
+
+# --- configs and ids against a plain reading of the spec: every combination, checked one by one ---------
+
+def reference(sweep: dict, extras: list[dict], excludes: list[dict], archs: list[str], template: str):
+    """(kept configs, their ids) or the start of the error loading must give: what the spec says, computed the
+    slow, obvious way."""
+    configs = list(dict.fromkeys([tuple(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
+                                 + [tuple((p, extra[p]) for p in sweep) for extra in extras]))
+
+    def dropped(ex, config, arch):
+        values = dict(config, arch=arch)
+        return all(values[k] in (v if isinstance(v, list) else [v]) for k, v in ex.items())
+    for i, ex in enumerate(excludes):
+        if not any(dropped(ex, c, a) for c in configs for a in archs):
+            return f"[[exclude]] #{i + 1}"
+    kept = [c for c in configs if not all(any(dropped(ex, c, a) for ex in excludes) for a in archs)]
+    if not kept:
+        return "the sweep is empty"
+    def spell(v):
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    ids = [template.format(**{p: spell(v) for p, v in c}) if template
+           else "-".join(spell(v) if p == "dtype" else f"{p.lower()}{spell(v)}" for p, v in c) for c in kept]
+    for i, cid in enumerate(ids):
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}", cid):
+            return "[sweep] config"
+        if cid in ids[:i]:
+            return "configs"
+    return kept, ids
+
+
+def random_spec(rng: random.Random):
+    """A sweep of dtype, BLOCK, TAG and num_warps, with extras, excludes and an id template, drawn to make ids
+    that are often unsafe or equal: BLOCK's values are of one type, TAG's are strings such as '', 'a-', '1'."""
+    kind = rng.choice(["int", "str", "float", "bool"])
+    pools = {"int": [-1, 0, 1, 2, 12, 21, 128], "str": ["", "a", "a-", "-a", "1", "1.2", "ab", "b", "a b", "x" * 199],
+             "float": [0.5, 1.0, 1e-05, 2.5], "bool": [True, False]}
+    pool = pools[kind] + pools["str"] * (kind != "str")
+    sweep = {"dtype": rng.sample(["fp16", "bf16", "fp32"], rng.randint(1, 3)),
+             "BLOCK": [rng.choice(pools[kind]) for _ in range(rng.randint(1, 4))],
+             "TAG": [rng.choice(pools["str"]) for _ in range(rng.randint(1, 3))],
+             "num_warps": rng.sample([1, 2, 4, 8, 16], rng.randint(1, 2))}
+    # an extra may give BLOCK a value of another type: 1 and "1" are two configs of one id
+    extras = [{p: rng.choice(vs + [rng.choice(pool)] * (p == "BLOCK")) for p, vs in sweep.items()}
+              for _ in range(rng.choice([0, 0, 1, 2]))]
+    archs = rng.choice([["sm_90a"], ["sm_90a", "gfx942"]])
+    excludes = []
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        keys = rng.sample(["dtype", "BLOCK", "TAG", "num_warps", "arch"], rng.randint(1, 2))
+        values = dict(sweep, arch=["sm_90a", "gfx942"])
+        excludes.append({k: rng.choice(values[k]) if rng.random() < 0.5 else [rng.choice(values[k])] for k in keys})
+    fields = [rng.choice(["dtype", "BLOCK", "TAG", "num_warps"]) for _ in range(rng.randint(0, 4))]
+    template = "".join(rng.choice(["", "", "-", ".", "b", "x1"]) + "{" + f + "}" for f in fields) if fields else ""
+    return sweep, extras, excludes, archs, template
+
+
+def toml_list(values) -> str:
+    return "[" + ", ".join(toml_value(v) for v in values) + "]"
+
+
+def toml_value(v) -> str:
+    if isinstance(v, list):
+        return toml_list(v)
+    if isinstance(v, str):
+        return f'"{v}"'
+    return str(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def test_configs_and_ids_are_those_of_a_config_by_config_reading(tmp_path):
+    """Per-value checks must agree with checking every config: the same configs in the same order, the same
+    ids, and a refusal exactly when some config's id is unsafe or shared (300 random sweeps, fixed seed)."""
+    rng = random.Random(2026)
+    root = make_project(tmp_path, specs={}, kernels={"scale": TAGGED_KERNEL})
+    for case in range(300):
+        sweep, extras, excludes, archs, template = random_spec(rng)
+        text = spec_text(archs=tuple(archs)).split("[sweep]")[0].replace(
+            'id = "{dtype}-b{BLOCK}-w{num_warps}"', f'id = "{template}"' if template else "").replace(
+            'BLOCK = "constexpr"', 'BLOCK = "constexpr"\nTAG = "constexpr"')
+        text += "[sweep]\n" + "".join(f"{p} = {toml_list(vs)}\n" for p, vs in sweep.items())
+        text += "".join("\n[[extra]]\n" + "".join(f"{p} = {toml_value(v)}\n" for p, v in e.items()) for e in extras)
+        text += "".join("\n[[exclude]]\n" + "".join(f"{p} = {toml_value(v)}\n" for p, v in e.items()) for e in excludes)
+        (root / "specs" / "s.toml").write_text(text)
+        expected = reference(sweep, extras, excludes, archs, template)
+        try:
+            spec = load_spec(root / "specs" / "s.toml", root)
+        except SpecError as e:
+            assert isinstance(expected, str) and str(e).startswith(f"specs/s.toml: {expected}"), (case, text, str(e))
+            continue
+        assert not isinstance(expected, str), (case, text, expected)
+        assert (list(spec.configs), [config_id(spec, c) for c in spec.configs]) == expected, (case, text)
+        assert len(spec.configs) == len(expected[0])
