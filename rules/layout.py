@@ -71,8 +71,11 @@ class Layout:
     def verify(self) -> Path:
         return self.out / "verify"
 
+    def family_dir(self, arch: str, kernel: str) -> Path:
+        return self.out / arch / kernel
+
     def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
-        return self.out / arch / kernel / config_id
+        return self.family_dir(arch, kernel) / config_id
 
     def manifest_copy(self, arch: str) -> Path:
         """A copy of a bundle's manifest beside its wheel, for people and CI logs to read."""

@@ -66,9 +66,6 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
     return spec
 
 
-def matches(exclude: Exclude, config: Config, arch: str) -> bool:
-    """Whether the exclude drops one of the family's configs on arch (rules/targets.py asks per target)."""
-    return exclude.matches(config, arch)
 
 
 def _matches_some(ex: Exclude, swept: list[frozenset], outside: tuple[Config, ...], archs: tuple[str, ...]) -> bool:

@@ -83,7 +83,9 @@ class _Shared:
     digests: tuple[tuple[str, str], ...]
     versions: tuple[tuple[str, str], ...]
     key: str   # the digest of all of the above that goes into each target's key
-    layout: Layout
+    out: str          # the project's out/
+    family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
+    signatures: dict  # type-variable values -> the resolved signature, made once each
 
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
@@ -109,23 +111,26 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env})
-        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, layout)
-        for config in spec.configs:
-            if any(sweep.matches(ex, config, arch_name) for ex in spec.excludes):
-                continue
-            result.append(_target(shared, config))
+        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
+                         str(layout.family_dir(arch_name, spec.name)), {})
+        result += [_target(shared, config) for config in spec.configs.on(arch_name)]
     return result
 
 
 def _target(shared: _Shared, config) -> Target:
     spec, arch = shared.spec, shared.arch
     values = dict(config)
-    signature = tuple((a, t if t == "constexpr" else canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
-                      for a, t in spec.signature)
-    for a, t in signature:
-        if t is None:
-            raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
-                            f"{values} is not a known type")
+    types = tuple(values[v] for v in spec.type_vars)
+    signature = shared.signatures.get(types)
+    if signature is None:
+        signature = tuple((a, t if t == "constexpr" else
+                           canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
+                          for a, t in spec.signature)
+        for a, t in signature:
+            if t is None:
+                raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
+                                f"{values} is not a known type")
+        shared.signatures[types] = signature
     constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
@@ -137,4 +142,4 @@ def _target(shared: _Shared, config) -> Target:
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=str(shared.layout.out), out_dir=str(shared.layout.artifact_dir(arch, spec.name, cid)), key=key)
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key)

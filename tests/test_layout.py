@@ -6,7 +6,7 @@ import pytest
 from kforge.layout import Layout
 from kforge_runtime import schema
 
-ARGS = {"artifact_dir": ("sm_90a", "scale", "fp16-b256-w4"), "manifest_copy": ("gfx942",),
+ARGS = {"artifact_dir": ("sm_90a", "scale", "fp16-b256-w4"), "family_dir": ("sm_90a", "scale"), "manifest_copy": ("gfx942",),
         "package_stamp": ("gfx942",), "tuning_table": ("gfx942", "scale")}
 
 
