@@ -1,6 +1,12 @@
 """The runtime loader on CPU: opening bundles, refusing tampered ones, and picking the artifact to launch."""
+import contextlib
+import hashlib
+import itertools
 import json
+import os
 import shutil
+import signal
+import socket
 import sys
 import zipfile
 
@@ -9,6 +15,7 @@ import pytest
 from kforge_runtime import Bundle, BundleError, Library, NoMatchingKernel
 from kforge_runtime import library as library_module
 from kforge_runtime.device import cuda_archs
+from kforge_runtime.launch import LaunchError
 from tests.support import doit, make_project, spec_text
 
 ARCHS = ("sm_80", "sm_90a", "gfx942")
@@ -155,6 +162,267 @@ def test_jit_fallback_is_opt_in_and_builds_from_the_recorded_recipe(dist, monkey
     assert kernel.fn.fn.__name__ == "scale_kernel"
     for name in ("tk.scale", "tk"):   # other tests' projects have their own tk package
         sys.modules.pop(name, None)
+
+
+class Blocked(Exception):
+    """Not an OSError, which the code under test may take for a read error."""
+
+
+@contextlib.contextmanager
+def deadline(seconds=5):
+    """Fail, instead of hanging the run, when the body blocks (on a FIFO, say)."""
+    def expired(*_):
+        raise Blocked(f"still blocked after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def make_special(path, kind):
+    """Put a FIFO, a directory or a bound Unix socket where a regular file is expected."""
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        server, cwd = socket.socket(socket.AF_UNIX), os.getcwd()
+        os.chdir(path.parent)   # a relative name: an AF_UNIX path may not be longer than 107 bytes
+        try:
+            server.bind(path.name)
+        finally:
+            os.chdir(cwd)
+        return server
+    return None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket"])
+def test_a_manifest_that_is_not_a_regular_file_is_refused_without_blocking(dist, tmp_path, kind):
+    d = unpacked(dist, "sm_90a", tmp_path)
+    server = make_special(d / "manifest.json", kind)
+    with deadline(), pytest.raises(BundleError, match="manifest.json"):
+        Bundle(d)
+    with deadline(), pytest.raises(BundleError, match="manifest.json"):
+        Library(d).bundles
+    if server:
+        server.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket", "missing"])
+def test_a_binary_that_is_not_a_regular_file_is_refused_without_blocking(dist, tmp_path, kind):
+    d = unpacked(dist, "sm_90a", tmp_path)
+    cubin = next(d.glob("scale/bf16-b256-w4/*.cubin"))
+    server = make_special(cubin, kind) if kind != "missing" else cubin.unlink()
+    bundle = Bundle(d)
+    with deadline(), pytest.raises(BundleError, match=f"cannot read scale/bf16-b256-w4/{cubin.name}"):
+        bundle.binary(bundle.find("scale", "bf16-b256-w4"))
+    if server:
+        server.close()
+
+
+def test_a_tuning_table_that_is_a_fifo_is_refused_without_blocking(dist, tmp_path):
+    from kforge_runtime.select import NoTunedConfig
+    d = unpacked(dist, "sm_90a", tmp_path)
+    (d / "tune").mkdir()
+    os.mkfifo(d / "tune" / "scale.json")
+    edit_manifest(d, lambda m: m.update(tuned={"scale": {"path": "tune/scale.json", "sha256": "0" * 64}}))
+    with deadline(), pytest.raises(BundleError, match="cannot read tune/scale.json"):
+        Bundle(d).tuned("scale")
+    edit_manifest(d, lambda m: m.update(tuned=["not", "an", "object"]))
+    with pytest.raises(NoTunedConfig, match="no tuning table for 'scale'"):
+        Bundle(d).tuned("scale")
+
+
+def test_a_bundle_path_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "kforge_kernels_sm_90a-0.1.0-py3-none-any.whl"
+    os.mkfifo(fifo)
+    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+        Bundle(fifo)
+    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+        Library(tmp_path).bundles   # a directory of wheels
+    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+        Library(fifo).bundles
+
+
+def test_a_symlink_loop_is_refused(dist, tmp_path):
+    d = unpacked(dist, "sm_90a", tmp_path)
+    cubin = next(d.glob("scale/bf16-b256-w4/*.cubin"))
+    cubin.unlink()
+    cubin.symlink_to(cubin)
+    bundle = Bundle(d)
+    with pytest.raises(BundleError, match="cannot resolve"):
+        bundle.binary(bundle.find("scale", "bf16-b256-w4"))
+
+
+@pytest.mark.parametrize("text", ["[" * 100000, '{"a":' * 100000, '{"format": ' + "1" * 5000 + "}",
+                                  '{"format": "kforge-bundle", "x": "\\ud800"', b"\xff\xfe\xff", b""],
+                         ids=["deep-array", "deep-object", "huge-int", "truncated", "not-utf8", "empty"])
+def test_a_manifest_that_is_not_usable_json_is_a_bundle_error_naming_it(dist, tmp_path, text):
+    d = unpacked(dist, "sm_90a", tmp_path)
+    (d / "manifest.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(BundleError, match=f"{d}: unreadable manifest.json"):
+        Bundle(d)
+
+
+def test_values_of_the_wrong_shape_give_bundle_errors_with_short_messages(dist, tmp_path):
+    d = unpacked(dist, "sm_90a", tmp_path)
+    deep = json.loads("[" * 500 + "]" * 500)
+    edit_manifest(d, lambda m: m.update(format_version=deep))
+    with pytest.raises(BundleError, match="format_version a JSON array"):
+        Bundle(d)
+    edit_manifest(d, lambda m: m.update(format_version=1))
+    edit_entry(d, "bf16-b256-w4", lambda e: e.update(target=deep, sha256=None))
+    edit_entry(d, "fp16-b256-w4", lambda e: e.update(config_id="x" * 100000))
+    with pytest.raises(BundleError) as raised:
+        Bundle(d).find("scale", {"BLOCK": 256, "dtype": "bf16"})
+    assert "artifact a JSON array needs 'target' as a str" in str(raised.value) and len(str(raised.value)) < 300
+    with pytest.raises(NoMatchingKernel) as raised:
+        Bundle(d).find("scale", {"dtype": "fp32"})
+    assert len(str(raised.value)) < 1000
+    edit_entry(d, "bf16-b512-w4", lambda e: e.update(arch="sm_90a\nsm_80"))
+    with pytest.raises(BundleError, match=r"is for 'sm_90a\\nsm_80', the bundle is for sm_90a"):
+        Bundle(d).find("scale", "bf16-b512-w4")
+    edit_manifest(d, lambda m: m.update(arch="sm_90a\n"))
+    with pytest.raises(BundleError, match=r"'arch' is 'sm_90a\\n', not a name"):
+        Bundle(d)
+    edit_manifest(d, lambda m: m.update(arch="sm_90a"))
+    edit_entry(d, "bf16-b512-w4", lambda e: e.update(arch="sm_90a"))
+    for bad in ("scale/\ud800.cubin", "scale/a\nb.cubin", "../" + "x" * 100000):
+        edit_entry(d, "bf16-b512-w4", lambda e: e.update(binary=bad))
+        with pytest.raises(BundleError, match="outside the bundle or not normalized") as raised:
+            Bundle(d).find("scale", "bf16-b512-w4")
+        assert len(str(raised.value)) < 300
+
+
+def test_a_zip_member_larger_than_the_limit_is_refused_unread(dist, tmp_path, monkeypatch):
+    from kforge_runtime import bundle as bundle_module
+    bundle = Bundle(wheel(dist, "sm_90a"))
+    entry = bundle.find("scale", "bf16-b256-w4")
+    monkeypatch.setattr(bundle_module, "MAX_BINARY_BYTES", entry["size"] - 1)
+    with pytest.raises(BundleError, match="over the loader's limit"):
+        bundle.binary(entry)
+
+
+_packages = itertools.count()
+
+
+def jit_setup(tmp_path, files, record=None, module="kern", digests=None):
+    """A project with the package `files` describes ({name: text}), on sys.path, and a bundle whose one
+    "failed" record names <package>.<module>, with the digests of `record` (default: every file)."""
+    package = f"jitpkg{next(_packages)}"
+    project = tmp_path / "project"
+    for name, text in files.items():
+        (project / package / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / package / name).write_text(text.replace("PKG", package))
+    if digests is None:
+        digests = {f"{package}/{name}": hashlib.sha256((project / package / name).read_bytes()).hexdigest()
+                   for name in (record if record is not None else files)}
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    record = {"target": "k:x@sm_90a", "kernel": "k", "config_id": "x", "config": {}, "arch": "sm_90a",
+              "status": "failed", "error": "", "toolchain": "triton", "constexprs": {"BLOCK": 64},
+              "options": {"num_warps": 4}, "source": {"module": f"{package}.{module}", "entry": "kernel",
+                                                     "digests": digests}}
+    (bundle / "manifest.json").write_text(json.dumps({
+        "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia", "artifacts": [],
+        "failed": [record]}))
+    sys.path.insert(0, str(project))
+    return Library(bundle), project / package, package
+
+
+@pytest.fixture
+def jit(tmp_path):
+    """jit_setup, then sys.path and sys.modules as they were."""
+    path, modules = list(sys.path), set(sys.modules)
+    yield lambda *args, **kwargs: jit_setup(tmp_path, *args, **kwargs)
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+RUNS = 'import pathlib\npathlib.Path(__file__).with_suffix(".ran").touch()\n'   # leaves a trace when run
+KERNEL = RUNS + "kernel = 'the kernel'\n"
+
+
+def jit_load(lib):
+    return lib.load("k", jit_fallback=True, arch="sm_100a")
+
+
+def test_the_jit_fallback_imports_the_recorded_source(jit):
+    lib, package_dir, _ = jit({"__init__.py": '"""A docstring only: runs nothing."""\n', "kern.py": KERNEL})
+    kernel = jit_load(lib)
+    assert kernel.fn == "the kernel" and kernel.kwargs == {"BLOCK": 64, "num_warps": 4}
+    assert (package_dir / "kern.ran").exists()
+
+
+@pytest.mark.parametrize("case, files, kwargs, error", [
+    ("changed", {"__init__.py": "", "kern.py": KERNEL}, {"digests": "stale"}, r"PKG/kern.py differs"),
+    ("missing", {"__init__.py": "", "kern.py": KERNEL}, {"digests": "extra"}, r"PKG/helper.py is missing"),
+    ("no digests", {"__init__.py": "", "kern.py": KERNEL}, {"digests": {}}, "records no source digests"),
+    ("not recorded", {"__init__.py": "", "kern.py": KERNEL, "other.py": KERNEL}, {"record": ["other.py"]},
+     r"PKG/kern.py is not among the sources"),
+    ("other module", {"__init__.py": "", "kern.py": KERNEL, "other.py": KERNEL},
+     {"record": ["kern.py"], "module": "other"}, r"PKG/other.py is not among the sources"),
+    ("package init runs code", {"__init__.py": RUNS, "kern.py": KERNEL}, {"record": ["kern.py"]},
+     r"PKG/__init__.py, which importing PKG.kern runs, is not among the sources"),
+    ("package init changed", {"__init__.py": RUNS, "kern.py": KERNEL}, {"digests": "stale init"},
+     r"PKG/__init__.py differs"),
+    ("compiled module first", {"__init__.py": "", "kern.py": KERNEL, "kern.abi3.so": "x"}, {"record": ["kern.py"]},
+     r"PKG/kern.abi3.so, not Python source"),
+    ("not found", {"__init__.py": "", "kern.py": KERNEL}, {"module": "nowhere"}, r"cannot find PKG.nowhere"),
+])
+def test_the_jit_fallback_refuses_source_that_is_not_what_the_bundle_recorded(jit, case, files, kwargs, error):
+    digests = kwargs.pop("digests", None)
+    lib, package_dir, package = jit(files, **kwargs)
+    recorded = lib.bundles[0].failed[0]["source"]
+    if digests == "stale":
+        (package_dir / "kern.py").write_text(KERNEL + "# changed\n")
+    elif digests == "extra":
+        recorded["digests"][f"{package}/helper.py"] = "0" * 64
+    elif digests == "stale init":
+        (package_dir / "__init__.py").write_text(RUNS + "# changed\n")
+    elif digests is not None:
+        recorded["digests"] = digests
+    with pytest.raises(LaunchError, match=error.replace("PKG", package)) as raised:
+        jit_load(lib)
+    assert "\n" not in str(raised.value)
+    assert package not in sys.modules and not list(package_dir.glob("*.ran")), "it ran unchecked code"
+
+
+def test_the_jit_fallback_does_not_import_python_s_own_modules(jit):
+    """Digests prove the bytes, not where they come from: the stdlib's files are known to anyone."""
+    import sysconfig
+    lib, _, _ = jit({"__init__.py": "", "kern.py": KERNEL})
+    this = os.path.join(sysconfig.get_paths()["stdlib"], "this.py")   # prints the Zen of Python when run
+    with open(this, "rb") as f:
+        lib.bundles[0].failed[0]["source"] = {"module": "this", "entry": "s",
+                                               "digests": {"this.py": hashlib.sha256(f.read()).hexdigest()}}
+    sys.modules.pop("this", None)
+    with pytest.raises(LaunchError, match="inside Python's installation"):
+        jit_load(lib)
+    assert "this" not in sys.modules
+
+
+def test_a_checked_module_that_fails_to_import_is_a_launch_error(jit):
+    lib, _, package = jit({"__init__.py": "", "kern.py": "import kforge_no_such_module\n"})
+    with pytest.raises(LaunchError, match=f"{package}.kern could not be imported .*kforge_no_such_module"):
+        jit_load(lib)
+
+
+def test_the_jit_fallback_does_not_import_a_package_shadowing_the_checkout(jit, tmp_path):
+    """Python imports the first `package` on sys.path: a checked copy behind it does not make it safe."""
+    lib, package_dir, package = jit({"__init__.py": "", "kern.py": KERNEL})
+    shadow = tmp_path / "shadow"
+    (shadow / package).mkdir(parents=True)
+    (shadow / package / "__init__.py").write_text(RUNS)
+    sys.path.insert(0, str(shadow))
+    with pytest.raises(LaunchError, match=f"cannot find {package}.kern"):
+        jit_load(lib)
+    assert package not in sys.modules and not list((shadow / package).glob("*.ran"))
 
 
 class FakeTensor:

@@ -3,15 +3,21 @@
 A bundle is one arch's wheel (or its unpacked package directory): manifest.json plus the binaries it
 names. Nothing is trusted: the manifest is plain JSON (no pickle anywhere), each binary path must stay
 inside the bundle, and each binary must match its sha256 and be an ELF file for the bundle's arch before
-a driver sees it.
+a driver sees it. Whatever a bundle holds, opening it and reading from it give a result, BundleError or
+NoMatchingKernel, without waiting on anything: only regular files are read, and only up to a size limit.
 """
 from __future__ import annotations
 
 import gc
 import hashlib
 import json
+import os
 import posixpath
+import re
+import stat
+import weakref
 import zipfile
+import zlib
 from pathlib import Path
 
 from .elf import ElfError, check_binary
@@ -19,6 +25,12 @@ from .elf import ElfError, check_binary
 FORMAT = "kforge-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MAX_JSON_BYTES = 64 << 20     # a manifest or tuning table (a real manifest is ~1 MB)
+MAX_BINARY_BYTES = 256 << 20  # one kernel binary
+_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+# What zipfile raises on a damaged archive or member, besides BadZipFile: corrupt deflate data, a method
+# or encryption it does not read, a record that ends early or holds nonsense.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError, ValueError)
 _ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
                  "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
                  "toolchain": str}
@@ -41,16 +53,15 @@ class Bundle:
             self._root = self.path.resolve()
             self._zip, self._prefix = None, ""
         else:
-            try:
-                self._zip = zipfile.ZipFile(self.path)
-            except (OSError, zipfile.BadZipFile):
-                raise BundleError(f"{self.path}: not a bundle (expected a .whl/.zip file or a directory with "
-                                  f"{MANIFEST})") from None
+            try:   # zipfile would open a FIFO and wait for a writer: open_regular refuses it first
+                file = open_regular(self.path)
+                weakref.finalize(self, file.close)   # a ZipFile leaves a file it was handed open
+                self._zip = zipfile.ZipFile(file)
+            except _ZIP_ERRORS as e:
+                raise BundleError(f"{self.path}: not a bundle ({e}); expected a .whl/.zip file or a directory "
+                                  f"with {MANIFEST}") from None
             self._prefix = self._find_manifest_dir()
-        try:
-            self.manifest = _parse_json(self._read(MANIFEST))
-        except (OSError, KeyError, ValueError) as e:
-            raise BundleError(f"{self.path}: unreadable {MANIFEST} ({e}); rebuild it with `doit package`") from None
+        self.manifest = _parse_json(self._read(MANIFEST, MAX_JSON_BYTES), f"{self.path}: unreadable {MANIFEST}")
         self._check_manifest()
         self.arch: str = self.manifest["arch"]
         self.vendor: str = self.manifest["vendor"]
@@ -64,14 +75,14 @@ class Bundle:
         """The one artifact of `kernel` whose config has every given value (or whose config id is `config`)."""
         mine = [e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel]
         if not mine:
-            kernels = sorted({str(e.get("kernel")) for e in self.artifacts if isinstance(e, dict)})
+            kernels = sorted({_show(e.get("kernel"), quote=False) for e in self.artifacts if isinstance(e, dict)})
             raise NoMatchingKernel(f"{self.path} ({self.arch}) has no kernel {kernel!r}; it has: {', '.join(kernels)}"
                                    + self._failed_note(kernel))
         hits = [e for e in mine if matches(e, config)]
         if len(hits) == 1:
             self._check_entry(hits[0])
             return hits[0]
-        listing = "\n  ".join(str(e.get("config_id")) for e in mine)
+        listing = "\n  ".join(_show(e.get("config_id"), quote=False) for e in mine)
         what = "matches no" if not hits else f"matches {len(hits)}"
         raise NoMatchingKernel(f"{kernel} config {config!r} {what} artifact in {self.path} ({self.arch})"
                                + ("; give more config values" if hits else "")
@@ -79,11 +90,11 @@ class Bundle:
 
     def binary(self, entry: dict) -> bytes:
         """The entry's binary, only once it is proven to be what the manifest says and for this arch."""
-        data = self._read(entry["binary"])
+        data = self._read(entry["binary"], MAX_BINARY_BYTES)
         digest = hashlib.sha256(data).hexdigest()
         if digest != entry["sha256"]:
             raise BundleError(f"{self.path}: {entry['binary']} has sha256 {digest}, the manifest says "
-                              f"{entry['sha256']}: the bundle was altered or corrupted; reinstall or rebuild it")
+                              f"{_show(entry['sha256'])}: the bundle was altered or corrupted; reinstall or rebuild it")
         try:
             check_binary(data, self.arch, entry["symbol"])
         except ElfError as e:
@@ -93,15 +104,17 @@ class Bundle:
     def tuned(self, kernel: str) -> dict:
         """The kernel's tuning table shipped in this bundle (ranked configs per tuned shape)."""
         from .select import NoTunedConfig, check_table
-        info = (self.manifest.get("tuned") or {}).get(kernel)
+        tables = self.manifest.get("tuned")
+        info = tables.get(kernel) if isinstance(tables, dict) else None
         if not isinstance(info, dict):
             raise NoTunedConfig(f"{self.path} ({self.arch}) has no tuning table for {kernel!r}; tune it on a "
                                 f"{self.arch} GPU (out/tune/{self.arch}/{kernel}.json) and run `doit package`")
-        data = self._read(info.get("path"))
+        data = self._read(info.get("path"), MAX_JSON_BYTES)
         if hashlib.sha256(data).hexdigest() != info.get("sha256"):
-            raise BundleError(f"{self.path}: {info.get('path')} does not match its sha256 in the manifest")
-        table = _parse_json(data)
-        check_table(table, f"{self.path}: {info.get('path')}")
+            raise BundleError(f"{self.path}: {info['path']} does not match its sha256 in the manifest; reinstall "
+                              f"or rebuild the bundle")
+        table = _parse_json(data, f"{self.path}: unreadable {info['path']}")
+        check_table(table, f"{self.path}: {info['path']}")
         return table
 
     def find_for_shape(self, kernel: str, shape: dict[str, int], where: dict | None = None) -> tuple[dict, str]:
@@ -123,7 +136,8 @@ class Bundle:
 
     def _failed_note(self, kernel: str, config=None) -> str:
         bad = [f for f in self.failed if isinstance(f, dict) and f.get("kernel") == kernel and matches(f, config)]
-        return "".join(f"\n  ({f.get('config_id')}: {f.get('status')} at build time: {str(f['error']).splitlines()[0]})"
+        return "".join(f"\n  ({_show(f.get('config_id'), quote=False)}: {_show(f.get('status'), quote=False)} at "
+                       f"build time: {_show(_first_line(f['error']), quote=False, limit=200)})"
                        for f in bad[:5] if f.get("error"))
 
     def _find_manifest_dir(self) -> str:
@@ -132,51 +146,119 @@ class Bundle:
             raise BundleError(f"{self.path}: expected one <package>/{MANIFEST} in the archive, found {len(dirs)}")
         return dirs[0]
 
-    def _read(self, relative: str) -> bytes:
+    def _read(self, relative: str, limit: int) -> bytes:
         relative = safe_relative(relative, self.path)
         if self._zip is not None:
-            try:
-                return self._zip.read(self._prefix + relative)
-            except KeyError:
-                raise BundleError(f"{self.path}: {relative} is named in the manifest but not in the archive") from None
-        full = (self._root / relative).resolve()
+            return self._read_member(relative, limit)
+        try:
+            full = (self._root / relative).resolve()
+        except (OSError, RuntimeError) as e:   # RuntimeError: a symlink loop
+            raise BundleError(f"{self.path}: cannot resolve {relative} ({e}); reinstall or rebuild the "
+                              f"bundle") from None
         if not full.is_relative_to(self._root):   # a symlink that leads out of the bundle
             raise BundleError(f"{self.path}: {relative} resolves outside the bundle ({full}); refused")
-        return full.read_bytes()
+        try:
+            return read_regular(full, limit)
+        except OSError as e:
+            raise BundleError(f"{self.path}: cannot read {relative} ({e}); reinstall or rebuild the bundle") from None
+
+    def _read_member(self, relative: str, limit: int) -> bytes:
+        try:
+            info = self._zip.getinfo(self._prefix + relative)
+        except KeyError:
+            raise BundleError(f"{self.path}: {relative} is named in the manifest but not in the archive") from None
+        if info.file_size > limit:   # what zipfile will inflate, at most: a zip bomb is refused unread
+            raise BundleError(f"{self.path}: {relative} is {info.file_size} bytes, over the loader's limit of "
+                              f"{limit}; refused")
+        try:
+            return self._zip.read(info)
+        except _ZIP_ERRORS as e:
+            raise BundleError(f"{self.path}: cannot read {relative} from the archive ({e}); reinstall or rebuild "
+                              f"it") from None
 
     def _check_manifest(self) -> None:
         m = self.manifest
         where = f"{self.path}: {MANIFEST}"
         if not isinstance(m, dict) or m.get("format") != FORMAT:
-            raise BundleError(f"{where} is not a kforge bundle manifest")
+            raise BundleError(f"{where} is not a kforge bundle manifest; rebuild it with `doit package`")
         if m.get("format_version") != FORMAT_VERSION:
-            raise BundleError(f"{where} has format_version {m.get('format_version')!r}; this loader reads "
+            raise BundleError(f"{where} has format_version {_show(m.get('format_version'))}; this loader reads "
                               f"{FORMAT_VERSION}: rebuild the bundle with a matching kforge")
         for key, kind in (("arch", str), ("vendor", str), ("artifacts", list), ("failed", list)):
             if not isinstance(m.get(key), kind):
-                raise BundleError(f"{where}: {key!r} must be a {kind.__name__}")
+                raise BundleError(f"{where}: {key!r} must be a {kind.__name__}; rebuild it with `doit package`")
+        for key in ("arch", "vendor"):   # names such as sm_90a and nvidia: they go into messages and file names
+            if not _NAME.fullmatch(m[key]):
+                raise BundleError(f"{where}: {key!r} is {_show(m[key])}, not a name of letters, digits and _; "
+                                  f"rebuild it with `doit package`")
 
     def _check_entry(self, e: dict) -> None:
         """An entry is checked when it is picked: a process loading one kernel does not pay for the rest."""
-        where = f"{self.path}: {MANIFEST}: artifact {e.get('target')!r}"
+        where = f"{self.path}: {MANIFEST}: artifact {_show(e.get('target'))}"
         for key, kind in _ENTRY_FIELDS.items():
             if not isinstance(e.get(key), kind):
                 raise BundleError(f"{where} needs {key!r} as a {kind.__name__}")
         if e["arch"] != self.arch:
-            raise BundleError(f"{where} is for {e['arch']}, the bundle is for {self.arch}; refused")
+            raise BundleError(f"{where} is for {_show(e['arch'], quote=False)}, the bundle is for {self.arch}; refused")
         safe_relative(e["binary"], self.path)
 
 
-def _parse_json(data: bytes):
+def _parse_json(data: bytes, unreadable: str):
     """json.loads without the garbage collector: the manifest's many small containers would otherwise
     set off collections that walk the whole heap (large in a process that imported torch)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         return json.loads(data)
+    except (ValueError, RecursionError) as e:   # RecursionError: arrays or objects nested too deeply
+        raise BundleError(f"{unreadable} ({_show(str(e), quote=False, limit=200)}); rebuild the bundle with "
+                          f"`doit package`") from None
     finally:
         if was_enabled:
             gc.enable()
+
+
+def open_regular(path):
+    """`path` opened for reading, if it is a regular file (else OSError). O_NONBLOCK: a FIFO or a device
+    opens at once instead of waiting for a writer, and is then refused; O_NOCTTY: a terminal is not taken."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{path} is {_file_kind(mode)}, not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path, limit: int) -> bytes:
+    """A regular file's bytes; OSError for anything else, or for more than `limit` bytes."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)   # not fstat's size: the file may grow while it is read
+    if len(data) > limit:
+        raise OSError(f"{path} is over the loader's limit of {limit} bytes")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _show(value, quote: bool = True, limit: int = 80) -> str:
+    """A manifest value for a one-line message: scalars cut short, containers only named (the repr of a
+    deeply nested one would overflow the stack, and of a huge one flood the message)."""
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    text = value if not quote and isinstance(value, str) and value.isprintable() else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _first_line(text):
+    """A failed record's error as a listing shows it: its first line."""
+    return (text.splitlines() or [""])[0] if isinstance(text, str) else text
 
 
 def matches(entry: dict, config: dict | str | None) -> bool:
@@ -193,9 +275,9 @@ _MISSING = object()
 
 def safe_relative(name, bundle: Path) -> str:
     """A manifest path must be relative, normalized and inside the bundle: no '..', no absolute path."""
-    if (not isinstance(name, str) or not name or "\\" in name or "\0" in name or name.startswith("/")
+    if (not isinstance(name, str) or not name or "\\" in name or not name.isprintable() or name.startswith("/")
             or posixpath.normpath(name) != name or name.split("/")[0] in ("..", ".")
-            or ":" in name.split("/")[0]):
-        raise BundleError(f"{bundle}: the manifest names {name!r}, a path outside the bundle or not normalized; "
-                          f"refused")
+            or ":" in name.split("/")[0]):   # isprintable: no NUL, control character or lone surrogate
+        raise BundleError(f"{bundle}: the manifest names {_show(name)}, a path outside the bundle or not "
+                          f"normalized; refused")
     return name

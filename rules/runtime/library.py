@@ -52,7 +52,9 @@ class Library:
         """The kernel for this device's arch (or `arch`), from the first bundle that can run there.
 
         With jit_fallback=True, a kernel no bundle has for this device is JIT-compiled by Triton from its
-        source instead (needs triton and the kernel's module importable); never silently: it is opt-in.
+        source instead; never silently: it is opt-in. It needs triton, and the checkout the bundle was
+        built from on sys.path: the kernel's module is imported only once its files match the sha256
+        digests the bundle recorded (jit.import_checked), else LaunchError.
         """
         try:
             bundle, entry = self.select(kernel, config, device=device, arch=arch)
