@@ -1,37 +1,17 @@
-"""The GPU architectures kforge compiles for, and what Triton needs to know about each.
-
-One table, keyed by the arch name users write in specs and on the command line.
+"""The archs a build targets by default, the command line's arch lists, and the shared-memory check of a
+compiled kernel. The arch table itself is kforge_runtime.archs (shipped in bundles: the loader reads it too).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kforge_runtime.archs import ARCHS, Arch  # noqa: F401  (the one table; kforge.archs re-exports it)
 
 
-@dataclass(frozen=True)
-class Arch:
-    name: str            # as written in specs: "sm_90a", "gfx942"
-    vendor: str          # "nvidia" | "amd"
-    backend: str         # Triton's GPUTarget backend: "cuda" | "hip"
-    target_arch: int | str  # Triton's GPUTarget arch: 90 | "gfx942"
-    warp_size: int
-    binary_ext: str      # "cubin" | "hsaco"  (rules/runtime/elf.py tells a binary's arch from its ELF header)
-    max_shared: int      # bytes of shared memory (LDS) one block may use
+def check_shared(arch: Arch, used: int) -> None:
+    """A kernel needing more shared memory (LDS) than one block may use could never launch there."""
+    if used > arch.max_shared:
+        raise RuntimeError(f"needs {used} bytes of shared memory (LDS); {arch.name} has {arch.max_shared}: "
+                           f"it could never launch there; add an [[exclude]] for this config")
 
-    def check_shared(self, used: int) -> None:
-        """A kernel needing more shared memory (LDS) than one block may use could never launch here."""
-        if used > self.max_shared:
-            raise RuntimeError(f"needs {used} bytes of shared memory (LDS); {self.name} has {self.max_shared}: "
-                               f"it could never launch there; add an [[exclude]] for this config")
-
-
-ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("sm_80", "nvidia", "cuda", 80, 32, "cubin", 166912),
-    Arch("sm_90a", "nvidia", "cuda", 90, 32, "cubin", 232448),
-    Arch("sm_100a", "nvidia", "cuda", 100, 32, "cubin", 232448),
-    Arch("gfx90a", "amd", "hip", "gfx90a", 64, "hsaco", 65536),
-    Arch("gfx942", "amd", "hip", "gfx942", 64, "hsaco", 65536),
-    Arch("gfx950", "amd", "hip", "gfx950", 64, "hsaco", 163840),
-)}
 
 DEFAULT_ARCHS = ("sm_90a", "gfx942", "gfx950")
 

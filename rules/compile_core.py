@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge import artifact, isolate
-from kforge.archs import ARCHS
+from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
 from kforge.targets import Target
 from kforge_runtime import schema
@@ -89,7 +89,7 @@ def check_and_write(target: Target, lowered: Lowered) -> Written:
         schema.check_binary(lowered.binary, meta["sha256"], target.arch, lowered.symbol)
     except schema.BinaryRefused as e:
         raise RuntimeError(f"bad binary from {target.toolchain}: {e}") from None
-    arch.check_shared(lowered.shared)
+    check_shared(arch, lowered.shared)
     artifact.write(Path(target.out_dir), lowered.binary_name, lowered.binary, meta)
     return Written(round(lowered.compile_seconds, 4), meta["sha256"])
 

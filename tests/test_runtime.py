@@ -75,7 +75,7 @@ def test_a_tampered_binary_is_refused(dist, tmp_path):
     data[-1] ^= 0xFF
     cubin.write_bytes(bytes(data))
     bundle = Bundle(d)
-    with pytest.raises(BundleError, match="sha256 .* the bundle was altered"):
+    with pytest.raises(BundleError, match="sha256 .* does not match the recorded .*; the bundle was altered"):
         bundle.binary(bundle.find("scale", "bf16-b256-w4"))
 
 

@@ -20,20 +20,15 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from .elf import ElfError, check_binary
+from . import schema
+from .schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ENTRY_FIELDS, MANIFEST
 
-FORMAT = "kforge-bundle"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 MAX_JSON_BYTES = 64 << 20     # a manifest or tuning table (a real manifest is ~1 MB)
 MAX_BINARY_BYTES = 256 << 20  # one kernel binary
 _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 # What zipfile raises on a damaged archive or member, besides BadZipFile: corrupt deflate data, a method
 # or encryption it does not read, a record that ends early or holds nonsense.
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError, ValueError)
-_ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
-                 "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
-                 "toolchain": str}
 
 
 class BundleError(ValueError):
@@ -91,14 +86,11 @@ class Bundle:
     def binary(self, entry: dict) -> bytes:
         """The entry's binary, only once it is proven to be what the manifest says and for this arch."""
         data = self._read(entry["binary"], MAX_BINARY_BYTES)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != entry["sha256"]:
-            raise BundleError(f"{self.path}: {entry['binary']} has sha256 {digest}, the manifest says "
-                              f"{_show(entry['sha256'])}: the bundle was altered or corrupted; reinstall or rebuild it")
         try:
-            check_binary(data, self.arch, entry["symbol"])
-        except ElfError as e:
-            raise BundleError(f"{self.path}: {entry['binary']} refused: {e}") from None
+            schema.check_binary(data, entry["sha256"], self.arch, entry["symbol"])
+        except schema.BinaryRefused as e:
+            raise BundleError(f"{self.path}: {entry['binary']} refused: {e}; the bundle was altered or "
+                              f"corrupted, or is not for this arch: reinstall or rebuild it") from None
         return data
 
     def tuned(self, kernel: str) -> dict:
@@ -179,11 +171,11 @@ class Bundle:
     def _check_manifest(self) -> None:
         m = self.manifest
         where = f"{self.path}: {MANIFEST}"
-        if not isinstance(m, dict) or m.get("format") != FORMAT:
+        if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
             raise BundleError(f"{where} is not a kforge bundle manifest; rebuild it with `doit package`")
-        if m.get("format_version") != FORMAT_VERSION:
+        if m.get("format_version") != BUNDLE_FORMAT_VERSION:
             raise BundleError(f"{where} has format_version {_show(m.get('format_version'))}; this loader reads "
-                              f"{FORMAT_VERSION}: rebuild the bundle with a matching kforge")
+                              f"{BUNDLE_FORMAT_VERSION}: rebuild the bundle with a matching kforge")
         for key, kind in (("arch", str), ("vendor", str), ("artifacts", list), ("failed", list)):
             if not isinstance(m.get(key), kind):
                 raise BundleError(f"{where}: {key!r} must be a {kind.__name__}; rebuild it with `doit package`")
@@ -195,7 +187,7 @@ class Bundle:
     def _check_entry(self, e: dict) -> None:
         """An entry is checked when it is picked: a process loading one kernel does not pay for the rest."""
         where = f"{self.path}: {MANIFEST}: artifact {_show(e.get('target'))}"
-        for key, kind in _ENTRY_FIELDS.items():
+        for key, kind in ENTRY_FIELDS.items():
             if not isinstance(e.get(key), kind):
                 raise BundleError(f"{where} needs {key!r} as a {kind.__name__}")
         if e["arch"] != self.arch:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from .archs import ARCHS
+
 EM_CUDA = 190
 EM_AMDGPU = 224
 ELFOSABI_CUDA_V7 = 0x33   # CUDA <= 12 ELF ABI: SM in e_flags[7:0], "a" variant flag 0x800
 ELFOSABI_CUDA_V8 = 0x41   # CUDA 13 ELF ABI: SM in e_flags[15:8], "a" variant flag 0x8
 EF_AMDGPU_MACH = 0xFF
-AMDGPU_MACH = {0x3F: "gfx90a", 0x4C: "gfx942", 0x4F: "gfx950"}   # EF_AMDGPU_MACH_AMDGCN_* values
+AMDGPU_MACH = {a.amdgpu_mach: a.name for a in ARCHS.values() if a.amdgpu_mach is not None}
 STT_FUNC = 2
 SHT_NULL, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 0, 2, 3, 8
 MIN_KERNEL_BYTES = 16     # an AMD kernel that is only s_endpgm is 4 bytes: not a kernel

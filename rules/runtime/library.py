@@ -1,11 +1,11 @@
 """Several bundles (one per arch): load the kernel a caller asks for, built for the GPU in front of it."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from .bundle import Bundle, BundleError, NoMatchingKernel, matches
 from .device import runnable_archs
+from .schema import arch_of_bundle_file
 
 
 class Library:
@@ -104,5 +104,4 @@ class Library:
 
 def _named_arch(path: Path) -> str | None:
     """The arch in a bundle's file name as `doit package` writes it, or None for other names."""
-    match = re.match(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$", path.name)
-    return match.group(1) if match else None
+    return arch_of_bundle_file(path.name)

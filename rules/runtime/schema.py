@@ -59,7 +59,8 @@ def check_binary(data: bytes, sha256, arch: str, symbol) -> None:
     it hands a driver."""
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise BinaryRefused(f"sha256 {digest} does not match the recorded {sha256}")
+        shown = sha256 if isinstance(sha256, str) and len(sha256) <= 64 else f"{str(sha256)[:64]!r}..."
+        raise BinaryRefused(f"sha256 {digest} does not match the recorded {shown}")   # one line, short
     try:
         check_elf(data, arch, symbol)
     except ElfError as e:
