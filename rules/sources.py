@@ -76,19 +76,33 @@ def _is_virtualenv(directory: Path) -> bool:
 
 
 def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tuple[Path, ...]:
-    """The source and every project module it imports, transitively, sorted (the files its binary depends on).
-    `misses`, if given, collects the project files an import looked for and did not find (`import torch`:
-    <root>/torch/__init__.py, <root>/torch.py): a file created there would change the closure."""
+    """The source and every project module it imports, transitively, with the package __init__.py files that
+    importing any of them runs, sorted (the files its binary depends on). `misses`, if given, collects the
+    project files an import looked for and did not find (`import torch`: <root>/torch/__init__.py,
+    <root>/torch.py): a file created there would change the closure."""
     seen: set[Path] = set()
+    root = root.resolve()
     todo = [path.resolve()]
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        todo += [q for q in _local_imports(p, root.resolve(), misses)
+        todo += [q for q in (*_local_imports(p, root, misses), *_package_inits(p, root))
                  if q not in seen and project_source_problem(q, root) is None]
     return tuple(sorted(seen))
+
+
+def _package_inits(path: Path, root: Path) -> list[Path]:
+    """The __init__.py of every package a module lies in, below the project root: importing it runs them."""
+    found = []
+    for folder in path.parents:
+        if folder == root or root not in folder.parents:
+            break
+        init = folder / "__init__.py"
+        if init.is_file() and init != path:
+            found.append(init.resolve())
+    return found
 
 
 def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:

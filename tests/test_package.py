@@ -61,9 +61,9 @@ def test_failed_targets_are_listed_with_their_error(packaged):
     assert [(f["target"], f["status"]) for f in failed] == [("bad:fp16-b256-w4@sm_90a", "failed")]
     assert "no_such_name" in failed[0]["error"]
     # what a JIT fallback needs, and may compile only if the source is still this one (kforge_runtime.jit)
-    source = (packaged / "tk" / "bad.py").read_bytes()
+    digest = lambda path: hashlib.sha256((packaged / path).read_bytes()).hexdigest()
     assert failed[0]["source"] == {"module": "tk.bad", "entry": "scale_kernel",
-                                   "digests": {"tk/bad.py": hashlib.sha256(source).hexdigest()}}
+                                   "digests": {p: digest(p) for p in ("tk/__init__.py", "tk/bad.py")}}
     assert manifest(packaged, "gfx942")["failed"] == []
     report = json.loads((packaged / "out" / "build-report.json").read_text())
     assert {p["name"]: p["status"] for p in report["packages"]} == {"package:gfx942": "built",

@@ -53,6 +53,13 @@ def test_source_and_imported_module_changes_rebuild_all_their_targets(project):
     assert changed(before, keys_of(project)) == set(before)
 
 
+def test_a_package_init_the_import_runs_is_a_source_of_its_targets(project):
+    """Importing tk.scale runs tk/__init__.py: editing it changes what the compile sees."""
+    before = keys_of(project)
+    (project / "tk" / "__init__.py").write_text("import os  # now it runs something\n")
+    assert changed(before, keys_of(project)) == set(before)
+
+
 def test_dtype_is_in_the_key_by_canonical_name(tmp_path):
     root = make_project(tmp_path, specs={"scale": spec_text(dtypes=("fp16", "bf16"))})
     k = keys_of(root)
