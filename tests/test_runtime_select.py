@@ -2,7 +2,7 @@
 never a config that cannot handle the shape, and a clear error when none can."""
 import pytest
 
-from kforge_runtime.select import NoTunedConfig, choose, distance
+from kforge_runtime.select import TABLE_FORMAT, NoTunedConfig, check_table, choose, distance
 
 ENTRIES = {"big": {"divisible_by_16": ["K"]}, "small": {"divisible_by_16": ["K"]}, "any": {}}
 TABLE = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [
@@ -73,3 +73,24 @@ def test_between_equally_near_tuned_shapes_the_config_good_on_both_wins():
     assert choose(table, shape(512, 4096, 4100), only_big)[0] == "big"   # the others cannot handle K=4100
     table["shapes"][1]["ranking"] = []   # every config was rejected there: the other shape's winner
     assert choose(table, shape(512, 4096, 4096), entries)[0] == "small"
+
+
+@pytest.mark.parametrize("bad_row, why", [
+    ("not a row", "is not an object"),
+    ({"shape": [64], "ranking": []}, "needs 'shape': 2 positive integers"),
+    ({"shape": [64, "x"], "ranking": []}, "needs 'shape': 2 positive integers"),
+    ({"shape": [64, 0], "ranking": []}, "needs 'shape': 2 positive integers"),
+    ({"shape": [64, 64], "where": [], "ranking": []}, "'where' that is not an object"),
+    ({"shape": [64, 64]}, "needs a 'ranking' list"),
+    ({"shape": [64, 64], "ranking": [{"config_id": "a"}]}, "a positive 'us' time"),
+    ({"shape": [64, 64], "ranking": [{"config_id": "a", "us": 0}]}, "a positive 'us' time"),
+    ({"shape": [64, 64], "ranking": [{"config_id": 7, "us": 1.0}]}, "a positive 'us' time"),
+    ({"shape": [64, 64], "ranking": ["a"]}, "a positive 'us' time"),
+])
+def test_a_malformed_table_row_is_refused_with_no_tuned_config_not_a_crash_later(bad_row, why):
+    """A table comes from a bundle: rows choose() would read and trip on (KeyError, TypeError,
+    ZeroDivisionError in a log) are refused up front, naming the row."""
+    table = {"format": TABLE_FORMAT, "kernel": "k", "shape_args": ["M", "N"],
+             "shapes": [{"shape": [32, 32], "ranking": [{"config_id": "a", "us": 1.0}]}, bad_row]}
+    with pytest.raises(NoTunedConfig, match=rf"t\.json: shapes\[1\] .*{why}"):
+        check_table(table, "t.json")

@@ -25,10 +25,36 @@ def distance(a: list[int], b: list[int]) -> float:
 
 
 def check_table(table: dict, where: str) -> None:
+    """NoTunedConfig unless every row has the shape choose() reads: a table comes from a bundle (untrusted)."""
     if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
         raise NoTunedConfig(f"{where}: not a {TABLE_FORMAT} tuning table")
-    if not isinstance(table.get("shape_args"), list) or not isinstance(table.get("shapes"), list):
-        raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' and 'shapes' lists")
+    args, shapes = table.get("shape_args"), table.get("shapes")
+    if not (isinstance(args, list) and args and all(isinstance(a, str) for a in args) and isinstance(shapes, list)):
+        raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' (names) and 'shapes' lists")
+    for i, row in enumerate(shapes):
+        problem = _row_problem(row, len(args))
+        if problem:
+            raise NoTunedConfig(f"{where}: shapes[{i}] {problem}; re-run the tuning or rebuild the bundle")
+
+
+def _row_problem(row, n_args: int) -> str | None:
+    if not isinstance(row, dict):
+        return "is not an object"
+    shape = row.get("shape")
+    if not (isinstance(shape, list) and len(shape) == n_args
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        return f"needs 'shape': {n_args} positive integers"
+    if not isinstance(row.get("where", {}), dict):
+        return "has a 'where' that is not an object"
+    ranking = row.get("ranking")
+    if not isinstance(ranking, list):
+        return "needs a 'ranking' list"
+    for r in ranking:
+        us = r.get("us") if isinstance(r, dict) else None
+        if not (isinstance(r, dict) and isinstance(r.get("config_id"), str) and isinstance(us, (int, float))
+                and not isinstance(us, bool) and math.isfinite(us) and us > 0):
+            return "has a ranking row without a 'config_id' string and a positive 'us' time"
+    return None
 
 
 def handles(entry: dict, shape: dict[str, int]) -> bool:
