@@ -435,9 +435,9 @@ class FakeTensor:
 
 def _arguments(**entry):
     from kforge_runtime.launch import Arguments
-    return Arguments({"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"],
-                      "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
-                                    {"name": "scale", "type": "fp32"}], **entry})
+    return Arguments({"target": "gemm:x@sm_90a", "divisible_by_16": ["a_ptr", "K"], "threads_per_block": 256,
+                      "shared": 0, "signature": [{"name": "a_ptr", "type": "*bf16"}, {"name": "K", "type": "i32"},
+                                                 {"name": "scale", "type": "fp32"}], **entry})
 
 
 def test_launch_arguments_fill_the_kernel_params_array():
@@ -477,3 +477,14 @@ def test_launch_arguments_of_the_wrong_kind_are_refused():
         args.pack((FakeTensor(4096), 64))
     with pytest.raises(LaunchError, match="argument b has type f8, which this loader cannot pass"):
         _arguments(signature=[{"name": "b", "type": "f8"}])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("signature", [["a_ptr", "*bf16"]]), ("signature", [{"name": "a_ptr"}]), ("signature", "a_ptr"),
+    ("divisible_by_16", "a_ptr"), ("divisible_by_16", [3]), ("threads_per_block", 0),
+    ("threads_per_block", 4096), ("threads_per_block", "256"), ("shared", -1), ("shared", True)])
+def test_launch_fields_of_a_crafted_manifest_are_refused_before_the_driver(field, value):
+    """Bundle checks only top-level types; what a launch reads deeper is checked before any driver call."""
+    from kforge_runtime.launch import LaunchError
+    with pytest.raises(LaunchError, match=f"'{field}'|{field}"):
+        _arguments(**{field: value})

@@ -77,6 +77,7 @@ class Kernel:
     def __init__(self, entry: dict, binary: bytes, vendor: str):
         self.entry = entry
         self.name = entry["target"]
+        check_launch_fields(entry)
         if entry.get("toolchain") != "triton":
             raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
                               f"(their kernarg layout is in the manifest's kernel_abi)")
@@ -104,6 +105,24 @@ class Kernel:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 
 
+def check_launch_fields(entry: dict) -> None:
+    """The manifest fields a launch reads, checked before any reaches the driver (a bundle is untrusted):
+    LaunchError naming the field, never a TypeError or KeyError from deep inside a launch."""
+    name = entry.get("target")
+    signature = entry.get("signature")
+    if not (isinstance(signature, list) and all(isinstance(a, dict) and isinstance(a.get("name"), str)
+                                                and isinstance(a.get("type"), str) for a in signature)):
+        raise LaunchError(f"{name}: the manifest's 'signature' must be a list of {{name, type}} strings; rebuild "
+                          f"the bundle with `doit package`")
+    promised = entry.get("divisible_by_16") or []
+    if not (isinstance(promised, list) and all(isinstance(a, str) for a in promised)):
+        raise LaunchError(f"{name}: the manifest's 'divisible_by_16' must be a list of argument names")
+    for field, low, high in (("threads_per_block", 1, 1024), ("shared", 0, 1 << 20)):
+        value = entry.get(field)
+        if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+            raise LaunchError(f"{name}: the manifest's {field!r} must be a whole number in [{low}, {high}]")
+
+
 class Arguments:
     """A kernel's launch arguments, laid out once: one ctypes slot per argument of the manifest's signature
     (plus Triton's two null scratch pointers) and the kernelParams array pointing at them. pack() only
@@ -112,6 +131,7 @@ class Arguments:
     launch of the 19-argument dispatch kernel on the dev CPU, 5.6 us now: bench/launch_overhead.py.)"""
 
     def __init__(self, entry: dict):
+        check_launch_fields(entry)
         self.name, self.signature = entry["target"], entry["signature"]
         for a in self.signature:
             if not a["type"].startswith("*") and a["type"] not in SCALARS:
