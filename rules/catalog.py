@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import kforge_runtime
 from kforge import keys, stamps
 from kforge.archs import ARCHS
 from kforge.files import atomic_write
@@ -24,7 +25,9 @@ from kforge.spec import SpecError, load_spec
 from kforge.targets import Target, build_targets
 
 FORMAT = "kforge-catalog-1"
-KFORGE_CODE = Path(__file__).resolve().parent
+# kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
+# folder in a checkout, two where kforge is installed
+KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class Catalog:
 
     def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list) -> str:
         files = [*map(str, spec_files), *read]
-        code = sorted(str(p) for p in KFORGE_CODE.rglob("*.py"))
+        code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
         fingerprints = []
         for toolchain, arch in toolchains:
             a = ARCHS[arch]

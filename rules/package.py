@@ -14,6 +14,8 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
+import kforge_runtime
+
 from kforge import artifact, stamps
 from kforge.archs import ARCHS
 from kforge.files import atomic_write
@@ -22,7 +24,7 @@ from kforge.targets import Target
 from kforge.wheel import write_wheel
 from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, MANIFEST, dist_name, wheel_name
 
-RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
 INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
 from pathlib import Path

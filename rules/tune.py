@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import kforge_runtime
 from kforge import artifact, sources, stamps
 from kforge.archs import ARCHS
 from kforge.layout import Layout
@@ -22,8 +23,8 @@ from kforge.spec import load_spec
 from kforge.targets import Target
 
 TUNE_SCHEMA = 1
-RULES = Path(__file__).resolve().parent
-TUNER_FILES = (RULES / "tune_gpu.py", RULES / "runtime" / "launch.py", RULES / "runtime" / "select.py")
+RULES, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent
+TUNER_FILES = (RULES / "tune_gpu.py", RUNTIME / "launch.py", RUNTIME / "select.py")
 
 
 def table_path(root: Path, arch: str, kernel: str) -> Path:

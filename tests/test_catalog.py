@@ -89,7 +89,7 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         code = tmp_path / "kforge_code"
         code.mkdir()
         (code / "x.py").write_text("")
-        monkeypatch.setattr(catalog_module, "KFORGE_CODE", code)
+        monkeypatch.setattr(catalog_module, "KFORGE_CODE", (code,))
         first = loaded(project)
         first.save()
         later(code / "x.py", "# edited\n")

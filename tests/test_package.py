@@ -177,3 +177,24 @@ def test_tuning_tables_ship_in_the_bundle_and_drive_selection(tmp_path):
     (tables / "scale.json").write_text("{broken")
     out = doit(root, "package", check=False)
     assert out.returncode != 0 and "scale.json: not a usable tuning table" in out.stdout + out.stderr
+
+
+def test_a_non_editable_install_of_kforge_packages_the_runtime_too(tmp_path):
+    """Installed from its wheel, kforge's build system (kforge) and runtime (kforge_runtime) are two folders:
+    `doit package` must still copy the runtime into every bundle."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(REPO)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                    *map(str, wheels.glob("kforge-*.whl"))], check=True, capture_output=True)
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()})
+    env = {"PYTHONPATH": str(site)}   # ahead of the checkout's editable install
+    where = subprocess.run([sys.executable, "-c", "import kforge, kforge_runtime; print(kforge.__file__, "
+                            "kforge_runtime.__file__)"], env={**__import__("os").environ, **env},
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert all(path.startswith(str(site)) for path in where), where
+    doit(root, "-n", "1", env=env)
+    with zipfile.ZipFile(wheel(root, "sm_90a")) as zf:
+        names = set(zf.namelist())
+    runtime = {f"kforge_kernels_sm_90a/runtime/{p.name}" for p in (REPO / "rules" / "runtime").glob("*.py")}
+    assert runtime <= names
