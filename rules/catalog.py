@@ -21,10 +21,10 @@ from kforge import keys, stamps
 from kforge.archs import ARCHS
 from kforge.files import atomic_write
 from kforge.layout import Layout
-from kforge.spec import SpecError, load_spec
-from kforge.targets import Target, build_targets
+from kforge.spec_model import SpecError
+from kforge.targets import Target
 
-FORMAT = "kforge-catalog-1"
+FORMAT = "kforge-catalog-2"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -53,10 +53,12 @@ class Catalog:
         saved = self._read_saved()
         if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
             self.families = [Family(*f) for f in saved["families"]]
-            self.targets = [Target.from_record(r) for r in saved["targets"]]
+            self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
             return self
         if not spec_files:
             raise SpecError(f"{self.root / 'specs'}: no *.toml specs found")
+        from kforge.spec import load_spec   # only here: a run that finds its saved catalog never loads a spec
+        from kforge.targets import build_targets
         specs = [load_spec(f, self.root) for f in spec_files]
         read: set[Path] = set()
         self.targets = build_targets(specs, self.root, self.archs, read)
@@ -65,7 +67,7 @@ class Catalog:
         files = sorted(str(p) for p in read)
         self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains), "read": files,
                        "toolchains": toolchains, "families": [list(vars(f).values()) for f in self.families],
-                       "targets": [t.record() for t in self.targets]}
+                       **_encode(self.targets)}
         return self
 
     def save(self) -> None:
@@ -95,3 +97,32 @@ class Catalog:
             "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
             "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
+
+
+# A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>
+# (rules/layout.py), so it is not stored.
+SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
+          "source_digests", "toolchain_versions", "out")
+OWN = ("config_id", "constexprs", "options", "config", "key")
+
+
+def _encode(targets: list[Target]) -> dict:
+    groups: dict[str, int] = {}
+    signatures: dict[str, int] = {}
+    rows = []
+    for t in targets:
+        shared = [getattr(t, f) for f in SHARED] + [t.out_dir.rsplit("/", 1)[0]]
+        group = groups.setdefault(json.dumps(shared), len(groups))
+        signature = signatures.setdefault(json.dumps(t.signature), len(signatures))
+        rows.append([group, signature, *(getattr(t, f) for f in OWN)])
+    return {"groups": [json.loads(g) for g in groups], "signatures": [json.loads(s) for s in signatures],
+            "targets": rows}
+
+
+def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
+    pairs = lambda values: tuple(map(tuple, values))
+    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10]))), g[11]) for g in groups]
+    signature = [pairs(s) for s in signatures]
+    return [Target(**shared[group][0], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
+                   options=pairs(options), config=pairs(config), out_dir=f"{shared[group][1]}/{config_id}", key=key)
+            for group, sig, config_id, constexprs, options, config, key in rows]

@@ -33,11 +33,10 @@ class Forget(DoitForget):
         self.dep_manager.remove = remove_and_record
         result = super()._execute(forget_sub, forget_disable_default, forget_all)
         tasks = {t.name: t for t in self.task_list}
-        names = tasks if forget_all else forgotten
-        for name in names:
-            for target in tasks[name].targets if name in tasks else ():
-                if os.path.basename(target) == META and os.path.exists(target):
-                    os.unlink(target)
+        for name in tasks if forget_all else forgotten:
+            target = compile_target_of(tasks[name]) if name in tasks else None
+            if target is not None and os.path.exists(target.meta_path):
+                os.unlink(target.meta_path)
         return result
 
 

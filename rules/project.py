@@ -7,12 +7,13 @@ from pathlib import Path
 from kforge import artifact, remote_cache
 from kforge.doit_edge import option
 from kforge.layout import Layout
-from kforge.spec import SpecError, load_spec
+from kforge.spec_model import SpecError
 from kforge.catalog import Catalog
 from kforge.tasks import family_tasks, package_tasks
 
 
 def load_specs(root: Path) -> list:
+    from kforge.spec import load_spec
     files = sorted((root / "specs").glob("*.toml"))
     if not files:
         raise SpecError(f"{root / 'specs'}: no *.toml specs found")

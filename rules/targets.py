@@ -4,11 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge import keys, sources, sweep
+from kforge import keys
 from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
 from kforge.dtypes import canonical_arg_type
+from kforge.sweep import config_id
 
 
 @dataclass(frozen=True)
@@ -40,22 +41,6 @@ class Target:
     def meta_path(self) -> str:
         return f"{self.out_dir}/meta.json"
 
-    def record(self) -> list:
-        """The fields as JSON values, in order (rules/catalog.py keeps targets this way between runs)."""
-        return [getattr(self, f) for f in _FIELDS]
-
-    @classmethod
-    def from_record(cls, record: list) -> "Target":
-        """Inverse of record(): JSON's lists back to the tuples the fields hold."""
-        values = dict(zip(_FIELDS, record))
-        for name in _PAIRS:
-            values[name] = tuple(tuple(pair) for pair in values[name])
-        values["divisible_by_16"] = tuple(values["divisible_by_16"])
-        return cls(**values)
-
-
-_FIELDS = tuple(Target.__dataclass_fields__)
-_PAIRS = ("signature", "constexprs", "options", "config", "source_digests", "toolchain_versions")
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
@@ -90,6 +75,7 @@ class _Shared:
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
                  read: set[Path] | None = None) -> list[Target]:
+    from kforge import sources   # parses kernel sources: only where the catalog is computed, not loaded
     layout = Layout.of(root)
     source = (root / spec.source).resolve()
     misses: set[Path] = set()
@@ -135,7 +121,7 @@ def _target(shared: _Shared, config) -> Target:
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
     options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
-    cid = sweep.config_id(spec, config)
+    cid = config_id(spec, config)
     key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
                            "constexprs": [(c, type(v).__name__, v) for c, v in constexprs]})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,

@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kforge import artifact, package
-from kforge.build import compile_target
 from kforge.layout import Layout
 from kforge.targets import Target
 from kforge_runtime.schema import dist_name
@@ -19,22 +18,26 @@ def family_tasks(family: str, description: str, targets: list[Target], root: str
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
                  executor: str | None = None) -> dict:
-    current = built.is_current(t.meta_path, t.key)
+    """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
+    Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are content-hashed
+    into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
+    finished artifacts count even though doit's DB was never written. No targets or clean actions either:
+    forget, clean and prune find the artifact through the Target in the task's meta (doit_commands.py)."""
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
-        "doc": f"{t.toolchain} {t.entry} {dict(t.config)} for {t.arch}",
-        "actions": [(compile_target, [t, root, timeout, cache, executor])],
-        "targets": [t.meta_path],
-        # Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are
-        # content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing,
-        # and a killed run's finished artifacts count even though doit's DB was never written.
-        "uptodate": [current],
-        "clean": [(artifact.remove, [t.out, t.out_dir])],
-        "meta": {"kforge_compile": {"toolchain": t.toolchain, "runs_here": not current and executor is None},
-                 "kforge_target": t},   # for `doit info`, `clean`, `prune` (rules/doit_commands.py)
+        "doc": f"{t.toolchain} {t.entry} for {t.arch}",
+        "actions": [(compile_action, [t, root, timeout, cache, executor])],
+        "uptodate": [built.is_current(t.meta_path, t.key)],
+        "meta": {"kforge_target": t},
         "verbosity": 0,
     }
+
+
+def compile_action(*args):
+    """The doit action (rules/build.py's, imported where a compile runs: a no-op run never imports it)."""
+    from kforge.build import compile_target
+    return compile_target(*args)
 
 
 def package_tasks(targets: list[Target], root: str) -> Iterator[dict]:

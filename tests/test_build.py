@@ -80,7 +80,7 @@ def test_an_in_tree_virtualenv_is_never_walked_by_a_compile(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert statuses(root, "built") == set(wanted)
     meta = json.loads((root / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_text())
-    assert list(meta["source"]["digests"]) == ["tk/scale.py"]
+    assert list(meta["source"]["digests"]) == ["tk/__init__.py", "tk/scale.py"]   # nothing of the venv
 
 
 def test_checkouts_at_other_paths_with_their_own_in_tree_virtualenvs_build_identical_binaries(tmp_path):

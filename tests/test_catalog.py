@@ -46,11 +46,12 @@ def loaded(root):
 
 def load_watched(root, monkeypatch):
     """(target name -> key, whether the load used the saved catalog rather than the specs)."""
+    from kforge import spec as spec_module
     from_specs = []
-    real = catalog_module.load_spec
-    monkeypatch.setattr(catalog_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
+    real = spec_module.load_spec
+    monkeypatch.setattr(spec_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
     found = loaded(root)
-    monkeypatch.setattr(catalog_module, "load_spec", real)
+    monkeypatch.setattr(spec_module, "load_spec", real)
     return {t.name: t.key for t in found.targets}, not from_specs
 
 
@@ -94,7 +95,7 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         first.save()
         later(code / "x.py", "# edited\n")
     else:
-        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-1", "stamp"')
+        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-2", "stamp"')
     keys, used_saved = load_watched(project, monkeypatch)
     assert not used_saved
     if edit in ("kernel source", "helper module"):

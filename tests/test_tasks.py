@@ -6,7 +6,6 @@ import pytest
 from doit.loader import generate_tasks
 
 from kforge import artifact, package, tasks
-from kforge.build import compile_target
 from kforge.layout import Layout
 from kforge.project import load_specs
 from kforge.targets import build_targets
@@ -50,18 +49,23 @@ def test_a_compile_tasks_doit_name_is_the_targets_name(targets, project, index):
     assert [task.name for task in made] == [t.kernel, t.name]
 
 
-def test_a_compile_task_has_no_file_dep_and_its_target_is_the_meta_json(targets, project, index):
+def test_a_compile_task_has_no_file_dep_targets_or_clean_actions(targets, project, index):
+    """Less for doit to process per task on a no-op run: forget, clean and prune go through the Target."""
     for t in targets:
         d = tasks.compile_task(t, str(project), 60.0, index)
-        assert not d.get("file_dep")
-        assert d["targets"] == [t.meta_path] == [f"{t.out_dir}/meta.json"]
+        assert not d.get("file_dep") and not d.get("targets") and not d.get("clean")
 
 
-def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_cache_and_executor(targets, project, index):
+def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_cache_and_executor(targets, project, index,
+                                                                                         monkeypatch):
     t = targets[0]
     cache = object()
     d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1")
-    assert d["actions"] == [(compile_target, [t, str(project), 12.5, cache, "dask://h:1"])]
+    [(action, args)] = d["actions"]
+    assert args == [t, str(project), 12.5, cache, "dask://h:1"]
+    from kforge import build
+    monkeypatch.setattr(build, "compile_target", lambda *given: {"called with": given})
+    assert action(*args) == {"called with": tuple(args)}   # the action is compile_target, imported when it runs
 
 
 def test_a_compile_task_is_up_to_date_exactly_when_the_key_index_finds_its_key_on_disk(targets, project, index):
@@ -74,28 +78,9 @@ def test_a_compile_task_is_up_to_date_exactly_when_the_key_index_finds_its_key_o
     assert index.changed   # what it read is remembered for the reporter to save
 
 
-def test_a_compile_tasks_meta_carries_the_target_and_whether_it_compiles_in_this_process(targets, project, index):
-    t, built = targets[0], targets[1]
-    fake_artifact(built)
-    here = tasks.compile_task(t, str(project), 60.0, index)
-    assert here["meta"]["kforge_target"] is t
-    assert here["meta"]["kforge_compile"] == {"toolchain": "triton", "runs_here": True}
-    remote = tasks.compile_task(t, str(project), 60.0, index, executor="dask://h:1")
-    assert remote["meta"]["kforge_compile"]["runs_here"] is False
-    current = tasks.compile_task(built, str(project), 60.0, index)
-    assert current["meta"]["kforge_compile"]["runs_here"] is False
-
-
-def test_a_compile_tasks_clean_action_removes_only_its_artifact_directory(targets, project, index):
-    t, neighbour = targets[0], targets[1]
-    fake_artifact(t)
-    fake_artifact(neighbour)
-    d = tasks.compile_task(t, str(project), 60.0, index)
-    [(fn, args)] = d["clean"]
-    fn(*args)
-    assert not Path(t.out_dir).exists()
-    assert (Path(neighbour.out_dir) / "meta.json").is_file()
-    assert (project / "out").is_dir()
+def test_a_compile_tasks_meta_carries_the_target(targets, project, index):
+    t = targets[0]
+    assert tasks.compile_task(t, str(project), 60.0, index)["meta"] == {"kforge_target": t}
 
 
 def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index):
