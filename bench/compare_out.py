@@ -17,20 +17,24 @@ from pathlib import Path
 
 def compare(a_root: Path, b_root: Path) -> list[str]:
     problems, count = [], 0
+    meta_fields: dict[tuple, int] = {}   # the meta.json fields that differ -> how many artifacts
     for a_meta in sorted(a_root.glob("*/*/*/meta.json")):
         rel = a_meta.parent.relative_to(a_root)
         b_meta = b_root / rel / "meta.json"
         if not b_meta.exists():
             problems.append(f"{rel}: only in {a_root}")
             continue
-        ma = json.loads(a_meta.read_text())
+        ma, mb = json.loads(a_meta.read_text()), json.loads(b_meta.read_text())
         count += 1
         if a_meta.read_bytes() != b_meta.read_bytes():
-            problems.append(f"{rel}/meta.json: different bytes")
+            fields = sorted(k for k in set(ma) | set(mb) if ma.get(k) != mb.get(k))
+            meta_fields[tuple(fields)] = meta_fields.get(tuple(fields), 0) + 1
         if (a_meta.parent / ma["binary"]).read_bytes() != (b_meta.parent / ma["binary"]).read_bytes():
             problems.append(f"{rel}: different binary bytes")
     problems += [f"{p.parent.relative_to(b_root)}: only in {b_root}" for p in sorted(b_root.glob("*/*/*/meta.json"))
                  if not (a_root / p.relative_to(b_root)).exists()]
+    problems += [f"meta.json differs in {list(fields) or 'formatting only'} for {n} artifacts"
+                 for fields, n in sorted(meta_fields.items())]
     a_wheels, b_wheels = _wheels(a_root), _wheels(b_root)
     if set(a_wheels) != set(b_wheels):
         problems.append(f"bundles for different archs: {sorted(a_wheels)} vs {sorted(b_wheels)}")

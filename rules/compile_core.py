@@ -116,7 +116,7 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
     """compile_here with the artifact written into another project's out/ (a Dask worker's private one)."""
     layout = Layout(private_root)
     directory = layout.artifact_dir(target.arch, target.kernel, target.config_id)
-    return compile_here(dataclasses.replace(target, out=str(layout.out), out_dir=str(directory)), root, timeout)
+    return compile_here(target._replace(out=str(layout.out), out_dir=str(directory)), root, timeout)
 
 
 def lower_and_write(backend, request: tuple) -> Written:

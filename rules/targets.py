@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kforge import keys
 from kforge.archs import ARCHS
@@ -12,8 +13,9 @@ from kforge.dtypes import canonical_arg_type
 from kforge.sweep import config_id
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
+    """One (kernel, config, arch): everything a compile needs, its artifact directory and its action key.
+    A NamedTuple, not a dataclass: a no-op run makes thousands from the saved catalog (rules/catalog.py)."""
     kernel: str                 # family name
     config_id: str
     arch: str

@@ -309,7 +309,7 @@ def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_wri
     nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
     scratch = built / "scratch" / "sm_90a" / "scale" / "c"
-    target = dataclasses.replace(nvidia, out_dir=str(scratch))
+    target = nvidia._replace(out_dir=str(scratch))
     lowered = compile_core.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
     with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
         compile_core.check_and_write(target, lowered)

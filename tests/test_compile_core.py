@@ -1,6 +1,5 @@
 """compile_core: what a compile result reports, and compile_into writing a (fake) backend's binary into another
 project's out/ through a real compile server. check_and_write's refusals are in tests/test_build.py."""
-import dataclasses
 import json
 import os
 import sys
@@ -87,7 +86,7 @@ def fake_backend(monkeypatch, compiled):
 
 def into(compiled, private_root):
     root, target, _ = compiled
-    return compile_core.compile_into(dataclasses.replace(target, toolchain="fake"), private_root, str(root), 60)
+    return compile_core.compile_into(target._replace(toolchain="fake"), private_root, str(root), 60)
 
 
 def listing(directory: Path) -> dict[str, list | None]:
