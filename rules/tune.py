@@ -19,7 +19,6 @@ import kforge_runtime
 from kforge import artifact, sources, stamps
 from kforge.archs import ARCHS
 from kforge.layout import Layout
-from kforge.spec import load_spec
 from kforge.targets import Target
 
 TUNE_SCHEMA = 1
@@ -41,31 +40,48 @@ def local_vendors() -> set[str]:
 
 
 def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
-    """families: the catalog's (rules/catalog.py); the spec of each tuned one is loaded here."""
+    """families: the catalog's (rules/catalog.py). A tuned family's spec is loaded only by its task's actions
+    (when `doit tune` runs), never while tasks are made: a no-op build pays nothing for tuning."""
     yield {"basename": "tune", "name": None,
            "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
     vendors = local_vendors()
     for family in families:
         if not family.tuned:
             continue
-        spec = load_spec(Path(root) / family.path, Path(root))
-        archs = sorted({t.arch for t in targets if t.kernel == spec.name})
+        archs = sorted({t.arch for t in targets if t.kernel == family.name})
         for arch in archs:
             if vendors and ARCHS[arch].vendor not in vendors:
                 continue
-            mine = [t for t in targets if t.kernel == spec.name and t.arch == arch]
+            mine = [t for t in targets if t.kernel == family.name and t.arch == arch]
             yield {
                 "basename": "tune",
-                "name": f"{spec.name}@{arch}",
-                "doc": f"tune {spec.name} for {arch} on {len(spec.tune.shapes)} shapes (needs a {arch} GPU)",
-                "actions": [(run_tuning, [spec, arch, mine, root])],
+                "name": f"{family.name}@{arch}",
+                "doc": f"tune {family.name} for {arch} on its [tune] shapes (needs a {arch} GPU)",
+                "actions": [(run_tuning_of, [family.path, arch, mine, root])],
                 "task_dep": [t.name for t in mine],
-                "uptodate": [(is_current, [spec, arch, mine, root])],
-                "targets": [str(table_path(Path(root), arch, spec.name))],
-                "clean": [(remove, [spec, arch, root])],
+                "uptodate": [(is_current_of, [family.path, arch, mine, root])],
+                "targets": [str(table_path(Path(root), arch, family.name))],
+                "clean": [(remove, [family.name, arch, root])],
                 "meta": {"after_failed_deps": True},   # tune what did build; the rest is reported failed
                 "verbosity": 2,
             }
+
+
+def _spec(spec_path: str, root: str):
+    from kforge.spec import load_spec
+    return load_spec(Path(root) / spec_path, Path(root))
+
+
+def run_tuning_of(spec_path: str, arch: str, targets: list[Target], root: str):
+    return run_tuning(_spec(spec_path, root), arch, targets, root)
+
+
+def is_current_of(spec_path: str, arch: str, targets: list[Target], root: str) -> bool:
+    try:
+        spec = _spec(spec_path, root)
+    except ValueError:   # SpecError: the run says so when the catalog is loaded again
+        return False
+    return is_current(spec, arch, targets, root)
 
 
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
@@ -121,8 +137,8 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
     return None
 
 
-def remove(spec, arch: str, root: str) -> None:
+def remove(kernel: str, arch: str, root: str) -> None:
     """`doit clean tune`."""
-    table = table_path(Path(root), arch, spec.name)
+    table = table_path(Path(root), arch, kernel)
     table.unlink(missing_ok=True)
     table.with_name(f".{table.name}.partial").unlink(missing_ok=True)   # a stopped run's rankings (tune_gpu.py)
