@@ -41,7 +41,7 @@ from kernels.ep.routing import destinations
 
 BLOCK_T, BLOCK_H = launch.CONSTANTS["ep_route"]["BLOCK_T"], 32
 g = torch.Generator().manual_seed(1)
-W, E, K, H, M = 3, 2, 3, 96, BLOCK_T + 44
+W, E, K, H, M = 3, 2, 3, 64, BLOCK_T + 44   # H: two BLOCK_H blocks per row
 R = W * M
 T = [M, 0, 17]   # tokens per rank: two blocks of the route, none, one
 x = [torch.randn(t, H, generator=g) for t in T]   # f32 rows: the interpreter rounds bf16 unlike the GPU

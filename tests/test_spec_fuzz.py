@@ -22,6 +22,7 @@ from kforge.sweep import CONFIG_ID, config_id
 from tests.support import REPO, make_project, spec_text
 
 CASE_SECONDS = 5   # one case (load, then every config and id) is far below this; above it is a hang
+CASES_PER_SEED = 12   # mutated specs per seed spec and kind of mutation: a few hundred in all, seconds in CI
 MESSAGE_MAX = 1000   # a message quotes what it got, shortened: a huge list is not printed whole
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -199,7 +200,7 @@ def test_byte_mutations_load_or_name_the_file(tmp_path):
     cases = []
     for seed in seeds(tmp_path):
         data = seed.text.encode()
-        for _ in range(20):
+        for _ in range(CASES_PER_SEED):
             whats = []
             mutated = data
             for _ in range(rng.choice([1, 1, 2, 3])):
@@ -295,7 +296,7 @@ def test_structural_mutations_load_or_name_the_file(tmp_path):
         parsed = tomllib.loads(seed.text)
         assert tomllib.loads(dumps(parsed)) == parsed, f"the test's TOML writer garbles {seed.name}"
         names = names_in(parsed)
-        for _ in range(20):
+        for _ in range(CASES_PER_SEED):
             doc = tomllib.loads(seed.text)
             whats = [structural_mutation(rng, doc, names) for _ in range(rng.choice([1, 1, 2, 3]))]
             cases.append((seed, "; ".join(whats), dumps(doc).encode()))
