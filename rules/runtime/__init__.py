@@ -15,7 +15,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    """Imported on first use: the build imports kforge_runtime.elf alone and pays for nothing else."""
+    """Imported on first use: the build imports only schema, elf and archs and pays for nothing else."""
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
