@@ -20,7 +20,6 @@ from doit import cmd_run
 from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
 
-from kforge import isolate
 
 
 class _CappedWorkers:
@@ -84,6 +83,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
     def execute_task_subprocess(self, job_q, result_q, reporter_class):
         # A SIGKILLed master (a CI runner cancelling the job) takes its workers with it, and they their compile
         # servers; orphans would hold hundreds of MB each.
+        from kforge import isolate   # here: a no-op run forks no worker and never needs it
         isolate.die_with_parent(self.master_pid)
         # The kernel's default action: SIGTERM ends a worker whatever its threads are doing. A Python-level
         # handler (the master's, inherited: rules/project.py) runs only once the main thread next runs Python.
@@ -102,11 +102,21 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             elif job.type is JobHold.type:
                 self.free_proc = 0   # doit's own bookkeeping for a hold; a later result asks again
                 break
+            elif self._has_nothing_to_run(job.name):   # a group task: done here, with no worker round trip,
+                node = self.task_dispatcher.nodes[job.name]   # so a run with nothing to build forks no worker
+                self.execute_task(node.task)   # reports it; runs no action
+                self.process_task_result(node, None)
+                completed = node
             else:
                 job_q.put(job)
                 self.unfinished.add(job.name)
         if not self.unfinished and not self.dispatcher_done:
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
+
+
+    def _has_nothing_to_run(self, name: str) -> bool:
+        task = self.tasks[name]
+        return not task.actions and not task.teardown
 
 
 class _DeadWorkerWatch:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
@@ -94,7 +93,8 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
 
 
 def _stamp(arch: str, targets: list[Target], root: Path) -> str:
-    h = hashlib.sha256(f"{project_version(root)}\0{runtime_digest(arch)}".encode())
+    # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
+    h = hashlib.sha256(_content(root / "pyproject.toml") + f"\0{runtime_digest(arch)}".encode())
     for table in tuning_tables(Layout(root), arch):
         h.update(f"\0{table.name}\0".encode() + table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
@@ -186,6 +186,7 @@ def runtime_digest(arch: str) -> str:
 
 
 def project_version(root: Path) -> str:
+    import tomllib
     with open(root / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["version"]
 

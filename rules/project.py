@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kforge import artifact, remote_cache
+from kforge import artifact
 from kforge.doit_edge import option
 from kforge.layout import Layout
 from kforge.spec_model import SpecError
@@ -35,8 +35,10 @@ def compile_tasks(root: Path, catalog: Catalog):
     for t in catalog.targets:
         by_family[t.kernel].append(t)
     timeout, executor, url = option("timeout"), option("executor"), option("cache")
-    cache = (remote_cache.CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"))
-             if url else None)
+    cache = None
+    if url:
+        from kforge.remote_cache import CacheConfig   # http.client and hmac: only where a cache is used
+        cache = CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"))
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
     for family in catalog.families:
         yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,

@@ -184,3 +184,31 @@ def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
     assert proc.returncode != 0, output
     stat = Path(f"/proc/{worker}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"   # gone, or a zombie
+
+
+# A worker records its start, via the process class the runner forks: the dodo wraps it.
+COUNT_WORKERS = '''
+from kforge import doit_runner as _runner
+class _Counted(_runner.PrefetchRunner.Child):
+    def start(self):
+        with open(LOG, "a") as f:
+            f.write(f"worker-started {os.getpid()}\\n")
+        super().start()
+_runner.PrefetchRunner.Child = _Counted
+
+def task_fam():
+    for i in range(5):
+        yield {"name": f"t{i}", "actions": [(record, [f"fam:t{i}"])], "uptodate": [run_once]}
+'''
+
+
+def test_a_run_with_nothing_to_build_forks_no_worker_and_group_tasks_finish_in_the_master(tmp_path):
+    """Group tasks have no action: a round trip through a worker per group (and two forked workers on a
+    no-op) cost a no-op run more than its up-to-date checks."""
+    first = run_doit(tmp_path, "-n", "2", tasks=COUNT_WORKERS)
+    assert first.returncode == 0, first.stderr
+    assert sorted(log_lines(tmp_path)).count("worker-started") == 2 and "fam:t4" in log_lines(tmp_path)
+    (tmp_path / "log").write_text("")
+    second = run_doit(tmp_path, "-n", "2", tasks=COUNT_WORKERS)   # every fam:t* is up to date; fam runs
+    assert second.returncode == 0, second.stderr
+    assert log_lines(tmp_path) == []
