@@ -113,8 +113,8 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         if not self.unfinished and not self.dispatcher_done:
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
 
-
     def _has_nothing_to_run(self, name: str) -> bool:
+        """A group task (no action, no teardown): finishing it needs no worker."""
         task = self.tasks[name]
         return not task.actions and not task.teardown
 
