@@ -5,9 +5,10 @@ action key per target) is most of a no-op run. Its result depends only on files 
 checked without doing that work: the list of spec files and each of them, every kernel source and project
 module the targets were computed from, the project files an import looked for and did not find (one created
 there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
-environment, the Python, the project's path and the settings that shape the catalog. The saved catalog is used only while the digest of
-all of those (files by identity: inode, mtime, size) is the one saved with it; anything else loads it again.
-Saved by the reporter at the end of a run: listing tasks writes nothing.
+environment, the Python, the project's path and the settings that shape the catalog. The saved catalog is
+used only while the digest of all of those (files by identity: inode, mtime, size) is the one saved with it;
+anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
+tasks writes nothing.
 """
 from __future__ import annotations
 
@@ -51,10 +52,13 @@ class Catalog:
         """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError)."""
         spec_files = sorted((self.root / "specs").glob("*.toml"))
         saved = self._read_saved()
-        if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
-            self.families = [Family(*f) for f in saved["families"]]
-            self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
-            return self
+        try:
+            if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
+                self.families = [Family(*f) for f in saved["families"]]
+                self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
+                return self
+        except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
+            self.families, self.targets = [], []
         if not spec_files:
             raise SpecError(f"{self.root / 'specs'}: no *.toml specs found")
         from kforge.spec import load_spec   # only here: a run that finds its saved catalog never loads a spec

@@ -21,6 +21,7 @@ def test_the_catalog_loads_into_unique_targets_inside_out():
 
 # rules/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
 
+import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
@@ -73,7 +74,7 @@ def test_an_unchanged_project_loads_the_saved_catalog_with_the_same_targets(proj
 
 
 @pytest.mark.parametrize("edit", ["spec value", "kernel source", "helper module", "new spec", "kforge code",
-                                  "corrupt catalog"])
+                                  "corrupt catalog", "damaged catalog"])
 def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, tmp_path, edit):
     before = {t.name: t.key for t in loaded(project).targets}
     first = loaded(project)
@@ -94,6 +95,10 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         first = loaded(project)
         first.save()
         later(code / "x.py", "# edited\n")
+    elif edit == "damaged catalog":   # valid JSON, the right stamp, targets that are not targets
+        path = project / "out" / ".kforge" / "catalog.json"
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "targets": [["not", "a", "row"]], "groups": None}))
     else:
         (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-2", "stamp"')
     keys, used_saved = load_watched(project, monkeypatch)
