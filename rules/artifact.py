@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kforge import out_dir, stamps
 from kforge.archs import ARCHS
-from kforge.files import atomic_write
+from kforge.files import JsonState, atomic_write
 from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
 
@@ -36,7 +36,7 @@ def current_meta(meta_path: str, key: str) -> dict | None:
     return meta if isinstance(meta, dict) and meta.get("key") == key else None
 
 
-class KeyIndex:
+class KeyIndex(JsonState):
     """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
     identities (inode, mtime, size) of both in out/.kforge/.
 
@@ -45,25 +45,6 @@ class KeyIndex:
     identities mean unchanged content; anything else (a rebuilt, restored, edited, corrupted or deleted file)
     is read and hashed again. Only a hint: the files on disk always decide.
     """
-
-    _open: dict[Path, "KeyIndex"] = {}
-
-    @classmethod
-    def of(cls, path: Path) -> "KeyIndex":
-        """The one index of this file in this process: task generation reads it, the reporter saves it."""
-        if path not in cls._open:
-            cls._open[path] = cls(path)
-        return cls._open[path]
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            self.entries: dict[str, list] = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            self.entries = {}
-        if not isinstance(self.entries, dict):
-            self.entries = {}
-        self.changed = False
 
     def is_current(self, meta_path: str, key: str) -> bool:
         """meta.json holds `key` and the binary it names is there with the sha256 it records."""
@@ -89,11 +70,6 @@ class KeyIndex:
             self.entries[meta_path] = list(found)
             self.changed = True
 
-    def save(self) -> None:
-        if self.changed:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(self.entries).encode())
-            self.changed = False
 
 
 def _read_artifact(meta_path: str) -> tuple | None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import kforge_runtime
 from kforge import keys, stamps
-from kforge.archs import ARCHS
 from kforge.files import atomic_write
 from kforge.layout import Layout
 from kforge.spec_model import SpecError
@@ -91,12 +90,8 @@ class Catalog:
     def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list) -> str:
         files = [*map(str, spec_files), *read]
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
-        fingerprints = []
-        for toolchain, arch in toolchains:
-            a = ARCHS[arch]
-            sm = a.target_arch if isinstance(a.target_arch, int) else 0
-            fingerprints.append(keys.toolchain_fingerprint(toolchain, a.vendor, sm,
-                                                           Layout(self.root).tool_versions))
+        fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
+                        for toolchain, arch in toolchains]
         return stamps.digest({
             "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,

@@ -4,6 +4,7 @@ processes, may replace the same file at once), and a failed write leaves no temp
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 from pathlib import Path
@@ -32,3 +33,31 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
 def atomic_symlink(path: Path, target: Path) -> None:
     with replacing(path) as tmp:
         os.symlink(target, tmp)
+
+
+class JsonState:
+    """A JSON object kept in out/.kforge/ across runs (the key index, tool versions): one instance per file
+    in a process, read once while tasks are generated, saved by the reporter at the end of a run if it changed.
+    An unreadable file, or JSON that is not an object, counts as empty."""
+    _open: dict[tuple[type, Path], "JsonState"] = {}
+
+    @classmethod
+    def of(cls, path: Path):
+        if (cls, path) not in JsonState._open:
+            JsonState._open[(cls, path)] = cls(path)
+        return JsonState._open[(cls, path)]
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            found = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            found = {}
+        self.entries: dict = found if isinstance(found, dict) else {}
+        self.changed = False
+
+    def save(self) -> None:
+        if self.changed:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(self.entries, separators=(",", ":")).encode())
+            self.changed = False

@@ -8,13 +8,13 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
-import json
 import os
 import subprocess
 from pathlib import Path
 
 from kforge import stamps
-from kforge.files import atomic_write
+from kforge.archs import ARCHS
+from kforge.files import JsonState
 from kforge_runtime import schema
 
 # Environment variables that change what a compiler emits. Cache and dump locations don't.
@@ -57,42 +57,25 @@ def ptxas_path(sm: int) -> Path | None:
     return default if default and default.is_file() else None
 
 
-class ToolVersions:
+class ToolVersions(JsonState):
     """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json because running
     a tool costs ~25 ms. Read while tasks are generated; saved by the reporter at the end of a run."""
-    _open: dict[Path, "ToolVersions"] = {}
-
-    @classmethod
-    def of(cls, path: Path) -> "ToolVersions":
-        if path not in cls._open:
-            cls._open[path] = cls(path)
-        return cls._open[path]
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.lines = _read_json(path)
-        self.changed = False
 
     def __call__(self, tool: Path | None) -> str:
         if tool is None:
             return "missing"
         st = tool.stat()
         stamp = f"{tool}:{st.st_size}:{st.st_mtime_ns}"
-        if stamp not in self.lines:
+        if stamp not in self.entries:
             try:
                 out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
                 lines = out.stdout.strip().splitlines()
                 line = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
             except (OSError, subprocess.SubprocessError) as e:   # not executable, hangs: its targets say so
                 line = f"unusable ({type(e).__name__})"
-            self.lines[stamp] = line
+            self.entries[stamp] = line
             self.changed = True
-        return self.lines[stamp]
-
-    def save(self) -> None:
-        if self.changed:
-            _write_json(self.path, self.lines)
-            self.changed = False
+        return self.entries[stamp]
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,19 +91,13 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
     return tuple(parts)
 
 
+def fingerprint_for(toolchain: str, arch: str, cache_file: Path) -> tuple[tuple[str, str], ...]:
+    """toolchain_fingerprint for a target's toolchain and arch name."""
+    a = ARCHS[arch]
+    return toolchain_fingerprint(toolchain, a.vendor, a.target_arch if isinstance(a.target_arch, int) else 0,
+                                 cache_file)
+
+
 def action_key(payload: dict) -> str:
     """sha256 of the canonical JSON of everything that goes into a build (rules/targets.py builds the payload)."""
     return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, **payload})
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())

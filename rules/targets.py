@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kforge import keys
-from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
 from kforge.dtypes import canonical_arg_type
@@ -91,9 +90,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
     for arch_name in spec.archs:
         if arch_filter is not None and arch_name not in arch_filter:
             continue
-        arch = ARCHS[arch_name]
-        sm = arch.target_arch if isinstance(arch.target_arch, int) else 0
-        versions = keys.toolchain_fingerprint(spec.toolchain, arch.vendor, sm, layout.tool_versions)
+        versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
         key = keys.action_key({

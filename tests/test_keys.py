@@ -123,7 +123,7 @@ def test_save_writes_only_when_a_version_was_added(tmp_path):
     again(tool)
     again.save()
     assert stamps.identity(str(cache)) == written   # never rewritten (a rewrite is a rename: a new inode)
-    assert json.loads(cache.read_text()) == versions.lines
+    assert json.loads(cache.read_text()) == versions.entries
 
 
 @pytest.mark.parametrize("garbage", [b"", b"not json", b'{"half": ', b"\xff\xfe\x00"])
@@ -210,7 +210,7 @@ def test_a_flydsl_fingerprint_holds_the_linkers_version_line(tmp_path, clean_env
     parts = keys.toolchain_fingerprint("flydsl", "amd", 0, cache)
     assert parts == (("flydsl", keys.package_version("flydsl")),
                      ("ld.lld", "Ubuntu LLD 19.1.7 (compatible with GNU linkers)"))
-    assert list(keys.ToolVersions.of(cache).lines.values()) == [parts[1][1]]   # remembered like ptxas's
+    assert list(keys.ToolVersions.of(cache).entries.values()) == [parts[1][1]]   # remembered like ptxas's
     assert not cache.exists()
 
 
