@@ -1,6 +1,7 @@
 """Shared helpers: throw-away kforge projects with tiny kernels, and running doit on them."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -139,3 +140,23 @@ def process_tree(pid: int, depth: int = 0) -> list[tuple[int, str]]:
     for child in children:
         rows += process_tree(int(child), depth + 1)
     return rows
+
+
+class TimeLimitExceeded(Exception):
+    """Raised in a body that ran past its time limit. Not an OSError: code under test must not take it for a
+    read error and swallow it."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str = "the body"):
+    """Raise TimeLimitExceeded inside the body once it has run `seconds` (a hang becomes a failed case, not a
+    stuck run). SIGALRM: main thread only."""
+    def expired(*_):
+        raise TimeLimitExceeded(f"{what}: still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

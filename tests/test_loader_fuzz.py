@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import json
 import random
-import signal
 import struct
 import zipfile
 
@@ -17,27 +16,13 @@ import pytest
 
 from kforge_runtime import Bundle, BundleError, NoMatchingKernel, elf
 from kforge_runtime.select import NoTunedConfig
+from tests.support import time_limit
 
 CASE_SECONDS = 2
 KERNEL, CONFIG_ID, SYMBOL = "scale", "fp16-b256-w4", "scale_kernel"
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 1, 2, 3, 8
 
 
-class Hung(Exception):
-    """Raised in a case that ran past CASE_SECONDS (not an OSError: the loader must not swallow it)."""
-
-
-@contextlib.contextmanager
-def time_bound(what: str):
-    def expired(*_):
-        raise Hung(f"{what}: still running after {CASE_SECONDS} s")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def make_elf(machine: int, osabi: int, flags: int, text_name: str, text_addr: int) -> bytes:
@@ -101,7 +86,7 @@ def write_bundle(root, arch: str, manifest_bytes: bytes | None = None, binary: b
 def load(path, what: str) -> str:
     """Open the bundle, find the kernel every way a caller may, read its binary: "ok" or the error's type."""
     try:
-        with time_bound(what):
+        with time_limit(CASE_SECONDS, what):
             bundle = Bundle(path)
             for config in ({"dtype": "fp16"}, None, {"BLOCK": 512}):
                 with contextlib.suppress(NoMatchingKernel):
@@ -248,7 +233,7 @@ def test_byte_mutations_of_the_binary_checked_directly(arch):
         for _ in range(rng.randint(1, 4)):
             data, how = mutate_bytes(rng, data, [regions[where]])
         what = f"{arch} check_binary case {case}: {how} ({where})"
-        with time_bound(what):
+        with time_limit(CASE_SECONDS, what):
             try:
                 elf.check_binary(data, arch, SYMBOL)
             except elf.ElfError:

@@ -1,11 +1,9 @@
 """The runtime loader on CPU: opening bundles, refusing tampered ones, and picking the artifact to launch."""
-import contextlib
 import hashlib
 import itertools
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import zipfile
@@ -16,7 +14,7 @@ from kforge_runtime import Bundle, BundleError, Library, NoMatchingKernel
 from kforge_runtime import library as library_module
 from kforge_runtime.device import cuda_archs
 from kforge_runtime.launch import LaunchError
-from tests.support import doit, make_project, spec_text
+from tests.support import doit, make_project, spec_text, time_limit
 
 ARCHS = ("sm_80", "sm_90a", "gfx942")
 
@@ -164,22 +162,6 @@ def test_jit_fallback_is_opt_in_and_builds_from_the_recorded_recipe(dist, monkey
         sys.modules.pop(name, None)
 
 
-class Blocked(Exception):
-    """Not an OSError, which the code under test may take for a read error."""
-
-
-@contextlib.contextmanager
-def deadline(seconds=5):
-    """Fail, instead of hanging the run, when the body blocks (on a FIFO, say)."""
-    def expired(*_):
-        raise Blocked(f"still blocked after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def make_special(path, kind):
@@ -204,9 +186,9 @@ def make_special(path, kind):
 def test_a_manifest_that_is_not_a_regular_file_is_refused_without_blocking(dist, tmp_path, kind):
     d = unpacked(dist, "sm_90a", tmp_path)
     server = make_special(d / "manifest.json", kind)
-    with deadline(), pytest.raises(BundleError, match="manifest.json"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="manifest.json"):
         Bundle(d)
-    with deadline(), pytest.raises(BundleError, match="manifest.json"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="manifest.json"):
         Library(d).bundles
     if server:
         server.close()
@@ -218,7 +200,7 @@ def test_a_binary_that_is_not_a_regular_file_is_refused_without_blocking(dist, t
     cubin = next(d.glob("scale/bf16-b256-w4/*.cubin"))
     server = make_special(cubin, kind) if kind != "missing" else cubin.unlink()
     bundle = Bundle(d)
-    with deadline(), pytest.raises(BundleError, match=f"cannot read scale/bf16-b256-w4/{cubin.name}"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match=f"cannot read scale/bf16-b256-w4/{cubin.name}"):
         bundle.binary(bundle.find("scale", "bf16-b256-w4"))
     if server:
         server.close()
@@ -230,7 +212,7 @@ def test_a_tuning_table_that_is_a_fifo_is_refused_without_blocking(dist, tmp_pat
     (d / "tune").mkdir()
     os.mkfifo(d / "tune" / "scale.json")
     edit_manifest(d, lambda m: m.update(tuned={"scale": {"path": "tune/scale.json", "sha256": "0" * 64}}))
-    with deadline(), pytest.raises(BundleError, match="cannot read tune/scale.json"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="cannot read tune/scale.json"):
         Bundle(d).tuned("scale")
     edit_manifest(d, lambda m: m.update(tuned=["not", "an", "object"]))
     with pytest.raises(NoTunedConfig, match="no tuning table for 'scale'"):
@@ -240,11 +222,11 @@ def test_a_tuning_table_that_is_a_fifo_is_refused_without_blocking(dist, tmp_pat
 def test_a_bundle_path_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "kforge_kernels_sm_90a-0.1.0-py3-none-any.whl"
     os.mkfifo(fifo)
-    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
         Bundle(fifo)
-    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
         Library(tmp_path).bundles   # a directory of wheels
-    with deadline(), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
         Library(fifo).bundles
 
 

@@ -12,14 +12,13 @@ import datetime
 import math
 import random
 import re
-import signal
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from kforge.spec import SpecError, load_spec
 from kforge.sweep import CONFIG_ID, config_id
-from tests.support import REPO, make_project, spec_text
+from tests.support import REPO, make_project, spec_text, time_limit
 
 CASE_SECONDS = 5   # one case (load, then every config and id) is far below this; above it is a hang
 CASES_PER_SEED = 12   # mutated specs per seed spec and kind of mutation: a few hundred in all, seconds in CI
@@ -123,35 +122,23 @@ def seeds(tmp_path: Path) -> list[Seed]:
 
 # --- one case, guarded ----------------------------------------------------------------------------------
 
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Hang(f"still running after {CASE_SECONDS} s")
-
-
 def check_case(path: Path, root: Path, data: bytes) -> str | None:
     """None when load_spec keeps its promise for this file content; else what went wrong, in one line."""
     path.write_bytes(data)
     where = str(path.resolve().relative_to(root.resolve())) if path.resolve().is_relative_to(root.resolve()) \
         else str(path)
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
-    try:
-        spec = load_spec(path, root)
-        configs = list(spec.configs)
-        ids = [config_id(spec, c) for c in configs]
-    except SpecError as e:
-        message = str(e)
-        if where not in message or "\n" in message or len(message) > MESSAGE_MAX:
-            return f"SpecError not one line of at most {MESSAGE_MAX} characters naming {where}: {message[:300]!r}"
-        return None
-    except Exception as e:   # any other exception, or Hang, is the finding
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with time_limit(CASE_SECONDS, where):
+        try:
+            spec = load_spec(path, root)
+            configs = list(spec.configs)
+            ids = [config_id(spec, c) for c in configs]
+        except SpecError as e:
+            message = str(e)
+            if where not in message or "\n" in message or len(message) > MESSAGE_MAX:
+                return f"SpecError not one line of at most {MESSAGE_MAX} characters naming {where}: {message[:300]!r}"
+            return None
+        except Exception as e:   # any other exception, or TimeLimitExceeded, is the finding
+            return f"{type(e).__name__}: {str(e)[:300]}"
     if len(set(ids)) != len(ids) or not all(CONFIG_ID.fullmatch(i) for i in ids):
         return f"loaded, but its config ids are not unique safe names: {sorted(set(ids))[:5]}"
     return None
