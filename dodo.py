@@ -4,6 +4,7 @@ from pathlib import Path
 from kforge import doit_edge, project
 
 ROOT = Path(__file__).resolve().parent
+doit_edge.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/doit_edge.py
 CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/catalog.py)
 DOIT_CONFIG = doit_edge.config(ROOT, CATALOG)
 

@@ -38,7 +38,7 @@ def current_meta(meta_path: str, key: str) -> dict | None:
 
 class KeyIndex(JsonState):
     """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
-    identities (inode, mtime, size) of both in out/.kforge/.
+    identities (inode, mtime, ctime, size) of both in out/.kforge/.
 
     A no-op run over thousands of targets then stats two files per target instead of reading meta.json and
     hashing its binary. meta.json and binaries are only ever replaced by rename (a new inode), so matching
@@ -46,9 +46,15 @@ class KeyIndex(JsonState):
     is read and hashed again. Only a hint: the files on disk always decide.
     """
 
+    def __init__(self, path):
+        super().__init__(path)
+        # meta.json identities as is_current stat'ed them in this process, dropped when the target's task runs:
+        # the bundle's up-to-date check (package.py) reuses them instead of stat'ing every meta.json again
+        self.seen: dict[str, list | None] = {}
+
     def is_current(self, meta_path: str, key: str) -> bool:
         """meta.json holds `key` and the binary it names is there with the sha256 it records."""
-        meta_stamp = stamps.identity(meta_path)
+        meta_stamp = self.seen[meta_path] = stamps.identity(meta_path)
         if meta_stamp is None:
             return False
         entry = self.entries.get(meta_path)
@@ -64,12 +70,17 @@ class KeyIndex(JsonState):
         return found is not None and found[1] == key and found[3] is not None
 
     def refresh(self, meta_path: str) -> None:
-        """Remember a freshly built artifact (read and hashed once), so that the next run only stats it."""
+        """After the target's task ran (built or failed): remember a freshly built artifact (read and hashed
+        once), so that the next run only stats it."""
+        self.seen.pop(meta_path, None)
         found = _read_artifact(meta_path)
         if found is not None:
             self.entries[meta_path] = list(found)
             self.changed = True
 
+    def meta_identity(self, meta_path: str) -> list | None:
+        """meta.json's identity: as is_current saw it, unless the target's task ran since; else stat'ed now."""
+        return self.seen[meta_path] if meta_path in self.seen else stamps.identity(meta_path)
 
 
 def _read_artifact(meta_path: str) -> tuple | None:

@@ -6,7 +6,7 @@ checked without doing that work: the list of spec files and each of them, every 
 module the targets were computed from, the project files an import looked for and did not find (one created
 there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
 environment, the Python, the project's path and the settings that shape the catalog. The saved catalog is
-used only while the digest of all of those (files by identity: inode, mtime, size) is the one saved with it;
+used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
 anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
 tasks writes nothing.
 """

@@ -86,28 +86,26 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
     root_path, layout = Path(root), Layout.of(root)
     try:
         saved = json.loads(layout.package_stamp(arch).read_bytes())
-        return (saved["stamp"] == _stamp(arch, targets, root_path)
+        # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
+        seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
+        return (saved["stamp"] == _stamp(arch, targets, root_path, seen)
                 and (layout.dist / saved["wheel"]).is_file())
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _stamp(arch: str, targets: list[Target], root: Path) -> str:
+def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity) -> str:
     # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
     h = hashlib.sha256(_content(root / "pyproject.toml") + f"\0{runtime_digest(arch)}".encode())
     for table in tuning_tables(Layout(root), arch):
         h.update(f"\0{table.name}\0".encode() + table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
-        built = _identity(t.meta_path)
+        found = meta_identity(t.meta_path)
+        built = "-" if found is None else ":".join(map(str, found))
         h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
         if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
             h.update(_content(Path(t.out_dir) / ERROR))
     return h.hexdigest()
-
-
-def _identity(path) -> str:
-    found = stamps.identity(path)
-    return "-" if found is None else ":".join(map(str, found))
 
 
 def _content(path: Path) -> bytes:

@@ -26,6 +26,7 @@ class BuildReporter(ConsoleReporter):
     find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
     key_index = None      # artifact.KeyIndex: told of each built target, saved at the end of the run
     saved_at_end = ()     # more state read while tasks were generated, saved at the end of the run
+    before_first_task = None   # () -> None, called once the tasks are loaded (rules/doit_edge.py)
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
@@ -39,6 +40,8 @@ class BuildReporter(ConsoleReporter):
         self.failed = 0
 
     def initialize(self, tasks, selected_tasks):
+        if self.before_first_task is not None:
+            self.before_first_task()
         self.total = sum(1 for t in tasks_to_run(tasks, selected_tasks) if t.actions and not _is_package(t))
         self.write(f"kforge: {plural(self.total, 'target')} selected\n")
 
@@ -63,14 +66,19 @@ class BuildReporter(ConsoleReporter):
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
             self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)})
-            target = (task.meta or {}).get("kforge_target")
-            if target is not None and self.key_index is not None:
-                self.key_index.refresh(target.meta_path)
+            self._ran(task)
 
     def add_failure(self, task, fail):
         if not task.actions:   # a family group "fails" when one of its targets did: already reported
             return
+        self._ran(task)
         self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
+
+    def _ran(self, task) -> None:
+        """A compile task ran, built or failed: the key index learns what is on disk now."""
+        target = (getattr(task, "meta", None) or {}).get("kforge_target")
+        if target is not None and self.key_index is not None:
+            self.key_index.refresh(target.meta_path)
 
     def _finish(self, task, status: str, error: str, extra: dict | None = None) -> None:
         begun = self.begun.pop(task.name, time.monotonic())

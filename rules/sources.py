@@ -24,9 +24,10 @@ def _parse_version(path: Path, *version) -> ast.Module:
 
 def _version(path: Path) -> tuple:
     """What the per-process caches of file contents are keyed by besides the path: a file edited while the
-    process runs (a test, a long-lived tool) is read again."""
+    process runs (a test, a long-lived tool) is read again, even one edited in place with its mtime put back
+    (rules/stamps.py: the ctime tells)."""
     st = path.stat()
-    return st.st_ino, st.st_mtime_ns, st.st_size
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 def function_names(path: Path) -> list[str]:

@@ -1,10 +1,12 @@
 """How kforge decides "is it current", for every output it makes: a digest of the output's inputs is saved
 with the output, and the output is current while the same digest comes out now.
 
-Inputs enter a digest by content (sources, specs, tool versions, binaries' sha256), except files that only
-kforge writes, and only ever by rename (meta.json, binaries, error.txt): those may enter by their identity
-(inode, mtime, size), since a replaced file has a new inode. Identity never stands for content a user may
-edit in place. Where the digests are saved:
+Inputs enter a digest by content (sources, specs, tool versions, binaries' sha256). A file's identity (inode,
+mtime, ctime, size) may stand for its content only where a changed identity leads back to the content: the
+saved catalog (catalog.py), reloaded from the specs on any change, and files that only kforge writes, and
+only ever by rename (meta.json, binaries, error.txt). ctime is what makes identity safe for files a user
+edits: any write or utime sets it to the current time, and nothing but the clock can set it back, so an
+in-place edit that keeps the size and restores the mtime still changes the identity. Where the digests are saved:
   - a compile target: its action key, in its meta.json (rules/keys.py), with the identities of meta.json
     and its binary remembered in out/.kforge/built-keys.json so a no-op run need not re-hash (artifact.py);
   - a bundle: out/.kforge/package-<arch>.json (package.py);
@@ -24,9 +26,9 @@ def digest(payload) -> str:
 
 
 def identity(path: str, fd: int | None = None) -> list | None:
-    """[inode, mtime_ns, size] of a file (or of the open file fd), None when it is not there."""
+    """[inode, mtime_ns, ctime_ns, size] of a file (or of the open file fd), None when it is not there."""
     try:
         st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError:
         return None
-    return [st.st_ino, st.st_mtime_ns, st.st_size]
+    return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]

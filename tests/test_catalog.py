@@ -73,7 +73,23 @@ def test_an_unchanged_project_loads_the_saved_catalog_with_the_same_targets(proj
     assert again == expected   # every field, with the tuples the fields hold
 
 
+def in_place(path, old, new):
+    """Rewrite a file in place, keeping its inode and size and putting its mtime back: only the ctime moves."""
+    assert len(old) == len(new)
+    st = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+") as f:
+        text = f.read()
+        assert old in text
+        f.seek(0)
+        f.write(text.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @pytest.mark.parametrize("edit", ["spec value", "kernel source", "helper module", "new spec", "kforge code",
+                                  "kernel source in place", "helper module in place", "spec value in place",
                                   "corrupt catalog", "damaged catalog"])
 def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, tmp_path, edit):
     before = {t.name: t.key for t in loaded(project).targets}
@@ -85,6 +101,12 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         later(project / "tk" / "scale.py", kernel_text(factor="FACTOR + 1", imports="from tk.helper import FACTOR"))
     elif edit == "helper module":
         later(project / "tk" / "helper.py", "FACTOR = 4\n")
+    elif edit == "kernel source in place":
+        in_place(project / "tk" / "scale.py", "* FACTOR)", "+ FACTOR)")
+    elif edit == "helper module in place":
+        in_place(project / "tk" / "helper.py", "3", "4")
+    elif edit == "spec value in place":
+        in_place(project / "specs" / "scale.toml", "256]", "512]")
     elif edit == "new spec":
         (project / "specs" / "other.toml").write_text(spec_text(name="other"))
     elif edit == "kforge code":
@@ -103,9 +125,9 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-2", "stamp"')
     keys, used_saved = load_watched(project, monkeypatch)
     assert not used_saved
-    if edit in ("kernel source", "helper module"):
+    if edit in ("kernel source", "helper module", "kernel source in place", "helper module in place"):
         assert set(keys) == set(before) and all(keys[n] != before[n] for n in before)
-    elif edit == "spec value":
+    elif edit in ("spec value", "spec value in place"):
         assert any("b512" in n for n in keys) and not any("b256" in n for n in keys)
     elif edit == "new spec":
         assert any(n.startswith("other:") for n in keys)

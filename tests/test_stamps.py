@@ -1,5 +1,6 @@
 """stamps: a digest is a canonical hash of its payload; an identity names one file version on disk."""
 import os
+import time
 
 from kforge import stamps
 
@@ -40,16 +41,33 @@ def test_replacing_a_file_by_rename_changes_its_identity_even_with_the_same_cont
     after = stamps.identity(str(path))
     assert before is not None and after is not None
     assert after != before and after[0] != before[0]   # a new inode
-    assert after[1:] == before[1:]
+    assert after[1] == before[1] and after[3] == before[3]   # same mtime and size
 
 
 def test_identity_reflects_size_and_mtime_of_the_file(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"12345")
     os.utime(path, ns=(1_000_000_000, 1_000_000_000))
-    assert stamps.identity(str(path))[1:] == [1_000_000_000, 5]
+    found = stamps.identity(str(path))
+    assert found[1] == 1_000_000_000 and found[3] == 5
     path.write_bytes(b"123")
-    assert stamps.identity(str(path))[1:] == [path.stat().st_mtime_ns, 3]
+    found = stamps.identity(str(path))
+    assert found[1] == path.stat().st_mtime_ns and found[3] == 3
+
+
+def test_an_in_place_edit_that_keeps_the_size_and_restores_the_mtime_changes_the_identity(tmp_path):
+    """What a user's editor or a careless script can do; only the ctime (which nothing but the clock sets) tells."""
+    path = tmp_path / "kernel.py"
+    path.write_text("BLOCK = 128\n")
+    st = path.stat()
+    before = stamps.identity(str(path))
+    time.sleep(0.01)   # ctime has nanoseconds on Linux filesystems; a coarse clock still moves in 10 ms
+    with open(path, "r+") as f:   # same inode, same size
+        f.write("BLOCK = 256\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = stamps.identity(str(path))
+    assert after[0] == before[0] and after[1] == before[1] and after[3] == before[3]
+    assert after != before
 
 
 def test_identity_through_an_open_fd_equals_the_paths_and_stays_with_the_file_that_was_opened(tmp_path):
@@ -60,10 +78,11 @@ def test_identity_through_an_open_fd_equals_the_paths_and_stays_with_the_file_th
         opened = stamps.identity(str(path))
         (tmp_path / "new").write_text("new!")
         os.replace(tmp_path / "new", path)
-        # the fd decides, not the path: the identity is that of the file being read
-        assert stamps.identity(str(path), f.fileno()) == opened
-        assert stamps.identity("", f.fileno()) == opened
-        assert stamps.identity(str(path)) != opened
+        # the fd decides, not the path: the identity is that of the file being read (whose ctime moved
+        # when the rename unlinked it)
+        assert stamps.identity(str(path), f.fileno())[0] == opened[0]
+        assert stamps.identity("", f.fileno()) == stamps.identity(str(path), f.fileno())
+        assert stamps.identity(str(path))[0] != opened[0]
 
 
 def test_identity_of_a_closed_fd_is_none(tmp_path):

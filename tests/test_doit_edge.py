@@ -1,0 +1,51 @@
+"""rules/doit_edge.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)."""
+import gc
+
+from doit.dependency import JSONCodec, SqliteDB
+
+from kforge import doit_edge
+
+
+def test_the_dependency_file_is_read_in_one_query_and_forgotten_rows_stay_forgotten(tmp_path):
+    doit_edge._read_dependency_file_at_once()
+    path = str(tmp_path / "deps.sqlite3")
+    db = SqliteDB(path, JSONCodec())
+    for task in ("a", "b", "c"):
+        db.set(task, "_values_:", {"task": task})
+    db.dump()
+
+    db = SqliteDB(path, JSONCodec())
+    queries = []
+    db._conn.set_trace_callback(queries.append)
+    assert db.get("a", "_values_:") == {"task": "a"}
+    db.remove("b")               # `doit forget b`: the row read ahead must not come back
+    assert db.get("b", "_values_:") is None
+    assert db.get("c", "_values_:") == {"task": "c"}
+    assert db.get("absent", "_values_:") is None
+    assert sum(q.lstrip().lower().startswith("select") for q in queries) == 1
+    db.dump()
+    fresh = SqliteDB(path, JSONCodec())
+    assert fresh.get("b", "_values_:") is None   # removed for good
+    assert fresh.get("a", "_values_:") == {"task": "a"}   # the rest read ahead, not yet looked at
+    fresh.remove_all()           # `doit forget --all`
+    assert fresh.get("c", "_values_:") is None
+
+
+def test_the_dependency_file_wrapper_is_installed_once():
+    doit_edge._read_dependency_file_at_once()
+    first = SqliteDB._get_task_data
+    doit_edge._read_dependency_file_at_once()
+    assert SqliteDB._get_task_data is first
+
+
+def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first_runs():
+    assert gc.isenabled()
+    try:
+        doit_edge.pause_gc_until_tasks_run()
+        assert not gc.isenabled()
+        kept = [[i] for i in range(1000)]   # what the task graph would be
+        doit_edge._resume_gc()
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.enable()
+        gc.unfreeze()
