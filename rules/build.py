@@ -9,7 +9,7 @@ from doit.exceptions import TaskFailed
 
 from kforge import artifact, remote_cache
 from kforge.compile_core import CompileResult, compile_here, compile_into
-from kforge.targets import Target
+from kforge.target import Target
 
 DEFAULT_TIMEOUT_S = 600.0
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import kforge_runtime
 from kforge import keys, stamps
 from kforge.files import atomic_write
 from kforge.layout import Layout
-from kforge.spec_model import SpecError
-from kforge.targets import Target
+from kforge.errors import SpecError
+from kforge.target import Target
 
 FORMAT = "kforge-catalog-2"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
@@ -30,8 +30,7 @@ FORMAT = "kforge-catalog-2"
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
     """What the tasks need of a spec beyond its targets."""
     name: str
     description: str
@@ -69,7 +68,7 @@ class Catalog:
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         files = sorted(str(p) for p in read)
         self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains), "read": files,
-                       "toolchains": toolchains, "families": [list(vars(f).values()) for f in self.families],
+                       "toolchains": toolchains, "families": [list(f) for f in self.families],
                        **_encode(self.targets)}
         return self
 

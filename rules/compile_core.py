@@ -20,7 +20,7 @@ from pathlib import Path
 from kforge import artifact, isolate
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
-from kforge.targets import Target
+from kforge.target import Target
 from kforge_runtime import schema
 
 # toolchain (as in specs) -> its backend module, which has:

@@ -9,16 +9,15 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kforge_runtime.schema import dist_name
 
 OUT = "out"   # at the project root; the only directory kforge writes into
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, and every run imports it
     root: Path   # the project: where dodo.py, specs/ and out/ are
 
     @classmethod

@@ -19,7 +19,7 @@ from kforge import artifact, stamps
 from kforge.archs import ARCHS
 from kforge.files import atomic_write
 from kforge.layout import Layout
-from kforge.targets import Target
+from kforge.target import Target
 from kforge.wheel import write_wheel
 from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, MANIFEST, dist_name, wheel_name
 

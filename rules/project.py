@@ -7,7 +7,7 @@ from pathlib import Path
 from kforge import artifact
 from kforge.doit_edge import option
 from kforge.layout import Layout
-from kforge.spec_model import SpecError
+from kforge.errors import SpecError
 from kforge.catalog import Catalog
 from kforge.tasks import family_tasks, package_tasks
 

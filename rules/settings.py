@@ -7,9 +7,9 @@ what is allowed, which rules/doit_edge.py turns into one line and exit code 2 be
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, make_dataclass
+from collections import namedtuple
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from doit import get_var
 
@@ -17,8 +17,7 @@ from kforge import cpus
 from kforge.archs import parse_arch_list
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):   # NamedTuples here, not dataclasses: imported by every run, a no-op included
     name: str                            # `doit name=value`
     env: str | None                      # its environment twin
     parse: Callable[[str, str], object]  # (text, where) -> value, or ValueError naming `where`
@@ -106,7 +105,7 @@ SETTINGS = {s.name: s for s in (
 
 
 # Every setting's value for one run, as attributes named as the settings are (`options().timeout`).
-Options = make_dataclass("Options", list(SETTINGS), frozen=True)
+Options = namedtuple("Options", list(SETTINGS))
 
 
 def options() -> Options:

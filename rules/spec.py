@@ -13,7 +13,8 @@ from pathlib import Path
 from kforge import archs as archs_mod
 from kforge import sources, sweep
 from kforge.dtypes import allowed_dtypes, canonical_arg_type
-from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, SpecError, Tune, shown
+from kforge.errors import SpecError
+from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

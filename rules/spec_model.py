@@ -1,6 +1,6 @@
-"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes, config values,
-and SpecError. Loading: rules/spec.py; sweeps and config ids: rules/sweep.py (both build on this module, not
-on each other)."""
+"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes, config values
+(its errors: SpecError in rules/errors.py). Loading: rules/spec.py; sweeps and config ids: rules/sweep.py (both
+build on this module, not on each other)."""
 from __future__ import annotations
 
 import itertools
@@ -16,10 +16,6 @@ Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's 
 COMPILE_OPTIONS = ("num_warps", "num_stages")
 NAME_MAX = 100   # characters in an argument, parameter or type variable name (they go into every message)
 TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,99})\}")   # at most NAME_MAX characters
-
-
-class SpecError(ValueError):
-    """A spec that cannot be built; the message says where, what was received and what is allowed."""
 
 
 def shown(value, limit: int = 200) -> str:

@@ -8,7 +8,8 @@ import string
 
 from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
-from kforge.spec_model import COMPILE_OPTIONS, Config, Configs, Exclude, Scalar, Spec, SpecError, shown
+from kforge.errors import SpecError
+from kforge.spec_model import COMPILE_OPTIONS, Config, Configs, Exclude, Scalar, Spec, shown
 
 WARPS_ALLOWED = (1, 2, 4, 8, 16)
 

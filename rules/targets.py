@@ -1,47 +1,16 @@
-"""Specs -> Targets: one per (kernel, config, arch), each with its action key and artifact directory."""
+"""Specs -> Targets (rules/target.py): one per (kernel, config, arch), each with its action key and artifact directory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from kforge import keys
 from kforge.layout import Layout
-from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Config, Spec, SpecError
+from kforge.errors import SpecError
+from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Spec
 from kforge.dtypes import canonical_arg_type
 from kforge.sweep import config_id
-
-
-class Target(NamedTuple):
-    """One (kernel, config, arch): everything a compile needs, its artifact directory and its action key.
-    A NamedTuple, not a dataclass: a no-op run makes thousands from the saved catalog (rules/catalog.py)."""
-    kernel: str                 # family name
-    config_id: str
-    arch: str
-    spec_path: str
-    toolchain: str
-    source: str                 # absolute path of the kernel source
-    module: str                 # dotted module name the compiling process imports
-    entry: str
-    signature: tuple[tuple[str, str], ...]   # resolved: no type variables left
-    constexprs: tuple[tuple[str, object], ...]
-    options: tuple[tuple[str, int], ...]     # num_warps, num_stages
-    divisible_by_16: tuple[str, ...]
-    config: Config
-    source_digests: tuple[tuple[str, str], ...]
-    toolchain_versions: tuple[tuple[str, str], ...]
-    out: str                    # the project's out/ (rules/layout.py)
-    out_dir: str                # this target's artifact directory in it
-    key: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.kernel}:{self.config_id}@{self.arch}"
-
-    @property
-    def meta_path(self) -> str:
-        return f"{self.out_dir}/meta.json"
-
+from kforge.target import Target
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 from kforge import artifact, package
 from kforge.layout import Layout
-from kforge.targets import Target
+from kforge.target import Target
 from kforge_runtime.schema import dist_name
 
 

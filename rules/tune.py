@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import kforge_runtime
-from kforge import artifact, sources, stamps
+from kforge import artifact, stamps
 from kforge.archs import ARCHS
 from kforge.layout import Layout
-from kforge.targets import Target
+from kforge.target import Target
 
 TUNE_SCHEMA = 1
 RULES, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent
@@ -87,6 +87,7 @@ def is_current_of(spec_path: str, arch: str, targets: list[Target], root: str) -
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
     """What a tuning table depends on. The artifacts count by their binaries' sha256: a rebuild that gives
     the same bytes keeps the table, any changed binary (or one more or one fewer config) re-tunes."""
+    from kforge import sources   # (and ast) only where a tuning key is computed: never in a no-op build
     metas = ((t.config_id, artifact.current_meta(t.meta_path, t.key)) for t in targets)
     built = sorted((config_id, meta.get("sha256")) for config_id, meta in metas if meta is not None)
     harness = sources.local_closure(root / spec.tune.harness, root)

@@ -133,3 +133,26 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         assert any(n.startswith("other:") for n in keys)
     else:
         assert keys == before
+
+
+def test_a_run_that_finds_its_saved_catalog_imports_no_spec_machinery_and_no_compiler(tmp_path):
+    """What a no-op run pays for: loading specs, computing targets and compilers are for a run that needs them."""
+    import subprocess
+    import sys
+
+    from tests.support import REPO, doit
+    project = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+    doit(project, "-n", "1")   # builds, and saves the catalog
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('MODULES', *sorted(sys.modules)))\n"
+             "sys.argv = ['doit', '-n', '1']\n"
+             "from doit.__main__ import main\n"
+             "main()\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "built 0, up to date 2" in proc.stdout, proc.stdout + proc.stderr
+    modules = set(proc.stdout.split("MODULES", 1)[1].split())
+    assert "kforge.catalog" in modules and "kforge.target" in modules   # really the run's modules
+    heavy = {"kforge.spec", "kforge.spec_model", "kforge.sweep", "kforge.targets", "kforge.sources", "kforge.build",
+             "kforge.compile_core", "triton", "torch", "flydsl"}
+    assert not heavy & modules, sorted(heavy & modules)

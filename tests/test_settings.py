@@ -53,16 +53,14 @@ def test_where_a_secret_setting_came_from_is_shown_without_its_value(monkeypatch
 
 
 def test_every_setting_is_parsed_into_one_frozen_options_value(monkeypatch):
-    import dataclasses
-
     import pytest
 
     from kforge import settings
     monkeypatch.setenv("KFORGE_COMPILE_TIMEOUT", "120")
     found = settings.options()
     assert found.timeout == 120.0 and found.cache is None and found.max_configs == 50_000
-    assert {f.name for f in dataclasses.fields(found)} == set(settings.SETTINGS)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert set(found._fields) == set(settings.SETTINGS)
+    with pytest.raises(AttributeError):
         found.timeout = 1.0
     monkeypatch.setenv("KFORGE_CACHE_READONLY", "maybe")   # a setting this run may not even use
     with pytest.raises(ValueError, match="KFORGE_CACHE_READONLY in the environment: got 'maybe'"):

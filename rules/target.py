@@ -1,0 +1,37 @@
+"""Target: one (kernel, config, arch), the record the catalog, the tasks, the compile and the bundle pass around.
+Computed from specs by rules/targets.py; a no-op run only loads saved ones (rules/catalog.py), so this module
+imports nothing of kforge's spec machinery."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Target(NamedTuple):
+    """One (kernel, config, arch): everything a compile needs, its artifact directory and its action key.
+    A NamedTuple, not a dataclass: a no-op run makes thousands from the saved catalog (rules/catalog.py)."""
+    kernel: str                 # family name
+    config_id: str
+    arch: str
+    spec_path: str
+    toolchain: str
+    source: str                 # absolute path of the kernel source
+    module: str                 # dotted module name the compiling process imports
+    entry: str
+    signature: tuple[tuple[str, str], ...]   # resolved: no type variables left
+    constexprs: tuple[tuple[str, object], ...]
+    options: tuple[tuple[str, int], ...]     # num_warps, num_stages
+    divisible_by_16: tuple[str, ...]
+    config: tuple[tuple[str, object], ...]   # spec_model.Config: (param, value) in the sweep's key order
+    source_digests: tuple[tuple[str, str], ...]
+    toolchain_versions: tuple[tuple[str, str], ...]
+    out: str                    # the project's out/ (rules/layout.py)
+    out_dir: str                # this target's artifact directory in it
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel}:{self.config_id}@{self.arch}"
+
+    @property
+    def meta_path(self) -> str:
+        return f"{self.out_dir}/meta.json"
