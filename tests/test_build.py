@@ -51,6 +51,24 @@ def test_source_edit_rebuilds_its_targets(project):
     assert statuses(project, "built") == set(TWO)
 
 
+@pytest.mark.parametrize("edited", ["kernel source", "spec"])
+def test_an_in_place_edit_keeping_size_and_mtime_is_noticed(project, edited):
+    """The saved catalog and the source caches go by file identity: only the ctime tells this edit apart."""
+    path, old, new = ((project / "tk" / "scale.py", "* 2)", "* 3)") if edited == "kernel source" else
+                      (project / "specs" / "scale.toml", "[128, 256]", "[128, 512]"))
+    st = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+") as f:
+        text = f.read()
+        assert old in text and len(old) == len(new)
+        f.seek(0)
+        f.write(text.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    doit(project)
+    assert statuses(project, "built") == (set(TWO) if edited == "kernel source" else {"scale:fp16-b512-w4@sm_90a"})
+
+
 def test_restored_out_on_another_checkout_rebuilds_nothing(project, tmp_path):
     other = tmp_path / "other-checkout"
     shutil.copytree(project, other)   # fresh mtimes on everything, as a CI cache restore gives
