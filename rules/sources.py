@@ -13,7 +13,8 @@ import hashlib
 from pathlib import Path
 
 
-def _parse(path: Path) -> ast.Module:
+def parse(path: Path) -> ast.Module:
+    """The file's AST, parsed once per process and file version."""
     return _parse_version(path, *_version(path))
 
 
@@ -31,12 +32,12 @@ def _version(path: Path) -> tuple:
 
 
 def function_names(path: Path) -> list[str]:
-    return [n.name for n in _parse(path).body if isinstance(n, ast.FunctionDef)]
+    return [n.name for n in parse(path).body if isinstance(n, ast.FunctionDef)]
 
 
 def function_params(path: Path, name: str) -> tuple[str, ...] | None:
     """Parameter names of the module-level function `name`, or None if there is none."""
-    for node in _parse(path).body:
+    for node in parse(path).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             a = node.args
             return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
@@ -48,6 +49,13 @@ def module_name(path: Path, root: Path) -> str:
     rel = path.resolve().relative_to(root.resolve()).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
     return ".".join(parts)
+
+
+def module_base(path: Path, module: str) -> Path:
+    """The sys.path entry the module `module` at `path` is imported from (module_name's inverse): the project
+    root for a project file, site-packages for an installed one."""
+    depth = len(module.split(".")) + (path.name == "__init__.py")
+    return path.parents[depth - 1]
 
 
 BUILD_DIR = "out"   # at the root: kforge's outputs
@@ -109,7 +117,7 @@ def _package_inits(path: Path, root: Path) -> list[Path]:
 def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:
     found = []
     package = path.parent
-    for node in ast.walk(_parse(path)):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
             bases = [root]

@@ -26,7 +26,9 @@ INT64 = range(-2**63, 2**63)               # TOML's integers
 SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "kernel": {
         "name": (str, True, "kernel family name, lower_snake_case"),
-        "source": (str, True, "kernel source file, relative to the project root"),
+        "source": (str, False, "kernel source file, relative to the project root (or `module`)"),
+        "module": (str, False, "an installed module holding the kernel, e.g. 'liger_kernel.ops.rms_norm' "
+                               "(or `source`)"),
         "entry": (str, True, "the @triton.jit function (triton) or the kernel factory (flydsl) in the source"),
         "toolchain": (str, True, f"one of: {', '.join(TOOLCHAINS)}"),
         "archs": (list, False, "archs to build for (default: sm_90a, gfx942, gfx950)"),
@@ -84,10 +86,18 @@ def load_spec(path: Path, root: Path) -> Spec:
     if not arch_names:
         _fail(where, "kernel", "archs", [], "a non-empty list of " + ", ".join(archs_mod.ARCHS))
 
-    source_path = _project_python(root, k["source"], where, "[kernel] source", "kernel sources")
+    if ("source" in k) == ("module" in k):
+        raise SpecError(f"{where}: [kernel]: give exactly one of `source` (a project file, e.g. "
+                        f"'kernels/gemm.py') and `module` (an installed module, e.g. 'liger_kernel.ops.rms_norm'); "
+                        f"got {'both' if 'source' in k else 'neither'}")
+    if "module" in k:
+        source_path = _installed_python(k["module"], where)
+    else:
+        source_path = _project_python(root, k["source"], where, "[kernel] source", "kernel sources")
     params = sources.function_params(source_path, k["entry"])
     if params is None:
-        raise SpecError(f"{where}: [kernel] entry: no function {shown(k['entry'])} in {k['source']}; "
+        raise SpecError(f"{where}: [kernel] entry: no function {shown(k['entry'])} in "
+                        f"{k.get('source') or source_path}; "
                         f"functions there: {', '.join(sources.function_names(source_path)) or 'none'}")
 
     signature = tuple(raw["signature"].items())
@@ -103,7 +113,8 @@ def load_spec(path: Path, root: Path) -> Spec:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
-    spec = Spec(path=where, name=name, source=k["source"], entry=k["entry"], toolchain=k["toolchain"],
+    spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
+                toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune)
     return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
@@ -206,6 +217,21 @@ def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> T
     return Tune(harness=t["harness"], shape_args=tuple(args), shapes=tuple(tuple(s) for s in t["shapes"]))
 
 
+def _installed_python(module: str, where: str) -> Path:
+    """The file of an installed module (found on sys.path, read, never imported, here)."""
+    from kforge import installed
+    try:
+        path = installed.find(module).path
+    except installed.NotInstalled as e:
+        raise SpecError(f"{where}: [kernel] module: {e}") from None
+    try:
+        sources.function_names(path)
+    except (SyntaxError, ValueError, OSError) as e:
+        raise SpecError(f"{where}: [kernel] module: {module} ({path}) is not Python kforge can read ({e}); "
+                        f"reinstall the package") from None
+    return path
+
+
 def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Path:
     """root/rel, when it is a Python file of the project's own source (read, never imported, here)."""
     path = root / rel
@@ -219,8 +245,10 @@ def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Pa
                         f"fix the path, relative to {root}")
     not_project = sources.project_source_problem(path, root)
     if not_project:
+        hint = (" (a kernel of an installed package is named by `module = \"package.module\"`)"
+                if key == "[kernel] source" else "")
         raise SpecError(f"{where}: {key}: {shown(rel)} is not the project's own source: {not_project}; "
-                        f"keep {what} in the project's directories, e.g. kernels/")
+                        f"keep {what} in the project's directories, e.g. kernels/{hint}")
     try:
         sources.function_names(path)   # parses it (and keeps the parse for the checks that follow)
     except SyntaxError as e:

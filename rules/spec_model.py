@@ -102,7 +102,7 @@ class Tune:
 class Spec:
     path: str                       # the TOML file, as given (for messages)
     name: str                       # kernel family: doit task basename, out/<arch>/<name>/
-    source: str                     # kernel source, relative to the project root
+    source: str                     # kernel source, relative to the project root ("" when `module` names it)
     entry: str                      # the @triton.jit function in it
     toolchain: str
     archs: tuple[str, ...]
@@ -114,6 +114,7 @@ class Spec:
     excludes: tuple[Exclude, ...]
     description: str = ""
     tune: Tune | None = None
+    module: str = ""                # an installed module holding the entry (rules/installed.py), instead of source
 
     # cached: rules/targets.py and config ids ask once per config
     @cached_property

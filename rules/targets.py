@@ -47,13 +47,19 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
                  read: set[Path] | None = None) -> list[Target]:
     from kforge import sources   # parses kernel sources: only where the catalog is computed, not loaded
     layout = Layout.of(root)
-    source = (root / spec.source).resolve()
-    misses: set[Path] = set()
-    closure = sources.local_closure(source, root, misses)
+    distribution: tuple[str, str] = ("", "")
+    if spec.module:   # an installed module: its closure within its package, and its distribution's version
+        from kforge import installed
+        found = installed.find(spec.module)
+        source, module, closure, misses = found.path, spec.module, found.closure(), set()
+        digests, distribution = sources.digest_files(closure, found.base), found.distribution()
+    else:
+        source = (root / spec.source).resolve()
+        misses = set()
+        closure = sources.local_closure(source, root, misses)
+        digests, module = sources.digest_files(closure, root), sources.module_name(source, root)
     if read is not None:   # the files the targets depend on, and those whose creation would change them
         read.update(closure, misses)
-    digests = sources.digest_files(closure, root)
-    module = sources.module_name(source, root)
     env = keys.compiler_env()
     result = []
     for arch_name in spec.archs:
@@ -64,7 +70,8 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
-            "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env})
+            "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
+            **({"distribution": distribution} if spec.module else {})})
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {})
         result += [_target(shared, config) for config in spec.configs.on(arch_name)]

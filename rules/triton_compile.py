@@ -65,9 +65,14 @@ def lower(target, scratch: str):
 
 
 def _entry(target):
+    from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
     module = importlib.import_module(target.module)
     fn = getattr(module, target.entry, None)
+    # @triton.autotune and @triton.heuristics wrap the @triton.jit function (their .fn): the spec's config
+    # gives the values they would choose at launch, so the function itself is what is compiled
+    while isinstance(fn, (Autotuner, Heuristics)):
+        fn = fn.fn
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
     _relative_file_names(JITFunction, target)
@@ -78,12 +83,13 @@ def _relative_file_names(jit_type, target) -> None:
     """Triton writes the source file name of each function a kernel inlines into the binary's line info. Make
     it a path that does not depend on where things lie, so that two checkouts (and their virtualenvs) at
     different paths build byte-identical binaries: the target's own sources (its kernel module and the
-    project modules it imports) relative to the project, Triton's own library (tl.cdiv, tl.sum, ...)
+    modules it imports) relative to the project (an installed module's: to its site-packages), Triton's own library (tl.cdiv, tl.sum, ...)
     relative to site-packages (`triton/language/standard.py`). No other module is looked into: reading
     attributes of arbitrary modules runs their module-level __getattr__ (torch's asserted on CUDA)."""
     import triton
-    root, library = Path(_root), Path(triton.__file__).parent
-    renames = {str(root / rel): rel for rel, _ in target.source_digests}
+    from kforge.sources import module_base
+    base, library = module_base(Path(target.source), target.module), Path(triton.__file__).parent
+    renames = {str(base / rel): rel for rel, _ in target.source_digests}
     modules = [m for m in list(sys.modules.values()) if (getattr(m, "__file__", None) or "") in renames]
     for name, module in list(sys.modules.items()):
         where = getattr(module, "__file__", None) or ""
