@@ -13,7 +13,6 @@ from functools import cached_property, reduce
 Scalar = int | float | bool | str
 Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
 
-COMPILE_OPTIONS = ("num_warps", "num_stages")
 NAME_MAX = 100   # characters in an argument, parameter or type variable name (they go into every message)
 TYPE_VAR_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,99})\}")   # at most NAME_MAX characters
 

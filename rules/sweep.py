@@ -9,9 +9,9 @@ import string
 from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
 from kforge.errors import SpecError
-from kforge.spec_model import COMPILE_OPTIONS, Config, Configs, Exclude, Scalar, Spec, shown
+from kforge.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
+from kforge.triton_options import OPTIONS, value_problem
 
-WARPS_ALLOWED = (1, 2, 4, 8, 16)
 
 
 CONFIG_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # a directory name and part of a target name
@@ -93,7 +93,7 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     where = spec.path
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
-    options = COMPILE_OPTIONS if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
+    options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
     allowed = set(constexprs) | set(type_vars) | set(options)
     for p in params:
         if p not in allowed:
@@ -115,10 +115,10 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
 
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     value = canonical_value(param, value, spec.type_vars, spec.path, table)
-    if param == "num_warps" and (type(value) is not int or value not in WARPS_ALLOWED):
-        raise SpecError(f"{spec.path}: [{table}] num_warps: got {shown(value)}; allowed: {WARPS_ALLOWED}")
-    if param == "num_stages" and (type(value) is not int or not 1 <= value <= 8):
-        raise SpecError(f"{spec.path}: [{table}] num_stages: got {shown(value)}; allowed: integers 1..8")
+    if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
+        problem = value_problem(param, value)
+        if problem:
+            raise SpecError(f"{spec.path}: [{table}] {param}: {problem.replace(repr(value), shown(value), 1)}")
     return value
 
 

@@ -5,9 +5,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kforge import keys
+from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.errors import SpecError
-from kforge.spec_model import COMPILE_OPTIONS, TYPE_VAR_RE, Spec
+from kforge.spec_model import TYPE_VAR_RE, Spec
+from kforge.triton_options import OPTIONS, arch_problem
 from kforge.dtypes import canonical_arg_type
 from kforge.sweep import config_id
 from kforge.target import Target
@@ -95,8 +97,14 @@ def _target(shared: _Shared, config) -> Target:
     constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
-    options = tuple((o, values[o]) for o in COMPILE_OPTIONS if o in values)
+    options = tuple((o, values[o]) for o in OPTIONS if o in values and o not in spec.constexprs)
     cid = config_id(spec, config)
+    for o, v in options:
+        a = ARCHS[arch]
+        problem = arch_problem(o, v, a.vendor, a.warp_size, a.target_arch)
+        if problem:
+            raise SpecError(f"{spec.path}: config {cid} for {arch}: {problem}; set it only where it applies "
+                            f"(an [[exclude]] with arch = [\"{arch}\"], or a spec of its own for those archs)")
     key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
                            "constexprs": [(c, type(v).__name__, v) for c, v in constexprs]})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,

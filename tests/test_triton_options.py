@@ -1,0 +1,74 @@
+"""rules/triton_options.py: every Triton compile option of the pinned version, checked by value at load and by
+arch when targets are made; each one a target sets is in its key and its meta.json."""
+import json
+
+import pytest
+
+from kforge.errors import SpecError
+from kforge.project import load_specs
+from kforge.targets import build_targets
+from kforge.triton_options import OPTIONS, arch_problem, value_problem
+from tests.support import doit, make_project, spec_text
+
+
+def test_the_table_covers_the_pinned_tritons_options_for_both_vendors():
+    from triton.backends.amd.compiler import HIPOptions
+    from triton.backends.nvidia.compiler import CUDAOptions
+    nvidia, amd = set(CUDAOptions.__dataclass_fields__), set(HIPOptions.__dataclass_fields__)
+    for name, option in OPTIONS.items():
+        assert name in {"nvidia": nvidia, "amd": amd, None: nvidia & amd}[option.vendor], name
+    never = {"ir_override", "extern_libs", "ptx_options", "arch", "warp_size", "backend_name", "ptx_version",
+             "supported_fp8_dtypes", "deprecated_fp8_dot_operand_dtypes", "allowed_dot_input_precisions",
+             "max_num_imprecise_acc_default", "instrumentation_mode"}
+    assert (nvidia | amd) - set(OPTIONS) <= never
+
+
+@pytest.mark.parametrize("name, value", [("num_warps", 3), ("num_warps", True), ("num_stages", 9), ("kpack", 3),
+                                         ("waves_per_eu", -1), ("matrix_instr_nonkdim", 8), ("maxnreg", 8),
+                                         ("schedule_hint", "fast"), ("enable_fp_fusion", 1),
+                                         ("default_dot_input_precision", "fp64")])
+def test_a_bad_value_says_what_is_allowed(name, value):
+    assert "allowed:" in value_problem(name, value)
+
+
+def test_per_arch_checks():
+    assert arch_problem("waves_per_eu", 2, "nvidia", 32, 90) == "waves_per_eu is an AMD option"
+    assert arch_problem("maxnreg", 128, "amd", 64, "gfx942") == "maxnreg is an NVIDIA option"
+    assert arch_problem("num_warps", 32, "nvidia", 32, 90) is None
+    assert "1024 threads" in arch_problem("num_warps", 32, "amd", 64, "gfx942")
+    assert arch_problem("num_ctas", 2, "nvidia", 32, 80) is not None and arch_problem("num_ctas", 2, "nvidia", 32, 90) is None
+    assert arch_problem("default_dot_input_precision", "tf32", "amd", 64, "gfx942") is not None
+
+
+def options_spec(archs, sweep):
+    return spec_text(archs=archs).replace("num_warps = [4]", sweep)
+
+
+def test_an_amd_option_on_an_nvidia_arch_is_refused_at_load_naming_the_config_and_the_fix(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": options_spec(("sm_90a", "gfx942"),
+                                                                     "num_warps = [4]\nwaves_per_eu = [2]")})
+    with pytest.raises(SpecError, match=r"specs/scale.toml: config fp16-b256-w4 for sm_90a: waves_per_eu is an AMD "
+                                        r"option; set it only where it applies"):
+        build_targets(load_specs(root), root, None)
+
+
+def test_a_bad_option_value_is_refused_at_load(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": options_spec(("gfx942",), "num_warps = [4]\nkpack = [3]")})
+    with pytest.raises(SpecError, match=r"\[sweep\] kpack: got 3; allowed: 1 or 2"):
+        load_specs(root)
+
+
+def test_options_of_both_vendors_build_and_are_in_the_key_and_meta(tmp_path):
+    specs = {"scale": options_spec(("sm_90a",), "num_warps = [32]\nmaxnreg = [128]\nenable_fp_fusion = [false]"),
+             "amd": options_spec(("gfx942",), "num_warps = [4]\nwaves_per_eu = [0, 2]\nkpack = [2]\n"
+                                 "matrix_instr_nonkdim = [16]").replace('name = "scale"', 'name = "amd"').replace(
+                                     '-w{num_warps}"', '-w{num_warps}-e{waves_per_eu}"')}
+    root = make_project(tmp_path / "p", specs=specs)
+    targets = build_targets(load_specs(root), root, None)
+    assert len({t.key for t in targets}) == len(targets) == 3
+    doit(root, "-n", "2")
+    meta = json.loads((root / "out" / "sm_90a" / "scale" / "fp16-b256-w32" / "meta.json").read_text())
+    assert meta["num_warps"] == 32 and meta["config"]["maxnreg"] == 128 and meta["config"]["enable_fp_fusion"] is False
+    amd = json.loads((root / "out" / "gfx942" / "amd" / "fp16-b256-w4-e2" / "meta.json").read_text())
+    assert (amd["config"]["waves_per_eu"], amd["config"]["kpack"], amd["config"]["matrix_instr_nonkdim"]) == (2, 2, 16)
+    assert (root / "out" / "gfx942" / "amd" / "fp16-b256-w4-e0" / "meta.json").is_file()
