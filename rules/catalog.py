@@ -48,7 +48,7 @@ class Catalog:
 
     def load(self) -> "Catalog":
         """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError)."""
-        spec_files = sorted((self.root / "specs").glob("*.toml"))
+        spec_files = catalog_files(self.root)
         saved = self._read_saved()
         try:
             if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
@@ -57,12 +57,9 @@ class Catalog:
                 return self
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
             self.families, self.targets = [], []
-        if not spec_files:
-            raise SpecError(f"{self.root / 'specs'}: no *.toml specs found")
-        from kforge.spec import load_spec   # only here: a run that finds its saved catalog never loads a spec
-        from kforge.targets import build_targets
-        specs = [load_spec(f, self.root) for f in spec_files]
+        from kforge.targets import build_targets   # only here: a run that finds its saved catalog loads no spec
         read: set[Path] = set()
+        specs = load_specs(self.root, spec_files, read)
         self.targets = build_targets(specs, self.root, self.archs, read)
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
@@ -87,7 +84,8 @@ class Catalog:
             return None
 
     def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list) -> str:
-        files = [*map(str, spec_files), *read]
+        # the folders are in by identity too: a spec file added to one changes its mtime
+        files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, catalog_folders(self.root))]
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
@@ -95,6 +93,66 @@ class Catalog:
             "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
             "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
+
+
+PYPROJECT = "pyproject.toml"
+
+
+def catalog_folders(root: Path) -> list[Path]:
+    """Where the project's specs are: specs/, or the folders `[tool.kforge] catalog` in its pyproject.toml
+    lists, each a folder relative to the project or an installed package by import name
+    (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither."""
+    import tomllib
+    try:
+        config = tomllib.loads((root / PYPROJECT).read_text(encoding="utf-8")).get("tool", {}).get("kforge", {})
+    except FileNotFoundError:
+        config = {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
+    entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
+                        f"the project) or installed packages (by import name), got {entries!r}")
+    folders = []
+    for entry in entries:
+        folder = (root / entry).resolve()
+        if folder.is_dir() and (root.resolve() == folder or root.resolve() in folder.parents):
+            folders.append(folder)
+            continue
+        from kforge import installed
+        try:
+            found = installed.find(entry)
+        except installed.NotInstalled as e:
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry!r} is neither a folder of the project "
+                            f"nor an installed package ({e})") from None
+        if found.path.name != "__init__.py":
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry} is a module, not a package; name the "
+                            f"package whose folder holds the spec files")
+        folders.append(found.path.parent)
+    return folders
+
+
+def catalog_files(root: Path) -> list[Path]:
+    """Every spec of the project: *.toml specs and *.py catalogs (rules/declare.py) in its catalog folders. A .py
+    file whose name starts with `_` (`__init__.py`, `_helpers.py`) is a helper, not a catalog."""
+    files = []
+    for folder in catalog_folders(root):
+        files += sorted(f for f in folder.glob("*.toml"))
+        files += sorted(f for f in folder.glob("*.py") if not f.name.startswith("_"))
+    return files
+
+
+def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None) -> list:
+    """Every family of the project's specs, checked (SpecError); `read` collects what Python catalogs read."""
+    from kforge import declare
+    from kforge.spec import load_spec
+    files = catalog_files(root) if files is None else files
+    if not files:
+        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files or *.py catalogs)")
+    specs = []
+    for f in files:
+        specs += declare.load(f, root, read) if f.suffix == ".py" else [load_spec(f, root)]
+    return specs
 
 
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>

@@ -1,4 +1,4 @@
-"""specs/*.toml -> validated, frozen Spec objects.
+"""specs/*.toml (and the families a Python catalog declares: rules/declare.py) -> validated, frozen Spec objects.
 
 Every check names the file, the table and key, the value received and what is allowed, and stops at the
 first problem with one SpecError. Checks that need the kernel source (entry exists, argument names) read it
@@ -71,6 +71,12 @@ def load_spec(path: Path, root: Path) -> Spec:
                         f"allowed: a few levels, as in [tune] shapes") from None
     except OSError as e:
         raise SpecError(f"{where}: cannot read it ({e.strerror or e}); a spec is a .toml file") from None
+    return spec_from_tables(raw, where, root)
+
+
+def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
+    """One family from its tables, as a TOML spec holds them or a Python catalog's family() call gives them
+    (rules/declare.py); where: how messages name it (the file, or the file and line of the call)."""
     _check_integers(raw, where)
     _check_schema(raw, where)
     k = raw["kernel"]

@@ -1,0 +1,121 @@
+"""rules/declare.py and [tool.kforge] catalog: Python catalogs, checked as TOML specs are, loaded again when
+anything they read changes."""
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from kforge import catalog as catalog_module
+from kforge.errors import SpecError
+from kforge.project import load_specs
+from kforge.targets import build_targets
+from tests.support import doit, make_project, spec_text, statuses
+
+CATALOG = '''
+import json
+from pathlib import Path
+
+from kforge.declare import family
+
+blocks = json.loads((Path(__file__).parent / "blocks.json").read_text())
+for dtype in ("fp16", "bf16"):
+    family(name=f"scale_{dtype}", source="tk/scale.py", entry="scale_kernel", toolchain="triton",
+           archs=["sm_90a"], id="b{BLOCK}",
+           signature={"x_ptr": "*{dtype}", "y_ptr": "*{dtype}", "n": "i32", "BLOCK": "constexpr"},
+           hints={"divisible_by_16": ["x_ptr", "y_ptr"]},
+           sweep={"dtype": [dtype], "BLOCK": blocks, "num_warps": [4]})
+'''
+
+
+def python_project(tmp_path, text=CATALOG, blocks="[128, 256]"):
+    root = make_project(tmp_path / "p", specs={})
+    (root / "specs" / "lib.py").write_text(textwrap.dedent(text))
+    (root / "specs" / "blocks.json").write_text(blocks)
+    return root
+
+
+def names(root):
+    return sorted(t.name for t in build_targets(load_specs(root), root, None))
+
+
+def test_a_python_catalog_declares_several_families_from_a_loop_and_a_data_file(tmp_path):
+    root = python_project(tmp_path)
+    assert names(root) == ["scale_bf16:b128@sm_90a", "scale_bf16:b256@sm_90a",
+                           "scale_fp16:b128@sm_90a", "scale_fp16:b256@sm_90a"]
+
+
+def test_python_and_toml_specs_live_side_by_side(tmp_path):
+    root = python_project(tmp_path)
+    (root / "specs" / "scale.toml").write_text(spec_text())
+    assert "scale:fp16-b256-w4@sm_90a" in names(root) and len(names(root)) == 5
+
+
+def test_a_bad_family_gets_the_toml_message_naming_the_file_and_line(tmp_path):
+    root = python_project(tmp_path, CATALOG.replace('"i32"', '"int33"'))
+    with pytest.raises(SpecError, match=r"^specs/lib.py:9: family 'scale_fp16': \[signature\] n: "):
+        load_specs(root)
+
+
+def test_an_unknown_argument_or_a_failing_file_is_one_line_naming_the_file_and_line(tmp_path):
+    root = python_project(tmp_path, CATALOG.replace("hints=", "hint="))
+    with pytest.raises(SpecError, match=r"^specs/lib.py:9: family\(\) got unknown argument 'hint'; allowed: name"):
+        load_specs(root)
+    root = python_project(tmp_path / "2", CATALOG.replace("blocks = json", "blocks = 1 / 0 or json"))
+    with pytest.raises(SpecError, match=r"^specs/lib.py:7: the catalog file failed: ZeroDivisionError"):
+        load_specs(root)
+    root = python_project(tmp_path / "3", "x = 1\n")
+    with pytest.raises(SpecError, match=r"specs/lib.py: declares no family"):
+        load_specs(root)
+
+
+def test_family_outside_a_catalog_load_says_where_it_may_be_called():
+    from kforge.declare import family
+    with pytest.raises(SpecError, match=r"family\(\) is called by a catalog file while kforge loads it"):
+        family(name="x")
+
+
+def loaded(root):
+    return catalog_module.Catalog(root, None, 50_000).load()
+
+
+@pytest.mark.parametrize("edit", ["data file", "helper module", "catalog file", "pyproject"])
+def test_editing_what_a_python_catalog_read_loads_it_again(tmp_path, monkeypatch, edit):
+    root = python_project(tmp_path, CATALOG.replace("import json\n", "import json\nimport tk.helper  # noqa\n"))
+    (root / "tk" / "helper.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(root))
+    for name in [m for m in sys.modules if m == "tk" or m.startswith("tk.")]:   # another test's project's tk
+        monkeypatch.delitem(sys.modules, name)
+    first = loaded(root)
+    first.save()
+    assert loaded(root)._fresh is None   # unchanged: the saved catalog
+    time.sleep(0.01)
+    path = {"data file": root / "specs" / "blocks.json", "helper module": root / "tk" / "helper.py",
+            "catalog file": root / "specs" / "lib.py", "pyproject": root / "pyproject.toml"}[edit]
+    path.write_text(path.read_text() + ("\n" if edit != "data file" else " "))
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert loaded(root)._fresh is not None
+
+
+def test_the_catalog_folders_come_from_pyproject(tmp_path):
+    root = python_project(tmp_path)
+    (root / "specs").rename(root / "kernels_catalog")
+    (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text()
+                                         + '\n[tool.kforge]\ncatalog = ["kernels_catalog"]\n')
+    assert len(names(root)) == 4
+    (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text().replace(
+        '["kernels_catalog"]', '["no_such_folder"]'))
+    with pytest.raises(SpecError, match=r"\[tool.kforge\] catalog: 'no_such_folder' is neither a folder of the "
+                                        r"project nor an installed package"):
+        load_specs(root)
+
+
+def test_a_python_catalog_builds_with_doit_and_a_data_edit_rebuilds_only_the_new_config(tmp_path):
+    root = python_project(tmp_path)
+    doit(root, "-n", "2")
+    assert len(statuses(root, "built")) == 4
+    (root / "specs" / "blocks.json").write_text("[128, 512]")
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == {"scale_fp16:b512@sm_90a", "scale_bf16:b512@sm_90a"}
+    assert statuses(root, "up-to-date") == {"scale_fp16:b128@sm_90a", "scale_bf16:b128@sm_90a"}
