@@ -5,7 +5,8 @@ action key per target) is most of a no-op run. Its result depends only on files 
 checked without doing that work: the list of spec files and each of them, every kernel source and project
 module the targets were computed from, the project files an import looked for and did not find (one created
 there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
-environment, the Python, the project's path and the settings that shape the catalog. The saved catalog is
+environment, the Python and its module path (sys.path: which copy of an installed package an import finds),
+the project's path and the settings that shape the catalog. The saved catalog is
 used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
 anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
 tasks writes nothing.
@@ -90,7 +91,7 @@ class Catalog:
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
         return stamps.digest({
-            "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
+            "format": FORMAT, "root": str(self.root), "python": sys.version, "path": sys.path, "archs": self.archs,
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
             "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
 

@@ -27,9 +27,11 @@ class NotInstalled(LookupError):
 class Module:
     """An installed module: its file, the sys.path entry it was found under, its package folder."""
 
-    def __init__(self, name: str, path: Path, base: Path):
+    def __init__(self, name: str, path: Path, base: Path, misses: tuple[Path, ...] = ()):
         self.name, self.path, self.base = name, path, base
         self.package_dir = base / name.split(".")[0]   # the top-level package: what "its distribution" holds
+        # where the top-level package was looked for in vain before base: one created there would shadow it
+        self.misses = misses
 
     def closure(self) -> tuple[Path, ...]:
         """The files the module's import executes within its package (see the module docstring), sorted."""
@@ -64,11 +66,13 @@ def find(name: str) -> Module:
     if not DOTTED.match(name):
         raise NotInstalled(f"{name!r} is not a dotted module name (e.g. liger_kernel.ops.rms_norm)")
     parts = name.split(".")
+    misses: list[Path] = []
     for entry in sys.path:
         base = Path(entry or ".").resolve()
         found = _resolve(base, parts)
         if found is not None:
-            return Module(name, found, base)
+            return Module(name, found, base, tuple(misses))
+        misses += [base / parts[0] / "__init__.py", base / f"{parts[0]}.py"]
     raise NotInstalled(f"no {name} on this Python's module path ({sys.executable}); install the package that "
                        f"provides it into the environment kforge runs in, or fix the name")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, M
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
+PUBLIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")   # PEP 440, public
 INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
 from pathlib import Path
 
@@ -48,7 +50,10 @@ def build_bundle(arch: str, targets: list[Target], root: str):
     stamp = _stamp(arch, targets, root_path)   # before reading: a change while packaging re-packages next time
     manifest = make_manifest(arch, targets, root_path)
     data = manifest_bytes(manifest)
-    version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
+    try:
+        version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
+    except ValueError as e:
+        return TaskFailed(str(e))
     dist = layout.dist
     dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / wheel_name(dist_name(arch), version)
@@ -184,9 +189,20 @@ def runtime_digest(arch: str) -> str:
 
 
 def project_version(root: Path) -> str:
+    """The project's own version (pyproject's [project] version), else "0": a project that only builds kernels
+    need not be a Python package. The bundle's version adds the manifest's digest either way."""
     import tomllib
-    with open(root / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["version"]
+    try:
+        with open(root / "pyproject.toml", "rb") as f:
+            version = tomllib.load(f).get("project", {}).get("version")
+    except (OSError, tomllib.TOMLDecodeError):
+        version = None
+    if version is None:
+        return "0"
+    if not isinstance(version, str) or not PUBLIC_VERSION.fullmatch(version):   # it names a file in out/dist/
+        raise ValueError(f"pyproject.toml: [project] version {version!r} is not a public version number such as "
+                         f"1.2.3 (digits, dots, a/b/rc/post/dev parts); fix it")
+    return version
 
 
 def _failure(t: Target) -> dict:

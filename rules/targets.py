@@ -53,7 +53,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
     if spec.module:   # an installed module: its closure within its package, and its distribution's version
         from kforge import installed
         found = installed.find(spec.module)
-        source, module, closure, misses = found.path, spec.module, found.closure(), set()
+        source, module, closure, misses = found.path, spec.module, found.closure(), set(found.misses)
         digests, distribution = sources.digest_files(closure, found.base), found.distribution()
     else:
         source = (root / spec.source).resolve()

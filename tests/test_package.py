@@ -198,3 +198,18 @@ def test_a_non_editable_install_of_kforge_packages_the_runtime_too(tmp_path):
         names = set(zf.namelist())
     runtime = {f"kforge_kernels_sm_90a/runtime/{p.name}" for p in (REPO / "rules" / "runtime").glob("*.py")}
     assert runtime <= names
+
+
+@pytest.mark.parametrize("pyproject, expected", [
+    ("[tool.kforge]\ncatalog = ['specs']\n", "0"),   # a project that is not itself a Python package
+    ("[project]\nname = 'k'\nversion = '2.1.post1'\n", "2.1.post1"),
+    ("[project]\nname = 'k'\nversion = '../../x'\n", ValueError),
+    ("[project]\nname = 'k'\nversion = 3\n", ValueError),
+])
+def test_the_bundle_version_is_the_projects_public_version_or_0(tmp_path, pyproject, expected):
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    if expected is ValueError:
+        with pytest.raises(ValueError, match=r"pyproject.toml: \[project\] version .* is not a public version"):
+            package.project_version(tmp_path)
+    else:
+        assert package.project_version(tmp_path) == expected

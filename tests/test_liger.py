@@ -1,0 +1,122 @@
+"""The kernels of an installed library, Liger-Kernel, built from `module = "liger_kernel.ops..."` specs
+(tests/liger_specs/): every target builds, autotuned entries and string / int-enum / float constexprs
+included; built from a copy of the package put ahead of the installed one on PYTHONPATH, an edit of one of
+the copy's kernel files rebuilds exactly the families whose module's closure holds that file."""
+import ast
+import importlib.util
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, doit, make_project, statuses
+
+SPECS = REPO / "tests" / "liger_specs"
+ARCHS = ("sm_90a", "gfx942")
+EDITED = "liger_kernel/ops/swiglu.py"
+
+
+def _liger_dir() -> Path:
+    return Path(importlib.util.find_spec("liger_kernel").origin).parent
+
+
+def _specs() -> dict[str, dict]:
+    return {p.stem: tomllib.loads(p.read_text()) for p in sorted(SPECS.glob("*.toml"))}
+
+
+def _autotuned(module: str, entry: str) -> bool:
+    """Whether the entry is wrapped in @triton.autotune in the installed module's source."""
+    from kforge import installed
+    tree = ast.parse(installed.find(module).path.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry)
+    return any("autotune" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def _closure_holds(module: str, rel: str) -> bool:
+    from kforge import installed
+    found = installed.find(module)
+    return rel in {p.relative_to(found.base).as_posix() for p in found.closure()}
+
+
+def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_family(tmp_path):
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger_kernel is not installed")
+    specs = _specs()
+    kernels = {s["kernel"]["name"]: s["kernel"] for s in specs.values()}
+    assert len(kernels) >= 13 and all(name.startswith("liger_") for name in kernels)
+    assert all(k["module"].startswith("liger_kernel.") and tuple(k["archs"]) == ARCHS for k in kernels.values())
+    autotuned = {n for n, k in kernels.items() if _autotuned(k["module"], k["entry"])}
+    assert len(autotuned) >= 2, autotuned
+
+    root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
+    listed = {t for t in doit(root, "list", "--all", "--quiet").stdout.split() if "@" in t}
+    assert {t.split(":")[0] for t in listed} == set(kernels)
+    assert len(listed) >= 2 * len(kernels) and len(listed) < 150
+
+    # 1. the installed package: every target builds
+    doit(root, "-n", "2")
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    assert report["counts"]["failed"] == 0 and report["counts"]["built"] == len(listed)
+    assert statuses(root, "built") == listed
+    built_families = {t.split(":")[0] for t in listed}
+    assert len(built_families) >= 13 and autotuned <= built_families
+    constexpr_types = set()
+    for target in listed:
+        kernel, rest = target.split(":")
+        cid, arch = rest.split("@")
+        meta = json.loads((root / "out" / arch / kernel / cid / "meta.json").read_text())
+        assert meta["source"]["module"].startswith("liger_kernel.") and meta["source"]["entry"] == \
+            kernels[kernel]["entry"]
+        assert (root / "out" / arch / kernel / cid / meta["binary"]).is_file()
+        constexpr_types |= {(kernel, name, type(v).__name__) for name, v in meta["constexprs"].items()}
+    assert ("liger_cross_entropy", "reduction", "str") in constexpr_types        # "mean" | "sum" | "none"
+    assert ("liger_rms_norm_fwd", "casting_mode", "int") in constexpr_types      # int enum
+    assert ("liger_jsd", "beta", "float") in constexpr_types
+
+    # 2. a copy of the package (and its dist-info) ahead of the installed one, in a second project: every
+    # target builds from the copy; an edit of one of its kernel files rebuilds exactly the families whose
+    # module's closure holds that file, everything else is up to date
+    site = _shadowing_copy(tmp_path / "site")
+    env = {"PYTHONPATH": str(site)}
+    second = make_project(tmp_path / "q", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
+    doit(second, "-n", "2", env=env)
+    assert statuses(second, "built") == listed
+    edited = site / EDITED
+    edited.write_text(edited.read_text() + "\n# edited by tests/test_liger.py\n")
+    touched = {n for n, k in kernels.items() if _closure_holds(k["module"], EDITED)}
+    assert touched == {"liger_swiglu_fwd"}
+    doit(second, "-n", "2", env=env)
+    rebuilt = {t for t in listed if t.split(":")[0] in touched}
+    assert len(rebuilt) == 4 and statuses(second, "built") == rebuilt
+    assert statuses(second, "up-to-date") == listed - rebuilt and statuses(second, "failed") == set()
+
+
+def _shadowing_copy(site: Path) -> Path:
+    """The installed liger_kernel package and its dist-info copied into site (PYTHONPATH=site shadows them)."""
+    installed_dir = _liger_dir()
+    shutil.copytree(installed_dir, site / "liger_kernel", ignore=shutil.ignore_patterns("__pycache__"))
+    infos = sorted(installed_dir.parent.glob("liger_kernel-*.dist-info"))
+    assert len(infos) == 1
+    shutil.copytree(infos[0], site / infos[0].name)
+    return site
+
+
+def test_switching_to_a_shadowing_copy_then_editing_it_rebuilds_its_family(tmp_path):
+    """The saved catalog holds which copy an import finds (sys.path and the places looked in before it)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger_kernel is not installed")
+    names = ("liger_swiglu_fwd", "liger_geglu_fwd")
+    root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in names}, kernels={})
+    doit(root, "-n", "2")                        # the installed package
+    listed = statuses(root, "built")
+    assert len(listed) == 8
+    site = _shadowing_copy(tmp_path / "site")
+    env = {"PYTHONPATH": str(site)}
+    doit(root, "-n", "2", env=env)               # same contents and distribution: the same keys
+    assert statuses(root, "up-to-date") == listed
+    edited = site / EDITED
+    edited.write_text(edited.read_text() + "\n# edited by tests/test_liger.py\n")
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == {t for t in listed if t.startswith("liger_swiglu_fwd:")}
