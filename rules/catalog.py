@@ -5,7 +5,7 @@ action key per target) is most of a no-op run. Its result depends only on files 
 checked without doing that work: the list of spec files and each of them, every kernel source and project
 module the targets were computed from, the project files an import looked for and did not find (one created
 there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
-environment, the Python and its module path (sys.path: which copy of an installed package an import finds),
+environment, the Python, where each installed kernel module is found (which copy of a package an import finds),
 the project's path and the settings that shape the catalog. The saved catalog is
 used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
 anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
@@ -25,7 +25,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-2"
+FORMAT = "kforge-catalog-3"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -52,7 +52,8 @@ class Catalog:
         spec_files = catalog_files(self.root)
         saved = self._read_saved()
         try:
-            if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"]):
+            if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"],
+                                                                   saved["installed"]):
                 self.families = [Family(*f) for f in saved["families"]]
                 self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
                 return self
@@ -60,13 +61,19 @@ class Catalog:
             self.families, self.targets = [], []
         from kforge.targets import build_targets   # only here: a run that finds its saved catalog loads no spec
         read: set[Path] = set()
-        specs = load_specs(self.root, spec_files, read)
-        self.targets = build_targets(specs, self.root, self.archs, read)
+        from kforge.entry_probe import Probe
+        try:
+            specs = load_specs(self.root, spec_files, read)
+            self.targets = build_targets(specs, self.root, self.archs, read)
+        finally:
+            Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         files = sorted(str(p) for p in read)
-        self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains), "read": files,
-                       "toolchains": toolchains, "families": [list(f) for f in self.families],
+        installed = sorted({s.module for s in specs if s.module})
+        self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains, installed),
+                       "read": files, "toolchains": toolchains, "installed": installed,
+                       "families": [list(f) for f in self.families],
                        **_encode(self.targets)}
         return self
 
@@ -84,19 +91,30 @@ class Catalog:
         except (OSError, ValueError):
             return None
 
-    def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list) -> str:
+    def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list, installed: list[str]) -> str:
         # the folders are in by identity too: a spec file added to one changes its mtime
         files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, catalog_folders(self.root))]
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
         return stamps.digest({
-            "format": FORMAT, "root": str(self.root), "python": sys.version, "path": sys.path, "archs": self.archs,
+            "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
+            "installed": [(m, _found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
             "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
 
 
 PYPROJECT = "pyproject.toml"
+
+
+def _found(module: str) -> str | None:
+    """Where an installed kernel module is found now: another copy first on the path (PYTHONPATH, another
+    environment) is another catalog, even when the files the saved one read are unchanged."""
+    from kforge import installed
+    try:
+        return str(installed.find(module).path)
+    except installed.NotInstalled:
+        return None
 
 
 def catalog_folders(root: Path) -> list[Path]:

@@ -6,12 +6,13 @@ with `ast`; nothing here imports a compiler.
 """
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 from pathlib import Path
 
 from kforge import archs as archs_mod
-from kforge import sources, sweep
+from kforge import entry_probe, sources, sweep
 from kforge.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.errors import SpecError
 from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
@@ -119,11 +120,44 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
+    swept, extras, derived = raw["sweep"], raw.get("extra", []), ()
+    if k["toolchain"] == "triton" and entry_probe.is_wrapped(source_path, k["entry"]):
+        module = k.get("module") or sources.module_name(source_path, root)
+        chosen = entry_probe.Probe.of(root).describe(module, k["entry"], where)
+        if chosen["autotune"] is not None:
+            swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
+        derived = tuple(chosen["heuristics"])
+        for d in derived:
+            if d in swept or d in dict(constants):
+                raise SpecError(f"{where}: {d} is computed by the entry's @triton.heuristics; remove it from "
+                                f"{'[sweep]' if d in swept else '[constants]'}")
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
-                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune)
-    return sweep.expand(spec, raw["sweep"], raw.get("extra", []), raw.get("exclude", []))
+                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
+                derived=derived)
+    return sweep.expand(spec, swept, extras, raw.get("exclude", []))
+
+
+def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str, entry: str) -> tuple[dict, list]:
+    """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first
+    autotune config joins the sweep as one value per key, the rest become extras, one per combination of the
+    spec's own swept values. The spec's [[exclude]] still filter them and its [[extra]] add to them."""
+    if not configs:
+        raise SpecError(f"{where}: {entry}'s @triton.autotune lists no configs; give it at least one")
+    keys = list(configs[0])
+    for c in configs:
+        if set(c) != set(keys):
+            raise SpecError(f"{where}: {entry}'s @triton.autotune configs set different parameters ({sorted(keys)} "
+                            f"and {sorted(c)}); kforge sweeps configs that set the same ones")
+    clash = [key for key in keys if key in swept]
+    if clash:
+        raise SpecError(f"{where}: [sweep] {clash[0]}: chosen by {entry}'s @triton.autotune configs; remove it "
+                        f"from [sweep] (an [[exclude]] filters the autotune configs)")
+    own = list(itertools.product(*swept.values()))
+    grown = {**swept, **{key: [configs[0][key]] for key in keys}}
+    added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
+    return grown, [*added, *extras]
 
 
 def _check_integers(raw: dict, where: str) -> None:

@@ -114,6 +114,7 @@ class Spec:
     description: str = ""
     tune: Tune | None = None
     module: str = ""                # an installed module holding the entry (rules/installed.py), instead of source
+    derived: tuple[str, ...] = ()   # constexprs the entry's @triton.heuristics compute per config (entry_probe.py)
 
     # cached: rules/targets.py and config ids ask once per config
     @cached_property

@@ -94,19 +94,22 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
     options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
-    allowed = set(constexprs) | set(type_vars) | set(options)
+    # an entry with @triton.heuristics may be given runtime arguments' values: shape hints its heuristics read
+    hints = tuple(a for a, t in spec.signature if t != "constexpr") if spec.derived else ()
+    allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
     for p in params:
         if p not in allowed:
             raise SpecError(f"{where}: [sweep] {p}: not a parameter of {spec.entry}; allowed: constexprs "
-                            f"{list(constexprs)}, type variables {list(type_vars)}, options {list(options)}")
+                            f"{list(constexprs)}, type variables {list(type_vars)}, options {list(options)}"
+                            + (f", shape hints {list(hints)}" if hints else ""))
         if p in constants:
             raise SpecError(f"{where}: {p} is both in [constants] and in [sweep]; keep one")
     for c in constants:
-        if c not in constexprs:
+        if c not in constexprs and c not in hints:
             raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
                             f"constexprs: {list(constexprs)}")
     for c in constexprs:
-        if c not in constants and c not in params:
+        if c not in constants and c not in params and c not in spec.derived:
             raise SpecError(f"{where}: constexpr {c} has no value; add it to [constants] or [sweep]")
     for v in type_vars:
         if v not in params:

@@ -76,11 +76,19 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             **({"distribution": distribution} if spec.module else {})})
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {})
-        result += [_target(shared, config) for config in spec.configs.on(arch_name)]
+        configs = spec.configs.on(arch_name)
+        if spec.derived:   # the entry's @triton.heuristics, evaluated by its own module on each config
+            from kforge.entry_probe import Probe
+            configs = list(configs)
+            given = [{**dict(spec.constants), **dict(c)} for c in configs]
+            derived = Probe.of(root).heuristics(module, spec.entry, given, spec.path)
+            result += [_target(shared, c, d) for c, d in zip(configs, derived)]
+        else:
+            result += [_target(shared, config) for config in configs]
     return result
 
 
-def _target(shared: _Shared, config) -> Target:
+def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
     spec, arch = shared.spec, shared.arch
     values = dict(config)
     types = tuple(values[v] for v in spec.type_vars)
@@ -94,7 +102,8 @@ def _target(shared: _Shared, config) -> Target:
                 raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
                                 f"{values} is not a known type")
         shared.signatures[types] = signature
-    constexprs = tuple((c, values.get(c, dict(spec.constants).get(c))) for c in spec.constexprs)
+    known = {**dict(spec.constants), **(derived or {}), **values}
+    constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
     options = tuple((o, values[o]) for o in OPTIONS if o in values and o not in spec.constexprs)

@@ -122,7 +122,7 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         saved = json.loads(path.read_text())
         path.write_text(json.dumps({**saved, "targets": [["not", "a", "row"]], "groups": None}))
     else:
-        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "kforge-catalog-2", "stamp"')
+        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "%s", "stamp"' % catalog_module.FORMAT)
     keys, used_saved = load_watched(project, monkeypatch)
     assert not used_saved
     if edit in ("kernel source", "helper module", "kernel source in place", "helper module in place"):

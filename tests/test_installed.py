@@ -1,11 +1,13 @@
 """rules/installed.py and `module = "..."` specs: kernels of an installed package, built without copying them,
 keyed by what they execute within their distribution."""
+import json
 import sys
 import textwrap
 
 import pytest
 
 from kforge import installed
+from kforge.errors import SpecError
 from tests.support import doit, make_project, statuses
 
 PACKAGE = "kforge_testlib"
@@ -22,13 +24,31 @@ FILES = {
         from .consts import FACTOR
 
 
-        @triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4)], key=["n"])
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4),
+                                  triton.Config({"BLOCK": 256}, num_warps=8)], key=["n"])
         @triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
         @triton.jit
         def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
             i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             m = i < n
             tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * FACTOR, mask=m)
+        ''',
+    "ops/amd.py": '''
+        import triton
+        import triton.language as tl
+
+
+        def configs():   # built by code, as libraries do: only importing the module tells what they are
+            return [triton.Config({"BLOCK": b, "waves_per_eu": w}, num_warps=4, num_stages=2)
+                    for b in (128, 256) for w in (0, 2)]
+
+
+        @triton.autotune(configs=configs(), key=["n"])
+        @triton.jit
+        def amd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
         ''',
     "ops/shift.py": '''
         import triton
@@ -117,15 +137,88 @@ def test_a_spec_naming_a_missing_module_or_both_source_and_module_is_one_clear_l
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+SCALE_SPEC = f'''
+[kernel]
+name = "lib_scale"
+module = "{PACKAGE}.ops.scale"
+entry = "scale_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+id = "b{{BLOCK}}-w{{num_warps}}-n{{n}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+EVEN = "constexpr"
+
+[sweep]
+n = [1000, 1024]   # a shape hint: the heuristic reads it
+'''
+
+AMD_SPEC = f'''
+[kernel]
+name = "lib_amd"
+module = "{PACKAGE}.ops.amd"
+entry = "amd_kernel"
+toolchain = "triton"
+archs = ["gfx942"]
+id = "b{{BLOCK}}-e{{waves_per_eu}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+'''
+
+
+def scale_targets(arch):
+    return {f"lib_scale:b{b}-w{w}-n{n}@{arch}" for b, w in ((128, 4), (256, 8)) for n in (1000, 1024)}
+
+
+def test_autotune_configs_are_swept_and_heuristics_computed_per_config(site, tmp_path):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_scale": SCALE_SPEC, "lib_amd": AMD_SPEC}, kernels={})
+    targets = {t.name: t for t in Catalog(root, None, 50_000).load().targets}
+    assert set(targets) == scale_targets("sm_90a") | scale_targets("gfx942") | {
+        f"lib_amd:b{b}-e{e}@gfx942" for b in (128, 256) for e in (0, 2)}
+    even = {name: dict(t.constexprs)["EVEN"] for name, t in targets.items() if "@sm_90a" in name}
+    assert even == {"lib_scale:b128-w4-n1000@sm_90a": False, "lib_scale:b128-w4-n1024@sm_90a": True,
+                    "lib_scale:b256-w8-n1000@sm_90a": False, "lib_scale:b256-w8-n1024@sm_90a": True}
+    amd = targets["lib_amd:b256-e2@gfx942"]
+    assert dict(amd.options) == {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
+    assert PACKAGE not in sys.modules   # asked of a child process, never imported here
+
+
+def test_a_heuristic_reading_a_value_the_spec_does_not_give_is_refused_at_load(site, tmp_path):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_scale": SCALE_SPEC.replace("n = [1000, 1024]", "")
+                                               .replace("-n{n}", "")}, kernels={})
+    with pytest.raises(SpecError, match=r"specs/lib_scale.toml: heuristic EVEN of kforge_testlib.ops.scale."
+                                        r"scale_kernel reads 'n', which the spec does not give"):
+        Catalog(root, None, 50_000).load()
+
+
+def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_path):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_amd": AMD_SPEC.replace('["gfx942"]', '["gfx942", "sm_90a"]')},
+                        kernels={})
+    with pytest.raises(SpecError, match=r"for sm_90a: waves_per_eu is an AMD option"):
+        Catalog(root, None, 50_000).load()
+
+
 def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_only_its_own_targets(site, tmp_path):
-    """Autotuned and heuristics-wrapped entries included: the spec's config gives the values they choose."""
-    specs = {"lib_scale": spec("lib_scale", f"{PACKAGE}.ops.scale", "scale_kernel", 'EVEN = "constexpr"')
-             + "\n[constants]\nEVEN = true\n",
-             "lib_shift": spec("lib_shift", f"{PACKAGE}.ops.shift", "shift_kernel")}
+    """Autotuned and heuristics-wrapped entries included: configs from the autotuner, values from the heuristics."""
+    specs = {"lib_scale": SCALE_SPEC, "lib_shift": spec("lib_shift", f"{PACKAGE}.ops.shift", "shift_kernel"),
+             "lib_amd": AMD_SPEC}
     root = make_project(tmp_path / "p", specs=specs, kernels={})
     env = {"PYTHONPATH": str(site)}
     doit(root, "-n", "2", env=env)
-    assert len(statuses(root, "built")) == 8
+    assert len(statuses(root, "built")) == 8 + 4 + 4
     doit(root, env=env)
     assert statuses(root, "built") == set()
     shift = site / PACKAGE / "ops" / "shift.py"
@@ -135,4 +228,6 @@ def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_only_its_own_t
     consts = site / PACKAGE / "ops" / "consts.py"   # imported by scale.py only, relatively
     consts.write_text(consts.read_text().replace("(3)", "(5)"))
     doit(root, "-n", "2", env=env)
-    assert statuses(root, "built") == {f"lib_scale:b{b}@{a}" for b in (128, 256) for a in ("sm_90a", "gfx942")}
+    assert statuses(root, "built") == scale_targets("sm_90a") | scale_targets("gfx942")
+    meta = json.loads((root / "out" / "sm_90a" / "lib_scale" / "b256-w8-n1024" / "meta.json").read_text())
+    assert meta["constexprs"] == {"BLOCK": 256, "EVEN": True} and meta["num_warps"] == 8

@@ -1,0 +1,185 @@
+"""What an entry wrapped in @triton.autotune or @triton.heuristics chooses, asked of the kernel's own module.
+
+Those choices are Python values computed when the module is imported (autotune config lists are often built by
+comprehensions or helper functions) or per launch (heuristics are functions of the launch's arguments), so
+they cannot be read from the source. The module is imported in a child process (`python -m
+kforge.entry_probe`), never in the process that loads the catalog: importing a library runs its code and
+usually torch. The child lives while the catalog loads and imports each module once; only entries whose
+source shows such a decorator are asked about, and only when the catalog is loaded from the specs.
+
+Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout:
+  {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...]}
+      a config: the autotuner's kwargs plus num_warps, num_stages, and num_ctas / maxnreg where set
+  {"heuristics": [module, entry], "args": [{name: value}, ...]} -> {"values": [{name: value}, ...]}
+      each heuristic evaluated on each argument dict, in the order Triton applies them
+  any failure -> {"error": "one line"}
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kforge.errors import SpecError
+from kforge.sources import parse
+
+WRAPPERS = ("autotune", "heuristics")
+
+
+def is_wrapped(path: Path, entry: str) -> bool:
+    """Whether the source shows @...autotune(...) or @...heuristics(...) on the entry (read, not imported)."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == entry:
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in WRAPPERS:
+                    return True
+    return False
+
+
+class Probe:
+    """The parent's side: one child per project root, started on the first question."""
+    _open: dict[str, "Probe"] = {}
+
+    @classmethod
+    def of(cls, root: Path) -> "Probe":
+        key = str(root)
+        if key not in cls._open:
+            cls._open[key] = cls(root)
+        return cls._open[key]
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.child: subprocess.Popen | None = None
+        self.described: dict[tuple[str, str], dict] = {}
+
+    def describe(self, module: str, entry: str, where: str) -> dict:
+        if (module, entry) not in self.described:
+            self.described[(module, entry)] = self._ask({"describe": [module, entry]}, where)
+        return self.described[(module, entry)]
+
+    def heuristics(self, module: str, entry: str, args: list[dict], where: str) -> list[dict]:
+        return self._ask({"heuristics": [module, entry], "args": args}, where)["values"]
+
+    def _ask(self, request: dict, where: str) -> dict:
+        if self.child is None or self.child.poll() is not None:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
+            self.child = subprocess.Popen([sys.executable, "-m", "kforge.entry_probe"], cwd=self.root, env=env,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+        try:
+            self.child.stdin.write(json.dumps(request) + "\n")
+            self.child.stdin.flush()
+            line = self.child.stdout.readline()
+            reply = json.loads(line)
+        except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
+            self.close()
+            module = (request.get("describe") or request.get("heuristics"))[0]
+            raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
+                            f"probe process; run `python -c 'import {module}'` to see why") from None
+        if "error" in reply:
+            raise SpecError(f"{where}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.kill()
+            self.child.wait()
+            self.child = None
+
+    @classmethod
+    def close_all(cls) -> None:
+        for probe in cls._open.values():
+            probe.close()
+        cls._open.clear()
+
+
+# ---- the child's side ------------------------------------------------------------------------------------
+
+SCALARS = (bool, int, float, str)
+
+
+def _layers(module: str, entry: str) -> list:
+    """The entry's wrappers, outermost first, then the @triton.jit function."""
+    import importlib
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    fn = getattr(importlib.import_module(module), entry)
+    layers = [fn]
+    while isinstance(fn, (Autotuner, Heuristics)):
+        fn = fn.fn
+        layers.append(fn)
+    return layers
+
+
+def _describe(module: str, entry: str) -> dict:
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    layers = _layers(module, entry)
+    tuner = next((x for x in layers if isinstance(x, Autotuner)), None)
+    configs = None
+    if tuner is not None:
+        configs = []
+        for c in tuner.configs:
+            found = dict(c.kwargs)
+            found.update(num_warps=c.num_warps, num_stages=c.num_stages)
+            if getattr(c, "num_ctas", 1) != 1:
+                found["num_ctas"] = c.num_ctas
+            if getattr(c, "maxnreg", None) is not None:
+                found["maxnreg"] = c.maxnreg
+            bad = [k for k, v in found.items() if not isinstance(v, SCALARS)]
+            if bad:
+                return {"error": f"autotune config {c} of {module}.{entry}: {bad[0]} is not a plain value; kforge "
+                                 f"sweeps ints, floats, bools and strings"}
+            configs.append(found)
+    # Triton applies the innermost @heuristics first: its values are in the args the outer ones see
+    names = [n for x in reversed(layers) if isinstance(x, Heuristics) for n in x.values]
+    return {"autotune": configs, "heuristics": names}
+
+
+def _heuristics(module: str, entry: str, args: list[dict]) -> dict:
+    from triton.runtime.autotuner import Heuristics
+    layers = [x for x in reversed(_layers(module, entry)) if isinstance(x, Heuristics)]
+    values = []
+    for given in args:
+        seen, found = dict(given), {}
+        for layer in layers:
+            for name, rule in layer.values.items():
+                try:
+                    value = rule(seen)
+                except KeyError as e:
+                    return {"error": f"heuristic {name} of {module}.{entry} reads {e.args[0]!r}, which the spec "
+                                     f"does not give; add it to [constants] or [sweep] (a runtime argument "
+                                     f"counts as a shape hint there)"}
+                except Exception as e:   # the user's lambda: one line naming it
+                    return {"error": f"heuristic {name} of {module}.{entry} failed on {given}: "
+                                     f"{type(e).__name__}: {e}"}
+                if hasattr(value, "item"):   # numpy / torch scalars
+                    value = value.item()
+                if not isinstance(value, SCALARS):
+                    return {"error": f"heuristic {name} of {module}.{entry} gave {value!r}; kforge compiles "
+                                     f"ints, floats, bools and strings"}
+                seen[name] = found[name] = value
+        values.append(found)
+    return {"values": values}
+
+
+def main() -> None:
+    replies, sys.stdout = sys.stdout, sys.stderr   # what the user's modules print must not break the protocol
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if "describe" in request:
+                reply = _describe(*request["describe"])
+            else:
+                reply = _heuristics(*request["heuristics"], request["args"])
+        except Exception as e:   # importing the module failed, or the entry is not there
+            reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()
