@@ -29,6 +29,11 @@ M = 96   # rows
 
 def scalars(family: str, c: dict) -> tuple[int, dict]:
     """(row stride, the runtime scalar arguments by name) for one config of a family."""
+    if family == "liger_cross_entropy":   # optional inputs passed as None (weight, z-loss, softcap, ...)
+        v = 32000 - 5   # the vocabulary: an odd row length, longer than one block
+        return v, {"X_stride": v, "Y_stride": 1, "loss_stride": 1, "token_accuracy_stride": 0,
+                   "predicted_tokens_stride": 0, "n_cols": v, "n_non_ignore": M, "sum_non_ignore_weight": float(M),
+                   "weight_sum": 0.0, "ignore_index": -100}
     if family in ("liger_swiglu_fwd", "liger_geglu_fwd"):
         stride = c["n_cols"] + 1   # n_cols is a constexpr here; padded rows keep the stride odd
         return stride, {"stride": stride, "gate_multiplier": 1.0}
@@ -40,13 +45,14 @@ def scalars(family: str, c: dict) -> tuple[int, dict]:
 def buffers(signature: list, stride: int, seed: int) -> dict:
     """One buffer per pointer argument, starting one element past an aligned allocation."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return {a: torch.randn(M * stride + 65, device="cuda", dtype=DT[t[1:]], generator=g)[1:]
+    return {a: (torch.randint(0, stride, (M * stride + 65,), device="cuda", generator=g) if t == "*i64" else
+                torch.randn(M * stride + 65, device="cuda", dtype=DT[t[1:]], generator=g))[1:]
             for a, t in signature if t.startswith("*")}
 
 
 def run(launch, signature: list, consts: dict, bufs: dict) -> None:
-    args = [bufs[a] if t.startswith("*") else consts[a] for a, t in signature if t != "constexpr"]
-    launch(args)
+    """launch gets the runtime arguments by name, in the bundle's signature order."""
+    launch({a: bufs[a] if t.startswith("*") else consts[a] for a, t in signature})
     torch.cuda.synchronize()
 
 
@@ -59,7 +65,7 @@ def main() -> int:
     lib = Library(dist)
     bundle = lib.bundles_for(["sm_90a"])[0]
     families = ("liger_rms_norm_fwd", "liger_layer_norm_fwd", "liger_softmax_fwd", "liger_swiglu_fwd",
-                "liger_geglu_fwd")
+                "liger_geglu_fwd", "liger_cross_entropy")
     plans = []
     for entry in sorted(bundle.artifacts, key=lambda e: e["target"]):
         if entry["kernel"] not in families:
@@ -69,7 +75,7 @@ def main() -> int:
         signature = [(s["name"], s["type"]) for s in entry["signature"]]
         n, consts = scalars(entry["kernel"], c)
         mine = buffers(signature, n, seed=len(plans))
-        run(lambda args, k=k: k((M,), *args), signature, consts, mine)   # the bundle, before any JIT
+        run(lambda args, k=k: k((M,), *args.values()), signature, consts, mine)   # the bundle, before any JIT
         plans.append((entry, k, signature, consts, mine, n))
     compiled_by_bundle = sorted(str(p.relative_to(CACHE)) for p in Path(CACHE).rglob("*") if p.is_file())
     failures = 0
@@ -78,7 +84,7 @@ def main() -> int:
         fn = getattr(importlib.import_module(source["module"]), source["entry"])
         options = {o: entry["config"][o] for o in ("num_warps", "num_stages") if o in entry["config"]}
         theirs = buffers(signature, n, seed=i)
-        run(lambda args: fn[(M,)](*args, **entry["constexprs"], **options), signature, consts, theirs)
+        run(lambda args: fn[(M,)](**args, **entry["constexprs"], **options), signature, consts, theirs)
         ok = same(mine, theirs)
         failures += not ok
         print(f"{'identical' if ok else 'DIFFERENT'}  {entry['target']}  ({len(mine)} buffers, N={n})")

@@ -44,6 +44,27 @@ def function_params(path: Path, name: str) -> tuple[str, ...] | None:
     return None
 
 
+def function_defaults(path: Path, name: str) -> dict:
+    """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
+    `bias=None`); a default that is not a literal (`tl.float32`, a name) is left out."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            found = {}
+            for arg, default in pairs:
+                try:
+                    value = ast.literal_eval(default)
+                except ValueError:
+                    continue
+                if value is None or isinstance(value, (bool, int, float, str)):
+                    found[arg.arg] = value
+            return found
+    return {}
+
+
 def module_name(path: Path, root: Path) -> str:
     """kernels/gemm.py under root -> 'kernels.gemm' (what the compiling process imports)."""
     rel = path.resolve().relative_to(root.resolve()).with_suffix("")

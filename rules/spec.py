@@ -18,6 +18,7 @@ from kforge.errors import SpecError
 from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
 
 TOOLCHAINS = ("triton", "flydsl")
+NONE = "none"   # a [signature] type: the argument is passed as None
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")   # a TOML key written without quotes
 INT64 = range(-2**63, 2**63)               # TOML's integers
@@ -36,8 +37,10 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
         "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
         "description": (str, False, "one line for `doit list`"),
     },
-    "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32') or 'constexpr'")},
-    "constants": {"*": ((int, float, bool, str), False, "fixed constexpr value")},
+    "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32'), 'constexpr', or 'none' "
+                                   "(passed as None)")},
+    "constants": {"*": ((int, float, bool, str, type(None)), False,
+                        "fixed constexpr value (None only from a Python catalog)")},
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
@@ -113,6 +116,17 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
     else:
         _check_signature(signature, params, where, k["entry"])
     constants = tuple(raw.get("constants", {}).items())
+    # an argument of type "none" is passed as None: Triton compiles it as a constexpr None (an optional bias,
+    # an unused pointer), and the launch does not take it
+    nones = [a for a, t in signature if t == NONE]
+    for a in nones:
+        if k["toolchain"] != "triton":
+            _fail(where, "signature", a, NONE, "types of a FlyDSL launcher's arguments ('none' is Triton's)")
+        if a in dict(constants) or a in raw["sweep"]:
+            raise SpecError(f"{where}: {a} is None (its [signature] type is 'none'); remove it from "
+                            f"{'[constants]' if a in dict(constants) else '[sweep]'}")
+    signature = tuple((a, "constexpr" if t == NONE else t) for a, t in signature)
+    constants += tuple((a, None) for a in nones)
     hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
     runtime_args = {a for a, t in signature if t != "constexpr"}
     for h in hints:
@@ -131,6 +145,11 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
             if d in swept or d in dict(constants):
                 raise SpecError(f"{where}: {d} is computed by the entry's @triton.heuristics; remove it from "
                                 f"{'[sweep]' if d in swept else '[constants]'}")
+    if k["toolchain"] == "triton":   # a constexpr the spec gives no value takes its default in the source
+        given = {*dict(constants), *swept, *derived}
+        defaults = sources.function_defaults(source_path, k["entry"])
+        constants += tuple((a, defaults[a]) for a, t in signature
+                           if t == "constexpr" and a in defaults and a not in given)
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
@@ -334,7 +353,7 @@ def _check_factory(signature, params, where, entry) -> None:
 
 def _check_types(signature, where) -> None:
     for arg, t in signature:
-        if t == "constexpr":
+        if t in ("constexpr", NONE):
             continue
         probe = TYPE_VAR_RE.sub("fp32", t)   # type vars are checked per config later
         if canonical_arg_type(probe) is None:

@@ -50,6 +50,22 @@ FILES = {
             m = i < n
             tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
         ''',
+    "ops/bias.py": '''
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def bias_kernel(x_ptr, y_ptr, bias_ptr, n, BLOCK: tl.constexpr = 128, SCALE: tl.constexpr = 2.0,
+                        MODE: tl.constexpr = "add"):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            y = tl.load(x_ptr + i, mask=m) * SCALE
+            if bias_ptr is not None:
+                if MODE == "add":
+                    y += tl.load(bias_ptr + i, mask=m)
+            tl.store(y_ptr + i, y, mask=m)
+        ''',
     "ops/shift.py": '''
         import triton
         import triton.language as tl
@@ -231,3 +247,44 @@ def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_only_its_own_t
     assert statuses(root, "built") == scale_targets("sm_90a") | scale_targets("gfx942")
     meta = json.loads((root / "out" / "sm_90a" / "lib_scale" / "b256-w8-n1024" / "meta.json").read_text())
     assert meta["constexprs"] == {"BLOCK": 256, "EVEN": True} and meta["num_warps"] == 8
+
+
+BIAS_SPEC = f'''
+[kernel]
+name = "lib_bias"
+module = "{PACKAGE}.ops.bias"
+entry = "bias_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+bias_ptr = "none"
+n = "i32"
+BLOCK = "constexpr"
+SCALE = "constexpr"
+MODE = "constexpr"
+
+[sweep]
+BLOCK = [256]
+'''
+
+
+def test_a_none_argument_and_constexpr_defaults_from_the_source_build(site, tmp_path):
+    """bias_ptr is passed as None (compiled as a constexpr None, not an argument of the launch); SCALE and MODE
+    take the defaults the source gives them; BLOCK's swept value wins over its default."""
+    root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC}, kernels={})
+    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    assert len(statuses(root, "built")) == 2
+    meta = json.loads(next((root / "out" / "sm_90a" / "lib_bias").glob("*/meta.json")).read_text())
+    assert meta["constexprs"] == {"bias_ptr": None, "BLOCK": 256, "SCALE": 2.0, "MODE": "add"}
+    assert [a["name"] for a in meta["signature"]] == ["x_ptr", "y_ptr", "n"]
+
+
+def test_a_none_argument_given_a_value_is_refused(site, tmp_path):
+    from kforge.project import load_specs
+    root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC + "\n[constants]\nbias_ptr = 1\n"}, kernels={})
+    with pytest.raises(SpecError, match=r"bias_ptr is None \(its \[signature\] type is 'none'\); remove it from "
+                                        r"\[constants\]"):
+        load_specs(root)
