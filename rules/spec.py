@@ -42,6 +42,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "constants": {"*": ((int, float, bool, str, type(None)), False,
                         "fixed constexpr value (None only from a Python catalog)")},
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
+    "arch": {"*": (dict, False, "values for one arch: [arch.gfx942] with constexprs or compile options, "
+                                "e.g. num_warps = 16")},
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
     "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
@@ -150,12 +152,40 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
         defaults = sources.function_defaults(source_path, k["entry"])
         constants += tuple((a, defaults[a]) for a, t in signature
                            if t == "constexpr" and a in defaults and a not in given)
+    per_arch = _check_per_arch(raw.get("arch", {}), arch_names, signature, swept, k["toolchain"], where)
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
-                derived=derived)
+                derived=derived, per_arch=per_arch)
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
+
+
+def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
+    """[arch.<name>] tables: constexpr values and compile options for one arch (num_warps 32 on Hopper, 16 on
+    AMD), over [constants]; a swept parameter may not be set there too."""
+    from kforge.triton_options import OPTIONS, value_problem
+    constexprs = {a for a, t in signature if t == "constexpr"}
+    options = set(OPTIONS) if toolchain == "triton" else set()
+    found = []
+    for arch, body in tables.items():
+        if arch not in archs:
+            _fail(where, "arch", arch, "(a table)", "one of the spec's archs: " + ", ".join(archs))
+        for key, value in body.items():
+            if key not in constexprs and key not in options:
+                raise SpecError(f"{where}: [arch.{arch}] {_key(key)}: not a constexpr or compile option of the "
+                                f"entry; constexprs: {sorted(constexprs)}")
+            if not isinstance(value, (int, float, bool, str)):
+                raise SpecError(f"{where}: [arch.{arch}] {key}: expected one value (int, float, bool or string), "
+                                f"got {shown(value)}")
+            if key in swept:
+                raise SpecError(f"{where}: [arch.{arch}] {key}: also in [sweep]; keep one (an [[exclude]] with "
+                                f"arch drops swept values on one arch)")
+            problem = value_problem(key, value) if key in options and key not in constexprs else None
+            if problem:
+                raise SpecError(f"{where}: [arch.{arch}] {key}: {problem}")
+        found.append((arch, tuple(body.items())))
+    return tuple(found)
 
 
 def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str, entry: str) -> tuple[dict, list]:

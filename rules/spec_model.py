@@ -115,6 +115,11 @@ class Spec:
     tune: Tune | None = None
     module: str = ""                # an installed module holding the entry (rules/installed.py), instead of source
     derived: tuple[str, ...] = ()   # constexprs the entry's @triton.heuristics compute per config (entry_probe.py)
+    per_arch: tuple[tuple[str, tuple[tuple[str, Scalar], ...]], ...] = ()   # [arch.<name>]: values for one arch
+
+    def on_arch(self, arch: str) -> dict:
+        """The [arch.<arch>] values (constexprs and options), if the spec has that table."""
+        return dict(next((values for a, values in self.per_arch if a == arch), ()))
 
     # cached: rules/targets.py and config ids ask once per config
     @cached_property

@@ -109,7 +109,8 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
             raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
                             f"constexprs: {list(constexprs)}")
     for c in constexprs:
-        if c not in constants and c not in params and c not in spec.derived:
+        if c not in constants and c not in params and c not in spec.derived and not all(
+                c in spec.on_arch(a) for a in spec.archs):
             raise SpecError(f"{where}: constexpr {c} has no value; add it to [constants] or [sweep]")
     for v in type_vars:
         if v not in params:

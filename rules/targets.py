@@ -80,7 +80,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if spec.derived:   # the entry's @triton.heuristics, evaluated by its own module on each config
             from kforge.entry_probe import Probe
             configs = list(configs)
-            given = [{**dict(spec.constants), **dict(c)} for c in configs]
+            given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
             derived = Probe.of(root).heuristics(module, spec.entry, given, spec.path)
             result += [_target(shared, c, d) for c, d in zip(configs, derived)]
         else:
@@ -102,11 +102,11 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                 raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
                                 f"{values} is not a known type")
         shared.signatures[types] = signature
-    known = {**dict(spec.constants), **(derived or {}), **values}
+    known = {**dict(spec.constants), **spec.on_arch(arch), **(derived or {}), **values}
     constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
-    options = tuple((o, values[o]) for o in OPTIONS if o in values and o not in spec.constexprs)
+    options = tuple((o, known[o]) for o in OPTIONS if o in known and o not in spec.constexprs)
     cid = config_id(spec, config)
     for o, v in options:
         a = ARCHS[arch]

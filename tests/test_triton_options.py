@@ -72,3 +72,28 @@ def test_options_of_both_vendors_build_and_are_in_the_key_and_meta(tmp_path):
     amd = json.loads((root / "out" / "gfx942" / "amd" / "fp16-b256-w4-e2" / "meta.json").read_text())
     assert (amd["config"]["waves_per_eu"], amd["config"]["kpack"], amd["config"]["matrix_instr_nonkdim"]) == (2, 2, 16)
     assert (root / "out" / "gfx942" / "amd" / "fp16-b256-w4-e0" / "meta.json").is_file()
+
+
+def test_per_arch_values_set_options_and_constexprs_for_one_arch(tmp_path):
+    """liger's own choice for cross entropy: 32 warps on Hopper, 16 on AMD (at most 1,024 threads there)."""
+    text = options_spec(("sm_90a", "gfx942"), "").replace('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{dtype}"')
+    text = text.replace("BLOCK = [256]\n", "") + "\n[constants]\nBLOCK = 256\n\n[arch.sm_90a]\nnum_warps = 32\n" \
+        "\n[arch.gfx942]\nnum_warps = 16\nBLOCK = 512\n"
+    root = make_project(tmp_path / "p", specs={"scale": text})
+    targets = {t.arch: t for t in build_targets(load_specs(root), root, None)}
+    assert dict(targets["sm_90a"].options) == {"num_warps": 32} and dict(targets["sm_90a"].constexprs) == {"BLOCK": 256}
+    assert dict(targets["gfx942"].options) == {"num_warps": 16} and dict(targets["gfx942"].constexprs) == {"BLOCK": 512}
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[arch.gfx950]\nnum_warps = 8\n", r"\[arch\] gfx950: .*one of the spec's archs: sm_90a, gfx942"),
+    ("[arch.gfx942]\nnum_warps = 3\n", r"\[arch.gfx942\] num_warps: got 3; allowed: a power of two"),
+    ("[arch.gfx942]\nBLOCK = 64\n", r"\[arch.gfx942\] BLOCK: also in \[sweep\]; keep one"),
+    ("[arch.gfx942]\nnope = 1\n", r"\[arch.gfx942\] nope: not a constexpr or compile option"),
+    ("[arch.gfx942]\nnum_warps = 32\n", r"config fp16-b256 for gfx942: num_warps 32 x 64 threads"),
+])
+def test_a_bad_per_arch_value_is_refused_at_load(tmp_path, table, message):
+    text = options_spec(("sm_90a", "gfx942"), "").replace("-w{num_warps}", "") + "\n" + table
+    root = make_project(tmp_path / "p", specs={"scale": text})
+    with pytest.raises(SpecError, match=message):
+        build_targets(load_specs(root), root, None)
