@@ -13,6 +13,7 @@ from pathlib import Path
 from kforge import out_dir, stamps
 from kforge.archs import ARCHS
 from kforge.files import JsonState, atomic_write
+from kforge.target import COMPILE_TIME
 from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
 
@@ -121,7 +122,7 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         "warp_size": warp_size,
         "threads_per_block": num_warps * warp_size,
         "shared": shared,
-        "signature": [{"name": a, "type": t} for a, t in target.signature if t != "constexpr"],
+        "signature": [{"name": a, "type": t} for a, t in target.signature if t not in COMPILE_TIME],
         "constexprs": dict(target.constexprs),
         "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
         "toolchain_versions": dict(target.toolchain_versions),

@@ -6,6 +6,7 @@ bf16 and fp16 are never one key (FlyDSL 0.4.2 and the seed projects shipped keys
 from __future__ import annotations
 
 import functools
+import re
 
 # canonical name (Triton's signature spelling) -> size in bytes
 DTYPES: dict[str, int] = {
@@ -33,9 +34,21 @@ def allowed_dtypes() -> str:
     return ", ".join(DTYPES)
 
 
+TENSORDESC = re.compile(r"tensordesc<([A-Za-z0-9_.]+)\[\s*([0-9]+(?:\s*,\s*[0-9]+)*)\s*\]>")
+
+
 @functools.lru_cache(maxsize=1024)   # rules/targets.py asks once per argument per target: few distinct texts
 def canonical_arg_type(text: str) -> str | None:
-    """A Triton argument type ('*bf16', 'i32', 'fp32') in canonical spelling, or None if unknown."""
+    """A Triton argument type ('*bf16', 'i32', 'fp32', 'tensordesc<bf16[64, 64]>': a host tensor descriptor
+    with its block shape) in canonical spelling, or None if unknown. A descriptor may not name a shared-memory
+    layout (Triton evaluates that text as Python)."""
+    if text.startswith("tensordesc<"):
+        found = TENSORDESC.fullmatch(text)
+        base = canonical_dtype(found[1]) if found else None
+        shape = [int(x) for x in found[2].split(",")] if found else []
+        if base is None or not all(0 < x <= 1 << 16 for x in shape):
+            return None
+        return f"tensordesc<{base}[{', '.join(map(str, shape))}]>"
     pointer = text.startswith("*")
     base = canonical_dtype(text[1:] if pointer else text)
     if base is None:

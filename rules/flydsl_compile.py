@@ -20,6 +20,7 @@ import time
 from kforge import amd_linker, amdgpu_metadata
 from kforge.layout import Layout
 from kforge.dtypes import canonical_arg_type
+from kforge.target import COMPILE_TIME
 
 _state: dict = {}
 ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch
@@ -90,7 +91,7 @@ def _build(target):
         raise TypeError(f"{target.module}.{target.entry}() must return (launcher, placeholders), "
                         f"got {type(built).__name__}")
     launcher, placeholders = built
-    runtime = [(a, t) for a, t in target.signature if t != "constexpr"]
+    runtime = [(a, t) for a, t in target.signature if t not in COMPILE_TIME]
     if len(placeholders) != len(runtime):
         raise TypeError(f"{target.entry}() gave {len(placeholders)} placeholders; [signature] declares "
                         f"{len(runtime)} runtime arguments {[a for a, _ in runtime]}")

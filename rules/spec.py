@@ -13,9 +13,10 @@ from pathlib import Path
 
 from kforge import archs as archs_mod
 from kforge import entry_probe, sources, sweep
-from kforge.dtypes import allowed_dtypes, canonical_arg_type
+from kforge.dtypes import allowed_dtypes, canonical_arg_type, canonical_dtype
 from kforge.errors import SpecError
 from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
+from kforge.target import COMPILE_TIME
 
 TOOLCHAINS = ("triton", "flydsl")
 NONE = "none"   # a [signature] type: the argument is passed as None
@@ -37,8 +38,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
         "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
         "description": (str, False, "one line for `doit list`"),
     },
-    "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32'), 'constexpr', or 'none' "
-                                   "(passed as None)")},
+    "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32'), 'constexpr', 'dtype' (a "
+                                   "constexpr element type), or 'none' (passed as None)")},
     "constants": {"*": ((int, float, bool, str, type(None)), False,
                         "fixed constexpr value (None only from a Python catalog)")},
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
@@ -129,8 +130,10 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
                             f"{'[constants]' if a in dict(constants) else '[sweep]'}")
     signature = tuple((a, "constexpr" if t == NONE else t) for a, t in signature)
     constants += tuple((a, None) for a in nones)
+    dtype_args = {a for a, t in signature if t == "dtype"}
+    constants = tuple((a, _dtype_value(v, where, "constants", a) if a in dtype_args else v) for a, v in constants)
     hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
-    runtime_args = {a for a, t in signature if t != "constexpr"}
+    runtime_args = {a for a, t in signature if t not in COMPILE_TIME}
     for h in hints:
         if h not in runtime_args:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
@@ -161,6 +164,15 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
 
 
+def _dtype_value(value, where: str, table: str, key: str) -> str:
+    """A "dtype" constexpr's value: a dtype name, canonical."""
+    canon = canonical_dtype(value) if isinstance(value, str) else None
+    if canon is None:
+        raise SpecError(f"{where}: [{table}] {key}: got {shown(value)}; a 'dtype' constexpr takes an element type: "
+                        f"{allowed_dtypes()}")
+    return canon
+
+
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
     """[arch.<name>] tables: constexpr values and compile options for one arch (num_warps 32 on Hopper, 16 on
     AMD), over [constants]; a swept parameter may not be set there too."""
@@ -184,7 +196,8 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
             problem = value_problem(key, value) if key in options and key not in constexprs else None
             if problem:
                 raise SpecError(f"{where}: [arch.{arch}] {key}: {problem}")
-        found.append((arch, tuple(body.items())))
+        found.append((arch, tuple((key, _dtype_value(v, where, f"arch.{arch}", key) if (key, "dtype") in signature
+                                   else v) for key, v in body.items())))
     return tuple(found)
 
 
@@ -383,12 +396,13 @@ def _check_factory(signature, params, where, entry) -> None:
 
 def _check_types(signature, where) -> None:
     for arg, t in signature:
-        if t in ("constexpr", NONE):
+        if t in (*COMPILE_TIME, NONE):
             continue
-        probe = TYPE_VAR_RE.sub("fp32", t)   # type vars are checked per config later
+        shape = t.split("[", 1)   # type vars are checked per config later; block sizes too
+        probe = TYPE_VAR_RE.sub("fp32", shape[0]) + ("[" + TYPE_VAR_RE.sub("16", shape[1]) if len(shape) > 1 else "")
         if canonical_arg_type(probe) is None:
-            _fail(where, "signature", arg, t, "'constexpr', or a type such as '*bf16', 'i32', 'fp32', "
-                  f"'*{{dtype}}'; element types: {allowed_dtypes()}")
+            _fail(where, "signature", arg, t, "'constexpr', 'dtype', 'none', or a type such as '*bf16', 'i32', "
+                  f"'fp32', '*{{dtype}}', 'tensordesc<{{dtype}}[64, 64]>'; element types: {allowed_dtypes()}")
 
 
 def _fail(where: str, table: str, key: str, value, allowed: str):

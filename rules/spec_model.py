@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, reduce
 
+from kforge.target import COMPILE_TIME
+
 Scalar = int | float | bool | str
 Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order
 
@@ -124,11 +126,21 @@ class Spec:
     # cached: rules/targets.py and config ids ask once per config
     @cached_property
     def constexprs(self) -> tuple[str, ...]:
-        return tuple(a for a, t in self.signature if t == "constexpr")
+        return tuple(a for a, t in self.signature if t in COMPILE_TIME)
 
     @cached_property
     def type_vars(self) -> tuple[str, ...]:
+        """The swept element types the signature names ({dtype}), not a tensor descriptor's block sizes."""
         found: list[str] = []
         for _, t in self.signature:
-            found += [v for v in TYPE_VAR_RE.findall(t) if v not in found]
+            found += [v for v in TYPE_VAR_RE.findall(t.split("[", 1)[0]) if v not in found]
+        return tuple(found)
+
+    @cached_property
+    def shape_vars(self) -> tuple[str, ...]:
+        """The values a tensor descriptor's block shape names: tensordesc<{dtype}[1, {BLOCK_M}, {BLOCK_K}]>."""
+        found: list[str] = []
+        for _, t in self.signature:
+            if "[" in t:
+                found += [v for v in TYPE_VAR_RE.findall(t.split("[", 1)[1]) if v not in found]
         return tuple(found)

@@ -10,6 +10,7 @@ from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
 from kforge.errors import SpecError
 from kforge.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
+from kforge.target import COMPILE_TIME
 from kforge.triton_options import OPTIONS, value_problem
 
 
@@ -95,7 +96,7 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     constants = dict(spec.constants)
     options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
     # an entry with @triton.heuristics may be given runtime arguments' values: shape hints its heuristics read
-    hints = tuple(a for a, t in spec.signature if t != "constexpr") if spec.derived else ()
+    hints = tuple(a for a, t in spec.signature if t not in COMPILE_TIME) if spec.derived else ()
     allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
     for p in params:
         if p not in allowed:
@@ -118,6 +119,12 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
 
 
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
+    if (param, "dtype") in spec.signature:   # a "dtype" constexpr: an element type, canonical like type variables
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            raise SpecError(f"{spec.path}: [{table}] {param}: got {shown(value)}; a 'dtype' constexpr takes an "
+                            f"element type: {allowed_dtypes()}")
+        return canon
     value = canonical_value(param, value, spec.type_vars, spec.path, table)
     if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
         problem = value_problem(param, value)

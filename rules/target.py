@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+# [signature] types of compile-time arguments: "constexpr" (a value: int, float, bool, str, None) and "dtype" (a
+# Triton element type, named as kforge names dtypes: `X_dtype = "dtype"` with X_dtype = "bf16" compiles
+# tl.bfloat16). Neither is an argument of the launch.
+COMPILE_TIME = ("constexpr", "dtype")
+
 
 class Target(NamedTuple):
     """One (kernel, config, arch): everything a compile needs, its artifact directory and its action key.

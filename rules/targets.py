@@ -12,7 +12,7 @@ from kforge.spec_model import TYPE_VAR_RE, Spec
 from kforge.triton_options import OPTIONS, arch_problem
 from kforge.dtypes import canonical_arg_type
 from kforge.sweep import config_id
-from kforge.target import Target
+from kforge.target import COMPILE_TIME, Target
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
@@ -91,18 +91,18 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
 def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
     spec, arch = shared.spec, shared.arch
     values = dict(config)
-    types = tuple(values[v] for v in spec.type_vars)
+    known = {**dict(spec.constants), **spec.on_arch(arch), **(derived or {}), **values}
+    types = tuple(known.get(v) for v in spec.type_vars + spec.shape_vars)
     signature = shared.signatures.get(types)
     if signature is None:
-        signature = tuple((a, t if t == "constexpr" else
-                           canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(values[m[1]]), t)))
+        signature = tuple((a, t if t in COMPILE_TIME else
+                           canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(known.get(m[1])), t)))
                           for a, t in spec.signature)
         for a, t in signature:
             if t is None:
                 raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
                                 f"{values} is not a known type")
         shared.signatures[types] = signature
-    known = {**dict(spec.constants), **spec.on_arch(arch), **(derived or {}), **values}
     constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)

@@ -44,7 +44,10 @@ def lower(target, scratch: str):
     fn = _entry(target)
     names = [a for a, _ in target.signature]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
-    src = ASTSource(fn=fn, signature=dict(target.signature), constexprs=dict(target.constexprs), attrs=attrs)
+    dtypes = {a for a, t in target.signature if t == "dtype"}   # compile-time element types: tl.bfloat16, ...
+    signature = {a: "constexpr" if a in dtypes else t for a, t in target.signature}
+    constexprs = {a: triton.language.str_to_ty(v, None) if a in dtypes else v for a, v in target.constexprs}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     start = time.monotonic()
     os.chdir(scratch)   # ptxas stamps the line info with the mtime of any source file it finds from its cwd
     try:

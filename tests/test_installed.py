@@ -66,6 +66,16 @@ FILES = {
                     y += tl.load(bias_ptr + i, mask=m)
             tl.store(y_ptr + i, y, mask=m)
         ''',
+    "ops/desc.py": '''
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def desc_copy_kernel(in_desc, out_desc, BLOCK: tl.constexpr):
+            row = tl.program_id(0) * BLOCK
+            out_desc.store([row, 0], in_desc.load([row, 0]) * 2)
+        ''',
     "ops/shift.py": '''
         import triton
         import triton.language as tl
@@ -288,3 +298,47 @@ def test_a_none_argument_given_a_value_is_refused(site, tmp_path):
     with pytest.raises(SpecError, match=r"bias_ptr is None \(its \[signature\] type is 'none'\); remove it from "
                                         r"\[constants\]"):
         load_specs(root)
+
+
+DESC_SPEC = f'''
+[kernel]
+name = "lib_desc"
+module = "{PACKAGE}.ops.desc"
+entry = "desc_copy_kernel"
+toolchain = "triton"
+archs = ["sm_90a"]
+id = "{{dtype}}-b{{BLOCK}}"
+
+[signature]
+in_desc = "tensordesc<{{dtype}}[{{BLOCK}}, 64]>"
+out_desc = "tensordesc<{{dtype}}[{{BLOCK}}, 64]>"
+BLOCK = "constexpr"
+
+[sweep]
+dtype = ["bfloat16"]
+BLOCK = [64, 128]
+'''
+
+
+def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_loader_refuses_them_clearly(site, tmp_path):
+    from kforge_runtime import Bundle, LaunchError
+    root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC}, kernels={})
+    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    assert statuses(root, "built") == {"lib_desc:bf16-b64@sm_90a", "lib_desc:bf16-b128@sm_90a"}
+    meta = json.loads((root / "out" / "sm_90a" / "lib_desc" / "bf16-b128" / "meta.json").read_text())
+    assert [a["type"] for a in meta["signature"]] == ["tensordesc<bf16[128, 64]>"] * 2
+    bundle = Bundle(next((root / "out" / "dist").glob("*.whl")))
+    with pytest.raises(LaunchError, match=r"argument in_desc has type tensordesc<bf16\[64, 64\]>, which this "
+                                          r"loader cannot pass"):
+        bundle.load("lib_desc", "bf16-b64")
+
+
+@pytest.mark.parametrize("bad", ["tensordesc<bf16[64, 64],NVMMASharedLayout()>", "tensordesc<bf16[]>",
+                                 "tensordesc<f17[64]>", "tensordesc<bf16[0, 64]>"])
+def test_a_bad_tensor_descriptor_type_is_refused_at_load(site, tmp_path, bad):
+    from kforge.project import load_specs
+    root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC.replace(
+        'in_desc = "tensordesc<{dtype}[{BLOCK}, 64]>"', f'in_desc = "{bad}"')}, kernels={})
+    with pytest.raises(SpecError, match=r"\[signature\] in_desc"):
+        from kforge.targets import build_targets
+        build_targets(load_specs(root), root, None)

@@ -46,7 +46,7 @@ def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_f
     specs = _specs()
     kernels = {s["kernel"]["name"]: s["kernel"] for s in specs.values()}
     assert len(kernels) >= 13 and all(name.startswith("liger_") for name in kernels)
-    assert all(k["module"].startswith("liger_kernel.") and tuple(k["archs"]) == ARCHS for k in kernels.values())
+    assert all(k["module"].startswith("liger_kernel.") and set(k["archs"]) <= set(ARCHS) for k in kernels.values())
     autotuned = {n for n, k in kernels.items() if _autotuned(k["module"], k["entry"])}
     assert len(autotuned) >= 2, autotuned
 
