@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kforge import archs as archs_mod
 from kforge import entry_probe, sources, sweep
-from kforge.dtypes import allowed_dtypes, canonical_arg_type, canonical_dtype
+from kforge.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.errors import SpecError
 from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
 from kforge.target import COMPILE_TIME
@@ -130,8 +130,7 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
                             f"{'[constants]' if a in dict(constants) else '[sweep]'}")
     signature = tuple((a, "constexpr" if t == NONE else t) for a, t in signature)
     constants += tuple((a, None) for a in nones)
-    dtype_args = {a for a, t in signature if t == "dtype"}
-    constants = tuple((a, _dtype_value(v, where, "constants", a) if a in dtype_args else v) for a, v in constants)
+    constants = tuple((a, _typed_value(signature, a, v, where, "constants")) for a, v in constants)
     hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
     runtime_args = {a for a, t in signature if t not in COMPILE_TIME}
     for h in hints:
@@ -164,13 +163,10 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
 
 
-def _dtype_value(value, where: str, table: str, key: str) -> str:
-    """A "dtype" constexpr's value: a dtype name, canonical."""
-    canon = canonical_dtype(value) if isinstance(value, str) else None
-    if canon is None:
-        raise SpecError(f"{where}: [{table}] {key}: got {shown(value)}; a 'dtype' constexpr takes an element type: "
-                        f"{allowed_dtypes()}")
-    return canon
+def _typed_value(signature, key: str, value, where: str, table: str):
+    """A value for a "dtype" or "function" argument in its checked form (sweep.py checks swept ones)."""
+    kind = dict(signature).get(key)
+    return sweep.typed_value(kind, value, f"{where}: [{table}] {key}") if kind in ("dtype", "function") else value
 
 
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
@@ -196,8 +192,8 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
             problem = value_problem(key, value) if key in options and key not in constexprs else None
             if problem:
                 raise SpecError(f"{where}: [arch.{arch}] {key}: {problem}")
-        found.append((arch, tuple((key, _dtype_value(v, where, f"arch.{arch}", key) if (key, "dtype") in signature
-                                   else v) for key, v in body.items())))
+        found.append((arch, tuple((key, _typed_value(signature, key, v, where, f"arch.{arch}"))
+                                  for key, v in body.items())))
     return tuple(found)
 
 

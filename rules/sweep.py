@@ -10,7 +10,7 @@ from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
 from kforge.errors import SpecError
 from kforge.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
-from kforge.target import COMPILE_TIME
+from kforge.target import COMPILE_TIME, FUNCTION_REF
 from kforge.triton_options import OPTIONS, value_problem
 
 
@@ -79,14 +79,18 @@ def _matches_some(ex: Exclude, swept: list[frozenset], outside: tuple[Config, ..
 
 def config_id(spec: Spec, config: Config) -> str:
     """'bf16-m128n128k64-w8s3' from the spec's id template, or 'bf16-block_m128-...' by default."""
+    functions = {a for a, t in spec.signature if t == "function"}
     if spec.id_template:
-        return spec.id_template.format_map({p: _short(v) for p, v in config})
+        return spec.id_template.format_map({p: _short(v, p in functions) for p, v in config})
     type_vars = spec.type_vars
-    return "-".join(_short(v) if p in type_vars else f"{p.lower()}{_short(v)}" for p, v in config)
+    return "-".join(_short(v) if p in type_vars else f"{p.lower()}{_short(v, p in functions)}" for p, v in config)
 
 
-def _short(v: Scalar) -> str:
-    """A value as ids spell it (what str.format writes, but true/false as TOML writes them)."""
+def _short(v: Scalar, function: bool = False) -> str:
+    """A value as ids spell it (what str.format writes, but true/false as TOML writes them, and the value of a
+    "function" argument, "module:name", by its name)."""
+    if function:
+        return str(v).rsplit(":", 1)[-1]
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -118,13 +122,23 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
             raise SpecError(f"{where}: [signature] uses {{{v}}} but [sweep] has no {v}; add `{v} = [\"bf16\"]`")
 
 
-def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
-    if (param, "dtype") in spec.signature:   # a "dtype" constexpr: an element type, canonical like type variables
+def typed_value(kind: str, value, where: str):
+    """A "dtype" argument's value as a canonical element type name; a "function" argument's as "module:name"."""
+    if kind == "dtype":
         canon = canonical_dtype(value) if isinstance(value, str) else None
         if canon is None:
-            raise SpecError(f"{spec.path}: [{table}] {param}: got {shown(value)}; a 'dtype' constexpr takes an "
-                            f"element type: {allowed_dtypes()}")
+            raise SpecError(f"{where}: got {shown(value)}; a 'dtype' argument takes an element type: {allowed_dtypes()}")
         return canon
+    if not isinstance(value, str) or not re.fullmatch(FUNCTION_REF, value):
+        raise SpecError(f"{where}: got {shown(value)}; a 'function' argument names a @triton.jit function as "
+                        f"'module:function', e.g. 'kernels.activations:relu'")
+    return value
+
+
+def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
+    kind = dict(spec.signature).get(param)
+    if kind in ("dtype", "function"):
+        return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
     value = canonical_value(param, value, spec.type_vars, spec.path, table)
     if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
         problem = value_problem(param, value)
@@ -172,8 +186,9 @@ def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], out
     first character none of its spellings holds, so its value ends where that text begins.
     """
     spellings = []   # per param: how its ids spell each of its distinct values, extras' values included
+    functions = {i for i, p in enumerate(spec.configs.params) if (p, "function") in spec.signature}
     for i, vs in enumerate(values):
-        texts = [_short(v) for v in dict.fromkeys(vs + tuple(c[i][1] for c in outside))]
+        texts = [_short(v, i in functions) for v in dict.fromkeys(vs + tuple(c[i][1] for c in outside))]
         if len(set(texts)) != len(texts):
             return False
         spellings.append(texts)

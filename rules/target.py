@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# [signature] types of compile-time arguments: "constexpr" (a value: int, float, bool, str, None) and "dtype" (a
-# Triton element type, named as kforge names dtypes: `X_dtype = "dtype"` with X_dtype = "bf16" compiles
-# tl.bfloat16). Neither is an argument of the launch.
-COMPILE_TIME = ("constexpr", "dtype")
+# [signature] types of compile-time arguments, none of them an argument of the launch: "constexpr" (a value:
+# int, float, bool, str, None), "dtype" (a Triton element type, named as kforge names dtypes: X_dtype = "bf16"
+# compiles tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu").
+COMPILE_TIME = ("constexpr", "dtype", "function")
+FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
 
 
 class Target(NamedTuple):

@@ -1,6 +1,8 @@
 """Specs -> Targets (rules/target.py): one per (kernel, config, arch), each with its action key and artifact directory."""
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ class _Shared:
     out: str          # the project's out/
     family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
     signatures: dict  # type-variable values -> the resolved signature, made once each
+    function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
 
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
@@ -75,7 +78,8 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
             **({"distribution": distribution} if spec.module else {})})
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
-                         str(layout.family_dir(arch_name, spec.name)), {})
+                         str(layout.family_dir(arch_name, spec.name)), {},
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}))
         configs = spec.configs.on(arch_name)
         if spec.derived:   # the entry's @triton.heuristics, evaluated by its own module on each config
             from kforge.entry_probe import Probe
@@ -86,6 +90,44 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         else:
             result += [_target(shared, config) for config in configs]
     return result
+
+
+def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
+    """(closure, the base its paths are relative to, misses) of the module a "module:name" reference names:
+    a project module first (as the compile finds it: the project is first on its path), else an installed
+    one. SpecError when neither has it, or the module defines no such function."""
+    from kforge import installed, sources
+    module, name = ref.split(":")
+    parts = module.split(".")
+    candidates = (root.joinpath(*parts) / "__init__.py", root.joinpath(*parts).with_suffix(".py"))
+    local = next((c for c in candidates if c.is_file()), None)
+    if local is not None:
+        misses: set[Path] = set()
+        closure, base, path = sources.local_closure(local, root, misses), root.resolve(), local
+    else:
+        try:
+            found = installed.find(module)
+        except installed.NotInstalled as e:
+            raise SpecError(f"function {ref}: {e}") from None
+        closure, base, path, misses = found.closure(), found.base, found.path, set(found.misses)
+    if name not in sources.function_names(path):
+        raise SpecError(f"function {ref}: {module} ({path}) defines no function {name}")
+    return tuple(closure), base, tuple(misses) + candidates
+
+
+def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict) -> tuple:
+    """The digests of what a "function" argument's module executes (in the target's key); its files join the
+    catalog's stamp. `seen`: the references already resolved for this family."""
+    from kforge import sources
+    if ref not in seen:
+        try:
+            closure, base, misses = _function_source_files(ref, root)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}; fix the reference ('module:function', a @triton.jit function)") from None
+        if read is not None:
+            read.update(closure, misses)
+        seen[ref] = sources.digest_files(closure, base)
+    return seen[ref]
 
 
 def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
@@ -114,8 +156,10 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
         if problem:
             raise SpecError(f"{spec.path}: config {cid} for {arch}: {problem}; set it only where it applies "
                             f"(an [[exclude]] with arch = [\"{arch}\"], or a spec of its own for those archs)")
+    functions = [(v, shared.function_sources(v)) for c, v in constexprs if (c, "function") in spec.signature]
     key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
-                           "constexprs": [(c, type(v).__name__, v) for c, v in constexprs]})
+                           "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
+                           **({"functions": functions} if functions else {})})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,

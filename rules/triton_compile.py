@@ -44,9 +44,10 @@ def lower(target, scratch: str):
     fn = _entry(target)
     names = [a for a, _ in target.signature]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
-    dtypes = {a for a, t in target.signature if t == "dtype"}   # compile-time element types: tl.bfloat16, ...
-    signature = {a: "constexpr" if a in dtypes else t for a, t in target.signature}
-    constexprs = {a: triton.language.str_to_ty(v, None) if a in dtypes else v for a, v in target.constexprs}
+    kinds = dict(target.signature)   # "dtype" and "function" arguments are constexprs of another kind of value
+    signature = {a: "constexpr" if t in ("dtype", "function") else t for a, t in target.signature}
+    constexprs = {a: triton.language.str_to_ty(v, None) if kinds[a] == "dtype" else
+                  _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     start = time.monotonic()
     os.chdir(scratch)   # ptxas stamps the line info with the mtime of any source file it finds from its cwd
@@ -80,6 +81,26 @@ def _entry(target):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
     _relative_file_names(JITFunction, target)
     return fn
+
+
+def _function(ref: str, target):
+    """The @triton.jit function a "function" argument names ("module:name"), its file names made relative."""
+    from triton.runtime.jit import JITFunction
+    module, name = ref.split(":")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"{ref} is not a @triton.jit function (got {type(fn).__name__})")
+    code = fn.fn.__code__
+    base = _module_base_of(sys.modules[module], module)
+    if base is not None and code.co_filename.startswith(str(base) + os.sep):
+        fn.fn.__code__ = code.replace(co_filename=str(Path(code.co_filename).relative_to(base)))
+    return fn
+
+
+def _module_base_of(module, name: str) -> Path | None:
+    from kforge.sources import module_base
+    where = getattr(module, "__file__", None)
+    return module_base(Path(where), name) if where else None
 
 
 def _relative_file_names(jit_type, target) -> None:

@@ -76,6 +76,27 @@ FILES = {
             row = tl.program_id(0) * BLOCK
             out_desc.store([row, 0], in_desc.load([row, 0]) * 2)
         ''',
+    "ops/acts.py": '''
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def double(x):
+            return x * 2
+
+
+        @triton.jit
+        def square(x):
+            return x * x
+
+
+        @triton.jit
+        def apply_kernel(x_ptr, y_ptr, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            tl.store(y_ptr + i, ACT(tl.load(x_ptr + i, mask=m)), mask=m)
+        ''',
     "ops/shift.py": '''
         import triton
         import triton.language as tl
@@ -341,4 +362,68 @@ def test_a_bad_tensor_descriptor_type_is_refused_at_load(site, tmp_path, bad):
         'in_desc = "tensordesc<{dtype}[{BLOCK}, 64]>"', f'in_desc = "{bad}"')}, kernels={})
     with pytest.raises(SpecError, match=r"\[signature\] in_desc"):
         from kforge.targets import build_targets
+        build_targets(load_specs(root), root, None)
+
+
+ACT_SPEC = f'''
+[kernel]
+name = "lib_act"
+module = "{PACKAGE}.ops.acts"
+entry = "apply_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+id = "{{ACT}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+ACT = "function"
+BLOCK = "constexpr"
+
+[constants]
+BLOCK = 256
+
+[sweep]
+ACT = ["{PACKAGE}.ops.acts:double", "{PACKAGE}.ops.acts:square", "tk.mine:cube"]
+'''
+
+CUBE = """import triton
+
+
+@triton.jit
+def cube(x):
+    return x * x * x
+"""
+
+
+def test_function_valued_constexprs_build_from_the_library_and_the_project_and_key_their_sources(site, tmp_path):
+    from kforge.catalog import Catalog
+    spec = ACT_SPEC.replace('id = "{ACT}"', "")
+    root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
+    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    built = statuses(root, "built")
+    assert len(built) == 6, built
+    meta = json.loads(next((root / "out" / "sm_90a" / "lib_act").glob("*/meta.json")).read_text())
+    assert meta["constexprs"]["ACT"].endswith((":double", ":square", ":cube"))
+    before = {t.name: t.key for t in Catalog(root, None, 50_000).load().targets}
+    mine = root / "tk" / "mine.py"
+    mine.write_text(mine.read_text().replace("x * x * x", "x * x * x * 1"))
+    after = {t.name: t.key for t in Catalog(root, None, 50_000).load().targets}
+    changed = {n for n in before if before[n] != after[n]}
+    assert changed and all("cube" in n for n in changed) and len(changed) == 2
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("nomodule", r"a 'function' argument names a @triton.jit function as 'module:function'"),
+    ("tk.absent:f", r"function tk.absent:f: no tk.absent on this Python's module path"),
+    ("tk.mine:nothing", r"function tk.mine:nothing: tk.mine .* defines no function nothing"),
+])
+def test_a_bad_function_reference_is_refused_at_load(site, tmp_path, ref, message):
+    from kforge.project import load_specs
+    from kforge.targets import build_targets
+    spec = ACT_SPEC.replace('id = "{ACT}"', "").replace(
+        f'["{PACKAGE}.ops.acts:double", "{PACKAGE}.ops.acts:square", "tk.mine:cube"]', f'["{ref}"]')
+    root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
+    with pytest.raises(SpecError, match=message):
         build_targets(load_specs(root), root, None)
