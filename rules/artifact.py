@@ -127,6 +127,7 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
         "toolchain_versions": dict(target.toolchain_versions),
         "key": target.key,
+        **({"env": dict(target.env)} if target.env else {}),
         **toolchain_fields,
     }
 

@@ -25,7 +25,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-3"
+FORMAT = "kforge-catalog-4"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -177,7 +177,7 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>
 # (rules/layout.py), so it is not stored.
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
-          "source_digests", "toolchain_versions", "out")
+          "source_digests", "toolchain_versions", "out", "env")
 OWN = ("config_id", "constexprs", "options", "config", "key")
 
 
@@ -196,7 +196,8 @@ def _encode(targets: list[Target]) -> dict:
 
 def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     pairs = lambda values: tuple(map(tuple, values))
-    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10]))), g[11]) for g in groups]
+    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11])))), g[12])
+              for g in groups]
     signature = [pairs(s) for s in signatures]
     return [Target(**shared[group][0], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
                    options=pairs(options), config=pairs(config), out_dir=f"{shared[group][1]}/{config_id}", key=key)

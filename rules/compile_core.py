@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -126,7 +127,7 @@ def lower_and_write(backend, request: tuple) -> Written:
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
-    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None)
+    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None, target.env)
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server)
@@ -138,7 +139,9 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
 
 
 def _server_setup(target: Target, backend, root: str, import_here: bool) -> None:
-    """Once in each fresh compile server, after the fork."""
+    """Once in each fresh compile server, after the fork: the family's [env] first (its module reads it when
+    imported), then the compiler."""
+    os.environ.update(dict(target.env))
     if import_here:
         try:
             backend.warm(root)

@@ -46,14 +46,15 @@ class Probe:
     _open: dict[str, "Probe"] = {}
 
     @classmethod
-    def of(cls, root: Path) -> "Probe":
-        key = str(root)
+    def of(cls, root: Path, env: tuple = ()) -> "Probe":
+        """The child for this project and family environment ([env]: a library may read it at import)."""
+        key = (str(root), env)
         if key not in cls._open:
-            cls._open[key] = cls(root)
+            cls._open[key] = cls(root, env)
         return cls._open[key]
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, env: tuple = ()):
+        self.root, self.env = root, env
         self.child: subprocess.Popen | None = None
         self.described: dict[tuple[str, str], dict] = {}
 
@@ -67,7 +68,8 @@ class Probe:
 
     def _ask(self, request: dict, where: str) -> dict:
         if self.child is None or self.child.poll() is not None:
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
+            env = dict(os.environ, **dict(self.env),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
             self.child = subprocess.Popen([sys.executable, "-m", "kforge.entry_probe"], cwd=self.root, env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True)

@@ -45,6 +45,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
     "arch": {"*": (dict, False, "values for one arch: [arch.gfx942] with constexprs or compile options, "
                                 "e.g. num_warps = 16")},
+    "env": {"*": (str, False, "an environment variable set where the family compiles (and its module is "
+                              "imported), e.g. LIGER_AUTOTUNE = \"0\"")},
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
     "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
@@ -138,10 +140,11 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
+    env = _check_env(raw.get("env", {}), where)
     swept, extras, derived = raw["sweep"], raw.get("extra", []), ()
     if k["toolchain"] == "triton" and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
-        chosen = entry_probe.Probe.of(root).describe(module, k["entry"], where)
+        chosen = entry_probe.Probe.of(root, _check_env(raw.get("env", {}), where)).describe(module, k["entry"], where)
         if chosen["autotune"] is not None:
             swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
         derived = tuple(chosen["heuristics"])
@@ -159,7 +162,7 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
-                derived=derived, per_arch=per_arch)
+                derived=derived, per_arch=per_arch, env=env)
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
 
 
@@ -167,6 +170,24 @@ def _typed_value(signature, key: str, value, where: str, table: str):
     """A value for a "dtype" or "function" argument in its checked form (sweep.py checks swept ones)."""
     kind = dict(signature).get(key)
     return sweep.typed_value(kind, value, f"{where}: [{table}] {key}") if kind in ("dtype", "function") else value
+
+
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# what kforge itself sets where it compiles, or what decides which code runs at all
+ENV_RESERVED = ("TRITON_CACHE_DIR", "TRITON_HOME", "FLYDSL_GPU_ARCH", "ARCH", "COMPILE_ONLY", "PATH", "HOME")
+ENV_RESERVED_PREFIXES = ("LD_", "PYTHON", "KFORGE_")
+
+
+def _check_env(table: dict, where: str) -> tuple:
+    """[env]: NAME = "value" pairs set in the compile servers (and the probe) of this family: in its key."""
+    for name, value in table.items():
+        if not ENV_NAME.fullmatch(name) or name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
+            raise SpecError(f"{where}: [env] {_key(name)}: not a variable a family may set; allowed: upper-case "
+                            f"names, not {', '.join(ENV_RESERVED)} nor "
+                            f"{', '.join(p + '*' for p in ENV_RESERVED_PREFIXES)}")
+        if "\0" in value:
+            raise SpecError(f"{where}: [env] {name}: a value may not hold a NUL character")
+    return tuple(sorted(table.items()))
 
 
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:

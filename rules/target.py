@@ -33,6 +33,7 @@ class Target(NamedTuple):
     out: str                    # the project's out/ (rules/layout.py)
     out_dir: str                # this target's artifact directory in it
     key: str
+    env: tuple[tuple[str, str], ...] = ()   # the family's [env]: set in the processes that compile it
 
     @property
     def name(self) -> str:

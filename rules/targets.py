@@ -76,6 +76,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
+            **({"family_env": spec.env} if spec.env else {}),
             **({"distribution": distribution} if spec.module else {})})
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {},
@@ -85,7 +86,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             from kforge.entry_probe import Probe
             configs = list(configs)
             given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
-            derived = Probe.of(root).heuristics(module, spec.entry, given, spec.path)
+            derived = Probe.of(root, spec.env).heuristics(module, spec.entry, given, spec.path)
             result += [_target(shared, c, d) for c, d in zip(configs, derived)]
         else:
             result += [_target(shared, config) for config in configs]
@@ -164,4 +165,4 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key)
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env)

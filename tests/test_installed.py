@@ -1,6 +1,7 @@
 """rules/installed.py and `module = "..."` specs: kernels of an installed package, built without copying them,
 keyed by what they execute within their distribution."""
 import json
+import os
 import sys
 import textwrap
 
@@ -96,6 +97,24 @@ FILES = {
             i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             m = i < n
             tl.store(y_ptr + i, ACT(tl.load(x_ptr + i, mask=m)), mask=m)
+        ''',
+    "ops/envk.py": '''
+        import os
+
+        import triton
+        import triton.language as tl
+
+        # read when the module is imported, as libraries read their switches
+        BLOCKS = [int(b) for b in os.environ.get("KTL_BLOCKS", "128").split(",")]
+        FACTOR = tl.constexpr(int(os.environ.get("KTL_FACTOR", "2")))
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4) for b in BLOCKS], key=["n"])
+        @triton.jit
+        def env_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * FACTOR, mask=m)
         ''',
     "ops/shift.py": '''
         import triton
@@ -427,3 +446,48 @@ def test_a_bad_function_reference_is_refused_at_load(site, tmp_path, ref, messag
     root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
     with pytest.raises(SpecError, match=message):
         build_targets(load_specs(root), root, None)
+
+
+ENV_SPEC = f'''
+[kernel]
+name = "lib_env"
+module = "{PACKAGE}.ops.envk"
+entry = "env_kernel"
+toolchain = "triton"
+archs = ["sm_90a"]
+id = "b{{BLOCK}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+
+[env]
+KTL_BLOCKS = "64,256"
+KTL_FACTOR = "3"
+'''
+
+
+def test_a_family_environment_is_set_where_its_module_is_read_and_compiled_and_is_in_its_key(site, tmp_path):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC}, kernels={})
+    targets = {t.name: t for t in Catalog(root, None, 50_000).load().targets}
+    assert set(targets) == {"lib_env:b64@sm_90a", "lib_env:b256@sm_90a"}   # the autotune list the env gave
+    assert "KTL_BLOCKS" not in os.environ
+    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    meta = json.loads((root / "out" / "sm_90a" / "lib_env" / "b64" / "meta.json").read_text())
+    assert meta["env"] == {"KTL_BLOCKS": "64,256", "KTL_FACTOR": "3"}
+    (root / "specs" / "lib_env.toml").write_text(ENV_SPEC.replace('KTL_FACTOR = "3"', 'KTL_FACTOR = "5"'))
+    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    assert statuses(root, "built") == set(targets)   # another environment, another key
+
+
+@pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "PYTHONPATH", "KFORGE_CACHE", "lower", "TRITON_CACHE_DIR"])
+def test_a_reserved_or_malformed_environment_name_is_refused(site, tmp_path, name):
+    from kforge.project import load_specs
+    root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC.replace("KTL_FACTOR", name)}, kernels={})
+    with pytest.raises(SpecError, match=r"\[env\] .*not a variable a family may set"):
+        load_specs(root)
