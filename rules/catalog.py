@@ -25,7 +25,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-4"
+FORMAT = "kforge-catalog-5"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -189,7 +189,7 @@ def _encode(targets: list[Target]) -> dict:
         shared = [getattr(t, f) for f in SHARED] + [t.out_dir.rsplit("/", 1)[0]]
         group = groups.setdefault(json.dumps(shared), len(groups))
         signature = signatures.setdefault(json.dumps(t.signature), len(signatures))
-        rows.append([group, signature, *(getattr(t, f) for f in OWN)])
+        rows.append([group, signature, *(getattr(t, f) for f in OWN), *([t.placeholders] if t.placeholders else [])])
     return {"groups": [json.loads(g) for g in groups], "signatures": [json.loads(s) for s in signatures],
             "targets": rows}
 
@@ -199,6 +199,9 @@ def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11])))), g[12])
               for g in groups]
     signature = [pairs(s) for s in signatures]
+    def placeholders(rest: list) -> tuple:
+        return tuple((n, kind, tuple(v) if isinstance(v, list) else v) for n, kind, v in rest[0]) if rest else ()
     return [Target(**shared[group][0], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
-                   options=pairs(options), config=pairs(config), out_dir=f"{shared[group][1]}/{config_id}", key=key)
-            for group, sig, config_id, constexprs, options, config, key in rows]
+                   options=pairs(options), config=pairs(config), out_dir=f"{shared[group][1]}/{config_id}", key=key,
+                   placeholders=placeholders(rest))
+            for group, sig, config_id, constexprs, options, config, key, *rest in rows]

@@ -87,6 +87,8 @@ def _build(target):
     if "arch" in inspect.signature(factory).parameters:
         kwargs["arch"] = target.arch
     built = factory(**kwargs)
+    if target.placeholders:   # a library's builder, by the spec's [adapter]: it returns the launcher alone
+        return built, [_placeholder(kind, value) for _, kind, value in target.placeholders]
     if not (isinstance(built, tuple) and len(built) == 2):
         raise TypeError(f"{target.module}.{target.entry}() must return (launcher, placeholders), "
                         f"got {type(built).__name__}")
@@ -100,6 +102,19 @@ def _build(target):
         if got is not None and got != declared:
             raise TypeError(f"placeholder for {name!r} is {got}, [signature] says {declared}")
     return launcher, placeholders
+
+
+def _placeholder(kind: str, value):
+    """A CPU tensor of the element type and shape (FlyDSL takes type and rank from it, never its data), or the
+    scalar itself."""
+    if kind == "scalar":
+        return value
+    import torch
+    dtypes = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+              "fp8e4nv": torch.float8_e4m3fn, "fp8e4b8": torch.float8_e4m3fnuz, "fp8e5": torch.float8_e5m2,
+              "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+              "i1": torch.bool}
+    return torch.empty(*value, dtype=dtypes[kind])
 
 
 def _arg_type(value) -> str | None:

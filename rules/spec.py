@@ -45,6 +45,12 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
     "arch": {"*": (dict, False, "values for one arch: [arch.gfx942] with constexprs or compile options, "
                                 "e.g. num_warps = 16")},
+    "adapter": {
+        "arguments": (dict, False, "spec parameter -> the builder's argument name, e.g. {dtype = \"dtype_str\"}"),
+        "dtype_names": (dict, False, "kforge element type -> the builder's name for it, e.g. {fp16 = \"f16\"}"),
+        "shapes": (dict, False, "tensor argument -> its placeholder's shape: sizes or parameter names"),
+        "scalars": (dict, False, "scalar argument -> its placeholder value (default 0)"),
+    },
     "env": {"*": (str, False, "an environment variable set where the family compiles (and its module is "
                               "imported), e.g. LIGER_AUTOTUNE = \"0\"")},
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
@@ -116,8 +122,9 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
                         f"functions there: {', '.join(sources.function_names(source_path)) or 'none'}")
 
     signature = tuple(raw["signature"].items())
+    adapter = _check_adapter(raw["adapter"], signature, k["toolchain"], where) if "adapter" in raw else ()
     if k["toolchain"] == "flydsl":
-        _check_factory(signature, params, where, k["entry"])
+        _check_factory(signature, params, where, k["entry"], dict(dict(adapter).get("arguments", ())))
     else:
         _check_signature(signature, params, where, k["entry"])
     constants = tuple(raw.get("constants", {}).items())
@@ -162,7 +169,7 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
-                derived=derived, per_arch=per_arch, env=env)
+                derived=derived, per_arch=per_arch, env=env, adapter=adapter)
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
 
 
@@ -398,12 +405,51 @@ def _check_signature(signature, params, where, entry) -> None:
     _check_types(signature, where)
 
 
-def _check_factory(signature, params, where, entry) -> None:
-    """A FlyDSL factory takes exactly the compile-time values: constexprs and type variables (+ arch)."""
+def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
+    """[adapter]: how to call a FlyDSL builder as a library writes it (it returns the launcher alone, names
+    its arguments and element types its own way); kforge makes the placeholders the launcher is traced with."""
+    if toolchain != "flydsl":
+        raise SpecError(f"{where}: [adapter] is for toolchain 'flydsl' builders; a Triton entry needs none")
+    runtime = {a: t for a, t in signature if t not in (*COMPILE_TIME, NONE)}
+    compile_time = {a for a, t in signature if t == "constexpr"} | {
+        v for _, t in signature for v in TYPE_VAR_RE.findall(t)}
+    arguments, names = table.get("arguments", {}), table.get("dtype_names", {})
+    shapes, scalars = table.get("shapes", {}), table.get("scalars", {})
+    for p, name in arguments.items():
+        if p not in compile_time or not isinstance(name, str) or not name.isidentifier():
+            _fail(where, "adapter", "arguments", {p: name}, "a compile-time parameter of the spec mapped to an "
+                  f"argument name of the builder; parameters: {sorted(compile_time)}")
+    for dtype, name in names.items():
+        if canonical_arg_type(dtype) != dtype or not isinstance(name, str):
+            _fail(where, "adapter", "dtype_names", {dtype: name}, f"element types ({allowed_dtypes()}) mapped to "
+                  f"the builder's names (strings)")
+    for a, t in runtime.items():
+        if t.startswith("*"):
+            shape = shapes.get(a)
+            if not isinstance(shape, list) or not shape or not all(
+                    (type(x) is int and x > 0) or (isinstance(x, str) and x in compile_time) for x in shape):
+                _fail(where, "adapter", "shapes", {a: shape}, f"for each tensor argument ({', '.join(a for a, t in runtime.items() if t.startswith('*'))}) "
+                      f"a list of positive sizes or compile-time parameter names")
+        elif a in shapes:
+            _fail(where, "adapter", "shapes", {a: shapes[a]}, "shapes only for tensor (pointer) arguments")
+    for a, v in scalars.items():
+        if a not in runtime or runtime[a].startswith("*") or type(v) not in (int, float, bool):
+            _fail(where, "adapter", "scalars", {a: v}, "scalar runtime arguments mapped to a number")
+    unknown = set(shapes) - set(runtime)
+    if unknown:
+        _fail(where, "adapter", "shapes", sorted(unknown)[0], f"runtime arguments: {sorted(runtime)}")
+    return tuple((key, tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in table[key].items()))
+                 for key in ("arguments", "dtype_names", "shapes", "scalars") if key in table)
+
+
+def _check_factory(signature, params, where, entry, arguments: dict | None = None) -> None:
+    """A FlyDSL factory takes exactly the compile-time values: constexprs and type variables (+ arch), by the
+    names [adapter] arguments gives them, if any."""
     _check_types(signature, where)
     compile_time = {a for a, t in signature if t == "constexpr"}
     for _, t in signature:
         compile_time.update(TYPE_VAR_RE.findall(t))
+    compile_time = {(arguments or {}).get(p, p) for p in compile_time}
     given = set(params) - {"arch"}
     if given != compile_time:
         raise SpecError(f"{where}: {entry}(...) must take the compile-time values as keyword parameters "

@@ -119,6 +119,7 @@ class Spec:
     derived: tuple[str, ...] = ()   # constexprs the entry's @triton.heuristics compute per config (entry_probe.py)
     per_arch: tuple[tuple[str, tuple[tuple[str, Scalar], ...]], ...] = ()   # [arch.<name>]: values for one arch
     env: tuple[tuple[str, str], ...] = ()   # [env]: set where the family compiles; in its key
+    adapter: tuple = ()   # FlyDSL [adapter]: (table, ((key, value), ...)) for arguments, dtype_names, shapes, scalars
 
     def on_arch(self, arch: str) -> dict:
         """The [arch.<arch>] values (constexprs and options), if the spec has that table."""

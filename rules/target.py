@@ -34,6 +34,9 @@ class Target(NamedTuple):
     out_dir: str                # this target's artifact directory in it
     key: str
     env: tuple[tuple[str, str], ...] = ()   # the family's [env]: set in the processes that compile it
+    # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
+    # type, shape) for a tensor, (name, "scalar", value) otherwise. Empty: the factory returns its own.
+    placeholders: tuple[tuple[str, str, object], ...] = ()
 
     @property
     def name(self) -> str:

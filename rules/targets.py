@@ -131,6 +131,20 @@ def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: 
     return seen[ref]
 
 
+def _adapted(spec: Spec, signature: tuple, constexprs: tuple, known: dict) -> tuple[tuple, tuple]:
+    """A FlyDSL [adapter]'s builder arguments (renamed, element types in the builder's names) and the
+    placeholders its launcher is traced with (tensor shapes from sizes or this config's values)."""
+    adapter = {table: dict(items) for table, items in spec.adapter}
+    rename, names = adapter.get("arguments", {}), adapter.get("dtype_names", {})
+    shapes, scalars = adapter.get("shapes", {}), adapter.get("scalars", {})
+    arguments = tuple((rename.get(c, c), names.get(v, v) if c in spec.type_vars else v) for c, v in constexprs)
+    placeholders = tuple(
+        (a, t[1:], tuple(x if type(x) is int else known[x] for x in shapes[a])) if t.startswith("*") else
+        (a, "scalar", scalars.get(a, 0))
+        for a, t in signature if t not in COMPILE_TIME)
+    return arguments, placeholders
+
+
 def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
     spec, arch = shared.spec, shared.arch
     values = dict(config)
@@ -147,8 +161,11 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                                 f"{values} is not a known type")
         shared.signatures[types] = signature
     constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
+    placeholders = ()
     if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
+        if spec.adapter:
+            constexprs, placeholders = _adapted(spec, signature, constexprs, known)
     options = tuple((o, known[o]) for o in OPTIONS if o in known and o not in spec.constexprs)
     cid = config_id(spec, config)
     for o, v in options:
@@ -160,9 +177,11 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
     functions = [(v, shared.function_sources(v)) for c, v in constexprs if (c, "function") in spec.signature]
     key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
                            "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
-                           **({"functions": functions} if functions else {})})
+                           **({"functions": functions} if functions else {}),
+                           **({"placeholders": placeholders} if placeholders else {})})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env)
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env,
+                  placeholders=placeholders)

@@ -188,3 +188,89 @@ def test_tritons_lld_runner_refuses_a_link_it_cannot_do_exactly():
                 ["-shared", "a.o", "-o"]):
         with pytest.raises(ValueError, match="-shared INPUT -o OUTPUT"):
             triton_lld.link_args(bad)
+
+
+LIBRARY_BUILDER = '''
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+ELEMENTS = {"f16": fx.Float16, "bf16": fx.BFloat16}   # the library's own dtype names
+
+
+def build_copy_module(dtype_str, VEC):
+    """As FlyDSL's library builders are written: returns the launcher alone, which takes a stream."""
+    elem = ELEMENTS[dtype_str]
+
+    @flyc.kernel
+    def copy_kernel(X: fx.Tensor, Y: fx.Tensor):
+        i = fx.block_idx.x * 64 + fx.thread_idx.x
+        atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), 16)
+        src = fx.logical_divide(fx.rocdl.make_buffer_tensor(X), fx.make_layout(VEC, 1))
+        dst = fx.logical_divide(fx.rocdl.make_buffer_tensor(Y), fx.make_layout(VEC, 1))
+        regs = fx.make_rmem_tensor(VEC, elem)
+        fx.copy(atom, fx.slice(src, (None, i)), regs)
+        out = fx.make_rmem_tensor(VEC, elem)
+        fx.memref_store_vec((fx.memref_load_vec(regs).to(fx.Float32) * 3.0).to(elem), out)
+        fx.copy(atom, out, fx.slice(dst, (None, i)))
+
+    @flyc.jit
+    def copy(X: fx.Tensor, Y: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        copy_kernel(X, Y).launch(grid=(1024 // (64 * VEC), 1, 1), block=(64, 1, 1), stream=stream)
+
+    return copy
+'''
+
+ADAPTED_SPEC = '''
+[kernel]
+name = "libcopy"
+source = "tk/libcopy.py"
+entry = "build_copy_module"
+toolchain = "flydsl"
+archs = ["gfx942"]
+id = "{dtype}-v{VEC}"
+
+[signature]
+X = "*{dtype}"
+Y = "*{dtype}"
+VEC = "constexpr"
+
+[sweep]
+dtype = ["fp16", "bf16"]
+VEC = [8]
+
+[adapter]
+arguments = {dtype = "dtype_str"}
+dtype_names = {fp16 = "f16", bf16 = "bf16"}
+shapes = {X = [1024], Y = ["ELEMS"]}
+'''
+
+
+def test_a_library_builder_compiles_through_the_specs_adapter(tmp_path):
+    """The builder returns only the launcher and names its dtypes its own way: [adapter] says how to call it
+    and which placeholders to trace the launcher with (a size may be a parameter of the config)."""
+    spec = ADAPTED_SPEC.replace("[sweep]", "[constants]\nELEMS = 1024\n\n[sweep]").replace(
+        'VEC = "constexpr"', 'VEC = "constexpr"\nELEMS = "constexpr"')
+    root = make_project(tmp_path / "p", specs={"libcopy": spec},
+                        kernels={"libcopy": LIBRARY_BUILDER.replace("def build_copy_module(dtype_str, VEC)",
+                                                                    "def build_copy_module(dtype_str, VEC, ELEMS)")})
+    doit(root, "-n", "1")
+    assert statuses(root, "built") == {"libcopy:fp16-v8@gfx942", "libcopy:bf16-v8@gfx942"}
+    fp16 = json.loads((root / "out/gfx942/libcopy/fp16-v8/meta.json").read_text())
+    bf16 = json.loads((root / "out/gfx942/libcopy/bf16-v8/meta.json").read_text())
+    assert fp16["sha256"] != bf16["sha256"]
+    assert fp16["constexprs"] == {"VEC": 8, "ELEMS": 1024, "dtype_str": "f16"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ('shapes = {X = [1024], Y = ["ELEMS"]}', r"\[adapter\] shapes: .*for each tensor argument \(X, Y\)"),
+    ('arguments = {dtype = "dtype_str"}\n', r"build_copy_module\(...\) must take the compile-time values"),
+])
+def test_a_bad_adapter_is_refused_at_load(tmp_path, change, message):
+    from kforge.errors import SpecError
+    from kforge.project import load_specs
+    replacement = "shapes = {X = [1024]}" if change.startswith("shapes") else ""
+    spec = ADAPTED_SPEC.replace('Y = ["ELEMS"]', "Y = [1024]") if not change.startswith("shapes") else ADAPTED_SPEC
+    root = make_project(tmp_path / "p", specs={"libcopy": spec.replace(change, replacement)},
+                        kernels={"libcopy": LIBRARY_BUILDER})
+    with pytest.raises(SpecError, match=message):
+        load_specs(root)
