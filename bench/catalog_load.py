@@ -15,35 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-KERNEL = '''import triton
-import triton.language as tl
-
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
-'''
-
-TOML = '''[kernel]
-name = "scale"
-source = "tk/scale.py"
-entry = "scale_kernel"
-toolchain = "triton"
-archs = ["sm_90a", "gfx942"]
-id = "b{{BLOCK}}"
-
-[signature]
-x_ptr = "*fp32"
-y_ptr = "*fp32"
-n = "i32"
-BLOCK = "constexpr"
-
-[sweep]
-BLOCK = [{blocks}]
-'''
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import REPO, scale_project  # noqa: E402
 
 PYTHON = '''from kforge.declare import family
 
@@ -64,13 +37,8 @@ print(n, time.perf_counter() - start)
 
 
 def project(root: Path, kind: str, n: int) -> Path:
-    (root / "specs").mkdir(parents=True)
-    (root / "tk").mkdir()
-    (root / "tk" / "__init__.py").write_text("")
-    (root / "tk" / "scale.py").write_text(KERNEL)
-    if kind == "toml":
-        (root / "specs" / "scale.toml").write_text(TOML.format(blocks=", ".join(str(16 * (i + 1)) for i in range(n // 2))))
-    else:
+    scale_project(root, n, spec=kind == "toml")
+    if kind == "python":
         (root / "specs" / "scale.py").write_text(PYTHON.format(half=n // 2))
     return root
 

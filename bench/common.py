@@ -12,6 +12,48 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+SCALE_KERNEL = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+'''
+
+SCALE_SPEC = '''[kernel]
+name = "scale"
+source = "tk/scale.py"
+entry = "scale_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+id = "b{{BLOCK}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+BLOCK = [{blocks}]
+'''
+
+
+def scale_project(root: Path, n: int, spec: bool = True) -> Path:
+    """A project of one small Triton kernel and, with spec, one TOML spec sweeping n // 2 block sizes for two
+    archs (n targets)."""
+    (root / "specs").mkdir(parents=True)
+    (root / "tk").mkdir()
+    (root / "tk" / "__init__.py").write_text("")
+    (root / "tk" / "scale.py").write_text(SCALE_KERNEL)
+    if spec:
+        blocks = ", ".join(str(16 * (i + 1)) for i in range(n // 2))
+        (root / "specs" / "scale.toml").write_text(SCALE_SPEC.format(blocks=blocks))
+    return root
+
+
 def fresh_copy(dest: Path, specs: str = "*") -> Path:
     """The project's kernels, dodo and the specs matching the glob, in dest, with an empty out/ (a cold build)."""
     shutil.rmtree(dest, ignore_errors=True)

@@ -25,19 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import REPO, run_doit  # noqa: E402
+from bench.common import REPO, run_doit, scale_project  # noqa: E402
 from kforge.project import load_specs  # noqa: E402
 from kforge.targets import build_targets  # noqa: E402
-
-KERNEL = '''import triton
-import triton.language as tl
-
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
-'''
 
 BARE_DODO = '''N = {n}
 DOIT_CONFIG = {{"backend": "sqlite3", "dep_file": ".doit.sqlite3", "verbosity": 0}}
@@ -55,30 +45,9 @@ def task_t():
 
 
 def kforge_project(root: Path, n: int) -> Path:
-    (root / "specs").mkdir(parents=True)
-    (root / "tk").mkdir()
-    (root / "tk" / "__init__.py").write_text("")
-    (root / "tk" / "scale.py").write_text(KERNEL)
+    scale_project(root, n)
     shutil.copy(REPO / "dodo.py", root)
     shutil.copy(REPO / "pyproject.toml", root)
-    blocks = ", ".join(str(16 * (i + 1)) for i in range(n // 2))
-    (root / "specs" / "scale.toml").write_text(f'''[kernel]
-name = "scale"
-source = "tk/scale.py"
-entry = "scale_kernel"
-toolchain = "triton"
-archs = ["sm_90a", "gfx942"]
-id = "b{{BLOCK}}"
-
-[signature]
-x_ptr = "*fp32"
-y_ptr = "*fp32"
-n = "i32"
-BLOCK = "constexpr"
-
-[sweep]
-BLOCK = [{blocks}]
-''')
     # one real compile per arch, then seed the rest with their own keys
     run_doit(root, "scale:b16@sm_90a", "scale:b16@gfx942")
     for t in build_targets(load_specs(root), root, None):

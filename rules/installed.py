@@ -44,7 +44,7 @@ class Module:
             seen.add(p)
             if p.name != "__init__.py" or p == self.path:
                 todo += [q for q in _imports(p, self.base) if self._inside(q)]
-            todo += [q for q in _package_inits(p, self.base) if q not in seen]
+            todo += [q for q in sources.package_inits(p, self.base) if q not in seen]
         return tuple(sorted(seen))
 
     def digests(self) -> tuple[tuple[str, str], ...]:
@@ -97,7 +97,7 @@ def _imports(path: Path, base: Path) -> list[Path]:
         if isinstance(node, ast.Import):
             dotted, start = [a.name for a in node.names], base
         elif isinstance(node, ast.ImportFrom):
-            start = base if node.level == 0 else _up(package, node.level - 1)
+            start = base if node.level == 0 else sources.up(package, node.level - 1)
             mod = node.module.split(".") if node.module else []
             dotted = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
         else:
@@ -109,23 +109,6 @@ def _imports(path: Path, base: Path) -> list[Path]:
                 if f is not None:
                     found.append(f)
     return found
-
-
-def _package_inits(path: Path, base: Path) -> list[Path]:
-    found = []
-    for folder in path.parents:
-        if folder == base or base not in folder.parents:
-            break
-        init = folder / "__init__.py"
-        if init.is_file() and init != path:
-            found.append(init.resolve())
-    return found
-
-
-def _up(p: Path, n: int) -> Path:
-    for _ in range(n):
-        p = p.parent
-    return p
 
 
 @functools.lru_cache(maxsize=None)

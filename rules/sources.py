@@ -118,12 +118,12 @@ def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tu
         if p in seen:
             continue
         seen.add(p)
-        todo += [q for q in (*_local_imports(p, root, misses), *_package_inits(p, root))
+        todo += [q for q in (*_local_imports(p, root, misses), *package_inits(p, root))
                  if q not in seen and project_source_problem(q, root) is None]
     return tuple(sorted(seen))
 
 
-def _package_inits(path: Path, root: Path) -> list[Path]:
+def package_inits(path: Path, root: Path) -> list[Path]:
     """The __init__.py of every package a module lies in, below the project root: importing it runs them."""
     found = []
     for folder in path.parents:
@@ -143,7 +143,7 @@ def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> l
             names = [a.name for a in node.names]
             bases = [root]
         elif isinstance(node, ast.ImportFrom):
-            base = root if node.level == 0 else _up(package, node.level - 1)
+            base = root if node.level == 0 else up(package, node.level - 1)
             mod = node.module.split(".") if node.module else []
             names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
             bases = [base]
@@ -157,7 +157,7 @@ def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> l
     return found
 
 
-def _up(p: Path, n: int) -> Path:
+def up(p: Path, n: int) -> Path:
     for _ in range(n):
         p = p.parent
     return p
