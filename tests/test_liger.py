@@ -74,6 +74,8 @@ def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_f
     assert ("liger_cross_entropy", "reduction", "str") in constexpr_types        # "mean" | "sum" | "none"
     assert ("liger_rms_norm_fwd", "casting_mode", "int") in constexpr_types      # int enum
     assert ("liger_jsd", "beta", "float") in constexpr_types
+    assert ("liger_cross_entropy", "weight_ptr", "NoneType") in constexpr_types   # an optional input, None
+    assert ("liger_rms_norm_bwd", "X_dtype", "str") in constexpr_types           # a dtype constexpr ("bf16")
 
     # 2. a copy of the package (and its dist-info) ahead of the installed one, in a second project: every
     # target builds from the copy; an edit of one of its kernel files rebuilds exactly the families whose
