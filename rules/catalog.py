@@ -64,7 +64,8 @@ class Catalog:
         from kforge.entry_probe import Probe
         try:
             specs = load_specs(self.root, spec_files, read)
-            self.targets = build_targets(specs, self.root, self.archs, read)
+            from kforge.records import without_duplicates
+            self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read))
         finally:
             Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
@@ -117,17 +118,22 @@ def _found(module: str) -> str | None:
         return None
 
 
+def _kforge_config(root: Path):
+    """pyproject.toml's [tool.kforge] table ({} when there is none)."""
+    import tomllib
+    try:
+        return tomllib.loads((root / PYPROJECT).read_text(encoding="utf-8")).get("tool", {}).get("kforge", {})
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
+
+
 def catalog_folders(root: Path) -> list[Path]:
     """Where the project's specs are: specs/, or the folders `[tool.kforge] catalog` in its pyproject.toml
     lists, each a folder relative to the project or an installed package by import name
     (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither."""
-    import tomllib
-    try:
-        config = tomllib.loads((root / PYPROJECT).read_text(encoding="utf-8")).get("tool", {}).get("kforge", {})
-    except FileNotFoundError:
-        config = {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
+    config = _kforge_config(root)
     entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
@@ -152,26 +158,45 @@ def catalog_folders(root: Path) -> list[Path]:
 
 
 def catalog_files(root: Path) -> list[Path]:
-    """Every spec of the project: *.toml specs and *.py catalogs (rules/declare.py) in its catalog folders. A .py
-    file whose name starts with `_` (`__init__.py`, `_helpers.py`) is a helper, not a catalog."""
+    """Every spec of the project: *.toml specs, *.py catalogs (rules/declare.py) and *.jsonl record files
+    (rules/records.py) in its catalog folders. A .py file whose name starts with `_` (`__init__.py`,
+    `_helpers.py`) is a helper, not a catalog."""
     files = []
     for folder in catalog_folders(root):
         files += sorted(f for f in folder.glob("*.toml"))
         files += sorted(f for f in folder.glob("*.py") if not f.name.startswith("_"))
+        files += sorted(folder.glob("*.jsonl"))   # record files (rules/records.py)
     return files
 
 
 def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None) -> list:
     """Every family of the project's specs, checked (SpecError); `read` collects what Python catalogs read."""
-    from kforge import declare
-    from kforge.spec import load_spec
+    from kforge import declare, records
+    from kforge.spec import load_spec, spec_from_tables
     files = catalog_files(root) if files is None else files
     if not files:
-        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files or *.py catalogs)")
+        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
     specs = []
     for f in files:
-        specs += declare.load(f, root, read) if f.suffix == ".py" else [load_spec(f, root)]
+        if f.suffix == ".py":
+            specs += declare.load(f, root, read)
+        elif f.suffix == ".jsonl":
+            specs += [spec_from_tables(tables, where, root)
+                      for tables, where in records.families(f, root, record_archs(root))]
+        else:
+            specs.append(load_spec(f, root))
     return specs
+
+
+def record_archs(root: Path) -> tuple[str, ...]:
+    """`[tool.kforge] record_archs`: archs every record is built for besides the one it was recorded on."""
+    from kforge.archs import ARCHS
+    config = _kforge_config(root)
+    archs = config.get("record_archs", []) if isinstance(config, dict) else []
+    if not isinstance(archs, list) or not all(a in ARCHS for a in archs):
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: expected a list of archs ({', '.join(ARCHS)}), "
+                        f"got {archs!r}")
+    return tuple(archs)
 
 
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>

@@ -1,0 +1,129 @@
+"""Record files (*.jsonl in a catalog folder, written by `python -m kforge_runtime.record`) -> families.
+
+Each line is one Triton specialization an application used (the format: rules/runtime/record.py). Lines of
+one kernel with the same argument types, hints and kinds of values become one family named
+`rec_<function>_<digest>`, each line one config of it, built for the arch it was recorded on and for the
+archs `[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too; a line with one
+vendor's options only for that vendor). A line equal to another, or to a target the rest of the catalog
+already builds (the same kernel, arch, argument types, constexprs, hints and effective options), is dropped.
+Every line is checked: a bad one is one SpecError naming the file and the line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from kforge.archs import ARCHS
+from kforge.errors import SpecError
+from kforge.target import FUNCTION_REF
+from kforge_runtime.record import FORMAT
+
+KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
+AMD_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint"}
+NVIDIA_ONLY = {"maxnreg", "launch_pdl"}
+# Triton 3.6's defaults, to compare a record's options with a spec's (which names only what it sets)
+DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "launch_cooperative_grid": False, "launch_pdl": False,
+            "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1, "schedule_hint": "none", "num_warps": 4}
+DEFAULT_STAGES = {"nvidia": 3, "amd": 2}
+
+
+def read(path: Path, where: str) -> list[dict]:
+    """The file's records, each checked, duplicates dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{where}: cannot read it ({e}); a record file is UTF-8 JSON lines") from None
+    found: dict[str, dict] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        at = f"{where}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
+        _check(record, at)
+        found.setdefault(json.dumps(record, sort_keys=True), record)
+    if not found:
+        raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
+                        f"app.py`")
+    return list(found.values())
+
+
+def _check(record, at: str) -> None:
+    if not isinstance(record, dict) or set(record) != KEYS or record.get("format") != FORMAT:
+        raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}); record it again with "
+                        f"this kforge")
+    if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
+        raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
+    if record["arch"] not in ARCHS:
+        raise SpecError(f"{at}: arch {record['arch']!r} is not one kforge builds ({', '.join(ARCHS)})")
+    signature = record["signature"]
+    if not isinstance(signature, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in signature):
+        raise SpecError(f"{at}: signature must be a list of [argument, type] pairs")
+    if not isinstance(record["constexprs"], dict) or not isinstance(record["options"], dict) or not isinstance(
+            record["divisible_by_16"], list):
+        raise SpecError(f"{at}: constexprs and options must be objects, divisible_by_16 a list")
+
+
+def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[tuple[dict, str]]:
+    """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
+    where = _relative(path, root)
+    groups: dict[str, list[dict]] = {}
+    for record in read(path, where):
+        shape = [record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
+                 sorted(record["constexprs"]), sorted(record["options"])]
+        groups.setdefault(json.dumps(shape), []).append(record)
+    found = []
+    for shape, records in groups.items():
+        first = records[0]
+        module, entry = first["kernel"].split(":")
+        name = f"rec_{entry.strip('_').lower()}_{hashlib.sha256(shape.encode()).hexdigest()[:6]}"
+        params = [*first["constexprs"], *first["options"]]
+        configs = [{**r["constexprs"], **r["options"]} for r in records]
+        archs = sorted({r["arch"] for r in records} | set(_for_vendor(extra_archs, first["options"])),
+                       key=list(ARCHS).index)
+        tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
+                             "archs": archs, "description": f"recorded: {first['kernel']}"},
+                  "signature": dict(first["signature"]),
+                  "hints": {"divisible_by_16": sorted(first["divisible_by_16"])},
+                  "sweep": {p: [configs[0][p]] for p in params}}
+        if len(configs) > 1:
+            tables["extra"] = configs[1:]
+        found.append((tables, f"{where}: {first['kernel']}"))
+    return found
+
+
+def _for_vendor(archs: tuple[str, ...], options: dict) -> list[str]:
+    vendor = "amd" if AMD_ONLY & set(options) else "nvidia" if NVIDIA_ONLY & set(options) else None
+    return [a for a in archs if vendor is None or ARCHS[a].vendor == vendor]
+
+
+def identity(target) -> str:
+    """What decides a target's binary, the effective options filled in: a record and a spec that ask for
+    the same compile have the same identity."""
+    vendor = ARCHS[target.arch].vendor
+    options = {**DEFAULTS, "num_stages": DEFAULT_STAGES[vendor], **dict(target.options)}
+    return json.dumps([target.module, target.entry, target.arch, target.signature, sorted(target.constexprs),
+                       sorted(target.divisible_by_16), sorted(options.items())], default=str)
+
+
+def is_recorded(target) -> bool:
+    """Whether the target comes from a record file (its spec_path is "<file>.jsonl: <kernel>")."""
+    return target.spec_path.split(":", 1)[0].endswith(".jsonl")
+
+
+def without_duplicates(targets: list) -> list:
+    """The targets less each recorded one that another target of the catalog already builds."""
+    built = {identity(t) for t in targets if not is_recorded(t)}
+    return [t for t in targets if not is_recorded(t) or identity(t) not in built]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)

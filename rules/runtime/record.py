@@ -1,0 +1,154 @@
+"""Record the Triton specializations a process compiles or loads, for kforge to build ahead of time.
+
+    python -m kforge_runtime.record --out records/app.jsonl app.py [args...]
+    with kforge_runtime.record.recording("records/app.jsonl"): ...
+
+Each specialization Triton's JIT compiles (or loads from its cache) in the process becomes one line of the
+record file, whatever launched it: a plain `kernel[grid](...)`, an autotuner's chosen config, a heuristic's
+values. Recording never changes what runs: it only listens (Triton's jit_post_compile_hook, chained to any
+hook already set), and a line it cannot write is a warning, never an error. A project lists record files in
+its catalog (rules/records.py turns each line into a target).
+
+The format, one JSON object per line, keys sorted (stable, reviewable in a pull request):
+  {"format": "kforge-record-1", "kernel": "<module>:<function>", "arch": "sm_90a",
+   "signature": [["<arg>", "*bf16" | "i32" | "fp32" | "constexpr" | "dtype" | "function" | "none"], ...],
+   "constexprs": {"<arg>": value, ...},        # a dtype or function argument's value: "bf16", "mod:fn"
+   "divisible_by_16": ["<arg>", ...],          # the arguments Triton saw 16-divisible (pointers, integers)
+   "options": {"num_warps": 4, "num_stages": 3, ...}}
+Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
+compiles them.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import runpy
+import sys
+import threading
+
+FORMAT = "kforge-record-1"
+# the compile options a record keeps (the others are Triton's defaults or the machine's, never a kernel's)
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
+           "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+
+
+def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
+                options: dict, arch: str) -> dict:
+    """One record from what Triton's JIT hook is given (signature by argument name; constants and attrs by
+    argument path, a tuple of indices; options: the backend's options as a dict)."""
+    values, kinds = {}, dict(signature)
+    for path, value in constants.items():
+        if len(path) != 1:
+            raise ValueError(f"{module}.{name}: a tuple argument's element is specialized ({path}); kforge "
+                             f"records plain arguments")
+        arg = arg_names[path[0]]
+        kind, recorded = _constant(value)
+        values[arg] = recorded
+        if kind != "constexpr":
+            kinds[arg] = kind
+        if kind == "none":   # passed as None: nothing to give at build time
+            del values[arg]
+    divisible = sorted(arg_names[path[0]] for path, found in attrs.items()
+                       if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
+    return {"format": FORMAT, "kernel": f"{module}:{name}", "arch": arch, "signature": [[a, kinds[a]] for a in kinds],
+            "constexprs": values, "divisible_by_16": divisible,
+            "options": {k: options[k] for k in OPTIONS if options.get(k) is not None}}
+
+
+def _constant(value) -> tuple[str, object]:
+    """(signature kind, JSON value) of a specialized constant."""
+    if value is None:
+        return "none", None
+    kind = type(value).__name__
+    if kind == "constexpr":
+        value = value.value
+        kind = type(value).__name__
+    if kind == "dtype":
+        return "dtype", str(value)
+    if kind == "JITFunction":
+        return "function", f"{value.fn.__module__}:{value.fn.__qualname__}"
+    if isinstance(value, (bool, int, float, str)):
+        return "constexpr", value
+    raise ValueError(f"a constexpr of type {kind} ({value!r}) cannot be recorded")
+
+
+def arch_name(target) -> str:
+    """kforge's name for Triton's GPUTarget: cuda 90 -> sm_90a, cuda 80 -> sm_80, hip gfx942 -> gfx942."""
+    if target.backend == "hip":
+        return str(target.arch)
+    return f"sm_{target.arch}" + ("a" if target.arch in (90, 100) else "")
+
+
+class Recorder:
+    """Appends one line per new specialization to `path`; installed as Triton's jit_post_compile_hook."""
+
+    def __init__(self, path: str, arch: str | None = None):
+        self.path, self.seen, self.lock = path, set(), threading.Lock()
+        self.arch = arch   # None: the current device's, asked of Triton's driver at the first record
+        self.previous = None
+
+    def install(self) -> None:
+        from triton import knobs
+        self.previous = knobs.runtime.jit_post_compile_hook
+        knobs.runtime.jit_post_compile_hook = self.hook
+
+    def uninstall(self) -> None:
+        from triton import knobs
+        if knobs.runtime.jit_post_compile_hook == self.hook:
+            knobs.runtime.jit_post_compile_hook = self.previous
+
+    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        try:
+            self._record(fn, compile)
+        except Exception as e:   # recording never changes what runs
+            sys.stderr.write(f"kforge record: not recorded ({fn.module}.{fn.name}): {e}\n")
+        if self.previous is not None:
+            return self.previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                                 already_compiled=already_compiled)
+        return None
+
+    def _record(self, fn, compile: dict) -> None:
+        if self.arch is None:
+            from triton.runtime import driver
+            self.arch = arch_name(driver.active.get_current_target())
+        data = json.loads(compile["specialization_data"])
+        line = record_line(fn.module, fn.name, list(fn.jit_function.arg_names), compile["signature"],
+                           compile["constants"], compile["configs"][0], data["options"], self.arch)
+        text = json.dumps(line, sort_keys=True)
+        with self.lock:
+            if text in self.seen:
+                return
+            self.seen.add(text)
+            with open(self.path, "a") as f:
+                f.write(text + "\n")
+
+
+@contextlib.contextmanager
+def recording(path: str):
+    """Record every specialization the block compiles or loads into `path` (appended)."""
+    recorder = Recorder(path)
+    recorder.install()
+    try:
+        yield recorder
+    finally:
+        recorder.uninstall()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kforge_runtime.record",
+                                 description="run a Python script, recording the Triton specializations it uses")
+    ap.add_argument("--out", required=True, help="the record file (JSON lines, appended)")
+    ap.add_argument("script")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    sys.argv = [a.script, *a.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
+    with recording(os.path.abspath(a.out)):
+        runpy.run_path(a.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""rules/records.py: record files in the catalog -> targets, de-duplicated, every line checked."""
+import json
+
+import pytest
+
+from kforge.catalog import Catalog
+from kforge.errors import SpecError
+from tests.support import doit, make_project, spec_text, statuses
+
+
+def line(block, arch="sm_90a", warps=4, **changes):
+    record = {"format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": arch,
+              "signature": [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]],
+              "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
+              "options": {"num_warps": warps, "num_stages": 3}}
+    return json.dumps({**record, **changes}, sort_keys=True)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "p", specs={})
+    monkeypatch.syspath_prepend(str(root))   # as doit puts the project first on the path
+    return root
+
+
+def targets(root):
+    return {t.name: t for t in Catalog(root, None, 50_000).load().targets}
+
+
+def test_records_become_targets_and_a_repeated_line_is_one(project):
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), line(256), line(128), ""]))
+    found = targets(project)
+    assert len(found) == 2 and all(n.startswith("rec_scale_kernel_") and n.endswith("@sm_90a") for n in found)
+    t = next(t for t in found.values() if dict(t.constexprs)["BLOCK"] == 256)
+    assert dict(t.options) == {"num_warps": 4, "num_stages": 3} and t.divisible_by_16 == ("x_ptr", "y_ptr")
+    assert t.signature == (("x_ptr", "*fp16"), ("y_ptr", "*fp16"), ("n", "i32"), ("BLOCK", "constexpr"))
+
+
+def test_record_archs_build_a_record_for_more_archs(project):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "sm_90a"]
+
+
+def test_a_record_the_catalog_already_builds_is_dropped(project):
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))   # fp16, BLOCK 128, 4 warps
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n" + line(128, warps=8) + "\n")
+    found = targets(project)
+    recorded = sorted((dict(t.constexprs)["BLOCK"], dict(t.options)["num_warps"])
+                      for n, t in found.items() if n.startswith("rec_"))
+    assert recorded == [(128, 8), (256, 4)] and "scale:fp16-b128-w4@sm_90a" in found
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("{not json", r"specs/app.jsonl:2: not a JSON object"),
+    (line(64, arch="sm_89"), r"specs/app.jsonl:2: arch 'sm_89' is not one kforge builds"),
+    (line(64, kernel="tk/scale.py"), r"specs/app.jsonl:2: kernel 'tk/scale.py' is not 'module:function'"),
+    (line(64, format="other"), r"specs/app.jsonl:2: not a kforge-record-1 record"),
+    (line(64, signature={"x": "*fp16"}), r"specs/app.jsonl:2: signature must be a list of \[argument, type\] pairs"),
+])
+def test_a_bad_line_is_one_error_naming_the_file_and_line(project, bad, message):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + bad + "\n")
+    with pytest.raises(SpecError, match=message):
+        targets(project)
+
+
+def test_a_record_that_does_not_match_the_kernel_gets_the_specs_message(project):
+    wrong = line(128, signature=[["x_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]])
+    (project / "specs" / "app.jsonl").write_text(wrong + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl: tk.scale:scale_kernel: \[signature\] must list the "
+                                        r"arguments of scale_kernel in order"):
+        targets(project)
+
+
+def test_recorded_targets_build(project):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n")
+    doit(project, "-n", "2")
+    assert len(statuses(project, "built")) == 2

@@ -1,0 +1,74 @@
+"""rules/runtime/record.py: what Triton's JIT hook is given becomes one stable record line; recording never
+changes what runs."""
+import json
+import types
+
+import pytest
+import triton
+import triton.language as tl
+
+from kforge_runtime import record
+
+
+@triton.jit
+def relu(x):
+    return tl.maximum(x, 0)
+
+
+ARGS = ["x_ptr", "y_ptr", "n", "scale", "bias", "X_dtype", "ACT", "BLOCK"]
+SIGNATURE = {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32", "scale": "constexpr", "bias": "constexpr",
+             "X_dtype": "constexpr", "ACT": "constexpr", "BLOCK": "constexpr"}
+CONSTANTS = {(3,): 1, (4,): None, (5,): tl.bfloat16, (6,): relu, (7,): tl.constexpr(256)}
+ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}
+OPTIONS = {"num_warps": 8, "num_stages": 3, "num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True,
+           "ptx_options": None, "debug": False, "arch": "sm90", "extern_libs": [["libdevice", "/x"]]}
+
+
+def test_a_specialization_becomes_one_record_with_each_kind_of_value():
+    line = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, OPTIONS, "sm_90a")
+    assert line == {
+        "format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": "sm_90a",
+        "signature": [["x_ptr", "*bf16"], ["y_ptr", "*bf16"], ["n", "i32"], ["scale", "constexpr"],
+                      ["bias", "none"], ["X_dtype", "dtype"], ["ACT", "function"], ["BLOCK", "constexpr"]],
+        "constexprs": {"scale": 1, "X_dtype": "bf16", "ACT": f"{__name__}:relu", "BLOCK": 256},
+        "divisible_by_16": ["x_ptr", "y_ptr"],
+        "options": {"num_warps": 8, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion": True}}
+    assert json.loads(json.dumps(line)) == line   # plain JSON
+
+
+def test_a_value_that_cannot_be_recorded_says_so():
+    with pytest.raises(ValueError, match="a constexpr of type object"):
+        record.record_line("m", "k", ["a"], {"a": "constexpr"}, {(0,): object()}, {}, {}, "sm_90a")
+
+
+@pytest.mark.parametrize("backend, arch, name", [("cuda", 90, "sm_90a"), ("cuda", 80, "sm_80"),
+                                                 ("cuda", 100, "sm_100a"), ("hip", "gfx942", "gfx942")])
+def test_triton_targets_get_kforge_arch_names(backend, arch, name):
+    assert record.arch_name(types.SimpleNamespace(backend=backend, arch=arch)) == name
+
+
+def hook_call(recorder, specialization):
+    fn = types.SimpleNamespace(module="tk.scale", name="scale_kernel",
+                               jit_function=types.SimpleNamespace(arg_names=ARGS))
+    compile = {"signature": SIGNATURE, "constants": CONSTANTS, "configs": [ATTRS],
+               "specialization_data": json.dumps({"options": OPTIONS}) if specialization else "not json"}
+    return recorder.hook(key="k", repr="r", fn=fn, compile=compile, is_manual_warmup=False, already_compiled=False)
+
+
+def test_the_hook_appends_each_specialization_once_and_chains_the_hook_it_replaced(tmp_path, capsys):
+    path = tmp_path / "app.jsonl"
+    recorder = record.Recorder(str(path), arch="sm_90a")
+    calls = []
+    recorder.previous = lambda **kw: calls.append(kw["key"]) or "theirs"
+    assert hook_call(recorder, True) == "theirs" and hook_call(recorder, True) == "theirs"
+    assert len(path.read_text().splitlines()) == 1 and calls == ["k", "k"]
+    assert hook_call(recorder, False) == "theirs"   # a record that fails is a warning, never an error
+    assert "kforge record: not recorded (tk.scale.scale_kernel)" in capsys.readouterr().err
+
+
+def test_recording_installs_and_restores_tritons_hook(tmp_path):
+    from triton import knobs
+    before = knobs.runtime.jit_post_compile_hook
+    with record.recording(str(tmp_path / "r.jsonl")) as recorder:
+        assert knobs.runtime.jit_post_compile_hook == recorder.hook
+    assert knobs.runtime.jit_post_compile_hook is before
