@@ -2,7 +2,8 @@
 
 Each line is one Triton specialization an application used (the format: rules/runtime/record.py). Lines of
 one kernel with the same argument types, hints and kinds of values become one family named
-`rec_<function>_<digest>`, each line one config of it, built for the arch it was recorded on and for the
+`rec_<function>_<digest>`, each line one config of it (its id: the values that differ between the family's
+lines, or `r` for a family of one), built for the arch it was recorded on and for the
 archs `[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too; a line with one
 vendor's options only for that vendor). A line equal to another, or to a target the rest of the catalog
 already builds (the same kernel, arch, argument types, constexprs, hints and effective options), is dropped.
@@ -18,14 +19,13 @@ from pathlib import Path
 from kforge.archs import ARCHS
 from kforge.errors import SpecError
 from kforge.target import FUNCTION_REF
-from kforge_runtime.record import FORMAT
+from kforge_runtime.record import DEFAULTS as OPTION_DEFAULTS, FORMAT
 
 KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
 AMD_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint"}
 NVIDIA_ONLY = {"maxnreg", "launch_pdl"}
 # Triton 3.6's defaults, to compare a record's options with a spec's (which names only what it sets)
-DEFAULTS = {"num_ctas": 1, "enable_fp_fusion": True, "launch_cooperative_grid": False, "launch_pdl": False,
-            "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1, "schedule_hint": "none", "num_warps": 4}
+DEFAULTS = {**OPTION_DEFAULTS, "num_warps": 4}
 DEFAULT_STAGES = {"nvidia": 3, "amd": 2}
 
 
@@ -86,15 +86,30 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         configs = [{**r["constexprs"], **r["options"]} for r in records]
         archs = sorted({r["arch"] for r in records} | set(_for_vendor(extra_archs, first["options"])),
                        key=list(ARCHS).index)
+        # ids spell only what tells the family's configs apart (a record holds every value Triton fixed)
+        varying = [p for p in params if len({json.dumps(c[p]) for c in configs}) > 1]
         tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
-                             "archs": archs, "description": f"recorded: {first['kernel']}"},
+                             "archs": archs, "description": f"recorded: {first['kernel']}",
+                             "id": "-".join(f"{p.lower()}{{{p}}}" for p in varying) or "r"},
                   "signature": dict(first["signature"]),
                   "hints": {"divisible_by_16": sorted(first["divisible_by_16"])},
                   "sweep": {p: [configs[0][p]] for p in params}}
         if len(configs) > 1:
             tables["extra"] = configs[1:]
+        # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
+        # Hopper record on wave64 AMD), is left out there: that arch runs another specialization of its own
+        skipped = [{"arch": a, **c} for a in archs for r, c in zip(records, configs)
+                   if a != r["arch"] and _unfit(r["options"], a)]
+        if skipped:
+            tables["exclude"] = skipped
         found.append((tables, f"{where}: {first['kernel']}"))
     return found
+
+
+def _unfit(options: dict, arch: str) -> bool:
+    from kforge.triton_options import OPTIONS, arch_problem
+    a = ARCHS[arch]
+    return any(arch_problem(o, v, a.vendor, a.warp_size, a.target_arch) for o, v in options.items() if o in OPTIONS)
 
 
 def _for_vendor(archs: tuple[str, ...], options: dict) -> list[str]:
@@ -106,7 +121,8 @@ def identity(target) -> str:
     """What decides a target's binary, the effective options filled in: a record and a spec that ask for
     the same compile have the same identity."""
     vendor = ARCHS[target.arch].vendor
-    options = {**DEFAULTS, "num_stages": DEFAULT_STAGES[vendor], **dict(target.options)}
+    options = {k: v for k, v in {**DEFAULTS, "num_stages": DEFAULT_STAGES[vendor], **dict(target.options)}.items()
+               if v is not None}
     return json.dumps([target.module, target.entry, target.arch, target.signature, sorted(target.constexprs),
                        sorted(target.divisible_by_16), sorted(options.items())], default=str)
 

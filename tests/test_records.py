@@ -77,3 +77,12 @@ def test_recorded_targets_build(project):
     (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n")
     doit(project, "-n", "2")
     assert len(statuses(project, "built")) == 2
+
+
+def test_a_record_that_cannot_run_on_an_added_arch_is_left_out_there(project):
+    """32 warps (a Hopper choice) exceed wave64 AMD's 1,024 threads a block: that arch runs another config."""
+    (project / "specs" / "app.jsonl").write_text(line(128, warps=32) + "\n" + line(256) + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    found = {(dict(t.constexprs)["BLOCK"], t.arch) for t in targets(project).values()}
+    assert found == {(128, "sm_90a"), (256, "sm_90a"), (256, "gfx942")}

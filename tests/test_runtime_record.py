@@ -32,7 +32,7 @@ def test_a_specialization_becomes_one_record_with_each_kind_of_value():
                       ["bias", "none"], ["X_dtype", "dtype"], ["ACT", "function"], ["BLOCK", "constexpr"]],
         "constexprs": {"scale": 1, "X_dtype": "bf16", "ACT": f"{__name__}:relu", "BLOCK": 256},
         "divisible_by_16": ["x_ptr", "y_ptr"],
-        "options": {"num_warps": 8, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion": True}}
+        "options": {"num_warps": 8, "num_stages": 3}}   # the other options are Triton's defaults
     assert json.loads(json.dumps(line)) == line   # plain JSON
 
 
@@ -72,3 +72,13 @@ def test_recording_installs_and_restores_tritons_hook(tmp_path):
     with record.recording(str(tmp_path / "r.jsonl")) as recorder:
         assert knobs.runtime.jit_post_compile_hook == recorder.hook
     assert knobs.runtime.jit_post_compile_hook is before
+
+
+def test_only_options_that_differ_from_tritons_defaults_are_kept_so_a_record_builds_for_either_vendor():
+    amd = {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 0, "kpack": 1,
+           "schedule_hint": "none", "num_ctas": 1, "enable_fp_fusion": True}
+    nvidia = {"num_warps": 4, "num_stages": 3, "launch_pdl": False, "maxnreg": None, "num_ctas": 2}
+    assert record.record_line("m", "k", [], {}, {}, {}, amd, "gfx942")["options"] == {
+        "num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
+    assert record.record_line("m", "k", [], {}, {}, {}, nvidia, "sm_90a")["options"] == {
+        "num_warps": 4, "num_stages": 3, "num_ctas": 2}

@@ -29,9 +29,13 @@ import sys
 import threading
 
 FORMAT = "kforge-record-1"
-# the compile options a record keeps (the others are Triton's defaults or the machine's, never a kernel's)
+# the compile options a record keeps (the others are the machine's, never a kernel's): num_warps and
+# num_stages always, the rest where they differ from triton 3.6's defaults, so that a line recorded on one
+# vendor's GPU carries none of that vendor's options unless the kernel asked for one (and builds for the other)
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
            "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "launch_cooperative_grid": False,
+            "launch_pdl": False, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1, "schedule_hint": "none"}
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -54,7 +58,8 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
                        if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
     return {"format": FORMAT, "kernel": f"{module}:{name}", "arch": arch, "signature": [[a, kinds[a]] for a in kinds],
             "constexprs": values, "divisible_by_16": divisible,
-            "options": {k: options[k] for k in OPTIONS if options.get(k) is not None}}
+            "options": {k: options[k] for k in OPTIONS
+                        if k in options and options[k] is not None and options[k] != DEFAULTS.get(k, object())}}
 
 
 def _constant(value) -> tuple[str, object]:
