@@ -1,0 +1,89 @@
+"""Zero JIT for an unchanged application: bench/liger_app.py run as Triton's JIT runs it (empty cache, warm
+cache) and with its kernels served from a kforge bundle, fresh processes, alternating, in one run.
+
+Usage (on a GPU; DIST holds the bundle built from the application's record, e.g. docs/data/liger_app-h100.jsonl
+in a project's specs/, `doit archs=sm_90a`): python bench/zero_jit.py DIST [--rounds 3] [--out results.json]
+Reports per mode the median time to the first op's result and to all of them (the part after torch import,
+CUDA init and input allocation, as liger_app.py measures it) and the whole process; for the served runs, the
+files left in their (fresh, empty) Triton cache, what kforge served and compiled, and whether every output
+tensor is bit-identical to the JIT run's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+APP = str(Path(__file__).with_name("liger_app.py"))
+
+
+def run(mode: str, dist: str, cache: str, out: str) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache)
+    cmd = [sys.executable, APP, "--out", out]
+    if mode == "served":
+        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", APP, "--out", out]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    process = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    counts = re.search(r"(\d+) specializations served, (\d+) compiled", proc.stderr)
+    files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
+    return {**found, "process_s": round(process, 3), "cache_files": files,
+            **({"served": int(counts[1]), "compiled": int(counts[2])} if counts else {})}
+
+
+def same(a: str, b: str) -> bool:
+    import torch
+    x, y = torch.load(a), torch.load(b)
+    def raw(t):   # the bytes, so that NaNs compare too
+        return t.reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.reshape(-1)
+    return x.keys() == y.keys() and all(
+        len(x[k]) == len(y[k]) and all(p.dtype == q.dtype and torch.equal(raw(p), raw(q)) for p, q in zip(x[k], y[k]))
+        for k in x)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dist")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="zero-jit-"))
+    warm = str(work / "warm-cache")
+    run("jit", a.dist, warm, str(work / "warmup.pt"))   # fills the warm cache
+    rows: dict[str, list] = {"jit_empty": [], "jit_warm": [], "served": []}
+    identical = []
+    for r in range(a.rounds):
+        order = ["jit_empty", "jit_warm", "served"] if r % 2 == 0 else ["served", "jit_warm", "jit_empty"]
+        for mode in order:
+            cache = warm if mode == "jit_warm" else str(work / f"{mode}-{r}")
+            out = str(work / f"{mode}-{r}.pt")
+            rows[mode].append(run("served" if mode == "served" else "jit", a.dist, cache, out))
+            if mode == "served":
+                identical.append(same(out, str(work / "warmup.pt")))
+    summary = {mode: {k: statistics.median(x[k] for x in runs) for k in ("first_s", "all_s", "process_s")}
+               for mode, runs in rows.items()}
+    served = rows["served"]
+    summary["served_cache_files"] = sorted({f for x in served for f in x["cache_files"]})
+    summary["served_counts"] = [(x.get("served"), x.get("compiled")) for x in served]
+    summary["served_outputs_bit_identical_to_jit"] = identical
+    for base in ("jit_empty", "jit_warm"):
+        summary[f"speedup_all_vs_{base}"] = round(summary[base]["all_s"] / summary["served"]["all_s"], 1)
+        summary[f"speedup_first_vs_{base}"] = round(summary[base]["first_s"] / summary["served"]["first_s"], 1)
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
+    return 0 if all(identical) and all(c == 0 for _, c in summary["served_counts"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
