@@ -49,11 +49,12 @@ class Catalog:
 
     def load(self) -> "Catalog":
         """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError)."""
-        spec_files = catalog_files(self.root)
+        folders = catalog_folders(self.root)
+        spec_files = catalog_files(self.root, folders)
         saved = self._read_saved()
         try:
-            if saved is not None and saved["stamp"] == self._stamp(spec_files, saved["read"], saved["toolchains"],
-                                                                   saved["installed"]):
+            if saved is not None and saved["stamp"] == self._stamp(folders, spec_files, saved["read"],
+                                                                   saved["toolchains"], saved["installed"]):
                 self.families = [Family(*f) for f in saved["families"]]
                 self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
                 return self
@@ -72,7 +73,7 @@ class Catalog:
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         files = sorted(str(p) for p in read)
         installed = sorted({s.module for s in specs if s.module})
-        self._fresh = {"format": FORMAT, "stamp": self._stamp(spec_files, files, toolchains, installed),
+        self._fresh = {"format": FORMAT, "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "read": files, "toolchains": toolchains, "installed": installed,
                        "families": [list(f) for f in self.families],
                        **_encode(self.targets)}
@@ -92,9 +93,10 @@ class Catalog:
         except (OSError, ValueError):
             return None
 
-    def _stamp(self, spec_files: list[Path], read: list[str], toolchains: list, installed: list[str]) -> str:
+    def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
+               installed: list[str]) -> str:
         # the folders are in by identity too: a spec file added to one changes its mtime
-        files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, catalog_folders(self.root))]
+        files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)]
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
@@ -157,12 +159,12 @@ def catalog_folders(root: Path) -> list[Path]:
     return folders
 
 
-def catalog_files(root: Path) -> list[Path]:
+def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
     """Every spec of the project: *.toml specs, *.py catalogs (rules/declare.py) and *.jsonl record files
     (rules/records.py) in its catalog folders. A .py file whose name starts with `_` (`__init__.py`,
     `_helpers.py`) is a helper, not a catalog."""
     files = []
-    for folder in catalog_folders(root):
+    for folder in catalog_folders(root) if folders is None else folders:
         files += sorted(f for f in folder.glob("*.toml"))
         files += sorted(f for f in folder.glob("*.py") if not f.name.startswith("_"))
         files += sorted(folder.glob("*.jsonl"))   # record files (rules/records.py)

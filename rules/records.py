@@ -3,10 +3,11 @@
 Each line is one Triton specialization an application used (the format: rules/runtime/record.py). Lines of
 one kernel with the same argument types, hints and kinds of values become one family named
 `rec_<function>_<digest>`, each line one config of it (its id: the values that differ between the family's
-lines, or `r` for a family of one), built for the arch it was recorded on and for the
-archs `[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too; a line with one
-vendor's options only for that vendor). A line equal to another, or to a target the rest of the catalog
-already builds (the same kernel, arch, argument types, constexprs, hints and effective options), is dropped.
+lines, or `r` for a family of one), built for the arch it was recorded on and for the archs
+`[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too, unless its options cannot
+run there: a line with one vendor's options only for that vendor). A line equal to another, or to a target
+the rest of the catalog already builds (the same kernel, arch, argument types, constexprs, hints and
+effective options), is dropped.
 Every line is checked: a bad one is one SpecError naming the file and the line.
 """
 from __future__ import annotations
@@ -18,15 +19,11 @@ from pathlib import Path
 
 from kforge.archs import ARCHS
 from kforge.errors import SpecError
-from kforge.target import FUNCTION_REF
-from kforge_runtime.record import DEFAULTS as OPTION_DEFAULTS, FORMAT
+from kforge.target import COMPILE_TIME, FUNCTION_REF
+from kforge_runtime.record import FORMAT
+from kforge_runtime.serve import identity as canonical
 
 KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
-AMD_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint"}
-NVIDIA_ONLY = {"maxnreg", "launch_pdl"}
-# Triton 3.6's defaults, to compare a record's options with a spec's (which names only what it sets)
-DEFAULTS = {**OPTION_DEFAULTS, "num_warps": 4}
-DEFAULT_STAGES = {"nvidia": 3, "amd": 2}
 
 
 def read(path: Path, where: str) -> list[dict]:
@@ -84,8 +81,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         name = f"rec_{entry.strip('_').lower()}_{hashlib.sha256(shape.encode()).hexdigest()[:6]}"
         params = [*first["constexprs"], *first["options"]]
         configs = [{**r["constexprs"], **r["options"]} for r in records]
-        archs = sorted({r["arch"] for r in records} | set(_for_vendor(extra_archs, first["options"])),
-                       key=list(ARCHS).index)
+        archs = sorted({r["arch"] for r in records} | set(extra_archs), key=list(ARCHS).index)
         # ids spell only what tells the family's configs apart (a record holds every value Triton fixed)
         varying = [p for p in params if len({json.dumps(c[p]) for c in configs}) > 1]
         tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
@@ -97,7 +93,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         if len(configs) > 1:
             tables["extra"] = configs[1:]
         # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
-        # Hopper record on wave64 AMD), is left out there: that arch runs another specialization of its own
+        # Hopper record on wave64 AMD, one vendor's option on the other's GPU), is left out there: that arch
+        # runs another specialization of its own
         skipped = [{"arch": a, **c} for a in archs for r, c in zip(records, configs)
                    if a != r["arch"] and _unfit(r["options"], a)]
         if skipped:
@@ -112,19 +109,14 @@ def _unfit(options: dict, arch: str) -> bool:
     return any(arch_problem(o, v, a.vendor, a.warp_size, a.target_arch) for o, v in options.items() if o in OPTIONS)
 
 
-def _for_vendor(archs: tuple[str, ...], options: dict) -> list[str]:
-    vendor = "amd" if AMD_ONLY & set(options) else "nvidia" if NVIDIA_ONLY & set(options) else None
-    return [a for a in archs if vendor is None or ARCHS[a].vendor == vendor]
-
-
 def identity(target) -> str:
-    """What decides a target's binary, the effective options filled in: a record and a spec that ask for
-    the same compile have the same identity."""
-    vendor = ARCHS[target.arch].vendor
-    options = {k: v for k, v in {**DEFAULTS, "num_stages": DEFAULT_STAGES[vendor], **dict(target.options)}.items()
-               if v is not None}
-    return json.dumps([target.module, target.entry, target.arch, target.signature, sorted(target.constexprs),
-                       sorted(target.divisible_by_16), sorted(options.items())], default=str)
+    """What decides a target's binary: the canonical form serving matches bundle entries by (effective
+    options filled in; kforge_runtime.serve.identity), with the kinds of its compile-time arguments (a
+    "dtype" argument's "bf16" is not the string "bf16")."""
+    runtime = [[a, t] for a, t in target.signature if t not in COMPILE_TIME]
+    kinds = [[a, t] for a, t in target.signature if t in COMPILE_TIME]
+    return json.dumps([canonical(f"{target.module}:{target.entry}", target.arch, runtime, dict(target.constexprs),
+                                 list(target.divisible_by_16), dict(target.options)), kinds])
 
 
 def is_recorded(target) -> bool:

@@ -151,7 +151,7 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
     swept, extras, derived = raw["sweep"], raw.get("extra", []), ()
     if k["toolchain"] == "triton" and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
-        chosen = entry_probe.Probe.of(root, _check_env(raw.get("env", {}), where)).describe(module, k["entry"], where)
+        chosen = entry_probe.Probe.of(root, env).describe(module, k["entry"], where)
         if chosen["autotune"] is not None:
             swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
         derived = tuple(chosen["heuristics"])
@@ -201,7 +201,7 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
     """[arch.<name>] tables: constexpr values and compile options for one arch (num_warps 32 on Hopper, 16 on
     AMD), over [constants]; a swept parameter may not be set there too."""
     from kforge.triton_options import OPTIONS, value_problem
-    constexprs = {a for a, t in signature if t == "constexpr"}
+    constexprs = {a for a, t in signature if t in COMPILE_TIME}
     options = set(OPTIONS) if toolchain == "triton" else set()
     found = []
     for arch, body in tables.items():
@@ -423,12 +423,13 @@ def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
         if canonical_arg_type(dtype) != dtype or not isinstance(name, str):
             _fail(where, "adapter", "dtype_names", {dtype: name}, f"element types ({allowed_dtypes()}) mapped to "
                   f"the builder's names (strings)")
-    for a, t in runtime.items():
-        if t.startswith("*"):
+    tensors = [a for a, t in runtime.items() if t.startswith("*")]
+    for a in runtime:
+        if a in tensors:
             shape = shapes.get(a)
             if not isinstance(shape, list) or not shape or not all(
                     (type(x) is int and x > 0) or (isinstance(x, str) and x in compile_time) for x in shape):
-                _fail(where, "adapter", "shapes", {a: shape}, f"for each tensor argument ({', '.join(a for a, t in runtime.items() if t.startswith('*'))}) "
+                _fail(where, "adapter", "shapes", {a: shape}, f"for each tensor argument ({', '.join(tensors)}) "
                       f"a list of positive sizes or compile-time parameter names")
         elif a in shapes:
             _fail(where, "adapter", "shapes", {a: shapes[a]}, "shapes only for tensor (pointer) arguments")
@@ -461,8 +462,8 @@ def _check_types(signature, where) -> None:
     for arg, t in signature:
         if t in (*COMPILE_TIME, NONE):
             continue
-        shape = t.split("[", 1)   # type vars are checked per config later; block sizes too
-        probe = TYPE_VAR_RE.sub("fp32", shape[0]) + ("[" + TYPE_VAR_RE.sub("16", shape[1]) if len(shape) > 1 else "")
+        element, *block = t.split("[", 1)   # type vars are checked per config later; block sizes too
+        probe = TYPE_VAR_RE.sub("fp32", element) + "".join("[" + TYPE_VAR_RE.sub("16", b) for b in block)
         if canonical_arg_type(probe) is None:
             _fail(where, "signature", arg, t, "'constexpr', 'dtype', 'none', or a type such as '*bf16', 'i32', "
                   f"'fp32', '*{{dtype}}', 'tensordesc<{{dtype}}[64, 64]>'; element types: {allowed_dtypes()}")

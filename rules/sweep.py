@@ -127,7 +127,8 @@ def typed_value(kind: str, value, where: str):
     if kind == "dtype":
         canon = canonical_dtype(value) if isinstance(value, str) else None
         if canon is None:
-            raise SpecError(f"{where}: got {shown(value)}; a 'dtype' argument takes an element type: {allowed_dtypes()}")
+            raise SpecError(f"{where}: got {shown(value)}; a 'dtype' argument takes an element type: "
+                            f"{allowed_dtypes()}")
         return canon
     if not isinstance(value, str) or not re.fullmatch(FUNCTION_REF, value):
         raise SpecError(f"{where}: got {shown(value)}; a 'function' argument names a @triton.jit function as "

@@ -1,4 +1,5 @@
-"""Specs -> Targets (rules/target.py): one per (kernel, config, arch), each with its action key and artifact directory."""
+"""Specs -> Targets (rules/target.py): one per (kernel, config, arch), each with its action key and artifact
+directory."""
 from __future__ import annotations
 
 import functools

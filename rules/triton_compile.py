@@ -107,8 +107,8 @@ def _relative_file_names(jit_type, target) -> None:
     """Triton writes the source file name of each function a kernel inlines into the binary's line info. Make
     it a path that does not depend on where things lie, so that two checkouts (and their virtualenvs) at
     different paths build byte-identical binaries: the target's own sources (its kernel module and the
-    modules it imports) relative to the project (an installed module's: to its site-packages), Triton's own library (tl.cdiv, tl.sum, ...)
-    relative to site-packages (`triton/language/standard.py`). No other module is looked into: reading
+    modules it imports) relative to the project (an installed module's: to its site-packages), Triton's own
+    library (tl.cdiv, tl.sum, ...) relative to site-packages (`triton/language/standard.py`). No other module is looked into: reading
     attributes of arbitrary modules runs their module-level __getattr__ (torch's asserted on CUDA)."""
     import triton
     from kforge.sources import module_base

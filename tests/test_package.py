@@ -159,8 +159,10 @@ def test_runtime_imports_nothing_outside_itself():
 def test_the_runtime_package_does_not_import_record():
     import subprocess
     import sys
-    code = "import sys, kforge_runtime; from kforge_runtime import Bundle; print(any(m.endswith(('.record', '.serve')) for m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = ("import sys, kforge_runtime; from kforge_runtime import Bundle; "
+            "print(any(m.endswith(('.record', '.serve')) for m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert found.strip() == "False"
 
 
 def test_tuning_tables_ship_in_the_bundle_and_drive_selection(tmp_path):

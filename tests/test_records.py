@@ -86,3 +86,11 @@ def test_a_record_that_cannot_run_on_an_added_arch_is_left_out_there(project):
     pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
     found = {(dict(t.constexprs)["BLOCK"], t.arch) for t in targets(project).values()}
     assert found == {(128, "sm_90a"), (256, "sm_90a"), (256, "gfx942")}
+
+
+def test_a_line_with_one_vendors_option_is_built_only_for_that_vendor(project):
+    amd = line(128, arch="gfx942", options={"num_warps": 4, "num_stages": 2, "waves_per_eu": 2})
+    (project / "specs" / "app.jsonl").write_text(amd + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["sm_90a", "gfx950"]\n')
+    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "gfx950"]

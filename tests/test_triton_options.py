@@ -97,3 +97,24 @@ def test_a_bad_per_arch_value_is_refused_at_load(tmp_path, table, message):
     root = make_project(tmp_path / "p", specs={"scale": text})
     with pytest.raises(SpecError, match=message):
         build_targets(load_specs(root), root, None)
+
+
+DTYPE_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cast_kernel(x_ptr, y_ptr, n, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n).to(OUT).to(tl.float32), mask=i < n)
+'''
+
+
+def test_a_per_arch_table_sets_a_dtype_argument_in_its_canonical_name(tmp_path):
+    spec = spec_text(archs=("sm_90a", "gfx942")).replace('entry = "scale_kernel"', 'entry = "cast_kernel"').replace(
+        'BLOCK = "constexpr"', 'OUT = "dtype"\nBLOCK = "constexpr"') + '\n[arch.sm_90a]\nOUT = "bfloat16"\n' \
+        '\n[arch.gfx942]\nOUT = "fp16"\n'
+    root = make_project(tmp_path / "p", specs={"scale": spec}, kernels={"scale": DTYPE_KERNEL})
+    found = {t.arch: dict(t.constexprs)["OUT"] for t in build_targets(load_specs(root), root, None)}
+    assert found == {"sm_90a": "bf16", "gfx942": "fp16"}
