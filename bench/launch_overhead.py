@@ -35,6 +35,7 @@ def driverless_kernel(entry: dict) -> launch.Kernel:
     kernel = object.__new__(launch.Kernel)
     kernel.entry, kernel.name, kernel._func = entry, entry["target"], None
     kernel._launch = lambda *args: 0
+    kernel._threads, kernel._shared = entry["threads_per_block"], entry["shared"]
     kernel._arguments, kernel._lock = launch.Arguments(entry), threading.Lock()
     return kernel
 

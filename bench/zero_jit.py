@@ -22,23 +22,25 @@ import time
 from pathlib import Path
 
 APP = str(Path(__file__).with_name("liger_app.py"))
+TUNED_APP = str(Path(__file__).with_name("liger_autotune_app.py"))
 
 
-def run(mode: str, dist: str, cache: str, out: str) -> dict:
+def run(mode: str, dist: str, cache: str, out: str, app: str = APP) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
-    cmd = [sys.executable, APP, "--out", out]
+    cmd = [sys.executable, app, "--out", out]
     if mode == "served":
-        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", APP, "--out", out]
+        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", app, "--out", out]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     process = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    counts = re.search(r"(\d+) specializations served, (\d+) compiled", proc.stderr)
+    counts = re.search(r"(\d+) specializations served, (\d+) compiled, (\d+) autotuned", proc.stderr)
     files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
     return {**found, "process_s": round(process, 3), "cache_files": files,
-            **({"served": int(counts[1]), "compiled": int(counts[2])} if counts else {})}
+            **({"served": int(counts[1]), "compiled": int(counts[2]), "tuned_from_record": int(counts[3])}
+               if counts else {})}
 
 
 def same(a: str, b: str) -> bool:
@@ -56,6 +58,8 @@ def main() -> int:
     ap.add_argument("dist")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--autotune-reference", default=None, metavar="PT",
+                    help="outputs of bench/liger_autotune_app.py's recorded run: serve that app too and compare")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zero-jit-"))
     warm = str(work / "warm-cache")
@@ -79,10 +83,17 @@ def main() -> int:
     for base in ("jit_empty", "jit_warm"):
         summary[f"speedup_all_vs_{base}"] = round(summary[base]["all_s"] / summary["served"]["all_s"], 1)
         summary[f"speedup_first_vs_{base}"] = round(summary[base]["first_s"] / summary["served"]["first_s"], 1)
+    ok = True
+    if a.autotune_reference:   # an autotuned kernel: the recorded choices served, nothing benchmarked
+        tuned = run("served", a.dist, str(work / "tuned-cache"), str(work / "tuned.pt"), TUNED_APP)
+        tuned["outputs_bit_identical_to_recorded_run"] = same(str(work / "tuned.pt"), a.autotune_reference)
+        summary["autotuned_app_served"] = tuned
+        ok = (tuned["outputs_bit_identical_to_recorded_run"] and tuned["compiled"] == 0
+              and tuned["configs_benchmarked"] == 0 and not tuned["cache_files"])
     print(json.dumps(summary, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
-    return 0 if all(identical) and all(c == 0 for _, c in summary["served_counts"]) else 1
+    return 0 if ok and all(identical) and all(c == 0 for _, c in summary["served_counts"]) else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-5"
+FORMAT = "kforge-catalog-6"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -45,6 +45,7 @@ class Catalog:
         self.path = Layout(root).state / "catalog.json"
         self.families: list[Family] = []
         self.targets: list[Target] = []
+        self.tuned: list[dict] = []   # autotuners' recorded picks (rules/records.py), for the bundles
         self._fresh: dict | None = None   # a catalog loaded from the specs, to save at the end of the run
 
     def load(self) -> "Catalog":
@@ -57,6 +58,7 @@ class Catalog:
                                                                    saved["toolchains"], saved["installed"]):
                 self.families = [Family(*f) for f in saved["families"]]
                 self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
+                self.tuned = saved["tuned"]
                 return self
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
             self.families, self.targets = [], []
@@ -67,6 +69,7 @@ class Catalog:
             specs = load_specs(self.root, spec_files, read)
             from kforge.records import without_duplicates
             self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read))
+            self.tuned = tuned_choices(self.root, spec_files, self.archs)
         finally:
             Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
@@ -75,7 +78,7 @@ class Catalog:
         installed = sorted({s.module for s in specs if s.module})
         self._fresh = {"format": FORMAT, "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "read": files, "toolchains": toolchains, "installed": installed,
-                       "families": [list(f) for f in self.families],
+                       "families": [list(f) for f in self.families], "tuned": self.tuned,
                        **_encode(self.targets)}
         return self
 
@@ -188,6 +191,14 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
         else:
             specs.append(load_spec(f, root))
     return specs
+
+
+def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
+    """The autotuners' picks in the catalog's record files, for the archs built."""
+    from kforge import records
+    extra = record_archs(root)
+    return [t for f in files if f.suffix == ".jsonl" for t in records.tuned_choices(f, root, extra)
+            if archs is None or t["arch"] in archs]
 
 
 def record_archs(root: Path) -> tuple[str, ...]:

@@ -40,15 +40,15 @@ def bundle() -> Bundle:
 '''
 
 
-def build_bundle(arch: str, targets: list[Target], root: str):
+def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
     """The doit action: write the arch's wheel unless the same bytes are already there."""
     root_path, layout = Path(root), Layout.of(root)
     try:
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
     except ValueError as e:
         return TaskFailed(str(e))
-    stamp = _stamp(arch, targets, root_path)   # before reading: a change while packaging re-packages next time
-    manifest = make_manifest(arch, targets, root_path)
+    stamp = _stamp(arch, targets, root_path, tuned=tuned)   # before reading: a change while packaging re-packages next time
+    manifest = make_manifest(arch, targets, root_path, tuned)
     data = manifest_bytes(manifest)
     try:
         version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
@@ -80,7 +80,7 @@ def build_bundle(arch: str, targets: list[Target], root: str):
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 
 
-def is_current(arch: str, targets: list[Target], root: str) -> bool:
+def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
     """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is there.
 
     Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
@@ -93,15 +93,16 @@ def is_current(arch: str, targets: list[Target], root: str) -> bool:
         saved = json.loads(layout.package_stamp(arch).read_bytes())
         # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
         seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
-        return (saved["stamp"] == _stamp(arch, targets, root_path, seen)
+        return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned)
                 and (layout.dist / saved["wheel"]).is_file())
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity) -> str:
+def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=()) -> str:
     # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
     h = hashlib.sha256(_content(root / "pyproject.toml") + f"\0{runtime_digest(arch)}".encode())
+    h.update(json.dumps(list(tuned), sort_keys=True).encode())
     for table in tuning_tables(Layout(root), arch):
         h.update(f"\0{table.name}\0".encode() + table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
@@ -120,9 +121,10 @@ def _content(path: Path) -> bytes:
         return b"-"
 
 
-def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
+def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = ()) -> dict:
     """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
-    key, else a "failed" record with the start of its error and what a JIT fallback needs to build it."""
+    key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
+    the autotuners' recorded picks (`tuned`: kernel, key, identity), which serving reads."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)
@@ -136,7 +138,8 @@ def make_manifest(arch: str, targets: list[Target], root: Path) -> dict:
               for f in tuning_tables(Layout(root), arch)}
     return {"format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
             "kforge_version": project_version(root), "runtime_sha256": runtime_digest(arch),
-            "artifacts": artifacts, "failed": failed, "tuned": tables}
+            "artifacts": artifacts, "failed": failed, "tuned": tables,
+            "autotune": sorted(tuned, key=lambda t: json.dumps(t, sort_keys=True))}
 
 
 def tuning_tables(layout: Layout, arch: str) -> list[Path]:

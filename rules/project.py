@@ -45,7 +45,7 @@ def compile_tasks(root: Path, catalog: Catalog):
 
 def bundle_tasks(root: Path, catalog: Catalog):
     """`doit package`: one wheel per arch (a generator for dodo.py)."""
-    yield from package_tasks(catalog.targets, str(root))
+    yield from package_tasks(catalog.targets, str(root), catalog.tuned)
 
 
 def tuning_tasks(root: Path, catalog: Catalog):

@@ -8,6 +8,9 @@ lines, or `r` for a family of one), built for the arch it was recorded on and fo
 run there: a line with one vendor's options only for that vendor). A line equal to another, or to a target
 the rest of the catalog already builds (the same kernel, arch, argument types, constexprs, hints and
 effective options), is dropped.
+A line with "autotune" (the config an autotuner picked for a key) builds as any other line, and
+`tuned_choices` lists it for the bundle's manifest, so that serving picks that config for that key (the last
+line of a kernel, arch and key wins: a later recording supersedes an earlier one).
 Every line is checked: a bad one is one SpecError naming the file and the line.
 """
 from __future__ import annotations
@@ -21,18 +24,45 @@ from kforge.archs import ARCHS
 from kforge.errors import SpecError
 from kforge.target import COMPILE_TIME, FUNCTION_REF
 from kforge_runtime.record import FORMAT
-from kforge_runtime.serve import identity as canonical
+from kforge_runtime.serve import identity as canonical, record_identity
 
 KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
 
 
 def read(path: Path, where: str) -> list[dict]:
-    """The file's records, each checked, duplicates dropped."""
+    """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
+    specialization)."""
+    found: dict[str, dict] = {}
+    for record, _ in _lines(path, where):
+        record = {k: v for k, v in record.items() if k != "autotune"}
+        found.setdefault(json.dumps(record, sort_keys=True), record)
+    return list(found.values())
+
+
+def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
+    """The autotuners' picks the file records: {"kernel", "arch", "key", "identity"} per kernel, arch and
+    autotuning key (for each arch the line is built for), the identity being the picked specialization's."""
+    picks: dict[tuple, dict] = {}
+    for record, _ in _lines(path, _relative(path, root)):
+        if "autotune" not in record:
+            continue
+        line = {k: v for k, v in record.items() if k != "autotune"}
+        for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
+            if arch == record["arch"] or not _unfit(record["options"], arch):
+                key = record["autotune"]["key"]
+                picks[(record["kernel"], arch, json.dumps(key))] = {
+                    "kernel": record["kernel"], "arch": arch, "key": key,
+                    "identity": record_identity({**line, "arch": arch})}
+    return list(picks.values())
+
+
+def _lines(path: Path, where: str) -> list[tuple[dict, str]]:
+    """(record, where) per line of the file, each checked."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"{where}: cannot read it ({e}); a record file is UTF-8 JSON lines") from None
-    found: dict[str, dict] = {}
+    found = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -42,17 +72,22 @@ def read(path: Path, where: str) -> list[dict]:
         except ValueError as e:
             raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
         _check(record, at)
-        found.setdefault(json.dumps(record, sort_keys=True), record)
+        found.append((record, at))
     if not found:
         raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
                         f"app.py`")
-    return list(found.values())
+    return found
 
 
 def _check(record, at: str) -> None:
-    if not isinstance(record, dict) or set(record) != KEYS or record.get("format") != FORMAT:
-        raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}); record it again with "
-                        f"this kforge")
+    if not isinstance(record, dict) or not KEYS <= set(record) <= KEYS | {"autotune"} \
+            or record.get("format") != FORMAT:
+        raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}, and \"autotune\" for "
+                        f"an autotuner's pick); record it again with this kforge")
+    tuned = record.get("autotune", {"key": []})
+    if not (isinstance(tuned, dict) and set(tuned) == {"key"} and isinstance(tuned["key"], list)
+            and all(isinstance(v, (bool, int, float, str)) for v in tuned["key"])):
+        raise SpecError(f"{at}: \"autotune\" must be {{\"key\": [numbers and strings]}}, the autotuner's key")
     if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
         raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
     if record["arch"] not in ARCHS:

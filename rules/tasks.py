@@ -40,20 +40,22 @@ def compile_action(*args):
     return compile_target(*args)
 
 
-def package_tasks(targets: list[Target], root: str) -> Iterator[dict]:
-    """`doit package`: one bundle per arch, after all of that arch's compile tasks, failed ones included."""
+def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> Iterator[dict]:
+    """`doit package`: one bundle per arch, after all of that arch's compile tasks, failed ones included;
+    `tuned`: the autotuners' recorded picks (catalog.tuned), each bundle gets its arch's."""
     yield {"basename": "package", "name": None, "doc": "bundle every built artifact, one wheel per arch in out/dist/"}
     by_arch: dict[str, list[Target]] = {}
     for t in targets:
         by_arch.setdefault(t.arch, []).append(t)
     for arch, mine in sorted(by_arch.items()):
+        picks = [{k: t[k] for k in ("kernel", "key", "identity")} for t in tuned if t["arch"] == arch]
         yield {
             "basename": "package",
             "name": arch,
             "doc": f"out/dist/{dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
-            "actions": [(package.build_bundle, [arch, mine, root])],
+            "actions": [(package.build_bundle, [arch, mine, root, picks])],
             "task_dep": [t.name for t in mine],
-            "uptodate": [(package.is_current, [arch, mine, root])],
+            "uptodate": [(package.is_current, [arch, mine, root, picks])],
             "targets": [str(Layout.of(root).manifest_copy(arch))],
             "clean": [(package.remove, [arch, root])],
             # runs when some compiles failed, and lists them: see doit_commands.run_after_failed_deps

@@ -94,3 +94,38 @@ def test_a_line_with_one_vendors_option_is_built_only_for_that_vendor(project):
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["sm_90a", "gfx950"]\n')
     assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "gfx950"]
+
+
+def tuned(block, key, **changes):
+    return line(block, autotune={"key": key}, **changes)
+
+
+def test_an_autotuners_pick_builds_once_and_reaches_the_bundle_for_its_key(project):
+    """Two keys that picked the same config are one target; the manifest maps each key to that config;
+    the last line for a key wins (a later recording supersedes)."""
+    from kforge_runtime import Bundle
+    from kforge_runtime.serve import entry_identity
+    from tests.test_package import wheel
+    lines = [tuned(128, [1000, "torch.float16"]), tuned(128, [4096, "torch.float16"]),
+             tuned(256, [7, "torch.float16"]), tuned(128, [7, "torch.float16"]), line(256)]
+    (project / "specs" / "app.jsonl").write_text("\n".join(lines) + "\n")
+    assert sorted(dict(t.constexprs)["BLOCK"] for t in targets(project).values()) == [128, 256]
+    doit(project, "-n", "2")
+    doit(project, "package")
+    bundle = Bundle(wheel(project, "sm_90a"))
+    by_block = {e["constexprs"]["BLOCK"]: entry_identity(e) for e in bundle.artifacts}
+    assert {json.dumps(t["key"]): t["identity"] for t in bundle.autotune} == {
+        '[1000, "torch.float16"]': by_block[128], '[4096, "torch.float16"]': by_block[128],
+        '[7, "torch.float16"]': by_block[128]}
+    # a new pick re-packages (the saved catalog and the package stamp both see the record file change)
+    (project / "specs" / "app.jsonl").write_text("\n".join([*lines, tuned(256, [1000, "torch.float16"])]) + "\n")
+    doit(project, "package")
+    assert {json.dumps(t["key"]): t["identity"] for t in Bundle(wheel(project, "sm_90a")).autotune}[
+        '[1000, "torch.float16"]'] == by_block[256]
+
+
+@pytest.mark.parametrize("bad", [{"key": "n"}, {"key": [{"n": 1}]}, {"keys": []}, []])
+def test_a_malformed_autotune_field_is_one_error(project, bad):
+    (project / "specs" / "app.jsonl").write_text(line(128, autotune=bad) + "\n")
+    with pytest.raises(SpecError, match=r'specs/app.jsonl:1: "autotune" must be \{"key": \[numbers and strings\]\}'):
+        targets(project)

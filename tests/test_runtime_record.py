@@ -82,3 +82,41 @@ def test_only_options_that_differ_from_tritons_defaults_are_kept_so_a_record_bui
         "num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
     assert record.record_line("m", "k", [], {}, {}, {}, nvidia, "sm_90a")["options"] == {
         "num_warps": 4, "num_stages": 3, "num_ctas": 2}
+
+
+class Compiled:
+    """Stands for Triton's compiled kernel (launches do nothing)."""
+    function = packed_metadata = None
+
+    def launch_metadata(self, *args):
+        return None
+
+    def run(self, *args):
+        pass
+
+
+def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(tmp_path, monkeypatch):
+    """The configs it only benchmarked are not recorded; the line carries Triton's autotuning key."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+    from tests.test_runtime_serve import StubDriver, copy_tuned
+    from triton.runtime import driver
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    copy_tuned.fn.device_caches.clear()
+    copy_tuned.fn.device_caches[0]
+    monkeypatch.setattr(copy_tuned.fn, "compile", lambda *a, **k: Compiled(), raising=False)
+    monkeypatch.setattr(Autotuner, "_bench", lambda self, *a, config, **k: [1.0 / config.kwargs["BLOCK"]])
+    copy_tuned.cache.clear()
+    before = Autotuner.run
+    path = tmp_path / "app.jsonl"
+    x, y = torch.zeros(1000, dtype=torch.float16), torch.zeros(1000, dtype=torch.float16)
+    with record.recording(str(path)):
+        for n in (1000, 1000, 100):
+            copy_tuned[(1,)](x, y, n)
+    lines = [json.loads(t) for t in path.read_text().splitlines()]
+    assert [(r["constexprs"], r["options"], r["autotune"]) for r in lines] == [
+        ({"BLOCK": 256}, {"num_warps": 8, "num_stages": 3}, {"key": [n, "torch.float16", "torch.float16"]})
+        for n in (1000, 100)]
+    assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
+                          "autotune"} for r in lines)
+    assert Autotuner.run is before   # recording undone

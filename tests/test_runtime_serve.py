@@ -2,6 +2,7 @@
 miss says what to record; a served kernel gets the runtime arguments in order. (Serving on a GPU:
 bench/zero_jit.py.)"""
 import json
+import re
 
 from kforge_runtime import record, serve
 from tests.test_runtime_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
@@ -35,8 +36,153 @@ def test_a_strict_miss_names_the_kernel_the_specialization_and_how_to_record_it(
     assert json.dumps(LINE["constexprs"]) in message and "python -m kforge_runtime.record" in message
 
 
-def test_a_served_kernel_launches_with_the_runtime_arguments_in_order():
-    calls = []
-    served = serve.Served(lambda grid, *args, stream: calls.append((grid, args, stream)), [0, 1, 2])
-    served.run(4, 1, 1, 77, None, None, None, None, None, "x", "y", 1000, 1, None, "bf16", "relu", 256)
-    assert calls == [((4, 1, 1), ("x", "y", 1000), 77)] and served.launch_metadata((4,), 77) is None
+def test_a_served_kernel_is_loaded_at_its_first_launch_and_gets_the_runtime_arguments_in_order():
+    loads = []
+    served = serve.Served(lambda: loads.append(1) or Launched(), [0, 1, 2])
+    Launched.calls = []
+    for _ in range(2):
+        served.run(4, 1, 1, 77, None, None, None, None, None, "x", "y", 1000, 1, None, "bf16", "relu", 256)
+    assert Launched.calls == [((4, 1, 1), 77, ["x", "y", 1000])] * 2 and loads == [1]
+    assert served.launch_metadata((4,), 77) is None
+
+
+# --- the JIT path on the CPU: Triton's driver answered by a stub (sm_90a), launches captured --------------
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+
+@triton.jit
+def copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+CONFIGS = [triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=8)]
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def copy_tuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+class StubDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 77
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+class Launched:
+    """Stands for a loaded kernel: records each launch."""
+    calls: list = []
+
+    def launch(self, gx, gy, gz, stream, args):
+        Launched.calls.append(((gx, gy, gz), stream, list(args)))
+
+
+def entry(kernel: str, block: int, warps: int) -> dict:
+    return {"target": f"{kernel}-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": kernel},
+            "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
+                          {"name": "n", "type": "i32"}],
+            "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
+            "options": {"num_warps": warps, "num_stages": 3}}
+
+
+def bundle_dir(path, entries, autotune=()):
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({
+        "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia",
+        "artifacts": entries, "failed": [], "autotune": list(autotune)}))
+    return path
+
+
+@pytest.fixture
+def jit(monkeypatch):
+    """Triton's JIT with a stub driver, kernels' compiles refused, launches captured; serve() undone after."""
+    from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    monkeypatch.setattr(JITFunction, "_do_compile", JITFunction._do_compile)   # restored after the test
+    monkeypatch.setattr(Autotuner, "run", Autotuner.run)
+    monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: pytest.fail("the autotuner benchmarked"))
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: Launched())
+    for fn in (copy, copy_tuned.fn):
+        fn.device_caches.clear()
+        fn.device_caches[0]   # made now: its compile is then replaced
+        monkeypatch.setattr(fn, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    Launched.calls = []
+    yield
+    while serve._active:
+        serve.stop()
+
+
+def tensors(n=1000):
+    return torch.zeros(n, dtype=torch.float16), torch.zeros(n, dtype=torch.float16)
+
+
+def test_a_held_specialization_is_launched_from_the_bundle_with_no_compile(jit, tmp_path):
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    for _ in range(2):   # the second call takes Triton's own cache hit to the served kernel
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert Launched.calls == [((8, 1, 1), 77, [x, y, 1000])] * 2
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+
+
+def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
+    held = str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)]))
+    server = serve.serve(held)
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # not held: Triton compiles it
+        copy[(4,)](x, y, 1000, BLOCK=256)
+    assert server.compiled == 1 and [m["constexprs"] for m in server.misses] == [{"BLOCK": 256}]
+    serve.stop()
+    strict = serve.serve(held, strict=True)
+    with pytest.raises(serve.NotServed, match=rf"no prebuilt {__name__}:copy for sm_90a with .*"
+                                              r'"BLOCK": 512.*python -m kforge_runtime.record'):
+        copy[(2,)](x, y, 1000, BLOCK=512)
+    x_odd = torch.zeros(1001, dtype=torch.float16)[1:]   # not 16-byte aligned: another specialization
+    with pytest.raises(serve.NotServed):
+        copy[(8,)](x_odd, y, 1000, BLOCK=128)
+    assert strict.served == 0
+
+
+def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
+    entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
+    ids = {e["constexprs"]["BLOCK"]: serve.entry_identity(e) for e in entries}
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
+                 "identity": ids[256]},
+                {"kernel": f"{__name__}:copy_tuned", "key": [100, "torch.float16", "torch.float16"],
+                 "identity": ids[128]}]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)
+    copy_tuned[grid](x, y, 1000)
+    copy_tuned[grid](x, y, 100)   # (64 would be 16-divisible: another specialization)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1), (8, 1, 1)]   # BLOCK 256, then 128
+    assert (server.tuned_configs, server.served, server.compiled) == (2, 2, 0)
+    with pytest.raises(serve.NotServed, match=rf"autotuned {__name__}:copy_tuned has no recorded "
+                                              r'choice for its autotuning key \[7, "torch.float16", "torch.float16"\]'
+                                              r" on sm_90a \(the bundles hold 2 of its configs"):
+        copy_tuned[grid](x, y, 7)
+
+
+def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
+    serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy_tuned", 256, 8)])), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    copy_tuned[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1)]

@@ -117,9 +117,17 @@ def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(tar
         mine = [t for t in targets if t.arch == arch]
         assert d["meta"] == {"after_failed_deps": True}
         assert d["targets"] == [str(Layout(project).manifest_copy(arch))]
-        assert d["actions"] == [(package.build_bundle, [arch, mine, str(project)])]
-        assert d["uptodate"] == [(package.is_current, [arch, mine, str(project)])]
+        assert d["actions"] == [(package.build_bundle, [arch, mine, str(project), []])]
+        assert d["uptodate"] == [(package.is_current, [arch, mine, str(project), []])]
         assert d["clean"] == [(package.remove, [arch, str(project)])]
+
+
+def test_each_package_task_gets_its_archs_autotune_picks(targets, project):
+    picks = [{"kernel": "m:k", "arch": a, "key": [a], "identity": f"id-{a}"} for a in ("sm_90a", "gfx942")]
+    for d in list(tasks.package_tasks(targets, str(project), picks))[1:]:
+        mine = [{"kernel": "m:k", "key": [d["name"]], "identity": f"id-{d['name']}"}
+                if d["name"] in ("sm_90a", "gfx942") else None]
+        assert d["actions"][0][1][3] == [p for p in mine if p]
 
 
 def test_no_targets_make_only_the_package_group_task(project):

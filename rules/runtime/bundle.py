@@ -62,6 +62,8 @@ class Bundle:
         self.vendor: str = self.manifest["vendor"]
         self.artifacts: list[dict] = self.manifest["artifacts"]
         self.failed: list[dict] = self.manifest["failed"]
+        # the config an autotuner picked per key when the application was recorded (serve.py reads it)
+        self.autotune: list[dict] = self.manifest.get("autotune", [])
 
     def __repr__(self) -> str:
         return f"Bundle({str(self.path)!r}, arch={self.arch}, {len(self.artifacts)} artifacts)"
@@ -179,6 +181,12 @@ class Bundle:
         for key, kind in (("arch", str), ("vendor", str), ("artifacts", list), ("failed", list)):
             if not isinstance(m.get(key), kind):
                 raise BundleError(f"{where}: {key!r} must be a {kind.__name__}; rebuild it with `doit package`")
+        tuned = m.get("autotune", [])
+        if not (isinstance(tuned, list) and all(
+                isinstance(t, dict) and isinstance(t.get("kernel"), str) and isinstance(t.get("identity"), str)
+                and isinstance(t.get("key"), list) for t in tuned)):
+            raise BundleError(f"{where}: 'autotune' must be a list of {{kernel, key, identity}}; rebuild it with "
+                              f"`doit package`")
         for key in ("arch", "vendor"):   # names such as sm_90a and nvidia: they go into messages and file names
             if not _NAME.fullmatch(m[key]):
                 raise BundleError(f"{where}: {key!r} is {_show(m[key])}, not a name of letters, digits and _; "

@@ -16,7 +16,10 @@ The format, one JSON object per line, keys sorted (stable, reviewable in a pull 
    "divisible_by_16": ["<arg>", ...],          # the arguments Triton saw 16-divisible (pointers, integers)
    "options": {"num_warps": 4, "num_stages": 3, ...}}
 Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
-compiles them.
+compiles them. A kernel under @triton.autotune (with more than one config) is recorded once per autotuning key
+with the config the autotuner picked, and that key: "autotune": {"key": [<the key's argument values>, <the
+dtypes of its tensor arguments>]} (Triton's own key); the configs it only benchmarked are not recorded, and
+serving picks the recorded config for that key without benchmarking (rules/runtime/serve.py).
 """
 from __future__ import annotations
 
@@ -62,6 +65,55 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
                         if k in options and options[k] is not None and options[k] != DEFAULTS.get(k, object())}}
 
 
+def specialize(jit, args: tuple, kwargs: dict) -> dict:
+    """The record line of what Triton's JIT would compile for `jit[grid](*args, **kwargs)`, computed as
+    JITFunction.run computes it (its binder, then its argument packing), without compiling or launching."""
+    from triton import knobs
+    from triton.runtime import driver
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+    kwargs["debug"] = kwargs.get("debug", jit.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    _, _, target, backend, binder = jit.device_caches[driver.active.get_current_device()]
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+    return record_line(jit.fn.__module__, jit.fn.__qualname__, list(jit.arg_names), signature, constexprs, attrs,
+                       options.__dict__, arch_name(target))
+
+
+def under_heuristics(fn, args: tuple, kwargs: dict):
+    """(the JITFunction under @triton.heuristics wrappers, the kwargs they add), or (None, kwargs) for
+    anything else (a nested autotuner)."""
+    from triton.runtime.autotuner import Heuristics
+    from triton.runtime.jit import JITFunction
+    while isinstance(fn, Heuristics):
+        kwargs = dict(kwargs)
+        for name, heuristic in fn.values.items():
+            kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
+        fn = fn.fn
+    return (fn, kwargs) if isinstance(fn, JITFunction) else (None, kwargs)
+
+
+def autotune_key(tuner, args: tuple, kwargs: dict) -> tuple:
+    """The key Triton's Autotuner.run caches its choice under: the values of its `key` arguments, then the
+    dtypes of the tensor arguments."""
+    given = {**dict(zip(tuner.arg_names, args)), **kwargs}
+    given = {k: v for k, v in given.items() if k in tuner.arg_names}
+    return tuple([given[k] for k in tuner.keys if k in given] + [str(v.dtype) for v in given.values()
+                                                                 if hasattr(v, "dtype")])
+
+
+def tuned_line(tuner, args: tuple, kwargs: dict, config) -> dict:
+    """The record line of the specialization an autotuner runs with `config`, marked with its key."""
+    jit, kwargs = under_heuristics(tuner.fn, args, {**kwargs, **config.all_kwargs()})
+    if jit is None:
+        raise ValueError(f"{tuner.base_fn.__name__}: an autotuner wrapping {type(tuner.fn).__name__} is not "
+                         f"recorded")
+    key = list(autotune_key(tuner, args, kwargs))
+    if not all(isinstance(v, (bool, int, float, str)) for v in key):
+        raise ValueError(f"autotuning key {key!r} holds a value that is not a number or a string")
+    return {**specialize(jit, args, kwargs), "autotune": {"key": key}}
+
+
 def _constant(value) -> tuple[str, object]:
     """(signature kind, JSON value) of a specialized constant."""
     if value is None:
@@ -87,26 +139,49 @@ def arch_name(target) -> str:
 
 
 class Recorder:
-    """Appends one line per new specialization to `path`; installed as Triton's jit_post_compile_hook."""
+    """Appends one line per new specialization to `path`; installed as Triton's jit_post_compile_hook, and
+    around Triton's Autotuner.run to record the picked config (not the ones benchmarked)."""
 
     def __init__(self, path: str, arch: str | None = None):
         self.path, self.seen, self.lock = path, set(), threading.Lock()
         self.arch = arch   # None: the current device's, asked of Triton's driver at the first record
         self.previous = None
+        self.tuning = threading.local()   # .depth: inside an autotuner's run, where compiles are candidates
 
     def install(self) -> None:
         from triton import knobs
+        from triton.runtime.autotuner import Autotuner
         self.previous = knobs.runtime.jit_post_compile_hook
         knobs.runtime.jit_post_compile_hook = self.hook
+        self.tuner_run = Autotuner.run
+        recorder = self
+
+        def run(tuner, *args, **kwargs):
+            if len(tuner.configs) <= 1:   # no choice made: the hook records the one config
+                return recorder.tuner_run(tuner, *args, **kwargs)
+            recorder.tuning.depth = getattr(recorder.tuning, "depth", 0) + 1
+            try:
+                result = recorder.tuner_run(tuner, *args, **kwargs)
+            finally:
+                recorder.tuning.depth -= 1
+            try:
+                recorder.write(tuned_line(tuner, args, kwargs, tuner.best_config))
+            except Exception as e:   # recording never changes what runs
+                sys.stderr.write(f"kforge record: autotuned {tuner.base_fn.__name__} not recorded: {e}\n")
+            return result
+        Autotuner.run = run
 
     def uninstall(self) -> None:
         from triton import knobs
+        from triton.runtime.autotuner import Autotuner
         if knobs.runtime.jit_post_compile_hook == self.hook:
             knobs.runtime.jit_post_compile_hook = self.previous
+        Autotuner.run = self.tuner_run
 
     def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         try:
-            self._record(fn, compile)
+            if not getattr(self.tuning, "depth", 0):
+                self._record(fn, compile)
         except Exception as e:   # recording never changes what runs
             sys.stderr.write(f"kforge record: not recorded ({fn.module}.{fn.name}): {e}\n")
         if self.previous is not None:
@@ -119,8 +194,10 @@ class Recorder:
             from triton.runtime import driver
             self.arch = arch_name(driver.active.get_current_target())
         data = json.loads(compile["specialization_data"])
-        line = record_line(fn.module, fn.name, list(fn.jit_function.arg_names), compile["signature"],
-                           compile["constants"], compile["configs"][0], data["options"], self.arch)
+        self.write(record_line(fn.module, fn.name, list(fn.jit_function.arg_names), compile["signature"],
+                               compile["constants"], compile["configs"][0], data["options"], self.arch))
+
+    def write(self, line: dict) -> None:
         text = json.dumps(line, sort_keys=True)
         with self.lock:
             if text in self.seen:

@@ -11,8 +11,17 @@ arguments, options). serve() wraps that one method: on a miss it looks the speci
 (the same canonical form as a record line: rules/runtime/record.py) and, when found, puts a served kernel in
 Triton's cache in place of a compiled one, so every later call takes Triton's own fast path to it. A served
 kernel launches through kforge's loader (the driver's launch call, on Triton's current stream), which a CUDA
-graph captures like any launch. Not yet: entries wrapped in @triton.autotune (the autotuner benchmarks its
-configs before the JIT is asked).
+graph captures like any launch.
+
+An autotuned kernel (@triton.autotune) asks the bundles first: the config recorded for the call's autotuning
+key (the manifest's "autotune" table, from the record's "autotune" lines) goes into the autotuner's cache, so
+it benchmarks nothing; with no recorded choice, a config is taken when it is the only one the bundles hold for
+the call, and otherwise strict=True stops (strict=False lets the autotuner benchmark, as Triton does).
+
+On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
+as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
+when a process first touches it (most of a served process's start). Anything else (a compile on a miss,
+benchmarking) gets Triton's own driver, created then.
 """
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ import json
 import os
 import threading
 
-from .record import DEFAULTS, arch_name, record_line
+from .record import DEFAULTS, arch_name, autotune_key, record_line, tuned_line
 
 COMPILE_TIME = ("constexpr", "dtype", "function", "none")
 
@@ -64,18 +73,68 @@ def miss_message(line: dict) -> str:
             f"(doit package) again, or serve with strict=False to let Triton compile it")
 
 
-class Served:
-    """What Triton's kernel cache holds for a served specialization: Triton's launch path calls run()."""
+def tuned_miss_message(line: dict, key: list, held: int) -> str:
+    """strict=True's error for an autotuned kernel whose choice for this key the bundles do not record."""
+    return (f"kforge serve (strict): autotuned {line['kernel']} has no recorded choice for its autotuning key "
+            f"{json.dumps(key)} on {line['arch']} (the bundles hold {held} of its configs for this call). Record "
+            f"the application (python -m kforge_runtime.record --out specs/app.jsonl app.py), build (doit) and "
+            f"package (doit package) again, or serve with strict=False to let Triton autotune")
 
-    def __init__(self, kernel, runtime_positions: list[int]):
-        self.kernel, self.positions = kernel, runtime_positions
+
+class Served:
+    """What Triton's kernel cache holds for a served specialization: Triton's launch path calls run(). The
+    binary is checked and loaded at the first launch (`load` gives the kforge_runtime Kernel)."""
+
+    def __init__(self, load, runtime_positions: list[int]):
+        self.load, self.kernel, self.positions = load, None, tuple(runtime_positions)
         self.function = self.packed_metadata = None
 
     def launch_metadata(self, grid, stream, *args):
         return None
 
     def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
-        self.kernel((gx, gy, gz), *(args[i] for i in self.positions), stream=stream)
+        if self.kernel is None:
+            self.kernel = self.load()
+        self.kernel.launch(gx, gy, gz, stream, [args[i] for i in self.positions])
+
+
+class LightDriver:
+    """Triton's CUDA driver for a served process: the device, stream and target a call asks for, answered by
+    torch as Triton's GPUDriver answers them. Every other attribute is Triton's own driver's, created at the
+    first use (its C helpers are compiled then, into Triton's cache)."""
+
+    def __init__(self, config):
+        import torch
+        from torch._C import _cuda_getCurrentRawStream
+        self._config = config
+        self.get_current_device = torch.cuda.current_device
+        self.set_current_device = torch.cuda.set_device
+        self.get_current_stream = _cuda_getCurrentRawStream
+        self.get_device_capability = torch.cuda.get_device_capability
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        major, minor = self.get_device_capability(self.get_current_device())
+        return GPUTarget("cuda", major * 10 + minor, 32)
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cuda", self.get_current_device())
+
+    def get_device_interface(self):
+        import torch
+        return torch.cuda
+
+    def __getattr__(self, name):
+        return getattr(self._config.default, name)
+
+
+def light_driver() -> None:
+    """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has)."""
+    import torch
+    from triton.runtime import driver
+    if getattr(driver, "_active", True) is None and torch.cuda.is_available() and torch.version.hip is None:
+        driver.set_active(LightDriver(driver))
 
 
 class Server:
@@ -83,31 +142,72 @@ class Server:
 
     def __init__(self, library, strict: bool):
         self.library, self.strict = library, strict
+        self.arch: str | None = None   # the current device's, at the first call
         self.entries: dict[str, tuple] = {}
-        for bundle in library.bundles:
-            for entry in bundle.artifacts:
-                found = entry_identity(entry)
-                if found is not None:
-                    self.entries.setdefault(found, (bundle, entry))
-        self.served = self.compiled = 0
+        self.tuned: dict[tuple, str] = {}   # (kernel, autotuning key) -> the identity of the config recorded
+        self.served = self.compiled = self.tuned_configs = 0
+        self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.lock = threading.Lock()
-        self.arch = None
+
+    def index(self) -> str:
+        """The device's arch; at the first call, the entries of the bundles for it, by identity."""
+        with self.lock:
+            if self.arch is None:
+                from triton.runtime import driver
+                arch = arch_name(driver.active.get_current_target())
+                for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
+                    for entry in bundle.artifacts:
+                        found = entry_identity(entry)
+                        if found is not None:
+                            self.entries.setdefault(found, (bundle, entry))
+                    self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["identity"]) for t in bundle.autotune)
+                self.arch = arch
+        return self.arch
 
     def lookup(self, fn, signature, constexprs, attrs, options):
-        from triton.runtime import driver
-        if self.arch is None:
-            self.arch = arch_name(driver.active.get_current_target())
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
-                           options.__dict__, self.arch)
+                           options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
         if found is None:
+            self.missed(line)
             if self.strict:
                 raise NotServed(miss_message(line))
             return None
         bundle, entry = found
         names = [a["name"] for a in entry["signature"]]
         positions = [list(fn.arg_names).index(n) for n in names]
-        return Served(bundle.kernel(entry), positions)
+        return Served(lambda: bundle.kernel(entry), positions)
+
+    def missed(self, line: dict) -> None:
+        with self.lock:
+            if line not in self.misses:
+                self.misses.append(line)
+
+    def choose(self, tuner, args: tuple, kwargs: dict):
+        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark)."""
+        self.index()
+        held, picked, line, key = [], None, None, None
+        for config in tuner.configs:
+            try:
+                line = tuned_line(tuner, args, kwargs, config)
+            except ValueError as e:   # not a kernel kforge records (an autotuner around another autotuner)
+                if self.strict:
+                    raise NotServed(f"kforge serve (strict): {e}; serve with strict=False to let Triton "
+                                    f"autotune it") from None
+                return None
+            key = line.pop("autotune")["key"]
+            found = record_identity(line)
+            if found in self.entries:
+                held.append(config)
+                if found == self.tuned.get((line["kernel"], json.dumps(key))):
+                    picked = config
+        if picked is None and len(held) == 1:
+            picked = held[0]
+        if picked is None and line is not None:
+            self.missed({**line, "autotune": {"key": key}})
+            if self.strict:
+                raise NotServed(tuned_miss_message(line, key, len(held)))
+        return picked
 
 
 _active: list[Server] = []
@@ -118,8 +218,26 @@ def serve(bundles, strict: bool = False) -> Server:
     bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist)."""
     from triton.runtime.jit import JITFunction
 
+    from triton.runtime.autotuner import Autotuner
+
     from .library import Library
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
+    light_driver()
+    if not getattr(Autotuner.run, "kforge_served", False):
+        tuner_run = Autotuner.run
+
+        def run(tuner, *args, **kwargs):
+            if _active and len(tuner.configs) > 1:
+                key = autotune_key(tuner, args, kwargs)
+                if key not in tuner.cache:
+                    config = _active[-1].choose(tuner, args, kwargs)
+                    if config is not None:
+                        tuner.cache[key] = config
+                        with _active[-1].lock:
+                            _active[-1].tuned_configs += 1
+            return tuner_run(tuner, *args, **kwargs)
+        run.kforge_served = True
+        Autotuner.run = run
     if not getattr(JITFunction._do_compile, "kforge_served", False):
         compile_it = JITFunction._do_compile
 
@@ -168,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runpy.run_path(a.script, run_name="__main__")
     finally:
-        sys.stderr.write(f"kforge serve: {server.served} specializations served, {server.compiled} compiled\n")
+        sys.stderr.write(f"kforge serve: {server.served} specializations served, {server.compiled} compiled, "
+                         f"{server.tuned_configs} autotuned configs chosen from the record\n")
     return 0
 
 

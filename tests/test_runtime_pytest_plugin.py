@@ -1,0 +1,109 @@
+"""rules/runtime/pytest_plugin.py: a suite run against bundles passes when they hold what it launches, and with
+--kforge-strict fails listing every specialization they lack (the CI guard)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_runtime_serve import bundle_dir, entry
+
+pytest_plugins = ["pytester"]
+REPO = Path(__file__).resolve().parent.parent
+
+SUITE = '''
+import torch, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from kforge_runtime.bundle import Bundle
+
+
+class Stub:   # Triton's driver on a CPU: the target is sm_90a
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+
+class Launched:
+    def launch(self, *args): pass
+
+
+driver.set_active(Stub())
+Bundle.kernel = lambda self, entry: Launched()
+
+
+@triton.jit
+def copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+copy.device_caches[0]
+copy.compile = lambda *a, **k: None   # Triton's compile on a miss: stands for it (returns no kernel)
+
+
+def x():
+    return torch.zeros(1000, dtype=torch.float16)
+
+
+def test_held():
+    copy[(8,)](x(), x(), 1000, BLOCK=128)
+
+
+def test_new_block():
+    copy[(8,)](x(), x(), 1000, BLOCK=256)
+
+
+def test_new_block_and_warps():
+    copy[(8,)](x(), x(), 1000, BLOCK=512, num_warps=8)
+'''
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(test_app=SUITE.replace("copy(", "copy_app(").replace("copy[", "copy_app[")
+                        .replace("copy.", "copy_app."))
+    held = entry("copy_app", 128, 4)
+    held["source"]["module"] = "test_app"
+    return pytester, str(bundle_dir(tmp_path / "bundle", [held]))
+
+
+def test_the_strict_guard_fails_the_run_listing_every_missing_specialization(suite):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*",
+                                 'missing: test_app:copy_app (sm_90a) *"BLOCK": 256*',
+                                 'missing: test_app:copy_app (sm_90a) *"BLOCK": 512*"num_warps": 8*',
+                                 "record them (pytest --kforge-record*"])
+    result.assert_outcomes(passed=3)   # each test passed: the run fails for what the bundles lack
+
+
+def test_without_strict_the_misses_are_listed_and_the_run_passes(suite):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*2 missing from the bundles*"])
+
+
+def test_a_suite_the_bundles_cover_passes_the_guard(suite, tmp_path):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict",
+                                           "-k", "held")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 0 compiled, 0 missing from the bundles*"])
+
+
+def test_recording_a_suite_writes_what_it_compiles(suite, tmp_path):
+    pytester, _ = suite
+    out = tmp_path / "tests.jsonl"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out))
+    assert result.ret == pytest.ExitCode.OK
+    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256, 512]
+
+
+def test_strict_without_bundles_is_a_usage_error(pytester):
+    result = pytester.runpytest_subprocess("--kforge-strict")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kforge-strict needs --kforge-bundles PATH*"])
