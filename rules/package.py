@@ -124,7 +124,7 @@ def _content(path: Path) -> bytes:
 def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = ()) -> dict:
     """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
     key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
-    the autotuners' recorded picks (`tuned`: kernel, key, identity), which serving reads."""
+    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)

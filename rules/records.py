@@ -24,7 +24,7 @@ from kforge.archs import ARCHS
 from kforge.errors import SpecError
 from kforge.target import COMPILE_TIME, FUNCTION_REF
 from kforge_runtime.record import FORMAT
-from kforge_runtime.serve import identity as canonical, record_identity
+from kforge_runtime.serve import identity as canonical
 
 KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
 
@@ -40,19 +40,17 @@ def read(path: Path, where: str) -> list[dict]:
 
 
 def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
-    """The autotuners' picks the file records: {"kernel", "arch", "key", "identity"} per kernel, arch and
-    autotuning key (for each arch the line is built for), the identity being the picked specialization's."""
+    """The autotuners' picks the file records: {"kernel", "arch", "key", "config"} per kernel, arch and
+    autotuning key (for each arch the line is built for)."""
     picks: dict[tuple, dict] = {}
     for record, _ in _lines(path, _relative(path, root)):
         if "autotune" not in record:
             continue
-        line = {k: v for k, v in record.items() if k != "autotune"}
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
             if arch == record["arch"] or not _unfit(record["options"], arch):
                 key = record["autotune"]["key"]
                 picks[(record["kernel"], arch, json.dumps(key))] = {
-                    "kernel": record["kernel"], "arch": arch, "key": key,
-                    "identity": record_identity({**line, "arch": arch})}
+                    "kernel": record["kernel"], "arch": arch, "key": key, "config": record["autotune"]["config"]}
     return list(picks.values())
 
 
@@ -84,10 +82,13 @@ def _check(record, at: str) -> None:
             or record.get("format") != FORMAT:
         raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}, and \"autotune\" for "
                         f"an autotuner's pick); record it again with this kforge")
-    tuned = record.get("autotune", {"key": []})
-    if not (isinstance(tuned, dict) and set(tuned) == {"key"} and isinstance(tuned["key"], list)
-            and all(isinstance(v, (bool, int, float, str)) for v in tuned["key"])):
-        raise SpecError(f"{at}: \"autotune\" must be {{\"key\": [numbers and strings]}}, the autotuner's key")
+    tuned = record.get("autotune", {"key": [], "config": {}})
+    if not (isinstance(tuned, dict) and set(tuned) == {"key", "config"} and isinstance(tuned["key"], list)
+            and all(isinstance(v, (bool, int, float, str)) for v in tuned["key"])
+            and isinstance(tuned["config"], dict)
+            and all(isinstance(v, (bool, int, float, str, type(None))) for v in tuned["config"].values())):
+        raise SpecError(f"{at}: \"autotune\" must be {{\"key\": [numbers and strings], \"config\": {{name: "
+                        f"value}}}}: the autotuner's key and the config it picked")
     if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
         raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
     if record["arch"] not in ARCHS:

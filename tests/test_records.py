@@ -96,36 +96,41 @@ def test_a_line_with_one_vendors_option_is_built_only_for_that_vendor(project):
     assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "gfx950"]
 
 
-def tuned(block, key, **changes):
-    return line(block, autotune={"key": key}, **changes)
+def tuned(block, key, warps=4, **changes):
+    return line(block, warps=warps, autotune={"key": key, "config": {"BLOCK": block, "num_warps": warps}}, **changes)
 
 
 def test_an_autotuners_pick_builds_once_and_reaches_the_bundle_for_its_key(project):
-    """Two keys that picked the same config are one target; the manifest maps each key to that config;
-    the last line for a key wins (a later recording supersedes)."""
+    """Two keys that picked the same config are one target; the manifest maps each key to its config; the last
+    line for a key wins (a later recording supersedes); a pick is listed for each arch its line builds for."""
     from kforge_runtime import Bundle
-    from kforge_runtime.serve import entry_identity
     from tests.test_package import wheel
     lines = [tuned(128, [1000, "torch.float16"]), tuned(128, [4096, "torch.float16"]),
-             tuned(256, [7, "torch.float16"]), tuned(128, [7, "torch.float16"]), line(256)]
+             tuned(256, [7, "torch.float16"]), tuned(128, [7, "torch.float16"]), line(256),
+             tuned(512, [99, "torch.float16"], warps=32)]
     (project / "specs" / "app.jsonl").write_text("\n".join(lines) + "\n")
-    assert sorted(dict(t.constexprs)["BLOCK"] for t in targets(project).values()) == [128, 256]
-    doit(project, "-n", "2")
-    doit(project, "package")
-    bundle = Bundle(wheel(project, "sm_90a"))
-    by_block = {e["constexprs"]["BLOCK"]: entry_identity(e) for e in bundle.artifacts}
-    assert {json.dumps(t["key"]): t["identity"] for t in bundle.autotune} == {
-        '[1000, "torch.float16"]': by_block[128], '[4096, "torch.float16"]': by_block[128],
-        '[7, "torch.float16"]': by_block[128]}
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    catalog = Catalog(project, None, 50_000).load()
+    assert sorted((dict(t.constexprs)["BLOCK"], t.arch) for t in catalog.targets) == [
+        (128, "gfx942"), (128, "sm_90a"), (256, "gfx942"), (256, "sm_90a"), (512, "sm_90a")]
+    assert sorted((t["arch"], t["key"][0], t["config"]["BLOCK"]) for t in catalog.tuned) == [
+        ("gfx942", 7, 128), ("gfx942", 1000, 128), ("gfx942", 4096, 128),   # 32 warps cannot run on gfx942
+        ("sm_90a", 7, 128), ("sm_90a", 99, 512), ("sm_90a", 1000, 128), ("sm_90a", 4096, 128)]
+    doit(project, "-n", "2", "archs=sm_90a")
+    doit(project, "package", "archs=sm_90a")
+    picks = lambda: {t["key"][0]: t["config"]["BLOCK"] for t in Bundle(wheel(project, "sm_90a")).autotune}
+    assert picks() == {1000: 128, 4096: 128, 7: 128, 99: 512}
     # a new pick re-packages (the saved catalog and the package stamp both see the record file change)
     (project / "specs" / "app.jsonl").write_text("\n".join([*lines, tuned(256, [1000, "torch.float16"])]) + "\n")
-    doit(project, "package")
-    assert {json.dumps(t["key"]): t["identity"] for t in Bundle(wheel(project, "sm_90a")).autotune}[
-        '[1000, "torch.float16"]'] == by_block[256]
+    doit(project, "package", "archs=sm_90a")
+    assert picks()[1000] == 256
 
 
-@pytest.mark.parametrize("bad", [{"key": "n"}, {"key": [{"n": 1}]}, {"keys": []}, []])
+@pytest.mark.parametrize("bad", [{"key": "n", "config": {}}, {"key": [{"n": 1}], "config": {}}, {"key": []},
+                                 {"key": [], "config": {"B": [1]}}, []])
 def test_a_malformed_autotune_field_is_one_error(project, bad):
     (project / "specs" / "app.jsonl").write_text(line(128, autotune=bad) + "\n")
-    with pytest.raises(SpecError, match=r'specs/app.jsonl:1: "autotune" must be \{"key": \[numbers and strings\]\}'):
+    with pytest.raises(SpecError, match=r'specs/app.jsonl:1: "autotune" must be \{"key": \[numbers and strings\], '
+                                        r'"config": \{name: value\}\}'):
         targets(project)

@@ -115,8 +115,9 @@ def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(
             copy_tuned[(1,)](x, y, n)
     lines = [json.loads(t) for t in path.read_text().splitlines()]
     assert [(r["constexprs"], r["options"], r["autotune"]) for r in lines] == [
-        ({"BLOCK": 256}, {"num_warps": 8, "num_stages": 3}, {"key": [n, "torch.float16", "torch.float16"]})
-        for n in (1000, 100)]
+        ({"BLOCK": 256}, {"num_warps": 8, "num_stages": 3},
+         {"key": [n, "torch.float16", "torch.float16"],
+          "config": {"BLOCK": 256, "num_warps": 8, "num_ctas": 1, "num_stages": 3}}) for n in (1000, 100)]
     assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
                           "autotune"} for r in lines)
     assert Autotuner.run is before   # recording undone

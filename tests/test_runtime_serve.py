@@ -161,11 +161,9 @@ def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
 
 def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
     entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
-    ids = {e["constexprs"]["BLOCK"]: serve.entry_identity(e) for e in entries}
-    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
-                 "identity": ids[256]},
-                {"kernel": f"{__name__}:copy_tuned", "key": [100, "torch.float16", "torch.float16"],
-                 "identity": ids[128]}]
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [n, "torch.float16", "torch.float16"],
+                 "config": config.all_kwargs()} for n, config in ((1000, CONFIGS[1]), (100, CONFIGS[0]),
+                                                                  (10, CONFIGS[1]))]
     server = serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
     copy_tuned.cache.clear()
     x, y = tensors()
@@ -178,6 +176,9 @@ def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchm
                                               r'choice for its autotuning key \[7, "torch.float16", "torch.float16"\]'
                                               r" on sm_90a \(the bundles hold 2 of its configs"):
         copy_tuned[grid](x, y, 7)
+    with pytest.raises(serve.NotServed, match=r'was recorded with config \{"BLOCK": 256, .*"num_warps": 8\} for '
+                                              r'its autotuning key \[10, .* \(the bundles hold 0 of its configs'):
+        copy_tuned[grid](x[1:], y, 10)   # the recorded pick, but this call's specialization was not built
 
 
 def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):

@@ -123,11 +123,10 @@ def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(tar
 
 
 def test_each_package_task_gets_its_archs_autotune_picks(targets, project):
-    picks = [{"kernel": "m:k", "arch": a, "key": [a], "identity": f"id-{a}"} for a in ("sm_90a", "gfx942")]
+    picks = [{"kernel": "m:k", "arch": a, "key": [a], "config": {"B": a}} for a in ("sm_90a", "gfx942")]
     for d in list(tasks.package_tasks(targets, str(project), picks))[1:]:
-        mine = [{"kernel": "m:k", "key": [d["name"]], "identity": f"id-{d['name']}"}
-                if d["name"] in ("sm_90a", "gfx942") else None]
-        assert d["actions"][0][1][3] == [p for p in mine if p]
+        mine = [{"kernel": "m:k", "key": [d["name"]], "config": {"B": d["name"]}}]
+        assert d["actions"][0][1][3] == (mine if d["name"] in ("sm_90a", "gfx942") else [])
 
 
 def test_no_targets_make_only_the_package_group_task(project):

@@ -183,9 +183,9 @@ class Bundle:
                 raise BundleError(f"{where}: {key!r} must be a {kind.__name__}; rebuild it with `doit package`")
         tuned = m.get("autotune", [])
         if not (isinstance(tuned, list) and all(
-                isinstance(t, dict) and isinstance(t.get("kernel"), str) and isinstance(t.get("identity"), str)
+                isinstance(t, dict) and isinstance(t.get("kernel"), str) and isinstance(t.get("config"), dict)
                 and isinstance(t.get("key"), list) for t in tuned)):
-            raise BundleError(f"{where}: 'autotune' must be a list of {{kernel, key, identity}}; rebuild it with "
+            raise BundleError(f"{where}: 'autotune' must be a list of {{kernel, key, config}}; rebuild it with "
                               f"`doit package`")
         for key in ("arch", "vendor"):   # names such as sm_90a and nvidia: they go into messages and file names
             if not _NAME.fullmatch(m[key]):

@@ -18,8 +18,9 @@ The format, one JSON object per line, keys sorted (stable, reviewable in a pull 
 Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
 compiles them. A kernel under @triton.autotune (with more than one config) is recorded once per autotuning key
 with the config the autotuner picked, and that key: "autotune": {"key": [<the key's argument values>, <the
-dtypes of its tensor arguments>]} (Triton's own key); the configs it only benchmarked are not recorded, and
-serving picks the recorded config for that key without benchmarking (rules/runtime/serve.py).
+dtypes of its tensor arguments>] (Triton's own key), "config": {<the config's values and options>}}; the
+configs it only benchmarked are not recorded, and serving runs the recorded config for that key without
+benchmarking (rules/runtime/serve.py).
 """
 from __future__ import annotations
 
@@ -104,14 +105,16 @@ def autotune_key(tuner, args: tuple, kwargs: dict) -> tuple:
 
 def tuned_line(tuner, args: tuple, kwargs: dict, config) -> dict:
     """The record line of the specialization an autotuner runs with `config`, marked with its key."""
-    jit, kwargs = under_heuristics(tuner.fn, args, {**kwargs, **config.all_kwargs()})
+    key, chosen = list(autotune_key(tuner, args, kwargs)), config.all_kwargs()
+    jit, kwargs = under_heuristics(tuner.fn, args, {**kwargs, **chosen})
     if jit is None:
         raise ValueError(f"{tuner.base_fn.__name__}: an autotuner wrapping {type(tuner.fn).__name__} is not "
                          f"recorded")
-    key = list(autotune_key(tuner, args, kwargs))
     if not all(isinstance(v, (bool, int, float, str)) for v in key):
         raise ValueError(f"autotuning key {key!r} holds a value that is not a number or a string")
-    return {**specialize(jit, args, kwargs), "autotune": {"key": key}}
+    if not all(isinstance(v, (bool, int, float, str, type(None))) for v in chosen.values()):
+        raise ValueError(f"config {chosen!r} holds a value that is not a number or a string")
+    return {**specialize(jit, args, kwargs), "autotune": {"key": key, "config": chosen}}
 
 
 def _constant(value) -> tuple[str, object]:

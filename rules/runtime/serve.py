@@ -15,8 +15,9 @@ graph captures like any launch.
 
 An autotuned kernel (@triton.autotune) asks the bundles first: the config recorded for the call's autotuning
 key (the manifest's "autotune" table, from the record's "autotune" lines) goes into the autotuner's cache, so
-it benchmarks nothing; with no recorded choice, a config is taken when it is the only one the bundles hold for
-the call, and otherwise strict=True stops (strict=False lets the autotuner benchmark, as Triton does).
+it benchmarks nothing (the call's specialization with that config must then be in the bundles, as any other);
+with no recorded choice, a config is taken when it is the only one the bundles hold for the call, and
+otherwise strict=True stops (strict=False lets the autotuner benchmark, as Triton does).
 
 On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
 as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
@@ -73,12 +74,14 @@ def miss_message(line: dict) -> str:
             f"(doit package) again, or serve with strict=False to let Triton compile it")
 
 
-def tuned_miss_message(line: dict, key: list, held: int) -> str:
-    """strict=True's error for an autotuned kernel whose choice for this key the bundles do not record."""
-    return (f"kforge serve (strict): autotuned {line['kernel']} has no recorded choice for its autotuning key "
-            f"{json.dumps(key)} on {line['arch']} (the bundles hold {held} of its configs for this call). Record "
-            f"the application (python -m kforge_runtime.record --out specs/app.jsonl app.py), build (doit) and "
-            f"package (doit package) again, or serve with strict=False to let Triton autotune")
+def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
+    """strict=True's error for an autotuned kernel whose choice for this key the bundles cannot serve."""
+    what = ("has no recorded choice for its autotuning key" if recorded is None else
+            f"was recorded with config {json.dumps(recorded, sort_keys=True)} for its autotuning key")
+    return (f"kforge serve (strict): autotuned {line['kernel']} {what} {json.dumps(key)} on {line['arch']} (the "
+            f"bundles hold {held} of its configs for this call). Record the application (python -m "
+            f"kforge_runtime.record --out specs/app.jsonl app.py), build (doit) and package (doit package) again, "
+            f"or serve with strict=False to let Triton autotune")
 
 
 class Served:
@@ -144,7 +147,7 @@ class Server:
         self.library, self.strict = library, strict
         self.arch: str | None = None   # the current device's, at the first call
         self.entries: dict[str, tuple] = {}
-        self.tuned: dict[tuple, str] = {}   # (kernel, autotuning key) -> the identity of the config recorded
+        self.tuned: dict[tuple, dict] = {}   # (kernel, autotuning key) -> the config recorded for it
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.lock = threading.Lock()
@@ -160,7 +163,7 @@ class Server:
                         found = entry_identity(entry)
                         if found is not None:
                             self.entries.setdefault(found, (bundle, entry))
-                    self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["identity"]) for t in bundle.autotune)
+                    self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["config"]) for t in bundle.autotune)
                 self.arch = arch
         return self.arch
 
@@ -186,7 +189,7 @@ class Server:
     def choose(self, tuner, args: tuple, kwargs: dict):
         """The config an autotuner runs for this call without benchmarking, or None (let it benchmark)."""
         self.index()
-        held, picked, line, key = [], None, None, None
+        held, picked, line, key, recorded = [], None, None, None, None
         for config in tuner.configs:
             try:
                 line = tuned_line(tuner, args, kwargs, config)
@@ -195,18 +198,18 @@ class Server:
                     raise NotServed(f"kforge serve (strict): {e}; serve with strict=False to let Triton "
                                     f"autotune it") from None
                 return None
-            key = line.pop("autotune")["key"]
-            found = record_identity(line)
-            if found in self.entries:
+            tuned = line.pop("autotune")
+            key, recorded = tuned["key"], self.tuned.get((line["kernel"], json.dumps(tuned["key"])))
+            if record_identity(line) in self.entries:
                 held.append(config)
-                if found == self.tuned.get((line["kernel"], json.dumps(key))):
+                if recorded is not None and recorded == tuned["config"]:
                     picked = config
-        if picked is None and len(held) == 1:
+        if picked is None and recorded is None and len(held) == 1:
             picked = held[0]
         if picked is None and line is not None:
-            self.missed({**line, "autotune": {"key": key}})
+            self.missed({**line, "autotune": {"key": key, "config": recorded}})
             if self.strict:
-                raise NotServed(tuned_miss_message(line, key, len(held)))
+                raise NotServed(tuned_miss_message(line, key, len(held), recorded))
         return picked
 
 
