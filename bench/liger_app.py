@@ -2,9 +2,11 @@
 SiLU-mul, GELU-mul, RoPE, cross-entropy and LayerNorm, forward and backward, at token counts 1, 7, 128 and
 1000. Nothing here knows about kforge: bench/zero_jit.py records, builds and serves what it launches.
 
-Usage (on a GPU): python bench/liger_app.py [--out outputs.pt] [--tokens 1 7 128 1000]
+Usage (on a GPU): python bench/liger_app.py [--out outputs.pt] [--tokens 1 7 128 1000] [--warm-torch]
 Prints one JSON line: the seconds to the first op's result and to all of them (after torch import, CUDA init
-and input allocation), and the number of ops run.
+and input allocation), and the number of ops run. --warm-torch first runs every op once with Triton's
+launches skipped (nothing compiled or launched), so that the timed part holds the kernels' cost and torch's
+steady-state work, not torch's own first-use costs (its lazily loaded CUDA modules, autograd's set-up).
 """
 from __future__ import annotations
 
@@ -76,14 +78,29 @@ def ops():
     return [rms_norm, silu_mul, gelu_mul, rope, cross_entropy, layer_norm]
 
 
+def without_triton(work) -> None:
+    """Run `work` with every Triton launch skipped: nothing is compiled, launched or autotuned."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+    saved = JITFunction.run, Autotuner.run, Heuristics.run
+    JITFunction.run = Autotuner.run = Heuristics.run = lambda self, *args, **kwargs: None
+    try:
+        work()
+    finally:
+        JITFunction.run, Autotuner.run, Heuristics.run = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="save every output tensor here (torch.save), to compare runs")
     ap.add_argument("--tokens", type=int, nargs="*", default=[1, 7, 128, 1000])
+    ap.add_argument("--warm-torch", action="store_true", help="warm torch up first, with Triton launches skipped")
     a = ap.parse_args()
     torch.cuda.init()
     data = [inputs(t, seed=t) for t in a.tokens]
     run = ops()
+    if a.warm_torch:
+        without_triton(lambda: [op(d) for d in data for op in run])
     torch.cuda.synchronize()
     start = time.perf_counter()
     first, outputs = None, {}

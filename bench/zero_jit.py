@@ -25,11 +25,12 @@ APP = str(Path(__file__).with_name("liger_app.py"))
 TUNED_APP = str(Path(__file__).with_name("liger_autotune_app.py"))
 
 
-def run(mode: str, dist: str, cache: str, out: str, app: str = APP) -> dict:
+def run(mode: str, dist: str, cache: str, out: str, app: str = APP, app_args: tuple = ()) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
-    cmd = [sys.executable, app, "--out", out]
+    cmd = [sys.executable, app, "--out", out, *app_args]
     if mode == "served":
-        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", app, "--out", out]
+        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", app, "--out", out,
+               *app_args]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     process = time.perf_counter() - start
@@ -58,6 +59,8 @@ def main() -> int:
     ap.add_argument("dist")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--warm-torch", action="store_true",
+                    help="every mode warms torch up first with Triton's launches skipped (liger_app.py --warm-torch)")
     ap.add_argument("--autotune-reference", default=None, metavar="JSON",
                     help="output digests of bench/liger_autotune_app.py's recorded run: serve that app too and "
                          "compare")
@@ -72,7 +75,8 @@ def main() -> int:
         for mode in order:
             cache = warm if mode == "jit_warm" else str(work / f"{mode}-{r}")
             out = str(work / f"{mode}-{r}.pt")
-            rows[mode].append(run("served" if mode == "served" else "jit", a.dist, cache, out))
+            rows[mode].append(run("served" if mode == "served" else "jit", a.dist, cache, out,
+                                  app_args=("--warm-torch",) if a.warm_torch else ()))
             if mode == "served":
                 identical.append(same(out, str(work / "warmup.pt")))
     summary = {mode: {k: statistics.median(x[k] for x in runs) for k in ("first_s", "all_s", "process_s")}

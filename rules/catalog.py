@@ -186,7 +186,7 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
         if f.suffix == ".py":
             specs += declare.load(f, root, read)
         elif f.suffix == ".jsonl":
-            specs += [spec_from_tables(tables, where, root)
+            specs += [spec_from_tables(tables, where, root, recorded=True)
                       for tables, where in records.families(f, root, record_archs(root))]
         else:
             specs.append(load_spec(f, root))

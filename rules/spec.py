@@ -89,9 +89,11 @@ def load_spec(path: Path, root: Path) -> Spec:
     return spec_from_tables(raw, where, root)
 
 
-def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
+def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) -> Spec:
     """One family from its tables, as a TOML spec holds them or a Python catalog's family() call gives them
-    (rules/declare.py); where: how messages name it (the file, or the file and line of the call)."""
+    (rules/declare.py); where: how messages name it (the file, or the file and line of the call).
+    recorded: the configs are specializations as Triton compiled them (rules/records.py), every value the
+    entry's @triton.autotune and @triton.heuristics chose included: those are not applied again."""
     _check_integers(raw, where)
     _check_schema(raw, where)
     k = raw["kernel"]
@@ -149,7 +151,7 @@ def spec_from_tables(raw: dict, where: str, root: Path) -> Spec:
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
     env = _check_env(raw.get("env", {}), where)
     swept, extras, derived = raw["sweep"], raw.get("extra", []), ()
-    if k["toolchain"] == "triton" and entry_probe.is_wrapped(source_path, k["entry"]):
+    if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
         chosen = entry_probe.Probe.of(root, env).describe(module, k["entry"], where)
         if chosen["autotune"] is not None:

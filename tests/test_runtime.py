@@ -470,3 +470,14 @@ def test_launch_fields_of_a_crafted_manifest_are_refused_before_the_driver(field
     from kforge_runtime.launch import LaunchError
     with pytest.raises(LaunchError, match=f"'{field}'|{field}"):
         _arguments(**{field: value})
+
+
+def test_trusted_arguments_fill_the_same_slots_and_a_value_out_of_range_is_a_clear_error():
+    import ctypes
+    args = _arguments()
+    params = args.pack_trusted([4098, 40, 0.25])   # unchecked: the caller matched them to the binary
+    assert ctypes.c_void_p.from_address(params[0]).value == 4098
+    assert ctypes.c_int32.from_address(params[1]).value == 40
+    assert ctypes.c_float.from_address(params[2]).value == 0.25
+    with pytest.raises(TypeError, match=r"gemm:x@sm_90a: an argument does not fit its type \(a_ptr: \*bf16, K: i32"):
+        args.pack((FakeTensor(4096), 2**40, 1.0))

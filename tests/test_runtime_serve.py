@@ -38,11 +38,12 @@ def test_a_strict_miss_names_the_kernel_the_specialization_and_how_to_record_it(
 
 def test_a_served_kernel_is_loaded_at_its_first_launch_and_gets_the_runtime_arguments_in_order():
     loads = []
-    served = serve.Served(lambda: loads.append(1) or Launched(), [0, 1, 2])
+    served = serve.Served(lambda: loads.append(1) or Launched(), [0, 1, 2], [True, True, False])
     Launched.calls = []
+    x, y = tensors()
     for _ in range(2):
-        served.run(4, 1, 1, 77, None, None, None, None, None, "x", "y", 1000, 1, None, "bf16", "relu", 256)
-    assert Launched.calls == [((4, 1, 1), 77, ["x", "y", 1000])] * 2 and loads == [1]
+        served.run(4, 1, 1, 77, None, None, None, None, None, x, y, 1000, 1, None, "bf16", "relu", 256)
+    assert Launched.calls == [((4, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])] * 2 and loads == [1]
     assert served.launch_metadata((4,), 77) is None
 
 
@@ -86,8 +87,8 @@ class Launched:
     """Stands for a loaded kernel: records each launch."""
     calls: list = []
 
-    def launch(self, gx, gy, gz, stream, args):
-        Launched.calls.append(((gx, gy, gz), stream, list(args)))
+    def launch_trusted(self, gx, gy, gz, stream, values):
+        Launched.calls.append(((gx, gy, gz), stream, list(values)))
 
 
 def entry(kernel: str, block: int, warps: int) -> dict:
@@ -137,7 +138,7 @@ def test_a_held_specialization_is_launched_from_the_bundle_with_no_compile(jit, 
     x, y = tensors()
     for _ in range(2):   # the second call takes Triton's own cache hit to the served kernel
         copy[(8,)](x, y, 1000, BLOCK=128)
-    assert Launched.calls == [((8, 1, 1), 77, [x, y, 1000])] * 2
+    assert Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])] * 2
     assert (server.served, server.compiled, server.misses) == (1, 0, [])
 
 

@@ -88,8 +88,9 @@ class Served:
     """What Triton's kernel cache holds for a served specialization: Triton's launch path calls run(). The
     binary is checked and loaded at the first launch (`load` gives the kforge_runtime Kernel)."""
 
-    def __init__(self, load, runtime_positions: list[int]):
-        self.load, self.kernel, self.positions = load, None, tuple(runtime_positions)
+    def __init__(self, load, runtime_positions: list[int], pointers: list[bool]):
+        self.load, self.kernel = load, None
+        self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = None
 
     def launch_metadata(self, grid, stream, *args):
@@ -98,7 +99,10 @@ class Served:
     def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
         if self.kernel is None:
             self.kernel = self.load()
-        self.kernel.launch(gx, gy, gz, stream, [args[i] for i in self.positions])
+        # Triton matched these arguments' dtypes and 16-divisibility to the specialization this binary was
+        # built for: the loader's own checks would repeat that on every launch
+        self.kernel.launch_trusted(gx, gy, gz, stream, [args[i].data_ptr() if pointer else args[i]
+                                                        for i, pointer in self.plan])
 
 
 class LightDriver:
@@ -177,9 +181,8 @@ class Server:
                 raise NotServed(miss_message(line))
             return None
         bundle, entry = found
-        names = [a["name"] for a in entry["signature"]]
-        positions = [list(fn.arg_names).index(n) for n in names]
-        return Served(lambda: bundle.kernel(entry), positions)
+        positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
+        return Served(lambda: bundle.kernel(entry), positions, [a["type"].startswith("*") for a in entry["signature"]])
 
     def missed(self, line: dict) -> None:
         with self.lock:
