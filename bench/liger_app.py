@@ -100,7 +100,7 @@ def main() -> None:
     data = [inputs(t, seed=t) for t in a.tokens]
     run = ops()
     if a.warm_torch:
-        without_triton(lambda: [op(d) for d in data for op in run])
+        without_triton(lambda: [t.detach().cpu() for d in data for op in run for t in op(d)])
     torch.cuda.synchronize()
     start = time.perf_counter()
     first, outputs = None, {}

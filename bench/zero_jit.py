@@ -37,11 +37,12 @@ def run(mode: str, dist: str, cache: str, out: str, app: str = APP, app_args: tu
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    counts = re.search(r"(\d+) specializations served, (\d+) compiled, (\d+) autotuned", proc.stderr)
+    counts = re.search(r"(\d+) specializations served, (\d+) compiled, (\d+) autotuned.*serve\(\) took (\d+) ms",
+                       proc.stderr)
     files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
     return {**found, "process_s": round(process, 3), "cache_files": files,
-            **({"served": int(counts[1]), "compiled": int(counts[2]), "tuned_from_record": int(counts[3])}
-               if counts else {})}
+            **({"served": int(counts[1]), "compiled": int(counts[2]), "tuned_from_record": int(counts[3]),
+                "serve_setup_s": int(counts[4]) / 1000} if counts else {})}
 
 
 def same(a: str, b: str) -> bool:
@@ -81,6 +82,7 @@ def main() -> int:
                 identical.append(same(out, str(work / "warmup.pt")))
     summary = {mode: {k: statistics.median(x[k] for x in runs) for k in ("first_s", "all_s", "process_s")}
                for mode, runs in rows.items()}
+    summary["served"]["serve_setup_s"] = statistics.median(x["serve_setup_s"] for x in rows["served"])
     served = rows["served"]
     summary["served_cache_files"] = sorted({f for x in served for f in x["cache_files"]})
     summary["served_counts"] = [(x.get("served"), x.get("compiled")) for x in served]

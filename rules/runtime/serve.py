@@ -22,7 +22,8 @@ otherwise strict=True stops (strict=False lets the autotuner benchmark, as Trito
 On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
 as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
 when a process first touches it (most of a served process's start). Anything else (a compile on a miss,
-benchmarking) gets Triton's own driver, created then.
+benchmarking) gets Triton's own driver, created then. serve() also imports what Triton's argument specializer
+imports at its first call (warm_specializer), so that the application's first kernel call does not.
 """
 from __future__ import annotations
 
@@ -136,6 +137,18 @@ class LightDriver:
         return getattr(self._config.default, name)
 
 
+def warm_specializer() -> None:
+    """Triton's argument specializer (the binder of every JIT function) imports Triton's code generator and its
+    Gluon front end at its first call: 35 ms on the dev CPU, 140 ms on the H100 host (bench/serve_breakdown.py).
+    serve() imports them, so that an application's first kernel call does not."""
+    import importlib
+    for name in ("triton.compiler.code_generator", "triton.experimental.gluon"):
+        try:
+            importlib.import_module(name)
+        except ImportError:   # another Triton: its first call pays whatever it imports
+            pass
+
+
 def light_driver() -> None:
     """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has)."""
     import torch
@@ -229,6 +242,7 @@ def serve(bundles, strict: bool = False) -> Server:
     from .library import Library
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
     light_driver()
+    warm_specializer()
     if not getattr(Autotuner.run, "kforge_served", False):
         tuner_run = Autotuner.run
 
@@ -285,15 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    import time
+
     from .library import Library
+    start = time.perf_counter()
     server = serve(Library(*a.bundles), strict=a.strict)
+    setup = time.perf_counter() - start
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     try:
         runpy.run_path(a.script, run_name="__main__")
     finally:
         sys.stderr.write(f"kforge serve: {server.served} specializations served, {server.compiled} compiled, "
-                         f"{server.tuned_configs} autotuned configs chosen from the record\n")
+                         f"{server.tuned_configs} autotuned configs chosen from the record; serve() took "
+                         f"{setup * 1000:.0f} ms\n")
     return 0
 
 
