@@ -1,5 +1,6 @@
 """Zero JIT for an unchanged application: bench/liger_app.py run as Triton's JIT runs it (empty cache, warm
-cache) and with its kernels served from a kforge bundle, fresh processes, alternating, in one run.
+cache) and with its kernels served from a kforge bundle (loaded at each kernel's first launch, or all before
+the script starts: --preload), fresh processes, alternating, in one run.
 
 Usage (on a GPU; DIST holds the bundle built from the application's record, e.g. docs/data/liger_app-h100.jsonl
 in a project's specs/, `doit archs=sm_90a`): python bench/zero_jit.py DIST [--rounds 3] [--out results.json]
@@ -28,9 +29,9 @@ TUNED_APP = str(Path(__file__).with_name("liger_autotune_app.py"))
 def run(mode: str, dist: str, cache: str, out: str, app: str = APP, app_args: tuple = ()) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=cache)
     cmd = [sys.executable, app, "--out", out, *app_args]
-    if mode == "served":
-        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict", app, "--out", out,
-               *app_args]
+    if mode.startswith("served"):
+        cmd = [sys.executable, "-m", "kforge_runtime.serve", "--bundles", dist, "--strict",
+               *(["--preload"] if mode == "served_preload" else []), app, "--out", out, *app_args]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     process = time.perf_counter() - start
@@ -69,27 +70,30 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="zero-jit-"))
     warm = str(work / "warm-cache")
     run("jit", a.dist, warm, str(work / "warmup.pt"))   # fills the warm cache
-    rows: dict[str, list] = {"jit_empty": [], "jit_warm": [], "served": []}
+    modes = ["jit_empty", "jit_warm", "served", "served_preload"]
+    rows: dict[str, list] = {m: [] for m in modes}
     identical = []
     for r in range(a.rounds):
-        order = ["jit_empty", "jit_warm", "served"] if r % 2 == 0 else ["served", "jit_warm", "jit_empty"]
-        for mode in order:
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
             cache = warm if mode == "jit_warm" else str(work / f"{mode}-{r}")
             out = str(work / f"{mode}-{r}.pt")
-            rows[mode].append(run("served" if mode == "served" else "jit", a.dist, cache, out,
+            rows[mode].append(run(mode if mode.startswith("served") else "jit", a.dist, cache, out,
                                   app_args=("--warm-torch",) if a.warm_torch else ()))
-            if mode == "served":
+            if mode.startswith("served"):
                 identical.append(same(out, str(work / "warmup.pt")))
     summary = {mode: {k: statistics.median(x[k] for x in runs) for k in ("first_s", "all_s", "process_s")}
                for mode, runs in rows.items()}
-    summary["served"]["serve_setup_s"] = statistics.median(x["serve_setup_s"] for x in rows["served"])
-    served = rows["served"]
+    served = rows["served"] + rows["served_preload"]
+    for mode in ("served", "served_preload"):
+        summary[mode]["serve_setup_s"] = statistics.median(x["serve_setup_s"] for x in rows[mode])
     summary["served_cache_files"] = sorted({f for x in served for f in x["cache_files"]})
     summary["served_counts"] = [(x.get("served"), x.get("compiled")) for x in served]
     summary["served_outputs_bit_identical_to_jit"] = identical
-    for base in ("jit_empty", "jit_warm"):
-        summary[f"speedup_all_vs_{base}"] = round(summary[base]["all_s"] / summary["served"]["all_s"], 1)
-        summary[f"speedup_first_vs_{base}"] = round(summary[base]["first_s"] / summary["served"]["first_s"], 1)
+    for mode in ("served", "served_preload"):
+        for base in ("jit_empty", "jit_warm"):
+            for part in ("all", "first"):
+                summary[f"{mode}_{part}_speedup_vs_{base}"] = round(summary[base][f"{part}_s"]
+                                                                    / summary[mode][f"{part}_s"], 1)
     ok = True
     if a.autotune_reference:   # an autotuned kernel: the recorded choices served, nothing benchmarked
         tuned = run("served", a.dist, str(work / "tuned-cache"), str(work / "tuned.pt"), TUNED_APP)

@@ -188,3 +188,15 @@ def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
     x, y = tensors()
     copy_tuned[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
     assert [c[0] for c in Launched.calls] == [(4, 1, 1)]
+
+
+def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path, monkeypatch):
+    from kforge_runtime.bundle import Bundle
+    loads = []
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: loads.append(entry["target"]) or Launched())
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4), entry("copy", 256, 8)])),
+                         preload=True)
+    assert sorted(loads) == ["copy-128", "copy-256"] and len(server.loaded) == 2
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert len(loads) == 2 and Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])]

@@ -167,6 +167,7 @@ class Server:
         self.tuned: dict[tuple, dict] = {}   # (kernel, autotuning key) -> the config recorded for it
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
+        self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
         self.lock = threading.Lock()
 
     def index(self) -> str:
@@ -195,7 +196,16 @@ class Server:
             return None
         bundle, entry = found
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
-        return Served(lambda: bundle.kernel(entry), positions, [a["type"].startswith("*") for a in entry["signature"]])
+        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry), positions,
+                      [a["type"].startswith("*") for a in entry["signature"]])
+
+    def preload(self) -> None:
+        """Check and load every binary the device's bundles hold now, not at each kernel's first launch: a
+        server's start-up pays for all of them, its first requests for none."""
+        self.index()
+        for bundle, entry in self.entries.values():
+            if id(entry) not in self.loaded:
+                self.loaded[id(entry)] = bundle.kernel(entry)
 
     def missed(self, line: dict) -> None:
         with self.lock:
@@ -232,9 +242,10 @@ class Server:
 _active: list[Server] = []
 
 
-def serve(bundles, strict: bool = False) -> Server:
+def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
     """Make every Triton JIT function whose specialization the bundles hold launch the prebuilt binary.
-    bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist)."""
+    bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist).
+    preload: load every binary for this device now (Server.preload), not at each kernel's first launch."""
     from triton.runtime.jit import JITFunction
 
     from triton.runtime.autotuner import Autotuner
@@ -277,6 +288,8 @@ def serve(bundles, strict: bool = False) -> Server:
         _do_compile.kforge_served = True
         JITFunction._do_compile = _do_compile
     _active.append(server)
+    if preload:
+        server.preload()
     return server
 
 
@@ -296,14 +309,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kforge_runtime.serve")
     ap.add_argument("--bundles", required=True, action="append", help="a bundle wheel or directory, or out/dist")
     ap.add_argument("--strict", action="store_true", help="a specialization no bundle holds is an error")
+    ap.add_argument("--preload", action="store_true", help="load every binary for this GPU before the script runs")
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     import time
 
+    import triton.runtime.jit   # noqa: F401  the script imports Triton anyway: not part of serve()'s time
+
     from .library import Library
     start = time.perf_counter()
-    server = serve(Library(*a.bundles), strict=a.strict)
+    server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload)
     setup = time.perf_counter() - start
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
