@@ -315,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import time
 
-    import triton.runtime.jit   # noqa: F401  the script imports Triton anyway: not part of serve()'s time
+    try:   # the script imports torch and Triton anyway: not part of serve()'s time
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    import triton.runtime.jit  # noqa: F401
 
     from .library import Library
     start = time.perf_counter()
