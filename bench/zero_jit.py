@@ -7,9 +7,8 @@ in a project's specs/, `doit archs=sm_90a`): python bench/zero_jit.py DIST [--ro
 Reports per mode the median time to the first op's result and to all of them (the part after torch import,
 CUDA init and input allocation, as liger_app.py measures it), the kernel part (all of them less the same ops
 run again in the same process: the steady state, equal in every mode) and the whole process; for the served
-runs, the
-files left in their (fresh, empty) Triton cache, what kforge served and compiled, and whether every output
-tensor is bit-identical to the JIT run's.
+runs, the files left in their (fresh, empty) Triton cache, what kforge served and compiled, and whether every
+output tensor is bit-identical to the JIT run's.
 """
 from __future__ import annotations
 
