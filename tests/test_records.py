@@ -134,3 +134,19 @@ def test_a_malformed_autotune_field_is_one_error(project, bad):
     with pytest.raises(SpecError, match=r'specs/app.jsonl:1: "autotune" must be \{"key": \[numbers and strings\], '
                                         r'"config": \{name: value\}\}'):
         targets(project)
+
+
+def test_a_recorded_line_reads_back_as_written(project, tmp_path):
+    """Format round trip: what the recorder writes is what the catalog reads (an autotuner's pick included)."""
+    from kforge.records import read, tuned_choices
+    from kforge_runtime.record import Recorder
+    path = project / "specs" / "app.jsonl"
+    recorder = Recorder(str(path), arch="sm_90a")
+    plain = json.loads(line(128))
+    picked = json.loads(tuned(256, [1000, "torch.float16"]))
+    for written in (plain, picked, plain):
+        recorder.write(written)
+    assert read(path, "specs/app.jsonl") == [plain, {k: v for k, v in picked.items() if k != "autotune"}]
+    assert tuned_choices(path, project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
+                                            "config": {"BLOCK": 256, "num_warps": 4}}]
+    assert len(path.read_text().splitlines()) == 2   # the repeated line is written once

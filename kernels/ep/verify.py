@@ -208,19 +208,9 @@ def _merge(per_rank: list[dict]) -> dict:
 
 def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, float, dict, str, list]:
     import torch
-    from kernels.ep import reference
-    from kernels.ep.cases import inputs
     from kernels.ep.op import EpDispatchCombine
-    from kernels.ep.routing import destinations
 
-    cfg = case.config(world)
-    note = ""
-    if case.capacity != "default":   # every rank can compute every rank's routing: the cases are seeded
-        arriving = [int(sum(destinations(inputs(case, cfg, s)[1], cfg.experts_per_rank, world).sum(0)[r]
-                            for s in range(world))) for r in range(world)]
-        cap = max(arriving) if case.capacity == "exact" else max(1, max(arriving) // 2)
-        cfg = case.config(world, cap)
-        note = f"capacity {cap}, rows arriving per rank {arriving}"
+    cfg, note = case_config(case, world)
     expert = _expert(rank, cfg)
     ops = [EpDispatchCombine(cfg, library=library) for _ in range(2 if case.interleaved else 1)]
     mark("built")
@@ -244,18 +234,7 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
             times["dispatch"].append(events)
         mark("ran")
     torch.cuda.synchronize()
-    ok, worst = True, 0.0
-    for (x, idx, w, scales), snap, out in runs:
-        ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
-        n = ref.num_recv
-        ok &= int(snap["num_recv"]) == n and bool(snap["overflow"]) == (ref.total > cfg.capacity)
-        ok &= all(_same_bytes(snap[k][:n], getattr(ref, k)) for k in ("x", "topk_idx", "topk_w", "src"))
-        if scales is not None:
-            ok &= _same_bytes(snap["x_scales"][:n], ref.x_scales)
-        want = reference.combine(expert(ref.x, ref.x_scales), ref, x.shape[0], cfg)
-        if x.shape[0]:
-            worst = max(worst, (out.float() - want.float()).abs().max().item())
-        ok &= torch.equal(out, want) if case.strict else torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+    ok, worst = check_runs(runs, cfg, expert, case.strict)
     mark("checked")
     metrics = {}
     if times["dispatch"] and not case.interleaved:
@@ -270,7 +249,42 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
                    "combine_logical_bytes": n * cfg.combine_row_bytes,
                    "combine_remote_bytes": remote * cfg.combine_row_bytes}
     sources = sorted({s for op in ops for s in op.kernels.sources.values()})
-    return bool(ok), worst, metrics, note, sources
+    return ok, worst, metrics, note, sources
+
+
+def case_config(case: Case, world: int):
+    """(EpConfig, note) of a case: its receive capacity set as the case asks, from every rank's routing (the
+    cases are seeded: every rank can compute every rank's)."""
+    from kernels.ep.cases import inputs
+    from kernels.ep.routing import destinations
+    cfg = case.config(world)
+    if case.capacity == "default":
+        return cfg, ""
+    arriving = [int(sum(destinations(inputs(case, cfg, s)[1], cfg.experts_per_rank, world).sum(0)[r]
+                        for s in range(world))) for r in range(world)]
+    cap = max(arriving) if case.capacity == "exact" else max(1, max(arriving) // 2)
+    return case.config(world, cap), f"capacity {cap}, rows arriving per rank {arriving}"
+
+
+def check_runs(runs, cfg, expert, strict: bool) -> tuple[bool, float]:
+    """(all correct, worst combine difference) of one rank's calls [(inputs, snapshot, combined)], each against
+    the reference (kernels/ep/reference.py, a collective: every rank checks its calls at once): the rows
+    received byte for byte, num_recv and overflow, and combine (byte-exact for strict cases)."""
+    import torch
+    from kernels.ep import reference
+    ok, worst = True, 0.0
+    for (x, idx, w, scales), snap, out in runs:
+        ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
+        n = ref.num_recv
+        ok &= int(snap["num_recv"]) == n and bool(snap["overflow"]) == (ref.total > cfg.capacity)
+        ok &= all(_same_bytes(snap[k][:n], getattr(ref, k)) for k in ("x", "topk_idx", "topk_w", "src"))
+        if scales is not None:
+            ok &= _same_bytes(snap["x_scales"][:n], ref.x_scales)
+        want = reference.combine(expert(ref.x, ref.x_scales), ref, x.shape[0], cfg)
+        if x.shape[0]:
+            worst = max(worst, (out.float() - want.float()).abs().max().item())
+        ok &= torch.equal(out, want) if strict else torch.allclose(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+    return bool(ok), worst
 
 
 def _snapshot(d) -> dict:
