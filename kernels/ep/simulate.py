@@ -228,8 +228,11 @@ def run_case(case: Case, world_size: int, tk=None) -> dict:
             "note": note, "seconds": round(time.perf_counter() - start, 2)}
 
 
-def sweep(world_size: int, only: str | None = None, tk=None) -> list[dict]:
-    return [run_case(c, world_size, tk) for c in matrix(world_size) if only is None or only in c.name]
+def sweep(world_size: int, only: str | None = None, tk=None):
+    """run_case's result for each case of the matrix, as each finishes."""
+    for case in matrix(world_size):
+        if only is None or only in case.name:
+            yield run_case(case, world_size, tk)
 
 
 def main(argv: list[str] | None = None) -> int:
