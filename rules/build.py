@@ -2,6 +2,7 @@
 upload; the outcome as a CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -19,11 +20,16 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     """doit python-action: the result's values on success, TaskFailed on failure. With a remote cache, a
     verified hit replaces the compile (the compiler is not even imported for it), and a fresh build is
     uploaded. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
-    start = time.monotonic()
+    start, began = time.monotonic(), time.time()
     cache = remote_cache.cache_for(cache_cfg)
-    if cache is not None and cache.fetch(target):
-        return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
-                             cache_warnings=tuple(cache.drain_warnings())).values()
+    spans: list[tuple] = []
+    if cache is not None:
+        hit = cache.fetch(target)
+        spans.append(("cache lookup", began, time.time()))
+        if hit:
+            return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
+                                 cache_warnings=tuple(cache.drain_warnings()), spans=tuple(spans),
+                                 worker=os.getpid()).values()
     if executor is not None:
         from kforge import dask_executor   # imports distributed: only where a cluster is used
         outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
@@ -32,12 +38,16 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     if not outcome.ok:
         return _fail(target, outcome.error, outcome.traceback)
     warnings = ()
-    if cache is not None:
-        cache.store(target)
-        warnings = tuple(cache.drain_warnings())
     written = outcome.result
+    spans += written.spans
+    if cache is not None:
+        uploading = time.time()
+        cache.store(target)
+        spans.append(("cache upload", uploading, time.time()))
+        warnings = tuple(cache.drain_warnings())
     return CompileResult(round(outcome.seconds, 4), written.compile_seconds, written.sha256,
-                         compiled_on=written.compiled_on, cache_warnings=warnings).values()
+                         compiled_on=written.compiled_on, cache_warnings=warnings, spans=tuple(spans),
+                         worker=os.getpid()).values()
 
 
 def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:

@@ -15,6 +15,7 @@ import importlib
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class Written:
     compile_seconds: float
     sha256: str
     compiled_on: str | None = None   # the Dask worker's address, for a compile that ran on a cluster
+    spans: tuple = ()   # (phase, start, end) by the wall clock (comparable across processes): the build trace
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,13 @@ class CompileResult:
     from_cache: bool = False
     compiled_on: str | None = None
     cache_warnings: tuple[str, ...] = ()
+    spans: tuple = ()         # (phase, start, end) by the wall clock: cache lookup, compile, write, upload
+    worker: int | None = None   # the pid of the doit worker that ran the action: a row of the build trace
 
     def values(self) -> dict:
         """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(self).items()
                 if v is not None and v is not False and v != ()}   # 0.0 is a value (and 0.0 == False)
 
 
@@ -123,7 +128,11 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 def lower_and_write(backend, request: tuple) -> Written:
     """In the compile server, once per target."""
     target, scratch = request
-    return check_and_write(target, backend.lower(target, scratch))
+    start = time.time()
+    lowered = backend.lower(target, scratch)
+    lowered_at = time.time()
+    written = check_and_write(target, lowered)
+    return dataclasses.replace(written, spans=(("compile", start, lowered_at), ("write", lowered_at, time.time())))
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:

@@ -1,4 +1,4 @@
-"""Progress lines, the end-of-run summary, and out/build-report.json (a doit reporter)."""
+"""Progress lines, the end-of-run summary, out/build-report.json and out/build-trace.json (a doit reporter)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from doit.reporter import ConsoleReporter
 
 from kforge.files import atomic_write
 from kforge.doit_runner import tasks_to_run
+from kforge.trace import Trace
 
 ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
@@ -37,6 +38,8 @@ class BuildReporter(ConsoleReporter):
         self.warnings: list[str] = []         # e.g. from the remote cache, each shown once
         self.warned: set[str] = set()
         self.begun: dict[str, float] = {}
+        self.handed: dict[str, float] = {}   # the same moment by the wall clock, for the trace
+        self.trace = Trace(time.time())
         self.failed = 0
 
     def initialize(self, tasks, selected_tasks):
@@ -47,6 +50,7 @@ class BuildReporter(ConsoleReporter):
 
     def execute_task(self, task):
         self.begun[task.name] = time.monotonic()   # when doit hands the task to a worker
+        self.handed[task.name] = time.time()
 
     def skip_uptodate(self, task):
         if _is_package(task):
@@ -65,7 +69,7 @@ class BuildReporter(ConsoleReporter):
                     self.warned.add(gist)
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
-            self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)})
+            self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)}, values)
             self._ran(task)
 
     def add_failure(self, task, fail):
@@ -80,9 +84,10 @@ class BuildReporter(ConsoleReporter):
         if target is not None and self.key_index is not None:
             self.key_index.refresh(target.meta_path)
 
-    def _finish(self, task, status: str, error: str, extra: dict | None = None) -> None:
+    def _finish(self, task, status: str, error: str, extra: dict | None = None, values: dict | None = None) -> None:
         begun = self.begun.pop(task.name, time.monotonic())
         seconds = time.monotonic() - begun
+        self._traced(task, status, values)
         record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {}),
                   "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
         if error:
@@ -98,6 +103,18 @@ class BuildReporter(ConsoleReporter):
         label = "cached" if record.get("from_cache") else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
+
+    def _traced(self, task, status: str, values: dict | None) -> None:
+        now = time.time()
+        handed = self.handed.pop(task.name, now)
+        target = (getattr(task, "meta", None) or {}).get("kforge_target")
+        family = target.kernel if target is not None else ""
+        if _is_package(task):
+            self.trace.task("package", task.name, "package", handed, now)
+        elif status == "failed":
+            self.trace.task("failed", task.name, "failed", handed, now, family)
+        else:
+            self.trace.target(task.name, family, handed, now, values or {})
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
@@ -135,6 +152,8 @@ class BuildReporter(ConsoleReporter):
                 state.save()
         self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
                     "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
+        if self.trace.slices:   # a run that ran nothing keeps the last build's timeline
+            self.trace.write(Path(self.report_path).with_name("build-trace.json"))
 
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)

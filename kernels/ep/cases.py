@@ -98,8 +98,9 @@ def quantize_fp8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
 def dequantize_fp8(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """f32 [T, H] from e4m3 rows and their block scales."""
     T, H = rows.shape
-    block = H // scales.shape[1] if scales.shape[1] else H
-    return (rows.float().reshape(T, -1, block) * scales[..., None]).reshape(T, H)
+    n = scales.shape[1]
+    # shapes spelled out: with -1, no rows (a rank that received none) would be an ambiguous reshape
+    return (rows.float().reshape(T, n, H // n) * scales[..., None]).reshape(T, H)
 
 
 def routing(mode: str, T: int, K: int, E: int, W: int, rank: int, g: torch.Generator) -> torch.Tensor:
