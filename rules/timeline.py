@@ -47,7 +47,7 @@ def render(trace: dict) -> str:
     height = TOP + len(order) * ROW + 24 + ROW * ((len(legend) + 3) // 4)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 20}" height="{height}" '
            f'font-family="sans-serif" font-size="11">',
-           f'<rect width="100%" height="100%" fill="white"/>',
+           '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="4" y="14" font-weight="bold">kforge build: {len(slices)} slices, {end:.1f} s, '
            f'{len(order)} rows</text>']
     step = _tick(end)
