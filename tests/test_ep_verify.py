@@ -49,14 +49,24 @@ def test_a_hang_fails_its_case_names_the_ranks_and_the_sweep_goes_on(tmp_path, m
     assert "4/6 cases passed; FAILED: c2, c4" in capsys.readouterr().out
 
 
-def test_too_few_gpus_is_a_clear_message_and_exit_code_2(tmp_path, monkeypatch, capsys):
+def test_no_gpu_or_one_rank_is_a_clear_message_and_exit_code_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(verify, "_gpu_count", lambda: 0)
     assert verify.run_sweep(None, str(tmp_path)) == 2
-    assert "found 0 GPU(s); it needs at least 2" in capsys.readouterr().err
-    monkeypatch.setattr(verify, "_gpu_count", lambda: 4)
-    assert verify.run_sweep(8, str(tmp_path)) == 2
-    assert "found 4 GPU(s); world=8 needs 8" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "found 0 GPU(s) and world=0: it needs a GPU and world >= 2" in err and "kernels.ep.simulate" in err
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 1)
+    assert verify.run_sweep(None, str(tmp_path)) == 2   # one GPU, no world given: one rank
     assert not (tmp_path / "report.json").exists()
+
+
+def test_more_ranks_than_gpus_share_them_round_robin_and_report_no_times(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(verify, "matrix", lambda world: [Case(f"c{i}") for i in range(6)])
+    monkeypatch.setattr(verify, "_launch", fake_launch)
+    verify.run_sweep(5, str(tmp_path), case_timeout=3)
+    assert "5 ranks on 2 GPU(s), round-robin ([3, 2] ranks per GPU)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "report.json").read_text())["ranks_per_gpu"] == [3, 2]
+    assert "Ranks share GPUs: [3, 2] ranks per GPU" in (tmp_path / "report.md").read_text()
 
 
 def test_metrics_take_the_slowest_rank_and_average_bandwidth():

@@ -1,4 +1,5 @@
-"""EpDispatchCombine: the dispatch/combine op on symmetric memory, Triton kernels, no host sync.
+"""EpDispatchCombine: the dispatch/combine op on symmetric memory (CUDA IPC when ranks share a GPU), Triton
+kernels, no host sync.
 
 dispatch(x[T,H], topk_idx[T,K] int32, topk_w[T,K] f32 | None, x_scales[T,H/128] f32 for fp8) sends each
 token once to every rank that holds one of its experts (rank = id // experts_per_rank); every rank receives
@@ -35,11 +36,22 @@ class Dispatched:
     handle: torch.Tensor     # [T, W] int32: where each of this rank's tokens landed (-1: not sent / dropped)
 
 
+def shares_a_gpu(group) -> bool:
+    """Whether two ranks of the group run on the same GPU (same host, same device)."""
+    import socket
+    where = [None] * dist.get_world_size(group)
+    dist.all_gather_object(where, (socket.gethostname(), torch.cuda.current_device()), group=group)
+    return len(set(where)) < len(where)
+
+
 class EpDispatchCombine:
     """library: a kforge_runtime.Library (e.g. Library("out/dist")) to run the precompiled kernels from; None
-    runs them through Triton's JIT. jit_fallback: with a library, JIT what it lacks instead of failing."""
+    runs them through Triton's JIT. jit_fallback: with a library, JIT what it lacks instead of failing.
+    shared_gpu: whether ranks share GPUs (then buffers go through CUDA IPC, not symmetric memory); None: ask
+    the group (one all_gather_object)."""
 
-    def __init__(self, cfg: EpConfig, group=None, library=None, jit_fallback: bool = False):
+    def __init__(self, cfg: EpConfig, group=None, library=None, jit_fallback: bool = False,
+                 shared_gpu: bool | None = None):
         self.cfg = cfg
         self.kernels = EpKernels(library, jit_fallback)
         self.group = group or dist.group.WORLD
@@ -47,6 +59,10 @@ class EpDispatchCombine:
         if dist.get_world_size(self.group) != cfg.world_size:
             raise ValueError(f"EpConfig.world_size={cfg.world_size}, but the process group has "
                              f"{dist.get_world_size(self.group)} ranks")
+        # ranks that share a GPU: PyTorch's symmetric memory refuses them (its rendezvous sees overlapping
+        # devices), so their buffers are plain allocations shared through CUDA IPC handles (_ipc)
+        self.shared_gpu = shares_a_gpu(self.group) if shared_gpu is None else shared_gpu
+        self._peers: list[torch.Tensor] = []   # the peers' IPC-mapped buffers, kept alive with the op
         R, H, K, W = cfg.capacity, cfg.hidden, cfg.topk, cfg.world_size
         dtype = DTYPES[cfg.dtype]
         self.recv_x, self._recv_x_table = self._symmetric((R, H), dtype)
@@ -66,9 +82,28 @@ class EpDispatchCombine:
         dist.barrier(group=self.group)   # every rank's flags are zero before anyone signals
 
     def _symmetric(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shared_gpu:
+            return self._ipc(shape, dtype)
         buf = symm_mem.empty(*shape, dtype=dtype, device="cuda")
         handle = symm_mem.rendezvous(buf, self.group.group_name)
         return buf, torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device="cuda")
+
+    def _ipc(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A buffer every rank reaches: allocated here, its CUDA IPC handle (torch's reduce_tensor, which keeps
+        the tensor's offset inside its allocation) sent to every rank, each peer's rebuilt from its handle."""
+        from torch.multiprocessing.reductions import reduce_tensor
+        buf = torch.zeros(shape, dtype=dtype, device="cuda")
+        handles: list = [None] * self.cfg.world_size
+        dist.all_gather_object(handles, reduce_tensor(buf), group=self.group)
+        pointers = []
+        for peer, (rebuild, args) in enumerate(handles):
+            if peer == self.rank:
+                pointers.append(buf.data_ptr())
+            else:
+                mapped = rebuild(*args)
+                self._peers.append(mapped)
+                pointers.append(mapped.data_ptr())
+        return buf, torch.tensor(pointers, dtype=torch.int64, device="cuda")
 
     def expert_output(self) -> torch.Tensor:
         """[R, H]: write expert outputs here (row i for received row i) and combine(None) copies nothing."""

@@ -31,14 +31,15 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
     """dist_dir: kforge bundles (out/dist) to run the op's precompiled kernels from; None: Triton's JIT."""
     found = _gpu_count()
     world = world or found
-    if found < 2 or world < 2 or world > found:
-        wanted = f"world={world} needs {world}" if world >= 2 else "it needs at least 2"
-        sys.stderr.write(f"verify_dispatch_combine: found {found} GPU(s); {wanted} (one process per GPU). "
-                         f"Run it on a host with that many GPUs, or choose world=N with 2 <= N <= {found}.\n"
-                         if found >= 2 else
-                         f"verify_dispatch_combine: found {found} GPU(s); it needs at least 2 (one process per "
-                         f"GPU). Run it on a multi-GPU host.\n")
+    if found < 1 or world < 2:
+        sys.stderr.write(f"verify_dispatch_combine: found {found} GPU(s) and world={world}: it needs a GPU and "
+                         f"world >= 2 ranks (choose world=N; ranks share GPUs when N is above the GPUs). Without "
+                         f"a GPU: python -m kernels.ep.simulate --world N\n")
         return 2
+    if world > found:
+        per = [len(range(g, world, found)) for g in range(found)]
+        sys.stderr.write(f"verify_dispatch_combine: {world} ranks on {found} GPU(s), round-robin ({per} ranks per "
+                         f"GPU): buffers through CUDA IPC, no performance numbers\n")
     out = Path(out_dir)
     (out / "progress").mkdir(parents=True, exist_ok=True)
     cases = [c for c in matrix(world) if only is None or only in c.name]
@@ -57,7 +58,8 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
         start = case_index + 1
     report = [results.get(i, {"case": c.name, "ok": False, "error": "never ran (a worker died)"})
               for i, c in enumerate(cases)]
-    _write_report(out, world, report, f"bundles in {dist_dir}" if dist_dir else "Triton JIT")
+    _write_report(out, world, report, f"bundles in {dist_dir}" if dist_dir else "Triton JIT",
+                  [len(range(g, world, found)) for g in range(found)] if world > found else None)
     failed = [r["case"] for r in report if not r["ok"]]
     print(f"verify_dispatch_combine: world {world}: {len(report) - len(failed)}/{len(report)} cases passed"
           + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; report: {out / 'report.md'}")
@@ -125,11 +127,14 @@ def _read_results(out: Path) -> dict[int, dict]:
     return {r["index"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def _write_report(out: Path, world: int, report: list[dict], kernels: str) -> None:
-    (out / "report.json").write_text(json.dumps({"world": world, "kernels": kernels, "cases": report}, indent=1) + "\n")
+def _write_report(out: Path, world: int, report: list[dict], kernels: str, shared: list[int] | None = None) -> None:
+    (out / "report.json").write_text(json.dumps({"world": world, "kernels": kernels, "ranks_per_gpu": shared,
+                                                 "cases": report}, indent=1) + "\n")
     used = sorted({k for r in report for k in r.get("kernel_sources", [])})
+    placed = (f"Ranks share GPUs: {shared} ranks per GPU, buffers through CUDA IPC; no times (they would be "
+              f"time slices of one GPU, not the op's speed)." if shared else "One rank per GPU, symmetric memory.")
     lines = [f"# dispatch/combine verify sweep, world {world}", "",
-             f"Kernels: {kernels}; launched from: {', '.join(used) or '-'}.", "",
+             f"Kernels: {kernels}; launched from: {', '.join(used) or '-'}.", "", placed, "",
              "Times: median over the case's eager iterations after the first, slowest rank; small cases, "
              "with checks in between: a smoke signal, not the benchmark (bench/ep_bandwidth.py is).", "",
              "| case | verdict | max diff | dispatch us | combine us | dispatch GB/s (logical / NVLink) | "
@@ -150,8 +155,14 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> Non
     import torch
     import torch.distributed as dist
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    gpus = torch.cuda.device_count()
+    shared = world > gpus   # ranks round-robin on the GPUs; NCCL refuses two ranks on one GPU: gloo then
+    torch.cuda.set_device(rank % gpus)
+    if shared:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    host = "cpu" if shared else "cuda"   # where the verdicts are reduced (gloo: on the host)
     progress = out / "progress" / f"rank{rank}.jsonl"
     library = None
     if dist_dir:
@@ -163,14 +174,14 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> Non
         mark = lambda stage: _append(progress, {"case": index, "stage": stage})
         mark("start")
         try:
-            ok, diff, metrics, note, sources = _run_case(case, rank, world, mark, library)
+            ok, diff, metrics, note, sources = _run_case(case, rank, world, mark, library, shared)
             error = ""
         except Exception as e:
             ok, diff, metrics, note, sources = False, float("inf"), {}, "", []
             error = f"rank {rank}: {e!r}"
             traceback.print_exc()
         mark("verdict")
-        verdict = torch.tensor([1 if ok else 0, 0], dtype=torch.float64, device="cuda")
+        verdict = torch.tensor([1 if ok else 0, 0], dtype=torch.float64, device=host)
         verdict[1] = diff if diff != float("inf") else 1e30
         dist.all_reduce(verdict[:1], op=dist.ReduceOp.MIN)
         dist.all_reduce(verdict[1:], op=dist.ReduceOp.MAX)
@@ -206,13 +217,14 @@ def _merge(per_rank: list[dict]) -> dict:
     return merged
 
 
-def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, float, dict, str, list]:
+def _run_case(case: Case, rank: int, world: int, mark, library,
+              shared: bool = False) -> tuple[bool, float, dict, str, list]:
     import torch
     from kernels.ep.op import EpDispatchCombine
 
     cfg, note = case_config(case, world)
     expert = _expert(rank, cfg)
-    ops = [EpDispatchCombine(cfg, library=library) for _ in range(2 if case.interleaved else 1)]
+    ops = [EpDispatchCombine(cfg, library=library, shared_gpu=shared) for _ in range(2 if case.interleaved else 1)]
     mark("built")
     runs, times = [], {"dispatch": [], "combine": []}
     if case.graph:
@@ -234,10 +246,10 @@ def _run_case(case: Case, rank: int, world: int, mark, library) -> tuple[bool, f
             times["dispatch"].append(events)
         mark("ran")
     torch.cuda.synchronize()
-    ok, worst = check_runs(runs, cfg, expert, case.strict)
+    ok, worst = check_runs(runs, cfg, expert, case.strict, "cpu" if shared else None)
     mark("checked")
     metrics = {}
-    if times["dispatch"] and not case.interleaved:
+    if times["dispatch"] and not case.interleaved and not shared:
         ev = times["dispatch"][1:] or times["dispatch"]   # the first call pays Triton's JIT compile
         d_us = statistics.median(e[0].elapsed_time(e[1]) for e in ev) * 1e3
         c_us = statistics.median(e[2].elapsed_time(e[3]) for e in ev) * 1e3
@@ -266,12 +278,17 @@ def case_config(case: Case, world: int):
     return case.config(world, cap), f"capacity {cap}, rows arriving per rank {arriving}"
 
 
-def check_runs(runs, cfg, expert, strict: bool) -> tuple[bool, float]:
+def check_runs(runs, cfg, expert, strict: bool, device=None) -> tuple[bool, float]:
     """(all correct, worst combine difference) of one rank's calls [(inputs, snapshot, combined)], each against
     the reference (kernels/ep/reference.py, a collective: every rank checks its calls at once): the rows
-    received byte for byte, num_recv and overflow, and combine (byte-exact for strict cases)."""
+    received byte for byte, num_recv and overflow, and combine (byte-exact for strict cases). device: where
+    to check ("cpu" for a gloo group, whose all-to-all takes host tensors); None: where the tensors are."""
     import torch
     from kernels.ep import reference
+    if device is not None:
+        moved = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t
+        runs = [(tuple(map(moved, feed)), {k: moved(v) for k, v in snap.items()}, moved(out))
+                for feed, snap, out in runs]
     ok, worst = True, 0.0
     for (x, idx, w, scales), snap, out in runs:
         ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
