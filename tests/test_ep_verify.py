@@ -66,7 +66,8 @@ def test_more_ranks_than_gpus_share_them_round_robin_and_report_no_times(tmp_pat
     verify.run_sweep(5, str(tmp_path), case_timeout=3)
     assert "5 ranks on 2 GPU(s), round-robin ([3, 2] ranks per GPU)" in capsys.readouterr().err
     assert json.loads((tmp_path / "report.json").read_text())["ranks_per_gpu"] == [3, 2]
-    assert "Ranks share GPUs: [3, 2] ranks per GPU" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "Ranks share GPUs: [3, 2] ranks per GPU" in md and "| case | verdict | max diff | case seconds |" in md
 
 
 def test_metrics_take_the_slowest_rank_and_average_bandwidth():
