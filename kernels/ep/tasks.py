@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def task_verify_dispatch_combine():
-    """The multi-GPU verify sweep of the MoE dispatch/combine kernels: one process per GPU (world=N)."""
+    """The verify sweep of the MoE dispatch/combine kernels: one process per rank (world=N), on their own GPUs or
+    sharing them round-robin when N is above the GPUs."""
     def run(world: str | None):
         from doit.exceptions import TaskFailed
 
