@@ -108,7 +108,7 @@ class BuildReporter(ConsoleReporter):
         now = time.time()
         handed = self.handed.pop(task.name, now)
         target = (getattr(task, "meta", None) or {}).get("kforge_target")
-        family = target.kernel if target is not None else ""
+        family = getattr(target, "kernel", "")
         if _is_package(task):
             self.trace.task("package", task.name, "package", handed, now)
         elif status == "failed":

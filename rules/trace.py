@@ -35,9 +35,11 @@ class Trace:
         worker = values.get("worker")
         row = f"worker {worker}" if worker else "targets"
         args = {"target": name, "family": family, **({"from_cache": True} if values.get("from_cache") else {})}
-        first = spans[0][1] if spans else finished
-        if first > handed:
-            self._slice(row, name, "queue", handed, first, args)
+        if not spans:   # an action that reported no phases: the time doit saw it take
+            self._slice(row, name, "run", handed, finished, args)
+            return
+        if spans[0][1] > handed:
+            self._slice(row, name, "queue", handed, spans[0][1], args)
         for phase, start, end in spans:
             self._slice(row, name, phase, start, end, args)
 

@@ -1,5 +1,6 @@
 """compile_core: what a compile result reports, and compile_into writing a (fake) backend's binary into another
 project's out/ through a real compile server. check_and_write's refusals are in tests/test_build.py."""
+import dataclasses
 import json
 import os
 import sys
@@ -99,7 +100,8 @@ def test_compile_into_writes_the_artifact_into_the_private_projects_out_and_retu
     private = tmp_path / "worker"
     outcome = into(compiled, private)
     assert outcome.ok, outcome.error
-    assert outcome.result == compile_core.Written(0.1235, artifact.sha256(binary))
+    assert dataclasses.replace(outcome.result, spans=()) == compile_core.Written(0.1235, artifact.sha256(binary))
+    assert [phase for phase, _, _ in outcome.result.spans] == ["compile", "write"]   # for the build trace
     directory = Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
     assert directory == private / "out" / "sm_90a" / "scale" / target.config_id
     meta, on_disk = artifact.load(directory)

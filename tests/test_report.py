@@ -117,7 +117,7 @@ class Saved:
 
 def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(report, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(report, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
     out, key_index, other_state = io.StringIO(), Saved(), Saved()
     reporter = report.BuildReporter(out, {})
     reporter.report_path = str(tmp_path / "out" / "build-report.json")
@@ -182,3 +182,29 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
     assert failed["error"].splitlines() == message.splitlines()[:report.ERROR_LINES]
     assert [p["name"] for p in saved["packages"]] == ["package:sm_90a"] and saved["packages"][0]["status"] == "failed"
     assert len(text.splitlines()) == len(saved["tasks"]) + 2   # one line per task between the head and the end
+
+
+def test_the_reporter_traces_what_ran(tmp_path):
+    """Built targets by their action's phases on their worker's row, failures and packages on rows of their own."""
+    reporter = report.BuildReporter(io.StringIO(), {})
+    reporter.report_path = str(tmp_path / "out" / "build-report.json")
+    t0 = reporter.trace.started
+    target = types.SimpleNamespace(meta_path="m", kernel="k")
+    built = FakeTask("k:a@sm_90a", values={"worker": 41, "spans": [["compile", t0 + 1, t0 + 3],
+                                                                      ["write", t0 + 3, t0 + 3.5]]},
+                     meta={"kforge_target": target})
+    failing, package = FakeTask("k:b@sm_90a", meta={"kforge_target": target}), FakeTask("package:sm_90a")
+    reporter.initialize({t.name: t for t in (built, failing, package)}, [built.name, failing.name, package.name])
+    for task in (built, failing, package):
+        reporter.execute_task(task)
+    reporter.add_success(built)
+    reporter.add_failure(failing, TaskFailed("boom"))
+    reporter.add_success(package)
+    reporter.complete_run()
+    events = json.loads((tmp_path / "out" / "build-trace.json").read_text())["traceEvents"]
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    slices = [(rows[e["tid"]], e["name"], e["cat"]) for e in events if e["ph"] == "X"]
+    assert ("worker 41", "k:a@sm_90a", "compile") in slices and ("worker 41", "k:a@sm_90a", "write") in slices
+    assert ("failed", "k:b@sm_90a", "failed") in slices and ("package", "package:sm_90a", "package") in slices
+    compile_slice = next(e for e in events if e["ph"] == "X" and e["cat"] == "compile")
+    assert compile_slice["dur"] == 2_000_000 and compile_slice["args"]["family"] == "k"
