@@ -47,7 +47,8 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
     except ValueError as e:
         return TaskFailed(str(e))
-    stamp = _stamp(arch, targets, root_path, tuned=tuned)   # before reading: a change while packaging re-packages next time
+    # stamped before reading: a change while packaging re-packages next time
+    stamp = _stamp(arch, targets, root_path, tuned=tuned)
     manifest = make_manifest(arch, targets, root_path, tuned)
     data = manifest_bytes(manifest)
     try:

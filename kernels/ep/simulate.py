@@ -132,7 +132,8 @@ class World:
                   "idx": ((R, K), torch.int32), "w": ((R, K), torch.float32), "src": ((R,), torch.int32),
                   "y": ((R, H), DTYPES[cfg.combine_dtype]), "matrix": ((W, W), torch.int32),
                   "flags": ((W,), torch.int32)}
-        self.buf = {name: [torch.zeros(shape, dtype=dtype) for _ in range(W)] for name, (shape, dtype) in shapes.items()}
+        self.buf = {name: [torch.zeros(shape, dtype=dtype) for _ in range(W)]
+                    for name, (shape, dtype) in shapes.items()}
         self.table = {name: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
                       for name, bufs in self.buf.items()}
         # rank r's signal to peer p lands at table[p] + r: with table[p] = own flags + (p - r) it lands in r's

@@ -7,11 +7,11 @@ cache.
 
 How: Triton's JIT looks a call's specialization up in its per-device kernel cache and compiles on a miss
 (JITFunction._do_compile, given the specialization Triton computed: argument types, constexprs, 16-divisible
-arguments, options). serve() wraps that one method: on a miss it looks the specialization up in the bundles
-(the same canonical form as a record line: rules/runtime/record.py) and, when found, puts a served kernel in
-Triton's cache in place of a compiled one, so every later call takes Triton's own fast path to it. A served
-kernel launches through kforge's loader (the driver's launch call, on Triton's current stream), which a CUDA
-graph captures like any launch.
+arguments, options). serve() wraps that method (and Autotuner.run, below): on a miss it looks the
+specialization up in the bundles (the same canonical form as a record line: rules/runtime/record.py) and,
+when found, puts a served kernel in Triton's cache in place of a compiled one, so every later call takes
+Triton's own fast path to it. A served kernel launches through kforge's loader (the driver's launch call, on
+Triton's current stream), which a CUDA graph captures like any launch.
 
 An autotuned kernel (@triton.autotune) asks the bundles first: the config recorded for the call's autotuning
 key (the manifest's "autotune" table, from the record's "autotune" lines) goes into the autotuner's cache, so
@@ -246,9 +246,8 @@ def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
     """Make every Triton JIT function whose specialization the bundles hold launch the prebuilt binary.
     bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist).
     preload: load every binary for this device now (Server.preload), not at each kernel's first launch."""
-    from triton.runtime.jit import JITFunction
-
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
 
     from .library import Library
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
