@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
 
 from kernels.ep import verify
 from kernels.ep.cases import Case
@@ -22,6 +23,7 @@ FAKE_WORKER = textwrap.dedent('''
         if rank == 0:
             time.sleep(0.2)
             put("results.jsonl", {"index": i, "case": f"c{i}", "ok": i != 4, "max_diff": 0.0, "error": "",
+                                  "ranks": [{"ok": True, "max_diff": 0.0}, {"ok": i != 4, "max_diff": 0.0}],
                                   "note": "", "metrics": {"dispatch_us": 10.0, "combine_us": 5.0,
                                   "dispatch_logical_gbs": 1.0, "dispatch_remote_gbs": 0.5,
                                   "combine_logical_gbs": 2.0, "combine_remote_gbs": 1.0}})
@@ -47,6 +49,14 @@ def test_a_hang_fails_its_case_names_the_ranks_and_the_sweep_goes_on(tmp_path, m
     md = (tmp_path / "report.md").read_text()
     assert "| c2 | FAIL |" in md and "| c3 | PASS |" in md and "10.0" in md
     assert "4/6 cases passed; FAILED: c2, c4" in capsys.readouterr().out
+    page = ET.parse(tmp_path / "report.html").getroot()   # well-formed: an XML parser reads it
+    ns = {"h": "http://www.w3.org/1999/xhtml"}
+    rows = {r.find("h:th", ns).text: [td.text for td in r.findall("h:td", ns)]
+            for r in page.iter("{http://www.w3.org/1999/xhtml}tr") if r.find("h:th", ns) is not None
+            and r.find("h:td", ns) is not None}
+    assert rows["c4"][:3] == ["FAIL", "PASS", "FAIL"]   # the case, then rank 0 and rank 1
+    assert rows["c2"][:3] == ["FAIL", "-", "-"]         # the hang: no rank reported a verdict
+    assert "4/6 cases passed" in page.find("h:body/h:h1", ns).text
 
 
 def test_no_gpu_or_one_rank_is_a_clear_message_and_exit_code_2(tmp_path, monkeypatch, capsys):

@@ -3,7 +3,7 @@ checked against the all_to_all_single reference, verdicts ANDed over ranks, a wa
 
     doit verify_dispatch_combine [world=N]        or        python -m kernels.ep.verify [--world N]
 
-Writes out/verify/dispatch_combine/report.json and report.md; exits non-zero if any case failed.
+Writes out/verify/dispatch_combine/report.json, report.md and report.html; exits non-zero if any case failed.
 """
 from __future__ import annotations
 
@@ -155,6 +155,39 @@ def _write_report(out: Path, world: int, report: list[dict], kernels: str, share
                      f"{m.get('dispatch_us', '-')} | {m.get('combine_us', '-')} | {gbs('dispatch')} | "
                      f"{gbs('combine')} | {r.get('error', '') or r.get('note', '')} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "report.html").write_text(report_html(world, report, kernels, placed))
+
+
+def report_html(world: int, report: list[dict], kernels: str, placed: str) -> str:
+    """The sweep as one HTML page (well-formed XHTML, no scripts, no outside files): a row per case, a cell
+    per rank coloured by its verdict, then the worst difference, times and GB/s, and the note or error."""
+    from html import escape
+    cell = lambda ok: (f'<td class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</td>' if ok is not None
+                       else '<td class="none">-</td>')
+    passed = sum(r["ok"] for r in report)
+    head = "".join(f"<th>rank {r}</th>" for r in range(world))
+    rows = []
+    for r in report:
+        ranks = r.get("ranks") or [{"ok": None}] * world
+        m = r.get("metrics", {})
+        gbs = lambda op: (f"{m[op + '_logical_gbs']:.1f} / {m[op + '_remote_gbs']:.1f}" if op + "_logical_gbs" in m
+                          else "-")
+        rows.append(f'<tr><th class="case">{escape(r["case"])}</th>{cell(r["ok"])}'
+                    + "".join(cell(x.get("ok")) for x in ranks)
+                    + f'<td>{escape(str(r.get("max_diff", "-")))}</td><td>{m.get("dispatch_us", "-")}</td>'
+                    f'<td>{m.get("combine_us", "-")}</td><td>{gbs("dispatch")}</td><td>{gbs("combine")}</td>'
+                    f'<td>{escape(str(r.get("seconds", "-")))}</td>'
+                    f'<td class="note">{escape(r.get("error", "") or r.get("note", ""))}</td></tr>')
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+             "padding:3px 8px;font-size:13px;text-align:center}th.case,td.note{text-align:left}"
+             ".pass{background:#c8e6c9}.fail{background:#ef9a9a;font-weight:bold}.none{color:#999}")
+    return (f'<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml"><head><meta charset="utf-8"/>'
+            f"<title>dispatch/combine verify sweep, world {world}</title><style>{style}</style></head><body>"
+            f"<h1>dispatch/combine verify sweep, world {world}: {passed}/{len(report)} cases passed</h1>"
+            f"<p>Kernels: {escape(kernels)}. {escape(placed)}</p>"
+            f"<table><tr><th>case</th><th>verdict</th>{head}<th>max diff</th><th>dispatch us</th>"
+            f"<th>combine us</th><th>dispatch GB/s (logical / NVLink)</th><th>combine GB/s (logical / NVLink)</th>"
+            f"<th>case s</th><th>note</th></tr>{''.join(rows)}</table></body></html>\n")
 
 
 # ---------------------------------------------------------------- a worker: one rank, one GPU
@@ -194,15 +227,17 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> Non
         verdict[1] = diff if diff != float("inf") else 1e30
         dist.all_reduce(verdict[:1], op=dist.ReduceOp.MIN)
         dist.all_reduce(verdict[1:], op=dist.ReduceOp.MAX)
-        errors = [None] * world
-        dist.all_gather_object(errors, error)
+        per_rank = [None] * world   # each rank's (error, verdict, worst difference): the report's cases x ranks
+        dist.all_gather_object(per_rank, (error, bool(ok), diff if diff != float("inf") else None))
+        errors = [e for e, _, _ in per_rank]
         all_metrics = [None] * world
         dist.all_gather_object(all_metrics, metrics)
         if rank == 0:
             _append(out / "progress" / "results.jsonl", {
                 "index": index, "case": case.name, "ok": bool(verdict[0] == 1), "max_diff": float(verdict[1]),
                 "error": "; ".join(e for e in errors if e), "note": note, "metrics": _merge(all_metrics),
-                "kernel_sources": sources, "seconds": round(time.monotonic() - began, 2)})
+                "kernel_sources": sources, "seconds": round(time.monotonic() - began, 2),
+                "ranks": [{"ok": r_ok, "max_diff": r_diff} for _, r_ok, r_diff in per_rank]})
         mark("done")
     if shared:   # every op gone, its peers' IPC mappings released, before any rank (their producer) exits
         import gc
