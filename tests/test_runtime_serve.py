@@ -2,7 +2,6 @@
 miss says what to record; a served kernel gets the runtime arguments in order. (Serving on a GPU:
 bench/zero_jit.py.)"""
 import json
-import re
 
 from kforge_runtime import record, serve
 from tests.test_runtime_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE

@@ -154,7 +154,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
     cfg, W, b = world.cfg, world.W, world.buf
     K, E, H, R = cfg.topk, cfg.experts_per_rank, cfg.hidden, cfg.capacity
     block_t, blocks_at_once = CONSTANTS["ep_route"]["BLOCK_T"], CONSTANTS["ep_exchange_counts"]["BLOCKS"]
-    chunks = {f: -(-H // BLOCK_H) for f in ("ep_dispatch", "ep_combine")}
+    chunks = -(-H // BLOCK_H)
     T = [f[0].shape[0] for f in feeds]
     nb = [-(-t // block_t) for t in T]
     pos = [torch.full((t, W), -9, dtype=torch.int32) for t in T]
@@ -172,7 +172,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
         if w is None:
             b["w"][r].zero_()
         if T[r]:
-            tk.dispatch_kernel[(T[r], chunks["ep_dispatch"])](
+            tk.dispatch_kernel[(T[r], chunks)](
                 x, idx, w if w is not None else b["w"][r], scales if scales is not None else b["scales"][r],
                 pos[r], base[r], b["matrix"][r], handle[r], world.table["x"], world.table["idx"], world.table["w"],
                 world.table["scales"], world.table["src"], r, H, cfg.max_tokens_per_rank, R, cfg.num_scales,
@@ -195,7 +195,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
     for r in range(W):
         out = torch.zeros(T[r], H, dtype=b["y"][r].dtype)
         if T[r]:
-            tk.combine_kernel[(T[r], chunks["ep_combine"])](out, handle[r], world.table["y"], H, W=W,
+            tk.combine_kernel[(T[r], chunks)](out, handle[r], world.table["y"], H, W=W,
                                                            BLOCK_H=BLOCK_H)
         outs.append(out)
     for r in range(W):
