@@ -151,7 +151,10 @@ def warm_specializer() -> None:
 
 def light_driver() -> None:
     """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has)."""
-    import torch
+    try:
+        import torch
+    except ImportError:   # Triton's own GPU drivers need torch too: nothing to lighten
+        return
     from triton.runtime import driver
     if getattr(driver, "_active", True) is None and torch.cuda.is_available() and torch.version.hip is None:
         driver.set_active(LightDriver(driver))
