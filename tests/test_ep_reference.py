@@ -123,3 +123,17 @@ def test_config_rejects_bad_values_with_the_key():
     fp8 = EpConfig(world_size=2, hidden=256, experts_per_rank=1, topk=1, max_tokens_per_rank=1, dtype="fp8_e4m3")
     assert (fp8.num_scales, fp8.row_bytes, fp8.combine_dtype, fp8.combine_row_bytes) == (2, 256 + 8, "bf16", 512)
     assert EpConfig(world_size=4, hidden=64, experts_per_rank=2, topk=1, max_tokens_per_rank=8).capacity == 32
+
+
+def test_peer_buffers_are_one_table_with_16_byte_scale_rows():
+    fp8 = EpConfig(world_size=4, hidden=640, experts_per_rank=1, topk=2, max_tokens_per_rank=3, dtype="fp8_e4m3",
+                   scale_block=128)
+    assert (fp8.num_scales, fp8.scale_stride) == (5, 8)     # 5 floats padded to 8 (32 bytes)
+    table = fp8.peer_buffers()
+    assert list(table) == ["x", "scales", "idx", "w", "src", "y", "matrix", "flags"]   # allocation order
+    assert table["x"] == ((12, 640), "fp8_e4m3") and table["y"] == ((12, 640), "bf16")
+    assert table["scales"] == ((12, 8), "f32") and table["matrix"] == ((4, 4), "i32")
+    bf16 = EpConfig(world_size=2, hidden=64, experts_per_rank=1, topk=1, max_tokens_per_rank=1)
+    assert bf16.scale_stride == 4 and bf16.peer_buffers()["scales"] == ((2, 4), "f32")   # never a 0-wide row
+    from kernels.ep.op import DTYPES
+    assert all(kind in DTYPES for _, kind in table.values())

@@ -46,6 +46,20 @@ class EpConfig:
         return self.hidden // self.scale_block if self.dtype == FP8 else 0
 
     @property
+    def scale_stride(self) -> int:
+        """Floats per row of the received-scales buffer: num_scales rounded up to 16 bytes, since the dispatch
+        kernel stores scale rows as aligned vectors."""
+        return -(-max(self.num_scales, 1) // 4) * 4
+
+    def peer_buffers(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The buffers each rank's peers write into, name -> (shape, element type), in allocation order: the
+        one table that the op on GPUs (kernels/ep/op.py) and the CPU simulation (simulate.py) both allocate."""
+        R, H, K, W = self.capacity, self.hidden, self.topk, self.world_size
+        return {"x": ((R, H), self.dtype), "scales": ((R, self.scale_stride), "f32"), "idx": ((R, K), "i32"),
+                "w": ((R, K), "f32"), "src": ((R,), "i32"), "y": ((R, H), self.combine_dtype),
+                "matrix": ((W, W), "i32"), "flags": ((W,), "i32")}
+
+    @property
     def combine_dtype(self) -> str:
         """Expert outputs and combine results: bf16 when dispatch moves fp8 (as DeepEP and mori do)."""
         return "bf16" if self.dtype == FP8 else self.dtype

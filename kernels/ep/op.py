@@ -20,7 +20,8 @@ import torch.distributed._symmetric_memory as symm_mem
 from kernels.ep.config import FP8, EpConfig
 from kernels.ep.launch import CONSTANTS, EpKernels
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn, "f32": torch.float32,
+          "i32": torch.int32}
 KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "fp8e4nv"}   # the specs' dtype names
 
 
@@ -63,17 +64,15 @@ class EpDispatchCombine:
         # devices), so their buffers are plain allocations shared through CUDA IPC handles (_ipc)
         self.shared_gpu = shares_a_gpu(self.group) if shared_gpu is None else shared_gpu
         self._peers: list[torch.Tensor] = []   # the peers' IPC-mapped buffers, kept alive with the op
-        R, H, K, W = cfg.capacity, cfg.hidden, cfg.topk, cfg.world_size
-        dtype = DTYPES[cfg.dtype]
-        self.recv_x, self._recv_x_table = self._symmetric((R, H), dtype)
-        self.scale_stride = -(-max(cfg.num_scales, 1) // 4) * 4   # scale rows 16-byte aligned (the kernel assumes)
-        self.recv_scales, self._recv_scale_table = self._symmetric((R, self.scale_stride), torch.float32)
-        self.recv_idx, self._recv_idx_table = self._symmetric((R, K), torch.int32)
-        self.recv_w, self._recv_w_table = self._symmetric((R, K), torch.float32)
-        self.recv_src, self._recv_src_table = self._symmetric((R,), torch.int32)
-        self.y, self._y_table = self._symmetric((R, H), DTYPES[cfg.combine_dtype])
-        self.matrix, self._matrix_table = self._symmetric((W, W), torch.int32)
-        self.flags, self._flag_table = self._symmetric((W,), torch.int32)
+        buffers = {name: self._symmetric(shape, DTYPES[kind]) for name, (shape, kind) in cfg.peer_buffers().items()}
+        self.recv_x, self._recv_x_table = buffers["x"]
+        self.recv_scales, self._recv_scale_table = buffers["scales"]
+        self.recv_idx, self._recv_idx_table = buffers["idx"]
+        self.recv_w, self._recv_w_table = buffers["w"]
+        self.recv_src, self._recv_src_table = buffers["src"]
+        self.y, self._y_table = buffers["y"]
+        self.matrix, self._matrix_table = buffers["matrix"]
+        self.flags, self._flag_table = buffers["flags"]
         self.flags.zero_()
         self.epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.num_recv = torch.zeros((), dtype=torch.int32, device="cuda")
@@ -135,7 +134,7 @@ class EpDispatchCombine:
                          block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table,
                          self._recv_w_table, self._recv_scale_table, self._recv_src_table,
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
-                         self.scale_stride)
+                         cfg.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
                      self.overflow, self.rank, cfg.capacity)
         scales = self.recv_scales[:, :cfg.num_scales] if cfg.num_scales else None

@@ -125,15 +125,10 @@ class World:
     def __init__(self, cfg):
         import torch
         from kernels.ep.op import DTYPES
-        W, R, H, K = cfg.world_size, cfg.capacity, cfg.hidden, cfg.topk
+        W = cfg.world_size
         self.cfg, self.W = cfg, W
-        self.scale_stride = -(-max(cfg.num_scales, 1) // 4) * 4
-        shapes = {"x": ((R, H), DTYPES[cfg.dtype]), "scales": ((R, self.scale_stride), torch.float32),
-                  "idx": ((R, K), torch.int32), "w": ((R, K), torch.float32), "src": ((R,), torch.int32),
-                  "y": ((R, H), DTYPES[cfg.combine_dtype]), "matrix": ((W, W), torch.int32),
-                  "flags": ((W,), torch.int32)}
-        self.buf = {name: [torch.zeros(shape, dtype=dtype) for _ in range(W)]
-                    for name, (shape, dtype) in shapes.items()}
+        self.buf = {name: [torch.zeros(shape, dtype=DTYPES[kind]) for _ in range(W)]
+                    for name, (shape, kind) in cfg.peer_buffers().items()}
         self.table = {name: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
                       for name, bufs in self.buf.items()}
         # rank r's signal to peer p lands at table[p] + r: with table[p] = own flags + (p - r) it lands in r's
@@ -176,7 +171,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
                 x, idx, w if w is not None else b["w"][r], scales if scales is not None else b["scales"][r],
                 pos[r], base[r], b["matrix"][r], handle[r], world.table["x"], world.table["idx"], world.table["w"],
                 world.table["scales"], world.table["src"], r, H, cfg.max_tokens_per_rank, R, cfg.num_scales,
-                world.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,
+                cfg.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,
                 BLOCK_H=BLOCK_H, BLOCK_T=block_t)
     for r in range(W):
         tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], b["matrix"][r], world.num_recv[r],
