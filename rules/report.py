@@ -111,6 +111,9 @@ class BuildReporter(ConsoleReporter):
         family = getattr(target, "kernel", "")
         if _is_package(task):
             self.trace.task("package", task.name, "package", handed, now)
+        elif target is None:   # not a compile target (a tuning, a verify sweep): a row per kind of task
+            kind = task.name.split(":", 1)[0]
+            self.trace.task(kind, task.name, "failed" if status == "failed" else kind, handed, now)
         elif status == "failed":
             self.trace.task("failed", task.name, "failed", handed, now, family)
         else:

@@ -2,7 +2,7 @@
 
     python -m kforge.timeline [out/build-trace.json] [-o out/build-timeline.svg]
 
-One row per worker (and one for packages, one for failed targets); each target's compile is a bar coloured
+One row per worker (and one each for packages, failed targets and other tasks such as a tuning); each target's compile is a bar coloured
 by its family, its other phases (queue, cache lookup, write, upload) drawn lighter on the same row; a time
 axis in seconds; the legend names the families with the most compile time. Stdlib only: plain SVG text.
 """
@@ -35,7 +35,7 @@ def render(trace: dict) -> str:
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     slices = [e for e in events if e.get("ph") == "X"]
     end = max((e["ts"] + e["dur"] for e in slices), default=1) / 1e6
-    order = sorted(rows, key=lambda tid: (rows[tid] in ("package", "failed"), tid))
+    order = sorted(rows, key=lambda tid: (not rows[tid].startswith(("worker", "targets")), tid))   # workers first
     y_of = {tid: TOP + i * ROW for i, tid in enumerate(order)}
     scale = WIDTH / max(end, 1e-9)
     busy: dict[str, float] = {}

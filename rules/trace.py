@@ -3,7 +3,8 @@ open it as it is), one row per doit worker process.
 
 Each compile target is a slice per phase: "queue" (from when doit handed it out to when its worker began it),
 then what its action reports (rules/build.py): "cache lookup", "compile", "write", "cache upload". A target
-whose action failed, and a package task, is one slice of the time doit saw it take, on a row of its own.
+whose action failed, a package task and any other task (a tuning, a verify sweep) is one slice of the time
+doit saw it take, on a row of its own (failed, package, tune, ...).
 Times are the wall clock (time.time(), the same in every process on the machine), in microseconds from the
 run's start.
 """

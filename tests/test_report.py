@@ -185,7 +185,8 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
 
 
 def test_the_reporter_traces_what_ran(tmp_path):
-    """Built targets by their action's phases on their worker's row, failures and packages on rows of their own."""
+    """Built targets by their action's phases on their worker's row; failures, packages and tunings on rows of
+    their own."""
     reporter = report.BuildReporter(io.StringIO(), {})
     reporter.report_path = str(tmp_path / "out" / "build-report.json")
     t0 = reporter.trace.started
@@ -194,17 +195,21 @@ def test_the_reporter_traces_what_ran(tmp_path):
                                                                       ["write", t0 + 3, t0 + 3.5]]},
                      meta={"kforge_target": target})
     failing, package = FakeTask("k:b@sm_90a", meta={"kforge_target": target}), FakeTask("package:sm_90a")
-    reporter.initialize({t.name: t for t in (built, failing, package)}, [built.name, failing.name, package.name])
-    for task in (built, failing, package):
+    tune = FakeTask("tune:k@sm_90a")
+    tasks = (built, failing, package, tune)
+    reporter.initialize({t.name: t for t in tasks}, [t.name for t in tasks])
+    for task in tasks:
         reporter.execute_task(task)
     reporter.add_success(built)
     reporter.add_failure(failing, TaskFailed("boom"))
     reporter.add_success(package)
+    reporter.add_success(tune)
     reporter.complete_run()
     events = json.loads((tmp_path / "out" / "build-trace.json").read_text())["traceEvents"]
     rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     slices = [(rows[e["tid"]], e["name"], e["cat"]) for e in events if e["ph"] == "X"]
     assert ("worker 41", "k:a@sm_90a", "compile") in slices and ("worker 41", "k:a@sm_90a", "write") in slices
     assert ("failed", "k:b@sm_90a", "failed") in slices and ("package", "package:sm_90a", "package") in slices
+    assert ("tune", "tune:k@sm_90a", "tune") in slices   # a task that is not a compile target: a row of its kind
     compile_slice = next(e for e in events if e["ph"] == "X" and e["cat"] == "compile")
     assert compile_slice["dur"] == 2_000_000 and compile_slice["args"]["family"] == "k"
