@@ -9,7 +9,8 @@ kernel family, as a Pants BUILD file declares targets; loops, helper functions a
                sweep={"dtype": ["bf16", "fp16"], "BLOCK": [1024, 4096], "num_warps": [4, 8]})
 
 family() takes the keys of a TOML spec's [kernel] table as arguments (name, source or module, entry, toolchain,
-archs, id, description) and its other tables by name (signature, constants, hints, sweep, extra, exclude, tune),
+archs, id, description) and its other tables by name (signature, constants, hints, sweep, extra, exclude, tune,
+arch, adapter, env: `arch={"gfx942": {"num_warps": 8}}`, `env={"MYLIB_FAST": "1"}`),
 and each family is checked exactly as a TOML spec is, with the same messages, naming the file and the line of
 the call. The file runs only when the catalog is loaded from the specs (never on a no-op run); every file it
 reads and every module it imports (outside the standard library) is remembered with the catalog, so that
@@ -24,9 +25,10 @@ import sysconfig
 from pathlib import Path
 
 from kforge.errors import SpecError
+from kforge.spec import SCHEMA, spec_from_tables   # family() takes the TOML spec's tables
 
-KERNEL_KEYS = ("name", "source", "module", "entry", "toolchain", "archs", "id", "description")
-TABLES = ("signature", "constants", "hints", "sweep", "extra", "exclude", "tune")
+KERNEL_KEYS = tuple(SCHEMA["kernel"])
+TABLES = tuple(t for t in SCHEMA if t != "kernel")
 
 _declared: list | None = None   # (tables, file, line, name) of each family() call, while a catalog file runs
 _opened: set[str] | None = None   # files opened while a catalog file runs
@@ -57,7 +59,6 @@ def load(path: Path, root: Path, read: set[Path] | None = None) -> list:
     """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
     one, or when the file itself fails). `read` collects what the file read and imported."""
     global _declared, _opened, _root
-    from kforge.spec import spec_from_tables
     shown = _relative(path, root)
     _install_open_hook()
     before = set(sys.modules)

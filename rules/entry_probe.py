@@ -10,8 +10,11 @@ source shows such a decorator are asked about, and only when the catalog is load
 Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout:
   {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...]}
       a config: the autotuner's kwargs plus num_warps, num_stages, and num_ctas / maxnreg where set
-  {"heuristics": [module, entry], "args": [{name: value}, ...]} -> {"values": [{name: value}, ...]}
-      each heuristic evaluated on each argument dict, in the order Triton applies them
+  {"heuristics": [module, entry], "args": [{name: value}, ...], "pointers": [{name: element type}, ...]}
+      -> {"values": [{name: value}, ...]}
+      each heuristic evaluated on each argument dict, in the order Triton applies them; each pointer argument
+      is an empty tensor of its element type on torch's "meta" device (a heuristic may test `is not None`,
+      isinstance(..., torch.Tensor) or read .dtype, as it would of the tensor passed at launch)
   any failure -> {"error": "one line"}
 """
 from __future__ import annotations
@@ -26,17 +29,15 @@ from pathlib import Path
 from kforge.errors import SpecError
 from kforge.sources import parse
 
-WRAPPERS = ("autotune", "heuristics")
-
-
 def is_wrapped(path: Path, entry: str) -> bool:
-    """Whether the source shows @...autotune(...) or @...heuristics(...) on the entry (read, not imported)."""
+    """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
+    @autotune or @heuristics, or a library's own wrapper of them (a caching autotuner, a subclass)."""
     for node in parse(path).body:
         if isinstance(node, ast.FunctionDef) and node.name == entry:
             for d in node.decorator_list:
                 f = d.func if isinstance(d, ast.Call) else d
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if name in WRAPPERS:
+                if name != "jit":
                     return True
     return False
 
@@ -63,8 +64,8 @@ class Probe:
             self.described[(module, entry)] = self._ask({"describe": [module, entry]}, where)
         return self.described[(module, entry)]
 
-    def heuristics(self, module: str, entry: str, args: list[dict], where: str) -> list[dict]:
-        return self._ask({"heuristics": [module, entry], "args": args}, where)["values"]
+    def heuristics(self, module: str, entry: str, args: list[dict], pointers: list[dict], where: str) -> list[dict]:
+        return self._ask({"heuristics": [module, entry], "args": args, "pointers": pointers}, where)["values"]
 
     def _ask(self, request: dict, where: str) -> dict:
         if self.child is None or self.child.poll() is not None:
@@ -105,16 +106,21 @@ class Probe:
 SCALARS = (bool, int, float, str)
 
 
-def _layers(module: str, entry: str) -> list:
-    """The entry's wrappers, outermost first, then the @triton.jit function."""
-    import importlib
-    from triton.runtime.autotuner import Autotuner, Heuristics
-    fn = getattr(importlib.import_module(module), entry)
-    layers = [fn]
-    while isinstance(fn, (Autotuner, Heuristics)):
+def layers(fn) -> list:
+    """A kernel object's wrappers, outermost first, then the @triton.jit function it wraps (last; the list ends
+    at the first object that is neither a JITFunction nor a wrapper). Triton's Autotuner and Heuristics and
+    libraries' own kernel wrappers keep what they wrap in `.fn`."""
+    from triton.runtime.jit import JITFunction
+    found = [fn]
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and len(found) < 16:
         fn = fn.fn
-        layers.append(fn)
-    return layers
+        found.append(fn)
+    return found
+
+
+def _layers(module: str, entry: str) -> list:
+    import importlib
+    return layers(getattr(importlib.import_module(module), entry))
 
 
 def _describe(module: str, entry: str) -> dict:
@@ -141,12 +147,23 @@ def _describe(module: str, entry: str) -> dict:
     return {"autotune": configs, "heuristics": names}
 
 
-def _heuristics(module: str, entry: str, args: list[dict]) -> dict:
+def _stand_ins(pointers: dict) -> dict:
+    """Each pointer argument as an empty tensor of its element type on the "meta" device (no memory)."""
+    import torch
+
+    from kforge_runtime.launch import TORCH_DTYPES
+    names = {**{t: n.removeprefix("torch.") for t, n in TORCH_DTYPES.items()},
+             "i1": "bool", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
+    return {a: torch.empty(0, dtype=getattr(torch, names[t]), device="meta")
+            for a, t in pointers.items() if hasattr(torch, names.get(t, ""))}
+
+
+def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] | None = None) -> dict:
     from triton.runtime.autotuner import Heuristics
     layers = [x for x in reversed(_layers(module, entry)) if isinstance(x, Heuristics)]
     values = []
-    for given in args:
-        seen, found = dict(given), {}
+    for i, given in enumerate(args):
+        seen, found = {**(_stand_ins(pointers[i]) if pointers else {}), **given}, {}
         for layer in layers:
             for name, rule in layer.values.items():
                 try:
@@ -176,9 +193,13 @@ def main() -> None:
             if "describe" in request:
                 reply = _describe(*request["describe"])
             else:
-                reply = _heuristics(*request["heuristics"], request["args"])
+                reply = _heuristics(*request["heuristics"], request["args"], request.get("pointers"))
         except Exception as e:   # importing the module failed, or the entry is not there
-            reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+            module, entry = request.get("describe") or request["heuristics"]
+            reply = {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
+                              f"child process): {type(e).__name__}: {e}".splitlines()[0]
+                              + ("; install it in the environment that runs doit"
+                                 if isinstance(e, ModuleNotFoundError) else "")}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

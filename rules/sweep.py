@@ -99,8 +99,18 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
     options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
-    # an entry with @triton.heuristics may be given runtime arguments' values: shape hints its heuristics read
-    hints = tuple(a for a, t in spec.signature if t not in COMPILE_TIME) if spec.derived else ()
+    # an entry with @triton.heuristics may be given scalar runtime arguments' values: shape hints its heuristics
+    # read. Its pointer arguments are given to them as empty tensors (rules/entry_probe.py), never as values.
+    hints = tuple(a for a, t in spec.signature if _is_scalar(t)) if spec.derived else ()
+    if spec.derived:
+        for p in (*params, *constants):
+            kind = dict(spec.signature).get(p, "")
+            if kind.startswith(("*", "tensordesc")):
+                raise SpecError(f"{where}: {p} is a {kind} argument: the entry's heuristics see it as an empty "
+                                f"tensor of its element type, so it takes no value; remove it from "
+                                f"{'[sweep]' if p in params else '[constants]'}")
+            if p in hints and p in constants and _hint_problem(kind, constants[p]):
+                raise SpecError(f"{where}: [constants] {p}: {_hint_problem(kind, constants[p])}")
     allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
     for p in params:
         if p not in allowed:
@@ -136,10 +146,26 @@ def typed_value(kind: str, value, where: str):
     return value
 
 
+def _is_scalar(kind: str) -> bool:
+    """A runtime argument passed by value (i32, fp32, ...), not a pointer or a descriptor."""
+    return kind not in COMPILE_TIME and not kind.startswith(("*", "tensordesc"))
+
+
+def _hint_problem(kind: str, value) -> str | None:
+    """Why a shape hint cannot be a value its runtime argument receives at launch (None: it can)."""
+    if kind.startswith(("i", "u")):
+        ok, want = isinstance(value, int) and (kind == "i1" or not isinstance(value, bool)), "an integer"
+    else:
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    return None if ok else f"a shape hint for a {kind} argument must be {want}, got {shown(value)}"
+
+
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     kind = dict(spec.signature).get(param)
     if kind in ("dtype", "function"):
         return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
+    if kind is not None and _is_scalar(kind) and _hint_problem(kind, value):
+        raise SpecError(f"{spec.path}: [{table}] {param}: {_hint_problem(kind, value)}")
     value = canonical_value(param, value, spec.type_vars, spec.path, table)
     if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
         problem = value_problem(param, value)

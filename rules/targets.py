@@ -87,11 +87,23 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             from kforge.entry_probe import Probe
             configs = list(configs)
             given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
-            derived = Probe.of(root, spec.env).heuristics(module, spec.entry, given, spec.path)
+            pointers = [_pointer_types(spec, known) for known in given]
+            derived = Probe.of(root, spec.env).heuristics(module, spec.entry, given, pointers, spec.path)
             result += [_target(shared, c, d) for c, d in zip(configs, derived)]
         else:
             result += [_target(shared, config) for config in configs]
     return result
+
+
+def _pointer_types(spec, known: dict) -> dict:
+    """{pointer argument: its element type} with the config's type variables filled in (for heuristics)."""
+    found = {}
+    for a, t in spec.signature:
+        if t.startswith("*"):
+            canon = canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(known.get(m[1])), t))
+            if canon is not None:
+                found[a] = canon[1:]
+    return found
 
 
 def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:

@@ -69,14 +69,13 @@ def lower(target, scratch: str):
 
 
 def _entry(target):
-    from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
+
+    from kforge.entry_probe import layers
     module = importlib.import_module(target.module)
-    fn = getattr(module, target.entry, None)
-    # @triton.autotune and @triton.heuristics wrap the @triton.jit function (their .fn): the spec's config
-    # gives the values they would choose at launch, so the function itself is what is compiled
-    while isinstance(fn, (Autotuner, Heuristics)):
-        fn = fn.fn
+    # @triton.autotune, @triton.heuristics (and libraries' wrappers) wrap the @triton.jit function: the spec's
+    # config gives the values they would choose at launch, so the function itself is what is compiled
+    fn = layers(getattr(module, target.entry, None))[-1]
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
     _relative_file_names(JITFunction, target)

@@ -58,6 +58,21 @@ def test_a_bad_family_gets_the_toml_message_naming_the_file_and_line(tmp_path):
         load_specs(root)
 
 
+def test_every_table_of_a_toml_spec_is_an_argument_of_family(tmp_path):
+    """arch, env and adapter too: a Python catalog can say all a TOML spec can."""
+    from kforge.spec import SCHEMA
+    from kforge import declare
+    assert set(declare.KERNEL_KEYS) | set(declare.TABLES) == set(SCHEMA["kernel"]) | set(SCHEMA) - {"kernel"}
+    root = python_project(tmp_path, CATALOG.replace('archs=["sm_90a"]', 'archs=["sm_90a", "gfx942"]').replace(
+        'sweep={', 'env={"TK_FAST": "1"}, arch={"sm_90a": {"num_warps": 4}, "gfx942": {"num_warps": 8}}, '
+        'sweep={').replace(', "num_warps": [4]})', '})'))
+    specs = load_specs(root)
+    assert all(s.env == (("TK_FAST", "1"),) for s in specs)
+    targets = build_targets(specs, root, None)
+    warps = {t.arch: dict(t.options)["num_warps"] for t in targets}
+    assert warps == {"sm_90a": 4, "gfx942": 8}
+
+
 def test_an_unknown_argument_or_a_failing_file_is_one_line_naming_the_file_and_line(tmp_path):
     root = python_project(tmp_path, CATALOG.replace("hints=", "hint="))
     with pytest.raises(SpecError, match=r"^specs/lib.py:9: family\(\) got unknown argument 'hint'; allowed: name"):

@@ -116,6 +116,50 @@ FILES = {
             m = i < n
             tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * FACTOR, mask=m)
         ''',
+    "ops/wrapped.py": '''
+        import triton
+        import triton.language as tl
+        from triton.runtime.autotuner import Autotuner
+
+
+        class CachingAutotuner(Autotuner):   # a library's own autotuner (fla's cache_autotune is one)
+            pass
+
+
+        def caching_autotune(configs, key):
+            return lambda fn: CachingAutotuner(fn, fn.arg_names, configs, key, None, None)
+
+
+        def has_bias(args):   # as libraries test an optional input
+            import torch
+            return isinstance(args["bias_ptr"], torch.Tensor)
+
+
+        @caching_autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4) for b in (128, 256)], key=["n"])
+        @triton.heuristics({"HAS_BIAS": has_bias,
+                            "WIDE": lambda args: args["x_ptr"].dtype.itemsize * args["BLOCK"] >= 1024})
+        @triton.jit
+        def wrapped_kernel(x_ptr, y_ptr, bias_ptr, n, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           WIDE: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            y = tl.load(x_ptr + i, mask=m)
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + i, mask=m)
+            tl.store(y_ptr + i, y, mask=m)
+        ''',
+    "ops/needs.py": '''
+        import triton
+        import triton.language as tl
+
+        import kforge_no_such_dependency  # noqa: F401  (a dependency the library forgot to declare)
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+        @triton.jit
+        def needs_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            pass
+        ''',
     "ops/shift.py": '''
         import triton
         import triton.language as tl
@@ -267,6 +311,73 @@ def test_a_heuristic_reading_a_value_the_spec_does_not_give_is_refused_at_load(s
     with pytest.raises(SpecError, match=r"specs/lib_scale.toml: heuristic EVEN of kforge_testlib.ops.scale."
                                         r"scale_kernel reads 'n', which the spec does not give"):
         Catalog(root, None, 50_000).load()
+
+
+WRAPPED_SPEC = textwrap.dedent('''
+    [kernel]
+    name = "lib_wrapped"
+    module = "kforge_testlib.ops.wrapped"
+    entry = "wrapped_kernel"
+    toolchain = "triton"
+    archs = ["sm_90a"]
+    id = "{dtype}-b{BLOCK}"
+
+    [signature]
+    x_ptr = "*{dtype}"
+    y_ptr = "*{dtype}"
+    bias_ptr = "*{dtype}"
+    n = "i32"
+    BLOCK = "constexpr"
+    HAS_BIAS = "constexpr"
+    WIDE = "constexpr"
+
+    [sweep]
+    dtype = ["fp16", "fp32"]
+    ''')
+
+
+def test_a_librarys_own_autotuner_is_read_and_heuristics_see_pointers_as_tensors_of_their_type(site, tmp_path):
+    """A subclass of Triton's Autotuner under another decorator name; heuristics that test a pointer with
+    isinstance(..., torch.Tensor) and read its .dtype, as they would at launch; a `none` pointer is None."""
+    from kforge.catalog import Catalog
+    no_bias = WRAPPED_SPEC.replace('"lib_wrapped"', '"lib_wrapped_nb"').replace('bias_ptr = "*{dtype}"',
+                                                                               'bias_ptr = "none"')
+    root = make_project(tmp_path / "p", specs={"lib_wrapped": WRAPPED_SPEC, "lib_wrapped_nb": no_bias}, kernels={})
+    targets = {t.name: dict(t.constexprs) for t in Catalog(root, None, 50_000).load().targets}
+    values = {name: (c["HAS_BIAS"], c["WIDE"]) for name, c in targets.items()}
+    assert values == {
+        "lib_wrapped:fp16-b128@sm_90a": (True, False), "lib_wrapped:fp16-b256@sm_90a": (True, False),
+        "lib_wrapped:fp32-b128@sm_90a": (True, False), "lib_wrapped:fp32-b256@sm_90a": (True, True),
+        "lib_wrapped_nb:fp16-b128@sm_90a": (False, False), "lib_wrapped_nb:fp16-b256@sm_90a": (False, False),
+        "lib_wrapped_nb:fp32-b128@sm_90a": (False, False), "lib_wrapped_nb:fp32-b256@sm_90a": (False, True)}
+    doit(root, "-n", "1", "lib_wrapped", env={"PYTHONPATH": str(site)})   # the compile unwraps the autotuner
+
+
+@pytest.mark.parametrize("given, message", [
+    ("bias_ptr = [1]", r"\[sweep\]"), ("n = [\"big\"]", r"\[sweep\] n: a shape hint for a i32 argument must be an integer"),
+    ("n = [1.5]", r"a shape hint for a i32 argument must be an integer, got 1.5")])
+def test_a_value_for_a_pointer_or_a_mistyped_shape_hint_is_refused_at_load(site, tmp_path, given, message):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_wrapped": WRAPPED_SPEC + given + "\n"}, kernels={})
+    with pytest.raises(SpecError, match=r"specs/lib_wrapped.toml: .*" + message):
+        Catalog(root, None, 50_000).load()
+    if given.startswith("bias_ptr"):
+        with pytest.raises(SpecError, match=r"bias_ptr is a \*\{dtype\} argument: the entry's heuristics see it as "
+                                            r"an empty tensor of its element type, so it takes no value"):
+            Catalog(root, None, 50_000).load()
+
+
+def test_a_module_whose_import_fails_in_the_probe_is_one_line_naming_it_and_the_fix(site, tmp_path):
+    from kforge.catalog import Catalog
+    root = make_project(tmp_path / "p", specs={"lib_needs": spec("lib_needs", "kforge_testlib.ops.needs",
+                                                                 "needs_kernel").replace("[sweep]\nBLOCK = [128, 256]\n",
+                                                                                          "[sweep]\n")}, kernels={})
+    with pytest.raises(SpecError) as e:
+        Catalog(root, None, 50_000).load()
+    assert str(e.value) == (
+        "specs/lib_needs.toml: reading kforge_testlib.ops.needs.needs_kernel's autotune / heuristics (the module "
+        "is imported in a child process): ModuleNotFoundError: No module named 'kforge_no_such_dependency'; "
+        "install it in the environment that runs doit")
 
 
 def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_path):

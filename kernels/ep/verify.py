@@ -244,6 +244,7 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> Non
         gc.collect()
         torch.cuda.synchronize()
         dist.barrier()
+        torch.cuda.ipc_collect()   # the producer frees what every consumer has released (else torch warns at exit)
     dist.destroy_process_group()
 
 
