@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from kforge import out_dir, stamps
@@ -28,13 +29,28 @@ def is_current(meta_path: str, key: str) -> bool:
     return found is not None and found[1] == key and found[3] is not None
 
 
+def seal(meta: dict) -> str:
+    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
+    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
+    rest = {k: v for k, v in meta.items() if k != "seal"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _unsealed(meta) -> bool:
+    """Whether meta.json's seal disagrees with its fields (one written before seals were is taken as it is)."""
+    return isinstance(meta, dict) and "seal" in meta and meta["seal"] != seal(meta)
+
+
 def current_meta(meta_path: str, key: str) -> dict | None:
-    """meta.json's content when that artifact was built from exactly this key, else None."""
+    """meta.json's content (less its seal) when that artifact was built from exactly this key, else None."""
     try:
         meta = json.loads(Path(meta_path).read_bytes())
     except (OSError, ValueError):
         return None
-    return meta if isinstance(meta, dict) and meta.get("key") == key else None
+    if not isinstance(meta, dict) or meta.get("key") != key or _unsealed(meta):
+        return None
+    meta.pop("seal", None)
+    return meta
 
 
 class KeyIndex(JsonState):
@@ -90,6 +106,8 @@ def _read_artifact(meta_path: str) -> tuple | None:
     try:
         with open(meta_path, "rb") as f:
             meta_stamp, meta = stamps.identity(meta_path, f.fileno()), json.loads(f.read())
+        if _unsealed(meta):
+            return None
         key, name = meta.get("key"), plain_name(meta.get("binary"))
     except (OSError, ValueError, AttributeError):
         return None
@@ -132,16 +150,28 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
     }
 
 
+def leads_outside(directory: Path) -> bool:
+    """Whether an artifact directory, out/<arch>/<kernel>/<config_id>, lies outside its out/ once the links on
+    its way are followed (a link planted under out/ must never carry a build's writes elsewhere)."""
+    return directory.parent.parent.parent.resolve() not in directory.resolve().parents
+
+
 def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
+    if leads_outside(directory):
+        raise ArtifactError(f"{directory} leads outside out/ through a symbolic link; kforge writes nothing "
+                            f"outside out/: remove the link and build again")
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
         _unlink(directory / stale)
     atomic_write(directory / binary_name, binary)
-    atomic_write(directory / META, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+    sealed = {**meta, "seal": seal(meta)}
+    atomic_write(directory / META, (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
 
 
 def write_error(directory: Path, key: str, message: str) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built)."""
+    if leads_outside(directory):
+        return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
     atomic_write(directory / ERROR, f"key: {key}\n{message}\n".encode())
@@ -155,6 +185,9 @@ def load(directory: Path) -> tuple[dict, bytes]:
         binary = (directory / plain_name(meta["binary"])).read_bytes()
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
+    if _unsealed(meta):
+        raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
+                            f"fields); build it again (doit)")
     verify(meta, binary, directory)
     return meta, binary
 
@@ -213,6 +246,8 @@ def _unlink(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
+    except IsADirectoryError:   # a directory where meta.json belongs (a damaged out/): this directory is ours
+        shutil.rmtree(path)
 
 
 def sha256(data: bytes) -> str:

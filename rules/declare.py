@@ -67,7 +67,7 @@ def load(path: Path, root: Path, read: set[Path] | None = None) -> list:
         runpy.run_path(str(path), run_name="kforge_catalog")
     except SpecError:
         raise
-    except Exception as e:   # the user's code failed: one line naming the file and the line
+    except (Exception, SystemExit, KeyboardInterrupt) as e:   # the user's code failed or exited: one line
         raise SpecError(f"{shown}{_failing_line(e, path)}: the catalog file failed: {type(e).__name__}: {e}; "
                         f"fix it, or run `python {shown}` to see the traceback") from None
     finally:

@@ -91,7 +91,7 @@ def _check(record, at: str) -> None:
                         f"value}}}}: the autotuner's key and the config it picked")
     if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
         raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
-    if record["arch"] not in ARCHS:
+    if not isinstance(record["arch"], str) or record["arch"] not in ARCHS:
         raise SpecError(f"{at}: arch {record['arch']!r} is not one kforge builds ({', '.join(ARCHS)})")
     signature = record["signature"]
     if not isinstance(signature, list) or not all(

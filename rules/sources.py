@@ -135,10 +135,18 @@ def package_inits(path: Path, root: Path) -> list[Path]:
     return found
 
 
+# calls that import a module named at run time: what they load cannot be read from the source
+DYNAMIC_IMPORTS = {"__import__", "import_module", "spec_from_file_location", "run_path", "SourceFileLoader"}
+
+
 def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:
     found = []
     package = path.parent
-    for node in ast.walk(parse(path)):
+    tree = parse(path)
+    if any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) or getattr(n.func, "attr", None))
+           in DYNAMIC_IMPORTS for n in ast.walk(tree)):
+        found += _package_files(path, root)   # a run-time import: every module it could load counts
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
             bases = [root]
@@ -155,6 +163,14 @@ def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> l
                 if f is not None:
                     found.append(f)
     return found
+
+
+def _package_files(path: Path, root: Path) -> list[Path]:
+    """Every project .py file of the top-level package `path` lies in (of the whole project for a module at
+    its root): the modules a run-time import in it could load."""
+    rel = path.resolve().relative_to(root)
+    top = root / rel.parts[0] if len(rel.parts) > 1 else root
+    return sorted(f.resolve() for f in top.rglob("*.py") if project_source_problem(f, root) is None)
 
 
 def up(p: Path, n: int) -> Path:

@@ -393,9 +393,17 @@ def _scalars(values: list) -> bool:
     return all(isinstance(v, (int, float, bool, str)) for v in values)
 
 
+# kforge's own tasks and doit's commands: a family's group task of that name would clash with them
+RESERVED_NAMES = ("kernels", "package", "tune", "run", "list", "clean", "forget", "info", "help", "auto",
+                  "dumpdb", "ignore", "strace", "tabcompletion", "prune")
+
+
 def _check_name(name: str, where: str) -> str:
     if not NAME_RE.match(name):
         _fail(where, "kernel", "name", name, "lower_snake_case: a-z, 0-9, _ (starting with a letter)")
+    if name in RESERVED_NAMES:
+        raise SpecError(f"{where}: [kernel] name: {name!r} is the name of a kforge task or doit command "
+                        f"({', '.join(RESERVED_NAMES)}); choose another, e.g. {name + '_kernel'!r}")
     return name
 
 

@@ -40,6 +40,7 @@ def test_binary_for_wrong_arch_behind_a_matching_sha_is_refused(art, built):
     shutil.copy(other, art / "scale_kernel.cubin")
     meta = json.loads((art / "meta.json").read_text())
     meta["sha256"] = artifact.sha256(other.read_bytes())
+    meta["seal"] = artifact.seal(meta)   # a consistent meta.json: only the ELF checks can tell
     (art / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(artifact.ArtifactError, match="sm_80, expected sm_90a"):
         artifact.load(art)
@@ -78,7 +79,8 @@ def test_key_index_remembers_keys_and_notices_a_replaced_meta(art, tmp_path):
     reloaded = artifact.KeyIndex(tmp_path / "keys.json")
     assert reloaded.entries == index.entries and reloaded.is_current(meta_path, key)
     meta = json.loads((art / "meta.json").read_text())
-    artifact.atomic_write(art / "meta.json", json.dumps({**meta, "key": "rebuilt"}).encode())   # a rename: new inode
+    rebuilt = {**meta, "key": "rebuilt"}
+    artifact.atomic_write(art / "meta.json", json.dumps({**rebuilt, "seal": artifact.seal(rebuilt)}).encode())
     assert reloaded.is_current(meta_path, "rebuilt") and not reloaded.is_current(meta_path, key)
     (art / "meta.json").unlink()
     assert not reloaded.is_current(meta_path, "rebuilt")
@@ -135,3 +137,42 @@ def test_a_bad_artifact_from_outside_is_checked_before_anything_is_written(art, 
     assert not target.exists()
     artifact.install(target, artifact.files_of(art), meta["key"])   # the genuine one installs
     assert artifact.load(target)[0]["key"] == meta["key"]
+
+
+def test_a_meta_json_edited_after_its_build_is_not_current_nor_shipped(art, tmp_path):
+    """Its seal (a digest of its other fields) no longer matches: rebuilt, never packaged or loaded as it is."""
+    meta_path = str(art / "meta.json")
+    meta = json.loads((art / "meta.json").read_text())
+    assert meta["seal"] == artifact.seal(meta) and artifact.current_meta(meta_path, meta["key"]) is not None
+    assert "seal" not in artifact.current_meta(meta_path, meta["key"])   # not a field bundles carry
+    (art / "meta.json").write_text(json.dumps({**meta, "threads_per_block": 256}))
+    assert not artifact.is_current(meta_path, meta["key"])
+    assert not artifact.KeyIndex(tmp_path / "keys.json").is_current(meta_path, meta["key"])
+    assert artifact.current_meta(meta_path, meta["key"]) is None
+    with pytest.raises(artifact.ArtifactError, match="edited or damaged since it was built"):
+        artifact.load(art)
+
+
+def test_a_link_under_out_never_carries_a_write_outside_it(art, tmp_path):
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "sm_90a").mkdir(parents=True)
+    (out / "sm_90a" / "scale").symlink_to(elsewhere)
+    target = out / "sm_90a" / "scale" / "fp16-b256-w4"
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    with pytest.raises(artifact.ArtifactError, match="leads outside out/ through a symbolic link"):
+        artifact.install(target, files, meta["key"])
+    artifact.write_error(target, meta["key"], "boom")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_directory_where_meta_json_belongs_is_replaced_by_the_build(art):
+    meta = json.loads((art / "meta.json").read_text())
+    binary = (art / meta["binary"]).read_bytes()
+    (art / "meta.json").unlink()
+    (art / "meta.json").mkdir()
+    assert not artifact.is_current(str(art / "meta.json"), meta["key"])
+    artifact.write(art, meta["binary"], binary, meta)
+    assert artifact.load(art)[0]["key"] == meta["key"]

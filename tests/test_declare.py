@@ -80,6 +80,9 @@ def test_an_unknown_argument_or_a_failing_file_is_one_line_naming_the_file_and_l
     root = python_project(tmp_path / "2", CATALOG.replace("blocks = json", "blocks = 1 / 0 or json"))
     with pytest.raises(SpecError, match=r"^specs/lib.py:7: the catalog file failed: ZeroDivisionError"):
         load_specs(root)
+    root = python_project(tmp_path / "4", CATALOG.replace("blocks = json", "raise SystemExit(0)\nblocks = json"))
+    with pytest.raises(SpecError, match=r"^specs/lib.py:7: the catalog file failed: SystemExit: 0"):
+        load_specs(root)   # a catalog that exits is not an empty catalog
     root = python_project(tmp_path / "3", "x = 1\n")
     with pytest.raises(SpecError, match=r"specs/lib.py: declares no family"):
         load_specs(root)

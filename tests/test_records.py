@@ -55,6 +55,7 @@ def test_a_record_the_catalog_already_builds_is_dropped(project):
 @pytest.mark.parametrize("bad, message", [
     ("{not json", r"specs/app.jsonl:2: not a JSON object"),
     (line(64, arch="sm_89"), r"specs/app.jsonl:2: arch 'sm_89' is not one kforge builds"),
+    (line(64, arch=["sm_90a"]), r"specs/app.jsonl:2: arch \['sm_90a'\] is not one kforge builds"),
     (line(64, kernel="tk/scale.py"), r"specs/app.jsonl:2: kernel 'tk/scale.py' is not 'module:function'"),
     (line(64, format="other"), r"specs/app.jsonl:2: not a kforge-record-1 record"),
     (line(64, signature={"x": "*fp16"}), r"specs/app.jsonl:2: signature must be a list of \[argument, type\] pairs"),

@@ -45,3 +45,17 @@ def test_installed_packages_hidden_dirs_and_out_are_never_project_source(tmp_pat
     assert "hidden directory .hidden/" in problem(tmp_path / ".hidden" / "h.py", tmp_path)
     assert "out/" in problem(tmp_path / "out" / "x" / "gen.py", tmp_path)
     assert "outside the project" in problem(tmp_path.parent / "elsewhere.py", tmp_path)
+
+
+def test_a_run_time_import_puts_its_whole_top_level_package_in_the_closure(tmp_path):
+    """importlib.import_module("pkg." + name) cannot be read: every module of the package counts, so editing
+    the one it loads rebuilds (a binary is never kept as up to date after what it was built from changed)."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for rel in ("pkg/__init__.py", "pkg/consts.py", "pkg/sub/__init__.py", "pkg/sub/more.py", "other.py"):
+        (tmp_path / rel).write_text("X = 1\n")
+    (tmp_path / "pkg" / "k.py").write_text('import importlib\nSCALE = importlib.import_module("pkg." + "consts")\n')
+    (tmp_path / "pkg" / "static.py").write_text("import os\n")
+    names = lambda p: [str(f.relative_to(tmp_path)) for f in sources.local_closure(tmp_path / p, tmp_path)]
+    assert names("pkg/k.py") == ["pkg/__init__.py", "pkg/consts.py", "pkg/k.py", "pkg/static.py",
+                                 "pkg/sub/__init__.py", "pkg/sub/more.py"]
+    assert names("pkg/static.py") == ["pkg/__init__.py", "pkg/static.py"]   # no run-time import: as before

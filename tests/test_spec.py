@@ -172,3 +172,17 @@ def test_a_tune_harness_outside_the_project_is_refused(tmp_path):
     with pytest.raises(SpecError, match=r"\[tune\] harness: '../elsewhere_tune.py' is not the project's own source: "
                                         r"it is outside the project"):
         load_tuned(tmp_path / "p", TUNE.replace('"tk/scale_tune.py"', '"../elsewhere_tune.py"'))
+
+
+def test_a_family_named_like_a_kforge_task_or_a_doit_command_is_refused(tmp_path):
+    message = error(tmp_path, spec_text().replace('name = "scale"', 'name = "package"', 1))
+    assert "[kernel] name: 'package' is the name of a kforge task or doit command" in message
+
+
+def test_a_spec_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path):
+    import os
+    from kforge.project import load_specs
+    (tmp_path / "specs").mkdir()
+    os.mkfifo(tmp_path / "specs" / "pipe.toml")   # reading it would block forever
+    with pytest.raises(SpecError, match=r"^specs/pipe.toml: not a regular file"):
+        load_specs(tmp_path)
