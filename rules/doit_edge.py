@@ -16,11 +16,12 @@ import functools
 import gc
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
 from doit.control import ExecNode
-from doit.dependency import SqliteDB
+from doit.dependency import DatabaseException, SqliteDB
 
 from kforge import artifact, cpus, doit_runner, keys, out_dir, report, settings
 from kforge.layout import Layout
@@ -122,12 +123,26 @@ def _read_dependency_file_at_once() -> None:
     remove and remove_all drop what was read, so `doit forget` never sees a row it deleted."""
     if getattr(SqliteDB._get_task_data, "kforge", False):
         return
-    doit_remove, doit_remove_all = SqliteDB.remove, SqliteDB.remove_all
+    doit_init, doit_remove, doit_remove_all = SqliteDB.__init__, SqliteDB.remove, SqliteDB.remove_all
+    query = "select task_id, cast(task_data as text) as data from doit"   # no JSON converter runs on it
+
+    def __init__(self, name, codec, **kwargs):
+        """Opened and read at once; a damaged file (a killed disk write, a truncated copy) is moved aside
+        with one line and started afresh: it holds nothing a build needs (keys live in each meta.json)."""
+        try:
+            doit_init(self, name, codec, **kwargs)
+            self._kforge_rows = {r["task_id"]: r["data"] for r in self._conn.execute(query)}
+        except (sqlite3.DatabaseError, DatabaseException) as e:
+            aside = f"{name}.damaged"
+            os.replace(name, aside)
+            sys.stderr.write(f"kforge: {name} is damaged ({str(e).splitlines()[0]}); moved to {aside} and "
+                             f"started afresh: nothing built is lost (each artifact's key is in its meta.json)\n")
+            doit_init(self, name, codec, **kwargs)
+            self._kforge_rows = {}
 
     def _get_task_data(self, task_id):
         rows = self.__dict__.get("_kforge_rows")
-        if rows is None:   # the column cast to text: no JSON converter runs on rows never looked at
-            query = "select task_id, cast(task_data as text) as data from doit"
+        if rows is None:
             rows = self._kforge_rows = {r["task_id"]: r["data"] for r in self._conn.execute(query)}
         data = rows.pop(task_id, None)
         return self.codec.decode(data) if data is not None else {}
@@ -140,7 +155,8 @@ def _read_dependency_file_at_once() -> None:
         self._kforge_rows = {}   # the table is empty now
         doit_remove_all(self)
     _get_task_data.kforge = True
-    SqliteDB._get_task_data, SqliteDB.remove, SqliteDB.remove_all = _get_task_data, remove, remove_all
+    SqliteDB.__init__, SqliteDB._get_task_data = __init__, _get_task_data
+    SqliteDB.remove, SqliteDB.remove_all = remove, remove_all
 
 
 def _sigterm_as_interrupt() -> None:

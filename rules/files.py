@@ -7,15 +7,19 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 
 @contextlib.contextmanager
 def replacing(path: Path):
-    """Yields a temp path beside `path`; once the block has written it, it replaces `path`."""
+    """Yields a temp path beside `path`; once the block has written it, it replaces `path`. Every caller writes
+    kforge's own files in out/, so a directory found where the file belongs (a damaged out/) is removed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         yield tmp
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
         os.replace(tmp, path)
     finally:
         if os.path.lexists(tmp):

@@ -22,13 +22,33 @@ def test_the_dependency_file_is_read_in_one_query_and_forgotten_rows_stay_forgot
     assert db.get("b", "_values_:") is None
     assert db.get("c", "_values_:") == {"task": "c"}
     assert db.get("absent", "_values_:") is None
-    assert sum(q.lstrip().lower().startswith("select") for q in queries) == 1
+    assert sum(q.lstrip().lower().startswith("select") for q in queries) == 0   # all read in one, when opened
     db.dump()
     fresh = SqliteDB(path, JSONCodec())
     assert fresh.get("b", "_values_:") is None   # removed for good
     assert fresh.get("a", "_values_:") == {"task": "a"}   # the rest read ahead, not yet looked at
     fresh.remove_all()           # `doit forget --all`
     assert fresh.get("c", "_values_:") is None
+
+
+def test_a_damaged_dependency_file_is_moved_aside_with_one_line_and_started_afresh(tmp_path, capsys):
+    doit_edge._read_dependency_file_at_once()
+    path = tmp_path / "deps.sqlite3"
+    db = SqliteDB(str(path), JSONCodec())
+    for task in range(200):
+        db.set(str(task), "_values_:", {"x": "y" * 100})
+    db.dump()
+    data = path.read_bytes()
+    for damaged in (data[:3000], b"garbage\n"):   # a truncated copy, a file that is no database
+        path.write_bytes(damaged)
+        fresh = SqliteDB(str(path), JSONCodec())
+        assert fresh.get("1", "_values_:") is None
+        assert (tmp_path / "deps.sqlite3.damaged").read_bytes() == damaged
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is damaged" in err and "nothing built is lost" in err
+        fresh.set("a", "_values_:", {"ok": 1})
+        fresh.dump()
+        assert SqliteDB(str(path), JSONCodec()).get("a", "_values_:") == {"ok": 1}
 
 
 def test_the_dependency_file_wrapper_is_installed_once():
