@@ -184,8 +184,9 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
     specs = []
     for f in files:
         if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
-            raise SpecError(f"{f.relative_to(root) if f.is_relative_to(root) else f}: not a regular file (a pipe, a device or a broken link); remove it from the "
-                            f"catalog folder")
+            shown = f.relative_to(root) if f.is_relative_to(root) else f
+            raise SpecError(f"{shown}: not a regular file (a pipe, a device or a broken link); remove it from "
+                            f"the catalog folder")
         if f.suffix == ".py":
             specs += declare.load(f, root, read)
         elif f.suffix == ".jsonl":

@@ -119,8 +119,9 @@ def _run_after_failed_deps() -> None:
 def _read_dependency_file_at_once() -> None:
     """doit's sqlite3 backend reads a task's row the first time the task is looked at: one query and one JSON
     decode per task, on every run, a no-op included (~30 ms of a 1,152-target one). SqliteDB._get_task_data
-    is wrapped to read every row's text in one query instead, decoding each when its task is looked at;
-    remove and remove_all drop what was read, so `doit forget` never sees a row it deleted."""
+    is wrapped to read every row's text in one query when the file is opened (SqliteDB.__init__, which also
+    starts afresh from a damaged file), decoding each when its task is looked at; remove and remove_all drop
+    what was read, so `doit forget` never sees a row it deleted."""
     if getattr(SqliteDB._get_task_data, "kforge", False):
         return
     doit_init, doit_remove, doit_remove_all = SqliteDB.__init__, SqliteDB.remove, SqliteDB.remove_all
@@ -141,14 +142,11 @@ def _read_dependency_file_at_once() -> None:
             self._kforge_rows = {}
 
     def _get_task_data(self, task_id):
-        rows = self.__dict__.get("_kforge_rows")
-        if rows is None:
-            rows = self._kforge_rows = {r["task_id"]: r["data"] for r in self._conn.execute(query)}
-        data = rows.pop(task_id, None)
+        data = self._kforge_rows.pop(task_id, None)   # read when the file was opened
         return self.codec.decode(data) if data is not None else {}
 
     def remove(self, task_id):
-        self.__dict__.get("_kforge_rows", {}).pop(task_id, None)
+        self._kforge_rows.pop(task_id, None)
         doit_remove(self, task_id)
 
     def remove_all(self):

@@ -109,8 +109,9 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
                 raise SpecError(f"{where}: {p} is a {kind} argument: the entry's heuristics see it as an empty "
                                 f"tensor of its element type, so it takes no value; remove it from "
                                 f"{'[sweep]' if p in params else '[constants]'}")
-            if p in hints and p in constants and _hint_problem(kind, constants[p]):
-                raise SpecError(f"{where}: [constants] {p}: {_hint_problem(kind, constants[p])}")
+            problem = _hint_problem(kind, constants[p]) if p in hints and p in constants else None
+            if problem:
+                raise SpecError(f"{where}: [constants] {p}: {problem}")
     allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
     for p in params:
         if p not in allowed:
@@ -164,8 +165,9 @@ def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     kind = dict(spec.signature).get(param)
     if kind in ("dtype", "function"):
         return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
-    if kind is not None and _is_scalar(kind) and _hint_problem(kind, value):
-        raise SpecError(f"{spec.path}: [{table}] {param}: {_hint_problem(kind, value)}")
+    problem = _hint_problem(kind, value) if kind is not None and _is_scalar(kind) else None
+    if problem:
+        raise SpecError(f"{spec.path}: [{table}] {param}: {problem}")
     value = canonical_value(param, value, spec.type_vars, spec.path, table)
     if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
         problem = value_problem(param, value)

@@ -149,13 +149,18 @@ def _write_report(out: Path, world: int, report: list[dict], kernels: str, share
                          f"{r.get('seconds', '-')} | {r.get('error', '') or r.get('note', '')} |")
             continue
         m = r.get("metrics", {})
-        gbs = lambda op: (f"{m[op + '_logical_gbs']:.1f} / {m[op + '_remote_gbs']:.1f}"
-                          if op + "_logical_gbs" in m else "-")
         lines.append(f"| {r['case']} | {'PASS' if r['ok'] else 'FAIL'} | {r.get('max_diff', '-')} | "
-                     f"{m.get('dispatch_us', '-')} | {m.get('combine_us', '-')} | {gbs('dispatch')} | "
-                     f"{gbs('combine')} | {r.get('error', '') or r.get('note', '')} |")
+                     f"{m.get('dispatch_us', '-')} | {m.get('combine_us', '-')} | {_gbs(m, 'dispatch')} | "
+                     f"{_gbs(m, 'combine')} | {r.get('error', '') or r.get('note', '')} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "report.html").write_text(report_html(world, report, kernels, placed))
+
+
+def _gbs(metrics: dict, op: str) -> str:
+    """An op's bandwidth cell: logical / NVLink GB/s, or - when the case reported no times."""
+    if op + "_logical_gbs" not in metrics:
+        return "-"
+    return f"{metrics[op + '_logical_gbs']:.1f} / {metrics[op + '_remote_gbs']:.1f}"
 
 
 def report_html(world: int, report: list[dict], kernels: str, placed: str) -> str:
@@ -170,12 +175,10 @@ def report_html(world: int, report: list[dict], kernels: str, placed: str) -> st
     for r in report:
         ranks = r.get("ranks") or [{"ok": None}] * world
         m = r.get("metrics", {})
-        gbs = lambda op: (f"{m[op + '_logical_gbs']:.1f} / {m[op + '_remote_gbs']:.1f}" if op + "_logical_gbs" in m
-                          else "-")
         rows.append(f'<tr><th class="case">{escape(r["case"])}</th>{cell(r["ok"])}'
                     + "".join(cell(x.get("ok")) for x in ranks)
                     + f'<td>{escape(str(r.get("max_diff", "-")))}</td><td>{m.get("dispatch_us", "-")}</td>'
-                    f'<td>{m.get("combine_us", "-")}</td><td>{gbs("dispatch")}</td><td>{gbs("combine")}</td>'
+                    f'<td>{m.get("combine_us", "-")}</td><td>{_gbs(m, "dispatch")}</td><td>{_gbs(m, "combine")}</td>'
                     f'<td>{escape(str(r.get("seconds", "-")))}</td>'
                     f'<td class="note">{escape(r.get("error", "") or r.get("note", ""))}</td></tr>')
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
