@@ -30,7 +30,7 @@ FAKE_WORKER = textwrap.dedent('''
 ''')
 
 
-def fake_launch(world, start, out, only, dist_dir):
+def fake_launch(world, start, out, only, dist_dir, gpus):
     return [subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(r), str(start), str(out), "6"])
             for r in range(world)]
 
@@ -75,7 +75,8 @@ def test_more_ranks_than_gpus_share_them_round_robin_and_report_no_times(tmp_pat
     monkeypatch.setattr(verify, "_launch", fake_launch)
     verify.run_sweep(5, str(tmp_path), case_timeout=3)
     assert "5 ranks on 2 GPU(s), round-robin ([3, 2] ranks per GPU)" in capsys.readouterr().err
-    assert json.loads((tmp_path / "report.json").read_text())["ranks_per_gpu"] == [3, 2]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ranks_per_gpu"] == [3, 2] and report["gpu_of_rank"] == [0, 1, 0, 1, 0]
     md = (tmp_path / "report.md").read_text()
     assert "Ranks share GPUs: [3, 2] ranks per GPU" in md and "| case | verdict | max diff | case seconds |" in md
 
@@ -88,3 +89,22 @@ def test_metrics_take_the_slowest_rank_and_average_bandwidth():
     m = verify._merge(per_rank)
     assert m["dispatch_us"] == 20.0 and m["combine_us"] == 4.0
     assert m["dispatch_logical_gbs"] == (1e4 / 1e4 + 4e4 / 2e4) / 2
+
+
+def test_gpus_picks_the_first_g_gpus_and_an_impossible_count_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(verify, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(verify, "matrix", lambda world: [Case(f"c{i}") for i in range(6)])
+    launched = []
+    monkeypatch.setattr(verify, "_launch", lambda *a: launched.append(a) or fake_launch(*a))
+    verify.run_sweep(3, str(tmp_path), case_timeout=3, gpus=1)   # all three ranks on GPU 0
+    assert launched[0][0] == 3 and launched[0][-1] == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["gpus"] == 1 and report["gpu_of_rank"] == [0, 0, 0] and report["ranks_per_gpu"] == [3]
+    assert verify.run_sweep(2, str(tmp_path), gpus=3) == 2
+    assert "gpus=3, but this machine has 2 GPU(s): choose gpus=1..2" in capsys.readouterr().err
+
+
+def test_placement_is_round_robin_and_uneven_when_gpus_do_not_divide_the_world():
+    from kernels.ep.placement import placement, ranks_per_gpu
+    assert [placement(r, 2) for r in range(3)] == [0, 1, 0]
+    assert ranks_per_gpu(3, 2) == [2, 1] and ranks_per_gpu(6, 4) == [2, 2, 1, 1] and ranks_per_gpu(2, 4) == [1, 1]

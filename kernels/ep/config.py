@@ -1,7 +1,9 @@
 """The static configuration of a dispatch/combine op (named after mori's EpDispatchCombineConfig)."""
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8_e4m3": 1}
 FP8 = "fp8_e4m3"
@@ -72,3 +74,10 @@ class EpConfig:
     @property
     def combine_row_bytes(self) -> int:
         return self.hidden * ELEMENT_BYTES[self.combine_dtype]
+
+
+def built_worlds() -> set[int]:
+    """The world sizes the specs build kernels for (every ep_* family sweeps the same W list): other worlds
+    run on Triton's JIT."""
+    spec = Path(__file__).resolve().parents[2] / "specs" / "ep_barrier.toml"
+    return set(tomllib.loads(spec.read_text())["sweep"]["W"])

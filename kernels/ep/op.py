@@ -1,5 +1,5 @@
-"""EpDispatchCombine: the dispatch/combine op on symmetric memory (CUDA IPC when ranks share a GPU), Triton
-kernels, no host sync.
+"""EpDispatchCombine: the dispatch/combine op on symmetric memory (CUDA IPC when ranks share GPUs, on one GPU or
+several: kernels/ep/transport.py), Triton kernels, no host sync.
 
 dispatch(x[T,H], topk_idx[T,K] int32, topk_w[T,K] f32 | None, x_scales[T,H/128] f32 for fp8) sends each
 token once to every rank that holds one of its experts (rank = id // experts_per_rank); every rank receives
@@ -15,14 +15,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed._symmetric_memory as symm_mem
 
 from kernels.ep.config import FP8, EpConfig
 from kernels.ep.launch import CONSTANTS, EpKernels
+from kernels.ep.transport import ipc_buffer, shares_a_gpu, symmetric_buffer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn, "f32": torch.float32,
           "i32": torch.int32}
-KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "fp8e4nv"}   # the specs' dtype names
+KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "u8"}   # the specs' dtype names: fp8 rows move as bytes
+
+
+def wire(x: torch.Tensor) -> torch.Tensor:
+    """What the dispatch kernel is given for rows x: 1-byte (fp8) rows as their bytes, the rest as they are."""
+    return x.view(torch.uint8) if x.element_size() == 1 else x
 
 
 @dataclass
@@ -35,14 +40,6 @@ class Dispatched:
     num_recv: torch.Tensor   # int32 scalar on the device: min(rows sent here, capacity) (the op's buffer)
     overflow: torch.Tensor   # bool scalar on the device: more rows were sent here than fit (the op's buffer)
     handle: torch.Tensor     # [T, W] int32: where each of this rank's tokens landed (-1: not sent / dropped)
-
-
-def shares_a_gpu(group) -> bool:
-    """Whether two ranks of the group run on the same GPU (same host, same device)."""
-    import socket
-    where = [None] * dist.get_world_size(group)
-    dist.all_gather_object(where, (socket.gethostname(), torch.cuda.current_device()), group=group)
-    return len(set(where)) < len(where)
 
 
 class EpDispatchCombine:
@@ -60,10 +57,8 @@ class EpDispatchCombine:
         if dist.get_world_size(self.group) != cfg.world_size:
             raise ValueError(f"EpConfig.world_size={cfg.world_size}, but the process group has "
                              f"{dist.get_world_size(self.group)} ranks")
-        # ranks that share a GPU: PyTorch's symmetric memory refuses them (its rendezvous sees overlapping
-        # devices), so their buffers are plain allocations shared through CUDA IPC handles (_ipc)
+        # ranks that share a GPU: symmetric memory refuses them, so every buffer goes through IPC (transport.py)
         self.shared_gpu = shares_a_gpu(self.group) if shared_gpu is None else shared_gpu
-        self._peers: list[torch.Tensor] = []   # the peers' IPC-mapped buffers, kept alive with the op
         buffers = {name: self._symmetric(shape, DTYPES[kind]) for name, (shape, kind) in cfg.peer_buffers().items()}
         self.recv_x, self._recv_x_table = buffers["x"]
         self.recv_scales, self._recv_scale_table = buffers["scales"]
@@ -82,27 +77,8 @@ class EpDispatchCombine:
 
     def _symmetric(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.shared_gpu:
-            return self._ipc(shape, dtype)
-        buf = symm_mem.empty(*shape, dtype=dtype, device="cuda")
-        handle = symm_mem.rendezvous(buf, self.group.group_name)
-        return buf, torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device="cuda")
-
-    def _ipc(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """A buffer every rank reaches: allocated here, its CUDA IPC handle (torch's reduce_tensor, which keeps
-        the tensor's offset inside its allocation) sent to every rank, each peer's rebuilt from its handle."""
-        from torch.multiprocessing.reductions import reduce_tensor
-        buf = torch.zeros(shape, dtype=dtype, device="cuda")
-        handles: list = [None] * self.cfg.world_size
-        dist.all_gather_object(handles, reduce_tensor(buf), group=self.group)
-        pointers = []
-        for peer, (rebuild, args) in enumerate(handles):
-            if peer == self.rank:
-                pointers.append(buf.data_ptr())
-            else:
-                mapped = rebuild(*args)
-                self._peers.append(mapped)
-                pointers.append(mapped.data_ptr())
-        return buf, torch.tensor(pointers, dtype=torch.int64, device="cuda")
+            return ipc_buffer(shape, dtype, self.group, self.rank, self.cfg.world_size, owner=self)
+        return symmetric_buffer(shape, dtype, self.group)
 
     def expert_output(self) -> torch.Tensor:
         """[R, H]: write expert outputs here (row i for received row i) and combine(None) copies nothing."""
@@ -129,7 +105,7 @@ class EpDispatchCombine:
             fp8 = x_scales is not None
             config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
                       "HAS_SCALES": fp8}
-            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), x, topk_idx,
+            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), wire(x), topk_idx,
                          topk_w if topk_w is not None else self.recv_w, x_scales if fp8 else self.recv_scales, pos,
                          block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table,
                          self._recv_w_table, self._recv_scale_table, self._recv_src_table,

@@ -145,6 +145,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
     phase by phase; [(snapshot, combined)] per rank. tk: the kernels module (a planted bug goes there)."""
     import torch
     from kernels.ep.launch import CONSTANTS
+    from kernels.ep.op import wire
     from kernels.ep.verify import _expert
     cfg, W, b = world.cfg, world.W, world.buf
     K, E, H, R = cfg.topk, cfg.experts_per_rank, cfg.hidden, cfg.capacity
@@ -168,7 +169,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
             b["w"][r].zero_()
         if T[r]:
             tk.dispatch_kernel[(T[r], chunks)](
-                x, idx, w if w is not None else b["w"][r], scales if scales is not None else b["scales"][r],
+                wire(x), idx, w if w is not None else b["w"][r], scales if scales is not None else b["scales"][r],
                 pos[r], base[r], b["matrix"][r], handle[r], world.table["x"], world.table["idx"], world.table["w"],
                 world.table["scales"], world.table["src"], r, H, cfg.max_tokens_per_rank, R, cfg.num_scales,
                 cfg.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,

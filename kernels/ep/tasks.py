@@ -13,16 +13,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def task_verify_dispatch_combine():
     """The verify sweep of the MoE dispatch/combine kernels: one process per rank (world=N), on their own GPUs or
-    sharing them round-robin when N is above the GPUs."""
-    def run(world: str | None):
-        from doit.exceptions import TaskFailed
+    sharing them round-robin when N is above the GPUs (gpus=G: use the first G GPUs only)."""
+    def run(world: str | None, gpus: str | None):
+        from doit.exceptions import TaskError, TaskFailed
 
         from kernels.ep.verify import run_sweep
+        numbers = {}
+        for name, value in (("world", world), ("gpus", gpus)):
+            if value is not None and not value.isdigit():
+                return TaskError(f"verify_dispatch_combine: {name}={value!r} is not a whole number (e.g. {name}=2)")
+            numbers[name] = int(value) if value else None
         layout = Layout(ROOT)
         dist = layout.dist   # the op runs the bundled ep_* kernels when `doit package` made them
-        code = run_sweep(int(world) if world else None, str(layout.verify / "dispatch_combine"),
-                         dist_dir=str(dist) if list(dist.glob("*.whl")) else None)
+        code = run_sweep(numbers["world"], str(layout.verify / "dispatch_combine"),
+                         dist_dir=str(dist) if list(dist.glob("*.whl")) else None, gpus=numbers["gpus"])
         if code == 2:
             return TaskFailed("verify_dispatch_combine could not run (see the message above)")
         return None if code == 0 else TaskFailed("some cases failed: out/verify/dispatch_combine/report.md")
-    return {"actions": [(run, [get_var("world", None)])], "uptodate": [False], "verbosity": 2}
+    return {"actions": [(run, [get_var("world", None), get_var("gpus", None)])], "uptodate": [False],
+            "verbosity": 2}

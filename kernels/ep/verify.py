@@ -1,7 +1,10 @@
 """The dispatch/combine verify sweep: one process per GPU, every case of cases.matrix(world), each
 checked against the all_to_all_single reference, verdicts ANDed over ranks, a watchdog for hangs.
 
-    doit verify_dispatch_combine [world=N]        or        python -m kernels.ep.verify [--world N]
+    doit verify_dispatch_combine [world=N] [gpus=G]     or     python -m kernels.ep.verify [--world N] [--gpus G]
+
+Rank r runs on GPU r % G (G: every GPU found, or the first `gpus`): W <= G ranks get a GPU each and symmetric
+memory; W > G ranks share GPUs (evenly or not: world 3 on 2 GPUs) and reach each other through IPC.
 
 Writes out/verify/dispatch_combine/report.json, report.md and report.html; exits non-zero if any case failed.
 """
@@ -19,6 +22,8 @@ import traceback
 from pathlib import Path
 
 from kernels.ep.cases import Case, matrix
+from kernels.ep.config import built_worlds
+from kernels.ep.placement import placement, ranks_per_gpu
 
 CASE_TIMEOUT_S = 180.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,18 +32,25 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------- the parent: workers, watchdog, report
 
 def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_combine",
-              case_timeout: float = CASE_TIMEOUT_S, only: str | None = None, dist_dir: str | None = None) -> int:
-    """dist_dir: kforge bundles (out/dist) to run the op's precompiled kernels from; None: Triton's JIT."""
+              case_timeout: float = CASE_TIMEOUT_S, only: str | None = None, dist_dir: str | None = None,
+              gpus: int | None = None) -> int:
+    """dist_dir: kforge bundles (out/dist) to run the op's precompiled kernels from; None: Triton's JIT.
+    gpus: use the first G GPUs only (default: all)."""
     found = _gpu_count()
-    world = world or found
+    if gpus is not None and not 1 <= gpus <= found:
+        sys.stderr.write(f"verify_dispatch_combine: gpus={gpus}, but this machine has {found} GPU(s): choose "
+                         f"gpus=1..{found}\n")
+        return 2
+    gpus = gpus or found
+    world = world or gpus
     if found < 1 or world < 2:
         sys.stderr.write(f"verify_dispatch_combine: found {found} GPU(s) and world={world}: it needs a GPU and "
                          f"world >= 2 ranks (choose world=N; ranks share GPUs when N is above the GPUs). Without "
                          f"a GPU: python -m kernels.ep.simulate --world N\n")
         return 2
-    if world > found:
-        per = [len(range(g, world, found)) for g in range(found)]
-        sys.stderr.write(f"verify_dispatch_combine: {world} ranks on {found} GPU(s), round-robin ({per} ranks per "
+    shared = ranks_per_gpu(world, gpus) if world > gpus else None
+    if shared:
+        sys.stderr.write(f"verify_dispatch_combine: {world} ranks on {gpus} GPU(s), round-robin ({shared} ranks per "
                          f"GPU): buffers through CUDA IPC, no performance numbers\n")
     out = Path(out_dir)
     (out / "progress").mkdir(parents=True, exist_ok=True)
@@ -48,7 +60,7 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
     while start < len(cases):
         for f in (out / "progress").glob("*.jsonl"):
             f.unlink()
-        procs = _launch(world, start, out, only, dist_dir)
+        procs = _launch(world, start, out, only, dist_dir, gpus)
         hung = _watch(procs, out, case_timeout)
         results.update(_read_results(out))
         if hung is None:
@@ -58,8 +70,11 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
         start = case_index + 1
     report = [results.get(i, {"case": c.name, "ok": False, "error": "never ran (a worker died)"})
               for i, c in enumerate(cases)]
-    _write_report(out, world, report, f"bundles in {dist_dir}" if dist_dir else "Triton JIT",
-                  [len(range(g, world, found)) for g in range(found)] if world > found else None)
+    kernels = (f"bundles in {dist_dir}" if dist_dir and world in built_worlds() else
+               f"Triton JIT (the bundles hold kernels for worlds {sorted(built_worlds())})" if dist_dir else "Triton JIT")
+    _write_report(out, world, report, kernels, shared,
+                  {"gpus": gpus, "gpu_of_rank": [placement(r, gpus) for r in range(world)], "machine": _machine(gpus),
+                   "command": _command()})
     failed = [r["case"] for r in report if not r["ok"]]
     print(f"verify_dispatch_combine: world {world}: {len(report) - len(failed)}/{len(report)} cases passed"
           + (f"; FAILED: {', '.join(failed)}" if failed else "") + f"; report: {out / 'report.md'}")
@@ -74,7 +89,25 @@ def _gpu_count() -> int:
         return 0
 
 
-def _launch(world: int, start: int, out: Path, only: str | None, dist_dir: str | None) -> list[subprocess.Popen]:
+def _command() -> str:
+    """This run's command line as the user typed it (`python -m doit` runs doit's __main__.py)."""
+    program = Path(sys.argv[0]).name
+    return " ".join(["doit" if program in ("__main__.py", "doit") else f"python {program}"] + sys.argv[1:])
+
+
+def _machine(gpus: int) -> str:
+    """The GPUs the ranks ran on, e.g. "2 x NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0)"."""
+    try:
+        import torch
+        import triton
+        names = sorted({torch.cuda.get_device_name(g) for g in range(gpus)})
+        return f"{gpus} x {' / '.join(names)} (torch {torch.__version__}, triton {triton.__version__})"
+    except Exception as e:   # the report is still written
+        return f"unknown ({e!r})"
+
+
+def _launch(world: int, start: int, out: Path, only: str | None, dist_dir: str | None,
+            gpus: int) -> list[subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -83,7 +116,8 @@ def _launch(world: int, start: int, out: Path, only: str | None, dist_dir: str |
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        cmd = [sys.executable, "-m", "kernels.ep.verify", "--worker", "--start", str(start), "--out", str(out)]
+        cmd = [sys.executable, "-m", "kernels.ep.verify", "--worker", "--start", str(start), "--out", str(out),
+               "--gpus", str(gpus)]
         cmd += (["--only", only] if only else []) + (["--dist", dist_dir] if dist_dir else [])
         procs.append(subprocess.Popen(cmd, env=env))
     return procs
@@ -127,13 +161,18 @@ def _read_results(out: Path) -> dict[int, dict]:
     return {r["index"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def _write_report(out: Path, world: int, report: list[dict], kernels: str, shared: list[int] | None = None) -> None:
+def _write_report(out: Path, world: int, report: list[dict], kernels: str, shared: list[int] | None = None,
+                  where: dict | None = None) -> None:
+    where = where or {}
     (out / "report.json").write_text(json.dumps({"world": world, "kernels": kernels, "ranks_per_gpu": shared,
-                                                 "cases": report}, indent=1) + "\n")
+                                                 **where, "cases": report}, indent=1) + "\n")
     used = sorted({k for r in report for k in r.get("kernel_sources", [])})
     placed = (f"Ranks share GPUs: {shared} ranks per GPU, buffers through CUDA IPC; no times (they would be "
               f"time slices of one GPU, not the op's speed)." if shared else "One rank per GPU, symmetric memory.")
+    if "gpu_of_rank" in where:
+        placed += f" GPU of each rank: {where['gpu_of_rank']}."
     lines = [f"# dispatch/combine verify sweep, world {world}", "",
+             f"Machine: {where.get('machine', '-')}. Command: `{where.get('command', '-')}`.", "",
              f"Kernels: {kernels}; launched from: {', '.join(used) or '-'}.", "", placed, "",
              "Times: median over the case's eager iterations after the first, slowest rank; small cases, "
              "with checks in between: a smoke signal, not the benchmark (bench/ep_bandwidth.py is)."
@@ -195,17 +234,18 @@ def report_html(world: int, report: list[dict], kernels: str, placed: str) -> st
 
 # ---------------------------------------------------------------- a worker: one rank, one GPU
 
-def worker(start: int, out: Path, only: str | None, dist_dir: str | None) -> None:
+def worker(start: int, out: Path, only: str | None, dist_dir: str | None, gpus: int | None = None) -> None:
     import torch
     import torch.distributed as dist
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.device_count()
+    gpus = gpus or torch.cuda.device_count()
     shared = world > gpus   # ranks round-robin on the GPUs; NCCL refuses two ranks on one GPU: gloo then
-    torch.cuda.set_device(rank % gpus)
+    device = placement(rank, gpus)
+    torch.cuda.set_device(device)
     if shared:
         dist.init_process_group("gloo")
     else:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", device))
     host = "cpu" if shared else "cuda"   # where the verdicts are reduced (gloo: on the host)
     progress = out / "progress" / f"rank{rank}.jsonl"
     library = None
@@ -277,6 +317,8 @@ def _run_case(case: Case, rank: int, world: int, mark, library,
 
     cfg, note = case_config(case, world)
     expert = _expert(rank, cfg)
+    if world not in built_worlds():   # no bundle holds kernels for this W (the specs sweep W): Triton's JIT
+        library = None
     ops = [EpDispatchCombine(cfg, library=library, shared_gpu=shared) for _ in range(2 if case.interleaved else 1)]
     mark("built")
     runs, times = [], {"dispatch": [], "combine": []}
@@ -418,6 +460,7 @@ def _graph_runs(case, cfg, rank, op, expert, mark):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=None)
+    ap.add_argument("--gpus", type=int, default=None, help="use the first G GPUs (default: all)")
     ap.add_argument("--out", default="out/verify/dispatch_combine")
     ap.add_argument("--timeout", type=float, default=CASE_TIMEOUT_S)
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
@@ -426,8 +469,8 @@ def main() -> None:
     ap.add_argument("--dist", default=None, help="run the precompiled kernels of these bundles (out/dist)")
     a = ap.parse_args()
     if a.worker:
-        return worker(a.start, Path(a.out), a.only, a.dist)
-    sys.exit(run_sweep(a.world, a.out, a.timeout, a.only, a.dist))
+        return worker(a.start, Path(a.out), a.only, a.dist, a.gpus)
+    sys.exit(run_sweep(a.world, a.out, a.timeout, a.only, a.dist, a.gpus))
 
 
 if __name__ == "__main__":
