@@ -49,7 +49,8 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
         return TaskFailed(str(e))
     # stamped before reading: a change while packaging re-packages next time
     stamp = _stamp(arch, targets, root_path, tuned=tuned)
-    manifest = make_manifest(arch, targets, root_path, tuned)
+    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
+    manifest = make_manifest(arch, targets, root_path, tuned, built)
     data = manifest_bytes(manifest)
     try:
         version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
@@ -62,12 +63,13 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
-    by_name = {t.name: t for t in targets}
-    for entry in manifest["artifacts"]:
+    for t, entry in zip(built, manifest["artifacts"]):
         try:
-            _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
-        except artifact.ArtifactError as e:   # changed on disk since its compile task ran
-            return TaskFailed(f"package:{arch}: {entry['target']}: {e}")
+            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
+            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+        except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
+            return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
+                              f"`doit forget {t.name} && doit {t.name}`")
         files[f"{dist_name(arch)}/{entry['binary']}"] = binary
     if not wheel.exists():
         write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
@@ -122,15 +124,19 @@ def _content(path: Path) -> bytes:
         return b"-"
 
 
-def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = ()) -> dict:
+def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = (),
+                  built: list[Target] | None = None) -> dict:
     """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
     key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
-    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads."""
+    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects the
+    targets of the artifacts listed, in the manifest's order."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)
         if meta is not None:
-            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta['binary']}"
+            if built is not None:
+                built.append(t)
+            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta.get('binary')}"
             meta["options"] = dict(t.options)
             artifacts.append(meta)
         else:

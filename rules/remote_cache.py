@@ -79,13 +79,14 @@ class RemoteCache:
                 if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
                     raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
                 files[f["name"]] = data
-            artifact.install(Path(target.out_dir), files, target.key)
+            artifact.install(target, files)   # bound to this target, ELF-checked for its arch
             return True
         # A malformed entry is a miss, never a failed build (ArtifactError is a ValueError; RecursionError is
         # JSON nested deeper than the parser goes).
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             artifact.remove(target.out, target.out_dir)
-            self._warn(f"cache entry for {target.name} rejected ({e}); compiling it")
+            self._warn(f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({e}); compiling "
+                       f"it here (whoever can write to the cache put it there: check the server, or set cache_key=)")
             return False
 
     def store(self, target) -> None:

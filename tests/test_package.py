@@ -225,3 +225,26 @@ def test_the_bundle_version_is_the_projects_public_version_or_0(tmp_path, pyproj
             package.project_version(tmp_path)
     else:
         assert package.project_version(tmp_path) == expected
+
+
+def test_a_foreign_meta_json_fails_the_package_task_in_one_line_naming_the_target(built, tmp_path):
+    """gfx942's meta.json and binary in gfx950's artifact directory, its key set to the gfx950 target's and its
+    seal recomputed (a poisoned out/ from an older kforge, or a hand copy): one line naming the target and the fix,
+    never a traceback."""
+    from kforge.project import load_catalog
+    root = tmp_path / "p"
+    shutil.copytree(built, root, symlinks=True)
+    real, planted = (root / "out" / arch / "scale" / "fp16-b256-w4" for arch in ("gfx942", "gfx950"))
+    key = json.loads((planted / "meta.json").read_text())["key"]
+    shutil.rmtree(planted)
+    shutil.copytree(real, planted)
+    meta = json.loads((planted / "meta.json").read_text())
+    meta["key"] = key
+    meta.pop("seal")
+    (planted / "meta.json").write_text(json.dumps(meta))
+    targets = [t for t in load_catalog(root).targets if t.arch == "gfx950"]
+    failed = package.build_bundle("gfx950", targets, str(root))
+    message = failed.message
+    assert len(message.strip().splitlines()) == 1, message
+    assert message.startswith("package:gfx950: scale:fp16-b256-w4@gfx950: ") and "says target" in message
+    assert "doit forget scale:fp16-b256-w4@gfx950" in message

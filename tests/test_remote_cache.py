@@ -9,15 +9,18 @@ import time
 
 import pytest
 
+from kforge import remote_cache
 from kforge.remote_cache import CacheConfig
 from tests.cache_server import NGINX, free_port, webdav_server
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
-pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
+needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    if NGINX is None:
+        pytest.skip("needs nginx (Debian's nginx-light; .ci/run installs it)")
     with webdav_server(tmp_path_factory.mktemp("nginx")) as cache_server:
         yield cache_server
 
@@ -69,6 +72,7 @@ def test_a_corrupt_entry_is_rejected_and_rebuilt(server, tmp_path):
     assert binaries(second) == binaries(first)
 
 
+@needs_nginx   # no server needed, but it builds: kept with the builds against nginx that CI runs
 def test_a_server_that_is_down_or_never_answers_only_warns(tmp_path, monkeypatch):
     down = project(tmp_path, "down", factor="7")
     out = doit(down, f"cache=http://127.0.0.1:{free_port()}")
@@ -96,6 +100,7 @@ def test_read_only_mode_never_uploads(server, tmp_path):
     assert (set((store / "ac").iterdir()) if (store / "ac").exists() else set()) == before
 
 
+@needs_nginx
 def test_a_cache_that_is_not_an_http_url_is_a_clear_error(tmp_path):
     root = project(tmp_path, "bad")
     out = doit(root, "cache=ftp://example.org/x", check=False)
@@ -127,6 +132,7 @@ def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_an
     assert not new, sorted(map(str, new))
 
 
+@needs_nginx
 def test_a_server_that_trickles_bytes_is_cut_off_at_the_deadline(tmp_path, monkeypatch):
     """A byte every 0.2 s keeps each read under any per-read timeout; the whole request still ends at
     cache_timeout, and the build compiles locally."""
@@ -251,6 +257,7 @@ def test_a_signed_reader_refuses_an_entry_whose_tag_is_wrong_or_missing_before_f
     assert_secret_nowhere(second, out)
 
 
+@needs_nginx
 def test_the_cache_config_never_shows_its_key():
     cfg = CacheConfig("http://127.0.0.1:9", False, 10.0, SECRET)
     assert SECRET not in repr(cfg) and SECRET not in str(cfg)
@@ -283,3 +290,47 @@ def test_an_unsigned_entry_listing_more_files_than_an_artifact_has_is_refused_be
     assert f"cache entry for {FP16} rejected (it does not list exactly two files" in out.stdout
     assert build_report(second) == {FP16: "built"}
     assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
+
+
+# Requests answered in memory (no server): what an entry holds, and what the cache makes of it.
+
+def served(monkeypatch, answers: dict[str, bytes]):
+    """The cache's requests answered from `answers` (path -> body; 404 for the rest); returns the paths asked."""
+    asked = []
+
+    def request(cfg, method, path, data=None, **_):
+        asked.append(f"{method} {path}")
+        return (200, answers[path]) if method == "GET" and path in answers else (404 if method == "GET" else 201, b"")
+    monkeypatch.setattr(remote_cache, "_request", request)
+    return asked
+
+
+def entry_serving(files: dict[str, bytes]) -> tuple[bytes, dict[str, bytes]]:
+    """An unsigned /ac/ entry listing `files`, and the /cas/ blobs it names."""
+    blobs = {f"/cas/{hashlib.sha256(data).hexdigest()}": data for data in files.values()}
+    listed = [{"name": name, "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()]
+    return json.dumps({"format": "kforge-ac-1", "files": listed}).encode(), blobs
+
+
+def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_file(built, tmp_path, monkeypatch):
+    """gfx942's genuine meta.json and binary served for the gfx950 target, meta.json's key, target and arch
+    rewritten and its seal recomputed: a miss (the target compiles here), nothing written, and the warning names
+    the cache entry, not a file in out/."""
+    from types import SimpleNamespace
+    from kforge import artifact
+    wanted = json.loads((built / "out/gfx950/scale/fp16-b256-w4/meta.json").read_text())
+    files = artifact.files_of(built / "out/gfx942/scale/fp16-b256-w4")
+    meta = {**json.loads(files["meta.json"]), "key": wanted["key"], "target": wanted["target"], "arch": "gfx950"}
+    files["meta.json"] = json.dumps({**meta, "seal": artifact.seal(meta)}).encode()
+    entry, blobs = entry_serving(files)
+    served(monkeypatch, {f"/ac/{wanted['key']}": entry, **blobs})
+    out_dir = tmp_path / "out/gfx950/scale/fp16-b256-w4"
+    target = SimpleNamespace(name=wanted["target"], kernel="scale", config_id="fp16-b256-w4", arch="gfx950",
+                             key=wanted["key"], config=tuple(wanted["config"].items()), out=str(tmp_path / "out"),
+                             out_dir=str(out_dir))
+    cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
+    assert cache.fetch(target) is False and not out_dir.exists()
+    [warning] = cache.drain_warnings()
+    assert warning.startswith(f"cache entry http://cache.example:8080/ac/{wanted['key']} for {wanted['target']} "
+                              f"rejected (its binary is refused: the binary is for gfx942, expected gfx950)")
+    assert "meta.json" not in warning and "doit forget" not in warning
