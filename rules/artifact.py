@@ -150,16 +150,17 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
     }
 
 
-def leads_outside(directory: Path) -> bool:
-    """Whether an artifact directory, out/<arch>/<kernel>/<config_id>, lies outside its out/ once the links on
-    its way are followed (a link planted under out/ must never carry a build's writes elsewhere)."""
-    return directory.parent.parent.parent.resolve() not in directory.resolve().parents
+def _guard(directory: Path) -> None:
+    """An artifact directory, out/<arch>/<kernel>/<config_id>, is written only inside its out/ (out_dir.guard):
+    a link planted under out/ never carries a build's writes elsewhere."""
+    try:
+        out_dir.guard(directory.parents[2], directory / META)
+    except out_dir.OutsideOut as e:
+        raise ArtifactError(str(e)) from None
 
 
 def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
-    if leads_outside(directory):
-        raise ArtifactError(f"{directory} leads outside out/ through a symbolic link; kforge writes nothing "
-                            f"outside out/: remove the link and build again")
+    _guard(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
         _unlink(directory / stale)
@@ -170,7 +171,9 @@ def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
 
 def write_error(directory: Path, key: str, message: str) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built)."""
-    if leads_outside(directory):
+    try:
+        _guard(directory)
+    except ArtifactError:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)

@@ -16,9 +16,9 @@ from doit.exceptions import TaskFailed
 
 import kforge_runtime
 
-from kforge import artifact, stamps
+from kforge import artifact, out_dir, stamps
 from kforge.archs import ARCHS
-from kforge.files import atomic_write
+from kforge.files import write_inside
 from kforge.layout import Layout
 from kforge.target import Target
 from kforge.wheel import write_wheel
@@ -57,8 +57,13 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     except ValueError as e:
         return TaskFailed(str(e))
     dist = layout.dist
-    dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / wheel_name(dist_name(arch), version)
+    try:
+        out_dir.guard(layout.out, wheel)   # out/dist, its wheels and manifests: never through a link out of out/
+        out_dir.guard(layout.out, layout.package_stamp(arch))
+    except out_dir.OutsideOut as e:
+        return TaskFailed(f"package:{arch}: {e}")
+    dist.mkdir(parents=True, exist_ok=True)
     files = runtime_files(arch)
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
     for name, table in tables.items():
@@ -76,9 +81,8 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
         if stale != wheel:
             stale.unlink()
-    atomic_write(layout.manifest_copy(arch), data)
-    layout.package_stamp(arch).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    write_inside(layout.out, layout.manifest_copy(arch), data)
+    write_inside(layout.out, layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 
@@ -178,10 +182,11 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 
 def remove(arch: str, root: str) -> None:
-    """`doit clean package`."""
+    """`doit clean package` (OutsideOut when out/dist leads outside out/: nothing is deleted there)."""
     layout = Layout.of(root)
+    out_dir.guard(layout.out, layout.manifest_copy(arch))   # before the glob: it would list the link's target
     for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), layout.manifest_copy(arch)]:
-        f.unlink(missing_ok=True)
+        out_dir.remove_file(layout.out, f)
 
 
 def runtime_files(arch: str) -> dict[str, bytes]:

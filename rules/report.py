@@ -9,7 +9,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from kforge.files import atomic_write
+from kforge.files import write_inside
 from kforge.doit_runner import tasks_to_run
 from kforge.trace import Trace
 
@@ -163,11 +163,10 @@ class BuildReporter(ConsoleReporter):
 
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # one task per line: readable, and json's fast C encoder (indent= falls back to pure Python)
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
-        atomic_write(path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())
+        write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
 
 
 def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:

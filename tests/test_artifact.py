@@ -171,7 +171,7 @@ def test_a_link_under_out_never_carries_a_write_outside_it(art, tmp_path):
     target = out / "sm_90a" / "scale" / "fp16-b256-w4"
     files = artifact.files_of(art)
     meta = json.loads(files[artifact.META])
-    with pytest.raises(artifact.ArtifactError, match="leads outside out/ through a symbolic link"):
+    with pytest.raises(artifact.ArtifactError, match=r"out/sm_90a/scale \(a symbolic link\) leads outside out/"):
         artifact.install(target_at(target, meta), files)
     artifact.write_error(target, meta["key"], "boom")
     assert list(elsewhere.iterdir()) == []
