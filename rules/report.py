@@ -150,16 +150,19 @@ class BuildReporter(ConsoleReporter):
         packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
         failed = counts["failed"] + packages_failed
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
-        summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
-                       f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
-        self.write("\n" + "\n".join(summary) + "\n")
-        for state in (self.key_index, *self.saved_at_end):
-            if state is not None:
-                state.save()
-        self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
-                    "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
+        last = (f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
+                f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
+        # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
+        states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
+        unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]
+        unsaved.append(_saving(self._save, Path(self.report_path), {
+            "wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
+            "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records}))
         if self.trace.slices:   # a run that ran nothing keeps the last build's timeline
-            self.trace.write(Path(self.report_path).with_name("build-trace.json"))
+            trace = Path(self.report_path).with_name("build-trace.json")
+            unsaved.append(_saving(self.trace.write, trace, trace))
+        summary += [line for line in unsaved if line]
+        self.write("\n" + "\n".join([*summary, last]) + "\n")
 
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
@@ -167,6 +170,15 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+def _saving(save, path, *args) -> str | None:
+    """save(*args); None when it worked, else one line naming the file (a full disk, an unwritable out/)."""
+    try:
+        save(*args)
+        return None
+    except (OSError, ValueError) as e:   # ValueError: out_dir.OutsideOut, a link leading out of out/
+        return f"kforge: could not write {path} ({e}); nothing built is lost: free space and run again"
 
 
 def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:

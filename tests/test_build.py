@@ -377,3 +377,41 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     reporter.add_failure(task, failed)
     reporter.complete_run()
     assert out.getvalue().rstrip().splitlines()[-1].startswith("kforge: built 0, up to date 0, failed 1 (1 package task)")
+
+
+# A full disk: simulated in the build's processes by a sitecustomize that fails every write into an artifact
+# directory with ENOSPC and doit's final sqlite3 commit with "database or disk is full".
+FULL_DISK = '''
+import builtins, errno, os, sqlite3
+from doit.dependency import SqliteDB
+
+_open = builtins.open
+
+
+def _open_full(file, mode="r", *args, **kwargs):
+    if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") and "/out/sm_90a/" in os.fspath(file):
+        raise OSError(errno.ENOSPC, "No space left on device", os.fspath(file))
+    return _open(file, mode, *args, **kwargs)
+
+
+def _dump_full(self):
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+builtins.open = _open_full
+SqliteDB.dump = _dump_full
+'''
+
+
+def test_a_full_disk_fails_each_target_in_one_line_and_ends_with_the_summary_and_report(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FULL_DISK)
+    proc = doit(root, "-n", "2", check=False, env={"PYTHONPATH": str(tmp_path / "site")})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said, said   # as any run with a failed target
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("kforge: built 0, up to date 0, failed 2")
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and all("No space left on device" in line for line in progress), progress
+    assert "doit's state was not saved (database or disk is full)" in proc.stderr
+    assert statuses(root, "failed") == set(TWO)   # build-report.json, written once space allowed
