@@ -10,6 +10,7 @@ from doit.exceptions import TaskFailed
 
 from kforge import artifact, remote_cache
 from kforge.compile_core import CompileResult, compile_here, compile_into
+from kforge.out_dir import OutsideOut
 from kforge.target import Target
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -22,7 +23,7 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     uploaded. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
     try:
         return _compile_target(target, root, timeout, cache_cfg, executor)
-    except OSError as e:   # out/ unwritable here (a full disk, say): this target fails in one line, the run goes on
+    except (OSError, OutsideOut) as e:   # out/ unwritable (a full disk, a link out of out/): one line, the run goes on
         return _fail(target, f"cannot write in out/: {e}; free space (or fix out/) and run again")
 
 

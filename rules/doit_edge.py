@@ -24,7 +24,7 @@ from pathlib import Path
 from doit.control import ExecNode
 from doit.dependency import DatabaseException, SqliteDB
 
-from kforge import artifact, cpus, doit_runner, keys, out_dir, report, settings
+from kforge import artifact, cpus, doit_runner, keys, out_dir, report, scratch, settings
 from kforge.layout import Layout
 
 
@@ -52,6 +52,7 @@ def config(root: Path, catalog) -> dict:
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
     # directory created outside an action.
     layout.out.mkdir(exist_ok=True)
+    scratch.start(layout.out)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
