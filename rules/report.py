@@ -17,6 +17,7 @@ ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py
+CACHE_OFF = "remote cache "   # how rules/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
 
 
@@ -144,6 +145,8 @@ class BuildReporter(ConsoleReporter):
             extra = len(self.warnings) - 1
             more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
             summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
+            # and a cache switched off for the rest of the run, whatever came first: it is what made the run slow
+            summary += [f"kforge: warning: {w}" for w in self.warnings[1:] if w.startswith(CACHE_OFF)]
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
             summary.append(f"kforge: {report_orphans(orphans)}")

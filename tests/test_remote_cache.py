@@ -334,3 +334,96 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
     assert warning.startswith(f"cache entry http://cache.example:8080/ac/{wanted['key']} for {wanted['target']} "
                               f"rejected (its binary is refused: the binary is for gfx942, expected gfx950)")
     assert "meta.json" not in warning and "doit forget" not in warning
+
+
+def fake_target(tmp_path, i: int):
+    from types import SimpleNamespace
+    out_dir = tmp_path / "out" / "sm_90a" / "scale" / f"c{i}"
+    return SimpleNamespace(name=f"scale:c{i}@sm_90a", key=f"{i:064x}", out=str(tmp_path / "out"), out_dir=str(out_dir))
+
+
+def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_once(tmp_path, monkeypatch):
+    """Every answer just under cache_timeout: the run waits no more than cache_budget in all (then no request
+    at all), with one warning naming the server and the time lost."""
+    asked = []
+
+    def slow(cfg, method, path, data=None, **_):
+        asked.append(path)
+        time.sleep(0.15)
+        return 404, b""
+    monkeypatch.setattr(remote_cache, "_request", slow)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", budget=0.25))
+    assert [cache.fetch(fake_target(tmp_path, i)) for i in range(5)] == [False] * 5
+    assert len(asked) == 2
+    [warning] = cache.drain_warnings()
+    assert warning.startswith("remote cache http://slow.example:8080 switched off for the rest of this run: 0.3 s "
+                              "lost waiting on it, past cache_budget=0.25 s")
+
+
+def test_the_budget_is_one_for_the_whole_run_across_forked_workers(monkeypatch):
+    import os
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    remote_cache.share_budget()   # doit's master, before it forks its workers
+    cfg = CacheConfig("http://slow.example:8080", budget=1.0)
+    pid = os.fork()
+    if pid == 0:   # a worker that spends the budget
+        remote_cache.RemoteCache(cfg)._spend(1.5)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    other = remote_cache.RemoteCache(cfg)   # another worker: off, without a warning of its own
+    assert other._off() and other.drain_warnings() == []
+
+
+@pytest.fixture
+def answering():
+    """A local HTTP server answering every GET with what the test sets: (status, headers, body chunks)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        answer = (200, {}, [b""])
+
+        def do_GET(self):
+            status, headers, chunks = Handler.answer
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            try:
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+            except OSError:   # the client stopped reading
+                pass
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield Handler, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_answer_announced_over_its_limit_is_refused_before_it_is_read(answering):
+    handler, url = answering
+    handler.answer = (200, {"Content-Length": str(8 << 30)}, (b"\0" * (1 << 20) for _ in range(8 << 10)))
+    with pytest.raises(remote_cache.TooLarge, match="announced as 8589934592 bytes"):
+        remote_cache._request(CacheConfig(url, timeout=5), "GET", "/cas/" + "0" * 64, limit=1 << 20)
+
+
+def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_path):
+    """A padded /ac/ entry with no Content-Length (read until the server closes): refused at AC_LIMIT, a miss."""
+    import tracemalloc
+    handler, url = answering
+    entry = json.dumps({"format": "kforge-ac-1", "files": [], "pad": " " * (50 << 20)}).encode()
+    handler.answer = (200, {"Connection": "close"}, (entry[i:i + (1 << 16)] for i in range(0, len(entry), 1 << 16)))
+    cache = remote_cache.RemoteCache(CacheConfig(url, timeout=5))
+    tracemalloc.start()
+    try:
+        assert cache.fetch(fake_target(tmp_path, 1)) is False
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    [warning] = cache.drain_warnings()
+    assert f"/ac/{1:064x} is over the limit of 65536 bytes" in warning and peak < 4 << 20, (warning, peak)
