@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kforge import triton_lld
 from kforge.files import atomic_symlink, atomic_write
+from kforge.out_dir import guard
 
 TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
 MIN_MAJOR = 17
@@ -70,6 +71,7 @@ def find(kforge_dir: Path) -> Path:
     if path is not None:
         return path
     if _triton_allowed():
+        guard(kforge_dir.parent, kforge_dir / "triton-lld" / "ld.lld")   # kforge_dir: out/.kforge
         script = triton_lld_script(kforge_dir / "triton-lld")
         if script is not None:
             return script
@@ -141,7 +143,7 @@ def rocm_root_for(linker: Path, shim_dir: Path) -> Path:
     """A ROCM_PATH under which FlyDSL finds `linker` as llvm/bin/ld.lld."""
     if linker.parent.name == "bin" and linker.parent.parent.name == "llvm" and linker.name == "ld.lld":
         return linker.parent.parent.parent   # a ROCm tree already
-    target = shim_dir / "llvm" / "bin" / "ld.lld"
+    target = guard(shim_dir.parents[1], shim_dir / "llvm" / "bin" / "ld.lld")   # shim_dir: out/.kforge/rocm-shim
     target.parent.mkdir(parents=True, exist_ok=True)
     if not (target.is_symlink() and os.readlink(target) == str(linker)):
         atomic_symlink(target, linker)

@@ -150,16 +150,17 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
     }
 
 
-def leads_outside(directory: Path) -> bool:
-    """Whether an artifact directory, out/<arch>/<kernel>/<config_id>, lies outside its out/ once the links on
-    its way are followed (a link planted under out/ must never carry a build's writes elsewhere)."""
-    return directory.parent.parent.parent.resolve() not in directory.resolve().parents
+def _guard(directory: Path) -> None:
+    """An artifact directory, out/<arch>/<kernel>/<config_id>, is written only inside its out/ (out_dir.guard):
+    a link planted under out/ never carries a build's writes elsewhere."""
+    try:
+        out_dir.guard(directory.parents[2], directory / META)
+    except out_dir.OutsideOut as e:
+        raise ArtifactError(str(e)) from None
 
 
 def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
-    if leads_outside(directory):
-        raise ArtifactError(f"{directory} leads outside out/ through a symbolic link; kforge writes nothing "
-                            f"outside out/: remove the link and build again")
+    _guard(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
         _unlink(directory / stale)
@@ -170,7 +171,9 @@ def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
 
 def write_error(directory: Path, key: str, message: str) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built)."""
-    if leads_outside(directory):
+    try:
+        _guard(directory)
+    except ArtifactError:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
@@ -199,8 +202,8 @@ def verify(meta: dict, binary: bytes, directory: Path) -> None:
     try:
         schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
     except schema.BinaryRefused as e:
-        raise ArtifactError(f"{directory / meta['binary']}: {e}; the file is corrupt or was replaced; rebuild with "
-                            f"`doit forget {meta.get('target')} && doit {meta.get('target')}`") from None
+        raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
+                            f"delete {directory} and build again") from None
 
 
 def plain_name(name) -> str:
@@ -218,22 +221,66 @@ def files_of(directory: Path) -> dict[str, bytes]:
     return {META: meta_bytes, binary: (directory / binary).read_bytes()}
 
 
-def install(directory: Path, files: dict[str, bytes], key: str) -> None:
-    """Put an artifact received as files (files_of's form: from a remote cache or a Dask worker, so untrusted)
-    in place. Everything is checked in memory before anything is written: every file name is a plain name,
-    meta.json is for this key and names exactly these files, the binary matches its sha256 and the ELF checks.
-    Then it is written as a build writes it (binary, then meta.json, each by rename). ArtifactError says why
-    an artifact was refused; a refused one writes nothing."""
+BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
+
+
+def check_bound(target, meta) -> None:
+    """ArtifactError unless meta.json is the target's own: its target, kernel, config id, config, arch and key
+    equal the target's. A meta.json is data: one copied, fetched or returned for another target (another arch's
+    binary under this target's key, say) must never stand in for this one."""
+    if not isinstance(meta, dict):
+        raise ArtifactError("its meta.json is not a JSON object")
+    wanted = {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
+              "key": target.key}
+    for field in BOUND_FIELDS:
+        if meta.get(field) != wanted[field]:
+            raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
+                                f"{_brief(wanted[field])}")
+    if meta.get("config") != json.loads(json.dumps(dict(target.config))):   # as JSON gives it back
+        raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
+                            f"{dict(target.config)}")
+
+
+def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
+    """Check an artifact received as files (files_of's form) for `target`, from any source that is not this
+    build's own compile (a remote cache, a Dask worker, a local cache): every name is a plain file name, the
+    files are exactly meta.json and the binary it names, meta.json is bound to the target (check_bound) and
+    sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF checks for the
+    TARGET's arch (never the arch meta.json claims). Nothing is written: (meta, binary name, binary), or
+    ArtifactError saying why in one line (the caller names where the files came from)."""
     try:
         for name in files:
             plain_name(name)
         meta = json.loads(files[META])
-        if not isinstance(meta, dict) or meta.get("key") != key or set(files) != {META, meta.get("binary")}:
-            raise ArtifactError("its meta.json is for another key or names other files")
-        verify(meta, files[meta["binary"]], directory)
-    except (ValueError, KeyError, TypeError) as e:   # ArtifactError is a ValueError
-        raise ArtifactError(str(e)) from None
-    write(directory, meta["binary"], files[meta["binary"]], meta)
+        check_bound(target, meta)
+        binary_name = meta.get("binary")
+        if set(files) != {META, binary_name}:
+            raise ArtifactError(f"it holds {_brief(sorted(files))}, not exactly {META} and the binary it names "
+                                f"({_brief(binary_name)})")
+        if _unsealed(meta):
+            raise ArtifactError("its meta.json's seal does not match its fields")
+        binary = files[binary_name]
+        schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise ArtifactError(f"its binary is refused: {e}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
+        raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
+    meta.pop("seal", None)   # write() seals it again
+    return meta, binary_name, binary
+
+
+def install(target, files: dict[str, bytes]) -> None:
+    """Put an artifact received as files (untrusted) in place for `target`: accept() checks everything in memory
+    first, then it is written as a build writes it (binary, then meta.json, each by rename). A refused one
+    writes nothing."""
+    meta, binary_name, binary = accept(target, files)
+    write(Path(target.out_dir), binary_name, binary, meta)
+
+
+def _brief(value, limit: int = 80) -> str:
+    """A value from an untrusted meta.json, for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def remove(out: str, directory: str) -> None:

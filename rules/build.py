@@ -10,6 +10,7 @@ from doit.exceptions import TaskFailed
 
 from kforge import artifact, remote_cache
 from kforge.compile_core import CompileResult, compile_here, compile_into
+from kforge.out_dir import OutsideOut
 from kforge.target import Target
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -20,6 +21,13 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     """doit python-action: the result's values on success, TaskFailed on failure. With a remote cache, a
     verified hit replaces the compile (the compiler is not even imported for it), and a fresh build is
     uploaded. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
+    try:
+        return _compile_target(target, root, timeout, cache_cfg, executor)
+    except (OSError, OutsideOut) as e:   # out/ unwritable (a full disk, a link out of out/): one line, the run goes on
+        return _fail(target, f"cannot write in out/: {e}; free space (or fix out/) and run again")
+
+
+def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None):
     start, began = time.monotonic(), time.time()
     cache = remote_cache.cache_for(cache_cfg)
     spans: list[tuple] = []
@@ -54,5 +62,8 @@ def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
                f"  error: {error}\n  retry alone: doit {target.name}")
     kept = f"{message}\n\nTraceback in the compiler's process:\n{traceback}" if traceback else message
-    artifact.write_error(Path(target.out_dir), target.key, kept)
+    try:
+        artifact.write_error(Path(target.out_dir), target.key, kept)
+    except OSError:   # a full disk: the failure is still reported (and in build-report.json when space allows)
+        pass
     return TaskFailed(message)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import kforge_runtime
 from kforge import keys, stamps
-from kforge.files import atomic_write
+from kforge.files import write_inside
 from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
@@ -85,8 +85,7 @@ class Catalog:
     def save(self) -> None:
         """Keep a catalog loaded from the specs for the next run (called at the end of a run)."""
         if self._fresh is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(self._fresh, separators=(",", ":")).encode())
+            write_inside(Layout(self.root).out, self.path, json.dumps(self._fresh, separators=(",", ":")).encode())
             self._fresh = None
 
     def _read_saved(self) -> dict | None:

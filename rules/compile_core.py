@@ -14,12 +14,11 @@ import functools
 import importlib
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge import artifact, isolate
+from kforge import artifact, isolate, scratch
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
 from kforge.target import Target
@@ -109,13 +108,12 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    scratch_root = Layout.around(target.out).scratch
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=f"{target.arch}-{target.kernel}-", dir=scratch_root)
+    scratch_dir = scratch.folder(Path(target.out), f"{target.arch}-{target.kernel}")   # log and temp files
     try:
-        return _server_for(target, backend, root, import_in_server).call((target, scratch), timeout)
+        return _server_for(target, backend, root, import_in_server).call((target, scratch_dir), timeout,
+                                                                         log_dir=scratch_dir)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch_dir, ignore_errors=True)
 
 
 def compile_into(target: Target, private_root: Path, root: str, timeout: float) -> isolate.Outcome:
@@ -127,9 +125,10 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 def lower_and_write(backend, request: tuple) -> Written:
     """In the compile server, once per target."""
-    target, scratch = request
+    target, scratch_dir = request
     start = time.time()
-    lowered = backend.lower(target, scratch)
+    with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
+        lowered = backend.lower(target, scratch_dir)
     lowered_at = time.time()
     written = check_and_write(target, lowered)
     return dataclasses.replace(written, spans=(("compile", start, lowered_at), ("write", lowered_at, time.time())))

@@ -45,7 +45,7 @@ def compile_remote(target, root: str, timeout: float, executor: str, compile_int
     if not ok:
         return isolate.Outcome(False, seconds, error=result)
     try:
-        artifact.install(Path(target.out_dir), files, target.key)   # the checks a local artifact passed
+        artifact.install(target, files)   # bound to this target; the checks a local artifact passed
     except artifact.ArtifactError as e:
         return isolate.Outcome(False, seconds, error=f"the artifact from the Dask cluster is bad: {e}")
     return isolate.Outcome(True, seconds, result=result)

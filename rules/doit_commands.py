@@ -9,6 +9,7 @@ from pathlib import Path
 from doit.cmd_base import DoitCmdBase
 from doit.cmd_clean import Clean as DoitClean
 from doit.cmd_forget import Forget as DoitForget
+from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
 from kforge import artifact, out_dir, report, settings
@@ -36,7 +37,10 @@ class Forget(DoitForget):
         for name in tasks if forget_all else forgotten:
             target = compile_target_of(tasks[name]) if name in tasks else None
             if target is not None and os.path.exists(target.meta_path):
-                os.unlink(target.meta_path)
+                try:
+                    out_dir.remove_file(Path(target.out), Path(target.meta_path))
+                except out_dir.OutsideOut as e:
+                    self.outstream.write(f"kforge: refused: {e}\n")
         return result
 
 
@@ -111,8 +115,11 @@ class Clean(DoitClean):
             target = compile_target_of(task)
             if target is None:
                 if task.clean_actions:
-                    others += 1
-                    task.clean(io.StringIO(), dryrun)   # package: its wheel and manifest (rules/package.py)
+                    try:
+                        _clean(task, dryrun)   # package: its wheel and manifest (rules/package.py)
+                        others += 1
+                    except out_dir.OutsideOut as e:   # out/dist or out/tune is a link out of out/
+                        refused.append(str(e))
             elif dryrun:
                 removed += Path(target.out_dir).exists()
             else:
@@ -126,8 +133,18 @@ class Clean(DoitClean):
         verb = "would remove" if dryrun else "removed"
         extra = f" and cleaned {report.plural(others, 'other task')}" if others else ""
         self.outstream.write(f"kforge: {verb} {report.plural(removed, 'artifact')} from out/{extra}\n")
-        for message in refused:
+        for message in dict.fromkeys(refused):   # each once: every arch's package task meets the same link
             self.outstream.write(f"kforge: refused: {message}\n")
+
+
+def _clean(task, dryrun: bool) -> None:
+    """Run a task's clean actions. kforge's own are Python calls, run here so that a refusal (OutsideOut) reaches
+    the summary as one line (doit's Task.clean prints an action's exception as a traceback); others as doit does."""
+    if not all(isinstance(a, PythonAction) for a in task.clean_actions):
+        task.clean(io.StringIO(), dryrun)
+    elif not dryrun:
+        for action in task.clean_actions:
+            action.py_callable(*action.args, **action.kwargs)
 
 
 class Prune(DoitCmdBase):

@@ -7,7 +7,8 @@ by config() from dodo.py. Each patch of doit's internals says why in one line.
   - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
   - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current;
   - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
-  - doit's sqlite3 dependency file read in one query, not one per task (_read_dependency_file_at_once).
+  - doit's sqlite3 dependency file read in one query, not one per task (_read_dependency_file_at_once);
+  - doit's state not saved (a full disk) is one line, not a traceback that skips the summary (_save_state_when_space_allows).
 The commands forget/info/clean/prune are doit plugins declared in pyproject.toml (doit_commands.py).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from doit.control import ExecNode
 from doit.dependency import DatabaseException, SqliteDB
 
-from kforge import artifact, cpus, doit_runner, keys, out_dir, report, settings
+from kforge import artifact, cpus, doit_runner, keys, out_dir, report, scratch, settings
 from kforge.layout import Layout
 
 
@@ -51,6 +52,7 @@ def config(root: Path, catalog) -> dict:
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
     # directory created outside an action.
     layout.out.mkdir(exist_ok=True)
+    scratch.start(layout.out)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
@@ -62,6 +64,7 @@ def config(root: Path, catalog) -> dict:
     _interrupt_without_traceback()
     _run_after_failed_deps()
     _read_dependency_file_at_once()
+    _save_state_when_space_allows()
     max_workers, cap_reason = _compile_cap()
     doit_runner.install(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
     return {
@@ -155,6 +158,29 @@ def _read_dependency_file_at_once() -> None:
     _get_task_data.kforge = True
     SqliteDB.__init__, SqliteDB._get_task_data = __init__, _get_task_data
     SqliteDB.remove, SqliteDB.remove_all = remove, remove_all
+
+
+def _save_state_when_space_allows() -> None:
+    """doit writes its sqlite3 file once, at the end of a run, before the reporter's summary: on a full disk
+    sqlite3's "database or disk is full" was a traceback, exit code 3, no summary and no build-report.json.
+    SqliteDB.dump is wrapped: a failed write is one line and the run ends as usual. sqlite3 rolls the
+    transaction back, so the file stays as the last run left it; nothing built is lost (keys live in meta.json)."""
+    if getattr(SqliteDB.dump, "kforge", False):
+        return
+    doit_dump = SqliteDB.dump
+
+    def dump(self):
+        try:
+            doit_dump(self)
+        except (sqlite3.Error, OSError) as e:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            sys.stderr.write(f"kforge: {self.name}: doit's state was not saved ({str(e).splitlines()[0]}); nothing "
+                             f"built is lost: the next run checks every target by its meta.json\n")
+    dump.kforge = True
+    SqliteDB.dump = dump
 
 
 def _sigterm_as_interrupt() -> None:

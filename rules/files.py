@@ -10,6 +10,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+from kforge.out_dir import guard
+
 
 @contextlib.contextmanager
 def replacing(path: Path):
@@ -32,6 +34,13 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             f.write(data)
         if mode is not None:
             os.chmod(tmp, mode)
+
+
+def write_inside(out: Path, path: Path, data: bytes, mode: int | None = None) -> None:
+    """atomic_write of one of kforge's files under out/, its directory created: never through a link that
+    leads outside out/ (out_dir.guard, OutsideOut)."""
+    guard(out, path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, data, mode)
 
 
 def atomic_symlink(path: Path, target: Path) -> None:
@@ -61,7 +70,6 @@ class JsonState:
         self.changed = False
 
     def save(self) -> None:
-        if self.changed:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(self.entries, separators=(",", ":")).encode())
+        if self.changed:   # out/.kforge/<file>: out/ is two levels up
+            write_inside(self.path.parents[1], self.path, json.dumps(self.entries, separators=(",", ":")).encode())
             self.changed = False

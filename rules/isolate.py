@@ -55,9 +55,10 @@ class Server:
         self.conn = None
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
 
-    def call(self, request: Any, timeout: float) -> Outcome:
+    def call(self, request: Any, timeout: float, log_dir: str | None = None) -> Outcome:
+        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/scratch.py)."""
         self._ensure_alive()
-        with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log") as log:
+        with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log", dir=log_dir) as log:
             start = time.monotonic()
             try:
                 self.conn.send((log.name, request))

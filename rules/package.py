@@ -16,9 +16,9 @@ from doit.exceptions import TaskFailed
 
 import kforge_runtime
 
-from kforge import artifact, stamps
+from kforge import artifact, out_dir, stamps
 from kforge.archs import ARCHS
-from kforge.files import atomic_write
+from kforge.files import write_inside
 from kforge.layout import Layout
 from kforge.target import Target
 from kforge.wheel import write_wheel
@@ -49,34 +49,40 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
         return TaskFailed(str(e))
     # stamped before reading: a change while packaging re-packages next time
     stamp = _stamp(arch, targets, root_path, tuned=tuned)
-    manifest = make_manifest(arch, targets, root_path, tuned)
+    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
+    manifest = make_manifest(arch, targets, root_path, tuned, built)
     data = manifest_bytes(manifest)
     try:
         version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
     except ValueError as e:
         return TaskFailed(str(e))
     dist = layout.dist
-    dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / wheel_name(dist_name(arch), version)
+    try:
+        out_dir.guard(layout.out, wheel)   # out/dist, its wheels and manifests: never through a link out of out/
+        out_dir.guard(layout.out, layout.package_stamp(arch))
+    except out_dir.OutsideOut as e:
+        return TaskFailed(f"package:{arch}: {e}")
+    dist.mkdir(parents=True, exist_ok=True)
     files = runtime_files(arch)
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
-    by_name = {t.name: t for t in targets}
-    for entry in manifest["artifacts"]:
+    for t, entry in zip(built, manifest["artifacts"]):
         try:
-            _, binary = artifact.load(Path(by_name[entry["target"]].out_dir))   # sha256 + ELF checked again
-        except artifact.ArtifactError as e:   # changed on disk since its compile task ran
-            return TaskFailed(f"package:{arch}: {entry['target']}: {e}")
+            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
+            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+        except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
+            return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
+                              f"`doit forget {t.name} && doit {t.name}`")
         files[f"{dist_name(arch)}/{entry['binary']}"] = binary
     if not wheel.exists():
         write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
     for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
         if stale != wheel:
             stale.unlink()
-    atomic_write(layout.manifest_copy(arch), data)
-    layout.package_stamp(arch).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    write_inside(layout.out, layout.manifest_copy(arch), data)
+    write_inside(layout.out, layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 
@@ -122,15 +128,19 @@ def _content(path: Path) -> bytes:
         return b"-"
 
 
-def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = ()) -> dict:
+def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = (),
+                  built: list[Target] | None = None) -> dict:
     """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
     key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
-    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads."""
+    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects the
+    targets of the artifacts listed, in the manifest's order."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)
         if meta is not None:
-            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta['binary']}"
+            if built is not None:
+                built.append(t)
+            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta.get('binary')}"
             meta["options"] = dict(t.options)
             artifacts.append(meta)
         else:
@@ -172,10 +182,11 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 
 def remove(arch: str, root: str) -> None:
-    """`doit clean package`."""
+    """`doit clean package` (OutsideOut when out/dist leads outside out/: nothing is deleted there)."""
     layout = Layout.of(root)
+    out_dir.guard(layout.out, layout.manifest_copy(arch))   # before the glob: it would list the link's target
     for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), layout.manifest_copy(arch)]:
-        f.unlink(missing_ok=True)
+        out_dir.remove_file(layout.out, f)
 
 
 def runtime_files(arch: str) -> dict[str, bytes]:

@@ -35,8 +35,11 @@ def compile_tasks(root: Path, catalog: Catalog):
     timeout, executor, url = option("timeout"), option("executor"), option("cache")
     cache = None
     if url:
-        from kforge.remote_cache import CacheConfig   # http.client and hmac: only where a cache is used
-        cache = CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"))
+        from kforge import remote_cache   # http.client and hmac: only where a cache is used
+        from kforge.remote_cache import CacheConfig
+        cache = CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"),
+                            option("cache_budget"))
+        remote_cache.share_budget()   # here, in doit's master: every worker it forks counts against one budget
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
     for family in catalog.families:
         yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,

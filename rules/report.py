@@ -9,7 +9,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from kforge.files import atomic_write
+from kforge.files import write_inside
 from kforge.doit_runner import tasks_to_run
 from kforge.trace import Trace
 
@@ -17,6 +17,7 @@ ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py
+CACHE_OFF = "remote cache "   # how rules/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
 
 
@@ -144,30 +145,43 @@ class BuildReporter(ConsoleReporter):
             extra = len(self.warnings) - 1
             more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
             summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
+            # and a cache switched off for the rest of the run, whatever came first: it is what made the run slow
+            summary += [f"kforge: warning: {w}" for w in self.warnings[1:] if w.startswith(CACHE_OFF)]
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
             summary.append(f"kforge: {report_orphans(orphans)}")
         packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
         failed = counts["failed"] + packages_failed
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
-        summary.append(f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
-                       f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
-        self.write("\n" + "\n".join(summary) + "\n")
-        for state in (self.key_index, *self.saved_at_end):
-            if state is not None:
-                state.save()
-        self._save({"wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
-                    "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records})
+        last = (f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
+                f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
+        # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
+        states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
+        unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]
+        unsaved.append(_saving(self._save, Path(self.report_path), {
+            "wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
+            "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records}))
         if self.trace.slices:   # a run that ran nothing keeps the last build's timeline
-            self.trace.write(Path(self.report_path).with_name("build-trace.json"))
+            trace = Path(self.report_path).with_name("build-trace.json")
+            unsaved.append(_saving(self.trace.write, trace, trace))
+        summary += [line for line in unsaved if line]
+        self.write("\n" + "\n".join([*summary, last]) + "\n")
 
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # one task per line: readable, and json's fast C encoder (indent= falls back to pure Python)
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
-        atomic_write(path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())
+        write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+def _saving(save, path, *args) -> str | None:
+    """save(*args); None when it worked, else one line naming the file (a full disk, an unwritable out/)."""
+    try:
+        save(*args)
+        return None
+    except (OSError, ValueError) as e:   # ValueError: out_dir.OutsideOut, a link leading out of out/
+        return f"kforge: could not write {path} ({e}); nothing built is lost: free space and run again"
 
 
 def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:

@@ -98,6 +98,8 @@ SETTINGS = {s.name: s for s in (
     Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
     Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
     Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
+    Setting("cache_budget", "KFORGE_CACHE_BUDGET", _seconds, lambda: 300.0,
+            "seconds a run may wait on the remote cache in all, then it is off for the rest of the run"),
     Setting("cache_key", "KFORGE_CACHE_KEY", _key, lambda: None,
             "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),

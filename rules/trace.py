@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kforge.files import atomic_write
+from kforge.files import write_inside
 
 
 class Trace:
@@ -53,6 +53,5 @@ class Trace:
                  for row, tid in self.rows.items()]
         process = {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "kforge build"}}
         events = [process, *names, *sorted(self.slices, key=lambda e: (e["tid"], e["ts"]))]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
-                                      separators=(",", ":")).encode())
+        write_inside(path.parent, path,   # out/build-trace.json
+                     json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")).encode())

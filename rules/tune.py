@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import kforge_runtime
-from kforge import artifact, stamps
+from kforge import artifact, out_dir, stamps
 from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.target import Target
@@ -140,6 +140,6 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
 
 def remove(kernel: str, arch: str, root: str) -> None:
     """`doit clean tune`."""
-    table = table_path(Path(root), arch, kernel)
-    table.unlink(missing_ok=True)
-    table.with_name(f".{table.name}.partial").unlink(missing_ok=True)   # a stopped run's rankings (tune_gpu.py)
+    table, out = table_path(Path(root), arch, kernel), Layout.of(root).out
+    out_dir.remove_file(out, table)
+    out_dir.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (tune_gpu.py)

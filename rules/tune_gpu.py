@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from kforge import artifact, sources
-from kforge.files import atomic_write
+from kforge.files import write_inside
+from kforge.out_dir import OutsideOut, guard, remove_file
 from kforge.layout import Layout
 from kforge_runtime.device import identity
 from kforge_runtime.launch import TORCH_DTYPES, Kernel
@@ -223,8 +224,7 @@ def load_progress(path: Path, key: str) -> dict[str, dict]:
 
 
 def save_progress(path: Path, key: str, shapes: dict[str, dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"key": key, "shapes": shapes}).encode())
+    write_inside(path.parents[2], path, json.dumps({"key": key, "shapes": shapes}).encode())   # out/tune/<arch>/
 
 
 def shape_id(shape: dict, where: dict) -> str:
@@ -272,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         groups.setdefault(tuple((v, k.entry["config"][v]) for v in spec.type_vars), []).append(k)
     device = torch.device("cuda", torch.cuda.current_device())
     shapes = []
-    out = root / args.out
+    out, out_root = root / args.out, Layout(root).out
+    try:
+        guard(out_root, out)   # before the hours of timing: out/tune must not lead outside out/
+        guard(out_root, Layout(root).tune / ".gpu.lock")
+    except OutsideOut as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        return 2
     progress = progress_path(out)
     done = load_progress(progress, args.key)
     if done:
@@ -305,17 +311,17 @@ def main(argv: list[str] | None = None) -> int:
                         "rotation": f"inputs rotated over >= {ROTATE_BYTES_OVER_L2}x L2"},
              "seconds": round(time.perf_counter() - started, 1), "shapes": shapes}
     lock.close()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
-    progress.unlink(missing_ok=True)
+    write_inside(out_root, out, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode())
+    remove_file(out_root, progress)
     return 0
 
 
 def _hold_gpu(directory: Path, index: int):
     """An exclusive lock per GPU, held while measuring: `doit -n N tune` or a second `doit tune` waits its turn
     instead of timing kernels that share the GPU. Released when the returned file is closed (or we exit)."""
+    lock = guard(directory.parent, directory / f".gpu{index}.lock")   # directory: out/tune
     directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / f".gpu{index}.lock", "w")
+    handle = open(lock, "w")
     fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 

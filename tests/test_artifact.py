@@ -1,6 +1,7 @@
 """Artifacts: sha256 and ELF verified on load; meta.json is written last, so a kill never leaves a 'built' half."""
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,14 @@ def art(built, tmp_path):
     d = tmp_path / "sm_90a" / "scale" / "fp16-b256-w4"
     shutil.copytree(built / "out" / "sm_90a" / "scale" / "fp16-b256-w4", d)
     return d
+
+
+def target_at(directory, meta):
+    """The Target fields an incoming artifact is checked against (rules/target.py), for the target `meta` names,
+    with its artifact directory at `directory`."""
+    return SimpleNamespace(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
+                           arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()),
+                           out=str(directory.parents[2]), out_dir=str(directory))
 
 
 def test_meta_has_what_a_loader_needs(art):
@@ -120,7 +129,7 @@ def test_an_artifact_from_outside_naming_a_path_writes_nothing(art, tmp_path, na
     target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
     before = set(tmp_path.rglob("*"))
     with pytest.raises(artifact.ArtifactError, match="not a plain file name"):
-        artifact.install(target, files, meta["key"])
+        artifact.install(target_at(target, meta), files)
     assert set(tmp_path.rglob("*")) == before and not target.exists()
     assert not __import__("os").path.exists("/tmp/kforge-absolute-escape.cubin")
 
@@ -133,9 +142,9 @@ def test_a_bad_artifact_from_outside_is_checked_before_anything_is_written(art, 
     files[meta["binary"]] = bytes(damaged)
     target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
     with pytest.raises(artifact.ArtifactError, match="sha256"):
-        artifact.install(target, files, meta["key"])
+        artifact.install(target_at(target, meta), files)
     assert not target.exists()
-    artifact.install(target, artifact.files_of(art), meta["key"])   # the genuine one installs
+    artifact.install(target_at(target, meta), artifact.files_of(art))   # the genuine one installs
     assert artifact.load(target)[0]["key"] == meta["key"]
 
 
@@ -162,8 +171,8 @@ def test_a_link_under_out_never_carries_a_write_outside_it(art, tmp_path):
     target = out / "sm_90a" / "scale" / "fp16-b256-w4"
     files = artifact.files_of(art)
     meta = json.loads(files[artifact.META])
-    with pytest.raises(artifact.ArtifactError, match="leads outside out/ through a symbolic link"):
-        artifact.install(target, files, meta["key"])
+    with pytest.raises(artifact.ArtifactError, match=r"out/sm_90a/scale \(a symbolic link\) leads outside out/"):
+        artifact.install(target_at(target, meta), files)
     artifact.write_error(target, meta["key"], "boom")
     assert list(elsewhere.iterdir()) == []
 
@@ -176,3 +185,57 @@ def test_a_directory_where_meta_json_belongs_is_replaced_by_the_build(art):
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
     artifact.write(art, meta["binary"], binary, meta)
     assert artifact.load(art)[0]["key"] == meta["key"]
+
+
+# An artifact from outside (a remote cache entry, a Dask worker's result) is bound to the target it is for.
+
+def other_arch(built, tmp_path, arch="gfx950", real="gfx942"):
+    """(the `arch` target, the `real` target's genuine files with meta.json's key set to the `arch` target's and
+    its seal recomputed): what a cache entry served for the `arch` target holding another arch's build looks like."""
+    real_dir = built / "out" / real / "scale" / "fp16-b256-w4"
+    wanted = json.loads((built / "out" / arch / "scale" / "fp16-b256-w4" / "meta.json").read_text())
+    target = target_at(tmp_path / "out" / arch / "scale" / "fp16-b256-w4", wanted)
+    files = artifact.files_of(real_dir)
+    meta = json.loads(files[artifact.META])
+    meta["key"] = target.key
+    meta["seal"] = artifact.seal(meta)
+    files[artifact.META] = json.dumps(meta).encode()
+    return target, files, meta
+
+
+def test_another_archs_build_under_this_targets_key_is_refused_and_writes_nothing(built, tmp_path):
+    target, files, _ = other_arch(built, tmp_path)
+    with pytest.raises(artifact.ArtifactError, match="says target 'scale:fp16-b256-w4@gfx942', the target's is "
+                                                     "'scale:fp16-b256-w4@gfx950'"):
+        artifact.install(target, files)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arch, real, expected", [("gfx950", "gfx942", "gfx942, expected gfx950"),
+                                                    ("sm_90a", "gfx942", "gfx942, expected sm_90a")])
+def test_a_meta_json_rewritten_for_the_target_still_fails_the_elf_check_for_the_targets_arch(built, tmp_path,
+                                                                                          arch, real, expected):
+    """meta.json's target and arch rewritten too: the binary is checked for the TARGET's arch, and the refusal
+    names what is wrong with the binary, not a file in out/ that was never written."""
+    target, files, meta = other_arch(built, tmp_path, arch, real)
+    for field in ("target", "arch"):
+        meta[field] = getattr(target, "name" if field == "target" else field)
+    meta["seal"] = artifact.seal(meta)
+    files[artifact.META] = json.dumps(meta).encode()
+    with pytest.raises(artifact.ArtifactError) as refused:
+        artifact.install(target, files)
+    assert str(refused.value).startswith("its binary is refused: ") and expected in str(refused.value)
+    assert "out/" not in str(refused.value) and "doit forget" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field, value", [("kernel", "other"), ("config_id", "bf16-b256-w4"),
+                                          ("config", {"dtype": "bf16", "BLOCK": 256, "num_warps": 4})])
+def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, field, value):
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4", meta)
+    files[artifact.META] = json.dumps({**meta, field: value, "seal": artifact.seal({**meta, field: value})}).encode()
+    with pytest.raises(artifact.ArtifactError, match=field):
+        artifact.install(target, files)
+    assert artifact.accept(target, artifact.files_of(art))[0]["target"] == meta["target"]   # the genuine one is

@@ -241,6 +241,7 @@ def test_interrupted_build_keeps_finished_targets(tmp_path, sig):
     assert "kforge: interrupted. Every task finished so far is kept" in output and "Traceback" not in output
     finished = {p.parent.name for p in metas.glob("*/meta.json")}
     assert 3 <= len(finished) < len(blocks)
+    assert list((root / "out" / ".kforge" / "tmp").iterdir()) == []   # the compiles in flight left no scratch
     for d in metas.iterdir():   # whatever counts as built is whole and valid
         if (d / "meta.json").exists():
             artifact.load(d)
@@ -377,3 +378,56 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     reporter.add_failure(task, failed)
     reporter.complete_run()
     assert out.getvalue().rstrip().splitlines()[-1].startswith("kforge: built 0, up to date 0, failed 1 (1 package task)")
+
+
+# A full disk: simulated in the build's processes by a sitecustomize that fails every write into an artifact
+# directory with ENOSPC and doit's final sqlite3 commit with "database or disk is full".
+FULL_DISK = '''
+import builtins, errno, os, sqlite3
+from doit.dependency import SqliteDB
+
+_open = builtins.open
+
+
+def _open_full(file, mode="r", *args, **kwargs):
+    if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") and "/out/sm_90a/" in os.fspath(file):
+        raise OSError(errno.ENOSPC, "No space left on device", os.fspath(file))
+    return _open(file, mode, *args, **kwargs)
+
+
+def _dump_full(self):
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+builtins.open = _open_full
+SqliteDB.dump = _dump_full
+'''
+
+
+def test_a_full_disk_fails_each_target_in_one_line_and_ends_with_the_summary_and_report(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FULL_DISK)
+    proc = doit(root, "-n", "2", check=False, env={"PYTHONPATH": str(tmp_path / "site")})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in said, said   # as any run with a failed target
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("kforge: built 0, up to date 0, failed 2")
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and all("No space left on device" in line for line in progress), progress
+    assert "doit's state was not saved (database or disk is full)" in proc.stderr
+    assert statuses(root, "failed") == set(TWO)   # build-report.json, written once space allowed
+
+
+def test_scratch_files_stay_in_out_and_none_outlives_the_run(tmp_path):
+    """A kernel whose import leaves a temp file (as Triton's and ptxas's do when a compile is killed) leaves
+    nothing in the system's temp directory; what a killed run left in out/.kforge/tmp goes at the next start."""
+    leaves = kernel_text(imports="import tempfile\ntempfile.NamedTemporaryFile(suffix='.ptx', delete=False).close()")
+    root = make_project(tmp_path / "p", kernels={"scale": leaves})
+    left = root / "out" / ".kforge" / "tmp" / "999999999-sm_90a-scale-killed"   # no such pid
+    left.mkdir(parents=True)
+    (left / "tmpabc.ptx").write_text("from a run killed outright")
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    doit(root, "-n", "2", env={"TMPDIR": str(system_tmp)})
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    assert list(system_tmp.iterdir()) == [] and list((root / "out" / ".kforge" / "tmp").iterdir()) == []

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def fake_backend(monkeypatch, compiled):
         return compile_core.Lowered(binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.123456,
                                     fields={"seen_out": target.out, "seen_out_dir": target.out_dir,
                                             "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
+                                            "seen_tempdir": tempfile.gettempdir(),
+                                            "seen_TMPDIR": os.environ.get("TMPDIR"),
                                             "lowered_in": os.getpid()})
     fake.lower = lower
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
@@ -150,3 +153,15 @@ def test_a_backend_error_in_compile_into_fails_and_writes_no_artifact(compiled, 
     assert not outcome.ok and "out of registers" in outcome.error and outcome.result is None
     _, target, _ = compiled
     assert not Layout(private).artifact_dir(target.arch, target.kernel, target.config_id).exists()
+
+
+def test_the_compilers_temp_files_go_to_the_compiles_scratch_folder(compiled, fake_backend, tmp_path):
+    """Triton and ptxas write temp files (.ptx, .o, .log) where tempfile and TMPDIR say: the compile's own
+    scratch folder under out/.kforge/tmp, removed with it, never the system's temp directory."""
+    private = tmp_path / "worker"
+    into(compiled, private)
+    _, target, _ = compiled
+    meta = json.loads((Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
+                       / "meta.json").read_text())
+    assert meta["seen_tempdir"] == meta["seen_TMPDIR"] == meta["seen_scratch"]
+    assert list(Layout(private).scratch.iterdir()) == []

@@ -69,3 +69,35 @@ def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_doits_state_not_saved_on_a_full_disk_is_one_line_not_a_traceback(tmp_path, capsys):
+    """sqlite3's "database or disk is full" at the end of a run: one line, the file as the last run left it."""
+    import sqlite3
+    doit_edge._save_state_when_space_allows()
+    path = str(tmp_path / "deps.sqlite3")
+    db = SqliteDB(path, JSONCodec())
+    db.set("a", "_values_:", {"task": "a"})
+    db.dump()
+
+    class FullDisk:   # what sqlite3 does when the disk fills during the commit
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, *args):
+            return self.conn.execute(*args)
+
+        def commit(self):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        def close(self):
+            self.conn.close()
+    db = SqliteDB(path, JSONCodec())
+    db._conn = FullDisk(db._conn)
+    db.set("b", "_values_:", {"task": "b"})
+    db.dump()   # no exception
+    said = capsys.readouterr().err
+    assert said == (f"kforge: {path}: doit's state was not saved (database or disk is full); nothing built is "
+                    f"lost: the next run checks every target by its meta.json\n")
+    again = SqliteDB(path, JSONCodec())
+    assert again.get("a", "_values_:") == {"task": "a"} and again.get("b", "_values_:") is None

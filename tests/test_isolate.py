@@ -152,3 +152,17 @@ def test_a_child_that_grew_past_its_bound_is_replaced_after_the_call():
     assert all(o.ok for o in small + [big, after])
     assert small[0].result["pid"] == small[1].result["pid"] == big.result["pid"]
     assert after.result["pid"] != big.result["pid"] and server.started == 2
+
+
+def log_path(_):
+    return {"log": os.readlink("/proc/self/fd/2")}   # the child's stderr is the call's log
+
+
+def test_the_compile_log_is_kept_where_the_caller_says_and_removed_after_the_call(tmp_path):
+    server = isolate.Server(log_path)
+    try:
+        out = server.call(None, 30, log_dir=str(tmp_path))
+    finally:
+        server.close()
+    assert out.ok and os.path.dirname(out.result["log"]) == str(tmp_path), out
+    assert list(tmp_path.iterdir()) == []

@@ -225,3 +225,47 @@ def test_the_bundle_version_is_the_projects_public_version_or_0(tmp_path, pyproj
             package.project_version(tmp_path)
     else:
         assert package.project_version(tmp_path) == expected
+
+
+def test_a_foreign_meta_json_fails_the_package_task_in_one_line_naming_the_target(built, tmp_path):
+    """gfx942's meta.json and binary in gfx950's artifact directory, its key set to the gfx950 target's and its
+    seal recomputed (a poisoned out/ from an older kforge, or a hand copy): one line naming the target and the fix,
+    never a traceback."""
+    from kforge.project import load_catalog
+    root = tmp_path / "p"
+    shutil.copytree(built, root, symlinks=True)
+    real, planted = (root / "out" / arch / "scale" / "fp16-b256-w4" for arch in ("gfx942", "gfx950"))
+    key = json.loads((planted / "meta.json").read_text())["key"]
+    shutil.rmtree(planted)
+    shutil.copytree(real, planted)
+    meta = json.loads((planted / "meta.json").read_text())
+    meta["key"] = key
+    meta.pop("seal")
+    (planted / "meta.json").write_text(json.dumps(meta))
+    targets = [t for t in load_catalog(root).targets if t.arch == "gfx950"]
+    failed = package.build_bundle("gfx950", targets, str(root))
+    message = failed.message
+    assert len(message.strip().splitlines()) == 1, message
+    assert message.startswith("package:gfx950: scale:fp16-b256-w4@gfx950: ") and "says target" in message
+    assert "doit forget scale:fp16-b256-w4@gfx950" in message
+
+
+def test_out_dist_as_a_link_outside_out_is_refused_by_package_and_clean_in_one_line(built, tmp_path):
+    """out/dist pointing at a folder elsewhere: `doit package` writes nothing there and deletes no older wheel;
+    `doit clean package` deletes nothing there; each says so in one line."""
+    root = tmp_path / "p"
+    shutil.copytree(built, root, symlinks=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("kforge_kernels_sm_90a-0+000000000000.whl", "kforge_kernels_sm_90a.manifest.json"):
+        (elsewhere / name).write_text("someone else's")
+    shutil.rmtree(root / "out" / "dist")
+    (root / "out" / "dist").symlink_to(elsewhere)
+    before = sorted((p.name, p.read_text()) for p in elsewhere.iterdir())
+    clean = doit(root, "clean", "package")
+    assert f"kforge: refused: {root / 'out' / 'dist'} (a symbolic link) leads outside out/" in clean.stdout
+    assert "Traceback" not in clean.stdout + clean.stderr
+    packaged = doit(root, "package", "archs=sm_90a", check=False)
+    assert packaged.returncode != 0 and "Traceback" not in packaged.stdout + packaged.stderr
+    assert f"package:sm_90a: {root / 'out' / 'dist'} (a symbolic link) leads outside out/" in packaged.stdout
+    assert sorted((p.name, p.read_text()) for p in elsewhere.iterdir()) == before

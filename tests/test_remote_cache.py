@@ -9,15 +9,18 @@ import time
 
 import pytest
 
+from kforge import remote_cache
 from kforge.remote_cache import CacheConfig
 from tests.cache_server import NGINX, free_port, webdav_server
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
-pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
+needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    if NGINX is None:
+        pytest.skip("needs nginx (Debian's nginx-light; .ci/run installs it)")
     with webdav_server(tmp_path_factory.mktemp("nginx")) as cache_server:
         yield cache_server
 
@@ -69,6 +72,7 @@ def test_a_corrupt_entry_is_rejected_and_rebuilt(server, tmp_path):
     assert binaries(second) == binaries(first)
 
 
+@needs_nginx   # no server needed, but it builds: kept with the builds against nginx that CI runs
 def test_a_server_that_is_down_or_never_answers_only_warns(tmp_path, monkeypatch):
     down = project(tmp_path, "down", factor="7")
     out = doit(down, f"cache=http://127.0.0.1:{free_port()}")
@@ -96,6 +100,7 @@ def test_read_only_mode_never_uploads(server, tmp_path):
     assert (set((store / "ac").iterdir()) if (store / "ac").exists() else set()) == before
 
 
+@needs_nginx
 def test_a_cache_that_is_not_an_http_url_is_a_clear_error(tmp_path):
     root = project(tmp_path, "bad")
     out = doit(root, "cache=ftp://example.org/x", check=False)
@@ -127,6 +132,7 @@ def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_an
     assert not new, sorted(map(str, new))
 
 
+@needs_nginx
 def test_a_server_that_trickles_bytes_is_cut_off_at_the_deadline(tmp_path, monkeypatch):
     """A byte every 0.2 s keeps each read under any per-read timeout; the whole request still ends at
     cache_timeout, and the build compiles locally."""
@@ -251,6 +257,7 @@ def test_a_signed_reader_refuses_an_entry_whose_tag_is_wrong_or_missing_before_f
     assert_secret_nowhere(second, out)
 
 
+@needs_nginx
 def test_the_cache_config_never_shows_its_key():
     cfg = CacheConfig("http://127.0.0.1:9", False, 10.0, SECRET)
     assert SECRET not in repr(cfg) and SECRET not in str(cfg)
@@ -283,3 +290,140 @@ def test_an_unsigned_entry_listing_more_files_than_an_artifact_has_is_refused_be
     assert f"cache entry for {FP16} rejected (it does not list exactly two files" in out.stdout
     assert build_report(second) == {FP16: "built"}
     assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
+
+
+# Requests answered in memory (no server): what an entry holds, and what the cache makes of it.
+
+def served(monkeypatch, answers: dict[str, bytes]):
+    """The cache's requests answered from `answers` (path -> body; 404 for the rest); returns the paths asked."""
+    asked = []
+
+    def request(cfg, method, path, data=None, **_):
+        asked.append(f"{method} {path}")
+        return (200, answers[path]) if method == "GET" and path in answers else (404 if method == "GET" else 201, b"")
+    monkeypatch.setattr(remote_cache, "_request", request)
+    return asked
+
+
+def entry_serving(files: dict[str, bytes]) -> tuple[bytes, dict[str, bytes]]:
+    """An unsigned /ac/ entry listing `files`, and the /cas/ blobs it names."""
+    blobs = {f"/cas/{hashlib.sha256(data).hexdigest()}": data for data in files.values()}
+    listed = [{"name": name, "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()]
+    return json.dumps({"format": "kforge-ac-1", "files": listed}).encode(), blobs
+
+
+def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_file(built, tmp_path, monkeypatch):
+    """gfx942's genuine meta.json and binary served for the gfx950 target, meta.json's key, target and arch
+    rewritten and its seal recomputed: a miss (the target compiles here), nothing written, and the warning names
+    the cache entry, not a file in out/."""
+    from types import SimpleNamespace
+    from kforge import artifact
+    wanted = json.loads((built / "out/gfx950/scale/fp16-b256-w4/meta.json").read_text())
+    files = artifact.files_of(built / "out/gfx942/scale/fp16-b256-w4")
+    meta = {**json.loads(files["meta.json"]), "key": wanted["key"], "target": wanted["target"], "arch": "gfx950"}
+    files["meta.json"] = json.dumps({**meta, "seal": artifact.seal(meta)}).encode()
+    entry, blobs = entry_serving(files)
+    served(monkeypatch, {f"/ac/{wanted['key']}": entry, **blobs})
+    out_dir = tmp_path / "out/gfx950/scale/fp16-b256-w4"
+    target = SimpleNamespace(name=wanted["target"], kernel="scale", config_id="fp16-b256-w4", arch="gfx950",
+                             key=wanted["key"], config=tuple(wanted["config"].items()), out=str(tmp_path / "out"),
+                             out_dir=str(out_dir))
+    cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
+    assert cache.fetch(target) is False and not out_dir.exists()
+    [warning] = cache.drain_warnings()
+    assert warning.startswith(f"cache entry http://cache.example:8080/ac/{wanted['key']} for {wanted['target']} "
+                              f"rejected (its binary is refused: the binary is for gfx942, expected gfx950)")
+    assert "meta.json" not in warning and "doit forget" not in warning
+
+
+def fake_target(tmp_path, i: int):
+    from types import SimpleNamespace
+    out_dir = tmp_path / "out" / "sm_90a" / "scale" / f"c{i}"
+    return SimpleNamespace(name=f"scale:c{i}@sm_90a", key=f"{i:064x}", out=str(tmp_path / "out"), out_dir=str(out_dir))
+
+
+def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_once(tmp_path, monkeypatch):
+    """Every answer just under cache_timeout: the run waits no more than cache_budget in all (then no request
+    at all), with one warning naming the server and the time lost."""
+    asked = []
+
+    def slow(cfg, method, path, data=None, **_):
+        asked.append(path)
+        time.sleep(0.15)
+        return 404, b""
+    monkeypatch.setattr(remote_cache, "_request", slow)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", budget=0.25))
+    assert [cache.fetch(fake_target(tmp_path, i)) for i in range(5)] == [False] * 5
+    assert len(asked) == 2
+    [warning] = cache.drain_warnings()
+    assert warning.startswith("remote cache http://slow.example:8080 switched off for the rest of this run: 0.3 s "
+                              "lost waiting on it, past cache_budget=0.25 s")
+
+
+def test_the_budget_is_one_for_the_whole_run_across_forked_workers(monkeypatch):
+    import os
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    remote_cache.share_budget()   # doit's master, before it forks its workers
+    cfg = CacheConfig("http://slow.example:8080", budget=1.0)
+    pid = os.fork()
+    if pid == 0:   # a worker that spends the budget
+        remote_cache.RemoteCache(cfg)._spend(1.5)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    other = remote_cache.RemoteCache(cfg)   # another worker: off, without a warning of its own
+    assert other._off() and other.drain_warnings() == []
+
+
+@pytest.fixture
+def answering():
+    """A local HTTP server answering every GET with what the test sets: (status, headers, body chunks)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        answer = (200, {}, [b""])
+
+        def do_GET(self):
+            status, headers, chunks = Handler.answer
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            try:
+                for chunk in chunks:
+                    self.wfile.write(chunk)
+            except OSError:   # the client stopped reading
+                pass
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield Handler, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_answer_announced_over_its_limit_is_refused_before_it_is_read(answering):
+    handler, url = answering
+    handler.answer = (200, {"Content-Length": str(8 << 30)}, (b"\0" * (1 << 20) for _ in range(8 << 10)))
+    with pytest.raises(remote_cache.TooLarge, match="announced as 8589934592 bytes"):
+        remote_cache._request(CacheConfig(url, timeout=5), "GET", "/cas/" + "0" * 64, limit=1 << 20)
+
+
+def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_path):
+    """A padded /ac/ entry with no Content-Length (read until the server closes): refused at AC_LIMIT, a miss."""
+    import tracemalloc
+    handler, url = answering
+    entry = json.dumps({"format": "kforge-ac-1", "files": [], "pad": " " * (50 << 20)}).encode()
+    handler.answer = (200, {"Connection": "close"}, (entry[i:i + (1 << 16)] for i in range(0, len(entry), 1 << 16)))
+    cache = remote_cache.RemoteCache(CacheConfig(url, timeout=5))
+    tracemalloc.start()
+    try:
+        assert cache.fetch(fake_target(tmp_path, 1)) is False
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    [warning] = cache.drain_warnings()
+    assert f"/ac/{1:064x} is over the limit of 65536 bytes" in warning and peak < 4 << 20, (warning, peak)

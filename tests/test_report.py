@@ -215,3 +215,35 @@ def test_the_reporter_traces_what_ran(tmp_path):
     assert ("tune", "tune:k@sm_90a", "tune") in slices   # a task that is not a compile target: a row of its kind
     compile_slice = next(e for e in events if e["ph"] == "X" and e["cat"] == "compile")
     assert compile_slice["dur"] == 2_000_000 and compile_slice["args"]["family"] == "k"
+
+
+def test_a_full_disk_at_the_end_of_a_run_costs_one_line_per_file_and_the_summary_stays_last(tmp_path, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(report, "write_inside", full)
+    out = io.StringIO()
+    reporter = type("R", (report.BuildReporter,), {"report_path": str(tmp_path / "out" / "build-report.json")})(out, {})
+    task = types.SimpleNamespace(name="k:a@sm_90a", actions=[1], values={})
+    reporter.execute_task(task)
+    reporter.add_failure(task, TaskFailed(MESSAGE.format(name="k:a@sm_90a", error="OSError: [Errno 28] No space")))
+    reporter.complete_run()   # no exception
+    lines = out.getvalue().rstrip().splitlines()
+    assert lines[-1].startswith("kforge: built 0, up to date 0, failed 1")
+    assert lines[-2] == (f"kforge: could not write {tmp_path / 'out' / 'build-report.json'} ([Errno 28] No space left "
+                         f"on device); nothing built is lost: free space and run again")
+
+
+def test_a_cache_switched_off_for_the_run_is_repeated_in_the_summary_whatever_came_first(tmp_path):
+    out = io.StringIO()
+    reporter = type("R", (report.BuildReporter,), {"report_path": str(tmp_path / "r.json")})(out, {})
+    off = "remote cache http://c:8080 switched off for the rest of this run: 301.2 s lost waiting on it, ..."
+    for i, warning in enumerate(("cache entry http://c:8080/ac/k for k:a@sm_90a rejected (x)", off)):
+        task = types.SimpleNamespace(name=f"k:{i}@sm_90a", actions=[1], values={"cache_warnings": [warning]})
+        reporter.execute_task(task)
+        reporter.add_success(task)
+    reporter.complete_run()
+    summary = out.getvalue().rstrip().splitlines()[-3:]
+    assert summary[0].startswith("kforge: 2 warnings: cache entry http://c:8080/ac/k")
+    assert summary[1] == f"kforge: warning: {off}"

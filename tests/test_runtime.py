@@ -289,6 +289,49 @@ def test_a_zip_member_larger_than_the_limit_is_refused_unread(dist, tmp_path, mo
         bundle.binary(entry)
 
 
+def lying_zip(path, name: str, inflated: int, claimed: int) -> None:
+    """A zip whose member `name` inflates to `inflated` zero bytes while its headers claim `claimed`."""
+    import struct
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(name, b"\0" * inflated)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 22, claimed)   # the local header's uncompressed size
+    struct.pack_into("<I", data, data.rfind(b"PK\x01\x02") + 24, claimed)   # the central directory's
+    path.write_bytes(bytes(data))
+
+
+def test_a_member_inflating_past_what_its_headers_claim_is_read_no_further_than_the_claim(tmp_path):
+    """Headers claiming 12,000 bytes, 64 MiB inside: a few kB inflated, then its CRC fails (zipfile's whole-member
+    read inflated all of it first)."""
+    import time
+    import tracemalloc
+    bomb = tmp_path / "kforge_kernels_sm_90a-0-py3-none-any.whl"
+    lying_zip(bomb, "kforge_kernels_sm_90a/manifest.json", 64 << 20, 12_000)
+    tracemalloc.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(BundleError, match="cannot read manifest.json from the archive .*CRC"):
+            Bundle(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20 and time.monotonic() - began < 2, (peak, time.monotonic() - began)
+
+
+def test_a_message_listing_what_a_huge_bundle_has_names_a_few_and_counts_the_rest(dist, tmp_path):
+    bundle_dir = unpacked(dist, "sm_90a", tmp_path)
+    edit_manifest(bundle_dir, lambda m: m["artifacts"].extend({"kernel": f"k{i:06}"} for i in range(100_000)))
+    bundle = Bundle(bundle_dir)
+    with pytest.raises(NoMatchingKernel) as missing:
+        bundle.find("no_such_kernel")
+    assert len(str(missing.value)) < 600 and "and 99991 more" in str(missing.value), str(missing.value)[:600]
+    edit_manifest(bundle_dir, lambda m: m["artifacts"].extend(
+        {"kernel": "scale", "config_id": f"c{i:06}", "config": {}} for i in range(100_000)))
+    with pytest.raises(NoMatchingKernel) as unmatched:
+        Bundle(bundle_dir).find("scale", {"BLOCK": 3})
+    assert len(str(unmatched.value)) < 1000 and "more" in str(unmatched.value)
+
+
 _packages = itertools.count()
 
 

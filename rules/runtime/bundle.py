@@ -21,10 +21,11 @@ import zlib
 from pathlib import Path
 
 from . import schema
-from .schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ENTRY_FIELDS, MANIFEST
+from .schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ENTRY_FIELDS, MANIFEST, few
 
 MAX_JSON_BYTES = 64 << 20     # a manifest or tuning table (a real manifest is ~1 MB)
 MAX_BINARY_BYTES = 256 << 20  # one kernel binary
+CHUNK = 1 << 16               # inflated at a time from an archive member
 _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 # What zipfile raises on a damaged archive or member, besides BadZipFile: corrupt deflate data, a method
 # or encryption it does not read, a record that ends early or holds nonsense.
@@ -73,13 +74,13 @@ class Bundle:
         mine = [e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel]
         if not mine:
             kernels = sorted({_show(e.get("kernel"), quote=False) for e in self.artifacts if isinstance(e, dict)})
-            raise NoMatchingKernel(f"{self.path} ({self.arch}) has no kernel {kernel!r}; it has: {', '.join(kernels)}"
+            raise NoMatchingKernel(f"{self.path} ({self.arch}) has no kernel {kernel!r}; it has: {few(kernels)}"
                                    + self._failed_note(kernel))
         hits = [e for e in mine if matches(e, config)]
         if len(hits) == 1:
             self._check_entry(hits[0])
             return hits[0]
-        listing = "\n  ".join(_show(e.get("config_id"), quote=False) for e in mine)
+        listing = few((_show(e.get("config_id"), quote=False) for e in mine), sep="\n  ")
         what = "matches no" if not hits else f"matches {len(hits)}"
         raise NoMatchingKernel(f"{kernel} config {config!r} {what} artifact in {self.path} ({self.arch})"
                                + ("; give more config values" if hits else "")
@@ -161,11 +162,24 @@ class Bundle:
             info = self._zip.getinfo(self._prefix + relative)
         except KeyError:
             raise BundleError(f"{self.path}: {relative} is named in the manifest but not in the archive") from None
-        if info.file_size > limit:   # what zipfile will inflate, at most: a zip bomb is refused unread
+        if info.file_size > limit:   # a member that says it is too big is refused unread
             raise BundleError(f"{self.path}: {relative} is {info.file_size} bytes, over the loader's limit of "
                               f"{limit}; refused")
+        # Inflated a chunk at a time, never past the size its headers give (zipfile's read() of a whole member
+        # inflates the whole stream before it cuts it there: a member claiming 12 kB that inflates to 1 GiB
+        # took 2 GB and 5 s before its CRC failed); the CRC is then checked on what was read.
         try:
-            return self._zip.read(info)
+            chunks, size = [], 0
+            with self._zip.open(info) as member:
+                while chunk := member.read(CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise BundleError(f"{self.path}: {relative} inflates past the loader's limit of {limit} "
+                                          f"bytes; refused")
+                    chunks.append(chunk)
+            return b"".join(chunks)
+        except BundleError:
+            raise
         except _ZIP_ERRORS as e:
             raise BundleError(f"{self.path}: cannot read {relative} from the archive ({e}); reinstall or rebuild "
                               f"it") from None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .bundle import Bundle, BundleError, NoMatchingKernel, matches
 from .device import runnable_archs
-from .schema import arch_of_bundle_file
+from .schema import arch_of_bundle_file, few
 
 
 class Library:
@@ -77,7 +77,7 @@ class Library:
                 error = error or e
         if error is not None:
             raise error
-        have = ", ".join(f"{b.arch} ({b.path.name})" for b in self.bundles)
+        have = few(f"{b.arch} ({b.path.name})" for b in self.bundles)
         raise NoMatchingKernel(f"no bundle for {described}: it runs {', '.join(archs)}; the bundles are for {have}. "
                                f"Build and package that arch (`doit package archs={archs[0]}`), or pass "
                                f"jit_fallback=True to compile {kernel} with Triton at run time")

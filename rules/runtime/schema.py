@@ -31,6 +31,17 @@ ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, 
 _WHEEL = re.compile(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$")
 
 
+SHOWN = 10   # names an error message lists before counting the rest
+
+
+def few(names, shown: int = SHOWN, sep: str = ", ") -> str:
+    """Names for an error message: the first `shown`, the rest counted (a bundle of a million kernels must not
+    make a message of megabytes)."""
+    names = list(names)
+    more = f"{sep.rstrip()} and {len(names) - shown} more" if len(names) > shown else ""
+    return sep.join(map(str, names[:shown])) + more
+
+
 class BinaryRefused(ValueError):
     """A binary that is not the one its record describes, or not real code for its arch."""
 

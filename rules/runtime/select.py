@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 
+from .schema import few
+
 TABLE_FORMAT = "kforge-tune-1"
 
 
@@ -81,7 +83,7 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
         pick = _best_across(tied, shape, entries)
         if pick is not None:
             config_id, slowdown = pick
-            return config_id, (f"equally near tuned shapes {', '.join(str(s['shape']) for s in tied)} (log2 L1 "
+            return config_id, (f"equally near tuned shapes {few(s['shape'] for s in tied)} (log2 L1 "
                                f"distance {nearest:.2f}): the config closest to each "
                                f"one's best across them ({slowdown:.2f}x their best, geometric mean)")
     for s in tuned:
@@ -91,7 +93,7 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
                 how = "tuned for this shape" if s["shape"] == wanted else \
                     f"nearest tuned shape {s['shape']} (log2 L1 distance {distance(s['shape'], wanted):.2f})"
                 return row["config_id"], f"{how}, rank {rank + 1} there"
-    tried = ", ".join(str(s["shape"]) for s in tuned) or "none"
+    tried = few(s["shape"] for s in tuned) or "none"
     raise NoTunedConfig(f"{table.get('kernel')} {dict(zip(args, wanted))}: no ranked config can handle this shape "
                         f"(tuned shapes: {tried}); sizes must meet the configs' divisibility (16) promises")
 
@@ -115,8 +117,8 @@ def _rows_for(table: dict, where: dict) -> list[dict]:
     kinds = sorted({json.dumps(s.get("where", {}), sort_keys=True) for s in rows})
     if not rows:
         have = sorted({json.dumps(s.get("where", {}), sort_keys=True) for s in table["shapes"]})
-        raise NoTunedConfig(f"{table.get('kernel')}: nothing tuned where {where}; the table has: {', '.join(have)}")
+        raise NoTunedConfig(f"{table.get('kernel')}: nothing tuned where {where}; the table has: {few(have)}")
     if len(kinds) > 1:
-        raise NoTunedConfig(f"{table.get('kernel')} is ranked separately for each of {', '.join(kinds)}: "
+        raise NoTunedConfig(f"{table.get('kernel')} is ranked separately for each of {few(kinds)}: "
                             f"say which with where=, e.g. where={kinds[0]}")
     return rows
