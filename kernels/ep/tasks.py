@@ -7,6 +7,7 @@ from pathlib import Path
 from doit import get_var
 
 from kforge.layout import Layout
+from kforge.out_dir import OutsideOut, guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,13 @@ def task_verify_dispatch_combine():
             numbers[name] = int(value) if value else None
         layout = Layout(ROOT)
         dist = layout.dist   # the op runs the bundled ep_* kernels when `doit package` made them
-        code = run_sweep(numbers["world"], str(layout.verify / "dispatch_combine"),
+        report = layout.verify / "dispatch_combine"
+        try:   # nothing written through a link under out/ that leads outside it
+            for path in (report / "report.json", report / "progress" / "results.jsonl"):
+                guard(layout.out, path)
+        except OutsideOut as e:
+            return TaskError(f"verify_dispatch_combine: {e}")
+        code = run_sweep(numbers["world"], str(report),
                          dist_dir=str(dist) if list(dist.glob("*.whl")) else None, gpus=numbers["gpus"])
         if code == 2:
             return TaskFailed("verify_dispatch_combine could not run (see the message above)")
