@@ -6,7 +6,8 @@ token once to every rank that holds one of its experts (rank = id // experts_per
 rows ordered by (source rank, source token). combine(y) sums, for each of this rank's tokens, the rows its
 destinations produced for it (bf16 when dispatch moved fp8).
 All ranks call both in the same order (also with T = 0). Outputs are views of the op's buffers, valid until
-the next call. Receiving more than the capacity drops the tail rows (no write past the buffers) and sets
+the next call; expert outputs go into expert_output() once this rank's dispatch returned. close() (called by
+every rank) before the op is dropped while peers may still be combining. Receiving more than the capacity drops the tail rows (no write past the buffers) and sets
 `overflow`.
 """
 from __future__ import annotations
@@ -69,6 +70,7 @@ class EpDispatchCombine:
         self.matrix, self._matrix_table = buffers["matrix"]
         self.flags, self._flag_table = buffers["flags"]
         self.flags.zero_()
+        self._peers_reading_y = False   # set by combine, cleared by the next dispatch's count exchange
         self.epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.num_recv = torch.zeros((), dtype=torch.int32, device="cuda")
         self.overflow = torch.zeros((), dtype=torch.uint8, device="cuda")
@@ -79,6 +81,12 @@ class EpDispatchCombine:
         if self.shared_gpu:
             return ipc_buffer(shape, dtype, self.group, self.rank, self.cfg.world_size, owner=self)
         return symmetric_buffer(shape, dtype, self.group)
+
+    def close(self) -> None:
+        """Before the op's buffers go (collectively, like every call): waits until no peer reads them."""
+        if self._peers_reading_y:
+            self.barrier()
+            self._peers_reading_y = False
 
     def expert_output(self) -> torch.Tensor:
         """[R, H]: write expert outputs here (row i for received row i) and combine(None) copies nothing."""
@@ -99,6 +107,7 @@ class EpDispatchCombine:
                          cfg.experts_per_rank)
         self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
                      self._flag_table, self.epoch, self.rank)
+        self._peers_reading_y = False   # that kernel's barrier: every rank's last combine has finished reading
         if topk_w is None:
             self.recv_w.zero_()
         if T:
@@ -121,6 +130,8 @@ class EpDispatchCombine:
         """out[T, H] for the tokens of the dispatch that returned `handle`; y: [rows, H] expert outputs in
         received-row order, or None when they were written into expert_output()."""
         if y is not None and y.data_ptr() != self.y.data_ptr():
+            if self._peers_reading_y:   # a combine with no dispatch since the last: its peers may still read y
+                self.barrier()
             cfg = self.cfg
             if y.dim() != 2 or y.shape[1] != cfg.hidden or y.shape[0] > cfg.capacity or y.dtype != self.y.dtype:
                 raise ValueError(f"combine: y must be [<= {self.cfg.capacity}, {self.cfg.hidden}] {self.y.dtype}, "
@@ -133,7 +144,11 @@ class EpDispatchCombine:
             config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
             self.kernels("ep_combine", config, (T, self._chunks("ep_combine")), out, handle, self._y_table,
                          self.cfg.hidden)
-        self.barrier()   # every rank has read what it needs: y may be overwritten
+        # No barrier here: peers may still be reading this rank's y. The next dispatch's count exchange is one
+        # that every rank passes only after its combine kernel, so y is free once dispatch returns (the
+        # trailing barrier was ~5% of a combine). A combine given a y to copy with no dispatch since the last
+        # one, and close(), wait for the peers first; expert_output() is written after dispatch (the contract).
+        self._peers_reading_y = True
         return out
 
     def _chunks(self, family: str) -> int:

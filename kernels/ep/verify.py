@@ -340,6 +340,8 @@ def _run_case(case: Case, rank: int, world: int, mark, library,
             runs += list(zip(feeds, snaps, outs))
             times["dispatch"].append(events)
         mark("ran")
+    for op in ops:
+        op.close()
     torch.cuda.synchronize()
     ok, worst = check_runs(runs, cfg, expert, case.strict, "cpu" if shared else None)
     mark("checked")
