@@ -428,3 +428,18 @@ def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_pat
         tracemalloc.stop()
     [warning] = cache.drain_warnings()
     assert f"/ac/{1:064x} is over the limit of 65536 bytes" in warning and peak < 4 << 20, (warning, peak)
+
+
+def test_a_remote_hit_is_kept_in_the_local_cache_which_is_asked_first(server, tmp_path):
+    """Local cache, then remote cache, then compile: what the remote cache gave is kept locally, so a third
+    checkout of this user finds it there without asking the server."""
+    url = server.url
+    doit(project(tmp_path, "first", factor="12"), f"cache={url}")   # uploads; no local cache (tests' default)
+    local = {"KFORGE_LOCAL_CACHE": str(tmp_path / "local")}
+    second = project(tmp_path, "second", factor="12")
+    out = doit(second, f"cache={url}", env=local).stdout
+    assert {r["origin"] for r in records(second)} == {"remote cache"} and "4 from the remote cache" in out
+    third = project(tmp_path, "third", factor="12")
+    out = doit(third, "cache=http://127.0.0.1:9", env=local).stdout   # a server that is down is never asked
+    assert {r["origin"] for r in records(third)} == {"local cache"} and "warning" not in out, out
+    assert binaries(third) == binaries(second)
