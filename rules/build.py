@@ -1,5 +1,6 @@
-"""The doit action of a compile target: a remote-cache hit, or a compile (here or on a Dask cluster), then an
-upload; the outcome as a CompileResult, or a TaskFailed naming the target, its spec and config."""
+"""The doit action of a compile target: a local-cache hit, else a remote-cache hit, else a compile (here or on a
+Dask cluster); what was fetched or built is kept in the local cache and a build uploaded. The outcome as a
+CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from kforge import artifact, remote_cache
+from kforge import artifact, local_cache, remote_cache
 from kforge.compile_core import CompileResult, compile_here, compile_into
 from kforge.out_dir import OutsideOut
 from kforge.target import Target
@@ -17,26 +18,38 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
-                   cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None):
-    """doit python-action: the result's values on success, TaskFailed on failure. With a remote cache, a
-    verified hit replaces the compile (the compiler is not even imported for it), and a fresh build is
-    uploaded. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
+                   cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None,
+                   local: local_cache.LocalCache | None = None):
+    """doit python-action: the result's values on success, TaskFailed on failure. A verified hit in the local
+    cache, else in the remote cache, replaces the compile (the compiler is not even imported for it); what was
+    fetched or built goes into the local cache, and a fresh build is uploaded. With executor="dask://HOST:PORT"
+    the compile runs on that Dask cluster."""
     try:
-        return _compile_target(target, root, timeout, cache_cfg, executor)
+        return _compile_target(target, root, timeout, cache_cfg, executor, local)
     except (OSError, OutsideOut) as e:   # out/ unwritable (a full disk, a link out of out/): one line, the run goes on
         return _fail(target, f"cannot write in out/: {e}; free space (or fix out/) and run again")
 
 
-def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None):
+def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None, local):
     start, began = time.monotonic(), time.time()
     cache = remote_cache.cache_for(cache_cfg)
     spans: list[tuple] = []
-    if cache is not None:
-        hit = cache.fetch(target)
-        spans.append(("cache lookup", began, time.time()))
+    warnings: list[str] = []
+    if local is not None:
+        hit, warnings = local_cache.fetch(local, target)
+        spans.append(("local cache lookup", began, time.time()))
         if hit:
+            return CompileResult(round(time.monotonic() - start, 4), from_local_cache=True, spans=tuple(spans),
+                                 worker=os.getpid()).values()
+    if cache is not None:
+        looking = time.time()
+        hit = cache.fetch(target)
+        spans.append(("cache lookup", looking, time.time()))
+        if hit:
+            if local is not None:   # the next checkout, revert or branch switch finds it here
+                warnings += local_cache.store(local, target)
             return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
-                                 cache_warnings=tuple(cache.drain_warnings()), spans=tuple(spans),
+                                 cache_warnings=(*warnings, *cache.drain_warnings()), spans=tuple(spans),
                                  worker=os.getpid()).values()
     if executor is not None:
         from kforge import dask_executor   # imports distributed: only where a cluster is used
@@ -45,16 +58,19 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
         outcome = compile_here(target, root, timeout)
     if not outcome.ok:
         return _fail(target, outcome.error, outcome.traceback)
-    warnings = ()
     written = outcome.result
     spans += written.spans
+    if local is not None:
+        storing = time.time()
+        warnings += local_cache.store(local, target)
+        spans.append(("local cache store", storing, time.time()))
     if cache is not None:
         uploading = time.time()
         cache.store(target)
         spans.append(("cache upload", uploading, time.time()))
-        warnings = tuple(cache.drain_warnings())
+        warnings += cache.drain_warnings()
     return CompileResult(round(outcome.seconds, 4), written.compile_seconds, written.sha256,
-                         compiled_on=written.compiled_on, cache_warnings=warnings, spans=tuple(spans),
+                         compiled_on=written.compiled_on, cache_warnings=tuple(warnings), spans=tuple(spans),
                          worker=os.getpid()).values()
 
 

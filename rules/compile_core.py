@@ -68,11 +68,12 @@ class CompileResult:
     seconds: float                 # the whole action: cache lookup, compile and write
     compile_seconds: float | None = None   # the compiler alone (None: fetched from the cache)
     sha256: str | None = None
-    from_cache: bool = False
+    from_cache: bool = False       # installed from the remote cache
     compiled_on: str | None = None
     cache_warnings: tuple[str, ...] = ()
     spans: tuple = ()         # (phase, start, end) by the wall clock: cache lookup, compile, write, upload
     worker: int | None = None   # the pid of the doit worker that ran the action: a row of the build trace
+    from_local_cache: bool = False   # installed from the local cache (rules/local_cache.py)
 
     def values(self) -> dict:
         """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""

@@ -1,19 +1,21 @@
-"""kforge's doit commands `forget`, `info`, `clean` and `prune`, registered in pyproject.toml under
+"""kforge's doit commands `forget`, `info`, `clean`, `prune` and `cache`, registered in pyproject.toml under
 [tool.doit.plugins.command] (the rest of kforge's doit integration: doit_edge.py)."""
 from __future__ import annotations
 
 import io
 import os
+import sys
 from pathlib import Path
 
-from doit.cmd_base import DoitCmdBase
+from doit.cmd_base import Command, DoitCmdBase
 from doit.cmd_clean import Clean as DoitClean
 from doit.cmd_forget import Forget as DoitForget
 from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
-from kforge import artifact, out_dir, report, settings
+from kforge import artifact, local_cache, out_dir, report, settings
 from kforge.layout import Layout
+from kforge.local_cache import LocalCache
 from kforge_runtime.schema import ERROR, META
 
 
@@ -168,4 +170,31 @@ class Prune(DoitCmdBase):
                              if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
         for message in refused:
             self.outstream.write(f"kforge: refused: {message}\n")
+        return 0
+
+
+class Cache(Command):
+    """`doit cache [--trim]`: the local cache's directory, entries, size and limit (rules/local_cache.py);
+    --trim deletes its least recently used entries until it fits its limit, as every build does at its end."""
+    name = "cache"
+    doc_purpose = "show the local cache (directory, entries, size, limit); --trim: evict down to its limit"
+    doc_usage = "[--trim] [local_cache=DIR] [local_cache_limit=SIZE]"
+    doc_description = None
+    cmd_options = ({"name": "trim", "long": "trim", "type": bool, "default": False,
+                    "help": "delete least recently used entries until the cache fits local_cache_limit"},)
+
+    def execute(self, params, args):
+        try:
+            directory, limit = settings.get("local_cache"), settings.get("local_cache_limit")
+        except ValueError as e:   # as a build says it (rules/doit_edge.py): one line, exit code 2
+            sys.stderr.write(f"kforge: {e}\n")
+            return 2
+        if directory is None:
+            print("kforge: the local cache is off (local_cache=off)")
+            return 0
+        cache = LocalCache(directory, limit)
+        found = local_cache.trim(cache) if params["trim"] else local_cache.usage(cache)
+        evicted = f"; evicted {found.evicted} ({local_cache.human(found.evicted_size)})" if params["trim"] else ""
+        print(f"kforge: local cache {directory}: {local_cache.entries(found.entries)}, "
+              f"{local_cache.human(found.size)} of local_cache_limit={local_cache.human(limit)}{evicted}")
         return 0

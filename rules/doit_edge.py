@@ -5,11 +5,12 @@ by config() from dodo.py. Each patch of doit's internals says why in one line.
     (a queue kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
   - tasks that run after failed dependencies (`doit package` ships what built, lists what failed);
   - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
-  - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current;
+  - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current, the local
+    cache trimmed to its limit;
   - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
   - doit's sqlite3 dependency file read in one query, not one per task (_read_dependency_file_at_once);
   - doit's state not saved (a full disk) is one line, not a traceback that skips the summary (_save_state_when_space_allows).
-The commands forget/info/clean/prune are doit plugins declared in pyproject.toml (doit_commands.py).
+The commands forget/info/clean/prune/cache are doit plugins declared in pyproject.toml (doit_commands.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from doit.dependency import DatabaseException, SqliteDB
 
 from kforge import artifact, cpus, doit_runner, keys, out_dir, report, scratch, settings
 from kforge.layout import Layout
+from kforge.local_cache import LocalCache
 
 
 def pause_gc_until_tasks_run() -> None:
@@ -56,6 +58,7 @@ def config(root: Path, catalog) -> dict:
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
+        "local_cache": local_cache(),
         "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), catalog),
         "before_first_task": staticmethod(_resume_gc),
         "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets],
@@ -78,6 +81,12 @@ def config(root: Path, catalog) -> dict:
 
 
 _options: list = []   # this run's settings.Options, parsed on first use
+
+
+def local_cache() -> LocalCache | None:
+    """This run's local cache (rules/local_cache.py), or None with local_cache=off."""
+    directory = option("local_cache")
+    return None if directory is None else LocalCache(directory, option("local_cache_limit"))
 
 
 def option(name: str):

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 from kforge_runtime.schema import dist_name
 
-OUT = "out"   # at the project root; the only directory kforge writes into
+OUT = "out"   # at the project root; the only directory of the project kforge writes into (rules/local_cache.py
+              # writes in the user's cache directory, outside every checkout)
 
 
 class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, and every run imports it

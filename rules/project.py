@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from kforge import artifact
-from kforge.doit_edge import option
+from kforge.doit_edge import local_cache, option
 from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.catalog import Catalog
@@ -41,9 +41,10 @@ def compile_tasks(root: Path, catalog: Catalog):
                             option("cache_budget"))
         remote_cache.share_budget()   # here, in doit's master: every worker it forks counts against one budget
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
+    local = local_cache()   # None with local_cache=off
     for family in catalog.families:
         yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,
-                                built, cache, executor)
+                                built, cache, executor, local)
 
 
 def bundle_tasks(root: Path, catalog: Catalog):

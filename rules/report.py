@@ -18,7 +18,9 @@ ERROR_CHARS = 400   # of an error line in a progress line (the summary and build
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/build.py, rules/isolate.py
 CACHE_OFF = "remote cache "   # how rules/remote_cache.py begins a warning that the cache is off for the run
-REPORTED_VALUES = ("from_cache", "compiled_on", "compile_seconds")   # copied from a result into its record
+REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
+# where a built target's artifact came from: its record's "origin", the report's "origins", the progress label
+ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote"}
 
 
 class BuildReporter(ConsoleReporter):
@@ -27,6 +29,7 @@ class BuildReporter(ConsoleReporter):
     report_path = "out/build-report.json"   # set per project by kforge.doit_edge.config()
     find_orphans = None   # () -> artifact dirs in out/ of no target (rules/out_dir.py); set like report_path
     key_index = None      # artifact.KeyIndex: told of each built target, saved at the end of the run
+    local_cache = None    # local_cache.LocalCache of this run: trimmed to its limit after a run that stored in it
     saved_at_end = ()     # more state read while tasks were generated, saved at the end of the run
     before_first_task = None   # () -> None, called once the tasks are loaded (rules/doit_edge.py)
 
@@ -70,7 +73,9 @@ class BuildReporter(ConsoleReporter):
                     self.warned.add(gist)
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
-            self._finish(task, "built", "", {k: values[k] for k in REPORTED_VALUES if values.get(k)}, values)
+            extra = {} if _is_package(task) else {"origin": origin(values)}
+            extra.update((k, values[k]) for k in REPORTED_VALUES if values.get(k))
+            self._finish(task, "built", "", extra, values)
             self._ran(task)
 
     def add_failure(self, task, fail):
@@ -101,7 +106,7 @@ class BuildReporter(ConsoleReporter):
         self.records[task.name] = record
         self.failed += status == "failed"
         detail = f"  error: {_short(record['cause'])}" if error else ""
-        label = "cached" if record.get("from_cache") else status
+        label = ORIGINS[record["origin"]] if "origin" in record else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
 
@@ -127,9 +132,8 @@ class BuildReporter(ConsoleReporter):
         # by the compiler's own time where a target reports it: a worker's first target also pays for importing
         # the compiler and the kernel's library, which is not that kernel's cost
         compile_time = lambda r: r["seconds"] if r.get("compile_seconds") is None else r["compile_seconds"]
-        slowest = sorted((r for r in records if r["status"] == "built" and not r.get("from_cache")),
-                         key=lambda r: -compile_time(r))[:5]
-        cached = sum(1 for r in records if r.get("from_cache"))
+        slowest = sorted((r for r in records if r.get("origin") == "compiled"), key=lambda r: -compile_time(r))[:5]
+        origins = {o: sum(1 for r in records if r.get("origin") == o) for o in ORIGINS}
         for line in failure_groups([r for r in records if r["status"] == "failed"]):
             self.write(line + "\n")
         for r in self.packages.values():
@@ -147,19 +151,22 @@ class BuildReporter(ConsoleReporter):
             summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
             # and a cache switched off for the rest of the run, whatever came first: it is what made the run slow
             summary += [f"kforge: warning: {w}" for w in self.warnings[1:] if w.startswith(CACHE_OFF)]
+        if self.local_cache is not None and origins["compiled"] + origins["remote cache"]:   # it grew
+            summary += _trimming(self.local_cache)
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
             summary.append(f"kforge: {report_orphans(orphans)}")
         packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
         failed = counts["failed"] + packages_failed
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
-        last = (f"kforge: built {counts['built']}{f' ({cached} from the remote cache)' if cached else ''}, "
+        fetched = ", ".join(f"{n} from the {o}" for o, n in origins.items() if n and o != "compiled")
+        last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
                 f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
         # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
         states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
         unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]
         unsaved.append(_saving(self._save, Path(self.report_path), {
-            "wall_seconds": round(wall, 3), "counts": counts, "warnings": self.warnings,
+            "wall_seconds": round(wall, 3), "counts": counts, "origins": origins, "warnings": self.warnings,
             "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records}))
         if self.trace.slices:   # a run that ran nothing keeps the last build's timeline
             trace = Path(self.report_path).with_name("build-trace.json")
@@ -173,6 +180,26 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+def origin(values: dict) -> str:
+    """Where a built target's artifact came from, by its action's result (rules/build.py)."""
+    return ("local cache" if values.get("from_local_cache") else
+            "remote cache" if values.get("from_cache") else "compiled")
+
+
+def _trimming(cache) -> list[str]:
+    """Trim the local cache to its limit (least recently used entries first): a summary line if any went."""
+    from kforge import local_cache
+    try:
+        left = local_cache.trim(cache)
+    except OSError as e:
+        return [f"kforge: local cache {cache.root} not trimmed ({e}); `doit cache --trim` retries"]
+    if not left.evicted:
+        return []
+    return [f"kforge: local cache: evicted the {local_cache.entries(left.evicted)} least recently used "
+            f"({local_cache.human(left.evicted_size)}) to stay within "
+            f"local_cache_limit={local_cache.human(cache.limit)}"]
 
 
 def _saving(save, path, *args) -> str | None:

@@ -70,6 +70,38 @@ def _url(text: str, where: str) -> str:
     return text.rstrip("/")
 
 
+def _local_cache(text: str, where: str) -> str | None:
+    """A directory for the local cache (made absolute: every worker and checkout must name the same one), or
+    off (off / 0 / false / no: None; on / 1 / true / yes: the default directory)."""
+    flag = FLAGS.get(text.lower())
+    if flag is not None:
+        return _default_local_cache() if flag else None
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{where}: got {text!r}, which is not a directory; give a directory (it is created if "
+                         f"missing) or off")
+    return str(path.absolute())
+
+
+def _default_local_cache() -> str:
+    """$XDG_CACHE_HOME/kforge (if absolute: the XDG spec ignores a relative one), else ~/.cache/kforge."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return str(Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "kforge")
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str, where: str) -> int:
+    """Bytes: a whole number, with K, M, G or T (powers of 1,024; a trailing B or iB is allowed)."""
+    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = number[-1:] if number[-1:] in SIZE_UNITS else ""
+    digits = number[:len(number) - len(unit)]
+    if not digits.isdigit():
+        raise ValueError(f"{where}: got {text!r}; expected a size in bytes, e.g. 2G, 500M or 1048576")
+    return int(digits) * SIZE_UNITS[unit]
+
+
 MIN_KEY_CHARS = 16
 
 
@@ -102,6 +134,10 @@ SETTINGS = {s.name: s for s in (
             "seconds a run may wait on the remote cache in all, then it is off for the rest of the run"),
     Setting("cache_key", "KFORGE_CACHE_KEY", _key, lambda: None,
             "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
+    Setting("local_cache", "KFORGE_LOCAL_CACHE", _local_cache, _default_local_cache,
+            "the local cache directory every checkout of this user shares, or off"),
+    Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size, lambda: 2 << 30,
+            "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
 )}
 

@@ -395,7 +395,7 @@ def _scalars(values: list) -> bool:
 
 # kforge's own tasks and doit's commands: a family's group task of that name would clash with them
 RESERVED_NAMES = ("kernels", "package", "tune", "run", "list", "clean", "forget", "info", "help", "auto",
-                  "dumpdb", "ignore", "strace", "tabcompletion", "prune")
+                  "dumpdb", "ignore", "strace", "tabcompletion", "prune", "cache")
 
 
 def _check_name(name: str, where: str) -> str:

@@ -10,14 +10,14 @@ from kforge_runtime.schema import dist_name
 
 
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
-                 built: artifact.KeyIndex, cache=None, executor: str | None = None) -> Iterator[dict]:
+                 built: artifact.KeyIndex, cache=None, executor: str | None = None, local=None) -> Iterator[dict]:
     yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
     for t in targets:
-        yield compile_task(t, root, timeout, built, cache, executor)
+        yield compile_task(t, root, timeout, built, cache, executor, local)
 
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
-                 executor: str | None = None) -> dict:
+                 executor: str | None = None, local=None) -> dict:
     """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
     Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are content-hashed
     into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
@@ -27,7 +27,7 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
         "doc": f"{t.toolchain} {t.entry} for {t.arch}",
-        "actions": [(compile_action, [t, root, timeout, cache, executor])],
+        "actions": [(compile_action, [t, root, timeout, cache, executor, local])],
         "uptodate": [built.is_current(t.meta_path, t.key)],
         "meta": {"kforge_target": t},
         "verbosity": 0,

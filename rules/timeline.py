@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROW, LEFT, TOP, WIDTH = 18, 140, 42, 1400   # pixels: a row's height, the label column, the axis, the plot
 PHASE_ALPHA = {"compile": 1.0, "package": 1.0, "failed": 1.0, "write": 0.55, "cache lookup": 0.35,
-               "cache upload": 0.35, "queue": 0.12}
+               "cache upload": 0.35, "local cache lookup": 0.35, "local cache store": 0.35, "queue": 0.12}
 LEGEND = 12   # families named in the legend
 
 

@@ -2,7 +2,8 @@
 open it as it is), one row per doit worker process.
 
 Each compile target is a slice per phase: "queue" (from when doit handed it out to when its worker began it),
-then what its action reports (rules/build.py): "cache lookup", "compile", "write", "cache upload". A target
+then what its action reports (rules/build.py): "local cache lookup", "cache lookup", "compile", "write",
+"local cache store", "cache upload". A target
 whose action failed, a package task and any other task (a tuning, a verify sweep) is one slice of the time
 doit saw it take, on a row of its own (failed, package, tune, ...).
 Times are the wall clock (time.time(), the same in every process on the machine), in microseconds from the
@@ -35,7 +36,8 @@ class Trace:
         spans = values.get("spans") or []
         worker = values.get("worker")
         row = f"worker {worker}" if worker else "targets"
-        args = {"target": name, "family": family, **({"from_cache": True} if values.get("from_cache") else {})}
+        args = {"target": name, "family": family,
+                **{k: True for k in ("from_cache", "from_local_cache") if values.get(k)}}
         if not spans:   # an action that reported no phases: the time doit saw it take
             self._slice(row, name, "run", handed, finished, args)
             return

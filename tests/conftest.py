@@ -1,6 +1,12 @@
+import os
+
 import pytest
 
 from tests.support import doit, make_project, spec_text
+
+# The local cache is per user and on by default: the suite's builds must neither fill the user's cache nor hit
+# entries an earlier test (or the user's own builds) left there. Tests of the cache name a directory of their own.
+os.environ["KFORGE_LOCAL_CACHE"] = "off"
 
 ALL_ARCHS = ("sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942", "gfx950")
 

@@ -37,9 +37,11 @@ def test_a_cluster_compile_reports_where_it_ran():
 def test_compile_result_values_are_plain_json_with_what_the_report_reads():
     values = compile_core.CompileResult(2.0, 1.5, "cd" * 32, True, "tcp://w:1", ("w",)).values()
     assert json.loads(json.dumps(values)) == values
-    assert set(report.REPORTED_VALUES) | {"cache_warnings"} <= set(values)
+    assert set(report.REPORTED_VALUES) - {"from_local_cache"} | {"cache_warnings"} <= set(values)
     assert {k: v for k, v in values.items() if k in report.REPORTED_VALUES} == {
         "from_cache": True, "compiled_on": "tcp://w:1", "compile_seconds": 1.5}
+    local = compile_core.CompileResult(0.1, from_local_cache=True).values()   # one cache or the other
+    assert local == {"seconds": 0.1, "from_local_cache": True} and report.origin(local) == "local cache"
 
 
 def test_a_zero_duration_is_a_set_field_and_is_reported():

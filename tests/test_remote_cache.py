@@ -126,7 +126,7 @@ def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_an
     before = set(tmp_path.rglob("*"))
     out = doit(second, "-n", "2", f"cache={url}", "cache_readonly=1")
     assert not any(r.get("from_cache") for r in records(second)) and set(build_report(second).values()) == {"built"}
-    assert "rejected (file name" in out.stdout and "kforge: 4 warnings: cache entry for scale:" in out.stdout
+    assert "rejected (file name" in out.stdout and "kforge: 4 warnings: cache entry http" in out.stdout
     assert not escape.exists()
     new = {p for p in set(tmp_path.rglob("*")) - before if (second / "out") not in p.parents and p != second / "out"}
     assert not new, sorted(map(str, new))
@@ -251,7 +251,7 @@ def test_a_signed_reader_refuses_an_entry_whose_tag_is_wrong_or_missing_before_f
     second = two_configs(tmp_path, "second", factor)
     served = len(server.requests())
     out = doit(second, FP16, f"cache={server.url}", env={"KFORGE_CACHE_KEY": SECRET})
-    assert f"cache entry for {FP16} rejected ({why}" in out.stdout and "kforge: 1 warning: cache entry" in out.stdout
+    assert f"/ac/{fp16} for {FP16} rejected ({why}" in out.stdout and "kforge: 1 warning: cache entry" in out.stdout
     assert [bool(r.get("from_cache")) for r in records(second)] == [False] and build_report(second) == {FP16: "built"}
     assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
     assert_secret_nowhere(second, out)
@@ -264,7 +264,7 @@ def test_the_cache_config_never_shows_its_key():
 
 
 @pytest.mark.parametrize("body, why, factor", [("[]", "not a kforge-ac-1 entry", "15"),
-                                               ("[" * 100_000, "maximum recursion depth", "16")],
+                                               ("[" * 60_000, "maximum recursion depth", "16")],
                          ids=["a-list", "nested-too-deep"])
 def test_an_entry_that_is_not_a_json_object_is_refused_not_a_failed_build(server, tmp_path, body, why, factor):
     first = make_project(tmp_path / "first", kernels={"scale": kernel_text(factor=factor)})
@@ -272,22 +272,23 @@ def test_an_entry_that_is_not_a_json_object_is_refused_not_a_failed_build(server
     (server.store / "ac" / keys_of(first)[FP16]).write_text(body)
     second = make_project(tmp_path / "second", kernels={"scale": kernel_text(factor=factor)})
     out = doit(second, f"cache={server.url}")
-    assert f"cache entry for {FP16} rejected ({why}" in out.stdout
+    assert f"/ac/{keys_of(first)[FP16]} for {FP16} rejected ({why}" in out.stdout
     assert build_report(second) == {FP16: "built"}
 
 
 def test_an_unsigned_entry_listing_more_files_than_an_artifact_has_is_refused_before_fetching_blobs(server, tmp_path):
-    """A hostile server cannot stretch one lookup over a thousand blob requests: an artifact is two files."""
+    """A hostile server cannot stretch one lookup over hundreds of blob requests: an artifact is two files."""
     first = make_project(tmp_path / "first", kernels={"scale": kernel_text(factor="17")})
     doit(first, f"cache={server.url}")
     path = server.store / "ac" / keys_of(first)[FP16]
     entry = json.loads(path.read_text())
-    entry["files"] = entry["files"] + [{"name": f"x{i}.cubin", "sha256": "0" * 64} for i in range(1000)]
+    # 500 more (~50 kB): within AC_LIMIT, so it is the file count that refuses it
+    entry["files"] = entry["files"] + [{"name": f"x{i}.cubin", "sha256": "0" * 64} for i in range(500)]
     path.write_text(json.dumps(entry))
     second = make_project(tmp_path / "second", kernels={"scale": kernel_text(factor="17")})
     served = len(server.requests())
     out = doit(second, f"cache={server.url}")
-    assert f"cache entry for {FP16} rejected (it does not list exactly two files" in out.stdout
+    assert f"/ac/{path.name} for {FP16} rejected (it does not list exactly two files" in out.stdout
     assert build_report(second) == {FP16: "built"}
     assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
 
@@ -427,3 +428,18 @@ def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_pat
         tracemalloc.stop()
     [warning] = cache.drain_warnings()
     assert f"/ac/{1:064x} is over the limit of 65536 bytes" in warning and peak < 4 << 20, (warning, peak)
+
+
+def test_a_remote_hit_is_kept_in_the_local_cache_which_is_asked_first(server, tmp_path):
+    """Local cache, then remote cache, then compile: what the remote cache gave is kept locally, so a third
+    checkout of this user finds it there without asking the server."""
+    url = server.url
+    doit(project(tmp_path, "first", factor="12"), f"cache={url}")   # uploads; no local cache (tests' default)
+    local = {"KFORGE_LOCAL_CACHE": str(tmp_path / "local")}
+    second = project(tmp_path, "second", factor="12")
+    out = doit(second, f"cache={url}", env=local).stdout
+    assert {r["origin"] for r in records(second)} == {"remote cache"} and "4 from the remote cache" in out
+    third = project(tmp_path, "third", factor="12")
+    out = doit(third, "cache=http://127.0.0.1:9", env=local).stdout   # a server that is down is never asked
+    assert {r["origin"] for r in records(third)} == {"local cache"} and "warning" not in out, out
+    assert binaries(third) == binaries(second)

@@ -152,7 +152,7 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
     lines = out.getvalue().splitlines()
     assert lines[0] == "kforge: 4 targets selected"   # neither the group, the package nor an unselected task
     assert "[1/4] built  k:a@sm_90a 3.00s  (failed so far: 0)" in lines
-    assert "[2/4] cached k:b@sm_90a 10.00s  (failed so far: 0)" in lines
+    assert "[2/4] remote k:b@sm_90a 10.00s  (failed so far: 0)" in lines
     assert f"[3/4] failed k:c@sm_90a 1.00s  (failed so far: 1)  error: {long_cause[:400]} ..." in lines
     assert lines.count("kforge: warning: remote cache down (GET http://c/1)") == 1
     assert not any("http://c/2" in line for line in lines) and "kforge: warning: remote cache full" in lines
@@ -171,13 +171,14 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
     text = (tmp_path / "out" / "build-report.json").read_text()
     saved = json.loads(text)
     assert saved["counts"] == {"built": 2, "up-to-date": 1, "failed": 1} and saved["wall_seconds"] == 14.0
+    assert saved["origins"] == {"compiled": 1, "local cache": 0, "remote cache": 1}
     assert saved["warnings"] == ["remote cache down (GET http://c/1)", "remote cache full"]
     assert [r["name"] for r in saved["tasks"]] == sorted([built.name, cached.name, failing.name, odd])
     records = {r["name"]: r for r in saved["tasks"]}
-    assert records[built.name] == {"name": built.name, "status": "built", "seconds": 3.0, "compile_seconds": 2.5,
-                                   "start": 0.0}   # from_cache False is left out
-    assert records[cached.name] == {"name": cached.name, "status": "built", "seconds": 10.0, "from_cache": True,
-                                    "compiled_on": "host1", "start": 3.0}
+    assert records[built.name] == {"name": built.name, "status": "built", "seconds": 3.0, "origin": "compiled",
+                                   "compile_seconds": 2.5, "start": 0.0}   # from_cache False is left out
+    assert records[cached.name] == {"name": cached.name, "status": "built", "seconds": 10.0,
+                                    "origin": "remote cache", "from_cache": True, "compiled_on": "host1", "start": 3.0}
     assert records[odd] == {"name": odd, "status": "up-to-date", "seconds": 0.0}
     failed = records[failing.name]
     assert failed["cause"] == long_cause and failed["start"] == 13.0

@@ -56,13 +56,13 @@ def test_a_compile_task_has_no_file_dep_targets_or_clean_actions(targets, projec
         assert not d.get("file_dep") and not d.get("targets") and not d.get("clean")
 
 
-def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_cache_and_executor(targets, project, index,
-                                                                                         monkeypatch):
+def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_caches_and_executor(targets, project, index,
+                                                                                          monkeypatch):
     t = targets[0]
-    cache = object()
-    d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1")
+    cache, local = object(), object()
+    d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1", local)
     [(action, args)] = d["actions"]
-    assert args == [t, str(project), 12.5, cache, "dask://h:1"]
+    assert args == [t, str(project), 12.5, cache, "dask://h:1", local]
     from kforge import build
     monkeypatch.setattr(build, "compile_target", lambda *given: {"called with": given})
     assert action(*args) == {"called with": tuple(args)}   # the action is compile_target, imported when it runs

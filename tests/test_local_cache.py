@@ -1,0 +1,230 @@
+"""The local cache (rules/local_cache.py): entries by action key outside the checkout, shared by every checkout of
+the user. A revert and a second checkout at another path compile nothing; a corrupt or foreign entry is refused
+with one line and rebuilt; two writers at once leave whole entries; the cache is trimmed to its limit, least
+recently used first; local_cache=off neither reads nor writes it."""
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from kforge import local_cache, settings
+from kforge.local_cache import LocalCache
+from tests.support import REPO, doit, kernel_text, make_project, spec_text
+
+SPEC = spec_text(archs=("sm_90a", "gfx942"), dtypes=("fp16",))   # two targets: one NVIDIA, one AMD
+FP16_SM90 = "scale:fp16-b256-w4@sm_90a"
+
+
+def project(path: Path, factor: str = "3") -> Path:
+    return make_project(path, specs={"scale": SPEC}, kernels={"scale": kernel_text(factor=factor)})
+
+
+def build(root: Path, cache: Path | str, *args: str) -> tuple[str, dict]:
+    """doit in root with this local cache: (stdout, build-report.json)."""
+    out = doit(root, *args, env={"KFORGE_LOCAL_CACHE": str(cache)}).stdout
+    return out, json.loads((root / "out" / "build-report.json").read_text())
+
+
+def origins(report: dict) -> dict[str, str]:
+    return {t["name"]: t.get("origin", t["status"]) for t in report["tasks"]}
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.glob("??/*") if not p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """(a checkout built once, the local cache that build filled): tests copy the cache, never change it."""
+    base = tmp_path_factory.mktemp("seeded")
+    root, cache = project(base / "first"), base / "cache"
+    out, report = build(root, cache)
+    assert set(origins(report).values()) == {"compiled"} and len(entries(cache)) == 2, out
+    return root, cache
+
+
+def test_a_second_checkout_at_another_path_compiles_nothing(seeded, tmp_path):
+    first, seed = seeded
+    cache = shutil.copytree(seed, tmp_path / "cache")
+    second = project(tmp_path / "elsewhere" / "second")
+    out, report = build(second, cache)
+    assert set(origins(report).values()) == {"local cache"}, out
+    assert report["origins"] == {"compiled": 0, "local cache": 2, "remote cache": 0}
+    assert f"local  {FP16_SM90}" in out and "built 2 (2 from the local cache), up to date 0" in out
+    binaries = lambda root: {p.relative_to(root): p.read_bytes() for p in (root / "out").glob("*/scale/*/*")}
+    assert binaries(second) == binaries(first)   # meta.json and binary, byte for byte
+    out, report = build(second, cache)   # a no-op: out/ is current, the cache is not even looked at
+    assert set(origins(report).values()) == {"up-to-date"}
+
+
+def test_a_revert_compiles_nothing(seeded, tmp_path):
+    cache = shutil.copytree(seeded[1], tmp_path / "cache")
+    root = project(tmp_path / "p")
+    kernel = root / "tk" / "scale.py"
+    original = kernel.read_text()
+    kernel.write_text(original + "# an edit\n")
+    out, report = build(root, cache)
+    assert set(origins(report).values()) == {"compiled"}, out   # a new key: compiled, and kept
+    kernel.write_text(original)   # the revert
+    out, report = build(root, cache)
+    assert set(origins(report).values()) == {"local cache"}, out
+    kernel.write_text(original + "# an edit\n")   # and forward again
+    assert set(origins(build(root, cache)[1]).values()) == {"local cache"}
+    assert len(entries(cache)) == 4
+
+
+def test_a_corrupt_or_foreign_entry_is_refused_in_one_line_and_rebuilt(seeded, tmp_path):
+    cache = shutil.copytree(seeded[1], tmp_path / "cache")
+    root = project(tmp_path / "p")
+    keys = {json.loads(m.read_text())["arch"]: json.loads(m.read_text())["key"]
+            for m in (seeded[0] / "out").glob("*/scale/*/meta.json")}
+    nvidia, amd = (local_cache.entry_path(LocalCache(str(cache), 0), keys[a]) for a in ("sm_90a", "gfx942"))
+    damaged = bytearray(nvidia.read_bytes())
+    damaged[-200] ^= 0xFF   # inside the binary
+    nvidia.write_bytes(bytes(damaged))
+    # foreign: the NVIDIA target's files under the AMD target's key, its header made to say so
+    amd.write_bytes(local_cache.pack(keys["gfx942"], local_cache.unpack(bytes(damaged), keys["sm_90a"])))
+    out, report = build(root, cache)
+    assert set(origins(report).values()) == {"compiled"}
+    warnings = [line for line in out.splitlines() if line.startswith("kforge: warning: local cache entry")]
+    assert len(warnings) == 2, out   # one line each, naming the entry and the target
+    assert any(str(nvidia) in w and FP16_SM90 in w and "sha256" in w for w in warnings), warnings
+    assert any(str(amd) in w and "its meta.json says target" in w for w in warnings), warnings
+    # each rebuilt target's entry replaced the refused one: the next checkout hits both
+    assert set(origins(build(project(tmp_path / "q"), cache)[1]).values()) == {"local cache"}
+
+
+def test_an_entry_of_another_key_or_cut_short_is_refused_before_any_check():
+    key, other = "a" * 64, "b" * 64
+    whole = local_cache.pack(key, {"meta.json": b"{}", "k.cubin": b"\x7fELF" + b"\0" * 60})
+    assert local_cache.unpack(whole, key) == {"meta.json": b"{}", "k.cubin": b"\x7fELF" + b"\0" * 60}
+    with pytest.raises(ValueError, match="made for key bbbb"):
+        local_cache.unpack(local_cache.pack(other, {"meta.json": b"{}"}), key)
+    with pytest.raises(ValueError, match="truncated or altered"):
+        local_cache.unpack(whole[:-1], key)
+    with pytest.raises(ValueError, match="no kforge-local-1 header"):
+        local_cache.unpack(b"\0" * 100, key)
+
+
+def _writer(root: str, key: str, size: int, rounds: int) -> None:
+    """Store the same key `rounds` times, each time an artifact of `size` bytes (fake files: store checks nothing)."""
+    out_dir = Path(root) / f"out-{size}"
+    out_dir.mkdir()
+    (out_dir / "meta.json").write_text(json.dumps({"binary": "k.bin"}))
+    (out_dir / "k.bin").write_bytes(bytes([size % 251]) * size)
+    target = types.SimpleNamespace(key=key, out_dir=str(out_dir))
+    for _ in range(rounds):
+        assert local_cache.store(LocalCache(str(Path(root) / "cache"), 1 << 30), target) == []
+
+
+def test_two_writers_at_once_leave_only_whole_entries(tmp_path):
+    key = "c" * 64
+    path = local_cache.entry_path(LocalCache(str(tmp_path / "cache"), 0), key)
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=_writer, args=(str(tmp_path), key, size, 200)) for size in (100_000, 300_000)]
+    for w in writers:
+        w.start()
+    seen = set()
+    while any(w.is_alive() for w in writers):
+        try:
+            files = local_cache.unpack(path.read_bytes(), key)   # never a torn entry: whole, or not there yet
+        except FileNotFoundError:
+            continue
+        seen.add(len(files["k.bin"]))
+    assert all(w.join() or w.exitcode == 0 for w in writers)
+    assert seen <= {100_000, 300_000} and seen
+    assert [p.name for p in path.parent.iterdir()] == [key]   # no temp file left behind
+
+
+def test_two_builds_at_once_share_one_cache(tmp_path):
+    cache = tmp_path / "cache"
+    roots = [project(tmp_path / name, factor="11") for name in ("a", "b")]
+    env = dict(os.environ, KFORGE_LOCAL_CACHE=str(cache),
+               PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    procs = [subprocess.Popen([sys.executable, "-m", "doit", "-n", "1"], cwd=root, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for root in roots]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert len(entries(cache)) == 2 and not list(cache.glob("??/.*"))
+    out, report = build(project(tmp_path / "c", factor="11"), cache)
+    assert set(origins(report).values()) == {"local cache"}, out
+
+
+def test_the_cache_is_trimmed_to_its_limit_least_recently_used_first(tmp_path):
+    cache = LocalCache(str(tmp_path / "cache"), 3000)
+    now = time.time()
+    paths = []
+    for i in range(5):
+        path = local_cache.entry_path(cache, f"{i:x}" * 64)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (now - 100 + i, now - 100 + i))   # entry 0 used longest ago
+        paths.append(path)
+    os.utime(paths[0], (now, now))   # a hit makes it the most recently used
+    stale = paths[1].parent / f".{'1' * 64}.123.abcd.tmp"   # a killed writer's temp file, two hours old
+    stale.write_bytes(b"half")
+    os.utime(stale, (now - 7200, now - 7200))
+    mine = tmp_path / "cache" / "11" / "notes.txt"   # not a cache entry's name: never deleted
+    mine.write_text("keep")
+    assert local_cache.usage(cache) == (5, 5000, 0, 0)
+    left = local_cache.trim(cache)
+    assert (left.entries, left.size, left.evicted, left.evicted_size) == (3, 3000, 2, 2000)
+    assert [p.exists() for p in paths] == [True, False, False, True, True]
+    assert not stale.exists() and mine.exists()
+
+
+def test_a_build_over_the_limit_evicts_and_says_so_and_doit_cache_shows_and_trims(seeded, tmp_path):
+    cache = shutil.copytree(seeded[1], tmp_path / "cache")
+    size = sum(p.stat().st_size for p in entries(cache))
+    root = project(tmp_path / "p", factor="13")   # two new keys
+    out, report = build(root, cache, f"local_cache_limit={size}")
+    assert "kforge: local cache: evicted the 2 entries least recently used" in out, out
+    assert len(entries(cache)) == 2 and sum(p.stat().st_size for p in entries(cache)) <= size
+    shown = doit(root, "cache", env={"KFORGE_LOCAL_CACHE": str(cache)}).stdout
+    assert shown.startswith(f"kforge: local cache {cache}: 2 entries, ") and "of local_cache_limit=2.0 GiB" in shown
+    trimmed = doit(root, "cache", "--trim", "local_cache_limit=1", env={"KFORGE_LOCAL_CACHE": str(cache)}).stdout
+    assert "0 entries, 0 B of local_cache_limit=1 B; evicted 2" in trimmed and entries(cache) == []
+
+
+def test_local_cache_off_neither_reads_nor_writes_it(seeded, tmp_path):
+    cache = shutil.copytree(seeded[1], tmp_path / "cache")
+    before = {p: p.stat().st_mtime_ns for p in entries(cache)}
+    root = project(tmp_path / "p")
+    out = doit(root, "local_cache=off", env={"KFORGE_LOCAL_CACHE": str(cache)}).stdout
+    assert set(origins(json.loads((root / "out" / "build-report.json").read_text())).values()) == {"compiled"}, out
+    assert {p: p.stat().st_mtime_ns for p in entries(cache)} == before
+    assert doit(root, "cache", "local_cache=off").stdout == "kforge: the local cache is off (local_cache=off)\n"
+
+
+def test_the_cache_directory_defaults_to_the_users_cache_and_sizes_read_as_people_write_them(monkeypatch):
+    monkeypatch.delenv("KFORGE_LOCAL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/cache")
+    assert settings.get("local_cache") == "/somewhere/cache/kforge"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")   # the XDG spec ignores a relative one
+    assert settings.get("local_cache") == str(Path.home() / ".cache" / "kforge")
+    monkeypatch.setenv("KFORGE_LOCAL_CACHE", "off")
+    assert settings.get("local_cache") is None
+    assert [settings._size(t, "x") for t in ("2G", "500M", "64KiB", "1048576", "1tb")] == \
+        [2 << 30, 500 << 20, 64 << 10, 1 << 20, 1 << 40]
+    assert settings.get("local_cache_limit") == 2 << 30
+
+
+def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_it(tmp_path):
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    target = types.SimpleNamespace(key="d" * 64, name="k:x@sm_90a", out_dir=str(tmp_path / "out"))
+    path = local_cache.entry_path(cache, target.key)
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/zero")
+    assert local_cache.fetch(cache, target)[1] == [
+        f"local cache entry {path} for k:x@sm_90a refused (it is a symbolic link, not an entry kforge wrote); "
+        f"compiling it here (its build replaces the entry)"]
+    assert not os.path.lexists(path)   # deleted: the build stores a real entry there
+    os.mkfifo(path)   # a read would block forever
+    assert "it is not a regular file" in local_cache.fetch(cache, target)[1][0]
