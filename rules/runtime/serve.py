@@ -171,7 +171,12 @@ class Server:
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
+        self.preload_at_first_call = False   # KFORGE_SERVE's preload: the process has picked its GPU by then
         self.lock = threading.Lock()
+
+    def summary(self) -> str:
+        return (f"{self.served} specializations served, {self.compiled} compiled, {self.tuned_configs} autotuned "
+                f"configs chosen from the record")
 
     def index(self) -> str:
         """The device's arch; at the first call, the entries of the bundles for it, by identity."""
@@ -189,6 +194,9 @@ class Server:
         return self.arch
 
     def lookup(self, fn, signature, constexprs, attrs, options):
+        if self.preload_at_first_call:
+            self.preload_at_first_call = False
+            self.preload()
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
                            options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
@@ -327,14 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload)
     setup = time.perf_counter() - start
+    # the script's Python children (worker pools, subprocesses) are served too: kforge_runtime/startup.py
+    os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *(["strict"] if a.strict else []),
+                                                    *(["preload"] if a.preload else [])]))
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     try:
         runpy.run_path(a.script, run_name="__main__")
     finally:
-        sys.stderr.write(f"kforge serve: {server.served} specializations served, {server.compiled} compiled, "
-                         f"{server.tuned_configs} autotuned configs chosen from the record; serve() took "
-                         f"{setup * 1000:.0f} ms\n")
+        sys.stderr.write(f"kforge serve: {server.summary()}; serve() took {setup * 1000:.0f} ms\n")
     return 0
 
 
