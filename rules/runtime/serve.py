@@ -22,8 +22,9 @@ otherwise strict=True stops (strict=False lets the autotuner benchmark, as Trito
 On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
 as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
 when a process first touches it (most of a served process's start). Anything else (a compile on a miss,
-benchmarking) gets Triton's own driver, created then. serve() also imports what Triton's argument specializer
-imports at its first call (warm_specializer), so that the application's first kernel call does not.
+benchmarking) gets Triton's own driver, created then. serve() also readies Triton's argument specializer,
+whose first call would import Gluon and Triton's code generator, with two light modules of Triton's instead
+(rules/runtime/specializer.py): a served process imports no compiler it does not use.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import json
 import os
 import threading
 
+from . import specializer
 from .record import DEFAULTS, arch_name, autotune_key, record_line, tuned_line
 
 COMPILE_TIME = ("constexpr", "dtype", "function", "none")
@@ -135,18 +137,6 @@ class LightDriver:
 
     def __getattr__(self, name):
         return getattr(self._config.default, name)
-
-
-def warm_specializer() -> None:
-    """Triton's argument specializer (the binder of every JIT function) imports Triton's code generator and its
-    Gluon front end at its first call: 35 ms on the dev CPU, 140 ms on the H100 host (bench/serve_breakdown.py).
-    serve() imports them, so that an application's first kernel call does not."""
-    import importlib
-    for name in ("triton.compiler.code_generator", "triton.experimental.gluon"):
-        try:
-            importlib.import_module(name)
-        except ImportError:   # another Triton: its first call pays whatever it imports
-            pass
 
 
 def light_driver() -> None:
@@ -263,7 +253,7 @@ def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
     from .library import Library
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
     light_driver()
-    warm_specializer()
+    specializer.prime()
     if not getattr(Autotuner.run, "kforge_served", False):
         tuner_run = Autotuner.run
 
