@@ -6,9 +6,16 @@ are compared with several JIT runs: a tensor that differs between two JIT runs i
 nondeterminism, whatever serving gave; a tensor on which every JIT run agrees and a served run differs is a
 difference serving introduced.
 
-Runs are what bench/liger_app.py saves: {op name: [tensors]} (torch.save).
+Runs are what bench/liger_app.py and bench/light_app.py save: {op name: [tensors]} (torch.save).
+
+Usage: python bench/output_diff.py --jit A.pt B.pt [...] --served C.pt [...]
+Prints the classification as JSON; exits 1 if serving introduced a difference.
 """
 from __future__ import annotations
+
+import argparse
+import json
+import sys
 
 
 def raw(t):
@@ -46,3 +53,18 @@ def classify(jit_runs: list[dict], served_runs: list[dict]) -> dict:
     return {"tensors": len(reference), "jit_runs": len(jit_runs), "served_runs": len(served),
             "identical": len(reference) - len(nondeterministic) - len(introduced),
             "kernel_nondeterminism": nondeterministic, "serving_differences": introduced + extra}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jit", nargs="+", required=True, help="outputs of two JIT runs or more")
+    ap.add_argument("--served", nargs="*", default=[], help="outputs of served runs")
+    a = ap.parse_args()
+    import torch
+    result = classify([torch.load(p) for p in a.jit], [torch.load(p) for p in a.served])
+    print(json.dumps(result))
+    return 1 if result["serving_differences"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,7 @@ GPU (H100; DIST: out/dist of `python3 -m doit -n 16 archs=sm_90a`):
   what serve() imported. Then light_app.py in fresh processes: jit_empty, jit_warm, served (python -m
   kforge_runtime.serve --strict) and served with --preload: time to the first result, to all, and the
   process; the served runs' Triton cache must stay empty and their outputs bit-identical to the JIT's.
-CPU (no GPU: Triton's driver answered by a stub, one held specialization):
+CPU (no GPU: Triton's driver answered by a stub, one of light_app.py's specializations held, its launch stood in for):
     python bench/serve_setup.py --cpu [--rounds 20]
   serve() lazily, primed vs the usual way, and what it imported.
 """
@@ -62,16 +62,37 @@ def child(dist: str, preload: bool, usual: bool, cpu: bool) -> dict:
 
 
 def cpu_setup():
-    """A stub sm_90a driver, a bundle holding one copy kernel, and a call of it (its launch stood in for)."""
-    sys.path.insert(0, str(REPO))
-    from tests.test_runtime_serve import Launched, StubDriver, bundle_dir, copy, entry, tensors
+    """A stub sm_90a driver, a bundle holding one of light_app.py's softmax specializations, and that call (its
+    launch stood in for: nothing runs on a CPU)."""
+    import light_app
+    import torch
     from kforge_runtime.bundle import Bundle
+    from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
-    driver.set_active(StubDriver())
-    Bundle.kernel = lambda self, e: Launched()
-    dist = bundle_dir(Path(tempfile.mkdtemp()) / "b", [entry("copy", 128, 4)])
-    x, y = tensors()
-    return str(dist), lambda: copy[(8,)](x, y, 1000, BLOCK=128)
+
+    class Stub:
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device=None: 0)
+        get_current_target = staticmethod(lambda: GPUTarget("cuda", 90, 32))
+
+    class Launch:
+        def launch_trusted(self, *args):
+            pass
+
+    driver.set_active(Stub())
+    Bundle.kernel = lambda self, e: Launch()
+    dist = Path(tempfile.mkdtemp()) / "b"
+    dist.mkdir()
+    signature = [("x_ptr", "*bf16"), ("y_ptr", "*bf16"), ("N", "i32"), ("stride_x", "i32"), ("stride_y", "i32")]
+    (dist / "manifest.json").write_text(json.dumps({
+        "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia", "failed": [],
+        "artifacts": [{"target": "softmax-bf16-n512-w4", "arch": "sm_90a",
+                       "source": {"module": "kernels.softmax", "entry": "softmax_kernel"},
+                       "signature": [{"name": n, "type": t} for n, t in signature], "constexprs": {"BLOCK_N": 512},
+                       "divisible_by_16": ["x_ptr", "y_ptr", "stride_x", "stride_y"], "options": {"num_warps": 4}}]}))
+    x = torch.zeros(light_app.ROWS, 512, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    return str(dist), lambda: light_app.call(x, y, 509, 512, 4)
 
 
 def setup_rounds(dist: str | None, rounds: int, cpu: bool) -> dict:

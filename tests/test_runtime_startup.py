@@ -38,7 +38,8 @@ def test_a_python_without_the_variables_imports_nothing_of_kforge(installed):
     shown = "import sys; print(sorted(m for m in sys.modules if m.startswith('kforge')))"
     assert python(shown, {}).stdout.split() == ["[]"]
     # set, but Triton never imported (torchrun's launcher, say): the switch alone, nothing else of kforge
-    assert python(shown, {"KFORGE_SERVE": "anywhere"}).stdout.split() == ["['kforge_runtime',", "'kforge_runtime.startup']"]
+    assert python(shown, {"KFORGE_SERVE": "anywhere"}).stdout.split() == [
+        "['kforge_runtime',", "'kforge_runtime.after_import',", "'kforge_runtime.startup']"]
 
 
 def launch(block: int = 128) -> dict:
