@@ -4,7 +4,7 @@ served vs Triton's JIT with a warm cache and with an empty one. Fresh processes,
 
 GPU (H100; DIST: out/dist of `python3 -m doit -n 16 archs=sm_90a`):
     python bench/serve_setup.py DIST [--rounds 5] [--app-rounds 5] [--out results.json]
-  set-up, per process (torch, triton and the app's kernels imported, CUDA initialized and inputs allocated
+  served from a bundle of light_app.py's 20 specializations cut from DIST's sm_90a wheel; set-up, per process (torch, triton and the app's kernels imported, CUDA initialized and inputs allocated
   before the clock starts): serve() lazily and with preload, each with the specializer primed (specializer.py,
   now) and imported the usual way (Triton's code generator and Gluon: before), then the first call's result;
   what serve() imported. Then light_app.py in fresh processes: jit_empty, jit_warm, served (python -m
@@ -95,6 +95,22 @@ def cpu_setup():
     return str(dist), lambda: light_app.call(x, y, 509, 512, 4)
 
 
+def light_bundle(dist: str, work: Path) -> str:
+    """A bundle directory holding only light_app.py's 20 specializations, cut from DIST's sm_90a wheel (the
+    project's bundle holds 400 and more: preload would load them all)."""
+    import zipfile
+    wheel = next(Path(dist).glob("kforge_kernels_sm_90a-*.whl"), None)
+    if wheel is None:
+        raise SystemExit(f"{dist}: no kforge_kernels_sm_90a-*.whl; build it: python3 -m doit -n 16 archs=sm_90a")
+    zipfile.ZipFile(wheel).extractall(work / "light")
+    manifest = next((work / "light").glob("*/manifest.json"))
+    m = json.loads(manifest.read_text())
+    m["artifacts"] = [e for e in m["artifacts"] if e.get("kernel") == "softmax" and e["config"].get("dtype") in
+                      ("bf16", "fp16") and e["options"].get("num_warps") in (4, 8)]
+    manifest.write_text(json.dumps(m))
+    return str(manifest.parent)
+
+
 def setup_rounds(dist: str | None, rounds: int, cpu: bool) -> dict:
     modes = {"lazy, primed (now)": ([], False), "lazy, usual imports (before)": (["--usual"], False)}
     if not cpu:
@@ -172,9 +188,14 @@ def main() -> int:
         return 0
     if not a.cpu and not a.dist:
         ap.error("DIST (a bundle directory or out/dist) is needed on a GPU; --cpu without one")
-    result = {"setup": setup_rounds(a.dist, a.rounds, a.cpu)}
+    work = Path(tempfile.mkdtemp(prefix="serve-setup-"))
+    dist = None if a.cpu else light_bundle(a.dist, work)
+    result = {"setup": setup_rounds(dist, a.rounds, a.cpu)}
+    if dist:
+        result["bundle"] = {"path": dist, "specializations": len(json.loads(Path(dist, "manifest.json").read_text())
+                                                                  ["artifacts"])}
     if not a.cpu and a.app_rounds:
-        result["light_app"] = app_rounds(a.dist, a.app_rounds, Path(tempfile.mkdtemp(prefix="serve-setup-")))
+        result["light_app"] = app_rounds(dist, a.app_rounds, work)
     shown = {k: (v["summary"] if k == "light_app" else v) for k, v in result.items()}
     print(json.dumps(shown, indent=1))
     if a.out:
