@@ -2,10 +2,11 @@
 
     python -m kforge_runtime.record --out records/app.jsonl app.py [args...]
     with kforge_runtime.record.recording("records/app.jsonl"): ...
+    KFORGE_RECORD=records/app.jsonl torchrun ... app.py     # every Python process of the app (startup.py)
 
 Each specialization Triton's JIT compiles (or loads from its cache) in the process becomes one line of the
 record file, whatever launched it: a plain `kernel[grid](...)`, an autotuner's chosen config, a heuristic's
-values. Recording never changes what runs: it only listens (Triton's jit_post_compile_hook, chained to any
+values. Every process appends to the one file, each line once (append_once). Recording never changes what runs: it only listens (Triton's jit_post_compile_hook, chained to any
 hook already set), and a line it cannot write is a warning, never an error. A project lists record files in
 its catalog (rules/records.py turns each line into a target).
 
@@ -142,7 +143,7 @@ def arch_name(target) -> str:
 
 
 class Recorder:
-    """Appends one line per new specialization to `path`; installed as Triton's jit_post_compile_hook, and
+    """Appends one line per new specialization to `path` (unless the file holds it); installed as Triton's jit_post_compile_hook, and
     around Triton's Autotuner.run to record the picked config (not the ones benchmarked)."""
 
     def __init__(self, path: str, arch: str | None = None):
@@ -206,8 +207,28 @@ class Recorder:
             if text in self.seen:
                 return
             self.seen.add(text)
-            with open(self.path, "a") as f:
-                f.write(text + "\n")
+            append_once(self.path, text)
+
+
+def append_once(path: str, text: str) -> bool:
+    """Append the line `text` to the record file unless the file holds it: every process of an application
+    (torchrun's ranks, a worker pool, a rerun) records into one file, each line once. The check and the append
+    happen under an exclusive lock on the file, and the line goes out in one write() on an O_APPEND descriptor,
+    so that writers at the same time neither interleave nor repeat a line. True if appended."""
+    import fcntl
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd is closed
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):   # the descriptor starts at offset 0; appends go to the end anyway
+            chunks.append(chunk)
+        held = b"".join(chunks)
+        if text.encode() in held.split(b"\n"):
+            return False
+        os.write(fd, (b"\n" if held and not held.endswith(b"\n") else b"") + text.encode() + b"\n")
+        return True
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -224,12 +245,14 @@ def recording(path: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kforge_runtime.record",
                                  description="run a Python script, recording the Triton specializations it uses")
-    ap.add_argument("--out", required=True, help="the record file (JSON lines, appended)")
+    ap.add_argument("--out", required=True, help="the record file (JSON lines; new lines appended)")
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
+    # the script's Python children (worker pools, subprocesses) record into the same file: startup.py
+    os.environ.setdefault("KFORGE_RECORD", os.path.abspath(a.out))
     with recording(os.path.abspath(a.out)):
         runpy.run_path(a.script, run_name="__main__")
     return 0

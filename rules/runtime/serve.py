@@ -22,8 +22,9 @@ otherwise strict=True stops (strict=False lets the autotuner benchmark, as Trito
 On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
 as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
 when a process first touches it (most of a served process's start). Anything else (a compile on a miss,
-benchmarking) gets Triton's own driver, created then. serve() also imports what Triton's argument specializer
-imports at its first call (warm_specializer), so that the application's first kernel call does not.
+benchmarking) gets Triton's own driver, created then. serve() also readies Triton's argument specializer,
+whose first call would import Gluon and Triton's code generator, with two light modules of Triton's instead
+(rules/runtime/specializer.py): a served process imports no compiler it does not use.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import json
 import os
 import threading
 
+from . import specializer
 from .record import DEFAULTS, arch_name, autotune_key, record_line, tuned_line
 
 COMPILE_TIME = ("constexpr", "dtype", "function", "none")
@@ -137,18 +139,6 @@ class LightDriver:
         return getattr(self._config.default, name)
 
 
-def warm_specializer() -> None:
-    """Triton's argument specializer (the binder of every JIT function) imports Triton's code generator and its
-    Gluon front end at its first call: 35 ms on the dev CPU, 140 ms on the H100 host (bench/serve_breakdown.py).
-    serve() imports them, so that an application's first kernel call does not."""
-    import importlib
-    for name in ("triton.compiler.code_generator", "triton.experimental.gluon"):
-        try:
-            importlib.import_module(name)
-        except ImportError:   # another Triton: its first call pays whatever it imports
-            pass
-
-
 def light_driver() -> None:
     """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has)."""
     try:
@@ -171,7 +161,12 @@ class Server:
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
+        self.preload_at_first_call = False   # KFORGE_SERVE's preload: the process has picked its GPU by then
         self.lock = threading.Lock()
+
+    def summary(self) -> str:
+        return (f"{self.served} specializations served, {self.compiled} compiled, {self.tuned_configs} autotuned "
+                f"configs chosen from the record")
 
     def index(self) -> str:
         """The device's arch; at the first call, the entries of the bundles for it, by identity."""
@@ -189,6 +184,9 @@ class Server:
         return self.arch
 
     def lookup(self, fn, signature, constexprs, attrs, options):
+        if self.preload_at_first_call:
+            self.preload_at_first_call = False
+            self.preload()
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
                            options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
@@ -255,7 +253,7 @@ def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
     from .library import Library
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
     light_driver()
-    warm_specializer()
+    specializer.prime()
     if not getattr(Autotuner.run, "kforge_served", False):
         tuner_run = Autotuner.run
 
@@ -327,14 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload)
     setup = time.perf_counter() - start
+    # the script's Python children (worker pools, subprocesses) are served too: kforge_runtime/startup.py
+    os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *(["strict"] if a.strict else []),
+                                                    *(["preload"] if a.preload else [])]))
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     try:
         runpy.run_path(a.script, run_name="__main__")
     finally:
-        sys.stderr.write(f"kforge serve: {server.served} specializations served, {server.compiled} compiled, "
-                         f"{server.tuned_configs} autotuned configs chosen from the record; serve() took "
-                         f"{setup * 1000:.0f} ms\n")
+        sys.stderr.write(f"kforge serve: {server.summary()}; serve() took {setup * 1000:.0f} ms\n")
     return 0
 
 

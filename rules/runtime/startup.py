@@ -1,0 +1,83 @@
+"""KFORGE_RECORD and KFORGE_SERVE: record or serve every Python process of an application, whatever starts it.
+
+    KFORGE_RECORD=specs/app.jsonl torchrun --nproc-per-node 2 app.py   # every rank's specializations, one file
+    KFORGE_SERVE=out/dist,strict torchrun --nproc-per-node 2 app.py    # DIR[,DIR...][,strict][,preload][,report]
+
+Installing kforge puts kforge-runtime-env.pth in site-packages, and Python's site module runs its one line at
+every interpreter start (the way coverage.py reaches subprocesses). With neither variable set that line imports
+nothing. With one set it calls start(), which makes the variables' paths absolute (a child started in another
+directory finds the same files) and waits for the process to import Triton: a process that never does
+(torchrun's launcher, a build helper) pays for nothing more. Once `import triton` has run, the process is
+recorded as `python -m kforge_runtime.record` records (one de-duplicated file for all processes: record.py)
+and served as serve() serves. Children inherit the variables: multiprocessing's spawn and forkserver workers
+and subprocess Python children are recorded and served too (a forked child inherits its parent's hooks).
+
+    strict    a specialization the bundles lack stops the process (NotServed) instead of compiling
+    preload   every binary for the GPU is loaded at the first kernel call, not at each kernel's first launch
+              (not at `import triton`: a torchrun rank picks its GPU after that)
+    report    at exit, one line on stderr: the process id and what was served and compiled
+
+A value that cannot be applied stops the process at its `import triton` with one line saying what to fix:
+serving that was asked for and silently not done would compile instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .after_import import AfterImport
+
+FLAGS = ("strict", "preload", "report")
+
+
+class SwitchError(RuntimeError):
+    """A KFORGE_SERVE or KFORGE_RECORD value that cannot be applied."""
+
+
+def start() -> None:
+    """Run by the .pth line when a variable is set: the paths made absolute, apply() at `import triton`."""
+    if os.environ.get("KFORGE_RECORD"):
+        os.environ["KFORGE_RECORD"] = os.path.abspath(os.environ["KFORGE_RECORD"])
+    if os.environ.get("KFORGE_SERVE"):
+        os.environ["KFORGE_SERVE"] = ",".join(p if p in FLAGS else os.path.abspath(p)
+                                              for p in _parts(os.environ["KFORGE_SERVE"]))
+    if "triton" in sys.modules:   # start() called by hand, after the import
+        apply()
+    else:
+        sys.meta_path.insert(0, AfterImport("triton", apply))
+
+
+def apply() -> None:
+    """Record and serve this process as the variables say; Triton is imported."""
+    record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
+    if served:   # checked first: a bad value stops the process before anything is installed
+        paths, flags = parse_serve(served)
+    if record:
+        from .record import Recorder
+        Recorder(record).install()
+    if served:
+        from .library import Library
+        from .serve import serve
+        server = serve(Library(*paths), strict="strict" in flags)
+        server.preload_at_first_call = "preload" in flags
+        if "report" in flags:
+            import atexit
+            atexit.register(lambda: sys.stderr.write(f"kforge serve (pid {os.getpid()}): {server.summary()}\n"))
+
+
+def parse_serve(value: str) -> tuple[list[str], set[str]]:
+    """(bundle paths, flags) of KFORGE_SERVE=DIR[,DIR...][,strict][,preload][,report]."""
+    parts = _parts(value)
+    paths, flags = [p for p in parts if p not in FLAGS], {p for p in parts if p in FLAGS}
+    if not paths:
+        raise SwitchError(f"kforge: KFORGE_SERVE={value!r} names no bundle; set it to DIR[,strict][,preload] "
+                          f"(a bundle wheel or directory, or out/dist)")
+    missing = next((p for p in paths if not os.path.exists(p)), None)
+    if missing:
+        raise SwitchError(f"kforge: KFORGE_SERVE names {missing}, which does not exist; build and package the "
+                          f"bundles there (doit package) or fix the path")
+    return paths, flags
+
+
+def _parts(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",") if p.strip()]

@@ -1,0 +1,156 @@
+"""rules/runtime/startup.py: KFORGE_SERVE and KFORGE_RECORD reach every Python process of an application through
+the .pth file installed with kforge. In child processes, on the CPU: Triton's driver answered by a stub (sm_90a)
+and kernel binaries stood in for (tests/test_runtime_serve.py), compiles stood in for when recording."""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from kforge_runtime import record
+from tests.support import REPO
+from tests.test_runtime_serve import bundle_dir, entry
+
+PTH = "kforge-runtime-env.pth"
+
+
+@pytest.fixture(scope="module")
+def installed():
+    """The .pth is where `pip install -e .` (or a wheel) put it: the site-packages of this Python."""
+    if not (Path(sysconfig.get_paths()["purelib"]) / PTH).is_file():
+        pytest.fail(f"{PTH} is not in {sysconfig.get_paths()['purelib']}: install kforge (pip install -e .)")
+
+
+def python(code: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -c code` with only these KFORGE_ variables set, the checkout importable."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")}
+    proc = subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(REPO), **env},
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_a_python_without_the_variables_imports_nothing_of_kforge(installed):
+    shown = "import sys; print(sorted(m for m in sys.modules if m.startswith('kforge')))"
+    assert python(shown, {}).stdout.split() == ["[]"]
+    # set, but Triton never imported (torchrun's launcher, say): the switch alone, nothing else of kforge
+    assert python(shown, {"KFORGE_SERVE": "anywhere"}).stdout.split() == [
+        "['kforge_runtime',", "'kforge_runtime.after_import',", "'kforge_runtime.startup']"]
+
+
+def launch(block: int = 128) -> dict:
+    """In a served child: one launch of tests.test_runtime_serve.copy; what the child's server counted."""
+    from kforge_runtime import serve
+    from kforge_runtime.bundle import Bundle
+    from tests.test_runtime_serve import Launched, StubDriver, copy, tensors
+    from triton.runtime import driver
+    driver.set_active(StubDriver())
+    Bundle.kernel = lambda self, entry: Launched()
+    copy.device_caches[0]
+    copy.compile = lambda *a, **k: sys.exit("compiled")
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=block)
+    server = serve._active[-1]
+    return {"served": server.served, "compiled": server.compiled, "launches": len(Launched.calls),
+            "strict": server.strict, "pid": os.getpid()}
+
+
+PARENT = """
+import json, multiprocessing, subprocess, sys
+from tests.test_runtime_startup import {fn}
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        spawned = pool.map({fn}, [0, 1])
+    child = subprocess.run([sys.executable, "-c", "import json; from tests.test_runtime_startup import {fn}; "
+                            "print(json.dumps({fn}(2)))"], capture_output=True, text=True, check=True)
+    print(json.dumps(spawned + [json.loads(child.stdout)]))
+"""
+
+
+def served_child(_) -> dict:
+    return launch()
+
+
+def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="served_child")
+    runs = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
+    assert [{k: r[k] for k in ("served", "compiled", "launches", "strict")} for r in runs] == [
+        {"served": 1, "compiled": 0, "launches": 1, "strict": True}] * 3
+    assert len({r["pid"] for r in runs}) == 3
+
+
+def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    miss = python("from tests.test_runtime_startup import launch; launch(256)",
+                  {"KFORGE_SERVE": f"{held},strict"}, check=False)
+    assert miss.returncode == 1 and "kforge serve (strict): no prebuilt tests.test_runtime_serve:copy" in miss.stderr
+    for value, said in (("nowhere/dist,strict", f"kforge: KFORGE_SERVE names {REPO}/nowhere/dist, which does "
+                                                f"not exist"),
+                        ("strict,preload", "kforge: KFORGE_SERVE='strict,preload' names no bundle")):
+        bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
+        assert bad.returncode == 1 and said in bad.stderr.strip().splitlines()[-1]
+        assert python("print('no triton, no check')", {"KFORGE_SERVE": value}).returncode == 0
+
+
+class Compiled:
+    """Stands for Triton's compiled kernel (launches do nothing)."""
+    function = packed_metadata = None
+
+    def launch_metadata(self, *args):
+        return None
+
+    def run(self, *args):
+        pass
+
+
+def recorded_child(i) -> int:
+    """In a recorded child: tests.test_runtime_serve.copy compiled (stood in for) with BLOCK 128 in every
+    child, and with a BLOCK of its own."""
+    from tests.test_runtime_serve import StubDriver, copy, tensors
+    from triton.runtime import driver
+    driver.set_active(StubDriver())
+    copy.device_caches[0]
+    copy.compile = lambda *a, **k: Compiled()
+    x, y = tensors()
+    for block in (128, 256 + 128 * i):
+        copy[(8,)](x, y, 1000, BLOCK=block)
+    return os.getpid()
+
+
+def test_every_process_records_into_one_file_each_specialization_once(installed, tmp_path):
+    out = tmp_path / "records" / "app.jsonl"
+    out.parent.mkdir()
+    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="recorded_child")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, timeout=300,
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")},
+                        "PYTHONPATH": str(REPO), "KFORGE_RECORD": "records/app.jsonl"})   # relative: made absolute
+    lines = out.read_text().splitlines()
+    blocks = sorted(json.loads(t)["constexprs"]["BLOCK"] for t in lines)
+    assert blocks == [128, 256, 384, 512] and len(set(lines)) == len(lines)
+
+
+def append_many(args) -> None:
+    path, start = args
+    for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
+        record.append_once(path, json.dumps({"line": n, "pad": "x" * (n % 97) * 60}))
+
+
+def test_writers_at_the_same_time_never_interleave_or_repeat_a_line(tmp_path):
+    import multiprocessing
+    path = str(tmp_path / "r.jsonl")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:   # overlapping ranges: each line offered twice or more
+        pool.map(append_many, [(path, s) for s in (0, 100, 200, 300)])
+    lines = Path(path).read_text().splitlines()
+    assert sorted(json.loads(t)["line"] for t in lines) == list(range(400))   # every line whole, each once
+
+
+def test_a_line_is_appended_once_after_a_file_that_lost_its_last_newline(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}')
+    assert record.append_once(str(path), '{"b": 2}') and not record.append_once(str(path), '{"a": 1}')
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
