@@ -18,8 +18,8 @@ read by native code (a C extension's fopen), and directory listings (a file adde
 globs).
 
 Not recorded: the toolchain (the standard library; torch, triton, flydsl, kforge and the distributions they
-require: the toolchain fingerprint and the catalog's stamp cover them), out/, temporary files, and files
-outside the project and the module path (/proc, /etc, the home directory).
+require: the toolchain fingerprint and the catalog's stamp cover them), out/, and files outside the project
+and the module path (a compiler's temporary files, /proc, /etc, the home directory).
 
 Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
 (`kfl/ops/scale.py`, `kernels/gemm.py`), the same on every machine and checkout; resolve() finds it again
@@ -28,10 +28,10 @@ as Python would, in the first of them that has it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
-import sysconfig
-import tempfile
+import time
 from collections.abc import Iterable
 
 # the distributions whose files (and whose requirements' files) are the toolchain, not inputs
@@ -53,8 +53,18 @@ def name_of(path: str, folders: tuple[str, ...]) -> str:
     return real
 
 
+def search_path(root: str) -> tuple[str, ...]:
+    """Where resolve() looks, in order: the project (first on every compile's path), then the module path."""
+    found: dict[str, None] = {}
+    for p in (root, *sys.path):
+        real = os.path.realpath(p or ".")
+        if os.path.isdir(real):
+            found.setdefault(real)
+    return tuple(found)
+
+
 def resolve(name: str, folders: tuple[str, ...]) -> str | None:
-    """The file a name stands for here: the first folder, in module path order, that has it."""
+    """The file a name stands for here: the first of search_path's folders that has it."""
     if os.path.isabs(name):
         return name if os.path.isfile(name) else None
     for folder in folders:
@@ -69,6 +79,7 @@ def toolchain_dirs() -> tuple[str, ...]:
     """The standard library and the folders of the toolchain distributions and everything they require."""
     import importlib.metadata
     import re
+    import sysconfig
     dirs = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
     todo, seen = list(TOOLCHAIN), set()
     while todo:
@@ -98,11 +109,11 @@ class Recorder:
 
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
-        self.skip = (os.path.join(self.root, "out") + os.sep, os.path.realpath(tempfile.gettempdir()) + os.sep,
-                     *(d + os.sep for d in toolchain_dirs()), "/proc/", "/sys/", "/dev/")
+        self.skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
         self.seen: set[str] = set()
         self.modules: set[str] = set(sys.modules)
         self.active = False
+        self.since_ns = 0
 
     @classmethod
     def install(cls, root: str) -> "Recorder":
@@ -113,7 +124,7 @@ class Recorder:
 
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
-        self.seen, self.modules, self.active = set(), set(sys.modules), True
+        self.seen, self.modules, self.active, self.since_ns = set(), set(sys.modules), True, time.time_ns()
 
     def _hook(self, event: str, args: tuple) -> None:
         # called for every audited event of the process: the cheap test first
@@ -165,3 +176,22 @@ class Recorder:
             if paths and not any(os.path.realpath(p).startswith(skip) for p in paths):
                 found.append(name)
         return found
+
+
+def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0) -> list[list[str]]:
+    """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it. A file changed
+    since `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which
+    no content matches, so the next run rebuilds."""
+    found = {}
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                data, st = f.read(), os.fstat(f.fileno())
+        except OSError:
+            continue
+        digest = hashlib.sha256(data).hexdigest() if st.st_ctime_ns < since_ns or not since_ns else CHANGED
+        found[name_of(path, folders)] = digest
+    return [[n, found[n]] for n in sorted(found)]
+
+
+CHANGED = "changed-while-read"
