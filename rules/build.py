@@ -26,7 +26,7 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     if cache is not None:
         hit = cache.fetch(target)
         spans.append(("cache lookup", began, time.time()))
-        if hit:
+        if hit and _read_the_same(target):   # an entry's key is what the catalog knows; what it read must match too
             return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
                                  cache_warnings=tuple(cache.drain_warnings()), spans=tuple(spans),
                                  worker=os.getpid()).values()
@@ -48,6 +48,15 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     return CompileResult(round(outcome.seconds, 4), written.compile_seconds, written.sha256,
                          compiled_on=written.compiled_on, cache_warnings=warnings, spans=tuple(spans),
                          worker=os.getpid()).values()
+
+
+def _read_the_same(target: Target) -> bool:
+    """Whether the files the artifact's compile read (its meta.json lists them) have the same content here."""
+    from kforge import stamps
+    from kforge.inputs import InputIndex
+    from kforge.layout import Layout
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
 
 
 def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:
