@@ -3,9 +3,10 @@
 Usage: python bench/reproducible.py [--families softmax liger_softmax_fwd kfl_auto ...] [--archs sm_90a,gfx942]
                                     [--work DIR] [-n 2] [--json out.json]
 Each build is a project of its own (DIR/a and DIR/b-somewhere/else/entirely): the checkout's kernels/,
-dodo.py, pyproject.toml and the chosen families' specs (from specs/, tests/liger_specs/ and the test
-library of tests/observed_library.py), and a site/ folder holding copies of the installed libraries the
-specs name (liger_kernel with its dist-info, the test library), put on PYTHONPATH. Before the second build
+dodo.py, pyproject.toml and the chosen families' specs (from specs/ and tests/liger_specs/), and a site/
+folder holding a copy of liger_kernel with its dist-info when a spec names it, put on PYTHONPATH (a library
+installed at another path; liger's autotuned entries are the wrapped ones). tests/test_observed.py does the
+same for its own library (a helper through a module object, a generated source, a library's wrapper class). Before the second build
 every one of its files gets another mtime (a day later). Both run `doit archs=...` (every chosen family and
 the bundles), then every file under out/ but kforge's and doit's private state and the run's report and
 trace is compared byte for byte, and each is searched for either directory's absolute path (a wheel's
@@ -25,18 +26,14 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tests import observed_library  # noqa: E402
-
-DEFAULT_FAMILIES = ("softmax", "liger_softmax_fwd", "liger_rms_norm_fwd", "kfl_auto", "kfl_heur", "kfl_wrap")
+DEFAULT_FAMILIES = ("softmax", "liger_softmax_fwd", "liger_rms_norm_fwd", "liger_dyt_fwd")
 PRIVATE = ("out/.kforge/", "out/.doit.sqlite3", "out/build-report.json", "out/build-trace.json")
 
 
 def spec_files(families) -> dict[str, str]:
-    """{family: spec text} from specs/, tests/liger_specs/ and the test library."""
+    """{family: spec text} from specs/ and tests/liger_specs/."""
     found = {p.stem: p.read_text() for folder in (REPO / "specs", REPO / "tests" / "liger_specs")
              for p in folder.glob("*.toml")}
-    found.update(observed_library.specs(("sm_90a", "gfx942")))
     missing = [f for f in families if f not in found]
     if missing:
         raise SystemExit(f"reproducible.py: no spec for {', '.join(missing)}; families: {', '.join(sorted(found))}")
@@ -53,7 +50,7 @@ def make(root: Path, families: dict[str, str]) -> Path:
     for family, text in families.items():
         (root / "specs" / f"{family}.toml").write_text(text)
     site = root / "site"
-    observed_library.write(site)
+    site.mkdir()
     liger = importlib.util.find_spec("liger_kernel")
     if liger is not None and any("liger_kernel" in t for t in families.values()):
         installed = Path(liger.origin).parent
