@@ -18,8 +18,10 @@ read by native code (a C extension's fopen), and directory listings (a file adde
 globs).
 
 Not recorded: the toolchain (the standard library; torch, triton, flydsl, kforge and the distributions they
-require: the toolchain fingerprint and the catalog's stamp cover them), out/, and files outside the project
-and the module path (a compiler's temporary files, /proc, /etc, the home directory).
+require: the toolchain fingerprint and the catalog's stamp cover them), out/, package metadata (*.dist-info:
+the entry points a plugin lookup scans; an installed kernel module's distribution version is in its key),
+and files outside the project and the module path (a compiler's temporary files, /proc, /etc, the home
+directory).
 
 Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
 (`kfl/ops/scale.py`, `kernels/gemm.py`), the same on every machine and checkout; resolve() finds it again
@@ -80,7 +82,9 @@ def toolchain_dirs() -> tuple[str, ...]:
     import importlib.metadata
     import re
     import sysconfig
-    dirs = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+    # the base interpreter's: a virtualenv's own lib/pythonX.Y holds site-packages, which is not the toolchain
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
     todo, seen = list(TOOLCHAIN), set()
     while todo:
         name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
@@ -91,12 +95,15 @@ def toolchain_dirs() -> tuple[str, ...]:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
+        if getattr(dist, "_path", None) is not None:   # its own metadata (entry points, RECORD)
+            dirs.add(os.path.realpath(dist._path))
         todo += [r for r in dist.requires or () if "extra ==" not in r]
         base = os.path.realpath(dist.locate_file(""))
         tops = (dist.read_text("top_level.txt") or "").split() or {
-            f.parts[0] for f in dist.files or () if len(f.parts) > 1 and not f.parts[0].endswith((".dist-info", ".data"))
+            f.parts[0] for f in dist.files or () if not f.parts[0].endswith((".dist-info", ".data"))
             and f.parts[0] not in ("..", "bin")}
-        dirs.update(os.path.join(base, t) for t in tops)
+        for top in tops:   # a package's folder, or a one-file module (typing_extensions.py)
+            dirs.update((os.path.join(base, top), os.path.join(base, top + ".py")))
     import kforge
     import kforge_runtime   # kforge's own folders, wherever it is installed (editable: the checkout)
     dirs.update(os.path.dirname(os.path.realpath(m.__file__)) for m in (kforge, kforge_runtime))
@@ -110,6 +117,7 @@ class Recorder:
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
         self.skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
+        self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
         self.seen: set[str] = set()
         self.modules: set[str] = set(sys.modules)
         self.active = False
@@ -159,8 +167,10 @@ class Recorder:
                 real = importlib.util.source_from_cache(real)
             except ValueError:
                 return None
-        if real.startswith(self.skip) or not os.path.isfile(real):
+        if real.startswith(self.skip) or real in self.skip_files or not os.path.isfile(real):
             return None
+        if ".dist-info" + os.sep in real or ".egg-info" + os.sep in real:   # metadata, e.g. entry points a plugin
+            return None                                                    # lookup scans: the version is keyed
         inside = (self.root, *(os.path.realpath(p or ".") for p in sys.path))
         return real if any(real.startswith(b + os.sep) for b in inside) else None
 
