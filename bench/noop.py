@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, run_doit, scale_project  # noqa: E402
+from kforge.artifact import seal  # noqa: E402
 from kforge.project import load_specs  # noqa: E402
 from kforge.targets import build_targets  # noqa: E402
 
@@ -58,7 +59,8 @@ def kforge_project(root: Path, n: int) -> Path:
         dst.mkdir(parents=True, exist_ok=True)
         meta = json.loads((src / "meta.json").read_text())
         shutil.copy(src / meta["binary"], dst / meta["binary"])
-        (dst / "meta.json").write_text(json.dumps({**meta, "key": t.key, "target": t.name}))
+        seeded = {k: v for k, v in meta.items() if k != "seal"} | {"key": t.key, "target": t.name}
+        (dst / "meta.json").write_text(json.dumps({**seeded, "seal": seal(seeded)}))   # as a build seals it
     return root
 
 

@@ -38,14 +38,14 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     if local is not None:
         hit, warnings = local_cache.fetch(local, target)
         spans.append(("local cache lookup", began, time.time()))
-        if hit:
+        if hit and _read_the_same(target):   # as for a remote entry: what its compile read must match too
             return CompileResult(round(time.monotonic() - start, 4), from_local_cache=True, spans=tuple(spans),
                                  worker=os.getpid()).values()
     if cache is not None:
         looking = time.time()
         hit = cache.fetch(target)
         spans.append(("cache lookup", looking, time.time()))
-        if hit:
+        if hit and _read_the_same(target):   # an entry's key is what the catalog knows; what it read must match too
             if local is not None:   # the next checkout, revert or branch switch finds it here
                 warnings += local_cache.store(local, target)
             return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
@@ -72,6 +72,15 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     return CompileResult(round(outcome.seconds, 4), written.compile_seconds, written.sha256,
                          compiled_on=written.compiled_on, cache_warnings=tuple(warnings), spans=tuple(spans),
                          worker=os.getpid()).values()
+
+
+def _read_the_same(target: Target) -> bool:
+    """Whether the files the artifact's compile read (its meta.json lists them) have the same content here."""
+    from kforge import stamps
+    from kforge.inputs import InputIndex
+    from kforge.layout import Layout
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
 
 
 def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:

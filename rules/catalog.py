@@ -3,7 +3,8 @@
 Loading specs and computing 1,000+ targets (parsing every kernel source for its imports, hashing them, one
 action key per target) is most of a no-op run. Its result depends only on files and settings that can be
 checked without doing that work: the list of spec files and each of them, every kernel source and project
-module the targets were computed from, the project files an import looked for and did not find (one created
+module the targets were computed from, every file the probe read importing a family's module (its heuristics,
+its config files: rules/entry_probe.py), the project files an import looked for and did not find (one created
 there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
 environment, the Python, where each installed kernel module is found (which copy of a package an import finds),
 the project's path and the settings that shape the catalog. The saved catalog is
@@ -25,7 +26,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-6"
+FORMAT = "kforge-catalog-7"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -70,6 +71,7 @@ class Catalog:
             from kforge.records import without_duplicates
             self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read))
             self.tuned = tuned_choices(self.root, spec_files, self.archs)
+            read.update(map(Path, Probe.read))   # what importing the modules read: heuristics, data files
         finally:
             Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]

@@ -14,11 +14,12 @@ import functools
 import importlib
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge import artifact, isolate, scratch
+from kforge import artifact, isolate, observe, scratch
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
 from kforge.target import Target
@@ -125,14 +126,38 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 
 def lower_and_write(backend, request: tuple) -> Written:
-    """In the compile server, once per target."""
+    """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
     start = time.time()
+    recorder = _observed(target)
     with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
         lowered = backend.lower(target, scratch_dir)
+    inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns)
+    lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
     lowered_at = time.time()
     written = check_and_write(target, lowered)
     return dataclasses.replace(written, spans=(("compile", start, lowered_at), ("write", lowered_at, time.time())))
+
+
+_folders: list[tuple[str, ...]] = [()]   # where the server names files from (observe.bases), set up once
+_serving: list = [None]   # the modules the server's state was imported for
+
+
+def _observed(target: Target) -> observe.Recorder:
+    """The recorder of this server, reading for this target. What a compile reads is recorded from a fresh
+    import of its module: a target of another module (or other "function" arguments) first drops the modules
+    the previous ones imported (not the toolchain's), so each compile's record holds every file its import
+    read, whatever the server compiled before; targets of one module share the import (and the record)."""
+    recorder = observe.Recorder.installed
+    functions = sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature)
+    wanted = (target.module, functions)
+    if _serving[0] != wanted:
+        for name in recorder.owned_modules():
+            sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+        recorder.start()
+        _serving[0] = wanted
+    return recorder
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
@@ -158,6 +183,8 @@ def _server_setup(target: Target, backend, root: str, import_here: bool) -> None
             raise RuntimeError(_unusable(target, e)) from None
     if backend.ARCH_PER_PROCESS:
         backend.setup(target.arch)
+    _folders[0] = observe.bases(root)
+    observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
 
 
 def _unusable(target: Target, e: Exception) -> str:

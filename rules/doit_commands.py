@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from doit.cmd_forget import Forget as DoitForget
 from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
-from kforge import artifact, local_cache, out_dir, report, settings
+from kforge import artifact, local_cache, out_dir, report, settings, stamps
+from kforge.inputs import InputIndex, listed_inputs
 from kforge.layout import Layout
 from kforge.local_cache import LocalCache
 from kforge_runtime.schema import ERROR, META
@@ -52,18 +54,54 @@ def compile_target_of(task):
 
 
 def target_state(target) -> str:
-    """up to date | stale (built from another key) | failed: <cause> | not built."""
+    """up to date | stale (and what changed) | failed: <cause> | not built."""
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
     if artifact.is_current(target.meta_path, target.key):
-        return "up to date"
+        changed = index.changed_input(target.meta_path, stamps.identity(target.meta_path))
+        if changed is None:
+            return "up to date"
+        return f"stale: {changed} changed since it was built (its compile read it); the next build rebuilds it"
     directory = Path(target.out_dir)
     if (directory / META).exists():
-        return "stale: built from another key (inputs changed since); the next build rebuilds it"
+        return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
     error = directory / ERROR
     if error.exists():
         text = error.read_text(errors="replace")
         old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
         return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}"
     return "not built"
+
+
+def _key_change(target) -> str:
+    """Which of the key's parts differs between the built meta.json and the target now, in words."""
+    try:
+        meta = json.loads(Path(target.meta_path).read_bytes())
+        built = meta["source"]["digests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its meta.json is unreadable"
+    now = dict(target.source_digests)
+    for name in sorted(set(built) | set(now)):
+        if built.get(name) != now.get(name):
+            return f"{name} {'changed' if name in built and name in now else 'added' if name in now else 'gone'}"
+    for field, was, is_now in (("constexpr", meta.get("constexprs", {}), dict(target.constexprs)),
+                               ("toolchain", meta.get("toolchain_versions", {}), dict(target.toolchain_versions)),
+                               ("env", meta.get("env", {}), dict(target.env))):
+        for name in sorted(set(was) | set(is_now)):
+            if was.get(name) != is_now.get(name):
+                return f"{field} {name}: {was.get(name)!r} then, {is_now.get(name)!r} now"
+    return "an input of its key changed"
+
+
+def observed_lines(target) -> str:
+    """`doit info`'s list of the files the target's compile read, each with its digest then and a mark when
+    its content is not that any more."""
+    listed = listed_inputs(target.meta_path)
+    if listed is None:
+        return ""
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    rows = [f"    {name}  {digest[:12]}{'  (changed since)' if index.digest(name) != digest else ''}\n"
+            for name, digest in listed]
+    return f"  inputs its compile read ({len(rows)}; name, sha256 then):\n" + "".join(rows)
 
 
 class Info(DoitCmdBase):
@@ -88,7 +126,8 @@ class Info(DoitCmdBase):
             root = Layout.around(target.out).root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
                   f"{target.entry}\n  config: {dict(target.config)}\n  key: {target.key}\n"
-                  f"  artifact: {os.path.relpath(target.out_dir, root)}/\n  state: {target_state(target)}\n")
+                  f"  artifact: {os.path.relpath(target.out_dir, root)}/\n{observed_lines(target)}"
+                  f"  state: {target_state(target)}\n")
             return 0
         members = [compile_target_of(tasks[d]) for d in task.task_dep if d in tasks]
         if members and all(members):

@@ -26,6 +26,7 @@ from doit.control import ExecNode
 from doit.dependency import DatabaseException, SqliteDB
 
 from kforge import artifact, cpus, doit_runner, keys, out_dir, report, scratch, settings
+from kforge.inputs import InputIndex
 from kforge.layout import Layout
 from kforge.local_cache import LocalCache
 
@@ -59,7 +60,7 @@ def config(root: Path, catalog) -> dict:
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),
         "local_cache": local_cache(),
-        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), catalog),
+        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), InputIndex.of(layout.observed_inputs), catalog),
         "before_first_task": staticmethod(_resume_gc),
         "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets],
                                                        option("archs")))})

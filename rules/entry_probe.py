@@ -16,6 +16,8 @@ Protocol: one JSON request per line on the child's stdin, one JSON reply per lin
       is an empty tensor of its element type on torch's "meta" device (a heuristic may test `is not None`,
       isinstance(..., torch.Tensor) or read .dtype, as it would of the tensor passed at launch)
   any failure -> {"error": "one line"}
+  every reply also carries "read": the files the child read for it beyond the toolchain (rules/observe.py):
+  the catalog's stamp holds them, so a changed heuristic or config file loads the catalog again
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def is_wrapped(path: Path, entry: str) -> bool:
 class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
+    read: set[str] = set()   # every file the children read, for the catalog's stamp
 
     @classmethod
     def of(cls, root: Path, env: tuple = ()) -> "Probe":
@@ -84,6 +87,7 @@ class Probe:
             module = (request.get("describe") or request.get("heuristics"))[0]
             raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
                             f"probe process; run `python -c 'import {module}'` to see why") from None
+        Probe.read.update(reply.pop("read", ()))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
         return reply
@@ -99,6 +103,7 @@ class Probe:
         for probe in cls._open.values():
             probe.close()
         cls._open.clear()
+        cls.read = set()
 
 
 # ---- the child's side ------------------------------------------------------------------------------------
@@ -187,6 +192,10 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
 
 def main() -> None:
     replies, sys.stdout = sys.stdout, sys.stderr   # what the user's modules print must not break the protocol
+    from kforge import observe
+    import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
+    recorder = observe.Recorder.install(os.getcwd())
+    recorder.start()
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -200,6 +209,8 @@ def main() -> None:
                               f"child process): {type(e).__name__}: {e}".splitlines()[0]
                               + ("; install it in the environment that runs doit"
                                  if isinstance(e, ModuleNotFoundError) else "")}
+        reply["read"] = sorted(recorder.files())
+        recorder.start()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

@@ -48,6 +48,10 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
         return self.state / "built-keys.json"
 
     @property
+    def observed_inputs(self) -> Path:
+        return self.state / "observed-inputs.json"
+
+    @property
     def tool_versions(self) -> Path:
         return self.state / "tools.json"
 

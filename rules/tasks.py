@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kforge import artifact, package
+from kforge.inputs import InputIndex
 from kforge.layout import Layout
 from kforge.target import Target
 from kforge_runtime.schema import dist_name
@@ -12,23 +13,25 @@ from kforge_runtime.schema import dist_name
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
                  built: artifact.KeyIndex, cache=None, executor: str | None = None, local=None) -> Iterator[dict]:
     yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
+    read = InputIndex.of(Layout.of(root).observed_inputs)   # saved by the reporter at the end of a run
     for t in targets:
-        yield compile_task(t, root, timeout, built, cache, executor, local)
+        yield compile_task(t, root, timeout, built, cache, executor, local, read)
 
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
-                 executor: str | None = None, local=None) -> dict:
+                 executor: str | None = None, local=None, read: InputIndex | None = None) -> dict:
     """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
-    Up to date iff the artifact on disk was built from this exact key. No file_dep: sources are content-hashed
-    into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
+    Up to date iff the artifact on disk was built from this exact key and every file its compile read still has
+    the content it read (rules/inputs.py). No file_dep: sources are content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
     finished artifacts count even though doit's DB was never written. No targets or clean actions either:
     forget, clean and prune find the artifact through the Target in the task's meta (doit_commands.py)."""
+    read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
         "doc": f"{t.toolchain} {t.entry} for {t.arch}",
         "actions": [(compile_action, [t, root, timeout, cache, executor, local])],
-        "uptodate": [built.is_current(t.meta_path, t.key)],
+        "uptodate": [built.is_current(t.meta_path, t.key) and read.unchanged(t.meta_path, built.meta_identity(t.meta_path))],
         "meta": {"kforge_target": t},
         "verbosity": 0,
     }

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from kforge import amdgpu_metadata
 from kforge.archs import ARCHS
 
 _root = ""
+_folders: tuple[str, ...] = ()   # the project and the module path: no binary may name them
 ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
 # Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
 # way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
@@ -28,7 +30,45 @@ def warm(root: str) -> None:
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
     from triton.runtime.cache import triton_key
     triton_key()   # hashes libtriton once; the forked compile server reuses it
+    _canonical_file_names(root)
     _root = root
+
+
+def _canonical_file_names(root: str) -> None:
+    """Make every binary independent of where things lie and when they were written.
+
+    Triton writes the source file of each function a kernel inlines into the binary's line info, and takes it
+    from one place, get_jit_fn_file_line, for the entry (however it is wrapped: Autotuner, Heuristics, a
+    library's own class), every @triton.jit function it calls (through a module object too), and Triton's own
+    library. Wrapped there, each name is relative to the project or the module path entry it lies in
+    (`kfl/ops/scale.py`, `triton/language/standard.py`), as rules/observe.py names inputs; a file outside all
+    of them keeps only its name. ptxas then stats the file a PTX `.file` directive names and writes its mtime
+    into .debug_line (triton-lang/triton#11091): each directive gets an explicit timestamp and size, which
+    PTX allows. Measured with triton 3.6's ptxas: `, 0, 0` reads as "unknown" and the file is still looked
+    up; `, 1, 0` (1 s after the epoch, size 0) is taken as it is, whatever the file's mtime and wherever
+    ptxas runs. Only in compile servers, once."""
+    import triton.compiler.code_generator as code_generator
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    from kforge import observe
+    global _folders
+    folders = _folders = observe.bases(root)
+    file_line = code_generator.get_jit_fn_file_line
+
+    def canonical_file_line(fn):
+        name, line = file_line(fn)
+        name = observe.name_of(name, folders)
+        return (os.path.basename(name) if os.path.isabs(name) else name), line
+    code_generator.get_jit_fn_file_line = canonical_file_line
+
+    make_cubin = CUDABackend.make_cubin
+
+    def make_cubin_without_mtimes(self, src, *args):
+        return make_cubin(self, _PTX_FILE.sub(r'\g<0>, 1, 0', src), *args)
+    CUDABackend.make_cubin = make_cubin_without_mtimes
+
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+\d+\s+"[^"\n]*"(?=\s*$)', re.MULTILINE)   # no timestamp given
 
 
 def lower(target, scratch: str):
@@ -50,14 +90,14 @@ def lower(target, scratch: str):
                   _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     start = time.monotonic()
-    os.chdir(scratch)   # ptxas stamps the line info with the mtime of any source file it finds from its cwd
-    try:
-        kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
-                                options=dict(target.options))
-    finally:
-        os.chdir(_root)
+    kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
+                            options=dict(target.options))
     seconds = time.monotonic() - start
     binary = kernel.asm[arch.binary_ext]
+    named = next((f for f in _folders if len(f) > 1 and f.encode() in binary), None)
+    if named is not None:   # a file name _canonical_file_names did not see: never ship it
+        raise RuntimeError(f"the binary holds the absolute path {named}; kforge ships no machine's paths "
+                           f"(report it with the kernel's source)")
     md = kernel.metadata
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
@@ -78,51 +118,14 @@ def _entry(target):
     fn = layers(getattr(module, target.entry, None))[-1]
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
-    _relative_file_names(JITFunction, target)
     return fn
 
 
 def _function(ref: str, target):
-    """The @triton.jit function a "function" argument names ("module:name"), its file names made relative."""
+    """The @triton.jit function a "function" argument names ("module:name")."""
     from triton.runtime.jit import JITFunction
     module, name = ref.split(":")
     fn = getattr(importlib.import_module(module), name, None)
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{ref} is not a @triton.jit function (got {type(fn).__name__})")
-    code = fn.fn.__code__
-    base = _module_base_of(sys.modules[module], module)
-    if base is not None and code.co_filename.startswith(str(base) + os.sep):
-        fn.fn.__code__ = code.replace(co_filename=str(Path(code.co_filename).relative_to(base)))
     return fn
-
-
-def _module_base_of(module, name: str) -> Path | None:
-    from kforge.sources import module_base
-    where = getattr(module, "__file__", None)
-    return module_base(Path(where), name) if where else None
-
-
-def _relative_file_names(jit_type, target) -> None:
-    """Triton writes the source file name of each function a kernel inlines into the binary's line info. Make
-    it a path that does not depend on where things lie, so that two checkouts (and their virtualenvs) at
-    different paths build byte-identical binaries: the target's own sources (its kernel module and the
-    modules it imports) relative to the project (an installed module's: to its site-packages), Triton's own
-    library (tl.cdiv, tl.sum, ...) relative to site-packages (`triton/language/standard.py`). No other module is looked into: reading
-    attributes of arbitrary modules runs their module-level __getattr__ (torch's asserted on CUDA)."""
-    import triton
-    from kforge.sources import module_base
-    base, library = module_base(Path(target.source), target.module), Path(triton.__file__).parent
-    renames = {str(base / rel): rel for rel, _ in target.source_digests}
-    modules = [m for m in list(sys.modules.values()) if (getattr(m, "__file__", None) or "") in renames]
-    for name, module in list(sys.modules.items()):
-        where = getattr(module, "__file__", None) or ""
-        if (name == "triton" or name.startswith("triton.")) and where.startswith(str(library) + os.sep):
-            modules.append(module)
-            renames[where] = str(Path("triton") / Path(where).relative_to(library))
-    for module in modules:
-        for value in list(vars(module).values()):
-            if not isinstance(value, jit_type):   # a type check: runs no code of the value's
-                continue
-            code = getattr(value.fn, "__code__", None)
-            if code is not None and code.co_filename in renames:
-                value.fn.__code__ = code.replace(co_filename=renames[code.co_filename])

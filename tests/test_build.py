@@ -307,7 +307,8 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
     monkeypatch.setitem(compile_core.BACKENDS, "fake", "fake_compile")
     monkeypatch.setattr(compile_core, "_servers", {})
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", out=str(tmp_path / "out"),
-                                   out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=())
+                                   out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
+                                   constexprs=(), signature=())
     try:
         outcome = compile_core.compile_here(target, str(tmp_path), timeout=60)
     finally:

@@ -6,6 +6,7 @@ import pytest
 from doit.loader import generate_tasks
 
 from kforge import artifact, package, tasks
+from kforge.inputs import InputIndex
 from kforge.layout import Layout
 from kforge.project import load_specs
 from kforge.targets import build_targets
@@ -31,14 +32,16 @@ def index(tmp_path):
     return artifact.KeyIndex(tmp_path / "built-keys.json")
 
 
-def fake_artifact(target, key=None):
-    """An artifact on disk that the key index takes as built from `key` (no ELF checks at this level)."""
+def fake_artifact(target, key=None, inputs=()):
+    """An artifact on disk that the key index takes as built from `key` (no ELF checks at this level), its
+    compile having read `inputs` ([name, sha256] pairs; None: an artifact that records none)."""
     binary = b"pretend code"
     out = Path(target.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "k.cubin").write_bytes(binary)
     (out / "meta.json").write_text(json.dumps({"key": key or target.key, "binary": "k.cubin",
-                                               "sha256": artifact.sha256(binary)}))
+                                               "sha256": artifact.sha256(binary),
+                                               **({} if inputs is None else {"inputs": list(inputs)})}))
 
 
 def test_a_compile_tasks_doit_name_is_the_targets_name(targets, project, index):
@@ -76,6 +79,21 @@ def test_a_compile_task_is_up_to_date_exactly_when_the_key_index_finds_its_key_o
     assert tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [True]
     assert tasks.compile_task(other, str(project), 60.0, index)["uptodate"] == [False]
     assert index.changed   # what it read is remembered for the reporter to save
+
+
+def test_a_compile_task_is_stale_when_a_file_its_compile_read_has_other_content(targets, project, index):
+    t = targets[0]
+    data = project / "tk" / "table.json"
+    data.write_text("[1, 2]")
+    fake_artifact(t, inputs=[["tk/table.json", artifact.sha256(b"[1, 2]")]])
+    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "a.json", project))["uptodate"] \
+        == [True]
+    data.write_text("[1, 3]")
+    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "b.json", project))["uptodate"] \
+        == [False]
+    fake_artifact(t, inputs=None)   # built before inputs were recorded: nothing says what it read, so it rebuilds
+    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "c.json", project))["uptodate"] \
+        == [False]
 
 
 def test_a_compile_tasks_meta_carries_the_target(targets, project, index):

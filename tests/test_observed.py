@@ -1,0 +1,132 @@
+"""Up to date means correct for a library whose inputs reading its source cannot find (issue 32): what the probe
+and each compile actually read decides (rules/observe.py, rules/inputs.py), and the same inputs give the same
+bytes wherever they lie. The library is tests/observed_library.py, on PYTHONPATH from a tmp site folder; beside
+it the project has a kernel of its own that reads none of the library's files."""
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import observed_library
+from tests.support import doit, make_project, spec_text, statuses
+
+WRAPPED = "kfl_wrap:fp32-block128@sm_90a"
+
+
+def _project(tmp_path: Path) -> tuple[Path, dict]:
+    site = observed_library.write(tmp_path / "site")
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), **observed_library.specs()})
+    return root, {"PYTHONPATH": str(site)}
+
+
+def _artifacts(root: Path) -> dict[str, bytes]:
+    """Every artifact file (binaries, meta.json) by its path under out/."""
+    return {p.relative_to(root / "out").as_posix(): p.read_bytes()
+            for arch in ("sm_90a", "gfx942") for p in sorted((root / "out" / arch).rglob("*")) if p.is_file()}
+
+
+def _readers(root: Path, name: str) -> set[str]:
+    """The targets whose compile read `name`, from their meta.json."""
+    found = set()
+    for meta in (root / "out").glob("*/*/*/meta.json"):
+        m = json.loads(meta.read_text())
+        if name in dict(m["inputs"]):
+            found.add(m["target"])
+    return found
+
+
+def _listed(root: Path, env: dict) -> set[str]:
+    return {t for t in doit(root, "list", "--all", "--quiet", env=env).stdout.split() if "@" in t}
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+EDITS = {   # the library's file, and an edit that changes what is built
+    "kfl/ops/scale_utils.py": ("else 128", "else 64"),            # imported by name after a sys.path insert
+    "kfl/configs.json": (',\n {\n  "BLOCK": 512,\n  "num_warps": 4\n }', ""),   # read at import: a config goes
+    "kfl/helpers.py": ("tl.program_id(0) * BLOCK", "tl.program_id(0).to(tl.int64) * BLOCK"),   # kfl.helpers.offsets
+    "kfl/_gen/act.py": ("x * 2", "x * 4"),                        # loaded with spec_from_file_location
+}
+
+
+@pytest.mark.parametrize("edited", list(EDITS))
+def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_the_earlier_bytes(tmp_path, edited):
+    root, env = _project(tmp_path)
+    listed = _listed(root, env)
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == listed
+    before = _artifacts(root)
+    library = {t for t in listed if t.startswith("kfl_")}   # every compile of kfl.ops.scale reads the file
+
+    path = tmp_path / "site" / edited
+    original = path.read_text()
+    _edit(path, *EDITS[edited])
+    now = _listed(root, env)
+    doit(root, "-n", "2", env=env)
+    rebuilt = library & now
+    assert statuses(root, "built") == rebuilt and statuses(root, "up-to-date") == now - rebuilt
+    assert _readers(root, edited) & now == rebuilt and "scale:fp16-b256-w4@sm_90a" in now - rebuilt
+    if edited == "kfl/configs.json":   # the config is gone from the catalog
+        assert listed - now == {"kfl_auto:fp32-block512-num_warps4-num_stages3@sm_90a"}
+    else:
+        assert now == listed
+    if edited == "kfl/ops/scale_utils.py":   # the heuristic's new value (the probe read the module again)
+        meta = json.loads((root / "out/sm_90a/kfl_heur/fp32-n1024/meta.json").read_text())
+        assert meta["constexprs"]["BLOCK"] == 64
+    if edited in ("kfl/helpers.py", "kfl/_gen/act.py"):   # the kernel that calls it compiled to other code
+        cubin = "sm_90a/kfl_auto/fp32-block128-num_warps4-num_stages3/auto_kernel.cubin"
+        assert _artifacts(root)[cubin] != before[cubin]
+
+    path.write_text(original)   # the config comes back; its artifact, never pruned, is up to date again
+    doit(root, "-n", "2", env=env)
+    assert _listed(root, env) == listed
+    assert statuses(root, "built") == rebuilt and statuses(root, "up-to-date") == listed - rebuilt
+    assert _artifacts(root) == before
+
+
+def test_the_same_library_at_other_paths_with_other_mtimes_builds_the_same_bytes_with_no_path_in_them(tmp_path):
+    """Autotuned, heuristics and a library's own wrapper class: every function the kernels reach (the helper
+    through a module object, the generated one) is named <package>/<file>, and no mtime gets in (ptxas)."""
+    first, env = _project(tmp_path / "a")
+    doit(first, "-n", "2", env=env)
+    other = tmp_path / "elsewhere" / "b"
+    shutil.copytree(tmp_path / "a", other, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    later = time.time() + 86400
+    for path in other.rglob("*"):
+        os.utime(path, (later, later))
+    second = other / "p"
+    doit(second, "-n", "2", env={"PYTHONPATH": str(other / "site")})
+    a, b = _artifacts(first), _artifacts(second)
+    assert len(a) == 2 * len(_listed(first, env)) and a == b
+    for name, data in a.items():
+        assert str(tmp_path).encode() not in data, name
+    assert b"helpers.py" in a["sm_90a/kfl_auto/fp32-block128-num_warps4-num_stages3/auto_kernel.cubin"]
+
+
+def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_what_changed(tmp_path):
+    root, env = _project(tmp_path)
+    listed = _listed(root, env)
+    doit(root, "-n", "2", env=env)
+    later = time.time() + 100
+    for path in (tmp_path / "site").rglob("*.py"):
+        os.utime(path, (later, later))
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "up-to-date") == listed
+    saved = json.loads((root / "out/.kforge/observed-inputs.json").read_text())
+    assert len(saved["sets"]) == 2 and len(saved["targets"]) == len(listed)   # the library's, the project's
+
+    info = doit(root, "info", WRAPPED, env=env).stdout
+    read = [line.split() for line in info.split("inputs its compile read")[1].splitlines()[1:] if line[:4] == "    "]
+    assert sorted(name for name, _ in read) == sorted([*observed_library.FILES, "kfl/configs.json"])
+    assert "state: up to date" in info
+    _edit(tmp_path / "site/kfl/helpers.py", *EDITS["kfl/helpers.py"])
+    info = doit(root, "info", WRAPPED, env=env).stdout
+    assert "kfl/helpers.py  " in info and info.count("(changed since)") == 1
+    assert "state: stale: kfl/helpers.py changed since it was built (its compile read it)" in info
