@@ -18,8 +18,11 @@ from tests.support import doit, make_project
     (("cache=http://127.0.0.1:9",), {"KFORGE_CACHE_TIMEOUT": "abc"}, "KFORGE_CACHE_TIMEOUT in the environment: got 'abc'"),
     (("cache=http://127.0.0.1:9", "cache_key=@/nonexistent/cache.key"), {},
      "cache_key= on the command line: cannot read the key file /nonexistent/cache.key"),
+    (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size of at least "
+                                   "1M, e.g. 512M or 8G"),
 ], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache_readonly",
-        "cache-timeout-env", "cache-key-file"])
+        "cache-timeout-env", "cache-key-file",
+        "catalog-memory"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
