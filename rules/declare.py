@@ -57,15 +57,29 @@ def family(**arguments) -> None:
 
 def load(path: Path, root: Path, read: set[Path] | None = None) -> list:
     """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
-    one, or when the file itself fails). `read` collects what the file read and imported."""
-    global _declared, _opened, _root
+    one, or when the file itself fails). `read` collects what the file read and imported. The file runs in a
+    child process (rules/load_guard.py: a time and memory limit, its processes killed when it ends); the
+    families are checked here, where the probe of their modules lives."""
+    from kforge import load_guard
     shown = _relative(path, root)
+    declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
+    if read is not None:
+        read.update(map(Path, files))
+    if not declared:
+        raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
+    return [spec_from_tables(tables, f"{_relative(Path(filename), root)}:{line}: family {name!r}", root)
+            for tables, filename, line, name in declared]
+
+
+def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
+    """In load()'s child: run the file; (each family() call's arguments, the files it read and imported)."""
+    global _declared, _opened, _root
     _install_open_hook()
     before = set(sys.modules)
     _declared, _opened, _root = [], set(), root
     try:
         runpy.run_path(str(path), run_name="kforge_catalog")
-    except SpecError:
+    except (SpecError, MemoryError):   # MemoryError: load_guard names the setting to raise
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:   # the user's code failed or exited: one line
         raise SpecError(f"{shown}{_failing_line(e, path)}: the catalog file failed: {type(e).__name__}: {e}; "
@@ -73,14 +87,10 @@ def load(path: Path, root: Path, read: set[Path] | None = None) -> list:
     finally:
         declared, opened = _declared, _opened
         _declared = _opened = _root = None
-    if read is not None:   # what it imported now, and what it imports that an earlier import had loaded
-        names = (set(sys.modules) - before) | _imported_names(path)
-        modules = (getattr(sys.modules.get(name), "__file__", None) for name in names)
-        read.update(Path(f).resolve() for f in (*opened, *modules) if f and _watched(f))
-    if not declared:
-        raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
-    return [spec_from_tables(tables, f"{_relative(Path(filename), root)}:{line}: family {name!r}", root)
-            for tables, filename, line, name in declared]
+    # what it imported now, and what it imports that an earlier import had loaded
+    names = (set(sys.modules) - before) | _imported_names(path)
+    modules = (getattr(sys.modules.get(name), "__file__", None) for name in names)
+    return declared, [str(Path(f).resolve()) for f in (*opened, *modules) if f and _watched(f)]
 
 
 def _plain(value):

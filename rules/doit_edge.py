@@ -9,7 +9,8 @@ by config() from dodo.py. Each patch of doit's internals says why in one line.
     cache trimmed to its limit;
   - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
   - doit's sqlite3 dependency file read in one query, not one per task (_read_dependency_file_at_once);
-  - doit's state not saved (a full disk) is one line, not a traceback that skips the summary (_save_state_when_space_allows).
+  - doit's state not saved (a full disk) is one line, not a traceback that skips the summary (_save_state_when_space_allows);
+  - one build at a time in one out/: a command that runs tasks waits for another one's end (run_lock.py).
 The commands forget/info/clean/prune/cache are doit plugins declared in pyproject.toml (doit_commands.py).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from doit.control import ExecNode
 from doit.dependency import DatabaseException, SqliteDB
 
-from kforge import artifact, cpus, doit_runner, keys, out_dir, report, scratch, settings
+from kforge import artifact, cpus, doit_runner, keys, out_dir, report, run_lock, scratch, settings
 from kforge.inputs import InputIndex
 from kforge.layout import Layout
 from kforge.local_cache import LocalCache
@@ -55,6 +56,10 @@ def config(root: Path, catalog) -> dict:
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
     # directory created outside an action.
     layout.out.mkdir(exist_ok=True)
+    _sigterm_as_interrupt()
+    _interrupt_without_traceback()   # Ctrl-C while waiting for the lock: one line
+    # before the tasks are generated: that is when what is up to date is decided
+    run_lock.hold(layout.out, run_lock.command())
     scratch.start(layout.out)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
@@ -64,8 +69,6 @@ def config(root: Path, catalog) -> dict:
         "before_first_task": staticmethod(_resume_gc),
         "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets],
                                                        option("archs")))})
-    _sigterm_as_interrupt()
-    _interrupt_without_traceback()
     _run_after_failed_deps()
     _read_dependency_file_at_once()
     _save_state_when_space_allows()

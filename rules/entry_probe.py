@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kforge import load_guard
 from kforge.errors import SpecError
 from kforge.sources import parse
 
@@ -74,14 +75,23 @@ class Probe:
         if self.child is None or self.child.poll() is not None:
             env = dict(os.environ, **dict(self.env),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
-            self.child = subprocess.Popen([sys.executable, "-m", "kforge.entry_probe"], cwd=self.root, env=env,
+            # rules/load_guard.py: catalog_memory, and a process group killed with it (close())
+            self.child = load_guard.popen([sys.executable, "-m", "kforge.entry_probe"], cwd=self.root, env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True)
         try:
             self.child.stdin.write(json.dumps(request) + "\n")
             self.child.stdin.flush()
+            named = (request.get("describe") or request.get("heuristics"))[0]
+            load_guard.await_reply(self.child.stdout, where, f"importing {named} to read the entry's autotune / "
+                                   f"heuristics", f"python -c 'import {named}'")   # TooLong past catalog_timeout
             line = self.child.stdout.readline()
             reply = json.loads(line)
+            if "error" in reply:   # a MemoryError names the setting to raise
+                reply["error"] = load_guard.memory_hint(reply["error"])
+        except load_guard.TooLong:
+            self.close()
+            raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
             self.close()
             module = (request.get("describe") or request.get("heuristics"))[0]
@@ -94,8 +104,7 @@ class Probe:
 
     def close(self) -> None:
         if self.child is not None:
-            self.child.kill()
-            self.child.wait()
+            load_guard.stop(self.child)   # and whatever the modules it imported started
             self.child = None
 
     @classmethod

@@ -44,6 +44,18 @@ def _seconds(text: str, where: str) -> float:
     return value
 
 
+SIZES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size(text: str, where: str) -> int:
+    """Bytes, with an optional K, M, G or T suffix (powers of 1024): 512M, 8G."""
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    number = text[:-1] if unit else text
+    if not number.isdigit() or unit not in SIZES or int(number) * SIZES[unit] < 2**20:
+        raise ValueError(f"{where}: got {text!r}; expected a size of at least 1M, e.g. 512M or 8G")
+    return int(number) * SIZES[unit]
+
+
 def _archs(text: str, where: str) -> tuple[str, ...]:
     return parse_arch_list(text, where)
 
@@ -139,6 +151,10 @@ SETTINGS = {s.name: s for s in (
     Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size, lambda: 2 << 30,
             "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
+    Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
+            "seconds one Python catalog file, or one import of a family's module to probe it, may run"),
+    Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size, lambda: 8 * 2**30,
+            "memory a Python catalog file, or the probe importing a family's module, may allocate, e.g. 8G"),
 )}
 
 

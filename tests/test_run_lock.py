@@ -1,0 +1,87 @@
+"""rules/run_lock.py: two builds in one out/ at once: the second waits for the first with one line (and then
+finds its work done); commands that only read never wait; a holder killed outright releases the lock."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from tests.support import REPO, doit, make_project, wait_until
+
+HOLDER = '''
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, b"`doit -n 9` (pid 4242, since 12:00:00)")
+print("held", flush=True)
+time.sleep(600)
+'''
+
+
+def start_build(root, log):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-m", "doit", "-n", "1"], cwd=root, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_build_waits_with_one_line_while_another_holds_out_and_goes_on_once_it_dies(tmp_path):
+    root = make_project(tmp_path / "p")
+    lock = root / "out" / ".kforge" / "run.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    log_path = tmp_path / "build.log"
+    build = None
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with open(log_path, "w") as log:
+            build = start_build(root, log)
+        wait_until(lambda: "waiting" in log_path.read_text(), 30)
+        assert log_path.read_text() == (
+            f"kforge: waiting for `doit -n 9` (pid 4242, since 12:00:00) to finish: one build at a time in "
+            f"{root / 'out'} ({lock}; Ctrl-C stops waiting)\n")
+        assert "scale" in doit(root, "list", timeout=60).stdout            # reading commands never wait
+        assert "not built" in doit(root, "info", "scale", timeout=60).stdout
+        time.sleep(0.5)
+        assert build.poll() is None and not (root / "out" / "sm_90a").exists()   # nothing generated, nothing built
+        holder.send_signal(signal.SIGKILL)   # the OS releases its lock
+        assert build.wait(timeout=120) == 0, log_path.read_text()
+        assert "kforge: built 1, up to date 0, failed 0" in log_path.read_text()
+    finally:
+        for proc in (holder, build):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_two_builds_started_at_once_compile_each_target_once(tmp_path):
+    root = make_project(tmp_path / "p")
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    builds = []
+    for path in logs:
+        with open(path, "w") as log:
+            builds.append(start_build(root, log))
+    try:
+        assert [b.wait(timeout=180) for b in builds] == [0, 0], [p.read_text() for p in logs]
+    finally:
+        for b in builds:
+            if b.poll() is None:
+                b.kill()
+                b.wait()
+    texts = [p.read_text() for p in logs]
+    built = [int(re.search(r"kforge: built (\d+),", t).group(1)) for t in texts]
+    assert sorted(built) == [0, 1], texts
+    assert sum("kforge: waiting for `doit -n 1`" in t for t in texts) <= 1
+
+
+def test_the_lock_names_its_holder_but_never_a_secret_setting(tmp_path, monkeypatch):
+    from kforge import run_lock
+    held = []
+    monkeypatch.setattr(run_lock, "_held", held)
+    monkeypatch.setattr(sys, "argv", ["doit", "-n", "2", "cache_key=0123456789abcdef0123", "scale"])
+    run_lock.hold(tmp_path / "out", "run")
+    try:
+        text = (tmp_path / "out" / ".kforge" / "run.lock").read_text()
+        assert text.startswith(f"`doit -n 2 cache_key=(hidden) scale` (pid {os.getpid()}, since ")
+    finally:
+        os.close(held[0])
