@@ -206,6 +206,6 @@ def _death(status: int) -> str:
 
 def _size(n: int) -> str:
     for unit in ("T", "G", "M", "K"):
-        if n % settings.SIZES[unit] == 0:
-            return f"{n // settings.SIZES[unit]}{unit}"
+        if n % settings.SIZE_UNITS[unit] == 0:
+            return f"{n // settings.SIZE_UNITS[unit]}{unit}"
     return str(n)

@@ -44,18 +44,6 @@ def _seconds(text: str, where: str) -> float:
     return value
 
 
-SIZES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _size(text: str, where: str) -> int:
-    """Bytes, with an optional K, M, G or T suffix (powers of 1024): 512M, 8G."""
-    unit = text[-1:].upper() if text[-1:].isalpha() else ""
-    number = text[:-1] if unit else text
-    if not number.isdigit() or unit not in SIZES or int(number) * SIZES[unit] < 2**20:
-        raise ValueError(f"{where}: got {text!r}; expected a size of at least 1M, e.g. 512M or 8G")
-    return int(number) * SIZES[unit]
-
-
 def _archs(text: str, where: str) -> tuple[str, ...]:
     return parse_arch_list(text, where)
 
@@ -104,14 +92,17 @@ def _default_local_cache() -> str:
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _size(text: str, where: str) -> int:
+def _size(minimum: int = 0):
     """Bytes: a whole number, with K, M, G or T (powers of 1,024; a trailing B or iB is allowed)."""
-    number = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = number[-1:] if number[-1:] in SIZE_UNITS else ""
-    digits = number[:len(number) - len(unit)]
-    if not digits.isdigit():
-        raise ValueError(f"{where}: got {text!r}; expected a size in bytes, e.g. 2G, 500M or 1048576")
-    return int(digits) * SIZE_UNITS[unit]
+    def parse(text: str, where: str) -> int:
+        number = text.strip().upper().removesuffix("IB").removesuffix("B")
+        unit = number[-1:] if number[-1:] in SIZE_UNITS else ""
+        digits = number[:len(number) - len(unit)]
+        if not digits.isdigit() or int(digits) * SIZE_UNITS[unit] < minimum:
+            least = f" of at least {minimum >> 20}M" if minimum else ""
+            raise ValueError(f"{where}: got {text!r}; expected a size in bytes{least}, e.g. 2G, 500M or 1048576")
+        return int(digits) * SIZE_UNITS[unit]
+    return parse
 
 
 MIN_KEY_CHARS = 16
@@ -148,12 +139,12 @@ SETTINGS = {s.name: s for s in (
             "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
     Setting("local_cache", "KFORGE_LOCAL_CACHE", _local_cache, _default_local_cache,
             "the local cache directory every checkout of this user shares, or off"),
-    Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size, lambda: 2 << 30,
+    Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size(), lambda: 2 << 30,
             "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
     Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
             "seconds one Python catalog file, or one import of a family's module to probe it, may run"),
-    Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size, lambda: 8 * 2**30,
+    Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size(2**20), lambda: 8 * 2**30,
             "memory a Python catalog file, or the probe importing a family's module, may allocate, e.g. 8G"),
 )}
 

@@ -21,8 +21,8 @@ from tests.support import doit, make_project
     (("local_cache_limit=2X",), {}, "local_cache_limit= on the command line: got '2X'; expected a size in bytes"),
     ((), {"KFORGE_LOCAL_CACHE": "/dev/null"}, "KFORGE_LOCAL_CACHE in the environment: got '/dev/null', which is "
                                               "not a directory"),
-    (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size of at least "
-                                   "1M, e.g. 512M or 8G"),
+    (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size in bytes of "
+                                   "at least 1M, e.g. 2G"),
 ], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache_readonly",
         "cache-timeout-env", "cache-key-file", "local-cache-limit", "local-cache-env", "catalog-memory"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
