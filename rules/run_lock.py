@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kforge import settings
 from kforge.layout import Layout
-from kforge.out_dir import guard
+from kforge.out_dir import OutsideOut, guard
 
 READ_ONLY = {"list", "info", "help", "dumpdb", "tabcompletion"}   # doit commands that change nothing in out/
 
@@ -29,9 +29,16 @@ def hold(out: Path, command: str | None) -> None:
     one line, while another run holds it."""
     if command is None or command in READ_ONLY or _held:
         return
-    path = guard(out, Layout.around(out).state / "run.lock")   # never through a link leading outside out/
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    path = Layout.around(out).state / "run.lock"
+    try:
+        guard(out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OutsideOut as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
+    except OSError as e:   # a link or a directory planted where the lock file belongs
+        sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); remove it and run again\n")
+        raise SystemExit(2)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

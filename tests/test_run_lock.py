@@ -85,3 +85,16 @@ def test_the_lock_names_its_holder_but_never_a_secret_setting(tmp_path, monkeypa
         assert text.startswith(f"`doit -n 2 cache_key=(hidden) scale` (pid {os.getpid()}, since ")
     finally:
         os.close(held[0])
+
+
+def test_a_link_leading_out_of_out_where_the_lock_goes_is_one_line_and_exit_2(tmp_path):
+    root = make_project(tmp_path / "p")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "out").mkdir()
+    (root / "out" / ".kforge").symlink_to(elsewhere)
+    proc = doit(root, check=False, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"kforge: {root / 'out' / '.kforge'} (a symbolic link) "
+                                                           f"leads outside out/")
+    assert list(elsewhere.iterdir()) == []
