@@ -211,7 +211,7 @@ def test_the_cache_directory_defaults_to_the_users_cache_and_sizes_read_as_peopl
     assert settings.get("local_cache") == str(Path.home() / ".cache" / "kforge")
     monkeypatch.setenv("KFORGE_LOCAL_CACHE", "off")
     assert settings.get("local_cache") is None
-    assert [settings._size(t, "x") for t in ("2G", "500M", "64KiB", "1048576", "1tb")] == \
+    assert [settings._size()(t, "x") for t in ("2G", "500M", "64KiB", "1048576", "1tb")] == \
         [2 << 30, 500 << 20, 64 << 10, 1 << 20, 1 << 40]
     assert settings.get("local_cache_limit") == 2 << 30
 
