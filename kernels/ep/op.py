@@ -7,8 +7,8 @@ rows ordered by (source rank, source token). combine(y) sums, for each of this r
 destinations produced for it (bf16 when dispatch moved fp8).
 All ranks call both in the same order (also with T = 0). Outputs are views of the op's buffers, valid until
 the next call; expert outputs go into expert_output() once this rank's dispatch returned. close() (called by
-every rank) before the op is dropped while peers may still be combining. Receiving more than the capacity drops the tail rows (no write past the buffers) and sets
-`overflow`.
+every rank) before the op is dropped while peers may still be combining. Receiving more than the capacity
+drops the tail rows (no write past the buffers) and sets `overflow`.
 """
 from __future__ import annotations
 
