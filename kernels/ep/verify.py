@@ -70,8 +70,12 @@ def run_sweep(world: int | None = None, out_dir: str = "out/verify/dispatch_comb
         start = case_index + 1
     report = [results.get(i, {"case": c.name, "ok": False, "error": "never ran (a worker died)"})
               for i, c in enumerate(cases)]
-    kernels = (f"bundles in {dist_dir}" if dist_dir and world in built_worlds() else
-               f"Triton JIT (the bundles hold kernels for worlds {sorted(built_worlds())})" if dist_dir else "Triton JIT")
+    if not dist_dir:
+        kernels = "Triton JIT"
+    elif world in built_worlds():
+        kernels = f"bundles in {dist_dir}"
+    else:
+        kernels = f"Triton JIT (the bundles hold kernels for worlds {sorted(built_worlds())})"
     _write_report(out, world, report, kernels, shared,
                   {"gpus": gpus, "gpu_of_rank": [placement(r, gpus) for r in range(world)], "machine": _machine(gpus),
                    "command": _command()})
