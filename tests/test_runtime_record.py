@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from kforge_runtime import record
+from tests.support import Compiled
 
 
 @triton.jit
@@ -82,17 +83,6 @@ def test_only_options_that_differ_from_tritons_defaults_are_kept_so_a_record_bui
         "num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
     assert record.record_line("m", "k", [], {}, {}, {}, nvidia, "sm_90a")["options"] == {
         "num_warps": 4, "num_stages": 3, "num_ctas": 2}
-
-
-class Compiled:
-    """Stands for Triton's compiled kernel (launches do nothing)."""
-    function = packed_metadata = None
-
-    def launch_metadata(self, *args):
-        return None
-
-    def run(self, *args):
-        pass
 
 
 def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge_runtime import record
-from tests.support import REPO
+from tests.support import REPO, Compiled
 from tests.test_runtime_serve import bundle_dir, entry
 
 PTH = "kforge-runtime-env.pth"
@@ -95,17 +95,6 @@ def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(
         bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
         assert bad.returncode == 1 and said in bad.stderr.strip().splitlines()[-1]
         assert python("print('no triton, no check')", {"KFORGE_SERVE": value}).returncode == 0
-
-
-class Compiled:
-    """Stands for Triton's compiled kernel (launches do nothing)."""
-    function = packed_metadata = None
-
-    def launch_metadata(self, *args):
-        return None
-
-    def run(self, *args):
-        pass
 
 
 def recorded_child(i) -> int:
