@@ -6,7 +6,6 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
 from kforge import amdgpu_metadata
 from kforge.archs import ARCHS

@@ -286,12 +286,11 @@ def worker(start: int, out: Path, only: str | None, dist_dir: str | None, gpus: 
                 "kernel_sources": sources, "seconds": round(time.monotonic() - began, 2),
                 "ranks": [{"ok": r_ok, "max_diff": r_diff} for _, r_ok, r_diff in per_rank]})
         mark("done")
-    if shared:   # every op gone, its peers' IPC mappings released, before any rank (their producer) exits
+    if shared:   # every op gone and its mappings of the peers closed (transport.py) before any rank exits
         import gc
         gc.collect()
         torch.cuda.synchronize()
         dist.barrier()
-        torch.cuda.ipc_collect()   # the producer frees what every consumer has released (else torch warns at exit)
     dist.destroy_process_group()
 
 
