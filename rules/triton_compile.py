@@ -101,6 +101,10 @@ def lower(target, scratch: str):
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16)}
+    if any(t.startswith("tensordesc") for _, t in target.signature):
+        # how each host descriptor is passed (a TMA map and its box, or base/shape/strides): the loader
+        # builds the same kernel parameters as Triton's launcher from it (rules/runtime/tensordesc.py)
+        fields["tensordesc_meta"] = [dict(m, block_size=list(m["block_size"])) for m in md.tensordesc_meta or []]
     if arch.vendor == "amd":
         fields["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
     return Lowered(binary, f"{md.name}.{arch.binary_ext}", md.name, md.num_warps, md.warp_size, md.shared,

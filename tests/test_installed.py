@@ -477,17 +477,21 @@ BLOCK = [64, 128]
 '''
 
 
-def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_loader_refuses_them_clearly(site, tmp_path):
-    from kforge_runtime import Bundle, LaunchError
+def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_compile_s_tma_metadata(site, tmp_path):
+    """meta.json and the bundle carry how the compile lowered each descriptor (rules/runtime/tensordesc.py):
+    a TMA box per descriptor on sm_90a, the loader's layout a 128-byte map then shape and strides."""
+    from kforge_runtime import Bundle
+    from kforge_runtime.launch import Arguments
     root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC}, kernels={})
     doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
     assert statuses(root, "built") == {"lib_desc:bf16-b64@sm_90a", "lib_desc:bf16-b128@sm_90a"}
     meta = json.loads((root / "out" / "sm_90a" / "lib_desc" / "bf16-b128" / "meta.json").read_text())
     assert [a["type"] for a in meta["signature"]] == ["tensordesc<bf16[128, 64]>"] * 2
-    bundle = Bundle(next((root / "out" / "dist").glob("*.whl")))
-    with pytest.raises(LaunchError, match=r"argument in_desc has type tensordesc<bf16\[64, 64\]>, which this "
-                                          r"loader cannot pass"):
-        bundle.load("lib_desc", "bf16-b64")
+    assert [(m["block_size"], m["elem_size"], m["fp4_padded"]) for m in meta["tensordesc_meta"]] == [
+        ([128, 64], 2, False)] * 2
+    entry = Bundle(next((root / "out" / "dist").glob("*.whl"))).find("lib_desc", "bf16-b64")
+    assert entry["tensordesc_meta"][0]["block_size"] == [64, 64]
+    assert Arguments(entry).layout == ["map", "i32", "i32", "i64", "i64"] * 2
 
 
 @pytest.mark.parametrize("bad", ["tensordesc<bf16[64, 64],NVMMASharedLayout()>", "tensordesc<bf16[]>",

@@ -151,3 +151,23 @@ def test_a_recorded_line_reads_back_as_written(project, tmp_path):
     assert tuned_choices(path, project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
                                             "config": {"BLOCK": 256, "num_warps": 4}}]
     assert len(path.read_text().splitlines()) == 2   # the repeated line is written once
+
+
+def test_a_recorded_call_with_tensor_descriptors_becomes_a_target_serve_matches(project):
+    """A record line of a call with TensorDescriptors (Triton's spelling: tensordesc<fp16[64, 64]>) builds a
+    target whose meta.json has the identity serve() computes for that line, and the compile's TMA metadata."""
+    from pathlib import Path
+
+    from kforge_runtime import record, serve
+    (project / "tk" / "tma.py").write_text((Path(__file__).resolve().parents[1] / "kernels" / "tma.py").read_text())
+    recorded = record.record_line(
+        "tk.tma", "tma_scale_kernel", ["x_desc", "y_desc", "scale", "BLOCK_M", "BLOCK_N"],
+        {"x_desc": "tensordesc<fp16[64, 64]>", "y_desc": "tensordesc<fp16[64, 64]>", "scale": "fp32",
+         "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}, {(3,): 64, (4,): 64}, {}, {"num_warps": 4, "num_stages": 3},
+        "sm_90a")
+    (project / "specs" / "app.jsonl").write_text(json.dumps(recorded) + "\n")
+    doit(project, "-n", "1", "archs=sm_90a")
+    meta = json.loads(next((project / "out" / "sm_90a").glob("rec_tma_scale_kernel_*/*/meta.json")).read_text())
+    options = {"num_warps": 4, "num_stages": 3}   # the bundle's manifest adds the target's options to meta.json
+    assert serve.entry_identity({**meta, "options": options}) == serve.record_identity(recorded)
+    assert [m["block_size"] for m in meta["tensordesc_meta"]] == [[64, 64], [64, 64]]

@@ -199,3 +199,63 @@ def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path
     x, y = tensors()
     copy[(8,)](x, y, 1000, BLOCK=128)
     assert len(loads) == 2 and Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])]
+
+
+# --- a kernel over host tensor descriptors, served (rules/runtime/tensordesc.py lays out its arguments) ----
+
+@triton.jit
+def desc_scale(x_desc, y_desc, scale, BLOCK: tl.constexpr):
+    m = tl.program_id(0) * BLOCK
+    y_desc.store([m, 0], x_desc.load([m, 0]) * scale)
+
+
+DESC_META = {"block_size": [64, 64], "elem_size": 2, "elem_type": 6, "fp4_padded": False, "swizzle": 3}
+
+
+def desc_entry(block: int) -> dict:
+    return {"target": f"desc-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": "desc_scale"},
+            "signature": [{"name": "x_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
+                          {"name": "y_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
+                          {"name": "scale", "type": "fp32"}],
+            "constexprs": {"BLOCK": block}, "divisible_by_16": [], "options": {"num_warps": 4, "num_stages": 3},
+            "threads_per_block": 128, "shared": 0, "tensordesc_meta": [{**DESC_META, "block_size": [block, 64]}] * 2}
+
+
+class Packed:
+    """Stands for a loaded descriptor kernel: packs each launch with the loader's own Arguments, its maps
+    encoded by a stand-in for the driver."""
+    launches: list = []
+
+    def __init__(self, entry):
+        from kforge_runtime.launch import Arguments
+        self.arguments = Arguments(entry)
+        self.arguments.encode = lambda slot, meta, address, shape, strides, nan: Packed.launches.append(
+            (meta["block_size"], address, shape, strides, nan))
+
+    def launch_trusted(self, gx, gy, gz, stream, values):
+        import ctypes
+        params = self.arguments.pack_trusted(values)
+        Packed.launches.append(ctypes.c_float.from_address(params[len(params) - 3]).value)   # scale, before scratch
+
+
+def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(jit, tmp_path, monkeypatch):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: Packed(entry))
+    Packed.launches = []
+    desc_scale.device_caches.clear()
+    desc_scale.device_caches[0]
+    monkeypatch.setattr(desc_scale, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [desc_entry(64), desc_entry(128)])), strict=True)
+    x, y = torch.zeros(256, 64, dtype=torch.float16), torch.zeros(256, 64, dtype=torch.float16)
+    x_desc = TensorDescriptor.from_tensor(x, [128, 64], padding="nan")
+    y_desc = TensorDescriptor.from_tensor(y, [128, 64])
+    for _ in range(2):
+        desc_scale[(2,)](x_desc, y_desc, 0.5, BLOCK=128)
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+    assert Packed.launches == [([128, 64], x.data_ptr(), [256, 64], [64, 1], True),   # encoded once: the
+                               ([128, 64], y.data_ptr(), [256, 64], [64, 1], False), 0.5, 0.5]   # same tensors
+    with pytest.raises(serve.NotServed, match=r'"tensordesc<fp16\[32, 64\]>"'):   # another block: not built
+        desc_scale[(8,)](TensorDescriptor.from_tensor(x, [32, 64]), TensorDescriptor.from_tensor(y, [32, 64]), 0.5,
+                         BLOCK=32)

@@ -107,3 +107,16 @@ def test_ptxas_version_is_in_nvidia_keys_only(project, monkeypatch):
     before = keys_of(project)
     monkeypatch.setattr(keys.ToolVersions, "__call__", lambda self, tool: "ptxas 99.0")
     assert changed(before, keys_of(project)) == {n for n in before if n.endswith("@sm_90a")}
+
+
+def test_the_catalog_s_descriptor_kernels_name_each_descriptor_s_block_from_the_config():
+    """specs/tma_matmul.toml: tensordesc<{dtype}[{BLOCK_K}, {BLOCK_N}]> in canonical spelling, per config."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    targets = build_targets([load_spec(root / "specs" / "tma_matmul.toml", root)], root, None)
+    by_name = {t.name: dict(t.signature) for t in targets}
+    assert {t.arch for t in targets} == {"sm_90a", "sm_100a"} and len(targets) == 8
+    assert by_name["tma_matmul:fp16-m128n128k64-w8s3@sm_100a"] == {
+        "a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[64, 128]>",
+        "c_desc": "tensordesc<fp16[128, 128]>", "K": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr"}

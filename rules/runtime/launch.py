@@ -3,13 +3,16 @@
 NVIDIA: libcuda's cuModuleLoadData / cuLaunchKernel. AMD: libamdhip64's hipModuleLoadData /
 hipModuleLaunchKernel, which take the same kernelParams array. Arguments follow the manifest's launch
 signature; Triton 3.6 kernels also take two trailing scratch pointers (global, profile), passed as null:
-kforge refuses artifacts that say they need scratch memory.
+kforge refuses artifacts that say they need scratch memory. A host tensor descriptor argument is several
+kernel parameters, a CUtensorMap among them on NVIDIA sm_90 and up (rules/runtime/tensordesc.py).
 """
 from __future__ import annotations
 
 import ctypes
 import struct
 import threading
+
+from . import tensordesc
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
@@ -84,8 +87,10 @@ class Kernel:
                               f"(their kernarg layout is in the manifest's kernel_abi)")
         if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
             raise LaunchError(f"{self.name}: the kernel needs scratch memory, which this loader does not allocate")
-        self._arguments = Arguments(entry)   # an argument type it cannot pass fails here, before the driver
+        self._arguments = Arguments(entry, vendor)   # an argument type it cannot pass fails here, before the driver
         self.driver = Driver.get(vendor)
+        if self._arguments.maps:
+            self._arguments.encode = tensordesc.TensorMaps.of_driver(self.driver.lib, self.driver.error_name)
         self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module
         self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
         self.driver.call("ModuleLoadData", ctypes.byref(self._module), self._image)
@@ -140,38 +145,59 @@ def check_launch_fields(entry: dict) -> None:
 
 
 class Arguments:
-    """A kernel's launch arguments, laid out once: one 8-byte slot per argument of the manifest's signature
-    (plus Triton's two null scratch pointers) in one buffer, and the kernelParams array pointing at the
-    slots. A launch fills every slot with one struct.pack_into call. pack() first checks what the binary
-    assumes: each tensor's dtype (once per dtype), that it is on the GPU, and the 16-divisibility promises.
-    pack_trusted() skips them, for a caller that has already matched the call to this binary (serving:
-    Triton's specialization of the same arguments names the dtypes and the 16-divisible ones).
+    """A kernel's launch arguments, laid out once: one 8-byte slot per kernel parameter (plus Triton's two
+    null scratch pointers) and a 128-byte, 128-aligned one per CUtensorMap, in one buffer, and the
+    kernelParams array pointing at the slots. A launch fills every 8-byte slot with one struct.pack_into call
+    (a descriptor argument first expanded into its parameters, its map encoded in place: tensordesc.py).
+    pack() first checks what the binary assumes: each tensor's dtype (once per dtype), that it is on the GPU,
+    the 16-divisibility promises, and each descriptor's element type and block shape. pack_trusted() skips
+    them, for a caller that has already matched the call to this binary (serving: Triton's specialization of
+    the same arguments names the dtypes, the block shapes and the 16-divisible ones).
     (Building the ctypes objects on every call cost 44 us per launch of the 19-argument dispatch kernel on
     the dev CPU: bench/launch_overhead.py.)"""
 
-    def __init__(self, entry: dict):
+    def __init__(self, entry: dict, vendor: str = "nvidia"):
         check_launch_fields(entry)
         self.name, self.signature = entry["target"], entry["signature"]
         for a in self.signature:
-            if not a["type"].startswith("*") and a["type"] not in SCALARS:
+            if not a["type"].startswith("*") and a["type"] not in SCALARS and not tensordesc.is_descriptor(a["type"]):
                 raise LaunchError(f"{self.name}: argument {a['name']} has type {a['type']}, which this loader "
                                   f"cannot pass")
-        n = len(self.signature)
-        self._format = struct.Struct("<" + "".join(_SLOT["*" if a["type"].startswith("*") else a["type"]]
-                                                    for a in self.signature))
-        self._buffer = ctypes.create_string_buffer(8 * (n + 2))   # the scratch pointers' slots stay zero (null)
-        base = ctypes.addressof(self._buffer)
-        self.params = (ctypes.c_void_p * (n + 2))(*[base + 8 * i for i in range(n + 2)])
+        try:
+            self._descs = tensordesc.plan(entry, vendor)   # argument position -> Descriptor
+        except tensordesc.DescriptorError as e:
+            raise LaunchError(str(e)) from None
+        params = []   # every kernel parameter in order: "map", "*" or a scalar type
+        for i, a in enumerate(self.signature):
+            params += self._descs[i].params if i in self._descs else ["*" if a["type"].startswith("*") else a["type"]]
+        self.layout = params
+        self.maps = params.count("map")
+        slots = [p for p in params if p != "map"]
+        self._buffer = ctypes.create_string_buffer(tensordesc.MAP_ALIGN + tensordesc.MAP_BYTES * self.maps
+                                                   + 8 * (len(slots) + 2))   # the scratch slots stay zero (null)
+        maps_at = ctypes.addressof(self._buffer) + (-ctypes.addressof(self._buffer) % tensordesc.MAP_ALIGN)
+        self._offset = maps_at - ctypes.addressof(self._buffer) + tensordesc.MAP_BYTES * self.maps
+        slots_at = ctypes.addressof(self._buffer) + self._offset
+        map_slots = iter(range(maps_at, slots_at, tensordesc.MAP_BYTES))
+        scalar_slots = iter(range(slots_at, slots_at + 8 * (len(slots) + 2), 8))
+        self.params = (ctypes.c_void_p * (len(params) + 2))(*[next(map_slots if p == "map" else scalar_slots)
+                                                               for p in params + ["*", "*"]])
+        self._format = struct.Struct("<" + "".join(_SLOT[p] for p in slots))
+        # descriptor position -> its map's slot (the maps lie in the order of the arguments)
+        lowered = [i for i in sorted(self._descs) if self._descs[i].meta is not None]
+        self._map_slot = {i: maps_at + tensordesc.MAP_BYTES * n for n, i in enumerate(lowered)}
+        self.encode = None   # a tensordesc.TensorMaps; the Kernel sets the driver's once it has loaded it
         self._is_pointer = [a["type"].startswith("*") for a in self.signature]
         promised = set(entry.get("divisible_by_16") or ())
-        self._promised = [i for i, a in enumerate(self.signature) if a["name"] in promised]
+        self._promised = [i for i, a in enumerate(self.signature) if a["name"] in promised and i not in self._descs]
         self._dtypes_seen: set[tuple[int, object]] = set()   # (argument index, dtype) already checked
 
     def pack(self, args) -> ctypes.Array:
         if len(args) != len(self.signature):
             raise TypeError(f"{self.name} takes ({', '.join(a['name'] for a in self.signature)}), got {len(args)} "
                             f"arguments")
-        values = [self._pointer(i, v) if self._is_pointer[i] else v for i, v in enumerate(args)]
+        values = [self._pointer(i, v) if self._is_pointer[i] else self._descriptor(i, v) if i in self._descs else v
+                  for i, v in enumerate(args)]
         for i in self._promised:
             if (values[i] or 0) % 16:
                 spec = self.signature[i]
@@ -181,13 +207,53 @@ class Arguments:
         return self.pack_trusted(values)
 
     def pack_trusted(self, values) -> ctypes.Array:
-        """Fill the slots with `values` (addresses for pointers), unchecked but for what struct refuses."""
+        """Fill the slots with `values` (addresses for pointers, TensorDescriptors for descriptors), unchecked
+        but for what struct refuses and what a descriptor must be to be encoded at all."""
+        if self._descs:
+            values = self._expand(values)
         try:
-            self._format.pack_into(self._buffer, 0, *values)
+            self._format.pack_into(self._buffer, self._offset, *values)
         except struct.error as e:
             raise TypeError(f"{self.name}: an argument does not fit its type "
                             f"({', '.join(a['name'] + ': ' + a['type'] for a in self.signature)}): {e}") from None
         return self.params
+
+    def _expand(self, values) -> list:
+        if self.encode is None and self._map_slot:
+            raise LaunchError(f"{self.name}: no driver loaded to encode its tensor maps (load it with Bundle.kernel)")
+        flat = []
+        for i, v in enumerate(values):
+            if i in self._descs:
+                try:
+                    flat += self._descs[i].values(v, self._map_slot.get(i, 0), self.encode)
+                except tensordesc.DescriptorError as e:
+                    raise ValueError(f"{self.name}: {e}") from None
+            else:
+                flat.append(v)
+        return flat
+
+    def _descriptor(self, i: int, value):
+        """A TensorDescriptor (any object with its fields) that matches the binary's element type and block."""
+        spec, desc = self.signature[i], self._descs[i]
+        fields = ("base", "shape", "strides", "block_shape", "padding")
+        if not all(hasattr(value, f) for f in fields):
+            raise TypeError(f"{self.name}: argument {spec['name']} is {spec['type']}: pass a "
+                            f"triton.tools.tensor_descriptor.TensorDescriptor, got {type(value).__name__}")
+        if list(value.block_shape) != desc.block:
+            raise TypeError(f"{self.name}: argument {spec['name']} is {spec['type']}, got a descriptor with block "
+                            f"shape {list(value.block_shape)}")
+        if value.padding not in ("zero", "nan"):
+            raise ValueError(f"{self.name}: argument {spec['name']}'s padding is {value.padding!r}; Triton's are "
+                             f"'zero' and 'nan'")
+        base, dtype = value.base, getattr(value.base, "dtype", None)
+        expected = TORCH_DTYPES.get(desc.dtype)
+        if not isinstance(base, int) and expected and dtype is not None and str(dtype) != expected:
+            raise TypeError(f"{self.name}: argument {spec['name']} is {spec['type']}, got a descriptor of a {dtype} "
+                            f"tensor")
+        if getattr(base, "is_cuda", True) is False:
+            raise TypeError(f"{self.name}: argument {spec['name']} describes a CPU tensor; the kernel needs GPU "
+                            f"memory")
+        return value
 
     def _pointer(self, i: int, value) -> int:
         if isinstance(value, int):
