@@ -84,6 +84,17 @@ def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
     assert len({r["pid"] for r in runs}) == 3
 
 
+def test_a_hook_run_twice_serves_the_process_once(installed, tmp_path):
+    """The .pth in two site directories runs its line twice: one server, one report (seen on an H100 under
+    torchrun: two reports per rank, the second counting 0 served)."""
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    proc = python("import kforge_runtime.startup as s; s.start()\n"
+                  "from tests.test_runtime_startup import launch; launch(128)",
+                  {"KFORGE_SERVE": f"{held},strict,report"})
+    assert proc.stderr.count("kforge serve (pid") == 1, proc.stderr[-2000:]
+    assert "1 specializations served" in proc.stderr or "1 specialization served" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(installed, tmp_path):
     held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
     miss = python("from tests.test_runtime_startup import launch; launch(256)",

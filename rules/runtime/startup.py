@@ -34,8 +34,16 @@ class SwitchError(RuntimeError):
     """A KFORGE_SERVE or KFORGE_RECORD value that cannot be applied."""
 
 
+_started = False
+
+
 def start() -> None:
-    """Run by the .pth line when a variable is set: the paths made absolute, apply() at `import triton`."""
+    """Run by the .pth line when a variable is set: the paths made absolute, apply() at `import triton`. Once
+    per process: a .pth found in two site directories (a venv and the user's) must not serve it twice."""
+    global _started
+    if _started:
+        return
+    _started = True
     if os.environ.get("KFORGE_RECORD"):
         os.environ["KFORGE_RECORD"] = os.path.abspath(os.environ["KFORGE_RECORD"])
     if os.environ.get("KFORGE_SERVE"):
