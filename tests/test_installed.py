@@ -377,8 +377,8 @@ def test_a_module_whose_import_fails_in_the_probe_is_one_line_naming_it_and_the_
         Catalog(root, None, 50_000).load()
     assert str(e.value) == (
         "specs/lib_needs.toml: reading kforge_testlib.ops.needs.needs_kernel's autotune / heuristics (the module "
-        "is imported in a child process): ModuleNotFoundError: No module named 'kforge_no_such_dependency'; "
-        "install it in the environment that runs doit")
+        "is imported in a child process): ModuleNotFoundError: No module named 'kforge_no_such_dependency' "
+        "(in kforge_testlib/ops/needs.py:5); install it in the environment that runs doit")
 
 
 def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_path):
