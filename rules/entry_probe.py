@@ -363,7 +363,7 @@ def main() -> None:
         except Exception as e:   # importing the module failed, or the entry is not there
             module, entry = _named(request)
             reply = {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
-                              f"child process): {type(e).__name__}: {e}".splitlines()[0] + _where(e)
+                              f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
                               + ("; install it in the environment that runs doit"
                                  if isinstance(e, ModuleNotFoundError) else "")}
         reply["read"] = sorted(recorder.files())
