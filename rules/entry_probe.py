@@ -333,7 +333,9 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
                                      f"counts as a shape hint there)"}
                 except Exception as e:   # the user's lambda: one line naming it
                     return {"error": f"heuristic {name} of {module}.{entry} failed on {given}: "
-                                     f"{type(e).__name__}: {e}".splitlines()[0] + _where(e)}
+                                     f"{type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
+                                     + f"; if it needs what the build machine lacks (a GPU), pin its value: "
+                                       f"[override] {name} = ..."}
                 if hasattr(value, "item"):   # numpy / torch scalars
                     value = value.item()
                 if not isinstance(value, SCALARS):

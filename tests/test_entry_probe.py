@@ -92,7 +92,8 @@ def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(
     root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
     with pytest.raises(SpecError, match=r"specs/tune_gemm.toml: heuristic NUM_SMS of kforge_tunelib.ops.gemm."
                                         r"gemm_kernel failed on .*: AssertionError: Torch not compiled with CUDA "
-                                        r"enabled \(in kforge_tunelib/ops/gemm.py:\d+\)$"):
+                                        r"enabled \(in kforge_tunelib/ops/gemm.py:\d+\); if it needs what the build "
+                                        r"machine lacks \(a GPU\), pin its value: \[override\] NUM_SMS = ...$"):
         load(root)
 
 
