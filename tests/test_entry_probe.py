@@ -87,6 +87,14 @@ def test_an_override_list_sweeps_the_value_one_config_each(site, tmp_path):
     assert dict(targets["tune_gemm:m64n64k32-w4s3-K256-sm114@sm_90a"].constexprs)["NUM_SMS"] == 114
 
 
+def test_an_override_may_differ_per_arch(site, tmp_path):
+    spec = (tune_library.spec().replace('archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]')
+            .replace("[env]", "[arch.gfx942]\nNUM_SMS = 304\n\n[env]"))
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    sms = {t.arch: dict(t.constexprs)["NUM_SMS"] for t in load(root).values()}
+    assert sms == {"sm_90a": 132, "gfx942": 304}
+
+
 def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(site, tmp_path):
     spec = tune_library.spec().replace("[override]\nNUM_SMS = 132\n", "")
     root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
