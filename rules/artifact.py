@@ -169,15 +169,41 @@ def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
     atomic_write(directory / META, (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
 
 
-def write_error(directory: Path, key: str, message: str) -> None:
-    """Keep a failed compile's message beside where its artifact would be (it never counts as built)."""
+TRACEBACK = "\n\nTraceback in the compiler's process:\n"   # in error.txt after the message (rules/build.py)
+INPUTS = "inputs: "   # error.txt's second line for a deterministic failure: what its compile read, as JSON
+
+
+def write_error(directory: Path, key: str, message: str, inputs: list | None = None) -> None:
+    """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
+    ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
     try:
         _guard(directory)
     except ArtifactError:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
-    atomic_write(directory / ERROR, f"key: {key}\n{message}\n".encode())
+    read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
+    atomic_write(directory / ERROR, f"key: {key}\n{read}{message}\n".encode())
+
+
+def saved_failure(target) -> str | None:
+    """The message of the target's deterministic failure (a compile error, a resource check) while its key and
+    every file its compile read are unchanged: the compile would fail the same way, so it is reported from
+    error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed)."""
+    try:
+        with open(os.path.join(target.out_dir, ERROR), "rb") as f:
+            head, read, rest = f.read().decode("utf-8", "replace").split("\n", 2)
+        inputs = json.loads(read.removeprefix(INPUTS)) if read.startswith(INPUTS) else None
+    except (OSError, ValueError):
+        return None
+    if head != f"key: {target.key}" or not isinstance(inputs, list):
+        return None
+    from kforge.inputs import InputIndex
+    from kforge.layout import Layout
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    if any(not isinstance(x, list) or len(x) != 2 or index.digest(x[0]) != x[1] for x in inputs):
+        return None
+    return rest.split(TRACEBACK, 1)[0].rstrip("\n")
 
 
 def load(directory: Path) -> tuple[dict, bytes]:

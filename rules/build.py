@@ -31,6 +31,12 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
 
 
 def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None, local):
+    saved = artifact.saved_failure(target)
+    if saved is not None:   # a deterministic failure of this very key and inputs: the compile would give it again
+        head, _, rest = saved.partition("\n")
+        return TaskFailed(f"{head}\n  not compiled again: it failed so from this key and these inputs "
+                          f"(out/{os.path.relpath(target.out_dir, target.out)}/error.txt); `doit forget "
+                          f"{target.name}` compiles it again\n{rest}")
     start, began = time.monotonic(), time.time()
     cache = remote_cache.cache_for(cache_cfg)
     spans: list[tuple] = []
@@ -57,7 +63,7 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     else:
         outcome = compile_here(target, root, timeout)
     if not outcome.ok:
-        return _fail(target, outcome.error, outcome.traceback)
+        return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
     written = outcome.result
     spans += written.spans
     if local is not None:
@@ -83,12 +89,14 @@ def _read_the_same(target: Target) -> bool:
     return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
 
 
-def _fail(target: Target, error: str, traceback: str = "") -> TaskFailed:
+def _fail(target: Target, error: str, traceback: str = "", inputs: list | None = None) -> TaskFailed:
+    """The failure, kept in error.txt; `inputs` (what the compile read) only for a deterministic one, which the
+    next runs then report from there without compiling (artifact.saved_failure)."""
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
                f"  error: {error}\n  retry alone: doit {target.name}")
-    kept = f"{message}\n\nTraceback in the compiler's process:\n{traceback}" if traceback else message
+    kept = f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message
     try:
-        artifact.write_error(Path(target.out_dir), target.key, kept)
+        artifact.write_error(Path(target.out_dir), target.key, kept, inputs)
     except OSError:   # a full disk: the failure is still reported (and in build-report.json when space allows)
         pass
     return TaskFailed(message)

@@ -26,7 +26,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-7"
+FORMAT = "kforge-catalog-8"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -40,6 +40,17 @@ class Family(NamedTuple):
     tuned: bool     # has a [tune] table (`doit tune` loads the spec itself)
 
 
+class Broken(NamedTuple):
+    """A family that did not load: its spec is wrong, its module cannot be imported, or the import (its
+    heuristics, its pruner) failed or ran past catalog_timeout. It is one failed task; the rest build."""
+    name: str    # the family's name, or the spec file's when it cannot be read (unique among the tasks)
+    path: str    # the spec file (a Python catalog's: the file and line of the call)
+    error: str   # one line: what failed, where (the library's file:line) and the fix if known
+
+    def line(self) -> str:
+        return f"family {self.name} did not load: {self.error}"
+
+
 class Catalog:
     def __init__(self, root: Path, archs: tuple[str, ...] | None, max_configs: int):
         self.root, self.archs, self.max_configs = root, archs, max_configs
@@ -47,10 +58,12 @@ class Catalog:
         self.families: list[Family] = []
         self.targets: list[Target] = []
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/records.py), for the bundles
+        self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
         self._fresh: dict | None = None   # a catalog loaded from the specs, to save at the end of the run
 
-    def load(self) -> "Catalog":
-        """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError)."""
+    def load(self, keep_going: bool = False) -> "Catalog":
+        """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError). A
+        family that does not load is a SpecError, or with keep_going one entry of `broken` (the others load)."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
         saved = self._read_saved()
@@ -66,15 +79,28 @@ class Catalog:
         from kforge.targets import build_targets   # only here: a run that finds its saved catalog loads no spec
         read: set[Path] = set()
         from kforge.entry_probe import Probe
+        failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
+        lost: set[int] = set()
+
+        def fails(spec, error: SpecError) -> None:   # keep going, as a build does past a failed target
+            lost.add(id(spec))
+            failed.append((spec.name, spec.path, str(error)))
         try:
-            specs = load_specs(self.root, spec_files, read)
+            specs = load_specs(self.root, spec_files, read, failed)
             from kforge.records import without_duplicates
-            self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read))
-            self.tuned = tuned_choices(self.root, spec_files, self.archs)
+            self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read, fails))
+            specs = [s for s in specs if id(s) not in lost]
+            bad_files = {f for f in spec_files if any(_rel(f, self.root) == path for _, path, _ in failed)}
+            self.tuned = tuned_choices(self.root, [f for f in spec_files if f not in bad_files], self.archs)
             read.update(map(Path, Probe.read))   # what importing the modules read: heuristics, data files
         finally:
             Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
+        self.broken = _named_apart(failed, {f.name for f in self.families})
+        if self.broken and not keep_going:
+            raise SpecError(self.broken[0].error)
+        if self.broken:   # not saved: the next run loads the specs again, and finds what was fixed
+            return self
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         files = sorted(str(p) for p in read)
         installed = sorted({s.module for s in specs if s.module})
@@ -175,27 +201,67 @@ def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
     return files
 
 
-def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None) -> list:
-    """Every family of the project's specs, checked (SpecError); `read` collects what Python catalogs read."""
+def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None,
+               failed: list | None = None) -> list:
+    """Every family of the project's specs, checked; `read` collects what Python catalogs read. A file that
+    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load."""
     from kforge import declare, records
     from kforge.spec import load_spec, spec_from_tables
     files = catalog_files(root) if files is None else files
     if not files:
         raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
     specs = []
+    extra = record_archs(root)
     for f in files:
-        if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
-            shown = f.relative_to(root) if f.is_relative_to(root) else f
-            raise SpecError(f"{shown}: not a regular file (a pipe, a device or a broken link); remove it from "
-                            f"the catalog folder")
-        if f.suffix == ".py":
-            specs += declare.load(f, root, read)
-        elif f.suffix == ".jsonl":
-            specs += [spec_from_tables(tables, where, root, recorded=True)
-                      for tables, where in records.families(f, root, record_archs(root))]
-        else:
-            specs.append(load_spec(f, root))
+        try:
+            if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
+                raise SpecError(f"{_rel(f, root)}: not a regular file (a pipe, a device or a broken link); remove it "
+                                f"from the catalog folder")
+            if f.suffix == ".py":
+                specs += declare.load(f, root, read, failed)
+            elif f.suffix == ".jsonl":
+                specs += [spec_from_tables(tables, where, root, recorded=True)
+                          for tables, where in records.families(f, root, extra)]
+            else:
+                specs.append(load_spec(f, root))
+        except SpecError as e:
+            if failed is None:
+                raise
+            failed.append((_family_name(f), _rel(f, root), str(e)))
     return specs
+
+
+def _rel(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _family_name(path: Path) -> str:
+    """The name a spec file gives its family, read as plainly as possible (it did not load); else the file's."""
+    import tomllib
+    from kforge.spec import NAME_RE
+    try:
+        name = tomllib.loads(path.read_text(encoding="utf-8"))["kernel"]["name"] if path.suffix == ".toml" else None
+    except (OSError, ValueError, KeyError, TypeError):
+        name = None
+    return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
+
+
+def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Broken]:
+    """Broken entries whose names are task names of their own: a name a family that loaded (or another broken
+    one) has, or a kforge task's, gets a suffix."""
+    import re
+    from kforge.spec import NAME_RE, RESERVED_NAMES
+    found = []
+    for name, path, error in failed:
+        if not NAME_RE.match(name):   # a file's name: as a task name
+            name = re.sub(r"[^a-z0-9_]", "_", name.lower()).lstrip("_0123456789") or "family"
+        candidate, n = name, 1
+        while candidate in taken or candidate in RESERVED_NAMES:
+            n += 1
+            candidate = f"{name}_broken" + (str(n - 1) if n > 2 else "")
+        taken.add(candidate)
+        found.append(Broken(candidate, path, error if error.startswith(path) else f"{path}: {error}"))
+    return found
 
 
 def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
@@ -220,7 +286,7 @@ def record_archs(root: Path) -> tuple[str, ...]:
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>
 # (rules/layout.py), so it is not stored.
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
-          "source_digests", "toolchain_versions", "out", "env")
+          "source_digests", "toolchain_versions", "out", "env", "notes")
 OWN = ("config_id", "constexprs", "options", "config", "key")
 
 
@@ -239,8 +305,8 @@ def _encode(targets: list[Target]) -> dict:
 
 def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     pairs = lambda values: tuple(map(tuple, values))
-    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11])))), g[12])
-              for g in groups]
+    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11]), pairs(g[12])))),
+               g[13]) for g in groups]
     signature = [pairs(s) for s in signatures]
     def placeholders(rest: list) -> tuple:
         return tuple((n, kind, tuple(v) if isinstance(v, list) else v) for n, kind, v in rest[0]) if rest else ()

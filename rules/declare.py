@@ -55,20 +55,30 @@ def family(**arguments) -> None:
     _declared.append((tables, filename, line, arguments.get("name")))
 
 
-def load(path: Path, root: Path, read: set[Path] | None = None) -> list:
+def load(path: Path, root: Path, read: set[Path] | None = None, failed: list | None = None) -> list:
     """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
-    one, or when the file itself fails). `read` collects what the file read and imported. The file runs in a
+    one, or when the file itself fails; given `failed`, a bad family is one (name, where, error) there and
+    the others load). `read` collects what the file read and imported. The file runs in a
     child process (rules/load_guard.py: a time and memory limit, its processes killed when it ends); the
     families are checked here, where the probe of their modules lives."""
     from kforge import load_guard
+    from kforge.spec import NAME_RE
     shown = _relative(path, root)
     declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
     if read is not None:
         read.update(map(Path, files))
     if not declared:
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
-    return [spec_from_tables(tables, f"{_relative(Path(filename), root)}:{line}: family {name!r}", root)
-            for tables, filename, line, name in declared]
+    specs = []
+    for tables, filename, line, name in declared:
+        where = f"{_relative(Path(filename), root)}:{line}: family {name!r}"
+        try:
+            specs.append(spec_from_tables(tables, where, root))
+        except SpecError as e:
+            if failed is None:
+                raise
+            failed.append((name if isinstance(name, str) and NAME_RE.match(name) else path.stem, where, str(e)))
+    return specs
 
 
 def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:

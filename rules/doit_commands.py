@@ -22,10 +22,11 @@ from kforge_runtime.schema import ERROR, META
 
 
 class Forget(DoitForget):
-    """doit's forget, plus: a forgotten target's meta.json goes too, so the next run rebuilds it.
+    """doit's forget, plus: a forgotten target's meta.json and error.txt go too, so the next run compiles it.
 
     kforge decides "up to date" from the key in meta.json (it survives killed runs and restored caches),
-    so forgetting doit's record alone would change nothing.
+    and reports a compile that failed deterministically again from its error.txt, so forgetting doit's
+    record alone would change nothing.
     """
 
     def _execute(self, forget_sub, forget_disable_default, forget_all):
@@ -40,11 +41,13 @@ class Forget(DoitForget):
         tasks = {t.name: t for t in self.task_list}
         for name in tasks if forget_all else forgotten:
             target = compile_target_of(tasks[name]) if name in tasks else None
-            if target is not None and os.path.exists(target.meta_path):
-                try:
-                    out_dir.remove_file(Path(target.out), Path(target.meta_path))
-                except out_dir.OutsideOut as e:
-                    self.outstream.write(f"kforge: refused: {e}\n")
+            # meta.json: built; error.txt: a failure reported again without compiling (rules/build.py)
+            for path in (target.meta_path, os.path.join(target.out_dir, ERROR)) if target is not None else ():
+                if os.path.exists(path):
+                    try:
+                        out_dir.remove_file(Path(target.out), Path(path))
+                    except out_dir.OutsideOut as e:
+                        self.outstream.write(f"kforge: refused: {e}\n")
         return result
 
 
@@ -68,7 +71,9 @@ def target_state(target) -> str:
     if error.exists():
         text = error.read_text(errors="replace")
         old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
-        return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}"
+        again = ("; reported again without compiling until its key or inputs change (`doit forget "
+                 f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
+        return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}{again}"
     return "not built"
 
 
@@ -90,6 +95,27 @@ def _key_change(target) -> str:
             if was.get(name) != is_now.get(name):
                 return f"{field} {name}: {was.get(name)!r} then, {is_now.get(name)!r} now"
     return "an input of its key changed"
+
+
+NOTES = {   # rules/entry_probe.py's facts about the entry, as `doit info` words them
+    "prune": "configs pruned by {} (applied: the targets are the configs it keeps)",
+    "perf_model": "perf_model {} (noted, not applied: kforge builds every config the pruner keeps)",
+    "top_k": "top_k {} (noted, not applied)",
+    "autotuner": "the library's own autotuner {}",
+    "unspecialized": "never specialized by @triton.jit: {}",
+}
+
+
+def note_lines(target) -> str:
+    """What kforge knows of the target's entry beyond its config: its autotuner, and the heuristics' values
+    the spec pins ([override]: in the key too)."""
+    notes = dict(target.notes)
+    lines = [f"    {NOTES[fact].format(text)}\n" for fact, text in target.notes if fact in NOTES]
+    pinned = [n for n in notes.get("overrides", "").split(", ") if n]
+    values = dict(target.constexprs)
+    override = (f"  overrides: {', '.join(f'{n}={values.get(n)!r}' for n in pinned)} (given by the spec, in place "
+                f"of the entry's @triton.heuristics)\n") if pinned else ""
+    return override + (f"  entry:\n{''.join(lines)}" if lines else "")
 
 
 def observed_lines(target) -> str:
@@ -125,9 +151,12 @@ class Info(DoitCmdBase):
         if target is not None:
             root = Layout.around(target.out).root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
-                  f"{target.entry}\n  config: {dict(target.config)}\n  key: {target.key}\n"
+                  f"{target.entry}\n  config: {dict(target.config)}\n{note_lines(target)}  key: {target.key}\n"
                   f"  artifact: {os.path.relpath(target.out_dir, root)}/\n{observed_lines(target)}"
                   f"  state: {target_state(target)}\n")
+            return 0
+        if "kforge_broken" in (task.meta or {}):
+            write(f"{task.name}\n  state: did not load: {task.meta['kforge_broken']}\n")
             return 0
         members = [compile_target_of(tasks[d]) for d in task.task_dep if d in tasks]
         if members and all(members):
@@ -197,6 +226,11 @@ class Prune(DoitCmdBase):
     cmd_options = ()
 
     def _execute(self):
+        broken = [t.name for t in self.task_list if "kforge_broken" in (t.meta or {})]
+        if broken:   # its artifacts cannot be told from orphans
+            self.outstream.write(f"kforge: nothing pruned: families did not load ({', '.join(broken)}), and their "
+                                 f"artifacts cannot be told from orphans; fix them first\n")
+            return 1
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
         out = Layout.of(Path.cwd()).out   # doit runs in dodo.py's directory
         removed, refused = 0, []

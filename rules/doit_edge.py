@@ -67,8 +67,9 @@ def config(root: Path, catalog) -> dict:
         "local_cache": local_cache(),
         "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), InputIndex.of(layout.observed_inputs), catalog),
         "before_first_task": staticmethod(_resume_gc),
-        "find_orphans": staticmethod(functools.partial(out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets],
-                                                       option("archs")))})
+        # a family that did not load has no targets to tell its artifacts from orphans: none are named then
+        "find_orphans": staticmethod(list if catalog.broken else functools.partial(
+            out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], option("archs")))})
     _run_after_failed_deps()
     _read_dependency_file_at_once()
     _save_state_when_space_allows()
@@ -79,7 +80,7 @@ def config(root: Path, catalog) -> dict:
         "dep_file": str(layout.doit_db),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
-        "default_tasks": [f.name for f in catalog.families] + ["package"],
+        "default_tasks": [f.name for f in catalog.families] + [b.name for b in catalog.broken] + ["package"],
         "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
     }
 

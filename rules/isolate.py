@@ -42,6 +42,7 @@ class Outcome:
     result: dict | None = None
     error: str = ""
     traceback: str = ""   # the compiler's own, where it raised: kept in error.txt, not printed
+    facts: dict | None = None   # what fn attached to the exception it raised (`kforge_facts`), for the caller
 
 
 class Server:
@@ -80,7 +81,7 @@ class Server:
                 self._kill()
             if "error" in payload:
                 return Outcome(False, seconds, error=payload["error"] + _tail(log),
-                               traceback=payload.get("traceback", ""))
+                               traceback=payload.get("traceback", ""), facts=payload.get("facts"))
             return Outcome(True, seconds, result=payload["result"])
 
     def close(self) -> None:
@@ -178,7 +179,8 @@ def _death(status: int) -> str:
 
 
 def _error_payload(e: Exception) -> dict:
-    return {"error": _short_error(e), "traceback": traceback.format_exc()}
+    facts = getattr(e, "kforge_facts", None)
+    return {"error": _short_error(e), "traceback": traceback.format_exc(), **({"facts": facts} if facts else {})}
 
 
 def _short_error(e: Exception) -> str:

@@ -225,6 +225,8 @@ def _failure(t: Target) -> dict:
     status, error = "not built", ""
     try:
         key_line, _, message = error_path.read_text().partition("\n")
+        if message.startswith(artifact.INPUTS):   # a deterministic failure's inputs: not part of the message
+            message = message.partition("\n")[2]
         if key_line == f"key: {t.key}":
             status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
     except OSError:

@@ -9,7 +9,7 @@ from kforge.doit_edge import local_cache, option
 from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.catalog import Catalog
-from kforge.tasks import family_tasks, package_tasks
+from kforge.tasks import broken_task, family_tasks, package_tasks
 
 
 def load_specs(root: Path) -> list:
@@ -19,12 +19,16 @@ def load_specs(root: Path) -> list:
 
 
 def load_catalog(root: Path) -> Catalog:
-    """The catalog for the archs chosen on the command line, or one clear error and exit code 2."""
+    """The catalog for the archs chosen on the command line, or one clear error and exit code 2 (a catalog
+    that cannot be found or read at all). A family that did not load is one line here and one failed task."""
     try:
-        return Catalog(root, option("archs"), option("max_configs")).load()
+        catalog = Catalog(root, option("archs"), option("max_configs")).load(keep_going=True)
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
+    for broken in catalog.broken:
+        sys.stderr.write(f"kforge: {broken.line()}\n")
+    return catalog
 
 
 def compile_tasks(root: Path, catalog: Catalog):
@@ -45,6 +49,8 @@ def compile_tasks(root: Path, catalog: Catalog):
     for family in catalog.families:
         yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,
                                 built, cache, executor, local)
+    for broken in catalog.broken:
+        yield broken_task(broken.name, broken.path, broken.error)
 
 
 def bundle_tasks(root: Path, catalog: Catalog):

@@ -54,6 +54,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "env": {"*": (str, False, "an environment variable set where the family compiles (and its module is "
                               "imported), e.g. LIGER_AUTOTUNE = \"0\"")},
     "sweep": {"*": (list, True, "non-empty list of values of one parameter")},
+    "override": {"*": ((int, float, bool, str, list), False, "a value pinned in place of what the entry's "
+                       "@triton.heuristics compute: one value for the family, or a list (one config per value)")},
     "extra": {"*": ((int, float, bool, str), False, "one explicit config")},
     "exclude": {"*": ((int, float, bool, str, list), False, "partial config to drop")},
     "tune": {
@@ -150,17 +152,23 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
     env = _check_env(raw.get("env", {}), where)
-    swept, extras, derived = raw["sweep"], raw.get("extra", []), ()
+    swept, extras, derived, tuned, notes, chosen = raw["sweep"], raw.get("extra", []), (), (), (), None
     if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
         chosen = entry_probe.Probe.of(root, env).describe(module, k["entry"], where)
-        if chosen["autotune"] is not None:
-            swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
         derived = tuple(chosen["heuristics"])
         for d in derived:
             if d in swept or d in dict(constants):
-                raise SpecError(f"{where}: {d} is computed by the entry's @triton.heuristics; remove it from "
-                                f"{'[sweep]' if d in swept else '[constants]'}")
+                raise SpecError(f"{where}: {d} is computed by the entry's @triton.heuristics; to pin its value, give "
+                                f"it in [override] instead of {'[sweep]' if d in swept else '[constants]'} (one value "
+                                f"for the family, or a list: one config per value)")
+    swept, constants = _with_overrides(raw.get("override", {}), derived, swept, constants, raw.get("arch", {}),
+                                       signature, where)
+    if chosen is not None:
+        if chosen["autotune"] is not None:
+            swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
+            tuned = tuple(chosen["autotune"][0])
+        notes = _tuner_notes(chosen, hints, where, f"{module}.{k['entry']}")
     if k["toolchain"] == "triton":   # a constexpr the spec gives no value takes its default in the source
         given = {*dict(constants), *swept, *derived}
         defaults = sources.function_defaults(source_path, k["entry"])
@@ -171,7 +179,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
-                derived=derived, per_arch=per_arch, env=env, adapter=adapter)
+                derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes)
     return sweep.expand(spec, swept, extras, raw.get("exclude", []))
 
 
@@ -246,6 +254,46 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str, e
     grown = {**swept, **{key: [configs[0][key]] for key in keys}}
     added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
     return grown, [*added, *extras]
+
+
+def _tuner_notes(chosen: dict, hints: tuple, where: str, entry: str) -> tuple[tuple[str, str], ...]:
+    """What `doit info` says of the entry's autotuner and @triton.jit options (rules/entry_probe.py describes
+    them); a 16-divisibility promise for an argument Triton never specializes is refused."""
+    unspecialized = chosen.get("unspecialized", {})
+    for h in hints:
+        if h in unspecialized:
+            raise SpecError(f"{where}: [hints] divisible_by_16: {h} is in {entry}'s @triton.jit("
+                            f"{unspecialized[h]}=...): Triton never specializes it on 16-divisibility, so no launch "
+                            f"of the library's would match that binary; remove {h} from divisible_by_16")
+    notes = [(fact, str(value)) for fact, value in chosen.get("tuner", {}).items()]
+    if unspecialized:
+        notes.append(("unspecialized", ", ".join(f"{a} ({o})" for a, o in sorted(unspecialized.items()))))
+    return tuple(notes)
+
+
+def _with_overrides(table: dict, derived: tuple, swept: dict, constants: tuple, per_arch: dict, signature,
+                    where: str) -> tuple[dict, tuple]:
+    """[override]: values the spec pins in place of what the entry's @triton.heuristics compute (a heuristic
+    that reads the device cannot run on a build machine without it). One value is the family's (with the
+    constants), a list is swept (one config per value); [arch.<name>] may pin one per arch once [override]
+    names it. The heuristic itself is then never run (rules/targets.py)."""
+    for name, value in table.items():
+        if name not in derived:
+            computed = f"it computes {', '.join(derived)}" if derived else "it has none"
+            raise SpecError(f"{where}: [override] {_key(name)}: not computed by the entry's @triton.heuristics "
+                            f"({computed}); give a constexpr's value in [constants] or [sweep]")
+        if value == []:
+            raise SpecError(f"{where}: [override] {name}: empty list; give one value, or a list of values to sweep")
+        if isinstance(value, list):
+            swept = {**swept, name: value}
+        else:
+            constants += ((name, _typed_value(signature, name, value, where, "override")),)
+    for arch, body in per_arch.items():
+        for key in body if isinstance(body, dict) else ():
+            if key in derived and key not in table:
+                raise SpecError(f"{where}: [arch.{arch}] {key}: computed by the entry's @triton.heuristics; to pin "
+                                f"it on {arch}, name it in [override] too (its value on the other archs)")
+    return swept, constants
 
 
 def _check_integers(raw: dict, where: str) -> None:

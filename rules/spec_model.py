@@ -120,6 +120,14 @@ class Spec:
     per_arch: tuple[tuple[str, tuple[tuple[str, Scalar], ...]], ...] = ()   # [arch.<name>]: values for one arch
     env: tuple[tuple[str, str], ...] = ()   # [env]: set where the family compiles; in its key
     adapter: tuple = ()   # FlyDSL [adapter]: (table, ((key, value), ...)) for arguments, dtype_names, shapes, scalars
+    tuned: tuple[str, ...] = ()   # the parameters the entry's @triton.autotune configs set (its pruner gets them)
+    notes: tuple[tuple[str, str], ...] = ()   # the entry's autotuner and jit options, as doit info shows them
+
+    @property
+    def reads_args(self) -> bool:
+        """Whether the module's own code reads the launch's arguments at load: @triton.heuristics, or an
+        autotuner that prunes its configs; scalar runtime arguments may then be given values (shape hints)."""
+        return bool(self.derived) or "prune" in dict(self.notes)
 
     def on_arch(self, arch: str) -> dict:
         """The [arch.<arch>] values (constexprs and options), if the spec has that table."""

@@ -54,8 +54,10 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
     outside = tuple(c for c in dict.fromkeys(listed) if not all(v in vs for (_, v), vs in zip(c, swept)))
 
     norm_excludes = tuple(_normalize_exclude(spec, params, i, ex) for i, ex in enumerate(excludes))
+    # an autotuner's pruner may rewrite its configs (rules/targets.py): an exclude may name a value it makes
+    rewritten = set(spec.tuned) if "prune" in dict(spec.notes) else set()
     for i, ex in enumerate(norm_excludes):
-        if not _matches_some(ex, swept, outside, spec.archs):
+        if not _matches_some(ex, swept, outside, spec.archs) and not rewritten.intersection(dict(ex.given)):
             raise SpecError(f"{where}: [[exclude]] #{i + 1} {shown(dict(ex.given))} matches no config; "
                             f"fix its values or remove it")
     configs = Configs(params, values, outside, norm_excludes, spec.archs)
@@ -99,10 +101,11 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
     options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
-    # an entry with @triton.heuristics may be given scalar runtime arguments' values: shape hints its heuristics
-    # read. Its pointer arguments are given to them as empty tensors (rules/entry_probe.py), never as values.
-    hints = tuple(a for a, t in spec.signature if _is_scalar(t)) if spec.derived else ()
-    if spec.derived:
+    # an entry with @triton.heuristics (or an autotuner that prunes) may be given scalar runtime arguments'
+    # values: shape hints its heuristics (pruner) read. Its pointer arguments are given to them as empty tensors
+    # (rules/entry_probe.py), never as values.
+    hints = tuple(a for a, t in spec.signature if _is_scalar(t)) if spec.reads_args else ()
+    if spec.reads_args:
         for p in (*params, *constants):
             kind = dict(spec.signature).get(p, "")
             if kind.startswith(("*", "tensordesc")):

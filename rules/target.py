@@ -37,6 +37,10 @@ class Target(NamedTuple):
     # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
     # type, shape) for a tensor, (name, "scalar", value) otherwise. Empty: the factory returns its own.
     placeholders: tuple[tuple[str, str, object], ...] = ()
+    # what `doit info` says beyond the config, (fact, text) pairs: how the entry's autotuner prunes, its
+    # perf_model / top_k (noted, not applied), arguments its @triton.jit never specializes, the heuristics'
+    # values the spec overrides (those are in the key too)
+    notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:

@@ -19,17 +19,23 @@ from kforge.target import COMPILE_TIME, Target
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
-                  read: set[Path] | None = None) -> list[Target]:
+                  read: set[Path] | None = None, fails: Callable | None = None) -> list[Target]:
     """Every target of the specs for the archs (None: all). `read`, if given, collects the kernel source files
-    the targets were computed from, and those an import looked for in vain (rules/catalog.py stamps them)."""
+    the targets were computed from, and those an import looked for in vain (rules/catalog.py stamps them).
+    A family that fails is a SpecError, or, given `fails`, fails(spec, error) and the others go on."""
     targets: list[Target] = []
     seen: dict[str, str] = {}
     for spec in specs:
-        if spec.name in seen:
-            raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
-                            f"target names must be unique: rename one [kernel] name")
-        seen[spec.name] = spec.path
-        targets += spec_targets(spec, root, arch_filter, read)
+        try:
+            if spec.name in seen:
+                raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
+                                f"target names must be unique: rename one [kernel] name")
+            targets += spec_targets(spec, root, arch_filter, read)
+            seen[spec.name] = spec.path
+        except SpecError as e:
+            if fails is None:
+                raise
+            fails(spec, e)
     return targets
 
 
@@ -47,6 +53,7 @@ class _Shared:
     family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
+    notes: tuple = ()   # what doit info says of the family on this arch: its autotuner, its overrides
 
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
@@ -72,27 +79,91 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if arch_filter is not None and arch_name not in arch_filter:
             continue
         versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
+        # a heuristic's value the spec gives ([override], rules/spec.py) is pinned: its rule is never run
+        fixed = {**dict(spec.constants), **spec.on_arch(arch_name), **dict.fromkeys(spec.configs.params)}
+        pinned = tuple(d for d in spec.derived if d in fixed)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
             **({"family_env": spec.env} if spec.env else {}),
+            **({"overrides": pinned} if pinned else {}),
             **({"distribution": distribution} if spec.module else {})})
+        notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ())
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {},
-                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}))
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}), notes)
         configs = spec.configs.on(arch_name)
-        if spec.derived:   # the entry's @triton.heuristics, evaluated by its own module on each config
+        if spec.reads_args:   # the module's own code, asked in a child process (rules/entry_probe.py)
             from kforge.entry_probe import Probe
+            probe = Probe.of(root, spec.env)
             configs = list(configs)
-            given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
-            pointers = [_pointer_types(spec, known) for known in given]
-            derived = Probe.of(root, spec.env).heuristics(module, spec.entry, given, pointers, spec.path)
-            result += [_target(shared, c, d) for c, d in zip(configs, derived)]
-        else:
-            result += [_target(shared, config) for config in configs]
+            if "prune" in dict(spec.notes):   # the configs its autotuner would try, as it prunes them
+                configs = _pruned(spec, arch_name, configs, probe, module)
+            if len(pinned) < len(spec.derived):   # the entry's @triton.heuristics, on each config
+                given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
+                pointers = [_pointer_types(spec, known) for known in given]
+                derived = probe.heuristics(module, spec.entry, given, pointers, spec.path, pinned)
+                result += [_target(shared, c, d) for c, d in zip(configs, derived)]
+                continue
+        result += [_target(shared, config) for config in configs]
     return result
+
+
+def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
+    """The configs of one arch as the entry's autotuner prunes them (rules/entry_probe.py): per group of configs
+    that share the spec's own values (everything but the autotuned parameters), the library's pruner is given
+    the group's autotune configs and the launch's arguments the spec knows (shape hints, pointers as empty
+    tensors; constexprs as keyword arguments). What it keeps, or rewrites (num_stages set from the shared
+    memory it computes, say), are the targets; the spec's [[exclude]] still apply to them."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in configs:
+        own = tuple((p, v) for p, v in c if p not in spec.tuned)
+        groups.setdefault(own, []).append({p: v for p, v in c if p in spec.tuned})
+    requests = []
+    for own in groups:
+        known = {**dict(spec.constants), **spec.on_arch(arch), **dict(own)}
+        kinds = dict(spec.signature)
+        requests.append({
+            "configs": groups[own], "pointers": _pointer_types(spec, known),
+            "args": {a: v for a, v in known.items() if a in kinds and kinds[a] not in COMPILE_TIME},
+            "kwargs": {a: v for a, v in known.items() if kinds.get(a) in COMPILE_TIME and a not in spec.tuned}})
+    kept = probe.prune(module, spec.entry, requests, spec.path)
+    found: dict[tuple, None] = {}
+    ids: dict[str, tuple] = {}
+    for own, chosen in zip(groups, kept):
+        for values in chosen:
+            if set(values) != set(spec.tuned):
+                raise SpecError(f"{spec.path}: the autotuner of {module}.{spec.entry} pruned its configs into one "
+                                f"that sets {sorted(values)}, not {sorted(spec.tuned)}; kforge sweeps configs that "
+                                f"set the same parameters")
+            merged = {**dict(own), **values}
+            config = tuple((p, merged[p]) for p in spec.configs.params)
+            if config in found or any(ex.matches(config, arch) for ex in spec.excludes):
+                continue
+            _check_pruned(spec, arch, config, ids)
+            found[config] = None
+    return list(found)
+
+
+def _check_pruned(spec: Spec, arch: str, config: tuple, ids: dict) -> None:
+    """A config the pruner rewrote has values the spec's sweep was never checked with: an option's value, and
+    an id that must stay a safe name, unique on the arch."""
+    from kforge.sweep import CONFIG_ID
+    from kforge.triton_options import value_problem
+    for p, v in config:
+        problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
+        if problem:
+            raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
+    cid = config_id(spec, config)
+    if not CONFIG_ID.fullmatch(cid):
+        raise SpecError(f"{spec.path}: the autotuner's pruner made config {dict(config)}, whose id {cid!r} is not a "
+                        f"safe name; change [kernel] id")
+    if cid in ids:
+        raise SpecError(f"{spec.path}: the autotuner's pruner made configs {dict(ids[cid])} and {dict(config)} on "
+                        f"{arch}, which both get id {cid!r}; add the differing parameter to [kernel] id")
+    ids[cid] = config
 
 
 def _pointer_types(spec, known: dict) -> dict:
@@ -197,4 +268,4 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
                   out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env,
-                  placeholders=placeholders)
+                  placeholders=placeholders, notes=shared.notes)

@@ -37,6 +37,23 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
     }
 
 
+def broken_task(name: str, path: str, error: str) -> dict:
+    """A family that did not load (rules/catalog.py's Broken): one task that fails with its error every time it
+    runs, so the run goes on, exits non-zero and lists it; `doit list` shows it marked."""
+    return {
+        "basename": name,   # a task of its own (no subtasks): `doit NAME` runs it
+        "doc": f"BROKEN (did not load): {error}",
+        "actions": [(did_not_load, [name, path, error])],
+        "meta": {"kforge_broken": error},
+        "verbosity": 0,
+    }
+
+
+def did_not_load(name: str, path: str, error: str):
+    from doit.exceptions import TaskFailed
+    return TaskFailed(f"{name} did not load\n  spec: {path}\n  error: {error}\n  retry alone: doit {name}")
+
+
 def compile_action(*args):
     """The doit action (rules/build.py's, imported where a compile runs: a no-op run never imports it)."""
     from kforge.build import compile_target

@@ -239,3 +239,32 @@ def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, fiel
     with pytest.raises(artifact.ArtifactError, match=field):
         artifact.install(target, files)
     assert artifact.accept(target, artifact.files_of(art))[0]["target"] == meta["target"]   # the genuine one is
+
+
+def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compile_read_do(tmp_path, monkeypatch):
+    """error.txt with the inputs of the failed compile (rules/build.py) is reported again instead of compiling;
+    another key, a changed input, or a failure kept without inputs (a crash, a timeout) compiles again."""
+    import hashlib
+
+    from kforge.files import JsonState
+    root = tmp_path / "p"
+    (root / "kernels").mkdir(parents=True)
+    source = root / "kernels" / "k.py"
+    source.write_text("x = 1\n")
+    directory = root / "out" / "sm_90a" / "k" / "b512"
+    target = SimpleNamespace(key="K1", out=str(root / "out"), out_dir=str(directory))
+    message = "k:b512@sm_90a failed\n  error: CompilationError: BLOCK too large\n  retry alone: doit k:b512@sm_90a"
+    inputs = [["kernels/k.py", hashlib.sha256(source.read_bytes()).hexdigest()]]
+
+    def saved(key="K1"):
+        monkeypatch.setattr(JsonState, "_open", {})   # a new run: digests are taken afresh
+        return artifact.saved_failure(SimpleNamespace(**{**vars(target), "key": key}))
+
+    artifact.write_error(directory, "K1", message + artifact.TRACEBACK + "Traceback (most recent call last): ...", inputs)
+    assert saved() == message   # the traceback stays in error.txt only
+    assert saved("K2") is None
+    artifact.write_error(directory, "K1", message)   # a crash or a timeout: no inputs kept
+    assert saved() is None
+    artifact.write_error(directory, "K1", message, inputs)
+    source.write_text("x = 2\n")
+    assert saved() is None

@@ -149,13 +149,59 @@ def test_arch_selection_from_command_line(tmp_path):
     assert bad.returncode != 0 and "unknown arch sm_91" in bad.stderr and "gfx942" in bad.stderr
 
 
-def test_bad_spec_is_one_clear_error_for_every_command(tmp_path):
+def test_bad_spec_is_one_clear_line_for_every_command_and_fails_the_build(tmp_path):
     root = make_project(tmp_path, specs={"scale": spec_text().replace('"fp16"', '"fp17"')})
-    for args in ((), ("list",)):
+    for args, code in (((), 1), (("list",), 0)):
         proc = doit(root, *args, check=False)
-        assert proc.returncode == 2
-        assert "kforge: specs/scale.toml: [sweep] dtype: got 'fp17'" in proc.stderr
+        assert proc.returncode == code
+        assert "kforge: family scale did not load: specs/scale.toml: [sweep] dtype: got 'fp17'" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+# A compile error: the same key and inputs give it again. The module counts the compile servers that import it.
+ASSERTING = '''
+import os
+
+import triton
+import triton.language as tl
+
+with open(os.environ["KFORGE_TEST_IMPORTS"], "a") as f:
+    f.write("imported\\n")
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= 256, "BLOCK too large for this kernel")
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
+'''
+
+
+def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgotten(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))}, kernels={"scale": ASSERTING})
+    imports = tmp_path / "imports.txt"
+    env = {"KFORGE_TEST_IMPORTS": str(imports)}
+    bad, good = "scale:fp16-b512-w4@sm_90a", "scale:fp16-b256-w4@sm_90a"
+    first = doit(root, env=env, check=False)
+    assert first.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "built") == {good}
+    error = root / "out" / "sm_90a" / "scale" / "fp16-b512-w4" / "error.txt"
+    assert error.read_text().splitlines()[1].startswith("inputs: [[")   # what the failing compile read
+    compiled = imports.read_text()
+
+    again = doit(root, env=env, check=False)
+    assert again.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "up-to-date") == {good}
+    assert imports.read_text() == compiled   # no compile server imported the kernel: nothing was compiled
+    assert f"kforge: {bad} failed with: " in again.stdout and "BLOCK too large for this kernel" in again.stdout
+    record = next(t for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if t["name"] == bad)
+    assert "not compiled again: it failed so from this key and these inputs" in record["error"]
+    assert "reported again without compiling" in doit(root, "info", bad, env=env).stdout
+
+    doit(root, "forget", bad, env=env)
+    assert not error.exists()
+    retried = doit(root, env=env, check=False)
+    assert retried.returncode != 0 and imports.read_text() != compiled   # compiled again, and failed again
+    assert "not compiled again" not in retried.stdout
 
 
 CRASHING = {

@@ -22,6 +22,7 @@ def test_the_catalog_loads_into_unique_targets_inside_out():
 # rules/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
 
 import json  # noqa: E402
+import textwrap  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
@@ -156,3 +157,99 @@ def test_a_run_that_finds_its_saved_catalog_imports_no_spec_machinery_and_no_com
     heavy = {"kforge.spec", "kforge.spec_model", "kforge.sweep", "kforge.targets", "kforge.sources", "kforge.build",
              "kforge.compile_core", "triton", "torch", "flydsl"}
     assert not heavy & modules, sorted(heavy & modules)
+
+
+# Keep going at load: a family that does not load is one failed entry; the others load and build.
+
+from tests import tune_library  # noqa: E402
+from tests.support import doit, statuses  # noqa: E402
+
+BROKEN_MODULES = {
+    # asks for a GPU at import, as a library may; the line that raises is named
+    "nodevice": '''
+        import triton
+        import triton.language as tl
+
+        raise RuntimeError("No device were detected")
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+        @triton.jit
+        def lib_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            pass
+        ''',
+    "hangs": '''
+        import triton
+        import triton.language as tl
+
+        while True:
+            pass
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+        @triton.jit
+        def lib_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            pass
+        ''',
+}
+
+
+def library_spec(name, module):
+    return (f'[kernel]\nname = "{name}"\nmodule = "kforge_tunelib.ops.{module}"\nentry = "lib_kernel"\n'
+            f'toolchain = "triton"\narchs = ["sm_90a"]\n\n[signature]\nx_ptr = "*fp32"\ny_ptr = "*fp32"\nn = "i32"\n'
+            f'BLOCK = "constexpr"\n\n[sweep]\n')
+
+
+def broken_project(tmp_path):
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    specs = {"scale": spec_text(), "lib_nodevice": library_spec("lib_nodevice", "nodevice"),
+             "lib_hangs": library_spec("lib_hangs", "hangs"),
+             "malformed": "[kernel\nname = 'x'\n",
+             "twice": spec_text(name="scale")}   # the name of another family
+    root = make_project(tmp_path / "p", specs=specs)
+    return root, {"PYTHONPATH": str(site), "KFORGE_CATALOG_TIMEOUT": "3"}
+
+
+NODEVICE = ("specs/lib_nodevice.toml: reading kforge_tunelib.ops.nodevice.lib_kernel's autotune / heuristics (the "
+            "module is imported in a child process): RuntimeError: No device were detected (in "
+            "kforge_tunelib/ops/nodevice.py:5)")
+
+
+def test_a_family_that_does_not_load_is_one_failed_entry_and_the_others_build(tmp_path):
+    root, env = broken_project(tmp_path)
+    listed = doit(root, "list", env=env)   # lists the families, the broken ones marked
+    rows = dict(line.split(None, 1) for line in listed.stdout.splitlines())
+    assert rows["scale"] == "all scale targets"
+    assert rows["lib_nodevice"] == f"BROKEN (did not load): {NODEVICE}"
+    assert rows["lib_hangs"].startswith("BROKEN (did not load): specs/lib_hangs.toml: importing kforge_tunelib.ops."
+                                        "hangs to read the entry's autotune / heuristics ran past catalog_timeout (3 s)")
+    assert rows["malformed"].startswith("BROKEN (did not load): specs/malformed.toml: not valid TOML")
+    assert rows["scale_broken"].startswith("BROKEN (did not load): specs/twice.toml: kernel name 'scale' is already "
+                                           "used by specs/scale.toml")
+    said = [line for line in listed.stderr.splitlines() if "did not load" in line]
+    assert len(said) == 4 and f"kforge: family lib_nodevice did not load: {NODEVICE}" in said
+
+    built = doit(root, "-n", "2", env=env, check=False)
+    assert built.returncode != 0
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    assert statuses(root, "failed") == {"lib_nodevice", "lib_hangs", "malformed", "scale_broken"}
+    assert f"kforge: lib_nodevice failed with: {NODEVICE}\n" in built.stdout
+    assert "Traceback" not in built.stdout + built.stderr
+    info = doit(root, "info", "lib_nodevice", env=env).stdout
+    assert info == f"lib_nodevice\n  state: did not load: {NODEVICE}\n"
+    pruned = doit(root, "prune", env=env, check=False)   # its artifacts cannot be told from orphans
+    assert pruned.returncode != 0 and "nothing pruned: families did not load" in pruned.stdout
+
+    doit(root, "scale", env=env)   # a run of the families that load: they are up to date
+    assert statuses(root, "up-to-date") == {"scale:fp16-b256-w4@sm_90a"}
+
+
+def test_a_broken_family_is_not_kept_in_the_saved_catalog_so_a_fix_elsewhere_is_found(tmp_path):
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(),
+                                               "lib_nodevice": library_spec("lib_nodevice", "nodevice")})
+    env = {"PYTHONPATH": str(site)}
+    assert doit(root, "list", env=env).returncode == 0
+    (site / "kforge_tunelib" / "ops" / "nodevice.py").write_text(   # the dependency installed, say
+        textwrap.dedent(BROKEN_MODULES["nodevice"]).replace('raise RuntimeError("No device were detected")', ""))
+    assert "did not load" not in doit(root, "list", env=env).stderr

@@ -1,0 +1,140 @@
+"""rules/entry_probe.py with rules/spec.py and rules/targets.py: the autotuner as the library defines it (its
+pruning, its own Autotuner subclass, do_not_specialize; a perf_model noted, not applied) and a heuristic's value
+pinned by the spec ([override]). The library is tests/tune_library.py."""
+import sys
+
+import pytest
+
+from kforge.catalog import Catalog
+from kforge.errors import SpecError
+from tests import tune_library
+from tests.support import doit, make_project, statuses
+
+SM90_TARGETS = {   # what the library's pruner keeps with H100's shared memory (tests/tune_library.py prune)
+    "tune_gemm:m64n64k32-w4s2-K64@sm_90a",      # num_stages 3 rewritten to 2: K=64 has two 32-wide blocks
+    "tune_gemm:m128n128k64-w4s1-K64@sm_90a",
+    "tune_gemm:m256n256k128-w8s1-K64@sm_90a",   # three configs for K=64: top_k = 2 was not applied
+    "tune_gemm:m64n64k32-w4s3-K256@sm_90a",
+    "tune_gemm:m128n128k64-w4s4-K256@sm_90a",
+}   # not m256n256k128-w8s2-K256 (262,144 bytes of shared memory), nor any 16-warp config (LibTuner's max_warps)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    found = tune_library.install(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(found))
+    return found
+
+
+def load(root):
+    return {t.name: t for t in Catalog(root, None, 50_000).load().targets}
+
+
+def test_a_config_the_librarys_pruner_drops_is_no_target_and_one_it_rewrites_is_built_as_rewritten(site, tmp_path):
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "tune_gemm": tune_library.spec(),
+        "tune_gemm_mi300": tune_library.spec("tune_gemm_mi300", "gfx942", tune_library.MI300X_SHARED)})
+    targets = load(root)
+    assert {n for n in targets if n.startswith("tune_gemm:")} == SM90_TARGETS
+    assert {n for n in targets if n.startswith("tune_gemm_mi300:")} == {   # 64 KiB of LDS drops more
+        "tune_gemm_mi300:m64n64k32-w4s2-K64@gfx942", "tune_gemm_mi300:m128n128k64-w4s1-K64@gfx942",
+        "tune_gemm_mi300:m64n64k32-w4s3-K256@gfx942"}
+    rewritten = targets["tune_gemm:m64n64k32-w4s2-K64@sm_90a"]
+    assert dict(rewritten.options) == {"num_warps": 4, "num_stages": 2}
+    assert dict(rewritten.constexprs) == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "NUM_SMS": 132, "EVEN_K": True}
+    assert dict(targets["tune_gemm:m256n256k128-w8s1-K64@sm_90a"].constexprs)["EVEN_K"] is False   # 64 % 128
+    notes = dict(rewritten.notes)
+    assert notes["prune"] == "kforge_tunelib.ops.gemm.prune"
+    assert (notes["perf_model"], notes["top_k"]) == ("kforge_tunelib.ops.gemm.estimate", "2")
+    assert notes["autotuner"] == "kforge_tunelib.ops.gemm.LibTuner(max_warps)"
+    assert notes["unspecialized"] == "M (do_not_specialize)"
+    assert tune_library.PACKAGE not in sys.modules   # asked of a child process, never imported here
+
+
+def test_the_spec_excludes_apply_to_what_the_pruner_keeps(site, tmp_path):
+    spec = tune_library.spec() + '\n[[exclude]]\nnum_stages = 1\n'
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    assert set(load(root)) == SM90_TARGETS - {"tune_gemm:m128n128k64-w4s1-K64@sm_90a",
+                                              "tune_gemm:m256n256k128-w8s1-K64@sm_90a"}
+
+
+def test_a_pruner_reading_a_shape_the_spec_does_not_give_is_refused_naming_it(site, tmp_path):
+    spec = tune_library.spec().replace("K = [64, 256]", "").replace("-K{K}", "")
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    with pytest.raises(SpecError, match=r"^specs/tune_gemm.toml: the autotuner of kforge_tunelib.ops.gemm.gemm_kernel "
+                                        r"prunes its configs by 'K', which the spec does not give \(in kforge_tunelib/"
+                                        r"ops/gemm.py:\d+\); add it to \[constants\] or \[sweep\]"):
+        load(root)
+
+
+def test_a_heuristic_the_spec_overrides_is_never_run_and_its_value_is_in_the_key(site, tmp_path):
+    """NUM_SMS reads torch.cuda.get_device_properties, which this CPU cannot answer: pinned, it is not asked."""
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": tune_library.spec()})
+    before = load(root)
+    assert {dict(t.constexprs)["NUM_SMS"] for t in before.values()} == {132}
+    assert dict(next(iter(before.values())).notes)["overrides"] == "NUM_SMS"
+    (root / "specs" / "tune_gemm.toml").write_text(tune_library.spec().replace("NUM_SMS = 132", "NUM_SMS = 114"))
+    after = load(root)
+    assert set(after) == set(before) and all(after[n].key != before[n].key for n in before)
+
+
+def test_an_override_list_sweeps_the_value_one_config_each(site, tmp_path):
+    spec = (tune_library.spec().replace("NUM_SMS = 132", "NUM_SMS = [114, 132]")
+            .replace('-K{K}"', '-K{K}-sm{NUM_SMS}"'))
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    targets = load(root)
+    assert set(targets) == {n.replace("@", f"-sm{s}@") for n in SM90_TARGETS for s in (114, 132)}
+    assert dict(targets["tune_gemm:m64n64k32-w4s3-K256-sm114@sm_90a"].constexprs)["NUM_SMS"] == 114
+
+
+def test_an_override_may_differ_per_arch(site, tmp_path):
+    spec = (tune_library.spec().replace('archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]')
+            .replace("[env]", "[arch.gfx942]\nNUM_SMS = 304\n\n[env]"))
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    sms = {t.arch: dict(t.constexprs)["NUM_SMS"] for t in load(root).values()}
+    assert sms == {"sm_90a": 132, "gfx942": 304}
+
+
+def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(site, tmp_path):
+    spec = tune_library.spec().replace("[override]\nNUM_SMS = 132\n", "")
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
+    with pytest.raises(SpecError, match=r"specs/tune_gemm.toml: heuristic NUM_SMS of kforge_tunelib.ops.gemm."
+                                        r"gemm_kernel failed on .*: AssertionError: Torch not compiled with CUDA "
+                                        r"enabled \(in kforge_tunelib/ops/gemm.py:\d+\); if it needs what the build "
+                                        r"machine lacks \(a GPU\), pin its value: \[override\] NUM_SMS = ...$"):
+        load(root)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("[override]\nNUM_SMS = 132", "[constants]\nNUM_SMS = 132"),
+     r"NUM_SMS is computed by the entry's @triton.heuristics; to pin its value, give it in \[override\] instead of "
+     r"\[constants\]"),
+    (("NUM_SMS = 132", "NUM_SMS = 132\nBLOCK_M = 64"),
+     r"\[override\] BLOCK_M: not computed by the entry's @triton.heuristics \(it computes NUM_SMS, EVEN_K\)"),
+    (("NUM_SMS = 132", "NUM_SMS = []"), r"\[override\] NUM_SMS: empty list"),
+    (("[env]", "[arch.sm_90a]\nEVEN_K = true\n\n[env]"),
+     r"\[arch.sm_90a\] EVEN_K: computed by the entry's @triton.heuristics; to pin it on sm_90a, name it in "
+     r"\[override\] too"),
+    (("[override]", "[hints]\ndivisible_by_16 = [\"a_ptr\", \"M\"]\n\n[override]"),
+     r"\[hints\] divisible_by_16: M is in kforge_tunelib.ops.gemm.gemm_kernel's @triton.jit\(do_not_specialize=...\): "
+     r"Triton never specializes it on 16-divisibility"),
+], ids=["constants", "not-a-heuristic", "empty", "arch-without-override", "divisible-but-unspecialized"])
+def test_a_wrong_override_or_hint_is_refused_in_one_line_with_the_fix(site, tmp_path, edit, message):
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": tune_library.spec().replace(*edit)})
+    with pytest.raises(SpecError, match=r"^specs/tune_gemm.toml: " + message):
+        load(root)
+
+
+def test_the_pruned_configs_build_and_doit_info_shows_the_autotuner_and_the_override(site, tmp_path):
+    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": tune_library.spec()})
+    env = {"PYTHONPATH": str(site)}
+    doit(root, "-n", "2", "tune_gemm", env=env)
+    assert statuses(root, "built") == SM90_TARGETS
+    info = doit(root, "info", "tune_gemm:m64n64k32-w4s2-K64@sm_90a", env=env).stdout
+    assert "  overrides: NUM_SMS=132 (given by the spec, in place of the entry's @triton.heuristics)\n" in info
+    assert "    configs pruned by kforge_tunelib.ops.gemm.prune (applied" in info
+    assert "    perf_model kforge_tunelib.ops.gemm.estimate (noted, not applied" in info
+    assert "    top_k 2 (noted, not applied)\n" in info
+    assert "    the library's own autotuner kforge_tunelib.ops.gemm.LibTuner(max_warps)\n" in info
+    assert "    never specialized by @triton.jit: M (do_not_specialize)\n" in info
+    assert "state: up to date" in info
