@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge import artifact, isolate, observe, scratch
+from kforge import artifact, device_model, isolate, observe, scratch
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
 from kforge.target import Target
@@ -129,6 +129,7 @@ def lower_and_write(backend, request: tuple) -> Written:
     """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
     start = time.time()
+    device_model.serving(target.kernel)
     recorder = _observed(target)
     with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
         lowered = backend.lower(target, scratch_dir)
@@ -161,7 +162,9 @@ def _observed(target: Target) -> observe.Recorder:
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
-    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None, target.env)
+    # a module imported under the device model or a set-up hook saw one arch: a server per arch then too
+    per_arch = backend.ARCH_PER_PROCESS or target.device_model or target.setup
+    wanted = (target.toolchain, target.arch if per_arch else None, target.env, target.device_model, target.setup)
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server)
@@ -174,7 +177,7 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
 
 def _server_setup(target: Target, backend, root: str, import_here: bool) -> None:
     """Once in each fresh compile server, after the fork: the family's [env] first (its module reads it when
-    imported), then the compiler."""
+    imported), then the compiler, then the device model and the set-up hooks (rules/device_model.py)."""
     os.environ.update(dict(target.env))
     if import_here:
         try:
@@ -183,6 +186,8 @@ def _server_setup(target: Target, backend, root: str, import_here: bool) -> None
             raise RuntimeError(_unusable(target, e)) from None
     if backend.ARCH_PER_PROCESS:
         backend.setup(target.arch)
+    # before recording: the hooks' modules stay imported (each runs once per server) and are in the key instead
+    device_model.prepare(target.arch, target.device_model, target.setup)
     _folders[0] = observe.bases(root)
     observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
 

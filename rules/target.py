@@ -37,6 +37,8 @@ class Target(NamedTuple):
     # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
     # type, shape) for a tensor, (name, "scalar", value) otherwise. Empty: the factory returns its own.
     placeholders: tuple[tuple[str, str, object], ...] = ()
+    device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/device_model.py)
+    setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported
 
     @property
     def name(self) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge import keys
+from kforge import device_model, keys
 from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.errors import SpecError
@@ -47,6 +47,7 @@ class _Shared:
     family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
+    env: tuple        # the family's environment on this arch ([env], [arch.<arch>.env])
 
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
@@ -67,28 +68,36 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
     if read is not None:   # the files the targets depend on, and those whose creation would change them
         read.update(closure, misses)
     env = keys.compiler_env()
+    # the set-up hooks' sources are in every key: what they do shapes the import the compile sees
+    setup = [(ref, _function_sources(ref, root, f"{spec.path}: [kernel] setup", read, {}, "a set-up function"))
+             for ref in spec.setup]
     result = []
     for arch_name in spec.archs:
         if arch_filter is not None and arch_name not in arch_filter:
             continue
         versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
+        family_env = spec.env_on(arch_name)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
-            **({"family_env": spec.env} if spec.env else {}),
+            **({"family_env": family_env} if family_env else {}),
+            **({"device": device_model.row(arch_name)} if spec.device_model else {}),
+            **({"setup": setup} if setup else {}),
             **({"distribution": distribution} if spec.module else {})})
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {},
-                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}))
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
+                         family_env)
         configs = spec.configs.on(arch_name)
         if spec.derived:   # the entry's @triton.heuristics, evaluated by its own module on each config
             from kforge.entry_probe import Probe
             configs = list(configs)
             given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
             pointers = [_pointer_types(spec, known) for known in given]
-            derived = Probe.of(root, spec.env).heuristics(module, spec.entry, given, pointers, spec.path)
+            derived = Probe.of(root, **spec.importing(arch_name)).heuristics(module, spec.entry, given, pointers,
+                                                                             spec.path, spec.name)
             result += [_target(shared, c, d) for c, d in zip(configs, derived)]
         else:
             result += [_target(shared, config) for config in configs]
@@ -129,15 +138,16 @@ def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
     return tuple(closure), base, tuple(misses) + candidates
 
 
-def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict) -> tuple:
-    """The digests of what a "function" argument's module executes (in the target's key); its files join the
-    catalog's stamp. `seen`: the references already resolved for this family."""
+def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
+                      what: str = "a @triton.jit function") -> tuple:
+    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key); its
+    files join the catalog's stamp. `seen`: the references already resolved for this family."""
     from kforge import sources
     if ref not in seen:
         try:
             closure, base, misses = _function_source_files(ref, root)
         except SpecError as e:
-            raise SpecError(f"{where}: {e}; fix the reference ('module:function', a @triton.jit function)") from None
+            raise SpecError(f"{where}: {e}; fix the reference ('module:function', {what})") from None
         if read is not None:
             read.update(closure, misses)
         seen[ref] = sources.digest_files(closure, base)
@@ -196,5 +206,5 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env,
-                  placeholders=placeholders)
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=shared.env,
+                  placeholders=placeholders, device_model=spec.device_model, setup=spec.setup)
