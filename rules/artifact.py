@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kforge import out_dir, stamps
 from kforge.archs import ARCHS
+from kforge.device_model import DEVICES
 from kforge.files import JsonState, atomic_write
 from kforge.target import COMPILE_TIME
 from kforge_runtime import schema
@@ -146,6 +147,9 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         "toolchain_versions": dict(target.toolchain_versions),
         "key": target.key,
         **({"env": dict(target.env)} if target.env else {}),
+        # what the module's import saw (rules/device_model.py): the reference GPU's name, the set-up hooks run
+        **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
+        **({"setup": list(target.setup)} if target.setup else {}),
         **toolchain_fields,
     }
 
