@@ -13,7 +13,6 @@ from pathlib import Path
 
 from kforge import out_dir, stamps
 from kforge.archs import ARCHS
-from kforge.device_model import DEVICES
 from kforge.files import JsonState, atomic_write
 from kforge.target import COMPILE_TIME
 from kforge_runtime import schema
@@ -123,6 +122,7 @@ def _read_artifact(meta_path: str) -> tuple | None:
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
          shared: int, **toolchain_fields) -> dict:
     """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    from kforge.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
     arch = ARCHS[target.arch]
     return {
         "schema": schema.ARTIFACT_SCHEMA,
