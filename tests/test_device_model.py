@@ -243,3 +243,25 @@ def test_a_family_without_its_set_up_hook_fails_to_import_and_a_broken_hook_is_n
     proc = doit(root, "list", env=env, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "setup hook tk.hooks:configure failed for sm_90a: OSError: no licence file" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_machine_with_a_gpu_the_model_answers_for_the_target_arch_not_the_local_gpu():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    code = textwrap.dedent('''
+        from kforge import device_model
+        device_model.install("gfx942")
+        import torch
+        from triton.runtime import driver
+        print(torch.cuda.get_device_name(), torch.version.hip is not None, torch.version.cuda,
+              driver.active.get_current_target().arch)
+        try:
+            torch.empty(1, device="cuda")
+        except device_model.NeedsGPU:
+            print("nothing allocated")
+        ''')
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["AMD Instinct MI300X True None gfx942", "nothing allocated"]
