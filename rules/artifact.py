@@ -122,6 +122,7 @@ def _read_artifact(meta_path: str) -> tuple | None:
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
          shared: int, **toolchain_fields) -> dict:
     """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    from kforge.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
     arch = ARCHS[target.arch]
     return {
         "schema": schema.ARTIFACT_SCHEMA,
@@ -146,6 +147,9 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         "toolchain_versions": dict(target.toolchain_versions),
         "key": target.key,
         **({"env": dict(target.env)} if target.env else {}),
+        # what the module's import saw (rules/device_model.py): the reference GPU's name, the set-up hooks run
+        **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
+        **({"setup": list(target.setup)} if target.setup else {}),
         **toolchain_fields,
     }
 

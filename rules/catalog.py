@@ -26,7 +26,7 @@ from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
 
-FORMAT = "kforge-catalog-8"
+FORMAT = "kforge-catalog-9"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -283,10 +283,26 @@ def record_archs(root: Path) -> tuple[str, ...]:
     return tuple(archs)
 
 
+def project_setup(root: Path) -> tuple[str, ...]:
+    """`[tool.kforge] setup`: a set-up hook ("module:function") every family's importing processes run before
+    the family's own (docs/device_model.md)."""
+    import re
+
+    from kforge.target import FUNCTION_REF
+    config = _kforge_config(root)
+    hook = config.get("setup") if isinstance(config, dict) else None
+    if hook is None:
+        return ()
+    if not isinstance(hook, str) or not re.fullmatch(FUNCTION_REF, hook):
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] setup: expected a function as 'module:function', e.g. "
+                        f"'mylib_kforge:setup', got {hook!r}")
+    return (hook,)
+
+
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>
 # (rules/layout.py), so it is not stored.
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
-          "source_digests", "toolchain_versions", "out", "env", "notes")
+          "source_digests", "toolchain_versions", "out", "env", "notes", "device_model", "setup")
 OWN = ("config_id", "constexprs", "options", "config", "key")
 
 
@@ -305,8 +321,9 @@ def _encode(targets: list[Target]) -> dict:
 
 def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     pairs = lambda values: tuple(map(tuple, values))
-    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11]), pairs(g[12])))),
-               g[13]) for g in groups]
+    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11]), pairs(g[12]),
+                                 g[13], tuple(g[14])))), g[15])
+              for g in groups]
     signature = [pairs(s) for s in signatures]
     def placeholders(rest: list) -> tuple:
         return tuple((n, kind, tuple(v) if isinstance(v, list) else v) for n, kind, v in rest[0]) if rest else ()

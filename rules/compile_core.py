@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge import artifact, isolate, observe, scratch
+from kforge import artifact, device_model, isolate, observe, scratch
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
 from kforge.target import Target
@@ -129,6 +129,7 @@ def lower_and_write(backend, request: tuple) -> Written:
     """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
     start = time.time()
+    device_model.serving(target.kernel)
     recorder = _observed(target)
     try:
         with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
@@ -158,18 +159,26 @@ def _observed(target: Target) -> observe.Recorder:
     read, whatever the server compiled before; targets of one module share the import (and the record)."""
     recorder = observe.Recorder.installed
     functions = sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature)
-    wanted = (target.module, functions)
+    # a module imported under the device model or after a set-up hook saw one arch: another arch imports it again
+    per_arch = target.device_model or target.setup
+    wanted = (target.module, functions, target.arch if per_arch else None)
     if _serving[0] != wanted:
         for name in recorder.owned_modules():
             sys.modules.pop(name, None)
         importlib.invalidate_caches()
+        _serving[0] = None
         recorder.start()
+        # before the module is imported: the model answers as this arch's reference GPU, the hooks run (again:
+        # what they set up may live in the modules just dropped); their reads are this compile's inputs too
+        device_model.prepare(target.arch, target.device_model, target.setup)
         _serving[0] = wanted
     return recorder
 
 
 def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
-    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None, target.env)
+    # the device model and set-up hooks change the process for good: families with others have servers of their own
+    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None, target.env, target.device_model,
+              target.setup)
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server)
@@ -182,7 +191,7 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
 
 def _server_setup(target: Target, backend, root: str, import_here: bool) -> None:
     """Once in each fresh compile server, after the fork: the family's [env] first (its module reads it when
-    imported), then the compiler."""
+    imported), then the compiler (the device model and set-up hooks come before each import: _observed)."""
     os.environ.update(dict(target.env))
     if import_here:
         try:

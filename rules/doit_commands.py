@@ -118,6 +118,18 @@ def note_lines(target) -> str:
     return override + (f"  entry:\n{''.join(lines)}" if lines else "")
 
 
+def imported_as(target) -> str:
+    """`doit info`'s lines on how the compile imports the module: environment, device model, set-up hooks."""
+    from kforge.device_model import DEVICES
+    lines = [f"  env: {' '.join(f'{k}={v}' for k, v in target.env)}\n"] if target.env else []
+    if target.toolchain == "triton":
+        lines.append(f"  device model: {DEVICES[target.arch].name}\n" if target.device_model else
+                     "  device model: off (imported as this machine is)\n")
+    if target.setup:
+        lines.append(f"  set-up hooks: {', '.join(target.setup)}\n")
+    return "".join(lines)
+
+
 def observed_lines(target) -> str:
     """`doit info`'s list of the files the target's compile read, each with its digest then and a mark when
     its content is not that any more."""
@@ -151,7 +163,8 @@ class Info(DoitCmdBase):
         if target is not None:
             root = Layout.around(target.out).root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
-                  f"{target.entry}\n  config: {dict(target.config)}\n{note_lines(target)}  key: {target.key}\n"
+                  f"{target.entry}\n  config: {dict(target.config)}\n{note_lines(target)}{imported_as(target)}"
+                  f"  key: {target.key}\n"
                   f"  artifact: {os.path.relpath(target.out_dir, root)}/\n{observed_lines(target)}"
                   f"  state: {target_state(target)}\n")
             return 0

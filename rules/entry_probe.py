@@ -7,7 +7,13 @@ kforge.entry_probe`), never in the process that loads the catalog: importing a l
 usually torch. The child lives while the catalog loads and imports each module once; only entries whose
 source shows such a decorator are asked about, and only when the catalog is loaded from the specs.
 
-Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout:
+The child imports as a target sees it: it is started for one arch (its JSON context is the one argument:
+arch, model, setup), and before any module is imported the device model answers as that arch's reference GPU
+and the set-up hooks run (rules/device_model.py), so there is one child per arch, family environment and
+set-up; a family with neither model nor hook has one child for all its archs.
+
+Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout (each request
+may name its "family": an error of the device model names it):
   {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...],
                                      "tuner": {fact: value}, "unspecialized": {argument: jit option}}
       a config: the autotuner's kwargs plus num_warps, num_stages, and num_ctas / maxnreg where set; tuner:
@@ -64,38 +70,45 @@ class Probe:
     read: set[str] = set()   # every file the children read, for the catalog's stamp
 
     @classmethod
-    def of(cls, root: Path, env: tuple = ()) -> "Probe":
-        """The child for this project and family environment ([env]: a library may read it at import)."""
-        key = (str(root), env)
+    def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
+           setup: tuple = ()) -> "Probe":
+        """The child for this project, family environment ([env]: a library may read it at import) and import
+        context (Spec.importing): the arch whose reference GPU the device model answers as (model), and the
+        set-up hooks run first (rules/device_model.py). arch None: no model, no hook, one child for every arch."""
+        key = (str(root), env, arch, model, setup)
         if key not in cls._open:
-            cls._open[key] = cls(root, env)
+            cls._open[key] = cls(root, env, arch, model, setup)
         return cls._open[key]
 
-    def __init__(self, root: Path, env: tuple = ()):
+    def __init__(self, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
+                 setup: tuple = ()):
         self.root, self.env = root, env
+        self.context = {"arch": arch, "model": model, "setup": list(setup)} if arch else None
         self.child: subprocess.Popen | None = None
         self.described: dict[tuple[str, str], dict] = {}
 
-    def describe(self, module: str, entry: str, where: str) -> dict:
+    def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
         if (module, entry) not in self.described:
-            self.described[(module, entry)] = self._ask({"describe": [module, entry]}, where)
+            self.described[(module, entry)] = self._ask({"describe": [module, entry], "family": family}, where)
         return self.described[(module, entry)]
 
     def heuristics(self, module: str, entry: str, args: list[dict], pointers: list[dict], where: str,
-                   pinned: tuple = ()) -> list[dict]:
+                   pinned: tuple = (), family: str = "") -> list[dict]:
         return self._ask({"heuristics": [module, entry], "args": args, "pointers": pointers,
-                          "pinned": list(pinned)}, where)["values"]
+                          "pinned": list(pinned), "family": family}, where)["values"]
 
-    def prune(self, module: str, entry: str, groups: list[dict], where: str) -> list[list[dict]]:
+    def prune(self, module: str, entry: str, groups: list[dict], where: str, family: str = "") -> list[list[dict]]:
         """Per group (its configs and the launch's arguments as the spec gives them), the configs kept."""
-        return self._ask({"prune": [module, entry], "groups": groups}, where)["kept"]
+        return self._ask({"prune": [module, entry], "groups": groups, "family": family}, where)["kept"]
 
     def _ask(self, request: dict, where: str) -> dict:
         if self.child is None or self.child.poll() is not None:
             env = dict(os.environ, **dict(self.env),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
+            context = [json.dumps(self.context)] if self.context else []
             # rules/load_guard.py: catalog_memory, and a process group killed with it (close())
-            self.child = load_guard.popen([sys.executable, "-m", "kforge.entry_probe"], cwd=self.root, env=env,
+            self.child = load_guard.popen([sys.executable, "-m", "kforge.entry_probe", *context], cwd=self.root,
+                                          env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True)
         try:
@@ -137,6 +150,27 @@ class Probe:
 def _named(request: dict) -> list:
     """[module, entry] a request is about."""
     return request.get("describe") or request.get("heuristics") or request["prune"]
+
+
+def describe_per_arch(probes: dict[str, Probe], module: str, entry: str, where: str,
+                      family: str = "") -> tuple[dict, list[tuple[dict, list[str]]]]:
+    """What the entry chooses on each arch (each probe imports the module as that arch's target would), as one
+    answer: every arch's autotune configs, in the order first listed, and the archs each config is not listed
+    for (the spec excludes it there). Archs sharing a probe are asked once."""
+    answers = {arch: probe.describe(module, entry, where, family) for arch, probe in probes.items()}
+    (first_arch, first), *rest = answers.items()
+    for arch, answer in rest:
+        if answer["heuristics"] != first["heuristics"] or (answer["autotune"] is None) != (first["autotune"] is None):
+            raise SpecError(f"{where}: {module}.{entry} is wrapped differently on {arch} than on {first_arch} "
+                            f"(@triton.autotune, @triton.heuristics {answer['heuristics']} vs {first['heuristics']}); "
+                            f"kforge builds one family from one set of decorators: a spec per arch")
+    if first["autotune"] is None:
+        return first, []
+    configs: list[dict] = []
+    for answer in answers.values():
+        configs += [c for c in answer["autotune"] if c not in configs]
+    elsewhere = [(c, [arch for arch, answer in answers.items() if c not in answer["autotune"]]) for c in configs]
+    return {**first, "autotune": configs}, [(c, archs) for c, archs in elsewhere if archs]
 
 
 # ---- the child's side ------------------------------------------------------------------------------------
@@ -348,14 +382,18 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
 
 def main() -> None:
     replies, sys.stdout = sys.stdout, sys.stderr   # what the user's modules print must not break the protocol
-    from kforge import observe
+    from kforge import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
     recorder.start()
+    unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
     for line in sys.stdin:
         request = json.loads(line)
+        device_model.serving(request.get("family", ""))
         try:
-            if "describe" in request:
+            if unusable:
+                reply = {"error": unusable}
+            elif "describe" in request:
                 reply = _describe(*request["describe"])
             elif "prune" in request:
                 reply = _prune(*request["prune"], request["groups"])
@@ -372,6 +410,19 @@ def main() -> None:
         recorder.start()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+def _prepare(context: dict | None) -> str:
+    """Before any family's module is imported: the device model for the probe's arch and the set-up hooks
+    (rules/device_model.py). What went wrong, in one line ("" if nothing did)."""
+    from kforge import device_model
+    if context is None:
+        return ""
+    try:
+        device_model.prepare(context["arch"], context["model"], tuple(context["setup"]))
+    except device_model.SetupFailed as e:
+        return str(e)
+    return ""
 
 
 if __name__ == "__main__":

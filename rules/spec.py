@@ -15,8 +15,8 @@ from kforge import archs as archs_mod
 from kforge import entry_probe, sources, sweep
 from kforge.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.errors import SpecError
-from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, shown
-from kforge.target import COMPILE_TIME
+from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown
+from kforge.target import COMPILE_TIME, FUNCTION_REF
 
 TOOLCHAINS = ("triton", "flydsl")
 NONE = "none"   # a [signature] type: the argument is passed as None
@@ -37,6 +37,10 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
         "archs": (list, False, "archs to build for (default: sm_90a, gfx942, gfx950)"),
         "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
         "description": (str, False, "one line for `doit list`"),
+        "device_model": (bool, False, "false: import the module as this machine is, not as the arch's reference "
+                                      "GPU would see it (docs/device_model.md; default true, Triton only)"),
+        "setup": (str, False, "a set-up hook 'module:function' run before the module is imported where it is "
+                              "(docs/device_model.md)"),
     },
     "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32'), 'constexpr', 'dtype' (a "
                                    "constexpr element type), or 'none' (passed as None)")},
@@ -44,7 +48,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
                         "fixed constexpr value (None only from a Python catalog)")},
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
     "arch": {"*": (dict, False, "values for one arch: [arch.gfx942] with constexprs or compile options, "
-                                "e.g. num_warps = 16")},
+                                "e.g. num_warps = 16, and [arch.gfx942.env], its environment over [env]")},
     "adapter": {
         "arguments": (dict, False, "spec parameter -> the builder's argument name, e.g. {dtype = \"dtype_str\"}"),
         "dtype_names": (dict, False, "kforge element type -> the builder's name for it, e.g. {fp16 = \"f16\"}"),
@@ -152,17 +156,24 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
     env = _check_env(raw.get("env", {}), where)
+    arch_tables, arch_env = _arch_env(raw.get("arch", {}), where)   # arch_env: (arch, ((name, value), ...))
+    model = k.get("device_model", True) and k["toolchain"] == "triton"   # FlyDSL traces with CPU tensors
+    setup = _check_setup(k.get("setup"), root, where)
     swept, extras, derived, tuned, notes, chosen = raw["sweep"], raw.get("extra", []), (), (), (), None
+    excludes = raw.get("exclude", [])
     if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
-        chosen = entry_probe.Probe.of(root, env).describe(module, k["entry"], where)
+        probes = {a: entry_probe.Probe.of(root, **importing(a, merged_env(env, arch_env, a), model, setup))
+                  for a in arch_names}
+        chosen, elsewhere = entry_probe.describe_per_arch(probes, module, k["entry"], where, name)
+        excludes = [*excludes, *({**c, "arch": archs} for c, archs in elsewhere)]   # configs of other archs
         derived = tuple(chosen["heuristics"])
         for d in derived:
             if d in swept or d in dict(constants):
                 raise SpecError(f"{where}: {d} is computed by the entry's @triton.heuristics; to pin its value, give "
                                 f"it in [override] instead of {'[sweep]' if d in swept else '[constants]'} (one value "
                                 f"for the family, or a list: one config per value)")
-    swept, constants = _with_overrides(raw.get("override", {}), derived, swept, constants, raw.get("arch", {}),
+    swept, constants = _with_overrides(raw.get("override", {}), derived, swept, constants, arch_tables,
                                        signature, where)
     if chosen is not None:
         if chosen["autotune"] is not None:
@@ -174,13 +185,14 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
         defaults = sources.function_defaults(source_path, k["entry"])
         constants += tuple((a, defaults[a]) for a, t in signature
                            if t == "constexpr" and a in defaults and a not in given)
-    per_arch = _check_per_arch(raw.get("arch", {}), arch_names, signature, swept, k["toolchain"], where)
+    per_arch = _check_per_arch(arch_tables, arch_names, signature, swept, k["toolchain"], where)
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
-                derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes)
-    return sweep.expand(spec, swept, extras, raw.get("exclude", []))
+                derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
+                device_model=model, setup=setup, arch_env=arch_env)
+    return sweep.expand(spec, swept, extras, excludes)
 
 
 def _typed_value(signature, key: str, value, where: str, table: str):
@@ -195,16 +207,38 @@ ENV_RESERVED = ("TRITON_CACHE_DIR", "TRITON_HOME", "FLYDSL_GPU_ARCH", "ARCH", "C
 ENV_RESERVED_PREFIXES = ("LD_", "PYTHON", "KFORGE_")
 
 
-def _check_env(table: dict, where: str) -> tuple:
+def _check_env(table: dict, where: str, shown_as: str = "env") -> tuple:
     """[env]: NAME = "value" pairs set in the compile servers (and the probe) of this family: in its key."""
     for name, value in table.items():
         if not ENV_NAME.fullmatch(name) or name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
-            raise SpecError(f"{where}: [env] {_key(name)}: not a variable a family may set; allowed: upper-case "
-                            f"names, not {', '.join(ENV_RESERVED)} nor "
+            raise SpecError(f"{where}: [{shown_as}] {_key(name)}: not a variable a family may set; allowed: "
+                            f"upper-case names, not {', '.join(ENV_RESERVED)} nor "
                             f"{', '.join(p + '*' for p in ENV_RESERVED_PREFIXES)}")
+        if not isinstance(value, str):
+            raise SpecError(f"{where}: [{shown_as}] {name}: expected a string, got {shown(value)}")
         if "\0" in value:
-            raise SpecError(f"{where}: [env] {name}: a value may not hold a NUL character")
+            raise SpecError(f"{where}: [{shown_as}] {name}: a value may not hold a NUL character")
     return tuple(sorted(table.items()))
+
+
+def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
+    """[arch.<name>.env] split off the [arch.<name>] tables: (the tables without it, ((arch, env), ...))."""
+    found, rest = [], {}
+    for arch, body in tables.items():
+        env = body.get("env") if isinstance(body, dict) else None
+        if isinstance(env, dict):
+            found.append((arch, _check_env(env, where, f"arch.{_key(arch)}.env")))
+            body = {k: v for k, v in body.items() if k != "env"}
+        rest[arch] = body
+    return rest, tuple(found)
+
+
+def _check_setup(own: str | None, root: Path, where: str) -> tuple[str, ...]:
+    """The set-up hooks of a family: the project's ([tool.kforge] setup in pyproject.toml), then its own."""
+    from kforge.catalog import project_setup
+    if own is not None and not re.fullmatch(FUNCTION_REF, own):
+        _fail(where, "kernel", "setup", own, "a function as 'module:function', e.g. 'mylib_kforge:setup'")
+    return (*project_setup(root), *([own] if own is not None else []))
 
 
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:

@@ -122,6 +122,9 @@ class Spec:
     adapter: tuple = ()   # FlyDSL [adapter]: (table, ((key, value), ...)) for arguments, dtype_names, shapes, scalars
     tuned: tuple[str, ...] = ()   # the parameters the entry's @triton.autotune configs set (its pruner gets them)
     notes: tuple[tuple[str, str], ...] = ()   # the entry's autotuner and jit options, as doit info shows them
+    device_model: bool = False   # the module is imported as the arch's reference GPU sees it (rules/device_model.py)
+    setup: tuple[str, ...] = ()  # set-up hooks "module:function" run before the module is imported (catalog's first)
+    arch_env: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()   # [arch.<name>.env]: over [env] there
 
     @property
     def reads_args(self) -> bool:
@@ -132,6 +135,16 @@ class Spec:
     def on_arch(self, arch: str) -> dict:
         """The [arch.<arch>] values (constexprs and options), if the spec has that table."""
         return dict(next((values for a, values in self.per_arch if a == arch), ()))
+
+    def env_on(self, arch: str) -> tuple[tuple[str, str], ...]:
+        """The environment the family's module is imported and compiled in for one arch: [env], then
+        [arch.<arch>.env] over it."""
+        return merged_env(self.env, self.arch_env, arch)
+
+    def importing(self, arch: str) -> dict:
+        """How a process imports the module for one arch (entry_probe.Probe.of's arguments)."""
+        return importing(arch, self.env_on(arch), self.device_model, self.setup)
+
 
     # cached: rules/targets.py and config ids ask once per config
     @cached_property
@@ -154,3 +167,15 @@ class Spec:
             if "[" in t:
                 found += [v for v in TYPE_VAR_RE.findall(t.split("[", 1)[1]) if v not in found]
         return tuple(found)
+
+
+def merged_env(env: tuple, arch_env: tuple, arch: str) -> tuple[tuple[str, str], ...]:
+    """[env] with [arch.<arch>.env] over it, sorted."""
+    own = dict(next((e for a, e in arch_env if a == arch), ()))
+    return tuple(sorted({**dict(env), **own}.items())) if own else env
+
+
+def importing(arch: str, env: tuple, model: bool, setup: tuple[str, ...]) -> dict:
+    """Probe.of's arguments for one arch: the environment, and the arch the process models and runs set-up
+    hooks for (None where neither applies: one probe serves every arch)."""
+    return {"env": env, "arch": arch if model or setup else None, "model": model, "setup": setup}

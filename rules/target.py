@@ -41,6 +41,8 @@ class Target(NamedTuple):
     # perf_model / top_k (noted, not applied), arguments its @triton.jit never specializes, the heuristics'
     # values the spec overrides (those are in the key too)
     notes: tuple[tuple[str, str], ...] = ()
+    device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/device_model.py)
+    setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported
 
     @property
     def name(self) -> str:

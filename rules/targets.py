@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge import keys
+from kforge import device_model, keys
 from kforge.archs import ARCHS
 from kforge.layout import Layout
 from kforge.errors import SpecError
@@ -53,6 +53,7 @@ class _Shared:
     family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
+    env: tuple        # the family's environment on this arch ([env], [arch.<arch>.env])
     notes: tuple = ()   # what doit info says of the family on this arch: its autotuner, its overrides
 
 
@@ -74,6 +75,9 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
     if read is not None:   # the files the targets depend on, and those whose creation would change them
         read.update(closure, misses)
     env = keys.compiler_env()
+    # the set-up hooks' sources are in every key: what they do shapes the import the compile sees
+    setup = [(ref, _function_sources(ref, root, f"{spec.path}: [kernel] setup", read, {}, "a set-up function"))
+             for ref in spec.setup]
     result = []
     for arch_name in spec.archs:
         if arch_filter is not None and arch_name not in arch_filter:
@@ -82,29 +86,33 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         # a heuristic's value the spec gives ([override], rules/spec.py) is pinned: its rule is never run
         fixed = {**dict(spec.constants), **spec.on_arch(arch_name), **dict.fromkeys(spec.configs.params)}
         pinned = tuple(d for d in spec.derived if d in fixed)
+        family_env = spec.env_on(arch_name)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
         key = keys.action_key({
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
-            **({"family_env": spec.env} if spec.env else {}),
+            **({"family_env": family_env} if family_env else {}),
             **({"overrides": pinned} if pinned else {}),
+            **({"device": device_model.row(arch_name)} if spec.device_model else {}),
+            **({"setup": setup} if setup else {}),
             **({"distribution": distribution} if spec.module else {})})
         notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ())
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
                          str(layout.family_dir(arch_name, spec.name)), {},
-                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}), notes)
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
+                         family_env, notes)
         configs = spec.configs.on(arch_name)
         if spec.reads_args:   # the module's own code, asked in a child process (rules/entry_probe.py)
             from kforge.entry_probe import Probe
-            probe = Probe.of(root, spec.env)
+            probe = Probe.of(root, **spec.importing(arch_name))
             configs = list(configs)
             if "prune" in dict(spec.notes):   # the configs its autotuner would try, as it prunes them
                 configs = _pruned(spec, arch_name, configs, probe, module)
             if len(pinned) < len(spec.derived):   # the entry's @triton.heuristics, on each config
                 given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
                 pointers = [_pointer_types(spec, known) for known in given]
-                derived = probe.heuristics(module, spec.entry, given, pointers, spec.path, pinned)
+                derived = probe.heuristics(module, spec.entry, given, pointers, spec.path, pinned, spec.name)
                 result += [_target(shared, c, d) for c, d in zip(configs, derived)]
                 continue
         result += [_target(shared, config) for config in configs]
@@ -129,7 +137,7 @@ def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
             "configs": groups[own], "pointers": _pointer_types(spec, known),
             "args": {a: v for a, v in known.items() if a in kinds and kinds[a] not in COMPILE_TIME},
             "kwargs": {a: v for a, v in known.items() if kinds.get(a) in COMPILE_TIME and a not in spec.tuned}})
-    kept = probe.prune(module, spec.entry, requests, spec.path)
+    kept = probe.prune(module, spec.entry, requests, spec.path, spec.name)
     found: dict[tuple, None] = {}
     ids: dict[str, tuple] = {}
     for own, chosen in zip(groups, kept):
@@ -200,15 +208,16 @@ def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
     return tuple(closure), base, tuple(misses) + candidates
 
 
-def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict) -> tuple:
-    """The digests of what a "function" argument's module executes (in the target's key); its files join the
-    catalog's stamp. `seen`: the references already resolved for this family."""
+def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
+                      what: str = "a @triton.jit function") -> tuple:
+    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key); its
+    files join the catalog's stamp. `seen`: the references already resolved for this family."""
     from kforge import sources
     if ref not in seen:
         try:
             closure, base, misses = _function_source_files(ref, root)
         except SpecError as e:
-            raise SpecError(f"{where}: {e}; fix the reference ('module:function', a @triton.jit function)") from None
+            raise SpecError(f"{where}: {e}; fix the reference ('module:function', {what})") from None
         if read is not None:
             read.update(closure, misses)
         seen[ref] = sources.digest_files(closure, base)
@@ -267,5 +276,5 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=spec.env,
-                  placeholders=placeholders, notes=shared.notes)
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=shared.env,
+                  placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup)

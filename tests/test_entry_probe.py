@@ -96,7 +96,8 @@ def test_an_override_may_differ_per_arch(site, tmp_path):
 
 
 def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(site, tmp_path):
-    spec = tune_library.spec().replace("[override]\nNUM_SMS = 132\n", "")
+    """With the device model off (imported as this CPU-only machine is), the heuristic's torch.cuda call fails."""
+    spec = tune_library.spec().replace("[override]\nNUM_SMS = 132\n", "").replace("[kernel]\n", "[kernel]\ndevice_model = false\n", 1)
     root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
     with pytest.raises(SpecError, match=r"specs/tune_gemm.toml: heuristic NUM_SMS of kforge_tunelib.ops.gemm."
                                         r"gemm_kernel failed on .*: AssertionError: Torch not compiled with CUDA "

@@ -186,3 +186,42 @@ def test_a_spec_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
     os.mkfifo(tmp_path / "specs" / "pipe.toml")   # reading it would block forever
     with pytest.raises(SpecError, match=r"^specs/pipe.toml: not a regular file"):
         load_specs(tmp_path)
+
+
+def test_device_model_setup_and_per_arch_environments_load(tmp_path):
+    text = spec_text(archs=("sm_90a", "gfx942")).replace(
+        'toolchain = "triton"', 'toolchain = "triton"\nsetup = "tk.hooks:prepare"') + (
+        '\n[env]\nLIB_MODE = "fast"\nLIB_CONFIGS = "all"\n\n[arch.gfx942.env]\nLIB_CONFIGS = "amd"\n')
+    spec = load(tmp_path, text)
+    assert spec.device_model is True and spec.setup == ("tk.hooks:prepare",)
+    assert spec.env_on("sm_90a") == (("LIB_CONFIGS", "all"), ("LIB_MODE", "fast"))
+    assert spec.env_on("gfx942") == (("LIB_CONFIGS", "amd"), ("LIB_MODE", "fast"))   # over [env]
+    assert spec.on_arch("gfx942") == {}   # the env table is not a constexpr
+    assert spec.importing("gfx942") == {"env": spec.env_on("gfx942"), "arch": "gfx942", "model": True,
+                                        "setup": ("tk.hooks:prepare",)}
+    off = load(tmp_path / "off", spec_text().replace('toolchain = "triton"',
+                                                     'toolchain = "triton"\ndevice_model = false'))
+    assert off.device_model is False and off.importing("sm_90a")["arch"] is None   # one probe for every arch
+
+
+def test_the_projects_set_up_hook_runs_before_the_familys(tmp_path):
+    root = make_project(tmp_path, specs={"s": spec_text().replace('toolchain = "triton"',
+                                                                  'toolchain = "triton"\nsetup = "tk.b:own"')})
+    with open(root / "pyproject.toml", "a") as f:
+        f.write('\n[tool.kforge]\nsetup = "tk.a:first"\n')
+    assert load_spec(root / "specs" / "s.toml", root).setup == ("tk.a:first", "tk.b:own")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (('toolchain = "triton"', 'toolchain = "triton"\ndevice_model = "no"'), ["[kernel] device_model: expected"]),
+    (('toolchain = "triton"', 'toolchain = "triton"\nsetup = "tk.hooks"'), ["[kernel] setup: got 'tk.hooks'",
+                                                                          "'module:function'"]),
+    (('[sweep]', '[arch.sm_90a.env]\nPATH = "/x"\n\n[sweep]'), ["[arch.sm_90a.env] PATH: not a variable"]),
+    (('[sweep]', '[arch.sm_90a.env]\nLIB = 1\n\n[sweep]'), ["[arch.sm_90a.env] LIB: expected a string, got 1"]),
+    (('[sweep]', '[arch.gfx942.env]\nLIB = "x"\n\n[sweep]'), ["[arch] gfx942", "one of the spec's archs: sm_90a"]),
+])
+def test_bad_device_model_setup_or_arch_env_names_the_key(tmp_path, edit, expected):
+    old, new = edit
+    message = error(tmp_path, spec_text().replace(old, new, 1))
+    for part in expected:
+        assert part in message, (part, message)

@@ -1,0 +1,269 @@
+"""The device model (rules/device_model.py): torch and Triton answer as each arch's reference GPU in the processes
+that import a family's module, nothing needing a real GPU runs, set-up hooks run first, and a family may switch
+the model off. The library is tests/device_library.py (it asserts a GPU at import), on PYTHONPATH from a tmp site."""
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kforge import device_model
+from kforge.archs import ARCHS
+from kforge.device_model import DEVICES
+from tests import device_library
+from tests.support import REPO, doit, make_project, statuses
+
+SCALE_TARGETS = {   # DEVLIB_BLOCKS per arch, less what the reference GPU's shared memory drops (2048 on gfx942)
+    "devlib_scale:fp32-block512-num_warps8-num_stages3@sm_90a", "devlib_scale:fp32-block2048-num_warps8-num_stages3@sm_90a",
+    "devlib_scale:fp32-block256-num_warps4-num_stages3@gfx942", "devlib_scale:fp32-block1024-num_warps4-num_stages3@gfx942"}
+HOOKED_TARGETS = {"devlib_hooked:block128@sm_90a", "devlib_hooked:block128@gfx942"}
+
+
+def test_every_arch_has_a_reference_gpu_that_agrees_with_the_arch_table():
+    assert set(DEVICES) == set(ARCHS)
+    for name, d in DEVICES.items():
+        a = ARCHS[name]
+        assert (d.warp_size, d.shared_memory_per_block_optin) == (a.warp_size, a.max_shared)
+        assert d.shared_memory_per_block <= d.shared_memory_per_block_optin <= d.shared_memory_per_multiprocessor
+        if a.vendor == "nvidia":
+            assert d.capability[0] * 10 + d.capability[1] == a.target_arch and d.gcn_arch_name == ""
+        else:
+            assert d.gcn_arch_name.split(":")[0] == a.target_arch and d.capability == (9, int(a.target_arch[4], 16))
+
+
+def test_the_documented_table_is_the_models_table():
+    text = (REPO / "docs" / "device_model.md").read_text()
+    rows = {cells[0]: cells for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+        if line.startswith("| sm_") or line.startswith("| gfx"))}
+    kib = lambda n: f"{n // 1024} KiB"
+    for name, d in DEVICES.items():
+        assert rows[name] == [name, d.name, f"{d.capability[0]}.{d.capability[1]}", d.gcn_arch_name,
+                              f"{d.total_memory >> 30} GiB", str(d.multi_processor_count), str(d.warp_size),
+                              f"{kib(d.shared_memory_per_block)} ({kib(d.shared_memory_per_block_optin)})",
+                              kib(d.shared_memory_per_multiprocessor), str(d.regs_per_multiprocessor)], name
+
+
+ANSWERS = '''
+import json, sys
+from kforge import device_model
+answers = {}
+for arch in sys.argv[1:]:
+    device_model.install(arch)
+    import torch, triton   # the first install patches torch when it is imported
+    from triton.runtime import driver
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    with torch.cuda.device(0):
+        pass
+    answers[arch] = {
+        "torch": [torch.cuda.is_available(), torch.cuda.device_count(), list(torch.cuda.get_device_capability()),
+                  torch.cuda.get_device_name(), torch.version.cuda is not None, torch.version.hip is not None],
+        "properties": [p.name, p.major, p.minor, p.gcnArchName, p.total_memory, p.multi_processor_count, p.warp_size,
+                       p.shared_memory_per_block, p.shared_memory_per_block_optin, p.shared_memory_per_multiprocessor,
+                       p.regs_per_multiprocessor, hasattr(p, "L2_cache_size")],
+        "target": [(t := driver.active.get_current_target()).backend, t.arch, t.warp_size],
+        "triton": driver.active.utils.get_device_properties(0),
+        "meta": str(torch.empty(4, device="meta").device),
+    }
+print(json.dumps(answers))
+'''
+
+
+def _python(code: str, *args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), env.get("PYTHONPATH"))))
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu():
+    proc = _python(ANSWERS, *DEVICES)
+    assert proc.returncode == 0, proc.stderr
+    answers = json.loads(proc.stdout)
+    for name, d in DEVICES.items():
+        a, vendor = answers[name], ARCHS[name].vendor
+        assert a["torch"] == [True, 1, list(d.capability), d.name, vendor == "nvidia", vendor == "amd"]
+        assert a["properties"] == [d.name, *d.capability, d.gcn_arch_name, d.total_memory, d.multi_processor_count,
+                                   d.warp_size, d.shared_memory_per_block, d.shared_memory_per_block_optin,
+                                   d.shared_memory_per_multiprocessor, d.regs_per_multiprocessor, False]
+        assert a["target"] == [ARCHS[name].backend, ARCHS[name].target_arch, d.warp_size]
+        assert {k: a["triton"][k] for k in ("max_shared_mem", "multiprocessor_count", "warpSize")} == {
+            "max_shared_mem": d.shared_memory_per_block_optin, "multiprocessor_count": d.multi_processor_count,
+            "warpSize": d.warp_size}
+        assert a["triton"].get("arch") == (d.gcn_arch_name if vendor == "amd" else None)
+        assert a["meta"] == "meta"
+
+
+NEEDS_GPU = '''
+import importlib, sys
+from kforge import device_model
+device_model.install("gfx942")
+device_model.serving("fam")
+sys.path.insert(0, sys.argv[1])
+for module in sys.argv[2:]:
+    try:
+        importlib.import_module(module)
+        print(module, "imported")
+    except device_model.NeedsGPU as e:
+        print(e)
+'''
+GPU_WORK = {   # a module doing something only a real GPU can do at import, and the call the error names
+    "allocates": ('import torch\nx = torch.zeros(4, device="cuda")\n', 'x = torch.zeros(4, device="cuda")'),
+    "synchronizes": ("import torch\ntorch.cuda.synchronize()\n", "torch.cuda.synchronize()"),
+    "launches": ("import torch, triton, triton.language as tl\n\n@triton.jit\ndef k(x_ptr):\n    pass\n\n"
+                 'k[(1,)](torch.empty(4, device="meta"))\n', "a Triton kernel launch"),
+    "benchmarks": ("import triton\ntriton.runtime.driver.active.get_benchmarker()\n", "benchmarking"),
+}
+
+
+def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_family(tmp_path):
+    for work, (source, _) in GPU_WORK.items():
+        (tmp_path / f"gpu_{work}.py").write_text(source)
+    proc = _python(NEEDS_GPU, str(tmp_path), *(f"gpu_{work}" for work in GPU_WORK), cwd=tmp_path)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == len(GPU_WORK), proc.stdout + proc.stderr
+    for line, (work, (_, call)) in zip(lines, GPU_WORK.items()):
+        assert call in line and f"gpu_{work}.py:" in line and "needs a real GPU (family fam)" in line, line
+        assert "gfx942" in line and "AMD Instinct MI300X" in line and "device_model = false" in line
+
+
+def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(tmp_path):
+    (tmp_path / "hooks_a.py").write_text(textwrap.dedent('''
+        import torch
+        SEEN = []
+        def with_arch(arch):
+            SEEN.append((arch, torch.cuda.get_device_name()))
+        def without():
+            SEEN.append("no argument")
+        def broken(arch):
+            raise ValueError("no such\\nthing")
+        '''))
+    code = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from kforge import device_model
+        device_model.prepare("sm_100a", True, ("hooks_a:with_arch", "hooks_a:without"))
+        import hooks_a
+        print(hooks_a.SEEN)
+        try:
+            device_model.prepare("sm_100a", True, ("hooks_a:broken",))
+        except device_model.SetupFailed as e:
+            print(e)
+        ''')
+    proc = _python(code, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[('sm_100a', 'NVIDIA B200'), 'no argument']",
+                                        "setup hook hooks_a:broken failed for sm_100a: ValueError: no such"]
+
+
+def test_without_the_model_prepare_only_runs_the_hooks(tmp_path):
+    (tmp_path / "hooks_b.py").write_text("import torch\nSEEN = []\ndef hook(arch):\n"
+                                         "    SEEN.append((arch, torch.cuda.is_available()))\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\nfrom kforge import device_model\n"
+            "device_model.prepare('gfx950', False, ('hooks_b:hook',))\nimport hooks_b, torch\n"
+            "print(hooks_b.SEEN, device_model.current(), torch.cuda.is_available())")
+    proc = _python(code, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    import torch
+    here = torch.cuda.is_available()   # this machine, as it is
+    assert proc.stdout.strip() == f"[('gfx950', {here})] None {here}"
+
+
+# ---- the library built with kforge ----------------------------------------------------------------------
+
+@pytest.fixture
+def devlib(tmp_path):
+    site = device_library.write(tmp_path / "site")
+    return site, {"PYTHONPATH": str(site)}
+
+
+def _meta(root: Path, target: str) -> dict:
+    kernel, rest = target.split(":")
+    config, arch = rest.split("@")
+    return json.loads((root / "out" / arch / kernel / config / "meta.json").read_text())
+
+
+def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_own_configs_and_heuristics(
+        tmp_path, devlib):
+    site, env = devlib
+    root = make_project(tmp_path / "p", specs={"devlib_scale": device_library.scale_spec(),
+                                               "devlib_hooked": device_library.HOOKED},
+                        kernels={"hooks": device_library.HOOKS})
+    listed = {t for t in doit(root, "list", "--all", "--quiet", env=env).stdout.split() if "@" in t}
+    assert listed == SCALE_TARGETS | HOOKED_TARGETS
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == listed
+    for target in SCALE_TARGETS:   # the heuristic's value is the reference GPU's SM / CU count
+        arch = target.split("@")[1]
+        meta = _meta(root, target)
+        assert meta["constexprs"]["NUM_SMS"] == DEVICES[arch].multi_processor_count == {"sm_90a": 132,
+                                                                                        "gfx942": 304}[arch]
+        assert meta["num_warps"] == (8 if arch == "sm_90a" else 4)   # the library's choice per vendor
+    for target in HOOKED_TARGETS:   # the set-up hook ran with the arch, before the module was imported
+        assert _meta(root, target)["constexprs"]["WIDE"] == target.endswith("gfx942")
+
+    hooks = root / "tk" / "hooks.py"   # the hook's module is in the key: editing it rebuilds its family only
+    hooks.write_text(hooks.read_text() + "\n# edited\n")
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == HOOKED_TARGETS and statuses(root, "up-to-date") == SCALE_TARGETS
+
+
+def test_a_library_that_allocates_at_import_is_one_broken_family_named_in_one_line(tmp_path, devlib):
+    site, env = devlib
+    root = make_project(tmp_path / "p", specs={"devlib_alloc": device_library.ALLOC}, kernels={})
+    proc = doit(root, "list", env=env, check=False)   # listed as broken (rules/catalog.py keeps going at load)
+    broken = [line for line in proc.stderr.splitlines() if "did not load" in line]
+    assert proc.returncode == 0 and len(broken) == 1, proc.stderr
+    assert "devlib_alloc" in proc.stdout and "BROKEN" in proc.stdout, proc.stdout
+    assert re.search(r"specs/devlib_alloc\.toml: .*NeedsGPU: .* at devlib/alloc\.py:5 \(`SCRATCH = "
+                     r"torch\.empty\(16, device=\"cuda\"\)`\) needs a real GPU \(family devlib_alloc\)", proc.stderr)
+
+
+def test_a_family_with_device_model_false_imports_as_this_machine_is(tmp_path, devlib):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the library would import with the model off too")
+    site, env = devlib
+    root = make_project(tmp_path / "p", specs={"devlib_scale": device_library.scale_spec("device_model = false")},
+                        kernels={})
+    proc = doit(root, "list", env=env, check=False)
+    assert "BROKEN" in proc.stdout and "AssertionError: devlib needs a GPU" in proc.stderr, proc.stderr
+
+
+def test_a_family_without_its_set_up_hook_fails_to_import_and_a_broken_hook_is_named(tmp_path, devlib):
+    site, env = devlib
+    without = device_library.HOOKED.replace('setup = "tk.hooks:configure"\n', "")
+    root = make_project(tmp_path / "p", specs={"devlib_hooked": without}, kernels={})
+    proc = doit(root, "list", env=env, check=False)
+    assert "BROKEN" in proc.stdout and "ImportError: call devlib.configure(arch)" in proc.stderr, proc.stderr
+    root = make_project(tmp_path / "q", specs={"devlib_hooked": device_library.HOOKED},
+                        kernels={"hooks": "def configure(arch):\n    raise OSError('no licence file')\n"})
+    proc = doit(root, "list", env=env, check=False)
+    assert "BROKEN" in proc.stdout, proc.stdout + proc.stderr
+    assert "setup hook tk.hooks:configure failed for sm_90a: OSError: no licence file" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_machine_with_a_gpu_the_model_answers_for_the_target_arch_not_the_local_gpu():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    code = textwrap.dedent('''
+        from kforge import device_model
+        device_model.install("gfx942")
+        import torch
+        from triton.runtime import driver
+        print(torch.cuda.get_device_name(), torch.version.hip is not None, torch.version.cuda,
+              driver.active.get_current_target().arch)
+        try:
+            torch.empty(1, device="cuda")
+        except device_model.NeedsGPU:
+            print("nothing allocated")
+        ''')
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["AMD Instinct MI300X True None gfx942", "nothing allocated"]
