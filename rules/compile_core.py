@@ -132,7 +132,7 @@ def lower_and_write(backend, request: tuple) -> Written:
     recorder = _observed(target)
     with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
         lowered = backend.lower(target, scratch_dir)
-    inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns)
+    inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns, recorder.folders())
     lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
     lowered_at = time.time()
     written = check_and_write(target, lowered)

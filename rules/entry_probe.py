@@ -16,8 +16,9 @@ Protocol: one JSON request per line on the child's stdin, one JSON reply per lin
       is an empty tensor of its element type on torch's "meta" device (a heuristic may test `is not None`,
       isinstance(..., torch.Tensor) or read .dtype, as it would of the tensor passed at launch)
   any failure -> {"error": "one line"}
-  every reply also carries "read": the files the child read for it beyond the toolchain (rules/observe.py):
-  the catalog's stamp holds them, so a changed heuristic or config file loads the catalog again
+  every reply also carries "read": the files the child read for it beyond the toolchain and the folders it
+  listed (rules/observe.py): the catalog's stamp holds them by identity, so a changed heuristic or config file,
+  or a file added to or removed from a listed folder (its mtime changes), loads the catalog again
 """
 from __future__ import annotations
 
@@ -218,7 +219,7 @@ def main() -> None:
                               f"child process): {type(e).__name__}: {e}".splitlines()[0]
                               + ("; install it in the environment that runs doit"
                                  if isinstance(e, ModuleNotFoundError) else "")}
-        reply["read"] = sorted(recorder.files())
+        reply["read"] = sorted(recorder.files() | set(recorder.folders()))   # folders: by identity (mtime)
         recorder.start()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
