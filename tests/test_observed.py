@@ -162,3 +162,7 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     assert statuses(root, "built") == {tile(128), tile(512)} and statuses(root, "up-to-date") == now - statuses(root, "built")
     info = doit(root, "info", tile(128), env=env).stdout
     assert "kfl/tiles/  " in info and "kfl/tiles/block128.json  " in info and "state: up to date" in info
+    (site / "kfl" / "tiles" / "README").write_text("a file the library's glob does not match\n")
+    info = doit(root, "info", tile(128), env=env).stdout   # the listing is what it read, not what it kept
+    assert "state: stale: kfl/tiles/ changed since it was built (its compile listed it: a name was added or " \
+           "removed)" in info
