@@ -4,8 +4,9 @@ Loading specs and computing 1,000+ targets (parsing every kernel source for its 
 action key per target) is most of a no-op run. Its result depends only on files and settings that can be
 checked without doing that work: the list of spec files and each of them, every kernel source and project
 module the targets were computed from, every file the probe read importing a family's module (its heuristics,
-its config files: rules/entry_probe.py), the project files an import looked for and did not find (one created
-there would change what the import finds), kforge's own code, the toolchain fingerprints, the compiler
+its config files: rules/entry_probe.py) and every folder it listed (a config file added there), the project
+files an import looked for and did not find (one created there would change what the import finds), kforge's
+own code, the toolchain fingerprints, the compiler
 environment, the Python, where each installed kernel module is found (which copy of a package an import finds),
 the project's path and the settings that shape the catalog. The saved catalog is
 used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;

@@ -134,7 +134,7 @@ def lower_and_write(backend, request: tuple) -> Written:
     try:
         with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
             lowered = backend.lower(target, scratch_dir)
-        inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns)
+        inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns, recorder.folders())
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
         lowered_at = time.time()
         written = check_and_write(target, lowered)
@@ -143,7 +143,8 @@ def lower_and_write(backend, request: tuple) -> Written:
         # same key and inputs give it again, so it is kept with what the compile read (rules/build.py). Not so
         # a file that could not be written, or memory that ran out: the machine's state, not the inputs'.
         if not isinstance(e, (OSError, MemoryError, artifact.ArtifactError)):
-            e.kforge_facts = {"inputs": observe.digests(recorder.files(), _folders[0], recorder.since_ns)}
+            e.kforge_facts = {"inputs": observe.digests(recorder.files(), _folders[0], recorder.since_ns,
+                                                        recorder.folders())}
         raise
     return dataclasses.replace(written, spans=(("compile", start, lowered_at), ("write", lowered_at, time.time())))
 

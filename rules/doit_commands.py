@@ -63,7 +63,8 @@ def target_state(target) -> str:
         changed = index.changed_input(target.meta_path, stamps.identity(target.meta_path))
         if changed is None:
             return "up to date"
-        return f"stale: {changed} changed since it was built (its compile read it); the next build rebuilds it"
+        how = "listed it: a name was added or removed" if changed.endswith("/") else "read it"
+        return f"stale: {changed} changed since it was built (its compile {how}); the next build rebuilds it"
     directory = Path(target.out_dir)
     if (directory / META).exists():
         return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
@@ -131,8 +132,8 @@ def imported_as(target) -> str:
 
 
 def observed_lines(target) -> str:
-    """`doit info`'s list of the files the target's compile read, each with its digest then and a mark when
-    its content is not that any more."""
+    """`doit info`'s list of the files the target's compile read (and `<folder>/`: folders it listed), each with
+    its digest then and a mark when its content is not that any more."""
     listed = listed_inputs(target.meta_path)
     if listed is None:
         return ""

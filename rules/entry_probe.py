@@ -30,8 +30,9 @@ may name its "family": an error of the device model names it):
       per group, the configs the autotuner's own prune_configs keeps (early_config_prune, or a library's
       override), as it would for a launch with those arguments; a perf_model is not applied
   any failure -> {"error": "one line"}: where the module's own code raised, it names that line
-  every reply also carries "read": the files the child read for it beyond the toolchain (rules/observe.py):
-  the catalog's stamp holds them, so a changed heuristic or config file loads the catalog again
+  every reply also carries "read": the files the child read for it beyond the toolchain and the folders it
+  listed (rules/observe.py): the catalog's stamp holds them by identity, so a changed heuristic or config file,
+  or a file added to or removed from a listed folder (its mtime changes), loads the catalog again
 """
 from __future__ import annotations
 
@@ -406,7 +407,7 @@ def main() -> None:
                               f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
                               + ("; install it in the environment that runs doit"
                                  if isinstance(e, ModuleNotFoundError) else "")}
-        reply["read"] = sorted(recorder.files())
+        reply["read"] = sorted(recorder.files() | set(recorder.folders()))   # folders: by identity (mtime)
         recorder.start()
         replies.write(json.dumps(reply) + "\n")
         replies.flush()

@@ -1,7 +1,8 @@
 """Is what a target's compile read still the same: the depfile check.
 
-Each artifact's meta.json lists the files its compile actually read beyond the toolchain, by name and sha256
-(rules/observe.py records them; rules/compile_core.py writes them). A target is up to date only while every
+Each artifact's meta.json lists the files its compile actually read beyond the toolchain, by name and sha256,
+and the folders it listed (`<folder>/`, the sha256 of the names in it) (rules/observe.py records them;
+rules/compile_core.py writes them). A target is up to date only while every
 one of them still has that content, besides its key matching (rules/artifact.py). The check is stat-first, as
 doit's own file_dep check is: out/.kforge/observed-inputs.json remembers, per file, where its name resolved
 and the identity (inode, mtime, ctime, size: rules/stamps.py) its content was hashed at, and per meta.json
@@ -53,7 +54,8 @@ class InputIndex(JsonState):
         return self._verdict[set_id]
 
     def digest(self, name: str) -> str | None:
-        """sha256 of the file the name resolves to now (None: no such file), hashed only if its identity moved."""
+        """sha256 of the file the name resolves to now (None: no such file), hashed only if its identity moved; of
+    the folder's listing for `<folder>/`."""
         if name not in self._now:
             saved = self.files.get(name)
             path = observe.resolve(name, self.folders)   # each run: a file put earlier on the path shadows it
@@ -62,8 +64,8 @@ class InputIndex(JsonState):
                 identity = stamps.identity(path)
                 if saved and saved[:2] == [path, identity]:
                     found = saved[2]
-                else:
-                    found = _sha256(path)
+                else:   # `<folder>/`: its listing (a folder's identity moves when a name is added or removed)
+                    found = _listing(path) if name.endswith("/") else _sha256(path)
                     self.files[name] = [path, identity, found]
                     self.changed = True
             self._now[name] = found
@@ -78,6 +80,13 @@ def listed_inputs(meta_path: str) -> list | None:
     except (OSError, ValueError, AttributeError):
         return None
     return found if isinstance(found, list) and all(isinstance(x, list) and len(x) == 2 for x in found) else None
+
+
+def _listing(path: str) -> str | None:
+    try:
+        return observe.listing_digest(path)
+    except OSError:
+        return None
 
 
 def _sha256(path: str) -> str | None:

@@ -13,9 +13,18 @@ runpy, spec_from_file_location, pkgutil.get_data), os.open, so nothing can read 
 hook sees the path as the library gave it. Alternatives were weighed: wrapping builtins.open and the
 import system misses io.open_code and os.open; strace-like tracing needs a tool per platform and cannot
 tell a process's own reads from its compiler's. The hook also checks, when recording stops, the __file__ of
-each module that appeared (an extension module is loaded by dlopen, which raises no "open"). Not seen: files
-read by native code (a C extension's fopen), and directory listings (a file added to a folder a library
-globs).
+each module that appeared (an extension module is loaded by dlopen, which raises no "open"), and records the
+shared libraries ctypes loads by path ("ctypes.dlopen").
+
+Folder listings: os.listdir and os.scandir raise "os.listdir" / "os.scandir", and glob.glob, os.walk,
+pkgutil.iter_modules and pathlib's iterdir / glob / rglob all list through them. A listed folder is an input
+by its listing, the sorted names in it (a config added to a folder a library globs), named `<folder>/`.
+The import system's own listings (importlib's FileFinder filling its cache) are not: what an import found is
+recorded as the file it read. Python's __pycache__ folder is left out of a listing (the interpreter adds it).
+
+Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
+the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
+listings of the project folder or of a module path entry itself.
 
 Not recorded: the toolchain (the standard library; torch, triton, flydsl, kforge and the distributions they
 require: the toolchain fingerprint and the catalog's stamp cover them), out/, package metadata (*.dist-info:
@@ -66,12 +75,14 @@ def search_path(root: str) -> tuple[str, ...]:
 
 
 def resolve(name: str, folders: tuple[str, ...]) -> str | None:
-    """The file a name stands for here: the first of search_path's folders that has it."""
+    """The file (or, for `<folder>/`, the folder) a name stands for here: the first of search_path's folders
+    that has it."""
+    exists = os.path.isdir if name.endswith("/") else os.path.isfile   # `<folder>/`: a listing
     if os.path.isabs(name):
-        return name if os.path.isfile(name) else None
+        return name if exists(name) else None
     for folder in folders:
         candidate = os.path.join(folder, name)
-        if os.path.isfile(candidate):
+        if exists(candidate):
             return candidate
     return None
 
@@ -119,6 +130,8 @@ class Recorder:
         self.skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
         self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
         self.seen: set[str] = set()
+        self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
+        self._listing = False   # the hook's own listdir raises the event too
         self.modules: set[str] = set(sys.modules)
         self.active = False
         self.since_ns = 0
@@ -132,22 +145,35 @@ class Recorder:
 
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
-        self.seen, self.modules, self.active, self.since_ns = set(), set(sys.modules), True, time.time_ns()
+        self.seen, self.listed, self.modules = set(), {}, set(sys.modules)
+        self.active, self.since_ns = True, time.time_ns()
 
     def _hook(self, event: str, args: tuple) -> None:
-        # called for every audited event of the process: the cheap test first
-        if not self.active or event != "open":
+        # called for every audited event of the process: the cheap tests first
+        if not self.active:
             return
-        path, mode, flags = args
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        if not isinstance(path, str):   # an open file descriptor: already opened by path
-            return
-        if mode is not None and any(c in mode for c in "wax+"):
-            return
-        if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
-            return
-        self.seen.add(path)
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            if not isinstance(path, str):   # an open file descriptor: already opened by path
+                return
+            if mode is not None and any(c in mode for c in "wax+"):
+                return
+            if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
+                return
+            self.seen.add(path)
+        elif event in LISTINGS:
+            path = "." if args[0] is None else args[0]
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            # the import system's listing (FileFinder's cache) is how it finds a module, not what it read
+            if isinstance(path, str) and not self._listing and sys._getframe(1).f_code.co_filename != IMPORT_SYSTEM:
+                self._list(os.path.abspath(path))
+        elif event == "ctypes.dlopen":
+            name = args[0]
+            if isinstance(name, str) and os.sep in name:   # by path; a bare name is the dynamic linker's search
+                self.seen.add(name)
 
     def files(self) -> set[str]:
         """The absolute real paths recorded since start(), filtered (see the module docstring)."""
@@ -159,6 +185,38 @@ class Recorder:
                 found.add(where)
         return {f for f in map(self._source, found) if f is not None}
 
+    def _list(self, path: str) -> None:
+        """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
+        is then a changed input on the next one). The toolchain's and out/'s folders are not listed again."""
+        if path not in self.listed and not (path + os.sep).startswith(self.skip):
+            self._listing = True
+            try:
+                self.listed[path] = listing_digest(path)
+            except OSError:   # not a folder: the caller gets the error
+                pass
+            finally:
+                self._listing = False
+
+    def folders(self) -> dict[str, str]:
+        """{absolute real path: digest of its listing} of the folders listed since start(), filtered as files()
+        are."""
+        found = {}
+        for path, digest in self.listed.items():
+            real = self._folder(path)
+            if real is not None:
+                found[real] = digest
+        return found
+
+    def _folder(self, path: str) -> str | None:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real) or (real + os.sep).startswith(self.skip) or real.endswith(METADATA):
+            return None
+        return real if self._inside(real) else None
+
+    def _inside(self, real: str) -> bool:
+        """Strictly inside the project or a module path entry: where names are the same on every machine."""
+        return any(real.startswith(b + os.sep) for b in (self.root, *(os.path.realpath(p or ".") for p in sys.path)))
+
     def _source(self, path: str) -> str | None:
         real = os.path.realpath(path)
         if "__pycache__" in real and real.endswith(".pyc"):   # a cached module: its source is the input
@@ -169,10 +227,9 @@ class Recorder:
                 return None
         if real.startswith(self.skip) or real in self.skip_files or not os.path.isfile(real):
             return None
-        if ".dist-info" + os.sep in real or ".egg-info" + os.sep in real:   # metadata, e.g. entry points a plugin
-            return None                                                    # lookup scans: the version is keyed
-        inside = (self.root, *(os.path.realpath(p or ".") for p in sys.path))
-        return real if any(real.startswith(b + os.sep) for b in inside) else None
+        if any(m + os.sep in real for m in METADATA):   # metadata, e.g. entry points a plugin lookup scans: the
+            return None                                # version is keyed
+        return real if self._inside(real) else None
 
     def owned_modules(self) -> list[str]:
         """The names of the modules imported since start() that are not the toolchain's: what a fresh import of
@@ -188,10 +245,12 @@ class Recorder:
         return found
 
 
-def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0) -> list[list[str]]:
-    """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it. A file changed
-    since `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which
-    no content matches, so the next run rebuilds."""
+def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0,
+            listed: dict[str, str] | None = None) -> list[list[str]]:
+    """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
+    (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since
+    `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which no
+    content matches, so the next run rebuilds."""
     found = {}
     for path in files:
         try:
@@ -201,7 +260,18 @@ def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0) -
             continue
         digest = hashlib.sha256(data).hexdigest() if st.st_ctime_ns < since_ns or not since_ns else CHANGED
         found[name_of(path, folders)] = digest
+    for path, digest in (listed or {}).items():
+        found[name_of(path, folders) + "/"] = digest
     return [[n, found[n]] for n in sorted(found)]
 
 
+def listing_digest(folder: str) -> str:
+    """sha256 of a folder's listing: its names, sorted, one per line, without __pycache__ (OSError if gone)."""
+    names = sorted(n for n in os.listdir(folder) if n != "__pycache__")
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+
 CHANGED = "changed-while-read"
+LISTINGS = ("os.listdir", "os.scandir")
+METADATA = (".dist-info", ".egg-info")   # a distribution's metadata folder
+IMPORT_SYSTEM = "<frozen importlib._bootstrap_external>"

@@ -7,6 +7,8 @@ reproducibility bench: it uses every pattern a library uses that reading its sou
     kfl/_gen/act.py       a generated source, loaded with spec_from_file_location
     kfl/ops/scale_utils.py  heuristics, imported by a name outside the package after a sys.path insert
     kfl/ops/scale.py      the kernels: autotuned, heuristics, and one in the library's own wrapper class
+    kfl/ops/tiled.py      (with tiled=True) an autotuned kernel with one config per file of kfl/tiles/, found
+                          by listing the folder (pathlib's glob)
 
 write(site) writes it (and a dist-info) into site, a folder to put on PYTHONPATH; specs() are its kforge specs.
 """
@@ -101,10 +103,33 @@ FILES = {
         ''',
 }
 
+TILES = {"block128.json": {"BLOCK": 128, "num_warps": 4}, "block256.json": {"BLOCK": 256, "num_warps": 4}}
+TILED = {   # written with tiled=True: no kfl.ops.scale compile reads it
+    "kfl/ops/tiled.py": '''
+        import json
+        import pathlib
+
+        import triton
+        import triton.language as tl
+
+        TILES = pathlib.Path(__file__).resolve().parent.parent / "tiles"
+        CONFIGS = [json.loads(p.read_text()) for p in sorted(TILES.glob("*.json"))]
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": c["BLOCK"]}, num_warps=c["num_warps"]) for c in CONFIGS],
+                         key=["n"])
+        @triton.jit
+        def tiled_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) - 1, mask=m)
+        ''',
+}
+
 SPEC = '''
 [kernel]
 name = "{name}"
-module = "kfl.ops.scale"
+module = "{module}"
 entry = "{entry}"
 toolchain = "triton"
 archs = {archs}
@@ -119,17 +144,24 @@ BLOCK = "constexpr"
 dtype = ["fp32"]
 {sweep}
 '''
-FAMILIES = {"kfl_auto": ("auto_kernel", ""), "kfl_heur": ("heur_kernel", "n = [1024, 8192]"),
-            "kfl_wrap": ("wrapped_kernel", "BLOCK = [128]")}
+FAMILIES = {"kfl_auto": ("kfl.ops.scale", "auto_kernel", ""),
+            "kfl_heur": ("kfl.ops.scale", "heur_kernel", "n = [1024, 8192]"),
+            "kfl_wrap": ("kfl.ops.scale", "wrapped_kernel", "BLOCK = [128]")}
+TILED_FAMILY = {"kfl_tiles": ("kfl.ops.tiled", "tiled_kernel", "")}
 
 
-def write(site: Path, configs: list[dict] = CONFIGS) -> Path:
-    """The library in site/ (a folder to put on PYTHONPATH), with a dist-info as pip would leave."""
-    for name, text in FILES.items():
+def write(site: Path, configs: list[dict] = CONFIGS, tiled: bool = False) -> Path:
+    """The library in site/ (a folder to put on PYTHONPATH), with a dist-info as pip would leave; with tiled,
+    kfl/ops/tiled.py and its kfl/tiles/ folder too."""
+    for name, text in {**FILES, **(TILED if tiled else {})}.items():
         path = site / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip())
     (site / "kfl" / "configs.json").write_text(json.dumps(configs, indent=1) + "\n")
+    if tiled:
+        (site / "kfl" / "tiles").mkdir(exist_ok=True)
+        for name, config in TILES.items():
+            write_tile(site, name, config)
     info = site / "kfl-0.1.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kfl\nVersion: 0.1\n")
@@ -137,8 +169,15 @@ def write(site: Path, configs: list[dict] = CONFIGS) -> Path:
     return site
 
 
-def specs(archs=("sm_90a",)) -> dict[str, str]:
-    """{family: spec text} for the library's three kernels."""
+def write_tile(site: Path, name: str, config: dict) -> Path:
+    """One config file in kfl/tiles/ (kfl.ops.tiled's autotuner gets one config per file)."""
+    path = site / "kfl" / "tiles" / name
+    path.write_text(json.dumps(config) + "\n")
+    return path
+
+
+def specs(archs=("sm_90a",), tiled: bool = False) -> dict[str, str]:
+    """{family: spec text} for the library's three kernels of kfl.ops.scale (and with tiled, kfl.ops.tiled's)."""
     listed = "[" + ", ".join(f'"{a}"' for a in archs) + "]"
-    return {name: SPEC.format(name=name, entry=entry, archs=listed, sweep=sweep)
-            for name, (entry, sweep) in FAMILIES.items()}
+    return {name: SPEC.format(name=name, module=module, entry=entry, archs=listed, sweep=sweep)
+            for name, (module, entry, sweep) in {**FAMILIES, **(TILED_FAMILY if tiled else {})}.items()}

@@ -130,3 +130,39 @@ def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_
     info = doit(root, "info", WRAPPED, env=env).stdout
     assert "kfl/helpers.py  " in info and info.count("(changed since)") == 1
     assert "state: stale: kfl/helpers.py changed since it was built (its compile read it)" in info
+
+
+def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed_it_and_a_removed_one_leaves(tmp_path):
+    """kfl.ops.tiled gets one autotune config per file of kfl/tiles/ (pathlib's glob): the probe and each of
+    its compiles listed the folder, so the listing (its names) is their input, beside the files they read."""
+    site = observed_library.write(tmp_path / "site", tiled=True)
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), **observed_library.specs(tiled=True)})
+    env = {"PYTHONPATH": str(site)}
+    tile = lambda block: f"kfl_tiles:fp32-block{block}-num_warps4-num_stages3@sm_90a"
+    listed = _listed(root, env)
+    assert {t for t in listed if t.startswith("kfl_tiles:")} == {tile(128), tile(256)}
+    doit(root, "-n", "2", env=env)
+    assert _readers(root, "kfl/tiles/") == {tile(128), tile(256)}   # the library's scale kernels listed nothing
+    before = _artifacts(root)
+
+    observed_library.write_tile(site, "block512.json", {"BLOCK": 512, "num_warps": 4})
+    now = _listed(root, env)
+    assert now == listed | {tile(512)}
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == {tile(128), tile(256), tile(512)}   # the listing they read changed
+    assert statuses(root, "up-to-date") == listed - {tile(128), tile(256)}
+    after = _artifacts(root)
+    binaries = lambda found: {k: v for k, v in found.items() if k.endswith(".cubin") and k in before}
+    assert binaries(after) == binaries(before)   # the same code: only their inputs (in meta.json) moved
+
+    (site / "kfl" / "tiles" / "block256.json").unlink()
+    now = _listed(root, env)
+    assert now == listed - {tile(256)} | {tile(512)}
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == {tile(128), tile(512)} and statuses(root, "up-to-date") == now - statuses(root, "built")
+    info = doit(root, "info", tile(128), env=env).stdout
+    assert "kfl/tiles/  " in info and "kfl/tiles/block128.json  " in info and "state: up to date" in info
+    (site / "kfl" / "tiles" / "README").write_text("a file the library's glob does not match\n")
+    info = doit(root, "info", tile(128), env=env).stdout   # the listing is what it read, not what it kept
+    assert "state: stale: kfl/tiles/ changed since it was built (its compile listed it: a name was added or " \
+           "removed)" in info

@@ -1,0 +1,97 @@
+"""rules/observe.py: what a process's audit hook records. Each case runs in a fresh interpreter (a process has
+one hook, installed for good), with a library folder on sys.path and a project folder as the root."""
+import _json
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from kforge import observe
+
+SCRIPT = '''
+import ctypes, glob, json, os, pathlib, pkgutil, sys
+from kforge import observe
+recorder = observe.Recorder.install({root!r})
+recorder.start()
+{body}
+print(json.dumps({{"files": sorted(recorder.files()), "folders": recorder.folders()}}))
+'''
+
+
+def _record(tmp_path: Path, body: str) -> dict:
+    """What a process that runs `body` (with lib/ on its path, project/ its root) recorded: files, folders."""
+    lib, root = tmp_path / "lib", tmp_path / "project"
+    for folder in (lib / "pkg" / "configs", lib / "pkg" / "more", root):
+        folder.mkdir(parents=True, exist_ok=True)
+    (lib / "pkg" / "__init__.py").write_text("")
+    (lib / "pkg" / "mod.py").write_text("X = 1\n")
+    for name in ("a.json", "b.json"):
+        (lib / "pkg" / "configs" / name).write_text("{}")
+    (lib / "pkg" / "more" / "c.json").write_text("{}")
+    script = SCRIPT.format(root=str(root), body=textwrap.dedent(body))
+    proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(lib)!r})\n" + script],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    strip = lambda p: Path(p).relative_to(tmp_path.resolve()).as_posix()
+    return {"files": {strip(f) for f in found["files"]}, "folders": {strip(f): d for f, d in found["folders"].items()}}
+
+
+def test_every_way_python_lists_a_folder_is_recorded_with_its_names(tmp_path):
+    found = _record(tmp_path, '''
+        here = os.path.join(sys.path[0], "pkg")
+        os.listdir(os.path.join(here, "configs"))
+        list(os.scandir(os.path.join(here, "more")))
+        ''')
+    configs = tmp_path / "lib" / "pkg" / "configs"
+    assert found["folders"] == {"lib/pkg/configs": observe.listing_digest(str(configs)),
+                                "lib/pkg/more": observe.listing_digest(str(configs.parent / "more"))}
+    for body in ('glob.glob(os.path.join(sys.path[0], "pkg", "configs", "*.json"))',
+                 'list(pathlib.Path(sys.path[0], "pkg", "configs").iterdir())',
+                 'list(pathlib.Path(sys.path[0], "pkg", "configs").glob("*.json"))',
+                 'list(os.walk(os.path.join(sys.path[0], "pkg", "configs")))'):
+        assert set(_record(tmp_path, body)["folders"]) == {"lib/pkg/configs"}, body
+    # modules found by listing the package (a plugin loader): the listings (pkgutil lists each subfolder to
+    # tell a package), and the modules it imported
+    found = _record(tmp_path, '''
+        import importlib, pkg
+        for m in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module("pkg." + m.name)
+        ''')
+    assert set(found["folders"]) == {"lib/pkg", "lib/pkg/configs", "lib/pkg/more"}
+    assert "lib/pkg/mod.py" in found["files"]
+
+
+def test_a_listing_is_its_sorted_names_without_pycache(tmp_path):
+    (tmp_path / "b").write_text("")
+    (tmp_path / "a").mkdir()
+    before = observe.listing_digest(str(tmp_path))
+    (tmp_path / "__pycache__").mkdir()   # the interpreter's, whenever a module beside it is imported
+    assert observe.listing_digest(str(tmp_path)) == before
+    (tmp_path / "c.yaml").write_text("")
+    assert observe.listing_digest(str(tmp_path)) != before
+    names = observe.digests([], (str(tmp_path.parent),), listed={str(tmp_path): before})
+    assert names == [[tmp_path.name + "/", before]]
+
+
+def test_the_import_systems_own_listings_are_not_recorded_nor_the_project_or_a_path_entry_itself(tmp_path):
+    found = _record(tmp_path, '''
+        import pkg.mod   # importlib lists lib/ and lib/pkg to find it
+        os.listdir(sys.path[0])   # a module path entry itself: not named the same on every machine
+        os.listdir(".")           # the project
+        ''')
+    assert found["folders"] == {} and "lib/pkg/mod.py" in found["files"]
+
+
+def test_a_shared_library_loaded_by_path_is_recorded(tmp_path):
+    """ctypes.CDLL by path raises "ctypes.dlopen" (what the library then opens with fopen is not seen)."""
+    native = tmp_path / "lib" / "pkg" / "native.so"
+    native.parent.mkdir(parents=True)
+    shutil.copy(_json.__file__, native)   # a shared library to load; its init function is never called
+    found = _record(tmp_path, '''
+        ctypes.CDLL(os.path.join(sys.path[0], "pkg", "native.so"))
+        ctypes.CDLL("libm.so.6")   # by name: the dynamic linker's search, not recorded
+        ''')
+    assert found["files"] == {"lib/pkg/native.so"}
