@@ -48,9 +48,12 @@ def _archs(text: str, where: str) -> tuple[str, ...]:
     return parse_arch_list(text, where)
 
 
+DASK = "dask://"   # executor=dask://HOST:PORT: rules/dask_executor.py connects to tcp://HOST:PORT
+
+
 def _executor(text: str, where: str) -> str:
-    if not text.startswith("dask://") or ":" not in text[len("dask://"):]:
-        raise ValueError(f"{where}: got {text!r}; expected dask://HOST:PORT (a Dask scheduler)")
+    if not text.startswith(DASK) or ":" not in text[len(DASK):]:
+        raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler)")
     return text
 
 
@@ -129,7 +132,7 @@ SETTINGS = {s.name: s for s in (
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
     Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
     Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
-    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, "compile on a Dask cluster: dask://HOST:PORT"),
+    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, f"compile on a Dask cluster: {DASK}HOST:PORT"),
     Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
     Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
     Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
