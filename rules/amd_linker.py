@@ -18,11 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kforge import triton_lld
+from kforge import settings, triton_lld
 from kforge.files import atomic_symlink, atomic_write
 from kforge.out_dir import guard
 
-TRITON = "triton"   # KFORGE_LD_LLD=triton: link with the LLD inside Triton's libtriton
+TRITON = "triton"   # KFORGE_LD_LLD=triton (the setting ld_lld, rules/settings.py): the LLD inside Triton's libtriton
 MIN_MAJOR = 17
 NEWEST_GUESS = 22
 INSTALL_HINT = ("set KFORGE_LD_LLD=triton (the LLD inside Triton's libtriton, which kforge installs), or point it "
@@ -37,7 +37,7 @@ class LinkerMissing(RuntimeError):
 def candidates() -> list[Path]:
     """Where to look, best first: KFORGE_LD_LLD if set to a path (then only it), ROCm's own linker, versioned
     system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to look for."""
-    chosen = os.environ.get("KFORGE_LD_LLD")
+    chosen = settings.get("ld_lld")
     if chosen:
         return [] if chosen == TRITON else [Path(chosen)]
     found: list[Path] = []
@@ -92,12 +92,12 @@ def key_part(version_of) -> str:
 
 
 def _triton_allowed() -> bool:
-    return os.environ.get("KFORGE_LD_LLD") in (None, "", TRITON)
+    return settings.get("ld_lld") in (None, TRITON)
 
 
 def _system_linker() -> tuple[Path | None, list[str]]:
     """(the first usable candidate or None, what was found but refused)."""
-    chosen = os.environ.get("KFORGE_LD_LLD")
+    chosen = settings.get("ld_lld")
     tried = []
     for path in candidates():
         if not path.exists():

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from kforge import artifact, isolate
+from kforge import artifact, isolate, settings
 from kforge.layout import Layout
 
 RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
@@ -25,10 +25,8 @@ _lock = threading.Lock()   # doit's thread workers share one client per schedule
 
 
 def scheduler_address(executor: str) -> str:
-    """dask://HOST:PORT -> tcp://HOST:PORT (the scheduler's address)."""
-    if not executor.startswith("dask://") or ":" not in executor[len("dask://"):]:
-        raise ValueError(f"executor={executor!r}: expected dask://HOST:PORT (a Dask scheduler)")
-    return "tcp://" + executor[len("dask://"):]
+    """dask://HOST:PORT (checked by rules/settings.py) -> tcp://HOST:PORT (the scheduler's address)."""
+    return "tcp://" + executor.removeprefix(settings.DASK)
 
 
 def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:

@@ -15,6 +15,7 @@ from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
 from kforge import artifact, local_cache, out_dir, report, settings, stamps
+from kforge.doit_backend import NAME, KforgeSqliteDB
 from kforge.inputs import InputIndex, listed_inputs
 from kforge.layout import Layout
 from kforge.local_cache import LocalCache
@@ -30,16 +31,13 @@ class Forget(DoitForget):
     """
 
     def _execute(self, forget_sub, forget_disable_default, forget_all):
-        forgotten: list[str] = []
-        remove = self.dep_manager.remove
-
-        def remove_and_record(name):
-            forgotten.append(name)
-            remove(name)
-        self.dep_manager.remove = remove_and_record
+        backend = self.dep_manager.backend
+        if not isinstance(backend, KforgeSqliteDB):   # it lists what doit removed: doit chooses which tasks
+            raise InvalidCommand(f"kforge: doit forget needs the backend {NAME!r} (dodo.py's DOIT_CONFIG), not "
+                                 f"{type(backend).__name__}: drop --backend from the command line")
         result = super()._execute(forget_sub, forget_disable_default, forget_all)
         tasks = {t.name: t for t in self.task_list}
-        for name in tasks if forget_all else forgotten:
+        for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
             # meta.json: built; error.txt: a failure reported again without compiling (rules/build.py)
             for path in (target.meta_path, os.path.join(target.out_dir, ERROR)) if target is not None else ():

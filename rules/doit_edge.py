@@ -1,32 +1,36 @@
 """Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed explicitly
-by config() from dodo.py. Each patch of doit's internals says why in one line.
+by config() from dodo.py.
 
-  - the runner: doit_runner.PrefetchRunner / CappedThreadRunner replace doit's MRunner / MThreadRunner
-    (a queue kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
-  - tasks that run after failed dependencies (`doit package` ships what built, lists what failed);
-  - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
+Through doit's plugin points:
+  - the dependency file: doit's sqlite3 file through kforge's backend (doit_backend.py: read in one query, a
+    damaged file moved aside, a full disk one line, removals listed for `doit forget`);
   - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current, the local
     cache trimmed to its limit;
+  - the commands forget/info/clean/prune/cache (doit_commands.py, declared in pyproject.toml).
+Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
+against doit's code by tests/test_doit_edge.py):
+  - the runner: doit_runner.PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue
+    kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
+  - tasks that run after failed dependencies (`doit package` ships what built, lists what failed).
+And in the process, not in doit:
+  - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
   - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
-  - doit's sqlite3 dependency file read in one query, not one per task (_read_dependency_file_at_once);
-  - doit's state not saved (a full disk) is one line, not a traceback that skips the summary (_save_state_when_space_allows);
   - one build at a time in one out/: a command that runs tasks waits for another one's end (run_lock.py).
-The commands forget/info/clean/prune/cache are doit plugins declared in pyproject.toml (doit_commands.py).
 """
 from __future__ import annotations
 
 import functools
 import gc
+import importlib.metadata
 import os
 import signal
-import sqlite3
 import sys
 from pathlib import Path
 
+from doit import cmd_run
 from doit.control import ExecNode
-from doit.dependency import DatabaseException, SqliteDB
 
-from kforge import artifact, cpus, doit_runner, keys, out_dir, report, run_lock, scratch, settings
+from kforge import artifact, cpus, doit_backend, doit_runner, keys, out_dir, report, run_lock, scratch, settings
 from kforge.inputs import InputIndex
 from kforge.layout import Layout
 from kforge.local_cache import LocalCache
@@ -52,6 +56,7 @@ def _resume_gc() -> None:
 
 def config(root: Path, catalog) -> dict:
     """DOIT_CONFIG for dodo.py, after installing kforge's runner and hooks."""
+    dependency_backend = backend()   # first: a missing one stops the run before it takes the lock
     layout = Layout(root)
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
     # directory created outside an action.
@@ -70,13 +75,11 @@ def config(root: Path, catalog) -> dict:
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
         "find_orphans": staticmethod(list if catalog.broken else functools.partial(
             out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], option("archs")))})
-    _run_after_failed_deps()
-    _read_dependency_file_at_once()
-    _save_state_when_space_allows()
     max_workers, cap_reason = _compile_cap()
-    doit_runner.install(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    install_runner(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    _run_after_failed_deps()
     return {
-        "backend": "sqlite3",
+        "backend": dependency_backend,
         "dep_file": str(layout.doit_db),
         "continue": True,            # one failed target never stops the others
         "reporter": reporter,
@@ -114,6 +117,38 @@ def _compile_cap() -> tuple[int | None, str]:
     return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
 
 
+def backend() -> str:
+    """DOIT_CONFIG's backend: kforge's (doit_backend.py), once it is sure doit has it. doit looks the name up in
+    its plugins and, missing, fails with a TypeError traceback; it is missing where kforge's installed metadata
+    is older than its code (an editable install from before the backend, not installed again)."""
+    try:
+        registered = any(e.group == "doit.BACKEND" and e.name == doit_backend.NAME
+                         for e in importlib.metadata.distribution("kforge").entry_points)
+    except importlib.metadata.PackageNotFoundError:
+        registered = False
+    if not registered:
+        sys.stderr.write(f"kforge: doit has no backend {doit_backend.NAME!r}: kforge's installed metadata predates "
+                         f"it; install kforge again (`pip install -e .` in its checkout)\n")
+        raise SystemExit(2)
+    return doit_backend.NAME
+
+
+# doit's internals kforge replaces, for want of a plugin point in doit 0.37.0, and why: only here, each checked
+# against doit's code by tests/test_doit_edge.py, so that a doit that moved them fails a test, not a build.
+DOIT_PATCHES = {
+    "doit.cmd_run.MRunner": "doit's `run` picks its process runner by this name (install_runner)",
+    "doit.cmd_run.MThreadRunner": "and its thread runner (install_runner)",
+    "doit.control.ExecNode.parent_status": "doit never runs a task after a failed task_dep (_run_after_failed_deps)",
+}
+
+
+def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
+    """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
+    most max_workers workers; `-n 0` keeps doit's serial runner."""
+    doit_runner.configure(prefetch, max_workers, cap_reason)
+    cmd_run.MRunner, cmd_run.MThreadRunner = doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner
+
+
 def _run_after_failed_deps() -> None:
     """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
 
@@ -130,71 +165,8 @@ def _run_after_failed_deps() -> None:
             return
         doit_parent_status(self, parent_node)
     parent_status.kforge = True
+    parent_status.doit = doit_parent_status
     ExecNode.parent_status = parent_status
-
-
-def _read_dependency_file_at_once() -> None:
-    """doit's sqlite3 backend reads a task's row the first time the task is looked at: one query and one JSON
-    decode per task, on every run, a no-op included (~30 ms of a 1,152-target one). SqliteDB._get_task_data
-    is wrapped to read every row's text in one query when the file is opened (SqliteDB.__init__, which also
-    starts afresh from a damaged file), decoding each when its task is looked at; remove and remove_all drop
-    what was read, so `doit forget` never sees a row it deleted."""
-    if getattr(SqliteDB._get_task_data, "kforge", False):
-        return
-    doit_init, doit_remove, doit_remove_all = SqliteDB.__init__, SqliteDB.remove, SqliteDB.remove_all
-    query = "select task_id, cast(task_data as text) as data from doit"   # no JSON converter runs on it
-
-    def __init__(self, name, codec, **kwargs):
-        """Opened and read at once; a damaged file (a killed disk write, a truncated copy) is moved aside
-        with one line and started afresh: it holds nothing a build needs (keys live in each meta.json)."""
-        try:
-            doit_init(self, name, codec, **kwargs)
-            self._kforge_rows = {r["task_id"]: r["data"] for r in self._conn.execute(query)}
-        except (sqlite3.DatabaseError, DatabaseException) as e:
-            aside = f"{name}.damaged"
-            os.replace(name, aside)
-            sys.stderr.write(f"kforge: {name} is damaged ({str(e).splitlines()[0]}); moved to {aside} and "
-                             f"started afresh: nothing built is lost (each artifact's key is in its meta.json)\n")
-            doit_init(self, name, codec, **kwargs)
-            self._kforge_rows = {}
-
-    def _get_task_data(self, task_id):
-        data = self._kforge_rows.pop(task_id, None)   # read when the file was opened
-        return self.codec.decode(data) if data is not None else {}
-
-    def remove(self, task_id):
-        self._kforge_rows.pop(task_id, None)
-        doit_remove(self, task_id)
-
-    def remove_all(self):
-        self._kforge_rows = {}   # the table is empty now
-        doit_remove_all(self)
-    _get_task_data.kforge = True
-    SqliteDB.__init__, SqliteDB._get_task_data = __init__, _get_task_data
-    SqliteDB.remove, SqliteDB.remove_all = remove, remove_all
-
-
-def _save_state_when_space_allows() -> None:
-    """doit writes its sqlite3 file once, at the end of a run, before the reporter's summary: on a full disk
-    sqlite3's "database or disk is full" was a traceback, exit code 3, no summary and no build-report.json.
-    SqliteDB.dump is wrapped: a failed write is one line and the run ends as usual. sqlite3 rolls the
-    transaction back, so the file stays as the last run left it; nothing built is lost (keys live in meta.json)."""
-    if getattr(SqliteDB.dump, "kforge", False):
-        return
-    doit_dump = SqliteDB.dump
-
-    def dump(self):
-        try:
-            doit_dump(self)
-        except (sqlite3.Error, OSError) as e:
-            try:
-                self._conn.close()
-            except sqlite3.Error:
-                pass
-            sys.stderr.write(f"kforge: {self.name}: doit's state was not saved ({str(e).splitlines()[0]}); nothing "
-                             f"built is lost: the next run checks every target by its meta.json\n")
-    dump.kforge = True
-    SqliteDB.dump = dump
 
 
 def _sigterm_as_interrupt() -> None:

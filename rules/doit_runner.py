@@ -1,4 +1,5 @@
 """kforge's runner for `doit -n N`: doit's process runner, with the workers' queue kept ahead of them.
+doit has no plugin point for its runner: rules/doit_edge.py's install_runner puts these classes in its place.
 
 doit's MRunner hands a worker its next task only after the master has taken in that worker's last result:
 each task waits for a round trip through the master (unpickle, record, pick the next task, pickle), and on a
@@ -16,7 +17,6 @@ import signal
 import sys
 import time
 
-from doit import cmd_run
 from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
 
@@ -86,7 +86,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         from kforge import isolate   # here: a no-op run forks no worker and never needs it
         isolate.die_with_parent(self.master_pid)
         # The kernel's default action: SIGTERM ends a worker whatever its threads are doing. A Python-level
-        # handler (the master's, inherited: rules/project.py) runs only once the main thread next runs Python.
+        # handler (the master's, inherited: rules/doit_edge.py) runs only once the main thread next runs Python.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         super().execute_task_subprocess(job_q, result_q, reporter_class)
 
@@ -160,14 +160,11 @@ def _stop(workers, grace_s: float = 3.0) -> None:
             worker.join()
 
 
-def install(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
-    """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
-    most max_workers workers; `-n 0` keeps doit's serial runner."""
+def configure(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
+    """This run's queue depth and cap, for both runners (rules/doit_edge.py installs them in doit)."""
     PrefetchRunner.prefetch = prefetch
     for runner in (PrefetchRunner, CappedThreadRunner):
         runner.max_workers, runner.cap_reason = max_workers, cap_reason
-    cmd_run.MRunner = PrefetchRunner
-    cmd_run.MThreadRunner = CappedThreadRunner
 
 
 def tasks_to_run(tasks: dict, selected) -> list:

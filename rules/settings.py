@@ -24,6 +24,7 @@ class Setting(NamedTuple):   # NamedTuples here, not dataclasses: imported by ev
     default: Callable[[], object]
     help: str
     secret: bool = False                 # its value is never shown (source() hides it; parse never quotes it)
+    command_line: bool = True            # False: the environment alone (a value every process, Dask's too, sees)
 
 
 def _whole(minimum: int):
@@ -48,9 +49,16 @@ def _archs(text: str, where: str) -> tuple[str, ...]:
     return parse_arch_list(text, where)
 
 
+DASK = "dask://"   # executor=dask://HOST:PORT: rules/dask_executor.py connects to tcp://HOST:PORT
+
+
 def _executor(text: str, where: str) -> str:
-    if not text.startswith("dask://") or ":" not in text[len("dask://"):]:
-        raise ValueError(f"{where}: got {text!r}; expected dask://HOST:PORT (a Dask scheduler)")
+    if not text.startswith(DASK) or ":" not in text[len(DASK):]:
+        raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler)")
+    return text
+
+
+def _text(text: str, where: str) -> str:
     return text
 
 
@@ -129,7 +137,7 @@ SETTINGS = {s.name: s for s in (
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
     Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
     Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
-    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, "compile on a Dask cluster: dask://HOST:PORT"),
+    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, f"compile on a Dask cluster: {DASK}HOST:PORT"),
     Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
     Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
     Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
@@ -146,6 +154,10 @@ SETTINGS = {s.name: s for s in (
             "seconds one Python catalog file, or one import of a family's module to probe it, may run"),
     Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size(2**20), lambda: 8 * 2**30,
             "memory a Python catalog file, or the probe importing a family's module, may allocate, e.g. 8G"),
+    # read where FlyDSL links (a compile server, maybe on a Dask worker) and in the key: the environment alone
+    Setting("ld_lld", "KFORGE_LD_LLD", _text, lambda: None,
+            "FlyDSL's linker for AMD code objects: a path to ld.lld (>= 17), or triton (the LLD inside Triton)",
+            command_line=False),
 )}
 
 
@@ -174,8 +186,10 @@ def source(name: str) -> str | None:
 
 def _given(name: str) -> tuple[str, str, str] | None:
     """(variable, where, text) of the value the user gave, the command line first; None if neither gave one."""
-    env = SETTINGS[name].env
-    for variable, where, text in ((name, f"{name}= on the command line", get_var(name, None)),
+    setting = SETTINGS[name]
+    env = setting.env
+    for variable, where, text in ((name, f"{name}= on the command line",
+                                   get_var(name, None) if setting.command_line else None),
                                   (env, f"{env} in the environment", os.environ.get(env) if env else None)):
         if text:
             return variable, where, text

@@ -72,3 +72,8 @@ def test_a_worker_killed_mid_build_is_replaced_and_the_run_stays_green(cluster, 
 def test_a_malformed_executor_is_a_clear_error(tmp_path):
     out = doit(project(tmp_path, "bad-executor"), "executor=tcp://host", check=False)
     assert out.returncode == 2 and "expected dask://HOST:PORT" in out.stderr
+
+
+def test_the_scheduler_address_is_the_checked_setting_with_dasks_own_scheme():
+    from kforge import dask_executor, settings
+    assert dask_executor.scheduler_address(settings.SETTINGS["executor"].parse("dask://h:8786", "x")) == "tcp://h:8786"

@@ -74,3 +74,13 @@ def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
     with pytest.raises(out_dir.OutsideOut):
         out_dir.remove_artifact_dir(project / "out", outside)
     assert (outside / "keep.txt").exists()
+
+
+def test_forget_with_another_backend_is_one_clear_error_and_forgets_nothing(project):
+    bad = doit(project, "forget", "--backend", "sqlite3", "scale:fp16-b64-w4@sm_90a", check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "doit forget needs the backend 'kforge-sqlite' (dodo.py's DOIT_CONFIG), not SqliteDB" in bad.stderr
+    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
+    assert not (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    assert (project / "out/sm_90a/scale/fp16-b128-w4/meta.json").exists()

@@ -1,61 +1,15 @@
-"""rules/doit_edge.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)."""
+"""rules/doit_edge.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)
+nor the backend's (test_doit_backend.py), and the doit internals its patches rely on."""
 import gc
+import importlib
+import importlib.metadata
+import inspect
+from types import SimpleNamespace
 
-from doit.dependency import JSONCodec, SqliteDB
+import pytest
+from doit import cmd_run, control, runner
 
-from kforge import doit_edge
-
-
-def test_the_dependency_file_is_read_in_one_query_and_forgotten_rows_stay_forgotten(tmp_path):
-    doit_edge._read_dependency_file_at_once()
-    path = str(tmp_path / "deps.sqlite3")
-    db = SqliteDB(path, JSONCodec())
-    for task in ("a", "b", "c"):
-        db.set(task, "_values_:", {"task": task})
-    db.dump()
-
-    db = SqliteDB(path, JSONCodec())
-    queries = []
-    db._conn.set_trace_callback(queries.append)
-    assert db.get("a", "_values_:") == {"task": "a"}
-    db.remove("b")               # `doit forget b`: the row read ahead must not come back
-    assert db.get("b", "_values_:") is None
-    assert db.get("c", "_values_:") == {"task": "c"}
-    assert db.get("absent", "_values_:") is None
-    assert sum(q.lstrip().lower().startswith("select") for q in queries) == 0   # all read in one, when opened
-    db.dump()
-    fresh = SqliteDB(path, JSONCodec())
-    assert fresh.get("b", "_values_:") is None   # removed for good
-    assert fresh.get("a", "_values_:") == {"task": "a"}   # the rest read ahead, not yet looked at
-    fresh.remove_all()           # `doit forget --all`
-    assert fresh.get("c", "_values_:") is None
-
-
-def test_a_damaged_dependency_file_is_moved_aside_with_one_line_and_started_afresh(tmp_path, capsys):
-    doit_edge._read_dependency_file_at_once()
-    path = tmp_path / "deps.sqlite3"
-    db = SqliteDB(str(path), JSONCodec())
-    for task in range(200):
-        db.set(str(task), "_values_:", {"x": "y" * 100})
-    db.dump()
-    data = path.read_bytes()
-    for damaged in (data[:3000], b"garbage\n"):   # a truncated copy, a file that is no database
-        path.write_bytes(damaged)
-        fresh = SqliteDB(str(path), JSONCodec())
-        assert fresh.get("1", "_values_:") is None
-        assert (tmp_path / "deps.sqlite3.damaged").read_bytes() == damaged
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "is damaged" in err and "nothing built is lost" in err
-        fresh.set("a", "_values_:", {"ok": 1})
-        fresh.dump()
-        assert SqliteDB(str(path), JSONCodec()).get("a", "_values_:") == {"ok": 1}
-
-
-def test_the_dependency_file_wrapper_is_installed_once():
-    doit_edge._read_dependency_file_at_once()
-    first = SqliteDB._get_task_data
-    doit_edge._read_dependency_file_at_once()
-    assert SqliteDB._get_task_data is first
+from kforge import doit_backend, doit_edge, doit_runner
 
 
 def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first_runs():
@@ -71,33 +25,83 @@ def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first
         gc.unfreeze()
 
 
-def test_doits_state_not_saved_on_a_full_disk_is_one_line_not_a_traceback(tmp_path, capsys):
-    """sqlite3's "database or disk is full" at the end of a run: one line, the file as the last run left it."""
-    import sqlite3
-    doit_edge._save_state_when_space_allows()
-    path = str(tmp_path / "deps.sqlite3")
-    db = SqliteDB(path, JSONCodec())
-    db.set("a", "_values_:", {"task": "a"})
-    db.dump()
+# --- doit's internals, as the patches in DOIT_PATCHES need them (doit 0.37.0) ---------------------------------
 
-    class FullDisk:   # what sqlite3 does when the disk fills during the commit
-        def __init__(self, conn):
-            self.conn = conn
+def _doit_attribute(dotted: str):
+    module, attribute = dotted.rsplit(".", 1)
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except ImportError:   # a class attribute: doit.control.ExecNode.parent_status
+        owner_module, owner = module.rsplit(".", 1)
+        return getattr(getattr(importlib.import_module(owner_module), owner), attribute)
 
-        def execute(self, *args):
-            return self.conn.execute(*args)
 
-        def commit(self):
-            raise sqlite3.OperationalError("database or disk is full")
+def test_every_patched_doit_internal_still_exists():
+    for dotted in doit_edge.DOIT_PATCHES:
+        assert _doit_attribute(dotted) is not None, dotted
 
-        def close(self):
-            self.conn.close()
-    db = SqliteDB(path, JSONCodec())
-    db._conn = FullDisk(db._conn)
-    db.set("b", "_values_:", {"task": "b"})
-    db.dump()   # no exception
-    said = capsys.readouterr().err
-    assert said == (f"kforge: {path}: doit's state was not saved (database or disk is full); nothing built is "
-                    f"lost: the next run checks every target by its meta.json\n")
-    again = SqliteDB(path, JSONCodec())
-    assert again.get("a", "_values_:") == {"task": "a"} and again.get("b", "_values_:") is None
+
+def test_doits_run_command_picks_its_runner_by_the_names_kforge_replaces():
+    """install_runner rebinds doit.cmd_run's MRunner and MThreadRunner; Run._execute must look them up there."""
+    names = cmd_run.Run._execute.__code__.co_names
+    assert "MRunner" in names and "MThreadRunner" in names
+    for method in ("_run_tasks_init", "get_next_job", "_process_result", "process_task_result", "execute_task",
+                   "execute_task_subprocess", "Queue", "Child"):   # what PrefetchRunner calls of doit's MRunner
+        assert callable(getattr(runner.MRunner, method, None)), method
+    assert list(inspect.signature(runner.MRunner.__init__).parameters)[-1] == "num_process"
+
+
+def test_install_runner_puts_kforges_runners_in_doits_place(monkeypatch):
+    monkeypatch.setattr(cmd_run, "MRunner", cmd_run.MRunner)
+    monkeypatch.setattr(cmd_run, "MThreadRunner", cmd_run.MThreadRunner)
+    for cls in (doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner):
+        monkeypatch.setattr(cls, "max_workers", cls.max_workers)
+        monkeypatch.setattr(cls, "cap_reason", cls.cap_reason)
+    monkeypatch.setattr(doit_runner.PrefetchRunner, "prefetch", doit_runner.PrefetchRunner.prefetch)
+    doit_edge.install_runner(prefetch=3, max_workers=2, cap_reason="2 CPUs")
+    assert cmd_run.MRunner is doit_runner.PrefetchRunner and cmd_run.MThreadRunner is doit_runner.CappedThreadRunner
+    assert doit_runner.PrefetchRunner.prefetch == 3 and doit_runner.CappedThreadRunner.max_workers == 2
+
+
+def test_doits_dispatcher_tells_a_node_of_each_finished_dependency_through_parent_status():
+    """_run_after_failed_deps wraps ExecNode.parent_status(self, parent_node): doit's dispatcher calls it for each
+    dependency that ended, and a failed one lands in bad_deps, which keeps the task from running."""
+    doit_own = getattr(control.ExecNode.parent_status, "doit", control.ExecNode.parent_status)
+    assert list(inspect.signature(doit_own).parameters) == ["self", "parent_node"]
+    dispatcher = inspect.getsource(control.TaskDispatcher)
+    assert ".parent_status(" in dispatcher and "bad_deps" in inspect.getsource(control.ExecNode)
+    node = SimpleNamespace(bad_deps=[], ignored_deps=[])
+    doit_own(node, SimpleNamespace(run_status="failure"))
+    assert len(node.bad_deps) == 1
+
+
+def test_a_task_marked_after_failed_deps_ignores_a_failed_dependency_and_others_do_not():
+    doit_edge._run_after_failed_deps()
+    wrapped = control.ExecNode.parent_status
+    doit_edge._run_after_failed_deps()   # installed once
+    assert control.ExecNode.parent_status is wrapped
+    failed = SimpleNamespace(run_status="failure")
+    after = SimpleNamespace(task=SimpleNamespace(meta={"after_failed_deps": True}), bad_deps=[], ignored_deps=[])
+    plain = SimpleNamespace(task=SimpleNamespace(meta=None), bad_deps=[], ignored_deps=[])
+    wrapped(after, failed)
+    wrapped(plain, failed)
+    assert after.bad_deps == [] and plain.bad_deps == [failed]
+
+
+# --- the backend: registered, and checked before a run ------------------------------------------------------
+
+def test_kforges_backend_is_registered_with_doit_as_an_entry_point():
+    found = [e for e in importlib.metadata.entry_points(group="doit.BACKEND") if e.name == doit_backend.NAME]
+    assert len(found) == 1 and found[0].load() is doit_backend.KforgeSqliteDB
+    assert doit_edge.backend() == doit_backend.NAME
+
+
+def test_a_backend_missing_from_kforges_installed_metadata_is_one_line_and_exit_2(monkeypatch, capsys):
+    def no_kforge(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_kforge)
+    with pytest.raises(SystemExit) as stopped:
+        doit_edge.backend()
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("kforge: doit has no backend 'kforge-sqlite': kforge's installed metadata "
+                                       "predates it; install kforge again (`pip install -e .` in its checkout)\n")

@@ -53,14 +53,14 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 def run_doit(tmp_path, *args, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, timeout=60,
              wait_s=20):
-    """install: None runs doit's own runner, else the arguments to doit_runner.install()."""
+    """install: None runs doit's own runner, else the arguments to doit_edge.install_runner()."""
     write_dodo(tmp_path, install, on_success, tasks, wait_s)
     return subprocess.run([sys.executable, "-m", "doit", *args], cwd=tmp_path, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
 
 
 def write_dodo(tmp_path, install: str | None = "", on_success="pass", tasks=CHAIN_AND_FAN, wait_s=20) -> None:
-    setup = "" if install is None else f"from kforge import doit_runner; doit_runner.install({install})"
+    setup = "" if install is None else f"from kforge import doit_edge; doit_edge.install_runner({install})"
     text = DODO.format(install=setup, on_success=on_success, tasks=textwrap.dedent(tasks), wait_s=wait_s)
     (tmp_path / "dodo.py").write_text(text)
 

@@ -70,3 +70,39 @@ def test_every_setting_is_parsed_into_one_frozen_options_value(monkeypatch):
     monkeypatch.setenv("KFORGE_CACHE_READONLY", "maybe")   # a setting this run may not even use
     with pytest.raises(ValueError, match="KFORGE_CACHE_READONLY in the environment: got 'maybe'"):
         settings.options()
+
+
+def test_the_linker_setting_is_read_from_the_environment_alone(monkeypatch):
+    """KFORGE_LD_LLD is read where FlyDSL links, maybe on a Dask worker that never saw doit's command line, and
+    in the key, on doit's master: only the environment gives both the same value."""
+    from doit import doit_cmd
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"ld_lld": "/from/the/command/line"})
+    monkeypatch.delenv("KFORGE_LD_LLD", raising=False)
+    assert settings.get("ld_lld") is None and settings.source("ld_lld") is None
+    monkeypatch.setenv("KFORGE_LD_LLD", "")   # set but empty: as unset
+    assert settings.get("ld_lld") is None
+    monkeypatch.setenv("KFORGE_LD_LLD", "triton")
+    assert settings.get("ld_lld") == "triton" and settings.source("ld_lld") == "KFORGE_LD_LLD=triton"
+
+
+def test_kforge_variables_are_read_from_the_environment_only_through_the_settings_table():
+    """One read path: no module of rules/ but settings.py reads a KFORGE_* variable from os.environ (the runtime,
+    rules/runtime/, ships without kforge and has its own)."""
+    import ast
+    from pathlib import Path
+    rules = Path(settings.__file__).parent
+    direct = []
+    for path in sorted(rules.glob("*.py")):
+        if path.name == "settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+                name = node.args[0] if node.args else None
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                name = node.slice
+            else:
+                continue
+            if isinstance(name, ast.Constant) and str(name.value).startswith("KFORGE_"):
+                direct.append(f"{path.name}:{node.lineno} {name.value}")
+    assert direct == []
+    assert {s.env for s in settings.SETTINGS.values()} >= {"KFORGE_LD_LLD", "KFORGE_EXECUTOR", "KFORGE_CACHE"}
