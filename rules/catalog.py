@@ -26,6 +26,7 @@ from kforge.files import write_inside
 from kforge.layout import Layout
 from kforge.errors import SpecError
 from kforge.target import Target
+from kforge.project_config import PYPROJECT, kforge_table
 
 FORMAT = "kforge-catalog-9"
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
@@ -138,7 +139,6 @@ class Catalog:
             "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
 
 
-PYPROJECT = "pyproject.toml"
 
 
 def _found(module: str) -> str | None:
@@ -151,22 +151,11 @@ def _found(module: str) -> str | None:
         return None
 
 
-def _kforge_config(root: Path):
-    """pyproject.toml's [tool.kforge] table ({} when there is none)."""
-    import tomllib
-    try:
-        return tomllib.loads((root / PYPROJECT).read_text(encoding="utf-8")).get("tool", {}).get("kforge", {})
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
-
-
 def catalog_folders(root: Path) -> list[Path]:
     """Where the project's specs are: specs/, or the folders `[tool.kforge] catalog` in its pyproject.toml
     lists, each a folder relative to the project or an installed package by import name
     (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither."""
-    config = _kforge_config(root)
+    config = kforge_table(root)
     entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
@@ -276,28 +265,12 @@ def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) 
 def record_archs(root: Path) -> tuple[str, ...]:
     """`[tool.kforge] record_archs`: archs every record is built for besides the one it was recorded on."""
     from kforge.archs import ARCHS
-    config = _kforge_config(root)
+    config = kforge_table(root)
     archs = config.get("record_archs", []) if isinstance(config, dict) else []
     if not isinstance(archs, list) or not all(a in ARCHS for a in archs):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: expected a list of archs ({', '.join(ARCHS)}), "
                         f"got {archs!r}")
     return tuple(archs)
-
-
-def project_setup(root: Path) -> tuple[str, ...]:
-    """`[tool.kforge] setup`: a set-up hook ("module:function") every family's importing processes run before
-    the family's own (docs/device_model.md)."""
-    import re
-
-    from kforge.target import FUNCTION_REF
-    config = _kforge_config(root)
-    hook = config.get("setup") if isinstance(config, dict) else None
-    if hook is None:
-        return ()
-    if not isinstance(hook, str) or not re.fullmatch(FUNCTION_REF, hook):
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] setup: expected a function as 'module:function', e.g. "
-                        f"'mylib_kforge:setup', got {hook!r}")
-    return (hook,)
 
 
 # A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>

@@ -15,6 +15,7 @@ from kforge import archs as archs_mod
 from kforge import entry_probe, sources, sweep
 from kforge.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.errors import SpecError
+from kforge.project_config import project_setup
 from kforge.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown
 from kforge.target import COMPILE_TIME, FUNCTION_REF
 
@@ -235,7 +236,6 @@ def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
 
 def _check_setup(own: str | None, root: Path, where: str) -> tuple[str, ...]:
     """The set-up hooks of a family: the project's ([tool.kforge] setup in pyproject.toml), then its own."""
-    from kforge.catalog import project_setup
     if own is not None and not re.fullmatch(FUNCTION_REF, own):
         _fail(where, "kernel", "setup", own, "a function as 'module:function', e.g. 'mylib_kforge:setup'")
     return (*project_setup(root), *([own] if own is not None else []))
