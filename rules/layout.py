@@ -6,6 +6,7 @@
     out/build-report.json, out/.doit.sqlite3                           the last run; doit's own state
     out/.kforge/                                                       kforge's private state (indexes, stamps,
                                                                        scratch, tool versions, linker shims)
+    out/.kforge/wheels/                                                wheels a rebuild replaced (package.py)
 """
 from __future__ import annotations
 
@@ -87,6 +88,11 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     def package_stamp(self, arch: str) -> Path:
         return self.state / f"package-{arch}.json"
+
+    @property
+    def kept_wheels(self) -> Path:
+        """The last wheels out/dist/ held before a rebuild replaced them, under their own names (package.py)."""
+        return self.state / "wheels"
 
     def tuning_table(self, arch: str, kernel: str) -> Path:
         return self.tune / arch / f"{kernel}.json"

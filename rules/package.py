@@ -3,13 +3,20 @@
 The wheel installs a package kforge_kernels_<arch> with manifest.json, the binaries, and kforge's runtime
 (rules/runtime, copied verbatim), so an application needs nothing else to load and launch the kernels.
 Targets that failed or were not built are listed in the manifest under "failed", never silently missing.
+The wheel a rebuild replaces is kept in out/.kforge/wheels/ (the last KEPT_WHEELS per arch): a revert or a
+switch back to a recent state renames it back instead of reading and compressing every binary again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 import sys
+import time
+import zipfile
+import zlib
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
@@ -26,6 +33,8 @@ from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, M
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
+KEPT_WHEELS = 4   # per arch, of the wheels rebuilds replaced (out/.kforge/wheels/): a revert, or a branch
+                  # switch or bisect step back to a recent state, renames its wheel back instead of re-zipping
 PUBLIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")   # PEP 440, public
 INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
 from pathlib import Path
@@ -41,7 +50,8 @@ def bundle() -> Bundle:
 
 
 def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
-    """The doit action: write the arch's wheel unless the same bytes are already there."""
+    """The doit action: write the arch's wheel unless the wheel for this manifest is already there, or kept
+    from before (a revert, a branch switch back): then no binary is read or compressed."""
     root_path, layout = Path(root), Layout.of(root)
     try:
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
@@ -60,31 +70,71 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     wheel = dist / wheel_name(dist_name(arch), version)
     try:
         out_dir.guard(layout.out, wheel)   # out/dist, its wheels and manifests: never through a link out of out/
+        out_dir.guard(layout.out, layout.kept_wheels / wheel.name)
         out_dir.guard(layout.out, layout.package_stamp(arch))
     except out_dir.OutsideOut as e:
         return TaskFailed(f"package:{arch}: {e}")
     dist.mkdir(parents=True, exist_ok=True)
-    files = runtime_files(arch)
-    files[f"{dist_name(arch)}/{MANIFEST}"] = data
-    for name, table in tables.items():
-        files[f"{dist_name(arch)}/tune/{name}"] = table
-    for t, entry in zip(built, manifest["artifacts"]):
-        try:
-            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
-            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
-        except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
-            return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
-                              f"`doit forget {t.name} && doit {t.name}`")
-        files[f"{dist_name(arch)}/{entry['binary']}"] = binary
-    if not wheel.exists():
+    if not _reuse(wheel, layout.kept_wheels / wheel.name, arch, data):
+        files = runtime_files(arch)
+        files[f"{dist_name(arch)}/{MANIFEST}"] = data
+        for name, table in tables.items():
+            files[f"{dist_name(arch)}/tune/{name}"] = table
+        for t, entry in zip(built, manifest["artifacts"]):
+            try:
+                meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
+                artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+            except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
+                return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
+                                  f"`doit forget {t.name} && doit {t.name}`")
+            files[f"{dist_name(arch)}/{entry['binary']}"] = binary
         write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
-    for stale in dist.glob(f"{dist_name(arch)}-*.whl"):
-        if stale != wheel:
-            stale.unlink()
+    _keep_replaced(layout, arch, wheel)
     write_inside(layout.out, layout.manifest_copy(arch), data)
     write_inside(layout.out, layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
+
+
+def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
+    """Whether the wheel for `manifest` is in out/dist/ now, moved back there from out/.kforge/wheels/ if it was
+    kept. A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's
+    digest, the version) and written in a fixed way (wheel.py), so a wheel of kforge's that holds this very
+    manifest is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's)
+    is not used: the bundle is built again, every binary checked."""
+    if _holds(wheel, arch, manifest):
+        return True
+    if _holds(kept, arch, manifest):
+        os.replace(kept, wheel)   # a rename: the same file, nothing read or written
+        return True
+    kept.unlink(missing_ok=True)   # a kept file under this name that is not the wheel: the build replaces it
+    return False
+
+
+def _holds(wheel: Path, arch: str, manifest: bytes) -> bool:
+    """The file is a zip whose manifest.json is `manifest` (its CRC checked as it is read)."""
+    try:
+        if not stat.S_ISREG(os.lstat(wheel).st_mode):   # never a link, nor a FIFO that would block the read
+            return False
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.read(f"{dist_name(arch)}/{MANIFEST}") == manifest
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, zlib.error):
+        return False
+
+
+def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
+    """The arch's other wheels in out/dist/ (the one this build replaced) move to out/.kforge/wheels/, where the
+    newest KEPT_WHEELS of the arch stay: out/dist/ holds one wheel per arch, and a revert finds its old one."""
+    kept = layout.kept_wheels
+    for old in layout.dist.glob(f"{dist_name(arch)}-*.whl"):
+        if old != wheel:
+            kept.mkdir(parents=True, exist_ok=True)
+            os.replace(old, kept / old.name)
+            now = time.time_ns()   # when it was replaced (to the ns, not the file system's coarser clock)
+            os.utime(kept / old.name, ns=(now, now))
+    by_age = sorted(kept.glob(f"{dist_name(arch)}-*.whl"), key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    for old in by_age[KEPT_WHEELS:]:
+        old.unlink(missing_ok=True)
 
 
 def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
@@ -184,8 +234,10 @@ def manifest_bytes(manifest: dict) -> bytes:
 def remove(arch: str, root: str) -> None:
     """`doit clean package` (OutsideOut when out/dist leads outside out/: nothing is deleted there)."""
     layout = Layout.of(root)
-    out_dir.guard(layout.out, layout.manifest_copy(arch))   # before the glob: it would list the link's target
-    for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), layout.manifest_copy(arch)]:
+    for place in (layout.manifest_copy(arch), layout.kept_wheels / dist_name(arch)):   # before the globs, which
+        out_dir.guard(layout.out, place)                                                # would list a link's target
+    for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), *layout.kept_wheels.glob(f"{dist_name(arch)}-*.whl"),
+              layout.manifest_copy(arch)]:
         out_dir.remove_file(layout.out, f)
 
 

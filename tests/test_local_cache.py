@@ -72,12 +72,20 @@ def test_a_revert_compiles_nothing(seeded, tmp_path):
     kernel.write_text(original + "# an edit\n")
     out, report = build(root, cache)
     assert set(origins(report).values()) == {"compiled"}, out   # a new key: compiled, and kept
+    edited = wheels(root)
     kernel.write_text(original)   # the revert
     out, report = build(root, cache)
     assert set(origins(report).values()) == {"local cache"}, out
+    assert wheels(root).keys().isdisjoint(edited)
     kernel.write_text(original + "# an edit\n")   # and forward again
     assert set(origins(build(root, cache)[1]).values()) == {"local cache"}
     assert len(entries(cache)) == 4
+    assert wheels(root) == edited   # the very files the edit's build wrote (kept, renamed back): not zipped again
+
+
+def wheels(root: Path) -> dict[str, tuple[int, bytes]]:
+    """out/dist's wheels: name -> (inode, bytes)."""
+    return {w.name: (w.stat().st_ino, w.read_bytes()) for w in (root / "out" / "dist").glob("*.whl")}
 
 
 def test_a_corrupt_or_foreign_entry_is_refused_in_one_line_and_rebuilt(seeded, tmp_path):

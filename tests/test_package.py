@@ -129,12 +129,92 @@ print(e['target'])
     assert out.stdout.strip() == "scale:bf16-b256-w4@sm_90a"
 
 
-def test_clean_removes_the_bundles(tmp_path):
+def test_clean_removes_the_bundles_and_the_kept_wheels(tmp_path):
     root = make_project(tmp_path, specs={"scale": spec_text()})
     doit(root)
     assert list((root / "out" / "dist").glob("*.whl"))
+    rebundle(root, "sm_90a", PICK)   # another manifest: the first wheel is kept
+    assert list(kept(root))
     doit(root, "clean", "package")
-    assert not list((root / "out" / "dist").glob("*"))
+    assert not list((root / "out" / "dist").glob("*")) and not list(kept(root))
+
+
+PICK = [{"kernel": "scale", "key": ["4096"], "config": {"BLOCK": 256}}]   # an autotuner's pick: a new manifest
+
+
+def kept(root):
+    return (root / "out" / ".kforge" / "wheels").glob("*.whl")
+
+
+def rebundle(root, arch, tuned=()):
+    """build_bundle in this process, as `doit package` runs it (its TaskFailed, or None)."""
+    from kforge.project import load_catalog
+    return package.build_bundle(arch, [t for t in load_catalog(root).targets if t.arch == arch], str(root), tuned)
+
+
+def no_binary_read(monkeypatch):
+    def refuse(directory):
+        raise AssertionError(f"{directory} read: the wheel was there to use")
+    monkeypatch.setattr(package.artifact, "load", refuse)
+
+
+def test_a_wheel_already_there_for_the_manifest_is_used_without_reading_a_binary(built, tmp_path, monkeypatch):
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    before = wheel(root, "sm_90a")
+    inode, data = before.stat().st_ino, before.read_bytes()
+    no_binary_read(monkeypatch)
+    assert rebundle(root, "sm_90a") is None
+    assert wheel(root, "sm_90a") == before and before.stat().st_ino == inode and before.read_bytes() == data
+
+
+def test_a_replaced_wheel_is_kept_and_comes_back_by_rename_when_its_manifest_does(built, tmp_path, monkeypatch):
+    """A revert, or a branch switch back: the manifest is one a recent wheel held, so that file is moved back
+    into out/dist/ (no binary read, nothing compressed), the one it replaces kept in its turn."""
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    first = wheel(root, "sm_90a")
+    inode, data = first.stat().st_ino, first.read_bytes()
+    assert rebundle(root, "sm_90a", PICK) is None
+    second = wheel(root, "sm_90a")
+    assert second != first and not first.exists()
+    assert [k.name for k in kept(root)] == [first.name]
+    no_binary_read(monkeypatch)
+    assert rebundle(root, "sm_90a") is None   # back to the first manifest
+    assert wheel(root, "sm_90a") == first and first.stat().st_ino == inode and first.read_bytes() == data
+    assert [k.name for k in kept(root)] == [second.name]
+    assert json.loads((root / "out" / "dist" / "kforge_kernels_sm_90a.manifest.json").read_text()) == \
+        manifest(root, "sm_90a")
+    from kforge.project import load_catalog
+    assert package.is_current("sm_90a", [t for t in load_catalog(root).targets if t.arch == "sm_90a"], str(root))
+
+
+def test_a_kept_file_that_is_not_the_wheel_for_the_manifest_is_not_used(built, tmp_path):
+    """A damaged kept wheel (another manifest inside, or cut short): the bundle is written again, every binary
+    checked, and the bytes are the ones the first build wrote."""
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    first = wheel(root, "sm_90a")
+    data = first.read_bytes()
+    spoiled = root / "out" / ".kforge" / "wheels" / first.name
+    for spoil in ("another manifest", "cut short"):
+        assert rebundle(root, "sm_90a", PICK) is None and spoiled.exists()
+        if spoil == "another manifest":
+            with zipfile.ZipFile(spoiled, "w") as zf:
+                zf.writestr("kforge_kernels_sm_90a/manifest.json", b"{}")
+        else:
+            spoiled.write_bytes(data[:1000])
+        assert rebundle(root, "sm_90a") is None
+        assert wheel(root, "sm_90a") == first and first.read_bytes() == data, spoil
+
+
+def test_at_most_kept_wheels_per_arch_stay_the_newest(built, tmp_path, monkeypatch):
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    monkeypatch.setattr(package, "KEPT_WHEELS", 2)
+    rebundle(root, "gfx942", PICK)   # another arch's kept wheel: never counted against sm_90a's
+    names = [wheel(root, "sm_90a").name]
+    for n in range(1, 5):
+        rebundle(root, "sm_90a", [{**PICK[0], "key": [str(n)]}])
+        names.append(wheel(root, "sm_90a").name)
+    assert sorted(k.name for k in kept(root) if "sm_90a" in k.name) == sorted(names[2:4])
+    assert len([k for k in kept(root) if "gfx942" in k.name]) == 1
 
 
 def test_runtime_imports_nothing_outside_itself():
