@@ -54,24 +54,27 @@ def scale_project(root: Path, n: int, spec: bool = True) -> Path:
     return root
 
 
-def fresh_copy(dest: Path, specs: str = "*") -> Path:
-    """The project's kernels, dodo and the specs matching the glob, in dest, with an empty out/ (a cold build)."""
+def fresh_copy(dest: Path, specs: str = "*", source: Path = REPO) -> Path:
+    """The kernels, dodo and the specs matching the glob of `source` (a checkout of kforge: by default this one),
+    in dest, with an empty out/ (a cold build)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    shutil.copytree(REPO / "kernels", dest / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source / "kernels", dest / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "specs").mkdir()
-    for spec in (REPO / "specs").glob(f"{specs}.toml"):
+    for spec in (source / "specs").glob(f"{specs}.toml"):
         shutil.copy(spec, dest / "specs" / spec.name)
     for name in ("dodo.py", "pyproject.toml"):
-        shutil.copy(REPO / name, dest / name)
+        shutil.copy(source / name, dest / name)
     return dest
 
 
-def run_doit(project: Path, *args: str, env: dict | None = None) -> float:
+def run_doit(project: Path, *args: str, env: dict | None = None, python: str = sys.executable) -> float:
+    """Wall seconds of `python -m doit ARGS` in the project (SystemExit with its output if it fails); `python`:
+    the interpreter whose kforge runs it (another checkout's virtualenv, say)."""
     env = dict(os.environ, **(env or {}),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, env=env,
+    proc = subprocess.run([python, "-m", "doit", *args], cwd=project, env=env,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:

@@ -1,24 +1,39 @@
 """The local cache (rules/local_cache.py) on the catalog: an edit and its revert, then a second clone at another
-path, all sharing one fresh cache directory. Whole `doit` runs (compiles and `doit package`), wall times.
+path, all sharing one cache directory. Whole `doit` runs (compiles and `doit package`), wall times.
 
-Usage: python bench/local_cache.py [--jobs 2] [--specs '*'] [--edit kernels/softmax.py] [--json out.json]
+Usage: python bench/local_cache.py [--checkouts A B] [--rounds 1] [--jobs 2] [--specs '*']
+                                   [--edit kernels/softmax.py] [--cache DIR] [--json out.json]
 
-Runs, in order: a cold build of a fresh copy (fills the cache); one comment appended to --edit, build; the edit
-reverted, build (goal: 0 compiled, <= 2 s); a second fresh copy at another path, build (goal: 0 compiled,
-<= 10 s); a no-op in the first copy with the local cache on and off (alternating, median of 5 each). Exits
-non-zero if the revert or the second clone compiled anything.
+Per checkout of kforge (--checkouts, default this one; each runs with its own .venv's python, so A = main and
+B = a branch compare side by side): a build of a fresh copy of its project (cold with an empty cache; with
+--cache pointing at a filled one, mostly installs), then --rounds rounds of: one comment appended to --edit,
+build; the edit reverted, build (goal: 0 compiled, <= 2 s), the checkouts' order flipped every round so that a
+change in the machine's load hits both alike. Then per checkout a second fresh copy at another path, build
+(goal: 0 compiled, <= 10 s), and no-ops in the first copy with the local cache on and off (alternating, median
+of 5 each).
+
+Where a revert's time goes, from its out/build-trace.json and build-report.json (times from the process start):
+before the run (interpreter, doit, kforge, the catalog loaded again from the specs since a kernel source
+changed, the tasks generated), then the window of the local-cache installs, then of the packaging, and the end
+(report, doit's DB). Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list` with
+the catalog saved, and `doit list` just after the edited file was touched (the catalog loaded from the specs).
+Exits non-zero if a revert or a second clone compiled anything.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import fresh_copy, run_doit  # noqa: E402
+from bench.ab_checkouts import python_of  # noqa: E402
+from bench.common import REPO, fresh_copy, run_doit  # noqa: E402
 
 
 def origins(project: Path) -> dict:
@@ -26,50 +41,117 @@ def origins(project: Path) -> dict:
     return {**report["origins"], "up-to-date": report["counts"]["up-to-date"], "failed": report["counts"]["failed"]}
 
 
+def breakdown(project: Path, wall: float) -> dict:
+    """A run's phases, seconds from its start: see the module's docstring."""
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    events = [e for e in json.loads((project / "out" / "build-trace.json").read_text())["traceEvents"]
+              if e.get("ph") == "X"]
+    before = wall - report["wall_seconds"]   # the trace's zero: the reporter's start, once the tasks are made
+
+    def window(selected: list[dict]) -> dict:
+        if not selected:
+            return {"from": None, "to": None, "worker_s": 0.0}
+        return {"from": round(before + min(e["ts"] for e in selected) / 1e6, 3),
+                "to": round(before + max(e["ts"] + e["dur"] for e in selected) / 1e6, 3),
+                "worker_s": round(sum(e["dur"] for e in selected) / 1e6, 3)}
+    installs = window([e for e in events if e["cat"] == "local cache lookup"])
+    packaging = window([e for e in events if e["cat"] == "package"])
+    last = max([w["to"] for w in (installs, packaging) if w["to"] is not None], default=before)
+    return {"before the run": round(before, 3), "installs": installs, "packaging": packaging,
+            "end": round(wall - last, 3)}
+
+
+def start_costs(project: Path, edit: Path, env: dict, python: str) -> dict:
+    """Medians of 3: the interpreter and doit alone; loading the saved catalog and making the tasks; the same
+    with the catalog loaded again from the specs (the edited file touched: its identity changed)."""
+    runs: dict[str, list[float]] = {"doit --version": [], "doit list, catalog saved": [],
+                                    "doit list, catalog reloaded": []}
+    for _ in range(3):
+        runs["doit --version"].append(run_doit(project, "--version", env=env, python=python))
+        runs["doit list, catalog saved"].append(run_doit(project, "list", env=env, python=python))
+        os.utime(edit)
+        runs["doit list, catalog reloaded"].append(run_doit(project, "list", env=env, python=python))
+        run_doit(project, "-n", "1", env=env, python=python)   # saves the reloaded catalog: the next round's start
+    return {k: round(statistics.median(v), 3) for k, v in runs.items()}
+
+
+def commit_of(checkout: Path) -> str:
+    proc = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() or "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--checkouts", nargs="+", type=Path, default=[REPO])
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--specs", default="*")
     ap.add_argument("--edit", default="kernels/softmax.py")
+    ap.add_argument("--cache", type=Path, default=None, help="the local cache directory (default: a fresh one)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kforge-local-cache-bench-"))
-    env = {"KFORGE_LOCAL_CACHE": str(work / "cache")}
+    cache = a.cache.resolve() if a.cache else work / "cache"
+    env = {"KFORGE_LOCAL_CACHE": str(cache)}
+    sides = {chr(ord("A") + i): c.resolve() for i, c in enumerate(a.checkouts)}
+    python = {s: python_of(c) for s, c in sides.items()}
     rows = []
 
-    def run(name: str, project: Path, *args: str) -> None:
-        seconds = run_doit(project, "-n", str(a.jobs), *args, env=env)
-        rows.append({"run": name, "seconds": round(seconds, 3), **origins(project)})
-        print(f"{name}: {seconds:.2f} s {rows[-1]}", flush=True)
+    def run(name: str, side: str, project: Path, *args: str) -> float:
+        wall = run_doit(project, "-n", str(a.jobs), *args, env=env, python=python[side])
+        rows.append({"run": name, "side": side, "seconds": round(wall, 3), **origins(project)})
+        print(f"{side} {name}: {wall:.2f} s {rows[-1]}", flush=True)
+        return wall
 
-    first = fresh_copy(work / "first", a.specs)
-    run("cold build, empty cache", first)
-    edited = first / a.edit
-    original = edited.read_text()
-    edited.write_text(original + "\n# an edit\n")
-    run(f"{a.edit} edited", first)
-    edited.write_text(original)
-    run("edit reverted", first)
-    second = fresh_copy(work / "elsewhere" / "second", a.specs)
-    run("second clone at another path", second)
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    for _ in range(5):   # alternating, so that a change in the machine's load hits both alike
-        for label, extra in (("on", ()), ("off", ("local_cache=off",))):
-            times[label].append(run_doit(first, "-n", str(a.jobs), *extra, env=env))
-    noop = {label: round(statistics.median(t), 3) for label, t in times.items()}
-    print(f"\ndoit -n {a.jobs}, specs {a.specs!r}, cache {work / 'cache'}\n")
-    print("| run | wall s | compiled | local cache | remote cache | up to date | failed |")
-    print("|---|---|---|---|---|---|---|")
+    first = {s: fresh_copy(work / f"first{s}", a.specs, source=c) for s, c in sides.items()}
+    for s in sides:
+        run("first build" + (", empty cache" if a.cache is None else f", cache {cache}"), s, first[s])
+    phases = []
+    for i in range(a.rounds):
+        for s in (list(sides) if i % 2 == 0 else list(reversed(sides))):
+            edited = first[s] / a.edit
+            original = edited.read_text()
+            edited.write_text(original + "\n# an edit\n")
+            run(f"{a.edit} edited", s, first[s])
+            edited.write_text(original)
+            wall = run("edit reverted", s, first[s])
+            phases.append({"side": s, "round": i + 1, "seconds": round(wall, 3), **breakdown(first[s], wall)})
+            print(f"{s} revert, where the time went: {phases[-1]}", flush=True)
+    for s, c in sides.items():
+        run("second clone at another path", s, fresh_copy(work / "elsewhere" / f"second{s}", a.specs, source=c))
+    noop: dict[str, dict[str, float]] = {}
+    starts: dict[str, dict[str, float]] = {}
+    for s in sides:
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(5):   # alternating, so that a change in the machine's load hits both alike
+            for label, extra in (("on", ()), ("off", ("local_cache=off",))):
+                times[label].append(run_doit(first[s], "-n", str(a.jobs), *extra, env=env, python=python[s]))
+        noop[s] = {label: round(statistics.median(t), 3) for label, t in times.items()}
+        starts[s] = start_costs(first[s], first[s] / a.edit, env, python[s])
+    print(f"\ndoit -n {a.jobs}, specs {a.specs!r}, cache {cache}, "
+          + ", ".join(f"{s} {c} ({commit_of(c)})" for s, c in sides.items()) + "\n")
+    print("| checkout | run | wall s | compiled | local cache | remote cache | up to date | failed |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['seconds']:.2f} | {r['compiled']} | {r['local cache']} | {r['remote cache']} | "
-              f"{r['up-to-date']} | {r['failed']} |")
-    print(f"\nno-op, median of 5: local cache on {noop['on']:.3f} s, off {noop['off']:.3f} s "
-          f"({noop['on'] / noop['off']:.2f} x)")
+        print(f"| {r['side']} | {r['run']} | {r['seconds']:.2f} | {r['compiled']} | "
+              f"{r['local cache']} | {r['remote cache']} | {r['up-to-date']} | {r['failed']} |")
+    print("\n| checkout | round | revert wall s | before the run | installs (worker s) | packaging (worker s) | end |")
+    print("|---|---|---|---|---|---|---|")
+    span = lambda w: "-" if w["from"] is None else f"{w['from']:.2f}-{w['to']:.2f} ({w['worker_s']:.2f})"
+    for p in phases:
+        print(f"| {p['side']} | {p['round']} | {p['seconds']:.2f} | 0-{p['before the run']:.2f} | "
+              f"{span(p['installs'])} | {span(p['packaging'])} | {p['end']:.2f} |")
+    for s in sides:
+        print(f"\n{s}: no-op, median of 5: local cache on {noop[s]['on']:.3f} s, off "
+              f"{noop[s]['off']:.3f} s ({noop[s]['on'] / noop[s]['off']:.2f} x); start, median of 3: "
+              + ", ".join(f"{k} {v:.3f} s" for k, v in starts[s].items()))
     if a.json:
-        Path(a.json).write_text(json.dumps({"jobs": a.jobs, "specs": a.specs, "edit": a.edit, "runs": rows,
-                                            "noop_seconds": noop}, indent=1) + "\n")
-    if rows[2]["compiled"] or rows[3]["compiled"]:
-        raise SystemExit("the revert or the second clone compiled something")
+        Path(a.json).write_text(json.dumps({
+            "jobs": a.jobs, "specs": a.specs, "edit": a.edit, "rounds": a.rounds,
+            "checkouts": {s: {"path": str(c), "commit": commit_of(c)} for s, c in sides.items()},
+            "runs": rows, "revert_phases": phases, "noop_seconds": noop, "start_seconds": starts}, indent=1) + "\n")
+    if any(r["compiled"] for r in rows if r["run"] in ("edit reverted", "second clone at another path")):
+        raise SystemExit("a revert or a second clone compiled something")
 
 
 if __name__ == "__main__":
