@@ -12,6 +12,12 @@ the project's path and the settings that shape the catalog. The saved catalog is
 used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
 anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
 tasks writes nothing.
+
+The last KEPT catalogs loaded from the specs are also kept in out/.kforge/catalogs/, each named by the digest of
+the same inputs taken by content (each file's bytes, each folder's names) instead of identity. When the saved
+catalog's stamp no longer holds, that digest (over the saved catalog's lists of files) names the kept catalog
+made from exactly these contents, if any: a revert, or a switch back to a recent branch, rewrites the sources
+(new identities, the same bytes) and finds its catalog there instead of loading every spec again.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from kforge.target import Target
 from kforge.project_config import PYPROJECT, kforge_table
 
 FORMAT = "kforge-catalog-9"
+KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
@@ -61,11 +68,12 @@ class Catalog:
         self.targets: list[Target] = []
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/records.py), for the bundles
         self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
-        self._fresh: dict | None = None   # a catalog loaded from the specs, to save at the end of the run
+        self._fresh: dict | None = None   # a catalog loaded from the specs or kept, to save at the end of the run
 
     def load(self, keep_going: bool = False) -> "Catalog":
-        """From the saved catalog when its stamp still holds, else from the specs (SpecError, ValueError). A
-        family that does not load is a SpecError, or with keep_going one entry of `broken` (the others load)."""
+        """From the saved catalog when its stamp still holds, else from a kept one made from the same content,
+        else from the specs (SpecError, ValueError). A family that does not load is a SpecError, or with
+        keep_going one entry of `broken` (the others load)."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
         saved = self._read_saved()
@@ -75,6 +83,8 @@ class Catalog:
                 self.families = [Family(*f) for f in saved["families"]]
                 self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
                 self.tuned = saved["tuned"]
+                return self
+            if saved is not None and self._from_kept(folders, spec_files, saved):
                 return self
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
             self.families, self.targets = [], []
@@ -107,15 +117,40 @@ class Catalog:
         files = sorted(str(p) for p in read)
         installed = sorted({s.module for s in specs if s.module})
         self._fresh = {"format": FORMAT, "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
+                       "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
                        "read": files, "toolchains": toolchains, "installed": installed,
                        "families": [list(f) for f in self.families], "tuned": self.tuned,
                        **_encode(self.targets)}
         return self
 
+    def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
+        """Load the kept catalog made from inputs of the same content as now, if there is one (see the module's
+        docstring); it becomes the saved catalog, stamped by the identities of now."""
+        lists = saved["read"], saved["toolchains"], saved["installed"]
+        content = self._stamp(folders, spec_files, *lists, stamps.content)
+        try:
+            kept = json.loads((Layout(self.root).kept_catalogs / f"{content}.json").read_bytes())
+            if kept["format"] != FORMAT or kept["content"] != content:
+                return False
+            self.families = [Family(*f) for f in kept["families"]]
+            self.targets = _decode(kept["groups"], kept["signatures"], kept["targets"])
+            self.tuned = kept["tuned"]
+        except (OSError, KeyError, TypeError, ValueError, IndexError):   # none, or a damaged one: the specs
+            self.families, self.targets = [], []
+            return False
+        self._fresh = {**kept, "stamp": self._stamp(folders, spec_files, *lists)}   # the same lists: same digest
+        return True
+
     def save(self) -> None:
-        """Keep a catalog loaded from the specs for the next run (called at the end of a run)."""
+        """Keep a catalog loaded from the specs (or a kept one) for the next run, and among the kept ones
+        (called at the end of a run)."""
         if self._fresh is not None:
-            write_inside(Layout(self.root).out, self.path, json.dumps(self._fresh, separators=(",", ":")).encode())
+            out, kept = Layout(self.root).out, Layout(self.root).kept_catalogs
+            data = json.dumps(self._fresh, separators=(",", ":")).encode()
+            write_inside(out, self.path, data)
+            write_inside(out, kept / f"{self._fresh['content']}.json", data)
+            for old in sorted(kept.glob("*.json"), key=lambda f: f.stat().st_mtime_ns, reverse=True)[KEPT:]:
+                old.unlink(missing_ok=True)
             self._fresh = None
 
     def _read_saved(self) -> dict | None:
@@ -126,7 +161,8 @@ class Catalog:
             return None
 
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
-               installed: list[str]) -> str:
+               installed: list[str], of=stamps.identity) -> str:
+        """The digest of everything the catalog came from, each file by `of`: its identity, or its content."""
         # the folders are in by identity too: a spec file added to one changes its mtime
         files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)]
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
@@ -136,7 +172,7 @@ class Catalog:
             "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
             "installed": [(m, _found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
-            "files": [(f, stamps.identity(f)) for f in sorted(set(files) | set(code))]})
+            "files": [(f, of(f)) for f in sorted(set(files) | set(code))]})
 
 
 

@@ -7,6 +7,7 @@
     out/.kforge/                                                       kforge's private state (indexes, stamps,
                                                                        scratch, tool versions, linker shims)
     out/.kforge/wheels/                                                wheels a rebuild replaced (package.py)
+    out/.kforge/catalogs/                                              recent catalogs by content (catalog.py)
 """
 from __future__ import annotations
 
@@ -88,6 +89,11 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     def package_stamp(self, arch: str) -> Path:
         return self.state / f"package-{arch}.json"
+
+    @property
+    def kept_catalogs(self) -> Path:
+        """The last catalogs loaded from the specs, each named by the content of what it came from (catalog.py)."""
+        return self.state / "catalogs"
 
     @property
     def kept_wheels(self) -> Path:

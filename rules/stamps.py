@@ -32,3 +32,15 @@ def identity(path: str, fd: int | None = None) -> list | None:
     except OSError:
         return None
     return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size]
+
+
+def content(path: str) -> str | None:
+    """What a file holds, for a stamp by content (the catalog's kept copies, rules/catalog.py): the sha256 of its
+    bytes, or of a folder's sorted entry names; None when it is neither there nor readable."""
+    try:
+        if os.path.isdir(path):
+            return digest(sorted(os.listdir(path)))
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None

@@ -159,6 +159,51 @@ def test_a_run_that_finds_its_saved_catalog_imports_no_spec_machinery_and_no_com
     assert not heavy & modules, sorted(heavy & modules)
 
 
+def kept_catalogs(root):
+    return sorted((root / "out" / ".kforge" / "catalogs").glob("*.json"))
+
+
+def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, monkeypatch):
+    """The source edited (loaded from the specs), then put back as it was (new identity, the same bytes): the
+    catalog kept from before the edit is used, and saved as the current one."""
+    source = project / "tk" / "scale.py"
+    original = source.read_text()
+    first = loaded(project)
+    first.save()
+    before = {t.name: t for t in first.targets}
+    later(source, original + "# an edit\n")
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved and keys.keys() == before.keys() and all(keys[n] != before[n].key for n in before)
+    loaded(project).save()
+    assert len(kept_catalogs(project)) == 2
+    later(source, original)   # the revert
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert used_saved and keys == {n: t.key for n, t in before.items()}
+    reverted = loaded(project)
+    assert {t.name: t for t in reverted.targets} == before   # every field
+    reverted.save()
+    assert catalog_module.Catalog(project, None, 50_000).load()._fresh is None   # saved: by identity again
+
+
+@pytest.mark.parametrize("spoil", ["damaged", "copied under another name"])
+def test_a_kept_catalog_is_used_only_whole_and_under_its_own_content(project, monkeypatch, spoil):
+    """The source edited and put back, the catalog kept from before the edit spoiled meanwhile: the specs load."""
+    source = project / "tk" / "scale.py"
+    original = source.read_text()
+    loaded(project).save()
+    (kept,) = kept_catalogs(project)
+    later(source, original + "# an edit\n")
+    loaded(project).save()
+    if spoil == "damaged":
+        kept.write_text(json.dumps({**json.loads(kept.read_text()), "targets": [["not", "a", "row"]]}))
+    else:   # the edit's catalog under the name of the original's
+        (edited,) = (k for k in kept_catalogs(project) if k != kept)
+        kept.write_bytes(edited.read_bytes())
+    later(source, original)
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved and keys == {t.name: t.key for t in loaded(project).targets}
+
+
 # Keep going at load: a family that does not load is one failed entry; the others load and build.
 
 from tests import tune_library  # noqa: E402

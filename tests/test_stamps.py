@@ -1,4 +1,5 @@
 """stamps: a digest is a canonical hash of its payload; an identity names one file version on disk."""
+import hashlib
 import os
 import time
 
@@ -91,3 +92,18 @@ def test_identity_of_a_closed_fd_is_none(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     os.close(fd)
     assert stamps.identity(str(path), fd) is None
+
+
+def test_content_is_a_files_bytes_or_a_folders_names_not_its_identity(tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_bytes(b"same")
+    first = stamps.content(str(f))
+    f.unlink()
+    f.write_bytes(b"same")   # a new inode and times, the same bytes
+    assert stamps.content(str(f)) == first == hashlib.sha256(b"same").hexdigest()
+    f.write_bytes(b"other")
+    assert stamps.content(str(f)) != first
+    folder = stamps.content(str(tmp_path))
+    (tmp_path / "g.txt").write_bytes(b"")
+    assert stamps.content(str(tmp_path)) != folder
+    assert stamps.content(str(tmp_path / "missing")) is None
