@@ -50,50 +50,101 @@ def bundle() -> Bundle:
 
 
 def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
-    """The doit action: write the arch's wheel unless the wheel for this manifest is already there, or kept
-    from before (a revert, a branch switch back): then no binary is read or compressed."""
+    """The doit action: the arch's wheel in out/dist/. A recent bundle made from the same inputs (a revert, a
+    switch back) is used as it is, found by the content of those inputs; else the manifest is made, and a
+    wheel that holds it (in out/dist/, or kept) is used as it is; else the wheel is written, every binary
+    read and checked again."""
     root_path, layout = Path(root), Layout.of(root)
     try:
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
     except ValueError as e:
         return TaskFailed(str(e))
-    # stamped before reading: a change while packaging re-packages next time
-    stamp = _stamp(arch, targets, root_path, tuned=tuned)
-    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
-    manifest = make_manifest(arch, targets, root_path, tuned, built)
-    data = manifest_bytes(manifest)
-    try:
-        version = f"{project_version(root_path)}+{hashlib.sha256(data).hexdigest()[:12]}"
-    except ValueError as e:
-        return TaskFailed(str(e))
-    dist = layout.dist
-    wheel = dist / wheel_name(dist_name(arch), version)
-    try:
-        out_dir.guard(layout.out, wheel)   # out/dist, its wheels and manifests: never through a link out of out/
-        out_dir.guard(layout.out, layout.kept_wheels / wheel.name)
-        out_dir.guard(layout.out, layout.package_stamp(arch))
+    try:   # out/dist, its wheels and manifests, the kept wheels: never through a link out of out/
+        for place in (layout.dist, layout.kept_wheels, layout.state):
+            out_dir.guard(layout.out, place / dist_name(arch))
     except out_dir.OutsideOut as e:
         return TaskFailed(f"package:{arch}: {e}")
-    dist.mkdir(parents=True, exist_ok=True)
-    if not _reuse(wheel, layout.kept_wheels / wheel.name, arch, data):
-        files = runtime_files(arch)
-        files[f"{dist_name(arch)}/{MANIFEST}"] = data
-        for name, table in tables.items():
-            files[f"{dist_name(arch)}/tune/{name}"] = table
-        for t, entry in zip(built, manifest["artifacts"]):
-            try:
-                meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
-                artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
-            except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
-                return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
-                                  f"`doit forget {t.name} && doit {t.name}`")
-            files[f"{dist_name(arch)}/{entry['binary']}"] = binary
-        write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
+    # stamped before reading: a change while packaging re-packages next time
+    stamp = _stamp(arch, targets, root_path, tuned=tuned)
+    content = _stamp(arch, targets, root_path, _meta_content, tuned)   # the same inputs, meta.json by its bytes
+    recent = _recent(layout, arch)
+    found = _recent_wheel(layout, arch, recent.get(content))
+    if found is None:
+        found = _make_wheel(arch, targets, root_path, tuned, tables)
+        if isinstance(found, TaskFailed):
+            return found
+    wheel, data = found
     _keep_replaced(layout, arch, wheel)
+    recent.pop(content, None)
+    recent = dict([*recent.items(), (content, wheel.name)][-(KEPT_WHEELS + 1):])   # the newest last
     write_inside(layout.out, layout.manifest_copy(arch), data)
-    write_inside(layout.out, layout.package_stamp(arch), json.dumps({"stamp": stamp, "wheel": wheel.name}).encode())
+    write_inside(layout.out, layout.package_stamp(arch),
+                 json.dumps({"stamp": stamp, "wheel": wheel.name, "recent": recent}).encode())
+    manifest = json.loads(data)
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
+
+
+def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dict[str, bytes]):
+    """(the wheel in out/dist/, its manifest's bytes), the manifest made from every meta.json: a wheel that holds
+    it already is used, else it is written; or TaskFailed naming a binary that fails its checks."""
+    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
+    manifest = make_manifest(arch, targets, root, tuned, built)
+    data = manifest_bytes(manifest)
+    try:
+        version = f"{project_version(root)}+{hashlib.sha256(data).hexdigest()[:12]}"
+    except ValueError as e:
+        return TaskFailed(str(e))
+    layout = Layout(root)
+    wheel = layout.dist / wheel_name(dist_name(arch), version)
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    if _reuse(wheel, layout.kept_wheels / wheel.name, arch, data):
+        return wheel, data
+    files = runtime_files(arch)
+    files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    for name, table in tables.items():
+        files[f"{dist_name(arch)}/tune/{name}"] = table
+    for t, entry in zip(built, manifest["artifacts"]):
+        try:
+            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
+            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+        except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
+            return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
+                              f"`doit forget {t.name} && doit {t.name}`")
+        files[f"{dist_name(arch)}/{entry['binary']}"] = binary
+    write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
+    return wheel, data
+
+
+def _meta_content(meta_path: str) -> list | None:
+    found = stamps.content(meta_path)
+    return None if found is None else [found]
+
+
+def _recent(layout: Layout, arch: str) -> dict[str, str]:
+    """The last bundles' wheels by the content stamp of their inputs, from out/.kforge/package-<arch>.json."""
+    try:
+        recent = json.loads(layout.package_stamp(arch).read_bytes())["recent"]
+        return {k: v for k, v in recent.items() if isinstance(k, str) and isinstance(v, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
+    """(the wheel named, its manifest) when it is in out/dist/, or kept and moved back there, and holds the
+    manifest whose digest its version carries; else None. The name comes from kforge's own record of what it
+    made from these inputs (as is_current trusts the wheel its stamp names); no binary is read."""
+    found = re.fullmatch(re.escape(dist_name(arch)) + r"-[0-9a-z.]+\+([0-9a-f]{12})-py3-none-any\.whl", str(name))
+    if found is None:
+        return None
+    wheel, kept = layout.dist / name, layout.kept_wheels / name
+    for place in (wheel, kept):
+        data = _manifest_in(place, arch)
+        if data is not None and hashlib.sha256(data).hexdigest()[:12] == found[1]:
+            if place == kept:
+                os.replace(kept, wheel)   # a rename: nothing read or written
+            return wheel, data
+    return None
 
 
 def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
@@ -102,24 +153,24 @@ def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
     digest, the version) and written in a fixed way (wheel.py), so a wheel of kforge's that holds this very
     manifest is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's)
     is not used: the bundle is built again, every binary checked."""
-    if _holds(wheel, arch, manifest):
+    if _manifest_in(wheel, arch) == manifest:
         return True
-    if _holds(kept, arch, manifest):
+    if _manifest_in(kept, arch) == manifest:
         os.replace(kept, wheel)   # a rename: the same file, nothing read or written
         return True
     kept.unlink(missing_ok=True)   # a kept file under this name that is not the wheel: the build replaces it
     return False
 
 
-def _holds(wheel: Path, arch: str, manifest: bytes) -> bool:
-    """The file is a zip whose manifest.json is `manifest` (its CRC checked as it is read)."""
+def _manifest_in(wheel: Path, arch: str) -> bytes | None:
+    """The manifest.json of a wheel of the arch (its CRC checked as it is read), None if it is not one."""
     try:
         if not stat.S_ISREG(os.lstat(wheel).st_mode):   # never a link, nor a FIFO that would block the read
-            return False
+            return None
         with zipfile.ZipFile(wheel) as zf:
-            return zf.read(f"{dist_name(arch)}/{MANIFEST}") == manifest
+            return zf.read(f"{dist_name(arch)}/{MANIFEST}")
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, zlib.error):
-        return False
+        return None
 
 
 def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:

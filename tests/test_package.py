@@ -152,24 +152,38 @@ def rebundle(root, arch, tuned=()):
     return package.build_bundle(arch, [t for t in load_catalog(root).targets if t.arch == arch], str(root), tuned)
 
 
-def no_binary_read(monkeypatch):
-    def refuse(directory):
-        raise AssertionError(f"{directory} read: the wheel was there to use")
+def no_binary_read(monkeypatch, root, arch, found_by):
+    """Fail the test if a binary is read; found by the inputs' content, also if the manifest is made; found by
+    the manifest, the record of recent bundles is deleted first (the package stamp: a fresh out/, say)."""
+    def refuse(what):
+        raise AssertionError(f"{what}: read, though the wheel was there to use")
     monkeypatch.setattr(package.artifact, "load", refuse)
+    if found_by == "inputs' content":
+        monkeypatch.setattr(package, "make_manifest", lambda *a, **k: refuse("every meta.json"))
+    else:
+        (root / "out" / ".kforge" / f"package-{arch}.json").unlink()
 
 
-def test_a_wheel_already_there_for_the_manifest_is_used_without_reading_a_binary(built, tmp_path, monkeypatch):
+FOUND_BY = pytest.mark.parametrize("found_by", ["inputs' content", "manifest"])
+
+
+@FOUND_BY
+def test_a_wheel_already_there_for_the_inputs_is_used_without_reading_a_binary(built, tmp_path, monkeypatch,
+                                                                              found_by):
     root = shutil.copytree(built, tmp_path / "p", symlinks=True)
     before = wheel(root, "sm_90a")
     inode, data = before.stat().st_ino, before.read_bytes()
-    no_binary_read(monkeypatch)
+    no_binary_read(monkeypatch, root, "sm_90a", found_by)
     assert rebundle(root, "sm_90a") is None
     assert wheel(root, "sm_90a") == before and before.stat().st_ino == inode and before.read_bytes() == data
 
 
-def test_a_replaced_wheel_is_kept_and_comes_back_by_rename_when_its_manifest_does(built, tmp_path, monkeypatch):
-    """A revert, or a branch switch back: the manifest is one a recent wheel held, so that file is moved back
-    into out/dist/ (no binary read, nothing compressed), the one it replaces kept in its turn."""
+@FOUND_BY
+def test_a_replaced_wheel_is_kept_and_comes_back_by_rename_when_its_inputs_do(built, tmp_path, monkeypatch,
+                                                                             found_by):
+    """A revert, or a branch switch back: the inputs are those of a recent wheel (the same content of every
+    meta.json, or failing that the same manifest), so that file is moved back into out/dist/ (no binary read,
+    nothing compressed), the one it replaces kept in its turn."""
     root = shutil.copytree(built, tmp_path / "p", symlinks=True)
     first = wheel(root, "sm_90a")
     inode, data = first.stat().st_ino, first.read_bytes()
@@ -177,14 +191,26 @@ def test_a_replaced_wheel_is_kept_and_comes_back_by_rename_when_its_manifest_doe
     second = wheel(root, "sm_90a")
     assert second != first and not first.exists()
     assert [k.name for k in kept(root)] == [first.name]
-    no_binary_read(monkeypatch)
-    assert rebundle(root, "sm_90a") is None   # back to the first manifest
+    no_binary_read(monkeypatch, root, "sm_90a", found_by)
+    assert rebundle(root, "sm_90a") is None   # back to the first inputs
     assert wheel(root, "sm_90a") == first and first.stat().st_ino == inode and first.read_bytes() == data
     assert [k.name for k in kept(root)] == [second.name]
     assert json.loads((root / "out" / "dist" / "kforge_kernels_sm_90a.manifest.json").read_text()) == \
         manifest(root, "sm_90a")
     from kforge.project import load_catalog
     assert package.is_current("sm_90a", [t for t in load_catalog(root).targets if t.arch == "sm_90a"], str(root))
+
+
+def test_a_wheel_recorded_for_the_inputs_is_used_only_if_it_holds_the_manifest_its_name_says(built, tmp_path):
+    """The record of recent bundles names a wheel whose manifest is not the one its version's digest names (a
+    hand copy under its name): the manifest is made and the wheel written again, byte for byte the first."""
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    first = wheel(root, "sm_90a")
+    data = first.read_bytes()
+    assert rebundle(root, "sm_90a", PICK) is None
+    shutil.copy(wheel(root, "sm_90a"), root / "out" / ".kforge" / "wheels" / first.name)   # PICK's, misnamed
+    assert rebundle(root, "sm_90a") is None
+    assert wheel(root, "sm_90a") == first and first.read_bytes() == data
 
 
 def test_a_kept_file_that_is_not_the_wheel_for_the_manifest_is_not_used(built, tmp_path):
