@@ -16,7 +16,8 @@ Where a revert's time goes, from its out/build-trace.json and build-report.json 
 before the run (interpreter, doit, kforge, the catalog loaded again from the specs since a kernel source
 changed, the tasks generated), then the window of the local-cache installs, then of the packaging, and the end
 (report, doit's DB). Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list` with
-the catalog saved, and `doit list` just after the edited file was touched (the catalog loaded from the specs).
+the catalog saved, and `doit list` just after the edited file was touched (its identity changed, its content
+not: a checkout without kept catalogs loads the specs again).
 Exits non-zero if a revert or a second clone compiled anything.
 """
 from __future__ import annotations
@@ -63,14 +64,14 @@ def breakdown(project: Path, wall: float) -> dict:
 
 def start_costs(project: Path, edit: Path, env: dict, python: str) -> dict:
     """Medians of 3: the interpreter and doit alone; loading the saved catalog and making the tasks; the same
-    with the catalog loaded again from the specs (the edited file touched: its identity changed)."""
+    after the edited file was touched (a new identity, the same content)."""
     runs: dict[str, list[float]] = {"doit --version": [], "doit list, catalog saved": [],
-                                    "doit list, catalog reloaded": []}
+                                    "doit list, edited file touched": []}
     for _ in range(3):
         runs["doit --version"].append(run_doit(project, "--version", env=env, python=python))
         runs["doit list, catalog saved"].append(run_doit(project, "list", env=env, python=python))
         os.utime(edit)
-        runs["doit list, catalog reloaded"].append(run_doit(project, "list", env=env, python=python))
+        runs["doit list, edited file touched"].append(run_doit(project, "list", env=env, python=python))
         run_doit(project, "-n", "1", env=env, python=python)   # saves the reloaded catalog: the next round's start
     return {k: round(statistics.median(v), 3) for k, v in runs.items()}
 
@@ -96,6 +97,7 @@ def main() -> None:
     sides = {chr(ord("A") + i): c.resolve() for i, c in enumerate(a.checkouts)}
     python = {s: python_of(c) for s, c in sides.items()}
     rows = []
+    load = {"start": os.getloadavg()}   # the machine is shared: its load, beside the times
 
     def run(name: str, side: str, project: Path, *args: str) -> float:
         wall = run_doit(project, "-n", str(a.jobs), *args, env=env, python=python[side])
@@ -128,7 +130,8 @@ def main() -> None:
                 times[label].append(run_doit(first[s], "-n", str(a.jobs), *extra, env=env, python=python[s]))
         noop[s] = {label: round(statistics.median(t), 3) for label, t in times.items()}
         starts[s] = start_costs(first[s], first[s] / a.edit, env, python[s])
-    print(f"\ndoit -n {a.jobs}, specs {a.specs!r}, cache {cache}, "
+    load["end"] = os.getloadavg()
+    print(f"\ndoit -n {a.jobs}, specs {a.specs!r}, cache {cache}, load average {load}, "
           + ", ".join(f"{s} {c} ({commit_of(c)})" for s, c in sides.items()) + "\n")
     print("| checkout | run | wall s | compiled | local cache | remote cache | up to date | failed |")
     print("|---|---|---|---|---|---|---|---|")
@@ -147,7 +150,7 @@ def main() -> None:
               + ", ".join(f"{k} {v:.3f} s" for k, v in starts[s].items()))
     if a.json:
         Path(a.json).write_text(json.dumps({
-            "jobs": a.jobs, "specs": a.specs, "edit": a.edit, "rounds": a.rounds,
+            "jobs": a.jobs, "specs": a.specs, "edit": a.edit, "rounds": a.rounds, "load_average": load,
             "checkouts": {s: {"path": str(c), "commit": commit_of(c)} for s, c in sides.items()},
             "runs": rows, "revert_phases": phases, "noop_seconds": noop, "start_seconds": starts}, indent=1) + "\n")
     if any(r["compiled"] for r in rows if r["run"] in ("edit reverted", "second clone at another path")):
