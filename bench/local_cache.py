@@ -15,7 +15,9 @@ of 5 each).
 Where a revert's time goes, from its out/build-trace.json and build-report.json (times from the process start):
 before the run (interpreter, doit, kforge, the catalog loaded again from the specs since a kernel source
 changed, the tasks generated), then the window of the local-cache installs, then of the packaging, and the end
-(report, doit's DB). Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list` with
+(report, doit's DB). Then one more edit and revert per checkout, the revert run by a wrapper of doit's main
+that marks, in the process, when doit and kforge are imported, the catalog loaded, the tasks made, the first
+target and the first bundle handed out, the tasks done and the report written. Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list` with
 the catalog saved, and `doit list` just after the edited file was touched (its identity changed, its content
 not: a checkout without kept catalogs loads the specs again).
 Exits non-zero if a revert or a second clone compiled anything.
@@ -60,6 +62,57 @@ def breakdown(project: Path, wall: float) -> dict:
     last = max([w["to"] for w in (installs, packaging) if w["to"] is not None], default=before)
     return {"before the run": round(before, 3), "installs": installs, "packaging": packaging,
             "end": round(wall - last, 3)}
+
+
+# `python -c MARKED ARGS`: doit ARGS with the moments above marked (kforge's functions wrapped, nothing changed)
+MARKED = r"""
+import json, sys, time
+start = time.perf_counter()
+marks = []
+def mark(what):
+    if what not in dict(marks):
+        marks.append([what, round(time.perf_counter() - start, 3)])
+import doit.cmd_base, doit.doit_cmd
+mark("doit imported")
+from kforge import project, report
+mark("kforge imported")
+load, Reporter = project.load_catalog, report.BuildReporter
+made, handed, complete = Reporter.__init__, Reporter.execute_task, Reporter.complete_run
+def load_catalog(root):
+    mark("catalog load begins")
+    catalog = load(root)
+    mark("catalog loaded")
+    return catalog
+def init(self, *args):
+    mark("tasks made")
+    made(self, *args)
+def execute_task(self, task):
+    mark("first bundle handed out" if task.name.startswith("package:") else "first target handed out")
+    handed(self, task)
+def complete_run(self):
+    mark("tasks done")
+    complete(self)
+    mark("report written")
+project.load_catalog, Reporter.__init__, Reporter.execute_task, Reporter.complete_run = (
+    load_catalog, init, execute_task, complete_run)
+try:
+    code = doit.doit_cmd.DoitMain(doit.cmd_base.DodoTaskLoader()).run(sys.argv[1:])
+finally:
+    mark("exit")
+    sys.stderr.write("MARKS " + json.dumps(marks) + "\n")
+sys.exit(code)
+"""
+
+
+def marked(project: Path, *args: str, env: dict, python: str) -> tuple[float, list]:
+    """(wall s, [[moment, s from the program's start], ...]) of `doit ARGS` run by MARKED."""
+    env = dict(os.environ, **env)
+    start = time.perf_counter()
+    proc = subprocess.run([python, "-c", MARKED, *args], cwd=project, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"doit {' '.join(args)} failed in {project}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall, json.loads(proc.stderr.rsplit("MARKS ", 1)[1])
 
 
 def start_costs(project: Path, edit: Path, env: dict, python: str) -> dict:
@@ -119,6 +172,16 @@ def main() -> None:
             wall = run("edit reverted", s, first[s])
             phases.append({"side": s, "round": i + 1, "seconds": round(wall, 3), **breakdown(first[s], wall)})
             print(f"{s} revert, where the time went: {phases[-1]}", flush=True)
+    marks = {}
+    for s in sides:   # one more edit and revert, the revert marked
+        edited = first[s] / a.edit
+        original = edited.read_text()
+        edited.write_text(original + "\n# an edit\n")
+        run_doit(first[s], "-n", str(a.jobs), env=env, python=python[s])
+        edited.write_text(original)
+        wall, found = marked(first[s], "-n", str(a.jobs), env=env, python=python[s])
+        marks[s] = {"seconds": round(wall, 3), "marks": found}
+        print(f"{s} marked revert: {wall:.2f} s {found}", flush=True)
     for s, c in sides.items():
         run("second clone at another path", s, fresh_copy(work / "elsewhere" / f"second{s}", a.specs, source=c))
     noop: dict[str, dict[str, float]] = {}
@@ -145,6 +208,9 @@ def main() -> None:
         print(f"| {p['side']} | {p['round']} | {p['seconds']:.2f} | 0-{p['before the run']:.2f} | "
               f"{span(p['installs'])} | {span(p['packaging'])} | {p['end']:.2f} |")
     for s in sides:
+        print(f"\n{s}: marked revert, {marks[s]['seconds']:.2f} s in all: "
+              + ", ".join(f"{what} {at:.2f}" for what, at in marks[s]["marks"]))
+    for s in sides:
         print(f"\n{s}: no-op, median of 5: local cache on {noop[s]['on']:.3f} s, off "
               f"{noop[s]['off']:.3f} s ({noop[s]['on'] / noop[s]['off']:.2f} x); start, median of 3: "
               + ", ".join(f"{k} {v:.3f} s" for k, v in starts[s].items()))
@@ -152,7 +218,7 @@ def main() -> None:
         Path(a.json).write_text(json.dumps({
             "jobs": a.jobs, "specs": a.specs, "edit": a.edit, "rounds": a.rounds, "load_average": load,
             "checkouts": {s: {"path": str(c), "commit": commit_of(c)} for s, c in sides.items()},
-            "runs": rows, "revert_phases": phases, "noop_seconds": noop, "start_seconds": starts}, indent=1) + "\n")
+            "runs": rows, "revert_phases": phases, "revert_marks": marks, "noop_seconds": noop, "start_seconds": starts}, indent=1) + "\n")
     if any(r["compiled"] for r in rows if r["run"] in ("edit reverted", "second clone at another path")):
         raise SystemExit("a revert or a second clone compiled something")
 
