@@ -13,13 +13,13 @@ change in the machine's load hits both alike. Then per checkout a second fresh c
 of 5 each).
 
 Where a revert's time goes, from its out/build-trace.json and build-report.json (times from the process start):
-before the run (interpreter, doit, kforge, the catalog loaded again from the specs since a kernel source
-changed, the tasks generated), then the window of the local-cache installs, then of the packaging, and the end
-(report, doit's DB). Then one more edit and revert per checkout, the revert run by a wrapper of doit's main
-that marks, in the process, when doit and kforge are imported, the catalog loaded, the tasks made, the first
-target and the first bundle handed out, the tasks done and the report written. Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list` with
-the catalog saved, and `doit list` just after the edited file was touched (its identity changed, its content
-not: a checkout without kept catalogs loads the specs again).
+before the run (interpreter, doit, kforge, the catalog, the tasks generated), then the window of the
+local-cache installs, then of the packaging, and the end (report, doit's DB). Then one more edit and revert per
+checkout, the revert run by a wrapper of doit's main that marks, in the process, when doit and kforge are
+imported, the catalog loaded, the tasks made, the first target and the first bundle handed out, the tasks done
+and the report written. Apart, median of 3: `doit --version` (the interpreter and doit alone), `doit list`
+with the catalog saved, and `doit list` just after the edited file was touched (its identity changed, its
+content not: a checkout without kept catalogs loads the specs again).
 Exits non-zero if a revert or a second clone compiled anything.
 """
 from __future__ import annotations
