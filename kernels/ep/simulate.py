@@ -1,7 +1,10 @@
 """The verify sweep's case matrix at any world size, on a CPU: every rank's kernels run by Triton's interpreter
 in one process, the ranks simulated, checked by the same oracle and comparison as the GPU sweep.
 
-    python -m kernels.ep.simulate --world 8 [--world 16] [--only NAME]      (sets TRITON_INTERPRET=1 itself)
+    python -m kernels.ep.simulate                    the whole matrix at world 8 and 16 (sets TRITON_INTERPRET=1)
+    python -m kernels.ep.simulate --world 4 [--world 32] [--only NAME]
+
+The tests run the same: every case at world 8 and 16, a case a test (tests/test_ep_simulated_world.py).
 
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
 (the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
