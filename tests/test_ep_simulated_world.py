@@ -118,7 +118,9 @@ def test_the_interpreter_patches_take_and_change_no_result():
 
 
 PATCHES = """
+import inspect
 import triton.language as tl
+from triton.language.semantic import TritonSemantic
 from triton.runtime import interpreter as I
 from kernels.ep import simulate
 from kernels.ep.cases import matrix
@@ -134,6 +136,9 @@ def counted_launch(self, *a, **k):
 I._patch_lang, I.GridExecutor.__call__ = counted_patch, counted_launch
 simulate.interpreter_patches()
 assert I._patch_lang is not counted_patch and I._get_np_dtype is not np_dtype
+# the overflow check is dropped only where its verdict went nowhere
+assert not I.interpreter_builder.options.sanitize_overflow and not I.interpreter_builder.options.debug
+assert "if not self.builder.options.debug:\\n            return" in inspect.getsource(TritonSemantic.device_assert)
 types = [tl.int1, tl.int8, tl.uint8, tl.int32, tl.int64, tl.float16, tl.bfloat16, tl.float32, tl.float8e4nv]
 types += [tl.pointer_type(t) for t in types] + [tl.block_type(t, [4, 2]) for t in types]
 assert all(I._get_np_dtype(t) == np_dtype(t) for t in types)
