@@ -1,8 +1,9 @@
 """The op's kernels run on the CPU by Triton's interpreter, against kernels/ep/routing.py.
 
 The interpreter is chosen when Triton is imported (TRITON_INTERPRET=1), so the kernels run in a child
-process. Several ranks are simulated in that one process: their receive buffers are CPU tensors reached
-through the same pointer tables the GPUs use. What needs real GPUs (the flag barriers, ordering across
+process, with simulate.interpreter_patches() (less wasted work per step, the same results). Several ranks
+are simulated in that one process: their receive buffers are CPU tensors reached through the same pointer
+tables the GPUs use. What needs real GPUs (the flag barriers, ordering across
 devices, bf16 rounding exactly as the GPU does it) is left to the verify sweep.
 """
 import os
@@ -13,7 +14,9 @@ from tests.support import REPO
 
 ROUTE_CHECK = """
 import torch
-from kernels.ep import launch, triton_kernels as tk
+from kernels.ep import launch, simulate, triton_kernels as tk
+
+simulate.interpreter_patches()
 from kernels.ep.routing import destinations, positions
 
 BLOCK_T = launch.CONSTANTS["ep_route"]["BLOCK_T"]
@@ -36,7 +39,9 @@ print("ok")
 
 DISPATCH_COMBINE_CHECK = """
 import torch
-from kernels.ep import launch, triton_kernels as tk
+from kernels.ep import launch, simulate, triton_kernels as tk
+
+simulate.interpreter_patches()
 from kernels.ep.routing import destinations
 
 BLOCK_T, BLOCK_H = launch.CONSTANTS["ep_route"]["BLOCK_T"], 32
