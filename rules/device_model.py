@@ -16,13 +16,12 @@ torch when it is imported (most of kforge's processes never import it).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import linecache
 import os
 import sys
 from typing import NamedTuple
 
+from kforge_runtime.after_import import AfterImport
 from kforge_runtime.archs import ARCHS
 
 KiB, GiB = 1 << 10, 1 << 30
@@ -116,8 +115,8 @@ def install(arch: str) -> None:
     _install_triton()
     if "torch" in sys.modules:
         _install_torch(sys.modules["torch"])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("torch", _install_torch))
+    elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport("torch", _torch_imported))
 
 
 def serving(family: str) -> None:
@@ -299,27 +298,9 @@ def _lazy_init() -> None:
     raise needs_gpu("initializing CUDA (a tensor or stream on a GPU, a synchronize)")
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs then(module) once `name` has been imported, before the import statement returns."""
-
-    def __init__(self, name: str, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run, then = spec.loader.exec_module, self.then
-
-        def exec_module(module):
-            run(module)
-            if _State.device is not None:
-                then(module)
-        spec.loader.exec_module = exec_module
-        return spec
+def _torch_imported() -> None:
+    if _State.device is not None:
+        _install_torch(sys.modules["torch"])
 
 
 # ---- before a family's module is imported ----------------------------------------------------------------
