@@ -3,9 +3,10 @@
 Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
        [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16 (or fp8 rows with block scales),
-uniform random distinct experts. Each op is timed on every rank between barriers (host wall clock around a
-synchronize, median of --iters), the slowest rank counts; graph-mode rows also give the GPU time per call
-over 50 back-to-back replays (CUDA events, no host synchronize per call). Bytes per rank: logical = rows
+uniform random distinct experts. Each op is timed on every rank between barriers, the slowest rank counts,
+two clocks per call as bench/nvlink_ceiling.py times the ceiling (bench/gpu_timing.py): the host's wall clock
+around the call and a synchronize, and GPU events around the one call; graph-mode rows also give the GPU time
+per call over 50 back-to-back replays (CUDA events, no host synchronize per call). Bytes per rank: logical = rows
 received x row bytes (the peers' convention), NVLink = only the rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
 and payloads); the op's combine reads expert outputs written in place (expert_output()).
 """
@@ -14,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,23 +27,9 @@ from kernels.ep import reference  # noqa: E402
 from kernels.ep.cases import quantize_fp8, routing  # noqa: E402
 from kernels.ep.config import EpConfig  # noqa: E402
 from kernels.ep.op import EpDispatchCombine  # noqa: E402
+from bench.gpu_timing import timed  # noqa: E402
 
 NVLINK_GBS = 450.0   # per direction per GPU, H100/H200 NVLink-4
-
-
-def timed(fn, iters: int) -> float:
-    """Median seconds of fn() on this rank, all ranks starting together; the max over ranks."""
-    samples = []
-    for _ in range(iters):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    t = torch.tensor([statistics.median(samples)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def timed_back_to_back(fn, calls: int = 50) -> float:
@@ -108,11 +93,13 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
         run_dispatch, run_combine = captured(run_dispatch).replay, captured(run_combine).replay
     ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
     y = ref.x.to(op.expert_output().dtype)
-    results = {
-        "op_dispatch_s": timed(run_dispatch, iters), "op_combine_s": timed(run_combine, iters),
-        "nccl_dispatch_s": timed(lambda: reference.dispatch(x, idx, w, cfg, x_scales=scales), iters),
-        "nccl_combine_s": timed(lambda: reference.combine(y, ref, tokens, cfg), iters),
-    }
+    ops = {"op_dispatch": run_dispatch, "op_combine": run_combine,
+           "nccl_dispatch": lambda: reference.dispatch(x, idx, w, cfg, x_scales=scales),
+           "nccl_combine": lambda: reference.combine(y, ref, tokens, cfg)}
+    results = {}
+    for name, fn in ops.items():
+        t = timed(fn, iters)
+        results[f"{name}_s"], results[f"{name}_event_s"] = t["wall_s"], t["event_s"]
     if graph:
         results["op_dispatch_b2b_s"] = timed_back_to_back(run_dispatch)
         results["op_combine_b2b_s"] = timed_back_to_back(run_combine)
@@ -144,15 +131,16 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
               f"({'bf16 combine, ' if dtype != 'bf16' else ''}bytes incl. scales), median of {iters}; "
               f"kernels: {'bundles in ' + dist_dir if dist_dir else 'Triton JIT'}\n")
         print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
-              "kforge GB/s NVLink | NVLink % of 450 | kforge us, back-to-back graph replays (events) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "kforge GB/s NVLink | NVLink % of 450 | kforge us, one call (events) | "
+              "kforge us, back-to-back graph replays (events) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             for op in ("dispatch", "combine"):
                 ours, theirs = r[f"op_{op}_s"], r[f"nccl_{op}_s"]
                 remote = r[f"{op}_remote_bytes"] / ours / 1e9
                 print(f"| {r['tokens']} | {'graph' if r['graph'] else 'eager'} | {op} | {ours * 1e6:.1f} | "
                       f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r[f'{op}_logical_bytes'] / ours / 1e9:.1f} | "
-                      f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% | "
+                      f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% | {r[f'op_{op}_event_s'] * 1e6:.1f} | "
                       + (f"{r[f'op_{op}_b2b_s'] * 1e6:.1f} |" if r["graph"] else "- |"))
         if out:
             Path(out).write_text(json.dumps({"world": world, "dtype": dtype, "rows": rows}, indent=1))

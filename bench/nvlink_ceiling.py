@@ -9,14 +9,15 @@ Every rank sends --mb MiB to every other rank at once, into symmetric memory, in
 - copy-engine: copy_() into each peer's buffer, one stream per peer (cudaMemcpy peer-to-peer, no SMs);
 - nccl: torch.distributed.all_to_all_single of the same blocks (its own buffers, its own kernels).
 GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
-of --iters; the percentage is of 450 GB/s (H100/H200 NVLink 4).
+of --iters (bench/gpu_timing.py: GPU events around the one call, and the host's wall clock around it and a
+synchronize); the percentage is of 450 GB/s (H100/H200 NVLink 4).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +26,9 @@ import torch.distributed._symmetric_memory as symm_mem
 import torch.multiprocessing as mp
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.gpu_timing import timed  # noqa: E402
 
 NVLINK_GBS = 450.0
 SM_VARIANTS = [(2048, 4), (8192, 8), (8192, 16), (32768, 16)]   # (bf16 elements per program, warps)
@@ -60,22 +64,6 @@ def _tma_copy(local_ptr, table, rank, n, W: tl.constexpr, PUSH: tl.constexpr, RO
         peer_tiles.store([row, 0], here_tiles.load([row, 0]))
     else:
         here_tiles.store([row, 0], peer_tiles.load([row, 0]))
-
-
-def timed(fn, iters: int) -> float:
-    samples = []
-    for _ in range(iters):
-        dist.barrier()
-        torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(begin.elapsed_time(end) / 1e3)
-    t = torch.tensor([statistics.median(samples)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | None) -> None:
@@ -124,10 +112,11 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
     for name, fn in modes.items():
         fn()   # compile / warm up
         torch.cuda.synchronize()
-        seconds = timed(fn, iters)
+        t = timed(fn, iters)
         crossed = len(peers) * n * 2
-        rows.append({"mode": name, "seconds": seconds, "bytes_per_direction": crossed,
-                     "gbs": crossed / seconds / 1e9})
+        rows.append({"mode": name, "seconds": t["event_s"], "wall_seconds": t["wall_s"],
+                     "bytes_per_direction": crossed, "gbs": crossed / t["event_s"] / 1e9,
+                     "wall_gbs": crossed / t["wall_s"] / 1e9})
     # the copies landed where they should: peer p's buffer holds local[p] at this rank's slot (pushed, then
     # copied), and the pull read back from there what this rank had pushed
     dist.barrier()
@@ -138,10 +127,11 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
     if rank == 0:
         print(f"{world} x {torch.cuda.get_device_name()}, {mb} MiB to each peer, median of {iters}, slowest rank; "
               f"data checked: {bool(flag.item())}\n")
-        print("| mode | us | GB/s per direction | % of 450 |")
-        print("|---|---|---|---|")
+        print("| mode | us (events) | GB/s per direction (events) | % of 450 | us (host wall) | GB/s (host wall) |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['mode']} | {r['seconds'] * 1e6:.0f} | {r['gbs']:.1f} | {100 * r['gbs'] / NVLINK_GBS:.0f}% |")
+            print(f"| {r['mode']} | {r['seconds'] * 1e6:.1f} | {r['gbs']:.1f} | {100 * r['gbs'] / NVLINK_GBS:.0f}% | "
+                  f"{r['wall_seconds'] * 1e6:.1f} | {r['wall_gbs']:.1f} |")
         if out:
             Path(out).write_text(json.dumps({"world": world, "mb": mb, "checked": bool(flag.item()), "rows": rows},
                                             indent=1))
