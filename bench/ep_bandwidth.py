@@ -4,8 +4,9 @@ Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist ou
        [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16 (or fp8 rows with block scales),
 uniform random distinct experts. Each op is timed on every rank between barriers, the slowest rank counts,
-two clocks per call as bench/nvlink_ceiling.py times the ceiling (bench/gpu_timing.py): the host's wall clock
-around the call and a synchronize, and GPU events around the one call; graph-mode rows also give the GPU time
+on the three clocks bench/nvlink_ceiling.py times the ceiling with (bench/gpu_timing.py: the host's wall
+clock around the call and a synchronize; GPU events around the one call; the same with the ranks lined up on
+the GPUs by a tiny all_reduce); graph-mode rows also give the GPU time
 per call over 50 back-to-back replays (CUDA events, no host synchronize per call). Bytes per rank: logical = rows
 received x row bytes (the peers' convention), NVLink = only the rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
 and payloads); the op's combine reads expert outputs written in place (expert_output()).
@@ -99,7 +100,8 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
     results = {}
     for name, fn in ops.items():
         t = timed(fn, iters)
-        results[f"{name}_s"], results[f"{name}_event_s"] = t["wall_s"], t["event_s"]
+        results[f"{name}_s"], results[f"{name}_event_s"], results[f"{name}_aligned_s"] = (
+            t["wall_s"], t["event_s"], t["aligned_s"])
     if graph:
         results["op_dispatch_b2b_s"] = timed_back_to_back(run_dispatch)
         results["op_combine_b2b_s"] = timed_back_to_back(run_combine)
@@ -131,9 +133,9 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
               f"({'bf16 combine, ' if dtype != 'bf16' else ''}bytes incl. scales), median of {iters}; "
               f"kernels: {'bundles in ' + dist_dir if dist_dir else 'Triton JIT'}\n")
         print("| tokens/rank | launch | op | kforge us | NCCL path us | x NCCL | kforge GB/s logical | "
-              "kforge GB/s NVLink | NVLink % of 450 | kforge us, one call (events) | "
-              "kforge us, back-to-back graph replays (events) |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "kforge GB/s NVLink | NVLink % of 450 | kforge us, one call (events) | kforge us, one call, ranks "
+              "aligned (events) | kforge us, back-to-back graph replays (events) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             for op in ("dispatch", "combine"):
                 ours, theirs = r[f"op_{op}_s"], r[f"nccl_{op}_s"]
@@ -141,6 +143,7 @@ def worker(rank: int, world: int, port: int, iters: int, out: str | None, dist_d
                 print(f"| {r['tokens']} | {'graph' if r['graph'] else 'eager'} | {op} | {ours * 1e6:.1f} | "
                       f"{theirs * 1e6:.1f} | {theirs / ours:.2f} | {r[f'{op}_logical_bytes'] / ours / 1e9:.1f} | "
                       f"{remote:.1f} | {100 * remote / NVLINK_GBS:.0f}% | {r[f'op_{op}_event_s'] * 1e6:.1f} | "
+                      f"{r[f'op_{op}_aligned_s'] * 1e6:.1f} | "
                       + (f"{r[f'op_{op}_b2b_s'] * 1e6:.1f} |" if r["graph"] else "- |"))
         if out:
             Path(out).write_text(json.dumps({"world": world, "dtype": dtype, "rows": rows}, indent=1))

@@ -1,9 +1,14 @@
 """One timing harness for the multi-GPU benchmarks (ep_bandwidth.py, nvlink_ceiling.py), so that an op and the
-ceiling it is held to are timed the same way: every rank starts each sample together (a barrier, then a
-synchronize), and one sample gives two clocks around the one call:
-- wall: the host's clock from before the launch to after a synchronize (launch and sync latency included);
-- events: CUDA events recorded on the stream just before and after the call (GPU time of that one call).
-Each is the median over the samples on a rank, then the slowest rank's."""
+ceiling it is held to are timed the same way. Each sample times one call of fn, every rank at once, on three
+clocks:
+- wall: a barrier and a synchronize, then the host's clock from before the launch to after a synchronize: the
+  launch, the sync and the ranks' skew (the host threads leave the barrier microseconds apart) all count;
+- events: the same call, CUDA events recorded on the stream just before and after it;
+- aligned: the ranks lined up on the GPUs instead of on the hosts: every stream first sleeps (so the host has
+  queued everything behind it by the time it wakes), then one tiny all_reduce (it ends on every GPU within
+  about a microsecond), then the events and fn. What a collective takes when every rank calls it at once,
+  with no host jitter in it; a plain copy, which waits for nobody, gains nothing from it.
+Each clock is the median over the samples on a rank, then the slowest rank's."""
 from __future__ import annotations
 
 import statistics
@@ -12,14 +17,21 @@ import time
 import torch
 import torch.distributed as dist
 
+SLEEP_CYCLES = 2_000_000   # about 1 ms of GPU clock: longer than any host's queueing of one sample
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
 
 def timed(fn, iters: int) -> dict:
-    """{"wall_s", "event_s"} of one call of fn, as above."""
-    walls, events = [], []
+    """{"wall_s", "event_s", "aligned_s"} of one call of fn, as above."""
+    walls, events, aligned = [], [], []
+    token = torch.zeros(1, device="cuda")
     for _ in range(iters):
         dist.barrier()
         torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin, end = _events()
         start = time.perf_counter()
         begin.record()
         fn()
@@ -27,6 +39,17 @@ def timed(fn, iters: int) -> dict:
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - start)
         events.append(begin.elapsed_time(end) / 1e3)
-    t = torch.tensor([statistics.median(walls), statistics.median(events)], device="cuda")
+
+        dist.barrier()
+        torch.cuda.synchronize()
+        begin, end = _events()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        dist.all_reduce(token)
+        begin.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        aligned.append(begin.elapsed_time(end) / 1e3)
+    t = torch.tensor([statistics.median(s) for s in (walls, events, aligned)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {"wall_s": t[0].item(), "event_s": t[1].item()}
+    return {"wall_s": t[0].item(), "event_s": t[1].item(), "aligned_s": t[2].item()}
