@@ -1,8 +1,10 @@
 """kforge's own modules import each other without cycles, late (in-function) imports included: a cycle means
 two modules share one job, or one reaches back up."""
 import ast
+import re
 from pathlib import Path
 
+from kforge import STATIONS
 from tests.support import REPO
 
 
@@ -32,9 +34,25 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def named_in_strings(path: Path) -> set[str]:
+    """kforge modules a file names in a string that is exactly a module path (`"kforge.tune.gpu_bench"` for
+    `python -m`, `"kforge.x:attr"` for importlib or an entry point): imports all the same. Docstrings and
+    messages are prose, not names, and do not count."""
+    tree = ast.parse(path.read_text())
+    prose = {id(n.body[0].value) for n in ast.walk(tree)
+             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+             and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {n.value.split(":")[0] for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose
+            and re.fullmatch(r"kforge(\.\w+)+(:\w+)?", n.value)}
+
+
 def module_graph() -> dict[str, set[str]]:
     files = {module_name(p): p for p in PACKAGES["kforge"].rglob("*.py") if "__pycache__" not in p.parts}
-    return {name: {m for m in imports_of(path) if m in files and m != name} for name, path in files.items()}
+    # a module's own enclosing packages are imported before it by Python itself: no edge of its choosing
+    return {name: {m for m in imports_of(path) | named_in_strings(path)
+                   if m in files and m != name and not name.startswith(m + ".")}
+            for name, path in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -63,9 +81,51 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_kforge_has_no_import_cycles():
     graph = module_graph()
-    assert graph["kforge.project"] and "kforge_runtime.schema" in graph["kforge.artifact"]   # really read
+    assert graph["kforge.edge.dodo_tasks"] and "kforge_runtime.schema" in graph["kforge.store.artifact"]   # really read
     assert "kforge_runtime.schema" in graph["kforge_runtime.bundle"]   # relative imports read too
     assert cycles(graph) == []
+
+
+def station_of(module: str) -> str | None:
+    """kforge.plan.keys -> "plan"; None for kforge's top-level entry modules and for kforge_runtime."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "kforge" and len(parts) > 1 and parts[1] in STATIONS else None
+
+
+def test_each_station_imports_only_the_stations_before_it():
+    """rules/ is a few station packages in the data's order (kforge.STATIONS); a module of one imports its
+    own station's modules and those of earlier stations, never a later one nor a top-level entry module
+    (module names given to importlib or `python -m` as strings count). kforge_runtime, which bundles ship,
+    imports no kforge at all."""
+    graph = module_graph()
+    wrong = []
+    for module, imported in graph.items():
+        here = station_of(module)
+        if module.startswith("kforge_runtime"):
+            wrong += [(module, m) for m in imported if m.split(".")[0] == "kforge"]
+        elif here is not None:
+            for m in imported:
+                there = station_of(m)
+                if m.startswith("kforge.") and not m.startswith("kforge_runtime") and (
+                        there is None and m != "kforge" or there and STATIONS.index(there) > STATIONS.index(here)):
+                    wrong.append((module, m))
+    assert not wrong, "imports against the stations' order: " + ", ".join(f"{a} -> {b}" for a, b in sorted(wrong))
+    assert "kforge.tune.gpu_bench" in graph["kforge.tune.tasks"]   # the `python -m` string is counted
+
+
+def test_the_station_order_check_catches_an_upward_import():
+    assert STATIONS.index("store") < STATIONS.index("plan")
+    assert station_of("kforge.plan.keys") == "plan" and station_of("kforge.dodo") is None
+
+
+def test_rules_top_level_stays_small_and_every_station_says_its_job():
+    top = [p.name for p in PACKAGES["kforge"].glob("*.py")]
+    assert len(top) <= 12, top
+    assert sorted(p.name for p in PACKAGES["kforge"].iterdir() if (p / "__init__.py").exists()) == sorted(
+        [*STATIONS, "runtime"])
+    for station in STATIONS:
+        doc = ast.get_docstring(ast.parse((PACKAGES["kforge"] / station / "__init__.py").read_text()))
+        assert doc and "May import:" in doc, station
 
 
 def test_every_package_of_the_code_is_installed_and_the_example_kernels_are_not():
