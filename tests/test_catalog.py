@@ -298,3 +298,11 @@ def test_a_broken_family_is_not_kept_in_the_saved_catalog_so_a_fix_elsewhere_is_
     (site / "kforge_tunelib" / "ops" / "nodevice.py").write_text(   # the dependency installed, say
         textwrap.dedent(BROKEN_MODULES["nodevice"]).replace('raise RuntimeError("No device were detected")', ""))
     assert "did not load" not in doit(root, "list", env=env).stderr
+
+
+def test_the_catalog_stamp_covers_every_module_of_kforge():
+    """The saved catalog is stale once any of kforge's own code changes: every module of every station and of
+    the runtime is under the folders the stamp reads."""
+    covered = {p.resolve() for folder in catalog_module.KFORGE_CODE for p in folder.rglob("*.py")}
+    modules = {p.resolve() for p in (REPO / "rules").rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules <= covered, sorted(str(p) for p in modules - covered)[:5]

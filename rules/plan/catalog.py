@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import kforge
 import kforge_runtime
 from kforge.plan import keys
 from kforge.base import stamps
@@ -39,7 +40,7 @@ FORMAT = "kforge-catalog-9"
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
-KFORGE_CODE = (Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
+KFORGE_CODE = (Path(kforge.__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
 
 
 class Family(NamedTuple):

@@ -23,8 +23,8 @@ from kforge.store.layout import Layout
 from kforge.base.target import Target
 
 TUNE_SCHEMA = 1
-RULES, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent
-TUNER_FILES = (RULES / "tune_gpu.py", RUNTIME / "launch.py", RUNTIME / "select.py")
+HERE, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent
+TUNER_FILES = (HERE / "gpu_bench.py", RUNTIME / "launch.py", RUNTIME / "select.py")
 
 
 def table_path(root: Path, arch: str, kernel: str) -> Path:
@@ -143,4 +143,4 @@ def remove(kernel: str, arch: str, root: str) -> None:
     """`doit clean tune`."""
     table, out = table_path(Path(root), arch, kernel), Layout.of(root).out
     out_dir.remove_file(out, table)
-    out_dir.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (tune_gpu.py)
+    out_dir.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (gpu_bench.py)
