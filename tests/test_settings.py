@@ -90,10 +90,11 @@ def test_kforge_variables_are_read_from_the_environment_only_through_the_setting
     rules/runtime/, ships without kforge and has its own)."""
     import ast
     from pathlib import Path
-    rules = Path(settings.__file__).parent
+    import kforge
+    rules = Path(kforge.__file__).parent
     direct = []
-    for path in sorted(rules.glob("*.py")):
-        if path.name == "settings.py":
+    for path in sorted(rules.rglob("*.py")):
+        if path.name == "settings.py" or "runtime" in path.relative_to(rules).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
