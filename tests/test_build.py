@@ -339,18 +339,13 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
 def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
                                                                                           place):
     import types
-    from kforge import compile_core
-    fake = types.ModuleType("fake_compile")
-    fake.ARCH_PER_PROCESS = False
-    fake.IMPORT_IN = place
-    fake.warmed_in = None
-    fake.warm = lambda root: setattr(fake, "warmed_in", os.getpid())
+    from kforge import compile_core, lowering
+    fake = types.SimpleNamespace(warmed_in=None)
 
     def lower(target, scratch):   # reports where it ran through its error: the server's answer
         raise RuntimeError(f"warmed_in={fake.warmed_in} lowered_in={os.getpid()}")
-    fake.lower = lower
-    monkeypatch.setitem(sys.modules, "fake_compile", fake)
-    monkeypatch.setitem(compile_core.BACKENDS, "fake", "fake_compile")
+    monkeypatch.setitem(lowering.BACKENDS, "fake", lowering.Backend(
+        lower, lambda root: setattr(fake, "warmed_in", os.getpid()), arch_per_process=False, import_in=place))
     monkeypatch.setattr(compile_core, "_servers", {})
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", out=str(tmp_path / "out"),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
@@ -368,7 +363,7 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
 def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_writes_nothing(built):
     """A backend only lowers; the core checks before it writes (a backend cannot write a bad artifact)."""
     import dataclasses
-    from kforge import compile_core
+    from kforge import compile_core, lowering
     from kforge.project import load_specs
     from kforge.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
@@ -376,7 +371,7 @@ def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_wri
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
     scratch = built / "scratch" / "sm_90a" / "scale" / "c"
     target = nvidia._replace(out_dir=str(scratch))
-    lowered = compile_core.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
+    lowered = lowering.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
     with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
         compile_core.check_and_write(target, lowered)
     assert not scratch.exists()
