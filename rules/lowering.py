@@ -27,7 +27,7 @@ class Lowered:
 @dataclass(frozen=True)
 class Backend:
     """One toolchain's lowering, as the compile core drives it."""
-    lower: Callable[..., Lowered]   # (target, scratch dir) -> Lowered, in the compile server; checks nothing, writes nothing
+    lower: Callable[..., Lowered]   # (target, scratch dir) -> Lowered, in the compile server; writes no file
     warm: Callable[[str], None]     # (root): import the compiler and pay its one-time set-up, once per process
     # True when the compiler fixes its arch per process (FlyDSL reads it from the environment): one server per
     # arch, set up with setup(arch); False (Triton): one server for every arch
