@@ -21,7 +21,7 @@ from kforge import amd_linker, amdgpu_metadata, lowering
 from kforge.layout import Layout
 from kforge.dtypes import canonical_arg_type
 from kforge.lowering import Lowered
-from kforge.target import COMPILE_TIME
+from kforge_runtime.schema import COMPILE_TIME
 
 _state: dict = {}
 

@@ -10,7 +10,8 @@ from kforge import settings
 from kforge.dtypes import allowed_dtypes, canonical_dtype
 from kforge.errors import SpecError
 from kforge.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
-from kforge.target import COMPILE_TIME, FUNCTION_REF
+from kforge.target import FUNCTION_REF
+from kforge_runtime.schema import COMPILE_TIME
 from kforge.triton_options import OPTIONS, value_problem
 
 

@@ -15,7 +15,8 @@ from kforge.spec_model import TYPE_VAR_RE, Spec
 from kforge.triton_options import OPTIONS, arch_problem
 from kforge.dtypes import canonical_arg_type
 from kforge.sweep import config_id
-from kforge.target import COMPILE_TIME, Target
+from kforge.target import Target
+from kforge_runtime.schema import COMPILE_TIME
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,

@@ -10,6 +10,7 @@ import time
 from kforge import amdgpu_metadata, lowering
 from kforge.archs import ARCHS
 from kforge.lowering import Lowered
+from kforge_runtime.schema import VALUE_KINDS
 
 _root = ""
 _folders: tuple[str, ...] = ()   # the project and the module path: no binary may name them
@@ -78,7 +79,7 @@ def lower(target, scratch: str):
     names = [a for a, _ in target.signature]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
     kinds = dict(target.signature)   # "dtype" and "function" arguments are constexprs of another kind of value
-    signature = {a: "constexpr" if t in ("dtype", "function") else t for a, t in target.signature}
+    signature = {a: "constexpr" if t in VALUE_KINDS else t for a, t in target.signature}
     constexprs = {a: triton.language.str_to_ty(v, None) if kinds[a] == "dtype" else
                   _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)

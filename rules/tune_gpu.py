@@ -25,7 +25,8 @@ from kforge.out_dir import OutsideOut, guard, remove_file
 from kforge.layout import Layout
 from kforge_runtime.device import identity
 from kforge_runtime.launch import TORCH_DTYPES, Kernel
-from kforge_runtime.select import TABLE_FORMAT, handles
+from kforge_runtime.schema import TUNE_FORMAT
+from kforge_runtime.select import handles
 from kforge.spec import load_spec
 from kforge.targets import spec_targets
 
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                              + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
                              + f" ({len(result['rejected'])} rejected, {time.perf_counter() - began:.1f} s)\n")
             torch.cuda.empty_cache()
-    table = {"format": TABLE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
+    table = {"format": TUNE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
              "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),
              "method": {"warmup": WARMUP, "budget_ms": BUDGET_MS, "runs": [MIN_RUNS, MAX_RUNS],
                         "single_run_when_over_best": GIVE_UP_OVER_BEST,
