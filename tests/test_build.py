@@ -159,29 +159,13 @@ def test_bad_spec_is_one_clear_line_for_every_command_and_fails_the_build(tmp_pa
 
 
 # A compile error: the same key and inputs give it again. The module counts the compile servers that import it.
-ASSERTING = '''
-import os
-
-import triton
-import triton.language as tl
-
-with open(os.environ["KFORGE_TEST_IMPORTS"], "a") as f:
-    f.write("imported\\n")
-
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    tl.static_assert(BLOCK <= 256, "BLOCK too large for this kernel")
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
-'''
+ASSERTING = (REPO / "kernels" / "static_assert.py").read_text()
 
 
 def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgotten(tmp_path):
     root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))}, kernels={"scale": ASSERTING})
     imports = tmp_path / "imports.txt"
-    env = {"KFORGE_TEST_IMPORTS": str(imports)}
+    env = {"COUNT_IMPORTS_IN": str(imports)}
     bad, good = "scale:fp16-b512-w4@sm_90a", "scale:fp16-b256-w4@sm_90a"
     first = doit(root, env=env, check=False)
     assert first.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "built") == {good}
