@@ -59,6 +59,8 @@ RECORD_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_f
 TRITON_DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "launch_cooperative_grid": False,
                    "launch_pdl": False, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1,
                    "schedule_hint": "none"}
+# and the two a record always keeps, whose defaults are the vendor's (an AMD arch's name starts with gfx)
+TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3}, "amd": {"num_warps": 4, "num_stages": 2}}
 
 # One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune_gpu.py), shipped
 # in the bundle under tune/, read by the loader's selection (kforge_runtime.select):

@@ -34,7 +34,7 @@ import threading
 
 from . import specializer
 from .record import arch_name, autotune_key, record_line, tuned_line
-from .schema import COMPILE_TIME, NONE, TRITON_DEFAULTS
+from .schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS
 
 
 class NotServed(RuntimeError):
@@ -44,9 +44,8 @@ class NotServed(RuntimeError):
 def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible: list, options: dict) -> str:
     """What decides a binary, in one canonical string: a recorded specialization and a bundle entry that
     ask for the same compile give the same string."""
-    stages = 2 if arch.startswith("gfx") else 3
-    options = {k: v for k, v in {**TRITON_DEFAULTS, "num_warps": 4, "num_stages": stages, **options}.items()
-               if v is not None}
+    vendor = TRITON_VENDOR_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]
+    options = {k: v for k, v in {**TRITON_DEFAULTS, **vendor, **options}.items() if v is not None}
     constexprs = {k: v for k, v in constexprs.items() if v is not None}   # None arguments: not given
     return json.dumps([kernel, arch, [list(p) for p in runtime], constexprs, sorted(divisible), options],
                       sort_keys=True)
