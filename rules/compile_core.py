@@ -19,13 +19,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kforge import artifact, device_model, isolate, lowering, observe, scratch
+from kforge import artifact, device_model, isolate, observe, scratch
 from kforge.archs import ARCHS, check_shared
 from kforge.layout import Layout
-from kforge.lowering import Backend, Lowered
 from kforge.target import Target
 from kforge_runtime import schema
+
+if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
+    from kforge.lowering import Backend, Lowered
 
 # This process's compile servers by (toolchain, arch or None), least recently used first. A server that is kept
 # keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again); the cap
@@ -66,6 +69,7 @@ class CompileResult:
 def backend_of(toolchain: str) -> Backend:
     """The toolchain's backend, its module imported here and only in a process that compiles: a build of Triton
     targets alone never imports FlyDSL (one import per toolchain of spec.TOOLCHAINS)."""
+    from kforge import lowering
     if toolchain == "triton":
         from kforge import triton_compile  # noqa: F401  (registers itself)
     elif toolchain == "flydsl":
