@@ -135,22 +135,25 @@ def test_kforge_variables_are_read_from_the_environment_only_through_the_setting
     """One read path: no module of rules/ but settings.py reads a KFORGE_* variable from os.environ, and every
     KFORGE_* name kforge's code or messages mention is a setting's (so the table lists them all); the runtime
     reads its own two, nothing else."""
-    rules = Path(settings.__file__).parent
-    runtime = rules / "runtime"
+    import kforge
+    import kforge_runtime
+    rules, runtime = Path(kforge.__file__).parent, Path(kforge_runtime.__file__).parent   # any sub-package too
     table = {s.env for s in settings.SETTINGS.values()} - {None}
-    direct, unknown = [], []
+    direct, unknown, runtime_reads = [], [], set()
     for path in sorted(rules.rglob("*.py")):
         in_runtime = runtime in path.parents
         allowed = RUNTIME_VARIABLES if in_runtime else table
         source = path.read_text()
-        if path.name != "settings.py" or in_runtime:
-            direct += [f"{path.relative_to(rules)}:{line} {name}" for line, name in env_reads(source)
-                       if not in_runtime or name not in RUNTIME_VARIABLES]
+        reads = [] if path == Path(settings.__file__) else env_reads(source)
+        direct += [f"{path.relative_to(rules)}:{line} {name}" for line, name in reads if name not in allowed
+                   or not in_runtime]
+        runtime_reads |= {name for _, name in reads if in_runtime}
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 unknown += [f"{path.relative_to(rules)}:{node.lineno} {name}"
                             for name in re.findall(r"\bKFORGE_[A-Z][A-Z0-9_]*\b", node.value) if name not in allowed]
     assert direct == []
     assert unknown == []
+    assert runtime_reads == RUNTIME_VARIABLES   # the runtime was read too, and reads both
     assert table >= {"KFORGE_LD_LLD", "KFORGE_EXECUTOR", "KFORGE_CACHE", "KFORGE_MAX_COMPILES"}
     assert not table & RUNTIME_VARIABLES
