@@ -11,8 +11,8 @@ from kforge.dtypes import allowed_dtypes, canonical_dtype
 from kforge.errors import SpecError
 from kforge.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
 from kforge.target import FUNCTION_REF
-from kforge_runtime.schema import COMPILE_TIME
 from kforge.triton_options import OPTIONS, value_problem
+from kforge_runtime.schema import COMPILE_TIME, VALUE_KINDS
 
 
 
@@ -167,7 +167,7 @@ def _hint_problem(kind: str, value) -> str | None:
 
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     kind = dict(spec.signature).get(param)
-    if kind in ("dtype", "function"):
+    if kind in VALUE_KINDS:
         return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
     problem = _hint_problem(kind, value) if kind is not None and _is_scalar(kind) else None
     if problem:
