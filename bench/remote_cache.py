@@ -1,4 +1,4 @@
-"""Two fresh clones sharing one remote cache (nginx WebDAV on loopback, rules/nginx_cache.py): the first
+"""Two fresh clones sharing one remote cache (nginx WebDAV on loopback, rules/share/nginx_cache.py): the first
 compiles and uploads, the second fetches. One run, wall times side by side.
 
 Usage: python bench/remote_cache.py [--jobs 2] [--specs '*'] [--json out.json]
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
-from kforge import nginx_cache  # noqa: E402
+from kforge.share import nginx_cache  # noqa: E402
 
 
 def artifacts(project: Path) -> dict:

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kforge import artifact, compile_core, lowering, report, stamps
-from kforge.layout import Layout
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.store import artifact
+from kforge.compile import core as compile_core, lowering
+from kforge.report import reporter as report
+from kforge.base import stamps
+from kforge.store.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 from tests.support import doit, make_project
 
 # --- the backend table ------------------------------------------------------------------------------------------
@@ -32,8 +35,8 @@ def test_each_toolchain_imports_its_own_backend_alone_and_no_compiler():
             "          sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'flydsl', 'torch')\n"
             "                 or m.endswith('_compile') and m.startswith('kforge.')))\n")
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert lines == ["triton ['triton'] ['kforge.triton_compile']",
-                     "flydsl ['flydsl'] ['kforge.flydsl_compile', 'kforge.triton_compile']"]
+    assert lines == ["triton ['triton'] ['kforge.compile.triton_backend']",
+                     "flydsl ['flydsl'] ['kforge.compile.flydsl_backend', 'kforge.compile.triton_backend']"]
 
 
 # --- CompileResult.values -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""rules/nginx_cache.py: the loopback nginx cache serves back what is PUT, logs each request, and keeps all its
+"""rules/share/nginx_cache.py: the loopback nginx cache serves back what is PUT, logs each request, and keeps all its
 files (temp paths included) in its own folder. The remote cache's protocol against it: test_remote_cache.py."""
 import re
 import subprocess
@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from kforge import nginx_cache
+from kforge.share import nginx_cache
 
 needs_nginx = pytest.mark.skipif(nginx_cache.NGINX is None, reason="needs nginx (Debian's nginx-light)")
 
@@ -32,7 +32,7 @@ def test_what_is_put_is_served_back_and_each_request_is_logged(tmp_path):
 
 @needs_nginx
 def test_the_command_line_says_the_url_to_give_cache_and_stops_nginx_when_killed(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "kforge.nginx_cache", str(tmp_path)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "kforge.share.nginx_cache", str(tmp_path)], stdout=subprocess.PIPE,
                             text=True)
     try:
         line = proc.stdout.readline()

@@ -10,7 +10,7 @@ import re
 
 from .elf import ElfError, check_binary as check_elf
 
-# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/layout.py).
+# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/store/layout.py).
 # Bump ARTIFACT_SCHEMA when meta.json's fields or a binary's content rules change: it is part of every
 # action key, so every target rebuilds.
 ARTIFACT_SCHEMA = 6   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or
@@ -42,7 +42,7 @@ COMPILE_TIME = ("constexpr", *VALUE_KINDS)
 NONE = "none"
 
 # One record: a line of a record file, the Triton specializations an application compiled or loaded (written by
-# kforge_runtime.record, read into targets by rules/records.py): one JSON object per line, keys sorted.
+# kforge_runtime.record, read into targets by rules/declare/records.py): one JSON object per line, keys sorted.
 #   {"format": RECORD_FORMAT, "kernel": "<module>:<function>", "arch": "sm_90a",
 #    "signature": [["<arg>", "*bf16" | "i32" | "fp32" | <a COMPILE_TIME kind> | NONE], ...],
 #    "constexprs": {"<arg>": value, ...},   "divisible_by_16": ["<arg>", ...],   "options": {<RECORD_OPTIONS>},
@@ -50,7 +50,7 @@ NONE = "none"
 RECORD_FORMAT = "kforge-record-1"
 RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
 RECORD_OPTIONAL = ("autotune",)
-# The Triton compile options a record keeps (a subset of those a spec may set, rules/triton_options.py; the
+# The Triton compile options a record keeps (a subset of those a spec may set, rules/declare/triton_options.py; the
 # others are the machine's, never a kernel's): num_warps and num_stages always, the rest where they differ from
 # triton 3.6's defaults (TRITON_DEFAULTS), so that a line recorded on one vendor's GPU carries none of that
 # vendor's options unless the kernel asked for one (and builds for the other).
@@ -62,7 +62,7 @@ TRITON_DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "la
 # and the two a record always keeps, whose defaults are the vendor's (an AMD arch's name starts with gfx)
 TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3}, "amd": {"num_warps": 4, "num_stages": 2}}
 
-# One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune_gpu.py), shipped
+# One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune/gpu_bench.py), shipped
 # in the bundle under tune/, read by the loader's selection (kforge_runtime.select):
 #   {"format": TUNE_FORMAT, "kernel", "arch", "key", "gpu", "torch", "method", "seconds" (how it was measured),
 #    "shape_args": [<arg>, ...], "where_args": [<arg>, ...],
