@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import os
 import platform
@@ -57,11 +56,11 @@ def _pool_init(toolchain: str, arch: str | None, root: str, variant: str) -> Non
     if variant == "no gc":
         gc.freeze()
         gc.disable()
-    module = importlib.import_module(compile_core.BACKENDS[toolchain])
-    module.warm(root)
+    backend = compile_core.backend_of(toolchain)
+    backend.warm(root)
     if arch is not None and not server:
-        module.setup(arch)
-    _worker.update(module=module, root=root, server=server)
+        backend.setup(arch)
+    _worker.update(backend=backend, root=root, server=server)
 
 
 def pool_compile(target) -> tuple[bool, float, float]:
@@ -72,7 +71,7 @@ def pool_compile(target) -> tuple[bool, float, float]:
         return outcome.ok, time.perf_counter() - start, outcome.result.compile_seconds if outcome.ok else 0.0
     scratch = tempfile.mkdtemp()
     try:
-        written = compile_core.lower_and_write(_worker["module"], (target, scratch))
+        written = compile_core.lower_and_write(_worker["backend"], (target, scratch))
         return True, time.perf_counter() - start, written.compile_seconds
     except Exception:
         return False, time.perf_counter() - start, 0.0
@@ -87,7 +86,7 @@ def pool_build(project: Path, workers: int, archs, variant: str = "") -> dict:
     targets = build_targets(load_specs(project), project, archs)
     if variant == "warm parent":
         for toolchain in sorted({t.toolchain for t in targets}):
-            importlib.import_module(compile_core.BACKENDS[toolchain]).warm(str(project))
+            compile_core.backend_of(toolchain).warm(str(project))
     groups: dict[tuple[str, str | None], list] = {}
     for t in targets:
         groups.setdefault((t.toolchain, t.arch if t.toolchain == "flydsl" else None), []).append(t)

@@ -31,11 +31,12 @@ MODES = ("on", "off", "contexts kept")
 
 
 def child(project: Path, mode: str, count: int) -> dict:
-    from kforge.compile import core as compile_core, triton_backend as triton_compile
+    from kforge.compile import core as compile_core
     from kforge.edge.dodo_tasks import load_specs
     from kforge.plan.targets import build_targets
     targets = build_targets(load_specs(project), project, ("sm_90a", "gfx942"))[::4][:count]
-    triton_compile.warm(str(project))
+    backend = compile_core.backend_of("triton")
+    backend.warm(str(project))
     if mode == "off":
         gc.disable()
     if mode == "contexts kept":
@@ -53,7 +54,7 @@ def child(project: Path, mode: str, count: int) -> dict:
     compile_s = 0.0
     for target in targets:
         scratch = tempfile.mkdtemp()
-        compile_s += compile_core.lower_and_write(triton_compile, (target, scratch)).compile_seconds
+        compile_s += compile_core.lower_and_write(backend, (target, scratch)).compile_seconds
         shutil.rmtree(scratch)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"mode": mode, "targets": len(targets), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),

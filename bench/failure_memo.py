@@ -18,23 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-KERNEL = '''
-import os
-
-import triton
-import triton.language as tl
-
-with open(os.environ["KFORGE_BENCH_IMPORTS"], "a") as f:
-    f.write("imported\\n")
-
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    tl.static_assert(BLOCK <= 256, "BLOCK too large for this kernel")
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
-'''
+KERNEL = (Path(__file__).resolve().parents[1] / "kernels" / "static_assert.py").read_text()   # counts its imports
 
 SPEC = '''
 [kernel]
@@ -69,7 +53,7 @@ def project(checkout: Path, dest: Path) -> Path:
 
 def run(checkout: Path, root: Path, imports: Path) -> float:
     venv = checkout / ".venv" / "bin" / "python"
-    env = dict(os.environ, KFORGE_BENCH_IMPORTS=str(imports), KFORGE_LOCAL_CACHE="off")
+    env = dict(os.environ, COUNT_IMPORTS_IN=str(imports), KFORGE_LOCAL_CACHE="off")
     start = time.perf_counter()
     proc = subprocess.run([str(venv) if venv.exists() else sys.executable, "-m", "doit", "-n", "2"], cwd=root,
                           env=env, capture_output=True, text=True)

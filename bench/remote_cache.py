@@ -1,5 +1,5 @@
-"""Two fresh clones sharing one remote cache (nginx WebDAV on loopback): the first compiles and uploads,
-the second fetches. One run, wall times side by side.
+"""Two fresh clones sharing one remote cache (nginx WebDAV on loopback, rules/share/nginx_cache.py): the first
+compiles and uploads, the second fetches. One run, wall times side by side.
 
 Usage: python bench/remote_cache.py [--jobs 2] [--specs '*'] [--json out.json]
 Checks that the second clone compiled nothing (every target came from the cache) and that its artifacts
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
-from bench.nginx import webdav_server  # noqa: E402
+from kforge.share import nginx_cache  # noqa: E402
 
 
 def artifacts(project: Path) -> dict:
@@ -31,7 +31,8 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kforge-cache-bench-"))
     rows = []
-    with webdav_server(work / "nginx") as (url, store):
+    with nginx_cache.serve(work / "nginx") as server:
+        url, store = server.url, server.store
         for name in ("first clone (empty cache)", "second clone (warm cache)"):
             project = fresh_copy(work / name.split()[0], a.specs)
             families = sorted(p.stem for p in (project / "specs").glob("*.toml"))

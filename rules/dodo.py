@@ -13,6 +13,7 @@ __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 
 ROOT = Path.cwd().resolve()
 doit_edge.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
+doit_edge.check_settings()   # a malformed setting: one line and exit code 2, before anything is read
 CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
 DOIT_CONFIG = doit_edge.config(ROOT, CATALOG)
 

@@ -159,29 +159,13 @@ def test_bad_spec_is_one_clear_line_for_every_command_and_fails_the_build(tmp_pa
 
 
 # A compile error: the same key and inputs give it again. The module counts the compile servers that import it.
-ASSERTING = '''
-import os
-
-import triton
-import triton.language as tl
-
-with open(os.environ["KFORGE_TEST_IMPORTS"], "a") as f:
-    f.write("imported\\n")
-
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    tl.static_assert(BLOCK <= 256, "BLOCK too large for this kernel")
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
-'''
+ASSERTING = (REPO / "kernels" / "static_assert.py").read_text()
 
 
 def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgotten(tmp_path):
     root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))}, kernels={"scale": ASSERTING})
     imports = tmp_path / "imports.txt"
-    env = {"KFORGE_TEST_IMPORTS": str(imports)}
+    env = {"COUNT_IMPORTS_IN": str(imports)}
     bad, good = "scale:fp16-b512-w4@sm_90a", "scale:fp16-b256-w4@sm_90a"
     first = doit(root, env=env, check=False)
     assert first.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "built") == {good}
@@ -339,18 +323,13 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
 def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
                                                                                           place):
     import types
-    from kforge.compile import core as compile_core
-    fake = types.ModuleType("fake_compile")
-    fake.ARCH_PER_PROCESS = False
-    fake.IMPORT_IN = place
-    fake.warmed_in = None
-    fake.warm = lambda root: setattr(fake, "warmed_in", os.getpid())
+    from kforge.compile import core as compile_core, lowering
+    fake = types.SimpleNamespace(warmed_in=None)
 
     def lower(target, scratch):   # reports where it ran through its error: the server's answer
         raise RuntimeError(f"warmed_in={fake.warmed_in} lowered_in={os.getpid()}")
-    fake.lower = lower
-    monkeypatch.setitem(sys.modules, "fake_compile", fake)
-    monkeypatch.setitem(compile_core.BACKENDS, "fake", "fake_compile")
+    monkeypatch.setitem(lowering.BACKENDS, "fake", lowering.Backend(
+        lower, lambda root: setattr(fake, "warmed_in", os.getpid()), arch_per_process=False, import_in=place))
     monkeypatch.setattr(compile_core, "_servers", {})
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", out=str(tmp_path / "out"),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
@@ -368,7 +347,7 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
 def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_writes_nothing(built):
     """A backend only lowers; the core checks before it writes (a backend cannot write a bad artifact)."""
     import dataclasses
-    from kforge.compile import core as compile_core
+    from kforge.compile import core as compile_core, lowering
     from kforge.edge.dodo_tasks import load_specs
     from kforge.plan.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
@@ -376,7 +355,7 @@ def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_wri
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
     scratch = built / "scratch" / "sm_90a" / "scale" / "c"
     target = nvidia._replace(out_dir=str(scratch))
-    lowered = compile_core.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
+    lowered = lowering.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
     with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
         compile_core.check_and_write(target, lowered)
     assert not scratch.exists()

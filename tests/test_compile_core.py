@@ -3,6 +3,7 @@ project's out/ through a real compile server. check_and_write's refusals are in 
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import types
@@ -11,13 +12,32 @@ from pathlib import Path
 import pytest
 
 from kforge.store import artifact
-from kforge.compile import core as compile_core
+from kforge.compile import core as compile_core, lowering
 from kforge.report import reporter as report
 from kforge.base import stamps
 from kforge.store.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import doit, make_project
+
+# --- the backend table ------------------------------------------------------------------------------------------
+
+def test_each_toolchain_imports_its_own_backend_alone_and_no_compiler():
+    """backend_of imports a toolchain's backend module, which registers itself in lowering's table: in a fresh
+    process, Triton's adds Triton's alone (a Triton build never imports FlyDSL's), and neither imports its
+    compiler (warm() does, in the process that compiles)."""
+    code = ("import sys\n"
+            "from kforge.compile import core as compile_core, lowering\nfrom kforge.declare import spec\n"
+            "for toolchain in spec.TOOLCHAINS:\n"
+            "    before = set(lowering.BACKENDS)\n"
+            "    assert isinstance(compile_core.backend_of(toolchain), lowering.Backend)\n"
+            "    print(toolchain, sorted(set(lowering.BACKENDS) - before),\n"
+            "          sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'flydsl', 'torch')\n"
+            "                 or m.endswith('_backend') and m.startswith('kforge.')))\n")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines == ["triton ['triton'] ['kforge.compile.triton_backend']",
+                     "flydsl ['flydsl'] ['kforge.compile.flydsl_backend', 'kforge.compile.triton_backend']"]
+
 
 # --- CompileResult.values -------------------------------------------------------------------------------------
 
@@ -69,24 +89,19 @@ def fake_backend(monkeypatch, compiled):
     """A backend whose lower() hands back the real binary and records, in meta.json's toolchain fields, the
     target and scratch directory it was given and the process it ran in."""
     _, _, binary = compiled
-    fake = types.ModuleType("fake_compile_core_backend")
-    fake.ARCH_PER_PROCESS = False
-    fake.IMPORT_IN = "worker"
-    fake.warm = lambda root: None
-    fake.error = None
+    fake = types.SimpleNamespace(error=None)   # what the test sets: the error lower() raises
 
     def lower(target, scratch):
         if fake.error:
             raise RuntimeError(fake.error)
-        return compile_core.Lowered(binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.123456,
-                                    fields={"seen_out": target.out, "seen_out_dir": target.out_dir,
-                                            "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
-                                            "seen_tempdir": tempfile.gettempdir(),
-                                            "seen_TMPDIR": os.environ.get("TMPDIR"),
-                                            "lowered_in": os.getpid()})
-    fake.lower = lower
-    monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    monkeypatch.setitem(compile_core.BACKENDS, "fake", fake.__name__)
+        return lowering.Lowered(binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.123456,
+                                fields={"seen_out": target.out, "seen_out_dir": target.out_dir,
+                                        "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
+                                        "seen_tempdir": tempfile.gettempdir(),
+                                        "seen_TMPDIR": os.environ.get("TMPDIR"),
+                                        "lowered_in": os.getpid()})
+    monkeypatch.setitem(lowering.BACKENDS, "fake",
+                        lowering.Backend(lower, lambda root: None, arch_per_process=False, import_in="worker"))
     monkeypatch.setattr(compile_core, "_servers", {})
     yield fake
     for server in compile_core._servers.values():

@@ -143,7 +143,7 @@ def test_linker_search_message_names_what_it_tried(monkeypatch, tmp_path):
     old = tmp_path / "ld.lld"
     old.write_text("#!/bin/sh\necho 'Debian LLD 14.0.6 (compatible with GNU linkers)'\n")
     old.chmod(0o755)
-    monkeypatch.setattr(amd_linker, "candidates", lambda: [tmp_path / "missing", old])
+    monkeypatch.setattr(amd_linker, "candidates", lambda chosen: [tmp_path / "missing", old])
     monkeypatch.setenv("KFORGE_LD_LLD", str(old))   # chosen explicitly: no fallback to Triton's LLD
     with pytest.raises(amd_linker.LinkerMissing, match=r"LLD 14\.0\.6.*apt-get install lld-19"):
         amd_linker.find(tmp_path)

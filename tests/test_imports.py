@@ -30,7 +30,7 @@ def imports_of(path: Path) -> set[str]:
                 module = ".".join(filter(None, [here.rsplit(".", node.level - 1)[0] if node.level > 1 else here, module]))
             if module.split(".")[0] in PACKAGES:
                 found.add(module)
-                found |= {f"{module}.{a.name}" for a in node.names}   # `from kforge import artifact`
+                found |= {f"{module}.{a.name}" for a in node.names}   # `from kforge.store import artifact`
     return found
 
 

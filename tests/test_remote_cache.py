@@ -10,8 +10,8 @@ import time
 import pytest
 
 from kforge.share import remote_cache
+from kforge.share.nginx_cache import NGINX, free_port, serve
 from kforge.share.remote_cache import CacheConfig
-from tests.cache_server import NGINX, free_port, webdav_server
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
 needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
@@ -21,7 +21,7 @@ needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's ng
 def server(tmp_path_factory):
     if NGINX is None:
         pytest.skip("needs nginx (Debian's nginx-light; .ci/run installs it)")
-    with webdav_server(tmp_path_factory.mktemp("nginx")) as cache_server:
+    with serve(tmp_path_factory.mktemp("nginx")) as cache_server:
         yield cache_server
 
 

@@ -7,7 +7,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from kforge_runtime import record
+from kforge_runtime import record, schema
 from tests.support import Compiled
 
 
@@ -35,6 +35,7 @@ def test_a_specialization_becomes_one_record_with_each_kind_of_value():
         "divisible_by_16": ["x_ptr", "y_ptr"],
         "options": {"num_warps": 8, "num_stages": 3}}   # the other options are Triton's defaults
     assert json.loads(json.dumps(line)) == line   # plain JSON
+    assert tuple(line) == schema.RECORD_FIELDS   # the format rules/declare/records.py reads
 
 
 def test_a_value_that_cannot_be_recorded_says_so():

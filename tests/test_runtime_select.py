@@ -2,7 +2,8 @@
 never a config that cannot handle the shape, and a clear error when none can."""
 import pytest
 
-from kforge_runtime.select import TABLE_FORMAT, NoTunedConfig, check_table, choose, distance
+from kforge_runtime.schema import TUNE_FORMAT
+from kforge_runtime.select import NoTunedConfig, check_table, choose, distance
 
 ENTRIES = {"big": {"divisible_by_16": ["K"]}, "small": {"divisible_by_16": ["K"]}, "any": {}}
 TABLE = {"format": "kforge-tune-1", "kernel": "gemm", "shape_args": ["M", "N", "K"], "shapes": [
@@ -90,7 +91,7 @@ def test_between_equally_near_tuned_shapes_the_config_good_on_both_wins():
 def test_a_malformed_table_row_is_refused_with_no_tuned_config_not_a_crash_later(bad_row, why):
     """A table comes from a bundle: rows choose() would read and trip on (KeyError, TypeError,
     ZeroDivisionError in a log) are refused up front, naming the row."""
-    table = {"format": TABLE_FORMAT, "kernel": "k", "shape_args": ["M", "N"],
+    table = {"format": TUNE_FORMAT, "kernel": "k", "shape_args": ["M", "N"],
              "shapes": [{"shape": [32, 32], "ranking": [{"config_id": "a", "us": 1.0}]}, bad_row]}
     with pytest.raises(NoTunedConfig, match=rf"t\.json: shapes\[1\] .*{why}"):
         check_table(table, "t.json")

@@ -1,4 +1,8 @@
 """The build's settings (`doit name=value` and their KFORGE_* twins): a bad value is one line naming it."""
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
 from kforge.base import settings
@@ -85,25 +89,71 @@ def test_the_linker_setting_is_read_from_the_environment_alone(monkeypatch):
     assert settings.get("ld_lld") == "triton" and settings.source("ld_lld") == "KFORGE_LD_LLD=triton"
 
 
-def test_kforge_variables_are_read_from_the_environment_only_through_the_settings_table():
-    """One read path: no module of rules/ but settings.py reads a KFORGE_* variable from os.environ (the runtime,
-    rules/runtime/, ships without kforge and has its own)."""
-    import ast
-    from pathlib import Path
-    import kforge
-    rules = Path(kforge.__file__).parent
-    direct = []
-    for path in sorted(rules.rglob("*.py")):
-        if path.name == "settings.py" or "runtime" in path.relative_to(rules).parts:
+# The runtime (rules/runtime/, installed as kforge_runtime) ships in wheels without kforge: it cannot read the
+# table, and its switches are its own (rules/runtime/startup.py reads them; record.py and serve.py set them
+# for the processes they start).
+RUNTIME_VARIABLES = {"KFORGE_RECORD", "KFORGE_SERVE"}
+ENV_READS = {"os.environ.get", "environ.get", "os.getenv", "getenv", "os.environ.setdefault", "environ.setdefault",
+             "os.environ.pop", "environ.pop"}
+
+
+def env_reads(source: str) -> list[tuple[int, str]]:
+    """(line, variable) of each KFORGE_* variable the source reads or sets through os.environ in any form:
+    .get/.setdefault/.pop, getenv, [...], `in`; named by a literal or by a module-level constant."""
+    tree = ast.parse(source)
+    constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str) for t in n.targets
+                 if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ENV_READS:
+            names = node.args[:1]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+            names = [node.slice]
+        elif isinstance(node, ast.Compare) and any(ast.unparse(c) in ("os.environ", "environ")
+                                                   for c in node.comparators):
+            names = [node.left]
+        else:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
-                name = node.args[0] if node.args else None
-            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
-                name = node.slice
-            else:
-                continue
-            if isinstance(name, ast.Constant) and str(name.value).startswith("KFORGE_"):
-                direct.append(f"{path.name}:{node.lineno} {name.value}")
+        for name in names:
+            value = name.value if isinstance(name, ast.Constant) else constants.get(getattr(name, "id", None))
+            if isinstance(value, str) and value.startswith("KFORGE_"):
+                found.append((node.lineno, value))
+    return found
+
+
+def test_the_environment_read_finder_sees_every_form():
+    source = ("import os\nfrom os import environ, getenv\nNAME = 'KFORGE_D'\n"
+              "a = os.environ.get('KFORGE_A')\nb = os.getenv('KFORGE_B')\nc = os.environ['KFORGE_C']\n"
+              "d = environ.get(NAME)\ne = 'KFORGE_E' in os.environ\nf = getenv('KFORGE_F', '')\n"
+              "os.environ.setdefault('KFORGE_G', '1')\nh = os.environ.get('HOME')\n")
+    assert env_reads(source) == [(4, "KFORGE_A"), (5, "KFORGE_B"), (6, "KFORGE_C"), (7, "KFORGE_D"),
+                                 (8, "KFORGE_E"), (9, "KFORGE_F"), (10, "KFORGE_G")]
+
+
+def test_kforge_variables_are_read_from_the_environment_only_through_the_settings_table():
+    """One read path: no module of rules/ but settings.py reads a KFORGE_* variable from os.environ, and every
+    KFORGE_* name kforge's code or messages mention is a setting's (so the table lists them all); the runtime
+    reads its own two, nothing else."""
+    import kforge
+    import kforge_runtime
+    rules, runtime = Path(kforge.__file__).parent, Path(kforge_runtime.__file__).parent   # any sub-package too
+    table = {s.env for s in settings.SETTINGS.values()} - {None}
+    direct, unknown, runtime_reads = [], [], set()
+    for path in sorted(rules.rglob("*.py")):
+        in_runtime = runtime in path.parents
+        allowed = RUNTIME_VARIABLES if in_runtime else table
+        source = path.read_text()
+        reads = [] if path == Path(settings.__file__) else env_reads(source)
+        direct += [f"{path.relative_to(rules)}:{line} {name}" for line, name in reads if name not in allowed
+                   or not in_runtime]
+        runtime_reads |= {name for _, name in reads if in_runtime}
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                unknown += [f"{path.relative_to(rules)}:{node.lineno} {name}"
+                            for name in re.findall(r"\bKFORGE_[A-Z][A-Z0-9_]*\b", node.value) if name not in allowed]
     assert direct == []
-    assert {s.env for s in settings.SETTINGS.values()} >= {"KFORGE_LD_LLD", "KFORGE_EXECUTOR", "KFORGE_CACHE"}
+    assert unknown == []
+    assert runtime_reads == RUNTIME_VARIABLES   # the runtime was read too, and reads both
+    assert table >= {"KFORGE_LD_LLD", "KFORGE_EXECUTOR", "KFORGE_CACHE", "KFORGE_MAX_COMPILES"}
+    assert not table & RUNTIME_VARIABLES

@@ -23,6 +23,25 @@ def test_the_table_covers_the_pinned_tritons_options_for_both_vendors():
     assert (nvidia | amd) - set(OPTIONS) <= never
 
 
+def test_the_options_a_record_keeps_are_options_a_spec_may_set_and_their_defaults_are_the_pinned_tritons():
+    """The record format (kforge_runtime.schema) keeps a subset of this table's options, leaving out those equal
+    to Triton's defaults: a recorded option must build as a target's, and a default must be Triton's own."""
+    import dataclasses
+
+    from triton.backends.amd.compiler import HIPOptions
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    from kforge_runtime.schema import RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS
+    assert set(RECORD_OPTIONS) <= set(OPTIONS) and set(TRITON_DEFAULTS) <= set(RECORD_OPTIONS)
+    for name, default in TRITON_DEFAULTS.items():
+        fields = [f for options in (CUDAOptions, HIPOptions) for f in dataclasses.fields(options) if f.name == name]
+        assert fields and all(f.default == default for f in fields), name
+    for vendor, options in (("nvidia", CUDAOptions), ("amd", HIPOptions)):
+        assert set(TRITON_VENDOR_DEFAULTS[vendor]) == set(RECORD_OPTIONS) - set(TRITON_DEFAULTS)   # always kept
+        assert TRITON_VENDOR_DEFAULTS[vendor] == {f.name: f.default for f in dataclasses.fields(options)
+                                                  if f.name in TRITON_VENDOR_DEFAULTS[vendor]}
+
+
 @pytest.mark.parametrize("name, value", [("num_warps", 3), ("num_warps", True), ("num_stages", 9), ("kpack", 3),
                                          ("waves_per_eu", -1), ("matrix_instr_nonkdim", 8), ("maxnreg", 8),
                                          ("schedule_hint", "fast"), ("enable_fp_fusion", 1),

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# [signature] types of compile-time arguments, none of them an argument of the launch: "constexpr" (a value:
-# int, float, bool, str, None), "dtype" (a Triton element type, named as kforge names dtypes: X_dtype = "bf16"
-# compiles tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu").
-COMPILE_TIME = ("constexpr", "dtype", "function")
+from kforge_runtime.schema import COMPILE_TIME  # noqa: F401  (defined there; artifact.py still imports it from here)
+
 FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
 
 

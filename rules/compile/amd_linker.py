@@ -35,10 +35,10 @@ class LinkerMissing(RuntimeError):
     pass
 
 
-def candidates() -> list[Path]:
-    """Where to look, best first: KFORGE_LD_LLD if set to a path (then only it), ROCm's own linker, versioned
-    system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to look for."""
-    chosen = settings.get("ld_lld")
+def candidates(chosen: str | None) -> list[Path]:
+    """Where to look, best first: the ld_lld setting (KFORGE_LD_LLD) if set to a path (then only it), ROCm's own
+    linker, versioned system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to
+    look for."""
     if chosen:
         return [] if chosen == TRITON else [Path(chosen)]
     found: list[Path] = []
@@ -68,10 +68,11 @@ def version(path: Path) -> tuple[int, str] | None:
 def find(kforge_dir: Path) -> Path:
     """The first usable ld.lld; else Triton's, as a script under kforge_dir; else LinkerMissing saying what was
     tried and how to get one. KFORGE_LD_LLD=triton asks for Triton's alone (the same linker on every machine)."""
-    path, tried = _system_linker()
+    chosen = settings.get("ld_lld")   # read once: find() and key_part() each decide from one value
+    path, tried = _system_linker(chosen)
     if path is not None:
         return path
-    if _triton_allowed():
+    if _triton_allowed(chosen):
         guard(kforge_dir.parent, kforge_dir / "triton-lld" / "ld.lld")   # kforge_dir: out/.kforge
         script = triton_lld_script(kforge_dir / "triton-lld")
         if script is not None:
@@ -85,22 +86,22 @@ def find(kforge_dir: Path) -> Path:
 def key_part(version_of) -> str:
     """The `--version` line of the linker find() would pick, for action keys, writing nothing: a system lld's
     by version_of(path); Triton's LLD's from Triton's version alone; "missing" when there is none."""
-    path, _ = _system_linker()
+    chosen = settings.get("ld_lld")
+    path, _ = _system_linker(chosen)
     if path is not None:
         return version_of(path)
-    label = _triton_label() if _triton_allowed() else None
+    label = _triton_label() if _triton_allowed(chosen) else None
     return triton_lld.version_line(label) if label else "missing"
 
 
-def _triton_allowed() -> bool:
-    return settings.get("ld_lld") in (None, TRITON)
+def _triton_allowed(chosen: str | None) -> bool:
+    return chosen in (None, TRITON)
 
 
-def _system_linker() -> tuple[Path | None, list[str]]:
+def _system_linker(chosen: str | None) -> tuple[Path | None, list[str]]:
     """(the first usable candidate or None, what was found but refused)."""
-    chosen = settings.get("ld_lld")
     tried = []
-    for path in candidates():
+    for path in candidates(chosen):
         if not path.exists():
             if chosen:
                 tried.append(f"{path} (KFORGE_LD_LLD: no such file)")

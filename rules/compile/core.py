@@ -4,8 +4,9 @@
         in this machine's warm compile server for the target's toolchain (and arch), a forked child:
         backend.lower(target, scratch) -> Lowered, then check_and_write(target, lowered)
 
-A backend (triton_compile.py, flydsl_compile.py) only lowers: it never checks or writes files. Executors
-that compile elsewhere (dask_executor.py) are handed compile_here; none imports the doit action (build.py).
+A backend (triton_compile.py, flydsl_compile.py) only lowers: it never checks or writes files; it registers
+itself in lowering.py's table when imported, and backend_of(toolchain) imports it. Executors that compile
+elsewhere (dask_executor.py) are handed compile_here; none imports the doit action (build.py).
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
 from kforge.load import device_model, isolate, observe
@@ -26,33 +28,14 @@ from kforge.store.layout import Layout
 from kforge.base.target import Target
 from kforge_runtime import schema
 
-# toolchain (as in specs) -> its backend module, which has:
-#   warm(root): import the compiler and pay its one-time set-up, once per process (before forking servers)
-#   ARCH_PER_PROCESS: True when the compiler fixes its arch per process (FlyDSL reads it from the
-#     environment): one server per arch, set up with setup(arch); False (Triton): one server for every arch
-#   IMPORT_IN: "server" (each compile server imports the compiler after the fork) or "worker" (the doit worker
-#     imports it once and its servers inherit it)
-#   lower(target, scratch) -> Lowered
-BACKENDS = {"triton": "kforge.compile.triton_backend", "flydsl": "kforge.compile.flydsl_backend"}
+if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
+    from kforge.compile.lowering import Backend, Lowered
 
 # This process's compile servers by (toolchain, arch or None), least recently used first. A server that is kept
 # keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again); the cap
 # bounds memory at a few compilers per doit worker (the default catalog has three archs).
 MAX_SERVERS = 3
 _servers: dict[tuple[str, str | None], isolate.Server] = {}
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """What a backend made of one target: the binary and what a launch needs to know about it."""
-    binary: bytes
-    binary_name: str      # file name in the artifact directory: <symbol>.cubin | <symbol>.hsaco
-    symbol: str
-    num_warps: int
-    warp_size: int
-    shared: int           # bytes of shared memory (LDS) one block uses
-    compile_seconds: float
-    fields: dict = field(default_factory=dict)   # the toolchain's own meta.json fields
 
 
 @dataclass(frozen=True)
@@ -84,6 +67,17 @@ class CompileResult:
                 if v is not None and v is not False and v != ()}   # 0.0 is a value (and 0.0 == False)
 
 
+def backend_of(toolchain: str) -> Backend:
+    """The toolchain's backend, its module imported here and only in a process that compiles: a build of Triton
+    targets alone never imports FlyDSL (one import per toolchain of spec.TOOLCHAINS)."""
+    from kforge.compile import lowering
+    if toolchain == "triton":
+        from kforge.compile import triton_backend as triton_compile  # noqa: F401  (registers itself)
+    elif toolchain == "flydsl":
+        from kforge.compile import flydsl_backend as flydsl_compile  # noqa: F401  (registers itself)
+    return lowering.BACKENDS[toolchain]   # another name: a backend registered by hand (tests)
+
+
 def check_and_write(target: Target, lowered: Lowered) -> Written:
     """The one writer of compiled artifacts: the binary is real code for the target's arch and fits its
     shared memory; then binary and meta.json are written (meta.json last, by rename)."""
@@ -104,8 +98,8 @@ def check_and_write(target: Target, lowered: Lowered) -> Written:
 
 def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
     """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
-    backend = importlib.import_module(BACKENDS[target.toolchain])
-    import_in_server = backend.IMPORT_IN == "server"
+    backend = backend_of(target.toolchain)
+    import_in_server = backend.import_in == "server"
     if not import_in_server:
         try:
             backend.warm(root)
@@ -126,7 +120,7 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
     return compile_here(target._replace(out=str(layout.out), out_dir=str(directory)), root, timeout)
 
 
-def lower_and_write(backend, request: tuple) -> Written:
+def lower_and_write(backend: Backend, request: tuple) -> Written:
     """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
     start = time.time()
@@ -177,9 +171,9 @@ def _observed(target: Target) -> observe.Recorder:
     return recorder
 
 
-def _server_for(target: Target, backend, root: str, import_in_server: bool) -> isolate.Server:
+def _server_for(target: Target, backend: Backend, root: str, import_in_server: bool) -> isolate.Server:
     # the device model and set-up hooks change the process for good: families with others have servers of their own
-    wanted = (target.toolchain, target.arch if backend.ARCH_PER_PROCESS else None, target.env, target.device_model,
+    wanted = (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
               target.setup)
     server = _servers.pop(wanted, None)
     if server is None:
@@ -191,7 +185,7 @@ def _server_for(target: Target, backend, root: str, import_in_server: bool) -> i
     return server
 
 
-def _server_setup(target: Target, backend, root: str, import_here: bool) -> None:
+def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
     """Once in each fresh compile server, after the fork: the family's [env] first (its module reads it when
     imported), then the compiler (the device model and set-up hooks come before each import: _observed)."""
     os.environ.update(dict(target.env))
@@ -200,7 +194,7 @@ def _server_setup(target: Target, backend, root: str, import_here: bool) -> None
             backend.warm(root)
         except Exception as e:
             raise RuntimeError(_unusable(target, e)) from None
-    if backend.ARCH_PER_PROCESS:
+    if backend.arch_per_process:
         backend.setup(target.arch)
     _folders[0] = observe.bases(root)
     observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input

@@ -17,14 +17,13 @@ import sys
 import tempfile
 import time
 
-from kforge.compile import amd_linker, amdgpu_metadata
+from kforge.compile import amd_linker, amdgpu_metadata, lowering
 from kforge.store.layout import Layout
 from kforge.base.dtypes import canonical_arg_type
-from kforge.base.target import COMPILE_TIME
+from kforge.compile.lowering import Lowered
+from kforge_runtime.schema import COMPILE_TIME
 
 _state: dict = {}
-ARCH_PER_PROCESS = True   # FlyDSL reads ARCH from the environment: one server per arch
-IMPORT_IN = "worker"      # once per doit worker (about 2 s), inherited by its servers, one per arch
 
 
 def warm(root: str) -> None:
@@ -56,8 +55,6 @@ def setup(arch: str) -> None:
 def lower(target, _scratch: str):
     """In the compile server: trace, lower and link the target with FlyDSL into a Lowered."""
     import flydsl.compiler as flyc
-
-    from kforge.compile.core import Lowered
 
     launcher, placeholders = _build(target)
     start = time.monotonic()
@@ -162,3 +159,9 @@ def _code_object(launcher) -> bytes:
     if len(objects) != 1:
         raise RuntimeError(f"expected one GPU code object in the compiled module, found {len(objects)}")
     return objects[0]
+
+
+lowering.register("flydsl", lowering.Backend(
+    lower, warm, setup=setup,
+    arch_per_process=True,   # FlyDSL reads ARCH from the environment: one server per arch
+    import_in="worker"))     # once per doit worker (about 2 s), inherited by its servers, one per arch

@@ -7,16 +7,13 @@ import re
 import sys
 import time
 
-from kforge.compile import amdgpu_metadata
+from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
+from kforge.compile.lowering import Lowered
+from kforge_runtime.schema import VALUE_KINDS
 
 _root = ""
 _folders: tuple[str, ...] = ()   # the project and the module path: no binary may name them
-ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
-# Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
-# way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
-# docs/benchmarks.md), though each server then pays the 0.5 s import.
-IMPORT_IN = "server"
 
 
 def warm(root: str) -> None:
@@ -77,14 +74,12 @@ def lower(target, scratch: str):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kforge.compile.core import Lowered
-
     arch = ARCHS[target.arch]
     fn = _entry(target)
     names = [a for a, _ in target.signature]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
     kinds = dict(target.signature)   # "dtype" and "function" arguments are constexprs of another kind of value
-    signature = {a: "constexpr" if t in ("dtype", "function") else t for a, t in target.signature}
+    signature = {a: "constexpr" if t in VALUE_KINDS else t for a, t in target.signature}
     constexprs = {a: triton.language.str_to_ty(v, None) if kinds[a] == "dtype" else
                   _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -132,3 +127,12 @@ def _function(ref: str, target):
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{ref} is not a @triton.jit function (got {type(fn).__name__})")
     return fn
+
+
+lowering.register("triton", lowering.Backend(
+    lower, warm,
+    arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
+    # Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
+    # way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
+    # docs/benchmarks.md), though each server then pays the 0.5 s import.
+    import_in="server"))

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from kforge.base.archs import ARCHS
 from kforge.base.errors import SpecError
-from kforge.base.target import COMPILE_TIME, FUNCTION_REF
-from kforge_runtime.record import FORMAT
+from kforge.base.target import FUNCTION_REF
+from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
 from kforge_runtime.serve import identity as canonical
 
-KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
+KEYS = set(RECORD_FIELDS)
 
 
 def read(path: Path, where: str) -> list[dict]:
@@ -78,10 +78,10 @@ def _lines(path: Path, where: str) -> list[tuple[dict, str]]:
 
 
 def _check(record, at: str) -> None:
-    if not isinstance(record, dict) or not KEYS <= set(record) <= KEYS | {"autotune"} \
-            or record.get("format") != FORMAT:
-        raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}, and \"autotune\" for "
-                        f"an autotuner's pick); record it again with this kforge")
+    if not isinstance(record, dict) or not KEYS <= set(record) <= KEYS | set(RECORD_OPTIONAL) \
+            or record.get("format") != RECORD_FORMAT:
+        raise SpecError(f"{at}: not a {RECORD_FORMAT} record (its keys: {', '.join(sorted(KEYS))}, and "
+                        f"\"autotune\" for an autotuner's pick); record it again with this kforge")
     tuned = record.get("autotune", {"key": [], "config": {}})
     if not (isinstance(tuned, dict) and set(tuned) == {"key", "config"} and isinstance(tuned["key"], list)
             and all(isinstance(v, (bool, int, float, str)) for v in tuned["key"])

@@ -18,10 +18,10 @@ from kforge.base.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.base.errors import SpecError
 from kforge.base.project_config import project_setup
 from kforge.declare.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown
-from kforge.base.target import COMPILE_TIME, FUNCTION_REF
+from kforge.base.target import FUNCTION_REF
+from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
 
 TOOLCHAINS = ("triton", "flydsl")
-NONE = "none"   # a [signature] type: the argument is passed as None
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")   # a TOML key written without quotes
 INT64 = range(-2**63, 2**63)               # TOML's integers
@@ -200,7 +200,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
 def _typed_value(signature, key: str, value, where: str, table: str):
     """A value for a "dtype" or "function" argument in its checked form (sweep.py checks swept ones)."""
     kind = dict(signature).get(key)
-    return sweep.typed_value(kind, value, f"{where}: [{table}] {key}") if kind in ("dtype", "function") else value
+    return sweep.typed_value(kind, value, f"{where}: [{table}] {key}") if kind in VALUE_KINDS else value
 
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, reduce
 
-from kforge.base.target import COMPILE_TIME
+from kforge_runtime.schema import COMPILE_TIME
 
 Scalar = int | float | bool | str
 Config = tuple[tuple[str, Scalar], ...]   # (param, value) pairs in the sweep's key order

@@ -10,8 +10,9 @@ from kforge.base import settings
 from kforge.base.dtypes import allowed_dtypes, canonical_dtype
 from kforge.base.errors import SpecError
 from kforge.declare.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
-from kforge.base.target import COMPILE_TIME, FUNCTION_REF
+from kforge.base.target import FUNCTION_REF
 from kforge.declare.triton_options import OPTIONS, value_problem
+from kforge_runtime.schema import COMPILE_TIME, VALUE_KINDS
 
 
 
@@ -166,7 +167,7 @@ def _hint_problem(kind: str, value) -> str | None:
 
 def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     kind = dict(spec.signature).get(param)
-    if kind in ("dtype", "function"):
+    if kind in VALUE_KINDS:
         return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
     problem = _hint_problem(kind, value) if kind is not None and _is_scalar(kind) else None
     if problem:

@@ -78,9 +78,9 @@ def config(root: Path, catalog) -> dict:
         "before_first_task": staticmethod(_resume_gc),
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
         "find_orphans": staticmethod(list if catalog.broken else functools.partial(
-            out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], option("archs")))})
+            out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], settings.get("archs")))})
     max_workers, cap_reason = _compile_cap()
-    install_runner(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
     _run_after_failed_deps()
     return {
         "backend": dependency_backend,
@@ -92,32 +92,27 @@ def config(root: Path, catalog) -> dict:
     }
 
 
-_options: list = []   # this run's settings.Options, parsed on first use
+def check_settings() -> None:
+    """Every setting parsed once, before the catalog loads (rules/base/settings.py, the one place they are read): a
+    malformed one, even one this run would not use, is one line naming it and exit code 2."""
+    try:
+        settings.options()
+    except ValueError as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
 
 
 def local_cache() -> LocalCache | None:
     """This run's local cache (rules/share/local_cache.py), or None with local_cache=off."""
-    directory = option("local_cache")
-    return None if directory is None else LocalCache(directory, option("local_cache_limit"))
-
-
-def option(name: str):
-    """A setting's value for this run (rules/base/settings.py); a malformed setting, any of them: one line naming
-    it and exit code 2."""
-    if not _options:
-        try:
-            _options.append(settings.options())
-        except ValueError as e:
-            sys.stderr.write(f"kforge: {e}\n")
-            raise SystemExit(2)
-    return getattr(_options[0], name)
+    directory = settings.get("local_cache")
+    return None if directory is None else LocalCache(directory, settings.get("local_cache_limit"))
 
 
 def _compile_cap() -> tuple[int | None, str]:
     """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
-    if option("executor") is not None:
+    if settings.get("executor") is not None:
         return None, ""
-    cap = option("max_compiles")
+    cap = settings.get("max_compiles")
     return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
 
 

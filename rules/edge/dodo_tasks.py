@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from kforge.store import artifact
-from kforge.edge.config import local_cache, option
+from kforge.base import settings
+from kforge.edge.config import local_cache
 from kforge.store.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.plan.catalog import Catalog
@@ -22,7 +23,7 @@ def load_catalog(root: Path) -> Catalog:
     """The catalog for the archs chosen on the command line, or one clear error and exit code 2 (a catalog
     that cannot be found or read at all). A family that did not load is one line here and one failed task."""
     try:
-        catalog = Catalog(root, option("archs"), option("max_configs")).load(keep_going=True)
+        catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load(keep_going=True)
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
@@ -36,13 +37,12 @@ def compile_tasks(root: Path, catalog: Catalog):
     by_family: dict[str, list] = {f.name: [] for f in catalog.families}
     for t in catalog.targets:
         by_family[t.kernel].append(t)
-    timeout, executor, url = option("timeout"), option("executor"), option("cache")
+    timeout, executor, url = settings.get("timeout"), settings.get("executor"), settings.get("cache")
     cache = None
     if url:
         from kforge.share import remote_cache   # http.client and hmac: only where a cache is used
         from kforge.share.remote_cache import CacheConfig
-        cache = CacheConfig(url, option("cache_readonly"), option("cache_timeout"), option("cache_key"),
-                            option("cache_budget"))
+        cache = CacheConfig(url, *map(settings.get, ("cache_readonly", "cache_timeout", "cache_key", "cache_budget")))
         remote_cache.share_budget()   # here, in doit's master: every worker it forks counts against one budget
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
     local = local_cache()   # None with local_cache=off

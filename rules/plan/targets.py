@@ -16,7 +16,8 @@ from kforge.declare.spec_model import TYPE_VAR_RE, Spec
 from kforge.declare.triton_options import OPTIONS, arch_problem
 from kforge.base.dtypes import canonical_arg_type
 from kforge.declare.sweep import config_id
-from kforge.base.target import COMPILE_TIME, Target
+from kforge.base.target import Target
+from kforge_runtime.schema import COMPILE_TIME
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,

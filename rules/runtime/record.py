@@ -10,12 +10,9 @@ values. Every process appends to the one file, each line once (append_once). Rec
 hook already set), and a line it cannot write is a warning, never an error. A project lists record files in
 its catalog (rules/declare/records.py turns each line into a target).
 
-The format, one JSON object per line, keys sorted (stable, reviewable in a pull request):
-  {"format": "kforge-record-1", "kernel": "<module>:<function>", "arch": "sm_90a",
-   "signature": [["<arg>", "*bf16" | "i32" | "fp32" | "constexpr" | "dtype" | "function" | "none"], ...],
-   "constexprs": {"<arg>": value, ...},        # a dtype or function argument's value: "bf16", "mod:fn"
-   "divisible_by_16": ["<arg>", ...],          # the arguments Triton saw 16-divisible (pointers, integers)
-   "options": {"num_warps": 4, "num_stages": 3, ...}}
+The format (kforge_runtime.schema's RECORD_*), one JSON object per line, keys sorted (stable, reviewable in a
+pull request): the kernel, arch, signature, constexprs (a dtype or function argument's value: "bf16", "mod:fn"),
+the arguments Triton saw 16-divisible (pointers, integers), and the compile options that are the kernel's.
 Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
 compiles them. A kernel under @triton.autotune (with more than one config) is recorded once per autotuning key
 with the config the autotuner picked, and that key: "autotune": {"key": [<the key's argument values>, <the
@@ -33,14 +30,7 @@ import runpy
 import sys
 import threading
 
-FORMAT = "kforge-record-1"
-# the compile options a record keeps (the others are the machine's, never a kernel's): num_warps and
-# num_stages always, the rest where they differ from triton 3.6's defaults, so that a line recorded on one
-# vendor's GPU carries none of that vendor's options unless the kernel asked for one (and builds for the other)
-OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
-           "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
-DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "launch_cooperative_grid": False,
-            "launch_pdl": False, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1, "schedule_hint": "none"}
+from .schema import NONE, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -61,10 +51,11 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
             del values[arg]
     divisible = sorted(arg_names[path[0]] for path, found in attrs.items()
                        if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
-    return {"format": FORMAT, "kernel": f"{module}:{name}", "arch": arch, "signature": [[a, kinds[a]] for a in kinds],
+    return {"format": RECORD_FORMAT, "kernel": f"{module}:{name}", "arch": arch,
+            "signature": [[a, kinds[a]] for a in kinds],
             "constexprs": values, "divisible_by_16": divisible,
-            "options": {k: options[k] for k in OPTIONS
-                        if k in options and options[k] is not None and options[k] != DEFAULTS.get(k, object())}}
+            "options": {k: options[k] for k in RECORD_OPTIONS if k in options and options[k] is not None
+                        and options[k] != TRITON_DEFAULTS.get(k, object())}}
 
 
 def specialize(jit, args: tuple, kwargs: dict) -> dict:
@@ -121,7 +112,7 @@ def tuned_line(tuner, args: tuple, kwargs: dict, config) -> dict:
 def _constant(value) -> tuple[str, object]:
     """(signature kind, JSON value) of a specialized constant."""
     if value is None:
-        return "none", None
+        return NONE, None
     kind = type(value).__name__
     if kind == "constexpr":
         value = value.value

@@ -1,6 +1,7 @@
-"""The data contract between the build and the loader: file names, formats, versions, and the check a binary
-passes before it is written, packed or loaded. Stdlib only: the build imports it as kforge_runtime.schema,
-and every bundle ships a copy with the loader.
+"""The data contract between the build and the loader: file names, every shipped format (artifact, bundle,
+record, tuning table) with its fields and version, and the check a binary passes before it is written, packed
+or loaded. Stdlib only: the build imports it as kforge_runtime.schema, and every bundle ships a copy with the
+loader.
 """
 from __future__ import annotations
 
@@ -30,6 +31,49 @@ MANIFEST = "manifest.json"
 ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
                 "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
                 "toolchain": str}
+
+# A kernel signature's compile-time kinds (a spec's [signature], a record's, a manifest entry's), none of them an
+# argument of the launch: "constexpr" (a value: int, float, bool, str, None), and the VALUE_KINDS, constexprs
+# whose value names something: "dtype" (a Triton element type as kforge names dtypes: X_dtype = "bf16" compiles
+# tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu"). NONE: an
+# argument passed as None (a spec's type, a record's kind), compiled as a constexpr None.
+VALUE_KINDS = ("dtype", "function")
+COMPILE_TIME = ("constexpr", *VALUE_KINDS)
+NONE = "none"
+
+# One record: a line of a record file, the Triton specializations an application compiled or loaded (written by
+# kforge_runtime.record, read into targets by rules/declare/records.py): one JSON object per line, keys sorted.
+#   {"format": RECORD_FORMAT, "kernel": "<module>:<function>", "arch": "sm_90a",
+#    "signature": [["<arg>", "*bf16" | "i32" | "fp32" | <a COMPILE_TIME kind> | NONE], ...],
+#    "constexprs": {"<arg>": value, ...},   "divisible_by_16": ["<arg>", ...],   "options": {<RECORD_OPTIONS>},
+#    "autotune": {"key": [...], "config": {...}}}   (RECORD_OPTIONAL: only for a config an autotuner picked)
+RECORD_FORMAT = "kforge-record-1"
+RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
+RECORD_OPTIONAL = ("autotune",)
+# The Triton compile options a record keeps (a subset of those a spec may set, rules/declare/triton_options.py; the
+# others are the machine's, never a kernel's): num_warps and num_stages always, the rest where they differ from
+# triton 3.6's defaults (TRITON_DEFAULTS), so that a line recorded on one vendor's GPU carries none of that
+# vendor's options unless the kernel asked for one (and builds for the other).
+RECORD_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
+                  "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+TRITON_DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "launch_cooperative_grid": False,
+                   "launch_pdl": False, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1,
+                   "schedule_hint": "none"}
+# and the two a record always keeps, whose defaults are the vendor's (an AMD arch's name starts with gfx)
+TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3}, "amd": {"num_warps": 4, "num_stages": 2}}
+
+# One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune/gpu_bench.py), shipped
+# in the bundle under tune/, read by the loader's selection (kforge_runtime.select):
+#   {"format": TUNE_FORMAT, "kernel", "arch", "key", "gpu", "torch", "method", "seconds" (how it was measured),
+#    "shape_args": [<arg>, ...], "where_args": [<arg>, ...],
+#    "shapes": [{"shape": [<size per shape_arg>], "where": {<arg>: value}, "copies": n,
+#                "ranking": [{"config_id", "us", "runs"}, ...] (fastest first), "rejected": [{"config_id", "why"}]}]}
+TUNE_FORMAT = "kforge-tune-1"
+TUNE_FIELDS = ("format", "kernel", "arch", "key", "gpu", "torch", "shape_args", "where_args", "method", "seconds",
+               "shapes")
+TUNE_SHAPE_FIELDS = ("shape", "where", "copies", "ranking", "rejected")
+TUNE_RANKING_FIELDS = ("config_id", "us", "runs")
+
 _WHEEL = re.compile(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$")
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import math
 
-from .schema import few
-
-TABLE_FORMAT = "kforge-tune-1"
+from .schema import TUNE_FORMAT, few
 
 
 class NoTunedConfig(LookupError):
@@ -28,8 +26,8 @@ def distance(a: list[int], b: list[int]) -> float:
 
 def check_table(table: dict, where: str) -> None:
     """NoTunedConfig unless every row has the shape choose() reads: a table comes from a bundle (untrusted)."""
-    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
-        raise NoTunedConfig(f"{where}: not a {TABLE_FORMAT} tuning table")
+    if not isinstance(table, dict) or table.get("format") != TUNE_FORMAT:
+        raise NoTunedConfig(f"{where}: not a {TUNE_FORMAT} tuning table")
     args, shapes = table.get("shape_args"), table.get("shapes")
     if not (isinstance(args, list) and args and all(isinstance(a, str) for a in args) and isinstance(shapes, list)):
         raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' (names) and 'shapes' lists")

@@ -33,9 +33,8 @@ import os
 import threading
 
 from . import specializer
-from .record import DEFAULTS, arch_name, autotune_key, record_line, tuned_line
-
-COMPILE_TIME = ("constexpr", "dtype", "function", "none")
+from .record import arch_name, autotune_key, record_line, tuned_line
+from .schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS
 
 
 class NotServed(RuntimeError):
@@ -45,9 +44,8 @@ class NotServed(RuntimeError):
 def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible: list, options: dict) -> str:
     """What decides a binary, in one canonical string: a recorded specialization and a bundle entry that
     ask for the same compile give the same string."""
-    stages = 2 if arch.startswith("gfx") else 3
-    options = {k: v for k, v in {**DEFAULTS, "num_warps": 4, "num_stages": stages, **options}.items()
-               if v is not None}
+    vendor = TRITON_VENDOR_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]
+    options = {k: v for k, v in {**TRITON_DEFAULTS, **vendor, **options}.items() if v is not None}
     constexprs = {k: v for k, v in constexprs.items() if v is not None}   # None arguments: not given
     return json.dumps([kernel, arch, [list(p) for p in runtime], constexprs, sorted(divisible), options],
                       sort_keys=True)
@@ -64,7 +62,7 @@ def entry_identity(entry: dict) -> str | None:
 
 
 def record_identity(line: dict) -> str:
-    runtime = [[a, t] for a, t in line["signature"] if t not in COMPILE_TIME]
+    runtime = [[a, t] for a, t in line["signature"] if t not in (*COMPILE_TIME, NONE)]
     return identity(line["kernel"], line["arch"], runtime, line["constexprs"], line["divisible_by_16"],
                     line["options"])
 

@@ -26,7 +26,8 @@ from kforge.store.guard import OutsideOut, guard, remove_file
 from kforge.store.layout import Layout
 from kforge_runtime.device import identity
 from kforge_runtime.launch import TORCH_DTYPES, Kernel
-from kforge_runtime.select import TABLE_FORMAT, handles
+from kforge_runtime.schema import TUNE_FORMAT
+from kforge_runtime.select import handles
 from kforge.declare.spec import load_spec
 from kforge.plan.targets import spec_targets
 
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                              + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
                              + f" ({len(result['rejected'])} rejected, {time.perf_counter() - began:.1f} s)\n")
             torch.cuda.empty_cache()
-    table = {"format": TABLE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
+    table = {"format": TUNE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
              "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),
              "method": {"warmup": WARMUP, "budget_ms": BUDGET_MS, "runs": [MIN_RUNS, MAX_RUNS],
                         "single_run_when_over_best": GIVE_UP_OVER_BEST,

@@ -1,15 +1,23 @@
-"""The tests' remote cache: Debian's nginx serving a directory with WebDAV PUT on loopback, its requests logged.
+"""A remote cache to try kforge's `cache=` with: nginx serving a directory over WebDAV PUT on loopback.
 
-The tests' own launcher (bench/ keeps its own in bench/nginx.py: tests and benchmarks do not import each other).
-Needs nginx with the dav module (Debian's nginx-light has it; .ci/run installs it).
+    python -m kforge.share.nginx_cache DIR [--port N]    # serves DIR/store until Ctrl-C; prints the cache= URL
+
+Bazel's HTTP cache protocol (rules/share/remote_cache.py) is plain GET and PUT under /ac/ and /cas/: any server that
+stores what is PUT and serves it back will do, and nginx's dav module is the smallest one (Debian's nginx-light
+has it). CONF is the whole configuration: for a shared server, keep its `location` block (and `client_max_body_size
+0`: binaries are megabytes) behind the access control your network needs (docs/caching.md). The tests' and the
+benchmarks' cache server is this one.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +25,7 @@ from pathlib import Path
 # /usr/sbin is often not on a non-root user's PATH
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
-# Every temp path inside `root`: nginx's compiled-in defaults lie under /var/lib/nginx, not writable here.
+# Every temp path inside `root`: nginx's compiled-in defaults lie under /var/lib/nginx, often not writable.
 CONF = """
 {user}
 daemon off;
@@ -47,7 +55,7 @@ http {{
 
 @dataclass(frozen=True)
 class CacheServer:
-    url: str
+    url: str           # what `cache=` takes
     store: Path        # what the server serves: store/ac/<key>, store/cas/<sha256>
     access_log: Path
 
@@ -65,12 +73,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def webdav_server(root: Path):
-    """Yields a CacheServer while nginx serves root/store; stops nginx afterwards."""
+def serve(root: Path, port: int | None = None):
+    """Yields a CacheServer while nginx serves root/store on 127.0.0.1 (a free port unless given); stops it after."""
     if NGINX is None:
         raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light)")
+    root = Path(root).absolute()
     (root / "store").mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     conf = root / "nginx.conf"
     conf.write_text(CONF.format(root=root, port=port, user="user root;" if os.geteuid() == 0 else ""))
     with open(root / "stderr.log", "wb") as stderr:   # errors before nginx opens error.log (a bad conf) go here
@@ -90,3 +99,24 @@ def webdav_server(root: Path):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kforge.share.nginx_cache", description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path, help="nginx's files and the cache's store/ go here (created if missing)")
+    ap.add_argument("--port", type=int, default=None, help="on 127.0.0.1 (default: a free one)")
+    a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # `kill` stops nginx too (the with block's exit)
+    try:
+        with serve(a.dir, a.port) as server:
+            print(f"serving {server.store}: doit cache={server.url} (Ctrl-C stops it)", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:
+        raise SystemExit(f"kforge: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

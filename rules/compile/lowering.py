@@ -1,0 +1,47 @@
+"""What a compile backend is and hands back, and the table of backends by toolchain: below the compile core
+(compile_core.py) and below every backend (triton_compile.py, flydsl_compile.py), so neither reaches up.
+
+A backend module registers itself here when it is imported; compile_core.backend(toolchain) imports the one a
+target needs (an import statement per toolchain, in the process that compiles), so a build of Triton targets
+alone never imports FlyDSL, and no process imports a compiler before it compiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What a backend made of one target: the binary and what a launch needs to know about it."""
+    binary: bytes
+    binary_name: str      # file name in the artifact directory: <symbol>.cubin | <symbol>.hsaco
+    symbol: str
+    num_warps: int
+    warp_size: int
+    shared: int           # bytes of shared memory (LDS) one block uses
+    compile_seconds: float
+    fields: dict = field(default_factory=dict)   # the toolchain's own meta.json fields
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One toolchain's lowering, as the compile core drives it."""
+    lower: Callable[..., Lowered]   # (target, scratch dir) -> Lowered, in the compile server; writes no file
+    warm: Callable[[str], None]     # (root): import the compiler and pay its one-time set-up, once per process
+    # True when the compiler fixes its arch per process (FlyDSL reads it from the environment): one server per
+    # arch, set up with setup(arch); False (Triton): one server for every arch
+    arch_per_process: bool
+    # "server": each compile server imports the compiler after the fork; "worker": the doit worker imports it
+    # once and its servers inherit it
+    import_in: str
+    setup: Callable[[str], None] | None = None   # (arch): once in each server of an arch_per_process backend
+
+
+BACKENDS: dict[str, Backend] = {}   # toolchain (as in specs) -> its backend, once its module is imported
+
+
+def register(toolchain: str, backend: Backend) -> Backend:
+    """Called by a backend module as it is imported."""
+    BACKENDS[toolchain] = backend
+    return backend
