@@ -122,10 +122,11 @@ def _read_artifact(meta_path: str) -> tuple | None:
 
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
          shared: int, **toolchain_fields) -> dict:
-    """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    """meta.json's content: the fields every artifact has, whatever compiled it (schema.ARTIFACT_FIELDS, the one
+    definition the loader reads them by), plus the toolchain's own."""
     from kforge.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
     arch = ARCHS[target.arch]
-    return {
+    made = {
         "schema": schema.ARTIFACT_SCHEMA,
         "target": target.name,
         "kernel": target.kernel,
@@ -153,6 +154,11 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         **({"setup": list(target.setup)} if target.setup else {}),
         **toolchain_fields,
     }
+    wrong = schema.wrong_field(made, schema.ARTIFACT_FIELDS)
+    if wrong is not None or not schema.is_signature(made["signature"]):   # the loader would refuse it
+        raise ArtifactError(f"{target.name}: meta.json's {wrong or 'signature'!r} is missing or of the wrong type "
+                            f"(a toolchain field overrode it?)")
+    return made
 
 
 def _guard(target) -> Path:

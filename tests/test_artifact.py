@@ -275,3 +275,26 @@ def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compil
     artifact.write_error(target, message, inputs)
     source.write_text("x = 2\n")
     assert saved() is None
+
+
+def test_a_built_meta_json_has_every_field_the_schema_defines_with_its_type(art):
+    """schema.ARTIFACT_FIELDS is the one definition (the loader checks ENTRY_FIELDS, a subset, by it)."""
+    from kforge_runtime import schema
+    meta, _ = artifact.load(art)
+    assert schema.wrong_field(meta, schema.ARTIFACT_FIELDS) is None and schema.is_signature(meta["signature"])
+    assert set(schema.ENTRY_FIELDS) <= set(schema.ARTIFACT_FIELDS)
+    assert schema.wrong_field({**meta, "shared": "0"}, schema.ARTIFACT_FIELDS) == "shared"
+
+
+def test_error_txt_is_read_back_as_it_was_written(tmp_path):
+    """error.txt's format is written and read in artifact.py alone (build.py, package.py and doit info read it
+    through read_error)."""
+    target = target_at(tmp_path / "out" / "sm_90a" / "k" / "b512", key="K1")
+    assert artifact.read_error(target) is None
+    artifact.write_error(target, "k failed\n  error: boom" + artifact.TRACEBACK + "Traceback ...", [["k.py", "ab"]])
+    failure = artifact.read_error(target)
+    assert failure == artifact.Failure("K1", [["k.py", "ab"]], "k failed\n  error: boom" + artifact.TRACEBACK
+                                       + "Traceback ...\n")
+    assert failure.without_traceback == "k failed\n  error: boom"
+    artifact.write_error(target, "k failed\n  error: timed out")   # no inputs: not a deterministic failure
+    assert artifact.read_error(target) == artifact.Failure("K1", None, "k failed\n  error: timed out\n")

@@ -1,4 +1,5 @@
 """Layout: every path kforge reads or writes lies under <root>/out, in the shapes the rest of kforge expects."""
+import ast
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,72 @@ def test_a_layout_of_a_string_equals_the_layout_of_its_path(root):
     assert hash(Layout.of(root)) == hash(Layout(Path(root)))
     assert isinstance(Layout.of(root).root, Path)
     assert Layout.of(root).out == Path(root) / "out"
+
+
+# --- the artifact directory is spelled in layout.py alone -------------------------------------------------------
+
+PARTS = {"arch", "kernel", "config_id", "cid", "out_dir"}   # what an out/<arch>/<kernel>/<config_id> path is made of
+BUNDLE_PATH = ("package.py", "make_manifest")   # a bundle's own <kernel>/<config_id>/ inside the wheel, not out/
+# out/ paths other than an artifact directory that are still climbed by counting levels (not yet asked of Layout)
+CLIMBS = {("inputs.py", "__init__"), ("tune_gpu.py", "save_progress")}
+
+
+def _part(node) -> bool:
+    """`arch`, `t.config_id`, `self.out_dir`, ...: a name or attribute that is one of PARTS (not a call of one)."""
+    return ((isinstance(node, ast.Name) and node.id in PARTS) or
+            (isinstance(node, ast.Attribute) and node.attr in PARTS))
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in ast.walk(node):
+                yield node.name, child
+
+
+def artifact_path_spellings(source: str, module: str) -> list[str]:
+    """Where code builds a path from an artifact directory's parts itself, instead of asking Layout: an f-string
+    joining one with "/", `x / arch` (or kernel, config id, out_dir), or climbing out of an artifact directory
+    by counting its levels (`.parents[2]`)."""
+    found = []
+    for function, node in _functions(ast.parse(source)):
+        if (module, function) == BUNDLE_PATH:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for i, part in enumerate(parts):
+                if isinstance(part, ast.FormattedValue) and _part(part.value):
+                    near = [p.value for p in parts[max(i - 1, 0):i + 2] if isinstance(p, ast.Constant)]
+                    if any("/" in str(text) for text in near):
+                        found.append(f"{module}:{node.lineno} f-string")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _part(node.right):
+            found.append(f"{module}:{node.lineno} path / {ast.unparse(node.right)}")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+              and node.value.attr == "parents" and isinstance(node.slice, ast.Constant) and node.slice.value >= 2
+              and (module, function) not in CLIMBS):
+            found.append(f"{module}:{node.lineno} .parents[{node.slice.value}]")
+    return found
+
+
+def test_the_artifact_directory_is_spelled_in_layout_py_alone():
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    found = [hit for path in sorted(rules.glob("*.py")) if path.name != "layout.py"
+             for hit in artifact_path_spellings(path.read_text(), path.name)]
+    assert found == []
+
+
+@pytest.mark.parametrize("code", ['out_dir=f"{shared.family_dir}/{cid}"', 'p = f"{self.out_dir}/meta.json"',
+                                  "d = out / arch", "out = directory.parents[2]"])
+def test_the_spelling_check_finds_each_old_spelling(code):
+    """The old spellings (targets.py, target.py, out_dir.py, artifact.py before one Layout) are each found."""
+    assert artifact_path_spellings(f"def f():\n    {code}\n", "x.py") != []
+
+
+def test_a_target_asks_its_layout_for_every_path():
+    from kforge.target import Target
+    assert "layout" in Target._fields and not {"out", "out_dir"} & set(Target._fields)
+    target = Target(*([""] * Target._fields.index("layout")), Layout.of("/p"), key="k")._replace(
+        arch="sm_90a", kernel="scale", config_id="c1")
+    assert Path(target.out_dir) == Layout.of("/p").artifact_dir("sm_90a", "scale", "c1")
+    assert Path(target.meta_path) == Path(target.out_dir) / schema.META
+    assert Path(target.error_path) == Path(target.out_dir) / schema.ERROR
