@@ -2,7 +2,7 @@
 checks one and writes it. The doit action (rules/build.py) tries the sources in order and stops at the first
 candidate that installs:
 
-    local_cache.LocalSource.lookup(target)    an entry of this user's local cache (rules/local_cache.py)
+    local_cache.Source(cache).lookup(target)  an entry of this user's local cache (rules/local_cache.py)
     remote_cache.RemoteCache.lookup(target)   an entry of the shared remote cache (rules/remote_cache.py)
     a compile: compile_core.compile_here (this machine) or dask_executor.compile_remote (a Dask cluster);
                isolate.Outcome whose result is the Candidate
@@ -74,9 +74,10 @@ def arrive(target, source) -> tuple[Candidate | None, list[str]]:
         candidate = source.lookup(target)
         if candidate is None:
             return None, []
-        install(target, candidate)
-    except ValueError as e:   # the entry is unreadable, or install refused it (artifact.ArtifactError)
+        accepted = artifact.accept(target, candidate.files)
+    except ValueError as e:   # the entry is unreadable, or the checks refused it (artifact.ArtifactError)
         return None, source.refused(target, e)
+    _write(target, accepted)   # out/'s errors (a full disk, a link leading out: OutsideOut) are not the entry's
     source.took(target)
     return candidate, []
 
@@ -85,6 +86,10 @@ def install(target, candidate: Candidate) -> dict:
     """Check the candidate for `target` and put it in place, as a build writes (binary, then meta.json, each by
     rename): its meta.json as written, or ArtifactError saying in one line why it was refused (nothing is
     written then). The only way an artifact gets into out/."""
-    meta, binary_name, binary = artifact.accept(target, candidate.files)
+    return _write(target, artifact.accept(target, candidate.files))
+
+
+def _write(target, accepted: tuple) -> dict:
+    meta, binary_name, binary = accepted
     artifact.write(target, binary_name, binary, meta)
     return meta
