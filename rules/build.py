@@ -54,9 +54,10 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
             return _result(hit.result, time.monotonic() - start, caches, warnings, spans)
     if executor is not None:
         from kforge import dask_executor   # imports distributed: only where a cluster is used
-        outcome, made_by = dask_executor.compile_remote(target, root, timeout, executor, compile_into), "the Dask cluster"
+        made_by = "the Dask cluster"
+        outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
     else:
-        outcome, made_by = compile_here(target, root, timeout), "the compiler"
+        made_by, outcome = "the compiler", compile_here(target, root, timeout)
     if not outcome.ok:
         return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
     candidate = outcome.result

@@ -1,4 +1,4 @@
-"""The compile core: a backend lowers one Target to a binary; this module checks it and writes the artifact.
+"""The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
     compile_here(target, root, timeout) -> isolate.Outcome (result: arrival.Candidate)
         in this machine's warm compile server for the target's toolchain (and arch), a forked child:

@@ -92,12 +92,13 @@ def test_a_miss_is_quiet_and_writes_nothing(built, tmp_path):
 
 def test_an_offered_artifact_is_installed_as_a_build_writes_it(built, tmp_path):
     target = target_for(built, tmp_path)
-    candidate = arrival.Candidate(artifact.files_of(built / "out/sm_90a/scale/fp16-b256-w4"), CompileResult(from_cache=True))
+    built_dir = built / "out/sm_90a/scale/fp16-b256-w4"
+    candidate = arrival.Candidate(artifact.files_of(built_dir), CompileResult(from_cache=True))
     source = FakeSource(candidate)
     assert arrival.arrive(target, source) == (candidate, []) and source.calls == ["lookup", "took"]
     assert artifact.is_current(target.meta_path, target.key)
     for name in ("meta.json", "scale_kernel.cubin"):   # byte for byte what the build wrote
-        assert (Path(target.out_dir) / name).read_bytes() == (built / "out/sm_90a/scale/fp16-b256-w4" / name).read_bytes()
+        assert (Path(target.out_dir) / name).read_bytes() == (built_dir / name).read_bytes()
 
 
 @pytest.mark.parametrize("real", ["gfx942", "sm_80"])
