@@ -99,15 +99,15 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     def error_path(self, arch: str, kernel: str, config_id: str) -> str:
         return f"{self.artifact_path(arch, kernel, config_id)}/{ERROR}"
 
-    def artifact_dirs(self, archs) -> list[Path]:
+    def artifact_dirs(self, archs) -> list[str]:
         """Every entry out/<arch>/<kernel>/<name> for the given archs, directories and links (an artifact
-        directory or something in its place): three levels of os.scandir, symlinked arch or kernel directories
-        not entered (rules/out_dir.py's orphaned)."""
+        directory or something in its place), as strings (a no-op run lists thousands: rules/out_dir.py's
+        orphaned): three levels of os.scandir, symlinked arch or kernel directories not entered."""
         found = []
         for arch in archs:
             for family in _subdirs(self.arch_dir(arch)):
                 with os.scandir(family) as entries:
-                    found += [Path(e.path) for e in entries if e.is_dir() or e.is_symlink()]
+                    found += [e.path for e in entries if e.is_dir() or e.is_symlink()]
         return found
 
     def manifest_copy(self, arch: str) -> Path:

@@ -82,4 +82,4 @@ def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None)
     from a sweep, deleted specs), for the given archs (default: every arch kforge knows)."""
     current = {os.path.normpath(p) for p in current}
     found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
-    return sorted(p for p in found if os.path.normpath(p) not in current)
+    return sorted(Path(p) for p in found if os.path.normpath(p) not in current)

@@ -72,7 +72,7 @@ def test_artifact_dirs_lists_three_levels_down_links_included_and_never_enters_a
     layout.out.joinpath("elsewhere", "k", "c").mkdir(parents=True)
     layout.arch_dir("sm_80").symlink_to(layout.out / "elsewhere")
     assert sorted(layout.artifact_dirs(["sm_90a", "sm_80", "gfx942"])) == [
-        layout.family_dir("sm_90a", "scale") / "a-link", built]
+        str(layout.family_dir("sm_90a", "scale") / "a-link"), str(built)]
 
 
 def test_manifest_copy_sits_beside_the_wheels_in_dist_named_after_the_arch_distribution(tmp_path):
