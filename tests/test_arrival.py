@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kforge import arrival, artifact, report
-from kforge.arrival import CompileResult
-from kforge.layout import Layout
+from kforge.store import arrival, artifact
+from kforge.report import reporter as report
+from kforge.store.arrival import CompileResult
+from kforge.store.layout import Layout
 
 # --- CompileResult.values -------------------------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kforge import artifact
-from kforge.out_dir import OutsideOut
-from kforge.arrival import Candidate, install
-from kforge.layout import Layout
+from kforge.store import artifact
+from kforge.store.guard import OutsideOut
+from kforge.store.arrival import Candidate, install
+from kforge.store.layout import Layout
 
 
 @pytest.fixture
@@ -19,8 +19,8 @@ def art(built, tmp_path):
 
 
 def target_at(directory, meta=None, **fields):
-    """The Target fields the artifact module reads (rules/target.py), for the target `meta` names, with its
-    artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/layout.py puts it)."""
+    """The Target fields the artifact module reads (rules/base/target.py), for the target `meta` names, with its
+    artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/store/layout.py puts it)."""
     layout, (arch, kernel, config_id) = Layout(directory.parents[3]), directory.parts[-3:]
     assert layout.artifact_dir(arch, kernel, config_id) == directory
     named = {} if meta is None else dict(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
@@ -249,11 +249,11 @@ def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, fiel
 
 
 def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compile_read_do(tmp_path, monkeypatch):
-    """error.txt with the inputs of the failed compile (rules/build.py) is reported again instead of compiling;
+    """error.txt with the inputs of the failed compile (rules/compile/action.py) is reported again instead of compiling;
     another key, a changed input, or a failure kept without inputs (a crash, a timeout) compiles again."""
     import hashlib
 
-    from kforge.files import JsonState
+    from kforge.store.files import JsonState
     root = tmp_path / "p"
     (root / "kernels").mkdir(parents=True)
     source = root / "kernels" / "k.py"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge import artifact
-from kforge.layout import Layout
+from kforge.store import artifact
+from kforge.store.layout import Layout
 from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
                            process_tree, spec_text, statuses, wait_until)
 
@@ -340,7 +340,7 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
 def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
                                                                                           place):
     import types
-    from kforge import compile_core
+    from kforge.compile import core as compile_core
     fake = types.ModuleType("fake_compile")
     fake.ARCH_PER_PROCESS = False
     fake.IMPORT_IN = place
@@ -370,9 +370,9 @@ def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch(built):
     """A backend only lowers; the core checks what it lowered (the compiler's verdict, kept with its inputs)
     before the installer writes anything."""
     import dataclasses
-    from kforge import compile_core
-    from kforge.project import load_specs
-    from kforge.targets import build_targets
+    from kforge.compile import core as compile_core
+    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
     nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
@@ -408,8 +408,9 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     (A wheel that already holds this manifest is used as it is: it holds the binaries as they were checked.)"""
     import io
     from types import SimpleNamespace
-    from kforge import package, report
-    from kforge.project import load_catalog
+    from kforge.ship import package
+    from kforge.report import reporter as report
+    from kforge.edge.dodo_tasks import load_catalog
     for wheel in (project / "out/dist").glob("*.whl"):
         wheel.unlink()
     binary = next((project / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin"))

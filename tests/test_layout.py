@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.layout import Layout
+from kforge.store.layout import Layout
 from kforge_runtime import schema
 
 TARGET = ("sm_90a", "scale", "fp16-b256-w4")
@@ -157,7 +157,7 @@ def test_the_spelling_check_finds_each_old_spelling(code):
 
 
 def test_a_target_asks_its_layout_for_every_path():
-    from kforge.target import Target
+    from kforge.base.target import Target
     assert "layout" in Target._fields and not {"out", "out_dir"} & set(Target._fields)
     target = Target(*([""] * Target._fields.index("layout")), Layout.of("/p"), key="k")._replace(
         arch="sm_90a", kernel="scale", config_id="c1")

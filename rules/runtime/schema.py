@@ -9,7 +9,7 @@ import re
 
 from .elf import ElfError, check_binary as check_elf
 
-# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/layout.py).
+# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/store/layout.py).
 # Bump ARTIFACT_SCHEMA when meta.json's fields or a binary's content rules change: it is part of every
 # action key, so every target rebuilds.
 ARTIFACT_SCHEMA = 6   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or
@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 
 # meta.json's fields, and so a manifest entry's: the one definition. ENTRY_FIELDS are those the loader reads,
 # checked when an entry is picked (bundle.py); ARTIFACT_FIELDS every artifact has, whatever compiled it
-# (rules/artifact.py's meta() builds them and checks its result against them). Some add more: the family's
+# (rules/store/artifact.py's meta() builds them and checks its result against them). Some add more: the family's
 # "env", "device_model", "setup", and the toolchain's own ("inputs", Triton's "divisible_by_16", AMD's
 # "kernel_abi", "tensordesc_meta", ...).
 ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,

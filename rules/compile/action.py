@@ -1,0 +1,104 @@
+"""The doit action of a compile target: the artifact arrives from the first source that has one (rules/store/arrival.py):
+the local cache, the remote cache, else a compile (here, or on a Dask cluster); arrival.install checks and writes
+whichever it is. What was fetched or built is then kept in the caches before it. The outcome as one
+arrival.CompileResult, or a TaskFailed naming the target, its spec and config."""
+from __future__ import annotations
+
+import os
+import time
+
+from doit.exceptions import TaskFailed
+
+from kforge.store import arrival, artifact
+from kforge.share import local_cache, remote_cache
+from kforge.store.arrival import CompileResult
+from kforge.compile.core import compile_here, compile_into
+from kforge.store.guard import OutsideOut
+from kforge.base.target import Target
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
+                   cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None,
+                   local: local_cache.LocalCache | None = None):
+    """doit python-action: the result's values on success, TaskFailed on failure. A verified hit in the local
+    cache, else in the remote cache, replaces the compile (the compiler is not even imported for it); what was
+    fetched or built goes into the local cache, and a fresh build is uploaded. With executor="dask://HOST:PORT"
+    the compile runs on that Dask cluster."""
+    try:
+        return _compile_target(target, root, timeout, cache_cfg, executor, local)
+    except (OSError, OutsideOut) as e:   # out/ unwritable (a full disk, a link out of out/): one line, the run goes on
+        return _fail(target, f"cannot write in out/: {e}; free space (or fix out/) and run again")
+
+
+def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None, local):
+    saved = artifact.saved_failure(target)
+    if saved is not None:   # a deterministic failure of this very key and inputs: the compile would give it again
+        head, _, rest = saved.partition("\n")
+        return TaskFailed(f"{head}\n  not compiled again: it failed so from this key and these inputs "
+                          f"(out/{os.path.relpath(target.error_path, target.layout.out)}); `doit forget "
+                          f"{target.name}` compiles it again\n{rest}")
+    start = time.monotonic()
+    caches = [c for c in (local and local_cache.Source(local), remote_cache.cache_for(cache_cfg)) if c is not None]
+    spans: list[tuple] = []
+    warnings: list[str] = []
+    for i, cache in enumerate(caches):
+        looking = time.time()
+        hit, refused = arrival.arrive(target, cache)
+        spans.append((cache.lookup_span, looking, time.time()))
+        warnings += refused
+        # an entry's key is what the catalog knows; what its compile read must match here too
+        if hit is not None and _read_the_same(target):
+            for nearer in caches[:i]:   # the next checkout, revert or branch switch finds it there
+                warnings += nearer.keep(target)
+            return _result(hit.result, time.monotonic() - start, caches, warnings, spans)
+    if executor is not None:
+        from kforge.share import dask_executor   # imports distributed: only where a cluster is used
+        made_by = "the Dask cluster"
+        outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
+    else:
+        made_by, outcome = "the compiler", compile_here(target, root, timeout)
+    if not outcome.ok:
+        return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
+    candidate = outcome.result
+    writing = time.time()
+    try:
+        arrival.install(target, candidate)   # checked as a cache entry is: bound to the target, ELF for its arch
+    except artifact.ArtifactError as e:
+        return _fail(target, f"the artifact from {made_by} is bad: {e}")
+    spans += [*candidate.result.spans, ("write", writing, time.time())]
+    for cache in caches:
+        keeping = time.time()
+        warnings += cache.keep(target)
+        spans.append((cache.keep_span, keeping, time.time()))
+    return _result(candidate.result, outcome.seconds, caches, warnings, spans)
+
+
+def _result(result: CompileResult, seconds: float, caches: list, warnings: list, spans: list) -> dict:
+    """The source's CompileResult completed with the action's own facts, as doit keeps it (values())."""
+    for cache in caches:
+        warnings += cache.drain_warnings()
+    return result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
+                           worker=os.getpid()).values()
+
+
+def _read_the_same(target: Target) -> bool:
+    """Whether the files the artifact's compile read (its meta.json lists them) have the same content here."""
+    from kforge.base import stamps
+    from kforge.store.inputs import InputIndex
+    index = InputIndex.of(target.layout.observed_inputs)
+    return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
+
+
+def _fail(target: Target, error: str, traceback: str = "", inputs: list | None = None) -> TaskFailed:
+    """The failure, kept in error.txt; `inputs` (what the compile read) only for a deterministic one, which the
+    next runs then report from there without compiling (artifact.saved_failure)."""
+    message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
+               f"  error: {error}\n  retry alone: doit {target.name}")
+    kept = f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message
+    try:
+        artifact.write_error(target, kept, inputs)
+    except OSError:   # a full disk: the failure is still reported (and in build-report.json when space allows)
+        pass
+    return TaskFailed(message)

@@ -1,0 +1,68 @@
+"""Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`.
+
+Each compile target's action sends its compile to the cluster as one task; the artifact that comes back is a
+candidate the action installs (rules/store/arrival.py), as it installs a local compile's; doit's up-to-date logic is
+unchanged, and so is local execution, the default. On a worker the compile runs in that worker's warm compile
+servers (rules/compile/core.py), with a private scratch project's out/ for its temp files. Dask reschedules the task of a worker that died (a crash, a kill); a compile
+that fails on its own is reported like a local failure. The workers need kforge, its toolchains and the
+project's kernels importable: the same checkout path, or the same code installed.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kforge.load import isolate
+from kforge.base import settings
+
+RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
+_clients: dict[str, object] = {}
+_lock = threading.Lock()   # doit's thread workers share one client per scheduler
+
+
+def scheduler_address(executor: str) -> str:
+    """dask://HOST:PORT (checked by rules/base/settings.py) -> tcp://HOST:PORT (the scheduler's address)."""
+    return "tcp://" + executor.removeprefix(settings.DASK)
+
+
+def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:
+    """compile_into(target, private_root, root, timeout) -> Outcome runs on a worker (the compile core's,
+    sent by reference); its result is the arrival.Candidate the worker sends back, untrusted (installed by the
+    caller, checked as a cache entry is)."""
+    start = time.monotonic()
+    try:
+        future = _client(executor).submit(run_on_worker, compile_into, target, root, timeout, pure=False,
+                                          retries=RETRIES)
+        ok, seconds, result = future.result()
+    except Exception as e:   # the cluster is unreachable, or the task's workers kept dying
+        return isolate.Outcome(False, time.monotonic() - start,
+                               error=f"on the Dask cluster {executor}: {type(e).__name__}: {e}")
+    if not ok:
+        return isolate.Outcome(False, seconds, error=result)
+    return isolate.Outcome(True, seconds, result=result)
+
+
+def run_on_worker(compile_into, target, root: str, timeout: float):
+    """On a Dask worker: compile with a private out/ for its scratch files; (ok, seconds, candidate | error)."""
+    from distributed import get_worker
+    scratch = Path(tempfile.mkdtemp(prefix="kforge-dask-"))
+    try:
+        outcome = compile_into(target, scratch, root, timeout)
+        if not outcome.ok:
+            return False, outcome.seconds, outcome.error
+        candidate = outcome.result
+        return True, outcome.seconds, candidate._replace(
+            result=candidate.result._replace(compiled_on=get_worker().address))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _client(executor: str):
+    with _lock:
+        if executor not in _clients:
+            from distributed import Client
+            _clients[executor] = Client(scheduler_address(executor), timeout=30)
+        return _clients[executor]
