@@ -54,7 +54,7 @@ def child(project: Path, mode: str, count: int) -> dict:
     compile_s = 0.0
     for target in targets:
         scratch = tempfile.mkdtemp()
-        compile_s += compile_core.lower_and_write(backend, (target, scratch)).compile_seconds
+        compile_s += compile_core.lower_and_check(backend, (target, scratch)).result.compile_seconds
         shutil.rmtree(scratch)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"mode": mode, "targets": len(targets), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),

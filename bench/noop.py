@@ -59,7 +59,9 @@ def kforge_project(root: Path, n: int) -> Path:
         dst.mkdir(parents=True, exist_ok=True)
         meta = json.loads((src / "meta.json").read_text())
         shutil.copy(src / meta["binary"], dst / meta["binary"])
-        seeded = {k: v for k, v in meta.items() if k != "seal"} | {"key": t.key, "target": t.name}
+        # bound to its own target, as the packager checks (artifact.check_bound)
+        seeded = {k: v for k, v in meta.items() if k != "seal"} | {"key": t.key, "target": t.name,
+                                                                     "config_id": t.config_id, "config": dict(t.config)}
         (dst / "meta.json").write_text(json.dumps({**seeded, "seal": seal(seeded)}))   # as a build seals it
     return root
 

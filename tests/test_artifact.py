@@ -6,21 +6,28 @@ from types import SimpleNamespace
 import pytest
 
 from kforge.store import artifact
+from kforge.store.guard import OutsideOut
+from kforge.store.arrival import Candidate, install
+from kforge.store.layout import Layout
 
 
 @pytest.fixture
 def art(built, tmp_path):
-    d = tmp_path / "sm_90a" / "scale" / "fp16-b256-w4"
+    d = tmp_path / "a" / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
     shutil.copytree(built / "out" / "sm_90a" / "scale" / "fp16-b256-w4", d)
     return d
 
 
-def target_at(directory, meta):
-    """The Target fields an incoming artifact is checked against (rules/base/target.py), for the target `meta` names,
-    with its artifact directory at `directory`."""
-    return SimpleNamespace(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
-                           arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()),
-                           out=str(directory.parents[2]), out_dir=str(directory))
+def target_at(directory, meta=None, **fields):
+    """The Target fields the artifact module reads (rules/base/target.py), for the target `meta` names, with its
+    artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/store/layout.py puts it)."""
+    layout, (arch, kernel, config_id) = Layout(directory.parents[3]), directory.parts[-3:]
+    assert layout.artifact_dir(arch, kernel, config_id) == directory
+    named = {} if meta is None else dict(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
+                                         arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()))
+    return SimpleNamespace(**{**named, **fields}, layout=layout, out_dir=layout.artifact_path(arch, kernel, config_id),
+                           meta_path=layout.meta_path(arch, kernel, config_id),
+                           error_path=layout.error_path(arch, kernel, config_id))
 
 
 def test_meta_has_what_a_loader_needs(art):
@@ -66,7 +73,7 @@ def test_kill_before_meta_leaves_target_unbuilt(art, monkeypatch):
         real(path, data)
     monkeypatch.setattr(artifact, "atomic_write", killed_at_meta)
     with pytest.raises(KeyboardInterrupt):
-        artifact.write(art, "scale_kernel.cubin", b"new", {**meta, "key": "new"})
+        artifact.write(target_at(art, meta), "scale_kernel.cubin", b"new", {**meta, "key": "new"})
     assert not (art / "meta.json").exists()
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
     assert not artifact.is_current(str(art / "meta.json"), "new")
@@ -129,7 +136,7 @@ def test_an_artifact_from_outside_naming_a_path_writes_nothing(art, tmp_path, na
     target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
     before = set(tmp_path.rglob("*"))
     with pytest.raises(artifact.ArtifactError, match="not a plain file name"):
-        artifact.install(target_at(target, meta), files)
+        install(target_at(target, meta), Candidate(files))
     assert set(tmp_path.rglob("*")) == before and not target.exists()
     assert not __import__("os").path.exists("/tmp/kforge-absolute-escape.cubin")
 
@@ -142,9 +149,9 @@ def test_a_bad_artifact_from_outside_is_checked_before_anything_is_written(art, 
     files[meta["binary"]] = bytes(damaged)
     target = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
     with pytest.raises(artifact.ArtifactError, match="sha256"):
-        artifact.install(target_at(target, meta), files)
+        install(target_at(target, meta), Candidate(files))
     assert not target.exists()
-    artifact.install(target_at(target, meta), artifact.files_of(art))   # the genuine one installs
+    install(target_at(target, meta), Candidate(artifact.files_of(art)))   # the genuine one installs
     assert artifact.load(target)[0]["key"] == meta["key"]
 
 
@@ -171,9 +178,9 @@ def test_a_link_under_out_never_carries_a_write_outside_it(art, tmp_path):
     target = out / "sm_90a" / "scale" / "fp16-b256-w4"
     files = artifact.files_of(art)
     meta = json.loads(files[artifact.META])
-    with pytest.raises(artifact.ArtifactError, match=r"out/sm_90a/scale \(a symbolic link\) leads outside out/"):
-        artifact.install(target_at(target, meta), files)
-    artifact.write_error(target, meta["key"], "boom")
+    with pytest.raises(OutsideOut, match=r"out/sm_90a/scale \(a symbolic link\) leads outside out/"):
+        install(target_at(target, meta), Candidate(files))
+    artifact.write_error(target_at(target, meta), "boom")
     assert list(elsewhere.iterdir()) == []
 
 
@@ -183,7 +190,7 @@ def test_a_directory_where_meta_json_belongs_is_replaced_by_the_build(art):
     (art / "meta.json").unlink()
     (art / "meta.json").mkdir()
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
-    artifact.write(art, meta["binary"], binary, meta)
+    artifact.write(target_at(art, meta), meta["binary"], binary, meta)
     assert artifact.load(art)[0]["key"] == meta["key"]
 
 
@@ -207,7 +214,7 @@ def test_another_archs_build_under_this_targets_key_is_refused_and_writes_nothin
     target, files, _ = other_arch(built, tmp_path)
     with pytest.raises(artifact.ArtifactError, match="says target 'scale:fp16-b256-w4@gfx942', the target's is "
                                                      "'scale:fp16-b256-w4@gfx950'"):
-        artifact.install(target, files)
+        install(target, Candidate(files))
     assert not (tmp_path / "out").exists()
 
 
@@ -223,7 +230,7 @@ def test_a_meta_json_rewritten_for_the_target_still_fails_the_elf_check_for_the_
     meta["seal"] = artifact.seal(meta)
     files[artifact.META] = json.dumps(meta).encode()
     with pytest.raises(artifact.ArtifactError) as refused:
-        artifact.install(target, files)
+        install(target, Candidate(files))
     assert str(refused.value).startswith("its binary is refused: ") and expected in str(refused.value)
     assert "out/" not in str(refused.value) and "doit forget" not in str(refused.value)
     assert not (tmp_path / "out").exists()
@@ -237,7 +244,7 @@ def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, fiel
     target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4", meta)
     files[artifact.META] = json.dumps({**meta, field: value, "seal": artifact.seal({**meta, field: value})}).encode()
     with pytest.raises(artifact.ArtifactError, match=field):
-        artifact.install(target, files)
+        install(target, Candidate(files))
     assert artifact.accept(target, artifact.files_of(art))[0]["target"] == meta["target"]   # the genuine one is
 
 
@@ -252,7 +259,7 @@ def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compil
     source = root / "kernels" / "k.py"
     source.write_text("x = 1\n")
     directory = root / "out" / "sm_90a" / "k" / "b512"
-    target = SimpleNamespace(key="K1", out=str(root / "out"), out_dir=str(directory))
+    target = target_at(directory, key="K1")
     message = "k:b512@sm_90a failed\n  error: CompilationError: BLOCK too large\n  retry alone: doit k:b512@sm_90a"
     inputs = [["kernels/k.py", hashlib.sha256(source.read_bytes()).hexdigest()]]
 
@@ -260,11 +267,34 @@ def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compil
         monkeypatch.setattr(JsonState, "_open", {})   # a new run: digests are taken afresh
         return artifact.saved_failure(SimpleNamespace(**{**vars(target), "key": key}))
 
-    artifact.write_error(directory, "K1", message + artifact.TRACEBACK + "Traceback (most recent call last): ...", inputs)
+    artifact.write_error(target, message + artifact.TRACEBACK + "Traceback (most recent call last): ...", inputs)
     assert saved() == message   # the traceback stays in error.txt only
     assert saved("K2") is None
-    artifact.write_error(directory, "K1", message)   # a crash or a timeout: no inputs kept
+    artifact.write_error(target, message)   # a crash or a timeout: no inputs kept
     assert saved() is None
-    artifact.write_error(directory, "K1", message, inputs)
+    artifact.write_error(target, message, inputs)
     source.write_text("x = 2\n")
     assert saved() is None
+
+
+def test_a_built_meta_json_has_every_field_the_schema_defines_with_its_type(art):
+    """schema.ARTIFACT_FIELDS is the one definition (the loader checks ENTRY_FIELDS, a subset, by it)."""
+    from kforge_runtime import schema
+    meta, _ = artifact.load(art)
+    assert schema.wrong_field(meta, schema.ARTIFACT_FIELDS) is None and schema.is_signature(meta["signature"])
+    assert set(schema.ENTRY_FIELDS) <= set(schema.ARTIFACT_FIELDS)
+    assert schema.wrong_field({**meta, "shared": "0"}, schema.ARTIFACT_FIELDS) == "shared"
+
+
+def test_error_txt_is_read_back_as_it_was_written(tmp_path):
+    """error.txt's format is written and read in artifact.py alone (build.py, package.py and doit info read it
+    through read_error)."""
+    target = target_at(tmp_path / "out" / "sm_90a" / "k" / "b512", key="K1")
+    assert artifact.read_error(target) is None
+    artifact.write_error(target, "k failed\n  error: boom" + artifact.TRACEBACK + "Traceback ...", [["k.py", "ab"]])
+    failure = artifact.read_error(target)
+    assert failure == artifact.Failure("K1", [["k.py", "ab"]], "k failed\n  error: boom" + artifact.TRACEBACK
+                                       + "Traceback ...\n")
+    assert failure.without_traceback == "k failed\n  error: boom"
+    artifact.write_error(target, "k failed\n  error: timed out")   # no inputs: not a deterministic failure
+    assert artifact.read_error(target) == artifact.Failure("K1", None, "k failed\n  error: timed out\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge.store import artifact
+from kforge.store.layout import Layout
 from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
                            process_tree, spec_text, statuses, wait_until)
 
@@ -331,7 +332,7 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
     monkeypatch.setitem(lowering.BACKENDS, "fake", lowering.Backend(
         lower, lambda root: setattr(fake, "warmed_in", os.getpid()), arch_per_process=False, import_in=place))
     monkeypatch.setattr(compile_core, "_servers", {})
-    target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", out=str(tmp_path / "out"),
+    target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", layout=Layout(tmp_path),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
                                    constexprs=(), signature=(), device_model=False, setup=())
     try:
@@ -344,8 +345,9 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
     assert warmed_in == (os.getpid() if place == "worker" else lowered_in)
 
 
-def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_writes_nothing(built):
-    """A backend only lowers; the core checks before it writes (a backend cannot write a bad artifact)."""
+def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch(built):
+    """A backend only lowers; the core checks what it lowered (the compiler's verdict, kept with its inputs)
+    before the installer writes anything."""
     import dataclasses
     from kforge.compile import core as compile_core, lowering
     from kforge.edge.dodo_tasks import load_specs
@@ -353,16 +355,12 @@ def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_wri
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
     nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
-    scratch = built / "scratch" / "sm_90a" / "scale" / "c"
-    target = nvidia._replace(out_dir=str(scratch))
     lowered = lowering.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
     with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
-        compile_core.check_and_write(target, lowered)
-    assert not scratch.exists()
+        compile_core.checked(nvidia, lowered)
     for bad_name in ("../x.cubin", "/tmp/x.cubin", ".hidden"):
         with pytest.raises(RuntimeError, match="named the binary"):
-            compile_core.check_and_write(target, dataclasses.replace(lowered, binary_name=bad_name))
-    assert not scratch.exists()
+            compile_core.checked(nvidia, dataclasses.replace(lowered, binary_name=bad_name))
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])

@@ -91,7 +91,7 @@ def in_place(path, old, new):
 
 @pytest.mark.parametrize("edit", ["spec value", "kernel source", "helper module", "new spec", "kforge code",
                                   "kernel source in place", "helper module in place", "spec value in place",
-                                  "corrupt catalog", "damaged catalog"])
+                                  "corrupt catalog", "damaged catalog", "older format"])
 def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, tmp_path, edit):
     before = {t.name: t.key for t in loaded(project).targets}
     first = loaded(project)
@@ -122,6 +122,9 @@ def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, t
         path = project / "out" / ".kforge" / "catalog.json"
         saved = json.loads(path.read_text())
         path.write_text(json.dumps({**saved, "targets": [["not", "a", "row"]], "groups": None}))
+    elif edit == "older format":   # kforge-catalog-9 stored out/ paths where a target now carries its Layout
+        path = project / "out" / ".kforge" / "catalog.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "format": "kforge-catalog-9"}))
     else:
         (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "%s", "stamp"' % catalog_module.FORMAT)
     keys, used_saved = load_watched(project, monkeypatch)

@@ -1,6 +1,6 @@
-"""compile_core: what a compile result reports, and compile_into writing a (fake) backend's binary into another
-project's out/ through a real compile server. check_and_write's refusals are in tests/test_build.py."""
-import dataclasses
+"""compile_core: compile_into handing back a (fake) backend's binary as a candidate artifact, compiled with
+another project's out/ for its scratch files, through a real compile server. checked()'s refusals are in
+tests/test_build.py; CompileResult is tested in tests/test_arrival.py."""
 import json
 import os
 import subprocess
@@ -13,8 +13,8 @@ import pytest
 
 from kforge.store import artifact
 from kforge.compile import core as compile_core, lowering
-from kforge.report import reporter as report
 from kforge.base import stamps
+from kforge.store.arrival import CompileResult
 from kforge.store.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
@@ -37,39 +37,6 @@ def test_each_toolchain_imports_its_own_backend_alone_and_no_compiler():
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert lines == ["triton ['triton'] ['kforge.compile.triton_backend']",
                      "flydsl ['flydsl'] ['kforge.compile.flydsl_backend', 'kforge.compile.triton_backend']"]
-
-
-# --- CompileResult.values -------------------------------------------------------------------------------------
-
-
-def test_a_plain_compile_result_reports_only_the_fields_that_are_set():
-    assert compile_core.CompileResult(1.25, 0.5, "ab" * 32).values() == {
-        "seconds": 1.25, "compile_seconds": 0.5, "sha256": "ab" * 32}
-
-
-def test_a_cache_hit_reports_from_cache_and_its_warnings_as_a_list_and_no_compile_time():
-    values = compile_core.CompileResult(0.3, from_cache=True, cache_warnings=("cache down (GET x)", "slow")).values()
-    assert values == {"seconds": 0.3, "from_cache": True, "cache_warnings": ["cache down (GET x)", "slow"]}
-
-
-def test_a_cluster_compile_reports_where_it_ran():
-    values = compile_core.CompileResult(2.0, 1.5, "cd" * 32, compiled_on="tcp://10.0.0.7:4001").values()
-    assert values["compiled_on"] == "tcp://10.0.0.7:4001"
-
-
-def test_compile_result_values_are_plain_json_with_what_the_report_reads():
-    values = compile_core.CompileResult(2.0, 1.5, "cd" * 32, True, "tcp://w:1", ("w",)).values()
-    assert json.loads(json.dumps(values)) == values
-    assert set(report.REPORTED_VALUES) - {"from_local_cache"} | {"cache_warnings"} <= set(values)
-    assert {k: v for k, v in values.items() if k in report.REPORTED_VALUES} == {
-        "from_cache": True, "compiled_on": "tcp://w:1", "compile_seconds": 1.5}
-    local = compile_core.CompileResult(0.1, from_local_cache=True).values()   # one cache or the other
-    assert local == {"seconds": 0.1, "from_local_cache": True} and report.origin(local) == "local cache"
-
-
-def test_a_zero_duration_is_a_set_field_and_is_reported():
-    assert compile_core.CompileResult(0.0, 0.0, "ab" * 32).values() == {
-        "seconds": 0.0, "compile_seconds": 0.0, "sha256": "ab" * 32}
 
 
 # --- compile_into ---------------------------------------------------------------------------------------------
@@ -95,7 +62,7 @@ def fake_backend(monkeypatch, compiled):
         if fake.error:
             raise RuntimeError(fake.error)
         return lowering.Lowered(binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.123456,
-                                fields={"seen_out": target.out, "seen_out_dir": target.out_dir,
+                                fields={"seen_out": str(target.layout.out), "seen_out_dir": target.out_dir,
                                         "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
                                         "seen_tempdir": tempfile.gettempdir(),
                                         "seen_TMPDIR": os.environ.get("TMPDIR"),
@@ -117,20 +84,24 @@ def listing(directory: Path) -> dict[str, list | None]:
     return {str(p.relative_to(directory)): stamps.identity(str(p)) for p in sorted(directory.rglob("*"))}
 
 
-def test_compile_into_writes_the_artifact_into_the_private_projects_out_and_returns_what_it_wrote(
-        compiled, fake_backend, tmp_path):
+def meta_of(outcome) -> dict:
+    return json.loads(outcome.result.files[artifact.META])
+
+
+def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(compiled, fake_backend, tmp_path):
     root, target, binary = compiled
     private = tmp_path / "worker"
     outcome = into(compiled, private)
     assert outcome.ok, outcome.error
-    assert dataclasses.replace(outcome.result, spans=()) == compile_core.Written(0.1235, artifact.sha256(binary))
-    assert [phase for phase, _, _ in outcome.result.spans] == ["compile", "write"]   # for the build trace
+    assert outcome.result.result._replace(spans=()) == CompileResult(compile_seconds=0.1235,
+                                                                     sha256=artifact.sha256(binary))
+    assert [phase for phase, _, _ in outcome.result.result.spans] == ["compile", "check"]   # for the build trace
+    assert sorted(outcome.result.files) == ["meta.json", "scale_kernel.cubin"]
+    meta, _, on_disk = artifact.accept(target, outcome.result.files)   # what the installer checks
+    assert on_disk == binary
+    assert meta["key"] == target.key and meta["target"] == target.name and meta["sha256"] == outcome.result.result.sha256
     directory = Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
-    assert directory == private / "out" / "sm_90a" / "scale" / target.config_id
-    meta, on_disk = artifact.load(directory)
-    assert on_disk == binary and sorted(p.name for p in directory.iterdir()) == ["meta.json", "scale_kernel.cubin"]
-    assert meta["key"] == target.key and meta["target"] == target.name and meta["sha256"] == outcome.result.sha256
-    assert artifact.is_current(str(directory / "meta.json"), target.key)
+    assert directory == private / "out" / "sm_90a" / "scale" / target.config_id and not directory.exists()
     # the backend was handed the private paths, and lowered in the forked compile server
     assert (meta["seen_out"], meta["seen_out_dir"]) == (str(private / "out"), str(directory))
     assert meta["lowered_in"] != os.getpid()
@@ -146,10 +117,7 @@ def test_compile_into_leaves_the_projects_own_out_untouched(compiled, fake_backe
 def test_compile_into_gives_the_backend_a_fresh_scratch_directory_and_removes_it_after(compiled, fake_backend,
                                                                                        tmp_path):
     private = tmp_path / "worker"
-    into(compiled, private)
-    _, target, _ = compiled
-    meta = json.loads((Path(Layout(private).artifact_dir(target.arch, target.kernel, target.config_id))
-                       / "meta.json").read_text())
+    meta = meta_of(into(compiled, private))
     scratch = Path(meta["seen_scratch"])
     assert meta["seen_scratch_existed"] and scratch.is_relative_to(private / "out")
     assert not scratch.exists()
@@ -158,10 +126,7 @@ def test_compile_into_gives_the_backend_a_fresh_scratch_directory_and_removes_it
 def test_compile_into_puts_the_scratch_directory_in_the_private_projects_kforge_state(compiled, fake_backend,
                                                                                       tmp_path):
     private = tmp_path / "worker"
-    into(compiled, private)
-    _, target, _ = compiled
-    meta = json.loads((Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
-                       / "meta.json").read_text())
+    meta = meta_of(into(compiled, private))
     assert Path(meta["seen_scratch"]).parent == Layout(private).scratch
     assert not (private / "out" / "out").exists()
 
@@ -179,9 +144,6 @@ def test_the_compilers_temp_files_go_to_the_compiles_scratch_folder(compiled, fa
     """Triton and ptxas write temp files (.ptx, .o, .log) where tempfile and TMPDIR say: the compile's own
     scratch folder under out/.kforge/tmp, removed with it, never the system's temp directory."""
     private = tmp_path / "worker"
-    into(compiled, private)
-    _, target, _ = compiled
-    meta = json.loads((Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
-                       / "meta.json").read_text())
+    meta = meta_of(into(compiled, private))
     assert meta["seen_tempdir"] == meta["seen_TMPDIR"] == meta["seen_scratch"]
     assert list(Layout(private).scratch.iterdir()) == []

@@ -1,4 +1,5 @@
 """Layout: every path kforge reads or writes lies under <root>/out, in the shapes the rest of kforge expects."""
+import ast
 from pathlib import Path
 
 import pytest
@@ -6,8 +7,12 @@ import pytest
 from kforge.store.layout import Layout
 from kforge_runtime import schema
 
-ARGS = {"artifact_dir": ("sm_90a", "scale", "fp16-b256-w4"), "family_dir": ("sm_90a", "scale"), "manifest_copy": ("gfx942",),
+TARGET = ("sm_90a", "scale", "fp16-b256-w4")
+ARGS = {"artifact_dir": TARGET, "artifact_path": TARGET, "meta_path": TARGET, "error_path": TARGET,
+        "arch_dir": ("sm_90a",), "family_dir": ("sm_90a", "scale"), "manifest_copy": ("gfx942",),
         "package_stamp": ("gfx942",), "tuning_table": ("gfx942", "scale")}
+STRINGS = {"artifact_path", "meta_path", "error_path"}   # a Target's paths: strings, cheap for a no-op run
+LISTINGS = {"artifact_dirs"}   # what is in out/, not a path
 
 
 def every_path(layout: Layout) -> dict[str, Path]:
@@ -16,8 +21,10 @@ def every_path(layout: Layout) -> dict[str, Path]:
     for name, member in vars(Layout).items():
         if isinstance(member, property):
             paths[name] = getattr(layout, name)
-        elif callable(member) and not name.startswith("_") and name != "of":
-            paths[name] = getattr(layout, name)(*ARGS[name])
+        elif callable(member) and not name.startswith("_") and name not in ("of", "around", *LISTINGS):
+            found = getattr(layout, name)(*ARGS[name])
+            assert isinstance(found, str) == (name in STRINGS), name
+            paths[name] = Path(found) if name in STRINGS else found
     return paths
 
 
@@ -47,6 +54,27 @@ def test_artifact_dir_is_arch_then_kernel_then_config_id(tmp_path):
             == tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
 
 
+@pytest.mark.parametrize("root", ["/some/project", "relative/project", "."])
+def test_a_targets_string_paths_are_the_artifact_dir_and_its_files(root):
+    layout = Layout.of(root)
+    directory = layout.artifact_dir(*TARGET)
+    assert layout.artifact_path(*TARGET) == str(directory) or Path(layout.artifact_path(*TARGET)) == directory
+    assert Path(layout.meta_path(*TARGET)) == directory / schema.META
+    assert Path(layout.error_path(*TARGET)) == directory / schema.ERROR
+
+
+def test_artifact_dirs_lists_three_levels_down_links_included_and_never_enters_a_linked_arch(tmp_path):
+    layout = Layout(tmp_path)
+    built = layout.artifact_dir(*TARGET)
+    built.mkdir(parents=True)
+    (layout.family_dir("sm_90a", "scale") / "a-link").symlink_to(tmp_path)
+    (layout.family_dir("sm_90a", "scale") / "a-file").write_text("")   # not an artifact directory
+    layout.out.joinpath("elsewhere", "k", "c").mkdir(parents=True)
+    layout.arch_dir("sm_80").symlink_to(layout.out / "elsewhere")
+    assert sorted(layout.artifact_dirs(["sm_90a", "sm_80", "gfx942"])) == [
+        str(layout.family_dir("sm_90a", "scale") / "a-link"), str(built)]
+
+
 def test_manifest_copy_sits_beside_the_wheels_in_dist_named_after_the_arch_distribution(tmp_path):
     path = Layout(tmp_path).manifest_copy("gfx942")
     assert path == tmp_path / "out" / "dist" / "kforge_kernels_gfx942.manifest.json"
@@ -67,3 +95,72 @@ def test_a_layout_of_a_string_equals_the_layout_of_its_path(root):
     assert hash(Layout.of(root)) == hash(Layout(Path(root)))
     assert isinstance(Layout.of(root).root, Path)
     assert Layout.of(root).out == Path(root) / "out"
+
+
+# --- the artifact directory is spelled in layout.py alone -------------------------------------------------------
+
+PARTS = {"arch", "kernel", "config_id", "cid", "out_dir"}   # what an out/<arch>/<kernel>/<config_id> path is made of
+BUNDLE_PATH = ("package.py", "make_manifest")   # a bundle's own <kernel>/<config_id>/ inside the wheel, not out/
+# out/ paths other than an artifact directory that are still climbed by counting levels (not yet asked of Layout)
+CLIMBS = {("inputs.py", "__init__"), ("tune_gpu.py", "save_progress")}
+
+
+def _part(node) -> bool:
+    """`arch`, `t.config_id`, `self.out_dir`, ...: a name or attribute that is one of PARTS (not a call of one)."""
+    return ((isinstance(node, ast.Name) and node.id in PARTS) or
+            (isinstance(node, ast.Attribute) and node.attr in PARTS))
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in ast.walk(node):
+                yield node.name, child
+
+
+def artifact_path_spellings(source: str, module: str) -> list[str]:
+    """Where code builds a path from an artifact directory's parts itself, instead of asking Layout: an f-string
+    joining one with "/", `x / arch` (or kernel, config id, out_dir), or climbing out of an artifact directory
+    by counting its levels (`.parents[2]`)."""
+    found = []
+    for function, node in _functions(ast.parse(source)):
+        if (module, function) == BUNDLE_PATH:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for i, part in enumerate(parts):
+                if isinstance(part, ast.FormattedValue) and _part(part.value):
+                    near = [p.value for p in parts[max(i - 1, 0):i + 2] if isinstance(p, ast.Constant)]
+                    if any("/" in str(text) for text in near):
+                        found.append(f"{module}:{node.lineno} f-string")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _part(node.right):
+            found.append(f"{module}:{node.lineno} path / {ast.unparse(node.right)}")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+              and node.value.attr == "parents" and isinstance(node.slice, ast.Constant) and node.slice.value >= 2
+              and (module, function) not in CLIMBS):
+            found.append(f"{module}:{node.lineno} .parents[{node.slice.value}]")
+    return found
+
+
+def test_the_artifact_directory_is_spelled_in_layout_py_alone():
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    found = [hit for path in sorted(rules.glob("*.py")) if path.name != "layout.py"
+             for hit in artifact_path_spellings(path.read_text(), path.name)]
+    assert found == []
+
+
+@pytest.mark.parametrize("code", ['out_dir=f"{shared.family_dir}/{cid}"', 'p = f"{self.out_dir}/meta.json"',
+                                  "d = out / arch", "out = directory.parents[2]"])
+def test_the_spelling_check_finds_each_old_spelling(code):
+    """The old spellings (targets.py, target.py, out_dir.py, artifact.py before one Layout) are each found."""
+    assert artifact_path_spellings(f"def f():\n    {code}\n", "x.py") != []
+
+
+def test_a_target_asks_its_layout_for_every_path():
+    from kforge.base.target import Target
+    assert "layout" in Target._fields and not {"out", "out_dir"} & set(Target._fields)
+    target = Target(*([""] * Target._fields.index("layout")), Layout.of("/p"), key="k")._replace(
+        arch="sm_90a", kernel="scale", config_id="c1")
+    assert Path(target.out_dir) == Layout.of("/p").artifact_dir("sm_90a", "scale", "c1")
+    assert Path(target.meta_path) == Path(target.out_dir) / schema.META
+    assert Path(target.error_path) == Path(target.out_dir) / schema.ERROR

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.store import arrival
 from kforge.share import local_cache
 from kforge.base import settings
 from kforge.share.local_cache import LocalCache
@@ -228,12 +229,13 @@ def test_the_cache_directory_defaults_to_the_users_cache_and_sizes_read_as_peopl
 def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_it(tmp_path):
     cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
     target = types.SimpleNamespace(key="d" * 64, name="k:x@sm_90a", out_dir=str(tmp_path / "out"))
+    fetch = lambda: arrival.arrive(target, local_cache.Source(cache))
     path = local_cache.entry_path(cache, target.key)
     path.parent.mkdir(parents=True)
     path.symlink_to("/dev/zero")
-    assert local_cache.fetch(cache, target)[1] == [
+    assert fetch()[1] == [
         f"local cache entry {path} for k:x@sm_90a refused (it is a symbolic link, not an entry kforge wrote); "
         f"compiling it here (its build replaces the entry)"]
     assert not os.path.lexists(path)   # deleted: the build stores a real entry there
     os.mkfifo(path)   # a read would block forever
-    assert "it is not a regular file" in local_cache.fetch(cache, target)[1][0]
+    assert "it is not a regular file" in fetch()[1][0]

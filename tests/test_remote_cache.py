@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from kforge.store import arrival
 from kforge.share import remote_cache
 from kforge.share.nginx_cache import NGINX, free_port, serve
+from kforge.store.layout import Layout
 from kforge.share.remote_cache import CacheConfig
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
@@ -326,12 +328,13 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
     entry, blobs = entry_serving(files)
     served(monkeypatch, {f"/ac/{wanted['key']}": entry, **blobs})
     out_dir = tmp_path / "out/gfx950/scale/fp16-b256-w4"
+    layout = Layout(tmp_path)
     target = SimpleNamespace(name=wanted["target"], kernel="scale", config_id="fp16-b256-w4", arch="gfx950",
-                             key=wanted["key"], config=tuple(wanted["config"].items()), out=str(tmp_path / "out"),
-                             out_dir=str(out_dir))
+                             key=wanted["key"], config=tuple(wanted["config"].items()), layout=layout,
+                             out_dir=layout.artifact_path("gfx950", "scale", "fp16-b256-w4"))
     cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
-    assert cache.fetch(target) is False and not out_dir.exists()
-    [warning] = cache.drain_warnings()
+    hit, [warning] = arrival.arrive(target, cache)
+    assert hit is None and not out_dir.exists() and cache.drain_warnings() == []
     assert warning.startswith(f"cache entry http://cache.example:8080/ac/{wanted['key']} for {wanted['target']} "
                               f"rejected (its binary is refused: the binary is for gfx942, expected gfx950)")
     assert "meta.json" not in warning and "doit forget" not in warning
@@ -339,8 +342,9 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
 
 def fake_target(tmp_path, i: int):
     from types import SimpleNamespace
-    out_dir = tmp_path / "out" / "sm_90a" / "scale" / f"c{i}"
-    return SimpleNamespace(name=f"scale:c{i}@sm_90a", key=f"{i:064x}", out=str(tmp_path / "out"), out_dir=str(out_dir))
+    layout = Layout(tmp_path)
+    return SimpleNamespace(name=f"scale:c{i}@sm_90a", key=f"{i:064x}", layout=layout,
+                           out_dir=layout.artifact_path("sm_90a", "scale", f"c{i}"))
 
 
 def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_once(tmp_path, monkeypatch):
@@ -355,7 +359,7 @@ def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_on
     monkeypatch.setattr(remote_cache, "_request", slow)
     monkeypatch.setattr(remote_cache, "_shared", None)
     cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", budget=0.25))
-    assert [cache.fetch(fake_target(tmp_path, i)) for i in range(5)] == [False] * 5
+    assert [arrival.arrive(fake_target(tmp_path, i), cache) for i in range(5)] == [(None, [])] * 5
     assert len(asked) == 2
     [warning] = cache.drain_warnings()
     assert warning.startswith("remote cache http://slow.example:8080 switched off for the rest of this run: 0.3 s "
@@ -422,11 +426,11 @@ def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_pat
     cache = remote_cache.RemoteCache(CacheConfig(url, timeout=5))
     tracemalloc.start()
     try:
-        assert cache.fetch(fake_target(tmp_path, 1)) is False
+        hit, [warning] = arrival.arrive(fake_target(tmp_path, 1), cache)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    [warning] = cache.drain_warnings()
+    assert hit is None
     assert f"/ac/{1:064x} is over the limit of 65536 bytes" in warning and peak < 4 << 20, (warning, peak)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kforge.store.layout import Layout
 from kforge_runtime.schema import COMPILE_TIME  # noqa: F401  (defined there; artifact.py still imports it from here)
 
 FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
@@ -28,8 +29,7 @@ class Target(NamedTuple):
     config: tuple[tuple[str, object], ...]   # spec_model.Config: (param, value) in the sweep's key order
     source_digests: tuple[tuple[str, str], ...]
     toolchain_versions: tuple[tuple[str, str], ...]
-    out: str                    # the project's out/ (rules/store/layout.py)
-    out_dir: str                # this target's artifact directory in it
+    layout: Layout              # the project whose out/ holds its artifact: every path below asks it
     key: str
     env: tuple[tuple[str, str], ...] = ()   # the family's [env]: set in the processes that compile it
     # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
@@ -47,5 +47,14 @@ class Target(NamedTuple):
         return f"{self.kernel}:{self.config_id}@{self.arch}"
 
     @property
+    def out_dir(self) -> str:
+        """Its artifact directory, out/<arch>/<kernel>/<config_id> (rules/store/layout.py)."""
+        return self.layout.artifact_path(self.arch, self.kernel, self.config_id)
+
+    @property
     def meta_path(self) -> str:
-        return f"{self.out_dir}/meta.json"
+        return self.layout.meta_path(self.arch, self.kernel, self.config_id)
+
+    @property
+    def error_path(self) -> str:
+        return self.layout.error_path(self.arch, self.kernel, self.config_id)

@@ -1,17 +1,18 @@
-"""The doit action of a compile target: a local-cache hit, else a remote-cache hit, else a compile (here or on a
-Dask cluster); what was fetched or built is kept in the local cache and a build uploaded. The outcome as a
-CompileResult, or a TaskFailed naming the target, its spec and config."""
+"""The doit action of a compile target: the artifact arrives from the first source that has one (rules/store/arrival.py):
+the local cache, the remote cache, else a compile (here, or on a Dask cluster); arrival.install checks and writes
+whichever it is. What was fetched or built is then kept in the caches before it. The outcome as one
+arrival.CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from kforge.store import artifact
+from kforge.store import arrival, artifact
 from kforge.share import local_cache, remote_cache
-from kforge.compile.core import CompileResult, compile_here, compile_into
+from kforge.store.arrival import CompileResult
+from kforge.compile.core import compile_here, compile_into
 from kforge.store.guard import OutsideOut
 from kforge.base.target import Target
 
@@ -36,57 +37,57 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     if saved is not None:   # a deterministic failure of this very key and inputs: the compile would give it again
         head, _, rest = saved.partition("\n")
         return TaskFailed(f"{head}\n  not compiled again: it failed so from this key and these inputs "
-                          f"(out/{os.path.relpath(target.out_dir, target.out)}/error.txt); `doit forget "
+                          f"(out/{os.path.relpath(target.error_path, target.layout.out)}); `doit forget "
                           f"{target.name}` compiles it again\n{rest}")
-    start, began = time.monotonic(), time.time()
-    cache = remote_cache.cache_for(cache_cfg)
+    start = time.monotonic()
+    caches = [c for c in (local and local_cache.Source(local), remote_cache.cache_for(cache_cfg)) if c is not None]
     spans: list[tuple] = []
     warnings: list[str] = []
-    if local is not None:
-        hit, warnings = local_cache.fetch(local, target)
-        spans.append(("local cache lookup", began, time.time()))
-        if hit and _read_the_same(target):   # as for a remote entry: what its compile read must match too
-            return CompileResult(round(time.monotonic() - start, 4), from_local_cache=True, spans=tuple(spans),
-                                 worker=os.getpid()).values()
-    if cache is not None:
+    for i, cache in enumerate(caches):
         looking = time.time()
-        hit = cache.fetch(target)
-        spans.append(("cache lookup", looking, time.time()))
-        if hit and _read_the_same(target):   # an entry's key is what the catalog knows; what it read must match too
-            if local is not None:   # the next checkout, revert or branch switch finds it here
-                warnings += local_cache.store(local, target)
-            return CompileResult(round(time.monotonic() - start, 4), from_cache=True,
-                                 cache_warnings=(*warnings, *cache.drain_warnings()), spans=tuple(spans),
-                                 worker=os.getpid()).values()
+        hit, refused = arrival.arrive(target, cache)
+        spans.append((cache.lookup_span, looking, time.time()))
+        warnings += refused
+        # an entry's key is what the catalog knows; what its compile read must match here too
+        if hit is not None and _read_the_same(target):
+            for nearer in caches[:i]:   # the next checkout, revert or branch switch finds it there
+                warnings += nearer.keep(target)
+            return _result(hit.result, time.monotonic() - start, caches, warnings, spans)
     if executor is not None:
         from kforge.share import dask_executor   # imports distributed: only where a cluster is used
+        made_by = "the Dask cluster"
         outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
     else:
-        outcome = compile_here(target, root, timeout)
+        made_by, outcome = "the compiler", compile_here(target, root, timeout)
     if not outcome.ok:
         return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
-    written = outcome.result
-    spans += written.spans
-    if local is not None:
-        storing = time.time()
-        warnings += local_cache.store(local, target)
-        spans.append(("local cache store", storing, time.time()))
-    if cache is not None:
-        uploading = time.time()
-        cache.store(target)
-        spans.append(("cache upload", uploading, time.time()))
+    candidate = outcome.result
+    writing = time.time()
+    try:
+        arrival.install(target, candidate)   # checked as a cache entry is: bound to the target, ELF for its arch
+    except artifact.ArtifactError as e:
+        return _fail(target, f"the artifact from {made_by} is bad: {e}")
+    spans += [*candidate.result.spans, ("write", writing, time.time())]
+    for cache in caches:
+        keeping = time.time()
+        warnings += cache.keep(target)
+        spans.append((cache.keep_span, keeping, time.time()))
+    return _result(candidate.result, outcome.seconds, caches, warnings, spans)
+
+
+def _result(result: CompileResult, seconds: float, caches: list, warnings: list, spans: list) -> dict:
+    """The source's CompileResult completed with the action's own facts, as doit keeps it (values())."""
+    for cache in caches:
         warnings += cache.drain_warnings()
-    return CompileResult(round(outcome.seconds, 4), written.compile_seconds, written.sha256,
-                         compiled_on=written.compiled_on, cache_warnings=tuple(warnings), spans=tuple(spans),
-                         worker=os.getpid()).values()
+    return result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
+                           worker=os.getpid()).values()
 
 
 def _read_the_same(target: Target) -> bool:
     """Whether the files the artifact's compile read (its meta.json lists them) have the same content here."""
     from kforge.base import stamps
     from kforge.store.inputs import InputIndex
-    from kforge.store.layout import Layout
-    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    index = InputIndex.of(target.layout.observed_inputs)
     return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
 
 
@@ -97,7 +98,7 @@ def _fail(target: Target, error: str, traceback: str = "", inputs: list | None =
                f"  error: {error}\n  retry alone: doit {target.name}")
     kept = f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message
     try:
-        artifact.write_error(Path(target.out_dir), target.key, kept, inputs)
+        artifact.write_error(target, kept, inputs)
     except OSError:   # a full disk: the failure is still reported (and in build-report.json when space allows)
         pass
     return TaskFailed(message)

@@ -1,12 +1,14 @@
-"""The compile core: a backend lowers one Target to a binary; this module checks it and writes the artifact.
+"""The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
-    compile_here(target, root, timeout) -> isolate.Outcome (result: Written)
+    compile_here(target, root, timeout) -> isolate.Outcome (result: arrival.Candidate)
         in this machine's warm compile server for the target's toolchain (and arch), a forked child:
-        backend.lower(target, scratch) -> Lowered, then check_and_write(target, lowered)
+        backend.lower(target, scratch) -> Lowered, then checked(target, lowered) -> Candidate
 
-A backend (triton_compile.py, flydsl_compile.py) only lowers: it never checks or writes files; it registers
-itself in lowering.py's table when imported, and backend_of(toolchain) imports it. Executors that compile
-elsewhere (dask_executor.py) are handed compile_here; none imports the doit action (build.py).
+A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
+itself in lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
+writes nothing in out/ either: the doit action installs the candidate (arrival.install), as it installs one
+from a cache. Executors that compile elsewhere (dask_executor.py) are handed compile_into; none imports the
+doit action (action.py).
 """
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
 from kforge.load import device_model, isolate, observe
+from kforge.store.arrival import Candidate, CompileResult
 from kforge.base.archs import ARCHS, check_shared
 from kforge.store.layout import Layout
 from kforge.base.target import Target
@@ -38,49 +40,21 @@ MAX_SERVERS = 3
 _servers: dict[tuple[str, str | None], isolate.Server] = {}
 
 
-@dataclass(frozen=True)
-class Written:
-    """An artifact now in place (what a compile server sends back)."""
-    compile_seconds: float
-    sha256: str
-    compiled_on: str | None = None   # the Dask worker's address, for a compile that ran on a cluster
-    spans: tuple = ()   # (phase, start, end) by the wall clock (comparable across processes): the build trace
-
-
-@dataclass(frozen=True)
-class CompileResult:
-    """A compile target's outcome as the build report records it (doit keeps it as the task's values)."""
-    seconds: float                 # the whole action: cache lookup, compile and write
-    compile_seconds: float | None = None   # the compiler alone (None: fetched from the cache)
-    sha256: str | None = None
-    from_cache: bool = False       # installed from the remote cache
-    compiled_on: str | None = None
-    cache_warnings: tuple[str, ...] = ()
-    spans: tuple = ()         # (phase, start, end) by the wall clock: cache lookup, compile, write, upload
-    worker: int | None = None   # the pid of the doit worker that ran the action: a row of the build trace
-    from_local_cache: bool = False   # installed from the local cache (rules/share/local_cache.py)
-
-    def values(self) -> dict:
-        """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""
-        return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()
-                if v is not None and v is not False and v != ()}   # 0.0 is a value (and 0.0 == False)
-
-
 def backend_of(toolchain: str) -> Backend:
     """The toolchain's backend, its module imported here and only in a process that compiles: a build of Triton
     targets alone never imports FlyDSL (one import per toolchain of spec.TOOLCHAINS)."""
     from kforge.compile import lowering
     if toolchain == "triton":
-        from kforge.compile import triton_backend as triton_compile  # noqa: F401  (registers itself)
+        from kforge.compile import triton_backend  # noqa: F401  (registers itself)
     elif toolchain == "flydsl":
-        from kforge.compile import flydsl_backend as flydsl_compile  # noqa: F401  (registers itself)
+        from kforge.compile import flydsl_backend  # noqa: F401  (registers itself)
     return lowering.BACKENDS[toolchain]   # another name: a backend registered by hand (tests)
 
 
-def check_and_write(target: Target, lowered: Lowered) -> Written:
-    """The one writer of compiled artifacts: the binary is real code for the target's arch and fits its
-    shared memory; then binary and meta.json are written (meta.json last, by rename)."""
+def checked(target: Target, lowered: Lowered) -> Candidate:
+    """The compiler's verdict on what it lowered, in the compile server: the binary is real code for the
+    target's arch and fits its shared memory (a failure here is deterministic, kept with the compile's inputs);
+    then the artifact as files with meta.json, for the installer (arrival.install) to write."""
     arch = ARCHS[target.arch]
     if not schema.is_plain_name(lowered.binary_name):
         raise RuntimeError(f"the {target.toolchain} backend named the binary {lowered.binary_name!r}")
@@ -92,8 +66,8 @@ def check_and_write(target: Target, lowered: Lowered) -> Written:
     except schema.BinaryRefused as e:
         raise RuntimeError(f"bad binary from {target.toolchain}: {e}") from None
     check_shared(arch, lowered.shared)
-    artifact.write(Path(target.out_dir), lowered.binary_name, lowered.binary, meta)
-    return Written(round(lowered.compile_seconds, 4), meta["sha256"])
+    return Candidate(artifact.files(lowered.binary_name, lowered.binary, meta),
+                     CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
 
 
 def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
@@ -105,7 +79,7 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    scratch_dir = scratch.folder(Path(target.out), f"{target.arch}-{target.kernel}")   # log and temp files
+    scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
         return _server_for(target, backend, root, import_in_server).call((target, scratch_dir), timeout,
                                                                          log_dir=scratch_dir)
@@ -114,13 +88,11 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
 
 
 def compile_into(target: Target, private_root: Path, root: str, timeout: float) -> isolate.Outcome:
-    """compile_here with the artifact written into another project's out/ (a Dask worker's private one)."""
-    layout = Layout(private_root)
-    directory = layout.artifact_dir(target.arch, target.kernel, target.config_id)
-    return compile_here(target._replace(out=str(layout.out), out_dir=str(directory)), root, timeout)
+    """compile_here with another project's out/ for its scratch files (a Dask worker's private one)."""
+    return compile_here(target._replace(layout=Layout(private_root)), root, timeout)
 
 
-def lower_and_write(backend: Backend, request: tuple) -> Written:
+def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
     start = time.time()
@@ -132,7 +104,7 @@ def lower_and_write(backend: Backend, request: tuple) -> Written:
         inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns, recorder.folders())
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
         lowered_at = time.time()
-        written = check_and_write(target, lowered)
+        candidate = checked(target, lowered)
     except Exception as e:
         # the compiler's verdict on these inputs (a compile error, a resource check such as shared memory): the
         # same key and inputs give it again, so it is kept with what the compile read (rules/compile/action.py). Not so
@@ -141,7 +113,8 @@ def lower_and_write(backend: Backend, request: tuple) -> Written:
             e.kforge_facts = {"inputs": observe.digests(recorder.files(), _folders[0], recorder.since_ns,
                                                         recorder.folders())}
         raise
-    return dataclasses.replace(written, spans=(("compile", start, lowered_at), ("write", lowered_at, time.time())))
+    return candidate._replace(result=candidate.result._replace(spans=(("compile", start, lowered_at),
+                                                                       ("check", lowered_at, time.time()))))
 
 
 _folders: list[tuple[str, ...]] = [()]   # where the server names files from (observe.bases), set up once
@@ -178,7 +151,7 @@ def _server_for(target: Target, backend: Backend, root: str, import_in_server: b
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server)
-        server = isolate.Server(functools.partial(lower_and_write, backend), setup)
+        server = isolate.Server(functools.partial(lower_and_check, backend), setup)
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
     _servers[wanted] = server   # now the most recently used

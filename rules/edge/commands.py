@@ -22,7 +22,6 @@ from kforge.edge.backend import NAME, KforgeSqliteDB
 from kforge.store.inputs import InputIndex, listed_inputs
 from kforge.store.layout import Layout
 from kforge.share.local_cache import LocalCache
-from kforge_runtime.schema import ERROR, META
 
 
 class Forget(DoitForget):
@@ -43,10 +42,10 @@ class Forget(DoitForget):
         for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
             # meta.json: built; error.txt: a failure reported again without compiling (rules/compile/action.py)
-            for path in (target.meta_path, os.path.join(target.out_dir, ERROR)) if target is not None else ():
+            for path in (target.meta_path, target.error_path) if target is not None else ():
                 if os.path.exists(path):
                     try:
-                        out_dir.remove_file(Path(target.out), Path(path))
+                        out_dir.remove_file(target.layout.out, Path(path))
                     except out_dir.OutsideOut as e:
                         self.outstream.write(f"kforge: refused: {e}\n")
         return result
@@ -59,23 +58,21 @@ def compile_target_of(task):
 
 def target_state(target) -> str:
     """up to date | stale (and what changed) | failed: <cause> | not built."""
-    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    index = InputIndex.of(target.layout.observed_inputs)
     if artifact.is_current(target.meta_path, target.key):
         changed = index.changed_input(target.meta_path, stamps.identity(target.meta_path))
         if changed is None:
             return "up to date"
         how = "listed it: a name was added or removed" if changed.endswith("/") else "read it"
         return f"stale: {changed} changed since it was built (its compile {how}); the next build rebuilds it"
-    directory = Path(target.out_dir)
-    if (directory / META).exists():
+    if os.path.exists(target.meta_path):
         return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
-    error = directory / ERROR
-    if error.exists():
-        text = error.read_text(errors="replace")
-        old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
+    failure = artifact.read_error(target)
+    if failure is not None:
+        old = "" if failure.key == target.key else " (with other inputs than now)"
         again = ("; reported again without compiling until its key or inputs change (`doit forget "
                  f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
-        return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}{again}"
+        return f"failed{old}: {report.error_line(failure.message)}{again}"
     return "not built"
 
 
@@ -138,7 +135,7 @@ def observed_lines(target) -> str:
     listed = listed_inputs(target.meta_path)
     if listed is None:
         return ""
-    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    index = InputIndex.of(target.layout.observed_inputs)
     rows = [f"    {name}  {digest[:12]}{'  (changed since)' if index.digest(name) != digest else ''}\n"
             for name, digest in listed]
     return f"  inputs its compile read ({len(rows)}; name, sha256 then):\n" + "".join(rows)
@@ -163,7 +160,7 @@ class Info(DoitCmdBase):
         target = compile_target_of(task)
         write = self.outstream.write
         if target is not None:
-            root = Layout.around(target.out).root
+            root = target.layout.root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
                   f"{target.entry}\n  config: {dict(target.config)}\n{note_lines(target)}{imported_as(target)}"
                   f"  key: {target.key}\n"
@@ -209,7 +206,7 @@ class Clean(DoitClean):
                 removed += Path(target.out_dir).exists()
             else:
                 try:
-                    removed += out_dir.remove_artifact_dir(Path(target.out), Path(target.out_dir))
+                    removed += out_dir.remove_artifact_dir(target.layout.out, Path(target.out_dir))
                 except out_dir.OutsideOut as e:
                     refused.append(str(e))
             if cleanforget and not dryrun:
@@ -247,11 +244,11 @@ class Prune(DoitCmdBase):
                                  f"artifacts cannot be told from orphans; fix them first\n")
             return 1
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
-        out = Layout.of(Path.cwd()).out   # doit runs in dodo.py's directory
+        layout = Layout.of(Path.cwd())   # doit runs in dodo.py's directory
         removed, refused = 0, []
-        for path in out_dir.orphaned(out, current, settings.get("archs")):
+        for path in out_dir.orphaned(layout, current, settings.get("archs")):
             try:
-                removed += out_dir.remove_artifact_dir(out, path)
+                removed += out_dir.remove_artifact_dir(layout.out, path)
             except out_dir.OutsideOut as e:
                 refused.append(str(e))
         self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"

@@ -78,7 +78,7 @@ def config(root: Path, catalog) -> dict:
         "before_first_task": staticmethod(_resume_gc),
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
         "find_orphans": staticmethod(list if catalog.broken else functools.partial(
-            out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], settings.get("archs")))})
+            out_dir.orphaned, layout, [t.out_dir for t in catalog.targets], settings.get("archs")))})
     max_workers, cap_reason = _compile_cap()
     install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
     _run_after_failed_deps()

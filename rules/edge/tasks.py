@@ -27,12 +27,13 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
     finished artifacts count even though doit's DB was never written. No targets or clean actions either:
     forget, clean and prune find the artifact through the Target in the task's meta (doit_commands.py)."""
     read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
+    meta_path = t.meta_path
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
         "doc": f"{t.toolchain} {t.entry} for {t.arch}",
         "actions": [(compile_action, [t, root, timeout, cache, executor, local])],
-        "uptodate": [built.is_current(t.meta_path, t.key) and read.unchanged(t.meta_path, built.meta_identity(t.meta_path))],
+        "uptodate": [built.is_current(meta_path, t.key) and read.unchanged(meta_path, built.meta_identity(meta_path))],
         "meta": {"kforge_target": t},
         "verbosity": 0,
     }

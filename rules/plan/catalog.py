@@ -36,7 +36,7 @@ from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
 
-FORMAT = "kforge-catalog-9"
+FORMAT = "kforge-catalog-10"   # 10: a target carries its Layout (the project root), not out/ paths
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
@@ -311,10 +311,10 @@ def record_archs(root: Path) -> tuple[str, ...]:
     return tuple(archs)
 
 
-# A target's fields, stored once per (family, arch) group or once per target. out_dir is <family dir>/<config id>
-# (rules/store/layout.py), so it is not stored.
+# A target's fields, stored once per (family, arch) group or once per target. Its layout is stored as the
+# project root; every path of the target is asked of it (rules/store/layout.py).
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
-          "source_digests", "toolchain_versions", "out", "env", "notes", "device_model", "setup")
+          "source_digests", "toolchain_versions", "layout", "env", "notes", "device_model", "setup")
 OWN = ("config_id", "constexprs", "options", "config", "key")
 
 
@@ -323,7 +323,7 @@ def _encode(targets: list[Target]) -> dict:
     signatures: dict[str, int] = {}
     rows = []
     for t in targets:
-        shared = [getattr(t, f) for f in SHARED] + [t.out_dir.rsplit("/", 1)[0]]
+        shared = [str(t.layout.root) if f == "layout" else getattr(t, f) for f in SHARED]
         group = groups.setdefault(json.dumps(shared), len(groups))
         signature = signatures.setdefault(json.dumps(t.signature), len(signatures))
         rows.append([group, signature, *(getattr(t, f) for f in OWN), *([t.placeholders] if t.placeholders else [])])
@@ -333,13 +333,13 @@ def _encode(targets: list[Target]) -> dict:
 
 def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     pairs = lambda values: tuple(map(tuple, values))
-    shared = [(dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), g[10], pairs(g[11]), pairs(g[12]),
-                                 g[13], tuple(g[14])))), g[15])
+    shared = [dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), Layout.of(g[10]), pairs(g[11]),
+                                pairs(g[12]), g[13], tuple(g[14]))))
               for g in groups]
     signature = [pairs(s) for s in signatures]
     def placeholders(rest: list) -> tuple:
         return tuple((n, kind, tuple(v) if isinstance(v, list) else v) for n, kind, v in rest[0]) if rest else ()
-    return [Target(**shared[group][0], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
-                   options=pairs(options), config=pairs(config), out_dir=f"{shared[group][1]}/{config_id}", key=key,
+    return [Target(**shared[group], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
+                   options=pairs(options), config=pairs(config), key=key,
                    placeholders=placeholders(rest))
             for group, sig, config_id, constexprs, options, config, key, *rest in rows]

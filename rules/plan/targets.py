@@ -51,8 +51,7 @@ class _Shared:
     digests: tuple[tuple[str, str], ...]
     versions: tuple[tuple[str, str], ...]
     key: str   # the digest of all of the above that goes into each target's key
-    out: str          # the project's out/
-    family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
+    layout: Layout    # the project's, which every target carries (its paths ask it)
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
     env: tuple        # the family's environment on this arch ([env], [arch.<arch>.env])
@@ -100,8 +99,7 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             **({"setup": setup} if setup else {}),
             **({"distribution": distribution} if spec.module else {})})
         notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ())
-        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
-                         str(layout.family_dir(arch_name, spec.name)), {},
+        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, layout, {},
                          functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
                          family_env, notes)
         configs = spec.configs.on(arch_name)
@@ -278,5 +276,5 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=shared.env,
+                  layout=shared.layout, key=key, env=shared.env,
                   placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup)

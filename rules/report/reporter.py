@@ -9,6 +9,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
+from kforge.store.arrival import CompileResult
 from kforge.store.files import write_inside
 from kforge.report.trace import Trace
 
@@ -18,7 +19,8 @@ FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/compile/action.py, rules/load/isolate.py
 CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
-# where a built target's artifact came from: its record's "origin", the report's "origins", the progress label
+# where a built target's artifact came from (arrival.CompileResult.origin): its record's "origin", the report's
+# "origins", the progress label
 ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote"}
 
 
@@ -64,7 +66,8 @@ class BuildReporter(ConsoleReporter):
     def add_success(self, task):
         if task.actions:
             values = getattr(task, "values", None) or {}
-            for message in values.get("cache_warnings", ()):
+            result = CompileResult.of(values)   # a compile's (rules/compile/action.py); of a package, only what it shares
+            for message in result.cache_warnings:
                 # each worker process warns once that a cache is down, each with its own request in
                 # parentheses: the same warning about other details is shown once
                 gist = re.sub(r"\(.*\)", "", message)
@@ -72,9 +75,9 @@ class BuildReporter(ConsoleReporter):
                     self.warned.add(gist)
                     self.warnings.append(message)
                     self.write(f"kforge: warning: {message}\n")
-            extra = {} if _is_package(task) else {"origin": origin(values)}
-            extra.update((k, values[k]) for k in REPORTED_VALUES if values.get(k))
-            self._finish(task, "built", "", extra, values)
+            extra = {} if _is_package(task) else {"origin": result.origin}
+            extra.update((k, getattr(result, k)) for k in REPORTED_VALUES if getattr(result, k))
+            self._finish(task, "built", "", extra, result)
             self._ran(task)
 
     def add_failure(self, task, fail):
@@ -89,10 +92,11 @@ class BuildReporter(ConsoleReporter):
         if target is not None and self.key_index is not None:
             self.key_index.refresh(target.meta_path)
 
-    def _finish(self, task, status: str, error: str, extra: dict | None = None, values: dict | None = None) -> None:
+    def _finish(self, task, status: str, error: str, extra: dict | None = None,
+                result: CompileResult | None = None) -> None:
         begun = self.begun.pop(task.name, time.monotonic())
         seconds = time.monotonic() - begun
-        self._traced(task, status, values)
+        self._traced(task, status, result)
         record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {}),
                   "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
         if error:
@@ -109,7 +113,7 @@ class BuildReporter(ConsoleReporter):
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
 
-    def _traced(self, task, status: str, values: dict | None) -> None:
+    def _traced(self, task, status: str, result: CompileResult | None) -> None:
         now = time.time()
         handed = self.handed.pop(task.name, now)
         target = (getattr(task, "meta", None) or {}).get("kforge_target")
@@ -122,7 +126,7 @@ class BuildReporter(ConsoleReporter):
         elif status == "failed":
             self.trace.task("failed", task.name, "failed", handed, now, family)
         else:
-            self.trace.target(task.name, family, handed, now, values or {})
+            self.trace.target(task.name, family, handed, now, result or CompileResult())
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
@@ -179,12 +183,6 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
-
-
-def origin(values: dict) -> str:
-    """Where a built target's artifact came from, by its action's result (rules/compile/action.py)."""
-    return ("local cache" if values.get("from_local_cache") else
-            "remote cache" if values.get("from_cache") else "compiled")
 
 
 def _trimming(cache) -> list[str]:

@@ -31,13 +31,13 @@ class Trace:
                             "ts": round((start - self.started) * 1e6), "dur": max(round((end - start) * 1e6), 1),
                             "args": {"phase": phase, **args}})
 
-    def target(self, name: str, family: str, handed: float, finished: float, values: dict) -> None:
-        """A compile target that ran: its queue time, then its action's spans, on its worker's row."""
-        spans = values.get("spans") or []
-        worker = values.get("worker")
+    def target(self, name: str, family: str, handed: float, finished: float, result) -> None:
+        """A compile target that ran (its arrival.CompileResult): its queue time, then its action's spans, on its
+        worker's row."""
+        spans, worker = result.spans, result.worker
         row = f"worker {worker}" if worker else "targets"
         args = {"target": name, "family": family,
-                **{k: True for k in ("from_cache", "from_local_cache") if values.get(k)}}
+                **{k: True for k in ("from_cache", "from_local_cache") if getattr(result, k)}}
         if not spans:   # an action that reported no phases: the time doit saw it take
             self._slice(row, name, "run", handed, finished, args)
             return

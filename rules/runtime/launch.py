@@ -13,6 +13,7 @@ import struct
 import threading
 
 from . import tensordesc
+from .schema import LAUNCH_RANGES, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
@@ -130,15 +131,13 @@ def check_launch_fields(entry: dict) -> None:
     """The manifest fields a launch reads, checked before any reaches the driver (a bundle is untrusted):
     LaunchError naming the field, never a TypeError or KeyError from deep inside a launch."""
     name = entry.get("target")
-    signature = entry.get("signature")
-    if not (isinstance(signature, list) and all(isinstance(a, dict) and isinstance(a.get("name"), str)
-                                                and isinstance(a.get("type"), str) for a in signature)):
+    if not is_signature(entry.get("signature")):
         raise LaunchError(f"{name}: the manifest's 'signature' must be a list of {{name, type}} strings; rebuild "
                           f"the bundle with `doit package`")
     promised = entry.get("divisible_by_16") or []
     if not (isinstance(promised, list) and all(isinstance(a, str) for a in promised)):
         raise LaunchError(f"{name}: the manifest's 'divisible_by_16' must be a list of argument names")
-    for field, low, high in (("threads_per_block", 1, 1024), ("shared", 0, 1 << 20)):
+    for field, (low, high) in LAUNCH_RANGES.items():
         value = entry.get(field)
         if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
             raise LaunchError(f"{name}: the manifest's {field!r} must be a whole number in [{low}, {high}]")

@@ -28,6 +28,12 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 BUNDLE_FORMAT = "kforge-bundle"
 BUNDLE_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+
+# meta.json's fields, and so a manifest entry's: the one definition. ENTRY_FIELDS are those the loader reads,
+# checked when an entry is picked (bundle.py); ARTIFACT_FIELDS every artifact has, whatever compiled it
+# (rules/store/artifact.py's meta() builds them and checks its result against them). Some add more: the family's
+# "env", "device_model", "setup", and the toolchain's own ("inputs", Triton's "divisible_by_16", AMD's
+# "kernel_abi", "tensordesc_meta", ...).
 ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
                 "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
                 "toolchain": str}
@@ -74,6 +80,21 @@ TUNE_FIELDS = ("format", "kernel", "arch", "key", "gpu", "torch", "shape_args", 
 TUNE_SHAPE_FIELDS = ("shape", "where", "copies", "ranking", "rejected")
 TUNE_RANKING_FIELDS = ("config_id", "us", "runs")
 
+ARTIFACT_FIELDS = {**ENTRY_FIELDS, "schema": int, "vendor": str, "size": int, "num_warps": int, "warp_size": int,
+                   "constexprs": dict, "source": dict, "toolchain_versions": dict, "key": str}
+# the values a launch accepts (launch.py): a block of at most 1024 threads, at most 1 MiB of shared memory
+LAUNCH_RANGES = {"threads_per_block": (1, 1024), "shared": (0, 1 << 20)}
+
+
+def wrong_field(record: dict, fields: dict) -> str | None:
+    """The first of `fields` (name -> type) that `record` lacks or has of another type, else None."""
+    return next((name for name, kind in fields.items() if not isinstance(record.get(name), kind)), None)
+
+
+def is_signature(value) -> bool:
+    """A "signature" field: a list of {name, type} strings, one per runtime argument."""
+    return isinstance(value, list) and all(isinstance(a, dict) and isinstance(a.get("name"), str)
+                                           and isinstance(a.get("type"), str) for a in value)
 _WHEEL = re.compile(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$")
 
 

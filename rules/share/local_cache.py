@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kforge.store import artifact
+from kforge.store.arrival import Candidate, CompileResult
 from kforge.store.files import atomic_write
 
 FORMAT = "kforge-local-1"
@@ -54,23 +55,38 @@ def entry_path(cache: LocalCache, key: str) -> Path:
     return Path(cache.root) / key[:2] / key
 
 
-def fetch(cache: LocalCache, target) -> tuple[bool, list[str]]:
-    """Install the target's artifact from the cache: (hit, warnings). A missing entry is a quiet miss; an
-    unreadable or refused one is a miss with one warning naming it, and is deleted (the build replaces it)."""
-    path = entry_path(cache, target.key)
-    try:
-        data = _read(path)
-        meta, binary_name, binary = artifact.accept(target, unpack(data, target.key))
-    except FileNotFoundError:
-        return False, []
-    except (OSError, ValueError) as e:   # artifact.ArtifactError is a ValueError
+class Source(NamedTuple):
+    """The local cache as a source of artifacts (rules/store/arrival.py): arrival.arrive(target, Source(cache))."""
+    cache: LocalCache
+    lookup_span = "local cache lookup"   # the build trace's names for its phases
+    keep_span = "local cache store"
+
+    def lookup(self, target) -> Candidate | None:
+        """The entry under the target's key, unchecked; None when there is none, ValueError when it cannot be
+        read (the installer checks the rest)."""
+        try:
+            return Candidate(unpack(_read(entry_path(self.cache, target.key)), target.key),
+                             CompileResult(from_local_cache=True))
+        except FileNotFoundError:
+            return None
+        except OSError as e:   # unreadable: a miss with a warning, as a refused entry is
+            raise ValueError(str(e)) from None
+
+    def refused(self, target, error: Exception) -> list[str]:
+        """An unreadable or refused entry is deleted (the build replaces it), with one warning naming it."""
+        path = entry_path(self.cache, target.key)
         _discard(path)
-        return False, [f"local cache entry {path} for {target.name} refused ({e}); compiling it here (its build "
-                       f"replaces the entry)"]
-    # written as a build writes it; an OSError here is out/'s (a full disk), not the entry's: the caller's
-    artifact.write(Path(target.out_dir), binary_name, binary, meta)
-    _touch(path)
-    return True, []
+        return [f"local cache entry {path} for {target.name} refused ({error}); compiling it here (its build "
+                f"replaces the entry)"]
+
+    def took(self, target) -> None:
+        _touch(entry_path(self.cache, target.key))   # its "last used" time: trim() keeps it longest
+
+    def keep(self, target) -> list[str]:
+        return store(self.cache, target)
+
+    def drain_warnings(self) -> list[str]:
+        return []   # each is returned where it arises
 
 
 def store(cache: LocalCache, target) -> list[str]:

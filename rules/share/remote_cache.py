@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge.store import artifact
+from kforge.store.arrival import Candidate, CompileResult
 from kforge_runtime.bundle import MAX_BINARY_BYTES
 
 AC_FORMAT = "kforge-ac-1"
@@ -81,39 +82,55 @@ class RemoteCache:
         drained, self.warnings = self.warnings, []
         return drained
 
-    def fetch(self, target) -> bool:
-        """Put the target's artifact in place from the cache; False on a miss, a bad entry or a cache down."""
+    # as a source of artifacts (rules/store/arrival.py): arrival.arrive(target, cache)
+    lookup_span = "cache lookup"   # the build trace's names for its phases
+    keep_span = "cache upload"
+
+    def lookup(self, target) -> Candidate | None:
+        """The target's entry and its blobs, unchecked but for the entry's own format, tag and blob digests
+        (the installer checks the artifact); None on a miss or a cache down, ValueError for a bad entry."""
         try:
-            entry = self._get(f"/ac/{target.key}", AC_LIMIT)
-            if entry is None:
-                return False
-            ac = json.loads(entry)
-            if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
-                raise ValueError(f"not a {AC_FORMAT} entry")
-            if self.cfg.key is not None:
-                self._check_tag(ac, target.key)
-            if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
-                raise ValueError("it does not list exactly two files (meta.json and one binary)")
-            files = {}
-            for f in ac["files"]:
-                if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
-                    raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
-                artifact.plain_name(f["name"])   # before any request: the entry is untrusted
-                data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
-                if data is None and self.down:   # the cache failed or went off just now: said once already
-                    return False
-                if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
-                    raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
-                files[f["name"]] = data
-            artifact.install(target, files)   # bound to this target, ELF-checked for its arch
-            return True
-        # A malformed entry is a miss, never a failed build (ArtifactError is a ValueError; RecursionError is
-        # JSON nested deeper than the parser goes).
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
-            artifact.remove(target.out, target.out_dir)
-            self._warn(f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({e}); compiling "
-                       f"it here (whoever can write to the cache put it there: check the server, or set cache_key=)")
-            return False
+            return self._lookup(target)
+        # A malformed entry is a miss, never a failed build (RecursionError is JSON nested deeper than the
+        # parser goes)
+        except (KeyError, TypeError, RecursionError) as e:
+            raise ValueError(str(e)) from None
+
+    def refused(self, target, error: Exception) -> list[str]:
+        artifact.remove(target)
+        return [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
+                f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
+
+    def took(self, target) -> None:
+        pass
+
+    def keep(self, target) -> list[str]:
+        self.store(target)
+        return []   # a failed upload warns through drain_warnings
+
+    def _lookup(self, target) -> Candidate | None:
+        entry = self._get(f"/ac/{target.key}", AC_LIMIT)
+        if entry is None:
+            return None
+        ac = json.loads(entry)
+        if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
+            raise ValueError(f"not a {AC_FORMAT} entry")
+        if self.cfg.key is not None:
+            self._check_tag(ac, target.key)
+        if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
+            raise ValueError("it does not list exactly two files (meta.json and one binary)")
+        files = {}
+        for f in ac["files"]:
+            if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
+                raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
+            artifact.plain_name(f["name"])   # before any request: the entry is untrusted
+            data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
+            if data is None and self.down:   # the cache failed or went off just now: said once already
+                return None
+            if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
+            files[f["name"]] = data
+        return Candidate(files, CompileResult(from_cache=True))
 
     def store(self, target) -> None:
         """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them."""

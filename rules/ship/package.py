@@ -30,7 +30,7 @@ from kforge.store.files import write_inside
 from kforge.store.layout import Layout
 from kforge.base.target import Target
 from kforge.ship.wheel import write_wheel
-from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, MANIFEST, dist_name, wheel_name
+from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, dist_name, wheel_name
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
@@ -219,7 +219,7 @@ def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.id
         built = "-" if found is None else ":".join(map(str, found))
         h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
         if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
-            h.update(_content(Path(t.out_dir) / ERROR))
+            h.update(_content(Path(t.error_path)))
     return h.hexdigest()
 
 
@@ -325,16 +325,10 @@ def project_version(root: Path) -> str:
 
 
 def _failure(t: Target) -> dict:
-    error_path = Path(t.out_dir) / ERROR
     status, error = "not built", ""
-    try:
-        key_line, _, message = error_path.read_text().partition("\n")
-        if message.startswith(artifact.INPUTS):   # a deterministic failure's inputs: not part of the message
-            message = message.partition("\n")[2]
-        if key_line == f"key: {t.key}":
-            status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
-    except OSError:
-        pass
+    failure = artifact.read_error(t)
+    if failure is not None and failure.key == t.key:
+        status, error = "failed", "\n".join(failure.message.strip().splitlines()[:ERROR_LINES])
     return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
             "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
             "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from kforge.store import guard as out_dir
 from kforge.base import stamps
@@ -122,10 +123,11 @@ def _read_artifact(meta_path: str) -> tuple | None:
 
 def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
          shared: int, **toolchain_fields) -> dict:
-    """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    """meta.json's content: the fields every artifact has, whatever compiled it (schema.ARTIFACT_FIELDS, the one
+    definition the loader reads them by), plus the toolchain's own."""
     from kforge.load.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
     arch = ARCHS[target.arch]
-    return {
+    made = {
         "schema": schema.ARTIFACT_SCHEMA,
         "target": target.name,
         "kernel": target.kernel,
@@ -153,62 +155,96 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         **({"setup": list(target.setup)} if target.setup else {}),
         **toolchain_fields,
     }
+    wrong = schema.wrong_field(made, schema.ARTIFACT_FIELDS)
+    if wrong is not None or not schema.is_signature(made["signature"]):   # the loader would refuse it
+        raise ArtifactError(f"{target.name}: meta.json's {wrong or 'signature'!r} is missing or of the wrong type "
+                            f"(a toolchain field overrode it?)")
+    return made
 
 
-def _guard(directory: Path) -> None:
-    """An artifact directory, out/<arch>/<kernel>/<config_id>, is written only inside its out/ (out_dir.guard):
-    a link planted under out/ never carries a build's writes elsewhere."""
-    try:
-        out_dir.guard(directory.parents[2], directory / META)
-    except out_dir.OutsideOut as e:
-        raise ArtifactError(str(e)) from None
+def _guard(target) -> Path:
+    """The target's artifact directory, which is written only inside its out/ (out_dir.guard: OutsideOut): a
+    link planted under out/ never carries a build's writes elsewhere."""
+    directory = Path(target.out_dir)
+    out_dir.guard(target.layout.out, directory / META)
+    return directory
 
 
-def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
-    _guard(directory)
+def meta_bytes(meta: dict) -> bytes:
+    """meta.json's bytes as a build writes them: sealed, sorted, one field a line."""
+    return (json.dumps({**meta, "seal": seal(meta)}, indent=1, sort_keys=True) + "\n").encode()
+
+
+def write(target, binary_name: str, binary: bytes, meta: dict) -> None:
+    """Write the target's artifact (rules/store/arrival.py's install is the one caller: checked first)."""
+    directory = _guard(target)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
         _unlink(directory / stale)
     atomic_write(directory / binary_name, binary)
-    sealed = {**meta, "seal": seal(meta)}
-    atomic_write(directory / META, (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(directory / META, meta_bytes(meta))
 
 
-TRACEBACK = "\n\nTraceback in the compiler's process:\n"   # in error.txt after the message (rules/compile/action.py)
-INPUTS = "inputs: "   # error.txt's second line for a deterministic failure: what its compile read, as JSON
+# error.txt: "key: <key>", then for a deterministic failure "inputs: <JSON>" (what its compile read), then the
+# message (rules/compile/action.py's), then the compiler's traceback after TRACEBACK. Written and read only here.
+TRACEBACK = "\n\nTraceback in the compiler's process:\n"
+INPUTS = "inputs: "
 
 
-def write_error(directory: Path, key: str, message: str, inputs: list | None = None) -> None:
+class Failure(NamedTuple):
+    """A failed compile's error.txt, read back."""
+    key: str | None      # the key it failed from (None: not an error.txt kforge wrote)
+    inputs: list | None  # what its compile read, for a deterministic failure; else None
+    message: str         # the failure's message, then the traceback (TRACEBACK) if one was kept
+
+    @property
+    def without_traceback(self) -> str:
+        return self.message.split(TRACEBACK, 1)[0].rstrip("\n")
+
+
+def write_error(target, message: str, inputs: list | None = None) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
     ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
     try:
-        _guard(directory)
-    except ArtifactError:
+        directory = _guard(target)
+    except out_dir.OutsideOut:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
     read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
-    atomic_write(directory / ERROR, f"key: {key}\n{read}{message}\n".encode())
+    atomic_write(directory / ERROR, f"key: {target.key}\n{read}{message}\n".encode())
+
+
+def read_error(target) -> Failure | None:
+    """The target's error.txt, or None when there is none (or it cannot be read)."""
+    try:
+        with open(target.error_path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    head, _, rest = text.partition("\n")
+    inputs = None
+    if rest.startswith(INPUTS):
+        read, _, rest = rest.partition("\n")
+        try:
+            inputs = json.loads(read.removeprefix(INPUTS))
+        except (ValueError, RecursionError):
+            inputs = None
+    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, rest)
 
 
 def saved_failure(target) -> str | None:
     """The message of the target's deterministic failure (a compile error, a resource check) while its key and
     every file its compile read are unchanged: the compile would fail the same way, so it is reported from
     error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed)."""
-    try:
-        with open(os.path.join(target.out_dir, ERROR), "rb") as f:
-            head, read, rest = f.read().decode("utf-8", "replace").split("\n", 2)
-        inputs = json.loads(read.removeprefix(INPUTS)) if read.startswith(INPUTS) else None
-    except (OSError, ValueError):
-        return None
-    if head != f"key: {target.key}" or not isinstance(inputs, list):
+    failure = read_error(target)
+    if failure is None or failure.key != target.key or not isinstance(failure.inputs, list):
         return None
     from kforge.store.inputs import InputIndex
-    from kforge.store.layout import Layout
-    index = InputIndex.of(Layout.around(target.out).observed_inputs)
-    if any(not isinstance(x, list) or len(x) != 2 or index.digest(x[0]) != x[1] for x in inputs):
+    index = InputIndex.of(target.layout.observed_inputs)
+    if any(not isinstance(x, list) or len(x) != 2 or index.digest(x[0]) != x[1] for x in failure.inputs):
         return None
-    return rest.split(TRACEBACK, 1)[0].rstrip("\n")
+    return failure.without_traceback
 
 
 def load(directory: Path) -> tuple[dict, bytes]:
@@ -243,6 +279,11 @@ def plain_name(name) -> str:
         raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
                             f"no '/' and not starting with '.')")
     return name
+
+
+def files(binary_name: str, binary: bytes, meta: dict) -> dict[str, bytes]:
+    """An artifact as files (files_of's form) from a compile's binary and meta.json: what it hands the installer."""
+    return {META: meta_bytes(meta), binary_name: binary}
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -300,23 +341,15 @@ def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
     return meta, binary_name, binary
 
 
-def install(target, files: dict[str, bytes]) -> None:
-    """Put an artifact received as files (untrusted) in place for `target`: accept() checks everything in memory
-    first, then it is written as a build writes it (binary, then meta.json, each by rename). A refused one
-    writes nothing."""
-    meta, binary_name, binary = accept(target, files)
-    write(Path(target.out_dir), binary_name, binary, meta)
-
-
 def _brief(value, limit: int = 80) -> str:
     """A value from an untrusted meta.json, for a one-line message."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def remove(out: str, directory: str) -> None:
+def remove(target) -> None:
     """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
-    out_dir.remove_artifact_dir(Path(out), Path(directory))
+    out_dir.remove_artifact_dir(target.layout.out, Path(target.out_dir))
 
 
 def _unlink(path: Path) -> None:

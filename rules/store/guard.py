@@ -77,26 +77,9 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     return True
 
 
-def orphaned(out: Path, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
-    """Entries out/<arch>/<kernel>/<config_id> that are the artifact directory of no current target (configs
-    dropped from a sweep, deleted specs), for the given archs (default: every arch kforge knows). Cheap: three
-    levels of os.scandir; symlinked arch or kernel directories are not entered."""
+def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
+    """The artifact directories in out/ (layout.artifact_dirs) that are no current target's (configs dropped
+    from a sweep, deleted specs), for the given archs (default: every arch kforge knows)."""
     current = {os.path.normpath(p) for p in current}
-    found = []
-    for arch in sorted(set(archs or ARCHS) & set(ARCHS)):
-        for kernel in _subdirs(out / arch):
-            with os.scandir(kernel) as entries:
-                for entry in entries:
-                    if (entry.is_dir() or entry.is_symlink()) and os.path.normpath(entry.path) not in current:
-                        found.append(Path(entry.path))
-    return sorted(found)
-
-
-def _subdirs(directory: Path) -> list[str]:
-    if directory.is_symlink():
-        return []
-    try:
-        with os.scandir(directory) as entries:
-            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
+    return sorted(Path(p) for p in found if os.path.normpath(p) not in current)

@@ -11,10 +11,11 @@
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
-from kforge_runtime.schema import dist_name
+from kforge_runtime.schema import ERROR, META, dist_name
 
 OUT = "out"   # at the project root; the only directory of the project kforge writes into (rules/share/local_cache.py
               # writes in the user's cache directory, outside every checkout)
@@ -77,11 +78,37 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     def verify(self) -> Path:
         return self.out / "verify"
 
+    def arch_dir(self, arch: str) -> Path:
+        return self.out / arch
+
     def family_dir(self, arch: str, kernel: str) -> Path:
-        return self.out / arch / kernel
+        return self.arch_dir(arch) / kernel
 
     def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
-        return self.family_dir(arch, kernel) / config_id
+        return Path(self.artifact_path(arch, kernel, config_id))
+
+    # A Target asks these for its paths (rules/base/target.py) as strings: a no-op run looks up thousands of them in
+    # the key and input indexes, which are keyed by meta.json's path as a string.
+    def artifact_path(self, arch: str, kernel: str, config_id: str) -> str:
+        """out/<arch>/<kernel>/<config_id>: the one spelling of an artifact directory."""
+        return f"{self.root}/{OUT}/{arch}/{kernel}/{config_id}"
+
+    def meta_path(self, arch: str, kernel: str, config_id: str) -> str:
+        return f"{self.artifact_path(arch, kernel, config_id)}/{META}"
+
+    def error_path(self, arch: str, kernel: str, config_id: str) -> str:
+        return f"{self.artifact_path(arch, kernel, config_id)}/{ERROR}"
+
+    def artifact_dirs(self, archs) -> list[str]:
+        """Every entry out/<arch>/<kernel>/<name> for the given archs, directories and links (an artifact
+        directory or something in its place), as strings (a no-op run lists thousands: rules/store/guard.py's
+        orphaned): three levels of os.scandir, symlinked arch or kernel directories not entered."""
+        found = []
+        for arch in archs:
+            for family in _subdirs(self.arch_dir(arch)):
+                with os.scandir(family) as entries:
+                    found += [e.path for e in entries if e.is_dir() or e.is_symlink()]
+        return found
 
     def manifest_copy(self, arch: str) -> Path:
         """A copy of a bundle's manifest beside its wheel, for people and CI logs to read."""
@@ -102,3 +129,13 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     def tuning_table(self, arch: str, kernel: str) -> Path:
         return self.tune / arch / f"{kernel}.json"
+
+
+def _subdirs(directory: Path) -> list[str]:
+    if directory.is_symlink():
+        return []
+    try:
+        with os.scandir(directory) as entries:
+            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
