@@ -10,7 +10,7 @@ import pytest
 from kforge.store import arrival, artifact
 from kforge.report import reporter as report
 from kforge.store.arrival import CompileResult
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 
 # --- CompileResult.values -------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 from kforge.store import artifact
 from kforge.store.guard import OutsideOut
 from kforge.store.arrival import Candidate, install
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def art(built, tmp_path):
 
 def target_at(directory, meta=None, **fields):
     """The Target fields the artifact module reads (rules/base/target.py), for the target `meta` names, with its
-    artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/store/layout.py puts it)."""
+    artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/base/layout.py puts it)."""
     layout, (arch, kernel, config_id) = Layout(directory.parents[3]), directory.parts[-3:]
     assert layout.artifact_dir(arch, kernel, config_id) == directory
     named = {} if meta is None else dict(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],

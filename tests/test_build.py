@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge.store import artifact
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
                            process_tree, spec_text, statuses, wait_until)
 

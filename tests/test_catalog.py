@@ -1,7 +1,7 @@
 """The repository's own catalog loads: every spec in specs/ is valid and gives the targets README promises.
 Building it is README's main command, which CI runs once before the tests (.ci/run checks its report);
 the tests never build it again."""
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import REPO

@@ -15,7 +15,7 @@ from kforge.store import artifact
 from kforge.compile import core as compile_core, lowering
 from kforge.base import stamps
 from kforge.store.arrival import CompileResult
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import doit, make_project

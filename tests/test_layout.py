@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge_runtime import schema
 
 TARGET = ("sm_90a", "scale", "fp16-b256-w4")

@@ -12,7 +12,7 @@ import pytest
 from kforge.store import arrival
 from kforge.share import remote_cache
 from kforge.share.nginx_cache import NGINX, free_port, serve
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.share.remote_cache import CacheConfig
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 

@@ -5,7 +5,7 @@ import sys
 import tempfile
 
 from kforge.store import scratch
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 
 
 def test_a_folder_is_made_under_out_kforge_tmp_named_after_the_run(tmp_path):

@@ -9,7 +9,7 @@ from kforge.store import artifact
 from kforge.ship import package
 from kforge.edge import tasks
 from kforge.store.inputs import InputIndex
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import make_project, spec_text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from doit import get_var
 
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.store.guard import OutsideOut, guard
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge_runtime.schema import COMPILE_TIME  # noqa: F401  (defined there; artifact.py still imports it from here)
 
 FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
@@ -48,7 +48,7 @@ class Target(NamedTuple):
 
     @property
     def out_dir(self) -> str:
-        """Its artifact directory, out/<arch>/<kernel>/<config_id> (rules/store/layout.py)."""
+        """Its artifact directory, out/<arch>/<kernel>/<config_id> (rules/base/layout.py)."""
         return self.layout.artifact_path(self.arch, self.kernel, self.config_id)
 
     @property

@@ -26,7 +26,7 @@ from kforge.store import artifact, scratch
 from kforge.load import device_model, isolate, observe
 from kforge.store.arrival import Candidate, CompileResult
 from kforge.base.archs import ARCHS, check_shared
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.target import Target
 from kforge_runtime import schema
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from kforge.compile import amd_linker, amdgpu_metadata, lowering
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.dtypes import canonical_arg_type
 from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import COMPILE_TIME

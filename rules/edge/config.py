@@ -36,7 +36,7 @@ from kforge.edge import backend as doit_backend, runner as doit_runner
 from kforge.plan import keys
 from kforge.report import reporter as report
 from kforge.store.inputs import InputIndex
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.share.local_cache import LocalCache
 
 

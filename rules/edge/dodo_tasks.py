@@ -7,7 +7,7 @@ from pathlib import Path
 from kforge.store import artifact
 from kforge.base import settings
 from kforge.edge.config import local_cache
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.plan.catalog import Catalog
 from kforge.edge.tasks import broken_task, family_tasks, package_tasks

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from kforge.store import artifact
 from kforge.ship import package
 from kforge.store.inputs import InputIndex
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.target import Target
 from kforge_runtime.schema import dist_name
 

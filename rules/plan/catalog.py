@@ -31,7 +31,7 @@ import kforge_runtime
 from kforge.plan import keys
 from kforge.base import stamps
 from kforge.store.files import write_inside
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
@@ -312,7 +312,7 @@ def record_archs(root: Path) -> tuple[str, ...]:
 
 
 # A target's fields, stored once per (family, arch) group or once per target. Its layout is stored as the
-# project root; every path of the target is asked of it (rules/store/layout.py).
+# project root; every path of the target is asked of it (rules/base/layout.py).
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
           "source_digests", "toolchain_versions", "layout", "env", "notes", "device_model", "setup")
 OWN = ("config_id", "constexprs", "options", "config", "key")

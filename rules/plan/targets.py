@@ -10,7 +10,7 @@ from pathlib import Path
 from kforge.load import device_model
 from kforge.plan import keys
 from kforge.base.archs import ARCHS
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.declare.spec_model import TYPE_VAR_RE, Spec
 from kforge.declare.triton_options import OPTIONS, arch_problem

@@ -27,7 +27,7 @@ from kforge.store import artifact, guard as out_dir
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.store.files import write_inside
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.target import Target
 from kforge.ship.wheel import write_wheel
 from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, dist_name, wheel_name

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from kforge.base import settings
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.store.guard import OutsideOut, guard
 
 READ_ONLY = {"list", "info", "help", "dumpdb", "tabcompletion"}   # doit commands that change nothing in out/

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.store.guard import guard
 
 _run: int | None = None   # this run's doit master (forked workers inherit it); None: not in a doit run

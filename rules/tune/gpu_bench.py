@@ -23,7 +23,7 @@ from kforge.store import artifact
 from kforge.load import sources
 from kforge.store.files import write_inside
 from kforge.store.guard import OutsideOut, guard, remove_file
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge_runtime.device import identity
 from kforge_runtime.launch import TORCH_DTYPES, Kernel
 from kforge_runtime.schema import TUNE_FORMAT

@@ -19,7 +19,7 @@ import kforge_runtime
 from kforge.store import artifact, guard as out_dir
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
-from kforge.store.layout import Layout
+from kforge.base.layout import Layout
 from kforge.base.target import Target
 
 TUNE_SCHEMA = 1
