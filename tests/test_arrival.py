@@ -56,7 +56,7 @@ def test_a_result_read_back_from_its_values_is_the_same_result():
 # --- arrive / install: one installer for every source ---------------------------------------------------------
 
 class FakeSource:
-    """A cache offering what it was given: the interface build.py drives every cache through."""
+    """A cache offering what it was given: the interface compile/action.py drives every cache through."""
 
     def __init__(self, offer=None, unreadable=None):
         self.offer, self.unreadable, self.calls = offer, unreadable, []
@@ -132,9 +132,9 @@ def test_only_the_installer_writes_an_artifact():
     import ast
     rules = Path(__file__).resolve().parents[1] / "rules"
     callers = set()
-    for path in rules.glob("*.py"):
+    for path in rules.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "artifact"):
-                callers.add(path.name)
-    assert callers == {"arrival.py"}
+                callers.add(path.relative_to(rules).as_posix())
+    assert callers == {"store/arrival.py"}

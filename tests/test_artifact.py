@@ -287,8 +287,8 @@ def test_a_built_meta_json_has_every_field_the_schema_defines_with_its_type(art)
 
 
 def test_error_txt_is_read_back_as_it_was_written(tmp_path):
-    """error.txt's format is written and read in artifact.py alone (build.py, package.py and doit info read it
-    through read_error)."""
+    """error.txt's format is written and read in store/artifact.py alone (compile/action.py, ship/package.py and
+    doit info read it through read_error)."""
     target = target_at(tmp_path / "out" / "sm_90a" / "k" / "b512", key="K1")
     assert artifact.read_error(target) is None
     artifact.write_error(target, "k failed\n  error: boom" + artifact.TRACEBACK + "Traceback ...", [["k.py", "ab"]])

@@ -97,12 +97,12 @@ def test_a_layout_of_a_string_equals_the_layout_of_its_path(root):
     assert Layout.of(root).out == Path(root) / "out"
 
 
-# --- the artifact directory is spelled in layout.py alone -------------------------------------------------------
+# --- the artifact directory is spelled in base/layout.py alone -------------------------------------------------------
 
 PARTS = {"arch", "kernel", "config_id", "cid", "out_dir"}   # what an out/<arch>/<kernel>/<config_id> path is made of
-BUNDLE_PATH = ("package.py", "make_manifest")   # a bundle's own <kernel>/<config_id>/ inside the wheel, not out/
+BUNDLE_PATH = ("ship/package.py", "make_manifest")   # a bundle's own <kernel>/<config_id>/ inside the wheel, not out/
 # out/ paths other than an artifact directory that are still climbed by counting levels (not yet asked of Layout)
-CLIMBS = {("inputs.py", "__init__"), ("tune_gpu.py", "save_progress")}
+CLIMBS = {("store/inputs.py", "__init__"), ("tune/gpu_bench.py", "save_progress")}
 
 
 def _part(node) -> bool:
@@ -144,15 +144,19 @@ def artifact_path_spellings(source: str, module: str) -> list[str]:
 
 def test_the_artifact_directory_is_spelled_in_layout_py_alone():
     rules = Path(__file__).resolve().parents[1] / "rules"
-    found = [hit for path in sorted(rules.glob("*.py")) if path.name != "layout.py"
-             for hit in artifact_path_spellings(path.read_text(), path.name)]
+    modules = {path.relative_to(rules).as_posix(): path for path in sorted(rules.rglob("*.py"))
+               if "runtime" not in path.relative_to(rules).parts}
+    assert {"base/layout.py", *(module for module, _ in CLIMBS), BUNDLE_PATH[0]} <= set(modules)   # really read
+    found = [hit for module, path in modules.items() if module != "base/layout.py"
+             for hit in artifact_path_spellings(path.read_text(), module)]
     assert found == []
 
 
 @pytest.mark.parametrize("code", ['out_dir=f"{shared.family_dir}/{cid}"', 'p = f"{self.out_dir}/meta.json"',
                                   "d = out / arch", "out = directory.parents[2]"])
 def test_the_spelling_check_finds_each_old_spelling(code):
-    """The old spellings (targets.py, target.py, out_dir.py, artifact.py before one Layout) are each found."""
+    """The old spellings (plan/targets.py, base/target.py, store/guard.py, store/artifact.py before one Layout)
+    are each found."""
     assert artifact_path_spellings(f"def f():\n    {code}\n", "x.py") != []
 
 

@@ -51,7 +51,7 @@ def test_a_failing_build_ends_with_grouped_errors_then_the_summary_and_keeps_eac
     assert "\nFAILED " not in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("kforge: built 1, up to date 0, failed 3, wall ")
     kept = (root / "out/sm_90a/scale/fp16-b64-w4/error.txt").read_text()
-    assert "Traceback in the compiler's process:" in kept and "triton_compile.py" in kept and "in lower" in kept
+    assert "Traceback in the compiler's process:" in kept and "compile/triton_backend.py" in kept and "in lower" in kept
     one = doit(root, "one")
     assert "kforge: 1 target selected" in one.stdout
 

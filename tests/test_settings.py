@@ -132,7 +132,7 @@ def test_the_environment_read_finder_sees_every_form():
 
 
 def test_kforge_variables_are_read_from_the_environment_only_through_the_settings_table():
-    """One read path: no module of rules/ but settings.py reads a KFORGE_* variable from os.environ, and every
+    """One read path: no module of rules/ but base/settings.py reads a KFORGE_* variable from os.environ, and every
     KFORGE_* name kforge's code or messages mention is a setting's (so the table lists them all); the runtime
     reads its own two, nothing else."""
     import kforge

@@ -6,8 +6,8 @@
     out/build-report.json, out/.doit.sqlite3                           the last run; doit's own state
     out/.kforge/                                                       kforge's private state (indexes, stamps,
                                                                        scratch, tool versions, linker shims)
-    out/.kforge/wheels/                                                wheels a rebuild replaced (package.py)
-    out/.kforge/catalogs/                                              recent catalogs by content (catalog.py)
+    out/.kforge/wheels/                                                wheels a rebuild replaced (ship/package.py)
+    out/.kforge/catalogs/                                              recent catalogs by content (plan/catalog.py)
 """
 from __future__ import annotations
 
@@ -119,12 +119,12 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     @property
     def kept_catalogs(self) -> Path:
-        """The last catalogs loaded from the specs, each named by the content of what it came from (catalog.py)."""
+        """The last catalogs loaded from the specs, each named by the content of what it came from (plan/catalog.py)."""
         return self.state / "catalogs"
 
     @property
     def kept_wheels(self) -> Path:
-        """The last wheels out/dist/ held before a rebuild replaced them, under their own names (package.py)."""
+        """The last wheels out/dist/ held before a rebuild replaced them, under their own names (ship/package.py)."""
         return self.state / "wheels"
 
     def tuning_table(self, arch: str, kernel: str) -> Path:

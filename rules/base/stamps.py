@@ -3,14 +3,14 @@ with the output, and the output is current while the same digest comes out now.
 
 Inputs enter a digest by content (sources, specs, tool versions, binaries' sha256). A file's identity (inode,
 mtime, ctime, size) may stand for its content only where a changed identity leads back to the content: the
-saved catalog (catalog.py), reloaded from the specs on any change, and files that only kforge writes, and
+saved catalog (plan/catalog.py), reloaded from the specs on any change, and files that only kforge writes, and
 only ever by rename (meta.json, binaries, error.txt). ctime is what makes identity safe for files a user
 edits: any write or utime sets it to the current time, and nothing but the clock can set it back, so an
 in-place edit that keeps the size and restores the mtime still changes the identity. Where the digests are saved:
   - a compile target: its action key, in its meta.json (rules/plan/keys.py), with the identities of meta.json
-    and its binary remembered in out/.kforge/built-keys.json so a no-op run need not re-hash (artifact.py);
-  - a bundle: out/.kforge/package-<arch>.json (package.py);
-  - a tuning table: the table's own "key" (tune.py).
+    and its binary remembered in out/.kforge/built-keys.json so a no-op run need not re-hash (store/artifact.py);
+  - a bundle: out/.kforge/package-<arch>.json (ship/package.py);
+  - a tuning table: the table's own "key" (tune/tasks.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kforge.base.layout import Layout
-from kforge_runtime.schema import COMPILE_TIME  # noqa: F401  (defined there; artifact.py still imports it from here)
 
 FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
 

@@ -5,9 +5,9 @@
         backend.lower(target, scratch) -> Lowered, then checked(target, lowered) -> Candidate
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
-itself in lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
+itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
 writes nothing in out/ either: the doit action installs the candidate (arrival.install), as it installs one
-from a cache. Executors that compile elsewhere (dask_executor.py) are handed compile_into; none imports the
+from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed compile_into; none imports the
 doit action (action.py).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a compile backend is and hands back, and the table of backends by toolchain: below the compile core
-(compile_core.py) and below every backend (triton_compile.py, flydsl_compile.py), so neither reaches up.
+(compile/core.py) and below every backend (compile/triton_backend.py, compile/flydsl_backend.py), so neither reaches up.
 
 A backend module registers itself here when it is imported; compile_core.backend(toolchain) imports the one a
 target needs (an import statement per toolchain, in the process that compiles), so a build of Triton targets

@@ -198,7 +198,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
 
 
 def _typed_value(signature, key: str, value, where: str, table: str):
-    """A value for a "dtype" or "function" argument in its checked form (sweep.py checks swept ones)."""
+    """A value for a "dtype" or "function" argument in its checked form (declare/sweep.py checks swept ones)."""
     kind = dict(signature).get(key)
     return sweep.typed_value(kind, value, f"{where}: [{table}] {key}") if kind in VALUE_KINDS else value
 

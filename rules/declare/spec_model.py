@@ -116,7 +116,7 @@ class Spec:
     description: str = ""
     tune: Tune | None = None
     module: str = ""                # an installed module holding the entry (rules/load/installed.py), instead of source
-    derived: tuple[str, ...] = ()   # constexprs the entry's @triton.heuristics compute per config (entry_probe.py)
+    derived: tuple[str, ...] = ()   # constexprs the entry's @triton.heuristics compute per config (load/entry_probe.py)
     per_arch: tuple[tuple[str, tuple[tuple[str, Scalar], ...]], ...] = ()   # [arch.<name>]: values for one arch
     env: tuple[tuple[str, str], ...] = ()   # [env]: set where the family compiles; in its key
     adapter: tuple = ()   # FlyDSL [adapter]: (table, ((key, value), ...)) for arguments, dtype_names, shapes, scalars

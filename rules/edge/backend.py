@@ -2,7 +2,7 @@
 written by plain doit or an older kforge is read as it is), registered with doit as the backend NAME through
 pyproject.toml's [project.entry-points."doit.BACKEND"] and chosen by DOIT_CONFIG (rules/edge/config.py).
 
-What it changes, each for a reason doit_edge.py's users see:
+What it changes, each for a reason edge/config.py's users see:
   - the file is read in one query when it is opened, not one per task: ~30 ms of a 1,152-target no-op run;
   - a damaged file is moved aside with one line and started afresh (it holds nothing a build needs: each
     artifact's key is in its meta.json), not a traceback on every command;

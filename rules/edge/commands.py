@@ -1,5 +1,5 @@
 """kforge's doit commands `forget`, `info`, `clean`, `prune` and `cache`, registered in pyproject.toml under
-[tool.doit.plugins.command] (the rest of kforge's doit integration: doit_edge.py)."""
+[tool.doit.plugins.command] (the rest of kforge's doit integration: edge/config.py)."""
 from __future__ import annotations
 
 import io

@@ -2,11 +2,11 @@
 by config() from dodo.py.
 
 Through doit's plugin points:
-  - the dependency file: doit's sqlite3 file through kforge's backend (doit_backend.py: read in one query, a
+  - the dependency file: doit's sqlite3 file through kforge's backend (edge/backend.py: read in one query, a
     damaged file moved aside, a full disk one line, removals listed for `doit forget`);
-  - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current, the local
+  - the reporter (report/reporter.py): progress, summary, out/build-report.json, the key index kept current, the local
     cache trimmed to its limit;
-  - the commands forget/info/clean/prune/cache (doit_commands.py, declared in pyproject.toml).
+  - the commands forget/info/clean/prune/cache (edge/commands.py, declared in pyproject.toml).
 Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
 against doit's code by tests/test_doit_edge.py):
   - the runner: doit_runner.PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue
@@ -15,7 +15,7 @@ against doit's code by tests/test_doit_edge.py):
 And in the process, not in doit:
   - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
   - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
-  - one build at a time in one out/: a command that runs tasks waits for another one's end (run_lock.py).
+  - one build at a time in one out/: a command that runs tasks waits for another one's end (store/run_lock.py).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def _compile_cap() -> tuple[int | None, str]:
 
 
 def backend() -> str:
-    """DOIT_CONFIG's backend: kforge's (doit_backend.py), once it is sure doit has it. doit looks the name up in
+    """DOIT_CONFIG's backend: kforge's (edge/backend.py), once it is sure doit has it. doit looks the name up in
     its plugins and, missing, fails with a TypeError traceback; it is missing where kforge's installed metadata
     is older than its code (an editable install from before the backend, not installed again)."""
     try:

@@ -151,7 +151,7 @@ def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
 def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
     """Whether the wheel for `manifest` is in out/dist/ now, moved back there from out/.kforge/wheels/ if it was
     kept. A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's
-    digest, the version) and written in a fixed way (wheel.py), so a wheel of kforge's that holds this very
+    digest, the version) and written in a fixed way (ship/wheel.py), so a wheel of kforge's that holds this very
     manifest is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's)
     is not used: the bundle is built again, every binary checked."""
     if _manifest_in(wheel, arch) == manifest:

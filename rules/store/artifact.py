@@ -16,7 +16,7 @@ from kforge.store import guard as out_dir
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.store.files import JsonState, atomic_write
-from kforge.base.target import COMPILE_TIME
+from kforge_runtime.schema import COMPILE_TIME
 from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
 
@@ -68,7 +68,7 @@ class KeyIndex(JsonState):
     def __init__(self, path):
         super().__init__(path)
         # meta.json identities as is_current stat'ed them in this process, dropped when the target's task runs:
-        # the bundle's up-to-date check (package.py) reuses them instead of stat'ing every meta.json again
+        # the bundle's up-to-date check (ship/package.py) reuses them instead of stat'ing every meta.json again
         self.seen: dict[str, list | None] = {}
 
     def is_current(self, meta_path: str, key: str) -> bool:
