@@ -66,6 +66,9 @@ def fake_backend(monkeypatch, compiled):
                                         "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
                                         "seen_tempdir": tempfile.gettempdir(),
                                         "seen_TMPDIR": os.environ.get("TMPDIR"),
+                                        "child_personality": subprocess.run(
+                                            ["cat", "/proc/self/personality"], capture_output=True,
+                                            text=True).stdout.strip(),
                                         "lowered_in": os.getpid()})
     monkeypatch.setitem(lowering.BACKENDS, "fake",
                         lowering.Backend(lower, lambda root: None, arch_per_process=False, import_in="worker"))
@@ -105,6 +108,16 @@ def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(com
     # the backend was handed the private paths, and lowered in the forked compile server
     assert (meta["seen_out"], meta["seen_out_dir"]) == (str(private / "out"), str(directory))
     assert meta["lowered_in"] != os.getpid()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux personality flag")
+def test_what_the_compile_server_runs_starts_with_a_fixed_address_layout(compiled, fake_backend, tmp_path):
+    """ptxas for sm_100a gave two different cubins for one PTX under address randomization: the compile server
+    turns it off for the programs it starts (as `setarch -R` would), and this process keeps its own."""
+    outcome = into(compiled, tmp_path / "worker")
+    assert outcome.ok, outcome.error
+    assert int(meta_of(outcome)["child_personality"], 16) & compile_core.ADDR_NO_RANDOMIZE
+    assert not int(Path("/proc/self/personality").read_text(), 16) & compile_core.ADDR_NO_RANDOMIZE
 
 
 def test_compile_into_leaves_the_projects_own_out_untouched(compiled, fake_backend, tmp_path):

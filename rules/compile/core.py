@@ -162,6 +162,7 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
     """Once in each fresh compile server, after the fork: the family's [env] first (its module reads it when
     imported), then the compiler (the device model and set-up hooks come before each import: _observed)."""
     os.environ.update(dict(target.env))
+    fixed_address_layout()
     if import_here:
         try:
             backend.warm(root)
@@ -171,6 +172,26 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
         backend.setup(target.arch)
     _folders[0] = observe.bases(root)
     observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
+
+
+ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>
+
+
+def fixed_address_layout() -> bool:
+    """The programs this compile server runs (ptxas, ld.lld) start with one address-space layout instead of a
+    random one. ptxas for sm_100a allocates registers by something address-dependent: the same PTX gave two
+    different cubins from run to run under address randomization, one with it off (measured: docs/correctness.md).
+    The flag is inherited across fork and exec, and only a child's layout changes, never what it computes from
+    its inputs. False where it cannot be set (not Linux, or a seccomp filter refuses it): builds stay correct,
+    only such binaries' bytes may vary."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = libc.personality(0xFFFFFFFF)   # query
+    if current == -1:
+        return False
+    return bool(current & ADDR_NO_RANDOMIZE) or libc.personality(current | ADDR_NO_RANDOMIZE) != -1
 
 
 def _unusable(target: Target, e: Exception) -> str:
