@@ -6,7 +6,8 @@ Each checkout runs with its own interpreter: <checkout>/.venv/bin/python when it
 (an old checkout whose build system is its rules/ folder imports it from the checkout itself).
 No-op: `doit -n 2` in the checkout, whose out/ must be built already (every run checks "up to date").
 Cold: the checkout's dodo.py, pyproject.toml, kernels/ and the matching specs copied into an empty project,
-then `doit -n 2 <families> archs=<archs>` there (the copy imports the build system as its checkout does).
+then `doit -n 2 <families> archs=<archs> local_cache=off` there (the copy imports the build system as its
+checkout does; the local cache off, or the build would install what the other side just built).
 Reports the median of each side and the ratio B/A.
 """
 from __future__ import annotations
@@ -73,7 +74,10 @@ def main() -> None:
         for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
             project = cold_copy(sides[side], work / side, a.specs)
             families = [p.stem for p in sorted((project / "specs").glob("*.toml"))]
-            seconds, _ = timed(sides[side], project, "-n", "2", *families, f"archs={a.archs}")
+            # local_cache=off: a cold build compiles (else the per-user cache would hand back the last side's)
+            seconds, out = timed(sides[side], project, "-n", "2", *families, f"archs={a.archs}", "local_cache=off")
+            if "built 0," in out or "failed 0" not in out:
+                raise SystemExit(f"{project}: not a cold build:\n{out[-500:]}")
             times["cold"][side].append(seconds)
     shutil.rmtree(work, ignore_errors=True)
     rows = {}
