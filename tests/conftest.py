@@ -8,6 +8,22 @@ from tests.support import doit, make_project, spec_text
 # entries an earlier test (or the user's own builds) left there. Tests of the cache name a directory of their own.
 os.environ["KFORGE_LOCAL_CACHE"] = "off"
 
+
+def pytest_addoption(parser):
+    parser.addoption("--simulate-all", action="store_true",
+                     help="run every case of the simulated world's matrix (tests/test_ep_simulated_world.py); "
+                          "without it, a representative part at each world")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--simulate-all"):
+        return
+    skip = pytest.mark.skip(reason="a case of the full simulated matrix: run with --simulate-all")
+    for item in items:
+        if item.get_closest_marker("simulate_all"):
+            item.add_marker(skip)
+
+
 ALL_ARCHS = ("sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942", "gfx950")
 
 
