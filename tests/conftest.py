@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.support import doit, make_project, spec_text
+from tests.support import built_once, doit, make_project, spec_text
 
 # The local cache is per user and on by default: the suite's builds must neither fill the user's cache nor hit
 # entries an earlier test (or the user's own builds) left there. Tests of the cache name a directory of their own.
@@ -27,10 +27,13 @@ def pytest_collection_modifyitems(config, items):
 ALL_ARCHS = ("sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942", "gfx950")
 
 
+def _build_every_arch(root):
+    make_project(root, specs={"scale": spec_text(archs=ALL_ARCHS, dtypes=("fp16", "bf16"))})
+    doit(root, "-n", "2")
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    """A project whose scale kernel was really compiled for every arch kforge knows (doit -n 2)."""
-    root = make_project(tmp_path_factory.mktemp("built"),
-                        specs={"scale": spec_text(archs=ALL_ARCHS, dtypes=("fp16", "bf16"))})
-    doit(root, "-n", "2")
-    return root
+    """A project whose scale kernel was really compiled for every arch kforge knows (doit -n 2), once for the
+    whole run (every xdist worker): tests only read it, or change a copy of it."""
+    return built_once(tmp_path_factory, "every-arch", _build_every_arch)
