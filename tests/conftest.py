@@ -16,12 +16,33 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    items[:] = _slow_first_in_each_share(items, getattr(config, "workerinput", {}).get("workercount", 1))
     if config.getoption("--simulate-all"):
         return
     skip = pytest.mark.skip(reason="a case of the full simulated matrix: run with --simulate-all")
     for item in items:
         if item.get_closest_marker("simulate_all"):
             item.add_marker(skip)
+
+
+def _slow_first_in_each_share(items, workers: int):
+    """The tests marked slow (the longest: each builds a whole library) dealt out to the front of each xdist
+    worker's share, the rest in file order. worksteal hands worker k the k-th contiguous share of this order
+    (each len(left) // workers left) and lets an idle worker take the end of another's queue: a long test late
+    in a queue becomes the whole run's tail, one at the front runs while the others share the rest."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    rest = [item for item in items if not item.get_closest_marker("slow")]
+    shares, left = [], len(items)
+    for k in range(workers):
+        shares.append(left // (workers - k))
+        left -= shares[-1]
+    dealt = [slow[k::workers] for k in range(workers)]
+    ordered = []
+    for k, size in enumerate(shares):
+        take = max(0, size - len(dealt[k]))
+        ordered += dealt[k] + rest[:take]
+        rest = rest[take:]
+    return ordered + rest
 
 
 ALL_ARCHS = ("sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942", "gfx950")

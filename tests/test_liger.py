@@ -44,6 +44,7 @@ def _listed(root: Path, kernels: dict[str, dict], env: dict | None = None) -> se
     return listed
 
 
+@pytest.mark.slow
 def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger_kernel is not installed")
@@ -78,6 +79,7 @@ def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     assert ("liger_rms_norm_bwd", "X_dtype", "str") in constexpr_types           # a dtype constexpr ("bf16")
 
 
+@pytest.mark.slow
 def test_every_liger_kernel_builds_from_a_shadowing_copy_and_an_edit_no_compile_read_rebuilds_nothing(tmp_path):
     """A copy of the package (and its dist-info) ahead of the installed one: every target builds from the copy,
     each meta.json listing what its compile read of it; an edit of a file no compile read rebuilds nothing
@@ -112,6 +114,7 @@ def _shadowing_copy(site: Path) -> Path:
     return site
 
 
+@pytest.mark.slow
 def test_switching_to_a_shadowing_copy_then_editing_it_rebuilds_its_family(tmp_path):
     """The saved catalog holds which copy an import finds (sys.path and the places looked in before it)."""
     if importlib.util.find_spec("liger_kernel") is None:

@@ -146,6 +146,7 @@ def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_
     assert "state: stale: kfl/helpers.py changed since it was built (its compile read it)" in info
 
 
+@pytest.mark.slow
 def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed_it_and_a_removed_one_leaves(tmp_path):
     """kfl.ops.tiled gets one autotune config per file of kfl/tiles/ (pathlib's glob): the probe and each of
     its compiles listed the folder, so the listing (its names) is their input, beside the files they read."""
