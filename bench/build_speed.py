@@ -40,11 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
-from kforge.archs import parse_arch_list  # noqa: E402
-from kforge.project import load_specs  # noqa: E402
-from kforge import compile_core  # noqa: E402
-from kforge.build import DEFAULT_TIMEOUT_S  # noqa: E402
-from kforge.targets import build_targets  # noqa: E402
+from kforge.base.archs import parse_arch_list  # noqa: E402
+from kforge.edge.dodo_tasks import load_specs  # noqa: E402
+from kforge.compile import core as compile_core  # noqa: E402
+from kforge.compile.action import DEFAULT_TIMEOUT_S  # noqa: E402
+from kforge.plan.targets import build_targets  # noqa: E402
 
 _worker: dict = {}
 

@@ -1,5 +1,5 @@
 """Loading a catalog from the specs: the same 1,000-target family declared in TOML and by a Python catalog
-(kforge.declare.family), each loaded from the specs and turned into targets in a fresh process, alternating,
+(kforge.declare.python_catalog.family), each loaded from the specs and turned into targets in a fresh process, alternating,
 median of --repeat runs. This is the cold load a run pays when the saved catalog does not hold (a spec,
 a kernel source or kforge changed); a no-op run loads neither (bench/noop.py).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, scale_project  # noqa: E402
 
-PYTHON = '''from kforge.declare import family
+PYTHON = '''from kforge.declare.python_catalog import family
 
 family(name="scale", source="tk/scale.py", entry="scale_kernel", toolchain="triton", archs=["sm_90a", "gfx942"],
        id="b{{BLOCK}}", signature={{"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}},
@@ -28,8 +28,8 @@ family(name="scale", source="tk/scale.py", entry="scale_kernel", toolchain="trit
 LOAD = '''import sys, time
 from pathlib import Path
 start = time.perf_counter()
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 root = Path(sys.argv[1])
 n = len(build_targets(load_specs(root), root, None))
 print(n, time.perf_counter() - start)

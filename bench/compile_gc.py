@@ -1,5 +1,5 @@
 """Triton compiles in one process, with and without Python's cyclic garbage collector (why kforge's compile
-servers run without it: rules/isolate.py).
+servers run without it: rules/load/isolate.py).
 
 Usage: python bench/compile_gc.py [--targets 100] [--repeat 2] [--json out.json]
 Each mode is a fresh process that imports Triton, then compiles the same targets one after another (every
@@ -31,9 +31,9 @@ MODES = ("on", "off", "contexts kept")
 
 
 def child(project: Path, mode: str, count: int) -> dict:
-    from kforge import compile_core, triton_compile
-    from kforge.project import load_specs
-    from kforge.targets import build_targets
+    from kforge.compile import core as compile_core, triton_backend as triton_compile
+    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.targets import build_targets
     targets = build_targets(load_specs(project), project, ("sm_90a", "gfx942"))[::4][:count]
     triton_compile.warm(str(project))
     if mode == "off":

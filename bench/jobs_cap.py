@@ -5,7 +5,7 @@ Each run deletes out/ and runs `doit <mode>` (the default tasks: every compile a
 process. The modes run in turn, their order reversed every round, all in the same directory, so that a
 difference between them is the command line's, not a path's or a warm cache's. Prints each run, then per mode
 the median wall time and, per round, its ratio to the first mode.
-Made for kforge's cap on parallel compiles (rules/cpus.py): on a 2-CPU machine `-n 16` should take what
+Made for kforge's cap on parallel compiles (rules/base/cpus.py): on a 2-CPU machine `-n 16` should take what
 `-n 2` takes; `'-n 16 max_compiles=16'` runs the 16 workers the cap prevents.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, report_counts, run_doit  # noqa: E402
-from kforge import cpus  # noqa: E402
+from kforge.base import cpus  # noqa: E402
 
 
 def main() -> None:

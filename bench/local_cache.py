@@ -1,4 +1,4 @@
-"""The local cache (rules/local_cache.py) on the catalog: an edit and its revert, then a second clone at another
+"""The local cache (rules/share/local_cache.py) on the catalog: an edit and its revert, then a second clone at another
 path, all sharing one cache directory. Whole `doit` runs (compiles and `doit package`), wall times.
 
 Usage: python bench/local_cache.py [--checkouts A B] [--rounds 1] [--jobs 2] [--specs '*']
@@ -74,7 +74,8 @@ def mark(what):
         marks.append([what, round(time.perf_counter() - start, 3)])
 import doit.cmd_base, doit.doit_cmd
 mark("doit imported")
-from kforge import project, report
+from kforge.edge import dodo_tasks as project
+from kforge.report import reporter as report
 mark("kforge imported")
 load, Reporter = project.load_catalog, report.BuildReporter
 made, handed, complete = Reporter.__init__, Reporter.execute_task, Reporter.complete_run

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, run_doit, scale_project  # noqa: E402
-from kforge.artifact import seal  # noqa: E402
-from kforge.project import load_specs  # noqa: E402
-from kforge.targets import build_targets  # noqa: E402
+from kforge.store.artifact import seal  # noqa: E402
+from kforge.edge.dodo_tasks import load_specs  # noqa: E402
+from kforge.plan.targets import build_targets  # noqa: E402
 
 BARE_DODO = '''N = {n}
 DOIT_CONFIG = {{"backend": "sqlite3", "dep_file": ".doit.sqlite3", "verbosity": 0}}

@@ -3,7 +3,7 @@
 Usage (on an H100/H200, after `doit tune archs=sm_90a && doit package archs=sm_90a`):
     python bench/tune_gemm.py [--dist out/dist] [--dtype bf16] [--json docs/data/tune_gemm-h100.json]
 
-One run measures, side by side with the tuner's own timing (rules/tune_gpu.py: median of per-launch event
+One run measures, side by side with the tuner's own timing (rules/tune/gpu_bench.py: median of per-launch event
 times, launch overhead hidden, inputs rotated past L2):
 - every tuned shape: the config the bundle's selection picks, the best fixed config, torch.matmul;
 - held-out shapes (not in the table): the selection, the fixed config, torch.matmul, and every config of
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from kernels import gemm_tune  # noqa: E402
 from kforge_runtime import Library  # noqa: E402
 from kforge_runtime.device import runnable_archs  # noqa: E402
-from kforge.tune_gpu import checked_time, make_launch, make_problems, median_us  # noqa: E402
+from kforge.tune.gpu_bench import checked_time, make_launch, make_problems, median_us  # noqa: E402
 
 # Not in specs/gemm.toml: other M (some not 16-divisible), other model widths. The second set was added
 # after the first had been measured (docs/benchmarks.md gives each set's result; the earlier run: git history).

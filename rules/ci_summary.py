@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from kforge.report import failure_groups
+from kforge.report.reporter import failure_groups
 
 
 def markdown(report: dict) -> str:

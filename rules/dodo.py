@@ -7,13 +7,13 @@ specs (specs/, or `[tool.kforge] catalog` in its pyproject.toml) are the catalog
 """
 from pathlib import Path
 
-from kforge import doit_edge, project
+from kforge.edge import config as doit_edge, dodo_tasks as project
 
 __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 
 ROOT = Path.cwd().resolve()
-doit_edge.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/doit_edge.py
-CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/catalog.py)
+doit_edge.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
+CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
 DOIT_CONFIG = doit_edge.config(ROOT, CATALOG)
 
 

@@ -1,4 +1,4 @@
-"""kforge.amdgpu_metadata: the kernel ABI read from a real gfx942 code object agrees with what Triton says about
+"""kforge.compile.amdgpu_metadata: the kernel ABI read from a real gfx942 code object agrees with what Triton says about
 it; the msgpack subset decodes as msgpack does; what is not an ELF file is refused with an ElfError, an ELF file
 without the note with a MetadataError, and a truncated or corrupt note with a MetadataError too."""
 import struct
@@ -7,8 +7,8 @@ import pytest
 import triton
 import triton.language as tl
 
-from kforge import amdgpu_metadata
-from kforge.amdgpu_metadata import MetadataError, kernel_abi, kernel_names, read
+from kforge.compile import amdgpu_metadata
+from kforge.compile.amdgpu_metadata import MetadataError, kernel_abi, kernel_names, read
 from kforge_runtime import elf
 
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "alpha": "fp32", "base": "i64", "BLOCK": "constexpr"}
@@ -26,7 +26,7 @@ def prefix_kernel(x_ptr, y_ptr, n, alpha, base, BLOCK: tl.constexpr):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """(code object, Triton's metadata) of prefix_kernel compiled for gfx942, as rules/triton_compile.py does."""
+    """(code object, Triton's metadata) of prefix_kernel compiled for gfx942, as rules/compile/triton_backend.py does."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kforge import artifact
+from kforge.store import artifact
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def art(built, tmp_path):
 
 
 def target_at(directory, meta):
-    """The Target fields an incoming artifact is checked against (rules/target.py), for the target `meta` names,
+    """The Target fields an incoming artifact is checked against (rules/base/target.py), for the target `meta` names,
     with its artifact directory at `directory`."""
     return SimpleNamespace(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
                            arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()),
@@ -242,11 +242,11 @@ def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, fiel
 
 
 def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compile_read_do(tmp_path, monkeypatch):
-    """error.txt with the inputs of the failed compile (rules/build.py) is reported again instead of compiling;
+    """error.txt with the inputs of the failed compile (rules/compile/action.py) is reported again instead of compiling;
     another key, a changed input, or a failure kept without inputs (a crash, a timeout) compiles again."""
     import hashlib
 
-    from kforge.files import JsonState
+    from kforge.store.files import JsonState
     root = tmp_path / "p"
     (root / "kernels").mkdir(parents=True)
     source = root / "kernels" / "k.py"

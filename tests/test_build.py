@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import artifact
+from kforge.store import artifact
 from tests.support import (REPO, build_report, built_once, copy_built, default_sigint, doit, finish_or_explain,
                            kernel_text, make_project, process_tree, spec_text, statuses, wait_until)
 
@@ -354,7 +354,7 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
 def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
                                                                                           place):
     import types
-    from kforge import compile_core
+    from kforge.compile import core as compile_core
     fake = types.ModuleType("fake_compile")
     fake.ARCH_PER_PROCESS = False
     fake.IMPORT_IN = place
@@ -383,9 +383,9 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
 def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch_and_writes_nothing(built):
     """A backend only lowers; the core checks before it writes (a backend cannot write a bad artifact)."""
     import dataclasses
-    from kforge import compile_core
-    from kforge.project import load_specs
-    from kforge.targets import build_targets
+    from kforge.compile import core as compile_core
+    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
     nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
@@ -425,8 +425,9 @@ def test_a_package_task_that_finds_a_bad_binary_fails_naming_it_and_counts_as_fa
     (A wheel that already holds this manifest is used as it is: it holds the binaries as they were checked.)"""
     import io
     from types import SimpleNamespace
-    from kforge import package, report
-    from kforge.project import load_catalog
+    from kforge.ship import package
+    from kforge.report import reporter as report
+    from kforge.edge.dodo_tasks import load_catalog
     for wheel in (project / "out/dist").glob("*.whl"):
         wheel.unlink()
     binary = next((project / "out/sm_90a/scale/fp16-b256-w4").glob("*.cubin"))

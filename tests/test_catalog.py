@@ -1,9 +1,9 @@
 """The repository's own catalog loads: every spec in specs/ is valid and gives the targets README promises.
 Building it is README's main command, which CI runs once before the tests (.ci/run checks its report);
 the tests never build it again."""
-from kforge.layout import Layout
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.base.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 from tests.support import REPO
 
 
@@ -19,7 +19,7 @@ def test_the_catalog_loads_into_unique_targets_inside_out():
     assert {t.toolchain for t in targets} == {"triton", "flydsl"}
 
 
-# rules/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
+# rules/plan/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
 
 import json  # noqa: E402
 import textwrap  # noqa: E402
@@ -28,7 +28,7 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-from kforge import catalog as catalog_module  # noqa: E402
+from kforge.plan import catalog as catalog_module  # noqa: E402
 from tests.support import kernel_text, make_project, spec_text  # noqa: E402
 
 HELPER = "FACTOR = 3\n"
@@ -48,7 +48,7 @@ def loaded(root):
 
 def load_watched(root, monkeypatch):
     """(target name -> key, whether the load used the saved catalog rather than the specs)."""
-    from kforge import spec as spec_module
+    from kforge.declare import spec as spec_module
     from_specs = []
     real = spec_module.load_spec
     monkeypatch.setattr(spec_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
@@ -153,9 +153,9 @@ def test_a_run_that_finds_its_saved_catalog_imports_no_spec_machinery_and_no_com
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "built 0, up to date 2" in proc.stdout, proc.stdout + proc.stderr
     modules = set(proc.stdout.split("MODULES", 1)[1].split())
-    assert "kforge.catalog" in modules and "kforge.target" in modules   # really the run's modules
-    heavy = {"kforge.spec", "kforge.spec_model", "kforge.sweep", "kforge.targets", "kforge.sources", "kforge.build",
-             "kforge.compile_core", "triton", "torch", "flydsl"}
+    assert "kforge.plan.catalog" in modules and "kforge.base.target" in modules   # really the run's modules
+    heavy = {"kforge.declare.spec", "kforge.declare.spec_model", "kforge.declare.sweep", "kforge.plan.targets", "kforge.load.sources", "kforge.compile.action",
+             "kforge.compile.core", "triton", "torch", "flydsl"}
     assert not heavy & modules, sorted(heavy & modules)
 
 

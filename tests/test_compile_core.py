@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kforge import artifact, compile_core, report, stamps
-from kforge.layout import Layout
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.store import artifact
+from kforge.compile import core as compile_core
+from kforge.report import reporter as report
+from kforge.base import stamps
+from kforge.base.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 from tests.support import doit, make_project
 
 # --- CompileResult.values -------------------------------------------------------------------------------------

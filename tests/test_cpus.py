@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from kforge import cpus
+from kforge.base import cpus
 from tests.support import doit, make_project, spec_text
 
 
@@ -40,7 +40,7 @@ def test_available_respects_the_affinity_mask():
 
 def test_the_knob_sets_the_cap_and_a_bad_value_names_where_it_came_from(monkeypatch):
     from doit import doit_cmd
-    from kforge import settings
+    from kforge.base import settings
     monkeypatch.delenv(cpus.ENV, raising=False)
     monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {})
     assert settings.get("max_compiles") == cpus.available() and settings.source("max_compiles") is None

@@ -75,5 +75,6 @@ def test_a_malformed_executor_is_a_clear_error(tmp_path):
 
 
 def test_the_scheduler_address_is_the_checked_setting_with_dasks_own_scheme():
-    from kforge import dask_executor, settings
+    from kforge.share import dask_executor
+    from kforge.base import settings
     assert dask_executor.scheduler_address(settings.SETTINGS["executor"].parse("dask://h:8786", "x")) == "tcp://h:8786"

@@ -1,4 +1,4 @@
-"""rules/declare.py and [tool.kforge] catalog: Python catalogs, checked as TOML specs are, loaded again when
+"""rules/declare/python_catalog.py and [tool.kforge] catalog: Python catalogs, checked as TOML specs are, loaded again when
 anything they read changes."""
 import os
 import sys
@@ -7,17 +7,17 @@ import time
 
 import pytest
 
-from kforge import catalog as catalog_module
-from kforge.errors import SpecError
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.plan import catalog as catalog_module
+from kforge.base.errors import SpecError
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 from tests.support import doit, make_project, spec_text, statuses
 
 CATALOG = '''
 import json
 from pathlib import Path
 
-from kforge.declare import family
+from kforge.declare.python_catalog import family
 
 blocks = json.loads((Path(__file__).parent / "blocks.json").read_text())
 for dtype in ("fp16", "bf16"):
@@ -60,8 +60,8 @@ def test_a_bad_family_gets_the_toml_message_naming_the_file_and_line(tmp_path):
 
 def test_every_table_of_a_toml_spec_is_an_argument_of_family(tmp_path):
     """arch, env and adapter too: a Python catalog can say all a TOML spec can."""
-    from kforge.spec import SCHEMA
-    from kforge import declare
+    from kforge.declare.spec import SCHEMA
+    from kforge.declare import python_catalog as declare
     assert set(declare.KERNEL_KEYS) | set(declare.TABLES) == set(SCHEMA["kernel"]) | set(SCHEMA) - {"kernel"}
     root = python_project(tmp_path, CATALOG.replace('archs=["sm_90a"]', 'archs=["sm_90a", "gfx942"]').replace(
         'sweep={', 'env={"TK_FAST": "1"}, arch={"sm_90a": {"num_warps": 4}, "gfx942": {"num_warps": 8}}, '
@@ -89,7 +89,7 @@ def test_an_unknown_argument_or_a_failing_file_is_one_line_naming_the_file_and_l
 
 
 def test_family_outside_a_catalog_load_says_where_it_may_be_called():
-    from kforge.declare import family
+    from kforge.declare.python_catalog import family
     with pytest.raises(SpecError, match=r"family\(\) is called by a catalog file while kforge loads it"):
         family(name="x")
 

@@ -1,4 +1,4 @@
-"""The device model (rules/device_model.py): torch and Triton answer as each arch's reference GPU in the processes
+"""The device model (rules/load/device_model.py): torch and Triton answer as each arch's reference GPU in the processes
 that import a family's module, nothing needing a real GPU runs, set-up hooks run first, and a family may switch
 the model off. The library is tests/device_library.py (it asserts a GPU at import), on PYTHONPATH from a tmp site."""
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge import device_model
-from kforge.archs import ARCHS
-from kforge.device_model import DEVICES
+from kforge.load import device_model
+from kforge.base.archs import ARCHS
+from kforge.load.device_model import DEVICES
 from tests import device_library
 from tests.support import REPO, doit, make_project, statuses
 
@@ -49,7 +49,7 @@ def test_the_documented_table_is_the_models_table():
 
 ANSWERS = '''
 import json, sys
-from kforge import device_model
+from kforge.load import device_model
 answers = {}
 for arch in sys.argv[1:]:
     device_model.install(arch)
@@ -100,7 +100,7 @@ def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu():
 
 NEEDS_GPU = '''
 import importlib, sys
-from kforge import device_model
+from kforge.load import device_model
 device_model.install("gfx942")
 device_model.serving("fam")
 sys.path.insert(0, sys.argv[1])
@@ -145,7 +145,7 @@ def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the
     code = textwrap.dedent('''
         import sys
         sys.path.insert(0, sys.argv[1])
-        from kforge import device_model
+        from kforge.load import device_model
         device_model.prepare("sm_100a", True, ("hooks_a:with_arch", "hooks_a:without"))
         import hooks_a
         print(hooks_a.SEEN)
@@ -216,7 +216,7 @@ def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_
 def test_a_library_that_allocates_at_import_is_one_broken_family_named_in_one_line(tmp_path, devlib):
     site, env = devlib
     root = make_project(tmp_path / "p", specs={"devlib_alloc": device_library.ALLOC}, kernels={})
-    proc = doit(root, "list", env=env, check=False)   # listed as broken (rules/catalog.py keeps going at load)
+    proc = doit(root, "list", env=env, check=False)   # listed as broken (rules/plan/catalog.py keeps going at load)
     broken = [line for line in proc.stderr.splitlines() if "did not load" in line]
     assert proc.returncode == 0 and len(broken) == 1, proc.stderr
     assert "devlib_alloc" in proc.stdout and "BROKEN" in proc.stdout, proc.stdout
@@ -254,7 +254,7 @@ def test_on_a_machine_with_a_gpu_the_model_answers_for_the_target_arch_not_the_l
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     code = textwrap.dedent('''
-        from kforge import device_model
+        from kforge.load import device_model
         device_model.install("gfx942")
         import torch
         from triton.runtime import driver

@@ -13,7 +13,7 @@ HEADING = re.compile(r"^#+\s+(.*)$", re.M)
 
 
 def named(text: str) -> set[str]:
-    """Paths a page names in backticks: `rules/spec.py`, `kernels/ep/`, `.ci/`."""
+    """Paths a page names in backticks: `rules/declare/spec.py`, `kernels/ep/`, `.ci/`."""
     return set(re.findall(r"`([\w.-]+(?:/[\w.-]+)*/?)`", text))
 
 

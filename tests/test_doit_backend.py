@@ -1,11 +1,11 @@
-"""rules/doit_backend.py: kforge's doit backend reads doit's sqlite3 file as doit wrote it, in one query; a
+"""rules/edge/backend.py: kforge's doit backend reads doit's sqlite3 file as doit wrote it, in one query; a
 damaged file and a full disk are one line each; removals are listed for `doit forget`."""
 import sqlite3
 
 import pytest
 from doit.dependency import Dependency, JSONCodec, SqliteDB
 
-from kforge.doit_backend import KforgeSqliteDB
+from kforge.edge.backend import KforgeSqliteDB
 
 
 def test_the_dependency_file_is_read_in_one_query_and_forgotten_rows_stay_forgotten(tmp_path):

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from kforge import out_dir
+from kforge.store import guard as out_dir
 from tests.support import doit, make_project, spec_text, statuses
 
 BLOCKS = (64, 128, 256)

@@ -1,4 +1,4 @@
-"""rules/doit_edge.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)
+"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)
 nor the backend's (test_doit_backend.py), and the doit internals its patches rely on."""
 import gc
 import importlib
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from doit import cmd_run, control, runner
 
-from kforge import doit_backend, doit_edge, doit_runner
+from kforge.edge import backend as doit_backend, config as doit_edge, runner as doit_runner
 
 
 def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first_runs():

@@ -4,7 +4,7 @@ import struct
 import pytest
 
 from kforge_runtime import elf
-from kforge.archs import ARCHS
+from kforge.base.archs import ARCHS
 from tests.conftest import ALL_ARCHS
 
 

@@ -1,12 +1,12 @@
-"""rules/entry_probe.py with rules/spec.py and rules/targets.py: the autotuner as the library defines it (its
+"""rules/load/entry_probe.py with rules/declare/spec.py and rules/plan/targets.py: the autotuner as the library defines it (its
 pruning, its own Autotuner subclass, do_not_specialize; a perf_model noted, not applied) and a heuristic's value
 pinned by the spec ([override]). The library is tests/tune_library.py."""
 import sys
 
 import pytest
 
-from kforge.catalog import Catalog
-from kforge.errors import SpecError
+from kforge.plan.catalog import Catalog
+from kforge.base.errors import SpecError
 from tests import tune_library
 from tests.support import doit, make_project, statuses
 

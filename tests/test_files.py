@@ -1,5 +1,5 @@
-"""rules/files.py: kforge's own files in out/ are replaced whole, by rename."""
-from kforge.files import JsonState, atomic_write
+"""rules/store/files.py: kforge's own files in out/ are replaced whole, by rename."""
+from kforge.store.files import JsonState, atomic_write
 
 
 def test_a_directory_where_kforges_file_belongs_is_replaced_by_the_file(tmp_path):
@@ -14,7 +14,7 @@ def test_a_directory_where_kforges_file_belongs_is_replaced_by_the_file(tmp_path
 
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch):
-    import kforge.files as files
+    import kforge.store.files as files
     path = tmp_path / "report.json"
     atomic_write(path, b"old")
 

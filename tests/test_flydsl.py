@@ -6,7 +6,8 @@ import shutil
 import textwrap
 import pytest
 
-from kforge import amd_linker, amdgpu_metadata, artifact
+from kforge.compile import amd_linker, amdgpu_metadata
+from kforge.store import artifact
 from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
 
 FLY_ARCHS = ("gfx90a", "gfx942", "gfx950")
@@ -181,7 +182,7 @@ def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(tmp_path)
 
 
 def test_tritons_lld_runner_refuses_a_link_it_cannot_do_exactly():
-    from kforge import triton_lld
+    from kforge.compile import triton_lld
     assert triton_lld.link_args(["-shared", "in.o", "-o", "out.hsaco"]) == ("in.o", "out.hsaco")
     assert triton_lld.link_args(["-o", "out.hsaco", "in.o", "-shared"]) == ("in.o", "out.hsaco")
     for bad in (["-shared", "a.o", "b.o", "-o", "x"], ["-shared", "a.o"], ["--gc-sections", "a.o", "-o", "x"],
@@ -266,8 +267,8 @@ def test_a_library_builder_compiles_through_the_specs_adapter(tmp_path):
     ('arguments = {dtype = "dtype_str"}\n', r"build_copy_module\(...\) must take the compile-time values"),
 ])
 def test_a_bad_adapter_is_refused_at_load(tmp_path, change, message):
-    from kforge.errors import SpecError
-    from kforge.project import load_specs
+    from kforge.base.errors import SpecError
+    from kforge.edge.dodo_tasks import load_specs
     replacement = "shapes = {X = [1024]}" if change.startswith("shapes") else ""
     spec = ADAPTED_SPEC.replace('Y = ["ELEMS"]', "Y = [1024]") if not change.startswith("shapes") else ADAPTED_SPEC
     root = make_project(tmp_path / "p", specs={"libcopy": spec.replace(change, replacement)},

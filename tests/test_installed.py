@@ -1,4 +1,4 @@
-"""rules/installed.py and `module = "..."` specs: kernels of an installed package, built without copying them,
+"""rules/load/installed.py and `module = "..."` specs: kernels of an installed package, built without copying them,
 keyed by what they execute within their distribution."""
 import json
 import os
@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from kforge import installed
-from kforge.errors import SpecError
+from kforge.load import installed
+from kforge.base.errors import SpecError
 from tests.support import doit, make_project, statuses
 
 PACKAGE = "kforge_testlib"
@@ -292,7 +292,7 @@ def scale_targets(arch):
 
 
 def test_autotune_configs_are_swept_and_heuristics_computed_per_config(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_scale": SCALE_SPEC, "lib_amd": AMD_SPEC}, kernels={})
     targets = {t.name: t for t in Catalog(root, None, 50_000).load().targets}
     assert set(targets) == scale_targets("sm_90a") | scale_targets("gfx942") | {
@@ -306,7 +306,7 @@ def test_autotune_configs_are_swept_and_heuristics_computed_per_config(site, tmp
 
 
 def test_a_heuristic_reading_a_value_the_spec_does_not_give_is_refused_at_load(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_scale": SCALE_SPEC.replace("n = [1000, 1024]", "")
                                                .replace("-n{n}", "")}, kernels={})
     with pytest.raises(SpecError, match=r"specs/lib_scale.toml: heuristic EVEN of kforge_testlib.ops.scale."
@@ -340,7 +340,7 @@ WRAPPED_SPEC = textwrap.dedent('''
 def test_a_librarys_own_autotuner_is_read_and_heuristics_see_pointers_as_tensors_of_their_type(site, tmp_path):
     """A subclass of Triton's Autotuner under another decorator name; heuristics that test a pointer with
     isinstance(..., torch.Tensor) and read its .dtype, as they would at launch; a `none` pointer is None."""
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     no_bias = WRAPPED_SPEC.replace('"lib_wrapped"', '"lib_wrapped_nb"').replace('bias_ptr = "*{dtype}"',
                                                                                'bias_ptr = "none"')
     root = make_project(tmp_path / "p", specs={"lib_wrapped": WRAPPED_SPEC, "lib_wrapped_nb": no_bias}, kernels={})
@@ -358,7 +358,7 @@ def test_a_librarys_own_autotuner_is_read_and_heuristics_see_pointers_as_tensors
     ("bias_ptr = [1]", r"\[sweep\]"), ("n = [\"big\"]", r"\[sweep\] n: a shape hint for a i32 argument must be an integer"),
     ("n = [1.5]", r"a shape hint for a i32 argument must be an integer, got 1.5")])
 def test_a_value_for_a_pointer_or_a_mistyped_shape_hint_is_refused_at_load(site, tmp_path, given, message):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_wrapped": WRAPPED_SPEC + given + "\n"}, kernels={})
     with pytest.raises(SpecError, match=r"specs/lib_wrapped.toml: .*" + message):
         Catalog(root, None, 50_000).load()
@@ -369,7 +369,7 @@ def test_a_value_for_a_pointer_or_a_mistyped_shape_hint_is_refused_at_load(site,
 
 
 def test_a_module_whose_import_fails_in_the_probe_is_one_line_naming_it_and_the_fix(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_needs": spec("lib_needs", "kforge_testlib.ops.needs",
                                                                  "needs_kernel").replace("[sweep]\nBLOCK = [128, 256]\n",
                                                                                           "[sweep]\n")}, kernels={})
@@ -382,7 +382,7 @@ def test_a_module_whose_import_fails_in_the_probe_is_one_line_naming_it_and_the_
 
 
 def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_amd": AMD_SPEC.replace('["gfx942"]', '["gfx942", "sm_90a"]')},
                         kernels={})
     with pytest.raises(SpecError, match=r"for sm_90a: waves_per_eu is an AMD option"):
@@ -451,7 +451,7 @@ def test_a_none_argument_and_constexpr_defaults_from_the_source_build(site, tmp_
 
 
 def test_a_none_argument_given_a_value_is_refused(site, tmp_path):
-    from kforge.project import load_specs
+    from kforge.edge.dodo_tasks import load_specs
     root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC + "\n[constants]\nbias_ptr = 1\n"}, kernels={})
     with pytest.raises(SpecError, match=r"bias_ptr is None \(its \[signature\] type is 'none'\); remove it from "
                                         r"\[constants\]"):
@@ -498,11 +498,11 @@ def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_compil
 @pytest.mark.parametrize("bad", ["tensordesc<bf16[64, 64],NVMMASharedLayout()>", "tensordesc<bf16[]>",
                                  "tensordesc<f17[64]>", "tensordesc<bf16[0, 64]>"])
 def test_a_bad_tensor_descriptor_type_is_refused_at_load(site, tmp_path, bad):
-    from kforge.project import load_specs
+    from kforge.edge.dodo_tasks import load_specs
     root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC.replace(
         'in_desc = "tensordesc<{dtype}[{BLOCK}, 64]>"', f'in_desc = "{bad}"')}, kernels={})
     with pytest.raises(SpecError, match=r"\[signature\] in_desc"):
-        from kforge.targets import build_targets
+        from kforge.plan.targets import build_targets
         build_targets(load_specs(root), root, None)
 
 
@@ -539,7 +539,7 @@ def cube(x):
 
 
 def test_function_valued_constexprs_build_from_the_library_and_the_project_and_key_their_sources(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     spec = ACT_SPEC.replace('id = "{ACT}"', "")
     root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
     doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
@@ -561,8 +561,8 @@ def test_function_valued_constexprs_build_from_the_library_and_the_project_and_k
     ("tk.mine:nothing", r"function tk.mine:nothing: tk.mine .* defines no function nothing"),
 ])
 def test_a_bad_function_reference_is_refused_at_load(site, tmp_path, ref, message):
-    from kforge.project import load_specs
-    from kforge.targets import build_targets
+    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.targets import build_targets
     spec = ACT_SPEC.replace('id = "{ACT}"', "").replace(
         f'["{PACKAGE}.ops.acts:double", "{PACKAGE}.ops.acts:square", "tk.mine:cube"]', f'["{ref}"]')
     root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
@@ -594,7 +594,7 @@ KTL_FACTOR = "3"
 
 
 def test_a_family_environment_is_set_where_its_module_is_read_and_compiled_and_is_in_its_key(site, tmp_path):
-    from kforge.catalog import Catalog
+    from kforge.plan.catalog import Catalog
     root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC}, kernels={})
     targets = {t.name: t for t in Catalog(root, None, 50_000).load().targets}
     assert set(targets) == {"lib_env:b64@sm_90a", "lib_env:b256@sm_90a"}   # the autotune list the env gave
@@ -609,7 +609,7 @@ def test_a_family_environment_is_set_where_its_module_is_read_and_compiled_and_i
 
 @pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "PYTHONPATH", "KFORGE_CACHE", "lower", "TRITON_CACHE_DIR"])
 def test_a_reserved_or_malformed_environment_name_is_refused(site, tmp_path, name):
-    from kforge.project import load_specs
+    from kforge.edge.dodo_tasks import load_specs
     root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC.replace("KTL_FACTOR", name)}, kernels={})
     with pytest.raises(SpecError, match=r"\[env\] .*not a variable a family may set"):
         load_specs(root)

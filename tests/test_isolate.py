@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 
-from kforge import isolate
+from kforge.load import isolate
 
 
 def ok(x):

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from kforge import keys, stamps
+from kforge.plan import keys
+from kforge.base import stamps
 from kforge_runtime import schema
 
 PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.layout import Layout
+from kforge.base.layout import Layout
 from kforge_runtime import schema
 
 ARGS = {"artifact_dir": ("sm_90a", "scale", "fp16-b256-w4"), "family_dir": ("sm_90a", "scale"), "manifest_copy": ("gfx942",),

@@ -30,7 +30,7 @@ def _specs() -> dict[str, dict]:
 
 def _autotuned(module: str, entry: str) -> bool:
     """Whether the entry is wrapped in @triton.autotune in the installed module's source."""
-    from kforge import installed
+    from kforge.load import installed
     tree = ast.parse(installed.find(module).path.read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry)
     return any("autotune" in ast.unparse(d) for d in fn.decorator_list)

@@ -1,4 +1,4 @@
-"""rules/load_guard.py: a Python catalog or a family module imported to probe it that never returns, allocates
+"""rules/load/load_guard.py: a Python catalog or a family module imported to probe it that never returns, allocates
 without end or starts processes: a notice naming the file, a stop at catalog_timeout / catalog_memory with one
 line naming the file and the setting, and no process left behind."""
 import os
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge.catalog import Catalog
-from kforge.errors import SpecError
-from kforge.project import load_specs
+from kforge.plan.catalog import Catalog
+from kforge.base.errors import SpecError
+from kforge.edge.dodo_tasks import load_specs
 from tests.support import doit, make_project, time_limit
 from tests.test_declare import CATALOG, python_project
 from tests.test_installed import install, spec
@@ -64,7 +64,7 @@ def test_a_catalog_that_returns_leaves_no_process_behind_and_its_families_and_re
     pid_file = tmp_path / "sleep.pid"
     root = python_project(tmp_path, SPAWN.format(pid_file=str(pid_file)) + CATALOG)
     read: set[Path] = set()
-    from kforge.catalog import load_specs as load_with_reads
+    from kforge.plan.catalog import load_specs as load_with_reads
     specs = load_with_reads(root, None, read)
     assert [s.name for s in specs] == ["scale_fp16", "scale_bf16"]
     assert (root / "specs" / "blocks.json").resolve() in read   # what the child read reaches the catalog's stamp

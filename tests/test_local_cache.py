@@ -1,4 +1,4 @@
-"""The local cache (rules/local_cache.py): entries by action key outside the checkout, shared by every checkout of
+"""The local cache (rules/share/local_cache.py): entries by action key outside the checkout, shared by every checkout of
 the user. A revert and a second checkout at another path compile nothing; a corrupt or foreign entry is refused
 with one line and rebuilt; two writers at once leave whole entries; the cache is trimmed to its limit, least
 recently used first; local_cache=off neither reads nor writes it."""
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge import local_cache, settings
-from kforge.local_cache import LocalCache
+from kforge.share import local_cache
+from kforge.base import settings
+from kforge.share.local_cache import LocalCache
 from tests.support import REPO, doit, kernel_text, make_project, spec_text
 
 SPEC = spec_text(archs=("sm_90a", "gfx942"), dtypes=("fp16",))   # two targets: one NVIDIA, one AMD

@@ -1,4 +1,4 @@
-"""rules/observe.py: what a process's audit hook records. Each case runs in a fresh interpreter (a process has
+"""rules/load/observe.py: what a process's audit hook records. Each case runs in a fresh interpreter (a process has
 one hook, installed for good), with a library folder on sys.path and a project folder as the root."""
 import _json
 import json
@@ -8,11 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kforge import observe
+from kforge.load import observe
 
 SCRIPT = '''
 import ctypes, glob, json, os, pathlib, pkgutil, sys
-from kforge import observe
+from kforge.load import observe
 recorder = observe.Recorder.install({root!r})
 recorder.start()
 {body}

@@ -1,5 +1,5 @@
 """Up to date means correct for a library whose inputs reading its source cannot find (issue 32): what the probe
-and each compile actually read decides (rules/observe.py, rules/inputs.py), and the same inputs give the same
+and each compile actually read decides (rules/load/observe.py, rules/store/inputs.py), and the same inputs give the same
 bytes wherever they lie. The library is tests/observed_library.py, on PYTHONPATH from a tmp site folder; beside
 it the project has a kernel of its own that reads none of the library's files."""
 import json

@@ -1,8 +1,8 @@
-"""The one guard of every write and delete under out/ (rules/out_dir.py): never through a link leading outside."""
+"""The one guard of every write and delete under out/ (rules/store/guard.py): never through a link leading outside."""
 import pytest
 
-from kforge import out_dir
-from kforge.files import write_inside
+from kforge.store import guard as out_dir
+from kforge.store.files import write_inside
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from kforge import package
+from kforge.ship import package
 from tests.support import REPO, doit, kernel_text, make_project, spec_text
 
 ARCHS = ("sm_90a", "gfx942")
@@ -71,8 +71,8 @@ def test_failed_targets_are_listed_with_their_error(packaged):
 
 
 def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
-    from kforge.project import load_specs
-    from kforge.targets import build_targets
+    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.targets import build_targets
     copy = shutil.copytree(packaged, tmp_path / "p")
     shutil.rmtree(copy / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
     targets = [t for t in build_targets(load_specs(copy), copy, None) if t.arch == "sm_90a"]
@@ -148,7 +148,7 @@ def kept(root):
 
 def rebundle(root, arch, tuned=()):
     """build_bundle in this process, as `doit package` runs it (its TaskFailed, or None)."""
-    from kforge.project import load_catalog
+    from kforge.edge.dodo_tasks import load_catalog
     return package.build_bundle(arch, [t for t in load_catalog(root).targets if t.arch == arch], str(root), tuned)
 
 
@@ -197,7 +197,7 @@ def test_a_replaced_wheel_is_kept_and_comes_back_by_rename_when_its_inputs_do(bu
     assert [k.name for k in kept(root)] == [second.name]
     assert json.loads((root / "out" / "dist" / "kforge_kernels_sm_90a.manifest.json").read_text()) == \
         manifest(root, "sm_90a")
-    from kforge.project import load_catalog
+    from kforge.edge.dodo_tasks import load_catalog
     assert package.is_current("sm_90a", [t for t in load_catalog(root).targets if t.arch == "sm_90a"], str(root))
 
 
@@ -337,7 +337,7 @@ def test_a_foreign_meta_json_fails_the_package_task_in_one_line_naming_the_targe
     """gfx942's meta.json and binary in gfx950's artifact directory, its key set to the gfx950 target's and its
     seal recomputed (a poisoned out/ from an older kforge, or a hand copy): one line naming the target and the fix,
     never a traceback."""
-    from kforge.project import load_catalog
+    from kforge.edge.dodo_tasks import load_catalog
     root = tmp_path / "p"
     shutil.copytree(built, root, symlinks=True)
     real, planted = (root / "out" / arch / "scale" / "fp16-b256-w4" for arch in ("gfx942", "gfx950"))

@@ -1,10 +1,10 @@
-"""rules/records.py: record files in the catalog -> targets, de-duplicated, every line checked."""
+"""rules/declare/records.py: record files in the catalog -> targets, de-duplicated, every line checked."""
 import json
 
 import pytest
 
-from kforge.catalog import Catalog
-from kforge.errors import SpecError
+from kforge.plan.catalog import Catalog
+from kforge.base.errors import SpecError
 from tests.support import doit, make_project, spec_text, statuses
 
 
@@ -139,7 +139,7 @@ def test_a_malformed_autotune_field_is_one_error(project, bad):
 
 def test_a_recorded_line_reads_back_as_written(project, tmp_path):
     """Format round trip: what the recorder writes is what the catalog reads (an autotuner's pick included)."""
-    from kforge.records import read, tuned_choices
+    from kforge.declare.records import read, tuned_choices
     from kforge_runtime.record import Recorder
     path = project / "specs" / "app.jsonl"
     recorder = Recorder(str(path), arch="sm_90a")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kforge import remote_cache
-from kforge.remote_cache import CacheConfig
+from kforge.share import remote_cache
+from kforge.share.remote_cache import CacheConfig
 from tests.cache_server import NGINX, free_port, webdav_server
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
@@ -176,7 +176,7 @@ FP16 = "scale:fp16-b256-w4@sm_90a"
 
 
 def tag(secret: str, key: str, files: list) -> str:
-    """The tag as rules/remote_cache.py documents it: HMAC-SHA256 over the compact JSON of
+    """The tag as rules/share/remote_cache.py documents it: HMAC-SHA256 over the compact JSON of
     ["kforge-ac-1", action key, [[name, sha256], ...]], in hex."""
     message = json.dumps(["kforge-ac-1", key, [[f["name"], f["sha256"]] for f in files]], separators=(",", ":"))
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
@@ -318,7 +318,7 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
     rewritten and its seal recomputed: a miss (the target compiles here), nothing written, and the warning names
     the cache entry, not a file in out/."""
     from types import SimpleNamespace
-    from kforge import artifact
+    from kforge.store import artifact
     wanted = json.loads((built / "out/gfx950/scale/fp16-b256-w4/meta.json").read_text())
     files = artifact.files_of(built / "out/gfx942/scale/fp16-b256-w4")
     meta = {**json.loads(files["meta.json"]), "key": wanted["key"], "target": wanted["target"], "arch": "gfx950"}

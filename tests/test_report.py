@@ -5,8 +5,8 @@ import types
 
 from doit.exceptions import TaskFailed
 
-from kforge import report
-from kforge.report import error_line, failure_groups, plural
+from kforge.report import reporter as report
+from kforge.report.reporter import error_line, failure_groups, plural
 from tests.support import doit, kernel_text, make_project, spec_text, statuses
 
 MESSAGE = ("{name} failed\n  spec: specs/x.toml\n  config: {{'BLOCK': 16}}\n  error: {error}\n"

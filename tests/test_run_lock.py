@@ -1,4 +1,4 @@
-"""rules/run_lock.py: two builds in one out/ at once: the second waits for the first with one line (and then
+"""rules/store/run_lock.py: two builds in one out/ at once: the second waits for the first with one line (and then
 finds its work done); commands that only read never wait; a holder killed outright releases the lock."""
 import os
 import re
@@ -75,7 +75,7 @@ def test_two_builds_started_at_once_compile_each_target_once(tmp_path):
 
 
 def test_the_lock_names_its_holder_but_never_a_secret_setting(tmp_path, monkeypatch):
-    from kforge import run_lock
+    from kforge.store import run_lock
     held = []
     monkeypatch.setattr(run_lock, "_held", held)
     monkeypatch.setattr(sys, "argv", ["doit", "-n", "2", "cache_key=0123456789abcdef0123", "scale"])

@@ -1,11 +1,11 @@
-"""Scratch files (rules/scratch.py): under out/.kforge/tmp, named after their run, gone with it."""
+"""Scratch files (rules/store/scratch.py): under out/.kforge/tmp, named after their run, gone with it."""
 import os
 import subprocess
 import sys
 import tempfile
 
-from kforge import scratch
-from kforge.layout import Layout
+from kforge.store import scratch
+from kforge.base.layout import Layout
 
 
 def test_a_folder_is_made_under_out_kforge_tmp_named_after_the_run(tmp_path):

@@ -1,7 +1,7 @@
 """The build's settings (`doit name=value` and their KFORGE_* twins): a bad value is one line naming it."""
 import pytest
 
-from kforge import settings
+from kforge.base import settings
 from tests.support import doit, make_project
 
 
@@ -60,7 +60,7 @@ def test_where_a_secret_setting_came_from_is_shown_without_its_value(monkeypatch
 def test_every_setting_is_parsed_into_one_frozen_options_value(monkeypatch):
     import pytest
 
-    from kforge import settings
+    from kforge.base import settings
     monkeypatch.setenv("KFORGE_COMPILE_TIMEOUT", "120")
     found = settings.options()
     assert found.timeout == 120.0 and found.cache is None and found.max_configs == 50_000

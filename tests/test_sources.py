@@ -1,5 +1,5 @@
 """Kernel sources: entry parameters and the local-import closure, read without importing."""
-from kforge import sources
+from kforge.load import sources
 
 
 def test_closure_follows_local_imports_only(tmp_path):

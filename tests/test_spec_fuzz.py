@@ -16,8 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge.spec import SpecError, load_spec
-from kforge.sweep import CONFIG_ID, config_id
+from kforge.declare.spec import SpecError, load_spec
+from kforge.declare.sweep import CONFIG_ID, config_id
 from tests.support import REPO, make_project, spec_text, time_limit
 
 CASE_SECONDS = 5   # one case (load, then every config and id) is far below this; above it is a hang

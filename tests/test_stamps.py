@@ -3,7 +3,7 @@ import hashlib
 import os
 import time
 
-from kforge import stamps
+from kforge.base import stamps
 
 
 def test_a_digest_does_not_depend_on_key_order_at_any_depth():

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from kforge.spec import SpecError, load_spec
-from kforge.sweep import config_id
+from kforge.declare.spec import SpecError, load_spec
+from kforge.declare.sweep import config_id
 from tests.support import kernel_text, make_project, spec_text
 
 
@@ -45,7 +45,7 @@ def test_extra_and_exclude(tmp_path):
 
 
 def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
-    from kforge.targets import spec_targets
+    from kforge.plan.targets import spec_targets
     text = spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256)) + '\n[[exclude]]\narch = "gfx942"\nBLOCK = 256\n'
     root = make_project(tmp_path, specs={"s": text})
     spec = load_spec(root / "specs" / "s.toml", root)
@@ -85,9 +85,9 @@ def test_a_huge_sweep_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
 
 def test_a_50000_config_family_is_checked_per_value_not_per_config(tmp_path, monkeypatch):
     """Loading formats no config id and tries no config against the excludes one by one (they are checked per
-    value): configs are made when iterated (rules/targets.py does), so a family's size costs nothing to load."""
-    from kforge import sweep
-    from kforge.spec_model import Exclude
+    value): configs are made when iterated (rules/plan/targets.py does), so a family's size costs nothing to load."""
+    from kforge.declare import sweep
+    from kforge.declare.spec_model import Exclude
     text = spec_text(blocks=tuple(range(16, 16 * 2001, 16))).replace(
         "num_warps = [4]", "num_warps = [1, 2, 4, 8, 16]\nnum_stages = [1, 2, 3, 4, 5]").replace(
         '"{dtype}-b{BLOCK}-w{num_warps}"', '"{dtype}-b{BLOCK}-w{num_warps}s{num_stages}"')

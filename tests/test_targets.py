@@ -4,10 +4,10 @@ import shutil
 
 import pytest
 
-from kforge import keys
+from kforge.plan import keys
 from kforge_runtime import schema
-from kforge.spec import load_spec
-from kforge.targets import build_targets
+from kforge.declare.spec import load_spec
+from kforge.plan.targets import build_targets
 from tests.support import doit, kernel_text, make_project, spec_text
 
 

@@ -5,11 +5,13 @@ from pathlib import Path
 import pytest
 from doit.loader import generate_tasks
 
-from kforge import artifact, package, tasks
-from kforge.inputs import InputIndex
-from kforge.layout import Layout
-from kforge.project import load_specs
-from kforge.targets import build_targets
+from kforge.store import artifact
+from kforge.ship import package
+from kforge.edge import tasks
+from kforge.store.inputs import InputIndex
+from kforge.base.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
 from tests.support import make_project, spec_text
 
 ARCHS = ("sm_90a", "gfx942")
@@ -66,7 +68,7 @@ def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_caches_
     d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1", local)
     [(action, args)] = d["actions"]
     assert args == [t, str(project), 12.5, cache, "dask://h:1", local]
-    from kforge import build
+    from kforge.compile import action as build
     monkeypatch.setattr(build, "compile_target", lambda *given: {"called with": given})
     assert action(*args) == {"called with": tuple(args)}   # the action is compile_target, imported when it runs
 

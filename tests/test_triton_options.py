@@ -1,13 +1,13 @@
-"""rules/triton_options.py: every Triton compile option of the pinned version, checked by value at load and by
+"""rules/declare/triton_options.py: every Triton compile option of the pinned version, checked by value at load and by
 arch when targets are made; each one a target sets is in its key and its meta.json."""
 import json
 
 import pytest
 
-from kforge.errors import SpecError
-from kforge.project import load_specs
-from kforge.targets import build_targets
-from kforge.triton_options import OPTIONS, arch_problem, value_problem
+from kforge.base.errors import SpecError
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
+from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from tests.support import doit, make_project, spec_text
 
 

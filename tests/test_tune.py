@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from kforge import tune
-from kforge.catalog import Family
-from kforge.spec import load_spec
-from kforge.targets import spec_targets
+from kforge.tune import tasks as tune
+from kforge.plan.catalog import Family
+from kforge.declare.spec import load_spec
+from kforge.plan.targets import spec_targets
 from tests.support import doit, kernel_text, make_project, spec_text
 
 TUNE = '\n[tune]\nharness = "tk/scale_tune.py"\nshape_args = ["n"]\nshapes = [[1000], [1000000]]\n'

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from kforge.tune_gpu import _hold_gpu
+from kforge.tune.gpu_bench import _hold_gpu
 
 
 def test_one_tuning_at_a_time_per_gpu(tmp_path):
@@ -23,7 +23,7 @@ def test_a_config_is_timed_only_after_it_reproduced_torchs_result(monkeypatch):
 
     import torch
 
-    from kforge import tune_gpu as tuner
+    from kforge.tune import gpu_bench as tuner
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(tuner, "copies_needed", lambda problem: 2)
     monkeypatch.setattr(tuner, "median_us", lambda launch, copies, give_up=None: (5.0, 7))
@@ -47,7 +47,7 @@ def test_a_config_is_timed_only_after_it_reproduced_torchs_result(monkeypatch):
 
 
 def test_a_config_the_cpu_was_too_busy_to_time_is_timed_again_and_then_listed_never_failing_the_run(monkeypatch):
-    from kforge import tune_gpu
+    from kforge.tune import gpu_bench as tune_gpu
     monkeypatch.setattr(tune_gpu.time, "sleep", lambda s: None)
     tries = []
 
@@ -64,7 +64,7 @@ def test_a_config_the_cpu_was_too_busy_to_time_is_timed_again_and_then_listed_ne
 
 
 def test_finished_rankings_are_kept_for_a_rerun_of_the_same_tuning_only(tmp_path):
-    from kforge import tune_gpu
+    from kforge.tune import gpu_bench as tune_gpu
     path = tune_gpu.progress_path(tmp_path / "gemm.json")
     sid = tune_gpu.shape_id({"M": 1, "N": 2}, {"dtype": "bf16"})
     tune_gpu.save_progress(path, "key-1", {sid: {"ranking": [{"config_id": "a", "us": 1.0}]}})

@@ -1,4 +1,4 @@
-"""kforge.wheel on its own: byte-identical wheels from the same files, a RECORD pip can check, atomic writes."""
+"""kforge.ship.wheel on its own: byte-identical wheels from the same files, a RECORD pip can check, atomic writes."""
 import base64
 import csv
 import hashlib
@@ -10,11 +10,11 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from kforge import wheel as wheel_mod
-from kforge.wheel import write_wheel
+from kforge.ship import wheel as wheel_mod
+from kforge.ship.wheel import write_wheel
 from kforge_runtime.schema import arch_of_bundle_file, dist_name, wheel_name
 
-DIST, VERSION = "kforge_kernels_gfx942", "0.1.0+0123456789ab"   # as rules/package.py names them
+DIST, VERSION = "kforge_kernels_gfx942", "0.1.0+0123456789ab"   # as rules/ship/package.py names them
 INFO = f"{DIST}-{VERSION}.dist-info"
 FILES = {
     f"{DIST}/__init__.py": b"from kforge_kernels_gfx942._runtime import x\n",

@@ -1,4 +1,4 @@
-"""A small Triton library written for the tests of rules/entry_probe.py, rules/catalog.py and rules/build.py: it
+"""A small Triton library written for the tests of rules/load/entry_probe.py, rules/plan/catalog.py and rules/compile/action.py: it
 prunes its autotune configs with early_config_prune (shared memory it reads from the device, here from
 the environment a CPU-only builder gives it), through its own Autotuner subclass that adds a constructor
 argument; names a perf_model and top_k; computes a heuristic from torch.cuda.get_device_properties (which a

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from doit import get_var
 
-from kforge.layout import Layout
-from kforge.out_dir import OutsideOut, guard
+from kforge.base.layout import Layout
+from kforge.store.guard import OutsideOut, guard
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ Each specialization Triton's JIT compiles (or loads from its cache) in the proce
 record file, whatever launched it: a plain `kernel[grid](...)`, an autotuner's chosen config, a heuristic's
 values. Every process appends to the one file, each line once (append_once). Recording never changes what runs: it only listens (Triton's jit_post_compile_hook, chained to any
 hook already set), and a line it cannot write is a warning, never an error. A project lists record files in
-its catalog (rules/records.py turns each line into a target).
+its catalog (rules/declare/records.py turns each line into a target).
 
 The format, one JSON object per line, keys sorted (stable, reviewable in a pull request):
   {"format": "kforge-record-1", "kernel": "<module>:<function>", "arch": "sm_90a",

@@ -9,7 +9,7 @@ import re
 
 from .elf import ElfError, check_binary as check_elf
 
-# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/layout.py).
+# One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/base/layout.py).
 # Bump ARTIFACT_SCHEMA when meta.json's fields or a binary's content rules change: it is part of every
 # action key, so every target rebuilds.
 ARTIFACT_SCHEMA = 6   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or

@@ -1,0 +1,104 @@
+"""Every path kforge reads or writes under a project's out/, in one place.
+
+    out/<arch>/<kernel>/<config_id>/{<binary>, meta.json | error.txt}   one target's artifact
+    out/dist/kforge_kernels_<arch>-<version>.whl (+ .manifest.json)    `doit package`
+    out/tune/<arch>/<kernel>.json                                      `doit tune`
+    out/build-report.json, out/.doit.sqlite3                           the last run; doit's own state
+    out/.kforge/                                                       kforge's private state (indexes, stamps,
+                                                                       scratch, tool versions, linker shims)
+    out/.kforge/wheels/                                                wheels a rebuild replaced (package.py)
+    out/.kforge/catalogs/                                              recent catalogs by content (catalog.py)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+from kforge_runtime.schema import dist_name
+
+OUT = "out"   # at the project root; the only directory of the project kforge writes into (rules/share/local_cache.py
+              # writes in the user's cache directory, outside every checkout)
+
+
+class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, and every run imports it
+    root: Path   # the project: where dodo.py, specs/ and out/ are
+
+    @classmethod
+    def of(cls, root) -> "Layout":
+        return cls(Path(root))
+
+    @classmethod
+    def around(cls, out) -> "Layout":
+        """The layout whose out/ folder is `out` (a Target carries its out/)."""
+        return cls(Path(out).parent)
+
+    @property
+    def out(self) -> Path:
+        return self.root / OUT
+
+    @property
+    def state(self) -> Path:
+        return self.out / ".kforge"
+
+    @property
+    def scratch(self) -> Path:
+        """Compilers' private temp directories (one per compile, removed after it)."""
+        return self.state / "tmp"
+
+    @property
+    def built_keys(self) -> Path:
+        return self.state / "built-keys.json"
+
+    @property
+    def observed_inputs(self) -> Path:
+        return self.state / "observed-inputs.json"
+
+    @property
+    def tool_versions(self) -> Path:
+        return self.state / "tools.json"
+
+    @property
+    def doit_db(self) -> Path:
+        return self.out / ".doit.sqlite3"
+
+    @property
+    def build_report(self) -> Path:
+        return self.out / "build-report.json"
+
+    @property
+    def dist(self) -> Path:
+        return self.out / "dist"
+
+    @property
+    def tune(self) -> Path:
+        return self.out / "tune"
+
+    @property
+    def verify(self) -> Path:
+        return self.out / "verify"
+
+    def family_dir(self, arch: str, kernel: str) -> Path:
+        return self.out / arch / kernel
+
+    def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
+        return self.family_dir(arch, kernel) / config_id
+
+    def manifest_copy(self, arch: str) -> Path:
+        """A copy of a bundle's manifest beside its wheel, for people and CI logs to read."""
+        return self.dist / f"{dist_name(arch)}.manifest.json"
+
+    def package_stamp(self, arch: str) -> Path:
+        return self.state / f"package-{arch}.json"
+
+    @property
+    def kept_catalogs(self) -> Path:
+        """The last catalogs loaded from the specs, each named by the content of what it came from (catalog.py)."""
+        return self.state / "catalogs"
+
+    @property
+    def kept_wheels(self) -> Path:
+        """The last wheels out/dist/ held before a rebuild replaced them, under their own names (package.py)."""
+        return self.state / "wheels"
+
+    def tuning_table(self, arch: str, kernel: str) -> Path:
+        return self.tune / arch / f"{kernel}.json"

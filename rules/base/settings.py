@@ -1,0 +1,196 @@
+"""The build's settings: `doit name=value` on the command line, else its KFORGE_* twin, else a default.
+
+Each setting is declared once, with its type and what it is; options() parses them all, once per run, into a
+frozen Options. A malformed value is a ValueError naming where it came from (command line or environment) and
+what is allowed, which rules/edge/config.py turns into one line and exit code 2 before any task runs.
+"""
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from doit import get_var
+
+from kforge.base import cpus
+from kforge.base.archs import parse_arch_list
+
+
+class Setting(NamedTuple):   # NamedTuples here, not dataclasses: imported by every run, a no-op included
+    name: str                            # `doit name=value`
+    env: str | None                      # its environment twin
+    parse: Callable[[str, str], object]  # (text, where) -> value, or ValueError naming `where`
+    default: Callable[[], object]
+    help: str
+    secret: bool = False                 # its value is never shown (source() hides it; parse never quotes it)
+    command_line: bool = True            # False: the environment alone (a value every process, Dask's too, sees)
+
+
+def _whole(minimum: int):
+    def parse(text: str, where: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise ValueError(f"{where}: got {text!r}; expected a whole number >= {minimum}")
+        return int(text)
+    return parse
+
+
+def _seconds(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{where}: got {text!r}; expected a number of seconds > 0, e.g. 120")
+    return value
+
+
+def _archs(text: str, where: str) -> tuple[str, ...]:
+    return parse_arch_list(text, where)
+
+
+DASK = "dask://"   # executor=dask://HOST:PORT: rules/share/dask_executor.py connects to tcp://HOST:PORT
+
+
+def _executor(text: str, where: str) -> str:
+    if not text.startswith(DASK) or ":" not in text[len(DASK):]:
+        raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler)")
+    return text
+
+
+def _text(text: str, where: str) -> str:
+    return text
+
+
+def _flag(text: str, where: str) -> bool:
+    lowered = text.lower()
+    if lowered not in FLAGS:
+        raise ValueError(f"{where}: got {text!r}; expected one of {', '.join(sorted(FLAGS))}")
+    return FLAGS[lowered]
+
+
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _url(text: str, where: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
+    return text.rstrip("/")
+
+
+def _local_cache(text: str, where: str) -> str | None:
+    """A directory for the local cache (made absolute: every worker and checkout must name the same one), or
+    off (off / 0 / false / no: None; on / 1 / true / yes: the default directory)."""
+    flag = FLAGS.get(text.lower())
+    if flag is not None:
+        return _default_local_cache() if flag else None
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{where}: got {text!r}, which is not a directory; give a directory (it is created if "
+                         f"missing) or off")
+    return str(path.absolute())
+
+
+def _default_local_cache() -> str:
+    """$XDG_CACHE_HOME/kforge (if absolute: the XDG spec ignores a relative one), else ~/.cache/kforge."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return str(Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "kforge")
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(minimum: int = 0):
+    """Bytes: a whole number, with K, M, G or T (powers of 1,024; a trailing B or iB is allowed)."""
+    def parse(text: str, where: str) -> int:
+        number = text.strip().upper().removesuffix("IB").removesuffix("B")
+        unit = number[-1:] if number[-1:] in SIZE_UNITS else ""
+        digits = number[:len(number) - len(unit)]
+        if not digits.isdigit() or int(digits) * SIZE_UNITS[unit] < minimum:
+            least = f" of at least {minimum >> 20}M" if minimum else ""
+            raise ValueError(f"{where}: got {text!r}; expected a size in bytes{least}, e.g. 2G, 500M or 1048576")
+        return int(digits) * SIZE_UNITS[unit]
+    return parse
+
+
+MIN_KEY_CHARS = 16
+
+
+def _key(text: str, where: str) -> str:
+    """A shared secret, or `@PATH` of a file holding it (one line). Never quoted back: a message may be logged."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            text = Path(path).read_text().strip()   # the newline `openssl rand -hex 32 > FILE` leaves is not key
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{where}: cannot read the key file {path} ({getattr(e, 'strerror', None) or e}); "
+                             f"give a readable file holding the key") from None
+        where = f"{where}: the key file {path}"
+    if len(text) < MIN_KEY_CHARS:
+        raise ValueError(f"{where}: the key must be at least {MIN_KEY_CHARS} characters (not shown here); "
+                         f"make one with `openssl rand -hex 32`")
+    return text
+
+
+SETTINGS = {s.name: s for s in (
+    Setting("archs", None, _archs, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
+    Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
+    Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
+    Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
+    Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, f"compile on a Dask cluster: {DASK}HOST:PORT"),
+    Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
+    Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
+    Setting("cache_timeout", "KFORGE_CACHE_TIMEOUT", _seconds, lambda: 10.0, "seconds per remote cache request"),
+    Setting("cache_budget", "KFORGE_CACHE_BUDGET", _seconds, lambda: 300.0,
+            "seconds a run may wait on the remote cache in all, then it is off for the rest of the run"),
+    Setting("cache_key", "KFORGE_CACHE_KEY", _key, lambda: None,
+            "sign and check remote cache entries with this secret (or @FILE holding it)", secret=True),
+    Setting("local_cache", "KFORGE_LOCAL_CACHE", _local_cache, _default_local_cache,
+            "the local cache directory every checkout of this user shares, or off"),
+    Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size(), lambda: 2 << 30,
+            "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
+    Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
+    Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
+            "seconds one Python catalog file, or one import of a family's module to probe it, may run"),
+    Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size(2**20), lambda: 8 * 2**30,
+            "memory a Python catalog file, or the probe importing a family's module, may allocate, e.g. 8G"),
+    # read where FlyDSL links (a compile server, maybe on a Dask worker) and in the key: the environment alone
+    Setting("ld_lld", "KFORGE_LD_LLD", _text, lambda: None,
+            "FlyDSL's linker for AMD code objects: a path to ld.lld (>= 17), or triton (the LLD inside Triton)",
+            command_line=False),
+)}
+
+
+# Every setting's value for one run, as attributes named as the settings are (`options().timeout`).
+Options = namedtuple("Options", list(SETTINGS))
+
+
+def options() -> Options:
+    """Every setting, parsed: a malformed one stops the run even when this run would not use it."""
+    return Options(**{name: get(name) for name in SETTINGS})
+
+
+def get(name: str):
+    """The setting's value: the command line's, else the environment's, else the default."""
+    given = _given(name)
+    return SETTINGS[name].default() if given is None else SETTINGS[name].parse(given[2], given[1])
+
+
+def source(name: str) -> str | None:
+    """`name=TEXT` or `ENV=TEXT`, as the user set it, or None when the default holds."""
+    given = _given(name)
+    if given is None:
+        return None
+    return f"{given[0]}=(hidden)" if SETTINGS[name].secret else f"{given[0]}={given[2]}"
+
+
+def _given(name: str) -> tuple[str, str, str] | None:
+    """(variable, where, text) of the value the user gave, the command line first; None if neither gave one."""
+    setting = SETTINGS[name]
+    env = setting.env
+    for variable, where, text in ((name, f"{name}= on the command line",
+                                   get_var(name, None) if setting.command_line else None),
+                                  (env, f"{env} in the environment", os.environ.get(env) if env else None)):
+        if text:
+            return variable, where, text
+    return None

@@ -1,0 +1,53 @@
+"""Target: one (kernel, config, arch), the record the catalog, the tasks, the compile and the bundle pass around.
+Computed from specs by rules/plan/targets.py; a no-op run only loads saved ones (rules/plan/catalog.py), so this module
+imports nothing of kforge's spec machinery."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# [signature] types of compile-time arguments, none of them an argument of the launch: "constexpr" (a value:
+# int, float, bool, str, None), "dtype" (a Triton element type, named as kforge names dtypes: X_dtype = "bf16"
+# compiles tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu").
+COMPILE_TIME = ("constexpr", "dtype", "function")
+FUNCTION_REF = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+
+
+class Target(NamedTuple):
+    """One (kernel, config, arch): everything a compile needs, its artifact directory and its action key.
+    A NamedTuple, not a dataclass: a no-op run makes thousands from the saved catalog (rules/plan/catalog.py)."""
+    kernel: str                 # family name
+    config_id: str
+    arch: str
+    spec_path: str
+    toolchain: str
+    source: str                 # absolute path of the kernel source
+    module: str                 # dotted module name the compiling process imports
+    entry: str
+    signature: tuple[tuple[str, str], ...]   # resolved: no type variables left
+    constexprs: tuple[tuple[str, object], ...]
+    options: tuple[tuple[str, int], ...]     # num_warps, num_stages
+    divisible_by_16: tuple[str, ...]
+    config: tuple[tuple[str, object], ...]   # spec_model.Config: (param, value) in the sweep's key order
+    source_digests: tuple[tuple[str, str], ...]
+    toolchain_versions: tuple[tuple[str, str], ...]
+    out: str                    # the project's out/ (rules/base/layout.py)
+    out_dir: str                # this target's artifact directory in it
+    key: str
+    env: tuple[tuple[str, str], ...] = ()   # the family's [env]: set in the processes that compile it
+    # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
+    # type, shape) for a tensor, (name, "scalar", value) otherwise. Empty: the factory returns its own.
+    placeholders: tuple[tuple[str, str, object], ...] = ()
+    # what `doit info` says beyond the config, (fact, text) pairs: how the entry's autotuner prunes, its
+    # perf_model / top_k (noted, not applied), arguments its @triton.jit never specializes, the heuristics'
+    # values the spec overrides (those are in the key too)
+    notes: tuple[tuple[str, str], ...] = ()
+    device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
+    setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel}:{self.config_id}@{self.arch}"
+
+    @property
+    def meta_path(self) -> str:
+        return f"{self.out_dir}/meta.json"

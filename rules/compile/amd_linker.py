@@ -1,0 +1,151 @@
+"""Find an ld.lld that can link AMD code objects for FlyDSL, with or without a ROCm install.
+
+FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld. A ROCm install's linker is used as is; otherwise a system lld
+(Debian's lld-19) or, on a machine with neither, the LLD inside Triton's libtriton (rules/compile/triton_lld.py;
+kforge pins Triton, so a pip install alone can build FlyDSL targets) is offered to FlyDSL through a small
+folder that looks like a ROCm tree. Code object v6 needs lld 17 or newer (Debian's lld 14 fails with
+"unknown abi version").
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kforge.base import settings
+from kforge.compile import triton_lld
+from kforge.store.files import atomic_symlink, atomic_write
+from kforge.store.guard import guard
+
+TRITON = "triton"   # KFORGE_LD_LLD=triton (the setting ld_lld, rules/base/settings.py): the LLD inside Triton's libtriton
+MIN_MAJOR = 17
+NEWEST_GUESS = 22
+INSTALL_HINT = ("set KFORGE_LD_LLD=triton (the LLD inside Triton's libtriton, which kforge installs), or point it "
+                "at a working ld.lld >= 17 (ROCm's llvm/bin/ld.lld, or Debian/Ubuntu's lld: "
+                "`apt-get install lld-19` as root)")
+
+
+class LinkerMissing(RuntimeError):
+    pass
+
+
+def candidates() -> list[Path]:
+    """Where to look, best first: KFORGE_LD_LLD if set to a path (then only it), ROCm's own linker, versioned
+    system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to look for."""
+    chosen = settings.get("ld_lld")
+    if chosen:
+        return [] if chosen == TRITON else [Path(chosen)]
+    found: list[Path] = []
+    for rocm in filter(None, (os.environ.get("ROCM_PATH"), "/opt/rocm")):
+        found.append(Path(rocm) / "llvm" / "bin" / "ld.lld")
+    for major in range(NEWEST_GUESS, MIN_MAJOR - 1, -1):
+        found.append(Path(f"/usr/lib/llvm-{major}/bin/ld.lld"))
+        which = shutil.which(f"ld.lld-{major}")
+        if which:
+            found.append(Path(which))
+    which = shutil.which("ld.lld")
+    if which:
+        found.append(Path(which))
+    return list(dict.fromkeys(found))
+
+
+def version(path: Path) -> tuple[int, str] | None:
+    """(major, version line) of a runnable lld, or None."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"LLD (\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
+    return (int(m[1]), out.stdout.strip().splitlines()[0]) if out.returncode == 0 and m else None
+
+
+def find(kforge_dir: Path) -> Path:
+    """The first usable ld.lld; else Triton's, as a script under kforge_dir; else LinkerMissing saying what was
+    tried and how to get one. KFORGE_LD_LLD=triton asks for Triton's alone (the same linker on every machine)."""
+    path, tried = _system_linker()
+    if path is not None:
+        return path
+    if _triton_allowed():
+        guard(kforge_dir.parent, kforge_dir / "triton-lld" / "ld.lld")   # kforge_dir: out/.kforge
+        script = triton_lld_script(kforge_dir / "triton-lld")
+        if script is not None:
+            return script
+        tried.append("Triton's LLD (triton is not installed, or has no libtriton)")
+    seen = "; found but unusable: " + ", ".join(tried) if tried else ""
+    raise LinkerMissing(f"FlyDSL needs ld.lld (LLVM {MIN_MAJOR} or newer) to link AMD code objects and none "
+                        f"was found{seen}. Fix: {INSTALL_HINT}")
+
+
+def key_part(version_of) -> str:
+    """The `--version` line of the linker find() would pick, for action keys, writing nothing: a system lld's
+    by version_of(path); Triton's LLD's from Triton's version alone; "missing" when there is none."""
+    path, _ = _system_linker()
+    if path is not None:
+        return version_of(path)
+    label = _triton_label() if _triton_allowed() else None
+    return triton_lld.version_line(label) if label else "missing"
+
+
+def _triton_allowed() -> bool:
+    return settings.get("ld_lld") in (None, TRITON)
+
+
+def _system_linker() -> tuple[Path | None, list[str]]:
+    """(the first usable candidate or None, what was found but refused)."""
+    chosen = settings.get("ld_lld")
+    tried = []
+    for path in candidates():
+        if not path.exists():
+            if chosen:
+                tried.append(f"{path} (KFORGE_LD_LLD: no such file)")
+            continue
+        v = version(path)
+        if v and v[0] >= MIN_MAJOR:
+            return path, tried
+        tried.append(f"{path} ({v[1] if v else 'does not run'})")
+    return None, tried
+
+
+def _libtriton() -> Path | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    libtriton = Path(spec.submodule_search_locations[0]) / "_C" / "libtriton.so"
+    return libtriton if libtriton.is_file() else None
+
+
+def _triton_label() -> str | None:
+    return f"triton=={importlib.metadata.version('triton')}" if _libtriton() else None
+
+
+def triton_lld_script(directory: Path) -> Path | None:
+    """directory/ld.lld: a shell script running rules/compile/triton_lld.py with this Python and Triton's libtriton,
+    or None without Triton. Rewritten (atomically) only when its text changes."""
+    libtriton, label = _libtriton(), _triton_label()
+    if libtriton is None:
+        return None
+    runner = Path(triton_lld.__file__).resolve()
+    text = ("#!/bin/sh\n# written by kforge (rules/compile/amd_linker.py): FlyDSL's ld.lld is the LLD in Triton's libtriton\n"
+            f"exec {shlex.join([sys.executable, '-I', str(runner), str(libtriton), label])} \"$@\"\n")
+    script = directory / "ld.lld"
+    if not (script.is_file() and script.read_text() == text):
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(script, text.encode(), mode=0o755)
+    return script
+
+
+def rocm_root_for(linker: Path, shim_dir: Path) -> Path:
+    """A ROCM_PATH under which FlyDSL finds `linker` as llvm/bin/ld.lld."""
+    if linker.parent.name == "bin" and linker.parent.parent.name == "llvm" and linker.name == "ld.lld":
+        return linker.parent.parent.parent   # a ROCm tree already
+    target = guard(shim_dir.parents[1], shim_dir / "llvm" / "bin" / "ld.lld")   # shim_dir: out/.kforge/rocm-shim
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not (target.is_symlink() and os.readlink(target) == str(linker)):
+        atomic_symlink(target, linker)
+    return shim_dir

@@ -1,0 +1,134 @@
+"""Triton ahead-of-time compile of one Target. Imported only by processes that compile."""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import time
+
+from kforge.compile import amdgpu_metadata
+from kforge.base.archs import ARCHS
+
+_root = ""
+_folders: tuple[str, ...] = ()   # the project and the module path: no binary may name them
+ARCH_PER_PROCESS = False   # the arch is an argument of each compile: one warm server serves them all
+# Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
+# way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
+# docs/benchmarks.md), though each server then pays the 0.5 s import.
+IMPORT_IN = "server"
+
+
+def warm(root: str) -> None:
+    """Once per process, before forking the compile server: import Triton and pay its toolchain hash (triton_key)."""
+    global _root
+    if _root == root:
+        return
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
+    from triton.runtime.cache import triton_key
+    triton_key()   # hashes libtriton once; the forked compile server reuses it
+    _canonical_file_names(root)
+    _root = root
+
+
+def _canonical_file_names(root: str) -> None:
+    """Make every binary independent of where things lie and when they were written.
+
+    Triton writes the source file of each function a kernel inlines into the binary's line info, and takes it
+    from one place, get_jit_fn_file_line, for the entry (however it is wrapped: Autotuner, Heuristics, a
+    library's own class), every @triton.jit function it calls (through a module object too), and Triton's own
+    library. Wrapped there, each name is relative to the project or the module path entry it lies in
+    (`kfl/ops/scale.py`, `triton/language/standard.py`), as rules/load/observe.py names inputs; a file outside all
+    of them keeps only its name. ptxas then stats the file a PTX `.file` directive names and writes its mtime
+    into .debug_line (triton-lang/triton#11091): each directive gets an explicit timestamp and size, which
+    PTX allows. Measured with triton 3.6's ptxas: `, 0, 0` reads as "unknown" and the file is still looked
+    up; `, 1, 0` (1 s after the epoch, size 0) is taken as it is, whatever the file's mtime and wherever
+    ptxas runs. Only in compile servers, once."""
+    import triton.compiler.code_generator as code_generator
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    from kforge.load import observe
+    global _folders
+    folders = _folders = observe.bases(root)
+    file_line = code_generator.get_jit_fn_file_line
+
+    def canonical_file_line(fn):
+        name, line = file_line(fn)
+        name = observe.name_of(name, folders)
+        return (os.path.basename(name) if os.path.isabs(name) else name), line
+    code_generator.get_jit_fn_file_line = canonical_file_line
+
+    make_cubin = CUDABackend.make_cubin
+
+    def make_cubin_without_mtimes(self, src, *args):
+        return make_cubin(self, _PTX_FILE.sub(r'\g<0>, 1, 0', src), *args)
+    CUDABackend.make_cubin = make_cubin_without_mtimes
+
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+\d+\s+"[^"\n]*"(?=\s*$)', re.MULTILINE)   # no timestamp given
+
+
+def lower(target, scratch: str):
+    """In the compile server: compile the target with Triton into a Lowered (checked and written by the core)."""
+    os.environ["TRITON_CACHE_DIR"] = scratch   # private: a compile never reads another's cache
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kforge.compile.core import Lowered
+
+    arch = ARCHS[target.arch]
+    fn = _entry(target)
+    names = [a for a, _ in target.signature]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in target.divisible_by_16}
+    kinds = dict(target.signature)   # "dtype" and "function" arguments are constexprs of another kind of value
+    signature = {a: "constexpr" if t in ("dtype", "function") else t for a, t in target.signature}
+    constexprs = {a: triton.language.str_to_ty(v, None) if kinds[a] == "dtype" else
+                  _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    start = time.monotonic()
+    kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
+                            options=dict(target.options))
+    seconds = time.monotonic() - start
+    binary = kernel.asm[arch.binary_ext]
+    named = next((f for f in _folders if len(f) > 1 and f.encode() in binary), None)
+    if named is not None:   # a file name _canonical_file_names did not see: never ship it
+        raise RuntimeError(f"the binary holds the absolute path {named}; kforge ships no machine's paths "
+                           f"(report it with the kernel's source)")
+    md = kernel.metadata
+    fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
+              "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
+              "divisible_by_16": list(target.divisible_by_16)}
+    if any(t.startswith("tensordesc") for _, t in target.signature):
+        # how each host descriptor is passed (a TMA map and its box, or base/shape/strides): the loader
+        # builds the same kernel parameters as Triton's launcher from it (rules/runtime/tensordesc.py)
+        fields["tensordesc_meta"] = [dict(m, block_size=list(m["block_size"])) for m in md.tensordesc_meta or []]
+    if arch.vendor == "amd":
+        fields["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
+    return Lowered(binary, f"{md.name}.{arch.binary_ext}", md.name, md.num_warps, md.warp_size, md.shared,
+                   seconds, fields)
+
+
+def _entry(target):
+    from triton.runtime.jit import JITFunction
+
+    from kforge.load.entry_probe import layers
+    module = importlib.import_module(target.module)
+    # @triton.autotune, @triton.heuristics (and libraries' wrappers) wrap the @triton.jit function: the spec's
+    # config gives the values they would choose at launch, so the function itself is what is compiled
+    fn = layers(getattr(module, target.entry, None))[-1]
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
+    return fn
+
+
+def _function(ref: str, target):
+    """The @triton.jit function a "function" argument names ("module:name")."""
+    from triton.runtime.jit import JITFunction
+    module, name = ref.split(":")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"{ref} is not a @triton.jit function (got {type(fn).__name__})")
+    return fn

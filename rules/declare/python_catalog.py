@@ -1,0 +1,168 @@
+"""Python catalogs: a catalog file (specs/*.py, or one named by [tool.kforge] catalog) calls family(...) once per
+kernel family, as a Pants BUILD file declares targets; loops, helper functions and data files are allowed.
+
+    from kforge.declare.python_catalog import family
+
+    for norm in ("rms_norm", "layer_norm"):
+        family(name=f"lib_{norm}", module=f"mylib.ops.{norm}", entry="fwd_kernel", toolchain="triton",
+               signature={"x_ptr": "*{dtype}", "n": "i32", "BLOCK": "constexpr"},
+               sweep={"dtype": ["bf16", "fp16"], "BLOCK": [1024, 4096], "num_warps": [4, 8]})
+
+family() takes the keys of a TOML spec's [kernel] table as arguments (name, source or module, entry, toolchain,
+archs, id, description) and its other tables by name (signature, constants, hints, sweep, extra, exclude, tune,
+arch, adapter, env: `arch={"gfx942": {"num_warps": 8}}`, `env={"MYLIB_FAST": "1"}`),
+and each family is checked exactly as a TOML spec is, with the same messages, naming the file and the line of
+the call. The file runs only when the catalog is loaded from the specs (never on a no-op run); every file it
+reads and every module it imports (outside the standard library) is remembered with the catalog, so that
+editing any of them loads the catalog again (rules/plan/catalog.py).
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import sysconfig
+from pathlib import Path
+
+from kforge.base.errors import SpecError
+from kforge.declare.spec import SCHEMA, spec_from_tables   # family() takes the TOML spec's tables
+
+KERNEL_KEYS = tuple(SCHEMA["kernel"])
+TABLES = tuple(t for t in SCHEMA if t != "kernel")
+
+_declared: list | None = None   # (tables, file, line, name) of each family() call, while a catalog file runs
+_opened: set[str] | None = None   # files opened while a catalog file runs
+_root: Path | None = None       # the project whose catalog file runs
+_hook_installed = False
+
+
+def family(**arguments) -> None:
+    """Declare one kernel family (see the module docstring)."""
+    caller = sys._getframe(1)
+    filename, line = caller.f_code.co_filename, caller.f_lineno
+    where = f"{_relative(Path(filename), _root) if _root else filename}:{line}"
+    if _declared is None:
+        raise SpecError(f"{where}: family() is called by a catalog file while kforge loads it "
+                        f"(specs/*.py, or a catalog named by [tool.kforge] in pyproject.toml)")
+    unknown = [a for a in arguments if a not in KERNEL_KEYS + TABLES]
+    if unknown:
+        raise SpecError(f"{where}: family() got unknown argument {unknown[0]!r}; allowed: "
+                        f"{', '.join(KERNEL_KEYS + TABLES)}")
+    tables = {"kernel": {k: _plain(arguments[k]) for k in KERNEL_KEYS if arguments.get(k) is not None}}
+    for table in TABLES:
+        if arguments.get(table) is not None:
+            tables[table] = _plain(arguments[table])
+    _declared.append((tables, filename, line, arguments.get("name")))
+
+
+def load(path: Path, root: Path, read: set[Path] | None = None, failed: list | None = None) -> list:
+    """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
+    one, or when the file itself fails; given `failed`, a bad family is one (name, where, error) there and
+    the others load). `read` collects what the file read and imported. The file runs in a
+    child process (rules/load/load_guard.py: a time and memory limit, its processes killed when it ends); the
+    families are checked here, where the probe of their modules lives."""
+    from kforge.load import load_guard
+    from kforge.declare.spec import NAME_RE
+    shown = _relative(path, root)
+    declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
+    if read is not None:
+        read.update(map(Path, files))
+    if not declared:
+        raise SpecError(f"{shown}: declares no family; call kforge.declare.python_catalog.family(...) in it")
+    specs = []
+    for tables, filename, line, name in declared:
+        where = f"{_relative(Path(filename), root)}:{line}: family {name!r}"
+        try:
+            specs.append(spec_from_tables(tables, where, root))
+        except SpecError as e:
+            if failed is None:
+                raise
+            failed.append((name if isinstance(name, str) and NAME_RE.match(name) else path.stem, where, str(e)))
+    return specs
+
+
+def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
+    """In load()'s child: run the file; (each family() call's arguments, the files it read and imported)."""
+    global _declared, _opened, _root
+    _install_open_hook()
+    before = set(sys.modules)
+    _declared, _opened, _root = [], set(), root
+    try:
+        runpy.run_path(str(path), run_name="kforge_catalog")
+    except (SpecError, MemoryError):   # MemoryError: load_guard names the setting to raise
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as e:   # the user's code failed or exited: one line
+        raise SpecError(f"{shown}{_failing_line(e, path)}: the catalog file failed: {type(e).__name__}: {e}; "
+                        f"fix it, or run `python {shown}` to see the traceback") from None
+    finally:
+        declared, opened = _declared, _opened
+        _declared = _opened = _root = None
+    # what it imported now, and what it imports that an earlier import had loaded
+    names = (set(sys.modules) - before) | _imported_names(path)
+    modules = (getattr(sys.modules.get(name), "__file__", None) for name in names)
+    return declared, [str(Path(f).resolve()) for f in (*opened, *modules) if f and _watched(f)]
+
+
+def _plain(value):
+    """Python values as TOML gives them: tuples as lists, at any depth (the checks that follow expect lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _install_open_hook() -> None:
+    """An audit hook (it cannot be removed; it does nothing while no catalog file runs) that records every file
+    opened while one runs: the data files its families are computed from."""
+    global _hook_installed
+    if _hook_installed:
+        return
+
+    def hook(event, args):
+        if _opened is not None and event == "open" and isinstance(args[0], str):
+            _opened.add(os.path.abspath(args[0]))
+    sys.addaudithook(hook)
+    _hook_installed = True
+
+
+STDLIB = tuple(os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib"))
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module (and parent package) an absolute import statement of the file names."""
+    import ast
+    from kforge.load.sources import parse
+    found = set()
+    for node in ast.walk(parse(path)):
+        dotted = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                  [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for name in dotted:
+            parts = name.split(".")
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return found
+
+
+def _watched(path: str) -> bool:
+    """A file the catalog's stamp keeps: not the standard library (it changes with Python, which the stamp
+    holds already) and not bytecode (its source is kept instead)."""
+    if path.endswith(".pyc") or not os.path.isfile(path):
+        return False
+    return not (path.startswith(STDLIB) and "site-packages" not in path and "dist-packages" not in path)
+
+
+def _failing_line(error: Exception, path: Path) -> str:
+    tb, line = error.__traceback__, ""
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+            line = f":{tb.tb_lineno}"
+        tb = tb.tb_next
+    return line
+
+
+def _relative(path: Path, root: Path) -> str:
+    """A path as messages show it: relative to the project when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,173 @@
+"""Record files (*.jsonl in a catalog folder, written by `python -m kforge_runtime.record`) -> families.
+
+Each line is one Triton specialization an application used (the format: rules/runtime/record.py). Lines of
+one kernel with the same argument types, hints and kinds of values become one family named
+`rec_<function>_<digest>`, each line one config of it (its id: the values that differ between the family's
+lines, or `r` for a family of one), built for the arch it was recorded on and for the archs
+`[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too, unless its options cannot
+run there: a line with one vendor's options only for that vendor). A line equal to another, or to a target
+the rest of the catalog already builds (the same kernel, arch, argument types, constexprs, hints and
+effective options), is dropped.
+A line with "autotune" (the config an autotuner picked for a key) builds as any other line, and
+`tuned_choices` lists it for the bundle's manifest, so that serving picks that config for that key (the last
+line of a kernel, arch and key wins: a later recording supersedes an earlier one).
+Every line is checked: a bad one is one SpecError naming the file and the line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from kforge.base.archs import ARCHS
+from kforge.base.errors import SpecError
+from kforge.base.target import COMPILE_TIME, FUNCTION_REF
+from kforge_runtime.record import FORMAT
+from kforge_runtime.serve import identity as canonical
+
+KEYS = {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options"}
+
+
+def read(path: Path, where: str) -> list[dict]:
+    """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
+    specialization)."""
+    found: dict[str, dict] = {}
+    for record, _ in _lines(path, where):
+        record = {k: v for k, v in record.items() if k != "autotune"}
+        found.setdefault(json.dumps(record, sort_keys=True), record)
+    return list(found.values())
+
+
+def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
+    """The autotuners' picks the file records: {"kernel", "arch", "key", "config"} per kernel, arch and
+    autotuning key (for each arch the line is built for)."""
+    picks: dict[tuple, dict] = {}
+    for record, _ in _lines(path, _relative(path, root)):
+        if "autotune" not in record:
+            continue
+        for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
+            if arch == record["arch"] or not _unfit(record["options"], arch):
+                key = record["autotune"]["key"]
+                picks[(record["kernel"], arch, json.dumps(key))] = {
+                    "kernel": record["kernel"], "arch": arch, "key": key, "config": record["autotune"]["config"]}
+    return list(picks.values())
+
+
+def _lines(path: Path, where: str) -> list[tuple[dict, str]]:
+    """(record, where) per line of the file, each checked."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{where}: cannot read it ({e}); a record file is UTF-8 JSON lines") from None
+    found = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        at = f"{where}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
+        _check(record, at)
+        found.append((record, at))
+    if not found:
+        raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
+                        f"app.py`")
+    return found
+
+
+def _check(record, at: str) -> None:
+    if not isinstance(record, dict) or not KEYS <= set(record) <= KEYS | {"autotune"} \
+            or record.get("format") != FORMAT:
+        raise SpecError(f"{at}: not a {FORMAT} record (its keys: {', '.join(sorted(KEYS))}, and \"autotune\" for "
+                        f"an autotuner's pick); record it again with this kforge")
+    tuned = record.get("autotune", {"key": [], "config": {}})
+    if not (isinstance(tuned, dict) and set(tuned) == {"key", "config"} and isinstance(tuned["key"], list)
+            and all(isinstance(v, (bool, int, float, str)) for v in tuned["key"])
+            and isinstance(tuned["config"], dict)
+            and all(isinstance(v, (bool, int, float, str, type(None))) for v in tuned["config"].values())):
+        raise SpecError(f"{at}: \"autotune\" must be {{\"key\": [numbers and strings], \"config\": {{name: "
+                        f"value}}}}: the autotuner's key and the config it picked")
+    if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
+        raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
+    if not isinstance(record["arch"], str) or record["arch"] not in ARCHS:
+        raise SpecError(f"{at}: arch {record['arch']!r} is not one kforge builds ({', '.join(ARCHS)})")
+    signature = record["signature"]
+    if not isinstance(signature, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in signature):
+        raise SpecError(f"{at}: signature must be a list of [argument, type] pairs")
+    if not isinstance(record["constexprs"], dict) or not isinstance(record["options"], dict) or not isinstance(
+            record["divisible_by_16"], list):
+        raise SpecError(f"{at}: constexprs and options must be objects, divisible_by_16 a list")
+
+
+def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[tuple[dict, str]]:
+    """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
+    where = _relative(path, root)
+    groups: dict[str, list[dict]] = {}
+    for record in read(path, where):
+        shape = [record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
+                 sorted(record["constexprs"]), sorted(record["options"])]
+        groups.setdefault(json.dumps(shape), []).append(record)
+    found = []
+    for shape, records in groups.items():
+        first = records[0]
+        module, entry = first["kernel"].split(":")
+        name = f"rec_{entry.strip('_').lower()}_{hashlib.sha256(shape.encode()).hexdigest()[:6]}"
+        params = [*first["constexprs"], *first["options"]]
+        configs = [{**r["constexprs"], **r["options"]} for r in records]
+        archs = sorted({r["arch"] for r in records} | set(extra_archs), key=list(ARCHS).index)
+        # ids spell only what tells the family's configs apart (a record holds every value Triton fixed)
+        varying = [p for p in params if len({json.dumps(c[p]) for c in configs}) > 1]
+        tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
+                             "archs": archs, "description": f"recorded: {first['kernel']}",
+                             "id": "-".join(f"{p.lower()}{{{p}}}" for p in varying) or "r"},
+                  "signature": dict(first["signature"]),
+                  "hints": {"divisible_by_16": sorted(first["divisible_by_16"])},
+                  "sweep": {p: [configs[0][p]] for p in params}}
+        if len(configs) > 1:
+            tables["extra"] = configs[1:]
+        # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
+        # Hopper record on wave64 AMD, one vendor's option on the other's GPU), is left out there: that arch
+        # runs another specialization of its own
+        skipped = [{"arch": a, **c} for a in archs for r, c in zip(records, configs)
+                   if a != r["arch"] and _unfit(r["options"], a)]
+        if skipped:
+            tables["exclude"] = skipped
+        found.append((tables, f"{where}: {first['kernel']}"))
+    return found
+
+
+def _unfit(options: dict, arch: str) -> bool:
+    from kforge.declare.triton_options import OPTIONS, arch_problem
+    a = ARCHS[arch]
+    return any(arch_problem(o, v, a.vendor, a.warp_size, a.target_arch) for o, v in options.items() if o in OPTIONS)
+
+
+def identity(target) -> str:
+    """What decides a target's binary: the canonical form serving matches bundle entries by (effective
+    options filled in; kforge_runtime.serve.identity), with the kinds of its compile-time arguments (a
+    "dtype" argument's "bf16" is not the string "bf16")."""
+    runtime = [[a, t] for a, t in target.signature if t not in COMPILE_TIME]
+    kinds = [[a, t] for a, t in target.signature if t in COMPILE_TIME]
+    return json.dumps([canonical(f"{target.module}:{target.entry}", target.arch, runtime, dict(target.constexprs),
+                                 list(target.divisible_by_16), dict(target.options)), kinds])
+
+
+def is_recorded(target) -> bool:
+    """Whether the target comes from a record file (its spec_path is "<file>.jsonl: <kernel>")."""
+    return target.spec_path.split(":", 1)[0].endswith(".jsonl")
+
+
+def without_duplicates(targets: list) -> list:
+    """The targets less each recorded one that another target of the catalog already builds."""
+    built = {identity(t) for t in targets if not is_recorded(t)}
+    return [t for t in targets if not is_recorded(t) or identity(t) not in built]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)

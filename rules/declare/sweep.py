@@ -1,0 +1,286 @@
+"""A spec's [sweep], [[extra]] and [[exclude]] -> its configs, and each config's stable, readable id."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import string
+
+from kforge.base import settings
+from kforge.base.dtypes import allowed_dtypes, canonical_dtype
+from kforge.base.errors import SpecError
+from kforge.declare.spec_model import Config, Configs, Exclude, Scalar, Spec, shown
+from kforge.base.target import COMPILE_TIME, FUNCTION_REF
+from kforge.declare.triton_options import OPTIONS, value_problem
+
+
+
+CONFIG_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # a directory name and part of a target name
+ID_FIRST = frozenset(string.ascii_letters + string.digits + "_")   # CONFIG_ID's characters, for per-value checks
+ID_CHARS = ID_FIRST | frozenset(".+-")
+ID_MAX = 200
+
+
+def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) -> Spec:
+    """The spec with its Configs. Everything is checked per sweep value, not per config: a 50,000-config
+    family loads without making its configs (only when its ids cannot be shown unique that way)."""
+    where = spec.path
+    params = tuple(sweep)
+    _check_params(spec, params)
+    for p, values in sweep.items():
+        if not values:
+            raise SpecError(f"{where}: [sweep] {p}: empty list; give at least one value")
+        kinds = sorted({type(v).__name__ for v in values})
+        if len(kinds) > 1:
+            raise SpecError(f"{where}: [sweep] {p}: values of mixed types ({', '.join(kinds)}): got {shown(values)}; "
+                            f"give every value of one type")
+    size = math.prod(len(v) for v in sweep.values()) + len(extras)   # counted before anything is expanded
+    limit = settings.get("max_configs")
+    if size > limit:
+        raise SpecError(f"{where}: [sweep] gives {size:,} configs ("
+                        + " x ".join(f"{len(v)} {p}" for p, v in sweep.items())
+                        + f"), more than the {limit:,} one family may have; narrow the sweep, split the family, "
+                          f"or raise the limit with KFORGE_MAX_CONFIGS=N")
+    # a value listed twice is one value (its configs would be the same targets twice)
+    values = tuple(tuple(dict.fromkeys(_canon(spec, p, v, "sweep") for v in vs)) for p, vs in sweep.items())
+    swept = [frozenset(vs) for vs in values]
+    listed: list[Config] = []
+    for i, extra in enumerate(extras):
+        if set(extra) != set(params):
+            raise SpecError(f"{where}: [[extra]] #{i + 1} must give exactly the swept parameters "
+                            f"{list(params)}; got {shown(list(extra))}")
+        listed.append(tuple((p, _canon(spec, p, extra[p], "extra")) for p in params))
+    # an extra equal to a swept config (or to an earlier extra) is the same target
+    outside = tuple(c for c in dict.fromkeys(listed) if not all(v in vs for (_, v), vs in zip(c, swept)))
+
+    norm_excludes = tuple(_normalize_exclude(spec, params, i, ex) for i, ex in enumerate(excludes))
+    # an autotuner's pruner may rewrite its configs (rules/plan/targets.py): an exclude may name a value it makes
+    rewritten = set(spec.tuned) if "prune" in dict(spec.notes) else set()
+    for i, ex in enumerate(norm_excludes):
+        if not _matches_some(ex, swept, outside, spec.archs) and not rewritten.intersection(dict(ex.given)):
+            raise SpecError(f"{where}: [[exclude]] #{i + 1} {shown(dict(ex.given))} matches no config; "
+                            f"fix its values or remove it")
+    configs = Configs(params, values, outside, norm_excludes, spec.archs)
+    if next(iter(configs), None) is None:
+        raise SpecError(f"{where}: the sweep is empty after [[exclude]]; nothing would be built")
+    spec = dataclasses.replace(spec, configs=configs, excludes=norm_excludes)
+    _check_id_template(spec, params)
+    if not _ids_unique_and_safe(spec, values, outside):
+        _check_unique_ids(spec)   # config by config: names the configs at fault, or finds none (excluded)
+    return spec
+
+
+
+
+def _matches_some(ex: Exclude, swept: list[frozenset], outside: tuple[Config, ...], archs: tuple[str, ...]) -> bool:
+    """Whether ex drops any config on any arch, from the values: the product holds every combination of them."""
+    if ex.archs is not None and not ex.archs.intersection(archs):
+        return False
+    return all(vs & swept[i] for i, vs in ex.at) or any(all(c[i][1] in vs for i, vs in ex.at) for c in outside)
+
+
+def config_id(spec: Spec, config: Config) -> str:
+    """'bf16-m128n128k64-w8s3' from the spec's id template, or 'bf16-block_m128-...' by default."""
+    functions = {a for a, t in spec.signature if t == "function"}
+    if spec.id_template:
+        return spec.id_template.format_map({p: _short(v, p in functions) for p, v in config})
+    type_vars = spec.type_vars
+    return "-".join(_short(v) if p in type_vars else f"{p.lower()}{_short(v, p in functions)}" for p, v in config)
+
+
+def _short(v: Scalar, function: bool = False) -> str:
+    """A value as ids spell it (what str.format writes, but true/false as TOML writes them, and the value of a
+    "function" argument, "module:name", by its name)."""
+    if function:
+        return str(v).rsplit(":", 1)[-1]
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
+    where = spec.path
+    constexprs, type_vars = spec.constexprs, spec.type_vars
+    constants = dict(spec.constants)
+    options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
+    # an entry with @triton.heuristics (or an autotuner that prunes) may be given scalar runtime arguments'
+    # values: shape hints its heuristics (pruner) read. Its pointer arguments are given to them as empty tensors
+    # (rules/load/entry_probe.py), never as values.
+    hints = tuple(a for a, t in spec.signature if _is_scalar(t)) if spec.reads_args else ()
+    if spec.reads_args:
+        for p in (*params, *constants):
+            kind = dict(spec.signature).get(p, "")
+            if kind.startswith(("*", "tensordesc")):
+                raise SpecError(f"{where}: {p} is a {kind} argument: the entry's heuristics see it as an empty "
+                                f"tensor of its element type, so it takes no value; remove it from "
+                                f"{'[sweep]' if p in params else '[constants]'}")
+            problem = _hint_problem(kind, constants[p]) if p in hints and p in constants else None
+            if problem:
+                raise SpecError(f"{where}: [constants] {p}: {problem}")
+    allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
+    for p in params:
+        if p not in allowed:
+            raise SpecError(f"{where}: [sweep] {p}: not a parameter of {spec.entry}; allowed: constexprs "
+                            f"{list(constexprs)}, type variables {list(type_vars)}, options {list(options)}"
+                            + (f", shape hints {list(hints)}" if hints else ""))
+        if p in constants:
+            raise SpecError(f"{where}: {p} is both in [constants] and in [sweep]; keep one")
+    for c in constants:
+        if c not in constexprs and c not in hints:
+            raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
+                            f"constexprs: {list(constexprs)}")
+    for c in constexprs:
+        if c not in constants and c not in params and c not in spec.derived and not all(
+                c in spec.on_arch(a) for a in spec.archs):
+            raise SpecError(f"{where}: constexpr {c} has no value; add it to [constants] or [sweep]")
+    for v in type_vars:
+        if v not in params:
+            raise SpecError(f"{where}: [signature] uses {{{v}}} but [sweep] has no {v}; add `{v} = [\"bf16\"]`")
+
+
+def typed_value(kind: str, value, where: str):
+    """A "dtype" argument's value as a canonical element type name; a "function" argument's as "module:name"."""
+    if kind == "dtype":
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            raise SpecError(f"{where}: got {shown(value)}; a 'dtype' argument takes an element type: "
+                            f"{allowed_dtypes()}")
+        return canon
+    if not isinstance(value, str) or not re.fullmatch(FUNCTION_REF, value):
+        raise SpecError(f"{where}: got {shown(value)}; a 'function' argument names a @triton.jit function as "
+                        f"'module:function', e.g. 'kernels.activations:relu'")
+    return value
+
+
+def _is_scalar(kind: str) -> bool:
+    """A runtime argument passed by value (i32, fp32, ...), not a pointer or a descriptor."""
+    return kind not in COMPILE_TIME and not kind.startswith(("*", "tensordesc"))
+
+
+def _hint_problem(kind: str, value) -> str | None:
+    """Why a shape hint cannot be a value its runtime argument receives at launch (None: it can)."""
+    if kind.startswith(("i", "u")):
+        ok, want = isinstance(value, int) and (kind == "i1" or not isinstance(value, bool)), "an integer"
+    else:
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    return None if ok else f"a shape hint for a {kind} argument must be {want}, got {shown(value)}"
+
+
+def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
+    kind = dict(spec.signature).get(param)
+    if kind in ("dtype", "function"):
+        return typed_value(kind, value, f"{spec.path}: [{table}] {param}")
+    problem = _hint_problem(kind, value) if kind is not None and _is_scalar(kind) else None
+    if problem:
+        raise SpecError(f"{spec.path}: [{table}] {param}: {problem}")
+    value = canonical_value(param, value, spec.type_vars, spec.path, table)
+    if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
+        problem = value_problem(param, value)
+        if problem:
+            raise SpecError(f"{spec.path}: [{table}] {param}: {problem.replace(repr(value), shown(value), 1)}")
+    return value
+
+
+def _normalize_exclude(spec: Spec, params, i: int, ex: dict) -> Exclude:
+    for k in ex:
+        if k not in params and k != "arch":
+            raise SpecError(f"{spec.path}: [[exclude]] #{i + 1}: key {shown(k)} is not swept; "
+                            f"allowed: {', '.join(params)}, arch")
+    given = tuple((k, tuple(_canon(spec, k, x, "exclude") if k != "arch" else x
+                            for x in (v if isinstance(v, list) else [v])))
+                  for k, v in ex.items())
+    return Exclude(given=given, at=tuple((params.index(k), frozenset(vs)) for k, vs in given if k != "arch"),
+                   archs=next((frozenset(vs) for k, vs in given if k == "arch"), None))
+
+
+def _check_id_template(spec: Spec, params) -> None:
+    if not spec.id_template:
+        return
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(spec.id_template) if f is not None]
+    except ValueError as e:   # an unmatched '{' or '}'
+        raise SpecError(f"{spec.path}: [kernel] id: {shown(spec.id_template)} is not a template ({e}); "
+                        f"allowed: text with placeholders such as {{BLOCK}}") from None
+    for f in fields:
+        if f not in params:
+            raise SpecError(f"{spec.path}: [kernel] id: placeholder {{{f}}} is not a swept parameter; "
+                            f"allowed: {', '.join(params)}")
+    if not all(c.isalnum() or c in "-_.{}" for c in spec.id_template):
+        raise SpecError(f"{spec.path}: [kernel] id: {shown(spec.id_template)} may hold only letters, digits, "
+                        f"'-', '_', '.' and placeholders")
+
+
+def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...]) -> bool:
+    """True when the values alone show that every config's id is a safe name and no two are equal; False
+    when that takes formatting each config (_check_unique_ids).
+
+    An id is the template's text with a value spelled at each placeholder. Ids are unique when each id can
+    be read back into its values: a parameter with one value is fixed text; one with several is in the id,
+    spells each value differently, and (where it first appears) ends the id or is followed by text whose
+    first character none of its spellings holds, so its value ends where that text begins.
+    """
+    spellings = []   # per param: how its ids spell each of its distinct values, extras' values included
+    functions = {i for i, p in enumerate(spec.configs.params) if (p, "function") in spec.signature}
+    for i, vs in enumerate(values):
+        texts = [_short(v, i in functions) for v in dict.fromkeys(vs + tuple(c[i][1] for c in outside))]
+        if len(set(texts)) != len(texts):
+            return False
+        spellings.append(texts)
+    pieces: list[str | int] = []   # the id: text, or the index of a parameter with several values
+    for piece in _id_pieces(spec):
+        if isinstance(piece, int) and len(spellings[piece]) == 1:
+            piece = spellings[piece][0]
+        if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+            pieces[-1] += piece
+        elif piece != "":
+            pieces.append(piece)
+    if any(len(texts) > 1 and i not in pieces for i, texts in enumerate(spellings)):
+        return False   # configs that differ only there share an id
+    seen = set()
+    for j, piece in enumerate(pieces):
+        if isinstance(piece, int) and piece not in seen:
+            seen.add(piece)
+            after = pieces[j + 1] if j + 1 < len(pieces) else ""
+            if isinstance(after, int) or (after and any(after[0] in t for t in spellings[piece])):
+                return False
+    # safe: CONFIG_ID's characters, a safe first one, and not too long even with the longest values
+    choices = [[p] if isinstance(p, str) else spellings[p] for p in pieces]
+    return (bool(choices) and all(t[:1] and t[0] in ID_FIRST for t in choices[0])
+            and all(ID_CHARS.issuperset(t) for texts in choices for t in texts)
+            and sum(max(map(len, texts)) for texts in choices) <= ID_MAX)
+
+
+def _id_pieces(spec: Spec) -> list[str | int]:
+    """The id template as text and parameter indexes ('{dtype}-b{BLOCK}' -> [0, '-b', 1])."""
+    params = spec.configs.params
+    if spec.id_template:
+        pieces: list[str | int] = []
+        for text, field, _, _ in string.Formatter().parse(spec.id_template):
+            pieces += [text] + ([params.index(field)] if field is not None else [])
+        return pieces
+    return [piece for i, p in enumerate(params)
+            for piece in (["-"] if i else []) + ([] if p in spec.type_vars else [p.lower()]) + [i]]
+
+
+def _check_unique_ids(spec: Spec) -> None:
+    """Every config id is unique and a safe name: it becomes a directory under out/ and part of the target
+    name <kernel>:<id>@<arch> (a value like '../x', 'a b' or 'x@y' would escape out/ or break the name)."""
+    seen: dict[str, Config] = {}
+    for c in spec.configs:
+        cid = config_id(spec, c)
+        if not CONFIG_ID.fullmatch(cid):
+            raise SpecError(f"{spec.path}: [sweep] config {shown(dict(c))} gets the id {shown(cid)}, which is not a "
+                            f"safe name; ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, "
+                            f"digit or '_'), at most 200 characters: change the values or [kernel] id")
+        if cid in seen:
+            raise SpecError(f"{spec.path}: configs {shown(dict(seen[cid]))} and {shown(dict(c))} both get id "
+                            f"{shown(cid)}; add the differing parameter to [kernel] id")
+        seen[cid] = c
+
+
+def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str, table: str = "sweep") -> Scalar:
+    """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
+    if param in type_vars:
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            raise SpecError(f"{where}: [{table}] {param}: got {shown(value)}; allowed: {allowed_dtypes()}")
+        return canon
+    return value

@@ -1,0 +1,288 @@
+"""kforge's doit commands `forget`, `info`, `clean`, `prune` and `cache`, registered in pyproject.toml under
+[tool.doit.plugins.command] (the rest of kforge's doit integration: doit_edge.py)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from doit.cmd_base import Command, DoitCmdBase
+from doit.cmd_clean import Clean as DoitClean
+from doit.cmd_forget import Forget as DoitForget
+from doit.action import PythonAction
+from doit.exceptions import InvalidCommand
+
+from kforge.store import artifact, guard as out_dir
+from kforge.share import local_cache
+from kforge.report import reporter as report
+from kforge.base import settings, stamps
+from kforge.edge.backend import NAME, KforgeSqliteDB
+from kforge.store.inputs import InputIndex, listed_inputs
+from kforge.base.layout import Layout
+from kforge.share.local_cache import LocalCache
+from kforge_runtime.schema import ERROR, META
+
+
+class Forget(DoitForget):
+    """doit's forget, plus: a forgotten target's meta.json and error.txt go too, so the next run compiles it.
+
+    kforge decides "up to date" from the key in meta.json (it survives killed runs and restored caches),
+    and reports a compile that failed deterministically again from its error.txt, so forgetting doit's
+    record alone would change nothing.
+    """
+
+    def _execute(self, forget_sub, forget_disable_default, forget_all):
+        backend = self.dep_manager.backend
+        if not isinstance(backend, KforgeSqliteDB):   # it lists what doit removed: doit chooses which tasks
+            raise InvalidCommand(f"kforge: doit forget needs the backend {NAME!r} (dodo.py's DOIT_CONFIG), not "
+                                 f"{type(backend).__name__}: drop --backend from the command line")
+        result = super()._execute(forget_sub, forget_disable_default, forget_all)
+        tasks = {t.name: t for t in self.task_list}
+        for name in tasks if forget_all else backend.removed:
+            target = compile_target_of(tasks[name]) if name in tasks else None
+            # meta.json: built; error.txt: a failure reported again without compiling (rules/compile/action.py)
+            for path in (target.meta_path, os.path.join(target.out_dir, ERROR)) if target is not None else ():
+                if os.path.exists(path):
+                    try:
+                        out_dir.remove_file(Path(target.out), Path(path))
+                    except out_dir.OutsideOut as e:
+                        self.outstream.write(f"kforge: refused: {e}\n")
+        return result
+
+
+def compile_target_of(task):
+    """The Target a compile task builds (rules/edge/tasks.py puts it in the task's meta), or None for other tasks."""
+    return (task.meta or {}).get("kforge_target")
+
+
+def target_state(target) -> str:
+    """up to date | stale (and what changed) | failed: <cause> | not built."""
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    if artifact.is_current(target.meta_path, target.key):
+        changed = index.changed_input(target.meta_path, stamps.identity(target.meta_path))
+        if changed is None:
+            return "up to date"
+        how = "listed it: a name was added or removed" if changed.endswith("/") else "read it"
+        return f"stale: {changed} changed since it was built (its compile {how}); the next build rebuilds it"
+    directory = Path(target.out_dir)
+    if (directory / META).exists():
+        return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
+    error = directory / ERROR
+    if error.exists():
+        text = error.read_text(errors="replace")
+        old = "" if text.startswith(f"key: {target.key}\n") else " (with other inputs than now)"
+        again = ("; reported again without compiling until its key or inputs change (`doit forget "
+                 f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
+        return f"failed{old}: {report.error_line(text.split(chr(10), 1)[-1])}{again}"
+    return "not built"
+
+
+def _key_change(target) -> str:
+    """Which of the key's parts differs between the built meta.json and the target now, in words."""
+    try:
+        meta = json.loads(Path(target.meta_path).read_bytes())
+        built = meta["source"]["digests"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its meta.json is unreadable"
+    now = dict(target.source_digests)
+    for name in sorted(set(built) | set(now)):
+        if built.get(name) != now.get(name):
+            return f"{name} {'changed' if name in built and name in now else 'added' if name in now else 'gone'}"
+    for field, was, is_now in (("constexpr", meta.get("constexprs", {}), dict(target.constexprs)),
+                               ("toolchain", meta.get("toolchain_versions", {}), dict(target.toolchain_versions)),
+                               ("env", meta.get("env", {}), dict(target.env))):
+        for name in sorted(set(was) | set(is_now)):
+            if was.get(name) != is_now.get(name):
+                return f"{field} {name}: {was.get(name)!r} then, {is_now.get(name)!r} now"
+    return "an input of its key changed"
+
+
+NOTES = {   # rules/load/entry_probe.py's facts about the entry, as `doit info` words them
+    "prune": "configs pruned by {} (applied: the targets are the configs it keeps)",
+    "perf_model": "perf_model {} (noted, not applied: kforge builds every config the pruner keeps)",
+    "top_k": "top_k {} (noted, not applied)",
+    "autotuner": "the library's own autotuner {}",
+    "unspecialized": "never specialized by @triton.jit: {}",
+}
+
+
+def note_lines(target) -> str:
+    """What kforge knows of the target's entry beyond its config: its autotuner, and the heuristics' values
+    the spec pins ([override]: in the key too)."""
+    notes = dict(target.notes)
+    lines = [f"    {NOTES[fact].format(text)}\n" for fact, text in target.notes if fact in NOTES]
+    pinned = [n for n in notes.get("overrides", "").split(", ") if n]
+    values = dict(target.constexprs)
+    override = (f"  overrides: {', '.join(f'{n}={values.get(n)!r}' for n in pinned)} (given by the spec, in place "
+                f"of the entry's @triton.heuristics)\n") if pinned else ""
+    return override + (f"  entry:\n{''.join(lines)}" if lines else "")
+
+
+def imported_as(target) -> str:
+    """`doit info`'s lines on how the compile imports the module: environment, device model, set-up hooks."""
+    from kforge.load.device_model import DEVICES
+    lines = [f"  env: {' '.join(f'{k}={v}' for k, v in target.env)}\n"] if target.env else []
+    if target.toolchain == "triton":
+        lines.append(f"  device model: {DEVICES[target.arch].name}\n" if target.device_model else
+                     "  device model: off (imported as this machine is)\n")
+    if target.setup:
+        lines.append(f"  set-up hooks: {', '.join(target.setup)}\n")
+    return "".join(lines)
+
+
+def observed_lines(target) -> str:
+    """`doit info`'s list of the files the target's compile read (and `<folder>/`: folders it listed), each with
+    its digest then and a mark when its content is not that any more."""
+    listed = listed_inputs(target.meta_path)
+    if listed is None:
+        return ""
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    rows = [f"    {name}  {digest[:12]}{'  (changed since)' if index.digest(name) != digest else ''}\n"
+            for name, digest in listed]
+    return f"  inputs its compile read ({len(rows)}; name, sha256 then):\n" + "".join(rows)
+
+
+class Info(DoitCmdBase):
+    """`doit info TARGET | FAMILY`: what kforge knows of a target, or one line per target of a family."""
+    name = "info"
+    doc_purpose = "show a target's config, key, artifact and state, or a family's targets"
+    doc_usage = "TARGET | FAMILY"
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self, pos_args):
+        tasks = {t.name: t for t in self.task_list}
+        if len(pos_args) != 1 or pos_args[0] not in tasks:
+            families = sorted({t.kernel for t in map(compile_target_of, tasks.values()) if t})
+            got = f"no target or family named {pos_args[0]!r}" if len(pos_args) == 1 else "give one name"
+            raise InvalidCommand(f"kforge: doit info: {got}; families: {', '.join(families)}; "
+                                 f"`doit list --all` lists every target")
+        task = tasks[pos_args[0]]
+        target = compile_target_of(task)
+        write = self.outstream.write
+        if target is not None:
+            root = Layout.around(target.out).root
+            write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."
+                  f"{target.entry}\n  config: {dict(target.config)}\n{note_lines(target)}{imported_as(target)}"
+                  f"  key: {target.key}\n"
+                  f"  artifact: {os.path.relpath(target.out_dir, root)}/\n{observed_lines(target)}"
+                  f"  state: {target_state(target)}\n")
+            return 0
+        if "kforge_broken" in (task.meta or {}):
+            write(f"{task.name}\n  state: did not load: {task.meta['kforge_broken']}\n")
+            return 0
+        members = [compile_target_of(tasks[d]) for d in task.task_dep if d in tasks]
+        if members and all(members):
+            states = [(t.name, target_state(t)) for t in members]
+            counts: dict[str, int] = {}
+            for name, state in states:
+                write(f"{name}  {state}\n")
+                key = state.split(":")[0]
+                counts[key] = counts.get(key, 0) + 1
+            write(f"{task.name}: {report.plural(len(states), 'target')}: "
+                  + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
+            return 0
+        write(f"{task.name}\n  {task.doc or ''}\n  after: {', '.join(task.task_dep) or 'nothing'}\n"
+              if len(task.task_dep) <= 8 else
+              f"{task.name}\n  {task.doc or ''}\n  after {report.plural(len(task.task_dep), 'task')}\n")
+        return 0
+
+
+class Clean(DoitClean):
+    """doit's clean, with one summary line instead of a line per action: a compile target's artifact directory
+    goes (and the directories it leaves empty, never out/ itself); nothing outside out/ is ever deleted."""
+
+    def clean_tasks(self, tasks, dryrun, cleanforget):
+        removed, refused, others = 0, [], 0
+        for task in {t.name: t for t in tasks}.values():
+            target = compile_target_of(task)
+            if target is None:
+                if task.clean_actions:
+                    try:
+                        _clean(task, dryrun)   # package: its wheel and manifest (rules/ship/package.py)
+                        others += 1
+                    except out_dir.OutsideOut as e:   # out/dist or out/tune is a link out of out/
+                        refused.append(str(e))
+            elif dryrun:
+                removed += Path(target.out_dir).exists()
+            else:
+                try:
+                    removed += out_dir.remove_artifact_dir(Path(target.out), Path(target.out_dir))
+                except out_dir.OutsideOut as e:
+                    refused.append(str(e))
+            if cleanforget and not dryrun:
+                self.dep_manager.remove(task.name)
+        self.dep_manager.close()
+        verb = "would remove" if dryrun else "removed"
+        extra = f" and cleaned {report.plural(others, 'other task')}" if others else ""
+        self.outstream.write(f"kforge: {verb} {report.plural(removed, 'artifact')} from out/{extra}\n")
+        for message in dict.fromkeys(refused):   # each once: every arch's package task meets the same link
+            self.outstream.write(f"kforge: refused: {message}\n")
+
+
+def _clean(task, dryrun: bool) -> None:
+    """Run a task's clean actions. kforge's own are Python calls, run here so that a refusal (OutsideOut) reaches
+    the summary as one line (doit's Task.clean prints an action's exception as a traceback); others as doit does."""
+    if not all(isinstance(a, PythonAction) for a in task.clean_actions):
+        task.clean(io.StringIO(), dryrun)
+    elif not dryrun:
+        for action in task.clean_actions:
+            action.py_callable(*action.args, **action.kwargs)
+
+
+class Prune(DoitCmdBase):
+    """`doit prune`: delete the artifact directories in out/ that belong to no target of the catalog."""
+    name = "prune"
+    doc_purpose = "delete artifacts in out/ that belong to no target (configs dropped from a sweep, deleted specs)"
+    doc_usage = ""
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self):
+        broken = [t.name for t in self.task_list if "kforge_broken" in (t.meta or {})]
+        if broken:   # its artifacts cannot be told from orphans
+            self.outstream.write(f"kforge: nothing pruned: families did not load ({', '.join(broken)}), and their "
+                                 f"artifacts cannot be told from orphans; fix them first\n")
+            return 1
+        current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
+        out = Layout.of(Path.cwd()).out   # doit runs in dodo.py's directory
+        removed, refused = 0, []
+        for path in out_dir.orphaned(out, current, settings.get("archs")):
+            try:
+                removed += out_dir.remove_artifact_dir(out, path)
+            except out_dir.OutsideOut as e:
+                refused.append(str(e))
+        self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
+                             if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
+        for message in refused:
+            self.outstream.write(f"kforge: refused: {message}\n")
+        return 0
+
+
+class Cache(Command):
+    """`doit cache [--trim]`: the local cache's directory, entries, size and limit (rules/share/local_cache.py);
+    --trim deletes its least recently used entries until it fits its limit, as every build does at its end."""
+    name = "cache"
+    doc_purpose = "show the local cache (directory, entries, size, limit); --trim: evict down to its limit"
+    doc_usage = "[--trim] [local_cache=DIR] [local_cache_limit=SIZE]"
+    doc_description = None
+    cmd_options = ({"name": "trim", "long": "trim", "type": bool, "default": False,
+                    "help": "delete least recently used entries until the cache fits local_cache_limit"},)
+
+    def execute(self, params, args):
+        try:
+            directory, limit = settings.get("local_cache"), settings.get("local_cache_limit")
+        except ValueError as e:   # as a build says it (rules/edge/config.py): one line, exit code 2
+            sys.stderr.write(f"kforge: {e}\n")
+            return 2
+        if directory is None:
+            print("kforge: the local cache is off (local_cache=off)")
+            return 0
+        cache = LocalCache(directory, limit)
+        found = local_cache.trim(cache) if params["trim"] else local_cache.usage(cache)
+        evicted = f"; evicted {found.evicted} ({local_cache.human(found.evicted_size)})" if params["trim"] else ""
+        print(f"kforge: local cache {directory}: {local_cache.entries(found.entries)}, "
+              f"{local_cache.human(found.size)} of local_cache_limit={local_cache.human(limit)}{evicted}")
+        return 0

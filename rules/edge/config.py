@@ -1,0 +1,208 @@
+"""Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed explicitly
+by config() from dodo.py.
+
+Through doit's plugin points:
+  - the dependency file: doit's sqlite3 file through kforge's backend (doit_backend.py: read in one query, a
+    damaged file moved aside, a full disk one line, removals listed for `doit forget`);
+  - the reporter (report.py): progress, summary, out/build-report.json, the key index kept current, the local
+    cache trimmed to its limit;
+  - the commands forget/info/clean/prune/cache (doit_commands.py, declared in pyproject.toml).
+Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
+against doit's code by tests/test_doit_edge.py):
+  - the runner: doit_runner.PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue
+    kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
+  - tasks that run after failed dependencies (`doit package` ships what built, lists what failed).
+And in the process, not in doit:
+  - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
+  - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
+  - one build at a time in one out/: a command that runs tasks waits for another one's end (run_lock.py).
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import importlib.metadata
+import os
+import signal
+import sys
+from pathlib import Path
+
+from doit import cmd_run
+from doit.control import ExecNode
+
+from kforge.store import artifact, guard as out_dir, run_lock, scratch
+from kforge.base import cpus, settings
+from kforge.edge import backend as doit_backend, runner as doit_runner
+from kforge.plan import keys
+from kforge.report import reporter as report
+from kforge.store.inputs import InputIndex
+from kforge.base.layout import Layout
+from kforge.share.local_cache import LocalCache
+
+
+def pause_gc_until_tasks_run() -> None:
+    """Called by dodo.py first: no cyclic garbage collection until doit starts running tasks.
+
+    What dodo.py and doit allocate until then (the catalog, thousands of task dicts, doit's Task objects and
+    task graph) lives until the process exits; Python's collector, triggered every 700 allocations, would
+    scan the growing heap again and again for garbage that is not there: measured, ~50 ms of a 1,152-target
+    no-op run, more than the rest of kforge's own code in it. The reporter's initialize() (doit calls it once
+    the tasks are loaded, before the first runs) freezes what was built, so that later collections skip it,
+    and resumes collection (_resume_gc). A command that runs no task (`doit list`) ends without collecting.
+    """
+    gc.disable()
+
+
+def _resume_gc() -> None:
+    gc.freeze()   # the task graph: long-lived, never garbage, never scanned again
+    gc.enable()
+
+
+def config(root: Path, catalog) -> dict:
+    """DOIT_CONFIG for dodo.py, after installing kforge's runner and hooks."""
+    dependency_backend = backend()   # first: a missing one stops the run before it takes the lock
+    layout = Layout(root)
+    # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
+    # directory created outside an action.
+    layout.out.mkdir(exist_ok=True)
+    _sigterm_as_interrupt()
+    _interrupt_without_traceback()   # Ctrl-C while waiting for the lock: one line
+    # before the tasks are generated: that is when what is up to date is decided
+    run_lock.hold(layout.out, run_lock.command())
+    scratch.start(layout.out)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
+    reporter = type("BuildReporter", (report.BuildReporter,), {
+        "report_path": str(layout.build_report),
+        "key_index": artifact.KeyIndex.of(layout.built_keys),
+        "local_cache": local_cache(),
+        "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), InputIndex.of(layout.observed_inputs), catalog),
+        "before_first_task": staticmethod(_resume_gc),
+        # a family that did not load has no targets to tell its artifacts from orphans: none are named then
+        "find_orphans": staticmethod(list if catalog.broken else functools.partial(
+            out_dir.orphaned, layout.out, [t.out_dir for t in catalog.targets], option("archs")))})
+    max_workers, cap_reason = _compile_cap()
+    install_runner(prefetch=option("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    _run_after_failed_deps()
+    return {
+        "backend": dependency_backend,
+        "dep_file": str(layout.doit_db),
+        "continue": True,            # one failed target never stops the others
+        "reporter": reporter,
+        "default_tasks": [f.name for f in catalog.families] + [b.name for b in catalog.broken] + ["package"],
+        "num_process": max_workers or cpus.available(),   # a plain `doit` compiles on every CPU it may use
+    }
+
+
+_options: list = []   # this run's settings.Options, parsed on first use
+
+
+def local_cache() -> LocalCache | None:
+    """This run's local cache (rules/share/local_cache.py), or None with local_cache=off."""
+    directory = option("local_cache")
+    return None if directory is None else LocalCache(directory, option("local_cache_limit"))
+
+
+def option(name: str):
+    """A setting's value for this run (rules/base/settings.py); a malformed setting, any of them: one line naming
+    it and exit code 2."""
+    if not _options:
+        try:
+            _options.append(settings.options())
+        except ValueError as e:
+            sys.stderr.write(f"kforge: {e}\n")
+            raise SystemExit(2)
+    return getattr(_options[0], name)
+
+
+def _compile_cap() -> tuple[int | None, str]:
+    """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
+    if option("executor") is not None:
+        return None, ""
+    cap = option("max_compiles")
+    return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
+
+
+def backend() -> str:
+    """DOIT_CONFIG's backend: kforge's (doit_backend.py), once it is sure doit has it. doit looks the name up in
+    its plugins and, missing, fails with a TypeError traceback; it is missing where kforge's installed metadata
+    is older than its code (an editable install from before the backend, not installed again)."""
+    try:
+        registered = any(e.group == "doit.BACKEND" and e.name == doit_backend.NAME
+                         for e in importlib.metadata.distribution("kforge").entry_points)
+    except importlib.metadata.PackageNotFoundError:
+        registered = False
+    if not registered:
+        sys.stderr.write(f"kforge: doit has no backend {doit_backend.NAME!r}: kforge's installed metadata predates "
+                         f"it; install kforge again (`pip install -e .` in its checkout)\n")
+        raise SystemExit(2)
+    return doit_backend.NAME
+
+
+# doit's internals kforge replaces, for want of a plugin point in doit 0.37.0, and why: only here, each checked
+# against doit's code by tests/test_doit_edge.py, so that a doit that moved them fails a test, not a build.
+DOIT_PATCHES = {
+    "doit.cmd_run.MRunner": "doit's `run` picks its process runner by this name (install_runner)",
+    "doit.cmd_run.MThreadRunner": "and its thread runner (install_runner)",
+    "doit.control.ExecNode.parent_status": "doit never runs a task after a failed task_dep (_run_after_failed_deps)",
+}
+
+
+def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
+    """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
+    most max_workers workers; `-n 0` keeps doit's serial runner."""
+    doit_runner.configure(prefetch, max_workers, cap_reason)
+    cmd_run.MRunner, cmd_run.MThreadRunner = doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner
+
+
+def _run_after_failed_deps() -> None:
+    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
+
+    doit never runs a task one of whose task_dep failed, and has no option for it: its ExecNode.parent_status
+    is wrapped. `doit package` must run anyway, to ship what was built and list what failed; it still waits
+    for every compile, and the run still exits non-zero.
+    """
+    if getattr(ExecNode.parent_status, "kforge", False):
+        return
+    doit_parent_status = ExecNode.parent_status
+
+    def parent_status(self, parent_node):
+        if parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps"):
+            return
+        doit_parent_status(self, parent_node)
+    parent_status.kforge = True
+    parent_status.doit = doit_parent_status
+    ExecNode.parent_status = parent_status
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state.
+
+    Only in the doit master. A forked worker restores the default action as it starts (rules/edge/runner.py);
+    until then it inherits this handler, which must not raise there: the master stops its workers with
+    SIGTERM and stops reading their queue, so a worker that raised KeyboardInterrupt would block on that
+    queue at exit. A worker dies at once instead (its compile child follows, via PDEATHSIG).
+    """
+    master = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != master:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupt_without_traceback() -> None:
+    """An interrupted build ends with one line, not a Python traceback from wherever doit was waiting. The
+    exit status stays Python's for an unhandled KeyboardInterrupt (killed by SIGINT: 130 in a shell)."""
+    default = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            sys.stderr.write("kforge: interrupted. Every task finished so far is kept; run the same command "
+                             "again to do the rest.\n")
+        else:
+            default(kind, value, traceback)
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = hook

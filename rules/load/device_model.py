@@ -1,0 +1,334 @@
+"""The device model: in a process that imports a family's module (the probe, a compile server), torch and
+Triton answer device queries as the target arch's reference GPU would, on a CPU-only builder or on a machine
+whose own GPU is another (building gfx942 on an H100 must not see the H100).
+
+A library asks the device at import or in its heuristics (`torch.cuda.get_device_capability()`,
+`torch.cuda.get_device_properties(0).multi_processor_count`, `torch.version.hip`, Triton's
+`driver.active.get_current_target()` and `.utils.get_device_properties(0)["max_shared_mem"]`): its config
+lists and computed constexprs are then the target's own. Nothing is allocated or launched: what needs a real
+GPU (a tensor on "cuda", a stream, a synchronize, a kernel launch, a benchmark) raises NeedsGPU, one line
+naming the call, where the library made it and the family.
+
+DEVICES is the one table of reference GPUs; SOURCES says where each value comes from (docs/device_model.md
+shows both). Installed by install(arch) before the family's module is imported; Triton's driver at once,
+torch when it is imported (most of kforge's processes never import it).
+"""
+from __future__ import annotations
+
+import importlib
+import linecache
+import os
+import sys
+from typing import NamedTuple
+
+from kforge_runtime.after_import import AfterImport
+from kforge_runtime.archs import ARCHS
+
+KiB, GiB = 1 << 10, 1 << 30
+
+
+class Device(NamedTuple):
+    """A reference GPU, as torch.cuda.get_device_properties() and Triton's driver report it."""
+    arch: str
+    name: str                       # get_device_name(), properties.name
+    capability: tuple[int, int]     # get_device_capability(); on ROCm torch reports the GFX IP version
+    gcn_arch_name: str              # properties.gcnArchName (AMD; "" on NVIDIA)
+    total_memory: int               # bytes
+    multi_processor_count: int      # SMs / CUs
+    warp_size: int
+    shared_memory_per_block: int    # without opting in (NVIDIA: 48 KiB)
+    shared_memory_per_block_optin: int   # what one block may use (Triton's max_shared_mem)
+    shared_memory_per_multiprocessor: int
+    regs_per_multiprocessor: int    # 32-bit registers (Triton's max_num_regs: per block, the same here)
+    max_threads_per_multi_processor: int
+    max_threads_per_block: int
+
+
+DEVICES: dict[str, Device] = {d.arch: d for d in (
+    Device("sm_80", "NVIDIA A100-SXM4-80GB", (8, 0), "", 80 * GiB, 108, 32,
+           48 * KiB, 163 * KiB, 164 * KiB, 65536, 2048, 1024),
+    Device("sm_90a", "NVIDIA H100 80GB HBM3", (9, 0), "", 80 * GiB, 132, 32,
+           48 * KiB, 227 * KiB, 228 * KiB, 65536, 2048, 1024),
+    Device("sm_100a", "NVIDIA B200", (10, 0), "", 180 * GiB, 148, 32,
+           48 * KiB, 227 * KiB, 228 * KiB, 65536, 2048, 1024),
+    # one MI250X is two GCDs, each its own device (what a gfx90a kernel runs on): half the card's CUs and memory
+    Device("gfx90a", "AMD Instinct MI250X/MI250", (9, 0), "gfx90a:sramecc+:xnack-", 64 * GiB, 110, 64,
+           64 * KiB, 64 * KiB, 64 * KiB, 131072, 2048, 1024),
+    Device("gfx942", "AMD Instinct MI300X", (9, 4), "gfx942:sramecc+:xnack-", 192 * GiB, 304, 64,
+           64 * KiB, 64 * KiB, 64 * KiB, 131072, 2048, 1024),
+    Device("gfx950", "AMD Instinct MI355X", (9, 5), "gfx950:sramecc+:xnack-", 288 * GiB, 256, 64,
+           160 * KiB, 160 * KiB, 160 * KiB, 131072, 2048, 1024),
+)}
+
+# Where each value comes from, per vendor (cited by name; docs/device_model.md has the table with them).
+DATASHEETS = {
+    "sm_80": "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: 80 GB HBM2e) and the NVIDIA A100 Tensor Core "
+             "GPU Architecture whitepaper (108 SMs)",
+    "sm_90a": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3) and the NVIDIA H100 Tensor Core GPU "
+              "Architecture whitepaper (SXM5: 132 SMs)",
+    "sm_100a": "NVIDIA DGX B200 datasheet (1,440 GB of GPU memory for 8 GPUs: 180 GB each) and NVIDIA's Blackwell "
+               "architecture technical brief (B200: 148 SMs)",
+    "gfx90a": "ROCm documentation, 'AMD GPU specifications' (MI250X: 128 GiB, 220 CUs for its two GCDs; the name "
+              "as hipinfo prints it, e.g. ROCm/hip issue 3330)",
+    "gfx942": "ROCm documentation, 'AMD GPU specifications' (MI300X: 192 GiB, 304 CUs)",
+    "gfx950": "ROCm documentation, 'AMD GPU specifications' (MI355X: 288 GiB, 256 CUs)",
+}
+SOURCES = {
+    "nvidia": {
+        "name, total_memory, multi_processor_count": "the datasheet (DATASHEETS); total_memory is its capacity "
+                                                     "in GiB (a real device reports a little less)",
+        "capability, warp_size, shared memory, registers, threads": "CUDA C++ Programming Guide, table "
+            "'Technical Specifications per Compute Capability' (8.0, 9.0, 10.0): 48 KB per block unless opted "
+            "in, 163 / 227 KB opted in, 164 / 228 KB per SM, 64K 32-bit registers per SM and per block, "
+            "2048 threads per SM, 1024 per block",
+    },
+    "amd": {
+        "name, total_memory, multi_processor_count": "the ROCm 'AMD GPU specifications' table (DATASHEETS)",
+        "capability, gcnArchName": "the same table's LLVM target name and GFXIP major / minor version, which "
+                                   "torch on ROCm reports as major / minor (gfx942: 9.4)",
+        "warp_size, shared memory, registers": "the same table: wavefront size 64, LDS per CU (64 KiB; 160 KiB "
+                                               "on gfx950; one workgroup may use all of it), VGPR file 512 KiB "
+                                               "per CU (131,072 32-bit registers)",
+        "threads": "HIP's limits on CDNA: 1024 threads per workgroup, 2048 per CU (32 wavefronts of 64)",
+    },
+}
+TORCH_VERSIONS = {"nvidia": ("cuda", "12.8"), "amd": ("hip", "6.4.0")}   # a CUDA / ROCm torch's torch.version
+
+
+class NeedsGPU(RuntimeError):
+    """A call that only a real GPU can answer, made where the device model stands in for one."""
+
+
+class _Missing(NeedsGPU, AttributeError):
+    """A property the model does not give: hasattr() is False, as for an attribute a torch build lacks."""
+
+
+class _State:
+    device: Device | None = None
+    family = ""
+
+
+def install(arch: str) -> None:
+    """From now on this process's torch and Triton answer as the reference GPU of `arch` (a second call
+    switches the arch). Triton must be importable; torch is patched once it is imported."""
+    _State.device = DEVICES[arch]
+    _install_triton()
+    if "torch" in sys.modules:
+        _install_torch(sys.modules["torch"])
+    elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport("torch", _torch_imported))
+
+
+def serving(family: str) -> None:
+    """The family whose module this process imports now (NeedsGPU names it)."""
+    _State.family = family
+
+
+def current() -> Device | None:
+    """The device the model answers as, None where it is not installed."""
+    return _State.device
+
+
+def row(arch: str) -> list:
+    """The arch's reference GPU as plain values (a target's key holds it: the module imported there saw it)."""
+    return list(DEVICES[arch])
+
+
+# ---- what a real GPU is needed for -----------------------------------------------------------------------
+
+def needs_gpu(call: str) -> NeedsGPU:
+    d = _State.device
+    family = f" (family {_State.family})" if _State.family else ""
+    return NeedsGPU(f"{call}{_caller()} needs a real GPU{family}: kforge imports the module with a model of "
+                    f"{d.arch}'s reference GPU ({d.name}), which answers device queries only; keep device work "
+                    f"out of the module's import and heuristics, or set `device_model = false` "
+                    f"(docs/device_model.md)")
+
+
+def _caller() -> str:
+    """' at <file>:<line> (`<source line>`)': the innermost frame outside torch, Triton, kforge and importlib,
+    the file named as rules/load/observe.py names inputs (relative to the project or the module path)."""
+    from kforge.load import observe
+    skip = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep
+                 for m in map(sys.modules.get, ("torch", "triton", "kforge")) if getattr(m, "__file__", None))
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<") and not os.path.realpath(name).startswith(skip):
+            line = linecache.getline(name, frame.f_lineno).strip()
+            shown = observe.name_of(name, observe.bases(os.getcwd()))
+            return f" at {shown}:{frame.f_lineno}" + (f" (`{line[:120]}`)" if line else "")
+        frame = frame.f_back
+    return ""
+
+
+# ---- Triton ----------------------------------------------------------------------------------------------
+
+class _Properties(dict):
+    """Triton's utils.get_device_properties(device): a dict of the driver's attributes."""
+
+    def __missing__(self, key):
+        raise KeyError(f"{key!r}: kforge's device model of {_State.device.arch} does not give it "
+                       f"(it gives {', '.join(self)})")
+
+
+class _Utils:
+    def get_device_properties(self, device=0) -> dict:
+        d = _State.device
+        found = _Properties(max_shared_mem=d.shared_memory_per_block_optin, max_num_regs=d.regs_per_multiprocessor,
+                            multiprocessor_count=d.multi_processor_count, warpSize=d.warp_size)
+        if ARCHS[d.arch].vendor == "amd":   # Triton's HIP driver adds these
+            found.update(arch=d.gcn_arch_name, max_threads_per_sm=d.max_threads_per_multi_processor)
+        return found
+
+    def __getattr__(self, name):   # load_binary, set_printf_fifo_size, ...: a loaded kernel
+        raise needs_gpu(f"triton.runtime.driver.active.utils.{name}")
+
+
+class ModelDriver:
+    """Triton's active driver (runtime/driver.py's DriverConfig) for the modelled device."""
+
+    def __init__(self):
+        self.utils = _Utils()
+
+    @property
+    def backend(self) -> str:
+        return ARCHS[_State.device.arch].backend
+
+    @staticmethod
+    def is_active() -> bool:
+        return True
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        a = ARCHS[_State.device.arch]
+        return GPUTarget(a.backend, a.target_arch, a.warp_size)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device) -> None:
+        pass
+
+    def get_device_capability(self, device=None) -> tuple[int, int]:
+        return _State.device.capability
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cuda", 0)
+
+    def get_device_interface(self):
+        import torch
+        return torch.cuda
+
+    def get_current_stream(self, device=None):
+        raise needs_gpu("a Triton kernel launch (driver.active.get_current_stream)")
+
+    def get_benchmarker(self):
+        raise needs_gpu("benchmarking (driver.active.get_benchmarker)")
+
+    def __getattr__(self, name):   # launcher_cls, get_empty_cache_for_benchmark, ...
+        raise needs_gpu(f"triton.runtime.driver.active.{name}")
+
+
+def _install_triton() -> None:
+    from triton.runtime.driver import driver
+    model = ModelDriver()
+    driver.set_active(model)
+    driver._default = model   # reset_active() and .default would otherwise create the real driver (triton 3.6)
+
+
+# ---- torch -----------------------------------------------------------------------------------------------
+
+class Properties:
+    """torch.cuda.get_device_properties(): the attributes torch's _CudaDeviceProperties has, from the table."""
+
+    def __init__(self, d: Device):
+        self.name, (self.major, self.minor), self.gcnArchName = d.name, d.capability, d.gcn_arch_name
+        self.total_memory, self.multi_processor_count, self.warp_size = (d.total_memory, d.multi_processor_count,
+                                                                         d.warp_size)
+        self.shared_memory_per_block = d.shared_memory_per_block
+        self.shared_memory_per_block_optin = d.shared_memory_per_block_optin
+        self.shared_memory_per_multiprocessor = d.shared_memory_per_multiprocessor
+        self.regs_per_multiprocessor = d.regs_per_multiprocessor
+        self.max_threads_per_multi_processor = d.max_threads_per_multi_processor
+        self.max_threads_per_block = d.max_threads_per_block
+        self.is_integrated, self.is_multi_gpu_board = False, False
+
+    def __getattr__(self, name):   # only for attributes not set above (L2_cache_size, clock_rate, uuid, ...)
+        raise _Missing(f"torch.cuda.get_device_properties().{name}: kforge's device model of "
+                       f"{_State.device.arch} does not give it; the model gives {', '.join(vars(self))}")
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, "
+                f"multi_processor_count={self.multi_processor_count}) (kforge's device model)")
+
+
+def _install_torch(torch) -> None:
+    cuda = torch.cuda
+    answers = {
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": lambda device: None,
+        "get_device_capability": lambda device=None: _State.device.capability,
+        "get_device_name": lambda device=None: _State.device.name,
+        "get_device_properties": lambda device=None: Properties(_State.device),
+        "is_bf16_supported": lambda including_emulation=True: True,   # every modelled GPU has bf16
+        "mem_get_info": lambda device=None: (_State.device.total_memory,) * 2,   # an idle device
+        # torch.cuda.device(i) switches devices through these: one device, nothing to switch
+        "_exchange_device": lambda device: 0,
+        "_maybe_exchange_device": lambda device: 0,
+        # every allocation, stream, event and synchronize on "cuda" initializes CUDA here first (torch's C++
+        # calls torch.cuda._lazy_init too)
+        "_lazy_init": _lazy_init,
+    }
+    for name, fn in answers.items():
+        setattr(cuda, name, fn)
+    vendor = ARCHS[_State.device.arch].vendor
+    own, version = TORCH_VERSIONS[vendor]
+    other = TORCH_VERSIONS["amd" if vendor == "nvidia" else "nvidia"][0]
+    if getattr(torch.version, own, None) is None:   # a CUDA (ROCm) torch keeps its own version string
+        setattr(torch.version, own, version)
+    setattr(torch.version, other, None)
+
+
+def _lazy_init() -> None:
+    raise needs_gpu("initializing CUDA (a tensor or stream on a GPU, a synchronize)")
+
+
+def _torch_imported() -> None:
+    if _State.device is not None:
+        _install_torch(sys.modules["torch"])
+
+
+# ---- before a family's module is imported ----------------------------------------------------------------
+
+class SetupFailed(RuntimeError):
+    """A family's set-up hook raised; the message names it."""
+
+
+def prepare(arch: str, model: bool, setup: tuple[str, ...] = ()) -> None:
+    """What a process that imports a family's module for `arch` does first: the device model (unless the family
+    switched it off), then the set-up hooks ("module:function", the catalog's and the family's), each called
+    with the arch name if it takes an argument."""
+    if model:
+        install(arch)
+    for ref in setup:
+        module, name = ref.split(":")
+        try:
+            hook = getattr(importlib.import_module(module), name)
+            hook(arch) if _takes_one(hook) else hook()
+        except Exception as e:
+            raise SetupFailed(f"setup hook {ref} failed for {arch}: {type(e).__name__}: {e}".splitlines()[0]) \
+                from None
+
+
+def _takes_one(fn) -> bool:
+    import inspect
+    try:
+        inspect.signature(fn).bind("arch")
+        return True
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,430 @@
+"""What an entry wrapped in @triton.autotune or @triton.heuristics chooses, asked of the kernel's own module.
+
+Those choices are Python values computed when the module is imported (autotune config lists are often built by
+comprehensions or helper functions) or per launch (heuristics are functions of the launch's arguments), so
+they cannot be read from the source. The module is imported in a child process (`python -m
+kforge.load.entry_probe`), never in the process that loads the catalog: importing a library runs its code and
+usually torch. The child lives while the catalog loads and imports each module once; only entries whose
+source shows such a decorator are asked about, and only when the catalog is loaded from the specs.
+
+The child imports as a target sees it: it is started for one arch (its JSON context is the one argument:
+arch, model, setup), and before any module is imported the device model answers as that arch's reference GPU
+and the set-up hooks run (rules/load/device_model.py), so there is one child per arch, family environment and
+set-up; a family with neither model nor hook has one child for all its archs.
+
+Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout (each request
+may name its "family": an error of the device model names it):
+  {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...],
+                                     "tuner": {fact: value}, "unspecialized": {argument: jit option}}
+      a config: the autotuner's kwargs plus num_warps, num_stages, and num_ctas / maxnreg where set; tuner:
+      how it prunes (applied at load), its perf_model / top_k (noted only), a library's own Autotuner class;
+      unspecialized: the arguments @triton.jit(do_not_specialize[_on_alignment]=...) names
+  {"heuristics": [module, entry], "args": [{name: value}, ...], "pointers": [{name: element type}, ...],
+   "pinned": [name, ...]} -> {"values": [{name: value}, ...]}
+      each heuristic evaluated on each argument dict, in the order Triton applies them, but those the spec
+      pins ([override]: their values are in the args); each pointer argument is an empty tensor of its
+      element type on torch's "meta" device (a heuristic may test `is not None`, isinstance(...,
+      torch.Tensor) or read .dtype, as it would of the tensor passed at launch)
+  {"prune": [module, entry], "groups": [{"configs": [config, ...], "args": {...}, "kwargs": {...},
+   "pointers": {...}}, ...]} -> {"kept": [[config, ...], ...]}
+      per group, the configs the autotuner's own prune_configs keeps (early_config_prune, or a library's
+      override), as it would for a launch with those arguments; a perf_model is not applied
+  any failure -> {"error": "one line"}: where the module's own code raised, it names that line
+  every reply also carries "read": the files the child read for it beyond the toolchain and the folders it
+  listed (rules/load/observe.py): the catalog's stamp holds them by identity, so a changed heuristic or config file,
+  or a file added to or removed from a listed folder (its mtime changes), loads the catalog again
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+from kforge.load import load_guard
+from kforge.base.errors import SpecError
+from kforge.load.sources import parse
+
+def is_wrapped(path: Path, entry: str) -> bool:
+    """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
+    @autotune or @heuristics, or a library's own wrapper of them (a caching autotuner, a subclass); or a
+    @triton.jit that exempts arguments from specialization (do_not_specialize: read from the function)."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == entry:
+            for d in node.decorator_list:
+                f = d.func if isinstance(d, ast.Call) else d
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name != "jit" or any(k.arg in UNSPECIALIZED for k in getattr(d, "keywords", ())):
+                    return True
+    return False
+
+
+UNSPECIALIZED = ("do_not_specialize", "do_not_specialize_on_alignment")   # @triton.jit's options
+
+
+class Probe:
+    """The parent's side: one child per project root, started on the first question."""
+    _open: dict[str, "Probe"] = {}
+    read: set[str] = set()   # every file the children read, for the catalog's stamp
+
+    @classmethod
+    def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
+           setup: tuple = ()) -> "Probe":
+        """The child for this project, family environment ([env]: a library may read it at import) and import
+        context (Spec.importing): the arch whose reference GPU the device model answers as (model), and the
+        set-up hooks run first (rules/load/device_model.py). arch None: no model, no hook, one child for every arch."""
+        key = (str(root), env, arch, model, setup)
+        if key not in cls._open:
+            cls._open[key] = cls(root, env, arch, model, setup)
+        return cls._open[key]
+
+    def __init__(self, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
+                 setup: tuple = ()):
+        self.root, self.env = root, env
+        self.context = {"arch": arch, "model": model, "setup": list(setup)} if arch else None
+        self.child: subprocess.Popen | None = None
+        self.described: dict[tuple[str, str], dict] = {}
+
+    def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
+        if (module, entry) not in self.described:
+            self.described[(module, entry)] = self._ask({"describe": [module, entry], "family": family}, where)
+        return self.described[(module, entry)]
+
+    def heuristics(self, module: str, entry: str, args: list[dict], pointers: list[dict], where: str,
+                   pinned: tuple = (), family: str = "") -> list[dict]:
+        return self._ask({"heuristics": [module, entry], "args": args, "pointers": pointers,
+                          "pinned": list(pinned), "family": family}, where)["values"]
+
+    def prune(self, module: str, entry: str, groups: list[dict], where: str, family: str = "") -> list[list[dict]]:
+        """Per group (its configs and the launch's arguments as the spec gives them), the configs kept."""
+        return self._ask({"prune": [module, entry], "groups": groups, "family": family}, where)["kept"]
+
+    def _ask(self, request: dict, where: str) -> dict:
+        if self.child is None or self.child.poll() is not None:
+            env = dict(os.environ, **dict(self.env),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
+            context = [json.dumps(self.context)] if self.context else []
+            # rules/load/load_guard.py: catalog_memory, and a process group killed with it (close())
+            self.child = load_guard.popen([sys.executable, "-m", "kforge.load.entry_probe", *context], cwd=self.root,
+                                          env=env,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+        try:
+            self.child.stdin.write(json.dumps(request) + "\n")
+            self.child.stdin.flush()
+            named = _named(request)[0]
+            load_guard.await_reply(self.child.stdout, where, f"importing {named} to read the entry's autotune / "
+                                   f"heuristics", f"python -c 'import {named}'")   # TooLong past catalog_timeout
+            line = self.child.stdout.readline()
+            reply = json.loads(line)
+            if "error" in reply:   # a MemoryError names the setting to raise
+                reply["error"] = load_guard.memory_hint(reply["error"])
+        except load_guard.TooLong:
+            self.close()
+            raise
+        except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
+            self.close()
+            module = _named(request)[0]
+            raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
+                            f"probe process; run `python -c 'import {module}'` to see why") from None
+        Probe.read.update(reply.pop("read", ()))
+        if "error" in reply:
+            raise SpecError(f"{where}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.child is not None:
+            load_guard.stop(self.child)   # and whatever the modules it imported started
+            self.child = None
+
+    @classmethod
+    def close_all(cls) -> None:
+        for probe in cls._open.values():
+            probe.close()
+        cls._open.clear()
+        cls.read = set()
+
+
+def _named(request: dict) -> list:
+    """[module, entry] a request is about."""
+    return request.get("describe") or request.get("heuristics") or request["prune"]
+
+
+def describe_per_arch(probes: dict[str, Probe], module: str, entry: str, where: str,
+                      family: str = "") -> tuple[dict, list[tuple[dict, list[str]]]]:
+    """What the entry chooses on each arch (each probe imports the module as that arch's target would), as one
+    answer: every arch's autotune configs, in the order first listed, and the archs each config is not listed
+    for (the spec excludes it there). Archs sharing a probe are asked once."""
+    answers = {arch: probe.describe(module, entry, where, family) for arch, probe in probes.items()}
+    (first_arch, first), *rest = answers.items()
+    for arch, answer in rest:
+        if answer["heuristics"] != first["heuristics"] or (answer["autotune"] is None) != (first["autotune"] is None):
+            raise SpecError(f"{where}: {module}.{entry} is wrapped differently on {arch} than on {first_arch} "
+                            f"(@triton.autotune, @triton.heuristics {answer['heuristics']} vs {first['heuristics']}); "
+                            f"kforge builds one family from one set of decorators: a spec per arch")
+    if first["autotune"] is None:
+        return first, []
+    configs: list[dict] = []
+    for answer in answers.values():
+        configs += [c for c in answer["autotune"] if c not in configs]
+    elsewhere = [(c, [arch for arch, answer in answers.items() if c not in answer["autotune"]]) for c in configs]
+    return {**first, "autotune": configs}, [(c, archs) for c, archs in elsewhere if archs]
+
+
+# ---- the child's side ------------------------------------------------------------------------------------
+
+SCALARS = (bool, int, float, str)
+
+
+def layers(fn) -> list:
+    """A kernel object's wrappers, outermost first, then the @triton.jit function it wraps (last; the list ends
+    at the first object that is neither a JITFunction nor a wrapper). Triton's Autotuner and Heuristics and
+    libraries' own kernel wrappers keep what they wrap in `.fn`."""
+    from triton.runtime.jit import JITFunction
+    found = [fn]
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and len(found) < 16:
+        fn = fn.fn
+        found.append(fn)
+    return found
+
+
+def _layers(module: str, entry: str) -> list:
+    import importlib
+    return layers(getattr(importlib.import_module(module), entry))
+
+
+def _describe(module: str, entry: str) -> dict:
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    layers = _layers(module, entry)
+    tuner = next((x for x in layers if isinstance(x, Autotuner)), None)
+    configs = None
+    if tuner is not None:
+        configs = [_as_dict(c) for c in tuner.configs]
+        for c, found in zip(tuner.configs, configs):
+            bad = [k for k, v in found.items() if not isinstance(v, SCALARS)]
+            if bad:
+                return {"error": f"autotune config {c} of {module}.{entry}: {bad[0]} is not a plain value; kforge "
+                                 f"sweeps ints, floats, bools and strings"}
+    # Triton applies the innermost @heuristics first: its values are in the args the outer ones see
+    names = [n for x in reversed(layers) if isinstance(x, Heuristics) for n in x.values]
+    return {"autotune": configs, "heuristics": names, "tuner": _tuner_facts(tuner) if tuner else {},
+            "unspecialized": _unspecialized(layers[-1])}
+
+
+CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")   # a triton.Config's own; the rest are kwargs
+
+
+def _as_dict(c) -> dict:
+    """A triton.Config as kforge sweeps it: its kwargs plus num_warps, num_stages, and num_ctas / maxnreg if set."""
+    found = dict(c.kwargs)
+    found.update(num_warps=c.num_warps, num_stages=c.num_stages)
+    if getattr(c, "num_ctas", 1) != 1:
+        found["num_ctas"] = c.num_ctas
+    if getattr(c, "maxnreg", None) is not None:
+        found["maxnreg"] = c.maxnreg
+    return found
+
+
+def _as_config(found: dict):
+    """_as_dict's inverse."""
+    from triton import Config
+    return Config({k: v for k, v in found.items() if k not in CONFIG_FIELDS},
+                  **{k: v for k, v in found.items() if k in CONFIG_FIELDS})
+
+
+def _qualified(thing) -> str:
+    return f"{getattr(thing, '__module__', '?')}.{getattr(thing, '__qualname__', type(thing).__name__)}"
+
+
+def _tuner_facts(tuner) -> dict:
+    """What the autotuner does beyond its configs: how it prunes them (kforge applies it), its perf_model and
+    top_k (noted: they rank configs by a timing estimate, which kforge does not make), and a library's own
+    Autotuner class with the constructor arguments it adds."""
+    import inspect
+
+    from triton.runtime.autotuner import Autotuner
+    facts, own = {}, type(tuner)
+    if getattr(tuner, "early_config_prune", None) is not None:
+        facts["prune"] = _qualified(tuner.early_config_prune)
+    elif own.prune_configs is not Autotuner.prune_configs:   # a library's own pruning
+        facts["prune"] = f"{_qualified(own)}.prune_configs"
+    if getattr(tuner, "perf_model", None) is not None:
+        facts["perf_model"] = _qualified(tuner.perf_model)
+        top_k = getattr(tuner, "configs_top_k", None)
+        facts["top_k"] = top_k if isinstance(top_k, SCALARS) else repr(top_k)
+    if own is not Autotuner:
+        base = inspect.signature(Autotuner.__init__).parameters
+        added = [n for n, p in inspect.signature(own.__init__).parameters.items() if n not in base
+                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        facts["autotuner"] = _qualified(own) + (f"({', '.join(added)})" if added else "")
+    return facts
+
+
+def _unspecialized(fn) -> dict:
+    """{argument: "do_not_specialize" | "do_not_specialize_on_alignment"} of the @triton.jit function (its
+    options name arguments or their positions); Triton never marks them 16-divisible at launch."""
+    found: dict[str, str] = {}
+    names = list(getattr(fn, "arg_names", ()))
+    for option in UNSPECIALIZED:   # do_not_specialize first: it covers alignment too
+        for a in getattr(fn, option, None) or ():
+            found.setdefault(names[a] if isinstance(a, int) and 0 <= a < len(names) else str(a), option)
+    return found
+
+
+def _prune(module: str, entry: str, groups: list[dict]) -> dict:
+    """Each group's configs as the entry's autotuner prunes them for a launch with the group's arguments: its
+    own prune_configs (Triton's applies early_config_prune; a library's subclass may do more), with no
+    perf_model (noted, not applied). An autotuner of one config keeps it, as Triton runs it unpruned."""
+    from triton.runtime.autotuner import Autotuner
+    layers = _layers(module, entry)
+    tuner = next((x for x in layers if isinstance(x, Autotuner)), None)
+    if tuner is None:
+        return {"error": f"{module}.{entry} has no autotuner now; load the catalog again"}
+    kept = []
+    for group in groups:
+        if len(tuner.configs) < 2:   # Triton runs a lone config without pruning it
+            kept.append(group["configs"])
+            continue
+        saved = tuner.configs, getattr(tuner, "perf_model", None), getattr(tuner, "nargs", None)
+        tuner.configs = [_as_config(c) for c in group["configs"]]
+        tuner.perf_model, tuner.nargs = None, {**_stand_ins(group["pointers"]), **group["args"]}
+        try:
+            chosen = tuner.prune_configs(dict(group["kwargs"]))
+        except KeyError as e:
+            if e.args and e.args[0] in getattr(layers[-1], "arg_names", ()):
+                return {"error": f"the autotuner of {module}.{entry} prunes its configs by {e.args[0]!r}, which the "
+                                 f"spec does not give{_where(e)}; add it to [constants] or [sweep] (a runtime "
+                                 f"argument counts as a shape hint there)"}
+            return {"error": f"pruning the autotune configs of {module}.{entry} failed on {group['args']}: "
+                             f"KeyError: {e}{_where(e)}"}
+        except Exception as e:   # the library's pruner: one line naming where it failed
+            return {"error": f"pruning the autotune configs of {module}.{entry} failed on {group['args']}: "
+                             f"{type(e).__name__}: {e}".splitlines()[0] + _where(e)}
+        finally:
+            tuner.configs, tuner.perf_model, tuner.nargs = saved
+        found = [_as_dict(c) for c in chosen or ()]
+        for c in found:
+            for k, v in list(c.items()):
+                c[k] = v.item() if hasattr(v, "item") else v   # numpy / torch scalars
+            if not all(isinstance(v, SCALARS) for v in c.values()):
+                return {"error": f"the autotuner of {module}.{entry} pruned its configs into {c}; kforge sweeps "
+                                 f"ints, floats, bools and strings"}
+        if not found:
+            return {"error": f"the autotuner of {module}.{entry} prunes every config for {group['args']} (Triton "
+                             f"would refuse that launch); give the spec shape hints it keeps configs for"}
+        kept.append(found)
+    return {"kept": kept}
+
+
+def _where(e: BaseException) -> str:
+    """' (in pkg/ops/mod.py:12)': the innermost line of the library's own code (not Python's, torch's, Triton's
+    or kforge's) the exception passed through, as names go on every machine; "" when none did."""
+    from kforge.load import observe
+    toolchain = observe.toolchain_dirs()
+    skip = tuple(d + os.sep for d in toolchain)
+    found = None
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(e.__traceback__)]
+    if isinstance(e, SyntaxError) and e.filename:   # the file that does not parse is not a frame
+        frames.append((e.filename, e.lineno))
+    for filename, line in frames:
+        real = os.path.realpath(filename)
+        if not filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
+            found = (filename, line)
+    if found is None:
+        return ""
+    return f" (in {observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]})"
+
+
+def _stand_ins(pointers: dict) -> dict:
+    """Each pointer argument as an empty tensor of its element type on the "meta" device (no memory)."""
+    import torch
+
+    from kforge_runtime.launch import TORCH_DTYPES
+    names = {**{t: n.removeprefix("torch.") for t, n in TORCH_DTYPES.items()},
+             "i1": "bool", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
+    return {a: torch.empty(0, dtype=getattr(torch, names[t]), device="meta")
+            for a, t in pointers.items() if hasattr(torch, names.get(t, ""))}
+
+
+def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] | None = None,
+                pinned: list | None = None) -> dict:
+    from triton.runtime.autotuner import Heuristics
+    layers = [x for x in reversed(_layers(module, entry)) if isinstance(x, Heuristics)]
+    values = []
+    for i, given in enumerate(args):
+        seen, found = {**(_stand_ins(pointers[i]) if pointers else {}), **given}, {}
+        for layer in layers:
+            for name, rule in layer.values.items():
+                if name in (pinned or ()):   # the spec's value stands (in `given`): the rule is never run
+                    continue
+                try:
+                    value = rule(seen)
+                except KeyError as e:
+                    return {"error": f"heuristic {name} of {module}.{entry} reads {e.args[0]!r}, which the spec "
+                                     f"does not give; add it to [constants] or [sweep] (a runtime argument "
+                                     f"counts as a shape hint there)"}
+                except Exception as e:   # the user's lambda: one line naming it
+                    return {"error": f"heuristic {name} of {module}.{entry} failed on {given}: "
+                                     f"{type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
+                                     + f"; if it needs what the build machine lacks (a GPU), pin its value: "
+                                       f"[override] {name} = ..."}
+                if hasattr(value, "item"):   # numpy / torch scalars
+                    value = value.item()
+                if not isinstance(value, SCALARS):
+                    return {"error": f"heuristic {name} of {module}.{entry} gave {value!r}; kforge compiles "
+                                     f"ints, floats, bools and strings"}
+                seen[name] = found[name] = value
+        values.append(found)
+    return {"values": values}
+
+
+def main() -> None:
+    replies, sys.stdout = sys.stdout, sys.stderr   # what the user's modules print must not break the protocol
+    from kforge.load import device_model, observe
+    import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
+    recorder = observe.Recorder.install(os.getcwd())
+    recorder.start()
+    unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
+    for line in sys.stdin:
+        request = json.loads(line)
+        device_model.serving(request.get("family", ""))
+        try:
+            if unusable:
+                reply = {"error": unusable}
+            elif "describe" in request:
+                reply = _describe(*request["describe"])
+            elif "prune" in request:
+                reply = _prune(*request["prune"], request["groups"])
+            else:
+                reply = _heuristics(*request["heuristics"], request["args"], request.get("pointers"),
+                                    request.get("pinned"))
+        except Exception as e:   # importing the module failed, or the entry is not there
+            module, entry = _named(request)
+            reply = {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
+                              f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
+                              + ("; install it in the environment that runs doit"
+                                 if isinstance(e, ModuleNotFoundError) else "")}
+        reply["read"] = sorted(recorder.files() | set(recorder.folders()))   # folders: by identity (mtime)
+        recorder.start()
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def _prepare(context: dict | None) -> str:
+    """Before any family's module is imported: the device model for the probe's arch and the set-up hooks
+    (rules/load/device_model.py). What went wrong, in one line ("" if nothing did)."""
+    from kforge.load import device_model
+    if context is None:
+        return ""
+    try:
+        device_model.prepare(context["arch"], context["model"], tuple(context["setup"]))
+    except device_model.SetupFailed as e:
+        return str(e)
+    return ""
+
+
+if __name__ == "__main__":
+    main()

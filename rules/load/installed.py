@@ -1,0 +1,142 @@
+"""Kernels in installed packages (`module = "liger_kernel.ops.rms_norm"` in a spec): found on sys.path and read
+without importing them (importing a library runs its code and usually imports torch), keyed by the content of
+what the kernel's module executes within its own distribution, plus that distribution's name and version.
+
+What a module's key covers: its own file, every module of the same top-level package it imports (absolute or
+relative, transitively), and the __init__.py of each package those lie in (importing runs them). Imports made
+by those __init__.py files are not followed: a library's top-level __init__ often imports every one of its
+modules, which would make one edited kernel file rebuild every target of the library.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+from pathlib import Path
+
+from kforge.load import sources
+
+DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class NotInstalled(LookupError):
+    """The module is not on sys.path; the message says where it was looked for."""
+
+
+class Module:
+    """An installed module: its file, the sys.path entry it was found under, its package folder."""
+
+    def __init__(self, name: str, path: Path, base: Path, misses: tuple[Path, ...] = ()):
+        self.name, self.path, self.base = name, path, base
+        self.package_dir = base / name.split(".")[0]   # the top-level package: what "its distribution" holds
+        # where the top-level package was looked for in vain before base: one created there would shadow it
+        self.misses = misses
+
+    def closure(self) -> tuple[Path, ...]:
+        """The files the module's import executes within its package (see the module docstring), sorted."""
+        seen: set[Path] = set()
+        todo = [self.path]
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            if p.name != "__init__.py" or p == self.path:
+                todo += [q for q in _imports(p, self.base) if self._inside(q)]
+            todo += [q for q in sources.package_inits(p, self.base) if q not in seen]
+        return tuple(sorted(seen))
+
+    def digests(self) -> tuple[tuple[str, str], ...]:
+        """(path relative to the sys.path entry, sha256 of content) of each file of the closure."""
+        return sources.digest_files(self.closure(), self.base)
+
+    def distribution(self) -> tuple[str, str]:
+        """(name, version) of the installed distribution that holds the package, or ("", "") for a package
+        that no distribution records (a folder put on PYTHONPATH): then only file contents key it."""
+        return _distribution(str(self.base), self.name.split(".")[0])
+
+    def _inside(self, path: Path) -> bool:
+        return self.package_dir in path.parents or path == self.package_dir.with_suffix(".py")
+
+
+def find(name: str) -> Module:
+    """The installed module `name`, found as Python's path finder would find it (first sys.path entry that has
+    it; a package's __init__.py before a module file), without importing anything. NotInstalled if none."""
+    if not DOTTED.match(name):
+        raise NotInstalled(f"{name!r} is not a dotted module name (e.g. liger_kernel.ops.rms_norm)")
+    parts = name.split(".")
+    misses: list[Path] = []
+    for entry in sys.path:
+        base = Path(entry or ".").resolve()
+        found = _resolve(base, parts)
+        if found is not None:
+            return Module(name, found, base, tuple(misses))
+        misses += [base / parts[0] / "__init__.py", base / f"{parts[0]}.py"]
+    raise NotInstalled(f"no {name} on this Python's module path ({sys.executable}); install the package that "
+                       f"provides it into the environment kforge runs in, or fix the name")
+
+
+def _resolve(base: Path, parts: list[str]) -> Path | None:
+    """base/a/b/c.py or base/a/b/c/__init__.py, every folder on the way a package (regular or namespace)."""
+    folder = base.joinpath(*parts[:-1])
+    if not folder.is_dir():
+        return None
+    for candidate in (folder / parts[-1] / "__init__.py", folder / f"{parts[-1]}.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _imports(path: Path, base: Path) -> list[Path]:
+    """The module files an import statement of path names, resolved under base (absolute) or path's package
+    (relative); each `from x import y` may name a module x.y or a name in x, so both are tried."""
+    found = []
+    package = path.parent
+    for node in ast.walk(sources.parse(path)):
+        if isinstance(node, ast.Import):
+            dotted, start = [a.name for a in node.names], base
+        elif isinstance(node, ast.ImportFrom):
+            start = base if node.level == 0 else sources.up(package, node.level - 1)
+            mod = node.module.split(".") if node.module else []
+            dotted = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
+        else:
+            continue
+        for name in dotted:
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):   # importing a.b.c runs a, a.b and a.b.c
+                f = _resolve(start, parts[:depth]) if start.is_dir() else None
+                if f is not None:
+                    found.append(f)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _distribution(base: str, top: str) -> tuple[str, str]:
+    """The dist-info folder in base whose top_level.txt or RECORD names the package `top`."""
+    for info in sorted(Path(base).glob("*.dist-info")):
+        try:
+            names = (info / "top_level.txt").read_text().split() if (info / "top_level.txt").is_file() else [
+                line.split("/", 1)[0] for line in (info / "RECORD").read_text().splitlines() if "/" in line]
+        except OSError:
+            continue
+        if top in names:
+            meta = _metadata(info)
+            if meta.get("Name") and meta.get("Version"):
+                return meta["Name"], meta["Version"]
+    return "", ""
+
+
+def _metadata(info: Path) -> dict[str, str]:
+    """Name and Version from a dist-info METADATA file (its header lines: no email parser needed)."""
+    found = {}
+    try:
+        for line in (info / "METADATA").read_text(errors="replace").splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            if key in ("Name", "Version"):
+                found[key] = value.strip()
+    except OSError:
+        pass
+    return found

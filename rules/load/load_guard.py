@@ -1,0 +1,211 @@
+"""Loading the catalog runs the project's code, bounded: a Python catalog file (rules/declare/python_catalog.py) and the import
+of a family's module by the probe (rules/load/entry_probe.py) each run in a child process that
+
+  - says what it is loading once it has taken a few seconds (a hang is otherwise a silent `doit list`),
+  - is stopped at catalog_timeout (rules/base/settings.py) with one line naming the file and the setting to raise,
+  - may allocate at most catalog_memory: RLIMIT_DATA, not RLIMIT_AS, which counts address space reserved and
+    never used (CUDA and torch map many GB of it at import),
+  - runs in a process group of its own that is killed when the load ends, however it ends: what it started
+    (a `sleep 600`, a server) outlives neither it nor the load; and it dies with its parent (PR_SET_PDEATHSIG).
+
+A catalog is trusted code (README's threat model); this is for diagnosis, not containment: a process that
+leaves its group (setsid) or ignores its parent's death is not followed.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from kforge.base import settings
+from kforge.base.errors import SpecError
+from kforge.load.isolate import die_with_parent
+
+NOTICE_S = 5.0   # a load taking longer says what it is loading (earlier under a smaller catalog_timeout)
+
+
+class TooLong(SpecError):
+    """The child ran past catalog_timeout; the message names what it was loading and the setting."""
+
+
+def run(fn: Callable[[], object], shown: str) -> object:
+    """fn() in a forked child (its result pickled back); SpecError for what it raised, ran past the time limit
+    or ran out of memory. `shown` is the file it loads, as messages show it."""
+    memory = settings.get("catalog_memory")
+    wait = Wait(shown, "the catalog file", f"python {shown}")
+    sys.stdout.flush()
+    sys.stderr.flush()   # or the child would write what is buffered a second time
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:   # never returns
+        os.close(read_end)
+        _child(fn, write_end, parent, memory, shown)
+    os.close(write_end)
+    _own_group(pid)   # set by both sides: a kill right after fork must find the group
+    try:
+        data = _receive(read_end, wait)
+    finally:
+        os.close(read_end)
+        status = _end(pid)
+    if data is None:
+        raise SpecError(f"{shown}: the process loading it died ({_death(status)}) before it returned; run "
+                        f"`python {shown}` to see why")
+    kind, value = pickle.loads(data)
+    if kind == "memory":
+        raise SpecError(f"{shown}: ran out of memory at catalog_memory={_size(memory)}; raise it (catalog_memory="
+                        f"SIZE or KFORGE_CATALOG_MEMORY, e.g. 16G) if the file needs more")
+    if kind == "error":
+        raise SpecError(value)
+    return value
+
+
+def popen(args: list[str], **kwargs) -> subprocess.Popen:
+    """subprocess.Popen for a child that imports the project's modules: its own process group (stop() kills
+    it and all it started), catalog_memory, and it dies with this process."""
+    memory, parent = settings.get("catalog_memory"), os.getpid()
+    return subprocess.Popen(args, process_group=0, preexec_fn=lambda: _limit(parent, memory), **kwargs)
+
+
+def stop(child: subprocess.Popen) -> None:
+    """Kill a popen() child and everything it started."""
+    _kill_group(child.pid)
+    child.wait()
+
+
+def await_reply(stream, where: str, doing: str, look: str) -> None:
+    """Wait until a popen() child's output `stream` has a line to read; TooLong past catalog_timeout."""
+    wait = Wait(where, doing, look)
+    if not wait.readable(stream.fileno()):
+        raise TooLong(wait.too_long())
+
+
+def memory_hint(error: str) -> str:
+    """A child's one-line error, with the setting to raise when it ran out of memory."""
+    if "MemoryError" not in error:
+        return error
+    memory = _size(settings.get("catalog_memory"))
+    return (f"{error.rstrip(': ')} (at catalog_memory={memory}; raise it: catalog_memory=SIZE or "
+            f"KFORGE_CATALOG_MEMORY, e.g. 16G)")
+
+
+class Wait:
+    """Waiting on a child that is `doing` something for `where` (the file, as messages show it): one notice once
+    it has taken a few seconds, a stop at catalog_timeout; `look` is the command that shows where it hangs."""
+
+    def __init__(self, where: str, doing: str, look: str):
+        self.where, self.doing, self.look = where, doing, look
+        self.limit = settings.get("catalog_timeout")
+        self.started, self.noticed = time.monotonic(), False
+
+    def readable(self, fd: int) -> bool:
+        """True once fd has something to read; False at the time limit."""
+        notice_at = min(NOTICE_S, self.limit / 2)
+        while True:
+            elapsed = time.monotonic() - self.started
+            if elapsed >= self.limit:
+                return False
+            until = self.limit if self.noticed else notice_at
+            if select.select([fd], [], [], max(0.0, until - elapsed))[0]:
+                return True
+            if not self.noticed and time.monotonic() - self.started >= notice_at:
+                took = time.monotonic() - self.started
+                sys.stderr.write(f"kforge: loading {self.where} ({self.doing}) for {took:.0f} s so far; stopped at "
+                                 f"{self.limit:g} s (catalog_timeout)\n")
+                self.noticed = True
+
+    def too_long(self) -> str:
+        return (f"{self.where}: {self.doing} ran past catalog_timeout ({self.limit:g} s) and was stopped; see where "
+                f"it hangs with `{self.look}`, or raise the limit (catalog_timeout=SECONDS or KFORGE_CATALOG_TIMEOUT) "
+                f"if it needs longer")
+
+
+def _receive(fd: int, wait: Wait) -> bytes | None:
+    """The child's pickled answer (8-byte length, then the data), or None if it died first; TooLong at the
+    time limit. The length, not the end of the pipe, ends the read: a process the catalog forked may hold the
+    pipe open."""
+    data = b""
+    while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+        if not wait.readable(fd):
+            raise TooLong(wait.too_long())
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return None
+        data += chunk
+    return data[8:]
+
+
+def _child(fn: Callable[[], object], fd: int, parent: int, memory: int, shown: str) -> None:
+    try:
+        _own_group(0)
+        _limit(parent, memory)
+        try:
+            answer = ("ok", fn())
+        except MemoryError:
+            answer = ("memory", None)
+        except SpecError as e:
+            answer = ("error", str(e))
+        except BaseException as e:   # fn reports the catalog's own failures; this is kforge's
+            answer = ("error", f"{shown}: loading it failed: {type(e).__name__}: {e}")
+        try:
+            data = pickle.dumps(answer)
+        except MemoryError:
+            data = pickle.dumps(("memory", None))
+        except Exception as e:   # a value family() was given that cannot leave the process
+            data = pickle.dumps(("error", f"{shown}: a family's arguments must be plain values (strings, numbers, "
+                                          f"booleans, lists and dicts of them): {type(e).__name__}: {e}"))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(fd, "wb") as f:
+            f.write(len(data).to_bytes(8, "little") + data)
+    finally:
+        os._exit(0)   # no atexit handler of the parent's (scratch.sweep) runs in the child
+
+
+def _limit(parent: int, memory: int) -> None:
+    """In the child, before it runs the project's code: die with the parent, allocate at most `memory`."""
+    die_with_parent(parent)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
+
+
+def _own_group(pid: int) -> None:
+    try:
+        os.setpgid(pid, pid or os.getpid())
+    except OSError:   # the child set it already, or has exited
+        pass
+
+
+def _end(pid: int) -> int:
+    """Kill the child's group (the child, if it still runs, and whatever it started); its exit status."""
+    _kill_group(pid)
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return 0
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _death(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def _size(n: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if n % settings.SIZE_UNITS[unit] == 0:
+            return f"{n // settings.SIZE_UNITS[unit]}{unit}"
+    return str(n)

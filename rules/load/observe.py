@@ -1,0 +1,277 @@
+"""What a process reads beyond the toolchain, and the name each file goes by on any machine.
+
+A compile's inputs are what its process actually read, as gcc -MD writes them into a depfile: reading a
+library's source to guess (rules/load/sources.py, rules/load/installed.py) misses a module imported by a name computed
+at run time, a data file read at import, a helper reached through a module object. Two processes observe
+themselves: the probe that imports a family's module while the catalog loads (rules/load/entry_probe.py), and the
+compile server (rules/compile/core.py).
+
+How: a Python audit hook (sys.addaudithook, PEP 578). Every way Python reads a file raises the "open" event
+before the read: open() and io.open, io.open_code (which the import system uses for every source and .pyc,
+whatever imported it: an import statement, importlib.import_module after a sys.path insert, __import__,
+runpy, spec_from_file_location, pkgutil.get_data), os.open, so nothing can read a file around it, and the
+hook sees the path as the library gave it. Alternatives were weighed: wrapping builtins.open and the
+import system misses io.open_code and os.open; strace-like tracing needs a tool per platform and cannot
+tell a process's own reads from its compiler's. The hook also checks, when recording stops, the __file__ of
+each module that appeared (an extension module is loaded by dlopen, which raises no "open"), and records the
+shared libraries ctypes loads by path ("ctypes.dlopen").
+
+Folder listings: os.listdir and os.scandir raise "os.listdir" / "os.scandir", and glob.glob, os.walk,
+pkgutil.iter_modules and pathlib's iterdir / glob / rglob all list through them. A listed folder is an input
+by its listing, the sorted names in it (a config added to a folder a library globs), named `<folder>/`.
+The import system's own listings (importlib's FileFinder filling its cache) are not: what an import found is
+recorded as the file it read. Python's __pycache__ folder is left out of a listing (the interpreter adds it).
+
+Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
+the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
+listings of the project folder or of a module path entry itself.
+
+Not recorded: the toolchain (the standard library; torch, triton, flydsl, kforge and the distributions they
+require: the toolchain fingerprint and the catalog's stamp cover them), out/, package metadata (*.dist-info:
+the entry points a plugin lookup scans; an installed kernel module's distribution version is in its key),
+and files outside the project and the module path (a compiler's temporary files, /proc, /etc, the home
+directory).
+
+Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
+(`kfl/ops/scale.py`, `kernels/gemm.py`), the same on every machine and checkout; resolve() finds it again
+as Python would, in the first of them that has it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Iterable
+
+# the distributions whose files (and whose requirements' files) are the toolchain, not inputs
+TOOLCHAIN = ("triton", "torch", "flydsl", "kforge", "doit")
+
+
+def bases(root: str, path: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The folders files are named relative to: the project and the module path's entries, deepest first."""
+    found = {os.path.realpath(p or ".") for p in (root, *(sys.path if path is None else path))}
+    return tuple(sorted((b for b in found if os.path.isdir(b)), key=lambda b: (-len(b), b)))
+
+
+def name_of(path: str, folders: tuple[str, ...]) -> str:
+    """`path` relative to the deepest folder holding it; the absolute path when none does."""
+    real = os.path.realpath(path)
+    for folder in folders:
+        if real.startswith(folder + os.sep):
+            return real[len(folder) + 1:]
+    return real
+
+
+def search_path(root: str) -> tuple[str, ...]:
+    """Where resolve() looks, in order: the project (first on every compile's path), then the module path."""
+    found: dict[str, None] = {}
+    for p in (root, *sys.path):
+        real = os.path.realpath(p or ".")
+        if os.path.isdir(real):
+            found.setdefault(real)
+    return tuple(found)
+
+
+def resolve(name: str, folders: tuple[str, ...]) -> str | None:
+    """The file (or, for `<folder>/`, the folder) a name stands for here: the first of search_path's folders
+    that has it."""
+    exists = os.path.isdir if name.endswith("/") else os.path.isfile   # `<folder>/`: a listing
+    if os.path.isabs(name):
+        return name if exists(name) else None
+    for folder in folders:
+        candidate = os.path.join(folder, name)
+        if exists(candidate):
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_dirs() -> tuple[str, ...]:
+    """The standard library and the folders of the toolchain distributions and everything they require."""
+    import importlib.metadata
+    import re
+    import sysconfig
+    # the base interpreter's: a virtualenv's own lib/pythonX.Y holds site-packages, which is not the toolchain
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
+    todo, seen = list(TOOLCHAIN), set()
+    while todo:
+        name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if getattr(dist, "_path", None) is not None:   # its own metadata (entry points, RECORD)
+            dirs.add(os.path.realpath(dist._path))
+        todo += [r for r in dist.requires or () if "extra ==" not in r]
+        base = os.path.realpath(dist.locate_file(""))
+        tops = (dist.read_text("top_level.txt") or "").split() or {
+            f.parts[0] for f in dist.files or () if not f.parts[0].endswith((".dist-info", ".data"))
+            and f.parts[0] not in ("..", "bin")}
+        for top in tops:   # a package's folder, or a one-file module (typing_extensions.py)
+            dirs.update((os.path.join(base, top), os.path.join(base, top + ".py")))
+    import kforge
+    import kforge_runtime   # kforge's own folders, wherever it is installed (editable: the checkout)
+    dirs.update(os.path.dirname(os.path.realpath(m.__file__)) for m in (kforge, kforge_runtime))
+    return tuple(sorted(dirs))
+
+
+class Recorder:
+    """Records the files this process reads while active (one audit hook per process, installed once)."""
+    installed: "Recorder | None" = None
+
+    def __init__(self, root: str):
+        self.root = os.path.realpath(root)
+        self.skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
+        self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
+        self.seen: set[str] = set()
+        self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
+        self._listing = False   # the hook's own listdir raises the event too
+        self.modules: set[str] = set(sys.modules)
+        self.active = False
+        self.since_ns = 0
+
+    @classmethod
+    def install(cls, root: str) -> "Recorder":
+        if cls.installed is None:
+            cls.installed = cls(root)
+            sys.addaudithook(cls.installed._hook)
+        return cls.installed
+
+    def start(self) -> None:
+        """Forget what was recorded; record from now on."""
+        self.seen, self.listed, self.modules = set(), {}, set(sys.modules)
+        self.active, self.since_ns = True, time.time_ns()
+
+    def _hook(self, event: str, args: tuple) -> None:
+        # called for every audited event of the process: the cheap tests first
+        if not self.active:
+            return
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            if not isinstance(path, str):   # an open file descriptor: already opened by path
+                return
+            if mode is not None and any(c in mode for c in "wax+"):
+                return
+            if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
+                return
+            self.seen.add(path)
+        elif event in LISTINGS:
+            path = "." if args[0] is None else args[0]
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            # the import system's listing (FileFinder's cache) is how it finds a module, not what it read
+            if isinstance(path, str) and not self._listing and sys._getframe(1).f_code.co_filename != IMPORT_SYSTEM:
+                self._list(os.path.abspath(path))
+        elif event == "ctypes.dlopen":
+            name = args[0]
+            if isinstance(name, str) and os.sep in name:   # by path; a bare name is the dynamic linker's search
+                self.seen.add(name)
+
+    def files(self) -> set[str]:
+        """The absolute real paths recorded since start(), filtered (see the module docstring)."""
+        found = set(self.seen)
+        for name in set(sys.modules) - self.modules:   # modules that appeared: their file (a dlopen'ed one too)
+            module = sys.modules.get(name)
+            where = vars(module).get("__file__") if module is not None else None   # vars: runs no __getattr__
+            if isinstance(where, str):
+                found.add(where)
+        return {f for f in map(self._source, found) if f is not None}
+
+    def _list(self, path: str) -> None:
+        """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
+        is then a changed input on the next one). The toolchain's and out/'s folders are not listed again."""
+        if path not in self.listed and not (path + os.sep).startswith(self.skip):
+            self._listing = True
+            try:
+                self.listed[path] = listing_digest(path)
+            except OSError:   # not a folder: the caller gets the error
+                pass
+            finally:
+                self._listing = False
+
+    def folders(self) -> dict[str, str]:
+        """{absolute real path: digest of its listing} of the folders listed since start(), filtered as files()
+        are."""
+        found = {}
+        for path, digest in self.listed.items():
+            real = self._folder(path)
+            if real is not None:
+                found[real] = digest
+        return found
+
+    def _folder(self, path: str) -> str | None:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real) or (real + os.sep).startswith(self.skip) or real.endswith(METADATA):
+            return None
+        return real if self._inside(real) else None
+
+    def _inside(self, real: str) -> bool:
+        """Strictly inside the project or a module path entry: where names are the same on every machine."""
+        return any(real.startswith(b + os.sep) for b in (self.root, *(os.path.realpath(p or ".") for p in sys.path)))
+
+    def _source(self, path: str) -> str | None:
+        real = os.path.realpath(path)
+        if "__pycache__" in real and real.endswith(".pyc"):   # a cached module: its source is the input
+            import importlib.util
+            try:
+                real = importlib.util.source_from_cache(real)
+            except ValueError:
+                return None
+        if real.startswith(self.skip) or real in self.skip_files or not os.path.isfile(real):
+            return None
+        if any(m + os.sep in real for m in METADATA):   # metadata, e.g. entry points a plugin lookup scans: the
+            return None                                # version is keyed
+        return real if self._inside(real) else None
+
+    def owned_modules(self) -> list[str]:
+        """The names of the modules imported since start() that are not the toolchain's: what a fresh import of
+        another kernel module must not find already imported."""
+        skip = self.skip
+        found = []
+        for name in set(sys.modules) - self.modules:
+            module = sys.modules.get(name)
+            where = vars(module).get("__file__") if module is not None else None
+            paths = [where] if isinstance(where, str) else list(vars(module).get("__path__") or ())
+            if paths and not any(os.path.realpath(p).startswith(skip) for p in paths):
+                found.append(name)
+        return found
+
+
+def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0,
+            listed: dict[str, str] | None = None) -> list[list[str]]:
+    """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
+    (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since
+    `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which no
+    content matches, so the next run rebuilds."""
+    found = {}
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                data, st = f.read(), os.fstat(f.fileno())
+        except OSError:
+            continue
+        digest = hashlib.sha256(data).hexdigest() if st.st_ctime_ns < since_ns or not since_ns else CHANGED
+        found[name_of(path, folders)] = digest
+    for path, digest in (listed or {}).items():
+        found[name_of(path, folders) + "/"] = digest
+    return [[n, found[n]] for n in sorted(found)]
+
+
+def listing_digest(folder: str) -> str:
+    """sha256 of a folder's listing: its names, sorted, one per line, without __pycache__ (OSError if gone)."""
+    names = sorted(n for n in os.listdir(folder) if n != "__pycache__")
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+
+CHANGED = "changed-while-read"
+LISTINGS = ("os.listdir", "os.scandir")
+METADATA = (".dist-info", ".egg-info")   # a distribution's metadata folder
+IMPORT_SYSTEM = "<frozen importlib._bootstrap_external>"

@@ -1,0 +1,205 @@
+"""Kernel sources read without importing them: entry functions, local imports, content digests.
+
+Project source is what the project itself wrote: a .py file under the root that is not inside out/, a hidden
+directory (.venv, .git, .tox), a virtualenv (a directory holding pyvenv.cfg) or an installed-packages directory.
+Only project source is followed for imports, keyed, or renamed in binaries (rules/compile/triton_backend.py): an
+in-tree virtualenv's torch is a dependency, not the project's code.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from pathlib import Path
+
+
+def parse(path: Path) -> ast.Module:
+    """The file's AST, parsed once per process and file version."""
+    return _parse_version(path, *_version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_version(path: Path, *version) -> ast.Module:
+    return ast.parse(path.read_bytes(), filename=str(path))
+
+
+def _version(path: Path) -> tuple:
+    """What the per-process caches of file contents are keyed by besides the path: a file edited while the
+    process runs (a test, a long-lived tool) is read again, even one edited in place with its mtime put back
+    (rules/base/stamps.py: the ctime tells)."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
+def function_names(path: Path) -> list[str]:
+    return [n.name for n in parse(path).body if isinstance(n, ast.FunctionDef)]
+
+
+def function_params(path: Path, name: str) -> tuple[str, ...] | None:
+    """Parameter names of the module-level function `name`, or None if there is none."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+    return None
+
+
+def function_defaults(path: Path, name: str) -> dict:
+    """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
+    `bias=None`); a default that is not a literal (`tl.float32`, a name) is left out."""
+    for node in parse(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            found = {}
+            for arg, default in pairs:
+                try:
+                    value = ast.literal_eval(default)
+                except ValueError:
+                    continue
+                if value is None or isinstance(value, (bool, int, float, str)):
+                    found[arg.arg] = value
+            return found
+    return {}
+
+
+def module_name(path: Path, root: Path) -> str:
+    """kernels/gemm.py under root -> 'kernels.gemm' (what the compiling process imports)."""
+    rel = path.resolve().relative_to(root.resolve()).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def module_base(path: Path, module: str) -> Path:
+    """The sys.path entry the module `module` at `path` is imported from (module_name's inverse): the project
+    root for a project file, site-packages for an installed one."""
+    depth = len(module.split(".")) + (path.name == "__init__.py")
+    return path.parents[depth - 1]
+
+
+BUILD_DIR = "out"   # at the root: kforge's outputs
+NOT_PROJECT_DIRS = {"site-packages", "dist-packages", "__pycache__", "node_modules"}   # at any depth
+
+
+def project_source_problem(path: Path, root: Path) -> str | None:
+    """Why `path` is not project source (see the module docstring), or None when it is."""
+    try:
+        rel = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return f"it is outside the project ({root})"
+    folders = rel.parts[:-1]
+    for i, part in enumerate(folders):
+        if part.startswith("."):
+            return f"it is inside the hidden directory {'/'.join(folders[:i + 1])}/"
+        if part in NOT_PROJECT_DIRS or (i == 0 and part == BUILD_DIR):
+            return f"it is inside {'/'.join(folders[:i + 1])}/, which holds no project source"
+        if _is_virtualenv(root.resolve().joinpath(*folders[:i + 1])):
+            return f"it is inside the virtualenv {'/'.join(folders[:i + 1])}/"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _is_virtualenv(directory: Path) -> bool:
+    return (directory / "pyvenv.cfg").is_file()
+
+
+def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tuple[Path, ...]:
+    """The source and every project module it imports, transitively, with the package __init__.py files that
+    importing any of them runs, sorted (the files its binary depends on). `misses`, if given, collects the
+    project files an import looked for and did not find (`import torch`: <root>/torch/__init__.py,
+    <root>/torch.py): a file created there would change the closure."""
+    seen: set[Path] = set()
+    root = root.resolve()
+    todo = [path.resolve()]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo += [q for q in (*_local_imports(p, root, misses), *package_inits(p, root))
+                 if q not in seen and project_source_problem(q, root) is None]
+    return tuple(sorted(seen))
+
+
+def package_inits(path: Path, root: Path) -> list[Path]:
+    """The __init__.py of every package a module lies in, below the project root: importing it runs them."""
+    found = []
+    for folder in path.parents:
+        if folder == root or root not in folder.parents:
+            break
+        init = folder / "__init__.py"
+        if init.is_file() and init != path:
+            found.append(init.resolve())
+    return found
+
+
+# calls that import a module named at run time: what they load cannot be read from the source
+DYNAMIC_IMPORTS = {"__import__", "import_module", "spec_from_file_location", "run_path", "SourceFileLoader"}
+
+
+def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:
+    found = []
+    package = path.parent
+    tree = parse(path)
+    if any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) or getattr(n.func, "attr", None))
+           in DYNAMIC_IMPORTS for n in ast.walk(tree)):
+        found += _package_files(path, root)   # a run-time import: every module it could load counts
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+            bases = [root]
+        elif isinstance(node, ast.ImportFrom):
+            base = root if node.level == 0 else up(package, node.level - 1)
+            mod = node.module.split(".") if node.module else []
+            names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
+            bases = [base]
+        else:
+            continue
+        for base in bases:
+            for dotted in names:
+                f = _resolve(base, dotted.split("."), misses)
+                if f is not None:
+                    found.append(f)
+    return found
+
+
+def _package_files(path: Path, root: Path) -> list[Path]:
+    """Every project .py file of the top-level package `path` lies in (of the whole project for a module at
+    its root): the modules a run-time import in it could load."""
+    rel = path.resolve().relative_to(root)
+    top = root / rel.parts[0] if len(rel.parts) > 1 else root
+    return sorted(f.resolve() for f in top.rglob("*.py") if project_source_problem(f, root) is None)
+
+
+def up(p: Path, n: int) -> Path:
+    for _ in range(n):
+        p = p.parent
+    return p
+
+
+def _resolve(base: Path, parts: list[str], misses: set[Path] | None = None) -> Path | None:
+    """The project source file a dotted import names under base (package/__init__.py or module.py)."""
+    target = base.joinpath(*parts)
+    candidates = (target / "__init__.py", target.with_suffix(".py"))   # Python's order: a package first
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    if misses is not None:
+        misses.update(candidates)
+    return None
+
+
+def digest_files(paths: tuple[Path, ...], root: Path) -> tuple[tuple[str, str], ...]:
+    """(relative path, sha256 of content) per file: content, not mtime, so a touch changes nothing."""
+    return tuple((str(p.relative_to(root.resolve())), _sha256(p)) for p in paths)
+
+
+def _sha256(path: Path) -> str:
+    return _sha256_version(path, *_version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256_version(path: Path, *version) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

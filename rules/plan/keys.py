@@ -1,0 +1,103 @@
+"""Action keys: one sha256 over everything a target's binary depends on.
+
+The same key decides doit's up-to-date check (it is compared with the key saved in the artifact's meta.json)
+and names the artifact's provenance: the remote cache looks artifacts up by it (rules/share/remote_cache.py).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+
+from kforge.base import stamps
+from kforge.base.archs import ARCHS
+from kforge.store.files import JsonState
+from kforge_runtime import schema
+
+# Environment variables that change what a compiler emits. Cache and dump locations don't.
+_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
+# TRITON_PTXAS*_PATH: which ptxas runs is in the key by its version line, not by where it lies (machines
+# with ptxas elsewhere still share cache entries).
+_ENV_IGNORED = {"TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
+                "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+                "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "FLYDSL_RUNTIME_CACHE_DIR",
+                "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR", "FLYDSL_AUTOTUNE_CACHE_DIR",
+                "FLYDSL_GPU_ARCH"}   # FLYDSL_GPU_ARCH: kforge sets it per target
+
+
+def compiler_env() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED))
+
+
+@functools.lru_cache(maxsize=None)
+def package_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+def _triton_dir() -> Path | None:
+    spec = importlib.util.find_spec("triton")
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def ptxas_path(sm: int) -> Path | None:
+    """The ptxas Triton uses for this SM (ptxas-blackwell from sm_100 on), honouring Triton's overrides."""
+    name = "ptxas-blackwell" if sm >= 100 else "ptxas"
+    override = os.environ.get(f"TRITON_{name.upper().replace('-', '_')}_PATH")
+    if override and Path(override).is_file():
+        return Path(override)
+    tdir = _triton_dir()
+    default = tdir / "backends" / "nvidia" / "bin" / name if tdir else None
+    return default if default and default.is_file() else None
+
+
+class ToolVersions(JsonState):
+    """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json because running
+    a tool costs ~25 ms. Read while tasks are generated; saved by the reporter at the end of a run."""
+
+    def __call__(self, tool: Path | None) -> str:
+        if tool is None:
+            return "missing"
+        st = tool.stat()
+        stamp = f"{tool}:{st.st_size}:{st.st_mtime_ns}"
+        if stamp not in self.entries:
+            try:
+                out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
+                lines = out.stdout.strip().splitlines()
+                line = lines[-1] if out.returncode == 0 and lines else f"unusable (exit {out.returncode})"
+            except (OSError, subprocess.SubprocessError) as e:   # not executable, hangs: its targets say so
+                line = f"unusable ({type(e).__name__})"
+            self.entries[stamp] = line
+            self.changed = True
+        return self.entries[stamp]
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path) -> tuple[tuple[str, str], ...]:
+    """What identifies the compiler for one (toolchain, arch family). Writes nothing."""
+    versions = ToolVersions.of(cache_file)
+    parts = [(toolchain, package_version(toolchain))]
+    if toolchain == "triton" and vendor == "nvidia":
+        parts.append(("ptxas", versions(ptxas_path(sm))))
+    if toolchain == "flydsl":   # "missing": its targets fail with the fix; the key notes the absence
+        from kforge.compile import amd_linker
+        parts.append(("ld.lld", amd_linker.key_part(versions)))
+    return tuple(parts)
+
+
+def fingerprint_for(toolchain: str, arch: str, cache_file: Path) -> tuple[tuple[str, str], ...]:
+    """toolchain_fingerprint for a target's toolchain and arch name."""
+    a = ARCHS[arch]
+    return toolchain_fingerprint(toolchain, a.vendor, a.target_arch if isinstance(a.target_arch, int) else 0,
+                                 cache_file)
+
+
+def action_key(payload: dict) -> str:
+    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py builds the payload)."""
+    return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, **payload})

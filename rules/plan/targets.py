@@ -1,0 +1,281 @@
+"""Specs -> Targets (rules/base/target.py): one per (kernel, config, arch), each with its action key and artifact
+directory."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge.load import device_model
+from kforge.plan import keys
+from kforge.base.archs import ARCHS
+from kforge.base.layout import Layout
+from kforge.base.errors import SpecError
+from kforge.declare.spec_model import TYPE_VAR_RE, Spec
+from kforge.declare.triton_options import OPTIONS, arch_problem
+from kforge.base.dtypes import canonical_arg_type
+from kforge.declare.sweep import config_id
+from kforge.base.target import COMPILE_TIME, Target
+
+
+def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
+                  read: set[Path] | None = None, fails: Callable | None = None) -> list[Target]:
+    """Every target of the specs for the archs (None: all). `read`, if given, collects the kernel source files
+    the targets were computed from, and those an import looked for in vain (rules/plan/catalog.py stamps them).
+    A family that fails is a SpecError, or, given `fails`, fails(spec, error) and the others go on."""
+    targets: list[Target] = []
+    seen: dict[str, str] = {}
+    for spec in specs:
+        try:
+            if spec.name in seen:
+                raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
+                                f"target names must be unique: rename one [kernel] name")
+            targets += spec_targets(spec, root, arch_filter, read)
+            seen[spec.name] = spec.path
+        except SpecError as e:
+            if fails is None:
+                raise
+            fails(spec, e)
+    return targets
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every config of one (spec, arch) shares: computed once, not per target."""
+    spec: Spec
+    arch: str
+    source: str
+    module: str
+    digests: tuple[tuple[str, str], ...]
+    versions: tuple[tuple[str, str], ...]
+    key: str   # the digest of all of the above that goes into each target's key
+    out: str          # the project's out/
+    family_dir: str   # out/<arch>/<kernel>: each target's artifact directory is <family_dir>/<config_id>
+    signatures: dict  # type-variable values -> the resolved signature, made once each
+    function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
+    env: tuple        # the family's environment on this arch ([env], [arch.<arch>.env])
+    notes: tuple = ()   # what doit info says of the family on this arch: its autotuner, its overrides
+
+
+def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
+                 read: set[Path] | None = None) -> list[Target]:
+    from kforge.load import sources   # parses kernel sources: only where the catalog is computed, not loaded
+    layout = Layout.of(root)
+    distribution: tuple[str, str] = ("", "")
+    if spec.module:   # an installed module: its closure within its package, and its distribution's version
+        from kforge.load import installed
+        found = installed.find(spec.module)
+        source, module, closure, misses = found.path, spec.module, found.closure(), set(found.misses)
+        digests, distribution = sources.digest_files(closure, found.base), found.distribution()
+    else:
+        source = (root / spec.source).resolve()
+        misses = set()
+        closure = sources.local_closure(source, root, misses)
+        digests, module = sources.digest_files(closure, root), sources.module_name(source, root)
+    if read is not None:   # the files the targets depend on, and those whose creation would change them
+        read.update(closure, misses)
+    env = keys.compiler_env()
+    # the set-up hooks' sources are in every key: what they do shapes the import the compile sees
+    setup = [(ref, _function_sources(ref, root, f"{spec.path}: [kernel] setup", read, {}, "a set-up function"))
+             for ref in spec.setup]
+    result = []
+    for arch_name in spec.archs:
+        if arch_filter is not None and arch_name not in arch_filter:
+            continue
+        versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
+        # a heuristic's value the spec gives ([override], rules/declare/spec.py) is pinned: its rule is never run
+        fixed = {**dict(spec.constants), **spec.on_arch(arch_name), **dict.fromkeys(spec.configs.params)}
+        pinned = tuple(d for d in spec.derived if d in fixed)
+        family_env = spec.env_on(arch_name)
+        # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
+        # digest with its own values (a 5,000-target no-op run pays one small hash per target).
+        key = keys.action_key({
+            "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
+            "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
+            **({"family_env": family_env} if family_env else {}),
+            **({"overrides": pinned} if pinned else {}),
+            **({"device": device_model.row(arch_name)} if spec.device_model else {}),
+            **({"setup": setup} if setup else {}),
+            **({"distribution": distribution} if spec.module else {})})
+        notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ())
+        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, str(layout.out),
+                         str(layout.family_dir(arch_name, spec.name)), {},
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
+                         family_env, notes)
+        configs = spec.configs.on(arch_name)
+        if spec.reads_args:   # the module's own code, asked in a child process (rules/load/entry_probe.py)
+            from kforge.load.entry_probe import Probe
+            probe = Probe.of(root, **spec.importing(arch_name))
+            configs = list(configs)
+            if "prune" in dict(spec.notes):   # the configs its autotuner would try, as it prunes them
+                configs = _pruned(spec, arch_name, configs, probe, module)
+            if len(pinned) < len(spec.derived):   # the entry's @triton.heuristics, on each config
+                given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
+                pointers = [_pointer_types(spec, known) for known in given]
+                derived = probe.heuristics(module, spec.entry, given, pointers, spec.path, pinned, spec.name)
+                result += [_target(shared, c, d) for c, d in zip(configs, derived)]
+                continue
+        result += [_target(shared, config) for config in configs]
+    return result
+
+
+def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
+    """The configs of one arch as the entry's autotuner prunes them (rules/load/entry_probe.py): per group of configs
+    that share the spec's own values (everything but the autotuned parameters), the library's pruner is given
+    the group's autotune configs and the launch's arguments the spec knows (shape hints, pointers as empty
+    tensors; constexprs as keyword arguments). What it keeps, or rewrites (num_stages set from the shared
+    memory it computes, say), are the targets; the spec's [[exclude]] still apply to them."""
+    groups: dict[tuple, list[dict]] = {}
+    for c in configs:
+        own = tuple((p, v) for p, v in c if p not in spec.tuned)
+        groups.setdefault(own, []).append({p: v for p, v in c if p in spec.tuned})
+    requests = []
+    for own in groups:
+        known = {**dict(spec.constants), **spec.on_arch(arch), **dict(own)}
+        kinds = dict(spec.signature)
+        requests.append({
+            "configs": groups[own], "pointers": _pointer_types(spec, known),
+            "args": {a: v for a, v in known.items() if a in kinds and kinds[a] not in COMPILE_TIME},
+            "kwargs": {a: v for a, v in known.items() if kinds.get(a) in COMPILE_TIME and a not in spec.tuned}})
+    kept = probe.prune(module, spec.entry, requests, spec.path, spec.name)
+    found: dict[tuple, None] = {}
+    ids: dict[str, tuple] = {}
+    for own, chosen in zip(groups, kept):
+        for values in chosen:
+            if set(values) != set(spec.tuned):
+                raise SpecError(f"{spec.path}: the autotuner of {module}.{spec.entry} pruned its configs into one "
+                                f"that sets {sorted(values)}, not {sorted(spec.tuned)}; kforge sweeps configs that "
+                                f"set the same parameters")
+            merged = {**dict(own), **values}
+            config = tuple((p, merged[p]) for p in spec.configs.params)
+            if config in found or any(ex.matches(config, arch) for ex in spec.excludes):
+                continue
+            _check_pruned(spec, arch, config, ids)
+            found[config] = None
+    return list(found)
+
+
+def _check_pruned(spec: Spec, arch: str, config: tuple, ids: dict) -> None:
+    """A config the pruner rewrote has values the spec's sweep was never checked with: an option's value, and
+    an id that must stay a safe name, unique on the arch."""
+    from kforge.declare.sweep import CONFIG_ID
+    from kforge.declare.triton_options import value_problem
+    for p, v in config:
+        problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
+        if problem:
+            raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
+    cid = config_id(spec, config)
+    if not CONFIG_ID.fullmatch(cid):
+        raise SpecError(f"{spec.path}: the autotuner's pruner made config {dict(config)}, whose id {cid!r} is not a "
+                        f"safe name; change [kernel] id")
+    if cid in ids:
+        raise SpecError(f"{spec.path}: the autotuner's pruner made configs {dict(ids[cid])} and {dict(config)} on "
+                        f"{arch}, which both get id {cid!r}; add the differing parameter to [kernel] id")
+    ids[cid] = config
+
+
+def _pointer_types(spec, known: dict) -> dict:
+    """{pointer argument: its element type} with the config's type variables filled in (for heuristics)."""
+    found = {}
+    for a, t in spec.signature:
+        if t.startswith("*"):
+            canon = canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(known.get(m[1])), t))
+            if canon is not None:
+                found[a] = canon[1:]
+    return found
+
+
+def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
+    """(closure, the base its paths are relative to, misses) of the module a "module:name" reference names:
+    a project module first (as the compile finds it: the project is first on its path), else an installed
+    one. SpecError when neither has it, or the module defines no such function."""
+    from kforge.load import installed, sources
+    module, name = ref.split(":")
+    parts = module.split(".")
+    candidates = (root.joinpath(*parts) / "__init__.py", root.joinpath(*parts).with_suffix(".py"))
+    local = next((c for c in candidates if c.is_file()), None)
+    if local is not None:
+        misses: set[Path] = set()
+        closure, base, path = sources.local_closure(local, root, misses), root.resolve(), local
+    else:
+        try:
+            found = installed.find(module)
+        except installed.NotInstalled as e:
+            raise SpecError(f"function {ref}: {e}") from None
+        closure, base, path, misses = found.closure(), found.base, found.path, set(found.misses)
+    if name not in sources.function_names(path):
+        raise SpecError(f"function {ref}: {module} ({path}) defines no function {name}")
+    return tuple(closure), base, tuple(misses) + candidates
+
+
+def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
+                      what: str = "a @triton.jit function") -> tuple:
+    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key); its
+    files join the catalog's stamp. `seen`: the references already resolved for this family."""
+    from kforge.load import sources
+    if ref not in seen:
+        try:
+            closure, base, misses = _function_source_files(ref, root)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}; fix the reference ('module:function', {what})") from None
+        if read is not None:
+            read.update(closure, misses)
+        seen[ref] = sources.digest_files(closure, base)
+    return seen[ref]
+
+
+def _adapted(spec: Spec, signature: tuple, constexprs: tuple, known: dict) -> tuple[tuple, tuple]:
+    """A FlyDSL [adapter]'s builder arguments (renamed, element types in the builder's names) and the
+    placeholders its launcher is traced with (tensor shapes from sizes or this config's values)."""
+    adapter = {table: dict(items) for table, items in spec.adapter}
+    rename, names = adapter.get("arguments", {}), adapter.get("dtype_names", {})
+    shapes, scalars = adapter.get("shapes", {}), adapter.get("scalars", {})
+    arguments = tuple((rename.get(c, c), names.get(v, v) if c in spec.type_vars else v) for c, v in constexprs)
+    placeholders = tuple(
+        (a, t[1:], tuple(x if type(x) is int else known[x] for x in shapes[a])) if t.startswith("*") else
+        (a, "scalar", scalars.get(a, 0))
+        for a, t in signature if t not in COMPILE_TIME)
+    return arguments, placeholders
+
+
+def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
+    spec, arch = shared.spec, shared.arch
+    values = dict(config)
+    known = {**dict(spec.constants), **spec.on_arch(arch), **(derived or {}), **values}
+    types = tuple(known.get(v) for v in spec.type_vars + spec.shape_vars)
+    signature = shared.signatures.get(types)
+    if signature is None:
+        signature = tuple((a, t if t in COMPILE_TIME else
+                           canonical_arg_type(TYPE_VAR_RE.sub(lambda m: str(known.get(m[1])), t)))
+                          for a, t in spec.signature)
+        for a, t in signature:
+            if t is None:
+                raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
+                                f"{values} is not a known type")
+        shared.signatures[types] = signature
+    constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
+    placeholders = ()
+    if spec.toolchain == "flydsl":   # the factory gets every compile-time value, element types included
+        constexprs += tuple((v, values[v]) for v in spec.type_vars)
+        if spec.adapter:
+            constexprs, placeholders = _adapted(spec, signature, constexprs, known)
+    options = tuple((o, known[o]) for o in OPTIONS if o in known and o not in spec.constexprs)
+    cid = config_id(spec, config)
+    for o, v in options:
+        a = ARCHS[arch]
+        problem = arch_problem(o, v, a.vendor, a.warp_size, a.target_arch)
+        if problem:
+            raise SpecError(f"{spec.path}: config {cid} for {arch}: {problem}; set it only where it applies "
+                            f"(an [[exclude]] with arch = [\"{arch}\"], or a spec of its own for those archs)")
+    functions = [(v, shared.function_sources(v)) for c, v in constexprs if (c, "function") in spec.signature]
+    key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
+                           "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
+                           **({"functions": functions} if functions else {}),
+                           **({"placeholders": placeholders} if placeholders else {})})
+    return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
+                  source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
+                  constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
+                  config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
+                  out=shared.out, out_dir=f"{shared.family_dir}/{cid}", key=key, env=shared.env,
+                  placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup)

@@ -1,0 +1,279 @@
+"""Progress lines, the end-of-run summary, out/build-report.json and out/build-trace.json (a doit reporter)."""
+from __future__ import annotations
+
+import json
+import re
+from json.encoder import encode_basestring_ascii
+import time
+from pathlib import Path
+
+from doit.reporter import ConsoleReporter
+
+from kforge.store.files import write_inside
+from kforge.edge.runner import tasks_to_run
+from kforge.report.trace import Trace
+
+ERROR_LINES = 6
+ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
+FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
+RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/compile/action.py, rules/load/isolate.py
+CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning that the cache is off for the run
+REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
+# where a built target's artifact came from: its record's "origin", the report's "origins", the progress label
+ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote"}
+
+
+class BuildReporter(ConsoleReporter):
+    """One line per finished task ([done/total], failures so far); up-to-date tasks are only counted."""
+    desc = "kforge progress and summary"
+    report_path = "out/build-report.json"   # set per project by kforge.edge.config.config()
+    find_orphans = None   # () -> artifact dirs in out/ of no target (rules/store/guard.py); set like report_path
+    key_index = None      # artifact.KeyIndex: told of each built target, saved at the end of the run
+    local_cache = None    # local_cache.LocalCache of this run: trimmed to its limit after a run that stored in it
+    saved_at_end = ()     # more state read while tasks were generated, saved at the end of the run
+    before_first_task = None   # () -> None, called once the tasks are loaded (rules/edge/config.py)
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.started_at = time.monotonic()
+        self.total = 0
+        self.records: dict[str, dict] = {}    # compile targets
+        self.packages: dict[str, dict] = {}   # `doit package` bundles, reported apart from the targets
+        self.warnings: list[str] = []         # e.g. from the remote cache, each shown once
+        self.warned: set[str] = set()
+        self.begun: dict[str, float] = {}
+        self.handed: dict[str, float] = {}   # the same moment by the wall clock, for the trace
+        self.trace = Trace(time.time())
+        self.failed = 0
+
+    def initialize(self, tasks, selected_tasks):
+        if self.before_first_task is not None:
+            self.before_first_task()
+        self.total = sum(1 for t in tasks_to_run(tasks, selected_tasks) if t.actions and not _is_package(t))
+        self.write(f"kforge: {plural(self.total, 'target')} selected\n")
+
+    def execute_task(self, task):
+        self.begun[task.name] = time.monotonic()   # when doit hands the task to a worker
+        self.handed[task.name] = time.time()
+
+    def skip_uptodate(self, task):
+        if _is_package(task):
+            self.packages[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
+        elif task.actions:
+            self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
+
+    def add_success(self, task):
+        if task.actions:
+            values = getattr(task, "values", None) or {}
+            for message in values.get("cache_warnings", ()):
+                # each worker process warns once that a cache is down, each with its own request in
+                # parentheses: the same warning about other details is shown once
+                gist = re.sub(r"\(.*\)", "", message)
+                if gist not in self.warned:
+                    self.warned.add(gist)
+                    self.warnings.append(message)
+                    self.write(f"kforge: warning: {message}\n")
+            extra = {} if _is_package(task) else {"origin": origin(values)}
+            extra.update((k, values[k]) for k in REPORTED_VALUES if values.get(k))
+            self._finish(task, "built", "", extra, values)
+            self._ran(task)
+
+    def add_failure(self, task, fail):
+        if not task.actions:   # a family group "fails" when one of its targets did: already reported
+            return
+        self._ran(task)
+        self._finish(task, "failed", fail.get_msg() if hasattr(fail, "get_msg") else str(fail))
+
+    def _ran(self, task) -> None:
+        """A compile task ran, built or failed: the key index learns what is on disk now."""
+        target = (getattr(task, "meta", None) or {}).get("kforge_target")
+        if target is not None and self.key_index is not None:
+            self.key_index.refresh(target.meta_path)
+
+    def _finish(self, task, status: str, error: str, extra: dict | None = None, values: dict | None = None) -> None:
+        begun = self.begun.pop(task.name, time.monotonic())
+        seconds = time.monotonic() - begun
+        self._traced(task, status, values)
+        record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {}),
+                  "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
+        if error:
+            record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
+            record["cause"] = error_line(error)   # one line; what the summary groups failures by
+        if _is_package(task):
+            self.packages[task.name] = record
+            self.write(f"{task.name} {status} {seconds:.2f}s\n")
+            return
+        self.records[task.name] = record
+        self.failed += status == "failed"
+        detail = f"  error: {_short(record['cause'])}" if error else ""
+        label = ORIGINS[record["origin"]] if "origin" in record else status
+        self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
+                   f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
+
+    def _traced(self, task, status: str, values: dict | None) -> None:
+        now = time.time()
+        handed = self.handed.pop(task.name, now)
+        target = (getattr(task, "meta", None) or {}).get("kforge_target")
+        family = getattr(target, "kernel", "")
+        if _is_package(task):
+            self.trace.task("package", task.name, "package", handed, now)
+        elif target is None:   # not a compile target (a tuning, a verify sweep): a row per kind of task
+            kind = task.name.split(":", 1)[0]
+            self.trace.task(kind, task.name, "failed" if status == "failed" else kind, handed, now)
+        elif status == "failed":
+            self.trace.task("failed", task.name, "failed", handed, now, family)
+        else:
+            self.trace.target(task.name, family, handed, now, values or {})
+
+    def complete_run(self):
+        records = sorted(self.records.values(), key=lambda r: r["name"])
+        counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "failed")}
+        wall = time.monotonic() - self.started_at
+        # by the compiler's own time where a target reports it: a worker's first target also pays for importing
+        # the compiler and the kernel's library, which is not that kernel's cost
+        compile_time = lambda r: r["seconds"] if r.get("compile_seconds") is None else r["compile_seconds"]
+        slowest = sorted((r for r in records if r.get("origin") == "compiled"), key=lambda r: -compile_time(r))[:5]
+        origins = {o: sum(1 for r in records if r.get("origin") == o) for o in ORIGINS}
+        for line in failure_groups([r for r in records if r["status"] == "failed"]):
+            self.write(line + "\n")
+        for r in self.packages.values():
+            if r["status"] == "failed":
+                self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
+        for msg in self.runtime_errors:
+            self.write(f"\ndoit: {msg}\n")
+        # the summary comes last: with many failures it is what a terminal still shows
+        summary = []
+        if slowest:
+            summary.append("slowest compiles: " + ", ".join(f"{r['name']} {compile_time(r):.2f}s" for r in slowest))
+        if self.warnings:   # each was shown as it came; the first again here, where a terminal still shows it
+            extra = len(self.warnings) - 1
+            more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
+            summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
+            # and a cache switched off for the rest of the run, whatever came first: it is what made the run slow
+            summary += [f"kforge: warning: {w}" for w in self.warnings[1:] if w.startswith(CACHE_OFF)]
+        if self.local_cache is not None and origins["compiled"] + origins["remote cache"]:   # it grew
+            summary += _trimming(self.local_cache)
+        orphans = self.find_orphans() if self.find_orphans else []
+        if orphans:
+            summary.append(f"kforge: {report_orphans(orphans)}")
+        packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
+        failed = counts["failed"] + packages_failed
+        also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
+        fetched = ", ".join(f"{n} from the {o}" for o, n in origins.items() if n and o != "compiled")
+        last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
+                f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
+        # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
+        states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
+        unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]
+        unsaved.append(_saving(self._save, Path(self.report_path), {
+            "wall_seconds": round(wall, 3), "counts": counts, "origins": origins, "warnings": self.warnings,
+            "packages": sorted(self.packages.values(), key=lambda r: r["name"]), "tasks": records}))
+        if self.trace.slices:   # a run that ran nothing keeps the last build's timeline
+            trace = Path(self.report_path).with_name("build-trace.json")
+            unsaved.append(_saving(self.trace.write, trace, trace))
+        summary += [line for line in unsaved if line]
+        self.write("\n" + "\n".join([*summary, last]) + "\n")
+
+    def _save(self, report: dict) -> None:
+        path = Path(self.report_path)
+        # one task per line: readable, and json's fast C encoder (indent= falls back to pure Python)
+        head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
+        tasks = ",\n  ".join(map(_record_json, report["tasks"]))
+        write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+def origin(values: dict) -> str:
+    """Where a built target's artifact came from, by its action's result (rules/compile/action.py)."""
+    return ("local cache" if values.get("from_local_cache") else
+            "remote cache" if values.get("from_cache") else "compiled")
+
+
+def _trimming(cache) -> list[str]:
+    """Trim the local cache to its limit (least recently used entries first): a summary line if any went."""
+    from kforge.share import local_cache
+    try:
+        left = local_cache.trim(cache)
+    except OSError as e:
+        return [f"kforge: local cache {cache.root} not trimmed ({e}); `doit cache --trim` retries"]
+    if not left.evicted:
+        return []
+    return [f"kforge: local cache: evicted the {local_cache.entries(left.evicted)} least recently used "
+            f"({local_cache.human(left.evicted_size)}) to stay within "
+            f"local_cache_limit={local_cache.human(cache.limit)}"]
+
+
+def _saving(save, path, *args) -> str | None:
+    """save(*args); None when it worked, else one line naming the file (a full disk, an unwritable out/)."""
+    try:
+        save(*args)
+        return None
+    except (OSError, ValueError) as e:   # ValueError: out_dir.OutsideOut, a link leading out of out/
+        return f"kforge: could not write {path} ({e}); nothing built is lost: free space and run again"
+
+
+def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
+    """Failed targets grouped by their error line, largest group first: one paragraph per distinct error,
+    naming how many targets failed with it and the first few, instead of a block per target."""
+    groups: dict[str, list[str]] = {}
+    for r in failed:
+        groups.setdefault(r.get("cause") or error_line(r.get("error", "")), []).append(r["name"])
+    lines = []
+    for error, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        head = (f"{plural(len(names), 'target')} failed with" if len(names) > 1 else f"{names[0]} failed with")
+        lines += ["", f"kforge: {head}: {error}"]
+        if len(names) > 1:
+            more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
+            lines.append(f"  {'first ' + str(shown) if len(names) > shown else 'they are'}: "
+                         f"{', '.join(names[:shown])}{more}")
+        lines.append(f"  retry one alone: doit {names[0]}")
+    if failed:
+        lines.append("Each failed target's full message and traceback is in its error.txt "
+                     "(out/<arch>/<kernel>/<config_id>/); every failure is in out/build-report.json.")
+    return lines
+
+
+def error_line(message: str) -> str:
+    """What went wrong, in one line, from a target's failure message (rules/compile/action.py writes `error: ...`). An
+    error whose first line ends in ':' continues below (Triton's CompilationError quotes the source, then
+    names the cause): its last line is added. A crashed compiler's last output line is added to the crash."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
+    if start is None:
+        return lines[0] if lines else "(no message)"
+    found = lines[start][len("error:"):].strip()
+    rest = lines[start + 1:]
+    retry = next((i for i, line in enumerate(rest) if line.startswith(RETRY)), len(rest))
+    output = next((i for i, line in enumerate(rest) if line.startswith(COMPILER_OUTPUT)), retry)
+    own, printed = rest[:min(output, retry)], rest[output + 1:retry]
+    if found.endswith(":") and own:
+        found += " ... " + own[-1]
+    elif found.startswith("compiler process") and printed:   # a crash: the compiler's last words
+        found += " ... " + printed[-1]
+    return found
+
+
+def _short(found: str) -> str:
+    return found if len(found) <= ERROR_CHARS else found[:ERROR_CHARS] + " ..."
+
+
+def report_orphans(orphans: list) -> str:
+    verb = "belongs" if len(orphans) == 1 else "belong"
+    return f"{plural(len(orphans), 'artifact')} in out/ {verb} to no target: `doit prune` removes them"
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _record_json(record: dict) -> str:
+    """json.dumps(record), written directly for the common error-free record: json.dumps builds a new
+    encoder per call, which is most of a no-op run's report time at thousands of targets."""
+    if record.keys() - {"start"} != {"name", "status", "seconds"}:
+        return json.dumps(record)
+    start = f', "start": {float(record["start"])!r}' if "start" in record else ""
+    return (f'{{"name": {encode_basestring_ascii(record["name"])}, "status": "{record["status"]}", '
+            f'"seconds": {float(record["seconds"])!r}{start}}}')
+
+
+def _is_package(task) -> bool:
+    return task.name.startswith("package:")

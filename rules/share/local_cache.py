@@ -1,0 +1,218 @@
+"""The local cache: every artifact this user built or fetched, kept by its action key outside any checkout, so a
+revert, a branch switch, `git bisect` or a second worktree installs it instead of compiling it again.
+
+    <dir>/<key[:2]>/<key>     one entry: a JSON header line, then meta.json's bytes and the binary's
+    <dir>/<key[:2]>/.<key>.<pid>.<random>.tmp   an entry being written (files.atomic_write), then renamed
+
+<dir> is `local_cache=` (default $XDG_CACHE_HOME/kforge, else ~/.cache/kforge), shared by every checkout of the
+user: keys hold no path of the checkout (rules/plan/keys.py), so the same inputs anywhere name the same entry.
+One file per entry, written to a temp name beside it and renamed: two builds storing the same key at once
+each rename a whole entry, and a reader sees one whole entry or none. An entry is still untrusted input (a
+full disk, another tool, a hand edit): artifact.accept checks it as it checks a remote cache's (bound to the
+target, sha256, ELF for the target's arch) before anything is written to out/; a refused entry is deleted,
+the target compiles and its build takes the entry's place.
+
+Bounded: a hit sets the entry's mtime (the "last used" time: atime is not kept on most mounts); at the end of
+a run that stored entries, trim() deletes the least recently used ones until the whole is within the limit.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from kforge.store import artifact
+from kforge.store.files import atomic_write
+
+FORMAT = "kforge-local-1"
+HEADER_LIMIT = 64 << 10   # bytes of an entry's header line (a real one is ~150)
+ENTRY_LIMIT = (256 << 20) + (1 << 20)   # the loader's limit on a binary (runtime/bundle.py) plus meta.json
+STALE_TMP_S = 3600   # a temp file this old was left by a killed writer (a live one renames within seconds)
+KEY = re.compile(r"[0-9a-f]{64}")   # only names like these are ever deleted: a cache pointed at a wrong
+TEMP = re.compile(r"\.[0-9a-f]{64}\.\d+\.[0-9a-f]+\.tmp")   # directory (home, say) loses nothing else
+_store_failed: set[str] = set()   # cache directories this process could not write: warned once, not per target
+
+
+class LocalCache(NamedTuple):   # a NamedTuple: in every compile task's action arguments
+    root: str    # the cache directory (absolute)
+    limit: int   # bytes the entries may take in all (`local_cache_limit=`)
+
+
+class Usage(NamedTuple):
+    entries: int
+    size: int
+    evicted: int = 0
+    evicted_size: int = 0
+
+
+def entry_path(cache: LocalCache, key: str) -> Path:
+    return Path(cache.root) / key[:2] / key
+
+
+def fetch(cache: LocalCache, target) -> tuple[bool, list[str]]:
+    """Install the target's artifact from the cache: (hit, warnings). A missing entry is a quiet miss; an
+    unreadable or refused one is a miss with one warning naming it, and is deleted (the build replaces it)."""
+    path = entry_path(cache, target.key)
+    try:
+        data = _read(path)
+        meta, binary_name, binary = artifact.accept(target, unpack(data, target.key))
+    except FileNotFoundError:
+        return False, []
+    except (OSError, ValueError) as e:   # artifact.ArtifactError is a ValueError
+        _discard(path)
+        return False, [f"local cache entry {path} for {target.name} refused ({e}); compiling it here (its build "
+                       f"replaces the entry)"]
+    # written as a build writes it; an OSError here is out/'s (a full disk), not the entry's: the caller's
+    artifact.write(Path(target.out_dir), binary_name, binary, meta)
+    _touch(path)
+    return True, []
+
+
+def store(cache: LocalCache, target) -> list[str]:
+    """Keep the target's artifact, just built or fetched, under its key: warnings (one per process for a cache
+    directory that cannot be written; the build itself goes on)."""
+    path = entry_path(cache, target.key)
+    try:
+        data = pack(target.key, artifact.files_of(Path(target.out_dir)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+        return []
+    except OSError as e:
+        if cache.root in _store_failed:
+            return []
+        _store_failed.add(cache.root)
+        return [f"local cache {cache.root} not writable ({e.strerror or e}); building without storing there "
+                f"(free space, fix its permissions, or set local_cache=off)"]
+
+
+def _read(path: Path) -> bytes:
+    """An entry's bytes: a regular file of at most ENTRY_LIMIT bytes, never through a link (the open fails) nor
+    from a FIFO or device (refused before a read that could block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:   # what O_NOFOLLOW answers for a link
+            raise ValueError("it is a symbolic link, not an entry kforge wrote") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        if st.st_size > ENTRY_LIMIT:
+            raise ValueError(f"it is {st.st_size} bytes, over the limit of {ENTRY_LIMIT}")
+        return f.read(ENTRY_LIMIT + 1)
+
+
+def pack(key: str, files: dict[str, bytes]) -> bytes:
+    """An entry's bytes: {"format", "key", "files": [[name, size], ...]} as one JSON line, then each file's bytes."""
+    header = json.dumps({"format": FORMAT, "key": key, "files": [[n, len(d)] for n, d in files.items()]})
+    return b"".join([header.encode(), b"\n", *files.values()])
+
+
+def unpack(data: bytes, key: str) -> dict[str, bytes]:
+    """The files of an entry: ValueError unless it is a whole entry of this format made for `key` (one moved or
+    copied under another key is foreign)."""
+    end = data.find(b"\n", 0, HEADER_LIMIT)
+    if end < 0:
+        raise ValueError(f"no {FORMAT} header line")
+    try:
+        header = json.loads(data[:end])
+        names_sizes = [(n, s) for n, s in header["files"]]
+        given_key, given_format = header["key"], header["format"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"its header is unreadable ({e})") from None
+    if given_format != FORMAT:
+        raise ValueError(f"its format is {given_format!r}, not {FORMAT}")
+    if given_key != key:
+        raise ValueError(f"it was made for key {str(given_key)[:16]}..., not this target's {key[:16]}...")
+    if not all(isinstance(n, str) and type(s) is int and s >= 0 for n, s in names_sizes):
+        raise ValueError("its header's file list is not [name, size] pairs")
+    body = memoryview(data)[end + 1:]
+    if sum(s for _, s in names_sizes) != len(body) or len({n for n, _ in names_sizes}) != len(names_sizes):
+        raise ValueError(f"its files take {len(body)} bytes, its header says "
+                         f"{sum(s for _, s in names_sizes)} (a truncated or altered entry)")
+    files, at = {}, 0
+    for name, size in names_sizes:
+        files[name] = bytes(body[at:at + size])
+        at += size
+    return files
+
+
+def usage(cache: LocalCache) -> Usage:
+    entries = _entries(cache)
+    return Usage(len(entries), sum(size for _, size, _ in entries))
+
+
+def trim(cache: LocalCache, limit: int | None = None) -> Usage:
+    """Delete the least recently used entries until the rest fit in `limit` bytes (default: the cache's), and
+    temp files killed writers left; what is left and what went. Safe beside running builds: an entry deleted
+    under a reader is still read whole (the open file), one deleted before it is opened is a miss."""
+    limit = cache.limit if limit is None else limit
+    entries = sorted(_entries(cache, remove_stale=True))   # oldest use first
+    total = sum(size for _, size, _ in entries)
+    evicted = evicted_size = 0
+    for _, size, path in entries:
+        if total <= limit:
+            break
+        _discard(path)
+        total -= size
+        evicted, evicted_size = evicted + 1, evicted_size + size
+    return Usage(len(entries) - evicted, total, evicted, evicted_size)
+
+
+def human(size: int) -> str:
+    """Bytes for people: '7.1 KiB', '2.0 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+
+
+def entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _entries(cache: LocalCache, remove_stale: bool = False) -> list[tuple[float, int, str]]:
+    """(last used, size, path) of every entry: two levels of os.scandir."""
+    found = []
+    now = time.time()
+    for shard in _scan(cache.root):
+        if not (re.fullmatch(r"[0-9a-f]{2}", shard.name) and shard.is_dir(follow_symlinks=False)):
+            continue
+        for entry in _scan(shard.path):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:   # deleted meanwhile by another build's trim
+                continue
+            if KEY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                found.append((st.st_mtime, st.st_size, entry.path))
+            elif remove_stale and TEMP.fullmatch(entry.name) and now - st.st_mtime > STALE_TMP_S:
+                _discard(entry.path)
+    return found
+
+
+def _scan(directory: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:   # evicted meanwhile, or a read-only cache: the hit stands
+        pass
+
+
+def _discard(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

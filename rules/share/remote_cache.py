@@ -1,0 +1,271 @@
+"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT / HEAD on /cas/<sha256> and /ac/<key>.
+
+Any server that speaks it works: bazel-remote (start it with --disable_http_ac_validation: kforge's /ac/
+entries are JSON, not ActionResult protos) or nginx with WebDAV PUT. A target's action key (the key that
+decides rebuilds) names its /ac/ entry, a small JSON list of the artifact's files by content sha256; the
+files themselves are /cas/ blobs. A hit is verified (artifact.accept: bound to its target, every sha256, the ELF checks) before
+it counts; anything else is a miss and the target compiles. A cache that is down or slow only warns (once
+per worker process, in the build's output and report) and the build goes on locally. Read-only mode never uploads (for untrusted runners).
+
+What a server can cost a build is bounded: each request by `cache_timeout`, the whole run's waiting on the cache
+by `cache_budget` (summed over every worker; past it the cache is off for the rest of the run, with one warning
+that the summary repeats), and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by the
+loader's limit on a binary), read a chunk at a time and never held beyond the limit.
+
+With a shared secret (`cache_key=` / KFORGE_CACHE_KEY) writers sign each /ac/ entry and readers refuse one whose
+tag is missing or wrong before fetching a blob: whoever can write to the server but lacks the secret cannot make
+a reader take their binary for a key. Without a secret, entries are neither signed nor checked for a tag.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kforge.store import artifact
+from kforge_runtime.bundle import MAX_BINARY_BYTES
+
+AC_FORMAT = "kforge-ac-1"
+TAG = "hmac_sha256"   # the /ac/ entry's field holding its tag, with a secret configured
+SHA256 = re.compile(r"[0-9a-f]{64}")
+AC_LIMIT = 64 << 10   # bytes of an /ac/ entry (a real one is ~300)
+CHUNK = 1 << 16
+_shared = None   # the run's [seconds waited, off], shared by the workers doit's master forks (share_budget)
+
+
+def share_budget() -> None:
+    """In doit's master, before its workers fork: one cache_budget for the whole run, not one per worker."""
+    global _shared
+    if _shared is None:
+        import multiprocessing
+        _shared = multiprocessing.Array("d", 2)
+
+
+class TooLarge(ValueError):
+    """An answer larger than what was asked for can be (a hostile or broken server)."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    url: str
+    read_only: bool = False
+    timeout: float = 10.0   # seconds per request (`cache_timeout=` / KFORGE_CACHE_TIMEOUT, rules/base/settings.py)
+    # The signing secret (`cache_key=`), kept out of repr: doit task actions carry this config, and a repr may be logged.
+    key: str | None = field(default=None, repr=False)
+    budget: float = 300.0   # seconds the run may wait on the cache in all (`cache_budget=`)
+
+
+def tag(secret: str, action_key: str, files: list[dict]) -> str:
+    """An /ac/ entry's tag: HMAC-SHA256, in hex, keyed by the secret's bytes (UTF-8; an environment value that
+    is not UTF-8 keeps its raw bytes, surrogateescape), over the canonical bytes
+    json.dumps([AC_FORMAT, action_key, [[name, sha256], ...]], separators=(",", ":")) (ASCII: json escapes
+    the rest), files in the entry's order. It binds the format, the /ac/ path's key and every file, so an entry
+    cannot be altered, nor moved to another key, by anyone without the secret."""
+    message = json.dumps([AC_FORMAT, action_key, [[f["name"], f["sha256"]] for f in files]], separators=(",", ":"))
+    return hmac.new(secret.encode("utf-8", "surrogateescape"), message.encode(), hashlib.sha256).hexdigest()
+
+
+class RemoteCache:
+    def __init__(self, cfg: CacheConfig):
+        self.cfg = cfg
+        self.down = False   # after one failure this process stops asking (one warning, not one per target)
+        self.warnings: list[str] = []   # handed to the build report with the next target's result
+        self.waited = 0.0   # seconds this process waited on the cache (the whole run's count: share_budget)
+
+    def drain_warnings(self) -> list[str]:
+        drained, self.warnings = self.warnings, []
+        return drained
+
+    def fetch(self, target) -> bool:
+        """Put the target's artifact in place from the cache; False on a miss, a bad entry or a cache down."""
+        try:
+            entry = self._get(f"/ac/{target.key}", AC_LIMIT)
+            if entry is None:
+                return False
+            ac = json.loads(entry)
+            if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
+                raise ValueError(f"not a {AC_FORMAT} entry")
+            if self.cfg.key is not None:
+                self._check_tag(ac, target.key)
+            if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
+                raise ValueError("it does not list exactly two files (meta.json and one binary)")
+            files = {}
+            for f in ac["files"]:
+                if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
+                    raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
+                artifact.plain_name(f["name"])   # before any request: the entry is untrusted
+                data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
+                if data is None and self.down:   # the cache failed or went off just now: said once already
+                    return False
+                if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                    raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
+                files[f["name"]] = data
+            artifact.install(target, files)   # bound to this target, ELF-checked for its arch
+            return True
+        # A malformed entry is a miss, never a failed build (ArtifactError is a ValueError; RecursionError is
+        # JSON nested deeper than the parser goes).
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            artifact.remove(target.out, target.out_dir)
+            self._warn(f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({e}); compiling "
+                       f"it here (whoever can write to the cache put it there: check the server, or set cache_key=)")
+            return False
+
+    def store(self, target) -> None:
+        """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them."""
+        if self.cfg.read_only or self.down:
+            return
+        files = []
+        for name, data in artifact.files_of(Path(target.out_dir)).items():
+            digest = hashlib.sha256(data).hexdigest()
+            if not self._put(f"/cas/{digest}", data):
+                return
+            files.append({"name": name, "sha256": digest})
+        entry = {"format": AC_FORMAT, "target": target.name, "files": files}
+        if self.cfg.key is not None:
+            entry[TAG] = tag(self.cfg.key, target.key, files)
+        self._put(f"/ac/{target.key}", json.dumps(entry).encode())
+
+    def _check_tag(self, ac: dict, action_key: str) -> None:
+        """ValueError unless the entry carries the tag this cache's secret makes for it (compared in constant time)."""
+        given = ac.get(TAG)
+        if not (isinstance(given, str) and SHA256.fullmatch(given)):
+            raise ValueError(f"it carries no {TAG} tag while cache_key is set: written without a key, or altered; "
+                             f"every writer needs the same cache_key")
+        if not hmac.compare_digest(given, tag(self.cfg.key, action_key, ac["files"])):
+            raise ValueError("its tag does not match cache_key: written with another key, altered, or moved from "
+                             "another action key")
+
+    def _get(self, path: str, limit: int) -> bytes | None:
+        """The body of a 200 answer, None for any other (or a cache that is off); TooLarge past `limit` bytes."""
+        if self._off():
+            return None
+        try:
+            status, body = self._timed(self.cfg, "GET", path, limit=limit)
+        except OSError as e:
+            self._fail(f"GET {path}: {e}")
+            return None
+        if status == 200:
+            return body
+        if status != 404:
+            self._fail(f"GET {path}: HTTP {status}")
+        return None
+
+    def _put(self, path: str, data: bytes) -> bool:
+        if self._off():
+            return False
+        try:
+            status, _ = self._timed(self.cfg, "PUT", path, data, limit=AC_LIMIT)
+        except (OSError, TooLarge) as e:
+            self._fail(f"PUT {path}: {e}")
+            return False
+        if status not in (200, 201, 204):
+            self._fail(f"PUT {path}: HTTP {status}")
+            return False
+        return True
+
+    def _timed(self, *args, **kwargs):
+        """_request(*args), its time counted against the run's cache_budget: the request that crosses it turns
+        the cache off for the rest of the run, saying so once (a worker that asks later finds it off, silently)."""
+        start = time.monotonic()
+        try:
+            return _request(*args, **kwargs)
+        finally:
+            self._spend(time.monotonic() - start)
+
+    def _spend(self, seconds: float) -> None:
+        if _shared is None:
+            self.waited += seconds
+            waited, crossed = self.waited, self.waited > self.cfg.budget and not self.down
+        else:
+            with _shared.get_lock():
+                _shared[0] += seconds
+                waited, crossed = _shared[0], _shared[0] > self.cfg.budget and not _shared[1]
+                _shared[1] = _shared[1] or crossed
+        if crossed:
+            self.down = True
+            self._warn(f"remote cache {self.cfg.url} switched off for the rest of this run: {waited:.1f} s lost "
+                       f"waiting on it, past cache_budget={self.cfg.budget:g} s; building locally (check the server, "
+                       f"or raise cache_budget=)")
+
+    def _off(self) -> bool:
+        """Whether this process stops asking: the cache failed here, or the run's budget is spent (any worker)."""
+        if not self.down and _shared is not None and _shared[1]:
+            self.down = True
+        return self.down
+
+    def _fail(self, what: str) -> None:
+        self.down = True
+        self._warn(f"remote cache {self.cfg.url} unusable ({what}); building locally without it")
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+_caches: dict[CacheConfig, RemoteCache] = {}
+
+
+def cache_for(cfg: CacheConfig | None) -> RemoteCache | None:
+    """One RemoteCache per config per process, so that "down" is remembered across this worker's targets."""
+    if cfg is None:
+        return None
+    if cfg not in _caches:
+        _caches[cfg] = RemoteCache(cfg)
+    return _caches[cfg]
+
+
+def _request(cfg: CacheConfig, method: str, path: str, data: bytes | None = None,
+             limit: int = AC_LIMIT) -> tuple[int, bytes]:
+    """(status, body) of one request that takes at most cfg.timeout seconds in all: connecting, sending and
+    every read. A socket timeout alone bounds each read, so a server trickling a byte every few seconds
+    would hold a build forever; at the deadline a timer shuts the socket, and the read in progress fails.
+    OSError (TimeoutError included) for anything that is not an HTTP answer in time; TooLarge for a body
+    announced or found to be over `limit` bytes (read a chunk at a time: never more than that is held)."""
+    import http.client   # here, not at the top: every doit start imports this module, few use a cache
+    import threading
+    import urllib.parse
+    url = urllib.parse.urlsplit(cfg.url)
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = kind(url.hostname, url.port, timeout=cfg.timeout)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    timer = threading.Timer(cfg.timeout, expire)
+    timer.start()
+    try:
+        conn.request(method, url.path.rstrip("/") + path, body=data)
+        response = conn.getresponse()
+        body = _read_at_most(response, limit, path)
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set():
+            raise TimeoutError(f"timed out: no complete answer within {cfg.timeout:g} s (cache_timeout=)") from None
+        raise OSError(str(e) or type(e).__name__) from None
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        raise TimeoutError(f"timed out: no complete answer within {cfg.timeout:g} s (cache_timeout=)")
+    return response.status, body
+
+
+def _read_at_most(response, limit: int, path: str) -> bytes:
+    announced = response.getheader("Content-Length")
+    if announced is not None and announced.strip().isdigit() and int(announced) > limit:
+        raise TooLarge(f"{path} is announced as {int(announced)} bytes, over the limit of {limit}")
+    chunks, size = [], 0
+    while chunk := response.read(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"{path} is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,342 @@
+"""`doit package`: per arch, one deterministic wheel in out/dist/ holding every built artifact and a manifest.
+
+The wheel installs a package kforge_kernels_<arch> with manifest.json, the binaries, and kforge's runtime
+(rules/runtime, copied verbatim), so an application needs nothing else to load and launch the kernels.
+Targets that failed or were not built are listed in the manifest under "failed", never silently missing.
+The wheel a rebuild replaces is kept in out/.kforge/wheels/ (the last KEPT_WHEELS per arch): a revert or a
+switch back to a recent state renames it back instead of reading and compressing every binary again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+import time
+import zipfile
+import zlib
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+import kforge_runtime
+
+from kforge.store import artifact, guard as out_dir
+from kforge.base import stamps
+from kforge.base.archs import ARCHS
+from kforge.store.files import write_inside
+from kforge.base.layout import Layout
+from kforge.base.target import Target
+from kforge.ship.wheel import write_wheel
+from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ERROR, MANIFEST, dist_name, wheel_name
+
+RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
+ERROR_LINES = 40   # of a failed target's message, kept in the manifest
+KEPT_WHEELS = 4   # per arch, of the wheels rebuilds replaced (out/.kforge/wheels/): a revert, or a branch
+                  # switch or bisect step back to a recent state, renames its wheel back instead of re-zipping
+PUBLIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")   # PEP 440, public
+INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
+from pathlib import Path
+
+from .runtime import Bundle, BundleError, Kernel, LaunchError, Library, NoMatchingKernel
+
+BUNDLE_DIR = Path(__file__).resolve().parent
+
+
+def bundle() -> Bundle:
+    return Bundle(BUNDLE_DIR)
+'''
+
+
+def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
+    """The doit action: the arch's wheel in out/dist/. A recent bundle made from the same inputs (a revert, a
+    switch back) is used as it is, found by the content of those inputs; else the manifest is made, and a
+    wheel that holds it (in out/dist/, or kept) is used as it is; else the wheel is written, every binary
+    read and checked again."""
+    root_path, layout = Path(root), Layout.of(root)
+    try:
+        tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
+    except ValueError as e:
+        return TaskFailed(str(e))
+    try:   # out/dist, its wheels and manifests, the kept wheels: never through a link out of out/
+        for place in (layout.dist, layout.kept_wheels, layout.state):
+            out_dir.guard(layout.out, place / dist_name(arch))
+    except out_dir.OutsideOut as e:
+        return TaskFailed(f"package:{arch}: {e}")
+    # stamped before reading: a change while packaging re-packages next time
+    stamp = _stamp(arch, targets, root_path, tuned=tuned)
+    content = _stamp(arch, targets, root_path, _meta_content, tuned)   # the same inputs, meta.json by its bytes
+    recent = _recent(layout, arch)
+    found = _recent_wheel(layout, arch, recent.get(content))
+    if found is None:
+        found = _make_wheel(arch, targets, root_path, tuned, tables)
+        if isinstance(found, TaskFailed):
+            return found
+    wheel, data = found
+    _keep_replaced(layout, arch, wheel)
+    recent.pop(content, None)
+    recent = dict([*recent.items(), (content, wheel.name)][-(KEPT_WHEELS + 1):])   # the newest last
+    write_inside(layout.out, layout.manifest_copy(arch), data)
+    write_inside(layout.out, layout.package_stamp(arch),
+                 json.dumps({"stamp": stamp, "wheel": wheel.name, "recent": recent}).encode())
+    manifest = json.loads(data)
+    sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
+                     f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
+
+
+def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dict[str, bytes]):
+    """(the wheel in out/dist/, its manifest's bytes), the manifest made from every meta.json: a wheel that holds
+    it already is used, else it is written; or TaskFailed naming a binary that fails its checks."""
+    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
+    manifest = make_manifest(arch, targets, root, tuned, built)
+    data = manifest_bytes(manifest)
+    try:
+        version = f"{project_version(root)}+{hashlib.sha256(data).hexdigest()[:12]}"
+    except ValueError as e:
+        return TaskFailed(str(e))
+    layout = Layout(root)
+    wheel = layout.dist / wheel_name(dist_name(arch), version)
+    layout.dist.mkdir(parents=True, exist_ok=True)
+    if _reuse(wheel, layout.kept_wheels / wheel.name, arch, data):
+        return wheel, data
+    files = runtime_files(arch)
+    files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    for name, table in tables.items():
+        files[f"{dist_name(arch)}/tune/{name}"] = table
+    for t, entry in zip(built, manifest["artifacts"]):
+        try:
+            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
+            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+        except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
+            return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
+                              f"`doit forget {t.name} && doit {t.name}`")
+        files[f"{dist_name(arch)}/{entry['binary']}"] = binary
+    write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
+    return wheel, data
+
+
+def _meta_content(meta_path: str) -> list | None:
+    found = stamps.content(meta_path)
+    return None if found is None else [found]
+
+
+def _recent(layout: Layout, arch: str) -> dict[str, str]:
+    """The last bundles' wheels by the content stamp of their inputs, from out/.kforge/package-<arch>.json."""
+    try:
+        recent = json.loads(layout.package_stamp(arch).read_bytes())["recent"]
+        return {k: v for k, v in recent.items() if isinstance(k, str) and isinstance(v, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
+    """(the wheel named, its manifest) when it is in out/dist/, or kept and moved back there, and holds the
+    manifest whose digest its version carries; else None. The name comes from kforge's own record of what it
+    made from these inputs (as is_current trusts the wheel its stamp names); no binary is read."""
+    found = re.fullmatch(re.escape(dist_name(arch)) + r"-[0-9a-z.]+\+([0-9a-f]{12})-py3-none-any\.whl", str(name))
+    if found is None:
+        return None
+    wheel, kept = layout.dist / name, layout.kept_wheels / name
+    for place in (wheel, kept):
+        data = _manifest_in(place, arch)
+        if data is not None and hashlib.sha256(data).hexdigest()[:12] == found[1]:
+            if place == kept:
+                os.replace(kept, wheel)   # a rename: nothing read or written
+            return wheel, data
+    return None
+
+
+def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
+    """Whether the wheel for `manifest` is in out/dist/ now, moved back there from out/.kforge/wheels/ if it was
+    kept. A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's
+    digest, the version) and written in a fixed way (wheel.py), so a wheel of kforge's that holds this very
+    manifest is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's)
+    is not used: the bundle is built again, every binary checked."""
+    if _manifest_in(wheel, arch) == manifest:
+        return True
+    if _manifest_in(kept, arch) == manifest:
+        os.replace(kept, wheel)   # a rename: the same file, nothing read or written
+        return True
+    kept.unlink(missing_ok=True)   # a kept file under this name that is not the wheel: the build replaces it
+    return False
+
+
+def _manifest_in(wheel: Path, arch: str) -> bytes | None:
+    """The manifest.json of a wheel of the arch (its CRC checked as it is read), None if it is not one."""
+    try:
+        if not stat.S_ISREG(os.lstat(wheel).st_mode):   # never a link, nor a FIFO that would block the read
+            return None
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.read(f"{dist_name(arch)}/{MANIFEST}")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, zlib.error):
+        return None
+
+
+def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
+    """The arch's other wheels in out/dist/ (the one this build replaced) move to out/.kforge/wheels/, where the
+    newest KEPT_WHEELS of the arch stay: out/dist/ holds one wheel per arch, and a revert finds its old one."""
+    kept = layout.kept_wheels
+    for old in layout.dist.glob(f"{dist_name(arch)}-*.whl"):
+        if old != wheel:
+            kept.mkdir(parents=True, exist_ok=True)
+            os.replace(old, kept / old.name)
+            now = time.time_ns()   # when it was replaced (to the ns, not the file system's coarser clock)
+            os.utime(kept / old.name, ns=(now, now))
+    by_age = sorted(kept.glob(f"{dist_name(arch)}-*.whl"), key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    for old in by_age[KEPT_WHEELS:]:
+        old.unlink(missing_ok=True)
+
+
+def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
+    """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is there.
+
+    Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
+    an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A
+    restored out/ (fresh stats) re-packages, and the same inputs give the same wheel bytes, which are then
+    left as they are.
+    """
+    root_path, layout = Path(root), Layout.of(root)
+    try:
+        saved = json.loads(layout.package_stamp(arch).read_bytes())
+        # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
+        seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
+        return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned)
+                and (layout.dist / saved["wheel"]).is_file())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=()) -> str:
+    # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
+    h = hashlib.sha256(_content(root / "pyproject.toml") + f"\0{runtime_digest(arch)}".encode())
+    h.update(json.dumps(list(tuned), sort_keys=True).encode())
+    for table in tuning_tables(Layout(root), arch):
+        h.update(f"\0{table.name}\0".encode() + table.read_bytes())
+    for t in sorted(targets, key=lambda t: t.name):
+        found = meta_identity(t.meta_path)
+        built = "-" if found is None else ":".join(map(str, found))
+        h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
+        if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
+            h.update(_content(Path(t.out_dir) / ERROR))
+    return h.hexdigest()
+
+
+def _content(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b"-"
+
+
+def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = (),
+                  built: list[Target] | None = None) -> dict:
+    """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
+    key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
+    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects the
+    targets of the artifacts listed, in the manifest's order."""
+    artifacts, failed = [], []
+    for t in sorted(targets, key=lambda t: t.name):
+        meta = artifact.current_meta(t.meta_path, t.key)
+        if meta is not None:
+            if built is not None:
+                built.append(t)
+            meta["binary"] = f"{t.kernel}/{t.config_id}/{meta.get('binary')}"
+            meta["options"] = dict(t.options)
+            artifacts.append(meta)
+        else:
+            failed.append(_failure(t))
+    tables = {f.stem: {"path": f"tune/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+              for f in tuning_tables(Layout(root), arch)}
+    return {"format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
+            "kforge_version": project_version(root), "runtime_sha256": runtime_digest(arch),
+            "artifacts": artifacts, "failed": failed, "tuned": tables,
+            "autotune": sorted(tuned, key=lambda t: json.dumps(t, sort_keys=True))}
+
+
+def tuning_tables(layout: Layout, arch: str) -> list[Path]:
+    """out/tune/<arch>/<kernel>.json: the tuning tables a GPU run wrote; each bundle ships its arch's."""
+    return sorted(layout.tuning_table(arch, "*").parent.glob("*.json"))
+
+
+def check_tuning_table(path: Path, arch: str) -> bytes:
+    from kforge_runtime.select import NoTunedConfig, check_table
+    data = path.read_bytes()
+    try:
+        table = json.loads(data)
+        check_table(table, str(path))
+    except (ValueError, NoTunedConfig) as e:
+        raise ValueError(f"{path}: not a usable tuning table ({e}); re-run the tuning or delete the file") from None
+    if table.get("kernel") != path.stem or table.get("arch") != arch:
+        raise ValueError(f"{path}: the table says kernel {table.get('kernel')!r} arch {table.get('arch')!r}; "
+                         f"its place says {path.stem!r} {arch!r}")
+    return data
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """Compact JSON (the runtime parses it at every cold start), one artifact per line (diffable)."""
+    dump = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"))
+    head = dump({k: v for k, v in manifest.items() if k not in ("artifacts", "failed")})[:-1]
+    lists = [f'"{k}":[' + "".join(f"\n{dump(e)}," for e in manifest[k]).rstrip(",") + ("\n]" if manifest[k] else "]")
+             for k in ("artifacts", "failed")]
+    return f"{head},{','.join(lists)}}}\n".encode()
+
+
+def remove(arch: str, root: str) -> None:
+    """`doit clean package` (OutsideOut when out/dist leads outside out/: nothing is deleted there)."""
+    layout = Layout.of(root)
+    for place in (layout.manifest_copy(arch), layout.kept_wheels / dist_name(arch)):   # before the globs, which
+        out_dir.guard(layout.out, place)                                                # would list a link's target
+    for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), *layout.kept_wheels.glob(f"{dist_name(arch)}-*.whl"),
+              layout.manifest_copy(arch)]:
+        out_dir.remove_file(layout.out, f)
+
+
+def runtime_files(arch: str) -> dict[str, bytes]:
+    files = {f"{dist_name(arch)}/__init__.py": INIT.format(arch=arch).encode()}
+    for f in sorted(RUNTIME_DIR.glob("*.py")):
+        files[f"{dist_name(arch)}/runtime/{f.name}"] = f.read_bytes()
+    return files
+
+
+def runtime_digest(arch: str) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(runtime_files(arch).items()):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def project_version(root: Path) -> str:
+    """The project's own version (pyproject's [project] version), else "0": a project that only builds kernels
+    need not be a Python package. The bundle's version adds the manifest's digest either way."""
+    import tomllib
+    try:
+        with open(root / "pyproject.toml", "rb") as f:
+            version = tomllib.load(f).get("project", {}).get("version")
+    except (OSError, tomllib.TOMLDecodeError):
+        version = None
+    if version is None:
+        return "0"
+    if not isinstance(version, str) or not PUBLIC_VERSION.fullmatch(version):   # it names a file in out/dist/
+        raise ValueError(f"pyproject.toml: [project] version {version!r} is not a public version number such as "
+                         f"1.2.3 (digits, dots, a/b/rc/post/dev parts); fix it")
+    return version
+
+
+def _failure(t: Target) -> dict:
+    error_path = Path(t.out_dir) / ERROR
+    status, error = "not built", ""
+    try:
+        key_line, _, message = error_path.read_text().partition("\n")
+        if message.startswith(artifact.INPUTS):   # a deterministic failure's inputs: not part of the message
+            message = message.partition("\n")[2]
+        if key_line == f"key: {t.key}":
+            status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
+    except OSError:
+        pass
+    return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
+            "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
+            "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},
+            "constexprs": dict(t.constexprs),
+            "options": dict(t.options)}

@@ -1,0 +1,332 @@
+"""The on-disk artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}.
+
+meta.json is the "done" marker and is written last, by rename: a killed build leaves either no meta.json
+or the previous complete one, never a half artifact that counts as built.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from kforge.store import guard as out_dir
+from kforge.base import stamps
+from kforge.base.archs import ARCHS
+from kforge.store.files import JsonState, atomic_write
+from kforge.base.target import COMPILE_TIME
+from kforge_runtime import schema
+from kforge_runtime.schema import ERROR, META
+
+
+class ArtifactError(ValueError):
+    pass
+
+
+def is_current(meta_path: str, key: str) -> bool:
+    """True when the artifact at meta_path was built from exactly this action key and its binary is intact."""
+    found = _read_artifact(meta_path)
+    return found is not None and found[1] == key and found[3] is not None
+
+
+def seal(meta: dict) -> str:
+    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
+    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
+    rest = {k: v for k, v in meta.items() if k != "seal"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _unsealed(meta) -> bool:
+    """Whether meta.json's seal disagrees with its fields (one written before seals were is taken as it is)."""
+    return isinstance(meta, dict) and "seal" in meta and meta["seal"] != seal(meta)
+
+
+def current_meta(meta_path: str, key: str) -> dict | None:
+    """meta.json's content (less its seal) when that artifact was built from exactly this key, else None."""
+    try:
+        meta = json.loads(Path(meta_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("key") != key or _unsealed(meta):
+        return None
+    meta.pop("seal", None)
+    return meta
+
+
+class KeyIndex(JsonState):
+    """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
+    identities (inode, mtime, ctime, size) of both in out/.kforge/.
+
+    A no-op run over thousands of targets then stats two files per target instead of reading meta.json and
+    hashing its binary. meta.json and binaries are only ever replaced by rename (a new inode), so matching
+    identities mean unchanged content; anything else (a rebuilt, restored, edited, corrupted or deleted file)
+    is read and hashed again. Only a hint: the files on disk always decide.
+    """
+
+    def __init__(self, path):
+        super().__init__(path)
+        # meta.json identities as is_current stat'ed them in this process, dropped when the target's task runs:
+        # the bundle's up-to-date check (package.py) reuses them instead of stat'ing every meta.json again
+        self.seen: dict[str, list | None] = {}
+
+    def is_current(self, meta_path: str, key: str) -> bool:
+        """meta.json holds `key` and the binary it names is there with the sha256 it records."""
+        meta_stamp = self.seen[meta_path] = stamps.identity(meta_path)
+        if meta_stamp is None:
+            return False
+        entry = self.entries.get(meta_path)
+        if isinstance(entry, list) and len(entry) == 4 and entry[0] == meta_stamp:
+            if entry[1] != key:
+                return False
+            if entry[3] is not None and stamps.identity(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
+                return True
+        found = _read_artifact(meta_path)
+        if found is not None:
+            self.entries[meta_path] = list(found)
+            self.changed = True
+        return found is not None and found[1] == key and found[3] is not None
+
+    def refresh(self, meta_path: str) -> None:
+        """After the target's task ran (built or failed): remember a freshly built artifact (read and hashed
+        once), so that the next run only stats it."""
+        self.seen.pop(meta_path, None)
+        found = _read_artifact(meta_path)
+        if found is not None:
+            self.entries[meta_path] = list(found)
+            self.changed = True
+
+    def meta_identity(self, meta_path: str) -> list | None:
+        """meta.json's identity: as is_current saw it, unless the target's task ran since; else stat'ed now."""
+        return self.seen[meta_path] if meta_path in self.seen else stamps.identity(meta_path)
+
+
+def _read_artifact(meta_path: str) -> tuple | None:
+    """(meta.json's identity, its key, its binary's name, the binary's identity if its sha256 matches meta.json's
+    else None), or None when meta.json is unreadable. Each identity comes from the open file that was read."""
+    try:
+        with open(meta_path, "rb") as f:
+            meta_stamp, meta = stamps.identity(meta_path, f.fileno()), json.loads(f.read())
+        if _unsealed(meta):
+            return None
+        key, name = meta.get("key"), plain_name(meta.get("binary"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(meta_path), name), "rb") as f:
+            stamp, digest = stamps.identity("", f.fileno()), hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        stamp = digest = None
+    return meta_stamp, key if isinstance(key, str) else None, name, stamp if digest == meta.get("sha256") else None
+
+
+def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
+         shared: int, **toolchain_fields) -> dict:
+    """meta.json's content: the fields every artifact has, whatever compiled it, plus the toolchain's own."""
+    from kforge.load.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
+    arch = ARCHS[target.arch]
+    return {
+        "schema": schema.ARTIFACT_SCHEMA,
+        "target": target.name,
+        "kernel": target.kernel,
+        "config_id": target.config_id,
+        "config": dict(target.config),
+        "arch": target.arch,
+        "vendor": arch.vendor,
+        "toolchain": target.toolchain,
+        "binary": binary_name,
+        "sha256": sha256(binary),
+        "size": len(binary),
+        "symbol": symbol,
+        "num_warps": num_warps,
+        "warp_size": warp_size,
+        "threads_per_block": num_warps * warp_size,
+        "shared": shared,
+        "signature": [{"name": a, "type": t} for a, t in target.signature if t not in COMPILE_TIME],
+        "constexprs": dict(target.constexprs),
+        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
+        "toolchain_versions": dict(target.toolchain_versions),
+        "key": target.key,
+        **({"env": dict(target.env)} if target.env else {}),
+        # what the module's import saw (rules/load/device_model.py): the reference GPU's name, the set-up hooks run
+        **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
+        **({"setup": list(target.setup)} if target.setup else {}),
+        **toolchain_fields,
+    }
+
+
+def _guard(directory: Path) -> None:
+    """An artifact directory, out/<arch>/<kernel>/<config_id>, is written only inside its out/ (out_dir.guard):
+    a link planted under out/ never carries a build's writes elsewhere."""
+    try:
+        out_dir.guard(directory.parents[2], directory / META)
+    except out_dir.OutsideOut as e:
+        raise ArtifactError(str(e)) from None
+
+
+def write(directory: Path, binary_name: str, binary: bytes, meta: dict) -> None:
+    _guard(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
+        _unlink(directory / stale)
+    atomic_write(directory / binary_name, binary)
+    sealed = {**meta, "seal": seal(meta)}
+    atomic_write(directory / META, (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode())
+
+
+TRACEBACK = "\n\nTraceback in the compiler's process:\n"   # in error.txt after the message (rules/compile/action.py)
+INPUTS = "inputs: "   # error.txt's second line for a deterministic failure: what its compile read, as JSON
+
+
+def write_error(directory: Path, key: str, message: str, inputs: list | None = None) -> None:
+    """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
+    ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
+    try:
+        _guard(directory)
+    except ArtifactError:
+        return   # nothing written or removed there; the failure itself is reported as usual
+    directory.mkdir(parents=True, exist_ok=True)
+    _unlink(directory / META)
+    read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
+    atomic_write(directory / ERROR, f"key: {key}\n{read}{message}\n".encode())
+
+
+def saved_failure(target) -> str | None:
+    """The message of the target's deterministic failure (a compile error, a resource check) while its key and
+    every file its compile read are unchanged: the compile would fail the same way, so it is reported from
+    error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed)."""
+    try:
+        with open(os.path.join(target.out_dir, ERROR), "rb") as f:
+            head, read, rest = f.read().decode("utf-8", "replace").split("\n", 2)
+        inputs = json.loads(read.removeprefix(INPUTS)) if read.startswith(INPUTS) else None
+    except (OSError, ValueError):
+        return None
+    if head != f"key: {target.key}" or not isinstance(inputs, list):
+        return None
+    from kforge.store.inputs import InputIndex
+    from kforge.base.layout import Layout
+    index = InputIndex.of(Layout.around(target.out).observed_inputs)
+    if any(not isinstance(x, list) or len(x) != 2 or index.digest(x[0]) != x[1] for x in inputs):
+        return None
+    return rest.split(TRACEBACK, 1)[0].rstrip("\n")
+
+
+def load(directory: Path) -> tuple[dict, bytes]:
+    """meta.json and its binary, checked: sha256, ELF machine/arch flags, non-trivial kernel code."""
+    meta_path = directory / META
+    try:
+        meta = json.loads(meta_path.read_text())
+        binary = (directory / plain_name(meta["binary"])).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
+    if _unsealed(meta):
+        raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
+                            f"fields); build it again (doit)")
+    verify(meta, binary, directory)
+    return meta, binary
+
+
+def verify(meta: dict, binary: bytes, directory: Path) -> None:
+    """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
+    if meta.get("arch") not in ARCHS:
+        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
+    try:
+        schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
+                            f"delete {directory} and build again") from None
+
+
+def plain_name(name) -> str:
+    """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
+    if not schema.is_plain_name(name):
+        raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
+                            f"no '/' and not starting with '.')")
+    return name
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
+    meta_bytes = (directory / META).read_bytes()
+    binary = plain_name(json.loads(meta_bytes)["binary"])
+    return {META: meta_bytes, binary: (directory / binary).read_bytes()}
+
+
+BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
+
+
+def check_bound(target, meta) -> None:
+    """ArtifactError unless meta.json is the target's own: its target, kernel, config id, config, arch and key
+    equal the target's. A meta.json is data: one copied, fetched or returned for another target (another arch's
+    binary under this target's key, say) must never stand in for this one."""
+    if not isinstance(meta, dict):
+        raise ArtifactError("its meta.json is not a JSON object")
+    wanted = {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
+              "key": target.key}
+    for field in BOUND_FIELDS:
+        if meta.get(field) != wanted[field]:
+            raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
+                                f"{_brief(wanted[field])}")
+    if meta.get("config") != json.loads(json.dumps(dict(target.config))):   # as JSON gives it back
+        raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
+                            f"{dict(target.config)}")
+
+
+def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
+    """Check an artifact received as files (files_of's form) for `target`, from any source that is not this
+    build's own compile (a remote cache, a Dask worker, a local cache): every name is a plain file name, the
+    files are exactly meta.json and the binary it names, meta.json is bound to the target (check_bound) and
+    sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF checks for the
+    TARGET's arch (never the arch meta.json claims). Nothing is written: (meta, binary name, binary), or
+    ArtifactError saying why in one line (the caller names where the files came from)."""
+    try:
+        for name in files:
+            plain_name(name)
+        meta = json.loads(files[META])
+        check_bound(target, meta)
+        binary_name = meta.get("binary")
+        if set(files) != {META, binary_name}:
+            raise ArtifactError(f"it holds {_brief(sorted(files))}, not exactly {META} and the binary it names "
+                                f"({_brief(binary_name)})")
+        if _unsealed(meta):
+            raise ArtifactError("its meta.json's seal does not match its fields")
+        binary = files[binary_name]
+        schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise ArtifactError(f"its binary is refused: {e}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
+        raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
+    meta.pop("seal", None)   # write() seals it again
+    return meta, binary_name, binary
+
+
+def install(target, files: dict[str, bytes]) -> None:
+    """Put an artifact received as files (untrusted) in place for `target`: accept() checks everything in memory
+    first, then it is written as a build writes it (binary, then meta.json, each by rename). A refused one
+    writes nothing."""
+    meta, binary_name, binary = accept(target, files)
+    write(Path(target.out_dir), binary_name, binary, meta)
+
+
+def _brief(value, limit: int = 80) -> str:
+    """A value from an untrusted meta.json, for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def remove(out: str, directory: str) -> None:
+    """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
+    out_dir.remove_artifact_dir(Path(out), Path(directory))
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:   # a directory where meta.json belongs (a damaged out/): this directory is ours
+        shutil.rmtree(path)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,102 @@
+"""Writing and deleting inside out/ only: the one guard every write or removal under out/ passes, and the
+artifact directories that belong to no target.
+
+guard(out, path) is the check: a path is written or deleted only when its parent directories, links followed,
+lie inside out/ (out/ itself may be a link: the whole tree is then elsewhere, as the user chose). The entry
+itself is never followed: files are replaced by rename and links unlinked as links. So a link planted under
+out/ (out/dist leading to a home directory, say) never carries a write or a delete outside it.
+`doit clean` and `doit prune` delete artifact directories out/<arch>/<kernel>/<config_id>/; directories left
+empty are removed up to, never including, out/ itself.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from kforge.base.archs import ARCHS
+
+
+class OutsideOut(ValueError):
+    pass
+
+
+def guard(out: Path, path: Path) -> Path:
+    """`path` itself, when writing or deleting it stays inside out/ (see the module's docstring); else OutsideOut
+    in one line naming the link that leads out and the fix."""
+    root = Path(out).resolve()
+    parent = Path(path).parent.resolve()
+    if parent == root or root in parent.parents:
+        return Path(path)
+    raise OutsideOut(f"{_leading_link(Path(out), Path(path))} leads outside out/ ({parent}); kforge writes and "
+                     f"deletes nothing outside out/: remove the link and run again")
+
+
+def _leading_link(out: Path, path: Path) -> str:
+    """The first link on the way from out/ to `path` that leads outside out/ (or `path` when none does)."""
+    root = out.resolve()
+    try:
+        parts = path.relative_to(out).parts[:-1]
+    except ValueError:   # not under out/ at all
+        return str(path)
+    step = out
+    for part in parts:
+        step = step / part
+        if step.is_symlink() and not (step.resolve() == root or root in step.resolve().parents):
+            return f"{step} (a symbolic link)"
+    return str(path)
+
+
+def remove_file(out: Path, path: Path) -> None:
+    """Delete a file of kforge's under out/ if it is there (a link is removed as a link): guarded."""
+    guard(out, path).unlink(missing_ok=True)
+
+
+def remove_artifact_dir(out: Path, directory: Path) -> bool:
+    """Delete one artifact directory (or a symlink standing in its place) and the parents it leaves empty.
+    True if something was deleted; OutsideOut if the path is not strictly inside out/."""
+    guard(out, directory)
+    out = out.resolve()
+    path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
+    if out not in path.parents:   # out/ itself
+        raise OutsideOut(f"{directory} is not inside {out}: kforge deletes nothing outside out/")
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    else:
+        return False
+    for parent in path.parents:
+        if parent == out or out not in parent.parents:
+            break
+        try:
+            parent.rmdir()   # only when empty
+        except OSError:
+            break
+    return True
+
+
+def orphaned(out: Path, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
+    """Entries out/<arch>/<kernel>/<config_id> that are the artifact directory of no current target (configs
+    dropped from a sweep, deleted specs), for the given archs (default: every arch kforge knows). Cheap: three
+    levels of os.scandir; symlinked arch or kernel directories are not entered."""
+    current = {os.path.normpath(p) for p in current}
+    found = []
+    for arch in sorted(set(archs or ARCHS) & set(ARCHS)):
+        for kernel in _subdirs(out / arch):
+            with os.scandir(kernel) as entries:
+                for entry in entries:
+                    if (entry.is_dir() or entry.is_symlink()) and os.path.normpath(entry.path) not in current:
+                        found.append(Path(entry.path))
+    return sorted(found)
+
+
+def _subdirs(directory: Path) -> list[str]:
+    if directory.is_symlink():
+        return []
+    try:
+        with os.scandir(directory) as entries:
+            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []

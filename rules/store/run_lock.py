@@ -1,0 +1,72 @@
+"""One build at a time in one out/: a command that runs tasks holds out/.kforge/run.lock (fcntl.flock) from
+before its tasks are generated to its exit; a second one started meanwhile says so in one line and waits.
+
+Waiting, not sharing the work: what is up to date is decided when the tasks are generated (each target's
+meta.json), so two runs that generated theirs at once would both compile everything. Once the first ends,
+the second generates its tasks and finds the first one's work done. The OS releases the lock when its holder
+exits however it ends (killed outright included): no stale lock to remove by hand. Commands that only read
+(`doit list`, `doit info`) take no lock and never wait.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from pathlib import Path
+
+from kforge.base import settings
+from kforge.base.layout import Layout
+from kforge.store.guard import OutsideOut, guard
+
+READ_ONLY = {"list", "info", "help", "dumpdb", "tabcompletion"}   # doit commands that change nothing in out/
+
+_held: list[int] = []   # the lock's descriptor, open until the process exits (the OS then releases the lock)
+
+
+def hold(out: Path, command: str | None) -> None:
+    """Take the lock for `command` (a doit command's name; None: not run by a doit command); wait for it, with
+    one line, while another run holds it."""
+    if command is None or command in READ_ONLY or _held:
+        return
+    path = Layout.around(out).state / "run.lock"
+    try:
+        guard(out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OutsideOut as e:
+        sys.stderr.write(f"kforge: {e}\n")
+        raise SystemExit(2)
+    except OSError as e:   # a link or a directory planted where the lock file belongs
+        sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); remove it and run again\n")
+        raise SystemExit(2)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
+        sys.stderr.write(f"kforge: waiting for {holder} to finish: one build at a time in {out} ({path}; Ctrl-C "
+                         f"stops waiting)\n")
+        sys.stderr.flush()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    os.ftruncate(fd, 0)   # who holds it, for the next one's line
+    shown = " ".join(["doit", *map(_hide_secret, sys.argv[1:])])   # as typed; `command` is doit's name ("run")
+    os.pwrite(fd, f"`{shown}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})".encode(), 0)
+    _held.append(fd)
+
+
+def _hide_secret(arg: str) -> str:
+    """`cache_key=...` as `cache_key=(hidden)`: the lock file is readable by whoever reads out/."""
+    name = arg.split("=", 1)[0]
+    return f"{name}=(hidden)" if "=" in arg and getattr(settings.SETTINGS.get(name), "secret", False) else arg
+
+
+def command() -> str | None:
+    """The name of the doit command loading dodo.py, or None. doit passes it to nothing dodo.py sees, so it is
+    found on the stack: DoitCmdBase.execute() imports dodo.py."""
+    from doit.cmd_base import DoitCmdBase
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = frame.f_locals.get("self")
+        if isinstance(found, DoitCmdBase):
+            return found.name
+        frame = frame.f_back
+    return None

@@ -1,0 +1,146 @@
+"""`doit tune`: one task per (family with a [tune] table, arch), run on a GPU of that arch; not a default task.
+
+The task runs rules/tune/gpu_bench.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
+holds the current tuning key: a digest of the family's built artifacts (their sha256), the shape list,
+the harness and tuner code, and the GPU (name, arch, driver). Anything else (a touch, a rebuilt but
+identical binary, another checkout) keeps the table.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import kforge_runtime
+from kforge.store import artifact, guard as out_dir
+from kforge.base import stamps
+from kforge.base.archs import ARCHS
+from kforge.base.layout import Layout
+from kforge.base.target import Target
+
+TUNE_SCHEMA = 1
+RULES, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent
+TUNER_FILES = (RULES / "tune_gpu.py", RUNTIME / "launch.py", RUNTIME / "select.py")
+
+
+def table_path(root: Path, arch: str, kernel: str) -> Path:
+    return Layout(root).tuning_table(arch, kernel)
+
+
+def local_vendors() -> set[str]:
+    """Vendors whose GPU driver is present, from device nodes alone: no driver call at task creation, so
+    `doit tune` on an NVIDIA machine makes no tasks for AMD archs (and the other way round)."""
+    found = {"nvidia"} if os.path.exists("/dev/nvidiactl") else set()
+    if os.path.exists("/dev/kfd"):
+        found.add("amd")
+    return found
+
+
+def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
+    """families: the catalog's (rules/plan/catalog.py). A tuned family's spec is loaded only by its task's actions
+    (when `doit tune` runs), never while tasks are made: a no-op build pays nothing for tuning."""
+    yield {"basename": "tune", "name": None,
+           "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
+    vendors = local_vendors()
+    for family in families:
+        if not family.tuned:
+            continue
+        archs = sorted({t.arch for t in targets if t.kernel == family.name})
+        for arch in archs:
+            if vendors and ARCHS[arch].vendor not in vendors:
+                continue
+            mine = [t for t in targets if t.kernel == family.name and t.arch == arch]
+            yield {
+                "basename": "tune",
+                "name": f"{family.name}@{arch}",
+                "doc": f"tune {family.name} for {arch} on its [tune] shapes (needs a {arch} GPU)",
+                "actions": [(run_tuning_of, [family.path, arch, mine, root])],
+                "task_dep": [t.name for t in mine],
+                "uptodate": [(is_current_of, [family.path, arch, mine, root])],
+                "targets": [str(table_path(Path(root), arch, family.name))],
+                "clean": [(remove, [family.name, arch, root])],
+                "meta": {"after_failed_deps": True},   # tune what did build; the rest is reported failed
+                "verbosity": 2,
+            }
+
+
+def _spec(spec_path: str, root: str):
+    from kforge.declare.spec import load_spec
+    return load_spec(Path(root) / spec_path, Path(root))
+
+
+def run_tuning_of(spec_path: str, arch: str, targets: list[Target], root: str):
+    return run_tuning(_spec(spec_path, root), arch, targets, root)
+
+
+def is_current_of(spec_path: str, arch: str, targets: list[Target], root: str) -> bool:
+    try:
+        spec = _spec(spec_path, root)
+    except ValueError:   # SpecError: the run says so when the catalog is loaded again
+        return False
+    return is_current(spec, arch, targets, root)
+
+
+def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
+    """What a tuning table depends on. The artifacts count by their binaries' sha256: a rebuild that gives
+    the same bytes keeps the table, any changed binary (or one more or one fewer config) re-tunes."""
+    from kforge.load import sources   # (and ast) only where a tuning key is computed: never in a no-op build
+    metas = ((t.config_id, artifact.current_meta(t.meta_path, t.key)) for t in targets)
+    built = sorted((config_id, meta.get("sha256")) for config_id, meta in metas if meta is not None)
+    harness = sources.local_closure(root / spec.tune.harness, root)
+    payload = {"schema": TUNE_SCHEMA, "kernel": spec.name, "arch": arch, "artifacts": built,
+               "shape_args": spec.tune.shape_args, "shapes": spec.tune.shapes,
+               "harness": sources.digest_files(harness, root),
+               "tuner": [artifact.sha256(f.read_bytes()) for f in TUNER_FILES], "gpu": gpu}
+    return stamps.digest(payload)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_identity(root: str) -> dict:
+    """The local GPU, asked in a child process: doit's own process must not create a GPU context before
+    it forks its workers. Raises RuntimeError with the child's message when there is no usable GPU."""
+    proc = subprocess.run([sys.executable, "-m", "kforge_runtime.device"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip() or f"kforge_runtime.device exited with {proc.returncode}")
+    return json.loads(proc.stdout)
+
+
+def is_current(spec, arch: str, targets: list[Target], root: str) -> bool:
+    try:
+        table = json.loads(table_path(Path(root), arch, spec.name).read_bytes())
+        return table.get("key") == tuning_key(spec, arch, targets, Path(root), gpu_identity(root))
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        return False
+
+
+def run_tuning(spec, arch: str, targets: list[Target], root: str):
+    from doit.exceptions import TaskFailed
+    task = f"tune:{spec.name}@{arch}"
+    try:
+        gpu = gpu_identity(root)
+    except RuntimeError as e:
+        return TaskFailed(f"{task}: {e}")
+    if arch not in gpu["archs"]:
+        return TaskFailed(f"{task}: this GPU is {gpu['name']} (runs {', '.join(gpu['archs'])}); tune {arch} on a "
+                          f"{arch} GPU, or choose archs here: `doit tune archs={gpu['archs'][0]}`")
+    root_path = Path(root)
+    key = tuning_key(spec, arch, targets, root_path, gpu)
+    out = table_path(root_path, arch, spec.name).relative_to(root_path)
+    proc = subprocess.run([sys.executable, "-m", "kforge.tune.gpu_bench", "--spec", spec.path, "--arch", arch,
+                           "--key", key, "--out", str(out)], cwd=root)
+    if proc.returncode != 0:
+        return TaskFailed(f"{task}: the tuner exited with {proc.returncode} (its messages are above); "
+                          f"{out} was left as it was")
+    return None
+
+
+def remove(kernel: str, arch: str, root: str) -> None:
+    """`doit clean tune`."""
+    table, out = table_path(Path(root), arch, kernel), Layout.of(root).out
+    out_dir.remove_file(out, table)
+    out_dir.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (tune_gpu.py)
