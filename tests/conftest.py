@@ -2,19 +2,59 @@ import os
 
 import pytest
 
-from tests.support import doit, make_project, spec_text
+from tests.support import built_once, doit, make_project, spec_text
 
 # The local cache is per user and on by default: the suite's builds must neither fill the user's cache nor hit
 # entries an earlier test (or the user's own builds) left there. Tests of the cache name a directory of their own.
 os.environ["KFORGE_LOCAL_CACHE"] = "off"
 
+
+def pytest_addoption(parser):
+    parser.addoption("--simulate-all", action="store_true",
+                     help="run every case of the simulated world's matrix (tests/test_ep_simulated_world.py); "
+                          "without it, a representative part at each world")
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = _slow_first_in_each_share(items, getattr(config, "workerinput", {}).get("workercount", 1))
+    if config.getoption("--simulate-all"):
+        return
+    skip = pytest.mark.skip(reason="a case of the full simulated matrix: run with --simulate-all")
+    for item in items:
+        if item.get_closest_marker("simulate_all"):
+            item.add_marker(skip)
+
+
+def _slow_first_in_each_share(items, workers: int):
+    """The tests marked slow (the longest: each builds a whole library) dealt out to the front of each xdist
+    worker's share, the rest in file order. worksteal hands worker k the k-th contiguous share of this order
+    (each len(left) // workers left) and lets an idle worker take the end of another's queue: a long test late
+    in a queue becomes the whole run's tail, one at the front runs while the others share the rest."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    rest = [item for item in items if not item.get_closest_marker("slow")]
+    shares, left = [], len(items)
+    for k in range(workers):
+        shares.append(left // (workers - k))
+        left -= shares[-1]
+    dealt = [slow[k::workers] for k in range(workers)]
+    ordered = []
+    for k, size in enumerate(shares):
+        take = max(0, size - len(dealt[k]))
+        ordered += dealt[k] + rest[:take]
+        rest = rest[take:]
+    return ordered + rest
+
+
 ALL_ARCHS = ("sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942", "gfx950")
+
+
+def _build_every_arch(root):
+    make_project(root, specs={"scale": spec_text(archs=ALL_ARCHS, dtypes=("fp16", "bf16"))})
+    doit(root, "-n", "2")
 
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    """A project whose scale kernel was really compiled for every arch kforge knows (doit -n 2)."""
-    root = make_project(tmp_path_factory.mktemp("built"),
-                        specs={"scale": spec_text(archs=ALL_ARCHS, dtypes=("fp16", "bf16"))})
-    doit(root, "-n", "2")
-    return root
+    """A project whose scale kernel was really compiled for every arch kforge knows (doit -n 2), once for the
+    whole run (every xdist worker): tests only read it, or change a copy of it."""
+    return built_once(tmp_path_factory, "every-arch", _build_every_arch)

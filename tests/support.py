@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -171,3 +172,27 @@ class Compiled:
 
     def run(self, *args):
         pass
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A folder that build(folder) filled, made once for the whole pytest run (every xdist worker of it) and
+    then only read: tests that change it work on a copy (copy_built). The workers share the run's temporary
+    root; a lock file there makes the first worker build while the others wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base   # gw0, gw1 ... share their parent
+    folder, done = shared / f"built-once-{name}", shared / f"built-once-{name}.done"
+    with open(shared / f"built-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)   # a worker that failed half way left it
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def copy_built(folder: Path, to: Path) -> Path:
+    """A copy of a built_once folder for one test to change (copying is far cheaper than compiling again;
+    kforge finds a moved project's artifacts up to date, tests/test_build.py holds that)."""
+    shutil.copytree(folder, to, symlinks=True)
+    return to

@@ -12,21 +12,34 @@ import pytest
 
 from kforge.store import artifact
 from kforge.base.layout import Layout
-from tests.support import (REPO, build_report, default_sigint, doit, finish_or_explain, kernel_text, make_project,
-                           process_tree, spec_text, statuses, wait_until)
+from tests.support import (REPO, build_report, built_once, copy_built, default_sigint, doit, finish_or_explain,
+                           kernel_text, make_project, process_tree, spec_text, statuses, wait_until)
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
 
-@pytest.fixture
-def project(tmp_path):
-    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+def _build_two(root: Path) -> Path:
+    make_project(root, specs={"scale": spec_text(blocks=(128, 256))})
     doit(root, "-n", "2")
     assert statuses(root, "built") == set(TWO)
     return root
 
 
-def test_second_run_builds_nothing(project):
+@pytest.fixture
+def cold_project(tmp_path):
+    """The two targets built here, from nothing: for the tests whose point is a second run in the same place."""
+    return _build_two(tmp_path / "p")
+
+
+@pytest.fixture
+def project(tmp_path_factory, tmp_path):
+    """A copy of the two targets' project built once for the whole run (copying is far cheaper than compiling);
+    a copy at another path is up to date, test_restored_out_on_another_checkout_rebuilds_nothing holds that."""
+    return copy_built(built_once(tmp_path_factory, "two-targets", _build_two), tmp_path / "p")
+
+
+def test_second_run_builds_nothing(cold_project):
+    project = cold_project
     doit(project)
     assert statuses(project, "up-to-date") == set(TWO)
 
@@ -53,8 +66,10 @@ def test_source_edit_rebuilds_its_targets(project):
 
 
 @pytest.mark.parametrize("edited", ["kernel source", "spec"])
-def test_an_in_place_edit_keeping_size_and_mtime_is_noticed(project, edited):
-    """The saved catalog and the source caches go by file identity: only the ctime tells this edit apart."""
+def test_an_in_place_edit_keeping_size_and_mtime_is_noticed(cold_project, edited):
+    """The saved catalog and the source caches go by file identity: only the ctime tells this edit apart (in the
+    project where it was built: in a copy every file's identity differs anyway)."""
+    project = cold_project
     path, old, new = ((project / "tk" / "scale.py", "* 2)", "* 3)") if edited == "kernel source" else
                       (project / "specs" / "scale.toml", "[128, 256]", "[128, 512]"))
     st = path.stat()

@@ -187,6 +187,7 @@ def _meta(root: Path, target: str) -> dict:
     return json.loads((root / "out" / arch / kernel / config / "meta.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_own_configs_and_heuristics(
         tmp_path, devlib):
     site, env = devlib

@@ -389,6 +389,7 @@ def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_p
         Catalog(root, None, 50_000).load()
 
 
+@pytest.mark.slow
 def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_the_targets_whose_compile_read_it(site, tmp_path):
     """Autotuned and heuristics-wrapped entries included: configs from the autotuner, values from the heuristics.
     The top-level __init__ imports every op, so every compile reads (runs) each op's file: an edit of one

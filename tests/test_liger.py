@@ -36,7 +36,16 @@ def _autotuned(module: str, entry: str) -> bool:
     return any("autotune" in ast.unparse(d) for d in fn.decorator_list)
 
 
-def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_family(tmp_path):
+def _listed(root: Path, kernels: dict[str, dict], env: dict | None = None) -> set[str]:
+    """Every target of the liger specs' project at root (each kernel's, 2 to 8 a kernel)."""
+    listed = {t for t in doit(root, "list", "--all", "--quiet", env=env).stdout.split() if "@" in t}
+    assert {t.split(":")[0] for t in listed} == set(kernels)
+    assert len(listed) >= 2 * len(kernels) and len(listed) < 150
+    return listed
+
+
+@pytest.mark.slow
+def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger_kernel is not installed")
     specs = _specs()
@@ -47,11 +56,7 @@ def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_f
     assert len(autotuned) >= 2, autotuned
 
     root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
-    listed = {t for t in doit(root, "list", "--all", "--quiet").stdout.split() if "@" in t}
-    assert {t.split(":")[0] for t in listed} == set(kernels)
-    assert len(listed) >= 2 * len(kernels) and len(listed) < 150
-
-    # 1. the installed package: every target builds
+    listed = _listed(root, kernels)
     doit(root, "-n", "2")
     report = json.loads((root / "out" / "build-report.json").read_text())
     assert report["counts"]["failed"] == 0 and report["counts"]["built"] == len(listed)
@@ -73,12 +78,22 @@ def test_liger_kernels_build_and_an_edit_in_a_shadowing_copy_rebuilds_only_its_f
     assert ("liger_cross_entropy", "weight_ptr", "NoneType") in constexpr_types   # an optional input, None
     assert ("liger_rms_norm_bwd", "X_dtype", "str") in constexpr_types           # a dtype constexpr ("bf16")
 
-    # 2. a copy of the package (and its dist-info) ahead of the installed one, in a second project: every
-    # target builds from the copy, each meta.json listing what its compile read of it; an edit of a file no
-    # compile read rebuilds nothing (test_switching_... below edits one every compile reads)
+
+@pytest.mark.slow
+def test_every_liger_kernel_builds_from_a_shadowing_copy_and_an_edit_no_compile_read_rebuilds_nothing(tmp_path):
+    """A copy of the package (and its dist-info) ahead of the installed one: every target builds from the copy,
+    each meta.json listing what its compile read of it; an edit of a file no compile read rebuilds nothing
+    (test_switching_... below edits one every compile reads). Its own test, apart from the installed package's
+    build above: the two cold builds of the whole library can run on two pytest workers at once."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger_kernel is not installed")
+    specs = _specs()
+    kernels = {s["kernel"]["name"]: s["kernel"] for s in specs.values()}
     site = _shadowing_copy(tmp_path / "site")
     env = {"PYTHONPATH": str(site)}
     second = make_project(tmp_path / "q", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
+    listed = _listed(second, kernels, env)
+    assert _listed(second, kernels) == listed   # the copy lists what the installed package does
     doit(second, "-n", "2", env=env)
     assert statuses(second, "built") == listed
     read = [dict(json.loads(m.read_text())["inputs"]) for m in (second / "out").glob("*/*/*/meta.json")]
@@ -99,6 +114,7 @@ def _shadowing_copy(site: Path) -> Path:
     return site
 
 
+@pytest.mark.slow
 def test_switching_to_a_shadowing_copy_then_editing_it_rebuilds_its_family(tmp_path):
     """The saved catalog holds which copy an import finds (sys.path and the places looked in before it)."""
     if importlib.util.find_spec("liger_kernel") is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import observed_library
-from tests.support import doit, make_project, spec_text, statuses
+from tests.support import built_once, copy_built, doit, make_project, spec_text, statuses
 
 WRAPPED = "kfl_wrap:fp32-block128@sm_90a"
 
@@ -20,6 +20,21 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
     site = observed_library.write(tmp_path / "site")
     root = make_project(tmp_path / "p", specs={"scale": spec_text(), **observed_library.specs()})
     return root, {"PYTHONPATH": str(site)}
+
+
+def _build_cold(folder: Path) -> None:
+    """The library in folder/site and the project in folder/p, built from nothing: every listed target built."""
+    root, env = _project(folder)
+    listed = _listed(root, env)
+    doit(root, "-n", "2", env=env)
+    assert statuses(root, "built") == listed
+
+
+@pytest.fixture
+def built_copy(tmp_path_factory, tmp_path) -> tuple[Path, dict]:
+    """A copy (at tmp_path/site and tmp_path/p) of the project built once for the whole run (_build_cold)."""
+    copy_built(built_once(tmp_path_factory, "observed", _build_cold), tmp_path / "copy")
+    return tmp_path / "copy" / "p", {"PYTHONPATH": str(tmp_path / "copy" / "site")}
 
 
 def _artifacts(root: Path) -> dict[str, bytes]:
@@ -57,15 +72,14 @@ EDITS = {   # the library's file, and an edit that changes what is built
 
 
 @pytest.mark.parametrize("edited", list(EDITS))
-def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_the_earlier_bytes(tmp_path, edited):
-    root, env = _project(tmp_path)
+def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_the_earlier_bytes(built_copy, edited):
+    root, env = built_copy
     listed = _listed(root, env)
-    doit(root, "-n", "2", env=env)
-    assert statuses(root, "built") == listed
+    assert statuses(root, "built") == listed   # the copied report: its cold build built each
     before = _artifacts(root)
     library = {t for t in listed if t.startswith("kfl_")}   # every compile of kfl.ops.scale reads the file
 
-    path = tmp_path / "site" / edited
+    path = root.parent / "site" / edited
     original = path.read_text()
     _edit(path, *EDITS[edited])
     now = _listed(root, env)
@@ -91,13 +105,14 @@ def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_th
     assert _artifacts(root) == before
 
 
-def test_the_same_library_at_other_paths_with_other_mtimes_builds_the_same_bytes_with_no_path_in_them(tmp_path):
+def test_the_same_library_at_other_paths_with_other_mtimes_builds_the_same_bytes_with_no_path_in_them(
+        tmp_path_factory, built_copy, tmp_path):
     """Autotuned, heuristics and a library's own wrapper class: every function the kernels reach (the helper
     through a module object, the generated one) is named <package>/<file>, and no mtime gets in (ptxas)."""
-    first, env = _project(tmp_path / "a")
-    doit(first, "-n", "2", env=env)
+    first, env = built_copy
+    built = built_once(tmp_path_factory, "observed", _build_cold)   # where first's artifacts were compiled
     other = tmp_path / "elsewhere" / "b"
-    shutil.copytree(tmp_path / "a", other, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    shutil.copytree(first.parent, other, ignore=shutil.ignore_patterns("out", "__pycache__"))
     later = time.time() + 86400
     for path in other.rglob("*"):
         os.utime(path, (later, later))
@@ -106,16 +121,15 @@ def test_the_same_library_at_other_paths_with_other_mtimes_builds_the_same_bytes
     a, b = _artifacts(first), _artifacts(second)
     assert len(a) == 2 * len(_listed(first, env)) and a == b
     for name, data in a.items():
-        assert str(tmp_path).encode() not in data, name
+        assert str(built).encode() not in data and str(tmp_path).encode() not in data, name
     assert b"helpers.py" in a["sm_90a/kfl_auto/fp32-block128-num_warps4-num_stages3/auto_kernel.cubin"]
 
 
-def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_what_changed(tmp_path):
-    root, env = _project(tmp_path)
+def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_what_changed(built_copy):
+    root, env = built_copy
     listed = _listed(root, env)
-    doit(root, "-n", "2", env=env)
     later = time.time() + 100
-    for path in (tmp_path / "site").rglob("*.py"):
+    for path in (root.parent / "site").rglob("*.py"):
         os.utime(path, (later, later))
     doit(root, "-n", "2", env=env)
     assert statuses(root, "up-to-date") == listed
@@ -126,12 +140,13 @@ def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_
     read = [line.split() for line in info.split("inputs its compile read")[1].splitlines()[1:] if line[:4] == "    "]
     assert sorted(name for name, _ in read) == sorted([*observed_library.FILES, "kfl/configs.json"])
     assert "state: up to date" in info
-    _edit(tmp_path / "site/kfl/helpers.py", *EDITS["kfl/helpers.py"])
+    _edit(root.parent / "site/kfl/helpers.py", *EDITS["kfl/helpers.py"])
     info = doit(root, "info", WRAPPED, env=env).stdout
     assert "kfl/helpers.py  " in info and info.count("(changed since)") == 1
     assert "state: stale: kfl/helpers.py changed since it was built (its compile read it)" in info
 
 
+@pytest.mark.slow
 def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed_it_and_a_removed_one_leaves(tmp_path):
     """kfl.ops.tiled gets one autotune config per file of kfl/tiles/ (pathlib's glob): the probe and each of
     its compiles listed the folder, so the listing (its names) is their input, beside the files they read."""

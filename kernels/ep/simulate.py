@@ -4,7 +4,8 @@ in one process, the ranks simulated, checked by the same oracle and comparison a
     python -m kernels.ep.simulate                    the whole matrix at world 8 and 16 (sets TRITON_INTERPRET=1)
     python -m kernels.ep.simulate --world 4 [--world 32] [--only NAME]
 
-The tests run the same: every case at world 8 and 16, a case a test (tests/test_ep_simulated_world.py).
+The tests run it a case a test (tests/test_ep_simulated_world.py): by default a representative part of the
+matrix at world 8 and 16 (its docstring says which and why), every case with `pytest --simulate-all`.
 
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
 (the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
