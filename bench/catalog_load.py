@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, scale_project  # noqa: E402
 
-PYTHON = '''from kforge.declare.python_catalog import family
+PYTHON = '''from kforge.declare import family
 
 family(name="scale", source="tk/scale.py", entry="scale_kernel", toolchain="triton", archs=["sm_90a", "gfx942"],
        id="b{{BLOCK}}", signature={{"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}},

@@ -17,7 +17,7 @@ CATALOG = '''
 import json
 from pathlib import Path
 
-from kforge.declare.python_catalog import family
+from kforge.declare import family
 
 blocks = json.loads((Path(__file__).parent / "blocks.json").read_text())
 for dtype in ("fp16", "bf16"):
@@ -89,7 +89,7 @@ def test_an_unknown_argument_or_a_failing_file_is_one_line_naming_the_file_and_l
 
 
 def test_family_outside_a_catalog_load_says_where_it_may_be_called():
-    from kforge.declare.python_catalog import family
+    from kforge.declare import family
     with pytest.raises(SpecError, match=r"family\(\) is called by a catalog file while kforge loads it"):
         family(name="x")
 

@@ -1,7 +1,7 @@
 """Python catalogs: a catalog file (specs/*.py, or one named by [tool.kforge] catalog) calls family(...) once per
 kernel family, as a Pants BUILD file declares targets; loops, helper functions and data files are allowed.
 
-    from kforge.declare.python_catalog import family
+    from kforge.declare import family
 
     for norm in ("rms_norm", "layer_norm"):
         family(name=f"lib_{norm}", module=f"mylib.ops.{norm}", entry="fwd_kernel", toolchain="triton",
@@ -68,7 +68,7 @@ def load(path: Path, root: Path, read: set[Path] | None = None, failed: list | N
     if read is not None:
         read.update(map(Path, files))
     if not declared:
-        raise SpecError(f"{shown}: declares no family; call kforge.declare.python_catalog.family(...) in it")
+        raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
     specs = []
     for tables, filename, line, name in declared:
         where = f"{_relative(Path(filename), root)}:{line}: family {name!r}"
