@@ -1,5 +1,5 @@
 """Loading a catalog from the specs: the same 1,000-target family declared in TOML and by a Python catalog
-(kforge.declare.python_catalog.family), each loaded from the specs and turned into targets in a fresh process, alternating,
+(kforge.declare.family), each loaded from the specs and turned into targets in a fresh process, alternating,
 median of --repeat runs. This is the cold load a run pays when the saved catalog does not hold (a spec,
 a kernel source or kforge changed); a no-op run loads neither (bench/noop.py).
 
