@@ -1,6 +1,6 @@
 """compile_core: compile_into handing back a (fake) backend's binary as a candidate artifact, compiled with
 another project's out/ for its scratch files, through a real compile server. checked()'s refusals are in
-tests/test_build.py; CompileResult is tested in tests/test_arrival.py."""
+tests/test_action.py; CompileResult is tested in tests/test_arrival.py."""
 import json
 import os
 import subprocess

@@ -12,7 +12,7 @@ from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
 from kforge.edge.dodo_tasks import load_specs
 from tests.support import doit, make_project, time_limit
-from tests.test_declare import CATALOG, python_project
+from tests.test_python_catalog import CATALOG, python_project
 from tests.test_installed import install, spec
 
 # starts a process that would outlive the load, and says which

@@ -1,4 +1,4 @@
-"""The tuner's CPU-checkable parts (the measuring itself runs on a GPU: tests/test_tune_gpu_device.py)."""
+"""The tuner's CPU-checkable parts (the measuring itself runs on a GPU: tests/test_gpu_bench_device.py)."""
 import subprocess
 import sys
 

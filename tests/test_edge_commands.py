@@ -1,4 +1,4 @@
-"""kforge's doit commands as a user types them: info, clean, prune (forget: tests/test_build.py)."""
+"""kforge's doit commands as a user types them: info, clean, prune (forget: tests/test_action.py)."""
 import os
 
 import pytest

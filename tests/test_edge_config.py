@@ -1,5 +1,5 @@
-"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's (test_doit_runner.py)
-nor the backend's (test_doit_backend.py), and the doit internals its patches rely on."""
+"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's (test_edge_runner.py)
+nor the backend's (test_edge_backend.py), and the doit internals its patches rely on."""
 import gc
 import importlib
 import importlib.metadata

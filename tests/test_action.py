@@ -101,7 +101,7 @@ def test_an_in_tree_virtualenv_is_never_walked_by_a_compile(tmp_path):
     from <project>/.venv) and then Triton targets: Triton's compile must not look into torch's modules (their
     module-level __getattr__ raised 'Torch not compiled with CUDA enabled' for every Triton target)."""
     import torch
-    from tests.test_flydsl import fly_kernel, fly_spec
+    from tests.test_flydsl_backend import fly_kernel, fly_spec
     root = make_project(tmp_path / "p", specs={"copy": fly_spec(), "scale": spec_text(archs=("sm_90a", "gfx942"))},
                         kernels={"copy": fly_kernel(), "scale": kernel_text()})
     venv = root / ".venv"

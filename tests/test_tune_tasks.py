@@ -1,5 +1,5 @@
 """`doit tune`'s CPU side: which tasks exist, when a table is current (its key), and the errors without a GPU.
-The benchmark itself runs on a GPU (tests/test_tune_gpu_device.py)."""
+The benchmark itself runs on a GPU (tests/test_gpu_bench_device.py)."""
 import json
 import os
 
