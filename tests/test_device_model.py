@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from kforge.load import device_model
 from kforge.base.archs import ARCHS
 from kforge.load.device_model import DEVICES
 from tests import device_library

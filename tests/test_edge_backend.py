@@ -2,7 +2,6 @@
 damaged file and a full disk are one line each; removals are listed for `doit forget`."""
 import sqlite3
 
-import pytest
 from doit.dependency import Dependency, JSONCodec, SqliteDB
 
 from kforge.edge.backend import KforgeSqliteDB
