@@ -28,6 +28,7 @@ def test_what_is_put_is_served_back_and_each_request_is_logged(tmp_path):
             assert got.read() == b"blob"
         assert (server.store / "cas" / "abc").read_bytes() == b"blob"
         assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]
+        assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]   # its own log-marker requests are not listed
 
 
 @needs_nginx
