@@ -54,7 +54,8 @@ def test_every_way_python_lists_a_folder_is_recorded_with_its_names(tmp_path):
                  'list(os.walk(os.path.join(sys.path[0], "pkg", "configs")))'):
         assert set(_record(tmp_path, body)["folders"]) == {"lib/pkg/configs"}, body
     # modules found by listing the package (a plugin loader): the listings (pkgutil lists each subfolder to
-    # tell a package), and the modules it imported
+    # tell a package, __pycache__ too, which is no input: every import may change it), and the modules it imported
+    (tmp_path / "lib" / "pkg" / "__pycache__").mkdir()
     found = _record(tmp_path, '''
         import importlib, pkg
         for m in pkgutil.iter_modules(pkg.__path__):

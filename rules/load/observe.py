@@ -209,7 +209,8 @@ class Recorder:
 
     def _folder(self, path: str) -> str | None:
         real = os.path.realpath(path)
-        if not os.path.isdir(real) or (real + os.sep).startswith(self.skip) or real.endswith(METADATA):
+        if (not os.path.isdir(real) or (real + os.sep).startswith(self.skip) or real.endswith(METADATA)
+                or os.path.basename(real) == "__pycache__"):   # the interpreter's, changed by every import
             return None
         return real if self._inside(real) else None
 
