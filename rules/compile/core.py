@@ -98,6 +98,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     start = time.time()
     device_model.serving(target.kernel)
     recorder = _observed(target)
+    recorder.skip_out(str(target.layout.out))   # where scratch_dir lies: the project's out/, or a private one
     try:
         with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
             lowered = backend.lower(target, scratch_dir)

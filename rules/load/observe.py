@@ -143,6 +143,12 @@ class Recorder:
             sys.addaudithook(cls.installed._hook)
         return cls.installed
 
+    def skip_out(self, out: str) -> None:
+        """Never record what is read under another out/ (a Dask worker's private one holds a compile's scratch)."""
+        folder = os.path.realpath(out) + os.sep
+        if folder not in self.skip:
+            self.skip = (*self.skip, folder)
+
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
         self.seen, self.listed, self.modules = set(), {}, set(sys.modules)

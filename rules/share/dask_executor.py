@@ -48,7 +48,8 @@ def compile_remote(target, root: str, timeout: float, executor: str, compile_int
 def run_on_worker(compile_into, target, root: str, timeout: float):
     """On a Dask worker: compile with a private out/ for its scratch files; (ok, seconds, candidate | error)."""
     from distributed import get_worker
-    scratch = Path(tempfile.mkdtemp(prefix="kforge-dask-"))
+    # inside the worker's own folder: Dask purges a killed worker's, where a finally here never runs
+    scratch = Path(tempfile.mkdtemp(prefix="kforge-", dir=get_worker().local_directory))
     try:
         outcome = compile_into(target, scratch, root, timeout)
         if not outcome.ok:
