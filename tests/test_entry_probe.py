@@ -1,6 +1,7 @@
 """rules/load/entry_probe.py with rules/declare/spec.py and rules/plan/targets.py: the autotuner as the library defines it (its
 pruning, its own Autotuner subclass, do_not_specialize; a perf_model noted, not applied) and a heuristic's value
 pinned by the spec ([override]). The library is tests/tune_library.py."""
+import subprocess
 import sys
 
 import pytest
@@ -139,3 +140,24 @@ def test_the_pruned_configs_build_and_doit_info_shows_the_autotuner_and_the_over
     assert "    the library's own autotuner kforge_tunelib.ops.gemm.LibTuner(max_warps)\n" in info
     assert "    never specialized by @triton.jit: M (do_not_specialize)\n" in info
     assert "state: up to date" in info
+
+
+def test_pointer_stand_ins_are_made_only_when_a_rule_reads_a_pointer():
+    """A heuristic that reads only the spec's values never imports torch in the probe (1.3 s of CPU a probe); one
+    that reads a pointer gets a meta tensor of its element type, and a whole view (`{**args}`) holds them all."""
+    script = """
+import subprocess
+import sys
+from kforge.load.entry_probe import _Arguments
+args = _Arguments({"n": 4096, "x_ptr": 7}, {"x_ptr": "fp16", "y_ptr": "bf16"})
+assert args["n"] == 4096 and args.get("missing") is None and args["x_ptr"] == 7   # the spec's value stands
+assert "torch" not in sys.modules
+assert "y_ptr" in args and str(args["y_ptr"].dtype) == "torch.bfloat16" and args["y_ptr"].device.type == "meta"
+assert sorted({**_Arguments({"n": 1}, {"z_ptr": "fp32"})}) == ["n", "z_ptr"]
+try:
+    _Arguments({}, {})["n"]
+except KeyError:
+    print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr

@@ -290,7 +290,7 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
             continue
         saved = tuner.configs, getattr(tuner, "perf_model", None), getattr(tuner, "nargs", None)
         tuner.configs = [_as_config(c) for c in group["configs"]]
-        tuner.perf_model, tuner.nargs = None, {**_stand_ins(group["pointers"]), **group["args"]}
+        tuner.perf_model, tuner.nargs = None, _Arguments(group["args"], group["pointers"])
         try:
             chosen = tuner.prune_configs(dict(group["kwargs"]))
         except KeyError as e:
@@ -338,6 +338,60 @@ def _where(e: BaseException) -> str:
     return f" (in {observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]})"
 
 
+class _Arguments(dict):
+    """The arguments a heuristic or pruner is given: the spec's values, and each pointer argument as a stand-in
+    tensor made on first use. Most rules read no pointer, and a probe that makes none never imports torch (about
+    1.3 s of CPU each time a catalog loads a family)."""
+
+    def __init__(self, given: dict, pointers: dict):
+        super().__init__(given)
+        self._pointers = {a: t for a, t in pointers.items() if a not in given}
+
+    def _make(self) -> None:
+        pointers, self._pointers = self._pointers, {}
+        for name, tensor in _stand_ins(pointers).items():
+            self.setdefault(name, tensor)
+
+    def __missing__(self, name):
+        if name not in self._pointers:
+            raise KeyError(name)
+        self._make()
+        return dict.__getitem__(self, name)   # a KeyError still for an element type torch does not have
+
+    def __contains__(self, name) -> bool:
+        if name in self._pointers:
+            self._make()
+        return dict.__contains__(self, name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    # every view of the whole makes the stand-ins first (`{**args}` included: it iterates the keys)
+    def __iter__(self):
+        self._make()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._make()
+        return dict.__len__(self)
+
+    def keys(self):
+        self._make()
+        return dict.keys(self)
+
+    def items(self):
+        self._make()
+        return dict.items(self)
+
+    def values(self):
+        self._make()
+        return dict.values(self)
+
+    def copy(self) -> dict:
+        self._make()
+        return dict(dict.items(self))
+
+
 def _stand_ins(pointers: dict) -> dict:
     """Each pointer argument as an empty tensor of its element type on the "meta" device (no memory)."""
     import torch
@@ -355,7 +409,7 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
     layers = [x for x in reversed(_layers(module, entry)) if isinstance(x, Heuristics)]
     values = []
     for i, given in enumerate(args):
-        seen, found = {**(_stand_ins(pointers[i]) if pointers else {}), **given}, {}
+        seen, found = _Arguments(given, pointers[i] if pointers else {}), {}
         for layer in layers:
             for name, rule in layer.values.items():
                 if name in (pinned or ()):   # the spec's value stands (in `given`): the rule is never run
