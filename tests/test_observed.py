@@ -25,9 +25,8 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
 def _build_cold(folder: Path) -> None:
     """The library in folder/site and the project in folder/p, built from nothing: every listed target built."""
     root, env = _project(folder)
-    listed = _listed(root, env)
     doit(root, "-n", "2", env=env)
-    assert statuses(root, "built") == listed
+    assert statuses(root, "built") == _listed(root, env)   # listed after: from the catalog the build saved
 
 
 @pytest.fixture
@@ -83,8 +82,8 @@ def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_th
         path = root.parent / "site" / edited
         original = path.read_text()
         _edit(path, *change)
-        now = _listed(root, env)
         doit(root, "-n", "2", env=env)
+        now = _listed(root, env)   # after the build: the catalog it loaded and saved
         rebuilt = library & now
         assert statuses(root, "built") == rebuilt and statuses(root, "up-to-date") == now - rebuilt, edited
         assert _readers(root, edited) & now == rebuilt and "scale:fp16-b256-w4@sm_90a" in now - rebuilt, edited
@@ -155,16 +154,16 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     root = make_project(tmp_path / "p", specs={"scale": spec_text(), **observed_library.specs(tiled=True)})
     env = {"PYTHONPATH": str(site)}
     tile = lambda block: f"kfl_tiles:fp32-block{block}-num_warps4-num_stages3@sm_90a"
-    listed = _listed(root, env)
-    assert {t for t in listed if t.startswith("kfl_tiles:")} == {tile(128), tile(256)}
     doit(root, "-n", "2", env=env)
+    listed = _listed(root, env)   # each list after a build: the catalog it saved
+    assert {t for t in listed if t.startswith("kfl_tiles:")} == {tile(128), tile(256)}
     assert _readers(root, "kfl/tiles/") == {tile(128), tile(256)}   # the library's scale kernels listed nothing
     before = _artifacts(root)
 
     observed_library.write_tile(site, "block512.json", {"BLOCK": 512, "num_warps": 4})
+    doit(root, "-n", "2", env=env)
     now = _listed(root, env)
     assert now == listed | {tile(512)}
-    doit(root, "-n", "2", env=env)
     assert statuses(root, "built") == {tile(128), tile(256), tile(512)}   # the listing they read changed
     assert statuses(root, "up-to-date") == listed - {tile(128), tile(256)}
     after = _artifacts(root)
@@ -172,9 +171,9 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     assert binaries(after) == binaries(before)   # the same code: only their inputs (in meta.json) moved
 
     (site / "kfl" / "tiles" / "block256.json").unlink()
+    doit(root, "-n", "2", env=env)
     now = _listed(root, env)
     assert now == listed - {tile(256)} | {tile(512)}
-    doit(root, "-n", "2", env=env)
     assert statuses(root, "built") == {tile(128), tile(512)} and statuses(root, "up-to-date") == now - statuses(root, "built")
     info = doit(root, "info", tile(128), env=env).stdout
     assert "kfl/tiles/  " in info and "kfl/tiles/block128.json  " in info and "state: up to date" in info
