@@ -133,14 +133,15 @@ def test_switching_to_a_shadowing_copy_then_editing_it_rebuilds_its_family(tmp_p
         pytest.skip("liger_kernel is not installed")
     names = ("liger_swiglu_fwd", "liger_geglu_fwd")
     root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in names}, kernels={})
-    doit(root, "-n", "2")                        # the installed package
+    one_arch = "archs=sm_90a"   # which copy is found is the same question on every arch
+    doit(root, "-n", "2", one_arch)                        # the installed package
     listed = statuses(root, "built")
-    assert len(listed) == 8
+    assert len(listed) == 4
     site = _shadowing_copy(tmp_path / "site")
     env = {"PYTHONPATH": str(site)}
-    doit(root, "-n", "2", env=env)               # same contents and distribution: the same keys
+    doit(root, "-n", "2", one_arch, env=env)               # same contents and distribution: the same keys
     assert statuses(root, "up-to-date") == listed
     edited = site / EDITED
     edited.write_text(edited.read_text() + "\n# edited by tests/test_liger.py\n")
-    doit(root, "-n", "2", env=env)   # importing either family's module runs liger_kernel/__init__.py: both read it
+    doit(root, "-n", "2", one_arch, env=env)   # either family's module runs liger_kernel/__init__.py: both read it
     assert statuses(root, "built") == listed
