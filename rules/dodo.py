@@ -7,27 +7,27 @@ specs (specs/, or `[tool.kforge] catalog` in its pyproject.toml) are the catalog
 """
 from pathlib import Path
 
-from kforge.edge import config as doit_edge, dodo_tasks as project
+from kforge.edge import config, dodo_tasks
 
 __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 
 ROOT = Path.cwd().resolve()
-doit_edge.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
-doit_edge.check_settings()   # a malformed setting: one line and exit code 2, before anything is read
-CATALOG = project.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
-DOIT_CONFIG = doit_edge.config(ROOT, CATALOG)
+config.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
+config.check_settings()   # a malformed setting: one line and exit code 2, before anything is read
+CATALOG = dodo_tasks.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
+DOIT_CONFIG = config.config(ROOT, CATALOG)
 
 
 def task_kernels():
     """One task per target, grouped by kernel family (`doit gemm`)."""
-    yield from project.compile_tasks(ROOT, CATALOG)
+    yield from dodo_tasks.compile_tasks(ROOT, CATALOG)
 
 
 def task_package():
     """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
-    yield from project.bundle_tasks(ROOT, CATALOG)
+    yield from dodo_tasks.bundle_tasks(ROOT, CATALOG)
 
 
 def task_tune():
     """Not a default task: on a GPU, rank each [tune] family's configs per shape (out/tune/<arch>/)."""
-    yield from project.tuning_tasks(ROOT, CATALOG)
+    yield from dodo_tasks.tuning_tasks(ROOT, CATALOG)

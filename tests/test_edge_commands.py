@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from kforge.store import guard as out_dir
+from kforge.store import guard
 from tests.support import doit, make_project, spec_text, statuses
 
 BLOCKS = (64, 128, 256)
@@ -69,10 +69,10 @@ def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
     (project / "out/gfx942").symlink_to(outside, target_is_directory=True)   # an arch dir that is a link
     assert "pruned 1 artifact " in doit(project, "prune").stdout
     assert (outside / "keep.txt").read_text() == "mine" and not (project / "out/sm_90a/scale/evil").exists()
-    with pytest.raises(out_dir.OutsideOut):
-        out_dir.remove_artifact_dir(project / "out", project / "out" / "gfx942" / "scale" / "x")
-    with pytest.raises(out_dir.OutsideOut):
-        out_dir.remove_artifact_dir(project / "out", outside)
+    with pytest.raises(guard.OutsideOut):
+        guard.remove_artifact_dir(project / "out", project / "out" / "gfx942" / "scale" / "x")
+    with pytest.raises(guard.OutsideOut):
+        guard.remove_artifact_dir(project / "out", outside)
     assert (outside / "keep.txt").exists()
 
 

@@ -65,7 +65,9 @@ def test_a_config_the_cpu_was_too_busy_to_time_is_timed_again_and_then_listed_ne
 
 def test_finished_rankings_are_kept_for_a_rerun_of_the_same_tuning_only(tmp_path):
     from kforge.tune import gpu_bench as tune_gpu
-    path = tune_gpu.progress_path(tmp_path / "gemm.json")
+    from kforge.base.layout import Layout
+    path = tune_gpu.progress_path(Layout.of(tmp_path).tuning_table("sm_90a", "gemm"))
+    path.parent.mkdir(parents=True)
     sid = tune_gpu.shape_id({"M": 1, "N": 2}, {"dtype": "bf16"})
     tune_gpu.save_progress(path, "key-1", {sid: {"ranking": [{"config_id": "a", "us": 1.0}]}})
     assert tune_gpu.load_progress(path, "key-1") == {sid: {"ranking": [{"config_id": "a", "us": 1.0}]}}

@@ -21,7 +21,7 @@ def every_path(layout: Layout) -> dict[str, Path]:
     for name, member in vars(Layout).items():
         if isinstance(member, property):
             paths[name] = getattr(layout, name)
-        elif callable(member) and not name.startswith("_") and name not in ("of", "around", *LISTINGS):
+        elif callable(member) and not name.startswith("_") and name not in ("of", "around", "holding", *LISTINGS):
             found = getattr(layout, name)(*ARGS[name])
             assert isinstance(found, str) == (name in STRINGS), name
             paths[name] = Path(found) if name in STRINGS else found
@@ -87,6 +87,15 @@ def test_package_stamp_and_tuning_table_are_one_file_per_arch_and_per_kernel(tmp
     assert layout.tuning_table("gfx942", "scale") == tmp_path / "out" / "tune" / "gfx942" / "scale.json"
     assert layout.package_stamp("gfx942") != layout.package_stamp("gfx950")
     assert layout.tuning_table("gfx942", "scale") != layout.tuning_table("gfx950", "scale")
+
+
+def test_the_layout_holding_a_file_is_found_from_its_nearest_out_folder(tmp_path):
+    project = tmp_path / "out" / "proj"   # a project inside a folder named out: the nearest one counts
+    layout = Layout.of(project)
+    for path in (layout.observed_inputs, layout.tuning_table("sm_90a", "gemm"), layout.artifact_dir("gfx942", "k", "c")):
+        assert Layout.holding(path) == layout
+    with pytest.raises(ValueError, match="not inside an out/ folder"):
+        Layout.holding(tmp_path / "elsewhere" / "x.json")
 
 
 @pytest.mark.parametrize("root", ["/some/project", "relative/project", "."])

@@ -33,6 +33,15 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
         """The layout whose out/ folder is `out` (a Target carries its out/)."""
         return cls(Path(out).parent)
 
+    @classmethod
+    def holding(cls, path) -> "Layout":
+        """The layout whose out/ holds `path` (a state file, a tuning table): the nearest folder named out/ above
+        it."""
+        found = next((p for p in Path(path).parents if p.name == OUT), None)
+        if found is None:
+            raise ValueError(f"{path} is not inside an {OUT}/ folder")
+        return cls(found.parent)
+
     @property
     def out(self) -> Path:
         return self.root / OUT

@@ -14,7 +14,7 @@ from doit.cmd_forget import Forget as DoitForget
 from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
-from kforge.store import artifact, guard as out_dir
+from kforge.store import artifact, guard
 from kforge.share import local_cache
 from kforge.report import reporter as report
 from kforge.base import settings, stamps
@@ -45,8 +45,8 @@ class Forget(DoitForget):
             for path in (target.meta_path, target.error_path) if target is not None else ():
                 if os.path.exists(path):
                     try:
-                        out_dir.remove_file(target.layout.out, Path(path))
-                    except out_dir.OutsideOut as e:
+                        guard.remove_file(target.layout.out, Path(path))
+                    except guard.OutsideOut as e:
                         self.outstream.write(f"kforge: refused: {e}\n")
         return result
 
@@ -200,14 +200,14 @@ class Clean(DoitClean):
                     try:
                         _clean(task, dryrun)   # package: its wheel and manifest (rules/ship/package.py)
                         others += 1
-                    except out_dir.OutsideOut as e:   # out/dist or out/tune is a link out of out/
+                    except guard.OutsideOut as e:   # out/dist or out/tune is a link out of out/
                         refused.append(str(e))
             elif dryrun:
                 removed += Path(target.out_dir).exists()
             else:
                 try:
-                    removed += out_dir.remove_artifact_dir(target.layout.out, Path(target.out_dir))
-                except out_dir.OutsideOut as e:
+                    removed += guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
+                except guard.OutsideOut as e:
                     refused.append(str(e))
             if cleanforget and not dryrun:
                 self.dep_manager.remove(task.name)
@@ -246,10 +246,10 @@ class Prune(DoitCmdBase):
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
         layout = Layout.of(Path.cwd())   # doit runs in dodo.py's directory
         removed, refused = 0, []
-        for path in out_dir.orphaned(layout, current, settings.get("archs")):
+        for path in guard.orphaned(layout, current, settings.get("archs")):
             try:
-                removed += out_dir.remove_artifact_dir(layout.out, path)
-            except out_dir.OutsideOut as e:
+                removed += guard.remove_artifact_dir(layout.out, path)
+            except guard.OutsideOut as e:
                 refused.append(str(e))
         self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
                              if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 from doit import cmd_run
 from doit.control import ExecNode
 
-from kforge.store import artifact, guard as out_dir, run_lock, scratch
+from kforge.store import artifact, guard, run_lock, scratch
 from kforge.base import cpus, settings
 from kforge.edge import backend as doit_backend, runner as doit_runner
 from kforge.plan import keys
@@ -78,7 +78,7 @@ def config(root: Path, catalog) -> dict:
         "before_first_task": staticmethod(_resume_gc),
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
         "find_orphans": staticmethod(list if catalog.broken else functools.partial(
-            out_dir.orphaned, layout, [t.out_dir for t in catalog.targets], settings.get("archs")))})
+            guard.orphaned, layout, [t.out_dir for t in catalog.targets], settings.get("archs")))})
     max_workers, cap_reason = _compile_cap()
     install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
     _run_after_failed_deps()

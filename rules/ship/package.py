@@ -23,7 +23,7 @@ from doit.exceptions import TaskFailed
 
 import kforge_runtime
 
-from kforge.store import artifact, guard as out_dir
+from kforge.store import artifact, guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.store.files import write_inside
@@ -62,8 +62,8 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
         return TaskFailed(str(e))
     try:   # out/dist, its wheels and manifests, the kept wheels: never through a link out of out/
         for place in (layout.dist, layout.kept_wheels, layout.state):
-            out_dir.guard(layout.out, place / dist_name(arch))
-    except out_dir.OutsideOut as e:
+            guard.guard(layout.out, place / dist_name(arch))
+    except guard.OutsideOut as e:
         return TaskFailed(f"package:{arch}: {e}")
     # stamped before reading: a change while packaging re-packages next time
     stamp = _stamp(arch, targets, root_path, tuned=tuned)
@@ -287,10 +287,10 @@ def remove(arch: str, root: str) -> None:
     """`doit clean package` (OutsideOut when out/dist leads outside out/: nothing is deleted there)."""
     layout = Layout.of(root)
     for place in (layout.manifest_copy(arch), layout.kept_wheels / dist_name(arch)):   # before the globs, which
-        out_dir.guard(layout.out, place)                                                # would list a link's target
+        guard.guard(layout.out, place)                                                # would list a link's target
     for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), *layout.kept_wheels.glob(f"{dist_name(arch)}-*.whl"),
               layout.manifest_copy(arch)]:
-        out_dir.remove_file(layout.out, f)
+        guard.remove_file(layout.out, f)
 
 
 def runtime_files(arch: str) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from kforge.store import guard as out_dir
+from kforge.store import guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.store.files import JsonState, atomic_write
@@ -163,10 +163,10 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
 
 
 def _guard(target) -> Path:
-    """The target's artifact directory, which is written only inside its out/ (out_dir.guard: OutsideOut): a
+    """The target's artifact directory, which is written only inside its out/ (guard.guard: OutsideOut): a
     link planted under out/ never carries a build's writes elsewhere."""
     directory = Path(target.out_dir)
-    out_dir.guard(target.layout.out, directory / META)
+    guard.guard(target.layout.out, directory / META)
     return directory
 
 
@@ -207,7 +207,7 @@ def write_error(target, message: str, inputs: list | None = None) -> None:
     ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
     try:
         directory = _guard(target)
-    except out_dir.OutsideOut:
+    except guard.OutsideOut:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
     _unlink(directory / META)
@@ -349,7 +349,7 @@ def _brief(value, limit: int = 80) -> str:
 
 def remove(target) -> None:
     """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
-    out_dir.remove_artifact_dir(target.layout.out, Path(target.out_dir))
+    guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
 
 
 def _unlink(path: Path) -> None:

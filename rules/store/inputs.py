@@ -16,6 +16,7 @@ import json
 
 from kforge.load import observe
 from kforge.base import stamps
+from kforge.base.layout import Layout
 from kforge.store.files import JsonState
 
 
@@ -25,7 +26,7 @@ class InputIndex(JsonState):
 
     def __init__(self, path, root: str | None = None):
         super().__init__(path)
-        self.folders = observe.search_path(str(root) if root is not None else str(path.parents[2]))
+        self.folders = observe.search_path(str(root) if root is not None else str(Layout.holding(path).root))
         if self.entries.get("folders") != list(self.folders):   # another module path: names resolve anew
             self.entries = {"folders": list(self.folders), "files": {}, "sets": {}, "targets": {}}
             self.changed = True

@@ -226,7 +226,7 @@ def load_progress(path: Path, key: str) -> dict[str, dict]:
 
 
 def save_progress(path: Path, key: str, shapes: dict[str, dict]) -> None:
-    write_inside(path.parents[2], path, json.dumps({"key": key, "shapes": shapes}).encode())   # out/tune/<arch>/
+    write_inside(Layout.holding(path).out, path, json.dumps({"key": key, "shapes": shapes}).encode())
 
 
 def shape_id(shape: dict, where: dict) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import kforge_runtime
-from kforge.store import artifact, guard as out_dir
+from kforge.store import artifact, guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.base.layout import Layout
@@ -142,5 +142,5 @@ def run_tuning(spec, arch: str, targets: list[Target], root: str):
 def remove(kernel: str, arch: str, root: str) -> None:
     """`doit clean tune`."""
     table, out = table_path(Path(root), arch, kernel), Layout.of(root).out
-    out_dir.remove_file(out, table)
-    out_dir.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (gpu_bench.py)
+    guard.remove_file(out, table)
+    guard.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (gpu_bench.py)
