@@ -96,3 +96,15 @@ def test_a_shared_library_loaded_by_path_is_recorded(tmp_path):
         ctypes.CDLL("libm.so.6")   # by name: the dynamic linker's search, not recorded
         ''')
     assert found["files"] == {"lib/pkg/native.so"}
+
+
+def test_a_compiles_own_out_is_skipped_and_only_the_latest_one(tmp_path):
+    """A Dask worker compiles each target with a private out/ of its own: what is read there is no input, and a
+    long-lived server's filter stays one folder longer, not one per compile."""
+    recorder = observe.Recorder(str(tmp_path / "project"))
+    base = recorder.skip
+    for i in range(3):
+        recorder.skip_out(str(tmp_path / f"private{i}" / "out"))
+        assert recorder.skip == (*base, str((tmp_path / f"private{i}" / "out").resolve()) + "/")
+    recorder.skip_out(str(tmp_path / "project" / "out"))   # the project's own: already skipped
+    assert recorder.skip == base

@@ -127,7 +127,7 @@ class Recorder:
 
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
-        self.skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
+        self.skip = self._skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
         self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
         self.seen: set[str] = set()
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
@@ -144,10 +144,10 @@ class Recorder:
         return cls.installed
 
     def skip_out(self, out: str) -> None:
-        """Never record what is read under another out/ (a Dask worker's private one holds a compile's scratch)."""
+        """Record nothing read under this compile's out/ as well (a Dask worker's private one, new for each compile,
+        holds its scratch); the one before it no longer counts."""
         folder = os.path.realpath(out) + os.sep
-        if folder not in self.skip:
-            self.skip = (*self.skip, folder)
+        self.skip = self._skip if folder in self._skip else (*self._skip, folder)
 
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
