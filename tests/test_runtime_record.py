@@ -2,6 +2,7 @@
 changes what runs."""
 import json
 import types
+from pathlib import Path
 
 import pytest
 import triton
@@ -112,3 +113,25 @@ def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(
     assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
                           "autotune"} for r in lines)
     assert Autotuner.run is before   # recording undone
+
+
+def append_many(args) -> None:
+    path, start = args
+    for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
+        record.append_once(path, json.dumps({"line": n, "pad": "x" * (n % 97) * 60}))
+
+
+def test_writers_at_the_same_time_never_interleave_or_repeat_a_line(tmp_path):
+    import multiprocessing   # spawned children import this module: it stays light (no torch)
+    path = str(tmp_path / "r.jsonl")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:   # overlapping ranges: each line offered twice or more
+        pool.map(append_many, [(path, s) for s in (0, 100, 200, 300)])
+    lines = Path(path).read_text().splitlines()
+    assert sorted(json.loads(t)["line"] for t in lines) == list(range(400))   # every line whole, each once
+
+
+def test_a_line_is_appended_once_after_a_file_that_lost_its_last_newline(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}')
+    assert record.append_once(str(path), '{"b": 2}') and not record.append_once(str(path), '{"a": 1}')
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n'

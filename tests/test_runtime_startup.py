@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from kforge_runtime import record
 from tests.support import REPO, Compiled
 from tests.test_runtime_serve import bundle_dir, entry
 
@@ -132,25 +131,3 @@ def test_every_process_records_into_one_file_each_specialization_once(installed,
     lines = out.read_text().splitlines()
     blocks = sorted(json.loads(t)["constexprs"]["BLOCK"] for t in lines)
     assert blocks == [128, 256, 384, 512] and len(set(lines)) == len(lines)
-
-
-def append_many(args) -> None:
-    path, start = args
-    for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
-        record.append_once(path, json.dumps({"line": n, "pad": "x" * (n % 97) * 60}))
-
-
-def test_writers_at_the_same_time_never_interleave_or_repeat_a_line(tmp_path):
-    import multiprocessing
-    path = str(tmp_path / "r.jsonl")
-    with multiprocessing.get_context("spawn").Pool(4) as pool:   # overlapping ranges: each line offered twice or more
-        pool.map(append_many, [(path, s) for s in (0, 100, 200, 300)])
-    lines = Path(path).read_text().splitlines()
-    assert sorted(json.loads(t)["line"] for t in lines) == list(range(400))   # every line whole, each once
-
-
-def test_a_line_is_appended_once_after_a_file_that_lost_its_last_newline(tmp_path):
-    path = tmp_path / "r.jsonl"
-    path.write_text('{"a": 1}')
-    assert record.append_once(str(path), '{"b": 2}') and not record.append_once(str(path), '{"a": 1}')
-    assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
