@@ -1,6 +1,6 @@
 """The kernels of an installed library, Liger-Kernel, built from `module = "liger_kernel.ops..."` specs
-(tests/liger_specs/): every target builds, autotuned entries and string / int-enum / float constexprs
-included; built from a copy of the package put ahead of the installed one on PYTHONPATH, an edit of one of
+(tests/liger_specs/): every kernel builds (one config each, the two vendors alternating), autotuned entries and
+string / int-enum / float constexprs included; built from a copy of the package put ahead of the installed one on PYTHONPATH, an edit of one of
 the copy's files rebuilds exactly the targets whose compile read it (liger_kernel/__init__.py imports every
 op, so one op's file is read by every compile; a file no compile reads rebuilds nothing)."""
 import ast
