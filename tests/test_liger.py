@@ -47,9 +47,9 @@ def _listed(root: Path, kernels: dict[str, dict], env: dict | None = None, *sett
 def _loaded(root: Path, kernels: dict[str, dict]) -> set[str]:
     """Every target of the project at root, from the catalog loaded here as doit loads it, and saved for its next
     run as a build saves it (a `doit list` saves nothing, so the build after it would load every module again)."""
-    from kforge.base import settings
-    from kforge.plan.catalog import Catalog
-    catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load()
+    from kforge.edge import dodo_tasks
+    catalog = dodo_tasks.load_catalog(root)   # what dodo.py calls
+    assert not catalog.broken, [b.line() for b in catalog.broken]
     catalog.save()
     listed = {t.name for t in catalog.targets}
     assert {t.split(":")[0] for t in listed} == set(kernels) and len(listed) >= 2 * len(kernels)
