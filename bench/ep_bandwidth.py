@@ -33,19 +33,31 @@ from bench.gpu_timing import timed  # noqa: E402
 NVLINK_GBS = 450.0   # per direction per GPU, H100/H200 NVLink-4
 
 
-def timed_back_to_back(fn, calls: int = 50) -> float:
+def timed_back_to_back(fn, calls: int = 50, before=None) -> float:
     """GPU seconds per call of `calls` back-to-back calls (CUDA events, no host sync between): the max over
-    ranks. The op's barriers keep the ranks in step; nothing of the host's per-call overhead is timed."""
+    ranks. The op's barriers keep the ranks in step; nothing of the host's per-call overhead is timed. With
+    `before` (e.g. the dispatch a combine serves) each call is preceded by it and timed alone, by events
+    recorded around it."""
+    if before:
+        before()
     fn()
     torch.cuda.synchronize()
     dist.barrier()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(calls):
-        fn()
-    end.record()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(calls if before else 1)]
+    if before:
+        for begin, end in pairs:
+            before()
+            begin.record()
+            fn()
+            end.record()
+    else:
+        pairs[0][0].record()
+        for _ in range(calls):
+            fn()
+        pairs[0][1].record()
     torch.cuda.synchronize()
-    t = torch.tensor([begin.elapsed_time(end) / 1e3 / calls], device="cuda")
+    t = torch.tensor([sum(b.elapsed_time(e) for b, e in pairs) / 1e3 / calls], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -68,7 +80,7 @@ def ready_op(cfg, x, idx, w, scales, rank: int, library=None):
     """(op, its first dispatch, rows received from other ranks): one call each way compiles the kernels,
     and combine then reads expert outputs written in place."""
     op = EpDispatchCombine(cfg, library=library)
-    d = op.dispatch(x, idx, w, scales)
+    d = op.dispatch(x, idx, w, scales)   # combine serves the latest dispatch: callers dispatch again first
     op.expert_output().copy_(d.x)
     op.combine(None, d.handle)
     torch.cuda.synchronize()
@@ -77,21 +89,31 @@ def ready_op(cfg, x, idx, w, scales, rank: int, library=None):
 
 
 def captured(fn):
-    """fn captured in a CUDA graph: the replay runs the op without Python's launch overhead."""
+    """(graph, what fn returned): fn captured in a CUDA graph, whose replay runs the op without Python's launch
+    overhead."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph
+        result = fn()
+    return graph, result
+
+
+def op_calls(op, x, idx, w, scales, graph: bool):
+    """(dispatch, combine) as callables; combine serves the dispatch called last (the op's contract), so it is
+    timed with a dispatch before each call."""
+    if graph:
+        dispatch, d = captured(lambda: op.dispatch(x, idx, w, scales))
+        combine, _ = captured(lambda: op.combine(None, d.handle))
+        return dispatch.replay, combine.replay
+    latest = {}
+    return (lambda: latest.update(d=op.dispatch(x, idx, w, scales)),
+            lambda: op.combine(None, latest["d"].handle))
 
 
 def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library, dtype: str) -> dict:
     cfg, x, idx, w, scales = problem(tokens, rank, world, dtype)
     op, d, remote = ready_op(cfg, x, idx, w, scales, rank, library)
     n = int(d.num_recv)
-    run_dispatch = lambda: op.dispatch(x, idx, w, scales)
-    run_combine = lambda: op.combine(None, d.handle)
-    if graph:
-        run_dispatch, run_combine = captured(run_dispatch).replay, captured(run_combine).replay
+    run_dispatch, run_combine = op_calls(op, x, idx, w, scales, graph)
     ref = reference.dispatch(x, idx, w, cfg, x_scales=scales)
     y = ref.x.to(op.expert_output().dtype)
     ops = {"op_dispatch": run_dispatch, "op_combine": run_combine,
@@ -99,12 +121,12 @@ def measure(tokens: int, rank: int, world: int, iters: int, graph: bool, library
            "nccl_combine": lambda: reference.combine(y, ref, tokens, cfg)}
     results = {}
     for name, fn in ops.items():
-        t = timed(fn, iters)
+        t = timed(fn, iters, before=run_dispatch if name == "op_combine" else None)
         results[f"{name}_s"], results[f"{name}_event_s"], results[f"{name}_aligned_s"] = (
             t["wall_s"], t["event_s"], t["aligned_s"])
     if graph:
         results["op_dispatch_b2b_s"] = timed_back_to_back(run_dispatch)
-        results["op_combine_b2b_s"] = timed_back_to_back(run_combine)
+        results["op_combine_b2b_s"] = timed_back_to_back(run_combine, before=run_dispatch)
     per_rank = torch.tensor([n * cfg.row_bytes, remote * cfg.row_bytes, n * cfg.combine_row_bytes,
                              remote * cfg.combine_row_bytes], dtype=torch.float64, device="cuda")
     dist.all_reduce(per_rank, op=dist.ReduceOp.AVG)

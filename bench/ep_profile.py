@@ -1,4 +1,5 @@
-"""Where a dispatch and a combine spend their GPU time: each kernel's mean duration (torch.profiler, CUPTI),
+"""Where a dispatch and a combine spend their GPU time: each kernel's mean duration (torch.profiler, CUPTI)
+over dispatch + combine pairs,
 at 4096 (or --tokens) tokens/rank, H=7168, top-8, 32 experts/rank, the shapes of bench/ep_bandwidth.py.
 
 Usage (on a multi-GPU host): python bench/ep_profile.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
@@ -37,9 +38,10 @@ def kernel_means(fn, calls: int) -> dict[str, float]:
 def worker(rank: int, world: int, port: int, dist_dir: str | None, dtype: str, calls: int, tokens: int) -> None:
     library = join_group(rank, world, port, dist_dir)
     cfg, x, idx, w, scales = problem(tokens, rank, world, dtype)
-    op, d, _ = ready_op(cfg, x, idx, w, scales, rank, library)
-    tables = {"dispatch": kernel_means(lambda: op.dispatch(x, idx, w, scales), calls),
-              "combine": kernel_means(lambda: op.combine(None, d.handle), calls)}
+    op, _, _ = ready_op(cfg, x, idx, w, scales, rank, library)
+    # combine serves the latest dispatch: the calls are pairs, each kernel named by its family
+    tables = {"dispatch + combine": kernel_means(lambda: op.combine(None, op.dispatch(x, idx, w, scales).handle),
+                                                 calls)}
     gathered = [None] * world
     dist.all_gather_object(gathered, tables)
     if rank == 0:

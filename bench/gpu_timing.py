@@ -8,7 +8,8 @@ clocks:
   queued everything behind it by the time it wakes), then one tiny all_reduce (it ends on every GPU within
   about a microsecond), then the events and fn. What a collective takes when every rank calls it at once,
   with no host jitter in it; a plain copy, which waits for nobody, gains nothing from it.
-Each clock is the median over the samples on a rank, then the slowest rank's."""
+Each clock is the median over the samples on a rank, then the slowest rank's. `before`, if given, runs untimed
+ahead of each sample (before the ranks line up): what fn needs first, e.g. the dispatch a combine serves."""
 from __future__ import annotations
 
 import statistics
@@ -24,11 +25,13 @@ def _events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def timed(fn, iters: int) -> dict:
+def timed(fn, iters: int, before=None) -> dict:
     """{"wall_s", "event_s", "aligned_s"} of one call of fn, as above."""
     walls, events, aligned = [], [], []
     token = torch.zeros(1, device="cuda")
+    before = before or (lambda: None)
     for _ in range(iters):
+        before()
         dist.barrier()
         torch.cuda.synchronize()
         begin, end = _events()
@@ -40,6 +43,7 @@ def timed(fn, iters: int) -> dict:
         walls.append(time.perf_counter() - start)
         events.append(begin.elapsed_time(end) / 1e3)
 
+        before()
         dist.barrier()
         torch.cuda.synchronize()
         begin, end = _events()

@@ -1,5 +1,5 @@
 """The op's kernels are ordinary kforge targets: specs/ep_*.toml name the functions the op launches, and their
-[constants] are what its JIT path uses (read from the specs)."""
+[constants], and the compile options their sweeps fix, are what its JIT path uses (read from the specs)."""
 from kernels.ep import launch
 from kforge.edge.dodo_tasks import load_specs
 from tests.support import REPO
@@ -10,7 +10,10 @@ def test_every_op_kernel_has_a_spec_with_the_same_entry_and_constants():
     for family, fn in launch.FAMILIES.items():
         spec = specs[family]
         assert spec.entry == fn.fn.__name__ and spec.source == "kernels/ep/triton_kernels.py"
-        assert dict(spec.constants) == launch.CONSTANTS.get(family, {})
+        configs = [dict(c) for c in spec.configs]
+        fixed = {k: v for k, v in configs[0].items() if k in launch.COMPILE_OPTIONS}
+        assert all(c[k] == v for c in configs for k, v in fixed.items())   # one value each
+        assert {**dict(spec.constants), **fixed} == launch.CONSTANTS.get(family, {})
 
 
 def test_dispatch_finds_tokens_in_the_blocks_route_made():

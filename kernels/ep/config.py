@@ -56,10 +56,10 @@ class EpConfig:
     def peer_buffers(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """The buffers each rank's peers write into, name -> (shape, element type), in allocation order: the
         one table that the op on GPUs (kernels/ep/op.py) and the CPU simulation (simulate.py) both allocate."""
-        R, H, K, W = self.capacity, self.hidden, self.topk, self.world_size
+        R, H, K, W, M = self.capacity, self.hidden, self.topk, self.world_size, self.max_tokens_per_rank
         return {"x": ((R, H), self.dtype), "scales": ((R, self.scale_stride), "f32"), "idx": ((R, K), "i32"),
-                "w": ((R, K), "f32"), "src": ((R,), "i32"), "y": ((R, H), self.combine_dtype),
-                "matrix": ((W, W), "i32"), "flags": ((W,), "i32")}
+                "w": ((R, K), "f32"), "src": ((R,), "i32"), "back": ((M, W, H), self.combine_dtype),
+                "arrived": ((M,), "i32"), "matrix": ((W, W), "i32"), "flags": ((W,), "i32")}
 
     @property
     def combine_dtype(self) -> str:

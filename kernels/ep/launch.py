@@ -16,12 +16,19 @@ FAMILIES = {"ep_route": tk.route_kernel, "ep_dispatch": tk.dispatch_kernel, "ep_
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 
+COMPILE_OPTIONS = ("num_warps", "num_stages")
+
+
 def _spec_constants() -> dict[str, dict]:
-    """[constants] of specs/ep_*.toml, read from the specs themselves: the JIT path (no library) compiles
-    exactly what the bundles hold. ep_dispatch's BLOCK_T must be ep_route's: it finds each token's block of
-    the route (tests/test_ep_launch.py checks)."""
-    return {family: tomllib.loads((SPECS / f"{family}.toml").read_text()).get("constants", {})
-            for family in FAMILIES}
+    """[constants] of specs/ep_*.toml and the compile options their sweeps fix to one value, read from the specs
+    themselves: the JIT path (no library) compiles exactly what the bundles hold. ep_dispatch's BLOCK_T must be
+    ep_route's: it finds each token's block of the route (tests/test_ep_launch.py checks)."""
+    constants = {}
+    for family in FAMILIES:
+        spec = tomllib.loads((SPECS / f"{family}.toml").read_text())
+        fixed = {k: v[0] for k, v in spec.get("sweep", {}).items() if k in COMPILE_OPTIONS and len(v) == 1}
+        constants[family] = {**spec.get("constants", {}), **fixed}
+    return constants
 
 
 CONSTANTS = _spec_constants()

@@ -3,11 +3,11 @@ several: kernels/ep/transport.py), Triton kernels, no host sync.
 
 dispatch(x[T,H], topk_idx[T,K] int32, topk_w[T,K] f32 | None, x_scales[T,H/128] f32 for fp8) sends each
 token once to every rank that holds one of its experts (rank = id // experts_per_rank); every rank receives
-rows ordered by (source rank, source token). combine(y) sums, for each of this rank's tokens, the rows its
-destinations produced for it (bf16 when dispatch moved fp8).
+rows ordered by (source rank, source token). combine(y, handle) pushes each received row's expert output back
+to its source rank, where each token's rows are summed (bf16 when dispatch moved fp8); it takes the handle of
+this op's latest dispatch.
 All ranks call both in the same order (also with T = 0). Outputs are views of the op's buffers, valid until
-the next call; expert outputs go into expert_output() once this rank's dispatch returned. close() (called by
-every rank) before the op is dropped while peers may still be combining. Receiving more than the capacity
+the next call. close() (called by every rank) before the op is dropped. Receiving more than the capacity
 drops the tail rows (no write past the buffers) and sets `overflow`.
 """
 from __future__ import annotations
@@ -66,14 +66,20 @@ class EpDispatchCombine:
         self.recv_idx, self._recv_idx_table = buffers["idx"]
         self.recv_w, self._recv_w_table = buffers["w"]
         self.recv_src, self._recv_src_table = buffers["src"]
-        self.y, self._y_table = buffers["y"]
+        self._back, self._back_table = buffers["back"]
+        self._arrived, self._arrived_table = buffers["arrived"]
         self.matrix, self._matrix_table = buffers["matrix"]
         self.flags, self._flag_table = buffers["flags"]
         self.flags.zero_()
-        self._peers_reading_y = False   # set by combine, cleared by the next dispatch's count exchange
+        self._arrived.zero_()
+        # expert outputs stay on this rank: combine pushes them to the peers, no peer reads them
+        self.y = torch.empty(cfg.capacity, cfg.hidden, dtype=DTYPES[cfg.combine_dtype], device="cuda")
+        self._handle = None   # the latest dispatch's handle: the only one combine can serve
+        self._combined = False   # a combine since the latest dispatch: the next one waits for the peers first
         self.epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.num_recv = torch.zeros((), dtype=torch.int32, device="cuda")
         self.overflow = torch.zeros((), dtype=torch.uint8, device="cuda")
+        self.recv_start = torch.zeros(cfg.world_size + 1, dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
         dist.barrier(group=self.group)   # every rank's flags are zero before anyone signals
 
@@ -83,13 +89,11 @@ class EpDispatchCombine:
         return symmetric_buffer(shape, dtype, self.group)
 
     def close(self) -> None:
-        """Before the op's buffers go (collectively, like every call): waits until no peer reads them."""
-        if self._peers_reading_y:
-            self.barrier()
-            self._peers_reading_y = False
+        """Before the op's buffers go (collectively, like every call): waits until every rank is done with them."""
+        self.barrier()
 
     def expert_output(self) -> torch.Tensor:
-        """[R, H]: write expert outputs here (row i for received row i) and combine(None) copies nothing."""
+        """[R, H]: a place for expert outputs (row i for received row i): combine(None, handle) reads them here."""
         return self.y
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor | None = None,
@@ -107,7 +111,7 @@ class EpDispatchCombine:
                          cfg.experts_per_rank)
         self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
                      self._flag_table, self.epoch, self.rank)
-        self._peers_reading_y = False   # that kernel's barrier: every rank's last combine has finished reading
+        self._combined = False   # that kernel's barrier: every rank's last combine has finished
         if topk_w is None:
             self.recv_w.zero_()
         if T:
@@ -121,34 +125,36 @@ class EpDispatchCombine:
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
                          cfg.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
-                     self.overflow, self.rank, cfg.capacity)
+                     self.overflow, self.recv_start, self.rank, cfg.capacity)
+        self._handle = handle
         scales = self.recv_scales[:, :cfg.num_scales] if cfg.num_scales else None
         return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src, scales, self.num_recv,
                           self.overflow.view(torch.bool), handle)
 
     def combine(self, y: torch.Tensor | None, handle: torch.Tensor) -> torch.Tensor:
-        """out[T, H] for the tokens of the dispatch that returned `handle`; y: [rows, H] expert outputs in
-        received-row order, or None when they were written into expert_output()."""
-        if y is not None and y.data_ptr() != self.y.data_ptr():
-            if self._peers_reading_y:   # a combine with no dispatch since the last: its peers may still read y
-                self.barrier()
-            cfg = self.cfg
-            if y.dim() != 2 or y.shape[1] != cfg.hidden or y.shape[0] > cfg.capacity or y.dtype != self.y.dtype:
-                raise ValueError(f"combine: y must be [<= {self.cfg.capacity}, {self.cfg.hidden}] {self.y.dtype}, "
-                                 f"got {list(y.shape)} {y.dtype}")
-            self.y[:y.shape[0]].copy_(y)
-        T = handle.shape[0]
-        out = torch.empty(T, self.cfg.hidden, dtype=self.y.dtype, device="cuda")
-        self.barrier()   # every rank's y is in place
-        if T:
-            config = {"dtype": KERNEL_DTYPES[self.cfg.combine_dtype], "W": self.cfg.world_size}
-            self.kernels("ep_combine", config, (T, self._chunks("ep_combine")), out, handle, self._y_table,
-                         self.cfg.hidden)
-        # No barrier here: peers may still be reading this rank's y. The next dispatch's count exchange is one
-        # that every rank passes only after its combine kernel, so y is free once dispatch returns (the
-        # trailing barrier was ~5% of a combine). A combine given a y to copy with no dispatch since the last
-        # one, and close(), wait for the peers first; expert_output() is written after dispatch (the contract).
-        self._peers_reading_y = True
+        """out[T, H] for the tokens of this op's latest dispatch, which returned `handle`; y: [rows, H] expert
+        outputs in received-row order (rows past y's end count as zeros), or None for expert_output()."""
+        cfg = self.cfg
+        if handle is not self._handle:
+            raise ValueError("combine: `handle` is not from this op's latest dispatch; combine serves only that one "
+                             "(its peers push back the rows of their latest dispatch)")
+        y = self.y if y is None else y
+        if y.dim() != 2 or y.shape[1] != cfg.hidden or y.shape[0] > cfg.capacity or y.dtype != self.y.dtype \
+                or not y.is_contiguous() or y.device != self.y.device:
+            raise ValueError(f"combine: y must be a contiguous [<= {cfg.capacity}, {cfg.hidden}] {self.y.dtype} "
+                             f"tensor on {self.y.device}, got {list(y.shape)} {y.dtype} on {y.device}")
+        if self._combined:   # a second combine of one dispatch: peers may still be summing what the first pushed
+            self.barrier()
+        T, W = handle.shape[0], cfg.world_size
+        out = torch.empty(T, cfg.hidden, dtype=self.y.dtype, device="cuda")
+        constants = CONSTANTS["ep_combine"]
+        groups = -(-cfg.max_tokens_per_rank // constants["QB"]) + constants["LAG"]
+        # one launch, no barrier: the peers' buffers it writes were freed by the barrier of the dispatch before
+        self.kernels("ep_combine", {"dtype": KERNEL_DTYPES[cfg.combine_dtype], "W": W},
+                     (groups * 2 * constants["QB"],), out, y, y.shape[0], handle, self.recv_src,
+                     self.recv_start, self._back_table, self._arrived_table, self.rank, T, cfg.hidden,
+                     cfg.max_tokens_per_rank, cfg.capacity, 3)
+        self._combined = True
         return out
 
     def _chunks(self, family: str) -> int:

@@ -9,7 +9,8 @@ matrix at world 8 and 16 (its docstring says which and why), every case with `py
 
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
 (the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
-dispatch_done (num_recv, overflow), the stand-in experts, combine between two barrier kernels. A phase ends when
+dispatch_done (num_recv, overflow, row starts), the stand-in experts, combine (every rank's pushers, then
+every rank's reducers). A phase ends when
 every rank has run it, which is what the kernels' flag barriers guarantee on GPUs; here each rank's flag table
 points its signals at its own slots, so its barriers pass at once. The ranks' buffers are CPU tensors reached
 through the same int64 pointer tables the GPUs use. The oracle, kernels/ep/reference.py, runs unchanged: its
@@ -190,6 +191,8 @@ class World:
         self.epoch = [torch.zeros(1, dtype=torch.int32) for _ in range(W)]
         self.num_recv = [torch.zeros((), dtype=torch.int32) for _ in range(W)]
         self.overflow = [torch.zeros((), dtype=torch.uint8) for _ in range(W)]
+        self.recv_start = [torch.zeros(W + 1, dtype=torch.int32) for _ in range(W)]
+        self.y = [torch.zeros(cfg.capacity, cfg.hidden, dtype=DTYPES[cfg.combine_dtype]) for _ in range(W)]
 
 
 def run_calls(world: World, feeds: list, tk) -> list:
@@ -228,7 +231,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
                 BLOCK_H=BLOCK_H, BLOCK_T=block_t)
     for r in range(W):
         tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], b["matrix"][r], world.num_recv[r],
-                                      world.overflow[r], r, R, W=W)
+                                      world.overflow[r], world.recv_start[r], r, R, W=W)
     snaps = []
     for r in range(W):
         scales = b["scales"][r][:, :cfg.num_scales] if cfg.num_scales else None
@@ -236,16 +239,16 @@ def run_calls(world: World, feeds: list, tk) -> list:
                       "src": b["src"][r].clone(), "num_recv": world.num_recv[r].clone(),
                       "overflow": world.overflow[r].clone().bool(),
                       "x_scales": scales.clone() if scales is not None else None})
-        b["y"][r].copy_(_expert(r, cfg)(b["x"][r], scales))   # every received row, as the sweep's expert does
-    for r in range(W):
-        tk.barrier_kernel[(1,)](world.flag_table[r], world.epoch[r], r, W=W)
-    outs = []
-    for r in range(W):
-        out = torch.zeros(T[r], H, dtype=b["y"][r].dtype)
-        if T[r]:
-            tk.combine_kernel[(T[r], chunks)](out, handle[r], world.table["y"], H, W=W,
-                                                           BLOCK_H=BLOCK_H)
-        outs.append(out)
+        world.y[r].copy_(_expert(r, cfg)(b["x"][r], scales))   # every received row, as the sweep's expert does
+    outs = [torch.zeros(T[r], H, dtype=world.y[r].dtype) for r in range(W)]
+    for roles in (1, 2):   # every rank's pushers, then every rank's reducers: their spin-waits pass at once
+        for r in range(W):
+            grid = cfg.max_tokens_per_rank if roles == 1 else T[r]
+            if grid:
+                tk.combine_kernel[(grid,)](
+                    outs[r], world.y[r], R, handle[r], b["src"][r], world.recv_start[r], world.table["back"],
+                    world.table["arrived"], r, T[r], H, cfg.max_tokens_per_rank, R, roles, W=W, BLOCK_H=BLOCK_H,
+                    QB=1, LAG=0)
     return list(zip(snaps, outs))   # as the op: the next call's count exchange is the barrier after combine
 
 

@@ -39,13 +39,18 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr):
 
 
 @triton.jit
-def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, rank, R, W: tl.constexpr):
+def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, recv_start_ptr, rank, R,
+                         W: tl.constexpr):
     """The end of dispatch in one launch: the barrier (every rank's rows have landed), then this rank's
-    num_recv = min(rows sent here, R) and overflow = rows sent here > R, from the count matrix."""
+    num_recv = min(rows sent here, R), overflow = rows sent here > R, and recv_start[s] = the first row from
+    rank s (recv_start[W]: rows sent here), from the count matrix. Combine reads recv_start, not the matrix:
+    the next dispatch's count exchange rewrites the matrix while a slower peer may still be combining."""
     _barrier(flag_table, epoch_ptr, rank, W)
     total = tl.zeros([], dtype=tl.int32)
     for s in tl.static_range(W):
+        tl.store(recv_start_ptr + s, total)
         total += tl.load(matrix_ptr + s * W + rank)
+    tl.store(recv_start_ptr + W, total)
     tl.store(num_recv_ptr, tl.minimum(total, R))
     tl.store(overflow_ptr, (total > R).to(tl.uint8))
 
@@ -143,14 +148,67 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, m
 
 
 @triton.jit
-def combine_kernel(out_ptr, dest_row_ptr, y_table, H, W: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Program (t, c): chunk c of out[t] = sum over destinations d (ascending) of y_d[row_d(t)], accumulated
-    in f32, rounded once. The W loads are independent: one round trip per program."""
-    t = tl.program_id(0).to(tl.int64)
-    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for d in tl.static_range(W):
-        row = tl.load(dest_row_ptr + t * W + d).to(tl.int64)
-        src = _peer(y_table, d, out_ptr.dtype.element_ty) + tl.maximum(row, 0) * H + hs
-        acc += tl.load(src, mask=(hs < H) & (row >= 0), other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * H + hs, acc.to(out_ptr.dtype.element_ty), mask=hs < H)
+def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, back_table, arrived_table, rank,
+                   T, H, M, R, roles, W: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
+                   LAG: tl.constexpr):
+    """Push, then sum where the token lives, in one launch. Programs come in groups of 2 * QB: QB pushers, then
+    QB reducers.
+    - Pusher (group g, j): for every other rank s, the q-th row s sent here (q = g * QB + j), if there is one: y
+      of that row is stored into s's back[t, rank] (t: the row's source token); once all are out, one release
+      fence, then s's arrived[t] is incremented. The sources' rows interleave, so every peer's rows for token
+      t arrive at about the same time. The W sources are one [W, BLOCK_H] tile.
+    - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t] counts every other
+      rank that holds one of its rows, resets it, and writes out[t] = the sum over ranks d of y[its own row] for
+      d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
+    Why this order: a reducer of token t needs the peers' pushers of q <= t, which sit in groups <= t / QB of
+    their grids, all started before this reducer's group (blocks start in grid order), so the spin always
+    ends; LAG groups of slack let the peers' rows land before their reducer starts spinning.
+    roles: 3 on GPUs, grid (groups * 2 * QB); the CPU simulation runs every rank's pushers (roles 1, grid M),
+    then every rank's reducers (roles 2, grid T), each program's index its q or t."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
+    pid = tl.program_id(0)
+    if roles == 3:
+        g = pid // (2 * QB)
+        j = pid % (2 * QB)
+    else:
+        reducing = (roles == 2).to(tl.int32)
+        g = pid // QB + reducing * LAG
+        j = pid % QB + reducing * QB
+    ty = out_ptr.dtype.element_ty
+    ss = tl.arange(0, W_POW2)
+    if j < QB:
+        i = tl.load(recv_start_ptr + ss, mask=ss < W, other=0) + g * QB + j
+        end = tl.minimum(tl.load(recv_start_ptr + ss + 1, mask=ss < W, other=0), R)
+        tok = tl.load(src_ptr + i, mask=(ss < W) & (i < end), other=-1) - ss * M   # the row's token on rank s
+        live = (ss < W) & (ss != rank) & (i < end) & (tok >= 0) & (tok < M)   # a token out of range: no write
+        peer = tl.load(back_table + ss, mask=live, other=0).to(tl.pointer_type(ty))
+        dst = tl.multiple_of(peer, 16)[:, None] + ((tok.to(tl.int64) * W + rank) * H)[:, None]
+        src = y_ptr + (i.to(tl.int64) * H)[:, None]
+        for h0 in range(0, H, BLOCK_H):
+            hs = h0 + tl.arange(0, BLOCK_H)[None, :]
+            moving = live[:, None] & (hs < H)
+            tl.store(dst + hs, tl.load(src + hs, mask=moving & (i < y_rows)[:, None], other=0.0), mask=moving)
+        tl.debug_barrier()   # every thread's stores come before the fence below
+        if tl.sum(live.to(tl.int32), axis=0) > 0:   # the fence: a release add of 0 to this rank's own counter
+            tl.atomic_add(_peer(arrived_table, rank, tl.int32), 0, sem="release", scope="sys")
+        counters = tl.load(arrived_table + ss, mask=live, other=0).to(tl.pointer_type(tl.int32)) + tok
+        tl.atomic_add(counters, tl.full([W_POW2], 1, tl.int32), mask=live, sem="relaxed", scope="sys")
+    else:
+        t = ((g - LAG) * QB + (j - QB)).to(tl.int64)
+        if (t >= 0) & (t < T):
+            rows = tl.load(handle_ptr + t * W + ss, mask=ss < W, other=-1).to(tl.int64)
+            own = ss == rank
+            expected = tl.sum(((ss < W) & (ss != rank) & (rows >= 0)).to(tl.int32), axis=0)
+            mine = _peer(arrived_table, rank, tl.int32) + t
+            seen = tl.atomic_add(mine, 0, sem="acquire", scope="sys")
+            while (seen < expected) & (roles == 3):   # the simulation's reducers run after all pushers: no wait
+                seen = tl.atomic_add(mine, 0, sem="acquire", scope="sys")
+            tl.store(mine, 0)   # every row of this call has arrived; the next call's come after a dispatch
+            tl.debug_barrier()
+            back = _peer(back_table, rank, ty) + t * W * H
+            src = tl.where(own, y_ptr + tl.maximum(rows, 0) * H, back + ss * H)[:, None]
+            present = ((rows >= 0) & (ss < W) & ((ss != rank) | (rows < y_rows)))[:, None]
+            for h0 in range(0, H, BLOCK_H):
+                hs = h0 + tl.arange(0, BLOCK_H)
+                v = tl.load(src + hs[None, :], mask=present & (hs < H)[None, :], other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + t * H + hs, tl.sum(v.to(tl.float32), axis=0).to(ty), mask=hs < H)
