@@ -191,6 +191,9 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
         tl.debug_barrier()   # every thread's stores come before the fence below
         if tl.sum(live.to(tl.int32), axis=0) > 0:   # the fence: a release add of 0 to this rank's own counter
             tl.atomic_add(_peer(arrived_table, rank, tl.int32), 0, sem="release", scope="sys")
+        # Known gap: the adds below are relaxed, and Triton may give them to other threads than the one that
+        # fenced (same warp, issued after the fence). PTX orders them only from the fencing thread, so they should
+        # be release adds (_barrier's pattern); that change waits for a GPU rerun of the placement sweep.
         counters = tl.load(arrived_table + ss, mask=live, other=0).to(tl.pointer_type(tl.int32)) + tok
         tl.atomic_add(counters, tl.full([W_POW2], 1, tl.int32), mask=live, sem="relaxed", scope="sys")
     else:
