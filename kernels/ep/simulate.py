@@ -10,8 +10,8 @@ matrix at world 8 and 16 (its docstring says which and why), every case with `py
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
 (the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
 dispatch_done (num_recv, overflow, row starts), the stand-in experts, combine (every rank's pushers, then
-every rank's reducers). A phase ends when
-every rank has run it, which is what the kernels' flag barriers guarantee on GPUs; here each rank's flag table
+every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
+combine's arrival counts guarantee on GPUs; here each rank's flag table
 points its signals at its own slots, so its barriers pass at once. The ranks' buffers are CPU tensors reached
 through the same int64 pointer tables the GPUs use. The oracle, kernels/ep/reference.py, runs unchanged: its
 all_to_all_single is served by threads standing in for the ranks (ThreadedCollectives); the comparison is
@@ -241,7 +241,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
                       "x_scales": scales.clone() if scales is not None else None})
         world.y[r].copy_(_expert(r, cfg)(b["x"][r], scales))   # every received row, as the sweep's expert does
     outs = [torch.zeros(T[r], H, dtype=world.y[r].dtype) for r in range(W)]
-    for roles in (1, 2):   # every rank's pushers, then every rank's reducers: their spin-waits pass at once
+    for roles in (1, 2):   # every rank's pushers, then every rank's reducers (which skip the wait: all has landed)
         for r in range(W):
             grid = cfg.max_tokens_per_rank if roles == 1 else T[r]
             if grid:
