@@ -154,9 +154,9 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
     """Push, then sum where the token lives, in one launch. Programs come in groups of 2 * QB: QB pushers, then
     QB reducers.
     - Pusher (group g, j): for every other rank s, the q-th row s sent here (q = g * QB + j), if there is one: y
-      of that row is stored into s's back[t, rank] (t: the row's source token); once all are out, one release
-      fence, then s's arrived[t] is incremented. The sources' rows interleave, so every peer's rows for token
-      t arrive at about the same time. The W sources are one [W, BLOCK_H] tile.
+      of that row is stored into s's back[t, rank] (t: the row's source token); once all are out, a release add
+      increments s's arrived[t]. The sources' rows interleave, so every peer's rows for token t arrive at about
+      the same time. The W sources are one [W, BLOCK_H] tile.
     - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t] counts every other
       rank that holds one of its rows, resets it, and writes out[t] = the sum over ranks d of y[its own row] for
       d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
@@ -188,14 +188,11 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
             hs = h0 + tl.arange(0, BLOCK_H)[None, :]
             moving = live[:, None] & (hs < H)
             tl.store(dst + hs, tl.load(src + hs, mask=moving & (i < y_rows)[:, None], other=0.0), mask=moving)
-        tl.debug_barrier()   # every thread's stores come before the fence below
-        if tl.sum(live.to(tl.int32), axis=0) > 0:   # the fence: a release add of 0 to this rank's own counter
-            tl.atomic_add(_peer(arrived_table, rank, tl.int32), 0, sem="release", scope="sys")
-        # Known gap: the adds below are relaxed, and Triton may give them to other threads than the one that
-        # fenced (same warp, issued after the fence). PTX orders them only from the fencing thread, so they should
-        # be release adds (_barrier's pattern); that change waits for a GPU rerun of the placement sweep.
+        tl.debug_barrier()   # every thread's stores come before the release below
+        # release adds: whichever threads Triton gives them to, each orders the block's stores (after the
+        # barrier) before its count, as _barrier's signal does
         counters = tl.load(arrived_table + ss, mask=live, other=0).to(tl.pointer_type(tl.int32)) + tok
-        tl.atomic_add(counters, tl.full([W_POW2], 1, tl.int32), mask=live, sem="relaxed", scope="sys")
+        tl.atomic_add(counters, tl.full([W_POW2], 1, tl.int32), mask=live, sem="release", scope="sys")
     else:
         t = ((g - LAG) * QB + (j - QB)).to(tl.int64)
         if (t >= 0) & (t < T):
