@@ -39,16 +39,18 @@ print("ok")
 
 DISPATCH_COMBINE_CHECK = """
 import torch
-from kernels.ep import launch, simulate, triton_kernels as tk
+from kernels.ep import simulate, triton_kernels as tk
 
 simulate.interpreter_patches()
 from kernels.ep.routing import destinations
 
-BLOCK_T, BLOCK_H = launch.CONSTANTS["ep_route"]["BLOCK_T"], 32
+# blocks of 16 tokens (the kernels take any power of two; the specs' 256 would make this a 300-token case, five
+# times the interpreted programs): M spans four blocks of the route, H two BLOCK_H chunks per row
+BLOCK_T, BLOCK_H = 16, 32
 g = torch.Generator().manual_seed(1)
-W, E, K, H, M = 3, 2, 3, 64, BLOCK_T + 44   # H: two BLOCK_H blocks per row
+W, E, K, H, M = 3, 2, 3, 64, 3 * BLOCK_T + 12
 R = W * M
-T = [M, 0, 17]   # tokens per rank: two blocks of the route, none, one
+T = [M, 0, 17]   # tokens per rank: four blocks of the route, none, two
 x = [torch.randn(t, H, generator=g) for t in T]   # f32 rows: the interpreter rounds bf16 unlike the GPU
 idx = [torch.randint(-1, E * W, (t, K), generator=g, dtype=torch.int32) for t in T]
 w = [torch.rand(t, K, generator=g) for t in T]

@@ -41,11 +41,12 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr):
 @triton.jit
 def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, recv_start_ptr, rank, R,
                          W: tl.constexpr):
-    """The end of dispatch in one launch: the barrier (every rank's rows have landed), then this rank's
-    num_recv = min(rows sent here, R), overflow = rows sent here > R, and recv_start[s] = the first row from
-    rank s (recv_start[W]: rows sent here), from the count matrix. Combine reads recv_start, not the matrix:
-    the next dispatch's count exchange rewrites the matrix while a slower peer may still be combining."""
-    _barrier(flag_table, epoch_ptr, rank, W)
+    """The end of dispatch in one launch: this rank's num_recv = min(rows sent here, R), overflow = rows sent here
+    > R and recv_start[s] = the first row from rank s (recv_start[W]: rows sent here), from the count matrix,
+    then the barrier (every rank's rows have landed). The matrix is read before this rank signals: once every
+    rank has, a peer may go on to its next dispatch, whose count exchange rewrites this matrix (combine reads
+    recv_start for the same reason). Every value stored below depends on the loads, so they are done before the
+    barrier's release."""
     total = tl.zeros([], dtype=tl.int32)
     for s in tl.static_range(W):
         tl.store(recv_start_ptr + s, total)
@@ -53,6 +54,7 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
     tl.store(recv_start_ptr + W, total)
     tl.store(num_recv_ptr, tl.minimum(total, R))
     tl.store(overflow_ptr, (total > R).to(tl.uint8))
+    _barrier(flag_table, epoch_ptr, rank, W)
 
 
 @triton.jit
