@@ -26,10 +26,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _slow_first_in_each_share(items, workers: int):
-    """The tests marked slow (the longest: each builds a whole library) dealt out to the front of each xdist
-    worker's share, the rest in file order. worksteal hands worker k the k-th contiguous share of this order
-    (each len(left) // workers left) and lets an idle worker take the end of another's queue: a long test late
-    in a queue becomes the whole run's tail, one at the front runs while the others share the rest."""
+    """The tests marked slow (the longest, 15 s and more on 2 busy CPUs: each builds many kernels) dealt out to the
+    front of each xdist worker's share, the rest in file order. worksteal hands worker k the k-th contiguous share
+    of this order (each len(left) // workers left) and lets an idle worker take the end of another's queue: a long
+    test late in a queue becomes the whole run's tail, one at the front runs while the others share the rest."""
     slow = [item for item in items if item.get_closest_marker("slow")]
     rest = [item for item in items if not item.get_closest_marker("slow")]
     shares, left = [], len(items)

@@ -264,6 +264,7 @@ NODEVICE = ("specs/lib_nodevice.toml: reading kforge_tunelib.ops.nodevice.lib_ke
             "kforge_tunelib/ops/nodevice.py:5)")
 
 
+@pytest.mark.slow
 def test_a_family_that_does_not_load_is_one_failed_entry_and_the_others_build(tmp_path):
     root, env = broken_project(tmp_path)
     listed = doit(root, "list", env=env)   # lists the families, the broken ones marked

@@ -102,6 +102,7 @@ def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
 SHADOWED = ("liger_cross_entropy", "liger_dyt_fwd", "liger_jsd", "liger_rms_norm_bwd", "liger_swiglu_fwd")
 
 
+@pytest.mark.slow
 def test_kernels_build_from_a_shadowing_copy_and_an_edit_no_compile_read_rebuilds_nothing(tmp_path):
     """A copy of the package (and its dist-info) ahead of the installed one: the SHADOWED families' targets build
     from the copy, each meta.json listing what its compile read of it; an edit of a file no compile read

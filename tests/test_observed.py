@@ -70,6 +70,7 @@ EDITS = {   # the library's file, and an edit that changes what is built
 }
 
 
+@pytest.mark.slow
 def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_the_earlier_bytes(built_copy):
     """Each edit of EDITS in turn, on one built copy: a revert leaves it as built, so each edit starts from the
     cold build's state (the artifacts are compared to it)."""
