@@ -104,6 +104,33 @@ print("ok")
 """
 
 
+DONE_READS_FIRST_CHECK = """
+import torch
+from kernels.ep import simulate, triton_kernels as tk
+
+simulate.interpreter_patches()
+W, rank, R = 4, 2, 100
+matrix = torch.arange(1, W * W + 1, dtype=torch.int32).reshape(W, W)   # matrix[s, d]: rows s sent to d
+# this rank's signal to peer p lands at flag_table[p] + 4 * rank. Peer 3's is aimed at matrix[1, rank]: a fast
+# peer whose next count exchange rewrites this rank's matrix as soon as every rank has signalled
+flags = torch.full((W,), 1000, dtype=torch.int32)   # every peer has signalled already: the wait passes at once
+spare = torch.zeros(W, dtype=torch.int32)
+table = [spare.data_ptr()] * W
+table[rank] = flags.data_ptr()
+table[3] = matrix.data_ptr() + 4 * (1 * W + rank) - 4 * rank
+epoch = torch.zeros(1, dtype=torch.int32)
+num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
+recv_start = torch.zeros(W + 1, dtype=torch.int32)
+column = matrix[:, rank].tolist()
+tk.dispatch_done_kernel[(1,)](torch.tensor(table, dtype=torch.int64), epoch, matrix, num_recv, overflow, recv_start,
+                              rank, R, W=W)
+assert matrix[1, rank].item() == epoch.item() == 1   # the signal landed on the count
+assert num_recv.item() == sum(column) and overflow.item() == 0, (num_recv, column)
+assert recv_start.tolist() == [0, column[0], sum(column[:2]), sum(column[:3]), sum(column)], recv_start
+print("ok")
+"""
+
+
 def _interpreted(script: str) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
@@ -117,3 +144,9 @@ def test_route_kernel_gives_each_token_its_place_per_destination():
 
 def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
     _interpreted(DISPATCH_COMBINE_CHECK)
+
+
+def test_dispatch_done_reads_its_counts_before_it_signals():
+    """Once this rank has signalled, a peer may start its next dispatch and rewrite this rank's count matrix: the
+    counts it computes from must be the ones read before."""
+    _interpreted(DONE_READS_FIRST_CHECK)
