@@ -86,7 +86,8 @@ for d in range(W):   # rank d got every token with an expert on d, once, in (sou
     assert recv["src"][d][:n].tolist() == [s * M + t for s, t in sent], d
     assert (recv["x"][d][n:] == -5).all(), d   # nothing written past the rows sent here
 back = [torch.full((M, W, H), -7.0) for _ in range(W)]   # combine: rows pushed back to their source rank
-arrived = [torch.zeros(M, dtype=torch.int32) for _ in range(W)]
+arrived = [torch.zeros(M, W, dtype=torch.int32) for _ in range(W)]
+epoch = torch.tensor([7], dtype=torch.int32)   # the op's barrier count, the same on every rank
 back_table = torch.tensor([b.data_ptr() for b in back], dtype=torch.int64)
 arrived_table = torch.tensor([a.data_ptr() for a in arrived], dtype=torch.int64)
 recv_start = [torch.cat([torch.zeros(1), torch.cumsum(matrix[:, d], 0)]).to(torch.int32) for d in range(W)]
@@ -96,10 +97,14 @@ for roles in (1, 2):   # every rank's pushers, then every rank's reducers (one l
         grid = M if roles == 1 else T[r]   # a pusher a row of each source, then a reducer a token
         if grid:
             tk.combine_kernel[(grid,)](outs[r], recv["x"][r], R, handles[r], recv["src"][r], recv_start[r], back_table,
-                                       arrived_table, r, T[r], H, M, R, roles, W=W, BLOCK_H=BLOCK_H, QB=4, LAG=1)
+                                       arrived_table, epoch, r, T[r], H, M, R, roles, W=W, BLOCK_H=BLOCK_H, QB=4, LAG=1,
+                                       STORE_SIGNAL=False)
 for r in range(W):   # the received rows as expert outputs: each token comes back times its destinations
     assert torch.allclose(outs[r], x[r] * destinations(idx[r], E, W).sum(1, keepdim=True).float()), r
-    assert (arrived[r] == 0).all(), r   # every count was reset for the next call
+    # each row pushed back flagged its arrival with the epoch at its source: arrived[r][t, d] for rank d's row
+    flagged = torch.zeros(M, W, dtype=torch.int32)
+    flagged[:T[r]] = torch.where((handles[r] >= 0) & (torch.arange(W) != r), 7, 0)
+    assert torch.equal(arrived[r], flagged), r
 print("ok")
 """
 

@@ -32,6 +32,14 @@ def _spec_constants() -> dict[str, dict]:
 
 
 CONSTANTS = _spec_constants()
+ARCH_CONSTANTS = {family: tomllib.loads((SPECS / f"{family}.toml").read_text()).get("arch", {}) for family in FAMILIES}
+
+
+def arch_constants(family: str, runnable: list[str]) -> dict:
+    """The [arch.<name>] values of the family's spec for the first of `runnable` (the device's archs, best first)
+    that has such a table: what the bundle of that arch was compiled with."""
+    tables = ARCH_CONSTANTS.get(family, {})
+    return next(({k: v for k, v in tables[a].items() if k != "env"} for a in runnable if a in tables), {})
 
 
 class EpKernels:
@@ -64,6 +72,8 @@ class EpKernels:
                 self.sources[name] = f"bundle {bundle.path.name}"
             return lambda grid, *args: kernel(grid, *args, stream=torch.cuda.current_stream().cuda_stream)
         fn = FAMILIES[family]   # no library: Triton's JIT of the same functions and constants
-        constexprs = {**{k: v for k, v in config.items() if k != "dtype"}, **CONSTANTS.get(family, {})}
+        from kforge_runtime.device import runnable_archs
+        constexprs = {**{k: v for k, v in config.items() if k != "dtype"}, **CONSTANTS.get(family, {}),
+                      **arch_constants(family, runnable_archs(torch.cuda.current_device())[1])}
         self.sources[name] = "triton jit"
         return lambda grid, *args: fn[grid](*args, **constexprs)

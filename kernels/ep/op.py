@@ -152,7 +152,7 @@ class EpDispatchCombine:
         # one launch, no barrier: the peers' buffers it writes were freed by the barrier of the dispatch before
         self.kernels("ep_combine", {"dtype": KERNEL_DTYPES[cfg.combine_dtype], "W": W},
                      (groups * 2 * constants["QB"],), out, y, y.shape[0], handle, self.recv_src,
-                     self.recv_start, self._back_table, self._arrived_table, self.rank, T, cfg.hidden,
+                     self.recv_start, self._back_table, self._arrived_table, self.epoch, self.rank, T, cfg.hidden,
                      cfg.max_tokens_per_rank, cfg.capacity, 3)
         self._combined = True
         return out

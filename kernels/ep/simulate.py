@@ -247,8 +247,8 @@ def run_calls(world: World, feeds: list, tk) -> list:
             if grid:
                 tk.combine_kernel[(grid,)](
                     outs[r], world.y[r], R, handle[r], b["src"][r], world.recv_start[r], world.table["back"],
-                    world.table["arrived"], r, T[r], H, cfg.max_tokens_per_rank, R, roles, W=W, BLOCK_H=BLOCK_H,
-                    QB=1, LAG=0)
+                    world.table["arrived"], world.epoch[r], r, T[r], H, cfg.max_tokens_per_rank, R, roles, W=W,
+                    BLOCK_H=BLOCK_H, QB=1, LAG=0, STORE_SIGNAL=False)
     return list(zip(snaps, outs))   # as the op: the next call's count exchange is the barrier after combine
 
 

@@ -149,19 +149,41 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, m
                 tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
 
 
+# The arrival signal on NVIDIA: a release store (PTX st.release.sys) by the block's first thread (every thread
+# holds the [1] tensor's one element). A plain write over NVLink: an atomic there, even a reduction that awaits
+# no reply, cost 1 us more a combine at world 2 (bench/ep_combine_parts.py)
+_STORE_RELEASE_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                                  "@p st.release.sys.global.s32 [$1], $2; mov.u32 $0, 0; }")
+
+
 @triton.jit
-def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, back_table, arrived_table, rank,
-                   T, H, M, R, roles, W: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
-                   LAG: tl.constexpr):
+def _signal_arrival(flag_table, peer, at, epoch, STORE_SIGNAL: tl.constexpr):
+    """flag[at] of rank `peer` = epoch, released after this block's earlier stores (the caller's barrier orders
+    them): as a PTX store where STORE_SIGNAL (NVIDIA), else a release exchange (AMD, Triton's interpreter)."""
+    if STORE_SIGNAL:
+        addr = tl.full([1], 0, tl.int64) + tl.load(flag_table + peer) + at * 4
+        tl.inline_asm_elementwise(_STORE_RELEASE_SYS, "=r,l,r", [addr, tl.full([1], 0, tl.int32) + epoch],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.atomic_xchg(tl.load(flag_table + peer).to(tl.pointer_type(tl.int32)) + at, epoch, sem="release",
+                       scope="sys")
+
+
+@triton.jit
+def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, back_table, arrived_table,
+                   epoch_ptr, rank, T, H, M, R, roles, W: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
+                   LAG: tl.constexpr, STORE_SIGNAL: tl.constexpr):
     """Push, then sum where the token lives, in one launch. Programs come in groups of 2 * QB: QB pushers, then
     QB reducers.
     - Pusher (group g, j): for every other rank s, the q-th row s sent here (q = g * QB + j), if there is one: y
-      of that row is stored into s's back[t, rank] (t: the row's source token); once all are out, a release add
-      increments s's arrived[t]. The sources' rows interleave, so every peer's rows for token t arrive at about
-      the same time. The W sources are one [W, BLOCK_H] tile.
-    - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t] counts every other
-      rank that holds one of its rows, resets it, and writes out[t] = the sum over ranks d of y[its own row] for
-      d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
+      of that row is stored into s's back[t, rank] (t: the row's source token); once all are out, s's
+      arrived[t, rank] is set to this call's epoch (a release: _signal_arrival). The sources' rows interleave, so
+      every peer's rows for token t arrive at about the same time.
+    - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t, d] holds this call's
+      epoch for every other rank d that holds one of its rows, and writes out[t] = the sum over ranks d of y[its
+      own row] for d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
+    The epoch is the op's barrier count, the same on every rank: every earlier call's flags hold smaller ones,
+    and no later call pushes before this rank has passed the next dispatch's barrier, so nothing is reset.
     Why this order: a reducer of token t needs the peers' pushers of q <= t, which sit in groups <= t / QB of
     their grids, all started before this reducer's group (blocks start in grid order), so the spin always
     ends; LAG groups of slack let the peers' rows land before their reducer starts spinning.
@@ -178,38 +200,39 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
         j = pid % QB + reducing * QB
     ty = out_ptr.dtype.element_ty
     ss = tl.arange(0, W_POW2)
+    epoch = tl.load(epoch_ptr)
     if j < QB:
-        i = tl.load(recv_start_ptr + ss, mask=ss < W, other=0) + g * QB + j
-        end = tl.minimum(tl.load(recv_start_ptr + ss + 1, mask=ss < W, other=0), R)
-        tok = tl.load(src_ptr + i, mask=(ss < W) & (i < end), other=-1) - ss * M   # the row's token on rank s
-        live = (ss < W) & (ss != rank) & (i < end) & (tok >= 0) & (tok < M)   # a token out of range: no write
-        peer = tl.load(back_table + ss, mask=live, other=0).to(tl.pointer_type(ty))
-        dst = tl.multiple_of(peer, 16)[:, None] + ((tok.to(tl.int64) * W + rank) * H)[:, None]
-        src = y_ptr + (i.to(tl.int64) * H)[:, None]
-        for h0 in range(0, H, BLOCK_H):
-            hs = h0 + tl.arange(0, BLOCK_H)[None, :]
-            moving = live[:, None] & (hs < H)
-            tl.store(dst + hs, tl.load(src + hs, mask=moving & (i < y_rows)[:, None], other=0.0), mask=moving)
-        tl.debug_barrier()   # every thread's stores come before the release below
-        # release adds: whichever threads Triton gives them to, each orders the block's stores (after the
-        # barrier) before its count, as _barrier's signal does
-        counters = tl.load(arrived_table + ss, mask=live, other=0).to(tl.pointer_type(tl.int32)) + tok
-        tl.atomic_add(counters, tl.full([W_POW2], 1, tl.int32), mask=live, sem="release", scope="sys")
+        # a row a peer, one [BLOCK_H] step at a time: every thread moves data, and the arrival signal is one
+        # scalar per peer (a vector signal's lanes may be replicated over threads)
+        for k in tl.static_range(W - 1):
+            s = (rank + 1 + k) % W
+            i = tl.load(recv_start_ptr + s) + g * QB + j
+            tok = tl.load(src_ptr + i, mask=i < tl.minimum(tl.load(recv_start_ptr + s + 1), R), other=-1) - s * M
+            if (tok >= 0) & (tok < M):   # a token out of range: no write
+                dst = tl.multiple_of(tl.load(back_table + s).to(tl.pointer_type(ty)), 16) + \
+                    (tok.to(tl.int64) * W + rank) * H
+                src = y_ptr + i.to(tl.int64) * H
+                for h0 in range(0, H, BLOCK_H):
+                    hs = h0 + tl.arange(0, BLOCK_H)
+                    tl.store(dst + hs, tl.load(src + hs, mask=(hs < H) & (i < y_rows), other=0.0), mask=hs < H)
+                tl.debug_barrier()   # every thread's stores come before the release
+                _signal_arrival(arrived_table, s, tok * W + rank, epoch, STORE_SIGNAL)
     else:
         t = ((g - LAG) * QB + (j - QB)).to(tl.int64)
         if (t >= 0) & (t < T):
             rows = tl.load(handle_ptr + t * W + ss, mask=ss < W, other=-1).to(tl.int64)
             own = ss == rank
-            expected = tl.sum(((ss < W) & (ss != rank) & (rows >= 0)).to(tl.int32), axis=0)
-            mine = _peer(arrived_table, rank, tl.int32) + t
-            seen = tl.atomic_add(mine, 0, sem="acquire", scope="sys")
-            while (seen < expected) & (roles == 3):   # the simulation's reducers run after all pushers: no wait
-                seen = tl.atomic_add(mine, 0, sem="acquire", scope="sys")
-            tl.store(mine, 0)   # every row of this call has arrived; the next call's come after a dispatch
+            expected = (ss < W) & ~own & (rows >= 0)
+            flags = _peer(arrived_table, rank, tl.int32) + t * W + ss
+            seen = tl.atomic_add(flags, 0, mask=expected, sem="acquire", scope="sys")
+            behind = tl.sum((expected & (seen < epoch)).to(tl.int32), axis=0)
+            while (behind > 0) & (roles == 3):   # the simulation's reducers run after all pushers: no wait
+                seen = tl.atomic_add(flags, 0, mask=expected, sem="acquire", scope="sys")
+                behind = tl.sum((expected & (seen < epoch)).to(tl.int32), axis=0)
             tl.debug_barrier()
             back = _peer(back_table, rank, ty) + t * W * H
             src = tl.where(own, y_ptr + tl.maximum(rows, 0) * H, back + ss * H)[:, None]
-            present = ((rows >= 0) & (ss < W) & ((ss != rank) | (rows < y_rows)))[:, None]
+            present = ((rows >= 0) & (ss < W) & (~own | (rows < y_rows)))[:, None]
             for h0 in range(0, H, BLOCK_H):
                 hs = h0 + tl.arange(0, BLOCK_H)
                 v = tl.load(src + hs[None, :], mask=present & (hs < H)[None, :], other=0.0, cache_modifier=".cg")
