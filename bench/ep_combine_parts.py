@@ -53,8 +53,10 @@ FLAG_ASM = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq
 def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, back_table, arrived_table,
                     epoch_ptr, rank, T, H, M, R, W: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
                     LAG: tl.constexpr, SIGNAL: tl.constexpr, REDUCE: tl.constexpr, ONE_D: tl.constexpr):
-    """SIGNAL: 0 none, 1 release add to the source's counter (shipped), 2 release add to this rank's own counter,
-    3 red.release to the source's counter, 4 st.release of the epoch into the source's flag (1-D, world 2)."""
+    """SIGNAL: 0 none, 1 release add to the source's counter (combine until the flags), 2 release add to this
+    rank's own counter, 3 red.release to the source's counter, 4 st.release of the epoch into the source's flag
+    (as shipped; here 1-D pushers and world 2 only: a flag a token). `arrived` is used from its start, a counter
+    or a flag a token."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     pid = tl.program_id(0)
     g = pid // (2 * QB)
