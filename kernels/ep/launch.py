@@ -19,20 +19,22 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 COMPILE_OPTIONS = ("num_warps", "num_stages")
 
 
+_SPECS = {family: tomllib.loads((SPECS / f"{family}.toml").read_text()) for family in FAMILIES}
+
+
 def _spec_constants() -> dict[str, dict]:
     """[constants] of specs/ep_*.toml and the compile options their sweeps fix to one value, read from the specs
     themselves: the JIT path (no library) compiles exactly what the bundles hold. ep_dispatch's BLOCK_T must be
     ep_route's: it finds each token's block of the route (tests/test_ep_launch.py checks)."""
     constants = {}
-    for family in FAMILIES:
-        spec = tomllib.loads((SPECS / f"{family}.toml").read_text())
+    for family, spec in _SPECS.items():
         fixed = {k: v[0] for k, v in spec.get("sweep", {}).items() if k in COMPILE_OPTIONS and len(v) == 1}
         constants[family] = {**spec.get("constants", {}), **fixed}
     return constants
 
 
 CONSTANTS = _spec_constants()
-ARCH_CONSTANTS = {family: tomllib.loads((SPECS / f"{family}.toml").read_text()).get("arch", {}) for family in FAMILIES}
+ARCH_CONSTANTS = {family: spec.get("arch", {}) for family, spec in _SPECS.items()}
 
 
 def arch_constants(family: str, runnable: list[str]) -> dict:
