@@ -11,7 +11,7 @@ Each call runs the op's kernels in the op's order, a phase at a time over all ra
 (the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
 dispatch_done (num_recv, overflow, row starts), the stand-in experts, combine (every rank's pushers, then
 every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
-combine's arrival counts guarantee on GPUs; here each rank's flag table
+combine's arrival flags guarantee on GPUs; here each rank's flag table
 points its signals at its own slots, so its barriers pass at once. The ranks' buffers are CPU tensors reached
 through the same int64 pointer tables the GPUs use. The oracle, kernels/ep/reference.py, runs unchanged: its
 all_to_all_single is served by threads standing in for the ranks (ThreadedCollectives); the comparison is
