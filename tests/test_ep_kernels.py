@@ -26,7 +26,7 @@ for T, K, W, E in [(1, 1, 2, 3), (BLOCK_T, 8, 4, 32), (2 * BLOCK_T + 37, 6, 8, 4
     blocks = -(-T // BLOCK_T)
     pos = torch.full((T, W), -9, dtype=torch.int32)
     counts = torch.full((blocks, W), -9, dtype=torch.int32)
-    tk.route_kernel[(blocks,)](idx, pos, counts, T, E, K=K, W=W, BLOCK_T=BLOCK_T)
+    tk.route_kernel[(blocks,)](idx, pos, counts, T, E, K=K, W=W, BLOCK_T=BLOCK_T, PDL=False)
     mask = destinations(idx, E, W)
     base = torch.zeros(blocks, W, dtype=torch.int32)   # what exchange_counts_kernel adds to each block
     base[1:] = torch.cumsum(counts, 0)[:-1]
@@ -63,7 +63,7 @@ for r in range(W):   # route_kernel, then what exchange_counts_kernel computes (
     nb = max(-(-T[r] // BLOCK_T), 1)
     p, c = torch.empty(T[r], W, dtype=torch.int32), torch.zeros(nb, W, dtype=torch.int32)
     if T[r]:
-        tk.route_kernel[(nb,)](idx[r], p, c, T[r], E, K=K, W=W, BLOCK_T=BLOCK_T)
+        tk.route_kernel[(nb,)](idx[r], p, c, T[r], E, K=K, W=W, BLOCK_T=BLOCK_T, PDL=False)
     b = torch.zeros_like(c)
     b[1:] = torch.cumsum(c, 0)[:-1]
     pos.append(p), base.append(b), totals.append(c.sum(0))
@@ -75,7 +75,7 @@ for r in range(W):
         tk.dispatch_kernel[(T[r], -(-H // BLOCK_H))](
             x[r], idx[r], w[r], recv["scale"][r], pos[r], base[r], matrix, h, table["x"], table["idx"], table["w"],
             table["scale"], table["src"], r, H, M, R, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
-            BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T)
+            BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, PDL=False)
     handles.append(h)
 for d in range(W):   # rank d got every token with an expert on d, once, in (source rank, source token) order
     sent = [(s, t) for s in range(W) for t in range(T[s]) if destinations(idx[s], E, W)[t, d]]
@@ -128,7 +128,7 @@ num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=t
 recv_start = torch.zeros(W + 1, dtype=torch.int32)
 column = matrix[:, rank].tolist()
 tk.dispatch_done_kernel[(1,)](torch.tensor(table, dtype=torch.int64), epoch, matrix, num_recv, overflow, recv_start,
-                              rank, R, W=W)
+                              rank, R, W=W, STORE_SIGNAL=False, PDL=False)
 assert matrix[1, rank].item() == epoch.item() == 1   # the signal landed on the count
 assert num_recv.item() == sum(column) and overflow.item() == 0, (num_recv, column)
 assert recv_start.tolist() == [0, column[0], sum(column[:2]), sum(column[:3]), sum(column)], recv_start

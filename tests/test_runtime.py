@@ -504,6 +504,28 @@ def test_launch_arguments_of_the_wrong_kind_are_refused():
         _arguments(signature=[{"name": "b", "type": "f8"}])
 
 
+def test_launch_options_become_the_attributes_triton_s_launcher_sets():
+    """A binary compiled with launch_pdl, launch_cooperative_grid or num_ctas > 1 must be launched with them
+    (cuLaunchKernelEx): without, a programmatic dependent launch loses its overlap and a grid sync can hang."""
+    import ctypes
+    from kforge_runtime import launch
+    assert launch.launch_attributes({"num_warps": 4}, "nvidia", "k") == []   # cuLaunchKernel, as before
+    assert launch.launch_attributes({"launch_pdl": True}, "nvidia", "k") == [(6, (1,))]
+    assert launch.launch_attributes({"launch_cooperative_grid": True, "num_ctas": 2}, "nvidia", "k") == [
+        (2, (1,)), (4, (2, 1, 1)), (5, (1,))]
+    with pytest.raises(LaunchError, match="k: compiled with .*launch_pdl.* on NVIDIA only"):
+        launch.launch_attributes({"launch_pdl": True}, "amd", "k")
+    with pytest.raises(LaunchError, match="k: the manifest's launch options .* rebuild the bundle"):
+        launch.launch_attributes({"launch_pdl": "yes"}, "nvidia", "k")
+    with pytest.raises(LaunchError, match="k: the manifest's launch options"):
+        launch.launch_attributes({"num_ctas": 99}, "nvidia", "k")
+    # cuda.h's layouts: CUlaunchAttribute is an id padded to 8 bytes and a 64-byte union; CUlaunchConfig 56 bytes
+    assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(launch.LaunchConfig) == 56
+    assert (launch.LaunchConfig.hStream.offset, launch.LaunchConfig.attrs.offset,
+            launch.LaunchConfig.numAttrs.offset) == (32, 40, 48)
+
+
 @pytest.mark.parametrize("field, value", [
     ("signature", [["a_ptr", "*bf16"]]), ("signature", [{"name": "a_ptr"}]), ("signature", "a_ptr"),
     ("divisible_by_16", "a_ptr"), ("divisible_by_16", [3]), ("threads_per_block", 0),

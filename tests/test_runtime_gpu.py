@@ -58,3 +58,43 @@ def test_wrong_arguments_are_refused_before_launch(lib):
         gemm((1,), a.half(), b, c, 128, 128, 128, 128, 128, 128)
     with pytest.raises(TypeError, match="CPU tensor"):
         gemm((1,), a.cpu(), b, c, 128, 128, 128, 128, 128, 128)
+
+
+def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_in_a_graph(lib):
+    """ep_route is compiled with launch_pdl on sm_90 and later (it waits for the kernel before it with
+    griddepcontrol): the loader launches it by cuLaunchKernelEx with the programmatic-serialization attribute, right
+    after a kernel that writes what it reads, eagerly and under CUDA-graph capture, and it reads what was written."""
+    from kernels.ep.launch import CONSTANTS
+    from kernels.ep.routing import destinations, positions
+    route = lib.load("ep_route", "w2-k8")
+    if not (route.entry.get("options") or {}).get("launch_pdl"):
+        pytest.skip("this device's bundle builds ep_route without launch_pdl (archs before sm_90)")
+    assert route._config is not None and route._config.numAttrs == 1
+    T, E, W, K, block_t = 3000, 4, 2, 8, CONSTANTS["ep_route"]["BLOCK_T"]
+    blocks = -(-T // block_t)
+    sources = [torch.randint(-1, E * W + 1, (T, K), device="cuda", dtype=torch.int32) for _ in range(2)]
+    idx = torch.empty_like(sources[0])
+    pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
+    counts = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
+
+    def routed(source):
+        idx.copy_(source)   # the kernel before: the route must wait for it
+        route((blocks,), idx, pos, counts, T, E, stream=torch.cuda.current_stream().cuda_stream)
+
+    def check(source):
+        mask = destinations(source, E, W)
+        base = torch.zeros_like(counts)
+        base[1:] = torch.cumsum(counts, 0)[:-1]
+        landed = torch.where(pos >= 0, pos + base.repeat_interleave(block_t, 0)[:T], -1)
+        assert torch.equal(landed, torch.where(mask, positions(mask), -1))
+
+    routed(sources[0])
+    torch.cuda.synchronize()
+    check(sources[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        routed(sources[1])
+    pos.fill_(-9)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(sources[1])

@@ -214,10 +214,12 @@ def run_calls(world: World, feeds: list, tk) -> list:
     handle = [torch.full((t, W), -9, dtype=torch.int32) for t in T]
     for r in range(W):
         if T[r]:
-            tk.route_kernel[(nb[r],)](feeds[r][1], pos[r], counts[r], T[r], E, K=K, W=W, BLOCK_T=block_t)
+            tk.route_kernel[(nb[r],)](feeds[r][1], pos[r], counts[r], T[r], E, K=K, W=W, BLOCK_T=block_t,
+                                      PDL=False)
     for r in range(W):
         tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.flag_table[r],
-                                        world.epoch[r], r, W=W, BLOCKS=blocks_at_once)
+                                        world.epoch[r], r, W=W, BLOCKS=blocks_at_once,
+                                        STORE_SIGNAL=False, PDL=False)
     for r in range(W):
         x, idx, w, scales = feeds[r]
         if w is None:
@@ -228,10 +230,11 @@ def run_calls(world: World, feeds: list, tk) -> list:
                 pos[r], base[r], b["matrix"][r], handle[r], world.table["x"], world.table["idx"], world.table["w"],
                 world.table["scales"], world.table["src"], r, H, cfg.max_tokens_per_rank, R, cfg.num_scales,
                 cfg.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,
-                BLOCK_H=BLOCK_H, BLOCK_T=block_t)
+                BLOCK_H=BLOCK_H, BLOCK_T=block_t, PDL=False)
     for r in range(W):
         tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], b["matrix"][r], world.num_recv[r],
-                                      world.overflow[r], world.recv_start[r], r, R, W=W)
+                                      world.overflow[r], world.recv_start[r], r, R, W=W, STORE_SIGNAL=False,
+                                      PDL=False)
     snaps = []
     for r in range(W):
         scales = b["scales"][r][:, :cfg.num_scales] if cfg.num_scales else None

@@ -4,6 +4,7 @@ peer's flag slot, then acquire loads until every peer's slot has reached it. The
 so eager calls and CUDA-graph replays advance it with no host involvement."""
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -13,18 +14,45 @@ def _peer(table, rank, ty: tl.constexpr):
 
 
 @triton.jit
-def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr):
+def _chained(PDL: tl.constexpr):
+    """Dispatch's kernels run as a chain of programmatic dependent launches where PDL (NVIDIA sm_90 and later, and
+    the spec launches them with launch_pdl): the next kernel of the chain is launched while this one runs, and
+    waits here, before its first memory access, until the one before it has finished and its writes are visible.
+    Launched without PDL, the wait returns at once."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+# NVIDIA's barrier signal (STORE_SIGNAL): threads 0..W-1 each take one peer's flag array from the table and
+# release-store the epoch into its slot `rank`, all W at once (one thread's release stores would each wait for the
+# one before). 2.41 us a barrier at world 2 against 2.84 by release exchanges (bench/ep_barrier.py); polling by
+# loads instead of atomics changed nothing there and slowed combine's reducers, so polls stay atomics.
+_SIGNAL_PEERS = tl.constexpr(
+    "{ .reg .pred p; .reg .u32 t; .reg .u64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; mul.wide.u32 o, t, 8; "
+    "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 4; add.u64 a, a, o; "
+    "@p st.release.sys.global.s32 [a], $3; mov.u32 $0, 0; }")
+
+
+@triton.jit
+def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
     """Every rank signals every rank, then waits for all: one program, called by one thread block. The W
-    signals and the W polls go out as one vector each: W sequential NVLink round trips per barrier cost
-    microseconds."""
+    signals go out at once and the W polls are one vector: W sequential NVLink round trips per barrier cost
+    microseconds. The signals: PTX release stores where STORE_SIGNAL (NVIDIA), else release exchanges (AMD,
+    Triton's interpreter)."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     tl.debug_barrier()   # this block's earlier stores are ordered before the release below
     epoch = tl.load(epoch_ptr) + 1
     ps = tl.arange(0, W_POW2)
     live = ps < W
-    peers = tl.load(flag_table + ps, mask=live, other=0).to(tl.pointer_type(tl.int32))
-    tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=live, sem="release", scope="sys")
-    mine = _peer(flag_table, rank, tl.int32) + ps
+    mine = _peer(flag_table, rank, tl.int32) + ps   # loaded before the signal: off its path
+    if STORE_SIGNAL:
+        one = tl.full([1], 0, tl.int32)
+        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
+                                  one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        peers = tl.load(flag_table + ps, mask=live, other=0).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=live, sem="release", scope="sys")
     behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
     while behind > 0:
         seen = tl.atomic_add(mine, 0, mask=live, sem="acquire", scope="sys")
@@ -34,19 +62,20 @@ def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr):
 
 
 @triton.jit
-def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr):
-    _barrier(flag_table, epoch_ptr, rank, W)
+def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+    _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
 
 
 @triton.jit
 def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, recv_start_ptr, rank, R,
-                         W: tl.constexpr):
+                         W: tl.constexpr, STORE_SIGNAL: tl.constexpr, PDL: tl.constexpr):
     """The end of dispatch in one launch: this rank's num_recv = min(rows sent here, R), overflow = rows sent here
     > R and recv_start[s] = the first row from rank s (recv_start[W]: rows sent here), from the count matrix,
     then the barrier (every rank's rows have landed). The matrix is read before this rank signals: once every
     rank has, a peer may go on to its next dispatch, whose count exchange rewrites this matrix (combine reads
     recv_start for the same reason). Every value stored below depends on the loads, so they are done before the
     barrier's release."""
+    _chained(PDL)
     total = tl.zeros([], dtype=tl.int32)
     for s in tl.static_range(W):
         tl.store(recv_start_ptr + s, total)
@@ -54,15 +83,16 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
     tl.store(recv_start_ptr + W, total)
     tl.store(num_recv_ptr, tl.minimum(total, R))
     tl.store(overflow_ptr, (total > R).to(tl.uint8))
-    _barrier(flag_table, epoch_ptr, rank, W)
+    _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
 
 
 @triton.jit
 def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_table, epoch_ptr, rank,
-                           W: tl.constexpr, BLOCKS: tl.constexpr):
+                           W: tl.constexpr, BLOCKS: tl.constexpr, STORE_SIGNAL: tl.constexpr, PDL: tl.constexpr):
     """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
     to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix;
     then a barrier. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each."""
+    _chained(PDL)
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     ds = tl.arange(0, W_POW2)
     carry = tl.zeros([W_POW2], dtype=tl.int32)
@@ -75,16 +105,17 @@ def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, f
         carry += tl.sum(c, axis=0)
     for p in tl.static_range(W):
         tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
-    _barrier(flag_table, epoch_ptr, rank, W)
+    _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
 
 
 @triton.jit
 def route_kernel(idx_ptr, pos_ptr, block_counts_ptr, T, E, K: tl.constexpr, W: tl.constexpr,
-                 BLOCK_T: tl.constexpr):
+                 BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     """Program b, tokens [b * BLOCK_T, (b + 1) * BLOCK_T): for each rank d, pos[t, d] = how many earlier
     tokens of the block go to d (-1: token t does not) and block_counts[b, d] = how many go there in all;
     exchange_counts_kernel adds the blocks before. A token goes to d once however many of its K experts
     live there; ids < 0 or >= E * W go nowhere. Ids are read as one [BLOCK_T, K] tile."""
+    _chained(PDL)
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
     b = tl.program_id(0)
     ts = b * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -115,12 +146,13 @@ def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.const
 def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_x_table,
                     recv_idx_table, recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
                     W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
+                    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     """Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token goes to, at
     the row the count matrix gives it there; chunk 0's program also sends the ids, weights, S block scales
     and source id, and records the rows in handle[t, d] for combine. A chunk per program: one sequential
     round of stores, so a few tokens still fill the GPU. The receivers' scale rows are S_STRIDE apart, a
     multiple of 4: 16-byte stores, not S tiny NVLink writes."""
+    _chained(PDL)
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
     SCALE_CHUNK: tl.constexpr = 64
     t = tl.program_id(0).to(tl.int64)

@@ -1,9 +1,10 @@
 """Load a checked binary through the GPU driver (ctypes) and launch it: no compiler, no torch needed.
 
-NVIDIA: libcuda's cuModuleLoadData / cuLaunchKernel. AMD: libamdhip64's hipModuleLoadData /
-hipModuleLaunchKernel, which take the same kernelParams array. Arguments follow the manifest's launch
-signature; Triton 3.6 kernels also take two trailing scratch pointers (global, profile), passed as null:
-kforge refuses artifacts that say they need scratch memory. A host tensor descriptor argument is several
+NVIDIA: libcuda's cuModuleLoadData / cuLaunchKernel, or cuLaunchKernelEx for a binary compiled with launch
+options (launch_pdl, launch_cooperative_grid, num_ctas: the launch Triton's own launcher would make). AMD:
+libamdhip64's hipModuleLoadData / hipModuleLaunchKernel, which take the same kernelParams array. Arguments follow
+the manifest's launch signature; Triton 3.6 kernels also take two trailing scratch pointers (global, profile),
+passed as null: kforge refuses artifacts that say they need scratch memory. A host tensor descriptor argument is several
 kernel parameters, a CUtensorMap among them on NVIDIA sm_90 and up (rules/runtime/tensordesc.py).
 """
 from __future__ import annotations
@@ -29,6 +30,47 @@ TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torc
 
 class LaunchError(RuntimeError):
     pass
+
+
+# CUlaunchAttributeID values (cuda.h) for the compile options that change how a binary must be launched
+CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
+
+
+class LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, padded to 8 bytes, then a 64-byte value union
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class LaunchConfig(ctypes.Structure):   # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def launch_attributes(options: dict, vendor: str, name: str) -> list[tuple[int, tuple[int, ...]]]:
+    """(attribute id, value words) for each launch-changing compile option the binary was built with, as Triton's
+    launcher sets them; a LaunchError for one this loader cannot honour (launching without it would run the
+    kernel wrongly: a grid sync with no co-residency, a dependent launch with no overlap)."""
+    pdl, cooperative, ctas = (options.get("launch_pdl", False), options.get("launch_cooperative_grid", False),
+                              options.get("num_ctas", 1))
+    if not (pdl is False or pdl is True) or not (cooperative is False or cooperative is True) \
+            or type(ctas) is not int or not 1 <= ctas <= 16:
+        raise LaunchError(f"{name}: the manifest's launch options must be launch_pdl / launch_cooperative_grid "
+                          f"true or false and num_ctas 1..16, got {options!r}; rebuild the bundle with `doit package`")
+    if vendor != "nvidia" and (pdl or cooperative or ctas > 1):
+        raise LaunchError(f"{name}: compiled with {options!r}, which this loader launches on NVIDIA only; launch it "
+                          f"through Triton on AMD")
+    attributes = [(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, (1,))] if pdl else []
+    attributes += [(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, (1,))] if cooperative else []
+    if ctas > 1:
+        attributes += [(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (ctas, 1, 1)),
+                       (CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+                        (CU_CLUSTER_SCHEDULING_POLICY_SPREAD,))]
+    return attributes
 
 
 class Driver:
@@ -104,6 +146,22 @@ class Kernel:
         # stream wrapped as a pointer, half the cost of converting all 11 arguments by declared types
         self._threads, self._shared = entry["threads_per_block"], entry["shared"]
         self._lock = threading.Lock()   # the argument slots are shared: one launch fills and submits them at a time
+        options = entry.get("options") or {}
+        if not isinstance(options, dict):
+            raise LaunchError(f"{self.name}: the manifest's 'options' must be a table; rebuild the bundle")
+        attributes = launch_attributes(options, vendor, self.name)
+        self._ctas = options.get("num_ctas", 1)
+        self._config = None   # a LaunchConfig when the binary needs cuLaunchKernelEx
+        if attributes:
+            self._attributes = (LaunchAttribute * len(attributes))()
+            for slot, (kind, words) in zip(self._attributes, attributes):
+                slot.id = kind
+                slot.value[:len(words)] = words
+            self._config = LaunchConfig(blockDimX=self._threads, blockDimY=1, blockDimZ=1,
+                                        sharedMemBytes=self._shared,
+                                        attrs=ctypes.cast(self._attributes, ctypes.POINTER(LaunchAttribute)),
+                                        numAttrs=len(attributes))
+            self._launch_ex = self.driver.lib.cuLaunchKernelEx
 
     def __call__(self, grid, *args, stream: int = 0) -> None:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
@@ -111,20 +169,25 @@ class Kernel:
 
     def launch(self, gx: int, gy: int, gz: int, stream: int, args) -> None:
         with self._lock:
-            params = self._arguments.pack(args)
-            code = self._launch(self._func, gx, gy, gz, self._threads, 1, 1, self._shared,
-                                ctypes.c_void_p(stream), params, None)
+            code = self._submit(gx, gy, gz, stream, self._arguments.pack(args))
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 
     def launch_trusted(self, gx: int, gy: int, gz: int, stream: int, values) -> None:
         """Launch with argument values already matched to this binary (Arguments.pack_trusted)."""
         with self._lock:
-            params = self._arguments.pack_trusted(values)
-            code = self._launch(self._func, gx, gy, gz, self._threads, 1, 1, self._shared,
-                                ctypes.c_void_p(stream), params, None)
+            code = self._submit(gx, gy, gz, stream, self._arguments.pack_trusted(values))
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
+
+    def _submit(self, gx: int, gy: int, gz: int, stream: int, params) -> int:
+        """The driver's launch call (under the lock: the slots and the config are shared); its error code."""
+        if self._config is None:
+            return self._launch(self._func, gx, gy, gz, self._threads, 1, 1, self._shared, ctypes.c_void_p(stream),
+                                params, None)
+        config = self._config
+        config.gridDimX, config.gridDimY, config.gridDimZ, config.hStream = gx * self._ctas, gy, gz, stream
+        return self._launch_ex(ctypes.byref(config), self._func, params, None)
 
 
 def check_launch_fields(entry: dict) -> None:
