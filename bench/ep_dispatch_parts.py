@@ -5,10 +5,10 @@ Usage (on a host with 2 GPUs and Triton): python bench/ep_dispatch_parts.py [--r
 World 2, 4096 tokens a rank, H=7168, top-8 of 32 experts a rank, bf16 with weights (bench/ep_bandwidth.py's
 problem), every kernel through Triton's JIT with the shipped constants.
 - Count exchange, GPU us per call over a CUDA graph of 64 back-to-back calls, the ranks lined up first:
-  - as shipped (exchange_counts_kernel): the counts stored into every peer's matrix, then the flag barrier, whose
-    release waits until those stores have landed before the flags go out;
-  - tagged: each count stored with the call's epoch in its upper 32 bits (one 8-byte store a cell, no fence), the
-    receiver polling its own matrix until every row carries the epoch.
+  - as shipped (exchange_counts_kernel): each count stored with the call's epoch in its upper 32 bits (one 8-byte
+    word a cell, no fence), the receiver polling its own matrix until every row carries the epoch;
+  - before (a copy here): the counts stored into every peer's matrix, then the flag barrier, whose release waits
+    until those stores have landed before the flags go out.
 - Data kernel, events around one launch after a GPU sleep and a device barrier, the median of --calls, the slowest
   rank; --rounds rounds interleave the variants:
   - as shipped (dispatch_kernel's work): rows, then each row's ids, weights and source as three stores a peer;
@@ -37,7 +37,7 @@ from bench.ep_combine_parts import timed as timed_one  # noqa: E402
 from bench.gpu_timing import SLEEP_CYCLES, timed  # noqa: E402
 from bench.nvlink_ceiling import _copy  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import _landing_row, _peer, exchange_counts_kernel, route_kernel  # noqa: E402
+from kernels.ep.triton_kernels import _barrier, _landing_row, _peer, exchange_counts_kernel, route_kernel  # noqa: E402
 
 WORLD = 2
 TOKENS = 4096
@@ -45,9 +45,10 @@ RECORD = 32   # int32 lanes of a metadata record: 128 bytes, room for K ids, K w
 
 
 @triton.jit
-def exchange_tagged(block_counts_ptr, block_base_ptr, NB, tagged_table, epoch_ptr, rank, W: tl.constexpr,
-                    BLOCKS: tl.constexpr):
-    """exchange_counts_kernel with epoch-tagged int64 counts in place of the counts and the flag barrier."""
+def exchange_flagged(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_table, epoch_ptr, rank, W: tl.constexpr,
+                     BLOCKS: tl.constexpr):
+    """The count exchange before the tags: int32 counts into every peer's matrix, then the flag barrier (NVIDIA's
+    release stores), whose release first waits for the count stores to land."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     ds = tl.arange(0, W_POW2)
     carry = tl.zeros([W_POW2], dtype=tl.int32)
@@ -58,18 +59,9 @@ def exchange_tagged(block_counts_ptr, block_base_ptr, NB, tagged_table, epoch_pt
         c = tl.load(block_counts_ptr + at, mask=live, other=0)
         tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
         carry += tl.sum(c, axis=0)
-    epoch = tl.load(epoch_ptr) + 1
-    tagged = (epoch.to(tl.int64) << 32) | carry.to(tl.int64)
     for p in tl.static_range(W):
-        tl.store(_peer(tagged_table, p, tl.int64) + rank * W + ds, tagged, mask=ds < W)
-    cells = tl.arange(0, W_POW2 * W_POW2)
-    live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
-    mine = _peer(tagged_table, rank, tl.int64) + (cells // W_POW2) * W + cells % W_POW2
-    behind = 1
-    while behind > 0:
-        seen = tl.atomic_add(mine, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
-        behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
-    tl.store(epoch_ptr, epoch)
+        tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
+    _barrier(flag_table, epoch_ptr, rank, W, True)
 
 
 @triton.jit
@@ -128,21 +120,19 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
     counts = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
     base = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
     handle = torch.empty(TOKENS, W, dtype=torch.int32, device="cuda")
-    tagged, tagged_table = symmetric((W, W), torch.int64)
-    tagged.zero_()
+    flagged, flagged_table = symmetric((W, W), torch.int32)
     records, record_table = symmetric((cfg.capacity, RECORD), torch.int32)
     torch.cuda.synchronize()
     dist.barrier()
     route_kernel[(blocks,)](idx, pos, counts, TOKENS, cfg.experts_per_rank, K=K, W=W, BLOCK_T=block_t, PDL=False)
     blocks_at_once = CONSTANTS["ep_exchange_counts"]["BLOCKS"]
     exchanges = {
-        "count exchange as shipped: counts, then the flag barrier": lambda: exchange_counts_kernel[(1,)](
-            counts, base, blocks, op._matrix_table, op._flag_table, op.epoch, rank, W=W, BLOCKS=blocks_at_once,
-            STORE_SIGNAL=True, PDL=False),
-        "count exchange tagged: epoch and count in one 8-byte store a cell": lambda: exchange_tagged[(1,)](
-            counts, base, blocks, tagged_table, op.epoch, rank, W=W, BLOCKS=blocks_at_once)}
+        "count exchange as shipped: epoch and count in one 8-byte word a cell": lambda: exchange_counts_kernel[(1,)](
+            counts, base, blocks, op._matrix_table, op.epoch, rank, 3, W=W, BLOCKS=blocks_at_once, PDL=False),
+        "count exchange before: int32 counts, then the flag barrier": lambda: exchange_flagged[(1,)](
+            counts, base, blocks, flagged_table, op._flag_table, op.epoch, rank, W=W, BLOCKS=blocks_at_once)}
     graphs = {name: graph_of(fn, launches) for name, fn in exchanges.items()}
-    exchanges[next(iter(exchanges))]()   # op.matrix and base now hold this call's counts
+    exchanges[next(iter(exchanges))]()   # op.matrix (tagged) and base now hold this call's counts
     torch.cuda.synchronize()
     dist.barrier()
 

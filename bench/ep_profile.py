@@ -5,6 +5,8 @@ at 4096 (or --tokens) tokens/rank, H=7168, top-8, 32 experts/rank, the shapes of
 Usage (on a multi-GPU host): python bench/ep_profile.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
        [--tokens 128]
 Barrier kernels' times include waiting for the slowest rank; the table gives the min and max over ranks.
+On sm_90 and later dispatch's kernels are programmatic dependent launches: each starts while the one before runs
+and waits for it on the GPU, and that wait counts in its duration, so there the per-kernel figures overlap.
 """
 from __future__ import annotations
 

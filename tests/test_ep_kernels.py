@@ -58,23 +58,34 @@ recv = {name: [torch.full(shape, -5, dtype=dt) for _ in range(W)] for name, shap
         [("x", (R, H), torch.float32), ("idx", (R, K), torch.int32), ("w", (R, K), torch.float32),
          ("src", (R,), torch.int32), ("scale", (R, 4), torch.float32)]}
 table = {name: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64) for name, bufs in recv.items()}
-pos, base, totals = [], [], []
-for r in range(W):   # route_kernel, then what exchange_counts_kernel computes (its flags need GPUs)
+pos, base, counts = [], [], []
+for r in range(W):   # route_kernel
     nb = max(-(-T[r] // BLOCK_T), 1)
     p, c = torch.empty(T[r], W, dtype=torch.int32), torch.zeros(nb, W, dtype=torch.int32)
     if T[r]:
         tk.route_kernel[(nb,)](idx[r], p, c, T[r], E, K=K, W=W, BLOCK_T=BLOCK_T, PDL=False)
-    b = torch.zeros_like(c)
-    b[1:] = torch.cumsum(c, 0)[:-1]
-    pos.append(p), base.append(b), totals.append(c.sum(0))
-matrix = torch.stack(totals).to(torch.int32)   # matrix[s, d]: rows rank s sends to rank d
+    pos.append(p), base.append(torch.full_like(c, -9)), counts.append(c)
+# exchange_counts_kernel: every rank's tagged counts out (roles 1), then every rank's wait (2), 2 blocks a step
+matrices = [torch.zeros(W, W, dtype=torch.int64) for _ in range(W)]
+matrix_table = torch.tensor([m.data_ptr() for m in matrices], dtype=torch.int64)
+epochs = [torch.tensor([6], dtype=torch.int32) for _ in range(W)]
+for roles in (1, 2):
+    for r in range(W):
+        tk.exchange_counts_kernel[(1,)](counts[r], base[r], counts[r].shape[0], matrix_table, epochs[r], r, roles,
+                                        W=W, BLOCKS=2, PDL=False)
+totals = torch.stack([c.sum(0) for c in counts]).to(torch.int64)   # [s, d]: rows rank s sends to rank d
+for r in range(W):
+    assert torch.equal(matrices[r], (7 << 32) | totals), r   # every row tagged with the call's epoch
+    assert epochs[r].item() == 7 and torch.equal(base[r][1:], torch.cumsum(counts[r], 0)[:-1].to(torch.int32)), r
+    assert (base[r][0] == 0).all(), r
+matrix = totals.to(torch.int32)
 handles = []
 for r in range(W):
     h = torch.full((T[r], W), -9, dtype=torch.int32)
-    if T[r]:
+    if T[r]:   # each rank reads its own tagged matrix: the kernel takes the low 32 bits
         tk.dispatch_kernel[(T[r], -(-H // BLOCK_H))](
-            x[r], idx[r], w[r], recv["scale"][r], pos[r], base[r], matrix, h, table["x"], table["idx"], table["w"],
-            table["scale"], table["src"], r, H, M, R, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
+            x[r], idx[r], w[r], recv["scale"][r], pos[r], base[r], matrices[r], h, table["x"], table["idx"],
+            table["w"], table["scale"], table["src"], r, H, M, R, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
             BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, PDL=False)
     handles.append(h)
 for d in range(W):   # rank d got every token with an expert on d, once, in (source rank, source token) order
@@ -115,21 +126,22 @@ from kernels.ep import simulate, triton_kernels as tk
 
 simulate.interpreter_patches()
 W, rank, R = 4, 2, 100
-matrix = torch.arange(1, W * W + 1, dtype=torch.int32).reshape(W, W)   # matrix[s, d]: rows s sent to d
-# this rank's signal to peer p lands at flag_table[p] + 4 * rank. Peer 3's is aimed at matrix[1, rank]: a fast
-# peer whose next count exchange rewrites this rank's matrix as soon as every rank has signalled
+# matrix[s, d]: rows s sent to d, in the low 32 bits; the epoch of the exchange that wrote it above
+matrix = torch.arange(1, W * W + 1, dtype=torch.int64).reshape(W, W) | (5 << 32)
+# this rank's signal to peer p lands at flag_table[p] + 4 * rank. Peer 3's is aimed at the count of matrix[1, rank]:
+# a fast peer whose next count exchange rewrites this rank's matrix as soon as every rank has signalled
 flags = torch.full((W,), 1000, dtype=torch.int32)   # every peer has signalled already: the wait passes at once
 spare = torch.zeros(W, dtype=torch.int32)
 table = [spare.data_ptr()] * W
 table[rank] = flags.data_ptr()
-table[3] = matrix.data_ptr() + 4 * (1 * W + rank) - 4 * rank
+table[3] = matrix.data_ptr() + 8 * (1 * W + rank) - 4 * rank
 epoch = torch.zeros(1, dtype=torch.int32)
 num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
 recv_start = torch.zeros(W + 1, dtype=torch.int32)
-column = matrix[:, rank].tolist()
+column = (matrix[:, rank] & 0xFFFFFFFF).tolist()
 tk.dispatch_done_kernel[(1,)](torch.tensor(table, dtype=torch.int64), epoch, matrix, num_recv, overflow, recv_start,
                               rank, R, W=W, STORE_SIGNAL=False, PDL=False)
-assert matrix[1, rank].item() == epoch.item() == 1   # the signal landed on the count
+assert matrix[1, rank].item() & 0xFFFFFFFF == epoch.item() == 1   # the signal landed on the count
 assert num_recv.item() == sum(column) and overflow.item() == 0, (num_recv, column)
 assert recv_start.tolist() == [0, column[0], sum(column[:2]), sum(column[:3]), sum(column)], recv_start
 print("ok")

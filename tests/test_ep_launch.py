@@ -20,7 +20,7 @@ def test_dispatch_finds_tokens_in_the_blocks_route_made():
     assert launch.CONSTANTS["ep_dispatch"]["BLOCK_T"] == launch.CONSTANTS["ep_route"]["BLOCK_T"]
 
 
-FLAG_FAMILIES = ("ep_combine", "ep_barrier", "ep_exchange_counts", "ep_dispatch_done")
+FLAG_FAMILIES = ("ep_combine", "ep_barrier", "ep_dispatch_done")
 CHAINED_FAMILIES = ("ep_route", "ep_exchange_counts", "ep_dispatch", "ep_dispatch_done")
 
 

@@ -22,7 +22,7 @@ from kernels.ep.launch import CONSTANTS, EpKernels
 from kernels.ep.transport import ipc_buffer, shares_a_gpu, symmetric_buffer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, FP8: torch.float8_e4m3fn, "f32": torch.float32,
-          "i32": torch.int32}
+          "i32": torch.int32, "i64": torch.int64}
 KERNEL_DTYPES = {"bf16": "bf16", "fp16": "fp16", FP8: "u8"}   # the specs' dtype names: fp8 rows move as bytes
 
 
@@ -110,8 +110,8 @@ class EpDispatchCombine:
             self.kernels("ep_route", {"W": W, "K": cfg.topk}, (blocks,), topk_idx, pos, block_counts, T,
                          cfg.experts_per_rank)
         self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
-                     self._flag_table, self.epoch, self.rank)
-        self._combined = False   # that kernel's barrier: every rank's last combine has finished
+                     self.epoch, self.rank, 3)
+        self._combined = False   # every rank's counts of this call came: each had finished its last combine
         if topk_w is None:
             self.recv_w.zero_()
         if T:

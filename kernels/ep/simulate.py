@@ -8,7 +8,8 @@ The tests run it a case a test (tests/test_ep_simulated_world.py): by default a 
 matrix at world 8 and 16 (its docstring says which and why), every case with `pytest --simulate-all`.
 
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
-(the real kernel: block bases, and this rank's totals written into every peer's count matrix), dispatch,
+(the real kernel: block bases, and this rank's tagged totals written into every peer's count matrix, then its
+wait), dispatch,
 dispatch_done (num_recv, overflow, row starts), the stand-in experts, combine (every rank's pushers, then
 every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
 combine's arrival flags guarantee on GPUs; here each rank's flag table
@@ -216,10 +217,10 @@ def run_calls(world: World, feeds: list, tk) -> list:
         if T[r]:
             tk.route_kernel[(nb[r],)](feeds[r][1], pos[r], counts[r], T[r], E, K=K, W=W, BLOCK_T=block_t,
                                       PDL=False)
-    for r in range(W):
-        tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.flag_table[r],
-                                        world.epoch[r], r, W=W, BLOCKS=blocks_at_once,
-                                        STORE_SIGNAL=False, PDL=False)
+    for roles in (1, 2):   # every rank's counts out, then every rank's wait (which passes: all are in)
+        for r in range(W):
+            tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.epoch[r], r, roles,
+                                            W=W, BLOCKS=blocks_at_once, PDL=False)
     for r in range(W):
         x, idx, w, scales = feeds[r]
         if w is None:

@@ -1,6 +1,7 @@
 """Triton kernels of the dispatch/combine op: peers' buffers are reached through tables of symmetric-memory
 pointers (int64, one per rank). Cross-GPU ordering uses flags: a release store of an epoch into every
-peer's flag slot, then acquire loads until every peer's slot has reached it. The epoch lives on the device,
+peer's flag slot, then acquire reads until every peer's slot has reached it; the count exchange tags each count
+with the epoch instead, so the count is its own flag. The epoch lives on the device,
 so eager calls and CUDA-graph replays advance it with no host involvement."""
 import triton
 import triton.language as tl
@@ -11,6 +12,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 def _peer(table, rank, ty: tl.constexpr):
     # symmetric buffers are allocation-aligned: say so, or every peer store is split into 2-byte pieces
     return tl.multiple_of(tl.load(table + rank).to(tl.pointer_type(ty)), 16)
+
+
+@triton.jit
+def _count(cell):
+    """A count-matrix cell's count: its low 32 bits (the high ones hold the epoch of the exchange that wrote it)."""
+    return cell.to(tl.int32)
 
 
 @triton.jit
@@ -26,8 +33,8 @@ def _chained(PDL: tl.constexpr):
 
 # NVIDIA's barrier signal (STORE_SIGNAL): threads 0..W-1 each take one peer's flag array from the table and
 # release-store the epoch into its slot `rank`, all W at once (one thread's release stores would each wait for the
-# one before). 2.41 us a barrier at world 2 against 2.84 by release exchanges (bench/ep_barrier.py); polling by
-# loads instead of atomics changed nothing there and slowed combine's reducers, so polls stay atomics.
+# one before). 3.46 us a barrier at world 2 on H100 against 3.95 by release exchanges (bench/ep_barrier.py);
+# polling by loads instead of atomics changed nothing there and slowed combine's reducers, so polls stay atomics.
 _SIGNAL_PEERS = tl.constexpr(
     "{ .reg .pred p; .reg .u32 t; .reg .u64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; mul.wide.u32 o, t, 8; "
     "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 4; add.u64 a, a, o; "
@@ -79,7 +86,7 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
     total = tl.zeros([], dtype=tl.int32)
     for s in tl.static_range(W):
         tl.store(recv_start_ptr + s, total)
-        total += tl.load(matrix_ptr + s * W + rank)
+        total += _count(tl.load(matrix_ptr + s * W + rank))
     tl.store(recv_start_ptr + W, total)
     tl.store(num_recv_ptr, tl.minimum(total, R))
     tl.store(overflow_ptr, (total > R).to(tl.uint8))
@@ -87,25 +94,43 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
 
 
 @triton.jit
-def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_table, epoch_ptr, rank,
-                           W: tl.constexpr, BLOCKS: tl.constexpr, STORE_SIGNAL: tl.constexpr, PDL: tl.constexpr):
+def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, rank, roles,
+                           W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
-    to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix;
-    then a barrier. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each."""
+    to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix, each
+    count tagged with this call's epoch in its upper 32 bits; then this rank waits until every row of its own
+    matrix carries the epoch. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each.
+    Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
+    flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (2.33 against
+    3.95 us at world 2 on H100: bench/ep_dispatch_parts.py). A rank's tag also says it has finished its previous
+    combine (stream order), which is what lets this rank write its receive buffers next.
+    roles: 3 on GPUs; the CPU simulation runs every rank's stores (1), then every rank's wait (2)."""
     _chained(PDL)
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
-    ds = tl.arange(0, W_POW2)
-    carry = tl.zeros([W_POW2], dtype=tl.int32)
-    for b0 in range(0, NB, BLOCKS):
-        bs = b0 + tl.arange(0, BLOCKS)
-        at = bs[:, None] * W + ds[None, :]
-        live = (bs < NB)[:, None] & (ds < W)[None, :]
-        c = tl.load(block_counts_ptr + at, mask=live, other=0)
-        tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
-        carry += tl.sum(c, axis=0)
-    for p in tl.static_range(W):
-        tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
-    _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
+    epoch = tl.load(epoch_ptr) + 1
+    if roles != 2:
+        ds = tl.arange(0, W_POW2)
+        carry = tl.zeros([W_POW2], dtype=tl.int32)
+        for b0 in range(0, NB, BLOCKS):
+            bs = b0 + tl.arange(0, BLOCKS)
+            at = bs[:, None] * W + ds[None, :]
+            live = (bs < NB)[:, None] & (ds < W)[None, :]
+            c = tl.load(block_counts_ptr + at, mask=live, other=0)
+            tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
+            carry += tl.sum(c, axis=0)
+        tagged = (epoch.to(tl.int64) << 32) | carry.to(tl.int64)
+        for p in tl.static_range(W):   # relaxed atomics: a poller reads each word whole, and no fence waits
+            tl.atomic_xchg(_peer(matrix_table, p, tl.int64) + rank * W + ds, tagged, mask=ds < W, sem="relaxed",
+                           scope="sys")
+    if roles != 1:
+        cells = tl.arange(0, W_POW2 * W_POW2)
+        live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
+        mine = _peer(matrix_table, rank, tl.int64) + (cells // W_POW2) * W + cells % W_POW2
+        behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
+        while behind > 0:
+            seen = tl.atomic_add(mine, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
+            behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
+        tl.store(epoch_ptr, epoch)
 
 
 @triton.jit
@@ -137,7 +162,7 @@ def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.const
     pos = tl.load(pos_ptr + t * W + d)
     before = tl.load(block_base_ptr + (t // BLOCK_T) * W + d)
     for s in tl.static_range(W):
-        before += tl.where(s < rank, tl.load(matrix_ptr + s * W + d), 0)
+        before += tl.where(s < rank, _count(tl.load(matrix_ptr + s * W + d)), 0)
     row = before + pos
     return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)
 
@@ -214,8 +239,9 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
     - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t, d] holds this call's
       epoch for every other rank d that holds one of its rows, and writes out[t] = the sum over ranks d of y[its
       own row] for d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
-    The epoch is the op's barrier count, the same on every rank: every earlier call's flags hold smaller ones,
-    and no later call pushes before this rank has passed the next dispatch's barrier, so nothing is reset.
+    The epoch counts the op's barriers and count exchanges, the same on every rank: earlier calls' flags hold
+    smaller ones, and no later call pushes before this rank has passed the next dispatch's barrier, so nothing is
+    reset.
     Why this order: a reducer of token t needs the peers' pushers of q <= t, which sit in groups <= t / QB of
     their grids, all started before this reducer's group (blocks start in grid order), so the spin always
     ends; LAG groups of slack let the peers' rows land before their reducer starts spinning.
