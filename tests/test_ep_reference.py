@@ -131,6 +131,7 @@ def test_peer_buffers_are_one_table_with_16_byte_scale_rows():
     assert (fp8.num_scales, fp8.scale_stride) == (5, 8)     # 5 floats padded to 8 (32 bytes)
     table = fp8.peer_buffers()
     assert list(table) == ["x", "scales", "idx", "w", "src", "back", "arrived", "matrix", "flags"]   # allocation order
+    assert set(fp8.POLLED) <= set(table)   # what the op zeroes before the first call
     assert table["x"] == ((12, 640), "fp8_e4m3") and table["back"] == ((3, 4, 640), "bf16")   # [M, W, H], combined
     assert table["arrived"] == ((3, 4), "i32")   # [M, W]: a flag a token and source
     assert table["scales"] == ((12, 8), "f32") and table["matrix"] == ((4, 4), "i64")

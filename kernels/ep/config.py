@@ -61,6 +61,10 @@ class EpConfig:
                 "w": ((R, K), "f32"), "src": ((R,), "i32"), "back": ((M, W, H), self.combine_dtype),
                 "arrived": ((M, W), "i32"), "matrix": ((W, W), "i64"), "flags": ((W,), "i32")}
 
+    # the peer buffers whose contents a kernel waits on (flags, arrival flags, epoch-tagged counts): they must start
+    # zeroed, or a leftover word could pass for a signal of a call still to come (symmetric memory is not cleared)
+    POLLED = ("arrived", "matrix", "flags")
+
     @property
     def combine_dtype(self) -> str:
         """Expert outputs and combine results: bf16 when dispatch moves fp8 (as DeepEP and mori do)."""

@@ -70,8 +70,8 @@ class EpDispatchCombine:
         self._arrived, self._arrived_table = buffers["arrived"]
         self.matrix, self._matrix_table = buffers["matrix"]
         self.flags, self._flag_table = buffers["flags"]
-        self.flags.zero_()
-        self._arrived.zero_()
+        for name in cfg.POLLED:
+            buffers[name][0].zero_()
         # expert outputs stay on this rank: combine pushes them to the peers, no peer reads them
         self.y = torch.empty(cfg.capacity, cfg.hidden, dtype=DTYPES[cfg.combine_dtype], device="cuda")
         self._handle = None   # the latest dispatch's handle: the only one combine can serve
@@ -81,7 +81,7 @@ class EpDispatchCombine:
         self.overflow = torch.zeros((), dtype=torch.uint8, device="cuda")
         self.recv_start = torch.zeros(cfg.world_size + 1, dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
-        dist.barrier(group=self.group)   # every rank's flags are zero before anyone signals
+        dist.barrier(group=self.group)   # every rank's polled buffers are zero before anyone signals
 
     def _symmetric(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.shared_gpu:
