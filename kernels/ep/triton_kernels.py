@@ -54,6 +54,7 @@ def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.cons
     live = ps < W
     mine = _peer(flag_table, rank, tl.int32) + ps   # loaded before the signal: off its path
     if STORE_SIGNAL:
+        tl.static_assert(W <= 32, "the store signal takes a thread a peer: at most 32 peers, one warp's threads")
         one = tl.full([1], 0, tl.int32)
         tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
                                   one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
