@@ -38,6 +38,9 @@ print("ok")
 
 
 DISPATCH_COMBINE_CHECK = """
+import os
+import threading
+
 import torch
 from kernels.ep import simulate, triton_kernels as tk
 
@@ -116,7 +119,15 @@ for r in range(W):   # the received rows as expert outputs: each token comes bac
     flagged = torch.zeros(M, W, dtype=torch.int32)
     flagged[:T[r]] = torch.where((handles[r] >= 0) & (torch.arange(W) != r), 7, 0)
     assert torch.equal(arrived[r], flagged), r
-print("ok")
+# the exchange's wait holds while a peer's row carries an older epoch: rank 0's next exchange (epoch 8), with
+# rank 1's counts of epoch 7 still in its matrix, must not return (it spins in a thread left running at exit)
+waiter = threading.Thread(daemon=True, target=lambda: tk.exchange_counts_kernel[(1,)](
+    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], 0, 2, W=W, BLOCKS=2, PDL=False))
+waiter.start()
+waiter.join(1.0)
+assert waiter.is_alive() and epochs[0].item() == 7
+print("ok", flush=True)
+os._exit(0)
 """
 
 

@@ -52,3 +52,34 @@ def test_dispatch_s_kernels_wait_for_the_one_before_exactly_where_they_are_launc
             assert launch.arch_constants(family, [arch]).get("launch_pdl", False) is chained, (family, arch)
     for family in set(launch.FAMILIES) - set(CHAINED_FAMILIES):   # the rest are launched plainly
         assert all("launch_pdl" not in specs[family].on_arch(a) for a in specs[family].archs), family
+
+
+def _sm90a_ptx(specs, family: str, **config) -> str:
+    """The kernel's PTX body for sm_90a as its bundle builds it (spec constants, the arch's table, a config)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    spec = specs[family]
+    table = {**dict(spec.constants), **spec.on_arch("sm_90a"), **config}
+    signature = {n: t.replace("{dtype}", table.get("dtype", "bf16")) for n, t in spec.signature}
+    constexprs = {n: table[n] for n, t in spec.signature if t == "constexpr"}
+    source = triton.compiler.ASTSource(fn=launch.FAMILIES[family], signature=signature, constexprs=constexprs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    return ptx[ptx.index(".entry"):]
+
+
+def test_on_sm_90a_each_chained_kernel_waits_before_touching_memory_and_the_flags_are_release_stores():
+    """What the spec tables promise, in the code the bundle holds: griddepcontrol.wait before the first global
+    access of every kernel launched early, and the PTX release store as the barriers' and arrivals' signal."""
+    import re
+    specs = {s.name: s for s in load_specs(REPO)}
+    configs = {"ep_route": {"W": 2, "K": 8}, "ep_exchange_counts": {"W": 2}, "ep_dispatch_done": {"W": 2},
+               "ep_dispatch": {"W": 2, "K": 8, "HAS_W": True, "HAS_SCALES": False}, "ep_barrier": {"W": 2},
+               "ep_combine": {"W": 2}}
+    for family, config in configs.items():
+        body = _sm90a_ptx(specs, family, **config)
+        memory = re.search(r"\b(ld|st|atom|red)\.(?!param)", body).start()   # the first access past the params
+        if family in CHAINED_FAMILIES:
+            assert body.find("griddepcontrol.wait") in range(0, memory), family
+        else:
+            assert "griddepcontrol" not in body, family
+        assert ("st.release.sys.global.s32" in body) == (family in FLAG_FAMILIES), family

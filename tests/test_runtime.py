@@ -521,9 +521,33 @@ def test_launch_options_become_the_attributes_triton_s_launcher_sets():
         launch.launch_attributes({"num_ctas": 99}, "nvidia", "k")
     # cuda.h's layouts: CUlaunchAttribute is an id padded to 8 bytes and a 64-byte union; CUlaunchConfig 56 bytes
     assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
+    assert ctypes.alignment(launch.LaunchAttribute) == 8
     assert ctypes.sizeof(launch.LaunchConfig) == 56
     assert (launch.LaunchConfig.hStream.offset, launch.LaunchConfig.attrs.offset,
             launch.LaunchConfig.numAttrs.offset) == (32, 40, 48)
+
+
+def test_a_launch_with_options_fills_the_config_per_call_and_refuses_a_grid_its_fields_would_wrap():
+    """cuLaunchKernelEx's config holds C unsigned ints: a grid past CUDA's limits is a LaunchError, not a
+    silently smaller grid; a cluster kernel's x is its grid x times the CTAs a cluster, as Triton launches it."""
+    import ctypes
+    from kforge_runtime import launch
+    kernel = launch.Kernel.__new__(launch.Kernel)   # no driver here: the call it would make is recorded
+    kernel.name, kernel._ctas, kernel._func = "k", 2, ctypes.c_void_p(0)
+    kernel._config = launch.LaunchConfig(blockDimX=128, blockDimY=1, blockDimZ=1)
+    calls = []
+
+    def launch_ex(config, func, params, extra):
+        c = config._obj
+        calls.append((c.gridDimX, c.gridDimY, c.gridDimZ, c.hStream, c.blockDimX))
+        return 0
+    kernel._launch_ex = launch_ex
+    assert kernel._submit(3, 4, 5, 1234, None) == 0
+    assert calls == [(6, 4, 5, 1234, 128)]
+    for grid in ((1 << 30, 1, 1), (1, 1 << 16, 1), (0, 1, 1)):
+        with pytest.raises(LaunchError, match=r"k: grid .* outside CUDA's limits"):
+            kernel._submit(*grid, 0, None)
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("field, value", [

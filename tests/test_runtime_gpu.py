@@ -61,9 +61,10 @@ def test_wrong_arguments_are_refused_before_launch(lib):
 
 
 def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_in_a_graph(lib):
-    """ep_route is compiled with launch_pdl on sm_90 and later (it waits for the kernel before it with
-    griddepcontrol): the loader launches it by cuLaunchKernelEx with the programmatic-serialization attribute, right
-    after a kernel that writes what it reads, eagerly and under CUDA-graph capture, and it reads what was written."""
+    """ep_route is compiled with launch_pdl on sm_90 and later: the loader launches it by cuLaunchKernelEx with the
+    programmatic-serialization attribute, right after a copy that writes its input, eagerly and under CUDA-graph
+    capture, and it reads what was written. (The copy does not let dependents start early, so this does not
+    exercise the kernel's griddepcontrol.wait; tests/test_ep_launch.py checks that the wait comes first.)"""
     from kernels.ep.launch import CONSTANTS
     from kernels.ep.routing import destinations, positions
     route = lib.load("ep_route", "w2-k8")
@@ -78,7 +79,7 @@ def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_i
     counts = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
 
     def routed(source):
-        idx.copy_(source)   # the kernel before: the route must wait for it
+        idx.copy_(source)   # what the route reads, written just before it
         route((blocks,), idx, pos, counts, T, E, stream=torch.cuda.current_stream().cuda_stream)
 
     def check(source):

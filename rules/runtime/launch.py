@@ -17,6 +17,7 @@ from . import tensordesc
 from .schema import LAUNCH_RANGES, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # clusters of 16 CTAs (H100, B200), as Triton sets it
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
 SCALARS = {"i1": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
            "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
@@ -40,8 +41,12 @@ CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1
 
 
-class LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, padded to 8 bytes, then a 64-byte value union
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+class LaunchAttributeValue(ctypes.Union):   # CUlaunchAttributeValue: 64 bytes, 8-byte aligned
+    _fields_ = [("words", ctypes.c_uint * 16), ("align", ctypes.c_uint64 * 8)]
+
+
+class LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, padded to 8 bytes, then the value
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", LaunchAttributeValue)]
 
 
 class LaunchConfig(ctypes.Structure):   # CUlaunchConfig
@@ -156,12 +161,17 @@ class Kernel:
             self._attributes = (LaunchAttribute * len(attributes))()
             for slot, (kind, words) in zip(self._attributes, attributes):
                 slot.id = kind
-                slot.value[:len(words)] = words
+                slot.value.words[:len(words)] = words
             self._config = LaunchConfig(blockDimX=self._threads, blockDimY=1, blockDimZ=1,
                                         sharedMemBytes=self._shared,
                                         attrs=ctypes.cast(self._attributes, ctypes.POINTER(LaunchAttribute)),
                                         numAttrs=len(attributes))
-            self._launch_ex = self.driver.lib.cuLaunchKernelEx
+            self._launch_ex = getattr(self.driver.lib, "cuLaunchKernelEx", None)
+            if self._launch_ex is None:
+                raise LaunchError(f"{self.name}: compiled with {options!r}, which needs cuLaunchKernelEx (CUDA 12.0 "
+                                  f"and later); this driver lacks it")
+            if self._ctas == 16:
+                self.driver.call("FuncSetAttribute", self._func, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
 
     def __call__(self, grid, *args, stream: int = 0) -> None:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
@@ -185,6 +195,10 @@ class Kernel:
         if self._config is None:
             return self._launch(self._func, gx, gy, gz, self._threads, 1, 1, self._shared, ctypes.c_void_p(stream),
                                 params, None)
+        if not (0 < gx * self._ctas < 1 << 31 and 0 < gy < 1 << 16 and 0 < gz < 1 << 16):
+            # the config's fields are C unsigned ints, which ctypes would wrap silently into a smaller grid
+            raise LaunchError(f"launching {self.name}: grid ({gx}, {gy}, {gz}) x {self._ctas} CTAs a cluster is "
+                              f"outside CUDA's limits (x < 2^31, y and z < 65536, none 0)")
         config = self._config
         config.gridDimX, config.gridDimY, config.gridDimZ, config.hStream = gx * self._ctas, gy, gz, stream
         return self._launch_ex(ctypes.byref(config), self._func, params, None)
