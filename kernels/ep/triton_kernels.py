@@ -103,8 +103,9 @@ def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, e
     matrix carries the epoch. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each.
     Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
     flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (2.85 against
-    3.96 us at world 2 on H100: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED). A rank's tag also says it has finished its previous
-    combine (stream order), which is what lets this rank write its receive buffers next.
+    3.96 us at world 2 on H100: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED). A rank's
+    tag also says it has finished its previous combine (stream order), which is what lets this rank write its
+    receive buffers next.
     roles: 3 on GPUs; the CPU simulation runs every rank's stores (1), then every rank's wait (2)."""
     _chained(PDL)
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
