@@ -3,8 +3,8 @@
 Usage (on a host with 2 or more GPUs and Triton): python bench/ep_barrier.py [--world 2] [--rounds 3]
 Each row is GPU time per launch over a CUDA graph of --launches back-to-back launches, replayed with the ranks
 lined up on the GPUs (bench/gpu_timing.py's aligned clock), the median of --iters, the slowest rank; --rounds
-rounds interleave the rows. Barrier variants (copies of kernels/ep/triton_kernels.py's _barrier with two switches,
-on the op's own flags and epoch, so every variant keeps the epoch sequence):
+rounds interleave the rows. Barrier variants (kernels/ep/triton_kernels.py's _barrier with two switches, its own
+_signal_peers for the signal, on the op's own flags and epoch, so every variant keeps the epoch sequence):
 - signal: a vector of release exchanges (atomics, AMD's way) or a release store by each of threads 0..W-1 (PTX);
 - poll: acquire atomics (an add of 0) or acquire loads (PTX).
 Then the op's own barrier (op.barrier(): the spec's choice for this arch) and a one-program kernel that only
@@ -14,7 +14,6 @@ and top-8 of 32 experts a rank (bench/ep_bandwidth.py's problem) at several BLOC
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,9 +25,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
-from bench.gpu_timing import timed  # noqa: E402
+from bench.gpu_timing import rounds_table, timed  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import _SIGNAL_PEERS, _peer, route_kernel  # noqa: E402
+from kernels.ep.triton_kernels import _peer, _signal_peers, route_kernel  # noqa: E402
 
 TOKENS = 4096
 
@@ -42,13 +41,7 @@ def barrier_variant(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE: tl.cons
     ps = tl.arange(0, W_POW2)
     live = ps < W
     mine = _peer(flag_table, rank, tl.int32) + ps
-    if STORE:
-        one = tl.full([1], 0, tl.int32)
-        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
-                                  one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        peers = tl.load(flag_table + ps, mask=live, other=0).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=live, sem="release", scope="sys")
+    _signal_peers(flag_table, rank, epoch, W, STORE)
     behind = 1
     while behind > 0:
         if LOAD:   # every lane loads (an asm has no mask): a lane past W reads flag W - 1
@@ -112,10 +105,7 @@ def worker(rank: int, world: int, port: int, rounds: int, launches: int, iters: 
     if rank == 0:
         print(f"{world} x {torch.cuda.get_device_name()}: GPU us per launch, {launches} back-to-back launches in a "
               f"graph, ranks lined up, median of {iters}, slowest rank; {rounds} rounds\n")
-        print("| what | " + " | ".join(f"round {r + 1}" for r in range(rounds)) + " | median |")
-        print("|---|" + "---|" * rounds + "---|")
-        for name, times in results.items():
-            print(f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {statistics.median(times):.2f} |")
+        print(rounds_table(results))
     op.close()
     torch.cuda.synchronize()
     dist.destroy_process_group()

@@ -19,7 +19,6 @@ problem), every kernel through Triton's JIT with the shipped constants.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
 from bench.ep_barrier import graph_of  # noqa: E402
 from bench.ep_combine_parts import timed as timed_one  # noqa: E402
-from bench.gpu_timing import SLEEP_CYCLES, timed  # noqa: E402
+from bench.gpu_timing import SLEEP_CYCLES, rounds_table, timed  # noqa: E402
 from bench.nvlink_ceiling import _copy  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import _barrier, _landing_row, _peer, exchange_counts_kernel, route_kernel  # noqa: E402
+from kernels.ep.triton_kernels import (_barrier, _block_bases, _landing_row, _peer,  # noqa: E402
+                                       exchange_counts_kernel, route_kernel)
 
 WORLD = 2
 TOKENS = 4096
@@ -49,16 +49,8 @@ def exchange_flagged(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_ta
                      BLOCKS: tl.constexpr):
     """The count exchange before the tags: int32 counts into every peer's matrix, then the flag barrier (NVIDIA's
     release stores), whose release first waits for the count stores to land."""
-    W_POW2: tl.constexpr = triton.next_power_of_2(W)
-    ds = tl.arange(0, W_POW2)
-    carry = tl.zeros([W_POW2], dtype=tl.int32)
-    for b0 in range(0, NB, BLOCKS):
-        bs = b0 + tl.arange(0, BLOCKS)
-        at = bs[:, None] * W + ds[None, :]
-        live = (bs < NB)[:, None] & (ds < W)[None, :]
-        c = tl.load(block_counts_ptr + at, mask=live, other=0)
-        tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
-        carry += tl.sum(c, axis=0)
+    ds = tl.arange(0, triton.next_power_of_2(W))
+    carry = _block_bases(block_counts_ptr, block_base_ptr, NB, W, BLOCKS)
     for p in tl.static_range(W):
         tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
     _barrier(flag_table, epoch_ptr, rank, W, True)
@@ -171,10 +163,7 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
               f"({nbytes / 1e6:.2f} MB of rows). Exchanges: GPU us per call, {launches} in a graph, lined up. Data: "
               f"events around one launch after a sleep and a barrier, median of {calls}; slowest rank; {rounds} "
               f"rounds\n")
-        print("| what | " + " | ".join(f"round {r + 1}, us" for r in range(rounds)) + " | median, us |")
-        print("|---|" + "---|" * rounds + "---|")
-        for name, times in results.items():
-            print(f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {statistics.median(times):.2f} |")
+        print(rounds_table(results))
     op.close()
     torch.cuda.synchronize()
     dist.destroy_process_group()

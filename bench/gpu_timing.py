@@ -57,3 +57,13 @@ def timed(fn, iters: int, before=None) -> dict:
     t = torch.tensor([statistics.median(s) for s in (walls, events, aligned)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"wall_s": t[0].item(), "event_s": t[1].item(), "aligned_s": t[2].item()}
+
+
+def rounds_table(results: dict[str, list[float]]) -> str:
+    """A markdown table of microseconds, a row per name: each round's figure, then their median."""
+    rounds = max(len(times) for times in results.values())
+    lines = ["| what | " + " | ".join(f"round {r + 1}, us" for r in range(rounds)) + " | median, us |",
+             "|---|" + "---|" * rounds + "---|"]
+    lines += [f"| {name} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {statistics.median(times):.2f} |"
+              for name, times in results.items()]
+    return "\n".join(lines)

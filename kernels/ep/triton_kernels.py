@@ -42,6 +42,23 @@ _SIGNAL_PEERS = tl.constexpr(
 
 
 @triton.jit
+def _signal_peers(flag_table, rank, epoch, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+    """Slot `rank` of every peer's flags = epoch, released after this block's earlier stores (the caller's block
+    barrier orders them): PTX release stores where STORE_SIGNAL (NVIDIA), else release exchanges (AMD, Triton's
+    interpreter)."""
+    if STORE_SIGNAL:
+        tl.static_assert(W <= 32, "the store signal takes a thread a peer: at most 32 peers, one warp's threads")
+        one = tl.full([1], 0, tl.int32)
+        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
+                                  one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        W_POW2: tl.constexpr = triton.next_power_of_2(W)
+        ps = tl.arange(0, W_POW2)
+        peers = tl.load(flag_table + ps, mask=ps < W, other=0).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=ps < W, sem="release", scope="sys")
+
+
+@triton.jit
 def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
     """Every rank signals every rank, then waits for all: one program, called by one thread block. The W
     signals go out at once and the W polls are one vector: W sequential NVLink round trips per barrier cost
@@ -53,14 +70,7 @@ def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.cons
     ps = tl.arange(0, W_POW2)
     live = ps < W
     mine = _peer(flag_table, rank, tl.int32) + ps   # loaded before the signal: off its path
-    if STORE_SIGNAL:
-        tl.static_assert(W <= 32, "the store signal takes a thread a peer: at most 32 peers, one warp's threads")
-        one = tl.full([1], 0, tl.int32)
-        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
-                                  one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        peers = tl.load(flag_table + ps, mask=live, other=0).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=live, sem="release", scope="sys")
+    _signal_peers(flag_table, rank, epoch, W, STORE_SIGNAL)
     behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
     while behind > 0:
         seen = tl.atomic_add(mine, 0, mask=live, sem="acquire", scope="sys")
@@ -95,12 +105,29 @@ def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overfl
 
 
 @triton.jit
+def _block_bases(block_counts_ptr, block_base_ptr, NB, W: tl.constexpr, BLOCKS: tl.constexpr):
+    """block_base[b, d] = tokens of the route's blocks before b that go to d, from its per-block counts [NB, W],
+    read BLOCKS blocks at a time (one 2-D load and a scan each); returns this rank's totals per destination."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
+    ds = tl.arange(0, W_POW2)
+    carry = tl.zeros([W_POW2], dtype=tl.int32)
+    for b0 in range(0, NB, BLOCKS):
+        bs = b0 + tl.arange(0, BLOCKS)
+        at = bs[:, None] * W + ds[None, :]
+        live = (bs < NB)[:, None] & (ds < W)[None, :]
+        c = tl.load(block_counts_ptr + at, mask=live, other=0)
+        tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
+        carry += tl.sum(c, axis=0)
+    return carry
+
+
+@triton.jit
 def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, rank, roles,
                            W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
     to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix, each
     count tagged with this call's epoch in its upper 32 bits; then this rank waits until every row of its own
-    matrix carries the epoch. The counts are read BLOCKS blocks at a time, one 2-D load and a scan each.
+    matrix carries the epoch (_block_bases adds up the blocks).
     Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
     flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (2.85 against
     3.96 us at world 2 on H100: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED). A rank's
@@ -112,14 +139,7 @@ def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, e
     epoch = tl.load(epoch_ptr) + 1
     if roles != 2:
         ds = tl.arange(0, W_POW2)
-        carry = tl.zeros([W_POW2], dtype=tl.int32)
-        for b0 in range(0, NB, BLOCKS):
-            bs = b0 + tl.arange(0, BLOCKS)
-            at = bs[:, None] * W + ds[None, :]
-            live = (bs < NB)[:, None] & (ds < W)[None, :]
-            c = tl.load(block_counts_ptr + at, mask=live, other=0)
-            tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
-            carry += tl.sum(c, axis=0)
+        carry = _block_bases(block_counts_ptr, block_base_ptr, NB, W, BLOCKS)
         tagged = (epoch.to(tl.int64) << 32) | carry.to(tl.int64)
         for p in tl.static_range(W):   # relaxed atomics: a poller reads each word whole, and no fence waits
             tl.atomic_xchg(_peer(matrix_table, p, tl.int64) + rank * W + ds, tagged, mask=ds < W, sem="relaxed",
