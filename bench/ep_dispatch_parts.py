@@ -1,18 +1,22 @@
-"""What bounds dispatch, part by part: its count exchange two ways, and its data kernel with and without the
-per-row metadata it sends, against a plain push of the same row bytes.
+"""What bounds dispatch, part by part: its count exchange three ways, and its data kernel with its metadata sent
+three ways and without it, against a plain push of the same row bytes.
 
 Usage (on a host with 2 GPUs and Triton): python bench/ep_dispatch_parts.py [--rounds 3] [--calls 30]
 World 2, 4096 tokens a rank, H=7168, top-8 of 32 experts a rank, bf16 with weights (bench/ep_bandwidth.py's
 problem), every kernel through Triton's JIT with the shipped constants.
 - Count exchange, GPU us per call over a CUDA graph of 64 back-to-back calls, the ranks lined up first:
   - as shipped (exchange_counts_kernel): each count stored with the call's epoch in its upper 32 bits (one 8-byte
-    word a cell, no fence), the receiver polling its own matrix until every row carries the epoch;
+    word a cell, a PTX relaxed store, no fence), the receiver polling its own matrix until every row carries the
+    epoch;
+  - the same words by relaxed atomic exchanges (its AMD path; NVIDIA's before);
   - before (a copy here): the counts stored into every peer's matrix, then the flag barrier, whose release waits
     until those stores have landed before the flags go out.
 - Data kernel, events around one launch after a GPU sleep and a device barrier, the median of --calls, the slowest
   rank; --rounds rounds interleave the variants:
-  - as shipped (dispatch_kernel's work): rows, then each row's ids, weights and source as three stores a peer;
-  - one record: ids, weights and source as one 128-byte record store a peer;
+  - as shipped (dispatch_kernel itself): rows, and each route block's ids, weights and source as three
+    [64-token] stores a peer, by the block's first program;
+  - before: each row's ids, weights and source as three stores a peer, by the row's first program;
+  - one record: ids, weights and source as one 128-byte record store a peer, by the row's first program;
   - rows only: no metadata;
   - the SM push copy of bench/nvlink_ceiling.py moving exactly the row bytes dispatch sends to the other rank.
 """
@@ -37,7 +41,7 @@ from bench.gpu_timing import SLEEP_CYCLES, rounds_table, timed  # noqa: E402
 from bench.nvlink_ceiling import _copy  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
 from kernels.ep.triton_kernels import (_barrier, _block_bases, _landing_row, _peer,  # noqa: E402
-                                       exchange_counts_kernel, route_kernel)
+                                       dispatch_kernel, exchange_counts_kernel, route_kernel)
 
 WORLD = 2
 TOKENS = 4096
@@ -61,7 +65,8 @@ def dispatch_variant(x_ptr, idx_ptr, w_ptr, pos_ptr, block_base_ptr, matrix_ptr,
                      recv_idx_table, recv_w_table, recv_src_table, record_table, rank, H, M, R, W: tl.constexpr,
                      K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, META: tl.constexpr,
                      RECORD: tl.constexpr):
-    """dispatch_kernel for bf16 rows with weights and no scales; META: 0 none, 1 as shipped, 2 one record."""
+    """dispatch_kernel for bf16 rows with weights and no scales, the metadata a row at a time; META: 0 none,
+    1 three stores, 2 one record."""
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
     t = tl.program_id(0).to(tl.int64)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -91,7 +96,7 @@ def dispatch_variant(x_ptr, idx_ptr, w_ptr, pos_ptr, block_base_ptr, matrix_ptr,
                     tl.store(_peer(record_table, d, tl.int32) + row * RECORD + ls, lanes, mask=ls <= 2 * K)
 
 
-DATA_VARIANTS = {"as shipped: rows, then ids, weights and source as three stores": 1,
+DATA_VARIANTS = {"before: rows, then a row's ids, weights and source as three stores": 1,
                  "rows, then ids, weights and source as one 128-byte record": 2,
                  "rows only": 0}
 
@@ -118,9 +123,13 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
     dist.barrier()
     route_kernel[(blocks,)](idx, pos, counts, TOKENS, cfg.experts_per_rank, K=K, W=W, BLOCK_T=block_t, PDL=False)
     blocks_at_once = CONSTANTS["ep_exchange_counts"]["BLOCKS"]
+    def tagged(store: bool):
+        return lambda: exchange_counts_kernel[(1,)](counts, base, blocks, op._matrix_table, op.epoch, rank, 3, W=W,
+                                                    BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=store)
+
     exchanges = {
-        "count exchange as shipped: epoch and count in one 8-byte word a cell": lambda: exchange_counts_kernel[(1,)](
-            counts, base, blocks, op._matrix_table, op.epoch, rank, 3, W=W, BLOCKS=blocks_at_once, PDL=False),
+        "count exchange as shipped: epoch and count in one 8-byte word a cell, relaxed stores": tagged(True),
+        "the same words by relaxed atomic exchanges": tagged(False),
         "count exchange before: int32 counts, then the flag barrier": lambda: exchange_flagged[(1,)](
             counts, base, blocks, flagged_table, op._flag_table, op.epoch, rank, W=W, BLOCKS=blocks_at_once)}
     graphs = {name: graph_of(fn, launches) for name, fn in exchanges.items()}
@@ -132,8 +141,10 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
         torch.cuda._sleep(SLEEP_CYCLES)   # the host queues the timed launch before the GPU gets to it
         op.barrier()   # the ranks start it together
 
+    chunks = -(-cfg.hidden // CONSTANTS["ep_dispatch"]["BLOCK_H"])
+
     def data(meta: int):
-        return lambda: dispatch_variant[(TOKENS, -(-cfg.hidden // CONSTANTS["ep_dispatch"]["BLOCK_H"]))](
+        return lambda: dispatch_variant[(TOKENS, chunks)](
             x, idx, w, pos, base, op.matrix, handle, op._recv_x_table, op._recv_idx_table, op._recv_w_table,
             op._recv_src_table, record_table, rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, W=W, K=K,
             BLOCK_H=CONSTANTS["ep_dispatch"]["BLOCK_H"], BLOCK_T=block_t, META=meta, RECORD=RECORD)
@@ -143,7 +154,12 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
     shared, table = symmetric((W * elems,), torch.bfloat16)
     copy_name = "SM push copy of the same row bytes, 16 KiB / 16 warps"
     copy_grid = (W - 1, triton.cdiv(elems, 8192))
-    rows = {name: data(meta) for name, meta in DATA_VARIANTS.items()}
+    rows = {"as shipped: rows, and a route block's ids, weights and source as three stores": lambda: dispatch_kernel[
+        (TOKENS, chunks)](x, idx, w, w, pos, base, op.matrix, handle, op._recv_x_table, op._recv_idx_table,
+                          op._recv_w_table, op._recv_scale_table, op._recv_src_table, rank, cfg.hidden,
+                          cfg.max_tokens_per_rank, cfg.capacity, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
+                          BLOCK_H=CONSTANTS["ep_dispatch"]["BLOCK_H"], BLOCK_T=block_t, PDL=False)}
+    rows.update({name: data(meta) for name, meta in DATA_VARIANTS.items()})
     rows[copy_name] = lambda: _copy[copy_grid](local, table, rank, elems, W=W, PUSH=True, BLOCK=8192, num_warps=16)
     for fn in rows.values():
         fn()   # compiles

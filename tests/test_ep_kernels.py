@@ -75,7 +75,7 @@ epochs = [torch.tensor([6], dtype=torch.int32) for _ in range(W)]
 for roles in (1, 2):
     for r in range(W):
         tk.exchange_counts_kernel[(1,)](counts[r], base[r], counts[r].shape[0], matrix_table, epochs[r], r, roles,
-                                        W=W, BLOCKS=2, PDL=False)
+                                        W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False)
 totals = torch.stack([c.sum(0) for c in counts]).to(torch.int64)   # [s, d]: rows rank s sends to rank d
 for r in range(W):
     assert torch.equal(matrices[r], (7 << 32) | totals), r   # every row tagged with the call's epoch
@@ -122,7 +122,8 @@ for r in range(W):   # the received rows as expert outputs: each token comes bac
 # the exchange's wait holds while a peer's row carries an older epoch: rank 0's next exchange (epoch 8), with
 # rank 1's counts of epoch 7 still in its matrix, must not return (it spins in a thread left running at exit)
 waiter = threading.Thread(daemon=True, target=lambda: tk.exchange_counts_kernel[(1,)](
-    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], 0, 2, W=W, BLOCKS=2, PDL=False))
+    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], 0, 2, W=W, BLOCKS=2, PDL=False,
+    STORE_SIGNAL=False))
 waiter.start()
 waiter.join(1.0)
 assert waiter.is_alive() and epochs[0].item() == 7

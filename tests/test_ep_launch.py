@@ -20,15 +20,16 @@ def test_dispatch_finds_tokens_in_the_blocks_route_made():
     assert launch.CONSTANTS["ep_dispatch"]["BLOCK_T"] == launch.CONSTANTS["ep_route"]["BLOCK_T"]
 
 
-FLAG_FAMILIES = ("ep_combine", "ep_barrier", "ep_dispatch_done")
+FLAG_FAMILIES = ("ep_combine", "ep_barrier", "ep_dispatch_done")   # release stores
+STORE_FAMILIES = FLAG_FAMILIES + ("ep_exchange_counts",)   # STORE_SIGNAL: PTX stores on NVIDIA
 CHAINED_FAMILIES = ("ep_route", "ep_exchange_counts", "ep_dispatch", "ep_dispatch_done")
 
 
 def test_the_jit_takes_the_arch_values_of_the_device_it_runs_on():
-    """The flags (combine's arrivals, the barriers' signals) are PTX stores on NVIDIA, atomics elsewhere: the JIT
-    compiles what the bundle of the device's arch holds ([arch.<name>] over [constants])."""
+    """The flags (combine's arrivals, the barriers' signals) and the tagged counts are PTX stores on NVIDIA, atomics
+    elsewhere: the JIT compiles what the bundle of the device's arch holds ([arch.<name>] over [constants])."""
     specs = {s.name: s for s in load_specs(REPO)}
-    for family in FLAG_FAMILIES:
+    for family in STORE_FAMILIES:
         assert launch.CONSTANTS[family]["STORE_SIGNAL"] is False, family
         assert launch.arch_constants(family, ["sm_90a", "sm_90", "sm_80"])["STORE_SIGNAL"] is True
         assert launch.arch_constants(family, ["sm_86a", "sm_86", "sm_85", "sm_84", "sm_83", "sm_82", "sm_81",
@@ -83,3 +84,6 @@ def test_on_sm_90a_each_chained_kernel_waits_before_touching_memory_and_the_flag
         else:
             assert "griddepcontrol" not in body, family
         assert ("st.release.sys.global.s32" in body) == (family in FLAG_FAMILIES), family
+        # the tagged counts: relaxed 8-byte stores, no exchange awaiting a reply
+        assert ("st.relaxed.sys.global.b64" in body) == (family == "ep_exchange_counts"), family
+        assert ".exch." not in body, family

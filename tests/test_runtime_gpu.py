@@ -1,4 +1,5 @@
 """The runtime loader on a GPU (pytest -m gpu, on an H100/H200 with out/dist from `doit package`)."""
+import functools
 import os
 from pathlib import Path
 
@@ -60,11 +61,35 @@ def test_wrong_arguments_are_refused_before_launch(lib):
         gemm((1,), a.cpu(), b, c, 128, 128, 128, 128, 128, 128)
 
 
-def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_in_a_graph(lib):
+@functools.cache
+def _late_copy_kernel():
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
+
+    @triton.jit
+    def late_copy_kernel(src, dst, n, NS: tl.constexpr, BLOCK: tl.constexpr):
+        gdc_launch_dependents()   # a dependent launched with launch_pdl may start now, before dst is written
+        start = globaltimer()
+        now = start
+        while now - start < NS:
+            now = globaltimer()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+    return late_copy_kernel
+
+
+def late_copy(src, dst, ns: int) -> None:
+    """dst = src, written ns nanoseconds after this kernel (Triton's JIT) lets the next launch start."""
+    _late_copy_kernel()[(-(-src.numel() // 1024),)](src, dst, src.numel(), NS=ns, BLOCK=1024)
+
+
+def test_a_binary_built_with_launch_pdl_waits_for_the_kernel_before_it_eagerly_and_in_a_graph(lib):
     """ep_route is compiled with launch_pdl on sm_90 and later: the loader launches it by cuLaunchKernelEx with the
-    programmatic-serialization attribute, right after a copy that writes its input, eagerly and under CUDA-graph
-    capture, and it reads what was written. (The copy does not let dependents start early, so this does not
-    exercise the kernel's griddepcontrol.wait; tests/test_ep_launch.py checks that the wait comes first.)"""
+    programmatic-serialization attribute. Right before it, a kernel lets it start at once and only 200 us later
+    writes what it reads; it must still read what was written (its griddepcontrol.wait holds it), eagerly and
+    under CUDA-graph capture. A route compiled without the wait and launched the same way reads the old input
+    (checked by hand on 2 x H100)."""
     from kernels.ep.launch import CONSTANTS
     from kernels.ep.routing import destinations, positions
     route = lib.load("ep_route", "w2-k8")
@@ -73,13 +98,14 @@ def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_i
     assert route._config is not None and route._config.numAttrs == 1
     T, E, W, K, block_t = 3000, 4, 2, 8, CONSTANTS["ep_route"]["BLOCK_T"]
     blocks = -(-T // block_t)
-    sources = [torch.randint(-1, E * W + 1, (T, K), device="cuda", dtype=torch.int32) for _ in range(2)]
-    idx = torch.empty_like(sources[0])
+    sources = [torch.randint(-1, E * W + 1, (T, K), device="cuda", dtype=torch.int32) for _ in range(3)]
+    idx = sources[2].clone()   # what the route would read if it ran before the late write
     pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
     counts = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
 
     def routed(source):
-        idx.copy_(source)   # what the route reads, written just before it
+        late_copy(source, idx, 200_000)   # what the route reads, written late
         route((blocks,), idx, pos, counts, T, E, stream=torch.cuda.current_stream().cuda_stream)
 
     def check(source):
@@ -96,6 +122,8 @@ def test_a_binary_built_with_launch_pdl_runs_as_a_dependent_launch_eagerly_and_i
     with torch.cuda.graph(graph):
         routed(sources[1])
     pos.fill_(-9)
+    idx.copy_(sources[2])
+    torch.cuda.synchronize()
     graph.replay()
     torch.cuda.synchronize()
     check(sources[1])

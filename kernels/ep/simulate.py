@@ -220,7 +220,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
     for roles in (1, 2):   # every rank's counts out, then every rank's wait (which passes: all are in)
         for r in range(W):
             tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.epoch[r], r, roles,
-                                            W=W, BLOCKS=blocks_at_once, PDL=False)
+                                            W=W, BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=False)
     for r in range(W):
         x, idx, w, scales = feeds[r]
         if w is None:

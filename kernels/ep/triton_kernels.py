@@ -121,18 +121,27 @@ def _block_bases(block_counts_ptr, block_base_ptr, NB, W: tl.constexpr, BLOCKS: 
     return carry
 
 
+# NVIDIA's tagged-count store (STORE_SIGNAL): a relaxed system-scope 8-byte store by one thread. Relaxed is enough:
+# the word carries its own tag, so nothing has to be ordered before it, and an atomic exchange would wait for a
+# reply it does not need (2.85 against 2.33 us an exchange at world 2 on H100: bench/ep_dispatch_parts.py).
+_STORE_RELAXED_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, $3; "
+                                  "@p st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }")
+
+
 @triton.jit
 def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, rank, roles,
-                           W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr):
+                           W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr, STORE_SIGNAL: tl.constexpr):
     """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
     to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix, each
     count tagged with this call's epoch in its upper 32 bits; then this rank waits until every row of its own
     matrix carries the epoch (_block_bases adds up the blocks).
     Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
-    flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (2.85 against
-    3.96 us at world 2 on H100: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED). A rank's
-    tag also says it has finished its previous combine (stream order), which is what lets this rank write its
-    receive buffers next.
+    flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (3.96 us at
+    world 2 on H100 with a flag barrier: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED).
+    A rank's tag also says it has finished its previous combine (stream order), which is what lets this rank
+    write its receive buffers next. The cells go out as PTX relaxed stores, one thread a cell, where STORE_SIGNAL
+    (NVIDIA), else as relaxed atomic exchanges (AMD, Triton's interpreter); either way a poller reads each word
+    whole.
     roles: 3 on GPUs; the CPU simulation runs every rank's stores (1), then every rank's wait (2)."""
     _chained(PDL)
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
@@ -141,9 +150,18 @@ def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, e
         ds = tl.arange(0, W_POW2)
         carry = _block_bases(block_counts_ptr, block_base_ptr, NB, W, BLOCKS)
         tagged = (epoch.to(tl.int64) << 32) | carry.to(tl.int64)
-        for p in tl.static_range(W):   # relaxed atomics: a poller reads each word whole, and no fence waits
-            tl.atomic_xchg(_peer(matrix_table, p, tl.int64) + rank * W + ds, tagged, mask=ds < W, sem="relaxed",
-                           scope="sys")
+        for p in tl.static_range(W):
+            row = _peer(matrix_table, p, tl.int64) + rank * W
+            if STORE_SIGNAL:
+                tl.static_assert(W <= 32, "a thread a cell of a peer's row: at most 32 peers")
+                one = tl.full([1], 0, tl.int64)
+                for d in tl.static_range(W):   # thread d stores cell d (its value is a scalar every thread holds)
+                    cell = tl.sum(tl.where(ds == d, tagged, 0), axis=0)
+                    tl.inline_asm_elementwise(_STORE_RELAXED_SYS, "=r,l,l,r", [one + (row + d).to(tl.int64),
+                                              one + cell, one.to(tl.int32) + d], dtype=tl.int32, is_pure=False,
+                                              pack=1)
+            else:
+                tl.atomic_xchg(row + ds, tagged, mask=ds < W, sem="relaxed", scope="sys")
     if roles != 1:
         cells = tl.arange(0, W_POW2 * W_POW2)
         live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
@@ -190,42 +208,65 @@ def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.const
 
 
 @triton.jit
+def _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_idx_table,
+                   recv_w_table, recv_scale_table, recv_src_table, b, T, rank, M, R, S, S_STRIDE, W: tl.constexpr,
+                   K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The ids, weights, S block scales and source id of route block b's tokens to every rank they go to, and
+    handle[t, d] (their rows there) for combine. A block's tokens land on consecutive rows of a rank, so each
+    field goes out as one [BLOCK_T, ...] store whose lanes cover a contiguous range: a few full NVLink writes
+    where a store per token made many tiny ones. The receivers' scale rows are S_STRIDE apart, a multiple of 4:
+    16-byte stores."""
+    K_POW2: tl.constexpr = triton.next_power_of_2(K)
+    SCALE_CHUNK: tl.constexpr = 64
+    ts = b * BLOCK_T + tl.arange(0, BLOCK_T)
+    inside = ts < T
+    tc = tl.minimum(ts, T - 1)   # a real token's cells for the lanes past T, whose rows are then -1
+    ks = tl.arange(0, K_POW2)
+    kin = (ks < K)[None, :]
+    ids = tl.load(idx_ptr + tc[:, None] * K + ks[None, :], mask=kin, other=0)
+    if HAS_W:
+        ws = tl.load(w_ptr + tc[:, None] * K + ks[None, :], mask=kin, other=0.0)
+    else:
+        ws = tl.zeros([BLOCK_T, K_POW2], tl.float32)
+    for d in tl.static_range(W):
+        rows = tl.where(inside, _landing_row(pos_ptr, block_base_ptr, matrix_ptr, tc, d, rank, R, W, BLOCK_T), -1)
+        tl.store(handle_ptr + tc * W + d, rows.to(tl.int32), mask=inside)
+        sent = rows >= 0
+        tl.store(_peer(recv_idx_table, d, tl.int32) + rows[:, None] * K + ks[None, :], ids, mask=sent[:, None] & kin)
+        if HAS_W:
+            tl.store(_peer(recv_w_table, d, tl.float32) + rows[:, None] * K + ks[None, :], ws,
+                     mask=sent[:, None] & kin)
+        if HAS_SCALES:
+            for s0 in range(0, S, SCALE_CHUNK):
+                ss = s0 + tl.arange(0, SCALE_CHUNK)
+                sin = (ss < S)[None, :]
+                dst = _peer(recv_scale_table, d, tl.float32) + tl.multiple_of(rows * S_STRIDE, 4)[:, None] + ss[None, :]
+                tl.store(dst, tl.load(scale_ptr + tc[:, None] * S + ss[None, :], mask=sin), mask=sent[:, None] & sin)
+        tl.store(_peer(recv_src_table, d, tl.int32) + rows, (rank * M + tc).to(tl.int32), mask=sent)
+
+
+@triton.jit
 def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_x_table,
                     recv_idx_table, recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
                     W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token goes to, at
-    the row the count matrix gives it there; chunk 0's program also sends the ids, weights, S block scales
-    and source id, and records the rows in handle[t, d] for combine. A chunk per program: one sequential
-    round of stores, so a few tokens still fill the GPU. The receivers' scale rows are S_STRIDE apart, a
-    multiple of 4: 16-byte stores, not S tiny NVLink writes."""
+    """Grid (T, chunks). Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token
+    goes to, at the row the count matrix gives it there; program (b, 0) also sends the metadata of route block b
+    (_send_metadata), so the first programs to run carry it. A chunk per program: one sequential round of
+    stores, so a few tokens still fill the GPU."""
     _chained(PDL)
-    K_POW2: tl.constexpr = triton.next_power_of_2(K)
-    SCALE_CHUNK: tl.constexpr = 64
     t = tl.program_id(0).to(tl.int64)
+    T = tl.num_programs(0)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     v = tl.load(x_ptr + t * H + hs, mask=hs < H)
     for d in tl.static_range(W):
         row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
         if row >= 0:
             tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
-    if tl.program_id(1) == 0:
-        for d in tl.static_range(W):
-            row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
-            tl.store(handle_ptr + t * W + d, row.to(tl.int32))
-            if row >= 0:   # ids and weights as one K-wide store each: K scalar stores would be K tiny NVLink writes
-                ks = tl.arange(0, K_POW2)
-                tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks,
-                         tl.load(idx_ptr + t * K + ks, mask=ks < K), mask=ks < K)
-                if HAS_W:
-                    tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks,
-                             tl.load(w_ptr + t * K + ks, mask=ks < K), mask=ks < K)
-                if HAS_SCALES:
-                    for s0 in range(0, S, SCALE_CHUNK):
-                        ss = s0 + tl.arange(0, SCALE_CHUNK)
-                        dst = _peer(recv_scale_table, d, tl.float32) + tl.multiple_of(row * S_STRIDE, 4) + ss
-                        tl.store(dst, tl.load(scale_ptr + t * S + ss, mask=ss < S), mask=ss < S)
-                tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
+    if (tl.program_id(1) == 0) & (t * BLOCK_T < T):
+        _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_idx_table,
+                       recv_w_table, recv_scale_table, recv_src_table, t, T, rank, M, R, S, S_STRIDE, W, K, HAS_W,
+                       HAS_SCALES, BLOCK_T)
 
 
 # The arrival signal on NVIDIA: a release store (PTX st.release.sys) by the block's first thread (every thread
