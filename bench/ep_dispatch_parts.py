@@ -124,7 +124,8 @@ def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None
     route_kernel[(blocks,)](idx, pos, counts, TOKENS, cfg.experts_per_rank, K=K, W=W, BLOCK_T=block_t, PDL=False)
     blocks_at_once = CONSTANTS["ep_exchange_counts"]["BLOCKS"]
     def tagged(store: bool):
-        return lambda: exchange_counts_kernel[(1,)](counts, base, blocks, op._matrix_table, op.epoch, rank, 3, W=W,
+        return lambda: exchange_counts_kernel[(1,)](counts, base, blocks, op._matrix_table, op.epoch, op.num_recv,
+                                                    op.overflow, op.recv_start, rank, cfg.capacity, 3, W=W,
                                                     BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=store)
 
     exchanges = {

@@ -72,10 +72,14 @@ for r in range(W):   # route_kernel
 matrices = [torch.zeros(W, W, dtype=torch.int64) for _ in range(W)]
 matrix_table = torch.tensor([m.data_ptr() for m in matrices], dtype=torch.int64)
 epochs = [torch.tensor([6], dtype=torch.int32) for _ in range(W)]
+num_recv = [torch.zeros((), dtype=torch.int32) for _ in range(W)]
+overflow = [torch.full((), 9, dtype=torch.uint8) for _ in range(W)]
+recv_start = [torch.full((W + 1,), -9, dtype=torch.int32) for _ in range(W)]
 for roles in (1, 2):
     for r in range(W):
-        tk.exchange_counts_kernel[(1,)](counts[r], base[r], counts[r].shape[0], matrix_table, epochs[r], r, roles,
-                                        W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False)
+        tk.exchange_counts_kernel[(1,)](counts[r], base[r], counts[r].shape[0], matrix_table, epochs[r], num_recv[r],
+                                        overflow[r], recv_start[r], r, R, roles, W=W, BLOCKS=2, PDL=False,
+                                        STORE_SIGNAL=False)
 totals = torch.stack([c.sum(0) for c in counts]).to(torch.int64)   # [s, d]: rows rank s sends to rank d
 for r in range(W):
     assert torch.equal(matrices[r], (7 << 32) | totals), r   # every row tagged with the call's epoch
@@ -104,7 +108,9 @@ arrived = [torch.zeros(M, W, dtype=torch.int32) for _ in range(W)]
 epoch = torch.tensor([7], dtype=torch.int32)   # the op's barrier count, the same on every rank
 back_table = torch.tensor([b.data_ptr() for b in back], dtype=torch.int64)
 arrived_table = torch.tensor([a.data_ptr() for a in arrived], dtype=torch.int64)
-recv_start = [torch.cat([torch.zeros(1), torch.cumsum(matrix[:, d], 0)]).to(torch.int32) for d in range(W)]
+for d in range(W):   # what the exchange derived from the counts it waited for
+    assert recv_start[d].tolist() == [0] + torch.cumsum(matrix[:, d], 0).tolist(), d
+    assert num_recv[d].item() == matrix[:, d].sum().item() and overflow[d].item() == 0, d
 outs = [torch.full((T[r], H), -3.0) for r in range(W)]
 for roles in (1, 2):   # every rank's pushers, then every rank's reducers (one launch each on GPUs)
     for r in range(W):
@@ -122,8 +128,8 @@ for r in range(W):   # the received rows as expert outputs: each token comes bac
 # the exchange's wait holds while a peer's row carries an older epoch: rank 0's next exchange (epoch 8), with
 # rank 1's counts of epoch 7 still in its matrix, must not return (it spins in a thread left running at exit)
 waiter = threading.Thread(daemon=True, target=lambda: tk.exchange_counts_kernel[(1,)](
-    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], 0, 2, W=W, BLOCKS=2, PDL=False,
-    STORE_SIGNAL=False))
+    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], num_recv[0], overflow[0], recv_start[0], 0, R, 2,
+    W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False))
 waiter.start()
 waiter.join(1.0)
 assert waiter.is_alive() and epochs[0].item() == 7
@@ -132,30 +138,24 @@ os._exit(0)
 """
 
 
-DONE_READS_FIRST_CHECK = """
+EXCHANGE_TOTALS_CHECK = """
 import torch
 from kernels.ep import simulate, triton_kernels as tk
 
 simulate.interpreter_patches()
-W, rank, R = 4, 2, 100
-# matrix[s, d]: rows s sent to d, in the low 32 bits; the epoch of the exchange that wrote it above
-matrix = torch.arange(1, W * W + 1, dtype=torch.int64).reshape(W, W) | (5 << 32)
-# this rank's signal to peer p lands at flag_table[p] + 4 * rank. Peer 3's is aimed at the count of matrix[1, rank]:
-# a fast peer whose next count exchange rewrites this rank's matrix as soon as every rank has signalled
-flags = torch.full((W,), 1000, dtype=torch.int32)   # every peer has signalled already: the wait passes at once
-spare = torch.zeros(W, dtype=torch.int32)
-table = [spare.data_ptr()] * W
-table[rank] = flags.data_ptr()
-table[3] = matrix.data_ptr() + 8 * (1 * W + rank) - 4 * rank
-epoch = torch.zeros(1, dtype=torch.int32)
-num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
-recv_start = torch.zeros(W + 1, dtype=torch.int32)
-column = (matrix[:, rank] & 0xFFFFFFFF).tolist()
-tk.dispatch_done_kernel[(1,)](torch.tensor(table, dtype=torch.int64), epoch, matrix, num_recv, overflow, recv_start,
-                              rank, R, W=W, STORE_SIGNAL=False, PDL=False)
-assert matrix[1, rank].item() & 0xFFFFFFFF == epoch.item() == 1   # the signal landed on the count
-assert num_recv.item() == sum(column) and overflow.item() == 0, (num_recv, column)
-assert recv_start.tolist() == [0, column[0], sum(column[:2]), sum(column[:3]), sum(column)], recv_start
+for W, rank, R in ((4, 2, 20), (3, 1, 100)):   # over capacity; a world that is not a power of two
+    # matrix[s, d]: rows s sent to d, in the low 32 bits, tagged with this call's epoch (6) above: the wait passes
+    matrix = torch.arange(1, W * W + 1, dtype=torch.int64).reshape(W, W) | (6 << 32)
+    epoch = torch.tensor([5], dtype=torch.int32)
+    num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
+    recv_start = torch.full((W + 1,), -9, dtype=torch.int32)
+    counts, base = torch.zeros(1, W, dtype=torch.int32), torch.zeros(1, W, dtype=torch.int32)
+    tk.exchange_counts_kernel[(1,)](counts, base, 1, torch.tensor([matrix.data_ptr()] * W), epoch, num_recv, overflow,
+                                    recv_start, rank, R, 2, W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False)
+    column = (matrix[:, rank] & 0xFFFFFFFF).tolist()
+    assert epoch.item() == 6
+    assert recv_start.tolist() == [sum(column[:s]) for s in range(W + 1)], (W, recv_start)
+    assert num_recv.item() == min(sum(column), R) and overflow.item() == (sum(column) > R), (W, num_recv, overflow)
 print("ok")
 """
 
@@ -175,7 +175,5 @@ def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
     _interpreted(DISPATCH_COMBINE_CHECK)
 
 
-def test_dispatch_done_reads_its_counts_before_it_signals():
-    """Once this rank has signalled, a peer may start its next dispatch and rewrite this rank's count matrix: the
-    counts it computes from must be the ones read before."""
-    _interpreted(DONE_READS_FIRST_CHECK)
+def test_the_count_exchange_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for():
+    _interpreted(EXCHANGE_TOTALS_CHECK)

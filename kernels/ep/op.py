@@ -110,7 +110,7 @@ class EpDispatchCombine:
             self.kernels("ep_route", {"W": W, "K": cfg.topk}, (blocks,), topk_idx, pos, block_counts, T,
                          cfg.experts_per_rank)
         self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
-                     self.epoch, self.rank, 3)
+                     self.epoch, self.num_recv, self.overflow, self.recv_start, self.rank, cfg.capacity, 3)
         self._combined = False   # every rank's counts of this call came: each had finished its last combine
         if topk_w is None:
             self.recv_w.zero_()
@@ -124,8 +124,7 @@ class EpDispatchCombine:
                          self._recv_w_table, self._recv_scale_table, self._recv_src_table,
                          self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
                          cfg.scale_stride)
-        self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.matrix, self.num_recv,
-                     self.overflow, self.recv_start, self.rank, cfg.capacity)
+        self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.rank)
         self._handle = handle
         scales = self.recv_scales[:, :cfg.num_scales] if cfg.num_scales else None
         return Dispatched(self.recv_x, self.recv_idx, self.recv_w, self.recv_src, scales, self.num_recv,

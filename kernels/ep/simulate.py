@@ -219,7 +219,8 @@ def run_calls(world: World, feeds: list, tk) -> list:
                                       PDL=False)
     for roles in (1, 2):   # every rank's counts out, then every rank's wait (which passes: all are in)
         for r in range(W):
-            tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.epoch[r], r, roles,
+            tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.epoch[r],
+                                            world.num_recv[r], world.overflow[r], world.recv_start[r], r, R, roles,
                                             W=W, BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=False)
     for r in range(W):
         x, idx, w, scales = feeds[r]
@@ -233,9 +234,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
                 cfg.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,
                 BLOCK_H=BLOCK_H, BLOCK_T=block_t, PDL=False)
     for r in range(W):
-        tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], b["matrix"][r], world.num_recv[r],
-                                      world.overflow[r], world.recv_start[r], r, R, W=W, STORE_SIGNAL=False,
-                                      PDL=False)
+        tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], r, W=W, STORE_SIGNAL=False, PDL=False)
     snaps = []
     for r in range(W):
         scales = b["scales"][r][:, :cfg.num_scales] if cfg.num_scales else None

@@ -85,22 +85,11 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: t
 
 
 @triton.jit
-def dispatch_done_kernel(flag_table, epoch_ptr, matrix_ptr, num_recv_ptr, overflow_ptr, recv_start_ptr, rank, R,
-                         W: tl.constexpr, STORE_SIGNAL: tl.constexpr, PDL: tl.constexpr):
-    """The end of dispatch in one launch: this rank's num_recv = min(rows sent here, R), overflow = rows sent here
-    > R and recv_start[s] = the first row from rank s (recv_start[W]: rows sent here), from the count matrix,
-    then the barrier (every rank's rows have landed). The matrix is read before this rank signals: once every
-    rank has, a peer may go on to its next dispatch, whose count exchange rewrites this matrix (combine reads
-    recv_start for the same reason). Every value stored below depends on the loads, so they are done before the
-    barrier's release."""
+def dispatch_done_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.constexpr,
+                         PDL: tl.constexpr):
+    """The end of dispatch: the landing barrier (every rank's rows have landed everywhere), chained after the data
+    kernel. What the receiver needs from the counts, the count exchange already wrote."""
     _chained(PDL)
-    total = tl.zeros([], dtype=tl.int32)
-    for s in tl.static_range(W):
-        tl.store(recv_start_ptr + s, total)
-        total += _count(tl.load(matrix_ptr + s * W + rank))
-    tl.store(recv_start_ptr + W, total)
-    tl.store(num_recv_ptr, tl.minimum(total, R))
-    tl.store(overflow_ptr, (total > R).to(tl.uint8))
     _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
 
 
@@ -129,12 +118,15 @@ _STORE_RELAXED_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.
 
 
 @triton.jit
-def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, rank, roles,
-                           W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, num_recv_ptr, overflow_ptr,
+                           recv_start_ptr, rank, R, roles, W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
+                           STORE_SIGNAL: tl.constexpr):
     """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
     to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix, each
     count tagged with this call's epoch in its upper 32 bits; then this rank waits until every row of its own
-    matrix carries the epoch (_block_bases adds up the blocks).
+    matrix carries the epoch (_block_bases adds up the blocks). From the counts it waited for: num_recv = min(rows
+    sent here, R), overflow = rows sent here > R and recv_start[s] = the first row from rank s (recv_start[W]: rows
+    sent here), for the receiver and combine; read here, they cannot be a later exchange's.
     Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
     flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (3.96 us at
     world 2 on H100 with a flag barrier: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED).
@@ -166,11 +158,20 @@ def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, e
         cells = tl.arange(0, W_POW2 * W_POW2)
         live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
         mine = _peer(matrix_table, rank, tl.int64) + (cells // W_POW2) * W + cells % W_POW2
+        seen = tl.zeros([W_POW2 * W_POW2], tl.int64)
         behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
         while behind > 0:
             seen = tl.atomic_add(mine, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
             behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
         tl.store(epoch_ptr, epoch)
+        to_me = tl.where(live & (cells % W_POW2 == rank), _count(seen), 0)
+        per_source = tl.sum(tl.reshape(to_me, [W_POW2, W_POW2]), axis=1)   # cell s * W_POW2 + d: row s, column d
+        total = tl.sum(per_source, axis=0)
+        ss = tl.arange(0, W_POW2)
+        tl.store(recv_start_ptr + ss, tl.cumsum(per_source, axis=0) - per_source, mask=ss < W)
+        tl.store(recv_start_ptr + W, total)
+        tl.store(num_recv_ptr, tl.minimum(total, R))
+        tl.store(overflow_ptr, (total > R).to(tl.uint8))
 
 
 @triton.jit
@@ -197,8 +198,8 @@ def route_kernel(idx_ptr, pos_ptr, block_counts_ptr, T, E, K: tl.constexpr, W: t
 
 @triton.jit
 def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Where token t lands on rank d: after the rows of lower ranks and of this rank's earlier blocks; -1 if
-    it is not sent or past capacity."""
+    """Where token t lands on rank d (either may be a vector of them): after the rows of lower ranks and of this
+    rank's earlier blocks; -1 if it is not sent or past capacity."""
     pos = tl.load(pos_ptr + t * W + d)
     before = tl.load(block_base_ptr + (t // BLOCK_T) * W + d)
     for s in tl.static_range(W):
@@ -255,14 +256,21 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, m
     (_send_metadata), so the first programs to run carry it. A chunk per program: one sequential round of
     stores, so a few tokens still fill the GPU."""
     _chained(PDL)
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
     t = tl.program_id(0).to(tl.int64)
     T = tl.num_programs(0)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     v = tl.load(x_ptr + t * H + hs, mask=hs < H)
-    for d in tl.static_range(W):
-        row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
-        if row >= 0:
-            tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
+    # every rank's row and receive buffer at once, then one [W, BLOCK_H] store: loads that do not wait for each
+    # other or for a branch, so a program's stores leave one L2 round trip after it starts, not 2 W of them
+    ds = tl.arange(0, W_POW2)
+    live = ds < W
+    rows = tl.where(live, _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, tl.minimum(ds, W - 1), rank, R, W,
+                                       BLOCK_T), -1)
+    ty = x_ptr.dtype.element_ty
+    bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(ty)), 16)
+    tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :],
+             mask=(rows >= 0)[:, None] & (hs < H)[None, :])
     if (tl.program_id(1) == 0) & (t * BLOCK_T < T):
         _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_idx_table,
                        recv_w_table, recv_scale_table, recv_src_table, t, T, rank, M, R, S, S_STRIDE, W, K, HAS_W,
@@ -277,16 +285,16 @@ _STORE_RELEASE_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.
 
 
 @triton.jit
-def _signal_arrival(flag_table, peer, at, epoch, STORE_SIGNAL: tl.constexpr):
-    """flag[at] of rank `peer` = epoch, released after this block's earlier stores (the caller's barrier orders
-    them): as a PTX store where STORE_SIGNAL (NVIDIA), else a release exchange (AMD, Triton's interpreter)."""
+def _signal_arrival(flags, at, epoch, STORE_SIGNAL: tl.constexpr):
+    """flags[at] = epoch (flags: a peer's arrival flags, an int64 address), released after this block's earlier
+    stores (the caller's barrier orders them): as a PTX store where STORE_SIGNAL (NVIDIA), else a release exchange
+    (AMD, Triton's interpreter)."""
     if STORE_SIGNAL:
-        addr = tl.full([1], 0, tl.int64) + tl.load(flag_table + peer) + at * 4
+        addr = tl.full([1], 0, tl.int64) + flags + at * 4
         tl.inline_asm_elementwise(_STORE_RELEASE_SYS, "=r,l,r", [addr, tl.full([1], 0, tl.int32) + epoch],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.atomic_xchg(tl.load(flag_table + peer).to(tl.pointer_type(tl.int32)) + at, epoch, sem="release",
-                       scope="sys")
+        tl.atomic_xchg(flags.to(tl.pointer_type(tl.int32)) + at, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -328,16 +336,22 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
         for k in tl.static_range(W - 1):
             s = (rank + 1 + k) % W
             i = tl.load(recv_start_ptr + s) + g * QB + j
-            tok = tl.load(src_ptr + i, mask=i < tl.minimum(tl.load(recv_start_ptr + s + 1), R), other=-1) - s * M
+            here = i < tl.minimum(tl.load(recv_start_ptr + s + 1), R)
+            src = y_ptr + i.to(tl.int64) * H
+            hs = tl.arange(0, BLOCK_H)
+            # what the row's stores need besides the source token is read with it, not after it: the reads overlap
+            first = tl.load(src + hs, mask=here & (hs < H) & (i < y_rows), other=0.0)
+            back = tl.multiple_of(tl.load(back_table + s).to(tl.pointer_type(ty)), 16)
+            flags = tl.load(arrived_table + s)
+            tok = tl.load(src_ptr + i, mask=here, other=-1) - s * M
             if (tok >= 0) & (tok < M):   # a token out of range: no write
-                dst = tl.multiple_of(tl.load(back_table + s).to(tl.pointer_type(ty)), 16) + \
-                    (tok.to(tl.int64) * W + rank) * H
-                src = y_ptr + i.to(tl.int64) * H
-                for h0 in range(0, H, BLOCK_H):
+                dst = back + (tok.to(tl.int64) * W + rank) * H
+                tl.store(dst + hs, first, mask=hs < H)
+                for h0 in range(BLOCK_H, H, BLOCK_H):
                     hs = h0 + tl.arange(0, BLOCK_H)
                     tl.store(dst + hs, tl.load(src + hs, mask=(hs < H) & (i < y_rows), other=0.0), mask=hs < H)
                 tl.debug_barrier()   # every thread's stores come before the release
-                _signal_arrival(arrived_table, s, tok * W + rank, epoch, STORE_SIGNAL)
+                _signal_arrival(flags, tok * W + rank, epoch, STORE_SIGNAL)
     else:
         t = ((g - LAG) * QB + (j - QB)).to(tl.int64)
         if (t >= 0) & (t < T):
@@ -345,13 +359,13 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
             own = ss == rank
             expected = (ss < W) & ~own & (rows >= 0)
             flags = _peer(arrived_table, rank, tl.int32) + t * W + ss
+            back = _peer(back_table, rank, ty) + t * W * H   # read before the wait: off the path after it
             seen = tl.atomic_add(flags, 0, mask=expected, sem="acquire", scope="sys")
             behind = tl.sum((expected & (seen < epoch)).to(tl.int32), axis=0)
             while (behind > 0) & (roles == 3):   # the simulation's reducers run after all pushers: no wait
                 seen = tl.atomic_add(flags, 0, mask=expected, sem="acquire", scope="sys")
                 behind = tl.sum((expected & (seen < epoch)).to(tl.int32), axis=0)
             tl.debug_barrier()
-            back = _peer(back_table, rank, ty) + t * W * H
             src = tl.where(own, y_ptr + tl.maximum(rows, 0) * H, back + ss * H)[:, None]
             present = ((rows >= 0) & (ss < W) & (~own | (rows < y_rows)))[:, None]
             for h0 in range(0, H, BLOCK_H):
