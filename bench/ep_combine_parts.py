@@ -8,7 +8,8 @@ JIT with the shipped constants:
   add to the source's counter; reducers wait for their counts, reset them and sum;
 - 1-D pushers: one [BLOCK_H] row a peer instead of a [W, BLOCK_H] tile (every thread moves data);
 - red.release: the count as a PTX reduction (no reply awaited) instead of an atomic;
-- flags (as shipped, here at world 2 only: one peer, so one flag a token): each row's arrival a release store
+- flags (combine_kernel's signal; here at world 2 only: one peer, so one flag a token, and without the shipped
+  kernel's reads ahead, 5e998df): each row's arrival a release store
   (PTX st.release.sys) of the call's epoch into a per-token flag, no atomic at all;
 - no reduce: the reducers return at once (their wait and their sums are what the difference costs);
 - release to own counter: the pushers' release goes to this rank's own counter (the fence without the NVLink
@@ -55,7 +56,7 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
                     LAG: tl.constexpr, SIGNAL: tl.constexpr, REDUCE: tl.constexpr, ONE_D: tl.constexpr):
     """SIGNAL: 0 none, 1 release add to the source's counter (combine until the flags), 2 release add to this
     rank's own counter, 3 red.release to the source's counter, 4 st.release of the epoch into the source's flag
-    (as shipped; here 1-D pushers and world 2 only: a flag a token). `arrived` is used from its start, a counter
+    (the shipped signal; here 1-D pushers and world 2 only: a flag a token). `arrived` is used from its start, a counter
     or a flag a token."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     pid = tl.program_id(0)
@@ -140,7 +141,7 @@ VARIANTS = {   # name: (SIGNAL, REDUCE, ONE_D); the first one's sums are the ref
     "counters (combine until the flags)": (1, 1, 0),
     "counters, 1-D pushers": (1, 1, 1),
     "counters by red.release, 1-D pushers": (3, 1, 1),
-    "flags by st.release, 1-D pushers (as shipped)": (4, 1, 1),
+    "flags by st.release, 1-D pushers (the shipped signal, before its reads ahead)": (4, 1, 1),
     "no reduce": (1, 0, 0),
     "no reduce, 1-D, red.release": (3, 0, 1),
     "no reduce, release to own counter": (2, 0, 0),

@@ -44,9 +44,9 @@ DEFAULT = {
 # (what the bug does, the line of kernels/ep/triton_kernels.py it changes, the change)
 BUGS = {
     "rank >= 4 sends its rows to the next rank": (
-        "tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)",
-        "tl.store(_peer(recv_x_table, (d + (rank >= 4)) % W, x_ptr.dtype.element_ty) + row * H + hs, v, "
-        "mask=hs < H)"),
+        "bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(ty)), 16)",
+        "bases = tl.multiple_of(tl.load(recv_x_table + (ds + (rank >= 4).to(tl.int32)) % W, mask=live, other=0)"
+        ".to(tl.pointer_type(ty)), 16)"),
     "the eighth source's rows are dropped": (
         "return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)",
         "return tl.where((pos >= 0) & (row < R) & (rank != 7), row, -1).to(tl.int64)"),
