@@ -112,7 +112,7 @@ def _block_bases(block_counts_ptr, block_base_ptr, NB, W: tl.constexpr, BLOCKS: 
 
 # NVIDIA's tagged-count store (STORE_SIGNAL): a relaxed system-scope 8-byte store by one thread. Relaxed is enough:
 # the word carries its own tag, so nothing has to be ordered before it, and an atomic exchange would wait for a
-# reply it does not need (2.85 against 2.33 us an exchange at world 2 on H100: bench/ep_dispatch_parts.py).
+# reply it does not need (2.48 against 2.95 us an exchange at world 2 on H100: bench/ep_dispatch_parts.py).
 _STORE_RELAXED_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, $3; "
                                   "@p st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }")
 
