@@ -28,38 +28,9 @@ from kernels.ep import reference  # noqa: E402
 from kernels.ep.cases import quantize_fp8, routing  # noqa: E402
 from kernels.ep.config import EpConfig  # noqa: E402
 from kernels.ep.op import EpDispatchCombine  # noqa: E402
-from bench.gpu_timing import timed  # noqa: E402
+from bench.gpu_timing import timed, timed_back_to_back  # noqa: E402
 
 NVLINK_GBS = 450.0   # per direction per GPU, H100/H200 NVLink-4
-
-
-def timed_back_to_back(fn, calls: int = 50, before=None) -> float:
-    """GPU seconds per call of `calls` back-to-back calls (CUDA events, no host sync between): the max over
-    ranks. The op's barriers keep the ranks in step; nothing of the host's per-call overhead is timed. With
-    `before` (e.g. the dispatch a combine serves) each call is preceded by it and timed alone, by events
-    recorded around it."""
-    if before:
-        before()
-    fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(calls if before else 1)]
-    if before:
-        for begin, end in pairs:
-            before()
-            begin.record()
-            fn()
-            end.record()
-    else:
-        pairs[0][0].record()
-        for _ in range(calls):
-            fn()
-        pairs[0][1].record()
-    torch.cuda.synchronize()
-    t = torch.tensor([sum(b.elapsed_time(e) for b, e in pairs) / 1e3 / calls], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def problem(tokens: int, rank: int, world: int, dtype: str):

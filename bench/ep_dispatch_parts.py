@@ -1,24 +1,17 @@
-"""What bounds dispatch, part by part: its count exchange three ways, and its data kernel with its metadata sent
-three ways and without it, against a plain push of the same row bytes.
+"""What bounds dispatch, part by part: its route, its data kernel (which holds the count exchange), the same
+without the exchange or the metadata, its landing barrier, against a plain push of the same row bytes.
 
 Usage (on a host with 2 GPUs and Triton): python bench/ep_dispatch_parts.py [--rounds 3] [--calls 30]
 World 2, 4096 tokens a rank, H=7168, top-8 of 32 experts a rank, bf16 with weights (bench/ep_bandwidth.py's
-problem), every kernel through Triton's JIT with the shipped constants.
-- Count exchange, GPU us per call over a CUDA graph of 64 back-to-back calls, the ranks lined up first:
-  - as shipped (exchange_counts_kernel): each count stored with the call's epoch in its upper 32 bits (one 8-byte
-    word a cell, a PTX relaxed store, no fence), the receiver polling its own matrix until every row carries the
-    epoch;
-  - the same words by relaxed atomic exchanges (its AMD path; NVIDIA's before);
-  - before (a copy here): the counts stored into every peer's matrix, then the flag barrier, whose release waits
-    until those stores have landed before the flags go out.
-- Data kernel, events around one launch after a GPU sleep and a device barrier, the median of --calls, the slowest
-  rank; --rounds rounds interleave the variants:
-  - as shipped (dispatch_kernel itself): rows, and each route block's ids, weights and source as three
-    [64-token] stores a peer, by the block's first program;
-  - before: each row's ids, weights and source as three stores a peer, by the row's first program;
-  - one record: ids, weights and source as one 128-byte record store a peer, by the row's first program;
-  - rows only: no metadata;
-  - the SM push copy of bench/nvlink_ceiling.py moving exactly the row bytes dispatch sends to the other rank.
+problem), every kernel through Triton's JIT with the shipped constants. Each part: events around one launch after
+a GPU sleep and a device barrier (which also advances the epoch, so every data kernel exchanges afresh), the
+median of --calls, the slowest rank; --rounds rounds interleave the parts:
+- route (route_kernel);
+- the data kernel as shipped (dispatch_kernel): program (0, 0) sends the tagged counts, every program waits for the
+  peers' counts, then sends its chunk of a row, and each route block's first program its metadata;
+- rows only: the same rows at the same places, the counts read from the last exchange without a wait, no metadata;
+- the landing barrier (dispatch_done_kernel);
+- the SM push copy of bench/nvlink_ceiling.py moving exactly the row bytes dispatch sends to the other rank.
 """
 from __future__ import annotations
 
@@ -35,70 +28,36 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
-from bench.ep_barrier import graph_of  # noqa: E402
 from bench.ep_combine_parts import timed as timed_one  # noqa: E402
-from bench.gpu_timing import SLEEP_CYCLES, rounds_table, timed  # noqa: E402
+from bench.gpu_timing import SLEEP_CYCLES, rounds_table  # noqa: E402
 from bench.nvlink_ceiling import _copy  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import (_barrier, _block_bases, _landing_row, _peer,  # noqa: E402
-                                       dispatch_kernel, exchange_counts_kernel, route_kernel)
+from kernels.ep.triton_kernels import (_blocks_before, _count, _landing_row, dispatch_done_kernel,  # noqa: E402
+                                       dispatch_kernel, route_kernel)
 
 WORLD = 2
 TOKENS = 4096
-RECORD = 32   # int32 lanes of a metadata record: 128 bytes, room for K ids, K weights and the source up to K = 15
 
 
 @triton.jit
-def exchange_flagged(block_counts_ptr, block_base_ptr, NB, matrix_table, flag_table, epoch_ptr, rank, W: tl.constexpr,
-                     BLOCKS: tl.constexpr):
-    """The count exchange before the tags: int32 counts into every peer's matrix, then the flag barrier (NVIDIA's
-    release stores), whose release first waits for the count stores to land."""
-    ds = tl.arange(0, triton.next_power_of_2(W))
-    carry = _block_bases(block_counts_ptr, block_base_ptr, NB, W, BLOCKS)
-    for p in tl.static_range(W):
-        tl.store(_peer(matrix_table, p, tl.int32) + rank * W + ds, carry, mask=ds < W)
-    _barrier(flag_table, epoch_ptr, rank, W, True)
-
-
-@triton.jit
-def dispatch_variant(x_ptr, idx_ptr, w_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_x_table,
-                     recv_idx_table, recv_w_table, recv_src_table, record_table, rank, H, M, R, W: tl.constexpr,
-                     K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, META: tl.constexpr,
-                     RECORD: tl.constexpr):
-    """dispatch_kernel for bf16 rows with weights and no scales, the metadata a row at a time; META: 0 none,
-    1 three stores, 2 one record."""
-    K_POW2: tl.constexpr = triton.next_power_of_2(K)
+def rows_only(x_ptr, pos_ptr, block_counts_ptr, matrix_ptr, recv_x_table, rank, H, R, W: tl.constexpr,
+              BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCKS: tl.constexpr):
+    """dispatch_kernel's rows alone: the counts of lower ranks read from this rank's matrix as they are (no
+    exchange, no wait), no metadata."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
     t = tl.program_id(0).to(tl.int64)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     v = tl.load(x_ptr + t * H + hs, mask=hs < H)
-    for d in tl.static_range(W):
-        row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
-        if row >= 0:
-            tl.store(_peer(recv_x_table, d, x_ptr.dtype.element_ty) + row * H + hs, v, mask=hs < H)
-    if (tl.program_id(1) == 0) & (META > 0):
-        for d in tl.static_range(W):
-            row = _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W, BLOCK_T)
-            tl.store(handle_ptr + t * W + d, row.to(tl.int32))
-            if row >= 0:
-                if META == 1:
-                    ks = tl.arange(0, K_POW2)
-                    tl.store(_peer(recv_idx_table, d, tl.int32) + row * K + ks,
-                             tl.load(idx_ptr + t * K + ks, mask=ks < K), mask=ks < K)
-                    tl.store(_peer(recv_w_table, d, tl.float32) + row * K + ks,
-                             tl.load(w_ptr + t * K + ks, mask=ks < K), mask=ks < K)
-                    tl.store(_peer(recv_src_table, d, tl.int32) + row, (rank * M + t).to(tl.int32))
-                else:
-                    ls = tl.arange(0, RECORD)
-                    ids = tl.load(idx_ptr + t * K + ls, mask=ls < K, other=0)
-                    ws = tl.load(w_ptr + t * K + (ls - K), mask=(ls >= K) & (ls < 2 * K), other=0.0)
-                    lanes = tl.where(ls < K, ids, tl.where(ls < 2 * K, ws.to(tl.int32, bitcast=True),
-                                                           (rank * M + t).to(tl.int32)))
-                    tl.store(_peer(record_table, d, tl.int32) + row * RECORD + ls, lanes, mask=ls <= 2 * K)
-
-
-DATA_VARIANTS = {"before: rows, then a row's ids, weights and source as three stores": 1,
-                 "rows, then ids, weights and source as one 128-byte record": 2,
-                 "rows only": 0}
+    ds = tl.arange(0, W_POW2)
+    live = ds < W
+    pos = tl.load(pos_ptr + t * W + ds, mask=live, other=-1)
+    lower = tl.zeros([W_POW2], tl.int32)
+    for s in tl.static_range(W):
+        lower += tl.where(s < rank, _count(tl.load(matrix_ptr + s * W + ds, mask=live, other=0)), 0)
+    rows = _landing_row(pos, lower + _blocks_before(block_counts_ptr, t // BLOCK_T, W, BLOCKS), R)
+    bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty)),
+                           16)
+    tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :], mask=(rows >= 0)[:, None] & (hs < H)[None, :])
 
 
 def symmetric(shape, dtype):
@@ -107,79 +66,63 @@ def symmetric(shape, dtype):
     return buffer, torch.tensor(table, dtype=torch.int64, device="cuda")
 
 
-def worker(rank: int, port: int, rounds: int, calls: int, launches: int) -> None:
+def worker(rank: int, port: int, rounds: int, calls: int) -> None:
     join_group(rank, WORLD, port)
     cfg, x, idx, w, scales = problem(TOKENS, rank, WORLD, "bf16")
     op, _, remote = ready_op(cfg, x, idx, w, scales, rank)
     W, K, block_t = WORLD, cfg.topk, CONSTANTS["ep_route"]["BLOCK_T"]
+    d = CONSTANTS["ep_dispatch"]
     blocks = -(-TOKENS // block_t)
     pos = torch.empty(TOKENS, W, dtype=torch.int32, device="cuda")
     counts = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
-    base = torch.empty(blocks, W, dtype=torch.int32, device="cuda")
     handle = torch.empty(TOKENS, W, dtype=torch.int32, device="cuda")
-    flagged, flagged_table = symmetric((W, W), torch.int32)
-    records, record_table = symmetric((cfg.capacity, RECORD), torch.int32)
-    torch.cuda.synchronize()
-    dist.barrier()
-    route_kernel[(blocks,)](idx, pos, counts, TOKENS, cfg.experts_per_rank, K=K, W=W, BLOCK_T=block_t, PDL=False)
-    blocks_at_once = CONSTANTS["ep_exchange_counts"]["BLOCKS"]
-    def tagged(store: bool):
-        return lambda: exchange_counts_kernel[(1,)](counts, base, blocks, op._matrix_table, op.epoch, op.num_recv,
-                                                    op.overflow, op.recv_start, rank, cfg.capacity, 3, W=W,
-                                                    BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=store)
-
-    exchanges = {
-        "count exchange as shipped: epoch and count in one 8-byte word a cell, relaxed stores": tagged(True),
-        "the same words by relaxed atomic exchanges": tagged(False),
-        "count exchange before: int32 counts, then the flag barrier": lambda: exchange_flagged[(1,)](
-            counts, base, blocks, flagged_table, op._flag_table, op.epoch, rank, W=W, BLOCKS=blocks_at_once)}
-    graphs = {name: graph_of(fn, launches) for name, fn in exchanges.items()}
-    exchanges[next(iter(exchanges))]()   # op.matrix (tagged) and base now hold this call's counts
-    torch.cuda.synchronize()
-    dist.barrier()
+    chunks = -(-cfg.hidden // d["BLOCK_H"])
 
     def lined_up():
         torch.cuda._sleep(SLEEP_CYCLES)   # the host queues the timed launch before the GPU gets to it
         op.barrier()   # the ranks start it together
 
-    chunks = -(-cfg.hidden // CONSTANTS["ep_dispatch"]["BLOCK_H"])
+    def route():
+        route_kernel[(blocks,)](idx, pos, counts, TOKENS, cfg.experts_per_rank, K=K, W=W, BLOCK_T=block_t, PDL=False)
 
-    def data(meta: int):
-        return lambda: dispatch_variant[(TOKENS, chunks)](
-            x, idx, w, pos, base, op.matrix, handle, op._recv_x_table, op._recv_idx_table, op._recv_w_table,
-            op._recv_src_table, record_table, rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, W=W, K=K,
-            BLOCK_H=CONSTANTS["ep_dispatch"]["BLOCK_H"], BLOCK_T=block_t, META=meta, RECORD=RECORD)
+    def data():
+        dispatch_kernel[(TOKENS, chunks)](
+            x, idx, w, w, pos, counts, blocks, op._matrix_table, op.epoch, op.num_recv, op.overflow, op.recv_start,
+            handle, op._recv_x_table, op._recv_idx_table, op._recv_w_table, op._recv_scale_table,
+            op._recv_src_table, rank, TOKENS, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, 0, 4, 3, W=W, K=K,
+            HAS_W=True, HAS_SCALES=False, BLOCK_H=d["BLOCK_H"], BLOCK_T=block_t, BLOCKS=d["BLOCKS"], PDL=False,
+            STORE_SIGNAL=True)
 
     elems = remote * cfg.hidden   # the copy moves exactly the row bytes dispatch sends to the other rank
     local = torch.randn(W, elems, device="cuda").to(torch.bfloat16)
     shared, table = symmetric((W * elems,), torch.bfloat16)
-    copy_name = "SM push copy of the same row bytes, 16 KiB / 16 warps"
     copy_grid = (W - 1, triton.cdiv(elems, 8192))
-    rows = {"as shipped: rows, and a route block's ids, weights and source as three stores": lambda: dispatch_kernel[
-        (TOKENS, chunks)](x, idx, w, w, pos, base, op.matrix, handle, op._recv_x_table, op._recv_idx_table,
-                          op._recv_w_table, op._recv_scale_table, op._recv_src_table, rank, cfg.hidden,
-                          cfg.max_tokens_per_rank, cfg.capacity, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
-                          BLOCK_H=CONSTANTS["ep_dispatch"]["BLOCK_H"], BLOCK_T=block_t, PDL=False)}
-    rows.update({name: data(meta) for name, meta in DATA_VARIANTS.items()})
-    rows[copy_name] = lambda: _copy[copy_grid](local, table, rank, elems, W=W, PUSH=True, BLOCK=8192, num_warps=16)
-    for fn in rows.values():
+    parts = {
+        "route": route,
+        "data kernel as shipped: the count exchange, then rows and a route block's metadata a program": data,
+        "rows only, the counts of the last exchange read without a wait": lambda: rows_only[(TOKENS, chunks)](
+            x, pos, counts, op.matrix, op._recv_x_table, rank, cfg.hidden, cfg.capacity, W=W, BLOCK_H=d["BLOCK_H"],
+            BLOCK_T=block_t, BLOCKS=d["BLOCKS"]),
+        "landing barrier (dispatch_done)": lambda: dispatch_done_kernel[(1,)](op._flag_table, op.epoch, rank, W=W,
+                                                                              STORE_SIGNAL=True, PDL=False),
+        "SM push copy of the same row bytes, 16 KiB / 16 warps": lambda: _copy[copy_grid](
+            local, table, rank, elems, W=W, PUSH=True, BLOCK=8192, num_warps=16)}
+    route()
+    for fn in parts.values():
+        lined_up()
         fn()   # compiles
     torch.cuda.synchronize()
     dist.barrier()
     results: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for name, graph in graphs.items():
-            results.setdefault(name, []).append(timed(graph.replay, 10)["aligned_s"] / launches * 1e6)
-        for name, fn in rows.items():
+        for name, fn in parts.items():
             results.setdefault(name, []).append(timed_one(fn, lined_up, calls))
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
-        nbytes = remote * cfg.hidden * 2
         print(f"{WORLD} x {torch.cuda.get_device_name()}, {TOKENS} tokens a rank, {remote} rows cross NVLink "
-              f"({nbytes / 1e6:.2f} MB of rows). Exchanges: GPU us per call, {launches} in a graph, lined up. Data: "
-              f"events around one launch after a sleep and a barrier, median of {calls}; slowest rank; {rounds} "
-              f"rounds\n")
+              f"({remote * cfg.hidden * 2 / 1e6:.2f} MB of rows). Events around one launch after a sleep and a "
+              f"barrier, median of {calls}; slowest rank; {rounds} rounds\n")
         print(rounds_table(results))
     op.close()
     torch.cuda.synchronize()
@@ -190,10 +133,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--launches", type=int, default=64)
     ap.add_argument("--port", type=int, default=29579)
     a = ap.parse_args()
-    mp.spawn(worker, args=(a.port, a.rounds, a.calls, a.launches), nprocs=WORLD)
+    mp.spawn(worker, args=(a.port, a.rounds, a.calls), nprocs=WORLD)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One timing harness for the multi-GPU benchmarks (ep_bandwidth.py, nvlink_ceiling.py), so that an op and the
 ceiling it is held to are timed the same way. Each sample times one call of fn, every rank at once, on three
-clocks:
+clocks (and timed_back_to_back: many calls in a row, the op's graph-replay clock, which the copies get too):
 - wall: a barrier and a synchronize, then the host's clock from before the launch to after a synchronize: the
   launch, the sync and the ranks' skew (the host threads leave the barrier microseconds apart) all count;
 - events: the same call, CUDA events recorded on the stream just before and after it;
@@ -57,6 +57,37 @@ def timed(fn, iters: int, before=None) -> dict:
     t = torch.tensor([statistics.median(s) for s in (walls, events, aligned)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"wall_s": t[0].item(), "event_s": t[1].item(), "aligned_s": t[2].item()}
+
+
+def timed_back_to_back(fn, calls: int = 50, before=None) -> float:
+    """GPU seconds per call of `calls` back-to-back calls (CUDA events, no host sync between): the max over
+    ranks. The op's barriers keep the ranks in step (a plain copy needs none); nothing of the host's per-call
+    overhead is timed. With `before` (e.g. the dispatch a combine serves) each call is preceded by it and timed
+    alone, by events recorded around it."""
+    if before:
+        before()
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    # the GPU sleeps while the host queues the calls: none is timed waiting for the host to launch it
+    torch.cuda._sleep(4 * SLEEP_CYCLES)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(calls if before else 1)]
+    if before:
+        for begin, end in pairs:
+            before()
+            begin.record()
+            fn()
+            end.record()
+    else:
+        pairs[0][0].record()
+        for _ in range(calls):
+            fn()
+        pairs[0][1].record()
+    torch.cuda.synchronize()
+    t = torch.tensor([sum(b.elapsed_time(e) for b, e in pairs) / 1e3 / calls], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def rounds_table(results: dict[str, list[float]]) -> str:

@@ -10,7 +10,8 @@ Every rank sends --mb MiB to every other rank at once, into symmetric memory, in
 - nccl: torch.distributed.all_to_all_single of the same blocks (its own buffers, its own kernels).
 GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
 of --iters, on the three clocks of bench/gpu_timing.py (GPU events around the one call; the host's wall
-clock around it and a synchronize; events with the ranks lined up on the GPUs); the percentage is of 450 GB/s (H100/H200 NVLink 4).
+clock around it and a synchronize; events with the ranks lined up on the GPUs), and per call over 50 calls back
+to back (bench/ep_bandwidth.py's graph-replay clock); the percentage is of 450 GB/s (H100/H200 NVLink 4).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.gpu_timing import timed  # noqa: E402
+from bench.gpu_timing import timed, timed_back_to_back  # noqa: E402
 
 NVLINK_GBS = 450.0
 SM_VARIANTS = [(2048, 4), (8192, 8), (8192, 16), (32768, 16)]   # (bf16 elements per program, warps)
@@ -113,11 +114,12 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         fn()   # compile / warm up
         torch.cuda.synchronize()
         t = timed(fn, iters)
+        b2b = timed_back_to_back(fn)
         crossed = len(peers) * n * 2
         rows.append({"mode": name, "seconds": t["event_s"], "wall_seconds": t["wall_s"],
-                     "aligned_seconds": t["aligned_s"], "bytes_per_direction": crossed,
+                     "aligned_seconds": t["aligned_s"], "b2b_seconds": b2b, "bytes_per_direction": crossed,
                      "gbs": crossed / t["event_s"] / 1e9, "wall_gbs": crossed / t["wall_s"] / 1e9,
-                     "aligned_gbs": crossed / t["aligned_s"] / 1e9})
+                     "aligned_gbs": crossed / t["aligned_s"] / 1e9, "b2b_gbs": crossed / b2b / 1e9})
     # the copies landed where they should: peer p's buffer holds local[p] at this rank's slot (pushed, then
     # copied), and the pull read back from there what this rank had pushed
     dist.barrier()
@@ -129,12 +131,12 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         print(f"{world} x {torch.cuda.get_device_name()}, {mb} MiB to each peer, median of {iters}, slowest rank; "
               f"data checked: {bool(flag.item())}\n")
         print("| mode | us (events) | GB/s per direction (events) | % of 450 | us (host wall) | GB/s (host wall) | "
-              "us (aligned) | GB/s (aligned) |")
-        print("|---|---|---|---|---|---|---|---|")
+              "us (aligned) | GB/s (aligned) | us (back to back) | GB/s (back to back) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['mode']} | {r['seconds'] * 1e6:.1f} | {r['gbs']:.1f} | {100 * r['gbs'] / NVLINK_GBS:.0f}% | "
                   f"{r['wall_seconds'] * 1e6:.1f} | {r['wall_gbs']:.1f} | {r['aligned_seconds'] * 1e6:.1f} | "
-                  f"{r['aligned_gbs']:.1f} |")
+                  f"{r['aligned_gbs']:.1f} | {r['b2b_seconds'] * 1e6:.1f} | {r['b2b_gbs']:.1f} |")
         if out:
             Path(out).write_text(json.dumps({"world": world, "mb": mb, "checked": bool(flag.item()), "rows": rows},
                                             indent=1))

@@ -28,7 +28,7 @@ for T, K, W, E in [(1, 1, 2, 3), (BLOCK_T, 8, 4, 32), (2 * BLOCK_T + 37, 6, 8, 4
     counts = torch.full((blocks, W), -9, dtype=torch.int32)
     tk.route_kernel[(blocks,)](idx, pos, counts, T, E, K=K, W=W, BLOCK_T=BLOCK_T, PDL=False)
     mask = destinations(idx, E, W)
-    base = torch.zeros(blocks, W, dtype=torch.int32)   # what exchange_counts_kernel adds to each block
+    base = torch.zeros(blocks, W, dtype=torch.int32)   # what dispatch_kernel adds to each block
     base[1:] = torch.cumsum(counts, 0)[:-1]
     landed = torch.where(pos >= 0, pos + base.repeat_interleave(BLOCK_T, 0)[:T], -1)
     assert torch.equal(landed, torch.where(mask, positions(mask), -1)), (T, K, W, E)
@@ -61,40 +61,40 @@ recv = {name: [torch.full(shape, -5, dtype=dt) for _ in range(W)] for name, shap
         [("x", (R, H), torch.float32), ("idx", (R, K), torch.int32), ("w", (R, K), torch.float32),
          ("src", (R,), torch.int32), ("scale", (R, 4), torch.float32)]}
 table = {name: torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64) for name, bufs in recv.items()}
-pos, base, counts = [], [], []
+pos, counts = [], []
 for r in range(W):   # route_kernel
     nb = max(-(-T[r] // BLOCK_T), 1)
-    p, c = torch.empty(T[r], W, dtype=torch.int32), torch.zeros(nb, W, dtype=torch.int32)
+    p, c = torch.empty(max(T[r], 1), W, dtype=torch.int32), torch.zeros(nb, W, dtype=torch.int32)
     if T[r]:
         tk.route_kernel[(nb,)](idx[r], p, c, T[r], E, K=K, W=W, BLOCK_T=BLOCK_T, PDL=False)
-    pos.append(p), base.append(torch.full_like(c, -9)), counts.append(c)
-# exchange_counts_kernel: every rank's tagged counts out (roles 1), then every rank's wait (2), 2 blocks a step
+    pos.append(p), counts.append(c)
 matrices = [torch.zeros(W, W, dtype=torch.int64) for _ in range(W)]
 matrix_table = torch.tensor([m.data_ptr() for m in matrices], dtype=torch.int64)
 epochs = [torch.tensor([6], dtype=torch.int32) for _ in range(W)]
 num_recv = [torch.zeros((), dtype=torch.int32) for _ in range(W)]
 overflow = [torch.full((), 9, dtype=torch.uint8) for _ in range(W)]
 recv_start = [torch.full((W + 1,), -9, dtype=torch.int32) for _ in range(W)]
-for roles in (1, 2):
-    for r in range(W):
-        tk.exchange_counts_kernel[(1,)](counts[r], base[r], counts[r].shape[0], matrix_table, epochs[r], num_recv[r],
-                                        overflow[r], recv_start[r], r, R, roles, W=W, BLOCKS=2, PDL=False,
-                                        STORE_SIGNAL=False)
+handles = [torch.full((T[r], W), -9, dtype=torch.int32) for r in range(W)]
+
+
+def dispatch(r, roles, grid):   # 2 blocks of the route's counts a step: T[0]'s four blocks take two
+    tk.dispatch_kernel[grid](
+        x[r] if T[r] else x[0], idx[r] if T[r] else idx[0], w[r] if T[r] else w[0], recv["scale"][r], pos[r],
+        counts[r], -(-T[r] // BLOCK_T), matrix_table, epochs[r], num_recv[r], overflow[r], recv_start[r],
+        handles[r] if T[r] else pos[r], table["x"], table["idx"], table["w"], table["scale"], table["src"], r, T[r], H,
+        M, R, 0, 4, roles, W=W, K=K, HAS_W=True, HAS_SCALES=False, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, BLOCKS=2,
+        PDL=False, STORE_SIGNAL=False)
+
+
+for r in range(W):   # every rank's program (0, 0) sends its tagged counts (roles 1)
+    dispatch(r, 1, (1, 1))
 totals = torch.stack([c.sum(0) for c in counts]).to(torch.int64)   # [s, d]: rows rank s sends to rank d
 for r in range(W):
     assert torch.equal(matrices[r], (7 << 32) | totals), r   # every row tagged with the call's epoch
-    assert epochs[r].item() == 7 and torch.equal(base[r][1:], torch.cumsum(counts[r], 0)[:-1].to(torch.int32)), r
-    assert (base[r][0] == 0).all(), r
+for r in range(W):   # then every rank's grid, whose wait for the counts passes (roles 2); T = 0 runs one program
+    dispatch(r, 2, (max(T[r], 1), -(-H // BLOCK_H)))
+    assert epochs[r].item() == 6, r   # dispatch_done's barrier advances the epoch, not dispatch
 matrix = totals.to(torch.int32)
-handles = []
-for r in range(W):
-    h = torch.full((T[r], W), -9, dtype=torch.int32)
-    if T[r]:   # each rank reads its own tagged matrix: the kernel takes the low 32 bits
-        tk.dispatch_kernel[(T[r], -(-H // BLOCK_H))](
-            x[r], idx[r], w[r], recv["scale"][r], pos[r], base[r], matrices[r], h, table["x"], table["idx"],
-            table["w"], table["scale"], table["src"], r, H, M, R, 0, 4, W=W, K=K, HAS_W=True, HAS_SCALES=False,
-            BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, PDL=False)
-    handles.append(h)
 for d in range(W):   # rank d got every token with an expert on d, once, in (source rank, source token) order
     sent = [(s, t) for s in range(W) for t in range(T[s]) if destinations(idx[s], E, W)[t, d]]
     n = len(sent)
@@ -108,7 +108,7 @@ arrived = [torch.zeros(M, W, dtype=torch.int32) for _ in range(W)]
 epoch = torch.tensor([7], dtype=torch.int32)   # the op's barrier count, the same on every rank
 back_table = torch.tensor([b.data_ptr() for b in back], dtype=torch.int64)
 arrived_table = torch.tensor([a.data_ptr() for a in arrived], dtype=torch.int64)
-for d in range(W):   # what the exchange derived from the counts it waited for
+for d in range(W):   # what dispatch derived from the counts it waited for
     assert recv_start[d].tolist() == [0] + torch.cumsum(matrix[:, d], 0).tolist(), d
     assert num_recv[d].item() == matrix[:, d].sum().item() and overflow[d].item() == 0, d
 outs = [torch.full((T[r], H), -3.0) for r in range(W)]
@@ -125,14 +125,17 @@ for r in range(W):   # the received rows as expert outputs: each token comes bac
     flagged = torch.zeros(M, W, dtype=torch.int32)
     flagged[:T[r]] = torch.where((handles[r] >= 0) & (torch.arange(W) != r), 7, 0)
     assert torch.equal(arrived[r], flagged), r
-# the exchange's wait holds while a peer's row carries an older epoch: rank 0's next exchange (epoch 8), with
-# rank 1's counts of epoch 7 still in its matrix, must not return (it spins in a thread left running at exit)
-waiter = threading.Thread(daemon=True, target=lambda: tk.exchange_counts_kernel[(1,)](
-    counts[0], base[0], counts[0].shape[0], matrix_table, epochs[0], num_recv[0], overflow[0], recv_start[0], 0, R, 2,
-    W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False))
+# dispatch's wait holds while a peer's row carries an older epoch: rank 0's next call (epoch 8), with rank 1's
+# counts of epoch 7 still in its matrix, must send no row (it spins in a thread left running at exit)
+epochs[0].fill_(7)
+matrices[0][[0, 2]] |= 8 << 32   # rank 0's and rank 2's rows of the next call are in, rank 1's is not
+for d in range(W):
+    recv["x"][d].fill_(-5)
+handles[0].fill_(-9)   # program (0, 0) writes the handle of route block 0 once it is past the wait
+waiter = threading.Thread(daemon=True, target=lambda: dispatch(0, 2, (1, 1)))
 waiter.start()
 waiter.join(1.0)
-assert waiter.is_alive() and epochs[0].item() == 7
+assert waiter.is_alive() and all((recv["x"][d] == -5).all() for d in range(W)) and (handles[0] == -9).all()
 print("ok", flush=True)
 os._exit(0)
 """
@@ -149,11 +152,14 @@ for W, rank, R in ((4, 2, 20), (3, 1, 100)):   # over capacity; a world that is 
     epoch = torch.tensor([5], dtype=torch.int32)
     num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
     recv_start = torch.full((W + 1,), -9, dtype=torch.int32)
-    counts, base = torch.zeros(1, W, dtype=torch.int32), torch.zeros(1, W, dtype=torch.int32)
-    tk.exchange_counts_kernel[(1,)](counts, base, 1, torch.tensor([matrix.data_ptr()] * W), epoch, num_recv, overflow,
-                                    recv_start, rank, R, 2, W=W, BLOCKS=2, PDL=False, STORE_SIGNAL=False)
+    one = torch.zeros(1, W, dtype=torch.int32)   # a rank with no tokens: one program, which sends no row
+    f, i = torch.zeros(1, 16), torch.zeros(1, 1, dtype=torch.int32)
+    tables = torch.tensor([f.data_ptr()] * W)
+    tk.dispatch_kernel[(1, 1)](f, i, f, f, one, one, 0, torch.tensor([matrix.data_ptr()] * W), epoch, num_recv,
+                               overflow, recv_start, one, tables, tables, tables, tables, tables, rank, 0, 16, 1, R, 0,
+                               4, 2, W=W, K=1, HAS_W=True, HAS_SCALES=False, BLOCK_H=16, BLOCK_T=16, BLOCKS=2,
+                               PDL=False, STORE_SIGNAL=False)
     column = (matrix[:, rank] & 0xFFFFFFFF).tolist()
-    assert epoch.item() == 6
     assert recv_start.tolist() == [sum(column[:s]) for s in range(W + 1)], (W, recv_start)
     assert num_recv.item() == min(sum(column), R) and overflow.item() == (sum(column) > R), (W, num_recv, overflow)
 print("ok")
@@ -175,5 +181,5 @@ def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
     _interpreted(DISPATCH_COMBINE_CHECK)
 
 
-def test_the_count_exchange_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for():
+def test_dispatch_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for():
     _interpreted(EXCHANGE_TOTALS_CHECK)

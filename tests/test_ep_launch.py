@@ -21,8 +21,8 @@ def test_dispatch_finds_tokens_in_the_blocks_route_made():
 
 
 FLAG_FAMILIES = ("ep_combine", "ep_barrier", "ep_dispatch_done")   # release stores
-STORE_FAMILIES = FLAG_FAMILIES + ("ep_exchange_counts",)   # STORE_SIGNAL: PTX stores on NVIDIA
-CHAINED_FAMILIES = ("ep_route", "ep_exchange_counts", "ep_dispatch", "ep_dispatch_done")
+STORE_FAMILIES = FLAG_FAMILIES + ("ep_dispatch",)   # STORE_SIGNAL: PTX stores (and loads) on NVIDIA
+CHAINED_FAMILIES = ("ep_route", "ep_dispatch", "ep_dispatch_done")
 
 
 def test_the_jit_takes_the_arch_values_of_the_device_it_runs_on():
@@ -73,7 +73,7 @@ def test_on_sm_90a_each_chained_kernel_waits_before_touching_memory_and_the_flag
     access of every kernel launched early, and the PTX release store as the barriers' and arrivals' signal."""
     import re
     specs = {s.name: s for s in load_specs(REPO)}
-    configs = {"ep_route": {"W": 2, "K": 8}, "ep_exchange_counts": {"W": 2}, "ep_dispatch_done": {"W": 2},
+    configs = {"ep_route": {"W": 2, "K": 8}, "ep_dispatch_done": {"W": 2},
                "ep_dispatch": {"W": 2, "K": 8, "HAS_W": True, "HAS_SCALES": False}, "ep_barrier": {"W": 2},
                "ep_combine": {"W": 2}}
     for family, config in configs.items():
@@ -84,6 +84,7 @@ def test_on_sm_90a_each_chained_kernel_waits_before_touching_memory_and_the_flag
         else:
             assert "griddepcontrol" not in body, family
         assert ("st.release.sys.global.s32" in body) == (family in FLAG_FAMILIES), family
-        # the tagged counts: relaxed 8-byte stores, no exchange awaiting a reply
-        assert ("st.relaxed.sys.global.b64" in body) == (family == "ep_exchange_counts"), family
+        # the tagged counts: relaxed 8-byte stores, no exchange awaiting a reply, polled by acquire loads
+        assert ("st.relaxed.sys.global.b64" in body) == (family == "ep_dispatch"), family
+        assert ("ld.acquire.sys.global.b64" in body) == (family == "ep_dispatch"), family
         assert ".exch." not in body, family

@@ -48,8 +48,8 @@ BUGS = {
         "bases = tl.multiple_of(tl.load(recv_x_table + (ds + (rank >= 4).to(tl.int32)) % W, mask=live, other=0)"
         ".to(tl.pointer_type(ty)), 16)"),
     "the eighth source's rows are dropped": (
-        "return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)",
-        "return tl.where((pos >= 0) & (row < R) & (rank != 7), row, -1).to(tl.int64)"),
+        "rows = _landing_row(pos, lower + earlier, R)",
+        "rows = _landing_row(tl.where(rank != 7, pos, -1), lower + earlier, R)"),
 }
 PLANTED_CASES = ("routing-all_to_one", "bf16-h4096-k8-e8-t128-random")
 

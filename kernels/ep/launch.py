@@ -11,8 +11,7 @@ import torch
 from kernels.ep import triton_kernels as tk
 
 FAMILIES = {"ep_route": tk.route_kernel, "ep_dispatch": tk.dispatch_kernel, "ep_combine": tk.combine_kernel,
-            "ep_barrier": tk.barrier_kernel, "ep_exchange_counts": tk.exchange_counts_kernel,
-            "ep_dispatch_done": tk.dispatch_done_kernel}
+            "ep_barrier": tk.barrier_kernel, "ep_dispatch_done": tk.dispatch_done_kernel}
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 

@@ -102,28 +102,27 @@ class EpDispatchCombine:
         T = self._check_inputs(x, topk_idx, topk_w, x_scales)
         block_t = CONSTANTS["ep_route"]["BLOCK_T"]
         blocks = -(-T // block_t)
-        pos = torch.empty(T, W, dtype=torch.int32, device="cuda")
-        block_counts = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")   # never a null pointer
-        block_base = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")
+        # at T = 0 the kernels still run (this rank's zero counts go out, its receive side is set), on buffers of
+        # one row they never read: no null pointer
+        pos = torch.empty(max(T, 1), W, dtype=torch.int32, device="cuda")
+        block_counts = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")
         handle = torch.empty(T, W, dtype=torch.int32, device="cuda")
+        if topk_w is None:   # before the route: the chain of dispatch's kernels stays unbroken
+            self.recv_w.zero_()
         if T:
             self.kernels("ep_route", {"W": W, "K": cfg.topk}, (blocks,), topk_idx, pos, block_counts, T,
                          cfg.experts_per_rank)
-        self.kernels("ep_exchange_counts", {"W": W}, (1,), block_counts, block_base, blocks, self._matrix_table,
-                     self.epoch, self.num_recv, self.overflow, self.recv_start, self.rank, cfg.capacity, 3)
+        fp8 = x_scales is not None
+        config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
+                  "HAS_SCALES": fp8}
+        self.kernels("ep_dispatch", config, (max(T, 1), self._chunks("ep_dispatch")),
+                     wire(x if T else self.recv_x), topk_idx if T else self.recv_idx,
+                     topk_w if topk_w is not None and T else self.recv_w, x_scales if fp8 and T else self.recv_scales,
+                     pos, block_counts, blocks, self._matrix_table, self.epoch, self.num_recv, self.overflow,
+                     self.recv_start, handle if T else pos, self._recv_x_table, self._recv_idx_table,
+                     self._recv_w_table, self._recv_scale_table, self._recv_src_table, self.rank, T, cfg.hidden,
+                     cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales, cfg.scale_stride, 3)
         self._combined = False   # every rank's counts of this call came: each had finished its last combine
-        if topk_w is None:
-            self.recv_w.zero_()
-        if T:
-            fp8 = x_scales is not None
-            config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
-                      "HAS_SCALES": fp8}
-            self.kernels("ep_dispatch", config, (T, self._chunks("ep_dispatch")), wire(x), topk_idx,
-                         topk_w if topk_w is not None else self.recv_w, x_scales if fp8 else self.recv_scales, pos,
-                         block_base, self.matrix, handle, self._recv_x_table, self._recv_idx_table,
-                         self._recv_w_table, self._recv_scale_table, self._recv_src_table,
-                         self.rank, cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales,
-                         cfg.scale_stride)
         self.kernels("ep_dispatch_done", {"W": W}, (1,), self._flag_table, self.epoch, self.rank)
         self._handle = handle
         scales = self.recv_scales[:, :cfg.num_scales] if cfg.num_scales else None

@@ -1,5 +1,5 @@
 """Where each token goes, in plain torch ops (no host sync): the reference and the case matrix use it; the op
-computes the same on the GPU (route_kernel per block of tokens, exchange_counts_kernel adding up the blocks),
+computes the same on the GPU (route_kernel per block of tokens, dispatch_kernel adding up the blocks before),
 which the verify sweep checks against it and tests/test_ep_kernels.py checks on the CPU."""
 from __future__ import annotations
 

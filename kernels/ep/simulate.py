@@ -7,11 +7,10 @@ in one process, the ranks simulated, checked by the same oracle and comparison a
 The tests run it a case a test (tests/test_ep_simulated_world.py): by default a representative part of the
 matrix at world 8 and 16 (its docstring says which and why), every case with `pytest --simulate-all`.
 
-Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, exchange_counts
-(the real kernel: block bases, and this rank's tagged totals written into every peer's count matrix, then its
-wait), dispatch,
-dispatch_done (num_recv, overflow, row starts), the stand-in experts, combine (every rank's pushers, then
-every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
+Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, dispatch (the real
+kernel in two phases: every rank's program (0, 0) writing its tagged totals into every peer's count matrix, then
+every rank's grid, which waits for the counts, sends the rows and sets num_recv, overflow and the row starts),
+dispatch_done, the stand-in experts, combine (every rank's pushers, then every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
 combine's arrival flags guarantee on GPUs; here each rank's flag table
 points its signals at its own slots, so its barriers pass at once. The ranks' buffers are CPU tensors reached
 through the same int64 pointer tables the GPUs use. The oracle, kernels/ep/reference.py, runs unchanged: its
@@ -39,7 +38,7 @@ from kernels.ep.cases import Case, matrix
 def interpreter_patches() -> None:
     """Triton 3.6's interpreter with one fix and less wasted work per step; what the kernels
     compute is unchanged (tests/test_ep_simulated_world.py holds the internals these rely on):
-    - a runtime scalar used as a loop bound (exchange_counts_kernel's `range(0, NB, BLOCKS)`) becomes an int
+    - a runtime scalar used as a loop bound (dispatch_kernel's `range(0, b, BLOCKS)`) becomes an int
       through int() of a one-element array, which NumPy 2 refuses: the same conversion through .item();
     - every call of a @triton.jit helper inside a kernel patches triton.language again (inspect.getmembers
       of five namespaces: about a quarter of a dispatch program's time): skipped where this launch patched the
@@ -205,34 +204,32 @@ def run_calls(world: World, feeds: list, tk) -> list:
     from kernels.ep.verify import _expert
     cfg, W, b = world.cfg, world.W, world.buf
     K, E, H, R = cfg.topk, cfg.experts_per_rank, cfg.hidden, cfg.capacity
-    block_t, blocks_at_once = CONSTANTS["ep_route"]["BLOCK_T"], CONSTANTS["ep_exchange_counts"]["BLOCKS"]
+    block_t, blocks_at_once = CONSTANTS["ep_route"]["BLOCK_T"], CONSTANTS["ep_dispatch"]["BLOCKS"]
     chunks = -(-H // BLOCK_H)
     T = [f[0].shape[0] for f in feeds]
     nb = [-(-t // block_t) for t in T]
-    pos = [torch.full((t, W), -9, dtype=torch.int32) for t in T]
+    pos = [torch.full((max(t, 1), W), -9, dtype=torch.int32) for t in T]
     counts = [torch.zeros(max(n, 1), W, dtype=torch.int32) for n in nb]
-    base = [torch.full((max(n, 1), W), -9, dtype=torch.int32) for n in nb]
     handle = [torch.full((t, W), -9, dtype=torch.int32) for t in T]
     for r in range(W):
+        if feeds[r][2] is None:
+            b["w"][r].zero_()
         if T[r]:
             tk.route_kernel[(nb[r],)](feeds[r][1], pos[r], counts[r], T[r], E, K=K, W=W, BLOCK_T=block_t,
                                       PDL=False)
-    for roles in (1, 2):   # every rank's counts out, then every rank's wait (which passes: all are in)
+    for roles in (1, 2):   # every rank's counts out, then every rank's rows (whose wait passes: all are in)
         for r in range(W):
-            tk.exchange_counts_kernel[(1,)](counts[r], base[r], nb[r], world.table["matrix"], world.epoch[r],
-                                            world.num_recv[r], world.overflow[r], world.recv_start[r], r, R, roles,
-                                            W=W, BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=False)
-    for r in range(W):
-        x, idx, w, scales = feeds[r]
-        if w is None:
-            b["w"][r].zero_()
-        if T[r]:
-            tk.dispatch_kernel[(T[r], chunks)](
-                wire(x), idx, w if w is not None else b["w"][r], scales if scales is not None else b["scales"][r],
-                pos[r], base[r], b["matrix"][r], handle[r], world.table["x"], world.table["idx"], world.table["w"],
-                world.table["scales"], world.table["src"], r, H, cfg.max_tokens_per_rank, R, cfg.num_scales,
-                cfg.scale_stride, W=W, K=K, HAS_W=w is not None, HAS_SCALES=scales is not None,
-                BLOCK_H=BLOCK_H, BLOCK_T=block_t, PDL=False)
+            x, idx, w, scales = feeds[r]
+            grid = (1, 1) if roles == 1 else (max(T[r], 1), chunks)
+            tk.dispatch_kernel[grid](
+                wire(x) if T[r] else b["x"][r], idx if T[r] else b["idx"][r],
+                w if w is not None and T[r] else b["w"][r], scales if scales is not None and T[r] else b["scales"][r],
+                pos[r], counts[r], nb[r], world.table["matrix"], world.epoch[r], world.num_recv[r],
+                world.overflow[r], world.recv_start[r], handle[r] if T[r] else pos[r], world.table["x"],
+                world.table["idx"], world.table["w"], world.table["scales"], world.table["src"], r, T[r], H,
+                cfg.max_tokens_per_rank, R, cfg.num_scales, cfg.scale_stride, roles, W=W, K=K,
+                HAS_W=w is not None, HAS_SCALES=scales is not None, BLOCK_H=BLOCK_H, BLOCK_T=block_t,
+                BLOCKS=blocks_at_once, PDL=False, STORE_SIGNAL=False)
     for r in range(W):
         tk.dispatch_done_kernel[(1,)](world.flag_table[r], world.epoch[r], r, W=W, STORE_SIGNAL=False, PDL=False)
     snaps = []

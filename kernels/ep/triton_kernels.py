@@ -1,7 +1,7 @@
 """Triton kernels of the dispatch/combine op: peers' buffers are reached through tables of symmetric-memory
 pointers (int64, one per rank). Cross-GPU ordering uses flags: a release store of an epoch into every
-peer's flag slot, then acquire reads until every peer's slot has reached it; the count exchange tags each count
-with the epoch instead, so the count is its own flag. The epoch lives on the device,
+peer's flag slot, then acquire reads until every peer's slot has reached it; the count exchange (inside
+dispatch_kernel) tags each count with the epoch instead, so the count is its own flag. The epoch lives on the device,
 so eager calls and CUDA-graph replays advance it with no host involvement."""
 import triton
 import triton.language as tl
@@ -88,26 +88,24 @@ def barrier_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: t
 def dispatch_done_kernel(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.constexpr,
                          PDL: tl.constexpr):
     """The end of dispatch: the landing barrier (every rank's rows have landed everywhere), chained after the data
-    kernel. What the receiver needs from the counts, the count exchange already wrote."""
+    kernel. What the receiver needs from the counts, the data kernel already wrote; the barrier's epoch is the one the
+    data kernel's counts carried."""
     _chained(PDL)
     _barrier(flag_table, epoch_ptr, rank, W, STORE_SIGNAL)
 
 
 @triton.jit
-def _block_bases(block_counts_ptr, block_base_ptr, NB, W: tl.constexpr, BLOCKS: tl.constexpr):
-    """block_base[b, d] = tokens of the route's blocks before b that go to d, from its per-block counts [NB, W],
-    read BLOCKS blocks at a time (one 2-D load and a scan each); returns this rank's totals per destination."""
+def _blocks_before(block_counts_ptr, b, W: tl.constexpr, BLOCKS: tl.constexpr):
+    """[W_POW2]: tokens of the route's blocks before block b that go to each rank, from its per-block counts
+    [NB, W], read BLOCKS blocks at a time (b = NB: this rank's totals)."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     ds = tl.arange(0, W_POW2)
-    carry = tl.zeros([W_POW2], dtype=tl.int32)
-    for b0 in range(0, NB, BLOCKS):
+    total = tl.zeros([W_POW2], dtype=tl.int32)
+    for b0 in range(0, b, BLOCKS):
         bs = b0 + tl.arange(0, BLOCKS)
-        at = bs[:, None] * W + ds[None, :]
-        live = (bs < NB)[:, None] & (ds < W)[None, :]
-        c = tl.load(block_counts_ptr + at, mask=live, other=0)
-        tl.store(block_base_ptr + at, carry[None, :] + tl.cumsum(c, axis=0) - c, mask=live)
-        carry += tl.sum(c, axis=0)
-    return carry
+        live = (bs < b)[:, None] & (ds < W)[None, :]
+        total += tl.sum(tl.load(block_counts_ptr + bs[:, None] * W + ds[None, :], mask=live, other=0), axis=0)
+    return total
 
 
 # NVIDIA's tagged-count store (STORE_SIGNAL): a relaxed system-scope 8-byte store by one thread. Relaxed is enough:
@@ -115,63 +113,49 @@ def _block_bases(block_counts_ptr, block_base_ptr, NB, W: tl.constexpr, BLOCKS: 
 # reply it does not need (2.48 against 2.95 us an exchange at world 2 on H100: bench/ep_dispatch_parts.py).
 _STORE_RELAXED_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, $3; "
                                   "@p st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }")
+# NVIDIA's poll of the count matrix: acquire loads, not atomics: every program of the data kernel polls, and
+# atomics on the same few words from all of them would queue behind each other
+_LOAD_ACQUIRE_SYS = tl.constexpr("ld.acquire.sys.global.b64 $0, [$1];")
 
 
 @triton.jit
-def exchange_counts_kernel(block_counts_ptr, block_base_ptr, NB, matrix_table, epoch_ptr, num_recv_ptr, overflow_ptr,
-                           recv_start_ptr, rank, R, roles, W: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr,
-                           STORE_SIGNAL: tl.constexpr):
-    """From route_kernel's per-block counts [NB, W]: block_base[b, d] = tokens of blocks before b that go
-    to d, and this rank's per-destination totals, stored as row `rank` of every peer's W x W count matrix, each
-    count tagged with this call's epoch in its upper 32 bits; then this rank waits until every row of its own
-    matrix carries the epoch (_block_bases adds up the blocks). From the counts it waited for: num_recv = min(rows
-    sent here, R), overflow = rows sent here > R and recv_start[s] = the first row from rank s (recv_start[W]: rows
-    sent here), for the receiver and combine; read here, they cannot be a later exchange's.
-    Each cell is one 8-byte word that says both what and when, so no release has to order the counts before a
-    flag, and the exchange costs one NVLink trip, not the store's acknowledgement and then a flag's (3.96 us at
-    world 2 on H100 with a flag barrier: bench/ep_dispatch_parts.py). The matrix starts zeroed (EpConfig.POLLED).
-    A rank's tag also says it has finished its previous combine (stream order), which is what lets this rank
-    write its receive buffers next. The cells go out as PTX relaxed stores, one thread a cell, where STORE_SIGNAL
-    (NVIDIA), else as relaxed atomic exchanges (AMD, Triton's interpreter); either way a poller reads each word
-    whole.
-    roles: 3 on GPUs; the CPU simulation runs every rank's stores (1), then every rank's wait (2)."""
-    _chained(PDL)
+def _send_counts(matrix_table, rank, tagged, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+    """Row `rank` of every peer's count matrix = tagged ([W_POW2] 8-byte words): PTX relaxed stores, one thread a
+    cell, where STORE_SIGNAL (NVIDIA), else relaxed atomic exchanges (AMD, Triton's interpreter); either way a
+    poller reads each word whole."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
-    epoch = tl.load(epoch_ptr) + 1
-    if roles != 2:
-        ds = tl.arange(0, W_POW2)
-        carry = _block_bases(block_counts_ptr, block_base_ptr, NB, W, BLOCKS)
-        tagged = (epoch.to(tl.int64) << 32) | carry.to(tl.int64)
-        for p in tl.static_range(W):
-            row = _peer(matrix_table, p, tl.int64) + rank * W
-            if STORE_SIGNAL:
-                tl.static_assert(W <= 32, "a thread a cell of a peer's row: at most 32 peers")
-                one = tl.full([1], 0, tl.int64)
-                for d in tl.static_range(W):   # thread d stores cell d (its value is a scalar every thread holds)
-                    cell = tl.sum(tl.where(ds == d, tagged, 0), axis=0)
-                    tl.inline_asm_elementwise(_STORE_RELAXED_SYS, "=r,l,l,r", [one + (row + d).to(tl.int64),
-                                              one + cell, one.to(tl.int32) + d], dtype=tl.int32, is_pure=False,
-                                              pack=1)
-            else:
-                tl.atomic_xchg(row + ds, tagged, mask=ds < W, sem="relaxed", scope="sys")
-    if roles != 1:
-        cells = tl.arange(0, W_POW2 * W_POW2)
-        live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
-        mine = _peer(matrix_table, rank, tl.int64) + (cells // W_POW2) * W + cells % W_POW2
-        seen = tl.zeros([W_POW2 * W_POW2], tl.int64)
-        behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
-        while behind > 0:
-            seen = tl.atomic_add(mine, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
-            behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
-        tl.store(epoch_ptr, epoch)
-        to_me = tl.where(live & (cells % W_POW2 == rank), _count(seen), 0)
-        per_source = tl.sum(tl.reshape(to_me, [W_POW2, W_POW2]), axis=1)   # cell s * W_POW2 + d: row s, column d
-        total = tl.sum(per_source, axis=0)
-        ss = tl.arange(0, W_POW2)
-        tl.store(recv_start_ptr + ss, tl.cumsum(per_source, axis=0) - per_source, mask=ss < W)
-        tl.store(recv_start_ptr + W, total)
-        tl.store(num_recv_ptr, tl.minimum(total, R))
-        tl.store(overflow_ptr, (total > R).to(tl.uint8))
+    ds = tl.arange(0, W_POW2)
+    for p in tl.static_range(W):
+        row = _peer(matrix_table, p, tl.int64) + rank * W
+        if STORE_SIGNAL:
+            tl.static_assert(W <= 32, "a thread a cell of a peer's row: at most 32 peers")
+            one = tl.full([1], 0, tl.int64)
+            for d in tl.static_range(W):   # thread d stores cell d (its value is a scalar every thread holds)
+                cell = tl.sum(tl.where(ds == d, tagged, 0), axis=0)
+                tl.inline_asm_elementwise(_STORE_RELAXED_SYS, "=r,l,l,r", [one + (row + d).to(tl.int64),
+                                          one + cell, one.to(tl.int32) + d], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.atomic_xchg(row + ds, tagged, mask=ds < W, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def _poll_counts(matrix_ptr, epoch, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+    """This rank's count matrix once every row carries `epoch`, as [W_POW2, W_POW2] counts (row s, column d: rows
+    rank s sends to rank d; zero outside W x W): acquire loads where STORE_SIGNAL (NVIDIA), else acquire atomics."""
+    W_POW2: tl.constexpr = triton.next_power_of_2(W)
+    cells = tl.arange(0, W_POW2 * W_POW2)
+    live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
+    at = matrix_ptr + tl.where(live, (cells // W_POW2) * W + cells % W_POW2, 0)
+    seen = tl.zeros([W_POW2 * W_POW2], tl.int64)
+    behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
+    while behind > 0:
+        if STORE_SIGNAL:
+            seen = tl.inline_asm_elementwise(_LOAD_ACQUIRE_SYS, "=l,l", [at.to(tl.int64)], dtype=tl.int64,
+                                             is_pure=False, pack=1)
+        else:
+            seen = tl.atomic_add(at, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
+        behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
+    return tl.reshape(tl.where(live, _count(seen), 0), [W_POW2, W_POW2])
 
 
 @triton.jit
@@ -179,7 +163,7 @@ def route_kernel(idx_ptr, pos_ptr, block_counts_ptr, T, E, K: tl.constexpr, W: t
                  BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     """Program b, tokens [b * BLOCK_T, (b + 1) * BLOCK_T): for each rank d, pos[t, d] = how many earlier
     tokens of the block go to d (-1: token t does not) and block_counts[b, d] = how many go there in all;
-    exchange_counts_kernel adds the blocks before. A token goes to d once however many of its K experts
+    dispatch_kernel adds the blocks before. A token goes to d once however many of its K experts
     live there; ids < 0 or >= E * W go nowhere. Ids are read as one [BLOCK_T, K] tile."""
     _chained(PDL)
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
@@ -197,26 +181,29 @@ def route_kernel(idx_ptr, pos_ptr, block_counts_ptr, T, E, K: tl.constexpr, W: t
 
 
 @triton.jit
-def _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, d, rank, R, W: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Where token t lands on rank d (either may be a vector of them): after the rows of lower ranks and of this
-    rank's earlier blocks; -1 if it is not sent or past capacity."""
-    pos = tl.load(pos_ptr + t * W + d)
-    before = tl.load(block_base_ptr + (t // BLOCK_T) * W + d)
-    for s in tl.static_range(W):
-        before += tl.where(s < rank, _count(tl.load(matrix_ptr + s * W + d)), 0)
-    row = before + pos
+def _landing_row(pos, offset, R):
+    """Where a token lands on a rank (either may be a vector of them): pos (its place among this rank's tokens of
+    its route block going there) after offset (the rows of lower ranks and of this rank's earlier blocks); -1 if
+    it is not sent or past capacity."""
+    row = offset + pos
     return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)
 
 
 @triton.jit
-def _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_idx_table,
-                   recv_w_table, recv_scale_table, recv_src_table, b, T, rank, M, R, S, S_STRIDE, W: tl.constexpr,
-                   K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_T: tl.constexpr):
+def _pick(vector, i):
+    """vector[i] for a static i, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, vector.shape[0]) == i, vector, 0), axis=0)
+
+
+@triton.jit
+def _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, offsets, handle_ptr, recv_idx_table, recv_w_table,
+                   recv_scale_table, recv_src_table, b, T, rank, M, R, S, S_STRIDE, W: tl.constexpr, K: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_T: tl.constexpr):
     """The ids, weights, S block scales and source id of route block b's tokens to every rank they go to, and
-    handle[t, d] (their rows there) for combine. A block's tokens land on consecutive rows of a rank, so each
-    field goes out as one [BLOCK_T, ...] store whose lanes cover a contiguous range: a few full NVLink writes
-    where a store per token made many tiny ones. The receivers' scale rows are S_STRIDE apart, a multiple of 4:
-    16-byte stores."""
+    handle[t, d] (their rows there) for combine; offsets[d]: the block's first row on rank d. A block's tokens
+    land on consecutive rows of a rank, so each field goes out as one [BLOCK_T, ...] store whose lanes cover a
+    contiguous range: a few full NVLink writes where a store per token made many tiny ones. The receivers' scale
+    rows are S_STRIDE apart, a multiple of 4: 16-byte stores."""
     K_POW2: tl.constexpr = triton.next_power_of_2(K)
     SCALE_CHUNK: tl.constexpr = 64
     ts = b * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -230,7 +217,7 @@ def _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_pt
     else:
         ws = tl.zeros([BLOCK_T, K_POW2], tl.float32)
     for d in tl.static_range(W):
-        rows = tl.where(inside, _landing_row(pos_ptr, block_base_ptr, matrix_ptr, tc, d, rank, R, W, BLOCK_T), -1)
+        rows = tl.where(inside, _landing_row(tl.load(pos_ptr + tc * W + d), _pick(offsets, d), R), -1)
         tl.store(handle_ptr + tc * W + d, rows.to(tl.int32), mask=inside)
         sent = rows >= 0
         tl.store(_peer(recv_idx_table, d, tl.int32) + rows[:, None] * K + ks[None, :], ids, mask=sent[:, None] & kin)
@@ -247,34 +234,64 @@ def _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_pt
 
 
 @triton.jit
-def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_x_table,
-                    recv_idx_table, recv_w_table, recv_scale_table, recv_src_table, rank, H, M, R, S, S_STRIDE,
-                    W: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
-    """Grid (T, chunks). Program (t, c) sends chunk c (BLOCK_H elements) of token t's row to each rank the token
-    goes to, at the row the count matrix gives it there; program (b, 0) also sends the metadata of route block b
-    (_send_metadata), so the first programs to run carry it. A chunk per program: one sequential round of
-    stores, so a few tokens still fill the GPU."""
+def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_counts_ptr, NB, matrix_table, epoch_ptr,
+                    num_recv_ptr, overflow_ptr, recv_start_ptr, handle_ptr, recv_x_table, recv_idx_table, recv_w_table,
+                    recv_scale_table, recv_src_table, rank, T, H, M, R, S, S_STRIDE, roles, W: tl.constexpr,
+                    K: tl.constexpr, HAS_W: tl.constexpr, HAS_SCALES: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr, STORE_SIGNAL: tl.constexpr):
+    """Grid (max(T, 1), chunks), after route_kernel. The count exchange and the rows in one launch:
+    - program (0, 0) adds up the route's block counts into this rank's totals per destination and stores them as
+      row `rank` of every peer's W x W count matrix, each count tagged with this call's epoch in its upper 32 bits
+      (one 8-byte word a cell says both what and when: no flag, no fence);
+    - every program reads its inputs, then polls this rank's own matrix until every row carries the epoch (a
+      rank's tag also says it has finished its previous combine, by stream order, which is what lets this rank
+      write its receive buffers), and sends chunk c (BLOCK_H elements) of token t's row to each rank the token
+      goes to, at the row the counts give it there: after the rows of lower ranks and of this rank's earlier
+      route blocks;
+    - program (b, 0) also sends the metadata of route block b (_send_metadata), so the first programs to run
+      carry it; program (0, 0) also writes, from the counts it waited for, num_recv = min(rows sent here, R),
+      overflow = rows sent here > R and recv_start[s] = the first row from rank s (recv_start[W]: rows sent
+      here), for the receiver and combine.
+    No program writes the epoch: dispatch_done_kernel's barrier advances it to this one, so a later call's tags
+    are larger. The exchange costs one NVLink trip inside this kernel, where a kernel of its own cost a launch and
+    the wait for its end too. A chunk per program: one sequential round of stores, so a few tokens fill the GPU.
+    roles: 3 on GPUs; the CPU simulation runs every rank's program (0, 0) sending (1), then every rank's grid
+    without the send (2)."""
     _chained(PDL)
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     t = tl.program_id(0).to(tl.int64)
-    T = tl.num_programs(0)
-    hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    v = tl.load(x_ptr + t * H + hs, mask=hs < H)
-    # every rank's row and receive buffer at once, then one [W, BLOCK_H] store: loads that do not wait for each
-    # other or for a branch, so a program's stores leave one L2 round trip after it starts, not 2 W of them
-    ds = tl.arange(0, W_POW2)
-    live = ds < W
-    rows = tl.where(live, _landing_row(pos_ptr, block_base_ptr, matrix_ptr, t, tl.minimum(ds, W - 1), rank, R, W,
-                                       BLOCK_T), -1)
-    ty = x_ptr.dtype.element_ty
-    bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(ty)), 16)
-    tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :],
-             mask=(rows >= 0)[:, None] & (hs < H)[None, :])
-    if (tl.program_id(1) == 0) & (t * BLOCK_T < T):
-        _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, block_base_ptr, matrix_ptr, handle_ptr, recv_idx_table,
-                       recv_w_table, recv_scale_table, recv_src_table, t, T, rank, M, R, S, S_STRIDE, W, K, HAS_W,
-                       HAS_SCALES, BLOCK_T)
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    epoch = tl.load(epoch_ptr) + 1
+    if (roles != 2) & first:
+        tagged = (epoch.to(tl.int64) << 32) | _blocks_before(block_counts_ptr, NB, W, BLOCKS).to(tl.int64)
+        _send_counts(matrix_table, rank, tagged, W, STORE_SIGNAL)
+    if roles != 1:
+        # what does not depend on the other ranks is read before the wait
+        hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        v = tl.load(x_ptr + t * H + hs, mask=(hs < H) & (t < T))
+        ds = tl.arange(0, W_POW2)
+        live = ds < W
+        pos = tl.load(pos_ptr + t * W + ds, mask=live & (t < T), other=-1)
+        earlier = _blocks_before(block_counts_ptr, t // BLOCK_T, W, BLOCKS)
+        ty = x_ptr.dtype.element_ty
+        bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(ty)), 16)
+        counts = _poll_counts(_peer(matrix_table, rank, tl.int64), epoch, W, STORE_SIGNAL)
+        lower = tl.sum(tl.where((ds < rank)[:, None], counts, 0), axis=0)   # [d]: rows lower ranks send to d
+        # every rank's row at once, then one [W, BLOCK_H] store: the stores leave one round trip after the wait
+        rows = _landing_row(pos, lower + earlier, R)
+        tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :],
+                 mask=(rows >= 0)[:, None] & (hs < H)[None, :])
+        if (tl.program_id(1) == 0) & (t * BLOCK_T < T):
+            _send_metadata(idx_ptr, w_ptr, scale_ptr, pos_ptr, lower + _blocks_before(block_counts_ptr, t, W, BLOCKS),
+                           handle_ptr, recv_idx_table, recv_w_table, recv_scale_table, recv_src_table, t, T, rank, M,
+                           R, S, S_STRIDE, W, K, HAS_W, HAS_SCALES, BLOCK_T)
+        if first:
+            per_source = tl.sum(tl.where((ds == rank)[None, :], counts, 0), axis=1)   # [s]: rows s sends here
+            total = tl.sum(per_source, axis=0)
+            tl.store(recv_start_ptr + ds, tl.cumsum(per_source, axis=0) - per_source, mask=live)
+            tl.store(recv_start_ptr + W, total)
+            tl.store(num_recv_ptr, tl.minimum(total, R))
+            tl.store(overflow_ptr, (total > R).to(tl.uint8))
 
 
 # The arrival signal on NVIDIA: a release store (PTX st.release.sys) by the block's first thread (every thread
