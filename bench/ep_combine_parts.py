@@ -2,8 +2,9 @@
 
 Usage (on a host with 2 GPUs and Triton): python bench/ep_combine_parts.py [--rounds 3] [--calls 30]
 World 2, 4096 tokens a rank, H=7168, top-8 of 32 experts a rank, bf16 (bench/ep_bandwidth.py's problem).
-Every variant is a copy of kernels/ep/triton_kernels.py's combine_kernel with switches, run through Triton's
-JIT with the shipped constants:
+First combine_kernel itself (kernels/ep/triton_kernels.py, as op.combine launches it, NVIDIA's signal); then
+variants, each a copy of an earlier combine_kernel with switches, all run through Triton's JIT with the shipped
+constants:
 - counters (combine until the arrival flags): pushers store each row into its source's buffer, then a release
   add to the source's counter; reducers wait for their counts, reset them and sum;
 - 1-D pushers: one [BLOCK_H] row a peer instead of a [W, BLOCK_H] tile (every thread moves data);
@@ -18,7 +19,7 @@ JIT with the shipped constants:
 Then the SM push copy of bench/nvlink_ceiling.py moving exactly the bytes combine sends. Clock: CUDA events
 around one launch, each after a dispatch, a GPU sleep (about 1 ms: the host has queued the launch by its end)
 and a device barrier (the ranks start together), median of --calls, the slowest rank; --rounds rounds
-interleave the variants. Variants that sum are checked against the first one's output, byte for byte.
+interleave the variants. Variants that sum are checked against combine_kernel's output, byte for byte.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
 from bench.gpu_timing import SLEEP_CYCLES  # noqa: E402
 from bench.nvlink_ceiling import _copy  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import _peer  # noqa: E402
+from kernels.ep.triton_kernels import _peer, combine_kernel  # noqa: E402
 
 WORLD = 2
 TOKENS = 4096
@@ -137,7 +138,9 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
                 tl.store(out_ptr + t * H + hs, tl.sum(v.to(tl.float32), axis=0).to(ty), mask=hs < H)
 
 
-VARIANTS = {   # name: (SIGNAL, REDUCE, ONE_D); the first one's sums are the reference
+SHIPPED = "combine_kernel as shipped"
+VARIANTS = {   # name: (SIGNAL, REDUCE, ONE_D); SHIPPED's sums are the reference
+    SHIPPED: None,
     "counters (combine until the flags)": (1, 1, 0),
     "counters, 1-D pushers": (1, 1, 1),
     "counters by red.release, 1-D pushers": (3, 1, 1),
@@ -178,6 +181,15 @@ def worker(rank: int, port: int, rounds: int, calls: int) -> None:
         torch.cuda._sleep(SLEEP_CYCLES)   # the host queues the timed launch before the GPU gets to it
         op.barrier()   # the ranks start it together
 
+    def shipped():
+        handle = latest["d"].handle
+        out = torch.empty(handle.shape[0], cfg.hidden, dtype=op.y.dtype, device="cuda")
+        combine_kernel[(groups * 2 * c["QB"],)](
+            out, op.y, op.y.shape[0], handle, op.recv_src, op.recv_start, op._back_table, op._arrived_table, op.epoch,
+            rank, handle.shape[0], cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, 3, W=WORLD,
+            BLOCK_H=c["BLOCK_H"], QB=c["QB"], LAG=c["LAG"], STORE_SIGNAL=True, num_warps=c["num_warps"])
+        latest["out"] = out
+
     def variant(signal: int, reduce: int, one_d: int):
         def run():
             handle = latest["d"].handle
@@ -200,12 +212,13 @@ def worker(rank: int, port: int, rounds: int, calls: int) -> None:
     results: dict[str, list[float]] = {}
     wrong = []
     for _ in range(rounds):
-        for name, (signal, reduce, one_d) in VARIANTS.items():
+        for name, switches in VARIANTS.items():
             settle()
-            results.setdefault(name, []).append(timed(variant(signal, reduce, one_d), dispatched, calls))
-            if name == next(iter(VARIANTS)):
+            results.setdefault(name, []).append(timed(shipped if name == SHIPPED else variant(*switches), dispatched,
+                                                      calls))
+            if name == SHIPPED:
                 reference_out = latest["out"].clone()
-            elif reduce and not torch.equal(latest["out"], reference_out):
+            elif switches[1] and not torch.equal(latest["out"], reference_out):
                 wrong.append(name)
     settle()
     elems = remote * cfg.hidden   # the copy moves exactly the bytes combine sends
@@ -230,7 +243,7 @@ def worker(rank: int, port: int, rounds: int, calls: int) -> None:
         print("|---|" + "---|" * rounds + "---|")
         for name, times in results.items():
             print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {nbytes / times[-1] / 1e3:.1f} |")
-        print(f"\nsums unlike the first variant's: {sorted(set(sum(said, []))) or 'none'}")
+        print(f"\nsums unlike combine_kernel's: {sorted(set(sum(said, []))) or 'none'}")
     dist.destroy_process_group()
 
 
