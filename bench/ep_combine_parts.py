@@ -15,6 +15,8 @@ constants:
 - no reduce: the reducers return at once (their wait and their sums are what the difference costs);
 - release to own counter: the pushers' release goes to this rank's own counter (the fence without the NVLink
   atomic; no reducer could rely on it);
+- two rows a pusher (no reduce, flags): each pusher of the grid's first half pushes two rows, then flags both
+  behind one release (a fence and two relaxed stores), against a release a row;
 - pushes only: the rows alone.
 Then the SM push copy of bench/nvlink_ceiling.py moving exactly the bytes combine sends. Clock: CUDA events
 around one launch, each after a dispatch, a GPU sleep (about 1 ms: the host has queued the launch by its end)
@@ -49,23 +51,57 @@ RED_ASM = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.
                        "@p red.release.sys.global.add.s32 [$1], 1; mov.u32 $0, 0; }")
 FLAG_ASM = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
                         "@p st.release.sys.global.s32 [$1], $2; mov.u32 $0, 0; }")
+# two flags behind one release: a fence, then two relaxed stores (the pair's second address may repeat the first)
+PAIR_FLAG_ASM = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                             "@p fence.acq_rel.sys; @p st.relaxed.sys.global.s32 [$1], $3; "
+                             "@p st.relaxed.sys.global.s32 [$2], $3; mov.u32 $0, 0; }")
 
 
 @triton.jit
 def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, back_table, arrived_table,
                     epoch_ptr, rank, T, H, M, R, W: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
-                    LAG: tl.constexpr, SIGNAL: tl.constexpr, REDUCE: tl.constexpr, ONE_D: tl.constexpr):
+                    LAG: tl.constexpr, SIGNAL: tl.constexpr, REDUCE: tl.constexpr, ONE_D: tl.constexpr,
+                    PAIR: tl.constexpr):
     """SIGNAL: 0 none, 1 release add to the source's counter (combine until the flags), 2 release add to this
     rank's own counter, 3 red.release to the source's counter, 4 st.release of the epoch into the source's flag
     (the shipped signal; here 1-D pushers and world 2 only: a flag a token). `arrived` is used from its start, a counter
-    or a flag a token."""
+    or a flag a token. PAIR (with SIGNAL 4, 1-D, no reduce): pusher (g, j) of the grid's first half pushes rows
+    2 g QB + j and 2 g QB + QB + j, then flags both behind one release; the second half's pushers do nothing."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     pid = tl.program_id(0)
     g = pid // (2 * QB)
     j = pid % (2 * QB)
     ty = out_ptr.dtype.element_ty
     ss = tl.arange(0, W_POW2)
-    if (j < QB) & (ONE_D == 1):
+    tl.static_assert((PAIR == 0) | ((SIGNAL == 4) & (REDUCE == 0) & (ONE_D == 1)), "PAIR: flags, no reduce, 1-D")
+    if (j < QB) & (PAIR == 1):
+        for k in tl.static_range(W - 1):
+            s = (rank + 1 + k) % W
+            end = tl.minimum(tl.load(recv_start_ptr + s + 1), R)
+            i1 = tl.load(recv_start_ptr + s) + 2 * g * QB + j
+            i2 = i1 + QB
+            tok1 = tl.load(src_ptr + i1, mask=i1 < end, other=-1) - s * M
+            tok2 = tl.load(src_ptr + i2, mask=i2 < end, other=-1) - s * M
+            ok1 = (i1 < end) & (tok1 >= 0) & (tok1 < M)
+            ok2 = (i2 < end) & (tok2 >= 0) & (tok2 < M)
+            back = tl.multiple_of(tl.load(back_table + s).to(tl.pointer_type(ty)), 16)
+            for h0 in range(0, H, BLOCK_H):
+                hs = h0 + tl.arange(0, BLOCK_H)
+                tl.store(back + (tok1.to(tl.int64) * W + rank) * H + hs,
+                         tl.load(y_ptr + i1.to(tl.int64) * H + hs, mask=ok1 & (hs < H) & (i1 < y_rows), other=0.0),
+                         mask=ok1 & (hs < H))
+                tl.store(back + (tok2.to(tl.int64) * W + rank) * H + hs,
+                         tl.load(y_ptr + i2.to(tl.int64) * H + hs, mask=ok2 & (hs < H) & (i2 < y_rows), other=0.0),
+                         mask=ok2 & (hs < H))
+            tl.debug_barrier()
+            if ok1:
+                flags = tl.load(arrived_table + s)
+                a1 = tl.full([1], 0, tl.int64) + flags + tok1.to(tl.int64) * 4
+                a2 = tl.full([1], 0, tl.int64) + flags + tl.where(ok2, tok2, tok1).to(tl.int64) * 4
+                epoch = tl.full([1], 0, tl.int32) + tl.load(epoch_ptr)
+                tl.inline_asm_elementwise(PAIR_FLAG_ASM, "=r,l,l,r", [a1, a2, epoch], dtype=tl.int32, is_pure=False,
+                                          pack=1)
+    elif (j < QB) & (ONE_D == 1):
         for k in tl.static_range(W - 1):
             s = (rank + 1 + k) % W
             i = tl.load(recv_start_ptr + s) + g * QB + j
@@ -139,16 +175,18 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
 
 
 SHIPPED = "combine_kernel as shipped"
-VARIANTS = {   # name: (SIGNAL, REDUCE, ONE_D); SHIPPED's sums are the reference
+VARIANTS = {   # name: (SIGNAL, REDUCE, ONE_D, PAIR); SHIPPED's sums are the reference
     SHIPPED: None,
-    "counters (combine until the flags)": (1, 1, 0),
-    "counters, 1-D pushers": (1, 1, 1),
-    "counters by red.release, 1-D pushers": (3, 1, 1),
-    "flags by st.release, 1-D pushers (the shipped signal, before its reads ahead)": (4, 1, 1),
-    "no reduce": (1, 0, 0),
-    "no reduce, 1-D, red.release": (3, 0, 1),
-    "no reduce, release to own counter": (2, 0, 0),
-    "pushes only": (0, 0, 0),
+    "counters (combine until the flags)": (1, 1, 0, 0),
+    "counters, 1-D pushers": (1, 1, 1, 0),
+    "counters by red.release, 1-D pushers": (3, 1, 1, 0),
+    "flags by st.release, 1-D pushers (the shipped signal, before its reads ahead)": (4, 1, 1, 0),
+    "no reduce": (1, 0, 0, 0),
+    "no reduce, 1-D, red.release": (3, 0, 1, 0),
+    "no reduce, 1-D, flags by st.release": (4, 0, 1, 0),
+    "no reduce, 1-D, two rows a pusher, their two flags behind one release": (4, 0, 1, 1),
+    "no reduce, release to own counter": (2, 0, 0, 0),
+    "pushes only": (0, 0, 0, 0),
 }
 
 
@@ -190,14 +228,14 @@ def worker(rank: int, port: int, rounds: int, calls: int) -> None:
             BLOCK_H=c["BLOCK_H"], QB=c["QB"], LAG=c["LAG"], STORE_SIGNAL=True, num_warps=c["num_warps"])
         latest["out"] = out
 
-    def variant(signal: int, reduce: int, one_d: int):
+    def variant(signal: int, reduce: int, one_d: int, pair: int):
         def run():
             handle = latest["d"].handle
             out = torch.empty(handle.shape[0], cfg.hidden, dtype=op.y.dtype, device="cuda")
             combine_variant[(groups * 2 * c["QB"],)](
                 out, op.y, op.y.shape[0], handle, op.recv_src, op.recv_start, op._back_table, op._arrived_table,
                 op.epoch, rank, handle.shape[0], cfg.hidden, cfg.max_tokens_per_rank, cfg.capacity, W=WORLD,
-                BLOCK_H=c["BLOCK_H"], QB=c["QB"], LAG=c["LAG"], SIGNAL=signal, REDUCE=reduce, ONE_D=one_d,
+                BLOCK_H=c["BLOCK_H"], QB=c["QB"], LAG=c["LAG"], SIGNAL=signal, REDUCE=reduce, ONE_D=one_d, PAIR=pair,
                 num_warps=c["num_warps"])
             latest["out"] = out
         return run
