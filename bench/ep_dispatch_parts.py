@@ -57,7 +57,8 @@ def rows_only(x_ptr, pos_ptr, block_counts_ptr, matrix_ptr, recv_x_table, rank, 
     rows = _landing_row(pos, lower + _blocks_before(block_counts_ptr, t // BLOCK_T, W, BLOCKS), R)
     bases = tl.multiple_of(tl.load(recv_x_table + ds, mask=live, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty)),
                            16)
-    tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :], mask=(rows >= 0)[:, None] & (hs < H)[None, :])
+    tl.store(bases[:, None] + rows[:, None] * H + hs[None, :], v[None, :],
+             mask=(rows >= 0)[:, None] & (hs < H)[None, :])
 
 
 def symmetric(shape, dtype):

@@ -10,12 +10,12 @@ matrix at world 8 and 16 (its docstring says which and why), every case with `py
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, dispatch (the real
 kernel in two phases: every rank's program (0, 0) writing its tagged totals into every peer's count matrix, then
 every rank's grid, which waits for the counts, sends the rows and sets num_recv, overflow and the row starts),
-dispatch_done, the stand-in experts, combine (every rank's pushers, then every rank's reducers). A phase ends when every rank has run it, which is what the kernels' flag barriers and
-combine's arrival flags guarantee on GPUs; here each rank's flag table
-points its signals at its own slots, so its barriers pass at once. The ranks' buffers are CPU tensors reached
-through the same int64 pointer tables the GPUs use. The oracle, kernels/ep/reference.py, runs unchanged: its
-all_to_all_single is served by threads standing in for the ranks (ThreadedCollectives); the comparison is
-verify.check_runs. Cases are shrunk to fit a CPU (shrink()).
+dispatch_done, the stand-in experts, combine (every rank's pushers, then every rank's reducers). A phase ends
+when every rank has run it, which is what the kernels' flag barriers and combine's arrival flags guarantee on
+GPUs; here each rank's flag table points its signals at its own slots, so its barriers pass at once. The
+ranks' buffers are CPU tensors reached through the same int64 pointer tables the GPUs use. The oracle,
+kernels/ep/reference.py, runs unchanged: its all_to_all_single is served by threads standing in for the ranks
+(ThreadedCollectives); the comparison is verify.check_runs. Cases are shrunk to fit a CPU (shrink()).
 
 It catches routing, ordering, count, capacity and overflow bugs at any world size. It cannot catch: memory
 ordering between GPUs, real concurrency (a spin-wait that never ends, a race between ranks), bf16 / fp8

@@ -110,7 +110,8 @@ def _blocks_before(block_counts_ptr, b, W: tl.constexpr, BLOCKS: tl.constexpr):
 
 # NVIDIA's tagged-count store (STORE_SIGNAL): a relaxed system-scope 8-byte store by one thread. Relaxed is enough:
 # the word carries its own tag, so nothing has to be ordered before it, and an atomic exchange would wait for a
-# reply it does not need (2.48 against 2.95 us an exchange at world 2 on H100: bench/ep_dispatch_parts.py).
+# reply it does not need (2.48 against 2.95 us an exchange at world 2 on H100, when the exchange was a launch of
+# its own: docs/data/ep_dispatch_parts-2xh100-reads_ahead.log).
 _STORE_RELAXED_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, $3; "
                                   "@p st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }")
 # NVIDIA's poll of the count matrix: acquire loads, not atomics: every program of the data kernel polls, and
