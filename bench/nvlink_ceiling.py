@@ -11,7 +11,8 @@ Every rank sends --mb MiB to every other rank at once, into symmetric memory, in
 GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
 of --iters, on the three clocks of bench/gpu_timing.py (GPU events around the one call; the host's wall
 clock around it and a synchronize; events with the ranks lined up on the GPUs), and per call over 50 calls back
-to back (bench/ep_bandwidth.py's graph-replay clock); the percentage is of 450 GB/s (H100/H200 NVLink 4).
+to back (the clock bench/ep_bandwidth.py gives its graph replays; the copies are plain launches, queued while the
+GPU sleeps, so the host's launch cost is not in it); the percentage is of 450 GB/s (H100/H200 NVLink 4).
 """
 from __future__ import annotations
 
