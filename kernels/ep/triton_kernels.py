@@ -21,6 +21,12 @@ def _count(cell):
 
 
 @triton.jit
+def _pick(vector, i):
+    """vector[i] for a static i, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, vector.shape[0]) == i, vector, 0), axis=0)
+
+
+@triton.jit
 def _chained(PDL: tl.constexpr):
     """Dispatch's kernels run as a chain of programmatic dependent launches where PDL (NVIDIA sm_90 and later, and
     the spec launches them with launch_pdl): the next kernel of the chain is launched while this one runs, and
@@ -124,17 +130,16 @@ def _send_counts(matrix_table, rank, tagged, W: tl.constexpr, STORE_SIGNAL: tl.c
     """Row `rank` of every peer's count matrix = tagged ([W_POW2] 8-byte words): PTX relaxed stores, one thread a
     cell, where STORE_SIGNAL (NVIDIA), else relaxed atomic exchanges (AMD, Triton's interpreter); either way a
     poller reads each word whole."""
-    W_POW2: tl.constexpr = triton.next_power_of_2(W)
-    ds = tl.arange(0, W_POW2)
+    ds = tl.arange(0, triton.next_power_of_2(W))
     for p in tl.static_range(W):
         row = _peer(matrix_table, p, tl.int64) + rank * W
         if STORE_SIGNAL:
             tl.static_assert(W <= 32, "a thread a cell of a peer's row: at most 32 peers")
             one = tl.full([1], 0, tl.int64)
             for d in tl.static_range(W):   # thread d stores cell d (its value is a scalar every thread holds)
-                cell = tl.sum(tl.where(ds == d, tagged, 0), axis=0)
                 tl.inline_asm_elementwise(_STORE_RELAXED_SYS, "=r,l,l,r", [one + (row + d).to(tl.int64),
-                                          one + cell, one.to(tl.int32) + d], dtype=tl.int32, is_pure=False, pack=1)
+                                          one + _pick(tagged, d), one.to(tl.int32) + d], dtype=tl.int32,
+                                          is_pure=False, pack=1)
         else:
             tl.atomic_xchg(row + ds, tagged, mask=ds < W, sem="relaxed", scope="sys")
 
@@ -188,12 +193,6 @@ def _landing_row(pos, offset, R):
     it is not sent or past capacity."""
     row = offset + pos
     return tl.where((pos >= 0) & (row < R), row, -1).to(tl.int64)
-
-
-@triton.jit
-def _pick(vector, i):
-    """vector[i] for a static i, as a scalar."""
-    return tl.sum(tl.where(tl.arange(0, vector.shape[0]) == i, vector, 0), axis=0)
 
 
 @triton.jit
