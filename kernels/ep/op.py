@@ -31,6 +31,18 @@ def wire(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.element_size() == 1 else x
 
 
+def dispatch_sources(x, topk_idx, topk_w, x_scales, handle, pos, own: dict) -> tuple:
+    """dispatch_kernel's (x, topk_idx, topk_w, x_scales, handle) arguments for one rank. A missing topk_w or x_scales
+    is replaced by this rank's own receive buffer of it (own: its "x", "idx", "w" and "scales" buffers), which the
+    kernel then never reads. At T = 0 the kernel still runs (this rank's zero counts go out, its receive side is
+    set) but reads no token, so every source is an own buffer and the handle is pos: never an empty tensor's
+    pointer, which may be null."""
+    if x.shape[0]:
+        return (wire(x), topk_idx, own["w"] if topk_w is None else topk_w,
+                own["scales"] if x_scales is None else x_scales, handle)
+    return wire(own["x"]), own["idx"], own["w"], own["scales"], pos
+
+
 @dataclass
 class Dispatched:
     x: torch.Tensor          # [R, H] rows received; rows past num_recv are unspecified
@@ -102,8 +114,7 @@ class EpDispatchCombine:
         T = self._check_inputs(x, topk_idx, topk_w, x_scales)
         block_t = CONSTANTS["ep_route"]["BLOCK_T"]
         blocks = -(-T // block_t)
-        # at T = 0 the kernels still run (this rank's zero counts go out, its receive side is set), on buffers of
-        # one row they never read: no null pointer
+        # one row at T = 0, where pos also stands in for the empty handle (dispatch_sources)
         pos = torch.empty(max(T, 1), W, dtype=torch.int32, device="cuda")
         block_counts = torch.empty(max(blocks, 1), W, dtype=torch.int32, device="cuda")
         handle = torch.empty(T, W, dtype=torch.int32, device="cuda")
@@ -115,11 +126,11 @@ class EpDispatchCombine:
         fp8 = x_scales is not None
         config = {"dtype": KERNEL_DTYPES[cfg.dtype], "W": W, "K": cfg.topk, "HAS_W": topk_w is not None,
                   "HAS_SCALES": fp8}
-        self.kernels("ep_dispatch", config, (max(T, 1), self._chunks("ep_dispatch")),
-                     wire(x if T else self.recv_x), topk_idx if T else self.recv_idx,
-                     topk_w if topk_w is not None and T else self.recv_w, x_scales if fp8 and T else self.recv_scales,
+        own = {"x": self.recv_x, "idx": self.recv_idx, "w": self.recv_w, "scales": self.recv_scales}
+        x_, idx_, w_, scales_, handle_ = dispatch_sources(x, topk_idx, topk_w, x_scales, handle, pos, own)
+        self.kernels("ep_dispatch", config, (max(T, 1), self._chunks("ep_dispatch")), x_, idx_, w_, scales_,
                      pos, block_counts, blocks, self._matrix_table, self.epoch, self.num_recv, self.overflow,
-                     self.recv_start, handle if T else pos, self._recv_x_table, self._recv_idx_table,
+                     self.recv_start, handle_, self._recv_x_table, self._recv_idx_table,
                      self._recv_w_table, self._recv_scale_table, self._recv_src_table, self.rank, T, cfg.hidden,
                      cfg.max_tokens_per_rank, cfg.capacity, cfg.num_scales, cfg.scale_stride, 3)
         self._combined = False   # every rank's counts of this call came: each had finished its last combine

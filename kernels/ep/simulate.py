@@ -200,7 +200,7 @@ def run_calls(world: World, feeds: list, tk) -> list:
     phase by phase; [(snapshot, combined)] per rank. tk: the kernels module (a planted bug goes there)."""
     import torch
     from kernels.ep.launch import CONSTANTS
-    from kernels.ep.op import wire
+    from kernels.ep.op import dispatch_sources
     from kernels.ep.verify import _expert
     cfg, W, b = world.cfg, world.W, world.buf
     K, E, H, R = cfg.topk, cfg.experts_per_rank, cfg.hidden, cfg.capacity
@@ -220,12 +220,12 @@ def run_calls(world: World, feeds: list, tk) -> list:
     for roles in (1, 2):   # every rank's counts out, then every rank's rows (whose wait passes: all are in)
         for r in range(W):
             x, idx, w, scales = feeds[r]
+            x_, idx_, w_, scales_, handle_ = dispatch_sources(x, idx, w, scales, handle[r], pos[r],
+                                                              {name: b[name][r] for name in ("x", "idx", "w", "scales")})
             grid = (1, 1) if roles == 1 else (max(T[r], 1), chunks)
             tk.dispatch_kernel[grid](
-                wire(x) if T[r] else b["x"][r], idx if T[r] else b["idx"][r],
-                w if w is not None and T[r] else b["w"][r], scales if scales is not None and T[r] else b["scales"][r],
-                pos[r], counts[r], nb[r], world.table["matrix"], world.epoch[r], world.num_recv[r],
-                world.overflow[r], world.recv_start[r], handle[r] if T[r] else pos[r], world.table["x"],
+                x_, idx_, w_, scales_, pos[r], counts[r], nb[r], world.table["matrix"], world.epoch[r],
+                world.num_recv[r], world.overflow[r], world.recv_start[r], handle_, world.table["x"],
                 world.table["idx"], world.table["w"], world.table["scales"], world.table["src"], r, T[r], H,
                 cfg.max_tokens_per_rank, R, cfg.num_scales, cfg.scale_stride, roles, W=W, K=K,
                 HAS_W=w is not None, HAS_SCALES=scales is not None, BLOCK_H=BLOCK_H, BLOCK_T=block_t,
