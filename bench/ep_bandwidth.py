@@ -3,13 +3,15 @@
 Usage (on a multi-GPU host): python bench/ep_bandwidth.py [--world 4] [--dist out/dist] [--dtype fp8_e4m3]
        [--json out.json]
 Per rank: T tokens, H=7168, top-8 of 32 experts per rank, bf16 (or fp8 rows with block scales),
-uniform random distinct experts. Each op is timed on every rank between barriers, the slowest rank counts,
-on the three clocks bench/nvlink_ceiling.py times the ceiling with (bench/gpu_timing.py: the host's wall
-clock around the call and a synchronize; GPU events around the one call; the same with the ranks lined up on
-the GPUs by a tiny all_reduce); graph-mode rows also give the GPU time
-per call over 50 back-to-back replays (CUDA events, no host synchronize per call). Bytes per rank: logical = rows
-received x row bytes (the peers' convention), NVLink = only the rows that came from other ranks. The NCCL path is kernels/ep/reference.py (sort, all_to_all_single of counts
-and payloads); the op's combine reads expert outputs written in place (expert_output()).
+uniform random distinct experts. Each op is timed on every rank between barriers, the slowest rank counts, on the
+three clocks bench/nvlink_ceiling.py times the ceiling with (bench/gpu_timing.py: the host's wall clock around the
+call and a synchronize; GPU events around the one call; the same with the ranks lined up on the GPUs by a tiny
+all_reduce); graph-mode rows also give the GPU time per call over 50 back-to-back replays (CUDA events, no host
+synchronize per call; each combine replay is timed alone after the dispatch it serves, the clock of
+nvlink_ceiling.py's "each alone after a call" column). Bytes per rank: logical = rows received x row bytes (the
+peers' convention), NVLink = only the rows that came from other ranks. The NCCL path is kernels/ep/reference.py
+(sort, all_to_all_single of counts and payloads); the op's combine reads expert outputs written in place
+(expert_output()).
 """
 from __future__ import annotations
 

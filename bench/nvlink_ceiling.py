@@ -11,8 +11,11 @@ Every rank sends --mb MiB to every other rank at once, into symmetric memory, in
 GB/s per direction = bytes that crossed NVLink into (or out of) one GPU / time, the slowest rank, median
 of --iters, on the three clocks of bench/gpu_timing.py (GPU events around the one call; the host's wall
 clock around it and a synchronize; events with the ranks lined up on the GPUs), and per call over 50 calls back
-to back (the clock bench/ep_bandwidth.py gives its graph replays; the copies are plain launches, queued while the
-GPU sleeps, so the host's launch cost is not in it); the percentage is of 450 GB/s (H100/H200 NVLink 4).
+to back (the clock bench/ep_bandwidth.py gives dispatch's graph replays; the copies are plain launches, queued while
+the GPU sleeps, so the host's launch cost is not in it), and per call over 50 calls each timed alone right after
+another one (combine's back-to-back clock there: each combine is timed alone after the dispatch it serves, so its
+start is in the time, where 50 calls in a row hide 49 starts behind the calls before); the percentage is of 450
+GB/s (H100/H200 NVLink 4).
 """
 from __future__ import annotations
 
@@ -116,11 +119,13 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         torch.cuda.synchronize()
         t = timed(fn, iters)
         b2b = timed_back_to_back(fn)
+        alone = timed_back_to_back(fn, before=fn)
         crossed = len(peers) * n * 2
         rows.append({"mode": name, "seconds": t["event_s"], "wall_seconds": t["wall_s"],
-                     "aligned_seconds": t["aligned_s"], "b2b_seconds": b2b, "bytes_per_direction": crossed,
-                     "gbs": crossed / t["event_s"] / 1e9, "wall_gbs": crossed / t["wall_s"] / 1e9,
-                     "aligned_gbs": crossed / t["aligned_s"] / 1e9, "b2b_gbs": crossed / b2b / 1e9})
+                     "aligned_seconds": t["aligned_s"], "b2b_seconds": b2b, "b2b_alone_seconds": alone,
+                     "bytes_per_direction": crossed, "gbs": crossed / t["event_s"] / 1e9,
+                     "wall_gbs": crossed / t["wall_s"] / 1e9, "aligned_gbs": crossed / t["aligned_s"] / 1e9,
+                     "b2b_gbs": crossed / b2b / 1e9, "b2b_alone_gbs": crossed / alone / 1e9})
     # the copies landed where they should: peer p's buffer holds local[p] at this rank's slot (pushed, then
     # copied), and the pull read back from there what this rank had pushed
     dist.barrier()
@@ -132,12 +137,14 @@ def worker(rank: int, world: int, port: int, mb: int, iters: int, out: str | Non
         print(f"{world} x {torch.cuda.get_device_name()}, {mb} MiB to each peer, median of {iters}, slowest rank; "
               f"data checked: {bool(flag.item())}\n")
         print("| mode | us (events) | GB/s per direction (events) | % of 450 | us (host wall) | GB/s (host wall) | "
-              "us (aligned) | GB/s (aligned) | us (back to back) | GB/s (back to back) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "us (aligned) | GB/s (aligned) | us (back to back) | GB/s (back to back) | us (each alone after a call) | "
+              "GB/s (each alone after a call) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['mode']} | {r['seconds'] * 1e6:.1f} | {r['gbs']:.1f} | {100 * r['gbs'] / NVLINK_GBS:.0f}% | "
                   f"{r['wall_seconds'] * 1e6:.1f} | {r['wall_gbs']:.1f} | {r['aligned_seconds'] * 1e6:.1f} | "
-                  f"{r['aligned_gbs']:.1f} | {r['b2b_seconds'] * 1e6:.1f} | {r['b2b_gbs']:.1f} |")
+                  f"{r['aligned_gbs']:.1f} | {r['b2b_seconds'] * 1e6:.1f} | {r['b2b_gbs']:.1f} | "
+                  f"{r['b2b_alone_seconds'] * 1e6:.1f} | {r['b2b_alone_gbs']:.1f} |")
         if out:
             Path(out).write_text(json.dumps({"world": world, "mb": mb, "checked": bool(flag.item()), "rows": rows},
                                             indent=1))
