@@ -65,7 +65,8 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
     """SIGNAL: 0 none, 1 release add to the source's counter (combine until the flags), 2 release add to this
     rank's own counter, 3 red.release to the source's counter, 4 st.release of the epoch into the source's flag
     (the shipped signal; here 1-D pushers and world 2 only: a flag a token). `arrived` is used from its start, a counter
-    or a flag a token. PAIR (with SIGNAL 4, 1-D, no reduce): pusher (g, j) of the grid's first half pushes rows
+    or a flag a token, as int32 words in the op's int64 arrival buffer (zeroed between variants; a bench's epochs stay
+    far below 2^31). PAIR (with SIGNAL 4, 1-D, no reduce): pusher (g, j) of the grid's first half pushes rows
     2 g QB + j and 2 g QB + QB + j, then flags both behind one release; the second half's pushers do nothing."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     pid = tl.program_id(0)
@@ -98,7 +99,7 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
                 flags = tl.load(arrived_table + s)
                 a1 = tl.full([1], 0, tl.int64) + flags + tok1.to(tl.int64) * 4
                 a2 = tl.full([1], 0, tl.int64) + flags + tl.where(ok2, tok2, tok1).to(tl.int64) * 4
-                epoch = tl.full([1], 0, tl.int32) + tl.load(epoch_ptr)
+                epoch = tl.full([1], 0, tl.int32) + tl.load(epoch_ptr).to(tl.int32)
                 tl.inline_asm_elementwise(PAIR_FLAG_ASM, "=r,l,l,r", [a1, a2, epoch], dtype=tl.int32, is_pure=False,
                                           pack=1)
     elif (j < QB) & (ONE_D == 1):
@@ -123,7 +124,7 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
                     elif SIGNAL == 3:
                         tl.inline_asm_elementwise(RED_ASM, "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
                     elif SIGNAL == 4:
-                        epoch = tl.full([1], 0, tl.int32) + tl.load(epoch_ptr)
+                        epoch = tl.full([1], 0, tl.int32) + tl.load(epoch_ptr).to(tl.int32)
                         tl.inline_asm_elementwise(FLAG_ASM, "=r,l,r", [addr, epoch], dtype=tl.int32, is_pure=False,
                                                   pack=1)
     elif j < QB:
@@ -154,7 +155,7 @@ def combine_variant(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr,
             expected = tl.sum(((ss < W) & ~own & (rows >= 0)).to(tl.int32), axis=0)
             mine = _peer(arrived_table, rank, tl.int32) + t
             if SIGNAL == 4:   # the flag holds the epoch of the call whose row landed: no reset
-                epoch = tl.load(epoch_ptr)
+                epoch = tl.load(epoch_ptr).to(tl.int32)
                 if expected > 0:
                     seen = tl.atomic_add(mine, 0, sem="acquire", scope="sys")
                     while seen != epoch:

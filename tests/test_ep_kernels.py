@@ -50,6 +50,15 @@ from kernels.ep.routing import destinations
 # blocks of 16 tokens (the kernels take any power of two; the specs' 256 would make this a 300-token case, five
 # times the interpreted programs): M spans four blocks of the route, H two BLOCK_H chunks per row
 BLOCK_T, BLOCK_H = 16, 32
+# epochs past int32's range: this dispatch's is 2^31 - 2 and the waiter's below 2^31, combine's 2^32 + 7
+BASE = 2**31 - 3
+
+
+def tag(epoch):   # a count cell's tag: the epoch's low 32 bits in the upper half of a signed 64-bit word
+    bits = (epoch & 0xFFFFFFFF) << 32
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+
 g = torch.Generator().manual_seed(1)
 W, E, K, H, M = 3, 2, 3, 64, 3 * BLOCK_T + 12
 R = W * M
@@ -70,7 +79,7 @@ for r in range(W):   # route_kernel
     pos.append(p), counts.append(c)
 matrices = [torch.zeros(W, W, dtype=torch.int64) for _ in range(W)]
 matrix_table = torch.tensor([m.data_ptr() for m in matrices], dtype=torch.int64)
-epochs = [torch.tensor([6], dtype=torch.int32) for _ in range(W)]
+epochs = [torch.tensor([BASE], dtype=torch.int64) for _ in range(W)]
 num_recv = [torch.zeros((), dtype=torch.int32) for _ in range(W)]
 overflow = [torch.full((), 9, dtype=torch.uint8) for _ in range(W)]
 recv_start = [torch.full((W + 1,), -9, dtype=torch.int32) for _ in range(W)]
@@ -90,10 +99,10 @@ for r in range(W):   # every rank's program (0, 0) sends its tagged counts (role
     dispatch(r, 1, (1, 1))
 totals = torch.stack([c.sum(0) for c in counts]).to(torch.int64)   # [s, d]: rows rank s sends to rank d
 for r in range(W):
-    assert torch.equal(matrices[r], (7 << 32) | totals), r   # every row tagged with the call's epoch
+    assert torch.equal(matrices[r], tag(BASE + 1) | totals), r   # every row tagged with the call's epoch
 for r in range(W):   # then every rank's grid, whose wait for the counts passes (roles 2); T = 0 runs one program
     dispatch(r, 2, (max(T[r], 1), -(-H // BLOCK_H)))
-    assert epochs[r].item() == 6, r   # dispatch_done's barrier advances the epoch, not dispatch
+    assert epochs[r].item() == BASE, r   # dispatch_done's barrier advances the epoch, not dispatch
 matrix = totals.to(torch.int32)
 for d in range(W):   # rank d got every token with an expert on d, once, in (source rank, source token) order
     sent = [(s, t) for s in range(W) for t in range(T[s]) if destinations(idx[s], E, W)[t, d]]
@@ -104,8 +113,8 @@ for d in range(W):   # rank d got every token with an expert on d, once, in (sou
     assert recv["src"][d][:n].tolist() == [s * M + t for s, t in sent], d
     assert (recv["x"][d][n:] == -5).all(), d   # nothing written past the rows sent here
 back = [torch.full((M, W, H), -7.0) for _ in range(W)]   # combine: rows pushed back to their source rank
-arrived = [torch.zeros(M, W, dtype=torch.int32) for _ in range(W)]
-epoch = torch.tensor([7], dtype=torch.int32)   # the op's barrier count, the same on every rank
+arrived = [torch.zeros(M, W, dtype=torch.int64) for _ in range(W)]
+epoch = torch.tensor([2**32 + 7], dtype=torch.int64)   # the op's barrier count, the same on every rank
 back_table = torch.tensor([b.data_ptr() for b in back], dtype=torch.int64)
 arrived_table = torch.tensor([a.data_ptr() for a in arrived], dtype=torch.int64)
 for d in range(W):   # what dispatch derived from the counts it waited for
@@ -122,13 +131,16 @@ for roles in (1, 2):   # every rank's pushers, then every rank's reducers (one l
 for r in range(W):   # the received rows as expert outputs: each token comes back times its destinations
     assert torch.allclose(outs[r], x[r] * destinations(idx[r], E, W).sum(1, keepdim=True).float()), r
     # each row pushed back flagged its arrival with the epoch at its source: arrived[r][t, d] for rank d's row
-    flagged = torch.zeros(M, W, dtype=torch.int32)
-    flagged[:T[r]] = torch.where((handles[r] >= 0) & (torch.arange(W) != r), 7, 0)
+    flagged = torch.zeros(M, W, dtype=torch.int64)
+    flagged[:T[r]] = torch.where((handles[r] >= 0) & (torch.arange(W) != r), 2**32 + 7, 0)
     assert torch.equal(arrived[r], flagged), r
-# dispatch's wait holds while a peer's row carries an older epoch: rank 0's next call (epoch 8), with rank 1's
-# counts of epoch 7 still in its matrix, must send no row (it spins in a thread left running at exit)
-epochs[0].fill_(7)
-matrices[0][[0, 2]] |= 8 << 32   # rank 0's and rank 2's rows of the next call are in, rank 1's is not
+# dispatch's wait holds while a peer's row carries an older epoch: rank 0's next call (epoch 2^31), with rank 1's
+# counts of epoch 2^31 - 1 still in its matrix, must send no row (it spins in a thread left running at exit). The
+# tags as int32 are 0x80000000 and 0x7FFFFFFF: the older is the larger, so a wait for `tag >= epoch` would pass
+epochs[0].fill_(2**31 - 1)
+counts_only = matrices[0] & 0xFFFFFFFF
+matrices[0].copy_(counts_only | tag(2**31 - 1))
+matrices[0][[0, 2]] = counts_only[[0, 2]] | tag(2**31)   # rank 0's and rank 2's rows of the next call are in
 for d in range(W):
     recv["x"][d].fill_(-5)
 handles[0].fill_(-9)   # program (0, 0) writes the handle of route block 0 once it is past the wait
@@ -146,10 +158,14 @@ import torch
 from kernels.ep import simulate, triton_kernels as tk
 
 simulate.interpreter_patches()
-for W, rank, R in ((4, 2, 20), (3, 1, 100)):   # over capacity; a world that is not a power of two
-    # matrix[s, d]: rows s sent to d, in the low 32 bits, tagged with this call's epoch (6) above: the wait passes
-    matrix = torch.arange(1, W * W + 1, dtype=torch.int64).reshape(W, W) | (6 << 32)
-    epoch = torch.tensor([5], dtype=torch.int32)
+# over capacity; a world that is not a power of two. The call's epochs, 2^31 and 2^32, past int32's range: their tags'
+# low 32 bits are 0x80000000 (negative as an int32) and 0
+for W, rank, R, epoch in ((4, 2, 20, 2**31 - 1), (3, 1, 100, 2**32 - 1)):
+    # matrix[s, d]: rows s sent to d, in the low 32 bits, tagged with this call's epoch above: the wait passes
+    bits = ((epoch + 1) & 0xFFFFFFFF) << 32
+    tag = bits - (1 << 64) if bits >= 1 << 63 else bits
+    matrix = torch.arange(1, W * W + 1, dtype=torch.int64).reshape(W, W) | tag
+    epoch = torch.tensor([epoch], dtype=torch.int64)
     num_recv, overflow = torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.uint8)
     recv_start = torch.full((W + 1,), -9, dtype=torch.int32)
     one = torch.zeros(1, W, dtype=torch.int32)   # a rank with no tokens: one program, which sends no row

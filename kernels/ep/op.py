@@ -88,7 +88,7 @@ class EpDispatchCombine:
         self.y = torch.empty(cfg.capacity, cfg.hidden, dtype=DTYPES[cfg.combine_dtype], device="cuda")
         self._handle = None   # the latest dispatch's handle: the only one combine can serve
         self._combined = False   # a combine since the latest dispatch: the next one waits for the peers first
-        self.epoch = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.epoch = torch.zeros(1, dtype=torch.int64, device="cuda")   # never wraps: 2^63 barriers
         self.num_recv = torch.zeros((), dtype=torch.int32, device="cuda")
         self.overflow = torch.zeros((), dtype=torch.uint8, device="cuda")
         self.recv_start = torch.zeros(cfg.world_size + 1, dtype=torch.int32, device="cuda")

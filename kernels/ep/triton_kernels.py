@@ -2,7 +2,9 @@
 pointers (int64, one per rank). Cross-GPU ordering uses flags: a release store of an epoch into every
 peer's flag slot, then acquire reads until every peer's slot has reached it; the count exchange (inside
 dispatch_kernel) tags each count with the epoch instead, so the count is its own flag. The epoch lives on the device,
-so eager calls and CUDA-graph replays advance it with no host involvement."""
+so eager calls and CUDA-graph replays advance it with no host involvement. It is an int64, as are the flags, so no
+comparison of it ever wraps (2^63 barriers); a count's tag holds its low 32 bits and is compared for equality, which
+holds because a cell carries this call's tag or an earlier call's, never a later one (_poll_counts)."""
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -43,8 +45,8 @@ def _chained(PDL: tl.constexpr):
 # polling by loads instead of atomics changed nothing there and slowed combine's reducers, so polls stay atomics.
 _SIGNAL_PEERS = tl.constexpr(
     "{ .reg .pred p; .reg .u32 t; .reg .u64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; mul.wide.u32 o, t, 8; "
-    "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 4; add.u64 a, a, o; "
-    "@p st.release.sys.global.s32 [a], $3; mov.u32 $0, 0; }")
+    "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 8; add.u64 a, a, o; "
+    "@p st.release.sys.global.s64 [a], $3; mov.u32 $0, 0; }")
 
 
 @triton.jit
@@ -55,13 +57,14 @@ def _signal_peers(flag_table, rank, epoch, W: tl.constexpr, STORE_SIGNAL: tl.con
     if STORE_SIGNAL:
         tl.static_assert(W <= 32, "the store signal takes a thread a peer: at most 32 peers, one warp's threads")
         one = tl.full([1], 0, tl.int32)
-        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
-                                  one + rank, one + epoch, one + W], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,l,r", [one.to(tl.int64) + flag_table.to(tl.int64),
+                                  one + rank, one.to(tl.int64) + epoch, one + W], dtype=tl.int32, is_pure=False,
+                                  pack=1)
     else:
         W_POW2: tl.constexpr = triton.next_power_of_2(W)
         ps = tl.arange(0, W_POW2)
-        peers = tl.load(flag_table + ps, mask=ps < W, other=0).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch, mask=ps < W, sem="release", scope="sys")
+        peers = tl.load(flag_table + ps, mask=ps < W, other=0).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int64) + epoch, mask=ps < W, sem="release", scope="sys")
 
 
 @triton.jit
@@ -75,7 +78,7 @@ def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.cons
     epoch = tl.load(epoch_ptr) + 1
     ps = tl.arange(0, W_POW2)
     live = ps < W
-    mine = _peer(flag_table, rank, tl.int32) + ps   # loaded before the signal: off its path
+    mine = _peer(flag_table, rank, tl.int64) + ps   # loaded before the signal: off its path
     _signal_peers(flag_table, rank, epoch, W, STORE_SIGNAL)
     behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
     while behind > 0:
@@ -147,7 +150,10 @@ def _send_counts(matrix_table, rank, tagged, W: tl.constexpr, STORE_SIGNAL: tl.c
 @triton.jit
 def _poll_counts(matrix_ptr, epoch, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
     """This rank's count matrix once every row carries `epoch`, as [W_POW2, W_POW2] counts (row s, column d: rows
-    rank s sends to rank d; zero outside W x W): acquire loads where STORE_SIGNAL (NVIDIA), else acquire atomics."""
+    rank s sends to rank d; zero outside W x W): acquire loads where STORE_SIGNAL (NVIDIA), else acquire atomics.
+    A tag is the low 32 bits of its call's epoch, and the wait is for equality: a peer tags this call's counts only
+    after this rank's previous dispatch has passed its landing barrier, so a cell holds an earlier call's tag or this
+    one's; equality wraps with the tag, where `<` would fail at 2^31."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     cells = tl.arange(0, W_POW2 * W_POW2)
     live = (cells // W_POW2 < W) & (cells % W_POW2 < W)
@@ -160,7 +166,7 @@ def _poll_counts(matrix_ptr, epoch, W: tl.constexpr, STORE_SIGNAL: tl.constexpr)
                                              is_pure=False, pack=1)
         else:
             seen = tl.atomic_add(at, tl.zeros([W_POW2 * W_POW2], tl.int64), mask=live, sem="acquire", scope="sys")
-        behind = tl.sum((live & ((seen >> 32) < epoch)).to(tl.int32), axis=0)
+        behind = tl.sum((live & ((seen >> 32).to(tl.int32) != epoch.to(tl.int32))).to(tl.int32), axis=0)
     return tl.reshape(tl.where(live, _count(seen), 0), [W_POW2, W_POW2])
 
 
@@ -263,7 +269,7 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_counts_ptr,
     first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
     epoch = tl.load(epoch_ptr) + 1
     if (roles != 2) & first:
-        tagged = (epoch.to(tl.int64) << 32) | _blocks_before(block_counts_ptr, NB, W, BLOCKS).to(tl.int64)
+        tagged = (epoch << 32) | _blocks_before(block_counts_ptr, NB, W, BLOCKS).to(tl.int64)   # the low 32 bits
         _send_counts(matrix_table, rank, tagged, W, STORE_SIGNAL)
     if roles != 1:
         # what does not depend on the other ranks is read before the wait
@@ -298,7 +304,7 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_counts_ptr,
 # holds the [1] tensor's one element). A plain write over NVLink: an atomic there, even a reduction that awaits
 # no reply, cost 1 us more a combine at world 2 (bench/ep_combine_parts.py)
 _STORE_RELEASE_SYS = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-                                  "@p st.release.sys.global.s32 [$1], $2; mov.u32 $0, 0; }")
+                                  "@p st.release.sys.global.s64 [$1], $2; mov.u32 $0, 0; }")
 
 
 @triton.jit
@@ -307,11 +313,11 @@ def _signal_arrival(flags, at, epoch, STORE_SIGNAL: tl.constexpr):
     stores (the caller's barrier orders them): as a PTX store where STORE_SIGNAL (NVIDIA), else a release exchange
     (AMD, Triton's interpreter)."""
     if STORE_SIGNAL:
-        addr = tl.full([1], 0, tl.int64) + flags + at * 4
-        tl.inline_asm_elementwise(_STORE_RELEASE_SYS, "=r,l,r", [addr, tl.full([1], 0, tl.int32) + epoch],
+        addr = tl.full([1], 0, tl.int64) + flags + at * 8
+        tl.inline_asm_elementwise(_STORE_RELEASE_SYS, "=r,l,l", [addr, tl.full([1], 0, tl.int64) + epoch],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.atomic_xchg(flags.to(tl.pointer_type(tl.int32)) + at, epoch, sem="release", scope="sys")
+        tl.atomic_xchg(flags.to(tl.pointer_type(tl.int64)) + at, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -375,7 +381,7 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
             rows = tl.load(handle_ptr + t * W + ss, mask=ss < W, other=-1).to(tl.int64)
             own = ss == rank
             expected = (ss < W) & ~own & (rows >= 0)
-            flags = _peer(arrived_table, rank, tl.int32) + t * W + ss
+            flags = _peer(arrived_table, rank, tl.int64) + t * W + ss
             back = _peer(back_table, rank, ty) + t * W * H   # read before the wait: off the path after it
             seen = tl.atomic_add(flags, 0, mask=expected, sem="acquire", scope="sys")
             behind = tl.sum((expected & (seen < epoch)).to(tl.int32), axis=0)
