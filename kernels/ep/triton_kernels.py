@@ -258,9 +258,10 @@ def dispatch_kernel(x_ptr, idx_ptr, w_ptr, scale_ptr, pos_ptr, block_counts_ptr,
       carry it; program (0, 0) also writes, from the counts it waited for, num_recv = min(rows sent here, R),
       overflow = rows sent here > R and recv_start[s] = the first row from rank s (recv_start[W]: rows sent
       here), for the receiver and combine.
-    No program writes the epoch: dispatch_done_kernel's barrier advances it to this one, so a later call's tags
-    are larger. The exchange costs one NVLink trip inside this kernel, where a kernel of its own cost a launch and
-    the wait for its end too. A chunk per program: one sequential round of stores, so a few tokens fill the GPU.
+    No program writes the epoch: dispatch_done_kernel's barrier advances it to this one, so the next call tags its
+    counts with the next epoch (_poll_counts says why the tag's low 32 bits suffice). The exchange costs one NVLink
+    trip inside this kernel, where a kernel of its own cost a launch and the wait for its end too. A chunk per
+    program: one sequential round of stores, so a few tokens fill the GPU.
     roles: 3 on GPUs; the CPU simulation runs every rank's program (0, 0) sending (1), then every rank's grid
     without the send (2)."""
     _chained(PDL)
@@ -333,7 +334,7 @@ def combine_kernel(out_ptr, y_ptr, y_rows, handle_ptr, src_ptr, recv_start_ptr, 
     - Reducer (group g, j): token t = (g - LAG) * QB + j of this rank waits until arrived[t, d] holds this call's
       epoch for every other rank d that holds one of its rows, and writes out[t] = the sum over ranks d of y[its
       own row] for d = rank and back[t, d] otherwise, in f32 (one [W, BLOCK_H] tile summed), rounded once.
-    The epoch counts the op's barriers and count exchanges, the same on every rank: earlier calls' flags hold
+    The epoch (int64) counts the op's barriers, the same on every rank: earlier calls' flags hold
     smaller ones, and no later call pushes before this rank has passed the next dispatch's barrier, so nothing is
     reset.
     Why this order: a reducer of token t needs the peers' pushers of q <= t, which sit in groups <= t / QB of
