@@ -182,6 +182,49 @@ print("ok")
 """
 
 
+BARRIER_WRAP_CHECK = """
+import os
+import threading
+
+import torch
+from kernels.ep import simulate, triton_kernels as tk
+
+simulate.interpreter_patches()
+# rank 0 of 3 at the barrier that takes the epoch to e; its peers' 32-bit flags hold the low bits of e - 1 (not yet
+# there), e or e + 1 (there, one a barrier ahead). At e = 2^31 the low bits turn negative as an int32, at e = 2^32
+# they wrap to 0: a plain `flag < epoch` would wait forever at both, a 32-bit one pass e - 1 at 2^31
+W = 3
+
+
+def low(epoch):
+    bits = epoch & 0xFFFFFFFF
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
+
+
+def barrier(e, peers, wait):
+    flags = torch.tensor([0] + [low(e + d) for d in peers], dtype=torch.int32)
+    epoch = torch.tensor([e - 1], dtype=torch.int64)
+    table = torch.tensor([flags.data_ptr()] * W)   # every signal lands in this rank's own slot 0
+    run = threading.Thread(daemon=True, target=lambda: tk.barrier_kernel[(1,)](table, epoch, 0, W=W,
+                                                                            STORE_SIGNAL=False))
+    run.start()
+    run.join(wait)
+    return run.is_alive(), epoch.item(), flags[0].item()
+
+
+EPOCHS = (2**31, 2**32, 2**32 + 5)
+for e in EPOCHS:
+    for peers in ((0, 0), (0, 1), (1, 1)):
+        assert barrier(e, peers, 60.0) == (False, e, low(e)), (e, peers)   # passed, advanced the epoch, signalled
+# a waiter is left spinning in its thread (the process exits under it); each pass above took well under a second
+for e, peers in zip(EPOCHS, ((-1, 0), (1, -1), (-1, -1))):
+    waiting, epoch, _ = barrier(e, peers, 1.0)
+    assert waiting and epoch == e - 1, (e, peers)   # still waiting, the epoch untouched
+print("ok", flush=True)
+os._exit(0)
+"""
+
+
 def _interpreted(script: str) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
@@ -199,3 +242,7 @@ def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
 
 def test_dispatch_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for():
     _interpreted(EXCHANGE_TOTALS_CHECK)
+
+
+def test_barrier_passes_at_a_peer_at_or_one_ahead_and_waits_at_one_behind_across_32_bit_wraps():
+    _interpreted(BARRIER_WRAP_CHECK)

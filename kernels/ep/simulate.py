@@ -186,7 +186,8 @@ class World:
                       for name, bufs in self.buf.items()}
         # rank r's signal to peer p lands at table[p] + r: with table[p] = own flags + (p - r) it lands in r's
         # own slot p, so r's wait on its own W slots is satisfied by its own signals
-        self.flag_table = [torch.tensor([self.buf["flags"][r].data_ptr() + 8 * (p - r) for p in range(W)],
+        flags = self.buf["flags"]
+        self.flag_table = [torch.tensor([flags[r].data_ptr() + flags[r].element_size() * (p - r) for p in range(W)],
                                         dtype=torch.int64) for r in range(W)]
         self.epoch = [torch.zeros(1, dtype=torch.int64) for _ in range(W)]
         self.num_recv = [torch.zeros((), dtype=torch.int32) for _ in range(W)]
