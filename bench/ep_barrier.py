@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.ep_bandwidth import join_group, problem, ready_op  # noqa: E402
 from bench.gpu_timing import rounds_table, timed  # noqa: E402
 from kernels.ep.launch import CONSTANTS  # noqa: E402
-from kernels.ep.triton_kernels import _behind, _peer, _signal_peers, route_kernel  # noqa: E402
+from kernels.ep.triton_kernels import _peer, _signal_peers, route_kernel  # noqa: E402
 
 TOKENS = 4096
 
@@ -40,17 +40,17 @@ def barrier_variant(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE: tl.cons
     epoch = tl.load(epoch_ptr) + 1
     ps = tl.arange(0, W_POW2)
     live = ps < W
-    mine = _peer(flag_table, rank, tl.int32) + ps
+    mine = _peer(flag_table, rank, tl.int64) + ps
     _signal_peers(flag_table, rank, epoch, W, STORE)
     behind = 1
     while behind > 0:
         if LOAD:   # every lane loads (an asm has no mask): a lane past W reads flag W - 1
-            seen = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l",
-                                             [mine.to(tl.int64) + (tl.minimum(ps, W - 1) - ps) * 4],
-                                             dtype=tl.int32, is_pure=False, pack=1)
+            seen = tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l",
+                                             [mine.to(tl.int64) + (tl.minimum(ps, W - 1) - ps) * 8],
+                                             dtype=tl.int64, is_pure=False, pack=1)
         else:
             seen = tl.atomic_add(mine, 0, mask=live, sem="acquire", scope="sys")
-        behind = tl.sum((live & _behind(seen, epoch)).to(tl.int32), axis=0)
+        behind = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
     tl.store(epoch_ptr, epoch)
     tl.debug_barrier()
 

@@ -59,7 +59,7 @@ class EpConfig:
         R, H, K, W, M = self.capacity, self.hidden, self.topk, self.world_size, self.max_tokens_per_rank
         return {"x": ((R, H), self.dtype), "scales": ((R, self.scale_stride), "f32"), "idx": ((R, K), "i32"),
                 "w": ((R, K), "f32"), "src": ((R,), "i32"), "back": ((M, W, H), self.combine_dtype),
-                "arrived": ((M, W), "i64"), "matrix": ((W, W), "i64"), "flags": ((W,), "i32")}
+                "arrived": ((M, W), "i64"), "matrix": ((W, W), "i64"), "flags": ((W,), "i64")}
 
     # the peer buffers whose contents a kernel waits on (flags, arrival flags, epoch-tagged counts): they must start
     # zeroed, or a leftover word could pass for a signal of a call still to come (symmetric memory is not cleared)

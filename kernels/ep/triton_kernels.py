@@ -2,10 +2,9 @@
 pointers (int64, one per rank). Cross-GPU ordering uses flags: a release store of an epoch into every
 peer's flag slot, then acquire reads until every peer's slot has reached it; the count exchange (inside
 dispatch_kernel) tags each count with the epoch instead, so the count is its own flag. The epoch lives on the device,
-so eager calls and CUDA-graph replays advance it with no host involvement. It is an int64, as are combine's arrival
-flags, so no comparison with them wraps (2^63 barriers). The barrier flags and the counts' tags hold the epoch's low
-32 bits, which is exact where a word can only be within one call of the epoch it is compared with (_barrier,
-_poll_counts)."""
+so eager calls and CUDA-graph replays advance it with no host involvement. It is an int64, as are the flags, so no
+comparison of it ever wraps (2^63 barriers); a count's tag holds its low 32 bits and is compared for equality, which
+holds because a cell carries this call's tag or an earlier call's, never a later one (_poll_counts)."""
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -46,35 +45,26 @@ def _chained(PDL: tl.constexpr):
 # polling by loads instead of atomics changed nothing there and slowed combine's reducers, so polls stay atomics.
 _SIGNAL_PEERS = tl.constexpr(
     "{ .reg .pred p; .reg .u32 t; .reg .u64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $4; mul.wide.u32 o, t, 8; "
-    "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 4; add.u64 a, a, o; "
-    "@p st.release.sys.global.s32 [a], $3; mov.u32 $0, 0; }")
+    "add.u64 a, $1, o; @p ld.global.u64 a, [a]; mul.wide.u32 o, $2, 8; add.u64 a, a, o; "
+    "@p st.release.sys.global.s64 [a], $3; mov.u32 $0, 0; }")
 
 
 @triton.jit
 def _signal_peers(flag_table, rank, epoch, W: tl.constexpr, STORE_SIGNAL: tl.constexpr):
-    """Slot `rank` of every peer's int32 flags = the epoch's low 32 bits, released after this block's earlier stores (the caller's block
+    """Slot `rank` of every peer's flags = epoch, released after this block's earlier stores (the caller's block
     barrier orders them): PTX release stores where STORE_SIGNAL (NVIDIA), else release exchanges (AMD, Triton's
     interpreter)."""
     if STORE_SIGNAL:
         tl.static_assert(W <= 32, "the store signal takes a thread a peer: at most 32 peers, one warp's threads")
         one = tl.full([1], 0, tl.int32)
-        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,r,r", [one.to(tl.int64) + flag_table.to(tl.int64),
-                                  one + rank, one + epoch.to(tl.int32), one + W], dtype=tl.int32, is_pure=False,
+        tl.inline_asm_elementwise(_SIGNAL_PEERS, "=r,l,r,l,r", [one.to(tl.int64) + flag_table.to(tl.int64),
+                                  one + rank, one.to(tl.int64) + epoch, one + W], dtype=tl.int32, is_pure=False,
                                   pack=1)
     else:
         W_POW2: tl.constexpr = triton.next_power_of_2(W)
         ps = tl.arange(0, W_POW2)
-        peers = tl.load(flag_table + ps, mask=ps < W, other=0).to(tl.pointer_type(tl.int32))
-        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int32) + epoch.to(tl.int32), mask=ps < W, sem="release",
-                       scope="sys")
-
-
-@triton.jit
-def _behind(seen, epoch):
-    """Whether a barrier flag (int32: an epoch's low 32 bits) is short of `epoch` (int64). A peer's flag is within
-    one barrier of this rank's: it signalled the previous barrier, or this one, or the next (it cannot signal the one
-    after before this rank has signalled the next), so the 32-bit difference is the true one at any epoch."""
-    return (seen.to(tl.int64) - epoch).to(tl.int32) < 0
+        peers = tl.load(flag_table + ps, mask=ps < W, other=0).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(peers + rank, tl.full([W_POW2], 0, tl.int64) + epoch, mask=ps < W, sem="release", scope="sys")
 
 
 @triton.jit
@@ -82,19 +72,18 @@ def _barrier(flag_table, epoch_ptr, rank, W: tl.constexpr, STORE_SIGNAL: tl.cons
     """Every rank signals every rank, then waits for all: one program, called by one thread block. The W
     signals go out at once and the W polls are one vector: W sequential NVLink round trips per barrier cost
     microseconds. The signals: PTX release stores where STORE_SIGNAL (NVIDIA), else release exchanges (AMD,
-    Triton's interpreter). The flags are 32-bit (_behind): polled as 8-byte words they cost dispatch 0.5 us a call
-    back to back (docs/benchmarks.md)."""
+    Triton's interpreter)."""
     W_POW2: tl.constexpr = triton.next_power_of_2(W)
     tl.debug_barrier()   # this block's earlier stores are ordered before the release below
     epoch = tl.load(epoch_ptr) + 1
     ps = tl.arange(0, W_POW2)
     live = ps < W
-    mine = _peer(flag_table, rank, tl.int32) + ps   # loaded before the signal: off its path
+    mine = _peer(flag_table, rank, tl.int64) + ps   # loaded before the signal: off its path
     _signal_peers(flag_table, rank, epoch, W, STORE_SIGNAL)
     behind = 1   # a scalar loop carry: Triton 3.6 fails to compile a tensor one here
     while behind > 0:
         seen = tl.atomic_add(mine, 0, mask=live, sem="acquire", scope="sys")
-        behind = tl.sum((live & _behind(seen, epoch)).to(tl.int32), axis=0)
+        behind = tl.sum((live & (seen < epoch)).to(tl.int32), axis=0)
     tl.store(epoch_ptr, epoch)
     tl.debug_barrier()
 
