@@ -161,3 +161,101 @@ except KeyError:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+TOGETHER = '''
+import os
+import time
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+# every arch's probe child imports this module; each waits here until the other archs' children have arrived
+ARRIVED = Path(__file__).with_name("arrived")
+ARRIVED.mkdir(exist_ok=True)
+(ARRIVED / str(os.getpid())).touch()
+deadline = time.monotonic() + 20
+while len(list(ARRIVED.iterdir())) < 3:
+    if time.monotonic() > deadline:
+        raise RuntimeError("imported alone: the other archs' children are not importing at the same time")
+    time.sleep(0.05)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+'''
+
+PROBED_SPEC = '''
+[kernel]
+name = "{name}"
+module = "{module}"
+entry = "copy_kernel"
+toolchain = "triton"
+archs = {archs}
+
+[signature]
+x_ptr = "*{{dtype}}"
+y_ptr = "*{{dtype}}"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+dtype = ["fp32"]
+{extra}'''
+
+
+def probed_spec(name, module, archs, extra=""):
+    return PROBED_SPEC.format(name=name, module=module, archs=archs, extra=extra)
+
+
+def test_every_archs_child_imports_the_module_at_the_same_time(tmp_path, monkeypatch):
+    """One child per arch (the device model answers as each arch's GPU), all asked before any answer is read: the
+    library's import waits for the other archs' children, which only children importing together get past."""
+    (tmp_path / "site" / "together").mkdir(parents=True)
+    (tmp_path / "site" / "together" / "__init__.py").write_text(TOGETHER)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "together": probed_spec("together", "together", '["sm_90a", "sm_100a", "gfx942"]')})
+    targets = load(root).values()
+    assert sorted(t.arch for t in targets) == ["gfx942", "sm_100a", "sm_90a"]
+    assert all(dict(t.constexprs)["BLOCK"] == 64 for t in targets)
+
+
+FLAKY = '''
+import os
+
+import triton
+import triton.language as tl
+
+if os.environ.get("FLAKY_FAILS"):
+    raise RuntimeError("flaky fails on this arch")
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": BLOCK}) for BLOCK in (32, 4096)], key=["n"])
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+'''
+
+
+def test_an_arch_whose_import_fails_leaves_no_other_archs_answer_to_the_next_family(tmp_path, monkeypatch):
+    """gfx942's child fails first while sm_90a's still owes its answer about `flaky`: that child is stopped, so the
+    next family asking sm_90a's child about its own module gets its own configs, not flaky's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "flaky.py").write_text(FLAKY)
+    (site / "steady.py").write_text(FLAKY.replace("(32, 4096)", "(128,)").replace("FLAKY_FAILS", "NEVER_SET"))
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "a_flaky": probed_spec("a_flaky", "flaky", '["gfx942", "sm_90a"]', '\n[arch.gfx942.env]\nFLAKY_FAILS = "1"\n'),
+        "b_steady": probed_spec("b_steady", "steady", '["sm_90a"]')})
+    catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    assert [(b.name, b.error.split(": ")[0]) for b in catalog.broken] == [("a_flaky", "specs/a_flaky.toml")]
+    assert "RuntimeError: flaky fails on this arch" in catalog.broken[0].error
+    [steady] = catalog.targets
+    assert (steady.kernel, steady.arch, dict(steady.constexprs)["BLOCK"]) == ("b_steady", "sm_90a", 128)

@@ -93,6 +93,23 @@ class Probe:
             self.described[(module, entry)] = self._ask({"describe": [module, entry], "family": family}, where)
         return self.described[(module, entry)]
 
+    @staticmethod
+    def describe_together(probes, module: str, entry: str, where: str, family: str = "") -> None:
+        """describe() on each probe, every child asked before any answer is read: the children import the module
+        (and torch) at once, not one after another."""
+        request = {"describe": [module, entry], "family": family}
+        asked = [probe for probe in dict.fromkeys(probes) if (module, entry) not in probe.described]
+        try:
+            for probe in asked:
+                probe._send(request, where)
+            for probe in asked:
+                probe.described[(module, entry)] = probe._reply(request, where)
+        except BaseException:   # a child that still owes its reply would give it to the next request: stop it
+            for probe in asked:
+                if (module, entry) not in probe.described:
+                    probe.close()
+            raise
+
     def heuristics(self, module: str, entry: str, args: list[dict], pointers: list[dict], where: str,
                    pinned: tuple = (), family: str = "") -> list[dict]:
         return self._ask({"heuristics": [module, entry], "args": args, "pointers": pointers,
@@ -103,6 +120,11 @@ class Probe:
         return self._ask({"prune": [module, entry], "groups": groups, "family": family}, where)["kept"]
 
     def _ask(self, request: dict, where: str) -> dict:
+        self._send(request, where)
+        return self._reply(request, where)
+
+    def _send(self, request: dict, where: str) -> None:
+        """The request to the child, started first unless it runs; _reply reads the answer."""
         if self.child is None or self.child.poll() is not None:
             env = dict(os.environ, **dict(self.env),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
@@ -115,6 +137,11 @@ class Probe:
         try:
             self.child.stdin.write(json.dumps(request) + "\n")
             self.child.stdin.flush()
+        except OSError:   # the child died before it read the request
+            self._crashed(request, where)
+
+    def _reply(self, request: dict, where: str) -> dict:
+        try:
             named = _named(request)[0]
             load_guard.await_reply(self.child.stdout, where, f"importing {named} to read the entry's autotune / "
                                    f"heuristics", f"python -c 'import {named}'")   # TooLong past catalog_timeout
@@ -126,14 +153,17 @@ class Probe:
             self.close()
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
-            self.close()
-            module = _named(request)[0]
-            raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
-                            f"probe process; run `python -c 'import {module}'` to see why") from None
+            self._crashed(request, where)
         Probe.read.update(reply.pop("read", ()))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
         return reply
+
+    def _crashed(self, request: dict, where: str) -> None:
+        self.close()
+        module = _named(request)[0]
+        raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
+                        f"probe process; run `python -c 'import {module}'` to see why") from None
 
     def close(self) -> None:
         if self.child is not None:
@@ -158,6 +188,7 @@ def describe_per_arch(probes: dict[str, Probe], module: str, entry: str, where: 
     """What the entry chooses on each arch (each probe imports the module as that arch's target would), as one
     answer: every arch's autotune configs, in the order first listed, and the archs each config is not listed
     for (the spec excludes it there). Archs sharing a probe are asked once."""
+    Probe.describe_together(probes.values(), module, entry, where, family)
     answers = {arch: probe.describe(module, entry, where, family) for arch, probe in probes.items()}
     (first_arch, first), *rest = answers.items()
     for arch, answer in rest:
