@@ -259,3 +259,20 @@ def test_an_arch_whose_import_fails_leaves_no_other_archs_answer_to_the_next_fam
     assert "RuntimeError: flaky fails on this arch" in catalog.broken[0].error
     [steady] = catalog.targets
     assert (steady.kernel, steady.arch, dict(steady.constexprs)["BLOCK"]) == ("b_steady", "sm_90a", 128)
+
+
+def test_a_module_whose_import_kills_the_probe_is_one_broken_family_and_the_next_family_still_loads(tmp_path,
+                                                                                                    monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "crashy.py").write_text("import os\nos._exit(7)   # as a crash in a native extension would\n" + FLAKY)
+    (site / "steady.py").write_text(FLAKY.replace("(32, 4096)", "(128,)").replace("FLAKY_FAILS", "NEVER_SET"))
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "a_crashy": probed_spec("a_crashy", "crashy", '["gfx942", "sm_90a"]'),
+        "b_steady": probed_spec("b_steady", "steady", '["sm_90a"]')})
+    catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    assert [b.line() for b in catalog.broken] == [
+        "family a_crashy did not load: specs/a_crashy.toml: importing crashy to read the entry's autotune / heuristics "
+        "crashed the probe process; run `python -c 'import crashy'` to see why"]
+    assert [(t.kernel, t.arch) for t in catalog.targets] == [("b_steady", "sm_90a")]

@@ -138,7 +138,7 @@ class Probe:
             self.child.stdin.write(json.dumps(request) + "\n")
             self.child.stdin.flush()
         except OSError:   # the child died before it read the request
-            self._crashed(request, where)
+            raise self._crashed(request, where) from None
 
     def _reply(self, request: dict, where: str) -> dict:
         try:
@@ -153,17 +153,18 @@ class Probe:
             self.close()
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
-            self._crashed(request, where)
+            raise self._crashed(request, where) from None
         Probe.read.update(reply.pop("read", ()))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
         return reply
 
-    def _crashed(self, request: dict, where: str) -> None:
+    def _crashed(self, request: dict, where: str) -> SpecError:
+        """The error to raise for a child that died: it is stopped (a later request starts another)."""
         self.close()
         module = _named(request)[0]
-        raise SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
-                        f"probe process; run `python -c 'import {module}'` to see why") from None
+        return SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
+                         f"probe process; run `python -c 'import {module}'` to see why")
 
     def close(self) -> None:
         if self.child is not None:
