@@ -5,8 +5,9 @@ the library's @triton.autotune chooses there (rules/load/entry_probe.py); each c
 The scratch project: a library `gpulib` that asserts a GPU at import and picks its autotune configs from the
 device's capability, one spec over every arch kforge builds. Each run is `doit list --all` with the saved catalog
 removed (the specs are loaded, the children started), alternating A and B; median of --repeat runs each, and B/A.
-Each checkout's build system is imported from its rules/ folder (a `kforge` link to it on PYTHONPATH), so A can be
-a `git worktree` of an older commit.
+Each checkout's build system is imported from its own folders (links named `kforge` and `kforge_runtime` to its
+rules/ and rules/runtime/ on PYTHONPATH, ahead of an installed kforge), so A can be a `git worktree` of an older
+commit; the JSON records each side's commit.
 
 Usage: python bench/probe_start.py A B [--repeat 5] [--json out.json]
 """
@@ -77,16 +78,25 @@ def project(root: Path) -> Path:
 
 
 def build_system(checkout: Path, scratch: Path, name: str) -> Path:
-    """A folder holding `kforge`, a link to the checkout's rules/ (the package kforge's pyproject maps there)."""
+    """A folder holding the checkout's two packages as links to the folders kforge's pyproject maps them to."""
     folder = scratch / f"kforge-{name}"
     folder.mkdir()
     (folder / "kforge").symlink_to(checkout.resolve() / "rules")
+    (folder / "kforge_runtime").symlink_to(checkout.resolve() / "rules" / "runtime")
     return folder
+
+
+def commit(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return done.stdout.strip() + (" with uncommitted changes" if dirty else "") if done.returncode == 0 else "?"
 
 
 def listed(p: Path, path: str) -> tuple[float, list[str]]:
     for saved in (p / "out" / ".kforge").glob("catalog*"):
-        saved.unlink()
+        if saved.is_file():   # the saved catalog, so that the specs are loaded
+            saved.unlink()
     env = dict(os.environ, PYTHONPATH=path)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", "list", "--all", "--quiet"], cwd=p, env=env,
@@ -127,7 +137,7 @@ def main() -> None:
         print(f"| {side}: {c} | {med[side]:.2f} | {', '.join(f'{t:.2f}' for t in times[side])} |")
     print(f"B / A: {med['B'] / med['A']:.2f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"archs": ARCHS, "targets": len(targets["A"]), "cpus": os.cpu_count(),
+        Path(a.json).write_text(json.dumps({"A": commit(a.a), "B": commit(a.b), "archs": ARCHS, "targets": len(targets["A"]), "cpus": os.cpu_count(),
                                             "seconds": times, "median": med, "ratio": med["B"] / med["A"]},
                                            indent=1) + "\n")
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from kforge.base import cpus
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
 from tests import tune_library
@@ -171,12 +172,12 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
-# every arch's probe child imports this module; each waits here until the other archs' children have arrived
+# every arch's probe child imports this module; each waits here until MEET children have arrived
 ARRIVED = Path(__file__).with_name("arrived")
 ARRIVED.mkdir(exist_ok=True)
 (ARRIVED / str(os.getpid())).touch()
 deadline = time.monotonic() + 20
-while len(list(ARRIVED.iterdir())) < 3:
+while len(list(ARRIVED.iterdir())) < int(os.environ["MEET"]):
     if time.monotonic() > deadline:
         raise RuntimeError("imported alone: the other archs' children are not importing at the same time")
     time.sleep(0.05)
@@ -212,17 +213,46 @@ def probed_spec(name, module, archs, extra=""):
     return PROBED_SPEC.format(name=name, module=module, archs=archs, extra=extra)
 
 
-def test_every_archs_child_imports_the_module_at_the_same_time(tmp_path, monkeypatch):
-    """One child per arch (the device model answers as each arch's GPU), all asked before any answer is read: the
-    library's import waits for the other archs' children, which only children importing together get past."""
+def test_the_archs_children_import_the_module_at_the_same_time(tmp_path, monkeypatch):
+    """One child per arch (the device model answers as each arch's GPU), as many asked at once as there are CPUs,
+    before any answer is read: the library's import waits until that many children are importing it."""
+    meet = min(3, cpus.available())
+    if meet < 2:
+        pytest.skip("one CPU: the children are asked one at a time")
     (tmp_path / "site" / "together").mkdir(parents=True)
     (tmp_path / "site" / "together" / "__init__.py").write_text(TOGETHER)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     root = make_project(tmp_path / "p", kernels={}, specs={
-        "together": probed_spec("together", "together", '["sm_90a", "sm_100a", "gfx942"]')})
+        "together": probed_spec("together", "together", '["sm_90a", "sm_100a", "gfx942"]',
+                                f'\n[env]\nMEET = "{meet}"\n')})
     targets = load(root).values()
     assert sorted(t.arch for t in targets) == ["gfx942", "sm_100a", "sm_90a"]
     assert all(dict(t.constexprs)["BLOCK"] == 64 for t in targets)
+
+
+SLEEPY = '''
+import os
+import time
+
+time.sleep(float(os.environ["SLEEP"]))
+'''
+
+
+def test_catalog_timeout_counts_from_when_the_child_was_asked_not_from_when_its_answer_is_read(tmp_path,
+                                                                                           monkeypatch):
+    """gfx942's child answers after about 2 s, sm_90a's would after 7: both are asked at once, and sm_90a's is
+    stopped at the 6 s limit, though its answer is read only after gfx942's."""
+    if cpus.available() < 2:
+        pytest.skip("one CPU: the children are asked one at a time")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sleepy.py").write_text(SLEEPY + FLAKY)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("KFORGE_CATALOG_TIMEOUT", "6")
+    root = make_project(tmp_path / "p", kernels={}, specs={"sleepy": probed_spec(
+        "sleepy", "sleepy", '["gfx942", "sm_90a"]', '\n[arch.gfx942.env]\nSLEEP = "2"\n\n[arch.sm_90a.env]\nSLEEP = "7"\n')})
+    catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    assert [b.name for b in catalog.broken] == ["sleepy"] and not catalog.targets
+    assert "ran past catalog_timeout (6 s)" in catalog.broken[0].error
 
 
 FLAKY = '''

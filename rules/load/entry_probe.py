@@ -41,9 +41,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
+from kforge.base import cpus
 from kforge.load import load_guard
 from kforge.base.errors import SpecError
 from kforge.load.sources import parse
@@ -86,6 +88,7 @@ class Probe:
         self.root, self.env = root, env
         self.context = {"arch": arch, "model": model, "setup": list(setup)} if arch else None
         self.child: subprocess.Popen | None = None
+        self.sent_at = 0.0   # time.monotonic() when the latest request went to the child
         self.described: dict[tuple[str, str], dict] = {}
 
     def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
@@ -95,19 +98,25 @@ class Probe:
 
     @staticmethod
     def describe_together(probes, module: str, entry: str, where: str, family: str = "") -> None:
-        """describe() on each probe, every child asked before any answer is read: the children import the module
-        (and torch) at once, not one after another."""
+        """describe() on each probe, as many children asked at once as there are CPUs, each batch asked before any
+        of its answers is read: the children import the module (and torch) side by side, not one after another,
+        and each import still has the CPU its catalog_timeout assumes."""
         request = {"describe": [module, entry], "family": family}
         asked = [probe for probe in dict.fromkeys(probes) if (module, entry) not in probe.described]
+        batch = cpus.available()
+        owing: list[Probe] = []
         try:
-            for probe in asked:
-                probe._send(request, where)
-            for probe in asked:
-                probe.described[(module, entry)] = probe._reply(request, where)
+            for start in range(0, len(asked), batch):
+                for probe in asked[start:start + batch]:
+                    probe._send(request, where)
+                    owing.append(probe)
+                while owing:
+                    probe = owing[0]
+                    probe.described[(module, entry)] = probe._reply(request, where)
+                    owing.pop(0)
         except BaseException:   # a child that still owes its reply would give it to the next request: stop it
-            for probe in asked:
-                if (module, entry) not in probe.described:
-                    probe.close()
+            for probe in owing:
+                probe.close()
             raise
 
     def heuristics(self, module: str, entry: str, args: list[dict], pointers: list[dict], where: str,
@@ -139,12 +148,13 @@ class Probe:
             self.child.stdin.flush()
         except OSError:   # the child died before it read the request
             raise self._crashed(request, where) from None
+        self.sent_at = time.monotonic()   # catalog_timeout counts from here, however late the reply is read
 
     def _reply(self, request: dict, where: str) -> dict:
         try:
             named = _named(request)[0]
             load_guard.await_reply(self.child.stdout, where, f"importing {named} to read the entry's autotune / "
-                                   f"heuristics", f"python -c 'import {named}'")   # TooLong past catalog_timeout
+                                   f"heuristics", f"python -c 'import {named}'", self.sent_at)   # TooLong past it
             line = self.child.stdout.readline()
             reply = json.loads(line)
             if "error" in reply:   # a MemoryError names the setting to raise

@@ -79,9 +79,10 @@ def stop(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def await_reply(stream, where: str, doing: str, look: str) -> None:
-    """Wait until a popen() child's output `stream` has a line to read; TooLong past catalog_timeout."""
-    wait = Wait(where, doing, look)
+def await_reply(stream, where: str, doing: str, look: str, since: float | None = None) -> None:
+    """Wait until a popen() child's output `stream` has a line to read; TooLong past catalog_timeout, counted from
+    `since` (time.monotonic() when the child was given its work; default: now)."""
+    wait = Wait(where, doing, look, since)
     if not wait.readable(stream.fileno()):
         raise TooLong(wait.too_long())
 
@@ -99,10 +100,10 @@ class Wait:
     """Waiting on a child that is `doing` something for `where` (the file, as messages show it): one notice once
     it has taken a few seconds, a stop at catalog_timeout; `look` is the command that shows where it hangs."""
 
-    def __init__(self, where: str, doing: str, look: str):
+    def __init__(self, where: str, doing: str, look: str, started: float | None = None):
         self.where, self.doing, self.look = where, doing, look
         self.limit = settings.get("catalog_timeout")
-        self.started, self.noticed = time.monotonic(), False
+        self.started, self.noticed = time.monotonic() if started is None else started, False
 
     def readable(self, fd: int) -> bool:
         """True once fd has something to read; False at the time limit."""
