@@ -306,3 +306,16 @@ def test_a_module_whose_import_kills_the_probe_is_one_broken_family_and_the_next
         "family a_crashy did not load: specs/a_crashy.toml: importing crashy to read the entry's autotune / heuristics "
         "crashed the probe process; run `python -c 'import crashy'` to see why"]
     assert [(t.kernel, t.arch) for t in catalog.targets] == [("b_steady", "sm_90a")]
+
+
+def test_what_a_module_writes_to_stdout_outside_python_does_not_reach_the_probes_answers(tmp_path, monkeypatch):
+    """A native extension or a subprocess writing to file descriptor 1 at import, a print too: the answers still
+    come through."""
+    site = tmp_path / "site"
+    site.mkdir()
+    noisy = 'import os\nos.write(1, b"1\\n{not json\\n")\nprint("hello")\nos.system("echo from a subprocess")\n'
+    (site / "noisy.py").write_text(noisy + FLAKY.replace("(32, 4096)", "(256,)"))
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", kernels={}, specs={"noisy": probed_spec("noisy", "noisy", '["sm_90a"]')})
+    [target] = load(root).values()
+    assert dict(target.constexprs)["BLOCK"] == 256

@@ -478,7 +478,12 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
 
 
 def main() -> None:
-    replies, sys.stdout = sys.stdout, sys.stderr   # what the user's modules print must not break the protocol
+    # what the user's modules print must not break the protocol, from Python or not (a native extension, a
+    # subprocess writing to file descriptor 1): replies go to a copy of stdout, and descriptor 1 to stderr
+    sys.stdout.flush()
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from kforge.load import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
