@@ -73,6 +73,33 @@ def make_project(tmp: Path, specs: dict[str, str] | None = None, kernels: dict[s
     return tmp
 
 
+REDIRECT = '''
+import importlib.util, os, sys
+class Redirect:   # what an editable install (setuptools' flat layout) puts on sys.meta_path: package -> its folder
+    MAPPING = {mapping!r}
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in cls.MAPPING:
+            init = os.path.join(cls.MAPPING[name], "__init__.py")
+            return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[cls.MAPPING[name]])
+        return None
+sys.meta_path.append(Redirect)
+'''
+
+
+def redirected_package(package: Path, files: dict[str, str]) -> Path:
+    """The package `files` at `package` (a folder on no module path entry) and a site folder whose sitecustomize
+    maps the package's name to it with an import finder, as an editable install's .pth does at start-up:
+    PYTHONPATH=<the returned folder> makes `import <package name>` work in a new process."""
+    for rel, text in files.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(textwrap.dedent(text))
+    site = package.parent / f"{package.name}_redirect_site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(REDIRECT.format(mapping={package.name: str(package)}))
+    return site
+
+
 def kernel_text(factor: str = "2", imports: str = "") -> str:
     return ADD_KERNEL.format(factor=factor, imports=imports)
 

@@ -9,7 +9,7 @@ import pytest
 
 from kforge.load import installed
 from kforge.base.errors import SpecError
-from tests.support import doit, make_project, statuses
+from tests.support import doit, make_project, redirected_package, spec_text, statuses
 
 PACKAGE = "kforge_testlib"
 
@@ -229,6 +229,50 @@ def test_the_closure_follows_imports_within_the_package_but_not_what_its_init_fi
     assert closure == {f"{PACKAGE}/__init__.py", f"{PACKAGE}/ops/__init__.py", f"{PACKAGE}/ops/scale.py",
                        f"{PACKAGE}/ops/consts.py"}   # not shift.py, which the top-level __init__ imports
     assert not any("triton" in p for p in closure)
+
+
+def test_a_package_linked_onto_the_path_is_found_and_named_where_it_lies(tmp_path, monkeypatch):
+    """A link farm (nix, Bazel runfiles, some conda set-ups): site/<package> is a link to the real folder. Its
+    files are named under the path entry, as the import finds them, never refused as lying outside it."""
+    real = install(tmp_path / "real")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / PACKAGE).symlink_to(real / PACKAGE)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    module = installed.find(f"{PACKAGE}.ops.scale")
+    assert module.path == tmp_path / "site" / PACKAGE / "ops" / "scale.py"
+    assert [n for n, _ in module.digests()] == [f"{PACKAGE}/__init__.py", f"{PACKAGE}/ops/__init__.py",
+                                                f"{PACKAGE}/ops/consts.py", f"{PACKAGE}/ops/scale.py"]
+
+
+@pytest.fixture
+def redirect(tmp_path, monkeypatch):
+    """The test library mapped by an import finder appended to sys.meta_path (an editable install's), on no path
+    entry; finder answers cached by rules/load/observe.py are dropped before and after."""
+    from kforge.load import observe
+    from importlib.util import spec_from_file_location
+    package = install(tmp_path / "src") / PACKAGE
+
+    class Redirect:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            return spec_from_file_location(name, package / "__init__.py", submodule_search_locations=[
+                str(package)]) if name == PACKAGE else None
+    observe.finder_folder.cache_clear()
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Redirect])
+    yield package
+    observe.finder_folder.cache_clear()
+
+
+def test_a_package_an_import_finder_maps_is_found_after_the_path_without_importing_it(redirect, tmp_path, monkeypatch):
+    module = installed.find(f"{PACKAGE}.ops.scale")
+    assert module.path == redirect / "ops" / "scale.py" and module.base == redirect.parent
+    assert PACKAGE not in sys.modules
+    shadow = install(tmp_path / "shadow")   # a copy on the path comes first, as the path finder runs first
+    monkeypatch.syspath_prepend(str(shadow))
+    from kforge.load import observe
+    observe.finder_folder.cache_clear()
+    found = installed.find(f"{PACKAGE}.ops.scale")
+    assert found.base == shadow
 
 
 @pytest.mark.parametrize("name", ["no_such_package.ops", "kforge_testlib.ops.absent", "../etc/passwd", "a..b"])
@@ -613,3 +657,40 @@ def test_a_reserved_or_malformed_environment_name_is_refused(site, tmp_path, nam
     root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC.replace("KTL_FACTOR", name)}, kernels={})
     with pytest.raises(SpecError, match=r"\[env\] .*not a variable a family may set"):
         load_specs(root)
+
+
+EDITABLE = {   # a library installed with `pip install -e` (a flat layout: its finder maps the package to its folder)
+    "__init__.py": "",
+    "helpers.py": "import triton\n\n\n@triton.jit\ndef scale(x):\n    return x * 2\n",
+    "ops.py": FILES["ops/shift.py"],
+}
+USES_HELPER = '''
+import triton
+import triton.language as tl
+from edlib.helpers import scale
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, scale(tl.load(x_ptr + i, mask=m)).to(y_ptr.dtype.element_ty), mask=m)
+'''
+
+
+def test_a_library_installed_editable_builds_and_an_edit_rebuilds_exactly_the_targets_that_read_it(tmp_path):
+    """The library's package is found through its import finder, not on the path: a project kernel that inlines
+    its helper and a `module = "edlib.ops"` family both build; an edit of either file rebuilds its reader only."""
+    site = redirected_package(tmp_path / "src" / "edlib", EDITABLE)
+    ops = spec("ed_shift", "edlib.ops", "shift_kernel").replace('["sm_90a", "gfx942"]', '["sm_90a"]').replace(
+        "[128, 256]", "[128]")
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), "ed_shift": ops}, kernels={"scale": USES_HELPER})
+    env = {"PYTHONPATH": str(site)}
+    doit(root, "-n", "2", env=env)
+    own, library = "scale:fp16-b256-w4@sm_90a", "ed_shift:b128@sm_90a"
+    assert statuses(root, "built") == {own, library}
+    for edited, reader in (("helpers.py", own), ("ops.py", library)):
+        path = tmp_path / "src" / "edlib" / edited
+        path.write_text(path.read_text().replace("2", "4").replace("+ 1", "+ 3"))
+        doit(root, "-n", "2", env=env)
+        assert statuses(root, "built") == {reader}, edited

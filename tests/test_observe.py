@@ -2,6 +2,7 @@
 one hook, installed for good), with a library folder on sys.path and a project folder as the root."""
 import _json
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from kforge.load import observe
+from tests.support import redirected_package
 
 SCRIPT = '''
 import ctypes, glob, json, os, pathlib, pkgutil, sys
@@ -73,7 +75,7 @@ def test_a_listing_is_its_sorted_names_without_pycache(tmp_path):
     assert observe.listing_digest(str(tmp_path)) == before
     (tmp_path / "c.yaml").write_text("")
     assert observe.listing_digest(str(tmp_path)) != before
-    names = observe.digests([], (str(tmp_path.parent),), listed={str(tmp_path): before})
+    names = observe.digests([], (observe.Base(str(tmp_path.parent)),), listed={str(tmp_path): before})
     assert names == [[tmp_path.name + "/", before]]
 
 
@@ -108,3 +110,47 @@ def test_a_compiles_own_out_is_skipped_and_only_the_latest_one(tmp_path):
         assert recorder.skip == (*base, str((tmp_path / f"private{i}" / "out").resolve()) + "/")
     recorder.skip_out(str(tmp_path / "project" / "out"))   # the project's own: already skipped
     assert recorder.skip == base
+
+
+def test_a_link_in_the_project_that_leads_out_of_it_is_named_where_it_lies(tmp_path):
+    """A config or module shared by a link (`project/kernels/cfg.json -> ../../shared/cfg.json`): an input under its
+    name in the project, as every checkout that has the link names it, not skipped as outside the project nor named
+    by an absolute path."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "cfg.json").write_text("{}")
+    (shared / "helper.py").write_text("Y = 2\n")
+    kernels = tmp_path / "project" / "kernels"
+    kernels.mkdir(parents=True)
+    for name in ("cfg.json", "helper.py"):
+        (kernels / name).symlink_to(Path("..", "..", "shared", name))
+    found = _record(tmp_path, '''
+        sys.path.insert(0, os.getcwd())
+        open(os.path.join("kernels", "cfg.json")).read()   # relative to the project, as a library may open it
+        import kernels.helper
+        ''')
+    assert found["files"] == {"project/kernels/cfg.json", "project/kernels/helper.py"}
+    root = str(tmp_path / "project")
+    names = observe.digests([os.path.join(root, "kernels", n) for n in ("cfg.json", "helper.py")], observe.bases(root))
+    assert [n for n, _ in names] == ["kernels/cfg.json", "kernels/helper.py"]
+
+
+def test_a_package_an_import_finder_maps_is_named_by_its_package_and_found_again(tmp_path):
+    """An editable install whose finder maps `edlib` to a folder on no path entry: what its import read is named
+    edlib/..., and resolve() finds each name again through the finder; without the finder nothing is found."""
+    package = tmp_path / "src" / "edlib"
+    site = redirected_package(package, {"__init__.py": "", "data.json": '{"factor": 2}', "mod.py": (
+        "import json, os\nDATA = json.load(open(os.path.join(os.path.dirname(__file__), 'data.json')))\n")})
+    (tmp_path / "project").mkdir()
+    script = SCRIPT.format(root=str(tmp_path / "project"), body="import edlib.mod").replace(
+        "print(json.dumps(", "names = observe.digests(recorder.files(), observe.bases(os.getcwd()))\n"
+        "found = [observe.resolve(n, observe.search_path(os.getcwd())) for n, _ in names]\nprint(json.dumps(")
+    script = script.replace('"folders": recorder.folders()', '"names": [n for n, _ in names], "found": found')
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path / "project", capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["names"] == ["edlib/__init__.py", "edlib/data.json", "edlib/mod.py"]
+    assert found["found"] == [str(package / n) for n in ("__init__.py", "data.json", "mod.py")]
+    assert observe.resolve("edlib/data.json", observe.search_path(str(tmp_path / "project"))) is None   # no finder here

@@ -182,3 +182,51 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     info = doit(root, "info", tile(128), env=env).stdout   # the listing is what it read, not what it kept
     assert "state: stale: kfl/tiles/ changed since it was built (its compile listed it: a name was added or " \
            "removed)" in info
+
+
+LINKED_KERNEL = '''
+import json, os
+import triton
+import triton.language as tl
+from tk.helper import scale
+with open(os.path.join(os.path.dirname(__file__), "cfg.json")) as f:
+    FACTOR = tl.constexpr(json.load(f)["factor"])
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, scale(tl.load(x_ptr + i, mask=m) * FACTOR).to(y_ptr.dtype.element_ty), mask=m)
+'''
+
+
+def test_links_leading_out_of_the_project_are_inputs_by_their_names_in_it_and_two_checkouts_build_the_same_bytes(
+        tmp_path):
+    """tk/cfg.json (read at import) and tk/helper.py (a @triton.jit helper) are links to ../../shared/: each is an
+    input under its project name, so an edit of the shared file rebuilds, and a copy of the tree elsewhere builds
+    the same bytes (no absolute path in meta.json, the manifest or the wheel)."""
+    one = tmp_path / "one"
+    (one / "shared").mkdir(parents=True)
+    (one / "shared" / "cfg.json").write_text('{"factor": 5}')
+    (one / "shared" / "helper.py").write_text("import triton\n\n\n@triton.jit\ndef scale(x):\n    return x * 2\n")
+    root = make_project(one / "p", specs={"scale": spec_text()}, kernels={"scale": LINKED_KERNEL})
+    for name in ("cfg.json", "helper.py"):
+        (root / "tk" / name).symlink_to(Path("..", "..", "shared", name))
+    two = tmp_path / "elsewhere" / "deeper"
+    shutil.copytree(one, two, symlinks=True)
+    for project in (root, two / "p"):
+        doit(project, "-n", "2")
+    target = "scale:fp16-b256-w4@sm_90a"
+    assert statuses(root, "built") == {target}
+    meta = json.loads((root / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json").read_text())
+    assert [n for n, _ in meta["inputs"]] == ["tk/__init__.py", "tk/cfg.json", "tk/helper.py", "tk/scale.py"]
+    wheels = [sorted((project / "out" / "dist").glob("*.whl")) for project in (root, two / "p")]
+    assert [w.name for w in wheels[0]] == [w.name for w in wheels[1]] and len(wheels[0]) == 1
+    assert wheels[0][0].read_bytes() == wheels[1][0].read_bytes()
+    (one / "shared" / "cfg.json").write_text('{"factor": 6}')
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == {target}
+    (one / "shared" / "helper.py").write_text("import triton\n\n\n@triton.jit\ndef scale(x):\n    return x * 3\n")
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == {target}

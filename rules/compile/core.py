@@ -102,7 +102,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     try:
         with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
             lowered = backend.lower(target, scratch_dir)
-        inputs = observe.digests(recorder.files(), _folders[0], recorder.since_ns, recorder.folders())
+        inputs = _inputs(recorder)
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
         lowered_at = time.time()
         candidate = checked(target, lowered)
@@ -111,14 +111,20 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
         # same key and inputs give it again, so it is kept with what the compile read (rules/compile/action.py). Not so
         # a file that could not be written, or memory that ran out: the machine's state, not the inputs'.
         if not isinstance(e, (OSError, MemoryError, artifact.ArtifactError)):
-            e.kforge_facts = {"inputs": observe.digests(recorder.files(), _folders[0], recorder.since_ns,
-                                                        recorder.folders())}
+            e.kforge_facts = {"inputs": _inputs(recorder)}
         raise
     return candidate._replace(result=candidate.result._replace(spans=(("compile", start, lowered_at),
                                                                        ("check", lowered_at, time.time()))))
 
 
-_folders: list[tuple[str, ...]] = [()]   # where the server names files from (observe.bases), set up once
+def _inputs(recorder: observe.Recorder) -> list[list[str]]:
+    """What the compile read, named from the project and the module path as the server started with them (what
+    every process of the project has; not a path entry a library added at import) and from the packages import
+    finders map (an editable install's, in every process too)."""
+    return observe.digests(recorder.files(), observe.bases(*_named_from), recorder.since_ns, recorder.folders())
+
+
+_named_from: list = ["", ()]   # the project this server compiles for and its module path at start-up
 _serving: list = [None]   # the modules the server's state was imported for
 
 
@@ -171,7 +177,7 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
             raise RuntimeError(_unusable(target, e)) from None
     if backend.arch_per_process:
         backend.setup(target.arch)
-    _folders[0] = observe.bases(root)
+    _named_from[:] = [root, tuple(sys.path)]
     observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
 
 

@@ -13,7 +13,7 @@ from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import VALUE_KINDS
 
 _root = ""
-_folders: tuple[str, ...] = ()   # the project and the module path: no binary may name them
+_folders: tuple = ()   # observe.Base: the project and the module path: no binary may name them
 
 
 def warm(root: str) -> None:
@@ -48,12 +48,17 @@ def _canonical_file_names(root: str) -> None:
 
     from kforge.load import observe
     global _folders
-    folders = _folders = observe.bases(root)
+    path = tuple(sys.path)   # as inputs are named (rules/compile/core.py): the module path at start-up ...
+    _folders = observe.bases(root, path)
     file_line = code_generator.get_jit_fn_file_line
+    seen = [len(sys.modules)]
 
     def canonical_file_line(fn):
+        global _folders
+        if seen[0] != len(sys.modules):   # ... and the packages import finders map, once imported
+            seen[0], _folders = len(sys.modules), observe.bases(root, path)
         name, line = file_line(fn)
-        name = observe.name_of(name, folders)
+        name = observe.name_of(name, _folders)
         return (os.path.basename(name) if os.path.isabs(name) else name), line
     code_generator.get_jit_fn_file_line = canonical_file_line
 
@@ -88,7 +93,7 @@ def lower(target, scratch: str):
                             options=dict(target.options))
     seconds = time.monotonic() - start
     binary = kernel.asm[arch.binary_ext]
-    named = next((f for f in _folders if len(f) > 1 and f.encode() in binary), None)
+    named = next((b.folder for b in _folders if len(b.folder) > 1 and b.folder.encode() in binary), None)
     if named is not None:   # a file name _canonical_file_names did not see: never ship it
         raise RuntimeError(f"the binary holds the absolute path {named}; kforge ships no machine's paths "
                            f"(report it with the kernel's source)")

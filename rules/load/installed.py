@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from kforge.load import sources
+from kforge.load import observe, sources
 
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -73,6 +73,16 @@ def find(name: str) -> Module:
         if found is not None:
             return Module(name, found, base, tuple(misses))
         misses += [base / parts[0] / "__init__.py", base / f"{parts[0]}.py"]
+    # after the path finder, as an import would: a package an editable install's finder maps to its folder
+    folder = observe.finder_folder(parts[0])
+    if folder is not None:
+        base = Path(folder).parent
+        found = _resolve(base, parts) if Path(folder).name == parts[0] else None
+        if found is not None:
+            return Module(name, found, base, tuple(misses))
+        raise NotInstalled(f"{name}: its package {parts[0]} is mapped by an import finder to {folder}, where kforge "
+                           f"does not find the module (a folder of another name than the package's is not followed); "
+                           f"install the package without -e, or fix the name")
     raise NotInstalled(f"no {name} on this Python's module path ({sys.executable}); install the package that "
                        f"provides it into the environment kforge runs in, or fix the name")
 
@@ -83,8 +93,8 @@ def _resolve(base: Path, parts: list[str]) -> Path | None:
     if not folder.is_dir():
         return None
     for candidate in (folder / parts[-1] / "__init__.py", folder / f"{parts[-1]}.py"):
-        if candidate.is_file():
-            return candidate.resolve()
+        if candidate.is_file():   # named as it lies under base, though a link on the way may lead elsewhere
+            return candidate
     return None
 
 

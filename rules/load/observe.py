@@ -34,7 +34,10 @@ directory).
 
 Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
 (`kfl/ops/scale.py`, `kernels/gemm.py`), the same on every machine and checkout; resolve() finds it again
-as Python would, in the first of them that has it.
+as Python would, in the first of them that has it. The path a file was opened by is named first: a link in the
+project that leads out of it (a shared config, a vendored helper) is an input under its name in the project.
+A package that a meta-path finder maps to a folder no module path entry holds (an editable install:
+`pip install -e` of a flat layout) is named `<package>/...`, and resolve() asks the finders for it.
 """
 from __future__ import annotations
 
@@ -44,24 +47,39 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 # the distributions whose files (and whose requirements' files) are the toolchain, not inputs
 TOOLCHAIN = ("triton", "torch", "flydsl", "kforge", "doit")
 
 
-def bases(root: str, path: Iterable[str] | None = None) -> tuple[str, ...]:
-    """The folders files are named relative to: the project and the module path's entries, deepest first."""
-    found = {os.path.realpath(p or ".") for p in (root, *(sys.path if path is None else path))}
-    return tuple(sorted((b for b in found if os.path.isdir(b)), key=lambda b: (-len(b), b)))
+class Base(NamedTuple):
+    """A folder files are named relative to, and the prefix their names get there: "" for the project and the
+    module path's entries, "<package>/" for a package a meta-path finder maps to a folder of its own (an
+    editable install's redirect, which no sys.path entry holds)."""
+    folder: str
+    prefix: str = ""
 
 
-def name_of(path: str, folders: tuple[str, ...]) -> str:
-    """`path` relative to the deepest folder holding it; the absolute path when none does."""
-    real = os.path.realpath(path)
-    for folder in folders:
-        if real.startswith(folder + os.sep):
-            return real[len(folder) + 1:]
-    return real
+def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
+    """Where files are named from, deepest first: the project, the module path's entries and the packages
+    meta-path finders map (finder_packages), each folder as given and as resolved, so that a file is named by
+    the path it was opened by where that path lies in one (a link in the project that leads out of it)."""
+    found = {Base(form) for p in (root, *(sys.path if path is None else path))
+             for form in (os.path.abspath(p or "."), os.path.realpath(p or "."))}
+    found |= {Base(form, package + "/") for package, folder in finder_packages()
+              for form in (folder, os.path.realpath(folder))}
+    return tuple(sorted((b for b in found if os.path.isdir(b.folder)), key=lambda b: (-len(b.folder), b)))
+
+
+def name_of(path: str, folders: tuple[Base, ...]) -> str:
+    """`path` relative to the deepest of `folders` holding it: first as opened (a link is named where it lies),
+    else as resolved; the absolute resolved path when none holds it."""
+    for form in (os.path.abspath(path), os.path.realpath(path)):
+        for base in folders:
+            if form.startswith(base.folder + os.sep):
+                return base.prefix + form[len(base.folder) + 1:]
+    return os.path.realpath(path)
 
 
 def search_path(root: str) -> tuple[str, ...]:
@@ -76,7 +94,7 @@ def search_path(root: str) -> tuple[str, ...]:
 
 def resolve(name: str, folders: tuple[str, ...]) -> str | None:
     """The file (or, for `<folder>/`, the folder) a name stands for here: the first of search_path's folders
-    that has it."""
+    that has it, else, for `<package>/...`, the folder a meta-path finder maps the package to."""
     exists = os.path.isdir if name.endswith("/") else os.path.isfile   # `<folder>/`: a listing
     if os.path.isabs(name):
         return name if exists(name) else None
@@ -84,6 +102,47 @@ def resolve(name: str, folders: tuple[str, ...]) -> str | None:
         candidate = os.path.join(folder, name)
         if exists(candidate):
             return candidate
+    package, _, rest = name.partition("/")
+    folder = finder_folder(package) if rest else None
+    candidate = os.path.join(folder, rest) if folder else None
+    return candidate if candidate and exists(candidate) else None
+
+
+def finder_packages() -> list[tuple[str, str]]:
+    """(name, folder) of each imported top-level package that no module path entry holds and a meta-path finder
+    other than the path finder maps to a folder: an editable install's (setuptools' and scikit-build-core's
+    redirecting finders). Only such modules are asked about: a finder's lookup may run code."""
+    given = tuple(os.path.abspath(p or ".") + os.sep for p in sys.path)
+    real = tuple(os.path.realpath(p or ".") + os.sep for p in sys.path)
+    found = []
+    for name, module in list(sys.modules.items()):
+        where = vars(module).get("__file__") if "." not in name and module is not None else None
+        if isinstance(where, str) and not where.startswith(given) and not os.path.realpath(where).startswith(real):
+            folder = finder_folder(name)
+            if folder is not None:
+                found.append((name, folder))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def finder_folder(package: str) -> str | None:
+    """The folder a meta-path finder other than the standard ones maps top-level package `package` to (None: none
+    does, or the path finder finds it on sys.path first, as an import would)."""
+    from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
+    if not package.isidentifier() or PathFinder.find_spec(package) is not None:
+        return None
+    for finder in sys.meta_path:
+        if finder in (BuiltinImporter, FrozenImporter, PathFinder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(package, None)
+        except Exception:   # a finder that cannot answer for this name: the next one may
+            continue
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        if locations and os.path.isdir(locations[0]):
+            return os.path.abspath(locations[0])
+        if spec is not None:
+            return None
     return None
 
 
@@ -127,7 +186,9 @@ class Recorder:
 
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
-        self.skip = self._skip = (os.path.join(self.root, "out") + os.sep, *(d + os.sep for d in toolchain_dirs()))
+        out = os.path.join(self.root, "out")   # out/ itself may be a link (to a scratch disk)
+        self.skip = self._skip = tuple(dict.fromkeys((out + os.sep, os.path.realpath(out) + os.sep,
+                                                      *(d + os.sep for d in toolchain_dirs()))))
         self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
         self.seen: set[str] = set()
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
@@ -168,7 +229,8 @@ class Recorder:
                 return
             if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
                 return
-            self.seen.add(path)
+            # as opened: a link is named where it lies; relative to the folder it was opened from
+            self.seen.add(path if path.startswith(os.sep) else os.path.abspath(path))
         elif event in LISTINGS:
             path = "." if args[0] is None else args[0]
             if isinstance(path, bytes):
@@ -182,14 +244,15 @@ class Recorder:
                 self.seen.add(name)
 
     def files(self) -> set[str]:
-        """The absolute real paths recorded since start(), filtered (see the module docstring)."""
+        """The absolute paths recorded since start(), as they were opened, filtered (see the module docstring)."""
         found = set(self.seen)
         for name in set(sys.modules) - self.modules:   # modules that appeared: their file (a dlopen'ed one too)
             module = sys.modules.get(name)
             where = vars(module).get("__file__") if module is not None else None   # vars: runs no __getattr__
             if isinstance(where, str):
-                found.add(where)
-        return {f for f in map(self._source, found) if f is not None}
+                found.add(os.path.abspath(where))
+        within = self._within()
+        return {f for f in (self._source(p, within) for p in found) if f is not None}
 
     def _list(self, path: str) -> None:
         """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
@@ -207,36 +270,38 @@ class Recorder:
         """{absolute real path: digest of its listing} of the folders listed since start(), filtered as files()
         are."""
         found = {}
+        within = self._within()
         for path, digest in self.listed.items():
-            real = self._folder(path)
-            if real is not None:
-                found[real] = digest
+            folder = self._folder(path, within)
+            if folder is not None:
+                found[folder] = digest
         return found
 
-    def _folder(self, path: str) -> str | None:
+    def _within(self) -> tuple[str, ...]:
+        """The folders (with a separator) that hold inputs now: bases()', as digests() will name them."""
+        return tuple(b.folder + os.sep for b in bases(self.root))
+
+    def _folder(self, path: str, within: tuple[str, ...]) -> str | None:
         real = os.path.realpath(path)
         if (not os.path.isdir(real) or (real + os.sep).startswith(self.skip) or real.endswith(METADATA)
                 or os.path.basename(real) == "__pycache__"):   # the interpreter's, changed by every import
             return None
-        return real if self._inside(real) else None
+        return _inside(path, real, within)
 
-    def _inside(self, real: str) -> bool:
-        """Strictly inside the project or a module path entry: where names are the same on every machine."""
-        return any(real.startswith(b + os.sep) for b in (self.root, *(os.path.realpath(p or ".") for p in sys.path)))
-
-    def _source(self, path: str) -> str | None:
-        real = os.path.realpath(path)
-        if "__pycache__" in real and real.endswith(".pyc"):   # a cached module: its source is the input
+    def _source(self, path: str, within: tuple[str, ...]) -> str | None:
+        if "__pycache__" in path and path.endswith(".pyc"):   # a cached module: its source is the input
             import importlib.util
             try:
-                real = importlib.util.source_from_cache(real)
+                path = importlib.util.source_from_cache(path)
             except ValueError:
                 return None
-        if real.startswith(self.skip) or real in self.skip_files or not os.path.isfile(real):
+        real = os.path.realpath(path)
+        if real.startswith(self.skip) or path.startswith(self.skip) or real in self.skip_files \
+                or not os.path.isfile(real):
             return None
         if any(m + os.sep in real for m in METADATA):   # metadata, e.g. entry points a plugin lookup scans: the
             return None                                # version is keyed
-        return real if self._inside(real) else None
+        return _inside(path, real, within)
 
     def owned_modules(self) -> list[str]:
         """The names of the modules imported since start() that are not the toolchain's: what a fresh import of
@@ -252,7 +317,13 @@ class Recorder:
         return found
 
 
-def digests(files: Iterable[str], folders: tuple[str, ...], since_ns: int = 0,
+def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
+    """The path as opened when it lies strictly inside one of `within` (the project, a module path entry: where
+    names are the same on every machine), else the resolved one when that does; None when neither does."""
+    return path if path.startswith(within) else real if real.startswith(within) else None
+
+
+def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
             listed: dict[str, str] | None = None) -> list[list[str]]:
     """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
     (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since

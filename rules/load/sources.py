@@ -130,8 +130,8 @@ def package_inits(path: Path, root: Path) -> list[Path]:
         if folder == root or root not in folder.parents:
             break
         init = folder / "__init__.py"
-        if init.is_file() and init != path:
-            found.append(init.resolve())
+        if init.is_file() and init != path:   # named under root as path is (a link on the way stays a name)
+            found.append(init)
     return found
 
 

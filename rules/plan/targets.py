@@ -38,6 +38,11 @@ def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | 
             if fails is None:
                 raise
             fails(spec, e)
+        except (OSError, ValueError) as e:   # its sources could not be read or named: this family only
+            if fails is None:
+                raise
+            fails(spec, SpecError(f"{spec.path}: reading the sources of kernel {spec.name} failed: "
+                                  f"{type(e).__name__}: {e}".splitlines()[0]))
     return targets
 
 
