@@ -166,3 +166,22 @@ def test_the_compile_log_is_kept_where_the_caller_says_and_removed_after_the_cal
         server.close()
     assert out.ok and os.path.dirname(out.result["log"]) == str(tmp_path), out
     assert list(tmp_path.iterdir()) == []
+
+
+def interrupted_by_sigint(_):
+    """SIGINT sent to the child itself: whether it survived to answer."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    return {"survived": True}
+
+
+def test_ctrl_c_ends_a_child_unless_the_run_ignores_it():
+    """A run started with SIGINT ignored (in the background of a script, under nohup) keeps going on a Ctrl-C to
+    its process group; its compile servers must too, not die as crashed compilers. Otherwise SIGINT ends the child."""
+    assert run(interrupted_by_sigint, None, timeout=30).error.count("crashed: SIGINT") == 1
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        out = run(interrupted_by_sigint, None, timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert out.ok and out.result == {"survived": True}

@@ -203,6 +203,27 @@ def test_a_build_over_the_limit_evicts_and_says_so_and_doit_cache_shows_and_trim
     assert "0 entries, 0 B of local_cache_limit=1 B; evicted 2" in trimmed and entries(cache) == []
 
 
+def test_a_file_where_the_default_cache_folder_belongs_is_one_warning_and_doit_cache_names_it(tmp_path):
+    """$XDG_CACHE_HOME/kforge a file (local_cache= given as a file is refused before the run: rules/base/settings.py):
+    not one refusal per target (a catalog of 1,000 would print 1,000) but one line naming the file and the fix;
+    every target still builds."""
+    (tmp_path / "xdg").mkdir()
+    cache = tmp_path / "xdg" / "kforge"
+    cache.write_text("a file")
+    root = project(tmp_path / "p")
+    env = {"KFORGE_LOCAL_CACHE": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    out = doit(root, env=env).stdout
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    assert set(origins(report).values()) == {"compiled"}, out
+    assert "kforge: 1 warning: " in out, out   # the run's summary counts it once
+    warnings = [line for line in out.splitlines() if line.startswith("kforge: warning: local cache")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"kforge: warning: local cache {cache} not writable"), out
+    assert warnings[0].endswith(f"({cache} is a file, not a folder: remove it or point local_cache= elsewhere (or set "
+                                f"local_cache=off))"), out
+    shown = doit(root, "cache", env=env, check=False)
+    assert shown.returncode == 2 and f"{cache} is a file, not a folder" in shown.stdout, shown.stdout
+
+
 def test_local_cache_off_neither_reads_nor_writes_it(seeded, tmp_path):
     cache = shutil.copytree(seeded[1], tmp_path / "cache")
     before = {p: p.stat().st_mtime_ns for p in entries(cache)}

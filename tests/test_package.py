@@ -375,3 +375,20 @@ def test_out_dist_as_a_link_outside_out_is_refused_by_package_and_clean_in_one_l
     assert packaged.returncode != 0 and "Traceback" not in packaged.stdout + packaged.stderr
     assert f"package:sm_90a: {root / 'out' / 'dist'} (a symbolic link) leads outside out/" in packaged.stdout
     assert sorted((p.name, p.read_text()) for p in elsewhere.iterdir()) == before
+
+
+def test_a_bundle_that_cannot_be_written_fails_the_package_task_in_one_line_and_keeps_every_artifact(built, tmp_path):
+    """out/dist a file where its folder belongs (as a full disk or a read-only out/ would, an OSError on the way):
+    one line naming the path and the fix, no traceback, and every artifact still in place."""
+    from kforge.edge.dodo_tasks import load_catalog
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    shutil.rmtree(root / "out" / "dist")
+    (root / "out" / "dist").write_text("not a folder")
+    (root / "out" / ".kforge" / "package-sm_90a.json").unlink()   # no recent bundle to take: the wheel is made
+    artifacts = sorted(p for p in (root / "out" / "sm_90a").rglob("*") if p.is_file())
+    targets = [t for t in load_catalog(root).targets if t.arch == "sm_90a"]
+    message = package.build_bundle("sm_90a", targets, str(root)).message
+    assert len(message.strip().splitlines()) == 1, message
+    assert message.startswith(f"package:sm_90a: cannot write the bundle {root / 'out' / 'dist'}")
+    assert "free space" in message
+    assert sorted(p for p in (root / "out" / "sm_90a").rglob("*") if p.is_file()) == artifacts

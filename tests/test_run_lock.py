@@ -98,3 +98,26 @@ def test_a_link_leading_out_of_out_where_the_lock_goes_is_one_line_and_exit_2(tm
     assert proc.stderr.strip().splitlines()[-1].startswith(f"kforge: {root / 'out' / '.kforge'} (a symbolic link) "
                                                            f"leads outside out/")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_lock_that_cannot_be_opened_says_the_fix_that_fits_why(tmp_path, monkeypatch, capsys):
+    """A folder planted where the lock file goes: remove it. A read-only or full out/: removing it would not help."""
+    import errno
+    import pytest
+    from kforge.store import run_lock
+    monkeypatch.setattr(run_lock, "_held", [])
+    (tmp_path / "out" / ".kforge" / "run.lock").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        run_lock.hold(tmp_path / "out", "run")
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"kforge: {tmp_path / 'out' / '.kforge' / 'run.lock'}: cannot open the run lock") and \
+        line.endswith("remove it (a link or a folder where the lock file belongs) and run again"), line
+    for code, fix in ((errno.EROFS, "out/ is not writable here"), (errno.ENOSPC, "free space"),
+                      (errno.EISDIR, "remove it")):
+        def refuse(*args, code=code):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(run_lock.os, "open", refuse)
+        with pytest.raises(SystemExit):
+            run_lock.hold(tmp_path / "out", "run")
+        line = capsys.readouterr().err.strip()
+        assert len(line.splitlines()) == 1 and fix in line and f"({os.strerror(code)})" in line, line

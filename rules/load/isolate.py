@@ -130,7 +130,10 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
             gc.disable()   # see the module's docstring
         die_with_parent(parent)
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # Ctrl-C ends the server with the run (the run reports it), unless the run ignores it (started in the
+        # background, under nohup): then its servers ignore it too, or a compile would die with no interrupt at all
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         # Python-level writes go to fd 2 too (doit and pytest replace sys.stdout/err with in-memory buffers)
         sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)

@@ -67,7 +67,7 @@ class Source(NamedTuple):
         try:
             return Candidate(unpack(_read(entry_path(self.cache, target.key)), target.key),
                              CompileResult(from_local_cache=True))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # no entry; or the cache folder is a file: storing says so
             return None
         except OSError as e:   # unreadable: a miss with a warning, as a refused entry is
             raise ValueError(str(e)) from None
@@ -103,7 +103,19 @@ def store(cache: LocalCache, target) -> list[str]:
             return []
         _store_failed.add(cache.root)
         return [f"local cache {cache.root} not writable ({e.strerror or e}); building without storing there "
-                f"(free space, fix its permissions, or set local_cache=off)"]
+                f"({_fix(cache)})"]
+
+
+def problem(cache: LocalCache) -> str | None:
+    """What keeps the cache from holding entries, with its fix, when its folder is not a folder; None otherwise."""
+    blocked = next((p for p in (Path(cache.root), *Path(cache.root).parents) if p.exists()), None)
+    if blocked is not None and not blocked.is_dir():
+        return f"{blocked} is a file, not a folder: remove it or point local_cache= elsewhere (or set local_cache=off)"
+    return None
+
+
+def _fix(cache: LocalCache) -> str:
+    return problem(cache) or "free space, fix its permissions, or set local_cache=off"
 
 
 def _read(path: Path) -> bytes:

@@ -54,7 +54,17 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     """The doit action: the arch's wheel in out/dist/. A recent bundle made from the same inputs (a revert, a
     switch back) is used as it is, found by the content of those inputs; else the manifest is made, and a
     wheel that holds it (in out/dist/, or kept) is used as it is; else the wheel is written, every binary
-    read and checked again."""
+    read and checked again. A file that cannot be written (a full disk, a read-only out/) fails the task in one
+    line; the artifacts stay as built, and the wheel is only ever replaced by rename (rules/ship/wheel.py)."""
+    try:
+        return _build_bundle(arch, targets, root, tuned)
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        return TaskFailed(f"package:{arch}: cannot write the bundle{where}: {e.strerror or e}; free space, make "
+                          f"out/ writable (out/dist a folder), then run `doit package` (every built artifact is kept)")
+
+
+def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]):
     root_path, layout = Path(root), Layout.of(root)
     try:
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}

@@ -9,6 +9,7 @@ exits however it ends (killed outright included): no stale lock to remove by han
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
@@ -24,6 +25,15 @@ READ_ONLY = {"list", "info", "help", "dumpdb", "tabcompletion"}   # doit command
 _held: list[int] = []   # the lock's descriptor, open until the process exits (the OS then releases the lock)
 
 
+def _lock_fix(code: int | None) -> str:
+    """What to do when the lock file cannot be opened, by why."""
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "out/ is not writable here: make it writable (or build in a checkout whose out/ is)"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full: free space and run again"
+    return "remove it (a link or a folder where the lock file belongs) and run again"
+
+
 def hold(out: Path, command: str | None) -> None:
     """Take the lock for `command` (a doit command's name; None: not run by a doit command); wait for it, with
     one line, while another run holds it."""
@@ -36,8 +46,8 @@ def hold(out: Path, command: str | None) -> None:
     except OutsideOut as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
-    except OSError as e:   # a link or a directory planted where the lock file belongs
-        sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); remove it and run again\n")
+    except OSError as e:
+        sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); {_lock_fix(e.errno)}\n")
         raise SystemExit(2)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
