@@ -203,6 +203,30 @@ def test_a_build_over_the_limit_evicts_and_says_so_and_doit_cache_shows_and_trim
     assert "0 entries, 0 B of local_cache_limit=1 B; evicted 2" in trimmed and entries(cache) == []
 
 
+READS_A_CONFIG = kernel_text(factor="FACTOR", imports=(
+    "import json, os\nFACTOR = tl.constexpr(json.load(open(os.path.join(os.path.dirname(__file__), 'cfg.json')))"
+    "['factor'])"))
+
+
+def test_a_revert_of_a_file_only_the_compile_read_installs_from_the_cache(tmp_path):
+    """tk/cfg.json is read at import: not in the key, only in the entry's recorded inputs. Its edit compiles and
+    stores a second entry of the same key; the revert takes the first one back instead of compiling."""
+    cache = tmp_path / "cache"
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()}, kernels={"scale": READS_A_CONFIG})
+    config = root / "tk" / "cfg.json"
+    config.write_text('{"factor": 3}')
+    built = {}
+    for factor, origin in ((3, "compiled"), (5, "compiled"), (3, "local cache"), (5, "local cache")):
+        config.write_text(f'{{"factor": {factor}}}')
+        out, report = build(root, cache)
+        assert origins(report) == {FP16_SM90: origin}, (factor, out)
+        binary = next((root / "out" / "sm_90a" / "scale").glob("*/*.cubin")).read_bytes()
+        assert built.setdefault(factor, binary) == binary   # the entry for these contents, not the other one
+    assert built[3] != built[5]
+    key = json.loads(next((root / "out" / "sm_90a" / "scale").glob("*/meta.json")).read_text())["key"]
+    assert sorted(p.name[:64] for p in entries(cache)) == [key, key] and len({p.name for p in entries(cache)}) == 2
+
+
 def test_a_file_where_the_default_cache_folder_belongs_is_one_warning_and_doit_cache_names_it(tmp_path):
     """$XDG_CACHE_HOME/kforge a file (local_cache= given as a file is refused before the run: rules/base/settings.py):
     not one refusal per target (a catalog of 1,000 would print 1,000) but one line naming the file and the fix;

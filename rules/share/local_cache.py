@@ -2,6 +2,7 @@
 revert, a branch switch, `git bisect` or a second worktree installs it instead of compiling it again.
 
     <dir>/<key[:2]>/<key>     one entry: a JSON header line, then meta.json's bytes and the binary's
+    <dir>/<key[:2]>/<key>-<inputs>   an earlier entry of the same key whose compile read other contents
     <dir>/<key[:2]>/.<key>.<pid>.<random>.tmp   an entry being written (files.atomic_write), then renamed
 
 <dir> is `local_cache=` (default $XDG_CACHE_HOME/kforge, else ~/.cache/kforge), shared by every checkout of the
@@ -12,12 +13,19 @@ full disk, another tool, a hand edit): artifact.accept checks it as it checks a 
 target, sha256, ELF for the target's arch) before anything is written to out/; a refused entry is deleted,
 the target compiles and its build takes the entry's place.
 
+One key, several entries: a key covers the kernel's source and what it imports, not what its compile read beside
+them (a config file a library reads at import, a helper it loads by path: its meta.json's "inputs"). An entry
+is taken only where every such file has the content it lists; storing an entry for other contents keeps the one
+it replaces as `<key>-<inputs>` (the first 16 hex digits of the sha256 of its list), so a revert of such a file
+installs instead of compiling too.
+
 Bounded: a hit sets the entry's mtime (the "last used" time: atime is not kept on most mounts); at the end of
 a run that stored entries, trim() deletes the least recently used ones until the whole is within the limit.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -34,7 +42,7 @@ FORMAT = "kforge-local-1"
 HEADER_LIMIT = 64 << 10   # bytes of an entry's header line (a real one is ~150)
 ENTRY_LIMIT = (256 << 20) + (1 << 20)   # the loader's limit on a binary (runtime/bundle.py) plus meta.json
 STALE_TMP_S = 3600   # a temp file this old was left by a killed writer (a live one renames within seconds)
-KEY = re.compile(r"[0-9a-f]{64}")   # only names like these are ever deleted: a cache pointed at a wrong
+KEY = re.compile(r"[0-9a-f]{64}(-[0-9a-f]{16})?")   # only names like these are ever deleted: a cache at a wrong
 TEMP = re.compile(r"\.[0-9a-f]{64}\.\d+\.[0-9a-f]+\.tmp")   # directory (home, say) loses nothing else
 _store_failed: set[str] = set()   # cache directories this process could not write: warned once, not per target
 
@@ -55,32 +63,43 @@ def entry_path(cache: LocalCache, key: str) -> Path:
     return Path(cache.root) / key[:2] / key
 
 
-class Source(NamedTuple):
+class Source:
     """The local cache as a source of artifacts (rules/store/arrival.py): arrival.arrive(target, Source(cache))."""
-    cache: LocalCache
     lookup_span = "local cache lookup"   # the build trace's names for its phases
     keep_span = "local cache store"
 
+    def __init__(self, cache: LocalCache):
+        self.cache = cache
+        self.picked: dict[str, Path] = {}   # key -> the entry lookup() read last: what refused() and took() mean
+
     def lookup(self, target) -> Candidate | None:
-        """The entry under the target's key, unchecked; None when there is none, ValueError when it cannot be
-        read (the installer checks the rest)."""
+        """The target's entry whose compile read what is here now (see the module docstring), unchecked otherwise;
+        None when there is none, ValueError when one cannot be read (the installer checks the rest)."""
         try:
-            return Candidate(unpack(_read(entry_path(self.cache, target.key)), target.key),
-                             CompileResult(from_local_cache=True))
-        except (FileNotFoundError, NotADirectoryError):   # no entry; or the cache folder is a file: storing says so
-            return None
-        except OSError as e:   # unreadable: a miss with a warning, as a refused entry is
+            paths = _entries_of(self.cache, target.key)
+        except OSError as e:   # a shard that cannot be listed: a miss with a warning
             raise ValueError(str(e)) from None
+        for path in paths:
+            self.picked[target.key] = path
+            try:
+                files = unpack(_read(path), target.key)
+            except (FileNotFoundError, NotADirectoryError):   # trimmed meanwhile; or the cache folder is a file
+                continue
+            except OSError as e:   # unreadable: a miss with a warning, as a refused entry is
+                raise ValueError(str(e)) from None
+            if _read_here(target, files):
+                return Candidate(files, CompileResult(from_local_cache=True))
+        return None
 
     def refused(self, target, error: Exception) -> list[str]:
         """An unreadable or refused entry is deleted (the build replaces it), with one warning naming it."""
-        path = entry_path(self.cache, target.key)
+        path = self.picked.get(target.key, entry_path(self.cache, target.key))
         _discard(path)
         return [f"local cache entry {path} for {target.name} refused ({error}); compiling it here (its build "
                 f"replaces the entry)"]
 
     def took(self, target) -> None:
-        _touch(entry_path(self.cache, target.key))   # its "last used" time: trim() keeps it longest
+        _touch(self.picked.get(target.key, entry_path(self.cache, target.key)))   # "last used": trim() keeps it
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
@@ -94,8 +113,11 @@ def store(cache: LocalCache, target) -> list[str]:
     directory that cannot be written; the build itself goes on)."""
     path = entry_path(cache, target.key)
     try:
-        data = pack(target.key, artifact.files_of(Path(target.out_dir)))
+        files = artifact.files_of(Path(target.out_dir))
+        inputs = _inputs_id(files)
+        data = pack(target.key, files, inputs)
         path.parent.mkdir(parents=True, exist_ok=True)
+        _keep_other_inputs(path, inputs)
         atomic_write(path, data)
         return []
     except OSError as e:
@@ -118,6 +140,50 @@ def _fix(cache: LocalCache) -> str:
     return problem(cache) or "free space, fix its permissions, or set local_cache=off"
 
 
+def _entries_of(cache: LocalCache, key: str) -> list[Path]:
+    """The key's entries: `<key>` (the latest stored), then the others, the most recently used first."""
+    found = [(_mtime(p), p) for p in _scan_paths(entry_path(cache, key).parent) if p.name.startswith(key + "-")]
+    return [entry_path(cache, key), *(p for _, p in sorted(found, reverse=True))]
+
+
+def _read_here(target, files: dict[str, bytes]) -> bool:
+    """Whether the files an entry's compile read (its meta.json's "inputs") have the same content here; an entry
+    that lists none, or a meta.json the installer will refuse, is left to the installer."""
+    from kforge.store.inputs import InputIndex
+    try:
+        listed = json.loads(files.get(artifact.META, b"")).get("inputs")
+        index = InputIndex.of(target.layout.observed_inputs)
+    except (ValueError, AttributeError):
+        return True
+    if not isinstance(listed, list) or not all(isinstance(x, list) and len(x) == 2 for x in listed):
+        return True
+    return all(index.digest(name) == digest for name, digest in listed)
+
+
+def _inputs_id(files: dict[str, bytes]) -> str:
+    """The first 16 hex digits of the sha256 of an artifact's "inputs" list (what its compile read)."""
+    try:
+        listed = json.loads(files.get(artifact.META, b"")).get("inputs")
+    except (ValueError, AttributeError):
+        listed = None
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+
+
+def _keep_other_inputs(path: Path, inputs: str) -> None:
+    """Before an entry for other inputs takes `path`'s place: the one there moves beside it, named by its own."""
+    try:
+        with open(path, "rb") as f:
+            header = json.loads(f.readline(HEADER_LIMIT))
+        old = header.get("inputs")
+    except (OSError, ValueError, AttributeError):   # none, or not ours to keep: replaced
+        return
+    if isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old) and old != inputs:
+        try:
+            os.replace(path, path.with_name(f"{path.name}-{old}"))
+        except OSError:   # another build moved it first
+            pass
+
+
 def _read(path: Path) -> bytes:
     """An entry's bytes: a regular file of at most ENTRY_LIMIT bytes, never through a link (the open fails) nor
     from a FIFO or device (refused before a read that could block or never end)."""
@@ -136,9 +202,11 @@ def _read(path: Path) -> bytes:
         return f.read(ENTRY_LIMIT + 1)
 
 
-def pack(key: str, files: dict[str, bytes]) -> bytes:
-    """An entry's bytes: {"format", "key", "files": [[name, size], ...]} as one JSON line, then each file's bytes."""
-    header = json.dumps({"format": FORMAT, "key": key, "files": [[n, len(d)] for n, d in files.items()]})
+def pack(key: str, files: dict[str, bytes], inputs: str | None = None) -> bytes:
+    """An entry's bytes: {"format", "key", "files": [[name, size], ...], "inputs"} as one JSON line, then each
+    file's bytes ("inputs": _inputs_id of the files)."""
+    header = json.dumps({"format": FORMAT, "key": key, "files": [[n, len(d)] for n, d in files.items()],
+                         "inputs": _inputs_id(files) if inputs is None else inputs})
     return b"".join([header.encode(), b"\n", *files.values()])
 
 
@@ -222,6 +290,17 @@ def _entries(cache: LocalCache, remove_stale: bool = False) -> list[tuple[float,
             elif remove_stale and TEMP.fullmatch(entry.name) and now - st.st_mtime > STALE_TMP_S:
                 _discard(entry.path)
     return found
+
+
+def _scan_paths(directory: Path) -> list[Path]:
+    return [Path(e.path) for e in _scan(str(directory))]
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _scan(directory: str) -> list[os.DirEntry]:
