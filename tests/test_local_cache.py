@@ -111,6 +111,23 @@ def test_a_corrupt_or_foreign_entry_is_refused_in_one_line_and_rebuilt(seeded, t
     assert set(origins(build(project(tmp_path / "q"), cache)[1]).values()) == {"local cache"}
 
 
+def test_an_entry_whose_inputs_are_not_names_is_compiled_over_without_a_traceback(seeded, tmp_path):
+    """meta.json's "inputs" from a hand-edited or hostile entry ([[5, null]]): never looked up as file names."""
+    cache = shutil.copytree(seeded[1], tmp_path / "cache")
+    for path in entries(cache):
+        key = path.name[:64]
+        files = local_cache.unpack(path.read_bytes(), key)
+        meta = json.loads(files["meta.json"])
+        meta.pop("seal", None)
+        meta["inputs"] = [[5, None]]
+        files["meta.json"] = json.dumps(meta).encode()
+        path.write_bytes(local_cache.pack(key, files))
+    root = project(tmp_path / "p")
+    proc = doit(root, check=False, env={"KFORGE_LOCAL_CACHE": str(cache)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert set(origins(json.loads((root / "out" / "build-report.json").read_text())).values()) == {"compiled"}
+
+
 def test_an_entry_of_another_key_or_cut_short_is_refused_before_any_check():
     key, other = "a" * 64, "b" * 64
     whole = local_cache.pack(key, {"meta.json": b"{}", "k.cubin": b"\x7fELF" + b"\0" * 60})

@@ -32,6 +32,8 @@ def test_valid_spec_loads(tmp_path):
     (('dtype = ["fp16"]', 'dtype = ["fp17"]'), ["dtype", "'fp17'", "bf16"]),
     (('dtype = ["fp16"]', 'dtype = []'), ["dtype", "empty list"]),
     (('source = "tk/scale.py"', 'source = "tk/nope.py"'), ["source", "tk/nope.py", "does not exist"]),
+    (('source = "tk/scale.py"', 'source = "tk"'), ["source", "'tk'", "is a folder, not a Python file"]),
+    (('id = "', 'id = "" # "'), ["[kernel] id", "is empty", "leave id out"]),
     (('entry = "scale_kernel"', 'entry = "missing_kernel"'), ["entry", "missing_kernel", "scale_kernel"]),
     (('n = "i32"', 'n = "i33"'), ["[signature] n", "'i33'"]),
     (('n = "i32"\n', ''), ["must list the arguments", "'n'"]),
@@ -184,7 +186,11 @@ def test_a_spec_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
     from kforge.edge.dodo_tasks import load_specs
     (tmp_path / "specs").mkdir()
     os.mkfifo(tmp_path / "specs" / "pipe.toml")   # reading it would block forever
-    with pytest.raises(SpecError, match=r"^specs/pipe.toml: not a regular file"):
+    with pytest.raises(SpecError, match=r"^specs/pipe.toml: not a regular file \(a pipe, a device or a broken link"):
+        load_specs(tmp_path)
+    os.unlink(tmp_path / "specs" / "pipe.toml")
+    (tmp_path / "specs" / "folder.toml").mkdir()
+    with pytest.raises(SpecError, match=r"^specs/folder.toml: not a regular file \(a folder\)"):
         load_specs(tmp_path)
 
 

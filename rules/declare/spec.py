@@ -188,6 +188,9 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
         constants += tuple((a, defaults[a]) for a, t in signature
                            if t == "constexpr" and a in defaults and a not in given)
     per_arch = _check_per_arch(arch_tables, arch_names, signature, swept, k["toolchain"], where)
+    if "id" in k and not k["id"].strip():
+        raise SpecError(f"{where}: [kernel] id: {k['id']!r} is empty; give a template such as "
+                        f"'{{dtype}}-m{{BLOCK_M}}', or leave id out for the default (each swept name and value)")
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
@@ -452,7 +455,8 @@ def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Pa
         raise SpecError(f"{where}: {key}: cannot look up {shown(rel)} ({e.strerror}); "
                         f"fix the path, relative to {root}") from None
     if not found:
-        raise SpecError(f"{where}: {key}: file {shown(rel)} does not exist (looked for {shown(str(path))}); "
+        what_is_there = "is a folder, not a Python file" if path.is_dir() else "does not exist"
+        raise SpecError(f"{where}: {key}: file {shown(rel)} {what_is_there} (looked for {shown(str(path))}); "
                         f"fix the path, relative to {root}")
     not_project = sources.project_source_problem(path, root)
     if not_project:

@@ -243,8 +243,8 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
     for f in files:
         try:
             if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
-                raise SpecError(f"{_rel(f, root)}: not a regular file (a pipe, a device or a broken link); remove it "
-                                f"from the catalog folder")
+                kind = "a folder" if f.is_dir() else "a pipe, a device or a broken link"
+                raise SpecError(f"{_rel(f, root)}: not a regular file ({kind}); remove it from the catalog folder")
             if f.suffix == ".py":
                 specs += declare.load(f, root, read, failed)
             elif f.suffix == ".jsonl":

@@ -149,15 +149,13 @@ def _entries_of(cache: LocalCache, key: str) -> list[Path]:
 def _read_here(target, files: dict[str, bytes]) -> bool:
     """Whether the files an entry's compile read (its meta.json's "inputs") have the same content here; an entry
     that lists none, or a meta.json the installer will refuse, is left to the installer."""
-    from kforge.store.inputs import InputIndex
+    from kforge.store.inputs import InputIndex, well_formed
     try:
         listed = json.loads(files.get(artifact.META, b"")).get("inputs")
         index = InputIndex.of(target.layout.observed_inputs)
     except (ValueError, AttributeError):
         return True
-    if not isinstance(listed, list) or not all(isinstance(x, list) and len(x) == 2 for x in listed):
-        return True
-    return all(index.digest(name) == digest for name, digest in listed)
+    return not well_formed(listed) or all(index.digest(name) == digest for name, digest in listed)
 
 
 def _inputs_id(files: dict[str, bytes]) -> str:
@@ -193,10 +191,11 @@ def _read(path: Path) -> bytes:
         if e.errno == errno.ELOOP:   # what O_NOFOLLOW answers for a link
             raise ValueError("it is a symbolic link, not an entry kforge wrote") from None
         raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):   # before fdopen, which refuses a folder with its descriptor for a name
+        os.close(fd)
+        raise ValueError(f"it is {'a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("it is not a regular file")
         if st.st_size > ENTRY_LIMIT:
             raise ValueError(f"it is {st.st_size} bytes, over the limit of {ENTRY_LIMIT}")
         return f.read(ENTRY_LIMIT + 1)

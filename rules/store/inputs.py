@@ -81,7 +81,13 @@ def listed_inputs(meta_path: str) -> list | None:
             found = json.loads(f.read()).get("inputs")
     except (OSError, ValueError, AttributeError):
         return None
-    return found if isinstance(found, list) and all(isinstance(x, list) and len(x) == 2 for x in found) else None
+    return found if well_formed(found) else None
+
+
+def well_formed(inputs) -> bool:
+    """Whether meta.json's "inputs" is [[name, sha256], ...] of strings (it may come from a cache: untrusted)."""
+    return isinstance(inputs, list) and all(isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x)
+                                            for x in inputs)
 
 
 def _listing(path: str) -> str | None:
