@@ -116,7 +116,7 @@ def finder_packages() -> list[tuple[str, str]]:
     real = tuple(os.path.realpath(p or ".") + os.sep for p in sys.path)
     found = []
     for name, module in list(sys.modules.items()):
-        where = vars(module).get("__file__") if "." not in name and module is not None else None
+        where = getattr(module, "__dict__", {}).get("__file__") if "." not in name else None   # no __getattr__ run
         if isinstance(where, str) and not where.startswith(given) and not os.path.realpath(where).startswith(real):
             folder = finder_folder(name)
             if folder is not None:
@@ -278,7 +278,9 @@ class Recorder:
         return found
 
     def _within(self) -> tuple[str, ...]:
-        """The folders (with a separator) that hold inputs now: bases()', as digests() will name them."""
+        """The folders (with a separator) whose files are inputs: the project, the module path as it is now (a
+        path entry a library added too: a file there is named by its absolute path if no other folder holds it)
+        and the packages import finders map."""
         return tuple(b.folder + os.sep for b in bases(self.root))
 
     def _folder(self, path: str, within: tuple[str, ...]) -> str | None:
