@@ -30,7 +30,7 @@ def runs(tool) -> int:
 def clean_env(monkeypatch):
     """No compiler variables from the caller's environment: the test sets exactly those it means."""
     for name in list(os.environ):
-        if name.startswith(PREFIXES) or name == "KFORGE_LD_LLD":
+        if name.startswith(PREFIXES) or name in keys._ENV_NAMES or name == "KFORGE_LD_LLD":
             monkeypatch.delenv(name)
     keys.toolchain_fingerprint.cache_clear()
     yield monkeypatch
@@ -40,8 +40,11 @@ def clean_env(monkeypatch):
 # --- compiler_env ---------------------------------------------------------------------------------------------
 
 def test_compiler_env_holds_the_variables_that_change_what_a_compiler_emits_sorted(clean_env):
-    wanted = {"TRITON_F32_DEFAULT": "ieee", "MLIR_ENABLE_TIMING": "1", "LLVM_IR_ENABLE_DUMP": "0",
-              "AMDGCN_ENABLE_DUMP": "1", "FLYDSL_DEBUG": "x"}
+    wanted = {"TRITON_F32_DEFAULT": "ieee", "MLIR_ENABLE_DUMP": "1", "LLVM_IR_ENABLE_DUMP": "0",
+              "AMDGCN_ENABLE_DUMP": "1", "FLYDSL_DEBUG": "x",
+              # Triton's knobs without a prefix: each changed the binaries of a build here
+              "DISABLE_LLVM_OPT": "1", "DISABLE_MMA_V3": "1", "DISABLE_PTXAS_OPT": "1", "PTXAS_OPTIONS": "-O1",
+              "USE_IR_LOC": "ttir"}
     for name, value in wanted.items():
         clean_env.setenv(name, value)
     clean_env.setenv("TRITONX", "no underscore after the prefix")
@@ -53,7 +56,8 @@ def test_compiler_env_holds_the_variables_that_change_what_a_compiler_emits_sort
 @pytest.mark.parametrize("name", ["TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
                                   "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "FLYDSL_RUNTIME_CACHE_DIR",
                                   "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR", "FLYDSL_AUTOTUNE_CACHE_DIR",
-                                  "FLYDSL_GPU_ARCH"])
+                                  "FLYDSL_GPU_ARCH", "TRITON_ALWAYS_COMPILE", "TRITON_KERNEL_DUMP",
+                                  "MLIR_ENABLE_TIMING", "TRITON_STORE_BINARY_ONLY", "TRITON_LIBCUDA_PATH"])
 def test_cache_and_dump_locations_and_the_per_target_arch_are_not_part_of_the_compiler_env(clean_env, name):
     clean_env.setenv("TRITON_F32_DEFAULT", "ieee")
     before = keys.compiler_env()
@@ -66,6 +70,28 @@ def test_a_changed_value_of_a_counted_variable_changes_the_compiler_env(clean_en
     before = keys.compiler_env()
     clean_env.setenv("MLIR_ENABLE_DUMP", "1")
     assert keys.compiler_env() != before
+
+
+def test_with_kernel_override_on_the_override_folders_content_is_in_the_compiler_env(clean_env, tmp_path):
+    """TRITON_KERNEL_OVERRIDE=1 compiles the IR files of TRITON_OVERRIDE_DIR (default $TRITON_HOME/.triton/override)
+    instead: an edit there is a changed environment, the folder's path alone is not."""
+    folder = tmp_path / "override" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "k.ptx").write_text("fma.rn.f32")
+    clean_env.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))
+    assert keys.compiler_env() == ()   # off: the folder is not read
+    clean_env.setenv("TRITON_KERNEL_OVERRIDE", "1")
+    first = dict(keys.compiler_env())
+    assert set(first) == {"TRITON_KERNEL_OVERRIDE", "TRITON_OVERRIDE_DIR content"}
+    (folder / "k.ptx").write_text("fma.rz.f32")
+    assert dict(keys.compiler_env())["TRITON_OVERRIDE_DIR content"] != first["TRITON_OVERRIDE_DIR content"]
+    clean_env.delenv("TRITON_OVERRIDE_DIR")
+    clean_env.setenv("TRITON_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".triton" / "override").mkdir(parents=True)
+    (tmp_path / "home" / ".triton" / "override" / "k.ptx").write_text("fma.rn.f32")
+    home = dict(keys.compiler_env())["TRITON_OVERRIDE_DIR content"]
+    (tmp_path / "home" / ".triton" / "override" / "k.ptx").write_text("fma.rz.f32")
+    assert dict(keys.compiler_env())["TRITON_OVERRIDE_DIR content"] != home
 
 
 # --- ToolVersions ---------------------------------------------------------------------------------------------
