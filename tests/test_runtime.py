@@ -550,6 +550,51 @@ def test_a_launch_with_options_fills_the_config_per_call_and_refuses_a_grid_its_
     assert len(calls) == 1
 
 
+def test_a_vendor_that_is_not_the_archs_is_refused_before_any_driver_is_chosen(dist, tmp_path):
+    """The vendor picks the driver: an sm_90a bundle saying amd would hand a cubin to HIP."""
+    d = unpacked(dist, "sm_90a", tmp_path)
+    for vendor in ("amd", "foo"):
+        edit_manifest(d, lambda m: m.update(vendor=vendor))
+        with pytest.raises(BundleError, match=rf"arch 'sm_90a' with vendor '{vendor}' is not an arch this loader "
+                                              rf"knows with its vendor \(sm_80: nvidia"):
+            Bundle(d)
+
+
+def test_entries_that_find_refuses_never_crash_selection_by_shape_or_the_serving_index(dist, tmp_path):
+    """A list as config_id, an int as an artifact, an int as arch, constexprs as a string: each entry is passed over
+    where every entry is read at once (the shape's candidates, serve's index), and refused by name where picked."""
+    from kforge_runtime.select import NoTunedConfig
+    from kforge_runtime.serve import entry_identity
+    d = unpacked(dist, "sm_90a", tmp_path)
+    junk = [7, {"kernel": "scale", "config_id": ["x"]}, {"arch": 5, "source": {"module": "a", "entry": "b"},
+                                                          "signature": []}, {"arch": "sm_90a", "constexprs": "ab"}]
+    edit_manifest(d, lambda m: m["artifacts"].extend(junk))
+    assert [entry_identity(e) for e in junk] == [None] * 4
+    with pytest.raises(NoTunedConfig, match="has no tuning table for 'scale'"):
+        Bundle(d).find_for_shape("scale", {"n": 1024})
+
+
+@pytest.mark.parametrize("options", ["x", {"num_ctas": 99}, {"launch_pdl": "yes"}])
+def test_launch_options_of_a_crafted_manifest_are_refused_before_the_driver_sees_the_binary(options, monkeypatch):
+    from kforge_runtime import launch
+
+    def no_driver(vendor):
+        raise AssertionError("the driver was asked for before the options were checked")
+    monkeypatch.setattr(launch.Driver, "get", no_driver)
+    entry = {"target": "gemm:x@sm_90a", "divisible_by_16": [], "threads_per_block": 256, "shared": 0,
+             "signature": [{"name": "a_ptr", "type": "*bf16"}], "toolchain": "triton", "options": options}
+    with pytest.raises(launch.LaunchError, match="'options' must be a table|launch options must be"):
+        launch.Kernel(entry, b"\x7fELF", "nvidia")
+
+
+def test_a_target_name_that_is_not_one_line_is_refused_before_it_names_anything(dist):
+    from kforge_runtime.launch import LaunchError
+    for target in ("evil\nline2", "x" * 100_000, 7):
+        with pytest.raises(LaunchError, match="'target' must be the target's name on one line") as raised:
+            _arguments(target=target)
+        assert len(str(raised.value)) < 200
+
+
 @pytest.mark.parametrize("field, value", [
     ("signature", [["a_ptr", "*bf16"]]), ("signature", [{"name": "a_ptr"}]), ("signature", "a_ptr"),
     ("divisible_by_16", "a_ptr"), ("divisible_by_16", [3]), ("threads_per_block", 0),

@@ -87,6 +87,7 @@ def test_between_equally_near_tuned_shapes_the_config_good_on_both_wins():
     ({"shape": [64, 64], "ranking": [{"config_id": "a", "us": 0}]}, "a positive 'us' time"),
     ({"shape": [64, 64], "ranking": [{"config_id": 7, "us": 1.0}]}, "a positive 'us' time"),
     ({"shape": [64, 64], "ranking": ["a"]}, "a positive 'us' time"),
+    ({"shape": [64, 64], "ranking": [{"config_id": "a", "us": 10 ** 400}]}, "a positive 'us' time"),   # no float
 ])
 def test_a_malformed_table_row_is_refused_with_no_tuned_config_not_a_crash_later(bad_row, why):
     """A table comes from a bundle: rows choose() would read and trip on (KeyError, TypeError,
@@ -95,3 +96,19 @@ def test_a_malformed_table_row_is_refused_with_no_tuned_config_not_a_crash_later
              "shapes": [{"shape": [32, 32], "ranking": [{"config_id": "a", "us": 1.0}]}, bad_row]}
     with pytest.raises(NoTunedConfig, match=rf"t\.json: shapes\[1\] .*{why}"):
         check_table(table, "t.json")
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"kernel": "a\nb" + "X" * 100_000}, "'kernel' must be the kernel's name"),
+    ({"kernel": 7}, "'kernel' must be the kernel's name"),
+    ({"shape_args": [f"a{i}" for i in range(200_000)]}, "1 to 16 argument names"),
+    ({"shape_args": ["M\nN", "N"]}, "1 to 16 argument names"),
+    ({"shapes": []}, "a non-empty 'shapes' list"),
+])
+def test_a_table_whose_names_would_make_a_message_of_pages_is_refused_in_a_short_line(change, why):
+    """The kernel and argument names go into every message choose() gives: names, bounded, or the table is refused."""
+    table = {"format": TUNE_FORMAT, "kernel": "k", "shape_args": ["M", "N"],
+             "shapes": [{"shape": [32, 32], "ranking": [{"config_id": "a", "us": 1.0}]}], **change}
+    with pytest.raises(NoTunedConfig, match=why) as raised:
+        check_table(table, "t.json")
+    assert len(str(raised.value)) < 300 and "\n" not in str(raised.value)

@@ -116,7 +116,8 @@ class Bundle:
         """(artifact, why) of the config the tuning table picks for `shape` (arg name -> size), among the
         configs with the `where` values (e.g. {"dtype": "bf16"}) when the table ranks several kinds."""
         from .select import choose
-        entries = {e.get("config_id"): e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel}
+        entries = {e["config_id"]: e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel
+                   and isinstance(e.get("config_id"), str)}   # any other is refused where find() picks it
         config_id, why = choose(self.tuned(kernel), shape, entries, where)
         return self.find(kernel, config_id), why
 
@@ -205,6 +206,12 @@ class Bundle:
             if not _NAME.fullmatch(m[key]):
                 raise BundleError(f"{where}: {key!r} is {_show(m[key])}, not a name of letters, digits and _; "
                                   f"rebuild it with `doit package`")
+        from .archs import ARCHS
+        known = ARCHS.get(m["arch"])   # the vendor picks the driver: a cubin must never reach HIP, nor a code
+        if known is None or known.vendor != m["vendor"]:   # object the CUDA driver
+            pairs = ", ".join(f"{a.name}: {a.vendor}" for a in ARCHS.values())
+            raise BundleError(f"{where}: arch {_show(m['arch'])} with vendor {_show(m['vendor'])} is not an arch "
+                              f"this loader knows with its vendor ({pairs}); rebuild it with `doit package`")
 
     def _check_entry(self, e: dict) -> None:
         """An entry is checked when it is picked: a process loading one kernel does not pay for the rest."""

@@ -56,6 +56,9 @@ class LaunchConfig(ctypes.Structure):   # CUlaunchConfig
                 ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
+DRIVERS = {"nvidia": ("libcuda.so.1", "cu"), "amd": ("libamdhip64.so", "hip")}   # vendor: (library, prefix)
+
+
 def launch_attributes(options: dict, vendor: str, name: str) -> list[tuple[int, tuple[int, ...]]]:
     """(attribute id, value words) for each launch-changing compile option the binary was built with, as Triton's
     launcher sets them; a LaunchError for one this loader cannot honour (launching without it would run the
@@ -65,7 +68,8 @@ def launch_attributes(options: dict, vendor: str, name: str) -> list[tuple[int, 
     if not (pdl is False or pdl is True) or not (cooperative is False or cooperative is True) \
             or type(ctas) is not int or not 1 <= ctas <= 16:
         raise LaunchError(f"{name}: the manifest's launch options must be launch_pdl / launch_cooperative_grid "
-                          f"true or false and num_ctas 1..16, got {options!r}; rebuild the bundle with `doit package`")
+                          f"true or false and num_ctas 1..16, got {repr(options)[:200]}; rebuild the bundle with "
+                          f"`doit package`")
     if vendor != "nvidia" and (pdl or cooperative or ctas > 1):
         raise LaunchError(f"{name}: compiled with {options!r}, which this loader launches on NVIDIA only; launch it "
                           f"through Triton on AMD")
@@ -84,7 +88,9 @@ class Driver:
 
     def __init__(self, vendor: str):
         self.vendor = vendor
-        lib, self.prefix = {"nvidia": ("libcuda.so.1", "cu"), "amd": ("libamdhip64.so", "hip")}[vendor]
+        if vendor not in DRIVERS:
+            raise LaunchError(f"no GPU driver is known for vendor {vendor!r:.40}: nvidia or amd")
+        lib, self.prefix = DRIVERS[vendor]
         try:
             self.lib = ctypes.CDLL(lib)
         except OSError as e:
@@ -128,14 +134,18 @@ class Kernel:
 
     def __init__(self, entry: dict, binary: bytes, vendor: str):
         self.entry = entry
-        self.name = entry["target"]
         check_launch_fields(entry)
+        self.name = entry["target"]
         if entry.get("toolchain") != "triton":
             raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
                               f"(their kernarg layout is in the manifest's kernel_abi)")
         if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
             raise LaunchError(f"{self.name}: the kernel needs scratch memory, which this loader does not allocate")
         self._arguments = Arguments(entry, vendor)   # an argument type it cannot pass fails here, before the driver
+        options = entry.get("options") or {}   # and so do the launch options, before the driver sees the binary
+        if not isinstance(options, dict):
+            raise LaunchError(f"{self.name}: the manifest's 'options' must be a table; rebuild the bundle")
+        attributes = launch_attributes(options, vendor, self.name)
         self.driver = Driver.get(vendor)
         if self._arguments.maps:
             self._arguments.encode = tensordesc.TensorMaps.of_driver(self.driver.lib, self.driver.error_name)
@@ -151,10 +161,6 @@ class Kernel:
         # stream wrapped as a pointer, half the cost of converting all 11 arguments by declared types
         self._threads, self._shared = entry["threads_per_block"], entry["shared"]
         self._lock = threading.Lock()   # the argument slots are shared: one launch fills and submits them at a time
-        options = entry.get("options") or {}
-        if not isinstance(options, dict):
-            raise LaunchError(f"{self.name}: the manifest's 'options' must be a table; rebuild the bundle")
-        attributes = launch_attributes(options, vendor, self.name)
         self._ctas = options.get("num_ctas", 1)
         self._config = None   # a LaunchConfig when the binary needs cuLaunchKernelEx
         if attributes:
@@ -208,6 +214,9 @@ def check_launch_fields(entry: dict) -> None:
     """The manifest fields a launch reads, checked before any reaches the driver (a bundle is untrusted):
     LaunchError naming the field, never a TypeError or KeyError from deep inside a launch."""
     name = entry.get("target")
+    if not (isinstance(name, str) and name.isprintable() and len(name) <= 512):   # it names the kernel in messages
+        raise LaunchError("the manifest's 'target' must be the target's name on one line; rebuild the bundle with "
+                          "`doit package`")
     if not is_signature(entry.get("signature")):
         raise LaunchError(f"{name}: the manifest's 'signature' must be a list of {{name, type}} strings; rebuild "
                           f"the bundle with `doit package`")

@@ -28,13 +28,24 @@ def check_table(table: dict, where: str) -> None:
     """NoTunedConfig unless every row has the shape choose() reads: a table comes from a bundle (untrusted)."""
     if not isinstance(table, dict) or table.get("format") != TUNE_FORMAT:
         raise NoTunedConfig(f"{where}: not a {TUNE_FORMAT} tuning table")
-    args, shapes = table.get("shape_args"), table.get("shapes")
-    if not (isinstance(args, list) and args and all(isinstance(a, str) for a in args) and isinstance(shapes, list)):
-        raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' (names) and 'shapes' lists")
+    args, shapes, kernel = table.get("shape_args"), table.get("shapes"), table.get("kernel")
+    if not (isinstance(args, list) and 0 < len(args) <= MAX_SHAPE_ARGS and all(_name(a) for a in args)
+            and isinstance(shapes, list) and shapes):
+        raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' (1 to {MAX_SHAPE_ARGS} argument names) and "
+                            f"a non-empty 'shapes' list; re-run the tuning or rebuild the bundle")
+    if not _name(kernel):   # it names the kernel in every message: a name, not text
+        raise NoTunedConfig(f"{where}: 'kernel' must be the kernel's name; re-run the tuning or rebuild the bundle")
     for i, row in enumerate(shapes):
         problem = _row_problem(row, len(args))
         if problem:
             raise NoTunedConfig(f"{where}: shapes[{i}] {problem}; re-run the tuning or rebuild the bundle")
+
+
+MAX_SHAPE_ARGS = 16
+
+
+def _name(value) -> bool:
+    return isinstance(value, str) and value.isidentifier() and value.isascii() and len(value) <= 128
 
 
 def _row_problem(row, n_args: int) -> str | None:
@@ -51,10 +62,19 @@ def _row_problem(row, n_args: int) -> str | None:
         return "needs a 'ranking' list"
     for r in ranking:
         us = r.get("us") if isinstance(r, dict) else None
-        if not (isinstance(r, dict) and isinstance(r.get("config_id"), str) and isinstance(us, (int, float))
-                and not isinstance(us, bool) and math.isfinite(us) and us > 0):
+        if not (isinstance(r, dict) and isinstance(r.get("config_id"), str) and _positive_time(us)):
             return "has a ranking row without a 'config_id' string and a positive 'us' time"
     return None
+
+
+def _positive_time(us) -> bool:
+    """A finite time above zero, as a float can hold it (a JSON integer may have 400 digits)."""
+    if not isinstance(us, (int, float)) or isinstance(us, bool):
+        return False
+    try:
+        return math.isfinite(float(us)) and us > 0
+    except OverflowError:
+        return False
 
 
 def handles(entry: dict, shape: dict[str, int]) -> bool:

@@ -52,12 +52,16 @@ def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible:
 
 
 def entry_identity(entry: dict) -> str | None:
-    source = entry.get("source") or {}
+    """identity() of a bundle entry; None for one that is not a well-formed artifact (a bundle is untrusted: such an
+    entry is never served, and loading it by name is refused with the field that is wrong)."""
     try:
+        source = entry.get("source") or {}
+        if not isinstance(entry["arch"], str):
+            return None
         return identity(f"{source['module']}:{source['entry']}", entry["arch"],
                         [[a["name"], a["type"]] for a in entry["signature"]], dict(entry.get("constexprs") or {}),
                         list(entry.get("divisible_by_16") or []), dict(entry.get("options") or {}))
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError, ValueError):
         return None
 
 
