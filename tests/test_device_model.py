@@ -116,7 +116,36 @@ GPU_WORK = {   # a module doing something only a real GPU can do at import, and 
     "launches": ("import torch, triton, triton.language as tl\n\n@triton.jit\ndef k(x_ptr):\n    pass\n\n"
                  'k[(1,)](torch.empty(4, device="meta"))\n', "a Triton kernel launch"),
     "benchmarks": ("import triton\ntriton.runtime.driver.active.get_benchmarker()\n", "benchmarking"),
+    # made without the lazy init a CPU torch never runs: torch's own stand-ins would fail in its words
+    "streams": ("import torch\nS = torch.cuda.Stream()\n", "a CUDA stream (torch.cuda.Stream)"),
+    "events": ("import torch\nE = torch.cuda.Event(enable_timing=True)\n", "a CUDA event (torch.cuda.Event)"),
+    "graphs": ("import torch\nclass G(torch.cuda.CUDAGraph):\n    pass\nG()\n", "a CUDA graph"),
+    "seeds": ("import torch\nstate = torch.cuda.get_rng_state()\n", "the GPU's random state"),
 }
+
+
+MISSING = '''
+import torch, triton
+from kforge.load import device_model
+device_model.install("sm_90a")
+for read in (lambda: torch.cuda.get_device_properties(0).L2_cache_size,
+             lambda: triton.runtime.driver.active.utils.get_device_properties(0)["mem_clock_rate"]):
+    try:
+        read()
+    except (AttributeError, KeyError) as e:
+        print(f"{type(e).__name__}: {e}")
+print(hasattr(torch.cuda.get_device_properties(0), "L2_cache_size"))
+'''
+
+
+def test_a_property_the_model_lacks_says_so_and_the_fix_and_hasattr_is_false(tmp_path):
+    proc = _python(MISSING, cwd=tmp_path)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 3, proc.stdout + proc.stderr
+    assert lines[0].startswith("NotModelled: torch.cuda.get_device_properties().L2_cache_size: kforge's device model")
+    assert lines[1].startswith("KeyError: \"'mem_clock_rate': kforge's device model of sm_90a does not give it")
+    assert all("read it with a default" in line and "device_model = false" in line for line in lines[:2]), lines
+    assert lines[2] == "False"
 
 
 def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_family(tmp_path):

@@ -15,6 +15,7 @@ torch when it is imported (most of kforge's processes never import it).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import linecache
 import os
@@ -99,8 +100,12 @@ class NeedsGPU(RuntimeError):
     """A call that only a real GPU can answer, made where the device model stands in for one."""
 
 
-class _Missing(NeedsGPU, AttributeError):
+class NotModelled(NeedsGPU, AttributeError):
     """A property the model does not give: hasattr() is False, as for an attribute a torch build lacks."""
+
+
+READ_WITH_A_DEFAULT = ("read it with a default where the library can, give the value in a set-up hook, or set "
+                       "`device_model = false` (docs/device_model.md)")
 
 
 class _State:
@@ -169,7 +174,7 @@ class _Properties(dict):
 
     def __missing__(self, key):
         raise KeyError(f"{key!r}: kforge's device model of {_State.device.arch} does not give it "
-                       f"(it gives {', '.join(self)})")
+                       f"(it gives {', '.join(self)}); {READ_WITH_A_DEFAULT}")
 
 
 class _Utils:
@@ -256,8 +261,9 @@ class Properties:
         self.is_integrated, self.is_multi_gpu_board = False, False
 
     def __getattr__(self, name):   # only for attributes not set above (L2_cache_size, clock_rate, uuid, ...)
-        raise _Missing(f"torch.cuda.get_device_properties().{name}: kforge's device model of "
-                       f"{_State.device.arch} does not give it; the model gives {', '.join(vars(self))}")
+        raise NotModelled(f"torch.cuda.get_device_properties().{name}: kforge's device model of "
+                          f"{_State.device.arch} does not give it (it gives {', '.join(vars(self))}); "
+                          f"{READ_WITH_A_DEFAULT}")
 
     def __repr__(self) -> str:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
@@ -286,12 +292,30 @@ def _install_torch(torch) -> None:
     }
     for name, fn in answers.items():
         setattr(cuda, name, fn)
+    # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words)
+    for name, what in (("Stream", "a CUDA stream (torch.cuda.Stream)"), ("Event", "a CUDA event (torch.cuda.Event)"),
+                       ("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
+                       ("CUDAGraph", "a CUDA graph (torch.cuda.CUDAGraph)")):
+        setattr(cuda, name, _refusing(name, what))
+    for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all"):
+        setattr(cuda, name, functools.partial(_refuse, f"the GPU's random state (torch.cuda.{name})"))
     vendor = ARCHS[_State.device.arch].vendor
     own, version = TORCH_VERSIONS[vendor]
     other = TORCH_VERSIONS["amd" if vendor == "nvidia" else "nvidia"][0]
     if getattr(torch.version, own, None) is None:   # a CUDA (ROCm) torch keeps its own version string
         setattr(torch.version, own, version)
     setattr(torch.version, other, None)
+
+
+def _refusing(name: str, what: str) -> type:
+    """A class standing in for torch.cuda's `name`: subclassing it and isinstance() work, making one is NeedsGPU."""
+    def refuse(cls, *args, **kwargs):
+        raise needs_gpu(what)
+    return type(name, (), {"__new__": refuse, "__module__": "torch.cuda"})
+
+
+def _refuse(what: str, *args, **kwargs):
+    raise needs_gpu(what)
 
 
 def _lazy_init() -> None:
