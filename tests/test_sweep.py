@@ -81,6 +81,9 @@ def test_a_huge_sweep_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
     with pytest.raises(SpecError, match=r"gives 4 configs .* more than the 3 one family may have"):
         load(tmp_path / "b", spec_text(blocks=(16, 32, 64, 128)))
     assert len(load(tmp_path / "c", spec_text(blocks=(16, 32, 64))).configs) == 3
+    extras = "".join(f'\n[[extra]]\ndtype = "fp16"\nBLOCK = {b}\nnum_warps = 4\n' for b in (1024, 2048))
+    with pytest.raises(SpecError, match=r"gives 4 configs \(1 dtype x 2 BLOCK x 1 num_warps \+ 2 \[\[extra\]\]\)"):
+        load(tmp_path / "d", spec_text(blocks=(16, 32)) + extras)
 
 
 def test_a_50000_config_family_is_checked_per_value_not_per_config(tmp_path, monkeypatch):

@@ -38,8 +38,9 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
     size = math.prod(len(v) for v in sweep.values()) + len(extras)   # counted before anything is expanded
     limit = settings.get("max_configs")
     if size > limit:
+        extra = f" + {len(extras):,} [[extra]]" if extras else ""
         raise SpecError(f"{where}: [sweep] gives {size:,} configs ("
-                        + " x ".join(f"{len(v)} {p}" for p, v in sweep.items())
+                        + " x ".join(f"{len(v)} {p}" for p, v in sweep.items()) + extra
                         + f"), more than the {limit:,} one family may have; narrow the sweep, split the family, "
                           f"or raise the limit with KFORGE_MAX_CONFIGS=N")
     # a value listed twice is one value (its configs would be the same targets twice)
