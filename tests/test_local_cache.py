@@ -301,3 +301,12 @@ def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_
     assert not os.path.lexists(path)   # deleted: the build stores a real entry there
     os.mkfifo(path)   # a read would block forever
     assert "it is not a regular file" in fetch()[1][0]
+    os.mkfifo(path)   # storing over it reads the header of what is there (to keep another inputs' entry): never this
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "meta.json").write_text(json.dumps({"binary": "k.bin", "inputs": []}))
+    (tmp_path / "out" / "k.bin").write_bytes(b"\x7fELF")
+    import threading
+    storing = threading.Thread(target=local_cache.store, args=(cache, target), daemon=True)
+    storing.start()
+    storing.join(10)
+    assert not storing.is_alive() and path.is_file()

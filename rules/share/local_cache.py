@@ -170,9 +170,8 @@ def _inputs_id(files: dict[str, bytes]) -> str:
 def _keep_other_inputs(path: Path, inputs: str) -> None:
     """Before an entry for other inputs takes `path`'s place: the one there moves beside it, named by its own."""
     try:
-        with open(path, "rb") as f:
-            header = json.loads(f.readline(HEADER_LIMIT))
-        old = header.get("inputs")
+        data = _read(path, HEADER_LIMIT)   # never through a link, nor blocking on a FIFO planted there
+        old = json.loads(data[:data.find(b"\n")]).get("inputs")
     except (OSError, ValueError, AttributeError):   # none, or not ours to keep: replaced
         return
     if isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old) and old != inputs:
@@ -182,9 +181,10 @@ def _keep_other_inputs(path: Path, inputs: str) -> None:
             pass
 
 
-def _read(path: Path) -> bytes:
-    """An entry's bytes: a regular file of at most ENTRY_LIMIT bytes, never through a link (the open fails) nor
-    from a FIFO or device (refused before a read that could block or never end)."""
+def _read(path: Path, limit: int | None = None) -> bytes:
+    """An entry's bytes (its first `limit` only, if given): a regular file of at most ENTRY_LIMIT bytes, never
+    through a link (the open fails) nor from a FIFO or device (refused before a read that could block or never
+    end)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -198,7 +198,7 @@ def _read(path: Path) -> bytes:
     with os.fdopen(fd, "rb") as f:
         if st.st_size > ENTRY_LIMIT:
             raise ValueError(f"it is {st.st_size} bytes, over the limit of {ENTRY_LIMIT}")
-        return f.read(ENTRY_LIMIT + 1)
+        return f.read(ENTRY_LIMIT + 1 if limit is None else limit)
 
 
 def pack(key: str, files: dict[str, bytes], inputs: str | None = None) -> bytes:
