@@ -33,7 +33,7 @@ def check_table(table: dict, where: str) -> None:
             and isinstance(shapes, list) and shapes):
         raise NoTunedConfig(f"{where}: a tuning table needs 'shape_args' (1 to {MAX_SHAPE_ARGS} argument names) and "
                             f"a non-empty 'shapes' list; re-run the tuning or rebuild the bundle")
-    if not _name(kernel):   # it names the kernel in every message: a name, not text
+    if kernel is not None and not _name(kernel):   # it names the kernel in every message: a name, not text
         raise NoTunedConfig(f"{where}: 'kernel' must be the kernel's name; re-run the tuning or rebuild the bundle")
     for i, row in enumerate(shapes):
         problem = _row_problem(row, len(args))
