@@ -154,3 +154,20 @@ def test_a_package_an_import_finder_maps_is_named_by_its_package_and_found_again
     assert found["names"] == ["edlib/__init__.py", "edlib/data.json", "edlib/mod.py"]
     assert found["found"] == [str(package / n) for n in ("__init__.py", "data.json", "mod.py")]
     assert observe.resolve("edlib/data.json", observe.search_path(str(tmp_path / "project"))) is None   # no finder here
+
+
+def test_a_dotdot_after_a_link_is_named_by_the_file_it_reached_never_by_the_text(tmp_path):
+    """`vendored/../cfg.json` with vendored a link out of the project reaches shared/cfg.json (the kernel takes `..`
+    after the link), not the project's own cfg.json that the text suggests: never recorded under that name."""
+    (tmp_path / "shared" / "lib").mkdir(parents=True)
+    (tmp_path / "shared" / "cfg.json").write_text('{"f": 2}')
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "vendored").symlink_to(tmp_path / "shared" / "lib")
+    (project / "cfg.json").write_text('{"f": 2}')   # a decoy with the same bytes
+    (project / "data.json").write_text("{}")
+    found = _record(tmp_path, '''
+        open(os.path.join(os.getcwd(), "vendored", "..", "cfg.json")).read()   # shared/cfg.json: outside
+        open("./data.json").read()   # a `.` step crosses no link: named as opened
+        ''')
+    assert found["files"] == {"project/data.json"}

@@ -66,7 +66,7 @@ def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
     meta-path finders map (finder_packages), each folder as given and as resolved, so that a file is named by
     the path it was opened by where that path lies in one (a link in the project that leads out of it)."""
     found = {Base(form) for p in (root, *(sys.path if path is None else path))
-             for form in (os.path.abspath(p or "."), os.path.realpath(p or "."))}
+             for form in (_as_opened(_absolute(p or ".")), os.path.realpath(p or ".")) if form}
     found |= {Base(form, package + "/") for package, folder in finder_packages()
               for form in (folder, os.path.realpath(folder))}
     return tuple(sorted((b for b in found if os.path.isdir(b.folder)), key=lambda b: (-len(b.folder), b)))
@@ -75,8 +75,8 @@ def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
 def name_of(path: str, folders: tuple[Base, ...]) -> str:
     """`path` relative to the deepest of `folders` holding it: first as opened (a link is named where it lies),
     else as resolved; the absolute resolved path when none holds it."""
-    for form in (os.path.abspath(path), os.path.realpath(path)):
-        for base in folders:
+    for form in (_as_opened(_absolute(path)), os.path.realpath(path)):
+        for base in folders if form else ():
             if form.startswith(base.folder + os.sep):
                 return base.prefix + form[len(base.folder) + 1:]
     return os.path.realpath(path)
@@ -230,14 +230,14 @@ class Recorder:
             if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
                 return
             # as opened: a link is named where it lies; relative to the folder it was opened from
-            self.seen.add(path if path.startswith(os.sep) else os.path.abspath(path))
+            self.seen.add(_absolute(path))
         elif event in LISTINGS:
             path = "." if args[0] is None else args[0]
             if isinstance(path, bytes):
                 path = os.fsdecode(path)
             # the import system's listing (FileFinder's cache) is how it finds a module, not what it read
             if isinstance(path, str) and not self._listing and sys._getframe(1).f_code.co_filename != IMPORT_SYSTEM:
-                self._list(os.path.abspath(path))
+                self._list(_absolute(path))
         elif event == "ctypes.dlopen":
             name = args[0]
             if isinstance(name, str) and os.sep in name:   # by path; a bare name is the dynamic linker's search
@@ -250,7 +250,7 @@ class Recorder:
             module = sys.modules.get(name)
             where = vars(module).get("__file__") if module is not None else None   # vars: runs no __getattr__
             if isinstance(where, str):
-                found.add(os.path.abspath(where))
+                found.add(_absolute(where))
         within = self._within()
         return {f for f in (self._source(p, within) for p in found) if f is not None}
 
@@ -297,8 +297,8 @@ class Recorder:
                 path = importlib.util.source_from_cache(path)
             except ValueError:
                 return None
-        real = os.path.realpath(path)
-        if real.startswith(self.skip) or path.startswith(self.skip) or real in self.skip_files \
+        real, opened = os.path.realpath(path), _as_opened(path)
+        if real.startswith(self.skip) or (opened or real).startswith(self.skip) or real in self.skip_files \
                 or not os.path.isfile(real):
             return None
         if any(m + os.sep in real for m in METADATA):   # metadata, e.g. entry points a plugin lookup scans: the
@@ -320,9 +320,24 @@ class Recorder:
 
 
 def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
-    """The path as opened when it lies strictly inside one of `within` (the project, a module path entry: where
-    names are the same on every machine), else the resolved one when that does; None when neither does."""
-    return path if path.startswith(within) else real if real.startswith(within) else None
+    """The path as opened when it names the file (_as_opened) and lies strictly inside one of `within` (the
+    project, a module path entry: where names are the same on every machine), else the resolved one when that
+    does; None when neither does."""
+    opened = _as_opened(path)
+    return opened if opened and opened.startswith(within) else real if real.startswith(within) else None
+
+
+def _absolute(path: str) -> str:
+    """An opened path made absolute against the current folder, as the kernel does: no step is dropped."""
+    return path if path.startswith(os.sep) else os.path.join(os.getcwd(), path)
+
+
+def _as_opened(path: str) -> str | None:
+    """An absolute path as it was opened, without its empty and `.` steps, when that names the file opened: a
+    `..` step is taken by the kernel after the links before it, which no text can follow (None then: the
+    resolved path names it)."""
+    steps = [s for s in path.split(os.sep) if s not in ("", ".")]
+    return os.sep + os.sep.join(steps) if path.startswith(os.sep) and ".." not in steps else None
 
 
 def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
