@@ -278,8 +278,9 @@ class Cache(Command):
             print("kforge: the local cache is off (local_cache=off)")
             return 0
         cache = LocalCache(directory, limit)
-        if local_cache.problem(cache):
-            print(f"kforge: local cache {directory}: {local_cache.problem(cache)}")
+        problem = local_cache.problem(cache)
+        if problem:
+            print(f"kforge: local cache {directory}: {problem}")
             return 2
         found = local_cache.trim(cache) if params["trim"] else local_cache.usage(cache)
         evicted = f"; evicted {found.evicted} ({local_cache.human(found.evicted_size)})" if params["trim"] else ""

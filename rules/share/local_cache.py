@@ -155,7 +155,7 @@ def _read_here(target, files: dict[str, bytes]) -> bool:
         index = InputIndex.of(target.layout.observed_inputs)
     except (ValueError, AttributeError):
         return True
-    return not well_formed(listed) or all(index.digest(name) == digest for name, digest in listed)
+    return not well_formed(listed) or index.first_changed(listed) is None
 
 
 def _inputs_id(files: dict[str, bytes]) -> str:

@@ -52,8 +52,12 @@ class InputIndex(JsonState):
             entry = self.targets[meta_path]
         set_id = entry[1]
         if set_id not in self._verdict:
-            self._verdict[set_id] = next((n for n, d in self.sets[set_id] if self.digest(n) != d), None)
+            self._verdict[set_id] = self.first_changed(self.sets[set_id])
         return self._verdict[set_id]
+
+    def first_changed(self, listed: list) -> str | None:
+        """The first name of `listed` ([[name, sha256], ...], well_formed) whose content here is not the one listed."""
+        return next((n for n, d in listed if self.digest(n) != d), None)
 
     def digest(self, name: str) -> str | None:
         """sha256 of the file the name resolves to now (None: no such file), hashed only if its identity moved; of
