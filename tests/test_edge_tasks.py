@@ -151,3 +151,21 @@ def test_each_package_task_gets_its_archs_autotune_picks(targets, project):
 
 def test_no_targets_make_only_the_package_group_task(project):
     assert [d["name"] for d in tasks.package_tasks([], str(project))] == [None]
+
+
+@pytest.mark.parametrize("saved", [{"files": []}, {"files": {"x": 7}, "sets": {}, "targets": {}},
+                                   {"files": {}, "sets": {"s": [[1, 2]]}, "targets": {}},
+                                   {"files": {}, "sets": {}, "targets": {"m": 3}}])
+def test_an_input_index_of_another_shape_is_dropped_with_one_warning(targets, project, index, saved, capsys):
+    """Another kforge's or a restored CI cache's out/.kforge/observed-inputs.json: never a traceback."""
+    t = targets[0]
+    data = project / "tk" / "table.json"
+    data.write_text("[1, 2]")
+    fake_artifact(t, inputs=[["tk/table.json", artifact.sha256(b"[1, 2]")]])
+    from kforge.load import observe
+    kept = project / "kept.json"   # the folders this project's names resolve in: only the shape is wrong
+    kept.write_text(json.dumps({**saved, "folders": list(observe.search_path(str(project)))}))
+    read = InputIndex(kept, project)
+    assert tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [True]
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert len(warned) == 1 and "is not in the shape this kforge writes; it is dropped and rebuilt" in warned[0]

@@ -171,3 +171,46 @@ def test_a_dotdot_after_a_link_is_named_by_the_file_it_reached_never_by_the_text
         open("./data.json").read()   # a `.` step crosses no link: named as opened
         ''')
     assert found["files"] == {"project/data.json"}
+
+
+def test_a_listing_digest_is_unambiguous(tmp_path):
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "a").write_text("")
+    (tmp_path / "two" / "b").write_text("")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a\nb").write_text("")   # one name holding the separator of the two names above
+    assert observe.listing_digest(str(tmp_path / "one")) != observe.listing_digest(str(tmp_path / "two"))
+
+
+def test_a_file_is_hashed_a_chunk_at_a_time(tmp_path, monkeypatch):
+    import hashlib
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (3 << 20))
+    reads = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            reads.append(n)
+            return self.f.read(n)
+
+        def readinto(self, buffer):
+            reads.append(len(buffer))
+            return self.f.readinto(buffer)
+
+    monkeypatch.setattr("builtins.open", lambda *a, **k: Counting(real_open(*a, **k)))
+    found = observe.digests([str(big)], (observe.Base(str(tmp_path)),))
+    assert found == [["big.bin", hashlib.sha256(b"x" * (3 << 20)).hexdigest()]]
+    assert reads and -1 not in reads and max(reads) < (3 << 20)   # never the whole file at once

@@ -41,6 +41,6 @@ def content(path: str) -> str | None:
         if os.path.isdir(path):
             return digest(sorted(os.listdir(path)))
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None

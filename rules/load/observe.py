@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import sys
 import time
@@ -349,11 +350,12 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     found = {}
     for path in files:
         try:
-            with open(path, "rb") as f:
-                data, st = f.read(), os.fstat(f.fileno())
+            with open(path, "rb") as f:   # a chunk at a time: memory stays bounded whatever the file's size
+                st = os.fstat(f.fileno())
+                digest = hashlib.file_digest(f, "sha256").hexdigest() \
+                    if st.st_ctime_ns < since_ns or not since_ns else CHANGED
         except OSError:
             continue
-        digest = hashlib.sha256(data).hexdigest() if st.st_ctime_ns < since_ns or not since_ns else CHANGED
         found[name_of(path, folders)] = digest
     for path, digest in (listed or {}).items():
         found[name_of(path, folders) + "/"] = digest
@@ -361,9 +363,10 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
 
 
 def listing_digest(folder: str) -> str:
-    """sha256 of a folder's listing: its names, sorted, one per line, without __pycache__ (OSError if gone)."""
+    """sha256 of a folder's listing: its names, sorted, as a JSON list (unambiguous: {a, b} and one file named
+    "a\\nb" differ), without __pycache__ (OSError if gone)."""
     names = sorted(n for n in os.listdir(folder) if n != "__pycache__")
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(names).encode()).hexdigest()
 
 
 CHANGED = "changed-while-read"

@@ -27,6 +27,11 @@ class InputIndex(JsonState):
     def __init__(self, path, root: str | None = None):
         super().__init__(path)
         self.folders = observe.search_path(str(root) if root is not None else str(Layout.holding(path).root))
+        if self.entries and not _well_shaped(self.entries):   # another kforge's, a restored cache's: untrusted
+            import sys
+            sys.stderr.write(f"kforge: {path} is not in the shape this kforge writes; it is dropped and rebuilt (the "
+                             f"next run checks every input by content)\n")
+            self.entries = {}
         if self.entries.get("folders") != list(self.folders):   # another module path: names resolve anew
             self.entries = {"folders": list(self.folders), "files": {}, "sets": {}, "targets": {}}
             self.changed = True
@@ -78,6 +83,18 @@ class InputIndex(JsonState):
         return self._now[name]
 
 
+def _well_shaped(entries: dict) -> bool:
+    """Whether a saved index has exactly the shape InputIndex writes, down to every entry."""
+    files, sets, targets, folders = (entries.get(k) for k in ("files", "sets", "targets", "folders"))
+    if not (isinstance(files, dict) and isinstance(sets, dict) and isinstance(targets, dict)
+            and isinstance(folders, list) and all(isinstance(f, str) for f in folders)):
+        return False
+    return (all(isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list)
+                and isinstance(v[2], (str, type(None))) for v in files.values())
+            and all(isinstance(v, list) and well_formed(v) for v in sets.values())
+            and all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in targets.values()))
+
+
 def listed_inputs(meta_path: str) -> list | None:
     """meta.json's "inputs" ([[name, sha256], ...]), None when it has none or cannot be read."""
     try:
@@ -103,7 +120,7 @@ def _listing(path: str) -> str | None:
 
 def _sha256(path: str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        with open(path, "rb") as f:   # a chunk at a time: a module may read 16 bytes of a file of gigabytes
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
