@@ -56,6 +56,17 @@ def test_one_wheel_per_arch_with_every_artifact_and_its_fields(packaged):
             package.manifest_bytes(m)
 
 
+def test_the_manifest_ships_what_serving_matches_and_not_what_each_compile_read(packaged):
+    """On a GPU host a library's import reads thousands of files: with each artifact's observed inputs in it,
+    liger-kernel's 414 recorded kernels made a 196 MB manifest, over the loader's limit, and every served call
+    of the test suite failed. meta.json in out/ keeps them; the bundle carries Triton's source key instead."""
+    for arch in ARCHS:
+        for e in manifest(packaged, arch)["artifacts"]:
+            meta = json.loads((packaged / "out" / arch / e["kernel"] / e["config_id"] / "meta.json").read_text())
+            assert meta["inputs"] and "inputs" not in e
+            assert len(e["triton_source_key"]) == 64 and e["triton_source_key"] == meta["triton_source_key"]
+
+
 def test_failed_targets_are_listed_with_their_error(packaged):
     failed = manifest(packaged, "sm_90a")["failed"]
     assert [(f["target"], f["status"]) for f in failed] == [("bad:fp16-b256-w4@sm_90a", "failed")]

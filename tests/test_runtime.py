@@ -615,3 +615,67 @@ def test_trusted_arguments_fill_the_same_slots_and_a_value_out_of_range_is_a_cle
     assert ctypes.c_float.from_address(params[2]).value == 0.25
     with pytest.raises(TypeError, match=r"gemm:x@sm_90a: an argument does not fit its type \(a_ptr: \*bf16, K: i32"):
         args.pack((FakeTensor(4096), 2**40, 1.0))
+
+
+class ThreadContexts:
+    """Stands for libcuda: a current context per thread (none in a new thread, as in PyTorch's autograd
+    threads), and a module load or launch that fails with CUDA_ERROR_INVALID_CONTEXT where none is current."""
+
+    def __init__(self):
+        import threading
+        self.current, self.loaded_in, self.launched_in = threading.local(), [], []
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuCtxGetCurrent(self, out):
+        out._obj.value = getattr(self.current, "ctx", None)
+        return 0
+
+    def cuDeviceGet(self, out, ordinal):
+        out._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, out, device):
+        out._obj.value = 1000 + device.value
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        self.current.ctx = ctx.value
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        ctx = getattr(self.current, "ctx", None)
+        self.loaded_in.append(ctx)
+        return 0 if ctx else 201
+
+    def cuModuleGetFunction(self, func, module, name):
+        return 0
+
+    def cuLaunchKernel(self, *args):
+        ctx = getattr(self.current, "ctx", None)
+        self.launched_in.append(ctx)
+        return 0 if ctx else 201
+
+
+def test_a_kernel_loaded_or_launched_in_a_thread_with_no_cuda_context_uses_its_own(monkeypatch):
+    """PyTorch runs a backward pass in a thread of its own, where no CUDA call has made a context current: liger's
+    served rms_norm backward failed there with cuModuleLoadData's CUDA_ERROR_INVALID_CONTEXT (on an H200)."""
+    import threading
+
+    from kforge_runtime import launch
+    lib = ThreadContexts()
+    driver = object.__new__(launch.Driver)
+    driver.vendor, driver.prefix, driver.lib = "nvidia", "cu", lib
+    monkeypatch.setattr(launch.Driver, "get", classmethod(lambda cls, vendor: driver))
+    entry = {"target": "scale:x@sm_90a", "divisible_by_16": [], "threads_per_block": 128, "shared": 0,
+             "signature": [{"name": "x_ptr", "type": "*fp32"}], "toolchain": "triton", "symbol": "scale"}
+    kernels = []
+    loader = threading.Thread(target=lambda: kernels.append(launch.Kernel(entry, b"\x7fELF", "nvidia", device=1)))
+    loader.start()
+    loader.join()
+    assert lib.loaded_in == [1001]   # the primary context of the device it was asked to load on
+    launcher = threading.Thread(target=lambda: kernels[0].launch_trusted(1, 1, 1, 0, [0]))
+    launcher.start()
+    launcher.join()
+    assert lib.launched_in == [None, 1001]   # refused with no context, then launched in the kernel's own

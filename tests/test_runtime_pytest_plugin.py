@@ -11,6 +11,16 @@ from tests.test_runtime_serve import bundle_dir, entry
 pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parent.parent
 
+KERNELS = '''
+import triton, triton.language as tl
+
+
+@triton.jit
+def copy_app(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
 SUITE = '''
 import torch, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -29,14 +39,10 @@ class Launched:
 
 
 driver.set_active(Stub())
-Bundle.kernel = lambda self, entry: Launched()
+Bundle.kernel = lambda self, entry, device=None: Launched()
 
 
-@triton.jit
-def copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-
+from app_kernels import copy
 
 copy.device_caches[0]
 copy.compile = lambda *a, **k: None   # Triton's compile on a miss: stands for it (returns no kernel)
@@ -62,11 +68,20 @@ def test_new_block_and_warps():
 @pytest.fixture
 def suite(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    pytester.makepyfile(test_app=SUITE.replace("copy(", "copy_app(").replace("copy[", "copy_app[")
-                        .replace("copy.", "copy_app."))
-    held = entry("copy_app", 128, 4)
-    held["source"]["module"] = "test_app"
+    pytester.makepyfile(app_kernels=KERNELS, test_app=SUITE.replace("import copy", "import copy_app as copy"))
+    held = entry("copy", 128, 4)
+    held["source"] = {"module": "app_kernels", "entry": "copy_app"}
+    held["triton_source_key"] = source_key(pytester.path / "app_kernels.py", "copy_app")
     return pytester, str(bundle_dir(tmp_path / "bundle", [held]))
+
+
+def source_key(path, name: str) -> str:
+    """Triton's source key of a @jit function in a file (imported under another name: it defines only kernels)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+    spec = spec_from_file_location(f"kforge_probe_{path.stem}", path)
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name).cache_key
 
 
 def test_the_strict_guard_fails_the_run_listing_every_missing_specialization(suite):
@@ -74,8 +89,8 @@ def test_the_strict_guard_fails_the_run_listing_every_missing_specialization(sui
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*",
-                                 'missing: test_app:copy_app (sm_90a) *"BLOCK": 256*',
-                                 'missing: test_app:copy_app (sm_90a) *"BLOCK": 512*"num_warps": 8*',
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 256*',
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 512*"num_warps": 8*',
                                  "record them (pytest --kforge-record*"])
     result.assert_outcomes(passed=3)   # each test passed: the run fails for what the bundles lack
 
@@ -106,4 +121,19 @@ def test_recording_a_suite_writes_what_it_compiles(suite, tmp_path):
 def test_strict_without_bundles_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--kforge-strict")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--kforge-strict needs --kforge-bundles PATH*"])
+    result.stderr.fnmatch_lines(["*--kforge-strict and --kforge-verify need --kforge-bundles PATH*"])
+
+
+def test_under_xdist_the_strict_guard_still_fails_the_run_with_every_workers_misses(suite):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--kforge-bundles", bundle,
+                                           "--kforge-strict")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*"])
+
+
+def test_bundles_that_cannot_be_read_are_one_usage_error(pytester, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = pytester.runpytest_subprocess("--kforge-bundles", str(tmp_path / "empty"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kforge-bundles: *empty: no bundle here*run `doit package`*"])

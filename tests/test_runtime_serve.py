@@ -91,7 +91,10 @@ class Launched:
 
 
 def entry(kernel: str, block: int, warps: int) -> dict:
+    fn = globals()[kernel]
+    fn = fn if isinstance(fn, triton.runtime.JITFunction) else fn.fn   # an autotuner's JIT function
     return {"target": f"{kernel}-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": kernel},
+            "triton_source_key": fn.cache_key,
             "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
                           {"name": "n", "type": "i32"}],
             "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
@@ -117,7 +120,7 @@ def jit(monkeypatch):
     monkeypatch.setattr(Autotuner, "run", Autotuner.run)
     monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: pytest.fail("the autotuner benchmarked"))
     from kforge_runtime.bundle import Bundle
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: Launched())
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Launched())
     for fn in (copy, copy_tuned.fn):
         fn.device_caches.clear()
         fn.device_caches[0]   # made now: its compile is then replaced
@@ -159,6 +162,68 @@ def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
     assert strict.served == 0
 
 
+def test_an_entry_built_from_other_source_of_the_kernel_is_never_launched(jit, tmp_path):
+    # the same module, function and specialization, but the bundle was built before the library changed
+    stale = {**entry("copy", 128, 4), "triton_source_key": "0" * 64}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [stale])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it instead
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 0 and server.misses[0]["source_key"] == copy.cache_key
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [stale])), strict=True)
+    with pytest.raises(serve.NotServed, match=rf"the bundles' {__name__}:copy for sm_90a \(copy-128\) was built "
+                                              r"from other source than the one this process runs"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    unkeyed = entry("copy", 128, 4)
+    del unkeyed["triton_source_key"]   # a bundle that cannot say what it was built from serves nothing either
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "old", [unkeyed])), strict=True)
+    with pytest.raises(serve.NotServed, match="other source"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+def test_bundles_that_cannot_be_read_serve_nothing_and_say_why_in_one_line(jit, tmp_path, monkeypatch, capsys):
+    from kforge_runtime import bundle
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    monkeypatch.setattr(bundle, "MAX_JSON_BYTES", 100)   # a manifest over the loader's limit
+    server = serve.serve(str(held))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert len(warned) == 1 and warned[0].startswith("kforge serve: cannot serve from the bundles for sm_90a: ")
+    assert "over the loader's limit" in warned[0] and server.broken
+    serve.stop()
+    serve.serve(str(held), strict=True)
+    with pytest.raises(serve.NotServed, match="^kforge serve: cannot serve from the bundles for sm_90a: .*limit"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+def test_verify_compiles_each_served_specialization_once_and_reports_a_difference(jit, tmp_path, monkeypatch,
+                                                                                   capsys):
+    from types import SimpleNamespace
+
+    from kforge_runtime.bundle import Bundle
+    compiled = SimpleNamespace(asm={"cubin": b"jit"}, metadata=SimpleNamespace(
+        name="copy", shared=0, num_warps=4, warp_size=32, global_scratch_size=0))
+    monkeypatch.setattr(copy, "compile", lambda *a, **k: compiled, raising=False)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"jit")
+    held = {**entry("copy", 128, 4), "symbol": "copy", "shared": 0, "threads_per_block": 128}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [held, {**held, "target": "copy-odd",
+                                                                  "constexprs": {"BLOCK": 256}, "shared": 512}])),
+                         verify=True)
+    x, y = tensors()
+    for _ in range(2):
+        copy[(8,)](x, y, 1000, BLOCK=128)   # the same bytes and launch: checked once, no report
+    assert (server.served, server.verified, server.differences) == (1, 1, [])
+    copy[(4,)](x, y, 1000, BLOCK=256)   # a launch field differs from the JIT's
+    assert server.differences == ["kforge verify: copy-odd differs from Triton's JIT: shared 512 in the bundle, 0 "
+                                  "from the JIT"]
+    assert capsys.readouterr().err.strip() == server.differences[0]
+    assert len(Launched.calls) == 3   # the bundle's binaries ran, each call
+
+
 def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
     entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
     autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [n, "torch.float16", "torch.float16"],
@@ -192,7 +257,7 @@ def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
 def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path, monkeypatch):
     from kforge_runtime.bundle import Bundle
     loads = []
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: loads.append(entry["target"]) or Launched())
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: loads.append(entry["target"]) or Launched())
     server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4), entry("copy", 256, 8)])),
                          preload=True)
     assert sorted(loads) == ["copy-128", "copy-256"] and len(server.loaded) == 2
@@ -214,6 +279,7 @@ DESC_META = {"block_size": [64, 64], "elem_size": 2, "elem_type": 6, "fp4_padded
 
 def desc_entry(block: int) -> dict:
     return {"target": f"desc-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": "desc_scale"},
+            "triton_source_key": desc_scale.cache_key,
             "signature": [{"name": "x_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
                           {"name": "y_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
                           {"name": "scale", "type": "fp32"}],
@@ -242,7 +308,7 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from kforge_runtime.bundle import Bundle
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry: Packed(entry))
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Packed(entry))
     Packed.launches = []
     desc_scale.device_caches.clear()
     desc_scale.device_caches[0]

@@ -48,7 +48,7 @@ def launch(block: int = 128) -> dict:
     from tests.test_runtime_serve import Launched, StubDriver, copy, tensors
     from triton.runtime import driver
     driver.set_active(StubDriver())
-    Bundle.kernel = lambda self, entry: Launched()
+    Bundle.kernel = lambda self, entry, device=None: Launched()
     copy.device_caches[0]
     copy.compile = lambda *a, **k: sys.exit("compiled")
     x, y = tensors()
@@ -103,7 +103,8 @@ def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(
                                                 f"not exist"),
                         ("strict,preload", "kforge: KFORGE_SERVE='strict,preload' names no bundle")):
         bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
-        assert bad.returncode == 1 and said in bad.stderr.strip().splitlines()[-1]
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]   # one line
+        assert said in bad.stderr
         assert python("print('no triton, no check')", {"KFORGE_SERVE": value}).returncode == 0
 
 
@@ -131,3 +132,52 @@ def test_every_process_records_into_one_file_each_specialization_once(installed,
     lines = out.read_text().splitlines()
     blocks = sorted(json.loads(t)["constexprs"]["BLOCK"] for t in lines)
     assert blocks == [128, 256, 384, 512] and len(set(lines)) == len(lines)
+
+
+# What ran before `import triton` never turns the switches off: torch's first CUDA use asks
+# importlib.util.find_spec("triton") (torch.cuda._register_triton_kernels), and so may any library.
+BEFORE = "import importlib.util; importlib.util.find_spec('triton'); importlib.util.find_spec('triton')\n"
+
+
+def test_a_lookup_of_triton_before_its_import_still_serves_the_process(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    code = BEFORE + "import json; from tests.test_runtime_startup import launch; print(json.dumps(launch()))"
+    run = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
+    assert (run["served"], run["compiled"], run["launches"]) == (1, 0, 1)
+
+
+def test_a_lookup_of_triton_before_its_import_still_records_the_process(installed, tmp_path):
+    out = tmp_path / "app.jsonl"
+    python(BEFORE + "from tests.test_runtime_startup import recorded_child; recorded_child(0)",
+           {"KFORGE_RECORD": str(out)})
+    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256]
+
+
+@pytest.mark.parametrize("where", ["fifo", "/dev/zero", "/dev/stdout"])
+def test_a_record_destination_that_is_no_file_is_one_warning_and_never_blocks(installed, tmp_path, where):
+    if where == "fifo":
+        where = str(tmp_path / "fifo")
+        os.mkfifo(where)
+    proc = python("from tests.test_runtime_startup import recorded_child; recorded_child(0); print('ran')",
+                  {"KFORGE_RECORD": where})   # /dev/stdout is the pipe subprocess reads: never written to
+    assert proc.stdout.strip() == "ran"
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("kforge record:")]
+    assert len(warned) == 1 and "not a regular file; nothing is recorded" in warned[0], proc.stderr[-2000:]
+
+
+def test_a_moved_checkout_is_one_line_per_process_not_a_traceback(tmp_path):
+    """The .pth's line, run as site.py runs it, where kforge_runtime cannot be imported (an editable install
+    whose checkout moved): one line on stderr, and the process runs on."""
+    line = (REPO / "rules" / "runtime" / PTH).read_text()
+    code = ("import sys\n"
+            "class Gone:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.startswith('kforge_runtime'): raise ModuleNotFoundError(f'No module named {name!r}')\n"
+            "sys.meta_path.insert(0, Gone())\n"
+            f"exec({line!r})\n"
+            "print('ran')")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"KFORGE_SERVE": "out/dist", "PATH": os.environ.get("PATH", "")})
+    assert proc.stdout.strip() == "ran"
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        "kforge: KFORGE_RECORD / KFORGE_SERVE are set, but kforge_runtime cannot be imported here"), proc.stderr

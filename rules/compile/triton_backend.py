@@ -100,7 +100,10 @@ def lower(target, scratch: str):
     md = kernel.metadata
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
-              "divisible_by_16": list(target.divisible_by_16)}
+              "divisible_by_16": list(target.divisible_by_16),
+              # Triton's own digest of the kernel (its source, the @jit functions it calls, the constexpr globals
+              # it reads, its first line): serving launches this binary only for a function with the same digest
+              "triton_source_key": fn.cache_key}
     if any(t.startswith("tensordesc") for _, t in target.signature):
         # how each host descriptor is passed (a TMA map and its box, or base/shape/strides): the loader
         # builds the same kernel parameters as Triton's launcher from it (rules/runtime/tensordesc.py)

@@ -3,31 +3,45 @@ startup.py installs it at interpreter start)."""
 from __future__ import annotations
 
 import sys
+import threading
 
 
 class AfterImport:
     """A sys.meta_path entry that runs `then` once `import <name>` has run: the module's own finder finds it
-    and its own loader runs it; this entry leaves sys.meta_path at that import."""
+    and its own loader runs it. A lookup that imports nothing (importlib.util.find_spec, which torch calls
+    at its first CUDA use) gets a spec too, and nothing happens until a spec is executed: this entry stays
+    on sys.meta_path until the module has run, then leaves it."""
 
     def __init__(self, name: str, then):
         self.name, self.then = name, then
+        self._asking = threading.local()   # inside our own find_spec call: the finders after this one answer
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.name:
+        if name != self.name or getattr(self._asking, "on", False):
             return None
-        sys.meta_path.remove(self)
         from importlib.util import find_spec
-        spec = find_spec(name)   # the finders after this one
-        if spec is not None and spec.loader is not None:
-            spec.loader = ThenLoader(spec.loader, self.then)
+        self._asking.on = True
+        try:
+            spec = find_spec(name)   # the finders after this one
+        finally:
+            self._asking.on = False
+        if spec is not None and spec.loader is not None and not isinstance(spec.loader, ThenLoader):
+            spec.loader = ThenLoader(spec.loader, self)
         return spec
+
+    def ran(self) -> None:
+        """The module has run: leave sys.meta_path, then call `then` (once)."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+            self.then()
 
 
 class ThenLoader:
-    """A module's loader, and `then` called once the module has run; every other attribute is the loader's."""
+    """A module's loader, and the AfterImport told once the module has run; every other attribute is the
+    loader's."""
 
-    def __init__(self, loader, then):
-        self.loader, self.then = loader, then
+    def __init__(self, loader, after: AfterImport):
+        self.loader, self.after = loader, after
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
@@ -38,4 +52,4 @@ class ThenLoader:
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)
         module.__loader__ = module.__spec__.loader = self.loader   # from now on, the module's own loader
-        self.then()
+        self.after.ran()

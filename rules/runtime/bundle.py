@@ -125,10 +125,11 @@ class Bundle:
         """The kernel, loaded into the current GPU context (the caller knows the device is this arch)."""
         return self.kernel(self.find(kernel, config))
 
-    def kernel(self, entry: dict):
-        """A picked entry's binary, checked, loaded into the current GPU context and ready to launch."""
+    def kernel(self, entry: dict, device: int | None = None):
+        """A picked entry's binary, checked, loaded into the current GPU context (in a thread with none, the
+        primary context of `device`) and ready to launch."""
         from .launch import Kernel
-        return Kernel(entry, self.binary(entry), self.vendor)
+        return Kernel(entry, self.binary(entry), self.vendor, device)
 
     def _failed_note(self, kernel: str, config=None) -> str:
         bad = [f for f in self.failed if isinstance(f, dict) and f.get("kernel") == kernel and matches(f, config)]

@@ -17,6 +17,7 @@ from . import tensordesc
 from .schema import LAUNCH_RANGES, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # clusters of 16 CTAs (H100, B200), as Triton sets it
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
 SCALARS = {"i1": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
@@ -118,21 +119,29 @@ class Driver:
         self.lib.cuGetErrorName(code, ctypes.byref(name))
         return name.value.decode() if name.value else str(code)
 
-    def _ensure_context(self) -> None:
-        """Use the current context (torch's, say); with none, make device 0's primary context current."""
+    def _ensure_context(self, device: int | None = None) -> int:
+        """The context this thread uses: the current one (torch's, say); in a thread with none, the primary
+        context of `device` (device 0 if not given), made current: what torch's own work in that thread uses.
+        PyTorch runs backward passes in threads of its own where no CUDA call has bound a context yet."""
         ctx = ctypes.c_void_p()
         self.call("CtxGetCurrent", ctypes.byref(ctx))
         if not ctx.value:
             dev = ctypes.c_int()
-            self.call("DeviceGet", ctypes.byref(dev), 0)
+            self.call("DeviceGet", ctypes.byref(dev), device or 0)
             self.call("DevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
             self.call("CtxSetCurrent", ctx)
+        return ctx.value
+
+    def make_current(self, context: int) -> None:
+        """Make `context` this thread's current one (a thread that has none: its first launch of a kernel)."""
+        self.call("CtxSetCurrent", ctypes.c_void_p(context))
 
 
 class Kernel:
     """One bundle artifact loaded into the current context; call it with (grid, *args, stream=)."""
 
-    def __init__(self, entry: dict, binary: bytes, vendor: str):
+    def __init__(self, entry: dict, binary: bytes, vendor: str, device: int | None = None):
+        """device: where to load it when this thread has no current context (else the current one's)."""
         self.entry = entry
         check_launch_fields(entry)
         self.name = entry["target"]
@@ -149,6 +158,8 @@ class Kernel:
         self.driver = Driver.get(vendor)
         if self._arguments.maps:
             self._arguments.encode = tensordesc.TensorMaps.of_driver(self.driver.lib, self.driver.error_name)
+        # the module belongs to one context: a launch from a thread with none current makes it current there
+        self._context = self.driver._ensure_context(device) if vendor == "nvidia" else None
         self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module
         self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
         self.driver.call("ModuleLoadData", ctypes.byref(self._module), self._image)
@@ -186,6 +197,9 @@ class Kernel:
     def launch(self, gx: int, gy: int, gz: int, stream: int, args) -> None:
         with self._lock:
             code = self._submit(gx, gy, gz, stream, self._arguments.pack(args))
+            if code == CUDA_ERROR_INVALID_CONTEXT and self._context:   # a thread with no context yet
+                self.driver.make_current(self._context)
+                code = self._submit(gx, gy, gz, stream, self._arguments.pack(args))
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 
@@ -193,6 +207,9 @@ class Kernel:
         """Launch with argument values already matched to this binary (Arguments.pack_trusted)."""
         with self._lock:
             code = self._submit(gx, gy, gz, stream, self._arguments.pack_trusted(values))
+            if code == CUDA_ERROR_INVALID_CONTEXT and self._context:   # a thread with no context yet
+                self.driver.make_current(self._context)
+                code = self._submit(gx, gy, gz, stream, self._arguments.pack_trusted(values))
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 

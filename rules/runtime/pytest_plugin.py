@@ -3,10 +3,14 @@
     pytest --kforge-bundles out/dist                  # served where the bundles hold the specialization
     pytest --kforge-bundles out/dist --kforge-strict  # CI guard: fail the run, listing every specialization
                                                       # the bundles lack, so none reaches production unbuilt
+    pytest --kforge-bundles out/dist --kforge-verify  # also compile each served specialization with Triton once
+                                                      # and fail the run if a bundle's binary differs from it
     pytest --kforge-record specs/tests.jsonl          # record what the suite compiles (kforge_runtime.record)
 
 A miss compiles as usual (the test keeps running, so one run lists every miss); with --kforge-strict the
-session then fails, the summary naming each missing kernel and specialization and how to record them.
+session then fails, the summary naming each missing kernel and specialization and how to record them. Under
+pytest-xdist each worker serves its own tests and hands its counts, misses and differences to the controller
+when it finishes (xdist's workeroutput), so the verdict and the summary cover every worker.
 """
 from __future__ import annotations
 
@@ -21,14 +25,18 @@ def pytest_addoption(parser):
                     help="a kforge bundle (wheel or directory) or out/dist; repeatable")
     group.addoption("--kforge-strict", action="store_true",
                     help="fail the session listing every Triton specialization the bundles lack")
+    group.addoption("--kforge-verify", action="store_true",
+                    help="compile each served specialization with Triton once too, and fail the session if a "
+                         "bundle's binary differs from Triton's")
     group.addoption("--kforge-record", metavar="FILE",
                     help="append every Triton specialization the suite compiles or loads to FILE (JSON lines)")
 
 
 def pytest_configure(config):
     bundles = config.getoption("kforge_bundles")
-    if config.getoption("kforge_strict") and not bundles:
-        raise pytest.UsageError("--kforge-strict needs --kforge-bundles PATH (the bundles to check against)")
+    if (config.getoption("kforge_strict") or config.getoption("kforge_verify")) and not bundles:
+        raise pytest.UsageError("--kforge-strict and --kforge-verify need --kforge-bundles PATH (the bundles to "
+                                "serve and check)")
     if config.getoption("kforge_record"):
         import os
 
@@ -37,31 +45,76 @@ def pytest_configure(config):
         recorder.install()
         config.add_cleanup(recorder.uninstall)
     if bundles:
+        from .bundle import BundleError
         from .library import Library
         from .serve import serve
-        config.stash[SERVER] = serve(Library(*bundles), strict=False)
+        try:
+            library = Library(*bundles)
+        except BundleError as e:
+            raise pytest.UsageError(f"--kforge-bundles: {e}") from None
+        config.stash[SERVER] = serve(library, strict=False, verify=config.getoption("kforge_verify"))
+        config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
+                                "broken": []}
+
+
+def _own(server) -> dict:
+    return {"served": server.served, "compiled": server.compiled, "verified": server.verified,
+            "misses": server.misses, "differences": server.differences,
+            "broken": [server.broken] if server.broken else []}
+
+
+def _add(totals: dict, part: dict) -> None:
+    for k in ("served", "compiled", "verified"):
+        totals[k] += part.get(k, 0)
+    for k in ("misses", "differences", "broken"):
+        totals[k] += [x for x in part.get(k, []) if x not in totals[k]]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker finished; add what it served."""
+    totals = node.config.stash.get(TOTALS, None)
+    output = getattr(node, "workeroutput", None) or {}
+    if totals is not None and "kforge" in output:
+        _add(totals, json.loads(output["kforge"]))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    server = session.config.stash.get(SERVER, None)
-    if server is not None and server.misses and session.config.getoption("kforge_strict"):
+    config = session.config
+    server = config.stash.get(SERVER, None)
+    if server is None:
+        return
+    if hasattr(config, "workeroutput"):   # an xdist worker: the controller judges and reports
+        config.workeroutput["kforge"] = json.dumps(_own(server))
+        return
+    totals = config.stash[TOTALS]
+    _add(totals, _own(server))
+    failed = (config.getoption("kforge_strict") and (totals["misses"] or totals["broken"])) or \
+        (config.getoption("kforge_verify") and (totals["differences"] or totals["broken"]))
+    if failed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    server = config.stash.get(SERVER, None)
-    if server is None:
+    totals = config.stash.get(TOTALS, None)
+    if totals is None or hasattr(config, "workeroutput"):
         return
-    terminalreporter.write_sep("-", f"kforge: {server.served} specializations served, {server.compiled} compiled, "
-                                    f"{len(server.misses)} missing from the bundles")
-    for line in server.misses:
+    verified = (f", {totals['verified']} verified against Triton's JIT ({len(totals['differences'])} differ)"
+                if config.getoption("kforge_verify") else "")
+    terminalreporter.write_sep("-", f"kforge: {totals['served']} specializations served, {totals['compiled']} "
+                                    f"compiled, {len(totals['misses'])} missing from the bundles{verified}")
+    for line in totals["broken"] + totals["differences"]:
+        terminalreporter.write_line(line)
+    for line in totals["misses"]:
         shown = {k: line[k] for k in ("signature", "constexprs", "divisible_by_16", "options", "autotune")
                  if k in line}
-        terminalreporter.write_line(f"missing: {line['kernel']} ({line['arch']}) {json.dumps(shown)}")
-    if server.misses:
+        why = " (held, but built from other source)" if "source_key" in line else ""
+        terminalreporter.write_line(f"missing: {line['kernel']} ({line['arch']}){why} {json.dumps(shown)}")
+    if totals["misses"]:
         terminalreporter.write_line("record them (pytest --kforge-record specs/tests.jsonl, or python -m "
                                     "kforge_runtime.record --out specs/app.jsonl app.py), then build (doit) and "
                                     "package (doit package) again")
 
 
 SERVER = pytest.StashKey()
+TOTALS = pytest.StashKey()

@@ -139,6 +139,7 @@ class Recorder:
 
     def __init__(self, path: str, arch: str | None = None):
         self.path, self.seen, self.lock = path, set(), threading.Lock()
+        self.off = False   # the file turned out unwritable: warned once, records nothing more
         self.arch = arch   # None: the current device's, asked of Triton's driver at the first record
         self.previous = None
         self.tuning = threading.local()   # .depth: inside an autotuner's run, where compiles are candidates
@@ -195,31 +196,60 @@ class Recorder:
     def write(self, line: dict) -> None:
         text = json.dumps(line, sort_keys=True)
         with self.lock:
-            if text in self.seen:
+            if text in self.seen or self.off:
                 return
             self.seen.add(text)
-            append_once(self.path, text)
+            try:
+                append_once(self.path, text)
+            except Unwritable as e:   # said once; the process runs on unrecorded (recording never changes what runs)
+                self.off = True
+                sys.stderr.write(f"kforge record: {self.path}: {e}; nothing is recorded in this process. Record into "
+                                 f"a file (KFORGE_RECORD=specs/app.jsonl)\n")
+
+
+class Unwritable(OSError):
+    """The record file is not a regular file (a FIFO, a pipe, a terminal, a device) or cannot be opened."""
 
 
 def append_once(path: str, text: str) -> bool:
     """Append the line `text` to the record file unless the file holds it: every process of an application
     (torchrun's ranks, a worker pool, a rerun) records into one file, each line once. The check and the append
     happen under an exclusive lock on the file, and the line goes out in one write() on an O_APPEND descriptor,
-    so that writers at the same time neither interleave nor repeat a line. True if appended."""
+    so that writers at the same time neither interleave nor repeat a line. The file is opened without blocking
+    and must be a regular file (Unwritable otherwise: a FIFO would block, /dev/zero never end), and it is read a
+    chunk at a time, so memory stays bounded whatever its size. True if appended."""
     import fcntl
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    import stat
     try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError as e:
+        raise Unwritable(f"cannot open it ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Unwritable(f"it is {_kind(mode)}, not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd is closed
-        chunks = []
+        wanted, tail, last = text.encode(), b"", b"\n"
         while chunk := os.read(fd, 1 << 20):   # the descriptor starts at offset 0; appends go to the end anyway
-            chunks.append(chunk)
-        held = b"".join(chunks)
-        if text.encode() in held.split(b"\n"):
+            lines = (tail + chunk).split(b"\n")
+            tail, last = lines.pop(), chunk[-1:]
+            if wanted in lines:
+                return False
+        if tail == wanted:
             return False
-        os.write(fd, (b"\n" if held and not held.endswith(b"\n") else b"") + text.encode() + b"\n")
+        os.write(fd, (b"\n" if last != b"\n" else b"") + wanted + b"\n")
         return True
     finally:
         os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    import stat
+    for test, name in ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a terminal or character device"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 @contextlib.contextmanager

@@ -13,6 +13,13 @@ when found, puts a served kernel in Triton's cache in place of a compiled one, s
 Triton's own fast path to it. A served kernel launches through kforge's loader (the driver's launch call, on
 Triton's current stream), which a CUDA graph captures like any launch.
 
+A bundle entry is served only to the function it was built from: its Triton source key (Triton's digest of
+the kernel's source, the @jit functions it calls, the constexpr globals it reads) must equal the calling
+function's, so a library upgraded, patched or imported from another checkout after the build compiles (or,
+strict, stops) instead of launching a binary of other code. A bundle that cannot be read is one line: an error
+under strict, else a warning, and every call compiles. With verify=True the first launch of each served
+specialization is also compiled by Triton and the two binaries compared (rules/runtime/verify.py).
+
 An autotuned kernel (@triton.autotune) asks the bundles first: the config recorded for the call's autotuning
 key (the manifest's "autotune" table, from the record's "autotune" lines) goes into the autotuner's cache, so
 it benchmarks nothing (the call's specialization with that config must then be in the bundles, as any other);
@@ -79,6 +86,15 @@ def miss_message(line: dict) -> str:
             f"(doit package) again, or serve with strict=False to let Triton compile it")
 
 
+def other_source_message(line: dict, entry: dict) -> str:
+    """strict=True's error for a specialization the bundles hold for another version of the kernel's source."""
+    return (f"kforge serve (strict): the bundles' {line['kernel']} for {line['arch']} ({entry.get('target')}) was "
+            f"built from other source than the one this process runs (Triton source key "
+            f"{str(entry.get('triton_source_key'))[:12]}, this process's {line['source_key'][:12]}): the library or "
+            f"kernel changed since the build. Build (doit) and package (doit package) again from this source, or "
+            f"serve with strict=False to let Triton compile it")
+
+
 def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
     """strict=True's error for an autotuned kernel whose choice for this key the bundles cannot serve."""
     what = ("has no recorded choice for its autotuning key" if recorded is None else
@@ -95,6 +111,7 @@ class Served:
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool]):
         self.load, self.kernel = load, None
+        self.bundle = self.entry = None   # where the binary comes from (verify reads it)
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = None
 
@@ -155,8 +172,11 @@ def light_driver() -> None:
 class Server:
     """The bundles' entries by identity, and Triton's JIT wrapped to use them."""
 
-    def __init__(self, library, strict: bool):
-        self.library, self.strict = library, strict
+    def __init__(self, library, strict: bool, verify: bool = False):
+        self.library, self.strict, self.verify = library, strict, verify
+        self.broken: str | None = None   # why the bundles could not be read (one line), once they were tried
+        self.verified = self.verify_failures = 0
+        self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
         self.entries: dict[str, tuple] = {}
         self.tuned: dict[tuple, dict] = {}   # (kernel, autotuning key) -> the config recorded for it
@@ -167,31 +187,53 @@ class Server:
         self.lock = threading.Lock()
 
     def summary(self) -> str:
+        verified = (f"; verify: {self.verified} checked against Triton's JIT, {len(self.differences)} differ"
+                    if self.verify else "")
         return (f"{self.served} specializations served, {self.compiled} compiled, {self.tuned_configs} autotuned "
-                f"configs chosen from the record")
+                f"configs chosen from the record{verified}")
 
     def index(self) -> str:
-        """The device's arch; at the first call, the entries of the bundles for it, by identity."""
+        """The device's arch; at the first call, the entries of the bundles for it, by identity. Bundles that
+        cannot be read serve nothing: NotServed under strict, else one warning (every call then compiles)."""
         with self.lock:
             if self.arch is None:
                 from triton.runtime import driver
+
+                from .bundle import BundleError
                 arch = arch_name(driver.active.get_current_target())
-                for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
-                    for entry in bundle.artifacts:
-                        found = entry_identity(entry)
-                        if found is not None:
-                            self.entries.setdefault(found, (bundle, entry))
-                    self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["config"]) for t in bundle.autotune)
+                try:
+                    for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
+                        for entry in bundle.artifacts:
+                            found = entry_identity(entry)
+                            if found is not None:
+                                self.entries.setdefault(found, (bundle, entry))
+                        self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["config"])
+                                          for t in bundle.autotune)
+                except (BundleError, OSError) as e:
+                    self.entries.clear()
+                    self.tuned.clear()
+                    self.broken = f"kforge serve: cannot serve from the bundles for {arch}: {_one_line(e)}"
+                    if not self.strict:
+                        import sys
+                        sys.stderr.write(f"{self.broken}; every kernel compiles instead\n")
                 self.arch = arch
+            if self.broken and self.strict:
+                raise NotServed(self.broken)
         return self.arch
 
-    def lookup(self, fn, signature, constexprs, attrs, options):
+    def lookup(self, fn, signature, constexprs, attrs, options, device: int | None = None):
         if self.preload_at_first_call:
             self.preload_at_first_call = False
             self.preload()
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
                            options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
+        if found is not None and found[1].get("triton_source_key") != fn.cache_key:
+            line["source_key"] = fn.cache_key   # built from other code: as good as not held
+            self.missed(line)
+            if self.strict:
+                raise NotServed(other_source_message(line, found[1]))
+            return None
         if found is None:
             self.missed(line)
             if self.strict:
@@ -199,8 +241,31 @@ class Server:
             return None
         bundle, entry = found
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
-        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry), positions,
-                      [a["type"].startswith("*") for a in entry["signature"]])
+        served = Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
+                        [a["type"].startswith("*") for a in entry["signature"]])
+        served.bundle, served.entry = bundle, entry
+        return served
+
+    def compare(self, served: Served, compiled) -> None:
+        """verify: the served binary against the one Triton's JIT compiled for the same call; a difference is
+        one line on stderr and in self.differences (strict: NotServed)."""
+        from .verify import differences
+        entry = served.entry
+        binary = next((compiled.asm[k] for k in ("cubin", "hsaco") if k in compiled.asm), b"")
+        try:
+            found = differences(served.bundle.binary(entry), binary, entry, compiled.metadata)
+        except Exception as e:   # the bundle's binary cannot be read: that is a difference too
+            found = [_one_line(e)]
+        with self.lock:
+            self.verified += 1
+            if found:
+                line = f"kforge verify: {entry.get('target')} differs from Triton's JIT: {'; '.join(found)}"
+                self.differences.append(line)
+        if found:
+            import sys
+            sys.stderr.write(line + "\n")
+            if self.strict:
+                raise NotServed(line)
 
     def preload(self) -> None:
         """Check and load every binary the device's bundles hold now, not at each kernel's first launch: a
@@ -245,15 +310,21 @@ class Server:
 _active: list[Server] = []
 
 
-def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
+def _one_line(error: Exception) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = False) -> Server:
     """Make every Triton JIT function whose specialization the bundles hold launch the prebuilt binary.
     bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist).
-    preload: load every binary for this device now (Server.preload), not at each kernel's first launch."""
+    preload: load every binary for this device now (Server.preload), not at each kernel's first launch.
+    verify: also compile each served specialization with Triton once and compare the binaries (verify.py)."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     from .library import Library
-    server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict)
+    server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict, verify)
     light_driver()
     specializer.prime()
     if not getattr(Autotuner.run, "kforge_served", False):
@@ -277,8 +348,11 @@ def serve(bundles, strict: bool = False, preload: bool = False) -> Server:
         def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
             if _active:
                 server = _active[-1]
-                served = server.lookup(self, signature, constexprs, attrs, options)
+                served = server.lookup(self, signature, constexprs, attrs, options, device)
                 if served is not None:
+                    if server.verify:   # Triton's own compile of the call, then the served kernel in its place
+                        server.compare(served, compile_it(self, key, signature, device, constexprs, options, attrs,
+                                                          warmup))
                     kernel_cache = self.device_caches[device][0]
                     kernel_cache[key] = served
                     with server.lock:
@@ -312,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundles", required=True, action="append", help="a bundle wheel or directory, or out/dist")
     ap.add_argument("--strict", action="store_true", help="a specialization no bundle holds is an error")
     ap.add_argument("--preload", action="store_true", help="load every binary for this GPU before the script runs")
+    ap.add_argument("--verify", action="store_true",
+                    help="also compile each served specialization with Triton once and compare the binaries")
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
@@ -325,11 +401,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from .library import Library
     start = time.perf_counter()
-    server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload)
+    server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload, verify=a.verify)
     setup = time.perf_counter() - start
     # the script's Python children (worker pools, subprocesses) are served too: kforge_runtime/startup.py
-    os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *(["strict"] if a.strict else []),
-                                                    *(["preload"] if a.preload else [])]))
+    flags = [f for f in ("strict", "preload", "verify") if getattr(a, f)]
+    os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *flags]))
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     try:

@@ -16,9 +16,13 @@ and subprocess Python children are recorded and served too (a forked child inher
     preload   every binary for the GPU is loaded at the first kernel call, not at each kernel's first launch
               (not at `import triton`: a torchrun rank picks its GPU after that)
     report    at exit, one line on stderr: the process id and what was served and compiled
+    verify    the first launch of each served specialization is also compiled by Triton and the binaries
+              compared; each difference is one line on stderr (rules/runtime/verify.py)
 
-A value that cannot be applied stops the process at its `import triton` with one line saying what to fix:
-serving that was asked for and silently not done would compile instead.
+A value that cannot be applied stops the process at its `import triton` with one line saying what to fix (no
+traceback): serving that was asked for and silently not done would compile instead. Whatever ran before
+`import triton` (torch's CUDA set-up, importlib.util.find_spec("triton"), a library importing Triton lazily), the
+switches apply at the import that runs Triton's module (after_import.py).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import sys
 
 from .after_import import AfterImport
 
-FLAGS = ("strict", "preload", "report")
+FLAGS = ("strict", "preload", "report", "verify")
 
 
 class SwitchError(RuntimeError):
@@ -56,7 +60,16 @@ def start() -> None:
 
 
 def apply() -> None:
-    """Record and serve this process as the variables say; Triton is imported."""
+    """Record and serve this process as the variables say; Triton is imported. A value that cannot be
+    applied ends the process with one line (SystemExit: no traceback)."""
+    try:
+        _apply()
+    except SwitchError as e:
+        sys.stderr.write(f"{e}\n")
+        raise SystemExit(2) from None
+
+
+def _apply() -> None:
     record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
     if served:   # checked first: a bad value stops the process before anything is installed
         paths, flags = parse_serve(served)
@@ -64,9 +77,14 @@ def apply() -> None:
         from .record import Recorder
         Recorder(record).install()
     if served:
+        from .bundle import BundleError
         from .library import Library
         from .serve import serve
-        server = serve(Library(*paths), strict="strict" in flags)
+        try:
+            library = Library(*paths)
+        except BundleError as e:
+            raise SwitchError(f"kforge: KFORGE_SERVE: {e}") from None
+        server = serve(library, strict="strict" in flags, verify="verify" in flags)
         server.preload_at_first_call = "preload" in flags
         if "report" in flags:
             import atexit
