@@ -239,3 +239,12 @@ def test_configs_and_ids_are_those_of_a_config_by_config_reading(tmp_path):
         assert not isinstance(expected, str), (case, text, expected)
         assert (list(spec.configs), [config_id(spec, c) for c in spec.configs]) == expected, (case, text)
         assert len(spec.configs) == len(expected[0])
+
+
+def test_a_compile_option_under_constants_is_refused_naming_where_it_belongs(tmp_path):
+    text = spec_text().replace("num_warps = [4]", "").replace("-w{num_warps}", "").split("[sweep]")
+    text = text[0] + "[constants]\nnum_warps = 8\n\n[sweep]" + text[1]
+    root = make_project(tmp_path, specs={"s": text})
+    with pytest.raises(SpecError, match=r"\[constants\] num_warps: num_warps is a compile option, not a constexpr of "
+                                        r"scale_kernel; set it in \[sweep\] \(`num_warps = \[8\]`\)"):
+        load_spec(root / "specs" / "s.toml", root)

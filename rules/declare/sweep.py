@@ -126,6 +126,9 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
         if p in constants:
             raise SpecError(f"{where}: {p} is both in [constants] and in [sweep]; keep one")
     for c in constants:
+        if c in options:   # a compile option, not an argument: it goes where options go
+            raise SpecError(f"{where}: [constants] {c}: {c} is a compile option, not a constexpr of {spec.entry}; "
+                            f"set it in [sweep] (`{c} = [{constants[c]!r}]`), or for one arch in [arch.<arch>]")
         if c not in constexprs and c not in hints:
             raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
                             f"constexprs: {list(constexprs)}")
