@@ -1,11 +1,13 @@
 """compile_core: compile_into handing back a (fake) backend's binary as a candidate artifact, compiled with
-another project's out/ for its scratch files, through a real compile server. checked()'s refusals are in
+another project's out/ for its scratch files, through a real compile server; a library imported at most once
+in any compile server (one that registers torch operators at import, one whose import fails). checked()'s refusals are in
 tests/test_action.py; CompileResult is tested in tests/test_arrival.py."""
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import types
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from kforge.store.arrival import CompileResult
 from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
-from tests.support import doit, make_project
+from tests.support import doit, make_project, statuses
 
 # --- the backend table ------------------------------------------------------------------------------------------
 
@@ -160,3 +162,84 @@ def test_the_compilers_temp_files_go_to_the_compiles_scratch_folder(compiled, fa
     meta = meta_of(into(compiled, private))
     assert meta["seen_tempdir"] == meta["seen_TMPDIR"] == meta["seen_scratch"]
     assert list(Layout(private).scratch.iterdir()) == []
+
+
+# --- a library is imported at most once in any compile server (import_context) ---------------------------
+
+REGOPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+import regops
+
+
+@triton.jit
+def {entry}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * {factor}, mask=i < n)
+'''
+
+REGOPS_FILES = {
+    # the common pattern: the package defines its torch operators when imported
+    "regops/__init__.py": '''
+        import os
+
+        import torch
+
+        if os.environ.get("REGOPS_BROKEN_FLAG") and os.path.exists(os.environ["REGOPS_BROKEN_FLAG"]):
+            raise ImportError("regops: its native backend cannot load (a missing dependency)")
+        LIB = torch.library.Library("kforge_regops", "FRAGMENT")
+        LIB.define("twice(Tensor x) -> Tensor")
+        ''',
+    "regops/one.py": REGOPS_KERNEL.format(entry="one_kernel", factor=2),
+    "regops/two.py": REGOPS_KERNEL.format(entry="two_kernel", factor=3),
+}
+
+REGOPS_SPEC = '''
+[kernel]
+name = "{name}"
+module = "regops.{module}"
+entry = "{module}_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+id = "b{{BLOCK}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+BLOCK = [128, 256]
+num_warps = [4]
+'''
+
+
+def regops_project(tmp_path: Path) -> tuple[Path, dict]:
+    site = tmp_path / "site"
+    for rel, text in REGOPS_FILES.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    root = make_project(tmp_path / "p", specs={f"reg_{m}": REGOPS_SPEC.format(name=f"reg_{m}", module=m)
+                                               for m in ("one", "two")}, kernels={})
+    return root, {"PYTHONPATH": str(site)}
+
+
+def test_a_library_that_registers_torch_operators_at_import_builds_every_target_in_one_worker(tmp_path):
+    root, env = regops_project(tmp_path)
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)   # one worker: every module and arch in turn
+    assert len(statuses(root, "built")) == 8   # 2 modules x 2 archs x 2 configs
+
+
+def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_against_it(tmp_path):
+    root, env = regops_project(tmp_path)
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    env = {**env, "REGOPS_BROKEN_FLAG": str(flag)}
+    proc = doit(root, "-n", "1", "reg_one", env=env, check=False)
+    assert proc.returncode != 0
+    assert len(statuses(root, "failed")) == 4 and not statuses(root, "built"), proc.stdout[-3000:]
+    flag.unlink()   # the cause is gone (the failure's inputs include the flag's absence: nothing to replay)
+    doit(root, "-n", "1", "reg_one", env=env)
+    assert len(statuses(root, "built")) == 4

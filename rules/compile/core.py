@@ -95,12 +95,16 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     """In the compile server, once per target: meta.json gets the files the compile read (its depfile)."""
     target, scratch_dir = request
-    start = time.time()
+    importing = time.time()
     device_model.serving(target.kernel)
     recorder = _observed(target)
     recorder.skip_out(str(target.layout.out))   # where scratch_dir lies: the project's out/, or a private one
     try:
         with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
+            imports = backend.imports_module and target.module not in sys.modules   # the server's one import,
+            if imports:                                                            # timed on its own
+                importlib.import_module(target.module)
+            start = time.time()
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
@@ -110,10 +114,18 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
         # the compiler's verdict on these inputs (a compile error, a resource check such as shared memory): the
         # same key and inputs give it again, so it is kept with what the compile read (rules/compile/action.py). Not so
         # a file that could not be written, or memory that ran out: the machine's state, not the inputs'.
-        if not isinstance(e, (OSError, MemoryError, artifact.ArtifactError)):
+        imported = not backend.imports_module or target.module in sys.modules
+        if imported and not isinstance(e, (OSError, MemoryError, artifact.ArtifactError)):
             e.kforge_facts = {"inputs": _inputs(recorder)}
+        if not imported:
+            # the import failed partway: its package may stay half-imported here, and no later target may build
+            # against that; the next target of this context imports it again in a fresh server. Nor is such a
+            # failure replayed: a missing dependency or a backend that cannot load is the environment's, and
+            # what the import failed to find is no file the record holds
+            e.kforge_retire = True
         raise
-    return candidate._replace(result=candidate.result._replace(spans=(("compile", start, lowered_at),
+    spans = (("import", importing, start),) if imports else ()
+    return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),
                                                                        ("check", lowered_at, time.time()))))
 
 
@@ -125,36 +137,41 @@ def _inputs(recorder: observe.Recorder) -> list[list[str]]:
 
 
 _named_from: list = ["", ()]   # the project this server compiles for and its module path at start-up
-_serving: list = [None]   # the modules the server's state was imported for
+_serving: list = [None]   # the import context this server was started for (import_context)
+
+
+def import_context(target: Target) -> tuple:
+    """What a compile server imports for the target: its module, the modules of its "function" arguments, and
+    its arch where the import sees one (the device model, set-up hooks). A server imports one context, once: a
+    library is never imported twice in a process (Python module state could be dropped and imported again;
+    C++ registries such as torch's operator library cannot), and a library imported under one arch's device
+    model never compiles for another."""
+    functions = tuple(sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature))
+    return target.module, functions, target.arch if target.device_model or target.setup else None
 
 
 def _observed(target: Target) -> observe.Recorder:
-    """The recorder of this server, reading for this target. What a compile reads is recorded from a fresh
-    import of its module: a target of another module (or other "function" arguments) first drops the modules
-    the previous ones imported (not the toolchain's), so each compile's record holds every file its import
-    read, whatever the server compiled before; targets of one module share the import (and the record)."""
+    """The recorder of this server, reading for this target. The server's first target starts it before the
+    import, so every target's record holds every file the import read; the targets of one server share the
+    import (and the record)."""
     recorder = observe.Recorder.installed
-    functions = sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature)
-    # a module imported under the device model or after a set-up hook saw one arch: another arch imports it again
-    per_arch = target.device_model or target.setup
-    wanted = (target.module, functions, target.arch if per_arch else None)
-    if _serving[0] != wanted:
-        for name in recorder.owned_modules():
-            sys.modules.pop(name, None)
-        importlib.invalidate_caches()
-        _serving[0] = None
+    wanted = import_context(target)
+    if _serving[0] is None:
         recorder.start()
-        # before the module is imported: the model answers as this arch's reference GPU, the hooks run (again:
-        # what they set up may live in the modules just dropped); their reads are this compile's inputs too
+        # before the module is imported: the model answers as this arch's reference GPU, the hooks run; their
+        # reads are this compile's inputs too
         device_model.prepare(target.arch, target.device_model, target.setup)
         _serving[0] = wanted
+    elif _serving[0] != wanted:   # _server_for keys servers by context: never reached, unless that changes
+        raise RuntimeError(f"a compile server of {_serving[0]} was asked to compile {target.name}")
     return recorder
 
 
 def _server_for(target: Target, backend: Backend, root: str, import_in_server: bool) -> isolate.Server:
-    # the device model and set-up hooks change the process for good: families with others have servers of their own
+    # one server per import context (import_context), and per environment, device model and set-up hooks, which
+    # change the process for good
     wanted = (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
-              target.setup)
+              target.setup, import_context(target))
     server = _servers.pop(wanted, None)
     if server is None:
         setup = functools.partial(_server_setup, target, backend, root, import_in_server)

@@ -164,4 +164,5 @@ def _code_object(launcher) -> bytes:
 lowering.register("flydsl", lowering.Backend(
     lower, warm, setup=setup,
     arch_per_process=True,   # FlyDSL reads ARCH from the environment: one server per arch
-    import_in="worker"))     # once per doit worker (about 2 s), inherited by its servers, one per arch
+    import_in="worker",       # once per doit worker (about 2 s), inherited by its servers, one per arch
+    imports_module=True))

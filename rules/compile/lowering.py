@@ -36,6 +36,9 @@ class Backend:
     # once and its servers inherit it
     import_in: str
     setup: Callable[[str], None] | None = None   # (arch): once in each server of an arch_per_process backend
+    # True when lower() imports the target's module by its name (both real backends): the compile core then
+    # imports it first, timed as the server's "import", and knows a failed import when it sees one
+    imports_module: bool = False
 
 
 BACKENDS: dict[str, Backend] = {}   # toolchain (as in specs) -> its backend, once its module is imported

@@ -26,6 +26,10 @@ def warm(root: str) -> None:
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
     from triton.runtime.cache import triton_key
     triton_key()   # hashes libtriton once; the forked compile server reuses it
+    try:   # what kernel libraries import first; part of the toolchain (never an input), imported once here
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     _canonical_file_names(root)
     _root = root
 
@@ -140,7 +144,9 @@ def _function(ref: str, target):
 lowering.register("triton", lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
-    # Each compile server imports Triton itself: on the 16-CPU H100 host, builds were 1.04x and 1.02x as fast that
-    # way as when the servers inherited the import from the doit master (two runs of 6 and 5 alternating pairs,
-    # docs/benchmarks.md), though each server then pays the 0.5 s import.
-    import_in="server"))
+    # The doit worker imports Triton and torch once and every compile server forks from it: a server imports one
+    # kernel module (compile/core.py's import_context), so a worker starts one per module it builds, and each
+    # would otherwise pay those imports again (liger's 100-line record at -n 2 on the dev machine: see
+    # docs/benchmarks.md, "A library imported once per process").
+    import_in="worker",
+    imports_module=True))

@@ -77,7 +77,7 @@ class Server:
                 status = self._reap()
                 return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log))
             seconds = time.monotonic() - start
-            if payload.get("retire"):   # grown past its memory bound: the next call forks a fresh child
+            if payload.get("retire"):   # grown past its memory bound, or unfit: the next call forks a fresh child
                 self._kill()
             if "error" in payload:
                 return Outcome(False, seconds, error=payload["error"] + _tail(log),
@@ -160,6 +160,8 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
                     payload = {"result": fn(request)}
                 except Exception as e:   # the compiler's own error: report it shortened, keep its traceback
                     payload = _error_payload(e)
+                    if getattr(e, "kforge_retire", False):   # fn says this process is no longer fit to serve
+                        payload["retire"] = True
             sys.stderr.flush()
             if _resident_mb() - baseline_mb > retire_after_mb:
                 payload["retire"] = True

@@ -306,19 +306,6 @@ class Recorder:
             return None                                # version is keyed
         return _inside(path, real, within)
 
-    def owned_modules(self) -> list[str]:
-        """The names of the modules imported since start() that are not the toolchain's: what a fresh import of
-        another kernel module must not find already imported."""
-        skip = self.skip
-        found = []
-        for name in set(sys.modules) - self.modules:
-            module = sys.modules.get(name)
-            where = vars(module).get("__file__") if module is not None else None
-            paths = [where] if isinstance(where, str) else list(vars(module).get("__path__") or ())
-            if paths and not any(os.path.realpath(p).startswith(skip) for p in paths):
-                found.append(name)
-        return found
-
 
 def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
     """The path as opened when it names the file (_as_opened) and lies strictly inside one of `within` (the

@@ -148,6 +148,8 @@ class BuildReporter(ConsoleReporter):
         summary = []
         if slowest:
             summary.append("slowest compiles: " + ", ".join(f"{r['name']} {compile_time(r):.2f}s" for r in slowest))
+        if origins["compiled"]:   # where the time went besides compiling: the next gap is seen by whoever hits it
+            summary.append(_time_spent(self.trace.totals(), sum(r["seconds"] for r in records)))
         if self.warnings:   # each was shown as it came; the first again here, where a terminal still shows it
             extra = len(self.warnings) - 1
             more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
@@ -183,6 +185,19 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+def _time_spent(phases: dict[str, float], in_tasks: float) -> str:
+    """One line: the seconds the compile targets spent in each phase (summed over workers), and in none of them
+    (a compile server's start, doit's own work)."""
+    order = ["compile", "import", "check", "write", "local cache lookup", "cache lookup", "local cache store",
+             "cache upload"]
+    shown = [p for p in order if phases.get(p)] + sorted(p for p in phases if p not in order and p != "queue")
+    spent = sum(phases.get(p, 0.0) for p in shown)
+    parts = [f"{p} {phases[p]:.1f} s" for p in shown]
+    parts.append(f"other {max(in_tasks - spent, 0.0):.1f} s")
+    return (f"kforge: time in targets, summed over workers: {', '.join(parts)}; queued {phases.get('queue', 0.0):.1f} s "
+            f"(out/build-trace.json)")
 
 
 def _trimming(cache) -> list[str]:

@@ -2,7 +2,8 @@
 open it as it is), one row per doit worker process.
 
 Each compile target is a slice per phase: "queue" (from when doit handed it out to when its worker began it),
-then what its action reports (rules/compile/action.py): "local cache lookup", "cache lookup", "compile", "write",
+then what its action reports (rules/compile/action.py): "local cache lookup", "cache lookup", "import" (a compile
+server's one import of the kernel's module: its first target), "compile", "check", "write",
 "local cache store", "cache upload". A target
 whose action failed, a package task and any other task (a tuning, a verify sweep) is one slice of the time
 doit saw it take, on a row of its own (failed, package, tune, ...).
@@ -45,6 +46,14 @@ class Trace:
             self._slice(row, name, "queue", handed, spans[0][1], args)
         for phase, start, end in spans:
             self._slice(row, name, phase, start, end, args)
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase over the run's compile targets (queue, import, compile, cache lookups, ...)."""
+        found: dict[str, float] = {}
+        for e in self.slices:
+            if "target" in e["args"] and e["cat"] not in ("failed", "package"):
+                found[e["cat"]] = found.get(e["cat"], 0.0) + e["dur"] / 1e6
+        return found
 
     def task(self, row: str, name: str, phase: str, handed: float, finished: float, family: str = "") -> None:
         """A task seen only from doit's side (a failed compile, a package): one slice on `row`."""

@@ -175,7 +175,7 @@ class Server:
     def __init__(self, library, strict: bool, verify: bool = False):
         self.library, self.strict, self.verify = library, strict, verify
         self.broken: str | None = None   # why the bundles could not be read (one line), once they were tried
-        self.verified = self.verify_failures = 0
+        self.verified = 0
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
         self.entries: dict[str, tuple] = {}
