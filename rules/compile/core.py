@@ -79,12 +79,28 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
+    if backend.imports_module and "torch" not in sys.modules and not _in_project(target.source, root):
+        _import_torch()
     scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
         return _server_for(target, backend, root, import_in_server).call((target, scratch_dir), timeout,
                                                                          log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
+
+
+def _in_project(source: str, root: str) -> bool:
+    return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
+
+
+def _import_torch() -> None:
+    """An installed library's kernels (a `module =` family, a record) come with torch: imported once in this
+    worker, every compile server forked from it has it (each server imports one kernel module, and would pay
+    torch's 1.6-2 s import again). A project's own kernels rarely need it: they do not pay for it."""
+    try:
+        import torch  # noqa: F401  (part of the toolchain: never an input)
+    except ImportError:
+        pass
 
 
 def compile_into(target: Target, private_root: Path, root: str, timeout: float) -> isolate.Outcome:

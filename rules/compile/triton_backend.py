@@ -26,10 +26,6 @@ def warm(root: str) -> None:
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
     from triton.runtime.cache import triton_key
     triton_key()   # hashes libtriton once; the forked compile server reuses it
-    try:   # what kernel libraries import first; part of the toolchain (never an input), imported once here
-        import torch  # noqa: F401
-    except ImportError:
-        pass
     _canonical_file_names(root)
     _root = root
 
@@ -144,9 +140,8 @@ def _function(ref: str, target):
 lowering.register("triton", lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
-    # The doit worker imports Triton and torch once and every compile server forks from it: a server imports one
-    # kernel module (compile/core.py's import_context), so a worker starts one per module it builds, and each
-    # would otherwise pay those imports again (liger's 100-line record at -n 2 on the dev machine: see
-    # docs/benchmarks.md, "A library imported once per process").
+    # The doit worker imports Triton once and every compile server forks from it: a server imports one kernel
+    # module (compile/core.py's import_context), so a worker starts one per module it builds, and each would
+    # otherwise pay that import again (docs/benchmarks.md, "A library imported once per process").
     import_in="worker",
     imports_module=True))
