@@ -79,7 +79,7 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    if backend.imports_module and "torch" not in sys.modules and not _in_project(target.source, root):
+    if backend.imports_module and "torch" not in sys.modules and _requires_torch(target.module.split(".")[0]):
         _import_torch()
     scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
@@ -89,14 +89,25 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
         shutil.rmtree(scratch_dir, ignore_errors=True)
 
 
-def _in_project(source: str, root: str) -> bool:
-    return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
+@functools.lru_cache(maxsize=None)
+def _requires_torch(package: str) -> bool:
+    """Whether an installed distribution providing this top-level package requires torch (liger-kernel does)."""
+    import importlib.metadata as metadata
+    import re
+    for dist in metadata.packages_distributions().get(package, ()):
+        try:
+            requires = metadata.requires(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        if any(re.match(r"torch\b(?![-_.\w])", r) for r in requires if "extra ==" not in r):
+            return True
+    return False
 
 
 def _import_torch() -> None:
-    """An installed library's kernels (a `module =` family, a record) come with torch: imported once in this
-    worker, every compile server forked from it has it (each server imports one kernel module, and would pay
-    torch's 1.6-2 s import again). A project's own kernels rarely need it: they do not pay for it."""
+    """A library that requires torch imports it: imported once in this worker, every compile server forked from
+    it has it (each server imports one kernel module, and would pay torch's 1.6-2 s import again). Kernels that
+    do not need torch do not pay for it."""
     try:
         import torch  # noqa: F401  (part of the toolchain: never an input)
     except ImportError:
