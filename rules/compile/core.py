@@ -79,7 +79,8 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    if backend.imports_module and "torch" not in sys.modules and _requires_torch(target.module.split(".")[0]):
+    if backend.imports_module and "torch" not in sys.modules and not _in_project(target.source, root) \
+            and _requires_torch(target.module.split(".")[0]):
         _import_torch()
     scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
@@ -87,6 +88,11 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
                                                                          log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
+
+
+def _in_project(source: str, root: str) -> bool:
+    """Whether a kernel's source is the project's own (its packages are no installed distribution's)."""
+    return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
 
 
 @functools.lru_cache(maxsize=None)
