@@ -98,7 +98,7 @@ class Driver:
             raise LaunchError(f"cannot load {lib} ({e}): this process has no {vendor} GPU driver") from None
         self.call("Init", 0)
         if vendor == "nvidia":
-            self._ensure_context()
+            self.context()
 
     @classmethod
     def get(cls, vendor: str) -> "Driver":
@@ -119,7 +119,7 @@ class Driver:
         self.lib.cuGetErrorName(code, ctypes.byref(name))
         return name.value.decode() if name.value else str(code)
 
-    def _ensure_context(self, device: int | None = None) -> int:
+    def context(self, device: int | None = None) -> int:
         """The context this thread uses: the current one (torch's, say); in a thread with none, the primary
         context of `device` (device 0 if not given), made current: what torch's own work in that thread uses.
         PyTorch runs backward passes in threads of its own where no CUDA call has bound a context yet."""
@@ -159,7 +159,7 @@ class Kernel:
         if self._arguments.maps:
             self._arguments.encode = tensordesc.TensorMaps.of_driver(self.driver.lib, self.driver.error_name)
         # the module belongs to one context: a launch from a thread with none current makes it current there
-        self._context = self.driver._ensure_context(device) if vendor == "nvidia" else None
+        self._context = self.driver.context(device) if vendor == "nvidia" else None
         self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module
         self._module, self._func = ctypes.c_void_p(), ctypes.c_void_p()
         self.driver.call("ModuleLoadData", ctypes.byref(self._module), self._image)
@@ -196,20 +196,19 @@ class Kernel:
 
     def launch(self, gx: int, gy: int, gz: int, stream: int, args) -> None:
         with self._lock:
-            code = self._submit(gx, gy, gz, stream, self._arguments.pack(args))
-            if code == CUDA_ERROR_INVALID_CONTEXT and self._context:   # a thread with no context yet
-                self.driver.make_current(self._context)
-                code = self._submit(gx, gy, gz, stream, self._arguments.pack(args))
-        if code != 0:
-            raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
+            self._submit_in_context(gx, gy, gz, stream, self._arguments.pack(args))
 
     def launch_trusted(self, gx: int, gy: int, gz: int, stream: int, values) -> None:
         """Launch with argument values already matched to this binary (Arguments.pack_trusted)."""
         with self._lock:
-            code = self._submit(gx, gy, gz, stream, self._arguments.pack_trusted(values))
-            if code == CUDA_ERROR_INVALID_CONTEXT and self._context:   # a thread with no context yet
-                self.driver.make_current(self._context)
-                code = self._submit(gx, gy, gz, stream, self._arguments.pack_trusted(values))
+            self._submit_in_context(gx, gy, gz, stream, self._arguments.pack_trusted(values))
+
+    def _submit_in_context(self, gx: int, gy: int, gz: int, stream: int, params) -> None:
+        """_submit, in the kernel's own context where this thread has none yet (a first launch there)."""
+        code = self._submit(gx, gy, gz, stream, params)
+        if code == CUDA_ERROR_INVALID_CONTEXT and self._context:
+            self.driver.make_current(self._context)
+            code = self._submit(gx, gy, gz, stream, params)
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 
