@@ -2,6 +2,7 @@
 miss says what to record; a served kernel gets the runtime arguments in order. (Serving on a GPU:
 bench/zero_jit.py.)"""
 import json
+import re
 
 from kforge_runtime import record, serve
 from tests.test_runtime_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
@@ -325,3 +326,29 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
     with pytest.raises(serve.NotServed, match=r'"tensordesc<fp16\[32, 64\]>"'):   # another block: not built
         desc_scale[(8,)](TensorDescriptor.from_tensor(x, [32, 64]), TensorDescriptor.from_tensor(y, [32, 64]), 0.5,
                          BLOCK=32)
+
+
+def test_the_summary_says_what_serving_cost_the_process(jit, tmp_path):
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert re.search(r"1 specializations served, 0 compiled.*; set-up \d+ ms, bundles indexed in \d+ ms$",
+                     server.summary())
+    assert server.setup_seconds > 0 and server.index_seconds > 0
+
+
+def test_serve_picks_the_light_driver_without_initializing_cuda(monkeypatch):
+    """Asking torch whether a GPU is there initializes CUDA (about 0.2 s, counted as serve()'s own set-up): a
+    CUDA build of torch is enough to choose the light driver; the app's first GPU call pays the init anyway."""
+    from triton.runtime import driver
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("CUDA was initialized"))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    serve.light_driver()
+    assert isinstance(driver._active, serve.LightDriver)
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
+    serve.light_driver()   # a torch without the accessor keeps Triton's own driver, and says nothing
+    assert driver._active is None

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 from . import specializer
 from .record import arch_name, autotune_key, record_line, tuned_line
@@ -159,14 +160,21 @@ class LightDriver:
 
 
 def light_driver() -> None:
-    """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has)."""
+    """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has). Whether
+    a GPU is there is not asked here: that initializes CUDA (about 0.2 s), which the application pays at its
+    own first GPU call; a CUDA build of torch is enough, and without a GPU the first kernel call fails in torch
+    as it would in Triton's driver."""
     try:
         import torch
     except ImportError:   # Triton's own GPU drivers need torch too: nothing to lighten
         return
     from triton.runtime import driver
-    if getattr(driver, "_active", True) is None and torch.cuda.is_available() and torch.version.hip is None:
-        driver.set_active(LightDriver(driver))
+    if getattr(driver, "_active", True) is None and torch.version.cuda is not None and torch.version.hip is None:
+        try:
+            light = LightDriver(driver)
+        except (ImportError, AttributeError):   # a torch without the CUDA stream accessor: Triton's own driver
+            return
+        driver.set_active(light)
 
 
 class Server:
@@ -185,18 +193,22 @@ class Server:
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
         self.preload_at_first_call = False   # KFORGE_SERVE's preload: the process has picked its GPU by then
         self.lock = threading.Lock()
+        self.setup_seconds = 0.0   # serve()'s own time, and the bundles' indexing at the first call: what serving
+        self.index_seconds = 0.0   # adds to a process besides the launches (reported in the summary)
 
     def summary(self) -> str:
         verified = (f"; verify: {self.verified} checked against Triton's JIT, {len(self.differences)} differ"
                     if self.verify else "")
         return (f"{self.served} specializations served, {self.compiled} compiled, {self.tuned_configs} autotuned "
-                f"configs chosen from the record{verified}")
+                f"configs chosen from the record{verified}; set-up {self.setup_seconds * 1000:.0f} ms, bundles "
+                f"indexed in {self.index_seconds * 1000:.0f} ms")
 
     def index(self) -> str:
         """The device's arch; at the first call, the entries of the bundles for it, by identity. Bundles that
         cannot be read serve nothing: NotServed under strict, else one warning (every call then compiles)."""
         with self.lock:
             if self.arch is None:
+                started = time.perf_counter()
                 from triton.runtime import driver
 
                 from .bundle import BundleError
@@ -217,6 +229,7 @@ class Server:
                         import sys
                         sys.stderr.write(f"{self.broken}; every kernel compiles instead\n")
                 self.arch = arch
+                self.index_seconds = time.perf_counter() - started
             if self.broken and self.strict:
                 raise NotServed(self.broken)
         return self.arch
@@ -324,6 +337,7 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
     from triton.runtime.jit import JITFunction
 
     from .library import Library
+    started = time.perf_counter()
     server = Server(bundles if isinstance(bundles, Library) else Library(bundles), strict, verify)
     light_driver()
     specializer.prime()
@@ -366,6 +380,7 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
     _active.append(server)
     if preload:
         server.preload()
+    server.setup_seconds = time.perf_counter() - started
     return server
 
 
@@ -391,8 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    import time
-
     try:   # the script imports torch and Triton anyway: not part of serve()'s time
         import torch  # noqa: F401
     except ImportError:
@@ -400,9 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton.runtime.jit  # noqa: F401
 
     from .library import Library
-    start = time.perf_counter()
     server = serve(Library(*a.bundles), strict=a.strict, preload=a.preload, verify=a.verify)
-    setup = time.perf_counter() - start
     # the script's Python children (worker pools, subprocesses) are served too: kforge_runtime/startup.py
     flags = [f for f in ("strict", "preload", "verify") if getattr(a, f)]
     os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *flags]))
@@ -411,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runpy.run_path(a.script, run_name="__main__")
     finally:
-        sys.stderr.write(f"kforge serve: {server.summary()}; serve() took {setup * 1000:.0f} ms\n")
+        sys.stderr.write(f"kforge serve: {server.summary()}\n")
     return 0
 
 
