@@ -243,3 +243,21 @@ def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_again
     flag.unlink()   # the cause is gone (the failure's inputs include the flag's absence: nothing to replay)
     doit(root, "-n", "1", "reg_one", env=env)
     assert len(statuses(root, "built")) == 4
+
+
+def test_a_package_server_records_for_each_module_what_its_own_import_read(tmp_path):
+    """One worker builds both modules of the package: its package server imported `regops` once and forked a
+    server per module. Each target's record holds the package and its own module, never its sibling (what a
+    fresh process importing that module would read): an edit of one module rebuilds only its targets."""
+    root, env = regops_project(tmp_path)
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
+    for meta in (root / "out").glob("*/reg_*/*/meta.json"):
+        read = dict(json.loads(meta.read_text())["inputs"])
+        module = meta.parent.parent.name.removeprefix("reg_")
+        sibling = {"one": "two", "two": "one"}[module]
+        assert "regops/__init__.py" in read and f"regops/{module}.py" in read and f"regops/{sibling}.py" not in read
+    two = tmp_path / "site" / "regops" / "two.py"
+    two.write_text(two.read_text().replace("* 3", "* 5"))
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
+    assert {t.split(":")[0] for t in statuses(root, "built")} == {"reg_two"}
+    assert len(statuses(root, "built")) == 4 and len(statuses(root, "up-to-date")) == 4

@@ -61,14 +61,29 @@ def test_prune_removes_exactly_the_artifacts_of_no_target_and_the_build_says_so(
     assert "belong to no target" not in doit(project).stdout
 
 
+def test_prune_deletes_only_what_kforge_wrote(project):
+    """A user's folder at an artifact's place (a saved profile: no meta.json, no error.txt) is not an artifact:
+    prune keeps it and says so, and the build does not count it as one."""
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    profile = project / "out/sm_90a/scale/my-profile"
+    profile.mkdir()
+    (profile / "run.ncu-rep").write_text("mine")
+    assert "kforge: 2 artifacts in out/ belong to no target" in doit(project).stdout
+    out = doit(project, "prune").stdout.splitlines()
+    assert out == ["kforge: pruned 2 artifacts that belonged to no target",
+                   "kforge: kept 1 entry at artifacts' places that kforge did not write (no meta.json or error.txt): "
+                   "out/sm_90a/scale/my-profile"]
+    assert (profile / "run.ncu-rep").read_text() == "mine"
+
+
 def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "keep.txt").write_text("mine")
-    (project / "out/sm_90a/scale/evil").symlink_to(outside)            # an orphan that is a link
+    (project / "out/sm_90a/scale/evil").symlink_to(outside)   # a link at an artifact's place: not kforge's
     (project / "out/gfx942").symlink_to(outside, target_is_directory=True)   # an arch dir that is a link
-    assert "pruned 1 artifact " in doit(project, "prune").stdout
-    assert (outside / "keep.txt").read_text() == "mine" and not (project / "out/sm_90a/scale/evil").exists()
+    assert "nothing to prune" in doit(project, "prune").stdout
+    assert (outside / "keep.txt").read_text() == "mine" and (project / "out/sm_90a/scale/evil").is_symlink()
     with pytest.raises(guard.OutsideOut):
         guard.remove_artifact_dir(project / "out", project / "out" / "gfx942" / "scale" / "x")
     with pytest.raises(guard.OutsideOut):

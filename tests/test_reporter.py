@@ -1,6 +1,8 @@
 """The end of a build's output: failures grouped by their error, the summary last, tracebacks in error.txt."""
 import io
 import json
+import subprocess
+import sys
 import types
 
 from doit.exceptions import TaskFailed
@@ -118,6 +120,7 @@ class Saved:
 def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(report, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=lambda: clock[0]))
+    monkeypatch.setattr(report, "process_age", lambda: 2.0)   # doit loaded the catalog for 2 s before
     out, key_index, other_state = io.StringIO(), Saved(), Saved()
     reporter = report.BuildReporter(out, {})
     reporter.report_path = str(tmp_path / "out" / "build-report.json")
@@ -165,12 +168,12 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
         in lines
     assert "kforge: 2 artifacts in out/ belong to no target: `doit prune` removes them" in lines
     assert lines[-1] == ("kforge: built 2 (1 from the remote cache), up to date 1, failed 2 (1 package task), "
-                         "wall 14.0 s")
+                         "wall 16.0 s")
     assert key_index.refreshed == ["out/sm_90a/k/a/meta.json"] and key_index.saves == 1 and other_state.saves == 1
 
     text = (tmp_path / "out" / "build-report.json").read_text()
     saved = json.loads(text)
-    assert saved["counts"] == {"built": 2, "up-to-date": 1, "failed": 1} and saved["wall_seconds"] == 14.0
+    assert saved["counts"] == {"built": 2, "up-to-date": 1, "failed": 1} and saved["wall_seconds"] == 16.0
     assert saved["origins"] == {"compiled": 1, "local cache": 0, "remote cache": 1}
     assert saved["warnings"] == ["remote cache down (GET http://c/1)", "remote cache full"]
     assert [r["name"] for r in saved["tasks"]] == sorted([built.name, cached.name, failing.name, odd])
@@ -248,3 +251,12 @@ def test_a_cache_switched_off_for_the_run_is_repeated_in_the_summary_whatever_ca
     summary = out.getvalue().rstrip().splitlines()[-3:]
     assert summary[0].startswith("kforge: 2 warnings: cache entry http://c:8080/ac/k")
     assert summary[1] == f"kforge: warning: {off}"
+
+
+def test_a_runs_wall_counts_from_its_process_start():
+    """A no-op's time is doit loading the catalog and checking targets, all before the reporter exists: the
+    summary said `wall 0.0 s` for a 9.8 s no-op."""
+    proc = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); "
+                           "from kforge.report.reporter import process_age; print(process_age())"],
+                          capture_output=True, text=True, check=True)
+    assert 0.6 <= float(proc.stdout) < 30

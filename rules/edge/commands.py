@@ -253,6 +253,12 @@ class Prune(DoitCmdBase):
                 refused.append(str(e))
         self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
                              if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
+        kept = guard.not_kforges(layout, current, settings.get("archs"))
+        if kept:
+            shown = ", ".join(os.path.relpath(p, layout.root) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
+            entries = "1 entry" if len(kept) == 1 else f"{len(kept)} entries"
+            self.outstream.write(f"kforge: kept {entries} at artifacts' places "
+                                 f"that kforge did not write (no meta.json or error.txt): {shown}\n")
         for message in refused:
             self.outstream.write(f"kforge: refused: {message}\n")
         return 0

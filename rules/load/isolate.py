@@ -45,6 +45,16 @@ class Outcome:
     facts: dict | None = None   # what fn attached to the exception it raised (`kforge_facts`), for the caller
 
 
+class Forwarded(Exception):
+    """Raised by fn with the failed Outcome of a server of its own (a server that forks servers): sent on to the
+    caller as that server's answer, its error, traceback and facts unchanged."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.error)
+        self.payload = {"error": outcome.error, "traceback": outcome.traceback,
+                        **({"facts": outcome.facts} if outcome.facts else {})}
+
+
 class Server:
     """A child process forked on first use; setup() runs once in it, fn(request) once per call."""
 
@@ -158,6 +168,8 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
             else:
                 try:
                     payload = {"result": fn(request)}
+                except Forwarded as e:
+                    payload = dict(e.payload)
                 except Exception as e:   # the compiler's own error: report it shortened, keep its traceback
                     payload = _error_payload(e)
                     if getattr(e, "kforge_retire", False):   # fn says this process is no longer fit to serve

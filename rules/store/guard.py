@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kforge.base.archs import ARCHS
+from kforge_runtime.schema import ERROR, META
 
 
 class OutsideOut(ValueError):
@@ -79,7 +80,24 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
 
 def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
     """The artifact directories in out/ (layout.artifact_dirs) that are no current target's (configs dropped
-    from a sweep, deleted specs), for the given archs (default: every arch kforge knows)."""
+    from a sweep, deleted specs), for the given archs (default: every arch kforge knows); only those kforge
+    wrote (written_by_kforge): a folder a user keeps there is never an orphan (not_kforges lists them)."""
+    return [p for p in _not_current(layout, current, archs) if written_by_kforge(p)]
+
+
+def not_kforges(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
+    """The entries at an artifact's place in out/ that no target owns and kforge did not write: prune keeps them."""
+    return [p for p in _not_current(layout, current, archs) if not written_by_kforge(p)]
+
+
+def _not_current(layout, current: Iterable[str], archs: Iterable[str] | None) -> list[Path]:
     current = {os.path.normpath(p) for p in current}
     found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
     return sorted(Path(p) for p in found if os.path.normpath(p) not in current)
+
+
+def written_by_kforge(directory: Path) -> bool:
+    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its meta.json or a
+    failure's error.txt. A link, or a folder without either (a user's saved profile), is someone else's."""
+    return not directory.is_symlink() and directory.is_dir() and \
+        ((directory / META).is_file() or (directory / ERROR).is_file())
