@@ -76,6 +76,18 @@ def test_prune_deletes_only_what_kforge_wrote(project):
     assert (profile / "run.ncu-rep").read_text() == "mine"
 
 
+def test_clean_deletes_only_what_kforge_wrote(project):
+    mine = project / "out/sm_90a/scale/fp16-b64-w4"
+    for name in os.listdir(mine):   # the artifact's place now holds a user's files only
+        (mine / name).unlink()
+    (mine / "notes.txt").write_text("mine")
+    out = doit(project, "clean", "scale").stdout.splitlines()
+    assert out == ["kforge: removed 2 artifacts from out/",
+                   "kforge: refused: kept out/sm_90a/scale/fp16-b64-w4: kforge did not write it (no meta.json or "
+                   "error.txt); delete it yourself if it is not yours"]
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
 def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
     outside = tmp_path / "precious"
     outside.mkdir()

@@ -202,6 +202,9 @@ class Clean(DoitClean):
                         others += 1
                     except guard.OutsideOut as e:   # out/dist or out/tune is a link out of out/
                         refused.append(str(e))
+            elif Path(target.out_dir).exists() and not guard.written_by_kforge(Path(target.out_dir)):
+                refused.append(f"kept {os.path.relpath(target.out_dir, target.layout.root)}: kforge did not write "
+                               f"it (no meta.json or error.txt); delete it yourself if it is not yours")
             elif dryrun:
                 removed += Path(target.out_dir).exists()
             else:
