@@ -204,6 +204,41 @@ def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgo
     assert "not compiled again" not in retried.stdout
 
 
+def test_a_tool_killed_by_a_signal_is_no_failure_of_the_kernel_and_is_not_replayed(tmp_path):
+    """ptxas killed by SIGKILL (what the OOM killer does) says nothing of the kernel's inputs: the failure is
+    reported, not kept, and once the cause is gone the next run compiles the target instead of replaying it."""
+    from kforge.plan import keys
+    real = keys.ptxas_path(90)
+    flag = tmp_path / "out-of-memory"
+    flag.write_text("")
+    ptxas = tmp_path / "bin" / "ptxas"   # the same path (and version) in both runs: the key does not change
+    ptxas.parent.mkdir()
+    ptxas.write_text(f'#!/bin/sh\nif [ -e "{flag}" ] && [ "$1" != "--version" ]; then kill -9 $$; fi\n'
+                     f'exec "{real}" "$@"\n')
+    ptxas.chmod(0o755)
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()})
+    env = {"TRITON_PTXAS_PATH": str(ptxas)}
+    first = doit(root, env=env, check=False)
+    assert first.returncode != 0 and statuses(root, "failed") == {"scale:fp16-b256-w4@sm_90a"}, first.stdout[-2000:]
+    assert "error code -9" in first.stdout
+    error = root / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "error.txt"
+    assert "inputs: " not in error.read_text()   # nothing to replay it from
+    flag.unlink()
+    again = doit(root, env=env)
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"} and "not compiled again" not in again.stdout
+
+
+def test_a_replayed_failure_says_how_to_retry_it_and_offers_no_retry_that_would_replay_it(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(512,))}, kernels={"scale": ASSERTING})
+    doit(root, check=False)
+    again = doit(root, check=False)
+    assert ("  replayed, not compiled: it failed so before from the same key and inputs; `doit forget "
+            "scale:fp16-b512-w4@sm_90a` compiles it again") in again.stdout.splitlines()
+    assert "retry" not in again.stdout
+    record = json.loads((root / "out" / "build-report.json").read_text())["tasks"][0]
+    assert "not compiled again" in record["error"] and "retry alone" not in record["error"]
+
+
 CRASHING = {
     "abort": "import os\nos.abort()\n",
     "segv": "import ctypes\nctypes.string_at(0)\n",

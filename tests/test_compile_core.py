@@ -261,3 +261,21 @@ def test_a_package_server_records_for_each_module_what_its_own_import_read(tmp_p
     doit(root, "-n", "1", "reg_one", "reg_two", env=env)
     assert {t.split(":")[0] for t in statuses(root, "built")} == {"reg_two"}
     assert len(statuses(root, "built")) == 4 and len(statuses(root, "up-to-date")) == 4
+
+
+def test_only_failures_the_same_inputs_give_again_are_kept():
+    """A truncated binary (a full disk), a tool killed by a signal (the OOM killer), a write that failed: the
+    machine's, not the kernel's; a compiler's error on these inputs is the kernel's (kept and replayed)."""
+    def raised_while_handling(cause):
+        try:
+            try:
+                raise cause
+            except subprocess.CalledProcessError:
+                raise RuntimeError("PTXAS error: `ptxas` failed with error code")
+        except RuntimeError as e:
+            return e
+    assert compile_core.transient(compile_core.BadBinary("bad binary from triton: not an ELF file"))
+    assert compile_core.transient(raised_while_handling(subprocess.CalledProcessError(-9, "ptxas")))
+    assert compile_core.transient(OSError(28, "No space left on device"))
+    assert not compile_core.transient(raised_while_handling(subprocess.CalledProcessError(255, "ptxas")))
+    assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))

@@ -17,6 +17,7 @@ from kforge.store.guard import OutsideOut
 from kforge.base.target import Target
 
 DEFAULT_TIMEOUT_S = 600.0
+RETRY_HINT = "retry alone:"   # a replayed failure drops it: the retry would replay it too (forget is the way)
 
 
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
@@ -36,6 +37,7 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     saved = artifact.saved_failure(target)
     if saved is not None:   # a deterministic failure of this very key and inputs: the compile would give it again
         head, _, rest = saved.partition("\n")
+        rest = "\n".join(line for line in rest.splitlines() if not line.startswith(f"  {RETRY_HINT}"))
         return TaskFailed(f"{head}\n  not compiled again: it failed so from this key and these inputs "
                           f"(out/{os.path.relpath(target.error_path, target.layout.out)}); `doit forget "
                           f"{target.name}` compiles it again\n{rest}")
@@ -95,7 +97,7 @@ def _fail(target: Target, error: str, traceback: str = "", inputs: list | None =
     """The failure, kept in error.txt; `inputs` (what the compile read) only for a deterministic one, which the
     next runs then report from there without compiling (artifact.saved_failure)."""
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
-               f"  error: {error}\n  retry alone: doit {target.name}")
+               f"  error: {error}\n  {RETRY_HINT} doit {target.name}")
     kept = f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message
     try:
         artifact.write_error(target, kept, inputs)

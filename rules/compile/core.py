@@ -17,6 +17,7 @@ import functools
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,7 +73,7 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
     try:
         schema.check_binary(lowered.binary, meta["sha256"], target.arch, lowered.symbol)
     except schema.BinaryRefused as e:
-        raise RuntimeError(f"bad binary from {target.toolchain}: {e}") from None
+        raise BadBinary(f"bad binary from {target.toolchain}: {e}") from None
     check_shared(arch, lowered.shared)
     return Candidate(artifact.files(lowered.binary_name, lowered.binary, meta),
                      CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
@@ -206,9 +207,9 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     except Exception as e:
         # the compiler's verdict on these inputs (a compile error, a resource check such as shared memory): the
         # same key and inputs give it again, so it is kept with what the compile read (rules/compile/action.py). Not so
-        # a file that could not be written, or memory that ran out: the machine's state, not the inputs'.
+        # the machine's state (transient): a full disk, memory that ran out, a tool killed by a signal.
         imported = not backend.imports_module or target.module in sys.modules
-        if imported and not isinstance(e, (OSError, MemoryError, artifact.ArtifactError)):
+        if imported and not transient(e):
             e.kforge_facts = {"inputs": _inputs(recorder)}
         if not imported:
             # the import failed partway: its package may stay half-imported here, and no later target may build
@@ -220,6 +221,26 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     spans = (("import", importing, start),) if imports else ()
     return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),
                                                                        ("check", lowered_at, time.time()))))
+
+
+class BadBinary(RuntimeError):
+    """What the compiler handed back is no binary for the target (a truncated file on a full disk, say)."""
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a compile's failure may say nothing of its inputs, so that it must not be kept and replayed: a file
+    that could not be written, memory that ran out, a tool the compiler ran that was killed by a signal (the
+    OOM killer's SIGKILL; the compiler's own error is raised while handling it), a binary the compiler left
+    unreadable. The same inputs need not give these again."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (OSError, MemoryError, artifact.ArtifactError, BadBinary)):
+            return True
+        if isinstance(error, subprocess.CalledProcessError) and error.returncode < 0:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _inputs(recorder: observe.Recorder) -> list[list[str]]:

@@ -18,6 +18,7 @@ ERROR_LINES = 6
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/compile/action.py, rules/load/isolate.py
+REPLAYED = "not compiled again:"   # how rules/compile/action.py says a kept failure is reported again
 CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
 # where a built target's artifact came from (arrival.CompileResult.origin): its record's "origin", the report's
@@ -241,18 +242,23 @@ def _saving(save, path, *args) -> str | None:
 def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
     """Failed targets grouped by their error line, largest group first: one paragraph per distinct error,
     naming how many targets failed with it and the first few, instead of a block per target."""
-    groups: dict[str, list[str]] = {}
+    groups: dict[tuple[str, bool], list[str]] = {}
     for r in failed:
-        groups.setdefault(r.get("cause") or error_line(r.get("error", "")), []).append(r["name"])
+        error = r.get("cause") or error_line(r.get("error", ""))
+        groups.setdefault((error, REPLAYED in r.get("error", "")), []).append(r["name"])
     lines = []
-    for error, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+    for (error, replayed), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         head = (f"{plural(len(names), 'target')} failed with" if len(names) > 1 else f"{names[0]} failed with")
         lines += ["", f"kforge: {head}: {error}"]
         if len(names) > 1:
             more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
             lines.append(f"  {'first ' + str(shown) if len(names) > shown else 'they are'}: "
                          f"{', '.join(names[:shown])}{more}")
-        lines.append(f"  retry one alone: doit {names[0]}")
+        if replayed:   # a retry would replay it too
+            lines.append(f"  replayed, not compiled: it failed so before from the same key and inputs; "
+                         f"`doit forget {names[0]}` compiles it again")
+        else:
+            lines.append(f"  retry one alone: doit {names[0]}")
     if failed:
         lines.append("Each failed target's full message and traceback is in its error.txt "
                      "(out/<arch>/<kernel>/<config_id>/); every failure is in out/build-report.json.")
