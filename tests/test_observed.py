@@ -5,13 +5,15 @@ it the project has a kernel of its own that reads none of the library's files.""
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests import observed_library
-from tests.support import built_once, copy_built, doit, make_project, spec_text, statuses
+from tests.support import REPO, built_once, copy_built, doit, make_project, spec_text, statuses
 
 WRAPPED = "kfl_wrap:fp32-block128@sm_90a"
 
@@ -230,3 +232,28 @@ def test_links_leading_out_of_the_project_are_inputs_by_their_names_in_it_and_tw
     (one / "shared" / "helper.py").write_text("import triton\n\n\n@triton.jit\ndef scale(x):\n    return x * 3\n")
     doit(root, "-n", "2")
     assert statuses(root, "built") == {target}
+
+
+STACK_READER = "import traceback\n_CALLED_FROM = traceback.format_stack()   # libraries do, for warnings and op registries\n"
+
+
+def test_the_launcher_that_started_the_build_is_never_an_input(tmp_path):
+    """A kernel module that reads its import's stack reads the script that started the process: a virtualenv's
+    bin/doit, whose first line names that virtualenv. Two launchers at two paths (two virtualenvs) give the same
+    meta.json, and neither is an input."""
+    metas = []
+    for venv in ("venv_a", "venv_b"):
+        launcher = tmp_path / venv / "bin" / "doit"
+        launcher.parent.mkdir(parents=True)
+        launcher.write_text(f"#!{sys.executable}\n# {launcher.parent.parent}\nimport sys\nfrom doit.__main__ import main\n"
+                            "sys.exit(main())\n")
+        root = make_project(tmp_path / venv / "p", specs={"scale": spec_text()})
+        kernel = root / "tk" / "scale.py"
+        kernel.write_text(STACK_READER + kernel.read_text())
+        env = {**os.environ, "PYTHONPATH": str(REPO), "KFORGE_LOCAL_CACHE": "off"}
+        subprocess.run([sys.executable, str(launcher), "-n", "1"], cwd=root, env=env, check=True,
+                       capture_output=True)
+        meta = (root / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_bytes()
+        assert [name for name, _ in json.loads(meta)["inputs"]] == ["tk/__init__.py", "tk/scale.py"]
+        metas.append(meta)
+    assert metas[0] == metas[1]

@@ -148,6 +148,15 @@ def finder_folder(package: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def launchers() -> set[str]:
+    """The files that started this process, resolved: the interpreter and the script it runs (a virtualenv's
+    bin/doit, whose first line names the virtualenv's path). A kernel module that reads its import's stack
+    (traceback.format_stack, warnings, op registries) reads them; they are kforge's process, never an input."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    return {os.path.realpath(p) for p in (sys.executable, sys.argv[0] if sys.argv else None, main)
+            if isinstance(p, str) and p and os.path.isfile(p)}
+
+
 def toolchain_dirs() -> tuple[str, ...]:
     """The standard library and the folders of the toolchain distributions and everything they require."""
     import importlib.metadata
@@ -190,7 +199,7 @@ class Recorder:
         out = os.path.join(self.root, "out")   # out/ itself may be a link (to a scratch disk)
         self.skip = self._skip = tuple(dict.fromkeys((out + os.sep, os.path.realpath(out) + os.sep,
                                                       *(d + os.sep for d in toolchain_dirs()))))
-        self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")}
+        self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")} | launchers()
         self.seen: set[str] = set()
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
         self._listing = False   # the hook's own listdir raises the event too
