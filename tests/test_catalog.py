@@ -42,17 +42,17 @@ def project(tmp_path):
     return root
 
 
-def loaded(root):
-    return catalog_module.Catalog(root, None, 50_000).load()
+def loaded(root, archs=None):
+    return catalog_module.Catalog(root, archs, 50_000).load()
 
 
-def load_watched(root, monkeypatch):
+def load_watched(root, monkeypatch, archs=None):
     """(target name -> key, whether the load used the saved catalog rather than the specs)."""
     from kforge.declare import spec as spec_module
     from_specs = []
     real = spec_module.load_spec
     monkeypatch.setattr(spec_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
-    found = loaded(root)
+    found = loaded(root, archs)
     monkeypatch.setattr(spec_module, "load_spec", real)
     return {t.name: t.key for t in found.targets}, not from_specs
 
@@ -166,6 +166,20 @@ def kept_catalogs(root):
     return sorted((root / "out" / ".kforge" / "catalogs").glob("*.json"))
 
 
+def test_a_catalog_is_kept_once_loaded_and_serves_any_of_its_archs(tmp_path, monkeypatch):
+    """`doit list` (every arch) after a build for one arch, then builds for one arch again: one load from the specs
+    per set of archs not held yet, whatever the command; the saved catalog serves a subset of its archs."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256))})
+    one, from_saved = load_watched(root, monkeypatch, ("sm_90a",))   # saved now: no run's end needed
+    assert not from_saved and {n.split("@")[1] for n in one} == {"sm_90a"}
+    assert load_watched(root, monkeypatch, ("sm_90a",)) == (one, True)
+    every, from_saved = load_watched(root, monkeypatch)   # holds sm_90a only: every arch is loaded
+    assert not from_saved and {n.split("@")[1] for n in every} == {"sm_90a", "gfx942"}
+    assert load_watched(root, monkeypatch) == (every, True)
+    assert load_watched(root, monkeypatch, ("sm_90a",)) == (one, True)   # a subset of what it holds
+    assert load_watched(root, monkeypatch, ("gfx942",)) == ({n: k for n, k in every.items() if "gfx942" in n}, True)
+
+
 def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, monkeypatch):
     """The source edited (loaded from the specs), then put back as it was (new identity, the same bytes): the
     catalog kept from before the edit is used, and saved as the current one."""
@@ -185,7 +199,7 @@ def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, m
     reverted = loaded(project)
     assert {t.name: t for t in reverted.targets} == before   # every field
     reverted.save()
-    assert catalog_module.Catalog(project, None, 50_000).load()._fresh is None   # saved: by identity again
+    assert catalog_module.Catalog(project, None, 50_000).load().loaded_from == "saved"   # by identity again
 
 
 @pytest.mark.parametrize("spoil", ["damaged", "copied under another name"])

@@ -10,8 +10,9 @@ own code, the toolchain fingerprints, the compiler
 environment, the Python, where each installed kernel module is found (which copy of a package an import finds),
 the project's path and the settings that shape the catalog. The saved catalog is
 used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
-anything else, a damaged file included, loads it again. Saved by the reporter at the end of a run: listing
-tasks writes nothing.
+anything else, a damaged file included, loads it again. It is saved as soon as it is loaded from the specs,
+whatever the command (`doit list`, `info` and `prune` then find it too), and holds the targets of the archs it
+was loaded for: it serves a run for those or fewer (`archs=` of a build, none for `doit list`: every arch).
 
 The last KEPT catalogs loaded from the specs are also kept in out/.kforge/catalogs/, each named by the digest of
 the same inputs taken by content (each file's bytes, each folder's names) instead of identity. When the saved
@@ -36,7 +37,7 @@ from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
 
-FORMAT = "kforge-catalog-10"   # 10: a target carries its Layout (the project root), not out/ paths
+FORMAT = "kforge-catalog-11"   # 11: a catalog says which archs it holds, and serves any of them
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
@@ -70,7 +71,8 @@ class Catalog:
         self.targets: list[Target] = []
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/declare/records.py), for the bundles
         self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
-        self._fresh: dict | None = None   # a catalog loaded from the specs or kept, to save at the end of the run
+        self._fresh: dict | None = None   # a catalog loaded from the specs or kept, not saved yet
+        self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
     def load(self, keep_going: bool = False) -> "Catalog":
         """From the saved catalog when its stamp still holds, else from a kept one made from the same content,
@@ -80,16 +82,17 @@ class Catalog:
         spec_files = catalog_files(self.root, folders)
         saved = self._read_saved()
         try:
-            if saved is not None and saved["stamp"] == self._stamp(folders, spec_files, saved["read"],
-                                                                   saved["toolchains"], saved["installed"]):
-                self.families = [Family(*f) for f in saved["families"]]
-                self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"])
-                self.tuned = saved["tuned"]
+            if saved is not None and covers(saved["archs"], self.archs) and \
+                    saved["stamp"] == self._stamp(folders, spec_files, saved["read"], saved["toolchains"],
+                                                  saved["installed"]):
+                self._take(saved)
+                self.loaded_from = "saved"
                 return self
             if saved is not None and self._from_kept(folders, spec_files, saved):
-                return self
+                self.loaded_from = "kept"
+                return self._saved_now()
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
-            self.families, self.targets = [], []
+            self.families, self.targets, self.tuned = [], [], []
         from kforge.plan.targets import build_targets   # only here: a run that finds its saved catalog loads no spec
         read: set[Path] = set()
         from kforge.load.entry_probe import Probe
@@ -110,6 +113,7 @@ class Catalog:
         finally:
             Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
         self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
+        self.loaded_from = "specs"
         self.broken = _named_apart(failed, {f.name for f in self.families})
         if self.broken and not keep_going:
             raise SpecError(self.broken[0].error)
@@ -118,39 +122,57 @@ class Catalog:
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         files = sorted(str(p) for p in read)
         installed = sorted({s.module for s in specs if s.module})
-        self._fresh = {"format": FORMAT, "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
+        self._fresh = {"format": FORMAT, "archs": self.archs,
+                       "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
                        "read": files, "toolchains": toolchains, "installed": installed,
                        "families": [list(f) for f in self.families], "tuned": self.tuned,
                        **_encode(self.targets)}
+        return self._saved_now()
+
+    def _saved_now(self) -> "Catalog":
+        try:   # now, not only at the end of a build: `doit list`, `info` and `prune` find it next time too
+            self.save()
+        except (OSError, ValueError):   # a full disk, a read-only out/, a link out of out/ (OutsideOut): the
+            pass                          # end of a run tries again, and says so
         return self
 
+    def _take(self, saved: dict) -> None:
+        """The families and, for the archs asked for, the targets and tuned picks of a saved catalog (it may
+        hold more archs: one loaded for every arch serves a build for one)."""
+        wanted = set(self.archs) if self.archs is not None else None
+        self.families = [Family(*f) for f in saved["families"]]
+        self.targets = [t for t in _decode(saved["groups"], saved["signatures"], saved["targets"])
+                        if wanted is None or t.arch in wanted]
+        self.tuned = [t for t in saved["tuned"] if wanted is None or t["arch"] in wanted]
+
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
-        """Load the kept catalog made from inputs of the same content as now, if there is one (see the module's
-        docstring); it becomes the saved catalog, stamped by the identities of now."""
+        """Load the kept catalog made from inputs of the same content as now, for these archs or for all, if
+        there is one (see the module's docstring); it becomes the saved catalog, stamped by the identities of
+        now."""
         lists = saved["read"], saved["toolchains"], saved["installed"]
         content = self._stamp(folders, spec_files, *lists, stamps.content)
-        try:
-            kept = json.loads((Layout(self.root).kept_catalogs / f"{content}.json").read_bytes())
-            if kept["format"] != FORMAT or kept["content"] != content:
-                return False
-            self.families = [Family(*f) for f in kept["families"]]
-            self.targets = _decode(kept["groups"], kept["signatures"], kept["targets"])
-            self.tuned = kept["tuned"]
-        except (OSError, KeyError, TypeError, ValueError, IndexError):   # none, or a damaged one: the specs
-            self.families, self.targets = [], []
-            return False
-        self._fresh = {**kept, "stamp": self._stamp(folders, spec_files, *lists)}   # the same lists: same digest
-        return True
+        for archs in dict.fromkeys((self.archs, None)):
+            try:
+                kept = json.loads((Layout(self.root).kept_catalogs / _kept_name(content, archs)).read_bytes())
+                if kept["format"] != FORMAT or kept["content"] != content or not covers(kept["archs"], self.archs):
+                    continue
+                self._take(kept)
+            except (OSError, KeyError, TypeError, ValueError, IndexError):   # none, or a damaged one
+                self.families, self.targets, self.tuned = [], [], []
+                continue
+            self._fresh = {**kept, "stamp": self._stamp(folders, spec_files, *lists)}   # the same lists: same digest
+            return True
+        return False
 
     def save(self) -> None:
         """Keep a catalog loaded from the specs (or a kept one) for the next run, and among the kept ones
-        (called at the end of a run)."""
+        (right after it is loaded; the end of a run tries again if that failed)."""
         if self._fresh is not None:
             out, kept = Layout(self.root).out, Layout(self.root).kept_catalogs
             data = json.dumps(self._fresh, separators=(",", ":")).encode()
             write_inside(out, self.path, data)
-            write_inside(out, kept / f"{self._fresh['content']}.json", data)
+            write_inside(out, kept / _kept_name(self._fresh["content"], self._fresh["archs"]), data)
             for old in sorted(kept.glob("*.json"), key=lambda f: f.stat().st_mtime_ns, reverse=True)[KEPT:]:
                 old.unlink(missing_ok=True)
             self._fresh = None
@@ -170,13 +192,22 @@ class Catalog:
         code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
-        return stamps.digest({
-            "format": FORMAT, "root": str(self.root), "python": sys.version, "archs": self.archs,
+        return stamps.digest({   # not the archs: a catalog says which it holds, and serves any of them
+            "format": FORMAT, "root": str(self.root), "python": sys.version,
             "installed": [(m, _found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
             "files": [(f, of(f)) for f in sorted(set(files) | set(code))]})
 
 
+
+
+def covers(held: list | None, wanted: tuple[str, ...] | None) -> bool:
+    """Whether a catalog loaded for the archs `held` (None: every arch) holds every target for `wanted`."""
+    return held is None or (wanted is not None and set(wanted) <= set(held))
+
+
+def _kept_name(content: str, archs) -> str:
+    return f"{content}-{'-'.join(sorted(archs)) if archs is not None else 'all'}.json"
 
 
 def _found(module: str) -> str | None:
