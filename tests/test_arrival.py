@@ -50,7 +50,8 @@ def test_a_result_read_back_from_its_values_is_the_same_result():
     assert CompileResult.of(json.loads(json.dumps(result.values()))) == result
     assert CompileResult.of({"name": "package:sm_90a", "seconds": 1.0}) == CompileResult(1.0)   # a package's values
     assert [CompileResult(1.0, from_cache=True).origin, CompileResult(1.0).origin] == ["remote cache", "compiled"]
-    assert set(report.ORIGINS) == {"compiled", "local cache", "remote cache"}
+    assert CompileResult(1.0, unchanged=True).origin == "unchanged"   # early cutoff
+    assert set(report.ORIGINS) == {"compiled", "local cache", "remote cache", "unchanged"}
 
 
 # --- arrive / install: one installer for every source ---------------------------------------------------------

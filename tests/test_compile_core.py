@@ -2,6 +2,7 @@
 another project's out/ for its scratch files, through a real compile server; a library imported at most once
 in any compile server (one that registers torch operators at import, one whose import fails). checked()'s refusals are in
 tests/test_action.py; CompileResult is tested in tests/test_arrival.py."""
+import hashlib
 import json
 import os
 import subprocess
@@ -279,3 +280,92 @@ def test_only_failures_the_same_inputs_give_again_are_kept():
     assert compile_core.transient(OSError(28, "No space left on device"))
     assert not compile_core.transient(raised_while_handling(subprocess.CalledProcessError(255, "ptxas")))
     assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))
+
+
+# --- early cutoff: an input changed that cannot change a target's code compiles nothing -----------------------
+
+ALLOPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+from allops import SCALE
+
+
+@triton.jit
+def {entry}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * {factor} * SCALE, mask=i < n)
+'''
+
+ALLOPS_FILES = {
+    # a library whose __init__ imports every op, and reads a setting at import into a constexpr global: a file
+    # the kernels' sources never name, which changes their code
+    "allops/__init__.py": '''
+        import json
+        import os
+
+        import triton.language as tl
+
+        SCALE = tl.constexpr(json.load(open(os.path.join(os.path.dirname(__file__), "scale.json")))["scale"])
+
+        from . import one, two  # noqa: E402,F401
+        ''',
+    "allops/scale.json": '{"scale": 2}\n',
+    "allops/one.py": ALLOPS_KERNEL.format(entry="one_kernel", factor=2),
+    "allops/two.py": ALLOPS_KERNEL.format(entry="two_kernel", factor=3),
+}
+
+
+def allops_project(tmp_path: Path) -> tuple[Path, dict]:
+    site = tmp_path / "site"
+    for rel, text in ALLOPS_FILES.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text))
+    spec = REGOPS_SPEC.replace('"regops.', '"allops.').replace('["sm_90a", "gfx942"]', '["sm_90a"]')
+    root = make_project(tmp_path / "p", specs={f"all_{m}": spec.format(name=f"all_{m}", module=m)
+                                               for m in ("one", "two")}, kernels={})
+    return root, {"PYTHONPATH": str(site), "KFORGE_LOCAL_CACHE": "off"}
+
+
+def origins(root: Path) -> dict[str, str]:
+    return {t["name"]: t.get("origin", t["status"])
+            for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"]}
+
+
+def binaries(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in (root / "out").rglob("*.cubin")}
+
+
+def test_an_edit_that_cannot_change_a_kernels_code_compiles_none_of_its_targets(tmp_path):
+    """two.py edited: every target read it (the package's __init__ imports every op), but only two's own can
+    change; one's targets end `unchanged` (early cutoff: Triton's source digest of one_kernel is the same and
+    the edited file was read by the import), their binaries untouched, their meta.json's inputs renewed, and
+    the next run is a no-op."""
+    root, env = allops_project(tmp_path)
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    two = tmp_path / "site" / "allops" / "two.py"
+    two.write_text(two.read_text().replace("* 3", "* 5"))
+    out = doit(root, "-n", "1", env=env).stdout
+    assert origins(root) == {"all_one:b128@sm_90a": "unchanged", "all_one:b256@sm_90a": "unchanged",
+                             "all_two:b128@sm_90a": "compiled", "all_two:b256@sm_90a": "compiled"}, out
+    assert "built 4 (2 unchanged: early cutoff, not compiled)" in out
+    after = binaries(root)
+    assert {p for p in after if after[p] != before[p]} == {p for p in after if "all_two" in p}
+    meta = json.loads((root / "out/sm_90a/all_one/b128/meta.json").read_text())
+    assert dict(meta["inputs"])["allops/two.py"] == hashlib.sha256(two.read_bytes()).hexdigest()
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"up-to-date"}
+
+
+def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_never_cut_off(tmp_path):
+    """scale.json is no source of any kernel: the import reads it into a constexpr global both kernels use.
+    Triton's source digest holds the constexpr's value, so every target compiles, and the code differs."""
+    root, env = allops_project(tmp_path)
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    (tmp_path / "site" / "allops" / "scale.json").write_text('{"scale": 4}\n')
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}
+    after = binaries(root)
+    assert all(after[p] != before[p] for p in after)

@@ -58,7 +58,7 @@ def test_a_second_checkout_at_another_path_compiles_nothing(seeded, tmp_path):
     second = project(tmp_path / "elsewhere" / "second")
     out, report = build(second, cache)
     assert set(origins(report).values()) == {"local cache"}, out
-    assert report["origins"] == {"compiled": 0, "local cache": 2, "remote cache": 0}
+    assert report["origins"] == {"compiled": 0, "local cache": 2, "remote cache": 0, "unchanged": 0}
     assert f"local  {FP16_SM90}" in out and "built 2 (2 from the local cache), up to date 0" in out
     binaries = lambda root: {p.relative_to(root): p.read_bytes() for p in (root / "out").glob("*/scale/*/*")}
     assert binaries(second) == binaries(first)   # meta.json and binary, byte for byte

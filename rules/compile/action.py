@@ -60,13 +60,16 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
         made_by = "the Dask cluster"
         outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
     else:
-        made_by, outcome = "the compiler", compile_here(target, root, timeout)
+        made_by, outcome = "the compiler", compile_here(target, root, timeout, _cutoff(target))
     if not outcome.ok:
         return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
     candidate = outcome.result
     writing = time.time()
     try:
-        arrival.install(target, candidate)   # checked as a cache entry is: bound to the target, ELF for its arch
+        if isinstance(candidate, arrival.Unchanged):   # early cutoff: the artifact stays, its inputs are renewed
+            arrival.restamp(target, candidate)
+        else:   # checked as a cache entry is: bound to the target, ELF for its arch
+            arrival.install(target, candidate)
     except artifact.ArtifactError as e:
         return _fail(target, f"the artifact from {made_by} is bad: {e}")
     spans += [*candidate.result.spans, ("write", writing, time.time())]
@@ -83,6 +86,21 @@ def _result(result: CompileResult, seconds: float, caches: list, warnings: list,
         warnings += cache.drain_warnings()
     return result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
                            worker=os.getpid()).values()
+
+
+def _cutoff(target: Target) -> arrival.Cutoff | None:
+    """What the compile server needs for an early cutoff, when the artifact in out/ is intact, has the target's key
+    and a toolchain source digest, and runs because inputs it read changed (else None: it compiles)."""
+    from kforge.store.inputs import InputIndex, well_formed
+    if not artifact.is_current(target.meta_path, target.key):
+        return None
+    meta = artifact.current_meta(target.meta_path, target.key) or {}
+    listed, source_key = meta.get("inputs"), meta.get("triton_source_key")
+    if not well_formed(listed) or not isinstance(source_key, str):
+        return None
+    index = InputIndex.of(target.layout.observed_inputs)
+    changed = tuple(name for name, digest in listed if index.digest(name) != digest)
+    return arrival.Cutoff(source_key, listed, changed) if changed else None
 
 
 def _read_the_same(target: Target) -> bool:

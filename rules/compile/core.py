@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
 from kforge.load import device_model, isolate, observe
-from kforge.store.arrival import Candidate, CompileResult
+from kforge.store.arrival import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
 from kforge.base.target import Target
@@ -79,8 +79,10 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
                      CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
 
 
-def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
-    """Compile in this machine's warm compile server for the target's toolchain (and arch)."""
+def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
+    """Compile in this machine's warm compile server for the target's toolchain (and arch). With `cutoff` (the
+    artifact in out/ has the target's key and some of its inputs changed) the server first tells whether a compile
+    can give other code: if not, its result is Unchanged (early cutoff) and nothing is compiled."""
     backend = backend_of(target.toolchain)
     import_in_server = backend.import_in == "server"
     if not import_in_server:
@@ -94,7 +96,7 @@ def compile_here(target: Target, root: str, timeout: float) -> isolate.Outcome:
     scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
         return _server_for(target, backend, root, import_in_server).call(
-            (target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
+            (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
 
@@ -137,7 +139,7 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 def in_context(backend: Backend, request: tuple) -> Candidate:
     """In a package server, once per target: the package imported at the first, then the target compiled in
     the context server of its import context (forked from here, so it holds the package as imported here)."""
-    target, scratch_dir, timeout = request
+    target, scratch_dir, timeout, _ = request
     spans = _enter_package(target, backend)
     wanted = import_context(target)
     server = _contexts.pop(wanted, None) or isolate.Server(functools.partial(lower_and_check, backend))
@@ -186,9 +188,9 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
     return (("import", started, time.time()),) if backend.imports_module else ()
 
 
-def lower_and_check(backend: Backend, request: tuple) -> Candidate:
+def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
     """In a context server, once per target: meta.json gets the files the compile read (its depfile)."""
-    target, scratch_dir, _ = request
+    target, scratch_dir, _, cutoff = request
     importing = time.time()
     device_model.serving(target.kernel)
     recorder = _observed(target)
@@ -198,7 +200,15 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
             imports = backend.imports_module and target.module not in sys.modules   # the server's one import,
             if imports:                                                            # timed on its own
                 importlib.import_module(target.module)
+            if _imported[0] is None and backend.source_key is not None:   # before this server compiles anything
+                _imported[0] = dict(_inputs(recorder))
             start = time.time()
+            if cutoff is not None and backend.source_key is not None:
+                unchanged = _cut_off(target, backend, _imported[0], cutoff)
+                if unchanged is not None:
+                    spans = (("import", importing, start),) if imports else ()
+                    return unchanged._replace(result=unchanged.result._replace(
+                        spans=(*spans, ("early cutoff", start, time.time()))))
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
@@ -221,6 +231,23 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate:
     spans = (("import", importing, start),) if imports else ()
     return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),
                                                                        ("check", lowered_at, time.time()))))
+
+
+_imported: list = [None]   # {name: sha256} of what this context server's imports read, before any compile
+
+
+def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -> Unchanged | None:
+    """Early cutoff: Unchanged when compiling cannot give other code than the artifact's. That is so when every
+    input that changed was read by the imports (a file read by the compile itself could change the code in ways
+    no digest of the source covers: then it compiles) and the toolchain's digest of the kernel is the one the
+    artifact was built from (for Triton its JIT cache key: the entry's and every called @jit function's source
+    and line, the constexpr globals they read; the rest, signature, config, options, toolchain, is the target's
+    key, which did not change). The inputs recorded are the old ones with what the imports read now: a file
+    only the compile read is still watched."""
+    if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.source_key:
+        return None
+    inputs = sorted({**dict(cutoff.inputs), **imported}.items())
+    return Unchanged([list(i) for i in inputs], CompileResult(unchanged=True))
 
 
 class BadBinary(RuntimeError):

@@ -137,6 +137,11 @@ def _function(ref: str, target):
     return fn
 
 
+def source_key(target) -> str:
+    """Triton's own digest of the entry (JITFunction.cache_key), as meta.json's triton_source_key holds it."""
+    return _entry(target).cache_key
+
+
 lowering.register("triton", lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
@@ -144,4 +149,5 @@ lowering.register("triton", lowering.Backend(
     # module (compile/core.py's import_context), so a worker starts one per module it builds, and each would
     # otherwise pay that import again (docs/benchmarks.md, "A library imported once per process").
     import_in="worker",
-    imports_module=True))
+    imports_module=True,
+    source_key=source_key))

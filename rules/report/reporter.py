@@ -23,7 +23,7 @@ CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning
 REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
 # where a built target's artifact came from (arrival.CompileResult.origin): its record's "origin", the report's
 # "origins", the progress label
-ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote"}
+ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote", "unchanged": "same"}
 
 
 class BuildReporter(ConsoleReporter):
@@ -167,7 +167,8 @@ class BuildReporter(ConsoleReporter):
         packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
         failed = counts["failed"] + packages_failed
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
-        fetched = ", ".join(f"{n} from the {o}" for o, n in origins.items() if n and o != "compiled")
+        fetched = ", ".join(f"{n} unchanged: early cutoff, not compiled" if o == "unchanged" else f"{n} from the {o}"
+                            for o, n in origins.items() if n and o != "compiled")
         last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
                 f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
         # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary

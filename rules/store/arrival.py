@@ -32,6 +32,7 @@ class CompileResult(NamedTuple):
     spans: tuple = ()   # (phase, start, end) by the wall clock (comparable across processes): the build trace
     worker: int | None = None              # the pid of the doit worker that ran the action: a row of the trace
     from_local_cache: bool = False         # installed from the local cache (rules/share/local_cache.py)
+    unchanged: bool = False                # not compiled: early cutoff (Unchanged), only meta.json's inputs renewed
 
     def values(self) -> dict:
         """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""
@@ -52,7 +53,8 @@ class CompileResult(NamedTuple):
     @property
     def origin(self) -> str:
         """Where the artifact came from: "compiled", "local cache" or "remote cache" (rules/report/reporter.py's ORIGINS)."""
-        return "local cache" if self.from_local_cache else "remote cache" if self.from_cache else "compiled"
+        return ("local cache" if self.from_local_cache else "remote cache" if self.from_cache else
+                "unchanged" if self.unchanged else "compiled")
 
 
 class Candidate(NamedTuple):
@@ -60,6 +62,31 @@ class Candidate(NamedTuple):
     the binary it names), and what the source knows of how it was made."""
     files: dict
     result: CompileResult = CompileResult()
+
+
+class Cutoff(NamedTuple):
+    """What a compile server needs to tell whether the target's artifact in out/ is still the one its inputs
+    give: that artifact's triton_source_key, its recorded inputs, and the names among them whose content changed
+    (the reason the target runs)."""
+    source_key: str
+    inputs: list
+    changed: tuple
+
+
+class Unchanged(NamedTuple):
+    """A compile server's answer instead of a candidate (early cutoff): the kernel's source digest is the one the
+    artifact was built from and every changed input was read by the import, whose effect on the kernel that
+    digest covers; the artifact stays, and meta.json records these inputs."""
+    inputs: list
+    result: CompileResult
+
+
+def restamp(target, unchanged: Unchanged) -> None:
+    """Renew the inputs in the target's meta.json (binary untouched; meta.json sealed and written by rename)."""
+    meta = artifact.current_meta(target.meta_path, target.key)
+    if meta is None:   # gone or replaced since the action looked: nothing to renew, the next run builds it
+        raise artifact.ArtifactError(f"{target.meta_path} changed during the build")
+    artifact.write_meta(target, {**meta, "inputs": unchanged.inputs})
 
 
 def arrive(target, source) -> tuple[Candidate | None, list[str]]:

@@ -185,6 +185,11 @@ def write(target, binary_name: str, binary: bytes, meta: dict) -> None:
     atomic_write(directory / META, meta_bytes(meta))
 
 
+def write_meta(target, meta: dict) -> None:
+    """Rewrite the target's meta.json alone (an early cutoff renews its inputs): sealed, by rename."""
+    atomic_write(_guard(target) / META, meta_bytes(meta))
+
+
 # error.txt: "key: <key>", then for a deterministic failure "inputs: <JSON>" (what its compile read), then the
 # message (rules/compile/action.py's), then the compiler's traceback after TRACEBACK. Written and read only here.
 TRACEBACK = "\n\nTraceback in the compiler's process:\n"
