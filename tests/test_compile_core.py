@@ -5,6 +5,7 @@ tests/test_action.py; CompileResult is tested in tests/test_arrival.py."""
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -369,3 +370,22 @@ def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_nev
     assert set(origins(root).values()) == {"compiled"}
     after = binaries(root)
     assert all(after[p] != before[p] for p in after)
+
+
+def test_a_comment_in_a_kernels_own_source_compiles_nothing_and_leaves_what_a_fresh_build_writes(tmp_path):
+    """one.py gains a comment at its end: its targets' key changed (their source's digest is in it), everything
+    else in it did not, and Triton's digest of one_kernel is the same: cut off early like the targets that only
+    read it. meta.json then holds exactly what a build from nothing writes."""
+    root, env = allops_project(tmp_path)
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    one = tmp_path / "site" / "allops" / "one.py"
+    one.write_text(one.read_text() + "# a comment\n")
+    out = doit(root, "-n", "1", env=env).stdout
+    assert set(origins(root).values()) == {"unchanged"}, out
+    assert binaries(root) == before
+    metas = {p: p.read_bytes() for p in (root / "out").rglob("meta.json")}
+    shutil.rmtree(root / "out")
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}
+    assert {p: p.read_bytes() for p in (root / "out").rglob("meta.json")} == metas

@@ -40,6 +40,7 @@ class Target(NamedTuple):
     notes: tuple[tuple[str, str], ...] = ()
     device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
     setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported
+    key_without_sources: str = ""   # the key less its sources' digests (an early cutoff's second chance)
 
     @property
     def name(self) -> str:

@@ -89,18 +89,22 @@ def _result(result: CompileResult, seconds: float, caches: list, warnings: list,
 
 
 def _cutoff(target: Target) -> arrival.Cutoff | None:
-    """What the compile server needs for an early cutoff, when the artifact in out/ is intact, has the target's key
-    and a toolchain source digest, and runs because inputs it read changed (else None: it compiles)."""
+    """What the compile server needs for an early cutoff (else None: it compiles): the artifact in out/ is intact
+    and has the toolchain's source digest, and either its key is the target's (inputs it read changed) or only
+    the key's sources differ (a source was edited: whether the kernel's code can change is the server's to say)."""
     from kforge.store.inputs import InputIndex, well_formed
-    if not artifact.is_current(target.meta_path, target.key):
+    meta = artifact.built_meta(target.meta_path)
+    if meta is None or not (meta["key"] == target.key or target.key_without_sources and
+                            meta.get("key_without_sources") == target.key_without_sources):
         return None
-    meta = artifact.current_meta(target.meta_path, target.key) or {}
     listed, source_key = meta.get("inputs"), meta.get("triton_source_key")
     if not well_formed(listed) or not isinstance(source_key, str):
         return None
     index = InputIndex.of(target.layout.observed_inputs)
-    changed = tuple(name for name, digest in listed if index.digest(name) != digest)
-    return arrival.Cutoff(source_key, listed, changed) if changed else None
+    built_from = (meta.get("source") or {}).get("digests") or {}
+    changed = {name for name, digest in listed if index.digest(name) != digest} | \
+        {name for name, digest in target.source_digests if built_from.get(name) != digest}
+    return arrival.Cutoff(source_key, listed, tuple(sorted(changed))) if changed else None
 
 
 def _read_the_same(target: Target) -> bool:

@@ -37,7 +37,7 @@ from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
 
-FORMAT = "kforge-catalog-11"   # 11: a catalog says which archs it holds, and serves any of them
+FORMAT = "kforge-catalog-12"   # 12: a target's key without its sources (early cutoff)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
@@ -346,7 +346,7 @@ def record_archs(root: Path) -> tuple[str, ...]:
 # project root; every path of the target is asked of it (rules/base/layout.py).
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
           "source_digests", "toolchain_versions", "layout", "env", "notes", "device_model", "setup")
-OWN = ("config_id", "constexprs", "options", "config", "key")
+OWN = ("config_id", "constexprs", "options", "config", "key", "key_without_sources")
 
 
 def _encode(targets: list[Target]) -> dict:
@@ -371,6 +371,6 @@ def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
     def placeholders(rest: list) -> tuple:
         return tuple((n, kind, tuple(v) if isinstance(v, list) else v) for n, kind, v in rest[0]) if rest else ()
     return [Target(**shared[group], config_id=config_id, signature=signature[sig], constexprs=pairs(constexprs),
-                   options=pairs(options), config=pairs(config), key=key,
+                   options=pairs(options), config=pairs(config), key=key, key_without_sources=key_without_sources,
                    placeholders=placeholders(rest))
-            for group, sig, config_id, constexprs, options, config, key, *rest in rows]
+            for group, sig, config_id, constexprs, options, config, key, key_without_sources, *rest in rows]

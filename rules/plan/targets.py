@@ -56,6 +56,7 @@ class _Shared:
     digests: tuple[tuple[str, str], ...]
     versions: tuple[tuple[str, str], ...]
     key: str   # the digest of all of the above that goes into each target's key
+    key_without_sources: str   # the same without the sources' digests
     layout: Layout    # the project's, which every target carries (its paths ask it)
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
@@ -95,16 +96,20 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         family_env = spec.env_on(arch_name)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
         # digest with its own values (a 5,000-target no-op run pays one small hash per target).
-        key = keys.action_key({
+        payload = {
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
             **({"family_env": family_env} if family_env else {}),
             **({"overrides": pinned} if pinned else {}),
             **({"device": device_model.row(arch_name)} if spec.device_model else {}),
             **({"setup": setup} if setup else {}),
-            **({"distribution": distribution} if spec.module else {})})
+            **({"distribution": distribution} if spec.module else {})}
+        key = keys.action_key(payload)
+        # the same less the sources' digests: an edit of a source that leaves the kernel's Triton digest as it
+        # was may be cut off early (rules/compile/core.py), where everything else is this
+        key_without_sources = keys.action_key({**payload, "sources": None})
         notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ())
-        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, layout, {},
+        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, key_without_sources, layout, {},
                          functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
                          family_env, notes)
         configs = spec.configs.on(arch_name)
@@ -273,13 +278,13 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
             raise SpecError(f"{spec.path}: config {cid} for {arch}: {problem}; set it only where it applies "
                             f"(an [[exclude]] with arch = [\"{arch}\"], or a spec of its own for those archs)")
     functions = [(v, shared.function_sources(v)) for c, v in constexprs if (c, "function") in spec.signature]
-    key = keys.action_key({"shared": shared.key, "signature": signature, "options": options,
-                           "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
-                           **({"functions": functions} if functions else {}),
-                           **({"placeholders": placeholders} if placeholders else {})})
+    own = {"signature": signature, "options": options, "constexprs": [(c, type(v).__name__, v) for c, v in constexprs],
+           **({"functions": functions} if functions else {}), **({"placeholders": placeholders} if placeholders else {})}
+    key = keys.action_key({"shared": shared.key, **own})
+    key_without_sources = keys.action_key({"shared": shared.key_without_sources, **own})
     return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
                   source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
                   constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  layout=shared.layout, key=key, env=shared.env,
+                  layout=shared.layout, key=key, key_without_sources=key_without_sources, env=shared.env,
                   placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup)

@@ -82,11 +82,13 @@ class Unchanged(NamedTuple):
 
 
 def restamp(target, unchanged: Unchanged) -> None:
-    """Renew the inputs in the target's meta.json (binary untouched; meta.json sealed and written by rename)."""
-    meta = artifact.current_meta(target.meta_path, target.key)
+    """Renew what the target's meta.json records of its inputs: the files read, the key and the sources' digests
+    (binary untouched; meta.json sealed and written by rename)."""
+    meta = artifact.built_meta(target.meta_path)
     if meta is None:   # gone or replaced since the action looked: nothing to renew, the next run builds it
         raise artifact.ArtifactError(f"{target.meta_path} changed during the build")
-    artifact.write_meta(target, {**meta, "inputs": unchanged.inputs})
+    artifact.write_meta(target, {**meta, "inputs": unchanged.inputs, "key": target.key,
+                                 "source": {**meta["source"], "digests": dict(target.source_digests)}})
 
 
 def arrive(target, source) -> tuple[Candidate | None, list[str]]:

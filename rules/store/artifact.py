@@ -55,6 +55,15 @@ def current_meta(meta_path: str, key: str) -> dict | None:
     return meta
 
 
+def built_meta(meta_path: str) -> dict | None:
+    """meta.json's content (less its seal) when it is sealed and its binary intact, whatever its key."""
+    try:
+        key = json.loads(Path(meta_path).read_bytes()).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return current_meta(meta_path, key) if isinstance(key, str) and is_current(meta_path, key) else None
+
+
 class KeyIndex(JsonState):
     """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
     identities (inode, mtime, ctime, size) of both in out/.kforge/.
@@ -149,6 +158,7 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
         "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
         "toolchain_versions": dict(target.toolchain_versions),
         "key": target.key,
+        **({"key_without_sources": target.key_without_sources} if target.key_without_sources else {}),
         **({"env": dict(target.env)} if target.env else {}),
         # what the module's import saw (rules/load/device_model.py): the reference GPU's name, the set-up hooks run
         **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
