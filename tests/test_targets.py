@@ -95,12 +95,15 @@ def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
     assert changed(before, keys_of(project)) == set(before)
 
 
-def test_listing_the_targets_writes_nothing(project):
-    """Generating tasks has no side effects: `doit list` leaves out/ holding only doit's own database."""
+def test_listing_the_targets_writes_only_the_catalog_it_loaded(project):
+    """Generating tasks builds nothing: `doit list` leaves out/ holding doit's own database and the catalog it
+    loaded (kept so that the next `doit list`, `info` or build does not load the specs again), no artifact."""
     out = project / "out"
     shutil.rmtree(out, ignore_errors=True)
     doit(project, "list", "--all")
-    assert sorted(p.name for p in out.rglob("*")) == [".doit.sqlite3"]
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written[:2] == [".doit.sqlite3", ".kforge/catalog.json"] and len(written) == 3
+    assert written[2].startswith(".kforge/catalogs/") and written[2].endswith("-all.json")
 
 
 def test_ptxas_version_is_in_nvidia_keys_only(project, monkeypatch):
