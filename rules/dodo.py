@@ -14,6 +14,7 @@ __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 ROOT = Path.cwd().resolve()
 config.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
 config.check_settings()   # a malformed setting: one line and exit code 2, before anything is read
+config.check_command(ROOT)   # doit's own forget/info/clean where kforge's were meant: one line, exit code 2
 CATALOG = dodo_tasks.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
 DOIT_CONFIG = config.config(ROOT, CATALOG)
 

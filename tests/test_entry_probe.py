@@ -291,3 +291,55 @@ def test_what_a_module_writes_to_stdout_outside_python_does_not_reach_the_probes
     root = make_project(tmp_path / "p", kernels={}, specs={"noisy": probed_spec("noisy", "noisy", '["sm_90a"]')})
     [target] = load(root).values()
     assert dict(target.constexprs)["BLOCK"] == 256
+
+
+# --- entries a library defines under a module-level if, or builds by calls (issue 53) -------------------------
+
+GUARDED_LIBRARY = {
+    "glib/__init__.py": "",
+    "glib/ops.py": """
+        import triton
+        import triton.language as tl
+
+
+        def has_triton():
+            return True
+
+
+        if has_triton():   # libraries that also run without Triton guard their kernels
+            @triton.jit
+            def guarded_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+                i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+        else:
+            guarded_kernel = None
+
+
+        def _scaled(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3, mask=i < n)
+
+
+        # built by calls, not decorators
+        scaled_kernel = triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4),
+                                                 triton.Config({"BLOCK": 256}, num_warps=4)],
+                                        key=["n"])(triton.jit(_scaled))
+        """,
+}
+
+
+def test_a_guarded_kernel_and_one_built_by_calls_are_found_and_built_for_both_vendors(tmp_path):
+    import textwrap
+    site = tmp_path / "site"
+    for rel, text in GUARDED_LIBRARY.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text).lstrip())
+    archs = '["sm_90a", "gfx942"]'
+    specs = {name: observed_library.SPEC.format(name=name, module="glib.ops", entry=entry, archs=archs, sweep=sweep)
+             for name, entry, sweep in (("g_guarded", "guarded_kernel", "BLOCK = [128]"),
+                                        ("g_scaled", "scaled_kernel", ""))}
+    root = make_project(tmp_path / "p", specs=specs, kernels={})
+    out = doit(root, "-n", "1", env={"PYTHONPATH": str(site)}).stdout
+    assert statuses(root, "built") == {"g_guarded:fp32-block128@sm_90a", "g_guarded:fp32-block128@gfx942",
+                                       *(f"g_scaled:fp32-block{b}-num_warps4-num_stages3@{a}"
+                                         for b in (128, 256) for a in ("sm_90a", "gfx942"))}, out

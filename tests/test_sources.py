@@ -59,3 +59,28 @@ def test_a_run_time_import_puts_its_whole_top_level_package_in_the_closure(tmp_p
     assert names("pkg/k.py") == ["pkg/__init__.py", "pkg/consts.py", "pkg/k.py", "pkg/static.py",
                                  "pkg/sub/__init__.py", "pkg/sub/more.py"]
     assert names("pkg/static.py") == ["pkg/__init__.py", "pkg/static.py"]   # no run-time import: as before
+
+
+def test_an_entry_is_what_the_module_holds_under_its_name_guarded_or_built_by_calls(tmp_path):
+    path = tmp_path / "ops.py"
+    path.write_text(
+        "import triton\n"
+        "try:\n"
+        "    import extra\n"
+        "except ImportError:\n"
+        "    if True:\n"
+        "        @triton.jit\n"
+        "        def guarded(a, b, BLOCK):\n"
+        "            pass\n"
+        "def _k(x, y, n, BLOCK=128):\n"
+        "    pass\n"
+        "built = triton.autotune(configs=[], key=['n'])(triton.heuristics({})(triton.jit(_k)))\n"
+        "plain = triton.jit(_k)\n")
+    assert sources.function_params(path, "guarded") == ("a", "b", "BLOCK")
+    assert sources.function_params(path, "built") == ("x", "y", "n", "BLOCK")
+    assert sources.function_defaults(path, "built") == {"BLOCK": 128}
+    node, calls = sources.entry_def(path, "built")
+    assert node.name == "_k" and calls == ("autotune", "heuristics", "jit")
+    assert sources.entry_def(path, "plain")[1] == ("jit",)
+    assert sources.entry_def(path, "missing") == (None, ())
+    assert "guarded" in sources.function_names(path)

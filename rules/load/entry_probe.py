@@ -48,19 +48,22 @@ from pathlib import Path
 from kforge.base import cpus
 from kforge.load import load_guard
 from kforge.base.errors import SpecError
-from kforge.load.sources import parse
+from kforge.load.sources import entry_def
 
 def is_wrapped(path: Path, entry: str) -> bool:
     """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
     @autotune or @heuristics, or a library's own wrapper of them (a caching autotuner, a subclass); or a
     @triton.jit that exempts arguments from specialization (do_not_specialize: read from the function)."""
-    for node in parse(path).body:
-        if isinstance(node, ast.FunctionDef) and node.name == entry:
-            for d in node.decorator_list:
-                f = d.func if isinstance(d, ast.Call) else d
-                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if name != "jit" or any(k.arg in UNSPECIALIZED for k in getattr(d, "keywords", ())):
-                    return True
+    node, calls = entry_def(path, entry)
+    if node is None:
+        return False
+    if any(call != "jit" for call in calls):   # assigned by calls: `kernel = triton.autotune(...)(_kernel)`
+        return True
+    for d in node.decorator_list:
+        f = d.func if isinstance(d, ast.Call) else d
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if name != "jit" or any(k.arg in UNSPECIALIZED for k in getattr(d, "keywords", ())):
+            return True
     return False
 
 

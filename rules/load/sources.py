@@ -32,37 +32,79 @@ def _version(path: Path) -> tuple:
 
 
 def function_names(path: Path) -> list[str]:
-    return [n.name for n in parse(path).body if isinstance(n, ast.FunctionDef)]
+    """The module-level functions, guarded ones (under a module-level if, try or with) included."""
+    return [n.name for n in module_level(parse(path).body) if isinstance(n, ast.FunctionDef)]
+
+
+def module_level(statements: list) -> list:
+    """The statements a module runs at import, those under its if/else, try/except/else/finally and with blocks
+    included (a kernel defined only `if has_triton():`), in source order."""
+    found = []
+    for node in statements:
+        found.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            handlers = [h.body for h in getattr(node, "handlers", ())]
+            for block in (node.body, *handlers, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                found += module_level(block)
+    return found
+
+
+def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
+    """The def a module-level name holds after import, as Triton's JIT sees it, and the names of the calls that
+    wrap it where the name is assigned by calls (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`:
+    _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts. (None, ()) when
+    the source shows none."""
+    statements = module_level(parse(path).body)
+    for node in statements:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node, ()
+    for node in statements:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            inner, calls = _wrapped(node.value)
+            if inner is not None and inner != name:
+                found, more = entry_def(path, inner)
+                return (found, calls + more) if found is not None else (None, ())
+    return None, ()
+
+
+def _wrapped(expr) -> tuple[str | None, tuple[str, ...]]:
+    """The name at the heart of nested calls (`a(x)(b(y)(name))` -> name), and the calls' names, outermost first."""
+    calls: list[str] = []
+    while isinstance(expr, ast.Call) and expr.args:
+        factory = expr.func.func if isinstance(expr.func, ast.Call) else expr.func
+        calls.append(factory.attr if isinstance(factory, ast.Attribute) else getattr(factory, "id", "?"))
+        expr = expr.args[0]
+    return (expr.id, tuple(calls)) if isinstance(expr, ast.Name) else (None, ())
 
 
 def function_params(path: Path, name: str) -> tuple[str, ...] | None:
-    """Parameter names of the module-level function `name`, or None if there is none."""
-    for node in parse(path).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            a = node.args
-            return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
-    return None
+    """Parameter names of the module-level function `name` (entry_def), or None if there is none."""
+    node, _ = entry_def(path, name)
+    if node is None:
+        return None
+    a = node.args
+    return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
 
 
 def function_defaults(path: Path, name: str) -> dict:
     """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
     `bias=None`); a default that is not a literal (`tl.float32`, a name) is left out."""
-    for node in parse(path).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            a = node.args
-            positional = a.posonlyargs + a.args
-            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
-            pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-            found = {}
-            for arg, default in pairs:
-                try:
-                    value = ast.literal_eval(default)
-                except ValueError:
-                    continue
-                if value is None or isinstance(value, (bool, int, float, str)):
-                    found[arg.arg] = value
-            return found
-    return {}
+    node, _ = entry_def(path, name)
+    if node is None:
+        return {}
+    a = node.args
+    positional = a.posonlyargs + a.args
+    pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+    pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    found = {}
+    for arg, default in pairs:
+        try:
+            value = ast.literal_eval(default)
+        except ValueError:
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            found[arg.arg] = value
+    return found
 
 
 def module_name(path: Path, root: Path) -> str:
