@@ -229,9 +229,23 @@ def regops_project(tmp_path: Path) -> tuple[Path, dict]:
 
 
 def test_a_library_that_registers_torch_operators_at_import_builds_every_target_in_one_worker(tmp_path):
+    """One worker builds both modules for both archs: its package server imported `regops` (which registers
+    torch operators) once and forked a server per module. Each target's record holds the package and its own
+    module, never its sibling (what a fresh process importing that module would read): an edit of one module
+    rebuilds only its targets."""
     root, env = regops_project(tmp_path)
     doit(root, "-n", "1", "reg_one", "reg_two", env=env)   # one worker: every module and arch in turn
     assert len(statuses(root, "built")) == 8   # 2 modules x 2 archs x 2 configs
+    for meta in (root / "out").glob("*/reg_*/*/meta.json"):
+        read = dict(json.loads(meta.read_text())["inputs"])
+        module = meta.parent.parent.name.removeprefix("reg_")
+        sibling = {"one": "two", "two": "one"}[module]
+        assert "regops/__init__.py" in read and f"regops/{module}.py" in read and f"regops/{sibling}.py" not in read
+    two = tmp_path / "site" / "regops" / "two.py"
+    two.write_text(two.read_text().replace("* 3", "* 5"))
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
+    assert {t.split(":")[0] for t in statuses(root, "built")} == {"reg_two"}
+    assert len(statuses(root, "built")) == 4 and len(statuses(root, "up-to-date")) == 4
 
 
 def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_against_it(tmp_path):
@@ -245,24 +259,6 @@ def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_again
     flag.unlink()   # the cause is gone (the failure's inputs include the flag's absence: nothing to replay)
     doit(root, "-n", "1", "reg_one", env=env)
     assert len(statuses(root, "built")) == 4
-
-
-def test_a_package_server_records_for_each_module_what_its_own_import_read(tmp_path):
-    """One worker builds both modules of the package: its package server imported `regops` once and forked a
-    server per module. Each target's record holds the package and its own module, never its sibling (what a
-    fresh process importing that module would read): an edit of one module rebuilds only its targets."""
-    root, env = regops_project(tmp_path)
-    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
-    for meta in (root / "out").glob("*/reg_*/*/meta.json"):
-        read = dict(json.loads(meta.read_text())["inputs"])
-        module = meta.parent.parent.name.removeprefix("reg_")
-        sibling = {"one": "two", "two": "one"}[module]
-        assert "regops/__init__.py" in read and f"regops/{module}.py" in read and f"regops/{sibling}.py" not in read
-    two = tmp_path / "site" / "regops" / "two.py"
-    two.write_text(two.read_text().replace("* 3", "* 5"))
-    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
-    assert {t.split(":")[0] for t in statuses(root, "built")} == {"reg_two"}
-    assert len(statuses(root, "built")) == 4 and len(statuses(root, "up-to-date")) == 4
 
 
 def test_only_failures_the_same_inputs_give_again_are_kept():
@@ -338,13 +334,19 @@ def binaries(root: Path) -> dict[str, bytes]:
 
 
 def test_an_edit_that_cannot_change_a_kernels_code_compiles_none_of_its_targets(tmp_path):
-    """two.py edited: every target read it (the package's __init__ imports every op), but only two's own can
-    change; one's targets end `unchanged` (early cutoff: Triton's source digest of one_kernel is the same and
-    the edited file was read by the import), their binaries untouched, their meta.json's inputs renewed, and
-    the next run is a no-op."""
+    """First a comment at the end of one.py: one's targets' key changed (their source's digest is in it),
+    nothing else in it did, and Triton's digest of one_kernel is the same; two's targets only read it. Every
+    target ends `unchanged` (early cutoff), binaries untouched. Then two.py's kernel edited: every target read
+    it (the package's __init__ imports every op), but only two's own can change; one's stay `unchanged`, their
+    meta.json's inputs renewed: byte for byte what a build from nothing writes. The next run is a no-op."""
     root, env = allops_project(tmp_path)
     doit(root, "-n", "1", env=env)
     before = binaries(root)
+    one = tmp_path / "site" / "allops" / "one.py"
+    one.write_text(one.read_text() + "# a comment\n")
+    out = doit(root, "-n", "1", env=env).stdout
+    assert set(origins(root).values()) == {"unchanged"}, out
+    assert binaries(root) == before
     two = tmp_path / "site" / "allops" / "two.py"
     two.write_text(two.read_text().replace("* 3", "* 5"))
     out = doit(root, "-n", "1", env=env).stdout
@@ -357,6 +359,11 @@ def test_an_edit_that_cannot_change_a_kernels_code_compiles_none_of_its_targets(
     assert dict(meta["inputs"])["allops/two.py"] == hashlib.sha256(two.read_bytes()).hexdigest()
     doit(root, "-n", "1", env=env)
     assert set(origins(root).values()) == {"up-to-date"}
+    metas = {p: p.read_bytes() for p in (root / "out").rglob("meta.json")}
+    shutil.rmtree(root / "out")
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}
+    assert {p: p.read_bytes() for p in (root / "out").rglob("meta.json")} == metas
 
 
 def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_never_cut_off(tmp_path):
@@ -370,22 +377,3 @@ def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_nev
     assert set(origins(root).values()) == {"compiled"}
     after = binaries(root)
     assert all(after[p] != before[p] for p in after)
-
-
-def test_a_comment_in_a_kernels_own_source_compiles_nothing_and_leaves_what_a_fresh_build_writes(tmp_path):
-    """one.py gains a comment at its end: its targets' key changed (their source's digest is in it), everything
-    else in it did not, and Triton's digest of one_kernel is the same: cut off early like the targets that only
-    read it. meta.json then holds exactly what a build from nothing writes."""
-    root, env = allops_project(tmp_path)
-    doit(root, "-n", "1", env=env)
-    before = binaries(root)
-    one = tmp_path / "site" / "allops" / "one.py"
-    one.write_text(one.read_text() + "# a comment\n")
-    out = doit(root, "-n", "1", env=env).stdout
-    assert set(origins(root).values()) == {"unchanged"}, out
-    assert binaries(root) == before
-    metas = {p: p.read_bytes() for p in (root / "out").rglob("meta.json")}
-    shutil.rmtree(root / "out")
-    doit(root, "-n", "1", env=env)
-    assert set(origins(root).values()) == {"compiled"}
-    assert {p: p.read_bytes() for p in (root / "out").rglob("meta.json")} == metas
