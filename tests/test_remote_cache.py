@@ -4,6 +4,7 @@ signed cache (cache_key=): a tag missing, forged or moved to another key is refu
 import hashlib
 import hmac
 import json
+import re
 import socket
 import time
 
@@ -365,6 +366,33 @@ def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_on
     [warning] = cache.drain_warnings()
     assert warning.startswith("remote cache http://slow.example:8080 switched off for the rest of this run: 0.3 s "
                               "lost waiting on it, past cache_budget=0.25 s")
+
+
+def test_a_cache_slower_than_compiling_is_switched_off_after_its_first_miss_saying_so_once(tmp_path, monkeypatch):
+    """Every answer just under cache_timeout and compiles far faster: 4 targets took 73 s with a cache that
+    answered in 9 s. Once the run has waited SLOW_FLOOR_S on it and it answers more slowly than twice a compile
+    here, no request more."""
+    asked = []
+
+    def slow(cfg, method, path, data=None, **_):
+        asked.append(method)
+        time.sleep(0.15)
+        return (404, b"") if method == "GET" else (200, b"")
+    monkeypatch.setattr(remote_cache, "_request", slow)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    monkeypatch.setattr(remote_cache, "SLOW_FLOOR_S", 0.2)
+    monkeypatch.setattr(remote_cache.artifact, "files_of", lambda d: {"meta.json": b"{}", "k.cubin": b"x"})
+    cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", timeout=10.0))
+    for i in range(4):
+        target = fake_target(tmp_path, i)
+        assert arrival.arrive(target, cache) == (None, [])
+        time.sleep(0.01)   # the compile here
+        cache.keep(target)
+    assert asked == ["GET", "PUT"]   # the first miss and the first blob's upload, then nothing
+    [warning] = cache.drain_warnings()
+    assert re.fullmatch(r"remote cache http://slow\.example:8080 switched off for the rest of this run: it answers "
+                        r"more slowly than compiling here \(0\.\d s a request on average, cache_timeout=10 s; 0\.\d s "
+                        r"a compile\): check the server or the network to it; building locally", warning), warning
 
 
 def test_the_budget_is_one_for_the_whole_run_across_forked_workers(monkeypatch):

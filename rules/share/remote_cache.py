@@ -18,6 +18,7 @@ a reader take their binary for a key. Without a secret, entries are neither sign
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -36,7 +37,11 @@ TAG = "hmac_sha256"   # the /ac/ entry's field holding its tag, with a secret co
 SHA256 = re.compile(r"[0-9a-f]{64}")
 AC_LIMIT = 64 << 10   # bytes of an /ac/ entry (a real one is ~300)
 CHUNK = 1 << 16
-_shared = None   # the run's [seconds waited, off], shared by the workers doit's master forks (share_budget)
+# the run's [seconds waited, off, requests, seconds compiling here, compiles], shared by the workers doit's master
+# forks (share_budget)
+_shared = None
+WAITED, OFF, REQUESTS, COMPILING, COMPILES = range(5)
+SLOW_FLOOR_S = 5.0   # a cache is judged slower than compiling only once the run has waited this long on it
 
 
 def share_budget() -> None:
@@ -44,7 +49,21 @@ def share_budget() -> None:
     global _shared
     if _shared is None:
         import multiprocessing
-        _shared = multiprocessing.Array("d", 2)
+        _shared = multiprocessing.Array("d", 5)
+
+
+def _why_off(counts: list, budget: float, timeout: float) -> str | None:
+    """Why the run should stop asking the cache (None: it should not): its waits past cache_budget, or answers
+    slower on average than twice a compile here, once the run has waited SLOW_FLOOR_S on it."""
+    waited, requests, compiling, compiles = counts[WAITED], counts[REQUESTS], counts[COMPILING], counts[COMPILES]
+    if waited > budget:
+        return (f"{waited:.1f} s lost waiting on it, past cache_budget={budget:g} s (check the server, or raise "
+                f"cache_budget=)")
+    if compiles and requests and waited >= SLOW_FLOOR_S and waited / requests > 2 * compiling / compiles:
+        return (f"it answers more slowly than compiling here ({waited / requests:.1f} s a request on average, "
+                f"cache_timeout={timeout:g} s; {compiling / compiles:.1f} s a compile): check the server or the "
+                f"network to it")
+    return None
 
 
 class TooLarge(ValueError):
@@ -76,7 +95,8 @@ class RemoteCache:
         self.cfg = cfg
         self.down = False   # after one failure this process stops asking (one warning, not one per target)
         self.warnings: list[str] = []   # handed to the build report with the next target's result
-        self.waited = 0.0   # seconds this process waited on the cache (the whole run's count: share_budget)
+        self.counts = [0.0] * 5   # this process's counts (WAITED ...) where no run shares them (share_budget)
+        self.missed: dict[str, float] = {}   # target key -> when its lookup missed: a keep() after it timed a compile
 
     def drain_warnings(self) -> list[str]:
         drained, self.warnings = self.warnings, []
@@ -90,7 +110,10 @@ class RemoteCache:
         """The target's entry and its blobs, unchecked but for the entry's own format, tag and blob digests
         (the installer checks the artifact); None on a miss or a cache down, ValueError for a bad entry."""
         try:
-            return self._lookup(target)
+            found = self._lookup(target)
+            if found is None and not self.down:
+                self.missed[target.key] = time.monotonic()
+            return found
         # A malformed entry is a miss, never a failed build (RecursionError is JSON nested deeper than the
         # parser goes)
         except (KeyError, TypeError, RecursionError) as e:
@@ -105,6 +128,9 @@ class RemoteCache:
         pass
 
     def keep(self, target) -> list[str]:
+        missed = self.missed.pop(target.key, None)
+        if missed is not None:   # from its miss to here: the compile the cache did not save (install included)
+            self._add(COMPILING, time.monotonic() - missed, COMPILES)
         self.store(target)
         return []   # a failed upload warns through drain_warnings
 
@@ -195,23 +221,25 @@ class RemoteCache:
             self._spend(time.monotonic() - start)
 
     def _spend(self, seconds: float) -> None:
-        if _shared is None:
-            self.waited += seconds
-            waited, crossed = self.waited, self.waited > self.cfg.budget and not self.down
-        else:
-            with _shared.get_lock():
-                _shared[0] += seconds
-                waited, crossed = _shared[0], _shared[0] > self.cfg.budget and not _shared[1]
-                _shared[1] = _shared[1] or crossed
-        if crossed:
+        self._add(WAITED, seconds, REQUESTS)
+
+    def _add(self, slot: int, seconds: float, count: int) -> None:
+        """Count a request's wait (or a compile's time) for the run; switch the cache off for the rest of it, with
+        one warning, once it has cost more than cache_budget or answers more slowly than compiling here."""
+        counts = self.counts if _shared is None else _shared
+        lock = _shared.get_lock() if _shared is not None else contextlib.nullcontext()
+        with lock:
+            counts[slot] += seconds
+            counts[count] += 1
+            why = None if counts[OFF] else _why_off(list(counts), self.cfg.budget, self.cfg.timeout)
+            counts[OFF] = counts[OFF] or why is not None
+        if why is not None:
             self.down = True
-            self._warn(f"remote cache {self.cfg.url} switched off for the rest of this run: {waited:.1f} s lost "
-                       f"waiting on it, past cache_budget={self.cfg.budget:g} s; building locally (check the server, "
-                       f"or raise cache_budget=)")
+            self._warn(f"remote cache {self.cfg.url} switched off for the rest of this run: {why}; building locally")
 
     def _off(self) -> bool:
-        """Whether this process stops asking: the cache failed here, or the run's budget is spent (any worker)."""
-        if not self.down and _shared is not None and _shared[1]:
+        """Whether this process stops asking: the cache failed here, or the run switched it off (any worker)."""
+        if not self.down and _shared is not None and _shared[OFF]:
             self.down = True
         return self.down
 
