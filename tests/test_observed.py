@@ -257,3 +257,28 @@ def test_the_launcher_that_started_the_build_is_never_an_input(tmp_path):
         assert [name for name, _ in json.loads(meta)["inputs"]] == ["tk/__init__.py", "tk/scale.py"]
         metas.append(meta)
     assert metas[0] == metas[1]
+
+
+GENERATOR = ('import os\n'
+             'with open(os.path.join(os.path.dirname(__file__), "_generated.py"), "w") as _f:   # the same bytes each time\n'
+             '    _f.write("FACTOR = 2\\n")\n'
+             'from tk import _generated  # noqa: E402,F401\n')
+
+
+def test_a_module_that_generates_a_file_it_imports_reaches_a_no_op(tmp_path):
+    """The import writes tk/_generated.py (the same bytes each run) and imports it: the file changed while the
+    compile read it, because the compile wrote it. What it wrote is the input, so the build settles: the first
+    build creates the file (a source the catalog found missing: the second build has the key that names it),
+    and from then on every run is a no-op (it rebuilt on every run, forever)."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()})
+    kernel = root / "tk" / "scale.py"
+    kernel.write_text(GENERATOR + kernel.read_text())
+    env = {"KFORGE_LOCAL_CACHE": "off"}
+    for _ in range(2):
+        doit(root, "-n", "1", env=env)
+        assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    meta = json.loads((root / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_text())
+    assert "tk/_generated.py" in dict(meta["inputs"])
+    for _ in range(2):
+        doit(root, "-n", "1", env=env)
+        assert statuses(root, "up-to-date") == {"scale:fp16-b256-w4@sm_90a"}

@@ -274,7 +274,8 @@ def _inputs(recorder: observe.Recorder) -> list[list[str]]:
     """What the compile read, named from the project and the module path as the server started with them (what
     every process of the project has; not a path entry a library added at import) and from the packages import
     finders map (an editable install's, in every process too)."""
-    return observe.digests(recorder.files(), observe.bases(*_named_from), recorder.since_ns, recorder.folders())
+    return observe.digests(recorder.files(), observe.bases(*_named_from), recorder.since_ns, recorder.folders(),
+                           recorder.written)
 
 
 _named_from: list = ["", ()]   # the project this server compiles for and its module path at start-up

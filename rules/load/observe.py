@@ -201,6 +201,7 @@ class Recorder:
                                                       *(d + os.sep for d in toolchain_dirs()))))
         self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")} | launchers()
         self.seen: set[str] = set()
+        self.written: set[str] = set()   # what the process itself wrote (opened to write, or renamed onto)
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
         self._listing = False   # the hook's own listdir raises the event too
         self.modules: set[str] = set(sys.modules)
@@ -227,7 +228,7 @@ class Recorder:
 
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
-        self.seen, self.listed, self.modules = set(), {}, set(sys.modules)
+        self.seen, self.written, self.listed, self.modules = set(), set(), {}, set(sys.modules)
         self.active, self.since_ns = True, time.time_ns()
 
     def _hook(self, event: str, args: tuple) -> None:
@@ -240,9 +241,9 @@ class Recorder:
                 path = os.fsdecode(path)
             if not isinstance(path, str):   # an open file descriptor: already opened by path
                 return
-            if mode is not None and any(c in mode for c in "wax+"):
-                return
-            if mode is None and flags & (os.O_WRONLY | os.O_RDWR):
+            if (mode is not None and any(c in mode for c in "wax+")) or \
+                    (mode is None and flags & (os.O_WRONLY | os.O_RDWR)):
+                self.written.add(_absolute(path))   # a module generating a file it then imports
                 return
             # as opened: a link is named where it lies; relative to the folder it was opened from
             self.seen.add(_absolute(path))
@@ -253,6 +254,12 @@ class Recorder:
             # the import system's listing (FileFinder's cache) is how it finds a module, not what it read
             if isinstance(path, str) and not self._listing and sys._getframe(1).f_code.co_filename != IMPORT_SYSTEM:
                 self._list(_absolute(path))
+        elif event == "os.rename":   # os.rename and os.replace: a file written beside and moved into place
+            destination = args[1]
+            if isinstance(destination, bytes):
+                destination = os.fsdecode(destination)
+            if isinstance(destination, str):
+                self.written.add(_absolute(destination))
         elif event == "ctypes.dlopen":
             name = args[0]
             if isinstance(name, str) and os.sep in name:   # by path; a bare name is the dynamic linker's search
@@ -348,18 +355,21 @@ def _as_opened(path: str) -> str | None:
 
 
 def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
-            listed: dict[str, str] | None = None) -> list[list[str]]:
+            listed: dict[str, str] | None = None, written: Iterable[str] = ()) -> list[list[str]]:
     """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
     (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since
     `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which no
-    content matches, so the next run rebuilds."""
+    content matches, so the next run rebuilds; unless the process wrote it itself (`written`: a module that
+    generates a file and imports it), when what it wrote is the input: a generator that writes the same bytes
+    reaches a no-op."""
     found = {}
+    own = {os.path.realpath(p) for p in written}
     for path in files:
         try:
             with open(path, "rb") as f:   # a chunk at a time: memory stays bounded whatever the file's size
                 st = os.fstat(f.fileno())
                 digest = hashlib.file_digest(f, "sha256").hexdigest() \
-                    if st.st_ctime_ns < since_ns or not since_ns else CHANGED
+                    if st.st_ctime_ns < since_ns or not since_ns or os.path.realpath(path) in own else CHANGED
         except OSError:
             continue
         found[name_of(path, folders)] = digest
