@@ -121,6 +121,11 @@ GPU_WORK = {   # a module doing something only a real GPU can do at import, and 
     "events": ("import torch\nE = torch.cuda.Event(enable_timing=True)\n", "a CUDA event (torch.cuda.Event)"),
     "graphs": ("import torch\nclass G(torch.cuda.CUDAGraph):\n    pass\nG()\n", "a CUDA graph"),
     "seeds": ("import torch\nstate = torch.cuda.get_rng_state()\n", "the GPU's random state"),
+    # a CUDA backend: CUDA-only torch functions and the CUDA runtime's library, by name (a CPU torch has neither)
+    "raw_stream": ("from torch._C import _cuda_getCurrentRawStream as raw_stream\nraw_stream(0)\n",
+                   "torch._C._cuda_getCurrentRawStream"),
+    "cudart": ('import ctypes\nrt = ctypes.CDLL("libcudart.so.12")\nrt.cudaGetDeviceCount.restype = ctypes.c_int\n'
+               "rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n", "libcudart.so.12's cudaGetDeviceCount"),
 }
 
 
@@ -157,6 +162,23 @@ def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_f
     for line, (work, (_, call)) in zip(lines, GPU_WORK.items()):
         assert call in line and f"gpu_{work}.py:" in line and "needs a real GPU (family fam)" in line, line
         assert "gfx942" in line and "AMD Instinct MI300X" in line and "device_model = false" in line
+
+
+def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_would_call(tmp_path):
+    """A library whose __init__ picks its CUDA backend (torch.cuda.is_available() is True under the model): the
+    backend names CUDA-only torch functions and loads the CUDA runtime at import; on a CPU torch that was a raw
+    AttributeError (and OSError: libcudart.so.12). Naming them works; calling one is the one-line NeedsGPU."""
+    (tmp_path / "cuda_backend.py").write_text(
+        "import ctypes\n"
+        "import torch\n"
+        "from torch._C import _cuda_getCurrentRawStream as get_raw_stream  # noqa: F401\n"
+        "RT = ctypes.CDLL('libcudart.so.12')\n"
+        "RT.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]\n"
+        "HAS = hasattr(torch._C, '_cuda_getDevice') and not hasattr(torch._C, 'no_such_thing')\n")
+    proc = _python(NEEDS_GPU, str(tmp_path), "cuda_backend", cwd=tmp_path)
+    assert proc.stdout.strip() == "cuda_backend imported", proc.stdout + proc.stderr
+    proc = _python("import ctypes\ntry:\n    ctypes.CDLL('libcudart.so.12')\nexcept OSError:\n    print('absent')\n")
+    assert proc.stdout.strip() in ("absent", ""), proc.stdout   # without the model: ctypes' own OSError
 
 
 def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(tmp_path):

@@ -118,6 +118,7 @@ def install(arch: str) -> None:
     switches the arch). Triton must be importable; torch is patched once it is imported."""
     _State.device = DEVICES[arch]
     _install_triton()
+    _install_ctypes()
     if "torch" in sys.modules:
         _install_torch(sys.modules["torch"])
     elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
@@ -299,12 +300,64 @@ def _install_torch(torch) -> None:
         setattr(cuda, name, _refusing(name, what))
     for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all"):
         setattr(cuda, name, functools.partial(_refuse, f"the GPU's random state (torch.cuda.{name})"))
+    if not hasattr(torch._C, "_cuda_getCurrentRawStream"):   # a CPU build: CUDA's own functions, by name (a GPU
+        torch._C.__getattr__ = _cuda_only                     # build keeps its own)
     vendor = ARCHS[_State.device.arch].vendor
     own, version = TORCH_VERSIONS[vendor]
     other = TORCH_VERSIONS["amd" if vendor == "nvidia" else "nvidia"][0]
     if getattr(torch.version, own, None) is None:   # a CUDA (ROCm) torch keeps its own version string
         setattr(torch.version, own, version)
     setattr(torch.version, other, None)
+
+
+def _cuda_only(name: str):
+    """torch._C's attributes a CUDA build of torch has and a CPU build lacks (`from torch._C import
+    _cuda_getCurrentRawStream`, a CUDA backend's import): there under the model; calling one needs the GPU."""
+    if name.startswith(("_cuda", "_nccl")):
+        return functools.partial(_refuse, f"torch._C.{name}")
+    raise AttributeError(f"module 'torch._C' has no attribute {name!r}")
+
+
+# ---- the GPU's runtime libraries, loaded by ctypes at import ----------------------------------------------
+
+GPU_RUNTIMES = ("libcuda.", "libcudart.", "libnvrtc.", "libnvJitLink.", "libamdhip64.", "libhiprtc.")
+
+
+class _Missing:
+    """A function of a GPU runtime library this machine lacks: its ctypes attributes can be set (argtypes,
+    restype), a call needs the GPU."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, *args, **kwargs):
+        raise needs_gpu(self.what)
+
+
+def _install_ctypes() -> None:
+    """ctypes.CDLL of a GPU runtime library (libcudart.so.12, libamdhip64.so) that this machine lacks loads a
+    stand-in under the model, as a CUDA backend does at import; calling one of its functions needs the GPU."""
+    import ctypes
+    if getattr(ctypes.CDLL.__init__, "kforge_model", False):
+        return
+    real_init, real_getattr = ctypes.CDLL.__init__, ctypes.CDLL.__getattr__
+
+    def init(self, name, *args, **kwargs):
+        try:
+            real_init(self, name, *args, **kwargs)
+        except OSError:
+            base = os.path.basename(name) if isinstance(name, str) else ""
+            if _State.device is None or not base.startswith(GPU_RUNTIMES):
+                raise
+            self._name, self._handle, self._kforge_missing = name, 0, base
+
+    def getattr_(self, name):
+        missing = self.__dict__.get("_kforge_missing")
+        if missing is not None and not name.startswith("__"):
+            return _Missing(f"{missing}'s {name}")
+        return real_getattr(self, name)
+    init.kforge_model = True
+    ctypes.CDLL.__init__, ctypes.CDLL.__getattr__ = init, getattr_
 
 
 def _refusing(name: str, what: str) -> type:
