@@ -5,7 +5,9 @@ way GEMM libraries do, so that on a CPU it imports only under kforge's device mo
     devlib/ops.py        scale_kernel: @triton.autotune configs chosen per vendor from an environment variable
                          (DEVLIB_BLOCKS, given per arch by the spec's [arch.<name>.env]) and filtered by the
                          device's shared memory; a @triton.heuristics NUM_SMS from get_device_properties
-    devlib/alloc.py      allocates a tensor on the GPU at import (needs a real one)
+    devlib/alloc.py      allocates a tensor on the GPU at import and reads its values (needs a real one)
+    devlib/tables.py     a lookup table per GPU at import, torch.tensor([...], device=f"cuda:{g}") (the model
+                         gives tensors that answer as the GPU's and hold no memory)
     devlib/hooked.py     imports only after a set-up hook configured devlib for the arch (devlib.configure)
 
 write(site) writes it into site (a folder to put on PYTHONPATH); SPECS are its kforge specs.
@@ -68,7 +70,8 @@ FILES = {
         import triton
         import triton.language as tl
 
-        SCRATCH = torch.empty(16, device="cuda")
+        SCRATCH = torch.zeros(16, device="cuda")
+        LIMIT = int(SCRATCH.sum())
 
 
         @triton.heuristics({"BLOCK": lambda args: 128})
@@ -76,6 +79,22 @@ FILES = {
         def fill_kernel(y_ptr, n, BLOCK: tl.constexpr):
             i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             tl.store(y_ptr + i, 1.0, mask=i < n)
+        ''',
+    "devlib/tables.py": '''
+        import torch
+        import triton
+        import triton.language as tl
+
+        TABLES = [torch.tensor([1, 2, 4, 8], dtype=torch.int8, device=f"cuda:{g}")
+                  for g in range(torch.cuda.device_count())]
+        SCRATCH = torch.empty(1 << 20, device="cuda").to(torch.float16)
+        assert TABLES[0].is_cuda and TABLES[0].shape == (4,) and SCRATCH.dtype == torch.float16
+
+
+        @triton.jit
+        def lookup_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
         ''',
     "devlib/hooked.py": '''
         import triton
@@ -138,6 +157,24 @@ BLOCK = "constexpr"
 
 [sweep]
 num_warps = [4]
+'''
+
+TABLES = '''
+[kernel]
+name = "devlib_tables"
+module = "devlib.tables"
+entry = "lookup_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+BLOCK = [128]
 '''
 
 HOOKED = '''

@@ -111,7 +111,8 @@ for module in sys.argv[2:]:
         print(e)
 '''
 GPU_WORK = {   # a module doing something only a real GPU can do at import, and the call the error names
-    "allocates": ('import torch\nx = torch.zeros(4, device="cuda")\n', 'x = torch.zeros(4, device="cuda")'),
+    "reads": ('import torch\nx = torch.zeros(4, device="cuda")\nn = int(x.sum())\n',
+              "reading a tensor's values on the GPU"),
     "synchronizes": ("import torch\ntorch.cuda.synchronize()\n", "torch.cuda.synchronize()"),
     "launches": ("import torch, triton, triton.language as tl\n\n@triton.jit\ndef k(x_ptr):\n    pass\n\n"
                  'k[(1,)](torch.empty(4, device="meta"))\n', "a Triton kernel launch"),
@@ -264,15 +265,25 @@ def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_
     assert statuses(root, "built") == HOOKED_TARGETS and statuses(root, "up-to-date") == SCALE_TARGETS
 
 
-def test_a_library_that_allocates_at_import_is_one_broken_family_named_in_one_line(tmp_path, devlib):
+def test_a_library_that_makes_tensors_on_the_gpu_at_import_builds_on_a_cpu(tmp_path, devlib):
+    """A lookup table per GPU and a scratch buffer made at import: under the model they are tensors that answer
+    as the GPU's (device, dtype, shape) and hold no memory; the family builds for both vendors."""
+    site, env = devlib
+    root = make_project(tmp_path / "p", specs={"devlib_tables": device_library.TABLES}, kernels={})
+    doit(root, "-n", "1", env=env)
+    assert statuses(root, "built") == {"devlib_tables:block128@sm_90a", "devlib_tables:block128@gfx942"}
+
+
+def test_a_library_that_reads_gpu_memory_at_import_is_one_broken_family_named_in_one_line(tmp_path, devlib):
     site, env = devlib
     root = make_project(tmp_path / "p", specs={"devlib_alloc": device_library.ALLOC}, kernels={})
     proc = doit(root, "list", env=env, check=False)   # listed as broken (rules/plan/catalog.py keeps going at load)
     broken = [line for line in proc.stderr.splitlines() if "did not load" in line]
     assert proc.returncode == 0 and len(broken) == 1, proc.stderr
     assert "devlib_alloc" in proc.stdout and "BROKEN" in proc.stdout, proc.stdout
-    assert re.search(r"specs/devlib_alloc\.toml: .*NeedsGPU: .* at devlib/alloc\.py:5 \(`SCRATCH = "
-                     r"torch\.empty\(16, device=\"cuda\"\)`\) needs a real GPU \(family devlib_alloc\)", proc.stderr)
+    assert re.search(r"specs/devlib_alloc\.toml: .*NeedsGPU: reading a tensor's values on the GPU \(\w+\) at "
+                     r"devlib/alloc\.py:6 \(`LIMIT = int\(SCRATCH\.sum\(\)\)`\) needs a real GPU \(family "
+                     r"devlib_alloc\)", proc.stderr), proc.stderr
 
 
 def test_a_family_with_device_model_false_imports_as_this_machine_is(tmp_path, devlib):

@@ -293,6 +293,7 @@ def _install_torch(torch) -> None:
     }
     for name, fn in answers.items():
         setattr(cuda, name, fn)
+    _GpuTensors.install()
     # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words)
     for name, what in (("Stream", "a CUDA stream (torch.cuda.Stream)"), ("Event", "a CUDA event (torch.cuda.Event)"),
                        ("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
@@ -308,6 +309,82 @@ def _install_torch(torch) -> None:
     if getattr(torch.version, own, None) is None:   # a CUDA (ROCm) torch keeps its own version string
         setattr(torch.version, own, version)
     setattr(torch.version, other, None)
+
+
+READS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__", "__complex__", "__array__")
+
+
+class _GpuTensors:
+    """Tensors made on the modelled GPU at import (a lookup table `torch.tensor([...], device="cuda:0")`,
+    scratch buffers, `.cuda()`, `.to("cuda")`): torch's fake tensors, which answer as tensors on that device
+    (device, dtype, shape, strides; arithmetic gives more of them) and hold no memory. Reading their values
+    (`.item()`, `.tolist()`, `if t:`) needs the GPU: NeedsGPU. A torch function mode, installed once per process
+    with the model; tensors elsewhere (CPU, meta) are untouched."""
+    mode = None
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.mode is not None:
+            return
+        import torch
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._pytree import tree_map
+        from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                                   FakeTensor, FakeTensorMode)
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        unreadable = (DataDependentOutputException, DynamicOutputShapeException)
+
+        def as_fake(value):
+            if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+                return fake.from_tensor(value)
+            return value
+
+        def one_gpu(device) -> "torch.device":
+            """"cuda" as torch.device("cuda", 0): a CPU build of torch cannot ask which device is current."""
+            return torch.device("cuda", torch.device(device).index or 0)
+
+        def on_gpu(value) -> bool:
+            if isinstance(value, (str, torch.device)):
+                return torch.device(value).type == "cuda"
+            return isinstance(value, FakeTensor)
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = getattr(func, "__name__", "")
+                if name == "cuda" and args:   # Tensor.cuda(device=None): torch's own needs a CUDA build
+                    index = args[1] if len(args) > 1 else kwargs.get("device")
+                    func, args, kwargs = type(args[0]).to, (args[0], torch.device("cuda", index or 0)), {}
+                    name = "to"
+                if isinstance(kwargs.get("device"), (str, torch.device)) and on_gpu(kwargs["device"]):
+                    kwargs = {**kwargs, "device": one_gpu(kwargs["device"])}
+                if name == "to" and len(args) > 1 and isinstance(args[1], (str, torch.device)) and on_gpu(args[1]):
+                    args = (args[0], one_gpu(args[1]), *args[2:])
+                wanted = kwargs.get("device")
+                to_gpu = (wanted is not None and on_gpu(wanted)) or (name == "to" and len(args) > 1
+                                                                      and on_gpu(args[1]))
+                if not (to_gpu or any(isinstance(a, FakeTensor) for a in (*args, *kwargs.values()))):
+                    return func(*args, **kwargs)
+                # real tensors among the arguments (a CPU tensor moved to the GPU) become fake ones first: torch's
+                # fake mode would otherwise run small ones for real (its constant propagation), on CUDA
+                args, kwargs = tree_map(as_fake, (args, kwargs))
+                try:
+                    with fake:
+                        try:
+                            return func(*args, **kwargs)
+                        except NotImplementedError:   # torch.tensor(data, device="cuda") copies the data on
+                            if wanted is None:        # the device itself: made on the CPU, then moved
+                                raise
+                            made = func(*args, **{**kwargs, "device": "cpu"})
+                    with fake:
+                        return as_fake(made).to(wanted)
+                except (*unreadable, RuntimeError) as e:   # RuntimeError: what a CPU torch cannot model on "cuda"
+                    if not isinstance(e, unreadable) and "support for cuda" not in str(e):
+                        raise
+                    raise needs_gpu(f"reading a tensor's values on the GPU ({name})" if isinstance(e, unreadable)
+                                    or name in READS else f"{name or func} on a tensor on the GPU") from None
+        cls.mode = Mode()
+        cls.mode.__enter__()   # for the rest of this process, which serves the model
 
 
 def _cuda_only(name: str):
