@@ -331,12 +331,17 @@ class _GpuTensors:
         from torch.utils._pytree import tree_map
         from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                    FakeTensor, FakeTensorMode)
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        made: list = []   # the fake mode, made at the first tensor on the GPU (making one costs about 1.2 s)
         unreadable = (DataDependentOutputException, DynamicOutputShapeException)
+
+        def fake_mode():
+            if not made:
+                made.append(FakeTensorMode(allow_non_fake_inputs=True))
+            return made[0]
 
         def as_fake(value):
             if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-                return fake.from_tensor(value)
+                return fake_mode().from_tensor(value)
             return value
 
         def one_gpu(device) -> "torch.device":
@@ -368,6 +373,7 @@ class _GpuTensors:
                 # real tensors among the arguments (a CPU tensor moved to the GPU) become fake ones first: torch's
                 # fake mode would otherwise run small ones for real (its constant propagation), on CUDA
                 args, kwargs = tree_map(as_fake, (args, kwargs))
+                fake = fake_mode()
                 try:
                     with fake:
                         try:
@@ -375,9 +381,9 @@ class _GpuTensors:
                         except NotImplementedError:   # torch.tensor(data, device="cuda") copies the data on
                             if wanted is None:        # the device itself: made on the CPU, then moved
                                 raise
-                            made = func(*args, **{**kwargs, "device": "cpu"})
+                            on_cpu = func(*args, **{**kwargs, "device": "cpu"})
                     with fake:
-                        return as_fake(made).to(wanted)
+                        return as_fake(on_cpu).to(wanted)
                 except (*unreadable, RuntimeError) as e:   # RuntimeError: what a CPU torch cannot model on "cuda"
                     if not isinstance(e, unreadable) and "support for cuda" not in str(e):
                         raise
