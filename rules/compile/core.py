@@ -80,9 +80,10 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
-    """Compile in this machine's warm compile server for the target's toolchain (and arch). With `cutoff` (the
-    artifact in out/ has the target's key and some of its inputs changed) the server first tells whether a compile
-    can give other code: if not, its result is Unchanged (early cutoff) and nothing is compiled."""
+    """Compile in this machine's warm compile servers for the target's toolchain (and arch). With `cutoff` (the
+    artifact in out/ differs from the target at most by inputs it read or its sources' digests: action._cutoff)
+    the server first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff)
+    and nothing is compiled."""
     backend = backend_of(target.toolchain)
     import_in_server = backend.import_in == "server"
     if not import_in_server:
