@@ -128,3 +128,13 @@ def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_
                                    f"as README shows")
     assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
     assert "up to date 3" in doit(project).stdout
+
+
+def test_a_pyproject_naming_the_commands_old_module_gets_one_line_with_the_fix(project):
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("kforge.edge.commands:", "kforge.doit_commands:"))
+    proc = doit(project, "forget", "scale:fp16-b64-w4@sm_90a", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("kforge: pyproject.toml's [tool.doit.plugins.command] names kforge.doit_commands, "
+                                  "which is now kforge.edge.commands")
+    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()

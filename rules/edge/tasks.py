@@ -80,7 +80,7 @@ def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> I
             "uptodate": [(package.is_current, [arch, mine, root, picks])],
             "targets": [str(Layout.of(root).manifest_copy(arch))],
             "clean": [(package.remove, [arch, root])],
-            # runs when some compiles failed, and lists them: see doit_commands.run_after_failed_deps
+            # runs when some compiles failed, and lists them: see rules/edge/config.py, _run_after_failed_deps
             "meta": {"after_failed_deps": True},
             "verbosity": 2,
         }
