@@ -16,26 +16,18 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.record_build import project  # noqa: E402
+from bench.record_build import project, timed_build  # noqa: E402
 
 
 def build(dest: Path, jobs: int, archs: str, env: dict) -> dict:
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "doit", "-n", str(jobs), f"archs={archs}"], cwd=dest, env=env,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"the build failed in {dest}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
-    report = json.loads((dest / "out" / "build-report.json").read_text())
+    wall, stdout, report = timed_build(dest, jobs, archs, env)
     origins = collections.Counter(t.get("origin", t["status"]) for t in report["tasks"])
-    return {"wall_s": round(wall, 2), "origins": dict(origins), "summary": proc.stdout.strip().splitlines()[-1]}
+    return {"wall_s": round(wall, 2), "origins": dict(origins), "summary": stdout.strip().splitlines()[-1]}
 
 
 def binaries(dest: Path) -> dict[str, bytes]:
@@ -57,8 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kforge-cutoff-") as tmp:
         site = Path(tmp) / "site"
         shutil.copytree(installed, site / a.package, ignore=shutil.ignore_patterns("__pycache__"))
-        env = {**os.environ, "KFORGE_LOCAL_CACHE": "off",
-               "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
         dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
         first = build(dest, a.jobs, a.archs, env)
         before = binaries(dest)

@@ -34,18 +34,24 @@ def project(dest: Path, record: Path, lines: int) -> Path:
     return dest
 
 
-def one_build(dest: Path, jobs: int, archs: str) -> dict:
-    env = {**os.environ, "KFORGE_LOCAL_CACHE": "off"}
+def timed_build(dest: Path, jobs: int, archs: str, env: dict | None = None) -> tuple[float, str, dict]:
+    """`doit -n jobs archs=archs` in dest with the local cache off, as a whole command: (wall, its output, the
+    build report); a failed build stops the benchmark with its output."""
+    env = {**(env or os.environ), "KFORGE_LOCAL_CACHE": "off"}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "doit", "-n", str(jobs), f"archs={archs}"], cwd=dest, env=env,
                           capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"the build failed in {dest}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
-    report = json.loads((dest / "out" / "build-report.json").read_text())
+    return wall, proc.stdout, json.loads((dest / "out" / "build-report.json").read_text())
+
+
+def one_build(dest: Path, jobs: int, archs: str) -> dict:
+    wall, stdout, report = timed_build(dest, jobs, archs)
     built = [t for t in report["tasks"] if t["status"] == "built"]
     compiles = sum(t.get("compile_seconds") or 0.0 for t in built)
-    breakdown = next((line for line in proc.stdout.splitlines() if line.startswith("kforge: time in targets")), "")
+    breakdown = next((line for line in stdout.splitlines() if line.startswith("kforge: time in targets")), "")
     return {"wall_s": round(wall, 2), "built": len(built), "compile_s": round(compiles, 2),
             "ratio": round(wall * jobs / compiles, 2) if compiles else None, "breakdown": breakdown}
 

@@ -87,13 +87,19 @@ sys.meta_path.append(Redirect)
 '''
 
 
+def write_files(folder: Path, files: dict[str, str]) -> Path:
+    """Each of `files` ({relative path: text, indented as it sits in the test}) written under folder, dedented."""
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(textwrap.dedent(text))
+    return folder
+
+
 def redirected_package(package: Path, files: dict[str, str]) -> Path:
     """The package `files` at `package` (a folder on no module path entry) and a site folder whose sitecustomize
     maps the package's name to it with an import finder, as an editable install's .pth does at start-up:
     PYTHONPATH=<the returned folder> makes `import <package name>` work in a new process."""
-    for rel, text in files.items():
-        (package / rel).parent.mkdir(parents=True, exist_ok=True)
-        (package / rel).write_text(textwrap.dedent(text))
+    write_files(package, files)
     site = package.parent / f"{package.name}_redirect_site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(REDIRECT.format(mapping={package.name: str(package)}))

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import types
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from kforge.store.arrival import CompileResult
 from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
-from tests.support import doit, make_project, statuses
+from tests.support import doit, make_project, statuses, write_files
 
 # --- the backend table ------------------------------------------------------------------------------------------
 
@@ -219,10 +218,7 @@ num_warps = [4]
 
 
 def regops_project(tmp_path: Path) -> tuple[Path, dict]:
-    site = tmp_path / "site"
-    for rel, text in REGOPS_FILES.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text))
+    site = write_files(tmp_path / "site", REGOPS_FILES)
     root = make_project(tmp_path / "p", specs={f"reg_{m}": REGOPS_SPEC.format(name=f"reg_{m}", module=m)
                                                for m in ("one", "two")}, kernels={})
     return root, {"PYTHONPATH": str(site)}
@@ -314,10 +310,7 @@ ALLOPS_FILES = {
 
 
 def allops_project(tmp_path: Path) -> tuple[Path, dict]:
-    site = tmp_path / "site"
-    for rel, text in ALLOPS_FILES.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text))
+    site = write_files(tmp_path / "site", ALLOPS_FILES)
     spec = REGOPS_SPEC.replace('"regops.', '"allops.').replace('["sm_90a", "gfx942"]', '["sm_90a"]')
     root = make_project(tmp_path / "p", specs={f"all_{m}": spec.format(name=f"all_{m}", module=m)
                                                for m in ("one", "two")}, kernels={})

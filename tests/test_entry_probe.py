@@ -10,7 +10,7 @@ from kforge.base import cpus
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
 from tests import observed_library, tune_library
-from tests.support import doit, make_project, statuses
+from tests.support import doit, make_project, statuses, write_files
 
 SM90_TARGETS = {   # what the library's pruner keeps with H100's shared memory (tests/tune_library.py prune)
     "tune_gemm:m64n64k32-w4s2-K64@sm_90a",      # num_stages 3 rewritten to 2: K=64 has two 32-wide blocks
@@ -329,11 +329,7 @@ GUARDED_LIBRARY = {
 
 
 def test_a_guarded_kernel_and_one_built_by_calls_are_found_and_built_for_both_vendors(tmp_path):
-    import textwrap
-    site = tmp_path / "site"
-    for rel, text in GUARDED_LIBRARY.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(textwrap.dedent(text).lstrip())
+    site = write_files(tmp_path / "site", GUARDED_LIBRARY)
     archs = '["sm_90a", "gfx942"]'
     specs = {name: observed_library.SPEC.format(name=name, module="glib.ops", entry=entry, archs=archs, sweep=sweep)
              for name, entry, sweep in (("g_guarded", "guarded_kernel", "BLOCK = [128]"),

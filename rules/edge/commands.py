@@ -249,14 +249,14 @@ class Prune(DoitCmdBase):
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
         layout = Layout.of(Path.cwd())   # doit runs in dodo.py's directory
         removed, refused = 0, []
-        for path in guard.orphaned(layout, current, settings.get("archs")):
+        orphans, kept = guard.no_targets(layout, current, settings.get("archs"))
+        for path in orphans:
             try:
                 removed += guard.remove_artifact_dir(layout.out, path)
             except guard.OutsideOut as e:
                 refused.append(str(e))
         self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
                              if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
-        kept = guard.not_kforges(layout, current, settings.get("archs"))
         if kept:
             shown = ", ".join(os.path.relpath(p, layout.root) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
             entries = "1 entry" if len(kept) == 1 else f"{len(kept)} entries"

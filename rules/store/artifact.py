@@ -57,11 +57,8 @@ def current_meta(meta_path: str, key: str) -> dict | None:
 
 def built_meta(meta_path: str) -> dict | None:
     """meta.json's content (less its seal) when it is sealed and its binary intact, whatever its key."""
-    try:
-        key = json.loads(Path(meta_path).read_bytes()).get("key")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return current_meta(meta_path, key) if isinstance(key, str) and is_current(meta_path, key) else None
+    found = _read_artifact(meta_path)   # (identity, key, binary name, the binary's identity if intact)
+    return current_meta(meta_path, found[1]) if found is not None and found[1] and found[3] is not None else None
 
 
 class KeyIndex(JsonState):

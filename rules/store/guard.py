@@ -81,19 +81,19 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
 def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
     """The artifact directories in out/ (layout.artifact_dirs) that are no current target's (configs dropped
     from a sweep, deleted specs), for the given archs (default: every arch kforge knows); only those kforge
-    wrote (written_by_kforge): a folder a user keeps there is never an orphan (not_kforges lists them)."""
-    return [p for p in _not_current(layout, current, archs) if written_by_kforge(p)]
+    wrote (written_by_kforge): a folder a user keeps there is never an orphan (no_targets lists those too)."""
+    return no_targets(layout, current, archs)[0]
 
 
-def not_kforges(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
-    """The entries at an artifact's place in out/ that no target owns and kforge did not write: prune keeps them."""
-    return [p for p in _not_current(layout, current, archs) if not written_by_kforge(p)]
-
-
-def _not_current(layout, current: Iterable[str], archs: Iterable[str] | None) -> list[Path]:
+def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:
+    """The entries at an artifact's place in out/ that no current target owns: (those kforge wrote, the others,
+    which prune keeps), each sorted."""
     current = {os.path.normpath(p) for p in current}
     found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
-    return sorted(Path(p) for p in found if os.path.normpath(p) not in current)
+    kforges, others = [], []
+    for path in sorted(Path(p) for p in found if os.path.normpath(p) not in current):
+        (kforges if written_by_kforge(path) else others).append(path)
+    return kforges, others
 
 
 def written_by_kforge(directory: Path) -> bool:
