@@ -137,3 +137,21 @@ def test_bundles_that_cannot_be_read_are_one_usage_error(pytester, tmp_path):
     result = pytester.runpytest_subprocess("--kforge-bundles", str(tmp_path / "empty"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kforge-bundles: *empty: no bundle here*run `doit package`*"])
+
+
+def test_under_xdist_the_controller_neither_serves_nor_records_it_runs_no_test(suite, tmp_path):
+    # serving in the controller imported torch and Triton before the first worker started: seconds of a GPU
+    # host's wall time for nothing, as the controller runs no test
+    pytester, bundle = suite
+    seen = tmp_path / "controller.json"
+    pytester.makeconftest(f'''
+import json, sys
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):
+        open({str(seen)!r}, "w").write(json.dumps(sorted(m for m in ("torch", "triton") if m in sys.modules)))
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--kforge-bundles", bundle,
+                                           "--kforge-strict", "--kforge-record", str(tmp_path / "r.jsonl"))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED   # the verdict is still the controller's
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*"])
+    assert json.loads(seen.read_text()) == []

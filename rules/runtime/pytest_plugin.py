@@ -37,7 +37,10 @@ def pytest_configure(config):
     if (config.getoption("kforge_strict") or config.getoption("kforge_verify")) and not bundles:
         raise pytest.UsageError("--kforge-strict and --kforge-verify need --kforge-bundles PATH (the bundles to "
                                 "serve and check)")
-    if config.getoption("kforge_record"):
+    # pytest-xdist's controller runs no test: serving or recording there would only import torch and Triton on
+    # the path before the first worker starts (seconds on a GPU host); it collects the workers' counts instead
+    controller = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+    if config.getoption("kforge_record") and not controller:
         import os
 
         from .record import Recorder
@@ -52,7 +55,8 @@ def pytest_configure(config):
             library = Library(*bundles)
         except BundleError as e:
             raise pytest.UsageError(f"--kforge-bundles: {e}") from None
-        config.stash[SERVER] = serve(library, strict=False, verify=config.getoption("kforge_verify"))
+        if not controller:
+            config.stash[SERVER] = serve(library, strict=False, verify=config.getoption("kforge_verify"))
         config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
                                 "broken": []}
 
@@ -81,14 +85,14 @@ def pytest_testnodedown(node, error):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    server = config.stash.get(SERVER, None)
-    if server is None:
+    totals, server = config.stash.get(TOTALS, None), config.stash.get(SERVER, None)
+    if totals is None:
         return
     if hasattr(config, "workeroutput"):   # an xdist worker: the controller judges and reports
         config.workeroutput["kforge"] = json.dumps(_own(server))
         return
-    totals = config.stash[TOTALS]
-    _add(totals, _own(server))
+    if server is not None:   # not xdist's controller, which holds only its workers' counts
+        _add(totals, _own(server))
     failed = (config.getoption("kforge_strict") and (totals["misses"] or totals["broken"])) or \
         (config.getoption("kforge_verify") and (totals["differences"] or totals["broken"]))
     if failed:
