@@ -6,7 +6,8 @@ import shutil
 import textwrap
 import pytest
 
-from kforge.compile import amd_linker, amdgpu_metadata
+from kforge.compile import amdgpu_metadata
+from kforge.plan import amd_linker
 from kforge.store import artifact
 from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
 
@@ -182,7 +183,7 @@ def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(tmp_path)
 
 
 def test_tritons_lld_runner_refuses_a_link_it_cannot_do_exactly():
-    from kforge.compile import triton_lld
+    from kforge.plan import triton_lld
     assert triton_lld.link_args(["-shared", "in.o", "-o", "out.hsaco"]) == ("in.o", "out.hsaco")
     assert triton_lld.link_args(["-o", "out.hsaco", "in.o", "-shared"]) == ("in.o", "out.hsaco")
     for bad in (["-shared", "a.o", "b.o", "-o", "x"], ["-shared", "a.o"], ["--gc-sections", "a.o", "-o", "x"],

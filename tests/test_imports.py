@@ -107,6 +107,14 @@ def against_the_order(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     return sorted(wrong)
 
 
+def test_the_stations_follow_the_data():
+    """A target's data: the vocabulary, then loading code, what is declared, the store it lands in, the plan of
+    targets and keys, the caches that share artifacts by key, the compile, then shipping, tuning, reporting and
+    doit's edge. The plan comes before share and compile: both take its keys, neither is taken by it."""
+    assert STATIONS == ("base", "load", "declare", "store", "plan", "share", "compile", "ship", "tune", "report",
+                        "edge")
+
+
 def test_each_station_imports_only_the_stations_before_it():
     """rules/ is a few station packages in the data's order (kforge.STATIONS); a module of one imports its
     own station's modules and those of earlier stations, never a later one nor a top-level entry module

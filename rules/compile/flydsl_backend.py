@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-from kforge.compile import amd_linker, amdgpu_metadata, lowering
+from kforge.compile import amdgpu_metadata, lowering
+from kforge.plan import amd_linker
 from kforge.base.layout import Layout
 from kforge.base.dtypes import canonical_arg_type
 from kforge.compile.lowering import Lowered

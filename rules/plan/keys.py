@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
+from kforge.plan import amd_linker
 from kforge.store.files import JsonState
 from kforge_runtime import schema
 
@@ -108,7 +109,6 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
     if toolchain == "triton" and vendor == "nvidia":
         parts.append(("ptxas", versions(ptxas_path(sm))))
     if toolchain == "flydsl":   # "missing": its targets fail with the fix; the key notes the absence
-        from kforge.compile import amd_linker
         parts.append(("ld.lld", amd_linker.key_part(versions)))
     return tuple(parts)
 

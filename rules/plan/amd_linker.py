@@ -1,7 +1,7 @@
 """Find an ld.lld that can link AMD code objects for FlyDSL, with or without a ROCm install.
 
 FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld. A ROCm install's linker is used as is; otherwise a system lld
-(Debian's lld-19) or, on a machine with neither, the LLD inside Triton's libtriton (rules/compile/triton_lld.py;
+(Debian's lld-19) or, on a machine with neither, the LLD inside Triton's libtriton (rules/plan/triton_lld.py;
 kforge pins Triton, so a pip install alone can build FlyDSL targets) is offered to FlyDSL through a small
 folder that looks like a ROCm tree. Code object v6 needs lld 17 or newer (Debian's lld 14 fails with
 "unknown abi version").
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from kforge.base import settings
-from kforge.compile import triton_lld
+from kforge.plan import triton_lld
 from kforge.store.files import atomic_symlink, atomic_write
 from kforge.store.guard import guard
 
@@ -126,13 +126,13 @@ def _triton_label() -> str | None:
 
 
 def triton_lld_script(directory: Path) -> Path | None:
-    """directory/ld.lld: a shell script running rules/compile/triton_lld.py with this Python and Triton's libtriton,
+    """directory/ld.lld: a shell script running rules/plan/triton_lld.py with this Python and Triton's libtriton,
     or None without Triton. Rewritten (atomically) only when its text changes."""
     libtriton, label = _libtriton(), _triton_label()
     if libtriton is None:
         return None
     runner = Path(triton_lld.__file__).resolve()
-    text = ("#!/bin/sh\n# written by kforge (rules/compile/amd_linker.py): FlyDSL's ld.lld is the LLD in Triton's libtriton\n"
+    text = ("#!/bin/sh\n# written by kforge (rules/plan/amd_linker.py): FlyDSL's ld.lld is the LLD in Triton's libtriton\n"
             f"exec {shlex.join([sys.executable, '-I', str(runner), str(libtriton), label])} \"$@\"\n")
     script = directory / "ld.lld"
     if not (script.is_file() and script.read_text() == text):

@@ -2,7 +2,7 @@
 
 Triton links its own AMD code objects with an LLD built into libtriton (`amd.link_hsaco(in, out)`, the same
 `ld.lld -shared IN -o OUT` FlyDSL asks of $ROCM_PATH/llvm/bin/ld.lld), so every machine that has kforge's
-pinned Triton has a linker new enough for code object v6. rules/compile/amd_linker.py writes a two-line shell script
+pinned Triton has a linker new enough for code object v6. rules/plan/amd_linker.py writes a two-line shell script
 that runs this file with the path of that libtriton; only libtriton is loaded (about 0.07 s), not the triton
 package. Standard library only: it runs under `python -I`, outside the build's process.
 """
@@ -16,7 +16,7 @@ USAGE = "usage: triton_lld.py LIBTRITON LABEL [--version | -shared INPUT.o -o OU
 
 def version_line(label: str) -> str:
     """What `ld.lld --version` prints: no path in it, since the line is part of FlyDSL targets' keys (which
-    rules/compile/amd_linker.py computes from the label alone, without running or writing anything)."""
+    rules/plan/amd_linker.py computes from the label alone, without running or writing anything)."""
     return f"LLD in {label}'s libtriton (compatible with GNU linkers)"
 
 
