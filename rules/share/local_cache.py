@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from kforge.share.cache import ArtifactCache
 from kforge.store import artifact
 from kforge.store.arrival import Candidate, CompileResult
 from kforge.store.files import atomic_write
@@ -63,8 +64,8 @@ def entry_path(cache: LocalCache, key: str) -> Path:
     return Path(cache.root) / key[:2] / key
 
 
-class Source:
-    """The local cache as a source of artifacts (rules/store/arrival.py): arrival.arrive(target, Source(cache))."""
+class Source(ArtifactCache):
+    """The local cache as an ArtifactCache: lookup, refused, took (marks the entry used), keep."""
     lookup_span = "local cache lookup"   # the build trace's names for its phases
     keep_span = "local cache store"
 
@@ -103,9 +104,6 @@ class Source:
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
-
-    def drain_warnings(self) -> list[str]:
-        return []   # each is returned where it arises
 
 
 def store(cache: LocalCache, target) -> list[str]:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kforge.share.cache import ArtifactCache
 from kforge.store import artifact
 from kforge.store.arrival import Candidate, CompileResult
 from kforge_runtime.bundle import MAX_BINARY_BYTES
@@ -90,7 +91,10 @@ def tag(secret: str, action_key: str, files: list[dict]) -> str:
     return hmac.new(secret.encode("utf-8", "surrogateescape"), message.encode(), hashlib.sha256).hexdigest()
 
 
-class RemoteCache:
+class RemoteCache(ArtifactCache):
+    """The remote cache as an ArtifactCache: lookup, refused, keep (an upload), drain_warnings (a server gone
+    slow or down, said once)."""
+
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
         self.down = False   # after one failure this process stops asking (one warning, not one per target)
@@ -102,7 +106,6 @@ class RemoteCache:
         drained, self.warnings = self.warnings, []
         return drained
 
-    # as a source of artifacts (rules/store/arrival.py): arrival.arrive(target, cache)
     lookup_span = "cache lookup"   # the build trace's names for its phases
     keep_span = "cache upload"
 
@@ -123,9 +126,6 @@ class RemoteCache:
         artifact.remove(target)
         return [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
                 f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
-
-    def took(self, target) -> None:
-        pass
 
     def keep(self, target) -> list[str]:
         missed = self.missed.pop(target.key, None)

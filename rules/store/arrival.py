@@ -96,9 +96,8 @@ def arrive(target, source) -> tuple[Candidate | None, list[str]]:
     warnings). A miss is quiet; an unreadable or refused entry is a miss with the source's warning (the target
     then compiles). An OSError writing out/ is out/'s, not the entry's: the caller's.
 
-    A cache, as a source: lookup(target) -> Candidate | None (ValueError: an unreadable entry); refused(target,
-    error) -> warnings; took(target); keep(target) -> warnings (store what arrived from elsewhere);
-    drain_warnings() -> what it has to say beyond that; lookup_span and keep_span name its phases in the trace."""
+    A cache is a rules/share/cache.py ArtifactCache (lookup, refused, took; keep and drain_warnings are the
+    compile action's)."""
     try:
         candidate = source.lookup(target)
         if candidate is None:
