@@ -138,3 +138,16 @@ def test_a_pyproject_naming_the_commands_old_module_gets_one_line_with_the_fix(p
     assert proc.stderr.startswith("kforge: pyproject.toml's [tool.doit.plugins.command] names kforge.doit_commands, "
                                   "which is now kforge.edge.commands")
     assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+
+
+def test_an_empty_or_blank_argument_to_any_command_is_one_line_with_the_fix_and_changes_nothing(project):
+    """doit reads `name=value` settings off the command line before any command runs, indexing each argument's
+    first character: `doit info ''` (a script's unset variable) was an IndexError traceback from doit's parser."""
+    for args in (["info", ""], ["forget", ""], ["clean", ""], ["list", ""], ["prune", ""], ["cache", ""], [""],
+                 ["info", "scale", ""], ["clean", " "], ["forget", "\t"], ["-n", "2", ""]):
+        proc = doit(project, *args, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("kforge: `doit "), (args, proc.stderr)
+        assert "is empty: it names no task, target or setting" in proc.stderr, proc.stderr
+    assert all((project / f"out/sm_90a/scale/fp16-b{b}-w4/meta.json").exists() for b in BLOCKS)
+    assert "up to date 3" in doit(project).stdout

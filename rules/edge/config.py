@@ -6,7 +6,9 @@ Through doit's plugin points:
     damaged file moved aside, a full disk one line, removals listed for `doit forget`);
   - the reporter (report/reporter.py): progress, summary, out/build-report.json, the key index kept current, the local
     cache trimmed to its limit;
-  - the commands forget/info/clean/prune/cache (edge/commands.py, declared in pyproject.toml).
+  - the commands forget/info/clean/prune/cache (edge/commands.py, declared in pyproject.toml);
+  - the task loader (Loader, declared in pyproject.toml): dodo.py loaded as doit loads it, and the command line
+    checked before doit's own parser reads it (check_arguments).
 Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
 against doit's code by tests/test_edge_config.py):
   - the runner: doit_runner.PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue
@@ -23,12 +25,15 @@ import functools
 import gc
 import importlib.metadata
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
 
 from doit import cmd_run
+from doit.cmd_base import DodoTaskLoader
 from doit.control import ExecNode
+from doit.doit_cmd import DoitMain
 
 from kforge.store import artifact, guard, run_lock, scratch
 from kforge.base import cpus, settings
@@ -159,7 +164,42 @@ DOIT_PATCHES = {
     "doit.cmd_run.MRunner": "doit's `run` picks its process runner by this name (install_runner)",
     "doit.cmd_run.MThreadRunner": "and its thread runner (install_runner)",
     "doit.control.ExecNode.parent_status": "doit never runs a task after a failed task_dep (_run_after_failed_deps)",
+    "doit.doit_cmd.DoitMain.process_args": "doit takes `name=value` settings off the command line there, before any "
+                                           "command or dodo.py runs, reading each argument's first character: an "
+                                           "empty one was an IndexError traceback (check_arguments)",
 }
+
+
+class Loader(DodoTaskLoader):
+    """doit's own dodo.py loader, named in pyproject.toml ([tool.doit] loader = "kforge"): a loader plugin is the one
+    part of kforge doit imports before it reads the command line, so making it installs check_arguments."""
+
+    def __init__(self):
+        super().__init__()
+        check_arguments()
+
+
+def check_arguments() -> None:
+    """Every argument of a doit command line checked before doit's parser reads it: an empty or blank one (a
+    script's unset variable: `doit info "$T"`) names no task, target or setting, and gets one line naming the fix
+    and doit's exit code for a command-line error (3), in every command, before anything is loaded or changed."""
+    if getattr(DoitMain.process_args, "kforge", False):
+        return
+    doit_process_args = DoitMain.process_args
+
+    def process_args(self, cmd_args):
+        blank = next((i for i, arg in enumerate(cmd_args) if not arg.strip()), None)
+        if blank is not None:
+            shown = shlex.join(["doit", *cmd_args])
+            shown = shown if len(shown) <= 200 else shown[:197] + "..."
+            sys.stderr.write(f"kforge: `{shown}`: argument {blank + 1} is empty: it names no task, target or setting "
+                             f"(an unset shell variable?); give a name, or leave the argument out (`doit list --all` "
+                             f"lists the targets)\n")
+            raise SystemExit(3)
+        return doit_process_args(self, cmd_args)
+    process_args.kforge = True
+    process_args.doit = doit_process_args
+    DoitMain.process_args = process_args
 
 
 def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
