@@ -97,9 +97,9 @@ def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     assert ("liger_rms_norm_bwd", "X_dtype", "str") in constexpr_types           # a dtype constexpr ("bf16")
 
 
-# five families from five files of the copy, one autotuned (a cold build of every kernel is the test above; what
+# three families from three files of the copy, one autotuned (a cold build of every kernel is the test above; what
 # the copy adds is which files an import finds and reads, the same question for every family)
-SHADOWED = ("liger_cross_entropy", "liger_dyt_fwd", "liger_jsd", "liger_rms_norm_bwd", "liger_swiglu_fwd")
+SHADOWED = ("liger_cross_entropy", "liger_dyt_fwd", "liger_swiglu_fwd")
 
 
 @pytest.mark.slow
@@ -118,8 +118,7 @@ def test_kernels_build_from_a_shadowing_copy_and_an_edit_no_compile_read_rebuild
     one_arch = "archs=sm_90a"   # which files an import finds and reads is the same question on every arch
     doit(second, "-n", "2", one_arch, *SHADOWED, env=env)
     listed = _listed(second, kernels, env, one_arch)   # after the build: the catalog it saved
-    assert statuses(second, "built") == listed
-    assert _listed(second, kernels, None, one_arch) == listed   # the copy lists what the installed package does
+    assert statuses(second, "built") == listed   # (the installed package gives the same keys: test_switching_...)
     read = [dict(json.loads(m.read_text())["inputs"]) for m in (second / "out").glob("*/*/*/meta.json")]
     assert len(read) == len(listed) and all(EDITED in r and UNREAD not in r for r in read)
     assert all(any(k.startswith("liger_kernel/") and k != EDITED for k in r) for r in read)
