@@ -101,7 +101,10 @@ def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(com
     assert outcome.ok, outcome.error
     assert outcome.result.result._replace(spans=()) == CompileResult(compile_seconds=0.1235,
                                                                      sha256=artifact.sha256(binary))
-    assert [phase for phase, _, _ in outcome.result.result.spans] == ["compile", "check"]   # for the build trace
+    # for the build trace: a fresh compile server's set-up comes with its first target
+    assert [phase for phase, _, _ in outcome.result.result.spans] == ["start", "compile", "check"]
+    again = into(compiled, tmp_path / "again")
+    assert [phase for phase, _, _ in again.result.result.spans] == ["compile", "check"]
     assert sorted(outcome.result.files) == ["meta.json", "scale_kernel.cubin"]
     meta, _, on_disk = artifact.accept(target, outcome.result.files)   # what the installer checks
     assert on_disk == binary
@@ -273,6 +276,54 @@ def test_only_failures_the_same_inputs_give_again_are_kept():
     assert compile_core.transient(OSError(28, "No space left on device"))
     assert not compile_core.transient(raised_while_handling(subprocess.CalledProcessError(255, "ptxas")))
     assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))
+
+
+# --- what a compile read: named and hashed once per server while nothing it depends on changes ---------------
+
+def test_a_servers_targets_share_what_their_reads_were_named_and_hashed_to_until_a_file_or_a_read_changes(
+        tmp_path, monkeypatch):
+    """The targets of one compile server read the same files (its imports, the compiler's own): _inputs names and
+    hashes them once, and again as soon as a file's content or the set of files read changes, so that each
+    target's record stays what it would be computed afresh."""
+    root, recorder, hashed = inputs_of(tmp_path, monkeypatch)
+    monkeypatch.setattr(compile_core, "RACY_S", 0.0)   # these files were written just now
+    a, b = root / "tk" / "a.py", root / "tk" / "b.py"
+    recorder.seen = {str(a)}
+    first = compile_core._inputs(recorder)
+    assert first == [["tk/a.py", hashlib.sha256(b"A = 1\n").hexdigest()]]
+    assert compile_core._inputs(recorder) == first and len(hashed) == 1   # the next target: nothing hashed again
+    a.write_text("A = 30\n")   # an input changed (here, after its import read it: its record says its content)
+    assert compile_core._inputs(recorder) == [["tk/a.py", hashlib.sha256(b"A = 30\n").hexdigest()]]
+    recorder.seen.add(str(b))   # a compile read one more file
+    assert [name for name, _ in compile_core._inputs(recorder)] == ["tk/a.py", "tk/b.py"]
+    b.unlink()   # an input gone is no input, as computed afresh
+    assert [name for name, _ in compile_core._inputs(recorder)] == ["tk/a.py"]
+    assert len(hashed) == 4
+
+
+def test_what_a_compile_read_is_hashed_again_while_one_of_its_files_changed_too_recently_to_trust_its_stat(
+        tmp_path, monkeypatch):
+    """A file changed within one tick of the file system's clock may change again with the same size and times:
+    its stat cannot tell, so nothing is kept while a file changed less than RACY_S ago."""
+    root, recorder, hashed = inputs_of(tmp_path, monkeypatch)
+    a = root / "tk" / "a.py"
+    recorder.seen = {str(a)}
+    compile_core._inputs(recorder)
+    a.write_text("A = 2\n")   # the same size, and the same times where the clock's tick is coarse
+    assert compile_core._inputs(recorder) == [["tk/a.py", hashlib.sha256(b"A = 2\n").hexdigest()]]
+    assert len(hashed) == 2
+
+
+def inputs_of(tmp_path, monkeypatch):
+    """A project with two modules, a recorder reading in it (not installed) and the list of what was hashed."""
+    from kforge.load import observe
+    root = make_project(tmp_path / "p", specs={}, kernels={"a": "A = 1\n", "b": "B = 2\n"})
+    monkeypatch.setattr(compile_core, "_named_from", [str(root), tuple(sys.path)])
+    monkeypatch.setattr(compile_core, "_memo", compile_core._InputsMemo())
+    hashed = []
+    digests = observe.digests
+    monkeypatch.setattr(observe, "digests", lambda files, *args: hashed.append(set(files)) or digests(files, *args))
+    return root, observe.Recorder(str(root)), hashed
 
 
 # --- early cutoff: an input changed that cannot change a target's code compiles nothing -----------------------

@@ -193,11 +193,13 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
 def test_the_reporter_traces_what_ran(tmp_path):
     """Built targets by their action's phases on their worker's row; failures, packages and tunings on rows of
     their own."""
-    reporter = report.BuildReporter(io.StringIO(), {})
+    out = io.StringIO()
+    reporter = report.BuildReporter(out, {})
     reporter.report_path = str(tmp_path / "out" / "build-report.json")
     t0 = reporter.trace.started
     target = types.SimpleNamespace(meta_path="m", kernel="k")
-    built = FakeTask("k:a@sm_90a", values={"worker": 41, "spans": [["compile", t0 + 1, t0 + 3],
+    built = FakeTask("k:a@sm_90a", values={"worker": 41, "spans": [["start", t0 + 0.5, t0 + 1],
+                                                                      ["compile", t0 + 1, t0 + 3],
                                                                       ["write", t0 + 3, t0 + 3.5]]},
                      meta={"kforge_target": target})
     failing, package = FakeTask("k:b@sm_90a", meta={"kforge_target": target}), FakeTask("package:sm_90a")
@@ -219,6 +221,14 @@ def test_the_reporter_traces_what_ran(tmp_path):
     assert ("tune", "tune:k@sm_90a", "tune") in slices   # a task that is not a compile target: a row of its kind
     compile_slice = next(e for e in events if e["ph"] == "X" and e["cat"] == "compile")
     assert compile_slice["dur"] == 2_000_000 and compile_slice["args"]["family"] == "k"
+    # where the time went besides compiling (issue 52): a worker's and a server's start, the run's own time
+    # before its first target (doit's start, the catalog and its probes; the up-to-date checks) on a row of its own
+    assert ("worker 41", "k:a@sm_90a", "start") in slices
+    assert ("doit", "load", "load") in slices and ("doit", "up-to-date", "up-to-date") in slices
+    assert next(e for e in events if e["ph"] == "X" and e["cat"] == "load")["ts"] == 0   # from the process's start
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith("kforge: time in targets")]
+    assert "compile 2.0 s, start 0.5 s, write 0.5 s" in line and "; before the first target: load " in line
+    assert ", up-to-date " in line
 
 
 def test_a_full_disk_at_the_end_of_a_run_costs_one_line_per_file_and_the_summary_stays_last(tmp_path, monkeypatch):

@@ -47,10 +47,13 @@ class BuildReporter(ConsoleReporter):
         self.warned: set[str] = set()
         self.begun: dict[str, float] = {}
         self.handed: dict[str, float] = {}   # the same moment by the wall clock, for the trace
-        self.trace = Trace(time.time())
+        self.trace = Trace(time.time() - (self.started_at - self.run_started))   # from the process's start
+        self.loaded: float | None = None   # when doit had loaded the tasks (the catalog, its probes)
+        self.first_handed: float | None = None
         self.failed = 0
 
     def initialize(self, tasks, selected_tasks):
+        self.loaded = time.time()
         if self.before_first_task is not None:
             self.before_first_task()
         self.total = sum(1 for t in tasks_to_run(tasks, selected_tasks) if t.actions and not _is_package(t))
@@ -59,6 +62,8 @@ class BuildReporter(ConsoleReporter):
     def execute_task(self, task):
         self.begun[task.name] = time.monotonic()   # when doit hands the task to a worker
         self.handed[task.name] = time.time()
+        if self.first_handed is None and task.actions:   # a group task is done in the master, with no worker
+            self.first_handed = self.handed[task.name]
 
     def skip_uptodate(self, task):
         if _is_package(task):
@@ -151,8 +156,9 @@ class BuildReporter(ConsoleReporter):
         summary = []
         if slowest:
             summary.append("slowest compiles: " + ", ".join(f"{r['name']} {compile_time(r):.2f}s" for r in slowest))
+        before = self._before_first_target()
         if origins["compiled"]:   # where the time went besides compiling: the next gap is seen by whoever hits it
-            summary.append(_time_spent(self.trace.totals(), sum(r["seconds"] for r in records)))
+            summary.append(_time_spent(self.trace.totals(), sum(r["seconds"] for r in records), before))
         if self.warnings:   # each was shown as it came; the first again here, where a terminal still shows it
             extra = len(self.warnings) - 1
             more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
@@ -183,6 +189,17 @@ class BuildReporter(ConsoleReporter):
         summary += [line for line in unsaved if line]
         self.write("\n" + "\n".join([*summary, last]) + "\n")
 
+    def _before_first_target(self) -> dict[str, float]:
+        """The run's time before it handed out its first target, traced on a row of its own: "load" (doit's
+        start, the catalog loaded or read back, its families' probes), then "up-to-date" (the first tasks'
+        up-to-date checks)."""
+        if self.loaded is None or self.first_handed is None or not self.trace.slices:   # nothing ran
+            return {}
+        phases = {"load": (self.trace.started, self.loaded), "up-to-date": (self.loaded, self.first_handed)}
+        for phase, (start, end) in phases.items():
+            self.trace.run_phase(phase, start, end)
+        return {phase: end - start for phase, (start, end) in phases.items()}
+
     def _save(self, report: dict) -> None:
         path = Path(self.report_path)
         # one task per line: readable, and json's fast C encoder (indent= falls back to pure Python)
@@ -204,17 +221,19 @@ def process_age() -> float:
         return 0.0
 
 
-def _time_spent(phases: dict[str, float], in_tasks: float) -> str:
+def _time_spent(phases: dict[str, float], in_tasks: float, before: dict[str, float] | None = None) -> str:
     """One line: the seconds the compile targets spent in each phase (summed over workers), and in none of them
-    (a compile server's start, doit's own work)."""
-    order = ["compile", "import", "check", "write", "local cache lookup", "cache lookup", "local cache store",
-             "cache upload"]
+    (doit's own work in the worker); the time they were queued; and the run's time before its first target
+    (loading the catalog, up-to-date checks)."""
+    order = ["compile", "import", "start", "check", "write", "local cache lookup", "cache lookup",
+             "local cache store", "cache upload"]
     shown = [p for p in order if phases.get(p)] + sorted(p for p in phases if p not in order and p != "queue")
     spent = sum(phases.get(p, 0.0) for p in shown)
     parts = [f"{p} {phases[p]:.1f} s" for p in shown]
     parts.append(f"other {max(in_tasks - spent, 0.0):.1f} s")
-    return (f"kforge: time in targets, summed over workers: {', '.join(parts)}; queued {phases.get('queue', 0.0):.1f} s "
-            f"(out/build-trace.json)")
+    first = ", ".join(f"{p} {s:.1f} s" for p, s in (before or {}).items())
+    return (f"kforge: time in targets, summed over workers: {', '.join(parts)}; queued {phases.get('queue', 0.0):.1f} s"
+            f"{f'; before the first target: {first}' if first else ''} (out/build-trace.json)")
 
 
 def _trimming(cache) -> list[str]:

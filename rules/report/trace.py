@@ -2,13 +2,15 @@
 open it as it is), one row per doit worker process.
 
 Each compile target is a slice per phase: "queue" (from when doit handed it out to when its worker began it),
-then what its action reports (rules/compile/action.py): "local cache lookup", "cache lookup", "import" (a compile
-server's one import of the kernel's module: its first target), "compile", "check", "write",
-"local cache store", "cache upload". A target
+then what its action reports (rules/compile/action.py): "local cache lookup", "cache lookup", "start" (a worker's
+import of the toolchain, a compile server's set-up: the first target of each), "import" (a compile server's one
+import of the kernel's package or module: its first target), "compile", "check", "write", "local cache store",
+"cache upload". The run's own time before its first target is on the row "doit": "load" (doit's start, the
+catalog and its probes), "up-to-date" (the first up-to-date checks). A target
 whose action failed, a package task and any other task (a tuning, a verify sweep) is one slice of the time
 doit saw it take, on a row of its own (failed, package, tune, ...).
 Times are the wall clock (time.time(), the same in every process on the machine), in microseconds from the
-run's start.
+run's start (its process's).
 """
 from __future__ import annotations
 
@@ -58,6 +60,14 @@ class Trace:
     def task(self, row: str, name: str, phase: str, handed: float, finished: float, family: str = "") -> None:
         """A task seen only from doit's side (a failed compile, a package): one slice on `row`."""
         self._slice(row, name, phase, handed, finished, {"target": name, "family": family})
+
+    def run_phase(self, phase: str, start: float, end: float) -> None:
+        """A phase of the run itself, before any target ran (doit's start and the catalog, up-to-date checks):
+        a slice on the row "doit", counted in no target's totals."""
+        row = self._row("doit")
+        self.slices.append({"name": phase, "cat": phase, "ph": "X", "pid": 1, "tid": row,
+                            "ts": round((start - self.started) * 1e6), "dur": max(round((end - start) * 1e6), 1),
+                            "args": {"phase": phase}})
 
     def write(self, path: Path) -> None:
         names = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}
