@@ -84,6 +84,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     artifact in out/ differs from the target at most by inputs it read or its sources' digests: action._cutoff)
     the server first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff)
     and nothing is compiled."""
+    starting = time.time()
     backend = backend_of(target.toolchain)
     import_in_server = backend.import_in == "server"
     if not import_in_server:
@@ -94,12 +95,21 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     if backend.imports_module and "torch" not in sys.modules and not _in_project(target.source, root) \
             and _requires_torch(target.module.split(".")[0]):
         _import_torch()
+    started = time.time()
     scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
-        return _server_for(target, backend, root, import_in_server).call(
+        outcome = _server_for(target, backend, root, import_in_server).call(
             (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
+    if outcome.ok and started - starting > START_SPAN_S:   # this worker's import of the toolchain (its first target)
+        result = outcome.result.result
+        outcome = dataclasses.replace(outcome, result=outcome.result._replace(
+            result=result._replace(spans=(("start", starting, started), *result.spans))))
+    return outcome
+
+
+START_SPAN_S = 0.01   # shorter: the toolchain was imported already, no span of its own
 
 
 def _in_project(source: str, root: str) -> bool:
@@ -142,6 +152,9 @@ def in_context(backend: Backend, request: tuple) -> Candidate:
     the context server of its import context (forked from here, so it holds the package as imported here)."""
     target, scratch_dir, timeout, _ = request
     spans = _enter_package(target, backend)
+    if _set_up:   # this server's own start (the family's environment, the recorder), with its first target
+        spans = (("start", *_set_up), *spans)
+        _set_up.clear()
     wanted = import_context(target)
     server = _contexts.pop(wanted, None) or isolate.Server(functools.partial(lower_and_check, backend))
     while len(_contexts) >= MAX_CONTEXTS:
@@ -186,7 +199,14 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
         e.kforge_retire = True
         raise
     _package[0] = wanted
-    return (("import", started, time.time()),) if backend.imports_module else ()
+    if not backend.imports_module:
+        return ()
+    # what the package's import read, named and hashed once here: every context server forked from here starts
+    # with it (each paid 0.1-0.2 s for it at its first target: _InputsMemo)
+    recorder = observe.Recorder.installed
+    recorder.skip_out(str(target.layout.out))
+    _inputs(recorder)
+    return (("import", started, time.time()),)
 
 
 def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
@@ -274,9 +294,63 @@ def transient(error: BaseException) -> bool:
 def _inputs(recorder: observe.Recorder) -> list[list[str]]:
     """What the compile read, named from the project and the module path as the server started with them (what
     every process of the project has; not a path entry a library added at import) and from the packages import
-    finders map (an editable install's, in every process too)."""
-    return observe.digests(recorder.files(), observe.bases(*_named_from), recorder.since_ns, recorder.folders(),
-                           recorder.written)
+    finders map (an editable install's, in every process too). The same as the last target's when nothing it
+    depends on changed (_InputsMemo)."""
+    state = _InputsMemo.now(recorder)
+    if _memo.state == state and _memo.stats == _stats(_memo.files)[0]:
+        return _memo.inputs
+    files = recorder.files()
+    stats, settled = _stats(files)
+    inputs = observe.digests(files, observe.bases(*_named_from), recorder.since_ns, recorder.folders(),
+                             recorder.written)
+    # after hashing: opening the files to hash them adds their own names to what the recorder saw
+    _memo.state = _InputsMemo.now(recorder) if settled else None
+    _memo.files, _memo.stats, _memo.inputs = files, stats, inputs
+    return inputs
+
+
+class _InputsMemo:
+    """The last _inputs of this process: the targets of one compile server read the same files (its imports, the
+    compiler's own), and naming and hashing them again cost 12-16 ms a target (resolving every path, the module
+    path's folders; liger-kernel on the dev machine). It holds while everything _inputs is computed from is as
+    it was: what the recorder saw, listed and saw written, the modules and the module path (which name the
+    files), and each input's identity and times by stat (a file changed since is hashed again, or is
+    "changed-while-read", as computed afresh). A file changed less than RACY_S before it was looked at may change
+    again within the same tick of the file system's clock, its stat unchanged: while one is, nothing is kept.
+    Forked children inherit it: a context server starts with what its package server's import read, named and
+    hashed."""
+    state: tuple | None = None
+    files: frozenset = frozenset()
+    stats: tuple = ()
+    inputs: list = []
+
+    @staticmethod
+    def now(recorder: observe.Recorder) -> tuple:
+        return (frozenset(recorder.seen), frozenset(recorder.listed.items()), frozenset(recorder.written),
+                frozenset(sys.modules), recorder.skip, recorder.since_ns, tuple(sys.path),
+                tuple(map(id, sys.meta_path)), tuple(_named_from[0:1]), _named_from[1])
+
+
+def _stats(files) -> tuple[tuple, bool]:
+    """Each file's identity, size and times (or its absence), and whether every one changed last more than
+    RACY_S ago."""
+    found, settled = [], True
+    recent = time.time_ns() - int(RACY_S * 1e9)
+    for path in sorted(files):
+        try:
+            st = os.stat(path)
+        except OSError:
+            found.append((path,))
+            continue
+        found.append((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        settled = settled and max(st.st_mtime_ns, st.st_ctime_ns) < recent
+    return tuple(found), settled
+
+
+RACY_S = 1.0   # far more than a file system clock's tick (Linux's: a few ms)
+
+
+_memo = _InputsMemo()
 
 
 _named_from: list = ["", ()]   # the project this server compiles for and its module path at start-up
@@ -323,6 +397,7 @@ def _server_for(target: Target, backend: Backend, root: str, import_in_server: b
 def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
     """Once in each fresh package server, after the fork: the family's [env] first (its module reads it when
     imported), then the compiler (the device model and set-up hooks come before the import: _enter_package)."""
+    setting_up = time.time()
     os.environ.update(dict(target.env))
     fixed_address_layout()
     if import_here:
@@ -334,6 +409,10 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
         backend.setup(target.arch)
     _named_from[:] = [root, tuple(sys.path)]
     observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
+    _set_up[:] = [setting_up, time.time()]
+
+
+_set_up: list = []   # a package server's set-up (start, end), reported with its first target
 
 
 ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>
