@@ -151,3 +151,28 @@ def test_an_empty_or_blank_argument_to_any_command_is_one_line_with_the_fix_and_
         assert "is empty: it names no task, target or setting" in proc.stderr, proc.stderr
     assert all((project / f"out/sm_90a/scale/fp16-b{b}-w4/meta.json").exists() for b in BLOCKS)
     assert "up to date 3" in doit(project).stdout
+
+
+def test_a_forgotten_target_leaves_nothing_that_clean_or_prune_take_for_a_users_folder(project):
+    """forget deleted meta.json and error.txt and kept the binary: the folder then held kforge's file alone, and
+    clean refused it as 'kforge did not write it' (prune, once its config was dropped, kept and named it)."""
+    doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
+    assert not (project / "out/sm_90a/scale/fp16-b64-w4").exists()
+    out = doit(project, "clean", "scale").stdout
+    assert out.strip() == "kforge: removed 2 artifacts from out/", out
+    doit(project)
+    doit(project, "forget", "scale")
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    assert doit(project, "prune").stdout.strip() == "kforge: nothing to prune: every artifact in out/ belongs to a target"
+    assert not (project / "out/sm_90a").exists()
+
+
+@pytest.mark.parametrize("command", ["prune", "cache"])
+def test_a_command_that_takes_no_name_refuses_one_in_one_line(project, command):
+    """`doit prune scale` pruned every family's orphans (the name was dropped without a word)."""
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    proc = doit(project, command, "scale", check=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert f"kforge: doit {command} takes no target or family (given: 'scale')" in proc.stderr, proc.stderr
+    assert len(os.listdir(project / "out/sm_90a/scale")) == 3

@@ -41,13 +41,14 @@ class Forget(DoitForget):
         tasks = {t.name: t for t in self.task_list}
         for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
-            # meta.json: built; error.txt: a failure reported again without compiling (rules/compile/action.py)
-            for path in (target.meta_path, target.error_path) if target is not None else ():
-                if os.path.exists(path):
-                    try:
-                        guard.remove_file(target.layout.out, Path(path))
-                    except guard.OutsideOut as e:
-                        self.outstream.write(f"kforge: refused: {e}\n")
+            # the whole artifact directory: its meta.json says built, its error.txt is a failure reported again
+            # without compiling (rules/compile/action.py), and a binary left alone would be a folder of kforge's
+            # that clean and prune take for a user's (no meta.json)
+            if target is not None and guard.written_by_kforge(Path(target.out_dir)):
+                try:
+                    guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
+                except guard.OutsideOut as e:
+                    self.outstream.write(f"kforge: refused: {e}\n")
         return result
 
 
@@ -153,7 +154,7 @@ class Info(DoitCmdBase):
         tasks = {t.name: t for t in self.task_list}
         if len(pos_args) != 1 or pos_args[0] not in tasks:
             families = sorted({t.kernel for t in map(compile_target_of, tasks.values()) if t})
-            got = f"no target or family named {pos_args[0]!r}" if len(pos_args) == 1 else "give one name"
+            got = f"no target or family named {shown(pos_args[0])}" if len(pos_args) == 1 else "give one name"
             raise InvalidCommand(f"kforge: doit info: {got}; families: {', '.join(families)}; "
                                  f"`doit list --all` lists every target")
         task = tasks[pos_args[0]]
@@ -240,7 +241,9 @@ class Prune(DoitCmdBase):
     doc_description = None
     cmd_options = ()
 
-    def _execute(self):
+    def _execute(self, pos_args=None):
+        no_names("prune", pos_args, "it deletes every artifact in out/ that no target owns; `doit clean NAME` "
+                                    "deletes one target's or family's")
         broken = [t.name for t in self.task_list if "kforge_broken" in (t.meta or {})]
         if broken:   # its artifacts cannot be told from orphans
             self.outstream.write(f"kforge: nothing pruned: families did not load ({', '.join(broken)}), and their "
@@ -267,6 +270,19 @@ class Prune(DoitCmdBase):
         return 0
 
 
+def no_names(command: str, names, what: str) -> None:
+    """A command that takes no name, given one: refused in one line (doit passes positional arguments to a command
+    that never reads them without a word: `doit prune scale` pruned every family)."""
+    if names:
+        raise InvalidCommand(f"kforge: doit {command} takes no target or family (given: "
+                             f"{', '.join(map(shown, names[:3]))}{' ...' if len(names) > 3 else ''}): {what}")
+
+
+def shown(name: str) -> str:
+    """A name from the command line as a message quotes it: repr'd (a newline stays one line), at most 80 characters."""
+    return repr(name) if len(name) <= 80 else repr(name[:60]) + f" ... ({len(name)} characters)"
+
+
 class Cache(Command):
     """`doit cache [--trim]`: the local cache's directory, entries, size and limit (rules/share/local_cache.py);
     --trim deletes its least recently used entries until it fits its limit, as every build does at its end."""
@@ -278,6 +294,7 @@ class Cache(Command):
                     "help": "delete least recently used entries until the cache fits local_cache_limit"},)
 
     def execute(self, params, args):
+        no_names("cache", args, "it shows the local cache; its settings go as name=value (local_cache=DIR)")
         try:
             directory, limit = settings.get("local_cache"), settings.get("local_cache_limit")
         except ValueError as e:   # as a build says it (rules/edge/config.py): one line, exit code 2
