@@ -50,10 +50,10 @@ def load_watched(root, monkeypatch, archs=None):
     """(target name -> key, whether the load used the saved catalog rather than the specs)."""
     from kforge.declare import spec as spec_module
     from_specs = []
-    real = spec_module.load_spec
-    monkeypatch.setattr(spec_module, "load_spec", lambda *a: from_specs.append(1) or real(*a))
+    real = spec_module.read_tables
+    monkeypatch.setattr(spec_module, "read_tables", lambda *a: from_specs.append(1) or real(*a))
     found = loaded(root, archs)
-    monkeypatch.setattr(spec_module, "load_spec", real)
+    monkeypatch.setattr(spec_module, "read_tables", real)
     return {t.name: t.key for t in found.targets}, not from_specs
 
 
@@ -325,3 +325,131 @@ def test_the_catalog_stamp_covers_every_module_of_kforge():
     covered = {p.resolve() for folder in catalog_module.KFORGE_CODE for p in folder.rglob("*.py")}
     modules = {p.resolve() for p in (REPO / "rules").rglob("*.py") if "__pycache__" not in p.parts}
     assert modules <= covered, sorted(str(p) for p in modules - covered)[:5]
+
+
+# Per-family reuse: a family is taken from the saved catalog, unprobed, while its declaration and every file it
+# was computed from (its sources, and all its module's probe process read) keep their content. A library that
+# hides what a family depends on in several ways: each edit must recompute exactly the families that can depend
+# on it, and the catalog must always be the one a load from nothing gives.
+
+SCALE_KERNEL = textwrap.dedent('''
+    @triton.jit
+    def {name}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+''')
+AUTOTUNED = "@triton.autotune(configs=[triton.Config({{'BLOCK': b}}, num_warps=4) for b in {blocks}], key=['n'])"
+HEAD = "import triton\nimport triton.language as tl\n"
+
+MFL = {   # the families: fa, fb, fc, fe probed (autotuned); fd read from its source only
+    "mfl/__init__.py": "",
+    "mfl/ops/__init__.py": "",
+    # a helper module imported by the kernel module
+    "mfl/ops/helper.py": "BLOCKS = [128, 256]\n",
+    "mfl/ops/a.py": HEAD + "from mfl.ops.helper import BLOCKS\n" + AUTOTUNED.format(blocks="BLOCKS")
+    + SCALE_KERNEL.format(name="a_kernel"),
+    # a config file read at import
+    "mfl/ops/b.json": "[64]\n",
+    "mfl/ops/b.py": HEAD + "import json, os\nBLOCKS = json.load(open(os.path.join(os.path.dirname(__file__), "
+    "'b.json')))\n" + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="b_kernel"),
+    # a conditional import of a module that is not there (yet)
+    "mfl/ops/c.py": HEAD + "try:\n    from mfl.ops.c_fast import BLOCKS\nexcept ImportError:\n    BLOCKS = [32]\n"
+    + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="c_kernel"),
+    # a plain kernel whose module imports a utility (no probe: its source closure)
+    "mfl/ops/d_util.py": "SCALE = 2\n",
+    "mfl/ops/d.py": HEAD + "from mfl.ops.d_util import SCALE  # noqa: F401\n" + SCALE_KERNEL.format(name="d_kernel"),
+    # a module chosen by a setting read at import, imported by a computed name (no source can show which)
+    "mfl/ops/e_mode.txt": "narrow\n",
+    "mfl/ops/e_narrow.py": "BLOCKS = [16]\n",
+    "mfl/ops/e_wide.py": "BLOCKS = [512]\n",
+    "mfl/ops/e.py": HEAD + "import importlib, os\n"
+    "MODE = open(os.path.join(os.path.dirname(__file__), 'e_mode.txt')).read().strip()\n"
+    "BLOCKS = importlib.import_module('mfl.ops.e_' + MODE).BLOCKS\n"
+    + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="e_kernel"),
+}
+
+
+def mfl_spec(name: str, module: str, entry: str, probed: bool) -> str:
+    sweep = "" if probed else "BLOCK = [128]\nnum_warps = [4]\n"
+    return textwrap.dedent(f'''
+        [kernel]
+        name = "{name}"
+        module = "{module}"
+        entry = "{entry}"
+        toolchain = "triton"
+        archs = ["sm_90a"]
+
+        [signature]
+        x_ptr = "*fp16"
+        y_ptr = "*fp16"
+        n = "i32"
+        BLOCK = "constexpr"
+
+        [sweep]
+        ''') + sweep
+
+
+@pytest.fixture
+def mfl_project(tmp_path, monkeypatch):
+    from tests.support import write_files
+    site = write_files(tmp_path / "site", MFL)
+    monkeypatch.syspath_prepend(str(site))
+    specs = {f"f{x}": mfl_spec(f"f{x}", f"mfl.ops.{x}", f"{x}_kernel", x != "d") for x in "abcde"}
+    root = make_project(tmp_path / "p", specs=specs, kernels={})
+    return root, site
+
+
+def computed_families(root, monkeypatch) -> tuple[set[str], dict]:
+    """(the families the load computed rather than took from the saved catalog, {target: (key, config)})."""
+    from kforge.declare import spec as spec_module
+    names: list[str] = []
+    real = spec_module.spec_from_tables
+    monkeypatch.setattr(spec_module, "spec_from_tables", lambda raw, *a, **k: names.append(raw["kernel"]["name"])
+                        or real(raw, *a, **k))
+    try:
+        found = loaded(root)
+    finally:
+        monkeypatch.setattr(spec_module, "spec_from_tables", real)
+    return set(names), {t.name: (t.key, t.config) for t in found.targets}
+
+
+def blocks(targets: dict, family: str) -> set[int]:
+    return {dict(config)["BLOCK"] for name, (_, config) in targets.items() if name.startswith(family + ":")}
+
+
+def from_nothing(root) -> dict:
+    """The targets a load with no saved or kept catalog gives (and leaves saved)."""
+    import shutil
+    (root / "out" / ".kforge" / "catalog.json").unlink()
+    shutil.rmtree(root / "out" / ".kforge" / "catalogs")
+    return {t.name: (t.key, t.config) for t in loaded(root).targets}
+
+
+def test_an_edit_recomputes_exactly_the_families_that_can_depend_on_it(mfl_project, monkeypatch):
+    root, site = mfl_project
+    ops = site / "mfl" / "ops"
+    names, first = computed_families(root, monkeypatch)
+    assert names == {"fa", "fb", "fc", "fd", "fe"} and len(first) == 6
+    assert blocks(first, "fc") == {32} and blocks(first, "fe") == {16}
+    edits = [   # (what is written, the families that can depend on it, the family's BLOCKs after)
+        ("helper.py", "BLOCKS = [128, 1024]\n", {"fa"}, {128, 1024}),
+        ("b.json", "[64, 2048]\n", {"fb"}, {64, 2048}),
+        ("c_fast.py", "BLOCKS = [4096]\n", {"fc"}, {4096}),   # created: the import finds it now
+        ("d_util.py", "SCALE = 3\n", {"fd"}, {128}),
+        ("e_wide.py", "BLOCKS = [256]\n", set(), None),   # not what e.py imports now
+        ("e_mode.txt", "wide\n", {"fe"}, {256}),
+        ("e_narrow.py", "BLOCKS = [8]\n", set(), None),    # no longer imported
+        ("__init__.py", "# the package's own\n", {"fa", "fb", "fc", "fd", "fe"}, None),
+    ]
+    for name, text, expected, after in edits:
+        later(ops / name, text)
+        names, targets = computed_families(root, monkeypatch)
+        assert names == expected, name
+        assert targets == from_nothing(root), name   # never a stale catalog
+        assert after is None or blocks(targets, next(iter(expected))) == after, name
+    # the same bytes again (a checkout touching every file): nothing is computed
+    for path in ops.iterdir():
+        if path.is_file():
+            later(path, path.read_text())
+    names, targets = computed_families(root, monkeypatch)
+    assert names == set() and targets == from_nothing(root)

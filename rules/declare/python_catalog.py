@@ -58,27 +58,38 @@ def family(**arguments) -> None:
 def load(path: Path, root: Path, read: set[Path] | None = None, failed: list | None = None) -> list:
     """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
     one, or when the file itself fails; given `failed`, a bad family is one (name, where, error) there and
-    the others load). `read` collects what the file read and imported. The file runs in a
+    the others load). `read` collects what the file read and imported."""
+    specs = []
+    for tables, where, name in declarations(path, root, read):
+        try:
+            specs.append(spec_from_tables(tables, where, root))
+        except SpecError as e:
+            if failed is None:
+                raise
+            failed.append((failed_name(name, path), where, str(e)))
+    return specs
+
+
+def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[tuple[dict, str, object]]:
+    """Run one catalog file: (tables, where, name) of each family() call, unchecked (SpecError when the file
+    itself fails or declares none). `read` collects what the file read and imported. The file runs in a
     child process (rules/load/load_guard.py: a time and memory limit, its processes killed when it ends); the
-    families are checked here, where the probe of their modules lives."""
+    families are checked by the caller, where the probe of their modules lives."""
     from kforge.load import load_guard
-    from kforge.declare.spec import NAME_RE
     shown = _relative(path, root)
     declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
     if read is not None:
         read.update(map(Path, files))
     if not declared:
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
-    specs = []
-    for tables, filename, line, name in declared:
-        where = f"{_relative(Path(filename), root)}:{line}: family {name!r}"
-        try:
-            specs.append(spec_from_tables(tables, where, root))
-        except SpecError as e:
-            if failed is None:
-                raise
-            failed.append((name if isinstance(name, str) and NAME_RE.match(name) else path.stem, where, str(e)))
-    return specs
+    return [(tables, f"{_relative(Path(filename), root)}:{line}: family {name!r}", name)
+            for tables, filename, line, name in declared]
+
+
+def failed_name(name, path: Path) -> str:
+    """The name a family that did not load is listed by: its own, when it is one, else its file's."""
+    from kforge.declare.spec import NAME_RE
+    return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
 
 
 def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:

@@ -79,6 +79,11 @@ LIST_TABLES = ("extra", "exclude")
 
 def load_spec(path: Path, root: Path) -> Spec:
     """Parse and validate one spec file; root is the project root that `source` is relative to."""
+    return spec_from_tables(read_tables(path, root), _rel(path, root), root)
+
+
+def read_tables(path: Path, root: Path) -> dict:
+    """One spec file's tables, as TOML gives them (SpecError when it cannot be read or is not TOML)."""
     where = _rel(path, root)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -94,7 +99,7 @@ def load_spec(path: Path, root: Path) -> Spec:
                         f"allowed: a few levels, as in [tune] shapes") from None
     except OSError as e:
         raise SpecError(f"{where}: cannot read it ({e.strerror or e}); a spec is a .toml file") from None
-    return spec_from_tables(raw, where, root)
+    return raw
 
 
 def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) -> Spec:

@@ -30,9 +30,16 @@ may name its "family": an error of the device model names it):
       per group, the configs the autotuner's own prune_configs keeps (early_config_prune, or a library's
       override), as it would for a launch with those arguments; a perf_model is not applied
   any failure -> {"error": "one line"}: where the module's own code raised, it names that line
-  every reply also carries "read": the files the child read for it beyond the toolchain and the folders it
-  listed (rules/load/observe.py): the catalog's stamp holds them by identity, so a changed heuristic or config file,
-  or a file added to or removed from a listed folder (its mtime changes), loads the catalog again
+  every reply also carries "read": all the files the module's process has read beyond the toolchain, the
+  folders it listed (rules/load/observe.py) and where an import looked for a module in vain (_Misses): the
+  catalog keeps them with each family that asked (rules/plan/catalog.py), so a changed heuristic or config
+  file, a file added to or removed from a listed folder, or a module created where an import looked for it,
+  computes that family again
+
+Each module is imported in a process of its own, forked from the child once it has prepared the arch and
+imported the module's top-level package (a library that imports torch and every op in its __init__ pays that
+once per child): what a module's process read is that module's, whatever other families the child answered
+for before, and never less than all its answers could depend on.
 """
 from __future__ import annotations
 
@@ -74,6 +81,7 @@ class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
     read: set[str] = set()   # every file the children read, for the catalog's stamp
+    used: dict[str, set] = {}   # family -> the (probe, module) pairs it asked about (reads_of)
 
     @classmethod
     def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
@@ -93,8 +101,17 @@ class Probe:
         self.child: subprocess.Popen | None = None
         self.sent_at = 0.0   # time.monotonic() when the latest request went to the child
         self.described: dict[tuple[str, str], dict] = {}
+        self.module_read: dict[str, set[str]] = {}   # module -> all its process read, as its latest reply says
+
+    @classmethod
+    def reads_of(cls, family: str) -> set[str]:
+        """What the processes of the modules a family asked about read, up to now (call it when the catalog's
+        last question is answered: a module's process may run another family's code after this one's, and
+        that code's reads may shape what it answers; more, never less)."""
+        return {f for probe, module in cls.used.get(family, ()) for f in probe.module_read.get(module, ())}
 
     def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
+        Probe.used.setdefault(family, set()).add((self, module))
         if (module, entry) not in self.described:
             self.described[(module, entry)] = self._ask({"describe": [module, entry], "family": family}, where)
         return self.described[(module, entry)]
@@ -105,6 +122,8 @@ class Probe:
         of its answers is read: the children import the module (and torch) side by side, not one after another,
         and each import still has the CPU its catalog_timeout assumes."""
         request = {"describe": [module, entry], "family": family}
+        probes = list(dict.fromkeys(probes))
+        Probe.used.setdefault(family, set()).update((probe, module) for probe in probes)
         asked = [probe for probe in dict.fromkeys(probes) if (module, entry) not in probe.described]
         batch = cpus.available()
         owing: list[Probe] = []
@@ -167,7 +186,11 @@ class Probe:
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
             raise self._crashed(request, where) from None
-        Probe.read.update(reply.pop("read", ()))
+        read = reply.pop("read", ())
+        Probe.read.update(read)
+        module = _named(request)[0]
+        self.module_read.setdefault(module, set()).update(read)
+        Probe.used.setdefault(request.get("family", ""), set()).add((self, module))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
         return reply
@@ -189,7 +212,7 @@ class Probe:
         for probe in cls._open.values():
             probe.close()
         cls._open.clear()
-        cls.read = set()
+        cls.read, cls.used = set(), {}
 
 
 def _named(request: dict) -> list:
@@ -487,34 +510,168 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from kforge.load import device_model, observe
+    from kforge.load import observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
-    recorder.start()
+    recorder.start()   # never again: every reply holds all that its module's process read (see _ModuleServer)
+    misses = _Misses.install(recorder)
     unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
+    servers: dict[str, _ModuleServer] = {}
+    packages: dict[str, str] = {}   # top-level package -> why its import failed ("" when it did not)
     for line in sys.stdin:
         request = json.loads(line)
-        device_model.serving(request.get("family", ""))
-        try:
-            if unusable:
-                reply = {"error": unusable}
-            elif "describe" in request:
-                reply = _describe(*request["describe"])
-            elif "prune" in request:
-                reply = _prune(*request["prune"], request["groups"])
-            else:
-                reply = _heuristics(*request["heuristics"], request["args"], request.get("pointers"),
-                                    request.get("pinned"))
-        except Exception as e:   # importing the module failed, or the entry is not there
-            module, entry = _named(request)
-            reply = {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
-                              f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
-                              + ("; install it in the environment that runs doit"
-                                 if isinstance(e, ModuleNotFoundError) else "")}
-        reply["read"] = sorted(recorder.files() | set(recorder.folders()))   # folders: by identity (mtime)
-        recorder.start()
+        module = _named(request)[0]
+        package = module.split(".")[0] if "." in module else ""
+        if unusable:
+            reply = {"error": unusable}
+        elif package and (packages[package] if package in packages else
+                          packages.setdefault(package, _import_package(package))):
+            reply = {"error": packages[package]}
+        else:
+            if module not in servers:
+                servers[module] = _ModuleServer(module)
+            reply = servers[module].ask(request)
+            if reply is None:   # it died (a crash in the module's import): the next request forks another
+                del servers[module]
+                reply = {"error": f"importing {module} to read the entry's autotune / heuristics crashed the "
+                                  f"probe process; run `python -c 'import {module}'` to see why"}
+        if "read" not in reply:   # what this process read (the device model, set-up hooks, packages)
+            reply["read"] = _read(recorder, misses)
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+def _answer(request: dict) -> dict:
+    """One request, answered in the module's own process."""
+    from kforge.load import device_model
+    device_model.serving(request.get("family", ""))
+    try:
+        if "describe" in request:
+            return _describe(*request["describe"])
+        if "prune" in request:
+            return _prune(*request["prune"], request["groups"])
+        return _heuristics(*request["heuristics"], request["args"], request.get("pointers"), request.get("pinned"))
+    except Exception as e:   # importing the module failed, or the entry is not there
+        module, entry = _named(request)
+        return {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
+                         f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
+                         + ("; install it in the environment that runs doit"
+                            if isinstance(e, ModuleNotFoundError) else "")}
+
+
+def _read(recorder, misses: "_Misses") -> list[str]:
+    """Every file and folder this process read since it started recording, and the paths where an import
+    looked for a module in vain (one created there would be found): the family's probe inputs."""
+    return sorted(recorder.files() | set(recorder.folders()) | misses.paths)
+
+
+def _import_package(package: str) -> str:
+    """Import a family module's top-level package here, once, so that each module's process (forked from here)
+    has it: a library whose __init__ imports every op and torch pays that once per probe, not once per module.
+    Why it failed, in one line ("" if it did not): every module of the package answers that."""
+    import importlib
+    try:
+        importlib.import_module(package)
+    except Exception as e:
+        return (f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
+                f"importing {package} failed: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e))
+    return ""
+
+
+class _ModuleServer:
+    """One forked process per family module: it imports that module and answers every request about it. What
+    it read is the module's own (its import, its heuristics and pruners run, and all its parent read before the
+    fork: the device model, set-up hooks, the package), never another module's, however the requests of the
+    catalog's families interleave; a module imported once in a process serves them all, so the files its import
+    read would be missing from every family asked after the first. Each reply carries all it read so far: a
+    family asked after another of the same module gets the union (more, never less)."""
+
+    def __init__(self, module: str):
+        from multiprocessing.connection import Pipe
+        from kforge.load.isolate import die_with_parent
+        self.module = module
+        ours, theirs = Pipe()
+        parent = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:   # never returns
+            try:
+                ours.close()
+                die_with_parent(parent)
+                from kforge.load import observe
+                recorder, misses = observe.Recorder.installed, _Misses.installed
+                while True:
+                    try:
+                        request = theirs.recv()
+                    except EOFError:
+                        break
+                    reply = _answer(request)
+                    reply["read"] = _read(recorder, misses)
+                    theirs.send(reply)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
+        theirs.close()
+        self.conn = ours
+
+    def ask(self, request: dict) -> dict | None:
+        """Its reply, or None when the process died."""
+        try:
+            self.conn.send(request)
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.conn.close()
+            os.waitpid(self.pid, 0)
+            return None
+
+
+class _Misses:
+    """A module finder placed last on sys.meta_path: it is asked only about a module no other finder found, and
+    keeps where that module would have been (each module path folder and suffix), when the import was made by
+    the library's code, not the toolchain's. A conditional import (`try: import fast_impl`, importlib.util.
+    find_spec) then has the file it did not find among the probe's inputs: one created there is a change."""
+    installed: "_Misses | None" = None
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.paths: set[str] = set()
+
+    @classmethod
+    def install(cls, recorder) -> "_Misses":
+        cls.installed = cls(recorder)
+        sys.meta_path.append(cls.installed)
+        return cls.installed
+
+    def find_spec(self, name, path=None, target=None):
+        if not self.recorder.active or self._by_toolchain():
+            return None
+        from importlib.machinery import all_suffixes
+        tail = name.rpartition(".")[2]
+        skip = self.recorder.skip
+        for folder in (path if path is not None else sys.path):
+            if not isinstance(folder, str):
+                continue
+            folder = os.path.abspath(folder or ".")
+            if (folder + os.sep).startswith(skip) or not os.path.isdir(folder):
+                continue
+            self.paths.update(os.path.join(folder, tail + suffix) for suffix in all_suffixes())
+            self.paths.update((os.path.join(folder, tail, "__init__.py"), os.path.join(folder, tail)))
+        return None
+
+    def _by_toolchain(self) -> bool:
+        """Whether the import was made by the toolchain's code (torch's optional imports): the first frame
+        outside the import system."""
+        import importlib
+        system = os.path.dirname(importlib.__file__) + os.sep   # import_module, util.find_spec
+        frame = sys._getframe(2)
+        while frame is not None and (frame.f_code.co_filename.startswith(("<frozen", system))):
+            frame = frame.f_back
+        if frame is None:
+            return True
+        real = os.path.realpath(frame.f_code.co_filename)
+        return (real + os.sep).startswith(self.recorder.skip) or real.startswith(self.recorder.skip)
 
 
 def _prepare(context: dict | None) -> str:

@@ -14,6 +14,15 @@ anything else, a damaged file included, loads it again. It is saved as soon as i
 whatever the command (`doit list`, `info` and `prune` then find it too), and holds the targets of the archs it
 was loaded for: it serves a run for those or fewer (`archs=` of a build, none for `doit list`: every arch).
 
+When the stamp no longer holds, the specs are loaded family by family. The saved catalog keeps, for each
+family, the key of its declaration (its tables, from a spec file, a Python catalog's family() call or a record
+file) and every file it was computed from, by content: its kernel sources and modules, the files an import
+looked for and did not find, and all that its module's probe process read (rules/load/entry_probe.py: one
+process per module, so what one family's import read is never another's). A family whose declaration and
+inputs are unchanged, computed with the same kforge, Python, settings, compiler environment and toolchains, is
+taken from the saved catalog, unprobed; the others are computed. An edit to one file re-probes exactly the
+families that read it; a catalog with a broken family is not saved, and the next load computes that family again.
+
 The last KEPT catalogs loaded from the specs are also kept in out/.kforge/catalogs/, each named by the digest of
 the same inputs taken by content (each file's bytes, each folder's names) instead of identity. When the saved
 catalog's stamp no longer holds, that digest (over the saved catalog's lists of files) names the kept catalog
@@ -23,6 +32,7 @@ made from exactly these contents, if any: a revert, or a switch back to a recent
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -37,7 +47,7 @@ from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
 
-FORMAT = "kforge-catalog-12"   # 12: a target's key without its sources (early cutoff)
+FORMAT = "kforge-catalog-13"   # 13: each family's declaration key and inputs (reused family by family)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
@@ -93,42 +103,144 @@ class Catalog:
                 return self._saved_now()
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
             self.families, self.targets, self.tuned = [], [], []
-        from kforge.plan.targets import build_targets   # only here: a run that finds its saved catalog loads no spec
-        read: set[Path] = set()
-        from kforge.load.entry_probe import Probe
-        failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
-        lost: set[int] = set()
+        self._from_specs(folders, spec_files, saved, keep_going)
+        return self if self._fresh is None else self._saved_now()
 
-        def fails(spec, error: SpecError) -> None:   # keep going, as a build does past a failed target
-            lost.add(id(spec))
-            failed.append((spec.name, spec.path, str(error)))
+    def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool) -> None:
+        """Load the specs, family by family: a family whose declaration and every input it was computed from
+        (its files, by content) are those of a family of the saved catalog is taken from it, unprobed; the
+        others are computed (see the module's docstring)."""
+        from kforge.declare.records import without_duplicates
+        from kforge.load.entry_probe import Probe
+        archs = self.archs if saved is None else _union(saved["archs"], self.archs)
+        contents: dict[str, str | None] = {}
+        reusable = self._reusable(saved, archs, contents)
+        failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
+        read: set[Path] = set()   # what the Python catalog files read
+        done: list[tuple[Family, list[Target], dict | None]] = []   # per family: a reused one's entry, else None
+        computed: dict[str, set[Path]] = {}   # a computed family's name -> the files its targets came from
         try:
-            specs = load_specs(self.root, spec_files, read, failed)
-            from kforge.declare.records import without_duplicates
-            self.targets = without_duplicates(build_targets(specs, self.root, self.archs, read, fails))
-            specs = [s for s in specs if id(s) not in lost]
+            named: dict[str, str] = {}
+            for declared in declarations(self.root, spec_files, read, failed):
+                key = _declared_key(declared)
+                if key in reusable:
+                    entry, family, targets = reusable.pop(key)
+                    family, targets = _moved(family, targets, declared.where)
+                    if family.name not in named:
+                        named[family.name] = family.path
+                        done.append((family, targets, entry))
+                        continue
+                found = self._compute(declared, archs, named, failed)
+                if found is not None:
+                    family, targets, files = found
+                    computed[family.name] = files
+                    done.append((family, targets, {"key": key}))
             bad_files = {f for f in spec_files if any(_rel(f, self.root) == path for _, path, _ in failed)}
-            self.tuned = tuned_choices(self.root, [f for f in spec_files if f not in bad_files], self.archs)
-            read.update(map(Path, Probe.read))   # what importing the modules read: heuristics, data files
+            self.tuned = tuned_choices(self.root, [f for f in spec_files if f not in bad_files], archs)
+            for name, files in computed.items():   # what importing its modules read: heuristics, data files
+                files.update(map(Path, Probe.reads_of(name)))
         finally:
-            Probe.close_all()   # the child that answered for autotuned / heuristics entries, if one ran
-        self.families = [Family(s.name, s.description, s.path, s.tune is not None) for s in specs]
+            Probe.close_all()   # the children that answered for autotuned / heuristics entries, if any ran
+        self.families = [family for family, _, _ in done]
+        self.targets = without_duplicates([t for _, targets, _ in done for t in targets])
         self.loaded_from = "specs"
         self.broken = _named_apart(failed, {f.name for f in self.families})
         if self.broken and not keep_going:
             raise SpecError(self.broken[0].error)
         if self.broken:   # not saved: the next run loads the specs again, and finds what was fixed
-            return self
+            return
+        entries = [entry if name not in computed else
+                   self._entry(entry["key"], name, sorted(map(str, computed[name])), targets, contents)
+                   for (name, _, _, _), targets, entry in done]
+        files = sorted({str(p) for p in read} | {f for e in entries for f, _ in e["inputs"]})
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
-        files = sorted(str(p) for p in read)
-        installed = sorted({s.module for s in specs if s.module})
-        self._fresh = {"format": FORMAT, "archs": self.archs,
+        installed = sorted({e["installed"] for e in entries if e["installed"]})
+        self._fresh = {"format": FORMAT, "archs": archs,
                        "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
                        "read": files, "toolchains": toolchains, "installed": installed,
+                       "context": self._context(), "per_family": entries,
                        "families": [list(f) for f in self.families], "tuned": self.tuned,
                        **_encode(self.targets)}
-        return self._saved_now()
+        self._only(self.archs)
+
+    def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list) -> tuple | None:
+        """One family from its declaration: (Family, its targets, the files they came from), or None when it
+        did not load (one entry of `failed`)."""
+        from kforge.declare.spec import spec_from_tables
+        from kforge.plan.targets import build_targets
+        try:
+            spec = spec_from_tables(declared.tables, declared.where, self.root, recorded=declared.recorded)
+        except SpecError as e:
+            failed.append((declared.failed_name, declared.failed_where, str(e)))
+            return None
+        if spec.name in named:
+            failed.append((spec.name, spec.path, f"{spec.path}: kernel name {spec.name!r} is already used by "
+                                                 f"{named[spec.name]}; target names must be unique: rename one "
+                                                 f"[kernel] name"))
+            return None
+        named[spec.name] = spec.path
+        files: set[Path] = set()
+        lost: list = []
+        targets = build_targets([spec], self.root, archs, files, lambda _, e: lost.append(e))
+        if lost:
+            failed.append((spec.name, spec.path, str(lost[0])))
+            return None
+        return Family(spec.name, spec.description, spec.path, spec.tune is not None), targets, files
+
+    def _entry(self, key: str, name: str, files: list[str], targets: list[Target], contents: dict) -> dict:
+        """What the next load needs to take this family unprobed: its declaration's key, every file it was
+        computed from by content (a file that was not there: None) and what else its targets' keys hold."""
+        toolchains = sorted({(t.toolchain, t.arch) for t in targets})
+        module = next((t.module for t in targets if t.module and not _in_project(t.source, self.root)), "")
+        return {"key": key, "name": name, "inputs": [[f, _content(f, contents)] for f in files],
+                "toolchains": toolchains, "installed": module,
+                "fingerprint": self._fingerprint(toolchains, module)}
+
+    def _reusable(self, saved: dict | None, archs, contents: dict) -> dict:
+        """{declaration key: (entry, Family, targets)} of the saved catalog's families that still hold: made in
+        the same context, for these archs or more, every input with the content it had."""
+        try:
+            if saved is None or saved.get("context") != self._context() or not covers(saved["archs"], archs):
+                return {}
+            families = {f[0]: Family(*f) for f in saved["families"]}
+            found, targets = {}, None
+            for entry in saved["per_family"]:
+                if entry["name"] not in families or \
+                        any(_content(f, contents) != digest for f, digest in entry["inputs"]) or \
+                        self._fingerprint(entry["toolchains"], entry["installed"]) != entry["fingerprint"]:
+                    continue
+                if targets is None:
+                    targets = {}
+                    for t in _decode(saved["groups"], saved["signatures"], saved["targets"]):
+                        targets.setdefault(t.kernel, []).append(t)
+                wanted = set(archs) if archs is not None else None
+                found[entry["key"]] = (entry, families[entry["name"]],
+                                       [t for t in targets.get(entry["name"], ()) if wanted is None or t.arch in wanted])
+            return found
+        except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: every family is computed
+            return {}
+
+    def _fingerprint(self, toolchains: list, module: str) -> str:
+        """What a family's targets' keys hold besides its files: the toolchains' fingerprints for its archs, and
+        where its installed module is found."""
+        return stamps.digest({"toolchains": [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
+                                             for toolchain, arch in toolchains],
+                              "installed": _found(module) if module else None})
+
+    def _context(self) -> str:
+        """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
+        compiler environment, the project's path (a family is reused only in the same)."""
+        code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
+        return stamps.digest({"format": FORMAT, "root": str(self.root), "python": sys.version,
+                              "max_configs": self.max_configs, "env": keys.compiler_env(),
+                              "files": [(f, stamps.content(f)) for f in (*code, str(self.root / PYPROJECT))]})
+
+    def _only(self, archs) -> None:
+        """Keep the targets and tuned picks of these archs (None: all)."""
+        if archs is not None:
+            self.targets = [t for t in self.targets if t.arch in archs]
+            self.tuned = [t for t in self.tuned if t["arch"] in archs]
 
     def _saved_now(self) -> "Catalog":
         try:   # now, not only at the end of a build: `doit list`, `info` and `prune` find it next time too
@@ -201,6 +313,80 @@ class Catalog:
 
 
 
+class Declared(NamedTuple):
+    """One family as a spec file declares it, before it is checked: its tables and how messages name it."""
+    tables: dict
+    where: str          # the spec file, or a Python catalog's file and line, or a record file and kernel
+    recorded: bool      # from a record file (rules/declare/records.py)
+    failed_name: str    # the name a failure of it is listed by
+    failed_where: str
+
+
+def declarations(root: Path, files: list[Path], read: set[Path] | None = None,
+                 failed: list | None = None) -> list[Declared]:
+    """Every family the spec files declare, unchecked; `read` collects what Python catalogs read. A file that
+    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load."""
+    from kforge.declare import python_catalog, records
+    from kforge.declare.spec import read_tables
+    if not files:
+        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
+    found = []
+    extra = record_archs(root)
+    for f in files:
+        rel = _rel(f, root)
+        try:
+            if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
+                kind = "a folder" if f.is_dir() else "a pipe, a device or a broken link"
+                raise SpecError(f"{rel}: not a regular file ({kind}); remove it from the catalog folder")
+            if f.suffix == ".py":
+                found += [Declared(tables, where, False, python_catalog.failed_name(name, f), where)
+                          for tables, where, name in python_catalog.declarations(f, root, read)]
+            elif f.suffix == ".jsonl":
+                found += [Declared(tables, where, True, _family_name(f), rel)
+                          for tables, where in records.families(f, root, extra)]
+            else:
+                found.append(Declared(read_tables(f, root), rel, False, _family_name(f), rel))
+        except SpecError as e:
+            if failed is None:
+                raise
+            failed.append((_family_name(f), rel, str(e)))
+    return found
+
+
+def _declared_key(declared: Declared) -> str:
+    """A family's declaration, as the saved catalog keeps it: its tables, not where they are (a line added above
+    a Python catalog's family() call moves it; its targets are taken with the new place: _moved)."""
+    return stamps.digest({"tables": declared.tables, "recorded": declared.recorded})
+
+
+def _moved(family: Family, targets: list[Target], where: str) -> tuple[Family, list[Target]]:
+    if family.path == where:
+        return family, targets
+    return family._replace(path=where), [t._replace(spec_path=where) for t in targets]
+
+
+def _union(held: list | None, wanted: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The archs a catalog loaded again is loaded for: those asked and those the saved one held (a build for one
+    arch after `doit list` keeps a catalog that serves both)."""
+    return None if held is None or wanted is None else tuple(sorted({*held, *wanted}))
+
+
+def _content(path: str, seen: dict) -> str | None:
+    """A file's sha256, a folder's listing's (without __pycache__, which imports change), None when neither is
+    there; once per path in a load."""
+    if path not in seen:
+        from kforge.load.observe import listing_digest
+        try:
+            seen[path] = listing_digest(path) if os.path.isdir(path) else stamps.content(path)
+        except OSError:
+            seen[path] = None
+    return seen[path]
+
+
+def _in_project(source: str, root: Path) -> bool:
+    return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
+
+
 def covers(held: list | None, wanted: tuple[str, ...] | None) -> bool:
     """Whether a catalog loaded for the archs `held` (None: every arch) holds every target for `wanted`."""
     return held is None or (wanted is not None and set(wanted) <= set(held))
@@ -264,29 +450,15 @@ def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | No
                failed: list | None = None) -> list:
     """Every family of the project's specs, checked; `read` collects what Python catalogs read. A file that
     fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load."""
-    from kforge.declare import python_catalog as declare, records
-    from kforge.declare.spec import load_spec, spec_from_tables
-    files = catalog_files(root) if files is None else files
-    if not files:
-        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
+    from kforge.declare.spec import spec_from_tables
     specs = []
-    extra = record_archs(root)
-    for f in files:
+    for declared in declarations(root, catalog_files(root) if files is None else files, read, failed):
         try:
-            if not f.is_file():   # a FIFO would block the read, a link to /dev/zero never end it
-                kind = "a folder" if f.is_dir() else "a pipe, a device or a broken link"
-                raise SpecError(f"{_rel(f, root)}: not a regular file ({kind}); remove it from the catalog folder")
-            if f.suffix == ".py":
-                specs += declare.load(f, root, read, failed)
-            elif f.suffix == ".jsonl":
-                specs += [spec_from_tables(tables, where, root, recorded=True)
-                          for tables, where in records.families(f, root, extra)]
-            else:
-                specs.append(load_spec(f, root))
+            specs.append(spec_from_tables(declared.tables, declared.where, root, recorded=declared.recorded))
         except SpecError as e:
             if failed is None:
                 raise
-            failed.append((_family_name(f), _rel(f, root), str(e)))
+            failed.append((declared.failed_name, declared.failed_where, str(e)))
     return specs
 
 
