@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
-from kforge.load import device_model, isolate, observe
+from kforge.load import device_model, isolate, observe, shared_env
 from kforge.store.arrival import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
@@ -197,6 +197,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
             importlib.import_module(wanted[0])
     except Exception as e:
         e.kforge_retire = True
+        shared_env.explain(e)   # an import that failed on one of kforge's pins says so
         raise
     _package[0] = wanted
     if not backend.imports_module:
@@ -248,6 +249,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             # failure replayed: a missing dependency or a backend that cannot load is the environment's, and
             # what the import failed to find is no file the record holds
             e.kforge_retire = True
+            shared_env.explain(e)
         raise
     spans = (("import", importing, start),) if imports else ()
     return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),

@@ -1,0 +1,113 @@
+"""What a library's import meets of the virtualenv it shares with kforge.
+
+kforge and the libraries it builds live in one environment, and kforge's requirements are pinned there
+(pyproject.toml): the Triton that compiles (its binaries must be what the GPU machines' Triton loads), the torch
+a library imports, FlyDSL for kforge's FlyDSL families, doit. Two consequences are handled here:
+
+- FlyDSL is kforge's, not the library's: where a module is imported under the device model (every Triton family
+  unless `device_model = false`) it is not importable, as on a machine without it. A library that uses FlyDSL
+  whenever it is importable then takes its other path, and its Triton kernels build whatever FlyDSL version it
+  was written for (hide_flydsl).
+- An import that fails on a package kforge pins (a name the pinned version lacks, FlyDSL kept away) is named in
+  one line: the library's line, the pin and what to do (explain).
+"""
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+import re
+import sys
+import traceback
+
+HIDDEN = ("flydsl",)   # top-level packages a library's import does not see under the device model
+
+
+def hide_flydsl() -> None:
+    """From now on `import flydsl` fails and importlib.util.find_spec("flydsl") is None in this process, as where
+    FlyDSL is not installed (a server forked from a worker that imported it forgets it too)."""
+    for name in [n for n in sys.modules if n.split(".")[0] in HIDDEN]:
+        del sys.modules[name]
+    for name in HIDDEN:
+        sys.modules[name] = None   # the import system's own "not importable here": find_spec answers None
+
+
+@functools.lru_cache(maxsize=None)
+def pins() -> dict[str, str]:
+    """{distribution: its requirement} for each package kforge pins to one version ("flydsl": "flydsl==0.4.2")."""
+    import importlib.metadata as metadata
+    try:
+        requires = metadata.requires("kforge") or []
+    except metadata.PackageNotFoundError:   # kforge run from a checkout that is not installed
+        return {}
+    found = {}
+    for r in requires:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*==\s*[^;,\s]+\s*$", r)
+        if m:
+            found[m.group(1).lower().replace("_", "-")] = r.strip()
+    return found
+
+
+def explain(e: BaseException) -> bool:
+    """If `e` is an import that failed on a package kforge pins, its message becomes one line naming the library's
+    line, the pin and the fix (in the exception itself: its traceback stays); True if it was such a failure."""
+    if not _on_a_pin(e):
+        return False
+    e.msg = message(e)
+    return True
+
+
+def message(e: ImportError) -> str:
+    """The one line for an ImportError whose module is one kforge pins (see explain)."""
+    top = (e.name or "").split(".")[0]
+    pin = pins().get(top.replace("_", "-"), top)
+    where = library_line(e)
+    if top in HIDDEN and sys.modules.get(top, 0) is None:
+        return (f"{where or 'the module'} imports {top}, which an import under the device model does not see: "
+                f"kforge's own {top} ({pin}) is for its FlyDSL families, so that a library using FlyDSL whenever "
+                f"it is importable builds its Triton kernels whatever FlyDSL it was written for; a module that "
+                f"cannot import without FlyDSL builds with `device_model = false` in its [kernel] "
+                f"(docs/libraries.md)")
+    version = _version(top)
+    if version is None:
+        return f"{where + ': ' if where else ''}{top} is not installed; kforge requires {pin} (pip install kforge)"
+    reason = str(e.msg or e)
+    if e.path:
+        reason = reason.replace(f" ({e.path})", "")
+    return (f"{where + ': ' if where else ''}{reason}: this environment's {top} is {version}, the version kforge "
+            f"pins ({pin}), and the library was written for another; kforge builds with its pinned {top}, so "
+            f"use a release of the library that works with {top} {version} (docs/libraries.md)")
+
+
+def library_line(e: BaseException) -> str:
+    """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the standard
+    library and the toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's), named as inputs are (relative to
+    the project or the module path entry); "" when the traceback has none."""
+    from kforge.load import observe
+    toolchain = observe.toolchain_dirs()
+    skip = tuple(d + os.sep for d in toolchain)
+    found = None
+    for frame in traceback.extract_tb(e.__traceback__):
+        real = os.path.realpath(frame.filename)
+        if not frame.filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
+            found = frame
+    if found is None:
+        return ""
+    code = (found.line or linecache.getline(found.filename, found.lineno)).split("  #")[0].strip()
+    shown = observe.name_of(found.filename, observe.bases(os.getcwd()))
+    return f"{shown}:{found.lineno}" + (f" (`{code[:120]}`)" if code else "")
+
+
+def _on_a_pin(e: BaseException) -> bool:
+    if not isinstance(e, ImportError) or not e.name:
+        return False
+    top = e.name.split(".")[0]
+    return top in HIDDEN or top.replace("_", "-") in pins()
+
+
+def _version(top: str) -> str | None:
+    import importlib.metadata as metadata
+    try:
+        return metadata.version(top)
+    except metadata.PackageNotFoundError:
+        return None

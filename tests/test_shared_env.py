@@ -1,0 +1,127 @@
+"""What a library's import meets of the virtualenv it shares with kforge (rules/load/shared_env.py): kforge's
+FlyDSL kept from imports under the device model, and an import failing on one of kforge's pins named in one line.
+The library is tests/env_library.py, on PYTHONPATH from a tmp site."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import env_library
+from tests.support import REPO, doit, make_project, statuses
+
+
+@pytest.fixture
+def envlib(tmp_path):
+    site = env_library.write(tmp_path / "site")
+    return {"PYTHONPATH": str(site)}
+
+
+def _python(code: str, env: dict) -> dict:
+    env = dict(os.environ, **env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), env.get("PYTHONPATH"))))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_under_the_device_model_flydsl_is_not_importable_and_without_it_it_is(envlib):
+    found = _python('''
+        import importlib.util, json
+        from kforge.load import device_model
+        seen = {"before": importlib.util.find_spec("flydsl") is not None}
+        device_model.prepare("gfx942", False)
+        seen["model off"] = importlib.util.find_spec("flydsl") is not None
+        device_model.prepare("gfx942", True)
+        seen["model on"] = importlib.util.find_spec("flydsl") is not None
+        try:
+            import flydsl
+            seen["import"] = "imported"
+        except ImportError as e:
+            seen["import"] = type(e).__name__
+        import envlib
+        seen["envlib took its path without FlyDSL"] = envlib.fly.HAS_FLYDSL is False
+        print(json.dumps(seen))
+        ''', envlib)
+    assert found == {"before": True, "model off": True, "model on": False, "import": "ModuleNotFoundError",
+                     "envlib took its path without FlyDSL": True}
+
+
+def test_an_import_failing_on_kforges_flydsl_names_the_librarys_line_and_the_pin(envlib):
+    """Where FlyDSL is seen (a FlyDSL family, `device_model = false`), a library written for another FlyDSL fails
+    its import in one line that says both."""
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import envlib
+        except ImportError as e:
+            explained = shared_env.explain(e)
+            print(json.dumps({"explained": explained, "message": str(e)}))
+        ''', envlib)
+    assert found["explained"]
+    assert found["message"] == (
+        f"envlib/fly.py:6 (`from flydsl.expr import {env_library.ENVLIB_FLY_API}`): cannot import name "
+        f"'{env_library.ENVLIB_FLY_API}' from 'flydsl.expr': this environment's flydsl is 0.4.2, the version kforge "
+        f"pins (flydsl==0.4.2), and the library was written for another; kforge builds with its pinned flydsl, so "
+        f"use a release of the library that works with flydsl 0.4.2 (docs/libraries.md)")
+
+
+def test_other_import_failures_are_left_as_they_are(envlib):
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import envlib_missing_dependency
+        except ImportError as e:
+            print(json.dumps({"explained": shared_env.explain(e), "message": str(e)}))
+        ''', envlib)
+    assert found == {"explained": False, "message": "No module named 'envlib_missing_dependency'"}
+
+
+@pytest.mark.slow
+def test_a_library_using_flydsl_whenever_importable_builds_its_triton_kernels_for_both_vendors(tmp_path, envlib):
+    """envlib's __init__ imports its FlyDSL path, written for another FlyDSL than kforge's: under the device model
+    it sees no FlyDSL, so its guarded kernels and its autotuned one built by calls (read by the probe) build for
+    sm_90a and gfx942, with GPU tables and a torch operator made at import."""
+    specs = {name: text.replace('dtype = ["fp32", "fp16"]', 'dtype = ["fp32"]').replace(
+        'dtype = ["fp32", "bf16"]', 'dtype = ["fp32"]').replace("BLOCK = [128, 1024]", "BLOCK = [128]").replace(
+        "n = [4096, 1000]", "n = [4096]") for name, text in env_library.SPECS.items()}
+    root = make_project(tmp_path / "p", specs=specs, kernels={})
+    doit(root, "-n", "2", env=envlib)
+    built = statuses(root, "built")
+    families = {t.split(":")[0] for t in built if "@" in t}
+    assert families == {"envlib_add", "envlib_neg", "envlib_scale"}, built
+    assert {t.split("@")[1] for t in built if "@" in t} == {"sm_90a", "gfx942"}
+    assert not statuses(root, "failed")
+
+
+def test_a_triton_familys_import_failing_on_a_pin_names_the_librarys_line_and_the_pin(tmp_path, envlib):
+    """A module needing a Triton name kforge's triton lacks, and one that cannot import without FlyDSL: each
+    target's error is one line naming the library's line, the pin and the fix."""
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "newer": env_library.elementwise("newer", "envlib.newer", "copy_kernel").replace(
+            'archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]').replace('["fp32", "fp16"]', '["fp32"]').replace(
+            "[128, 1024]", "[128]"),
+        "needs_fly": env_library.elementwise("needs_fly", "envlib.needs_fly", "copy_kernel").replace(
+            'archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]').replace('["fp32", "fp16"]', '["fp32"]').replace(
+            "[128, 1024]", "[128]")})
+    proc = doit(root, "-n", "1", env=envlib, check=False)
+    assert proc.returncode != 0
+    errors = {t["name"]: next(line.strip().removeprefix("error: ") for line in t["error"].splitlines()
+                              if line.strip().startswith("error: "))
+              for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if "@" in t["name"]}
+    assert errors["newer:fp32-block128@sm_90a"].startswith(
+        f"ImportError: envlib/newer.py:3 (`from triton.language import {env_library.TRITON_API}`): cannot import "
+        f"name '{env_library.TRITON_API}' from 'triton.language': this environment's triton is 3.6.0, the version "
+        f"kforge pins (triton==3.6.0)"), errors
+    assert errors["needs_fly:fp32-block128@sm_90a"].startswith(
+        "ModuleNotFoundError: envlib/needs_fly.py:1 (`import flydsl`) imports flydsl, which an import under the "
+        "device model does not see: kforge's own flydsl (flydsl==0.4.2) is for its FlyDSL families"), errors
+    assert "`device_model = false`" in errors["needs_fly:fp32-block128@sm_90a"]
+    assert all("\n" not in e for e in errors.values())
