@@ -125,3 +125,19 @@ def test_a_triton_familys_import_failing_on_a_pin_names_the_librarys_line_and_th
         "device model does not see: kforge's own flydsl (flydsl==0.4.2) is for its FlyDSL families"), errors
     assert "`device_model = false`" in errors["needs_fly:fp32-block128@sm_90a"]
     assert all("\n" not in e for e in errors.values())
+
+
+def test_the_probe_names_the_librarys_line_and_the_pin_where_flydsl_is_seen(tmp_path, envlib):
+    """With `device_model = false` the import sees this machine as it is, kforge's FlyDSL included: reading the
+    autotuned entry fails on envlib's FlyDSL path, in one line naming its line and kforge's pin."""
+    spec = env_library.SCALE.replace('toolchain = "triton"', 'toolchain = "triton"\ndevice_model = false')
+    root = make_project(tmp_path / "p", specs={"envlib_scale": spec}, kernels={})
+    proc = doit(root, "list", env=envlib, check=False)
+    assert "BROKEN" in proc.stdout, proc.stdout
+    line = next(x for x in proc.stderr.splitlines() if "did not load" in x)
+    assert line.endswith(
+        f"importing envlib failed: ImportError: envlib/fly.py:6 (`from flydsl.expr import "
+        f"{env_library.ENVLIB_FLY_API}`): cannot import name '{env_library.ENVLIB_FLY_API}' from 'flydsl.expr': this "
+        f"environment's flydsl is 0.4.2, the version kforge pins (flydsl==0.4.2), and the library was written for "
+        f"another; kforge builds with its pinned flydsl, so use a release of the library that works with flydsl "
+        f"0.4.2 (docs/libraries.md)"), line

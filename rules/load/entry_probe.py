@@ -53,7 +53,7 @@ import traceback
 from pathlib import Path
 
 from kforge.base import cpus
-from kforge.load import load_guard
+from kforge.load import load_guard, shared_env
 from kforge.base.errors import SpecError
 from kforge.load.sources import entry_def
 
@@ -553,10 +553,12 @@ def _answer(request: dict) -> dict:
         return _heuristics(*request["heuristics"], request["args"], request.get("pointers"), request.get("pinned"))
     except Exception as e:   # importing the module failed, or the entry is not there
         module, entry = _named(request)
+        pinned = shared_env.explain(e)   # an import failing on one of kforge's pins: it names the line and the pin
         return {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
-                         f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
+                         f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
+                         + ("" if pinned else _where(e))
                          + ("; install it in the environment that runs doit"
-                            if isinstance(e, ModuleNotFoundError) else "")}
+                            if isinstance(e, ModuleNotFoundError) and not pinned else "")}
 
 
 def _read(recorder, misses: "_Misses") -> list[str]:
@@ -573,8 +575,10 @@ def _import_package(package: str) -> str:
     try:
         importlib.import_module(package)
     except Exception as e:
+        pinned = shared_env.explain(e)
         return (f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
-                f"importing {package} failed: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e))
+                f"importing {package} failed: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
+                + ("" if pinned else _where(e)))
     return ""
 
 
