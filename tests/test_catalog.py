@@ -453,3 +453,29 @@ def test_an_edit_recomputes_exactly_the_families_that_can_depend_on_it(mfl_proje
             later(path, path.read_text())
     names, targets = computed_families(root, monkeypatch)
     assert names == set() and targets == from_nothing(root)
+
+
+def test_list_info_and_prune_take_the_saved_catalog_whatever_archs_they_are_given(tmp_path):
+    """`doit list`, `info` and `prune` load the catalog as a build does: once a load has held every arch, none of
+    them loads a spec again (the saved catalog is not even rewritten), whatever archs= they are given; a build for
+    one arch before them leaves a catalog the first `doit list` loads once, for every arch."""
+    from kforge.base import stamps
+    from tests.support import doit
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(archs=("sm_90a", "gfx942"))})
+    assert loaded(root, ("sm_90a",)).loaded_from == "specs"   # a build's load, saved for sm_90a only
+    saved = root / "out" / ".kforge" / "catalog.json"
+    doit(root, "list")   # every arch: the specs once more, now saved for every arch
+    assert json.loads(saved.read_bytes())["archs"] is None
+    held = stamps.identity(str(saved))
+    for args in (("list",), ("list", "--all", "archs=gfx942"), ("info", "scale"), ("info", "scale", "archs=sm_90a"),
+                 ("prune",), ("prune", "archs=gfx942,sm_90a")):
+        doit(root, *args)
+        assert stamps.identity(str(saved)) == held, args
+    for archs in (None, ("gfx942",), ("sm_90a",), ("gfx942", "sm_90a")):
+        found = catalog_module.Catalog(root, archs, 50_000).load()
+        assert found.loaded_from == "saved" and {t.arch for t in found.targets} == set(archs or ("sm_90a", "gfx942"))
+    # an edit, loaded for one arch: the family is computed again for every arch the saved catalog held
+    later(root / "tk" / "scale.py", kernel_text(factor="5"))
+    assert loaded(root, ("gfx942",)).loaded_from == "specs"
+    assert json.loads(saved.read_bytes())["archs"] is None
+    assert catalog_module.Catalog(root, None, 50_000).load().loaded_from == "saved"
