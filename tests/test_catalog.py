@@ -479,3 +479,19 @@ def test_list_info_and_prune_take_the_saved_catalog_whatever_archs_they_are_give
     assert loaded(root, ("gfx942",)).loaded_from == "specs"
     assert json.loads(saved.read_bytes())["archs"] is None
     assert catalog_module.Catalog(root, None, 50_000).load().loaded_from == "saved"
+
+
+def test_a_recorded_target_another_family_built_comes_back_when_that_family_changes(tmp_path, monkeypatch):
+    """A recorded line another family already builds is dropped from the catalog; its record family depends on
+    that other family, so it is never taken from the saved catalog with that target missing."""
+    record = {"format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": "sm_90a",
+              "signature": [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]],
+              "divisible_by_16": ["x_ptr", "y_ptr"], "options": {"num_warps": 4, "num_stages": 3}}
+    lines = "".join(json.dumps({**record, "constexprs": {"BLOCK": b}}) + "\n" for b in (128, 256))
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128,))})
+    (root / "specs" / "app.jsonl").write_text(lines)
+    monkeypatch.syspath_prepend(str(root))
+    recorded = lambda found: sorted(dict(t.constexprs)["BLOCK"] for t in found.targets if t.kernel.startswith("rec_"))
+    assert recorded(loaded(root)) == [256]   # 128: the spec builds it
+    later(root / "specs" / "scale.toml", spec_text(blocks=(512,)))
+    assert recorded(loaded(root)) == [128, 256]

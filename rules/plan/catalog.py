@@ -152,6 +152,11 @@ class Catalog:
         entries = [entry if name not in computed else
                    self._entry(entry["key"], name, sorted(map(str, computed[name])), targets, contents)
                    for (name, _, _, _), targets, entry in done]
+        # a recorded target another family builds is not in the catalog: its family is computed again next time
+        # (it depends on the others), and so never taken with a target missing that may be its own again
+        kept = {id(t) for t in self.targets}
+        entries = [{**entry, "key": ""} if any(id(t) not in kept for t in targets) else entry
+                   for entry, (_, targets, _) in zip(entries, done)]
         files = sorted({str(p) for p in read} | {f for e in entries for f, _ in e["inputs"]})
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         installed = sorted({e["installed"] for e in entries if e["installed"]})
