@@ -135,3 +135,34 @@ def test_a_line_is_appended_once_after_a_file_that_lost_its_last_newline(tmp_pat
     path.write_text('{"a": 1}')
     assert record.append_once(str(path), '{"b": 2}') and not record.append_once(str(path), '{"a": 1}')
     assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+def test_a_record_destination_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
+    """KFORGE_RECORD=specs/app.jsonl where a checkout put a link there (to ~/.bashrc, say): nothing is appended
+    through it."""
+    precious = tmp_path / "precious"
+    precious.write_text("mine\n")
+    (tmp_path / "app.jsonl").symlink_to(precious)
+    with pytest.raises(record.Unwritable, match="a symbolic link"):
+        record.append_once(str(tmp_path / "app.jsonl"), '{"a": 1}')
+    assert precious.read_text() == "mine\n"
+
+
+def test_a_write_that_fails_partway_is_one_warning_and_recording_stops(tmp_path, monkeypatch, capsys):
+    """A full disk, an I/O error (/proc/self/mem reads as a regular file and fails with EIO): said once, not once
+    per specialization, and the process runs on."""
+    import errno
+    recorder = record.Recorder(str(tmp_path / "r.jsonl"), arch="sm_90a")
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(record.os, "write", full)
+    for n in range(3):
+        recorder.write({"line": n})
+    warned = [t for t in capsys.readouterr().err.splitlines() if t.startswith("kforge record:")]
+    assert len(warned) == 1 and "No space left on device" in warned[0] and recorder.off, warned
+
+
+def test_a_record_file_in_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(record.Unwritable, match=f"its folder {tmp_path / 'nowhere'} does not exist"):
+        record.append_once(str(tmp_path / "nowhere" / "app.jsonl"), '{"a": 1}')

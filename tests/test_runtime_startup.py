@@ -181,3 +181,41 @@ def test_a_moved_checkout_is_one_line_per_process_not_a_traceback(tmp_path):
     assert proc.stdout.strip() == "ran"
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
         "kforge: KFORGE_RECORD / KFORGE_SERVE are set, but kforge_runtime cannot be imported here"), proc.stderr
+
+
+@pytest.mark.parametrize("value", [" ", "app.jsonl,report"])
+def test_a_record_value_that_is_no_file_name_is_one_warning_and_records_nothing(installed, tmp_path, value):
+    """KFORGE_RECORD=' ' recorded into a file named ' ' in the working directory; 'app.jsonl,report' (an option
+    it does not take) into a file of that name."""
+    proc = subprocess.run([sys.executable, "-c", "from tests.test_runtime_startup import recorded_child; "
+                           "recorded_child(0); print('ran')"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**{k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")},
+                                            "PYTHONPATH": str(REPO), "KFORGE_RECORD": value})
+    assert proc.stdout.strip() == "ran", proc.stderr[-2000:]
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("kforge record:")]
+    assert len(warned) == 1 and "KFORGE_RECORD takes one file name and no options" in warned[0], proc.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "manifest.txt").write_text("not a bundle")
+    for value, said in ((" ", "kforge: KFORGE_SERVE=' ' names no bundle"),
+                        (",,", "kforge: KFORGE_SERVE=',,' names no bundle"),
+                        (f"{held},strikt", "kforge: KFORGE_SERVE: 'strikt' is neither a flag (strict, preload, "
+                                           "report, verify) nor a bundle that exists"),
+                        (f"{held},STRICT", "'STRICT' is neither a flag"),
+                        (f"{tmp_path / 'fifo'}", f"kforge: KFORGE_SERVE names {tmp_path / 'fifo'}, which is a FIFO "
+                                                 f"or pipe, not a bundle"),
+                        ("/dev/null", "kforge: KFORGE_SERVE names /dev/null, which is a terminal or character "
+                                      "device, not a bundle"),
+                        (f"{tmp_path / 'manifest.txt'}", f"kforge: KFORGE_SERVE names {tmp_path / 'manifest.txt'}, "
+                                                         f"which is not a bundle (not a wheel or zip file)")):
+        bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()], (value, bad.stderr)
+        assert said in bad.stderr, (value, bad.stderr)
+    for value in (f"{held},strict,strict", f"{held},{held}", f"{held}, strict"):   # repeated, spaced: as meant
+        run = json.loads(python("import json; from tests.test_runtime_startup import launch; print(json.dumps("
+                                "launch()))", {"KFORGE_SERVE": value}).stdout.splitlines()[-1])
+        assert (run["served"], run["compiled"], run["strict"]) == (1, 0, "strict" in value), (value, run)

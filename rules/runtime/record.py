@@ -217,12 +217,26 @@ def append_once(path: str, text: str) -> bool:
     happen under an exclusive lock on the file, and the line goes out in one write() on an O_APPEND descriptor,
     so that writers at the same time neither interleave nor repeat a line. The file is opened without blocking
     and must be a regular file (Unwritable otherwise: a FIFO would block, /dev/zero never end), and it is read a
-    chunk at a time, so memory stays bounded whatever its size. True if appended."""
+    chunk at a time, so memory stays bounded whatever its size. A link is not followed (a checkout's link at the
+    record's place would carry the appends into any file the user can write), and an error while reading or
+    writing (a full disk, EIO) is Unwritable too: the recorder says it once. True if appended."""
+    import errno
     import fcntl
     import stat
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            try:
+                mode = os.stat(path).st_mode   # /dev/stdout is a link: what it leads to is said first
+            except OSError:
+                mode = stat.S_IFREG
+            if not stat.S_ISREG(mode):
+                raise Unwritable(f"it is {_kind(mode)}, not a regular file") from None
+            raise Unwritable(f"it is a symbolic link (to {os.readlink(path)}); record into a file of its own") from None
+        if e.errno == errno.ENOENT and not os.path.isdir(os.path.dirname(path) or "."):
+            raise Unwritable(f"its folder {os.path.dirname(path)} does not exist; create it") from None
         raise Unwritable(f"cannot open it ({e.strerror or e})") from None
     try:
         mode = os.fstat(fd).st_mode
@@ -239,6 +253,10 @@ def append_once(path: str, text: str) -> bool:
             return False
         os.write(fd, (b"\n" if last != b"\n" else b"") + wanted + b"\n")
         return True
+    except Unwritable:
+        raise
+    except OSError as e:
+        raise Unwritable(f"cannot read or append to it ({e.strerror or e})") from None
     finally:
         os.close(fd)
 
@@ -270,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    from .startup import record_problem
+    if record_problem(a.out) is not None:   # its Python children would refuse it (KFORGE_RECORD)
+        ap.error(record_problem(a.out).replace("KFORGE_RECORD", "--out", 2))
     sys.argv = [a.script, *a.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     # the script's Python children (worker pools, subprocesses) record into the same file: startup.py

@@ -48,11 +48,12 @@ def start() -> None:
     if _started:
         return
     _started = True
-    if os.environ.get("KFORGE_RECORD"):
-        os.environ["KFORGE_RECORD"] = os.path.abspath(os.environ["KFORGE_RECORD"])
-    if os.environ.get("KFORGE_SERVE"):
-        os.environ["KFORGE_SERVE"] = ",".join(p if p in FLAGS else os.path.abspath(p)
-                                              for p in _parts(os.environ["KFORGE_SERVE"]))
+    record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
+    if record and record_problem(record) is None:
+        os.environ["KFORGE_RECORD"] = os.path.abspath(record)
+    if served and _parts(served):   # a bare word that names nothing here stays as given: a mistyped flag
+        os.environ["KFORGE_SERVE"] = ",".join(p if p in FLAGS or not (os.sep in p or os.path.exists(p))
+                                              else os.path.abspath(p) for p in _parts(served))
     if "triton" in sys.modules:   # start() called by hand, after the import
         apply()
     else:
@@ -73,7 +74,9 @@ def _apply() -> None:
     record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
     if served:   # checked first: a bad value stops the process before anything is installed
         paths, flags = parse_serve(served)
-    if record:
+    if record and record_problem(record) is not None:   # recording never stops a process: a warning
+        sys.stderr.write(f"kforge record: {record_problem(record)}; nothing is recorded in this process\n")
+    elif record:
         from .record import Recorder
         Recorder(record).install()
     if served:
@@ -98,11 +101,51 @@ def parse_serve(value: str) -> tuple[list[str], set[str]]:
     if not paths:
         raise SwitchError(f"kforge: KFORGE_SERVE={value!r} names no bundle; set it to DIR[,strict][,preload] "
                           f"(a bundle wheel or directory, or out/dist)")
-    missing = next((p for p in paths if not os.path.exists(p)), None)
-    if missing:
-        raise SwitchError(f"kforge: KFORGE_SERVE names {missing}, which does not exist; build and package the "
-                          f"bundles there (doit package) or fix the path")
+    for path in paths:
+        problem = _not_a_bundle(path)
+        if problem is not None:
+            raise SwitchError(f"kforge: KFORGE_SERVE{problem}")
     return paths, flags
+
+
+def _not_a_bundle(path: str) -> str | None:
+    """What keeps `path` from being a bundle to serve (a message's tail), None when it may be one: a folder (its
+    manifest or wheels are read at the first call, as Library reads them) or a wheel or zip file. Only its kind
+    and first bytes are read: a FIFO never blocks the import, a device is never read."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        if os.sep not in path:   # a bare word: most likely a flag mistyped
+            return (f": {path!r} is neither a flag ({', '.join(FLAGS)}) nor a bundle that exists; set it to "
+                    f"DIR[,strict][,preload][,report][,verify]")
+        return (f" names {path}, which does not exist; build and package the bundles there (doit package) or fix "
+                f"the path")
+    if stat.S_ISDIR(mode):
+        return None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISSOCK, "a socket"),
+                                             (stat.S_ISCHR, "a terminal or character device"))
+                     if test(mode)), "not a regular file")
+        return f" names {path}, which is {kind}, not a bundle (a wheel `doit package` wrote, or out/dist)"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        return f" names {path}, which cannot be read ({e.strerror or e})"
+    if magic != b"PK\x03\x04":
+        return (f" names {path}, which is not a bundle (not a wheel or zip file); name a wheel `doit package` "
+                f"wrote, or out/dist")
+    return None
+
+
+def record_problem(value: str) -> str | None:
+    """Why a KFORGE_RECORD value names no file to record into (None: it does). It takes one file name and no
+    options: a blank value would record into a file named ' ', `app.jsonl,report` into a file of that name."""
+    if not value.strip() or "," in value:
+        return (f"KFORGE_RECORD={value!r}: KFORGE_RECORD takes one file name and no options; set it to a file such "
+                f"as specs/app.jsonl")
+    return None
 
 
 def _parts(value: str) -> list[str]:
