@@ -171,3 +171,30 @@ def test_a_recorded_call_with_tensor_descriptors_becomes_a_target_serve_matches(
     options = {"num_warps": 4, "num_stages": 3}   # the bundle's manifest adds the target's options to meta.json
     assert serve.entry_identity({**meta, "options": options}) == serve.record_identity(recorded)
     assert [m["block_size"] for m in meta["tensordesc_meta"]] == [[64, 64], [64, 64]]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"BLOCK": NaN}', r"specs/app.jsonl:2: constexprs BLOCK: NaN is not a value kforge builds"),
+    ('{"BLOCK": 1e400}', r"specs/app.jsonl:2: constexprs BLOCK: Infinity is not a value kforge builds"),
+    ('{"BLOCK": 1' + "0" * 400 + '}', r"specs/app.jsonl:2: constexprs BLOCK: an integer of 1329 bits is not a value "),
+    ('{"BLOCK": [1, 2]}', r"specs/app.jsonl:2: constexprs BLOCK: \[1, 2\] is not a value kforge builds"),
+    ('{"BLOCK": 64, "../../x": 1}', r"specs/app.jsonl:2: constexprs: '../../x' is not an argument name"),
+])
+def test_a_line_with_a_hostile_value_is_one_error_naming_the_file_and_line(project, bad, message):
+    """NaN and 1e400 were built as BLOCK=nan and inf; a huge number, a list or a path as a name were refused only
+    for the family, without the line."""
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64).replace('{"BLOCK": 64}', bad) + "\n")
+    with pytest.raises(SpecError, match=message):
+        targets(project)
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("options", {"num_warps": 10 ** 30}, r"options num_warps: an integer of 100 bits"),
+    ("options", {"num_warps": float("nan")}, r"options num_warps: NaN"),
+    ("divisible_by_16", [5], r"divisible_by_16: 5 is not an argument name"),
+    ("autotune", {"key": [float("inf")], "config": {}}, r"autotune key: Infinity is not a value kforge builds"),
+])
+def test_a_line_with_a_hostile_option_hint_or_key_names_the_line(project, field, bad, message):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64, **{field: bad}) + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl:2: " + message):
+        targets(project)

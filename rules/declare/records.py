@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -100,6 +101,35 @@ def _check(record, at: str) -> None:
     if not isinstance(record["constexprs"], dict) or not isinstance(record["options"], dict) or not isinstance(
             record["divisible_by_16"], list):
         raise SpecError(f"{at}: constexprs and options must be objects, divisible_by_16 a list")
+    # each value as this line holds it (the family's spec checks them again, but names no line)
+    for field in ("constexprs", "options"):
+        for name, value in record[field].items():
+            _check_name(name, f"{at}: {field}")
+            _check_value(value, f"{at}: {field} {name}")
+    for name in record["divisible_by_16"]:
+        _check_name(name, f"{at}: divisible_by_16")
+    for value in tuned["key"]:
+        _check_value(value, f"{at}: autotune key")
+    for name, value in tuned["config"].items():
+        if value is not None:
+            _check_value(value, f"{at}: autotune config {name}")
+
+
+def _check_name(name, at: str) -> None:
+    if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,99}", name)):
+        raise SpecError(f"{at}: {repr(name)[:60]} is not an argument name (letters, digits and _)")
+
+
+def _check_value(value, at: str) -> None:
+    """A value a line may give (a constexpr, an option, an autotuning key's part): true/false, a string, a 64-bit
+    integer or a finite number; NaN, 1e400 (read as infinity) and numbers no compiler option takes are refused."""
+    if isinstance(value, bool) or (isinstance(value, str) and len(value) <= 1000) \
+            or (isinstance(value, int) and -2 ** 63 <= value < 2 ** 63) \
+            or (isinstance(value, float) and math.isfinite(value)):
+        return
+    shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else json.dumps(value)[:60]
+    raise SpecError(f"{at}: {shown} is not a value kforge builds (true/false, a string, a 64-bit integer or a "
+                    f"finite number)")
 
 
 def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[tuple[dict, str]]:
