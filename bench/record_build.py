@@ -1,12 +1,18 @@
 """Building a recorded suite: how close `doit -n N` comes to the compiler's own time (issue 52).
 
-Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1] [--json f]
+Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1]
+                                    [--revs REV ...] [--json f]
 RECORD is a kforge record (JSON lines; ../shared/data/liger_suite_record-h200.jsonl is liger-kernel's test suite,
 which needs liger-kernel installed). Each run: a fresh project holding the first --lines lines as
 specs/suite.jsonl, `doit -n N archs=A` with the local cache off (KFORGE_LOCAL_CACHE=off: nothing installed from an
 earlier run), timed as a whole command. Reported per run: wall, the compiles' own seconds summed over targets
 (compile_seconds in out/build-report.json), the ratio wall x jobs / compiles (1.0: every worker compiled all
-the time; the goal is <= 1.5), and kforge's own breakdown line (compile, import, other, queued).
+the time; the goal is <= 1.5), and kforge's own breakdown line (compile, import, start, other, queued; the time
+before the first target).
+
+--revs A B: paired runs, kforge as of each git revision (its rules/ taken with `git archive` into a scratch
+folder put first on PYTHONPATH; `.` is the installed kforge, the working tree), one run of each per round, the
+order flipped every other round, so that a shared machine's load falls on both alike; the median ratio per rev.
 """
 from __future__ import annotations
 
@@ -34,6 +40,21 @@ def project(dest: Path, record: Path, lines: int) -> Path:
     return dest
 
 
+def kforge_at(rev: str, tmp: Path) -> dict:
+    """The environment that runs kforge as of `rev` ("." : the installed one): its rules/ as the kforge and
+    kforge_runtime packages in a scratch folder first on PYTHONPATH."""
+    if rev == ".":
+        return dict(os.environ)
+    where = tmp / f"kforge-{rev}"
+    if not where.exists():
+        where.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", rev, "rules"], cwd=REPO, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+        (where / "rules").rename(where / "kforge")
+        shutil.copytree(where / "kforge" / "runtime", where / "kforge_runtime")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")]))}
+
+
 def timed_build(dest: Path, jobs: int, archs: str, env: dict | None = None) -> tuple[float, str, dict]:
     """`doit -n jobs archs=archs` in dest with the local cache off, as a whole command: (wall, its output, the
     build report); a failed build stops the benchmark with its output."""
@@ -47,8 +68,8 @@ def timed_build(dest: Path, jobs: int, archs: str, env: dict | None = None) -> t
     return wall, proc.stdout, json.loads((dest / "out" / "build-report.json").read_text())
 
 
-def one_build(dest: Path, jobs: int, archs: str) -> dict:
-    wall, stdout, report = timed_build(dest, jobs, archs)
+def one_build(dest: Path, jobs: int, archs: str, env: dict | None = None) -> dict:
+    wall, stdout, report = timed_build(dest, jobs, archs, env)
     built = [t for t in report["tasks"] if t["status"] == "built"]
     compiles = sum(t.get("compile_seconds") or 0.0 for t in built)
     breakdown = next((line for line in stdout.splitlines() if line.startswith("kforge: time in targets")), "")
@@ -63,22 +84,28 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--archs", default="sm_90a")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--revs", nargs="+", default=["."], help="git revisions of kforge to pair ('.': installed)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    runs = []
+    runs: dict[str, list] = {rev: [] for rev in a.revs}
     with tempfile.TemporaryDirectory(prefix="kforge-record-build-") as tmp:
+        envs = {rev: kforge_at(rev, Path(tmp)) for rev in a.revs}
         for i in range(a.repeat):
-            dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
-            runs.append(one_build(dest, a.jobs, a.archs))
-            r = runs[-1]
-            print(f"run {i + 1}: wall {r['wall_s']} s, {r['built']} built, compiles {r['compile_s']} s, "
-                  f"wall x {a.jobs} / compiles = {r['ratio']}\n  {r['breakdown']}", flush=True)
-    ratios = [r["ratio"] for r in runs if r["ratio"]]
-    print(f"median ratio {statistics.median(ratios)} over {len(ratios)} run(s): {a.lines} lines, -n {a.jobs}, "
-          f"archs={a.archs}")
+            for rev in (a.revs if i % 2 == 0 else a.revs[::-1]):
+                dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
+                load = os.getloadavg()[0]   # the machine's 1-minute load before the run (others' work on it)
+                r = {**one_build(dest, a.jobs, a.archs, envs[rev]), "load_before": load}
+                runs[rev].append(r)
+                print(f"run {i + 1} ({rev}): wall {r['wall_s']} s, {r['built']} built, compiles {r['compile_s']} s, "
+                      f"wall x {a.jobs} / compiles = {r['ratio']} (load before {load:.2f})\n  {r['breakdown']}",
+                      flush=True)
+    for rev, done in runs.items():
+        ratios = [r["ratio"] for r in done if r["ratio"]]
+        print(f"{rev}: median ratio {statistics.median(ratios)} over {len(ratios)} run(s): {a.lines} lines, "
+              f"-n {a.jobs}, archs={a.archs}")
     if a.json:
         a.json.write_text(json.dumps({"record": str(a.record), "lines": a.lines, "jobs": a.jobs, "archs": a.archs,
-                                      "runs": runs}, indent=1))
+                                      "runs": runs if len(a.revs) > 1 else runs[a.revs[0]]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run im
     from kforge.compile.lowering import Backend, Lowered
 
 # Compile servers come in two levels. A doit worker forks a package server per (toolchain, environment, the
-# kernel module's top-level package, ...): it imports the package once, the part of a library's import that
-# every module of it repeats (liger-kernel's: 1.25 s of its 1.45 s). A package server forks a context server
+# package holding the kernel's module, ...): it imports the package once, the part of a library's import that
+# every module of it repeats (liger-kernel's: 1.25 s of its 1.45 s for the top-level package, 0.15-0.2 s more
+# for liger_kernel.ops, whose __init__ imports every op). A package server forks a context server
 # per import context (import_context): it imports the kernel's module on top of the package and compiles. A
 # fresh import of the module runs the same code in the same order (the package first), so what each target's
 # record holds is what it would hold in a process of its own. Both levels are kept, least recently used
@@ -168,9 +169,10 @@ def in_context(backend: Backend, request: tuple) -> Candidate:
 
 
 def package_context(target: Target) -> tuple:
-    """What a package server imports: the top-level package of the kernel's module, and the arch where the
-    import sees one (the device model, set-up hooks)."""
-    return target.module.split(".")[0], target.arch if target.device_model or target.setup else None
+    """What a package server imports: the package holding the kernel's module (with the packages above it, as
+    importing the module would: `liger_kernel.ops` for `liger_kernel.ops.jsd`, whose __init__ imports every op),
+    a top-level module itself; and the arch where the import sees one (the device model, set-up hooks)."""
+    return target.module.rpartition(".")[0] or target.module, target.arch if target.device_model or target.setup else None
 
 
 _package: list = [None]   # the package context this package server imported (package_context)
@@ -298,16 +300,14 @@ def _inputs(recorder: observe.Recorder) -> list[list[str]]:
     every process of the project has; not a path entry a library added at import) and from the packages import
     finders map (an editable install's, in every process too). The same as the last target's when nothing it
     depends on changed (_InputsMemo)."""
-    state = _InputsMemo.now(recorder)
-    if _memo.state == state and _memo.stats == _stats(_memo.files)[0]:
+    if _memo.holds(recorder):
         return _memo.inputs
     files = recorder.files()
     stats, settled = _stats(files)
     inputs = observe.digests(files, observe.bases(*_named_from), recorder.since_ns, recorder.folders(),
                              recorder.written)
     # after hashing: opening the files to hash them adds their own names to what the recorder saw
-    _memo.state = _InputsMemo.now(recorder) if settled else None
-    _memo.files, _memo.stats, _memo.inputs = files, stats, inputs
+    _memo.keep(recorder, files, stats, inputs, settled)
     return inputs
 
 
@@ -315,22 +315,55 @@ class _InputsMemo:
     """The last _inputs of this process: the targets of one compile server read the same files (its imports, the
     compiler's own), and naming and hashing them again cost 12-16 ms a target (resolving every path, the module
     path's folders; liger-kernel on the dev machine). It holds while everything _inputs is computed from is as
-    it was: what the recorder saw, listed and saw written, the modules and the module path (which name the
-    files), and each input's identity and times by stat (a file changed since is hashed again, or is
-    "changed-while-read", as computed afresh). A file changed less than RACY_S before it was looked at may change
-    again within the same tick of the file system's clock, its stat unchanged: while one is, nothing is kept.
-    Forked children inherit it: a context server starts with what its package server's import read, named and
-    hashed."""
-    state: tuple | None = None
+    it was: the folders the recorder listed, the modules and the module path (which name the files), what it saw
+    read and written beyond what the recorder skips (each compile's own scratch files under out/), and each
+    input's identity and times by stat (a file changed since is hashed again, or is "changed-while-read", as
+    computed afresh). A file changed less than RACY_S before it was looked at may change again within the same
+    tick of the file system's clock, its stat unchanged: while one is, nothing is kept. Forked children inherit
+    it: a context server starts with what its package server's import read, named and hashed."""
+    fixed: tuple | None = None
+    seen: frozenset = frozenset()
+    written: frozenset = frozenset()
     files: frozenset = frozenset()
+    real: frozenset = frozenset()   # the inputs' resolved paths
     stats: tuple = ()
     inputs: list = []
 
-    @staticmethod
-    def now(recorder: observe.Recorder) -> tuple:
-        return (frozenset(recorder.seen), frozenset(recorder.listed.items()), frozenset(recorder.written),
-                frozenset(sys.modules), recorder.skip, recorder.since_ns, tuple(sys.path),
-                tuple(map(id, sys.meta_path)), tuple(_named_from[0:1]), _named_from[1])
+    def holds(self, recorder: observe.Recorder) -> bool:
+        if self.fixed is None or self.fixed != _fixed(recorder):
+            return False
+        seen, written = recorder.seen, recorder.written
+        if not (self.seen <= seen and self.written <= written):
+            return False
+        # read since: only what the recorder skips by name (as opened, when that names the file)
+        if not all(_skipped(p, recorder.skip) for p in seen - self.seen):
+            return False
+        # written since: never an input (digests() trusts what the process wrote itself)
+        if any(os.path.realpath(p) in self.real for p in written - self.written):
+            return False
+        if self.stats != _stats(self.files)[0]:
+            return False
+        self.seen, self.written = frozenset(seen), frozenset(written)
+        return True
+
+    def keep(self, recorder: observe.Recorder, files, stats: tuple, inputs: list, settled: bool) -> None:
+        self.fixed = _fixed(recorder) if settled else None
+        self.seen, self.written = frozenset(recorder.seen), frozenset(recorder.written)
+        self.files, self.real = frozenset(files), frozenset(map(os.path.realpath, files))
+        self.stats, self.inputs = stats, inputs
+
+
+def _fixed(recorder: observe.Recorder) -> tuple:
+    return (frozenset(recorder.listed.items()), frozenset(sys.modules), recorder.skip, recorder.since_ns,
+            tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
+
+
+def _skipped(path: str, skip: tuple[str, ...]) -> bool:
+    """Whether the recorder skips a path by its name as opened (its empty and `.` steps dropped; a `..` step is
+    taken after the links before it, which the text cannot follow: then not)."""
+    steps = path.split(os.sep)
+    return path.startswith(os.sep) and ".." not in steps and \
+        (os.sep + os.sep.join(s for s in steps if s not in ("", "."))).startswith(skip)
 
 
 def _stats(files) -> tuple[tuple, bool]:
