@@ -52,6 +52,20 @@ def test_under_the_device_model_flydsl_is_not_importable_and_without_it_it_is(en
                      "envlib took its path without FlyDSL": True}
 
 
+def test_a_set_up_hook_calling_show_flydsl_makes_it_importable_under_the_model(tmp_path, envlib):
+    (tmp_path / "hooks_for_fly.py").write_text("from kforge.load import shared_env\n\n\ndef with_flydsl():\n"
+                                              "    shared_env.show_flydsl()\n")
+    found = _python('''
+        import importlib.util, json
+        from kforge.load import device_model
+        device_model.prepare("sm_90a", True, ("hooks_for_fly:with_flydsl",))
+        import torch
+        print(json.dumps({"flydsl": importlib.util.find_spec("flydsl") is not None,
+                          "model": torch.cuda.get_device_name()}))
+        ''', {"PYTHONPATH": f"{tmp_path}{os.pathsep}{envlib['PYTHONPATH']}"})
+    assert found == {"flydsl": True, "model": "NVIDIA H100 80GB HBM3"}
+
+
 def test_an_import_failing_on_kforges_flydsl_names_the_librarys_line_and_the_pin(envlib):
     """Where FlyDSL is seen (a FlyDSL family, `device_model = false`), a library written for another FlyDSL fails
     its import in one line that says both."""
@@ -123,7 +137,7 @@ def test_a_triton_familys_import_failing_on_a_pin_names_the_librarys_line_and_th
     assert errors["needs_fly:fp32-block128@sm_90a"].startswith(
         "ModuleNotFoundError: envlib/needs_fly.py:1 (`import flydsl`) imports flydsl, which an import under the "
         "device model does not see: kforge's own flydsl (flydsl==0.4.2) is for its FlyDSL families"), errors
-    assert "`device_model = false`" in errors["needs_fly:fp32-block128@sm_90a"]
+    assert "a set-up hook calling kforge.load.shared_env.show_flydsl()" in errors["needs_fly:fp32-block128@sm_90a"]
     assert all("\n" not in e for e in errors.values())
 
 

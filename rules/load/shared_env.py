@@ -7,7 +7,7 @@ a library imports, FlyDSL for kforge's FlyDSL families, doit. Two consequences a
 - FlyDSL is kforge's, not the library's: where a module is imported under the device model (every Triton family
   unless `device_model = false`) it is not importable, as on a machine without it. A library that uses FlyDSL
   whenever it is importable then takes its other path, and its Triton kernels build whatever FlyDSL version it
-  was written for (hide_flydsl).
+  was written for (hide_flydsl; a module that cannot import without it has a set-up hook call show_flydsl).
 - An import that fails on a package kforge pins (a name the pinned version lacks, FlyDSL kept away) is named in
   one line: the library's line, the pin and what to do (explain).
 """
@@ -30,6 +30,14 @@ def hide_flydsl() -> None:
         del sys.modules[name]
     for name in HIDDEN:
         sys.modules[name] = None   # the import system's own "not importable here": find_spec answers None
+
+
+def show_flydsl() -> None:
+    """For a module that cannot import without FlyDSL, called by a family's set-up hook (they run after the device
+    model is in place): kforge's FlyDSL is importable again, the model staying on."""
+    for name in HIDDEN:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,7 +74,7 @@ def message(e: ImportError) -> str:
         return (f"{where or 'the module'} imports {top}, which an import under the device model does not see: "
                 f"kforge's own {top} ({pin}) is for its FlyDSL families, so that a library using FlyDSL whenever "
                 f"it is importable builds its Triton kernels whatever FlyDSL it was written for; a module that "
-                f"cannot import without FlyDSL builds with `device_model = false` in its [kernel] "
+                f"cannot import without FlyDSL needs a set-up hook calling kforge.load.shared_env.show_flydsl() "
                 f"(docs/libraries.md)")
     version = _version(top)
     if version is None:
