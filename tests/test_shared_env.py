@@ -155,3 +155,20 @@ def test_the_probe_names_the_librarys_line_and_the_pin_where_flydsl_is_seen(tmp_
         f"environment's flydsl is 0.4.2, the version kforge pins (flydsl==0.4.2), and the library was written for "
         f"another; kforge builds with its pinned flydsl, so use a release of the library that works with flydsl "
         f"0.4.2 (docs/libraries.md)"), line
+
+
+def test_flydsl_imported_before_it_was_hidden_comes_back_as_it_was(envlib):
+    """A compile server forked from a worker that built FlyDSL targets has FlyDSL imported: hidden, and shown again
+    by a set-up hook, it is the same module objects (its native extension is not loaded a second time)."""
+    found = _python('''
+        import importlib.util, json, sys
+        import flydsl.expr
+        before = sys.modules["flydsl.expr"]
+        from kforge.load import shared_env
+        shared_env.hide_flydsl()
+        hidden = importlib.util.find_spec("flydsl") is None and "flydsl.expr" not in sys.modules
+        shared_env.show_flydsl()
+        import flydsl.expr
+        print(json.dumps({"hidden": hidden, "same": sys.modules["flydsl.expr"] is before}))
+        ''', envlib)
+    assert found == {"hidden": True, "same": True}

@@ -23,21 +23,29 @@ import traceback
 HIDDEN = ("flydsl",)   # top-level packages a library's import does not see under the device model
 
 
+_set_aside: dict = {}   # the hidden packages' modules this process had imported (a worker that built FlyDSL)
+
+
 def hide_flydsl() -> None:
     """From now on `import flydsl` fails and importlib.util.find_spec("flydsl") is None in this process, as where
     FlyDSL is not installed (a server forked from a worker that imported it forgets it too)."""
     for name in [n for n in sys.modules if n.split(".")[0] in HIDDEN]:
-        del sys.modules[name]
+        module = sys.modules.pop(name)
+        if module is not None:
+            _set_aside[name] = module
     for name in HIDDEN:
         sys.modules[name] = None   # the import system's own "not importable here": find_spec answers None
 
 
 def show_flydsl() -> None:
     """For a module that cannot import without FlyDSL, called by a family's set-up hook (they run after the device
-    model is in place): kforge's FlyDSL is importable again, the model staying on."""
+    model is in place): kforge's FlyDSL is importable again, the model staying on; modules imported before it was
+    hidden come back as they were (a native extension is never loaded twice)."""
     for name in HIDDEN:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
+    sys.modules.update(_set_aside)
+    _set_aside.clear()
 
 
 @functools.lru_cache(maxsize=None)
