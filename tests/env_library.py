@@ -2,7 +2,8 @@
 virtualenv bench (bench/second_venv.py): it does at import what libraries users install do, all at once.
 
     envlib/__init__.py   keeps its import's stack (traceback.format_stack(): the launcher that started the
-                         process is on it), imports its FlyDSL path and its ops
+                         process is on it), reads its version from its dist-info, imports its FlyDSL path and
+                         its ops
     envlib/fly.py        uses FlyDSL whenever it is importable, written against a FlyDSL API that kforge's
                          pinned flydsl does not have (ENVLIB_FLY_API)
     envlib/tables.py     a lookup table per GPU at import (torch.tensor(..., device=f"cuda:{g}")) and a torch
@@ -27,12 +28,17 @@ TRITON_API = "envlib_future_op"   # the same for Triton
 
 FILES = {
     "envlib/__init__.py": '''
+        import importlib.metadata
         import traceback
 
         import torch  # noqa: F401
 
         # libraries keep where they were imported from, for their warnings: the stack starts at the launcher
         IMPORTED_FROM = "".join(traceback.format_stack())
+        try:
+            __version__ = importlib.metadata.version("envlib")   # read from its dist-info in site-packages
+        except importlib.metadata.PackageNotFoundError:
+            __version__ = "0+unknown"
 
         from envlib import fly, tables, ops  # noqa: E402,F401
         ''',
