@@ -228,7 +228,7 @@ def test_the_reporter_traces_what_ran(tmp_path):
     assert next(e for e in events if e["ph"] == "X" and e["cat"] == "load")["ts"] == 0   # from the process's start
     [line] = [line for line in out.getvalue().splitlines() if line.startswith("kforge: time in targets")]
     assert "compile 2.0 s, start 0.5 s, write 0.5 s" in line and "; before the first target: load " in line
-    assert ", up-to-date " in line
+    assert ", up-to-date checks " in line
 
 
 def test_a_full_disk_at_the_end_of_a_run_costs_one_line_per_file_and_the_summary_stays_last(tmp_path, monkeypatch):

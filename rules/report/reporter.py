@@ -231,7 +231,8 @@ def _time_spent(phases: dict[str, float], in_tasks: float, before: dict[str, flo
     spent = sum(phases.get(p, 0.0) for p in shown)
     parts = [f"{p} {phases[p]:.1f} s" for p in shown]
     parts.append(f"other {max(in_tasks - spent, 0.0):.1f} s")
-    first = ", ".join(f"{p} {s:.1f} s" for p, s in (before or {}).items())
+    named = {"load": "load (doit, the catalog, its probes)", "up-to-date": "up-to-date checks"}
+    first = ", ".join(f"{named.get(p, p)} {s:.1f} s" for p, s in (before or {}).items())
     return (f"kforge: time in targets, summed over workers: {', '.join(parts)}; queued {phases.get('queue', 0.0):.1f} s"
             f"{f'; before the first target: {first}' if first else ''} (out/build-trace.json)")
 
