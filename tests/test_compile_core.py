@@ -278,6 +278,21 @@ def test_only_failures_the_same_inputs_give_again_are_kept():
     assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))
 
 
+def test_a_worker_names_tritons_private_cache_by_its_version_and_libtritons_identity_without_hashing_it(tmp_path):
+    """Triton's own cache key hashes libtriton (415 MB, 0.3 s per doit worker): a compile's Triton cache is its
+    own scratch folder, so the name need not be that digest; the toolchain is in the target's key."""
+    script = f"""
+import os, triton
+from triton.runtime import cache
+from kforge.compile import triton_backend
+triton_backend.warm({str(tmp_path)!r})
+library = os.path.join(os.path.dirname(triton.__file__), "_C", "libtriton.so")
+st = os.stat(library)
+assert cache.triton_key() == f"{{triton.__version__}}-kforge-{{st.st_ino}}-{{st.st_size}}-{{st.st_mtime_ns}}", cache.triton_key()
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
 # --- what a compile read: named and hashed once per server while nothing it depends on changes ---------------
 
 def test_a_servers_targets_share_what_their_reads_were_named_and_hashed_to_until_a_file_or_a_read_changes(

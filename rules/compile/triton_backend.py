@@ -24,10 +24,29 @@ def warm(root: str) -> None:
     if root not in sys.path:
         sys.path.insert(0, root)
     import triton.compiler  # noqa: F401  (the import itself is part of the warm-up)
-    from triton.runtime.cache import triton_key
-    triton_key()   # hashes libtriton once; the forked compile server reuses it
+    _private_cache_key()
     _canonical_file_names(root)
     _root = root
+
+
+def _private_cache_key() -> None:
+    """Triton names its on-disk cache entries by triton_key(), a sha256 of its sources and of libtriton (415 MB:
+    0.3 s in every doit worker on the dev machine). A compile here never shares that cache: TRITON_CACHE_DIR is
+    the compile's own scratch folder (lower()), so the name only tells one compile's entries apart, and the
+    toolchain is in the target's own key (rules/plan/keys.py). Triton's version and libtriton's identity by stat
+    name them here instead of their content; what is compiled does not depend on it."""
+    import sysconfig
+
+    import triton
+    from triton.runtime import cache
+    library = os.path.join(os.path.dirname(triton.__file__), "_C",
+                           f"libtriton.{sysconfig.get_config_var('EXT_SUFFIX').split('.')[-1]}")
+    try:
+        st = os.stat(library)
+        named = f"{triton.__version__}-kforge-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+    except OSError:   # laid out otherwise: Triton's own key, hashed
+        named = cache.triton_key()
+    cache.triton_key = lambda: named   # what get_cache_key calls
 
 
 def _canonical_file_names(root: str) -> None:
