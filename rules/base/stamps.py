@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 
 
 def digest(payload) -> str:
@@ -40,7 +41,10 @@ def content(path: str) -> str | None:
     try:
         if os.path.isdir(path):
             return digest(sorted(os.listdir(path)))
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO there never blocks the read
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):   # nor is a device read
+                return None
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None

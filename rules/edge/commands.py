@@ -14,7 +14,7 @@ from doit.cmd_forget import Forget as DoitForget
 from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
-from kforge.store import artifact, guard
+from kforge.store import artifact, files, guard
 from kforge.share import local_cache
 from kforge.report import reporter as report
 from kforge.base import settings, stamps
@@ -80,7 +80,7 @@ def target_state(target) -> str:
 def _key_change(target) -> str:
     """Which of the key's parts differs between the built meta.json and the target now, in words."""
     try:
-        meta = json.loads(Path(target.meta_path).read_bytes())
+        meta = json.loads(files.read_bytes(target.meta_path))
         built = meta["source"]["digests"]
     except (OSError, ValueError, KeyError, TypeError):
         return "its meta.json is unreadable"
@@ -94,7 +94,8 @@ def _key_change(target) -> str:
         for name in sorted(set(was) | set(is_now)):
             if was.get(name) != is_now.get(name):
                 return f"{field} {name}: {was.get(name)!r} then, {is_now.get(name)!r} now"
-    return "an input of its key changed"
+    return ("its binary is missing or not the one its meta.json names" if meta.get("key") == target.key
+            else "an input of its key changed")
 
 
 NOTES = {   # rules/load/entry_probe.py's facts about the entry, as `doit info` words them

@@ -41,7 +41,7 @@ import kforge
 import kforge_runtime
 from kforge.plan import keys
 from kforge.base import stamps
-from kforge.store.files import write_inside
+from kforge.store.files import read_bytes, read_state, write_inside
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.base.target import Target
@@ -271,7 +271,7 @@ class Catalog:
         content = self._stamp(folders, spec_files, *lists, stamps.content)
         for archs in dict.fromkeys((self.archs, None)):
             try:
-                kept = json.loads((Layout(self.root).kept_catalogs / _kept_name(content, archs)).read_bytes())
+                kept = json.loads(read_bytes(Layout(self.root).kept_catalogs / _kept_name(content, archs)))
                 if kept["format"] != FORMAT or kept["content"] != content or not covers(kept["archs"], self.archs):
                     continue
                 self._take(kept)
@@ -295,11 +295,9 @@ class Catalog:
             self._fresh = None
 
     def _read_saved(self) -> dict | None:
-        try:
-            saved = json.loads(self.path.read_bytes())
-            return saved if isinstance(saved, dict) and saved.get("format") == FORMAT else None
-        except (OSError, ValueError):
-            return None
+        """The saved catalog, untrusted (another kforge's, a restored cache's): one that cannot be read or is not
+        of this format is dropped with one warning (store/files.py's read_state)."""
+        return read_state(self.path, _well_shaped)
 
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
                installed: list[str], of=stamps.identity) -> str:
@@ -390,6 +388,16 @@ def _content(path: str, seen: dict) -> str | None:
 
 def _in_project(source: str, root: Path) -> bool:
     return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
+
+
+SHAPE = {"stamp": str, "content": str, "read": list, "toolchains": list, "installed": list, "context": str,
+         "per_family": list, "families": list, "tuned": list, "groups": list, "signatures": list, "targets": list}
+
+
+def _well_shaped(saved: dict) -> bool:
+    """A saved catalog of this format, each field of its type (what load() reads before its own checks)."""
+    return (saved.get("format") == FORMAT and (saved.get("archs") is None or isinstance(saved.get("archs"), list))
+            and all(isinstance(saved.get(k), t) for k, t in SHAPE.items()))
 
 
 def covers(held: list | None, wanted: tuple[str, ...] | None) -> bool:

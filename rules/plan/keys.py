@@ -84,6 +84,10 @@ class ToolVersions(JsonState):
     """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json because running
     a tool costs ~25 ms. Read while tasks are generated; saved by the reporter at the end of a run."""
 
+    @staticmethod
+    def well_shaped(entries: dict) -> bool:   # a version of another type would go into every key
+        return all(isinstance(v, str) for v in entries.values())
+
     def __call__(self, tool: Path | None) -> str:
         if tool is None:
             return "missing"

@@ -26,7 +26,7 @@ import kforge_runtime
 from kforge.store import artifact, guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
-from kforge.store.files import write_inside
+from kforge.store.files import read_state, write_inside
 from kforge.base.layout import Layout
 from kforge.base.target import Target
 from kforge.ship.wheel import write_wheel
@@ -132,13 +132,16 @@ def _meta_content(meta_path: str) -> list | None:
     return None if found is None else [found]
 
 
+def _well_shaped(saved: dict) -> bool:
+    """out/.kforge/package-<arch>.json as this kforge writes it (untrusted: dropped with one warning otherwise)."""
+    return isinstance(saved.get("stamp"), str) and isinstance(saved.get("wheel"), str) and \
+        isinstance(saved.get("recent", {}), dict)
+
+
 def _recent(layout: Layout, arch: str) -> dict[str, str]:
     """The last bundles' wheels by the content stamp of their inputs, from out/.kforge/package-<arch>.json."""
-    try:
-        recent = json.loads(layout.package_stamp(arch).read_bytes())["recent"]
-        return {k: v for k, v in recent.items() if isinstance(k, str) and isinstance(v, str)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    recent = (read_state(layout.package_stamp(arch), _well_shaped) or {}).get("recent", {})
+    return {k: v for k, v in recent.items() if isinstance(v, str)}
 
 
 def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
@@ -209,7 +212,7 @@ def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = 
     """
     root_path, layout = Path(root), Layout.of(root)
     try:
-        saved = json.loads(layout.package_stamp(arch).read_bytes())
+        saved = read_state(layout.package_stamp(arch), _well_shaped) or {}
         # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
         seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
         return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from kforge.store import guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
-from kforge.store.files import JsonState, atomic_write
+from kforge.store.files import JsonState, atomic_write, opened, read_bytes
 from kforge_runtime.schema import COMPILE_TIME
 from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
@@ -46,7 +46,7 @@ def _unsealed(meta) -> bool:
 def current_meta(meta_path: str, key: str) -> dict | None:
     """meta.json's content (less its seal) when that artifact was built from exactly this key, else None."""
     try:
-        meta = json.loads(Path(meta_path).read_bytes())
+        meta = json.loads(read_bytes(meta_path))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("key") != key or _unsealed(meta):
@@ -70,6 +70,12 @@ class KeyIndex(JsonState):
     identities mean unchanged content; anything else (a rebuilt, restored, edited, corrupted or deleted file)
     is read and hashed again. Only a hint: the files on disk always decide.
     """
+
+    @staticmethod
+    def well_shaped(entries: dict) -> bool:   # each entry as _read_artifact gives it
+        return all(isinstance(v, list) and len(v) == 4 and isinstance(v[0], (list, type(None)))
+                   and isinstance(v[1], (str, type(None))) and isinstance(v[2], str)
+                   and isinstance(v[3], (list, type(None))) for v in entries.values())
 
     def __init__(self, path):
         super().__init__(path)
@@ -112,7 +118,7 @@ def _read_artifact(meta_path: str) -> tuple | None:
     """(meta.json's identity, its key, its binary's name, the binary's identity if its sha256 matches meta.json's
     else None), or None when meta.json is unreadable. Each identity comes from the open file that was read."""
     try:
-        with open(meta_path, "rb") as f:
+        with opened(meta_path) as f:
             meta_stamp, meta = stamps.identity(meta_path, f.fileno()), json.loads(f.read())
         if _unsealed(meta):
             return None
@@ -120,7 +126,7 @@ def _read_artifact(meta_path: str) -> tuple | None:
     except (OSError, ValueError, AttributeError):
         return None
     try:
-        with open(os.path.join(os.path.dirname(meta_path), name), "rb") as f:
+        with opened(os.path.join(os.path.dirname(meta_path), name)) as f:
             stamp, digest = stamps.identity("", f.fileno()), hashlib.sha256(f.read()).hexdigest()
     except OSError:
         stamp = digest = None
@@ -230,7 +236,7 @@ def write_error(target, message: str, inputs: list | None = None) -> None:
 def read_error(target) -> Failure | None:
     """The target's error.txt, or None when there is none (or it cannot be read)."""
     try:
-        with open(target.error_path, "rb") as f:
+        with opened(target.error_path) as f:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
@@ -263,8 +269,8 @@ def load(directory: Path) -> tuple[dict, bytes]:
     """meta.json and its binary, checked: sha256, ELF machine/arch flags, non-trivial kernel code."""
     meta_path = directory / META
     try:
-        meta = json.loads(meta_path.read_text())
-        binary = (directory / plain_name(meta["binary"])).read_bytes()
+        meta = json.loads(read_bytes(meta_path))
+        binary = read_bytes(directory / plain_name(meta["binary"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
     if _unsealed(meta):
@@ -300,9 +306,9 @@ def files(binary_name: str, binary: bytes, meta: dict) -> dict[str, bytes]:
 
 def files_of(directory: Path) -> dict[str, bytes]:
     """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
-    meta_bytes = (directory / META).read_bytes()
+    meta_bytes = read_bytes(directory / META)
     binary = plain_name(json.loads(meta_bytes)["binary"])
-    return {META: meta_bytes, binary: (directory / binary).read_bytes()}
+    return {META: meta_bytes, binary: read_bytes(directory / binary)}
 
 
 BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for

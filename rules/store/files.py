@@ -4,10 +4,13 @@ processes, may replace the same file at once), and a failed write leaves no temp
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
 import shutil
+import stat
+import sys
 from pathlib import Path
 
 from kforge.store.guard import guard
@@ -48,10 +51,83 @@ def atomic_symlink(path: Path, target: Path) -> None:
         os.symlink(target, tmp)
 
 
+READ_LIMIT = 256 << 20   # bytes of any one file kforge reads back from out/ (the loader's limit on a binary)
+
+
+class NotAFile(OSError):
+    """What lies at the place of a file kforge wrote in out/ is not one it can read back (a link, a FIFO, a
+    device, a folder, a file over READ_LIMIT): an OSError, so that every reader treats it as unreadable."""
+
+
+def opened(path, limit: int = READ_LIMIT):
+    """A file kforge wrote under out/, opened for reading as untrusted data: out/ may come from another kforge, a
+    restored CI cache or an archive. Never through a link (a state file leading out of out/), never blocking on
+    a FIFO nor reading a device, never more than `limit` bytes: NotAFile says which. FileNotFoundError as open's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotAFile(errno.ELOOP, "is a symbolic link, not a file kforge wrote", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        kind = next((name for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                                             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                                             (stat.S_ISBLK, "a device")) if test(st.st_mode)), None)
+        if kind is not None:
+            raise NotAFile(errno.EINVAL, f"is {kind}, not a file kforge wrote", str(path))
+        if st.st_size > limit:
+            raise NotAFile(errno.EFBIG, f"is {st.st_size} bytes, over the {limit} kforge reads", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
+    """The bytes of a file kforge wrote under out/ (opened()), at most `limit` of them."""
+    with opened(path, limit) as f:
+        return f.read(limit + 1)
+
+
+def drop_state(path: Path, why: str) -> None:
+    """A state file of out/.kforge/ that cannot be used: one warning, and it goes now (a link as a link), so that
+    it is rebuilt and said once, not at every command until a build replaces it."""
+    sys.stderr.write(f"kforge: {path} {why}; it is dropped and rebuilt\n")
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(guard(path.parents[1], path))
+        else:
+            guard(path.parents[1], path).unlink(missing_ok=True)
+    except (OSError, ValueError):   # read-only out/, or a link on the way out of it: the warning stands
+        pass
+
+
+def read_state(path: Path, well_shaped=lambda found: True) -> dict | None:
+    """The JSON object a state file of out/.kforge/ holds, None when there is none; one that cannot be read, is not
+    JSON, or is not a JSON object of the shape this kforge writes (well_shaped) is dropped with one warning."""
+    try:
+        found = json.loads(read_bytes(path))
+        why = None if isinstance(found, dict) and well_shaped(found) else "is not in the shape this kforge writes"
+    except FileNotFoundError:
+        return None
+    except NotAFile as e:
+        why = e.strerror
+    except OSError as e:
+        why = f"cannot be read ({e.strerror or e})"
+    except (ValueError, RecursionError):
+        why = "is not JSON (cut short or damaged)"
+    if why is not None:
+        drop_state(Path(path), why)
+        return None
+    return found
+
+
 class JsonState:
     """A JSON object kept in out/.kforge/ across runs (the key index, tool versions): one instance per file
     in a process, read once while tasks are generated, saved by the reporter at the end of a run if it changed.
-    An unreadable file, or JSON that is not an object, counts as empty."""
+    Untrusted (another kforge's, a restored cache's): a file that cannot be read, is not JSON, or is not in the
+    shape this kforge writes (well_shaped) is dropped with one warning and counts as empty."""
     _open: dict[tuple[type, Path], "JsonState"] = {}
 
     @classmethod
@@ -62,12 +138,13 @@ class JsonState:
 
     def __init__(self, path: Path):
         self.path = path
-        try:
-            found = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            found = {}
-        self.entries: dict = found if isinstance(found, dict) else {}
+        self.entries: dict = read_state(path, self.well_shaped) or {}
         self.changed = False
+
+    @staticmethod
+    def well_shaped(entries: dict) -> bool:
+        """Whether a saved object has the shape the subclass writes (each checks its own)."""
+        return True
 
     def save(self) -> None:
         if self.changed:   # out/.kforge/<file>: out/ is two levels up

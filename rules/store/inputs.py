@@ -17,7 +17,7 @@ import json
 from kforge.load import observe
 from kforge.base import stamps
 from kforge.base.layout import Layout
-from kforge.store.files import JsonState
+from kforge.store.files import JsonState, opened
 
 
 class InputIndex(JsonState):
@@ -25,13 +25,8 @@ class InputIndex(JsonState):
     the reporter at the end of the run."""
 
     def __init__(self, path, root: str | None = None):
-        super().__init__(path)
+        super().__init__(path)   # another kforge's, a restored cache's: dropped unless _well_shaped
         self.folders = observe.search_path(str(root) if root is not None else str(Layout.holding(path).root))
-        if self.entries and not _well_shaped(self.entries):   # another kforge's, a restored cache's: untrusted
-            import sys
-            sys.stderr.write(f"kforge: {path} is not in the shape this kforge writes; it is dropped and rebuilt (the "
-                             f"next run checks every input by content)\n")
-            self.entries = {}
         if self.entries.get("folders") != list(self.folders):   # another module path: names resolve anew
             self.entries = {"folders": list(self.folders), "files": {}, "sets": {}, "targets": {}}
             self.changed = True
@@ -83,6 +78,11 @@ class InputIndex(JsonState):
         return self._now[name]
 
 
+    @staticmethod
+    def well_shaped(entries: dict) -> bool:
+        return _well_shaped(entries)
+
+
 def _well_shaped(entries: dict) -> bool:
     """Whether a saved index has exactly the shape InputIndex writes, down to every entry."""
     files, sets, targets, folders = (entries.get(k) for k in ("files", "sets", "targets", "folders"))
@@ -98,7 +98,7 @@ def _well_shaped(entries: dict) -> bool:
 def listed_inputs(meta_path: str) -> list | None:
     """meta.json's "inputs" ([[name, sha256], ...]), None when it has none or cannot be read."""
     try:
-        with open(meta_path, "rb") as f:
+        with opened(meta_path) as f:
             found = json.loads(f.read()).get("inputs")
     except (OSError, ValueError, AttributeError):
         return None
