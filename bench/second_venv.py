@@ -4,12 +4,12 @@ Usage: python bench/second_venv.py [--venv-a DIR] [--venv-b DIR] [--work DIR] [-
                                    [--json docs/data/second_venv-dev.json]
 
 What a user does, end to end. Two virtualenvs (made here if missing: `python -m venv DIR && DIR/bin/pip install
--e <this checkout> liger-kernel==0.8.5 packaging`, pip reaching its index: liger-kernel 0.8.5 imports packaging
-without requiring it), each with tests/env_library.py's library
+-e <this checkout>`; then `pip install liger-kernel==0.8.5 packaging fla-core==0.5.2 einops`, pip reaching its
+index: liger-kernel 0.8.5 imports packaging without requiring it), each with tests/env_library.py's library
 (envlib: guarded kernels, an autotuned kernel built by calls, a GPU lookup table and a torch operator made at
 import, a FlyDSL path used whenever FlyDSL imports, its import's stack kept) pip-installed from one source tree
-into its site-packages. One project (dodo.py, pyproject.toml, specs/ for envlib's families and two of
-liger-kernel's) at WORK/a/project, and a copy at WORK/b/somewhere/else/project. Then, each with its own empty
+into its site-packages. One project (dodo.py, pyproject.toml, specs/ for envlib's families, two of
+liger-kernel's and two of flash-linear-attention's) at WORK/a/project, and a copy at WORK/b/somewhere/else/project. Then, each with its own empty
 local cache (XDG_CACHE_HOME) and its venv's own `bin/doit` launcher, no PYTHONPATH:
 
 1. venv A builds project A, venv B builds project B (`doit -n N archs=...`: every target and the wheels);
@@ -44,6 +44,59 @@ from bench.compare_out import compare  # noqa: E402
 env_library = SimpleNamespace(**runpy.run_path(str(REPO / "tests" / "env_library.py")))
 
 LIGER = ("liger_rms_norm_fwd", "liger_softmax_fwd")
+# flash-linear-attention's, written from its source: an autotuner whose configs depend on the vendor (IS_AMD, from
+# the device at import), and one under heuristics and the library's own caching autotuner
+FLA = {"fla_l2norm_fwd": '''[kernel]
+name = "fla_l2norm_fwd"
+module = "fla.modules.l2norm"
+entry = "l2norm_fwd_kernel1"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+
+[signature]
+x = "*{dtype}"
+y = "*{dtype}"
+rstd = "*fp32"
+eps = "fp32"
+D = "i32"
+BD = "constexpr"
+
+[sweep]
+dtype = ["bf16"]
+BD = [128, 512]
+''', "fla_cumsum": '''[kernel]
+name = "fla_cumsum"
+module = "fla.ops.utils.cumsum"
+entry = "chunk_local_cumsum_scalar_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+
+[signature]
+s = "*{dtype}"
+o = "*{dtype}"
+scale = "none"
+cu_seqlens = "none"
+chunk_indices = "none"
+T = "i32"
+B = "constexpr"
+H = "constexpr"
+BT = "constexpr"
+REVERSE = "constexpr"
+HAS_SCALE = "constexpr"
+IS_VARLEN = "constexpr"
+HEAD_FIRST = "constexpr"
+
+[constants]
+B = 1
+H = 16
+HEAD_FIRST = false
+
+[sweep]
+dtype = ["fp32"]
+BT = [64]
+REVERSE = [false, true]
+'''}
+LIBRARIES = ("liger-kernel==0.8.5", "packaging", "fla-core==0.5.2", "einops")
 PYPROJECT = '''[tool.kforge]
 catalog = ["specs"]
 
@@ -57,11 +110,11 @@ cache = "kforge.edge.commands:Cache"
 
 
 def venv(path: Path, library: Path) -> Path:
-    """A virtualenv with this checkout's kforge (editable), liger-kernel and envlib installed; made if missing."""
+    """A virtualenv with this checkout's kforge (editable), the LIBRARIES and envlib installed; made if missing."""
     if not (path / "bin" / "doit").exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        subprocess.run([str(path / "bin" / "pip"), "install", "-q", "-e", str(REPO), "liger-kernel==0.8.5", "packaging"],
-                       check=True)
+        subprocess.run([str(path / "bin" / "pip"), "install", "-q", "-e", str(REPO)], check=True)
+    subprocess.run([str(path / "bin" / "pip"), "install", "-q", *LIBRARIES], check=True)
     subprocess.run([str(path / "bin" / "pip"), "install", "-q", "--force-reinstall", "--no-build-isolation",
                     "--no-deps", str(library)], check=True)
     return path
@@ -76,6 +129,8 @@ def project(root: Path) -> Path:
         (root / "specs" / f"{name}.toml").write_text(text)
     for name in LIGER:
         shutil.copy(REPO / "tests" / "liger_specs" / f"{name}.toml", root / "specs" / f"{name}.toml")
+    for name, text in FLA.items():
+        (root / "specs" / f"{name}.toml").write_text(text)
     return root
 
 
