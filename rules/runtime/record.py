@@ -207,6 +207,15 @@ class Recorder:
                                  f"a file (KFORGE_RECORD=specs/app.jsonl)\n")
 
 
+def record_problem(value: str) -> str | None:
+    """Why a KFORGE_RECORD value names no file to record into (None: it does). It takes one file name and no
+    options: a blank value would record into a file named ' ', `app.jsonl,report` into a file of that name."""
+    if not value.strip() or "," in value:
+        return (f"KFORGE_RECORD={value!r}: KFORGE_RECORD takes one file name and no options; set it to a file such "
+                f"as specs/app.jsonl")
+    return None
+
+
 class Unwritable(OSError):
     """The record file is not a regular file (a FIFO, a pipe, a terminal, a device) or cannot be opened."""
 
@@ -288,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    from .startup import record_problem
     if record_problem(a.out) is not None:   # its Python children would refuse it (KFORGE_RECORD)
         ap.error(record_problem(a.out).replace("KFORGE_RECORD", "--out", 2))
     sys.argv = [a.script, *a.args]

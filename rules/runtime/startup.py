@@ -49,6 +49,8 @@ def start() -> None:
         return
     _started = True
     record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
+    if record:
+        from .record import record_problem
     if record and record_problem(record) is None:
         os.environ["KFORGE_RECORD"] = os.path.abspath(record)
     if served and _parts(served):   # a bare word that names nothing here stays as given: a mistyped flag
@@ -74,6 +76,8 @@ def _apply() -> None:
     record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
     if served:   # checked first: a bad value stops the process before anything is installed
         paths, flags = parse_serve(served)
+    if record:
+        from .record import record_problem
     if record and record_problem(record) is not None:   # recording never stops a process: a warning
         sys.stderr.write(f"kforge record: {record_problem(record)}; nothing is recorded in this process\n")
     elif record:
@@ -136,15 +140,6 @@ def _not_a_bundle(path: str) -> str | None:
     if magic != b"PK\x03\x04":
         return (f" names {path}, which is not a bundle (not a wheel or zip file); name a wheel `doit package` "
                 f"wrote, or out/dist")
-    return None
-
-
-def record_problem(value: str) -> str | None:
-    """Why a KFORGE_RECORD value names no file to record into (None: it does). It takes one file name and no
-    options: a blank value would record into a file named ' ', `app.jsonl,report` into a file of that name."""
-    if not value.strip() or "," in value:
-        return (f"KFORGE_RECORD={value!r}: KFORGE_RECORD takes one file name and no options; set it to a file such "
-                f"as specs/app.jsonl")
     return None
 
 
