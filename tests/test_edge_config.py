@@ -105,3 +105,22 @@ def test_a_backend_missing_from_kforges_installed_metadata_is_one_line_and_exit_
     assert stopped.value.code == 2
     assert capsys.readouterr().err == ("kforge: doit has no backend 'kforge-sqlite': kforge's installed metadata "
                                        "predates it; install kforge again (`pip install -e .` in its checkout)\n")
+
+
+def test_a_setting_kforge_does_not_have_but_nearly_does_is_one_warning_and_one_without_a_name_stops(monkeypatch,
+                                                                                                 capsys):
+    """`doit arch=gfx942` (archs misspelt) built the default archs without a word; a project's own task may read
+    a name of its own (verify_dispatch_combine's world=), so only a near miss is said."""
+    from doit import doit_cmd
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"arch": "gfx942", "world": "2", "timout": "5"})
+    doit_edge.check_settings()
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["kforge: warning: arch=gfx942 is no setting of kforge's; did you mean archs=? (a task of the "
+                    "project may read it: then ignore this)",
+                    "kforge: warning: timout=5 is no setting of kforge's; did you mean timeout=? (a task of the "
+                    "project may read it: then ignore this)"]
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"": "x"})
+    with pytest.raises(SystemExit) as stopped:
+        doit_edge.check_settings()
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "kforge: `=x` on the command line sets no name: write name=value (archs=sm_90a)\n"

@@ -99,7 +99,21 @@ def config(root: Path, catalog) -> dict:
 
 def check_settings() -> None:
     """Every setting parsed once, before the catalog loads (rules/base/settings.py, the one place they are read): a
-    malformed one, even one this run would not use, is one line naming it and exit code 2."""
+    malformed one, even one this run would not use, is one line naming it and exit code 2. A `name=value` kforge
+    has no setting for may be a project task's own (verify_dispatch_combine's world=): only a near miss of a
+    setting's name is said, as a warning (`arch=gfx942` built the default archs without a word)."""
+    import difflib
+    from doit import doit_cmd
+    given = doit_cmd._CMDLINE_VARS or {}   # what doit took off the command line (doit.get_var reads it)
+    if "" in given:
+        sys.stderr.write(f"kforge: `={given['']}` on the command line sets no name: write name=value (archs=sm_90a)\n")
+        raise SystemExit(2)
+    for name, value in given.items():
+        near = difflib.get_close_matches(name, settings.SETTINGS, n=1, cutoff=0.75) if name not in settings.SETTINGS \
+            else []
+        if near:
+            sys.stderr.write(f"kforge: warning: {name}={value} is no setting of kforge's; did you mean {near[0]}=? (a "
+                             f"task of the project may read it: then ignore this)\n")
     try:
         settings.options()
     except ValueError as e:
