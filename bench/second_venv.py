@@ -9,8 +9,9 @@ index: liger-kernel 0.8.5 imports packaging without requiring it), each with tes
 (envlib: guarded kernels, an autotuned kernel built by calls, a GPU lookup table and a torch operator made at
 import, a FlyDSL path used whenever FlyDSL imports, its import's stack kept) pip-installed from one source tree
 into its site-packages. One project (dodo.py, pyproject.toml, specs/ for envlib's families, two of
-liger-kernel's and two of flash-linear-attention's) at WORK/a/project, and a copy at WORK/b/somewhere/else/project. Then, each with its own empty
-local cache (XDG_CACHE_HOME) and its venv's own `bin/doit` launcher, no PYTHONPATH:
+liger-kernel's and two of flash-linear-attention's) at WORK/a/project, and a copy at
+WORK/b/somewhere/else/project. Then, each with its own empty local cache (XDG_CACHE_HOME) and its venv's own
+`bin/doit` launcher, no PYTHONPATH:
 
 1. venv A builds project A, venv B builds project B (`doit -n N archs=...`: every target and the wheels);
 2. the two out/ are compared (bench/compare_out.py: every meta.json and binary byte for byte, every wheel member

@@ -472,8 +472,8 @@ class SetupFailed(RuntimeError):
 
 def prepare(arch: str, model: bool, setup: tuple[str, ...] = ()) -> None:
     """What a process that imports a family's module for `arch` does first: the device model (unless the family
-    switched it off; under it kforge's FlyDSL is not importable, rules/load/shared_env.py), then the set-up hooks ("module:function", the catalog's and the family's), each called
-    with the arch name if it takes an argument."""
+    switched it off; under it kforge's FlyDSL is not importable, rules/load/shared_env.py), then the set-up hooks
+    ("module:function", the catalog's and the family's), each called with the arch name if it takes an argument."""
     if model:
         install(arch)
         shared_env.hide_flydsl()   # kforge's FlyDSL is no part of the target's environment (shared_env.py)
