@@ -155,3 +155,21 @@ def pytest_sessionfinish(session):
     assert result.ret == pytest.ExitCode.TESTS_FAILED   # the verdict is still the controller's
     result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*"])
     assert json.loads(seen.read_text()) == []
+
+
+def test_bundles_or_a_record_that_are_no_such_thing_are_one_usage_error_before_any_test(pytester, tmp_path):
+    """A missing path, a FIFO or a file that is no wheel was served nothing with a warning at the first kernel
+    (strict: every test failed); KFORGE_SERVE stops on them in one line, and so does the option."""
+    import os
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "notes.txt").write_text("not a bundle")
+    for args, said in ((["--kforge-bundles", str(tmp_path / "nowhere")], "*--kforge-bundles names *nowhere, which "
+                                                                         "does not exist*"),
+                       (["--kforge-bundles", str(tmp_path / "fifo")], "*--kforge-bundles names *fifo, which is a "
+                                                                      "FIFO or pipe, not a bundle*"),
+                       (["--kforge-bundles", str(tmp_path / "notes.txt")], "*notes.txt, which is not a bundle (not "
+                                                                           "a wheel or zip file)*"),
+                       (["--kforge-record", " "], "*--kforge-record=' ': --kforge-record takes one file name*")):
+        result = pytester.runpytest_subprocess(*args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, args
+        result.stderr.fnmatch_lines([said])

@@ -32,6 +32,19 @@ def pytest_addoption(parser):
                     help="append every Triton specialization the suite compiles or loads to FILE (JSON lines)")
 
 
+def _check_values(record: str | None, bundles: list[str]) -> None:
+    """--kforge-record and --kforge-bundles as KFORGE_RECORD and KFORGE_SERVE check them: one usage error line."""
+    if record is not None:
+        from .record import record_problem
+        if record_problem(record):
+            raise pytest.UsageError(record_problem(record).replace("KFORGE_RECORD", "--kforge-record", 2))
+    if bundles:
+        from .startup import not_a_bundle
+        problem = next(filter(None, (not_a_bundle(path or ".", flags=False) for path in bundles)), None)
+        if problem is not None:   # before any test runs, not a warning at the first kernel
+            raise pytest.UsageError(f"--kforge-bundles{problem}")
+
+
 def pytest_configure(config):
     bundles = config.getoption("kforge_bundles")
     if (config.getoption("kforge_strict") or config.getoption("kforge_verify")) and not bundles:
@@ -40,6 +53,7 @@ def pytest_configure(config):
     # pytest-xdist's controller runs no test: serving or recording there would only import torch and Triton on
     # the path before the first worker starts (seconds on a GPU host); it collects the workers' counts instead
     controller = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+    _check_values(config.getoption("kforge_record"), bundles)
     if config.getoption("kforge_record") and not controller:
         import os
 

@@ -106,13 +106,13 @@ def parse_serve(value: str) -> tuple[list[str], set[str]]:
         raise SwitchError(f"kforge: KFORGE_SERVE={value!r} names no bundle; set it to DIR[,strict][,preload] "
                           f"(a bundle wheel or directory, or out/dist)")
     for path in paths:
-        problem = _not_a_bundle(path)
+        problem = not_a_bundle(path)
         if problem is not None:
             raise SwitchError(f"kforge: KFORGE_SERVE{problem}")
     return paths, flags
 
 
-def _not_a_bundle(path: str) -> str | None:
+def not_a_bundle(path: str, flags: bool = True) -> str | None:
     """What keeps `path` from being a bundle to serve (a message's tail), None when it may be one: a folder (its
     manifest or wheels are read at the first call, as Library reads them) or a wheel or zip file. Only its kind
     and first bytes are read: a FIFO never blocks the import, a device is never read."""
@@ -120,7 +120,7 @@ def _not_a_bundle(path: str) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        if os.sep not in path:   # a bare word: most likely a flag mistyped
+        if flags and os.sep not in path:   # a bare word: most likely a flag mistyped
             return (f": {path!r} is neither a flag ({', '.join(FLAGS)}) nor a bundle that exists; set it to "
                     f"DIR[,strict][,preload][,report][,verify]")
         return (f" names {path}, which does not exist; build and package the bundles there (doit package) or fix "
