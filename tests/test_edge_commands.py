@@ -222,3 +222,13 @@ def test_every_state_file_kforge_reads_is_dropped_with_one_warning_and_rebuilt(p
     assert "warning" not in again.stdout + again.stderr and "dropped" not in again.stdout + again.stderr
     # replaced by what the run wrote (an error.txt beside a current artifact is not read, and stays as it is)
     assert not any(os.path.islink(out / rel) for rel in STATE if not rel.endswith("error.txt"))
+
+
+def test_info_never_prints_a_state_files_control_characters(project):
+    """error.txt is read back from out/ (a restored cache, an archive): its bytes reach the terminal only as text."""
+    place = project / "out/sm_90a/scale/fp16-b64-w4"
+    (place / "meta.json").unlink()
+    (place / "error.txt").write_bytes(b"key: 0\nerror: \x1b]0;owned\x07\x1b[2J gone\r\x00\xff\n")
+    out = doit(project, "info", "scale:fp16-b64-w4@sm_90a").stdout
+    state = next(line for line in out.splitlines() if line.startswith("  state:"))
+    assert state.isprintable() and "gone" in state, repr(state)

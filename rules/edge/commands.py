@@ -73,8 +73,14 @@ def target_state(target) -> str:
         old = "" if failure.key == target.key else " (with other inputs than now)"
         again = ("; reported again without compiling until its key or inputs change (`doit forget "
                  f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
-        return f"failed{old}: {report.error_line(failure.message)}{again}"
+        return f"failed{old}: {printable(report.error_line(failure.message))}{again}"
     return "not built"
+
+
+def printable(text: str) -> str:
+    """Text read back from out/ (untrusted: an error.txt from a restored cache) as it may reach a terminal: each
+    control character (an escape sequence's ESC, a carriage return) is shown as U+FFFD."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in text)
 
 
 def _key_change(target) -> str:
@@ -138,8 +144,8 @@ def observed_lines(target) -> str:
     if listed is None:
         return ""
     index = InputIndex.of(target.layout.observed_inputs)
-    rows = [f"    {name}  {digest[:12]}{'  (changed since)' if index.digest(name) != digest else ''}\n"
-            for name, digest in listed]
+    rows = [f"    {printable(name)}  {printable(digest[:12])}"
+            f"{'  (changed since)' if index.digest(name) != digest else ''}\n" for name, digest in listed]
     return f"  inputs its compile read ({len(rows)}; name, sha256 then):\n" + "".join(rows)
 
 
