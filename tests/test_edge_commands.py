@@ -232,3 +232,12 @@ def test_info_never_prints_a_state_files_control_characters(project):
     out = doit(project, "info", "scale:fp16-b64-w4@sm_90a").stdout
     state = next(line for line in out.splitlines() if line.startswith("  state:"))
     assert state.isprintable() and "gone" in state, repr(state)
+
+
+@pytest.mark.parametrize("args", [["-f", ""], ["-f", "."], ["-f", "specs"], ["-f", "specs/scale.toml"], ["-d", ""]])
+def test_a_dodo_file_or_folder_option_that_names_no_dodo_py_is_one_line(project, args):
+    """`doit -f "$DODO"` with DODO unset, or a folder, ran nothing and exited 0; a file not named .py was doit's
+    ModuleNotFoundError traceback."""
+    proc = doit(project, *args, check=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"kforge: doit {args[0]} "), proc.stderr

@@ -192,6 +192,23 @@ class Loader(DodoTaskLoader):
         super().__init__()
         check_arguments()
 
+    def setup(self, opt_values):
+        """doit's -f and -d, checked before doit imports: a blank one or a -f that names no .py file is one line
+        and exit code 3 (-f '' or a folder ran nothing and exited 0; a file not named .py was a traceback)."""
+        dodo, folder = opt_values.get("dodoFile"), opt_values.get("cwdPath")
+        problem = ("-d", folder, "names no folder") if folder is not None and not str(folder).strip() else \
+            ("-f", dodo, "is blank") if not str(dodo).strip() else None
+        if problem is None and not opt_values.get("seek_file"):   # -k looks for the name in the parent folders
+            where = str(dodo)   # doit takes it from the folder it starts in, not from -d
+            if os.path.isdir(where) or (os.path.exists(where) and not str(dodo).endswith(".py")):
+                problem = ("-f", dodo, "is a folder" if os.path.isdir(where) else "is not a Python file")
+        if problem is not None:
+            flag, value, why = problem
+            sys.stderr.write(f"kforge: doit {flag} {shlex.quote(str(value))} {why}: name the project's dodo.py "
+                             f"(doit -f PROJ/dodo.py) or its folder (doit -d PROJ), or leave the option out\n")
+            raise SystemExit(3)
+        super().setup(opt_values)
+
 
 def check_arguments() -> None:
     """Every argument of a doit command line checked before doit's parser reads it: an empty or blank one (a
