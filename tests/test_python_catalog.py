@@ -136,3 +136,39 @@ def test_a_python_catalog_builds_with_doit_and_a_data_edit_rebuilds_only_the_new
     doit(root, "-n", "2")
     assert statuses(root, "built") == {"scale_fp16:b512@sm_90a", "scale_bf16:b512@sm_90a"}
     assert statuses(root, "up-to-date") == {"scale_fp16:b128@sm_90a", "scale_bf16:b128@sm_90a"}
+
+
+def test_a_catalog_file_runs_again_only_when_what_it_read_changed_and_its_families_only_when_theirs_did(
+        tmp_path, monkeypatch):
+    """rules/plan/catalog.py: the saved catalog keeps what each Python catalog file read and declared, and each
+    family's own inputs: a kernel's edit does not run the file, and recomputes the families built from it; a
+    data file's edit runs it, and recomputes only the families whose declaration changed."""
+    from kforge.declare import python_catalog, spec as spec_module
+    text = CATALOG.replace('sweep={"dtype": [dtype], "BLOCK": blocks,',
+                           'sweep={"dtype": [dtype], "BLOCK": blocks if dtype == "fp16" else [64],')
+    root = python_project(tmp_path, text)
+    runs, computed = [], []
+    real_run, real_spec = python_catalog.declarations, spec_module.spec_from_tables
+    monkeypatch.setattr(python_catalog, "declarations", lambda *a, **k: runs.append(1) or real_run(*a, **k))
+    monkeypatch.setattr(spec_module, "spec_from_tables",
+                        lambda raw, *a, **k: computed.append(raw["kernel"]["name"]) or real_spec(raw, *a, **k))
+
+    def load() -> tuple[int, list[str], list[str]]:
+        runs.clear(), computed.clear()
+        found = catalog_module.Catalog(root, None, 50_000).load()
+        return len(runs), sorted(computed), sorted(t.name for t in found.targets)
+
+    assert load()[:2] == (1, ["scale_bf16", "scale_fp16"])
+    time.sleep(0.01)
+    (root / "tk" / "scale.py").write_text((root / "tk" / "scale.py").read_text() + "\n# edited\n")
+    assert load()[:2] == (0, ["scale_bf16", "scale_fp16"])   # both built from it; the file is not run
+    time.sleep(0.01)
+    (root / "specs" / "blocks.json").write_text("[512]")
+    ran, families, targets = load()
+    assert (ran, families) == (1, ["scale_fp16"]) and targets == ["scale_bf16:b64@sm_90a", "scale_fp16:b512@sm_90a"]
+    time.sleep(0.01)
+    (root / "specs" / "lib.py").write_text("# a line above every family() call\n" + textwrap.dedent(text))
+    ran, families, targets = load()
+    assert (ran, families) == (1, []) and targets == ["scale_bf16:b64@sm_90a", "scale_fp16:b512@sm_90a"]
+    spec_paths = {t.spec_path for t in catalog_module.Catalog(root, None, 50_000).load().targets}
+    assert spec_paths == {"specs/lib.py:10: family 'scale_bf16'", "specs/lib.py:10: family 'scale_fp16'"}

@@ -22,6 +22,8 @@ process per module, so what one family's import read is never another's). A fami
 inputs are unchanged, computed with the same kforge, Python, settings, compiler environment and toolchains, is
 taken from the saved catalog, unprobed; the others are computed. An edit to one file re-probes exactly the
 families that read it; a catalog with a broken family is not saved, and the next load computes that family again.
+A Python catalog file is kept the same way with what it read and imported and the families it declared: it runs
+again only when one of those changed.
 
 The last KEPT catalogs loaded from the specs are also kept in out/.kforge/catalogs/, each named by the digest of
 the same inputs taken by content (each file's bytes, each folder's names) instead of identity. When the saved
@@ -121,7 +123,9 @@ class Catalog:
         computed: dict[str, set[Path]] = {}   # a computed family's name -> the files its targets came from
         try:
             named: dict[str, str] = {}
-            for declared in declarations(self.root, spec_files, read, failed):
+            ran: dict[str, dict] = {}   # each Python catalog file's inputs and declarations, for the next load
+            kept_files = self._kept_files(saved, contents)
+            for declared in declarations(self.root, spec_files, read, failed, kept_files, ran, contents):
                 key = _declared_key(declared)
                 if key in reusable:
                     entry, family, targets = reusable.pop(key)
@@ -164,7 +168,7 @@ class Catalog:
                        "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
                        "read": files, "toolchains": toolchains, "installed": installed,
-                       "context": self._context(), "per_family": entries,
+                       "context": self._context(), "per_family": entries, "catalog_files": ran,
                        "families": [list(f) for f in self.families], "tuned": self.tuned,
                        **_encode(self.targets)}
         self._only(self.archs)
@@ -224,6 +228,17 @@ class Catalog:
                                        [t for t in targets.get(entry["name"], ()) if wanted is None or t.arch in wanted])
             return found
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: every family is computed
+            return {}
+
+    def _kept_files(self, saved: dict | None, contents: dict) -> dict:
+        """{Python catalog file: its inputs and declarations} of the saved catalog, made in the same context:
+        a file whose inputs (itself, what it read and imported) are unchanged is not run again."""
+        try:
+            if saved is None or saved.get("context") != self._context():
+                return {}
+            return {f: ran for f, ran in saved["catalog_files"].items()
+                    if all(_content(p, contents) == digest for p, digest in ran["inputs"])}
+        except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
 
     def _fingerprint(self, toolchains: list, module: str) -> str:
@@ -325,10 +340,11 @@ class Declared(NamedTuple):
     failed_where: str
 
 
-def declarations(root: Path, files: list[Path], read: set[Path] | None = None,
-                 failed: list | None = None) -> list[Declared]:
+def declarations(root: Path, files: list[Path], read: set[Path] | None = None, failed: list | None = None,
+                 kept: dict | None = None, ran: dict | None = None, contents: dict | None = None) -> list[Declared]:
     """Every family the spec files declare, unchecked; `read` collects what Python catalogs read. A file that
-    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load."""
+    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load. A Python catalog
+    file in `kept` ({file: {"inputs", "declared"}}, inputs unchanged) is not run again; `ran` gets each one's."""
     from kforge.declare import python_catalog, records
     from kforge.declare.spec import read_tables
     if not files:
@@ -342,8 +358,9 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None,
                 kind = "a folder" if f.is_dir() else "a pipe, a device or a broken link"
                 raise SpecError(f"{rel}: not a regular file ({kind}); remove it from the catalog folder")
             if f.suffix == ".py":
+                declared = _catalog_file(f, root, read, (kept or {}).get(str(f)), ran, contents)
                 found += [Declared(tables, where, False, python_catalog.failed_name(name, f), where)
-                          for tables, where, name in python_catalog.declarations(f, root, read)]
+                          for tables, where, name in declared]
             elif f.suffix == ".jsonl":
                 found += [Declared(tables, where, True, _family_name(f), rel)
                           for tables, where in records.families(f, root, extra)]
@@ -354,6 +371,26 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None,
                 raise
             failed.append((_family_name(f), rel, str(e)))
     return found
+
+
+def _catalog_file(path: Path, root: Path, read: set[Path] | None, kept: dict | None, ran: dict | None,
+                  contents: dict | None) -> list:
+    """A Python catalog file's declarations: those it gave last time when `kept` holds them, else run it."""
+    from kforge.declare import python_catalog
+    if kept is not None:
+        declared = [tuple(d) for d in kept["declared"]]
+        own = {Path(p) for p, _ in kept["inputs"]}
+    else:
+        own = set()
+        declared = python_catalog.declarations(path, root, own)
+    if read is not None:
+        read.update(own)
+    if ran is not None:
+        seen = {} if contents is None else contents
+        ran[str(path)] = kept or {"inputs": [[str(p), _content(str(p), seen)] for p in sorted({*map(str, own),
+                                                                                              str(path)})],
+                                  "declared": [list(d) for d in declared]}
+    return declared
 
 
 def _declared_key(declared: Declared) -> str:
