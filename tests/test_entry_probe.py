@@ -339,3 +339,47 @@ def test_a_guarded_kernel_and_one_built_by_calls_are_found_and_built_for_both_ve
     assert statuses(root, "built") == {"g_guarded:fp32-block128@sm_90a", "g_guarded:fp32-block128@gfx942",
                                        *(f"g_scaled:fp32-block{b}-num_warps4-num_stages3@{a}"
                                          for b in (128, 256) for a in ("sm_90a", "gfx942"))}, out
+
+
+TWIN = '''
+import json, os
+import triton
+import triton.language as tl
+
+from twin.helper import WARPS
+BLOCKS = json.load(open(os.path.join(os.path.dirname(__file__), "{name}.json")))
+
+
+@triton.autotune(configs=[triton.Config({{"BLOCK": b}}, num_warps=WARPS) for b in BLOCKS], key=["n"])
+@triton.jit
+def kernel(x_ptr, n, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))
+'''
+
+
+def test_each_module_is_probed_in_its_own_process_and_its_family_gets_all_that_process_read(tmp_path, monkeypatch):
+    """Two modules of one package share a helper: the second one asked imports it too (in a process forked
+    before the first's import), so both families have it among their inputs, and neither has the other's
+    config file; a module whose import crashes leaves the others' answers standing."""
+    from kforge.load.entry_probe import Probe
+    site = write_files(tmp_path / "site", {"twin/__init__.py": "", "twin/helper.py": "WARPS = 4\n",
+                                           "twin/one.py": TWIN.format(name="one"), "twin/one.json": "[64]",
+                                           "twin/two.py": TWIN.format(name="two"), "twin/two.json": "[128]",
+                                           "twin/crash.py": "import os\nos._exit(3)\n"})
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", kernels={}, specs={})
+    probe = Probe.of(root)
+    try:
+        assert probe.describe("twin.one", "kernel", "one", "f_one")["autotune"] == [
+            {"BLOCK": 64, "num_warps": 4, "num_stages": 3}]
+        with pytest.raises(SpecError, match="importing twin.crash to read .* crashed the probe process"):
+            probe.describe("twin.crash", "kernel", "crash", "f_crash")
+        assert probe.describe("twin.two", "kernel", "two", "f_two")["autotune"][0]["BLOCK"] == 128
+        ops = site / "twin"
+        one, two = Probe.reads_of("f_one"), Probe.reads_of("f_two")
+        assert {str(ops / f) for f in ("one.py", "one.json", "helper.py", "__init__.py")} <= one
+        assert {str(ops / f) for f in ("two.py", "two.json", "helper.py", "__init__.py")} <= two
+        assert not {str(ops / f) for f in ("two.py", "two.json", "crash.py")} & one
+        assert not {str(ops / f) for f in ("one.py", "one.json", "crash.py")} & two
+    finally:
+        Probe.close_all()
