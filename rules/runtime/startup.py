@@ -20,7 +20,10 @@ and subprocess Python children are recorded and served too (a forked child inher
               compared; each difference is one line on stderr (rules/runtime/verify.py)
 
 A value that cannot be applied stops the process at its `import triton` with one line saying what to fix (no
-traceback): serving that was asked for and silently not done would compile instead. Whatever ran before
+traceback): serving that was asked for and silently not done would compile instead. That is a blank value, a
+word that is no flag (`strikt`), a path that is missing, a FIFO, a device or a file that is no wheel; an empty
+variable is an unset one. KFORGE_RECORD takes one file name (no options); a value that is none, or a file that
+cannot be appended to, is one warning per process and nothing recorded: recording never stops a process. Whatever ran before
 `import triton` (torch's CUDA set-up, importlib.util.find_spec("triton"), a library importing Triton lazily), the
 switches apply at the import that runs Triton's module (after_import.py).
 """
