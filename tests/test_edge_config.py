@@ -124,3 +124,16 @@ def test_a_setting_kforge_does_not_have_but_nearly_does_is_one_warning_and_one_w
         doit_edge.check_settings()
     assert stopped.value.code == 2
     assert capsys.readouterr().err == "kforge: `=x` on the command line sets no name: write name=value (archs=sm_90a)\n"
+
+
+def test_a_file_where_out_belongs_is_one_line_in_every_command(tmp_path):
+    """out/ is kforge's folder: a file of that name (a user's, a broken restore) was a FileExistsError traceback."""
+    from tests.support import doit, make_project
+    root = make_project(tmp_path / "p")
+    (root / "out").write_text("mine")
+    for args in ((), ("info", "scale"), ("prune",)):
+        proc = doit(root, *args, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (f"kforge: {root / 'out'} is not a folder: kforge keeps its "
+                                                        f"builds there; move it away and run again"), proc.stderr
+    assert (root / "out").read_text() == "mine"

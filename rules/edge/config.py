@@ -69,7 +69,12 @@ def config(root: Path, catalog) -> dict:
     layout = Layout(root)
     # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
     # directory created outside an action.
-    layout.out.mkdir(exist_ok=True)
+    try:
+        layout.out.mkdir(exist_ok=True)
+    except FileExistsError:   # a file, or a link to nothing, of that name
+        sys.stderr.write(f"kforge: {layout.out} is not a folder: kforge keeps its builds there; move it away and run "
+                         f"again\n")
+        raise SystemExit(2)
     _sigterm_as_interrupt()
     _interrupt_without_traceback()   # Ctrl-C while waiting for the lock: one line
     # before the tasks are generated: that is when what is up to date is decided
