@@ -241,3 +241,12 @@ def test_a_dodo_file_or_folder_option_that_names_no_dodo_py_is_one_line(project,
     proc = doit(project, *args, check=False)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, (args, proc.stderr)
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"kforge: doit {args[0]} "), proc.stderr
+
+
+def test_a_fifo_among_the_specs_is_one_broken_family_not_a_hang(project):
+    """A FIFO named specs/*.toml was refused, and then opened to name the family that did not load: every command
+    hung."""
+    os.mkfifo(project / "specs" / "evil.toml")
+    proc = doit(project, "list", check=False, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "evil  " in proc.stdout and "specs/evil.toml: not a regular file" in proc.stdout, proc.stdout

@@ -521,7 +521,8 @@ def _family_name(path: Path) -> str:
     import tomllib
     from kforge.declare.spec import NAME_RE
     try:
-        name = tomllib.loads(path.read_text(encoding="utf-8"))["kernel"]["name"] if path.suffix == ".toml" else None
+        name = tomllib.loads(path.read_text(encoding="utf-8"))["kernel"]["name"] \
+            if path.suffix == ".toml" and path.is_file() else None   # a FIFO: never opened
     except (OSError, ValueError, KeyError, TypeError):
         name = None
     return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
