@@ -365,7 +365,8 @@ def test_each_module_is_probed_in_its_own_process_and_its_family_gets_all_that_p
     site = write_files(tmp_path / "site", {"twin/__init__.py": "", "twin/helper.py": "WARPS = 4\n",
                                            "twin/one.py": TWIN.format(name="one"), "twin/one.json": "[64]",
                                            "twin/two.py": TWIN.format(name="two"), "twin/two.json": "[128]",
-                                           "twin/crash.py": "import os\nos._exit(3)\n"})
+                                           "twin/crash.py": "import os\nos._exit(3)\n",
+                                           **{f"twin/more{n}.py": TWIN.format(name="two") for n in range(4)}})
     monkeypatch.syspath_prepend(str(site))
     root = make_project(tmp_path / "p", kernels={}, specs={})
     probe = Probe.of(root)
@@ -375,6 +376,11 @@ def test_each_module_is_probed_in_its_own_process_and_its_family_gets_all_that_p
         with pytest.raises(SpecError, match="importing twin.crash to read .* crashed the probe process"):
             probe.describe("twin.crash", "kernel", "crash", "f_crash")
         assert probe.describe("twin.two", "kernel", "two", "f_two")["autotune"][0]["BLOCK"] == 128
+        for n in range(4):   # more modules than a child keeps processes for: twin.one's is ended
+            probe.describe(f"twin.more{n}", "kernel", "more", f"f_more{n}")
+        config = {"BLOCK": 64, "num_warps": 4, "num_stages": 3}   # twin.one again, in a fresh process
+        assert probe.prune("twin.one", "kernel", [{"configs": [config], "args": {}, "kwargs": {}, "pointers": {}}],
+                           "one", "f_one") == [[config]]
         ops = site / "twin"
         one, two = Probe.reads_of("f_one"), Probe.reads_of("f_two")
         assert {str(ops / f) for f in ("one.py", "one.json", "helper.py", "__init__.py")} <= one

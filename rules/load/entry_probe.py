@@ -528,9 +528,13 @@ def main() -> None:
                           packages.setdefault(package, _import_package(package))):
             reply = {"error": packages[package]}
         else:
-            if module not in servers:
-                servers[module] = _ModuleServer(module)
-            reply = servers[module].ask(request)
+            server = servers.pop(module, None)
+            if server is None:
+                while len(servers) >= MODULE_SERVERS:   # the least recently asked: its families are done with it
+                    servers.pop(next(iter(servers))).close()
+                server = _ModuleServer(module)
+            servers[module] = server   # now the most recently asked
+            reply = server.ask(request)
             if reply is None:   # it died (a crash in the module's import): the next request forks another
                 del servers[module]
                 reply = {"error": f"importing {module} to read the entry's autotune / heuristics crashed the "
@@ -582,6 +586,12 @@ def _import_package(package: str) -> str:
     return ""
 
 
+# module processes alive at once per child: each holds its module and the copy-on-write pages it touched (tens
+# of MB with torch); the catalog asks about one family at a time, so a module's questions come together, and one
+# asked about again after this many others is imported again in a fresh process (its reads are complete again)
+MODULE_SERVERS = 4
+
+
 class _ModuleServer:
     """One forked process per family module: it imports that module and answers every request about it. What
     it read is the module's own (its import, its heuristics and pruners run, and all its parent read before the
@@ -619,6 +629,17 @@ class _ModuleServer:
                 os._exit(0)
         theirs.close()
         self.conn = ours
+
+    def close(self) -> None:
+        """End the process and wait for it (killed: the module processes forked after it hold this end of its
+        pipe too, so closing it here tells it nothing)."""
+        import signal
+        self.conn.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
 
     def ask(self, request: dict) -> dict | None:
         """Its reply, or None when the process died."""
