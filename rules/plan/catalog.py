@@ -84,6 +84,7 @@ class Catalog:
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/declare/records.py), for the bundles
         self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
         self._fresh: dict | None = None   # a catalog loaded from the specs or kept, not saved yet
+        self._context_digest: str | None = None   # _context(), once computed
         self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
     def load(self, keep_going: bool = False) -> "Catalog":
@@ -251,10 +252,12 @@ class Catalog:
     def _context(self) -> str:
         """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
         compiler environment, the project's path (a family is reused only in the same)."""
-        code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
-        return stamps.digest({"format": FORMAT, "root": str(self.root), "python": sys.version,
-                              "max_configs": self.max_configs, "env": keys.compiler_env(),
-                              "files": [(f, stamps.content(f)) for f in (*code, str(self.root / PYPROJECT))]})
+        if self._context_digest is None:   # once per load: it hashes every file of kforge
+            code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
+            self._context_digest = stamps.digest({
+                "format": FORMAT, "root": str(self.root), "python": sys.version, "max_configs": self.max_configs,
+                "env": keys.compiler_env(), "files": [(f, stamps.content(f)) for f in (*code, str(self.root / PYPROJECT))]})
+        return self._context_digest
 
     def _only(self, archs) -> None:
         """Keep the targets and tuned picks of these archs (None: all)."""
