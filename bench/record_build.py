@@ -13,6 +13,8 @@ before the first target).
 --revs A B: paired runs, kforge as of each git revision (its rules/ taken with `git archive` into a scratch
 folder put first on PYTHONPATH; `.` is the installed kforge, the working tree), one run of each per round, the
 order flipped every other round, so that a shared machine's load falls on both alike; the median ratio per rev.
+Each run records the machine's 1-minute load average just before it (`load_before`): right after a run it still
+holds that run's own work (it decays over about a minute; --settle S waits S seconds before each run).
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ def main() -> None:
     ap.add_argument("--archs", default="sm_90a")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--revs", nargs="+", default=["."], help="git revisions of kforge to pair ('.': installed)")
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait before each run")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     runs: dict[str, list] = {rev: [] for rev in a.revs}
@@ -93,6 +96,7 @@ def main() -> None:
         for i in range(a.repeat):
             for rev in (a.revs if i % 2 == 0 else a.revs[::-1]):
                 dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
+                time.sleep(a.settle)
                 load = os.getloadavg()[0]   # the machine's 1-minute load before the run (others' work on it)
                 r = {**one_build(dest, a.jobs, a.archs, envs[rev]), "load_before": load}
                 runs[rev].append(r)
