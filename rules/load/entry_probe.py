@@ -37,13 +37,14 @@ may name its "family": an error of the device model names it):
   computes that family again
 
 Each module is imported in a process of its own, forked from the child once it has prepared the arch and
-imported the module's top-level package (a library that imports torch and every op in its __init__ pays that
-once per child): what a module's process read is that module's, whatever other families the child answered
-for before, and never less than all its answers could depend on.
+imported the module's package (a library that imports torch and every op in its __init__ files pays that once
+per child): what a module's process read is that module's (with the packages the child imported before it),
+whatever other families the child answered for before, and never less than all its answers could depend on.
 """
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import subprocess
@@ -517,11 +518,11 @@ def main() -> None:
     misses = _Misses.install(recorder)
     unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
     servers: dict[str, _ModuleServer] = {}
-    packages: dict[str, str] = {}   # top-level package -> why its import failed ("" when it did not)
+    packages: dict[str, str] = {}   # a module's package -> why its import failed ("" when it did not)
     for line in sys.stdin:
         request = json.loads(line)
         module = _named(request)[0]
-        package = module.split(".")[0] if "." in module else ""
+        package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
         if unusable:
             reply = {"error": unusable}
         elif package and (packages[package] if package in packages else
@@ -532,6 +533,8 @@ def main() -> None:
             if server is None:
                 while len(servers) >= MODULE_SERVERS:   # the least recently asked: its families are done with it
                     servers.pop(next(iter(servers))).close()
+                recorder.files()   # each path read so far named here, once: the module's process inherits the names
+                gc.freeze()   # what is here already is never collected in the module's process: no page copied for it
                 server = _ModuleServer(module)
             servers[module] = server   # now the most recently asked
             reply = server.ask(request)
@@ -572,9 +575,9 @@ def _read(recorder, misses: "_Misses") -> list[str]:
 
 
 def _import_package(package: str) -> str:
-    """Import a family module's top-level package here, once, so that each module's process (forked from here)
-    has it: a library whose __init__ imports every op and torch pays that once per probe, not once per module.
-    Why it failed, in one line ("" if it did not): every module of the package answers that."""
+    """Import a family module's package here, once, so that each module's process (forked from here) has it: a
+    library whose __init__ files import every op and torch pays that once per probe, not once per module. Why it
+    failed, in one line ("" if it did not): every module of the package answers that."""
     import importlib
     try:
         importlib.import_module(package)
