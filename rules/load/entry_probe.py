@@ -511,7 +511,7 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from kforge.load import observe
+    from kforge.load import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
     recorder.start()   # never again: every reply holds all that its module's process read (see _ModuleServer)
@@ -523,6 +523,7 @@ def main() -> None:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
+        device_model.serving(request.get("family", ""))   # the package's import may need the GPU too
         if unusable:
             reply = {"error": unusable}
         elif package and (packages[package] if package in packages else
