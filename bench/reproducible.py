@@ -7,7 +7,7 @@ own archs (no archs= on the command line).
 Each build is a project of its own (DIR/a and DIR/b-somewhere/else/entirely): the checkout's kernels/,
 dodo.py, pyproject.toml and the chosen families' specs (from specs/ and tests/liger_specs/), and a site/
 folder holding a copy of liger_kernel with its dist-info when a spec names it, put on PYTHONPATH (a library
-installed at another path; liger's autotuned entries are the wrapped ones). tests/test_observed.py does the
+installed at another path; liger's autotuned entries are the wrapped ones). tests/load/test_observe_edits.py does the
 same for its own library (a helper through a module object, a generated source, a library's wrapper class). Before the second build
 every one of its files gets another mtime (a day later). Both run `doit archs=...` (every chosen family and
 the bundles), then every file under out/ but kforge's and doit's private state and the run's report and

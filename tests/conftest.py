@@ -11,7 +11,7 @@ os.environ["KFORGE_LOCAL_CACHE"] = "off"
 
 def pytest_addoption(parser):
     parser.addoption("--simulate-all", action="store_true",
-                     help="run every case of the simulated world's matrix (tests/test_ep_simulated_world.py); "
+                     help="run every case of the simulated world's matrix (tests/kernels/ep/test_simulate.py); "
                           "without it, a representative part at each world")
 
 

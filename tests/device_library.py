@@ -1,4 +1,4 @@
-"""A small Triton library written for the device-model tests (tests/test_device_model.py): it asks for a GPU the
+"""A small Triton library written for the device-model tests (tests/load/test_device_model.py): it asks for a GPU the
 way GEMM libraries do, so that on a CPU it imports only under kforge's device model.
 
     devlib/__init__.py   asserts a GPU at import, reads the capability and Triton's active target there

@@ -1,4 +1,4 @@
-"""A Triton op library written for the shared-environment tests (tests/test_library_env.py) and the second
+"""A Triton op library written for the shared-environment tests (tests/load/test_shared_env.py) and the second
 virtualenv bench (bench/second_venv.py): it does at import what libraries users install do, all at once.
 
     envlib/__init__.py   keeps its import's stack (traceback.format_stack(): the launcher that started the

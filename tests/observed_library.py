@@ -1,4 +1,4 @@
-"""A small Triton op library written for the observed-inputs tests (tests/test_observed.py) and the
+"""A small Triton op library written for the observed-inputs tests (tests/load/test_observe_edits.py) and the
 reproducibility bench: it uses every pattern a library uses that reading its source cannot follow.
 
     kfl/__init__.py       imports kfl.helpers: a kernel reaches kfl.helpers.offsets through the module object

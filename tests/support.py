@@ -226,6 +226,6 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 def copy_built(folder: Path, to: Path) -> Path:
     """A copy of a built_once folder for one test to change (copying is far cheaper than compiling again;
-    kforge finds a moved project's artifacts up to date, tests/test_action.py holds that)."""
+    kforge finds a moved project's artifacts up to date, tests/compile/test_action.py holds that)."""
     shutil.copytree(folder, to, symlinks=True)
     return to

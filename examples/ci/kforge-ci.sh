@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kforge in CI: the shell steps a workflow runs, in this order (examples/ci/github-actions.yml and
-# gitlab-ci.yml; tests/test_ci_recipe.py runs them in a temporary checkout).
+# gitlab-ci.yml; tests/examples/test_ci.py runs them in a temporary checkout).
 #
 #   bash examples/ci/kforge-ci.sh install   README's set-up: an in-tree .venv with kforge installed
 #   (the runner restores out/ from its cache here: kforge decides rebuilds by content, so any earlier out/ is a

@@ -24,7 +24,7 @@ _SPECS = {family: tomllib.loads((SPECS / f"{family}.toml").read_text()) for fami
 def _spec_constants() -> dict[str, dict]:
     """[constants] of specs/ep_*.toml and the compile options their sweeps fix to one value, read from the specs
     themselves: the JIT path (no library) compiles exactly what the bundles hold. ep_dispatch's BLOCK_T must be
-    ep_route's: it finds each token's block of the route (tests/test_ep_launch.py checks)."""
+    ep_route's: it finds each token's block of the route (tests/kernels/ep/test_launch.py checks)."""
     constants = {}
     for family, spec in _SPECS.items():
         fixed = {k: v[0] for k, v in spec.get("sweep", {}).items() if k in COMPILE_OPTIONS and len(v) == 1}

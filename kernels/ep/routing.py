@@ -1,6 +1,6 @@
 """Where each token goes, in plain torch ops (no host sync): the reference and the case matrix use it; the op
 computes the same on the GPU (route_kernel per block of tokens, dispatch_kernel adding up the blocks before),
-which the verify sweep checks against it and tests/test_ep_kernels.py checks on the CPU."""
+which the verify sweep checks against it and tests/kernels/ep/test_triton_kernels.py checks on the CPU."""
 from __future__ import annotations
 
 import torch

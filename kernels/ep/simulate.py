@@ -4,7 +4,7 @@ in one process, the ranks simulated, checked by the same oracle and comparison a
     python -m kernels.ep.simulate                    the whole matrix at world 8 and 16 (sets TRITON_INTERPRET=1)
     python -m kernels.ep.simulate --world 4 [--world 32] [--only NAME]
 
-The tests run it a case a test (tests/test_ep_simulated_world.py): by default a representative part of the
+The tests run it a case a test (tests/kernels/ep/test_simulate.py): by default a representative part of the
 matrix at world 8 and 16 (its docstring says which and why), every case with `pytest --simulate-all`.
 
 Each call runs the op's kernels in the op's order, a phase at a time over all ranks: route, dispatch (the real
@@ -37,7 +37,7 @@ from kernels.ep.cases import Case, matrix
 
 def interpreter_patches() -> None:
     """Triton 3.6's interpreter with one fix and less wasted work per step; what the kernels
-    compute is unchanged (tests/test_ep_simulated_world.py holds the internals these rely on):
+    compute is unchanged (tests/kernels/ep/test_simulate.py holds the internals these rely on):
     - a runtime scalar used as a loop bound (dispatch_kernel's `range(0, b, BLOCKS)`) becomes an int
       through int() of a one-element array, which NumPy 2 refuses: the same conversion through .item();
     - every call of a @triton.jit helper inside a kernel patches triton.language again (inspect.getmembers
@@ -289,7 +289,7 @@ def sweep(world_size: int, only: str | None = None, tk=None):
 
 
 def serve(requests=sys.stdin, answers=sys.stdout) -> int:
-    """`--serve`, for the tests (tests/test_ep_simulated_world.py): a request a line, {"world": W, "case": NAME,
+    """`--serve`, for the tests (tests/kernels/ep/test_simulate.py): a request a line, {"world": W, "case": NAME,
     "kernels": PATH or null (a copy of triton_kernels.py, e.g. with a planted bug)}, answered by run_case's
     result as a line of JSON; an error is answered too ({"case", "ok": false, "error"}), and serving goes on.
     Python, torch and Triton are imported once for many cases, not once a case."""

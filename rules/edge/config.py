@@ -10,7 +10,7 @@ Through doit's plugin points:
   - the task loader (Loader, declared in pyproject.toml): dodo.py loaded as doit loads it, and the command line
     checked before doit's own parser reads it (check_arguments).
 Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
-against doit's code by tests/test_edge_config.py):
+against doit's code by tests/edge/test_config.py):
   - the runner: doit_runner.PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue
     kept ahead of the workers, a cap on parallel compiles, workers that die with the master);
   - tasks that run after failed dependencies (`doit package` ships what built, lists what failed).
@@ -178,7 +178,7 @@ def backend() -> str:
 
 
 # doit's internals kforge replaces, for want of a plugin point in doit 0.37.0, and why: only here, each checked
-# against doit's code by tests/test_edge_config.py, so that a doit that moved them fails a test, not a build.
+# against doit's code by tests/edge/test_config.py, so that a doit that moved them fails a test, not a build.
 DOIT_PATCHES = {
     "doit.cmd_run.MRunner": "doit's `run` picks its process runner by this name (install_runner)",
     "doit.cmd_run.MThreadRunner": "and its thread runner (install_runner)",

@@ -1,7 +1,7 @@
 """The interface every artifact cache implements, as a source the installer takes artifacts from
 (rules/store/arrival.py: arrive(target, cache)) and a store the compile action keeps them in
 (rules/compile/action.py). The local cache (local_cache.Source) and the remote cache (remote_cache.RemoteCache)
-implement it; a new cache subclasses ArtifactCache and is checked by tests/test_cache.py."""
+implement it; a new cache subclasses ArtifactCache and is checked by tests/share/test_cache.py."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -1,0 +1,442 @@
+"""compile_core: compile_into handing back a (fake) backend's binary as a candidate artifact, compiled with
+another project's out/ for its scratch files, through a real compile server; a library imported at most once
+in any compile server (one that registers torch operators at import, one whose import fails). checked()'s refusals are in
+tests/compile/test_action.py; CompileResult is tested in tests/store/test_arrival.py."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import pytest
+
+from kforge.store import artifact
+from kforge.compile import core as compile_core, lowering
+from kforge.base import stamps
+from kforge.store.arrival import CompileResult
+from kforge.base.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
+from tests.support import doit, make_project, statuses, write_files
+
+# --- the backend table ------------------------------------------------------------------------------------------
+
+def test_each_toolchain_imports_its_own_backend_alone_and_no_compiler():
+    """backend_of imports a toolchain's backend module, which registers itself in lowering's table: in a fresh
+    process, Triton's adds Triton's alone (a Triton build never imports FlyDSL's), and neither imports its
+    compiler (warm() does, in the process that compiles)."""
+    code = ("import sys\n"
+            "from kforge.compile import core as compile_core, lowering\nfrom kforge.declare import spec\n"
+            "for toolchain in spec.TOOLCHAINS:\n"
+            "    before = set(lowering.BACKENDS)\n"
+            "    assert isinstance(compile_core.backend_of(toolchain), lowering.Backend)\n"
+            "    print(toolchain, sorted(set(lowering.BACKENDS) - before),\n"
+            "          sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'flydsl', 'torch')\n"
+            "                 or m.endswith('_backend') and m.startswith('kforge.')))\n")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines == ["triton ['triton'] ['kforge.compile.triton_backend']",
+                     "flydsl ['flydsl'] ['kforge.compile.flydsl_backend', 'kforge.compile.triton_backend']"]
+
+
+# --- compile_into ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(project, its one sm_90a target, that target's real binary), compiled once by doit."""
+    root = make_project(tmp_path_factory.mktemp("compiled"))
+    doit(root, "-n", "1")
+    [target] = build_targets(load_specs(root), root, None)
+    binary = (Path(target.out_dir) / "scale_kernel.cubin").read_bytes()
+    return root, target, binary
+
+
+@pytest.fixture
+def fake_backend(monkeypatch, compiled):
+    """A backend whose lower() hands back the real binary and records, in meta.json's toolchain fields, the
+    target and scratch directory it was given and the process it ran in."""
+    _, _, binary = compiled
+    fake = types.SimpleNamespace(error=None)   # what the test sets: the error lower() raises
+
+    def lower(target, scratch):
+        if fake.error:
+            raise RuntimeError(fake.error)
+        return lowering.Lowered(binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.123456,
+                                fields={"seen_out": str(target.layout.out), "seen_out_dir": target.out_dir,
+                                        "seen_scratch": scratch, "seen_scratch_existed": os.path.isdir(scratch),
+                                        "seen_tempdir": tempfile.gettempdir(),
+                                        "seen_TMPDIR": os.environ.get("TMPDIR"),
+                                        "child_personality": subprocess.run(
+                                            ["cat", "/proc/self/personality"], capture_output=True,
+                                            text=True).stdout.strip(),
+                                        "lowered_in": os.getpid()})
+    monkeypatch.setitem(lowering.BACKENDS, "fake",
+                        lowering.Backend(lower, lambda root: None, arch_per_process=False, import_in="worker"))
+    monkeypatch.setattr(compile_core, "_servers", {})
+    yield fake
+    for server in compile_core._servers.values():
+        server.close()
+
+
+def into(compiled, private_root):
+    root, target, _ = compiled
+    return compile_core.compile_into(target._replace(toolchain="fake"), private_root, str(root), 60)
+
+
+def listing(directory: Path) -> dict[str, list | None]:
+    return {str(p.relative_to(directory)): stamps.identity(str(p)) for p in sorted(directory.rglob("*"))}
+
+
+def meta_of(outcome) -> dict:
+    return json.loads(outcome.result.files[artifact.META])
+
+
+def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(compiled, fake_backend, tmp_path):
+    root, target, binary = compiled
+    private = tmp_path / "worker"
+    outcome = into(compiled, private)
+    assert outcome.ok, outcome.error
+    assert outcome.result.result._replace(spans=()) == CompileResult(compile_seconds=0.1235,
+                                                                     sha256=artifact.sha256(binary))
+    # for the build trace: a fresh compile server's set-up comes with its first target
+    assert [phase for phase, _, _ in outcome.result.result.spans] == ["start", "compile", "check"]
+    again = into(compiled, tmp_path / "again")
+    assert [phase for phase, _, _ in again.result.result.spans] == ["compile", "check"]
+    assert sorted(outcome.result.files) == ["meta.json", "scale_kernel.cubin"]
+    meta, _, on_disk = artifact.accept(target, outcome.result.files)   # what the installer checks
+    assert on_disk == binary
+    assert meta["key"] == target.key and meta["target"] == target.name and meta["sha256"] == outcome.result.result.sha256
+    directory = Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
+    assert directory == private / "out" / "sm_90a" / "scale" / target.config_id and not directory.exists()
+    # the backend was handed the private paths, and lowered in the forked compile server
+    assert (meta["seen_out"], meta["seen_out_dir"]) == (str(private / "out"), str(directory))
+    assert meta["lowered_in"] != os.getpid()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux personality flag")
+def test_what_the_compile_server_runs_starts_with_a_fixed_address_layout(compiled, fake_backend, tmp_path):
+    """ptxas for sm_100a gave two different cubins for one PTX under address randomization: the compile server
+    turns it off for the programs it starts (as `setarch -R` would), and this process keeps its own."""
+    outcome = into(compiled, tmp_path / "worker")
+    assert outcome.ok, outcome.error
+    assert int(meta_of(outcome)["child_personality"], 16) & compile_core.ADDR_NO_RANDOMIZE
+    assert not int(Path("/proc/self/personality").read_text(), 16) & compile_core.ADDR_NO_RANDOMIZE
+
+
+def test_compile_into_leaves_the_projects_own_out_untouched(compiled, fake_backend, tmp_path):
+    root, target, _ = compiled
+    before = listing(root / "out")
+    assert into(compiled, tmp_path / "worker").ok
+    assert listing(root / "out") == before
+
+
+def test_compile_into_gives_the_backend_a_fresh_scratch_directory_and_removes_it_after(compiled, fake_backend,
+                                                                                       tmp_path):
+    private = tmp_path / "worker"
+    meta = meta_of(into(compiled, private))
+    scratch = Path(meta["seen_scratch"])
+    assert meta["seen_scratch_existed"] and scratch.is_relative_to(private / "out")
+    assert not scratch.exists()
+
+
+def test_compile_into_puts_the_scratch_directory_in_the_private_projects_kforge_state(compiled, fake_backend,
+                                                                                      tmp_path):
+    private = tmp_path / "worker"
+    meta = meta_of(into(compiled, private))
+    assert Path(meta["seen_scratch"]).parent == Layout(private).scratch
+    assert not (private / "out" / "out").exists()
+
+
+def test_a_backend_error_in_compile_into_fails_and_writes_no_artifact(compiled, fake_backend, tmp_path):
+    fake_backend.error = "LLVM ERROR: out of registers"
+    private = tmp_path / "worker"
+    outcome = into(compiled, private)
+    assert not outcome.ok and "out of registers" in outcome.error and outcome.result is None
+    _, target, _ = compiled
+    assert not Layout(private).artifact_dir(target.arch, target.kernel, target.config_id).exists()
+
+
+def test_the_compilers_temp_files_go_to_the_compiles_scratch_folder(compiled, fake_backend, tmp_path):
+    """Triton and ptxas write temp files (.ptx, .o, .log) where tempfile and TMPDIR say: the compile's own
+    scratch folder under out/.kforge/tmp, removed with it, never the system's temp directory."""
+    private = tmp_path / "worker"
+    meta = meta_of(into(compiled, private))
+    assert meta["seen_tempdir"] == meta["seen_TMPDIR"] == meta["seen_scratch"]
+    assert list(Layout(private).scratch.iterdir()) == []
+
+
+# --- a library is imported at most once in any compile server (import_context) ---------------------------
+
+REGOPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+import regops
+
+
+@triton.jit
+def {entry}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * {factor}, mask=i < n)
+'''
+
+REGOPS_FILES = {
+    # the common pattern: the package defines its torch operators when imported
+    "regops/__init__.py": '''
+        import os
+
+        import torch
+
+        if os.environ.get("REGOPS_BROKEN_FLAG") and os.path.exists(os.environ["REGOPS_BROKEN_FLAG"]):
+            raise ImportError("regops: its native backend cannot load (a missing dependency)")
+        LIB = torch.library.Library("kforge_regops", "FRAGMENT")
+        LIB.define("twice(Tensor x) -> Tensor")
+        ''',
+    "regops/one.py": REGOPS_KERNEL.format(entry="one_kernel", factor=2),
+    "regops/two.py": REGOPS_KERNEL.format(entry="two_kernel", factor=3),
+}
+
+REGOPS_SPEC = '''
+[kernel]
+name = "{name}"
+module = "regops.{module}"
+entry = "{module}_kernel"
+toolchain = "triton"
+archs = ["sm_90a", "gfx942"]
+id = "b{{BLOCK}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+BLOCK = [128, 256]
+num_warps = [4]
+'''
+
+
+def regops_project(tmp_path: Path) -> tuple[Path, dict]:
+    site = write_files(tmp_path / "site", REGOPS_FILES)
+    root = make_project(tmp_path / "p", specs={f"reg_{m}": REGOPS_SPEC.format(name=f"reg_{m}", module=m)
+                                               for m in ("one", "two")}, kernels={})
+    return root, {"PYTHONPATH": str(site)}
+
+
+def test_a_library_that_registers_torch_operators_at_import_builds_every_target_in_one_worker(tmp_path):
+    """One worker builds both modules for both archs: its package server imported `regops` (which registers
+    torch operators) once and forked a server per module. Each target's record holds the package and its own
+    module, never its sibling (what a fresh process importing that module would read): an edit of one module
+    rebuilds only its targets."""
+    root, env = regops_project(tmp_path)
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)   # one worker: every module and arch in turn
+    assert len(statuses(root, "built")) == 8   # 2 modules x 2 archs x 2 configs
+    for meta in (root / "out").glob("*/reg_*/*/meta.json"):
+        read = dict(json.loads(meta.read_text())["inputs"])
+        module = meta.parent.parent.name.removeprefix("reg_")
+        sibling = {"one": "two", "two": "one"}[module]
+        assert "regops/__init__.py" in read and f"regops/{module}.py" in read and f"regops/{sibling}.py" not in read
+    two = tmp_path / "site" / "regops" / "two.py"
+    two.write_text(two.read_text().replace("* 3", "* 5"))
+    doit(root, "-n", "1", "reg_one", "reg_two", env=env)
+    assert {t.split(":")[0] for t in statuses(root, "built")} == {"reg_two"}
+    assert len(statuses(root, "built")) == 4 and len(statuses(root, "up-to-date")) == 4
+
+
+def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_against_it(tmp_path):
+    root, env = regops_project(tmp_path)
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    env = {**env, "REGOPS_BROKEN_FLAG": str(flag)}
+    proc = doit(root, "-n", "1", "reg_one", "archs=sm_90a", env=env, check=False)
+    assert proc.returncode != 0
+    assert len(statuses(root, "failed")) == 2 and not statuses(root, "built"), proc.stdout[-3000:]
+    flag.unlink()   # the cause is gone (the failure's inputs include the flag's absence: nothing to replay)
+    doit(root, "-n", "1", "reg_one", "archs=sm_90a", env=env)
+    assert len(statuses(root, "built")) == 2
+
+
+def test_only_failures_the_same_inputs_give_again_are_kept():
+    """A truncated binary (a full disk), a tool killed by a signal (the OOM killer), a write that failed: the
+    machine's, not the kernel's; a compiler's error on these inputs is the kernel's (kept and replayed)."""
+    def raised_while_handling(cause):
+        try:
+            try:
+                raise cause
+            except subprocess.CalledProcessError:
+                raise RuntimeError("PTXAS error: `ptxas` failed with error code")
+        except RuntimeError as e:
+            return e
+    assert compile_core.transient(compile_core.BadBinary("bad binary from triton: not an ELF file"))
+    assert compile_core.transient(raised_while_handling(subprocess.CalledProcessError(-9, "ptxas")))
+    assert compile_core.transient(OSError(28, "No space left on device"))
+    assert not compile_core.transient(raised_while_handling(subprocess.CalledProcessError(255, "ptxas")))
+    assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))
+
+
+def test_a_worker_names_tritons_private_cache_by_its_version_and_libtritons_identity_without_hashing_it(tmp_path):
+    """Triton's own cache key hashes libtriton (415 MB, 0.3 s per doit worker): a compile's Triton cache is its
+    own scratch folder, so the name need not be that digest; the toolchain is in the target's key."""
+    script = f"""
+import os, triton
+from triton.runtime import cache
+from kforge.compile import triton_backend
+triton_backend.warm({str(tmp_path)!r})
+library = os.path.join(os.path.dirname(triton.__file__), "_C", "libtriton.so")
+st = os.stat(library)
+assert cache.triton_key() == f"{{triton.__version__}}-kforge-{{st.st_ino}}-{{st.st_size}}-{{st.st_mtime_ns}}", cache.triton_key()
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
+# --- what a compile read: named and hashed once per server while nothing it depends on changes ---------------
+
+def test_a_servers_targets_share_what_their_reads_were_named_and_hashed_to_until_a_file_or_a_read_changes(
+        tmp_path, monkeypatch):
+    """The targets of one compile server read the same files (its imports, the compiler's own): _inputs names and
+    hashes them once, and again as soon as a file's content or the set of files read changes, so that each
+    target's record stays what it would be computed afresh."""
+    root, recorder, hashed = inputs_of(tmp_path, monkeypatch)
+    monkeypatch.setattr(compile_core, "RACY_S", 0.0)   # these files were written just now
+    a, b = root / "tk" / "a.py", root / "tk" / "b.py"
+    recorder.seen = {str(a)}
+    first = compile_core._inputs(recorder)
+    assert first == [["tk/a.py", hashlib.sha256(b"A = 1\n").hexdigest()]]
+    assert compile_core._inputs(recorder) == first and len(hashed) == 1   # the next target: nothing hashed again
+    scratch = root / "out" / ".kforge" / "tmp" / "sm_90a-k" / "k.ptx"   # each compile's own scratch files
+    recorder.seen.add(str(scratch))
+    recorder.written.add(str(scratch))
+    assert compile_core._inputs(recorder) == first and len(hashed) == 1
+    a.write_text("A = 30\n")   # an input changed (here, after its import read it: its record says its content)
+    assert compile_core._inputs(recorder) == [["tk/a.py", hashlib.sha256(b"A = 30\n").hexdigest()]]
+    recorder.seen.add(str(b))   # a compile read one more file
+    assert [name for name, _ in compile_core._inputs(recorder)] == ["tk/a.py", "tk/b.py"]
+    b.unlink()   # an input gone is no input, as computed afresh
+    assert [name for name, _ in compile_core._inputs(recorder)] == ["tk/a.py"]
+    assert len(hashed) == 4
+
+
+def test_what_a_compile_read_is_hashed_again_while_one_of_its_files_changed_too_recently_to_trust_its_stat(
+        tmp_path, monkeypatch):
+    """A file changed within one tick of the file system's clock may change again with the same size and times:
+    its stat cannot tell, so nothing is kept while a file changed less than RACY_S ago."""
+    root, recorder, hashed = inputs_of(tmp_path, monkeypatch)
+    a = root / "tk" / "a.py"
+    recorder.seen = {str(a)}
+    compile_core._inputs(recorder)
+    a.write_text("A = 2\n")   # the same size, and the same times where the clock's tick is coarse
+    assert compile_core._inputs(recorder) == [["tk/a.py", hashlib.sha256(b"A = 2\n").hexdigest()]]
+    assert len(hashed) == 2
+
+
+def inputs_of(tmp_path, monkeypatch):
+    """A project with two modules, a recorder reading in it (not installed) and the list of what was hashed."""
+    from kforge.load import observe
+    root = make_project(tmp_path / "p", specs={}, kernels={"a": "A = 1\n", "b": "B = 2\n"})
+    monkeypatch.setattr(compile_core, "_named_from", [str(root), tuple(sys.path)])
+    monkeypatch.setattr(compile_core, "_memo", compile_core._InputsMemo())
+    hashed = []
+    digests = observe.digests
+    monkeypatch.setattr(observe, "digests", lambda files, *args: hashed.append(set(files)) or digests(files, *args))
+    return root, observe.Recorder(str(root)), hashed
+
+
+# --- early cutoff: an input changed that cannot change a target's code compiles nothing -----------------------
+
+ALLOPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+from allops import SCALE
+
+
+@triton.jit
+def {entry}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * {factor} * SCALE, mask=i < n)
+'''
+
+ALLOPS_FILES = {
+    # a library whose __init__ imports every op, and reads a setting at import into a constexpr global: a file
+    # the kernels' sources never name, which changes their code
+    "allops/__init__.py": '''
+        import json
+        import os
+
+        import triton.language as tl
+
+        SCALE = tl.constexpr(json.load(open(os.path.join(os.path.dirname(__file__), "scale.json")))["scale"])
+
+        from . import one, two  # noqa: E402,F401
+        ''',
+    "allops/scale.json": '{"scale": 2}\n',
+    "allops/one.py": ALLOPS_KERNEL.format(entry="one_kernel", factor=2),
+    "allops/two.py": ALLOPS_KERNEL.format(entry="two_kernel", factor=3),
+}
+
+
+def allops_project(tmp_path: Path) -> tuple[Path, dict]:
+    site = write_files(tmp_path / "site", ALLOPS_FILES)
+    spec = REGOPS_SPEC.replace('"regops.', '"allops.').replace('["sm_90a", "gfx942"]', '["sm_90a"]')
+    root = make_project(tmp_path / "p", specs={f"all_{m}": spec.format(name=f"all_{m}", module=m)
+                                               for m in ("one", "two")}, kernels={})
+    return root, {"PYTHONPATH": str(site), "KFORGE_LOCAL_CACHE": "off"}
+
+
+def origins(root: Path) -> dict[str, str]:
+    return {t["name"]: t.get("origin", t["status"])
+            for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"]}
+
+
+def binaries(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in (root / "out").rglob("*.cubin")}
+
+
+def test_an_edit_that_cannot_change_a_kernels_code_compiles_none_of_its_targets(tmp_path):
+    """First a comment at the end of one.py: one's targets' key changed (their source's digest is in it),
+    nothing else in it did, and Triton's digest of one_kernel is the same; two's targets only read it. Every
+    target ends `unchanged` (early cutoff), binaries untouched. Then two.py's kernel edited: every target read
+    it (the package's __init__ imports every op), but only two's own can change; one's stay `unchanged`, their
+    meta.json's inputs renewed: byte for byte what a build from nothing writes. The next run is a no-op."""
+    root, env = allops_project(tmp_path)
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    one = tmp_path / "site" / "allops" / "one.py"
+    one.write_text(one.read_text() + "# a comment\n")
+    out = doit(root, "-n", "1", env=env).stdout
+    assert set(origins(root).values()) == {"unchanged"}, out
+    assert binaries(root) == before
+    two = tmp_path / "site" / "allops" / "two.py"
+    two.write_text(two.read_text().replace("* 3", "* 5"))
+    out = doit(root, "-n", "1", env=env).stdout
+    assert origins(root) == {"all_one:b128@sm_90a": "unchanged", "all_one:b256@sm_90a": "unchanged",
+                             "all_two:b128@sm_90a": "compiled", "all_two:b256@sm_90a": "compiled"}, out
+    assert "built 4 (2 unchanged: early cutoff, not compiled)" in out
+    after = binaries(root)
+    assert {p for p in after if after[p] != before[p]} == {p for p in after if "all_two" in p}
+    meta = json.loads((root / "out/sm_90a/all_one/b128/meta.json").read_text())
+    assert dict(meta["inputs"])["allops/two.py"] == hashlib.sha256(two.read_bytes()).hexdigest()
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"up-to-date"}
+    metas = {p: p.read_bytes() for p in (root / "out").rglob("meta.json")}
+    shutil.rmtree(root / "out")
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}
+    assert {p: p.read_bytes() for p in (root / "out").rglob("meta.json")} == metas
+
+
+def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_never_cut_off(tmp_path):
+    """scale.json is no source of any kernel: the import reads it into a constexpr global both kernels use.
+    Triton's source digest holds the constexpr's value, so every target compiles, and the code differs."""
+    root, env = allops_project(tmp_path)
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    (tmp_path / "site" / "allops" / "scale.json").write_text('{"scale": 4}\n')
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}
+    after = binaries(root)
+    assert all(after[p] != before[p] for p in after)

@@ -1,0 +1,200 @@
+"""rules/declare/records.py: record files in the catalog -> targets, de-duplicated, every line checked."""
+import json
+
+import pytest
+
+from kforge.plan.catalog import Catalog
+from kforge.base.errors import SpecError
+from tests.support import REPO, doit, make_project, spec_text, statuses
+
+
+def line(block, arch="sm_90a", warps=4, **changes):
+    record = {"format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": arch,
+              "signature": [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]],
+              "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
+              "options": {"num_warps": warps, "num_stages": 3}}
+    return json.dumps({**record, **changes}, sort_keys=True)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "p", specs={})
+    monkeypatch.syspath_prepend(str(root))   # as doit puts the project first on the path
+    return root
+
+
+def targets(root):
+    return {t.name: t for t in Catalog(root, None, 50_000).load().targets}
+
+
+def test_records_become_targets_and_a_repeated_line_is_one(project):
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), line(256), line(128), ""]))
+    found = targets(project)
+    assert len(found) == 2 and all(n.startswith("rec_scale_kernel_") and n.endswith("@sm_90a") for n in found)
+    t = next(t for t in found.values() if dict(t.constexprs)["BLOCK"] == 256)
+    assert dict(t.options) == {"num_warps": 4, "num_stages": 3} and t.divisible_by_16 == ("x_ptr", "y_ptr")
+    assert t.signature == (("x_ptr", "*fp16"), ("y_ptr", "*fp16"), ("n", "i32"), ("BLOCK", "constexpr"))
+
+
+def test_record_archs_build_a_record_for_more_archs(project):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "sm_90a"]
+
+
+def test_a_record_the_catalog_already_builds_is_dropped(project):
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))   # fp16, BLOCK 128, 4 warps
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n" + line(128, warps=8) + "\n")
+    found = targets(project)
+    recorded = sorted((dict(t.constexprs)["BLOCK"], dict(t.options)["num_warps"])
+                      for n, t in found.items() if n.startswith("rec_"))
+    assert recorded == [(128, 8), (256, 4)] and "scale:fp16-b128-w4@sm_90a" in found
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("{not json", r"specs/app.jsonl:2: not a JSON object"),
+    (line(64, arch="sm_89"), r"specs/app.jsonl:2: arch 'sm_89' is not one kforge builds"),
+    (line(64, arch=["sm_90a"]), r"specs/app.jsonl:2: arch \['sm_90a'\] is not one kforge builds"),
+    (line(64, kernel="tk/scale.py"), r"specs/app.jsonl:2: kernel 'tk/scale.py' is not 'module:function'"),
+    (line(64, format="other"), r"specs/app.jsonl:2: not a kforge-record-1 record"),
+    (line(64, signature={"x": "*fp16"}), r"specs/app.jsonl:2: signature must be a list of \[argument, type\] pairs"),
+])
+def test_a_bad_line_is_one_error_naming_the_file_and_line(project, bad, message):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + bad + "\n")
+    with pytest.raises(SpecError, match=message):
+        targets(project)
+
+
+def test_a_record_that_does_not_match_the_kernel_gets_the_specs_message(project):
+    wrong = line(128, signature=[["x_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]])
+    (project / "specs" / "app.jsonl").write_text(wrong + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl: tk.scale:scale_kernel: \[signature\] must list the "
+                                        r"arguments of scale_kernel in order"):
+        targets(project)
+
+
+def test_recorded_targets_build(project):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n")
+    doit(project, "-n", "2")
+    assert len(statuses(project, "built")) == 2
+
+
+def test_a_record_that_cannot_run_on_an_added_arch_is_left_out_there(project):
+    """32 warps (a Hopper choice) exceed wave64 AMD's 1,024 threads a block: that arch runs another config."""
+    (project / "specs" / "app.jsonl").write_text(line(128, warps=32) + "\n" + line(256) + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    found = {(dict(t.constexprs)["BLOCK"], t.arch) for t in targets(project).values()}
+    assert found == {(128, "sm_90a"), (256, "sm_90a"), (256, "gfx942")}
+
+
+def test_a_line_with_one_vendors_option_is_built_only_for_that_vendor(project):
+    amd = line(128, arch="gfx942", options={"num_warps": 4, "num_stages": 2, "waves_per_eu": 2})
+    (project / "specs" / "app.jsonl").write_text(amd + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["sm_90a", "gfx950"]\n')
+    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "gfx950"]
+
+
+def tuned(block, key, warps=4, **changes):
+    return line(block, warps=warps, autotune={"key": key, "config": {"BLOCK": block, "num_warps": warps}}, **changes)
+
+
+def test_an_autotuners_pick_builds_once_and_reaches_the_bundle_for_its_key(project):
+    """Two keys that picked the same config are one target; the manifest maps each key to its config; the last
+    line for a key wins (a later recording supersedes); a pick is listed for each arch its line builds for."""
+    from kforge_runtime import Bundle
+    from tests.ship.test_package import wheel
+    lines = [tuned(128, [1000, "torch.float16"]), tuned(128, [4096, "torch.float16"]),
+             tuned(256, [7, "torch.float16"]), tuned(128, [7, "torch.float16"]), line(256),
+             tuned(512, [99, "torch.float16"], warps=32)]
+    (project / "specs" / "app.jsonl").write_text("\n".join(lines) + "\n")
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    catalog = Catalog(project, None, 50_000).load()
+    assert sorted((dict(t.constexprs)["BLOCK"], t.arch) for t in catalog.targets) == [
+        (128, "gfx942"), (128, "sm_90a"), (256, "gfx942"), (256, "sm_90a"), (512, "sm_90a")]
+    assert sorted((t["arch"], t["key"][0], t["config"]["BLOCK"]) for t in catalog.tuned) == [
+        ("gfx942", 7, 128), ("gfx942", 1000, 128), ("gfx942", 4096, 128),   # 32 warps cannot run on gfx942
+        ("sm_90a", 7, 128), ("sm_90a", 99, 512), ("sm_90a", 1000, 128), ("sm_90a", 4096, 128)]
+    doit(project, "-n", "2", "archs=sm_90a")
+    doit(project, "package", "archs=sm_90a")
+    picks = lambda: {t["key"][0]: t["config"]["BLOCK"] for t in Bundle(wheel(project, "sm_90a")).autotune}
+    assert picks() == {1000: 128, 4096: 128, 7: 128, 99: 512}
+    # a new pick re-packages (the saved catalog and the package stamp both see the record file change)
+    (project / "specs" / "app.jsonl").write_text("\n".join([*lines, tuned(256, [1000, "torch.float16"])]) + "\n")
+    doit(project, "package", "archs=sm_90a")
+    assert picks()[1000] == 256
+
+
+@pytest.mark.parametrize("bad", [{"key": "n", "config": {}}, {"key": [{"n": 1}], "config": {}}, {"key": []},
+                                 {"key": [], "config": {"B": [1]}}, []])
+def test_a_malformed_autotune_field_is_one_error(project, bad):
+    (project / "specs" / "app.jsonl").write_text(line(128, autotune=bad) + "\n")
+    with pytest.raises(SpecError, match=r'specs/app.jsonl:1: "autotune" must be \{"key": \[numbers and strings\], '
+                                        r'"config": \{name: value\}\}'):
+        targets(project)
+
+
+def test_a_recorded_line_reads_back_as_written(project, tmp_path):
+    """Format round trip: what the recorder writes is what the catalog reads (an autotuner's pick included)."""
+    from kforge.declare.records import read, tuned_choices
+    from kforge_runtime.record import Recorder
+    path = project / "specs" / "app.jsonl"
+    recorder = Recorder(str(path), arch="sm_90a")
+    plain = json.loads(line(128))
+    picked = json.loads(tuned(256, [1000, "torch.float16"]))
+    for written in (plain, picked, plain):
+        recorder.write(written)
+    assert read(path, "specs/app.jsonl") == [plain, {k: v for k, v in picked.items() if k != "autotune"}]
+    assert tuned_choices(path, project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
+                                            "config": {"BLOCK": 256, "num_warps": 4}}]
+    assert len(path.read_text().splitlines()) == 2   # the repeated line is written once
+
+
+def test_a_recorded_call_with_tensor_descriptors_becomes_a_target_serve_matches(project):
+    """A record line of a call with TensorDescriptors (Triton's spelling: tensordesc<fp16[64, 64]>) builds a
+    target whose meta.json has the identity serve() computes for that line, and the compile's TMA metadata."""
+    from pathlib import Path
+
+    from kforge_runtime import record, serve
+    (project / "tk" / "tma.py").write_text((REPO / "kernels" / "tma.py").read_text())
+    recorded = record.record_line(
+        "tk.tma", "tma_scale_kernel", ["x_desc", "y_desc", "scale", "BLOCK_M", "BLOCK_N"],
+        {"x_desc": "tensordesc<fp16[64, 64]>", "y_desc": "tensordesc<fp16[64, 64]>", "scale": "fp32",
+         "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}, {(3,): 64, (4,): 64}, {}, {"num_warps": 4, "num_stages": 3},
+        "sm_90a")
+    (project / "specs" / "app.jsonl").write_text(json.dumps(recorded) + "\n")
+    doit(project, "-n", "1", "archs=sm_90a")
+    meta = json.loads(next((project / "out" / "sm_90a").glob("rec_tma_scale_kernel_*/*/meta.json")).read_text())
+    options = {"num_warps": 4, "num_stages": 3}   # the bundle's manifest adds the target's options to meta.json
+    assert serve.entry_identity({**meta, "options": options}) == serve.record_identity(recorded)
+    assert [m["block_size"] for m in meta["tensordesc_meta"]] == [[64, 64], [64, 64]]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"BLOCK": NaN}', r"specs/app.jsonl:2: constexprs BLOCK: NaN is not a value kforge builds"),
+    ('{"BLOCK": 1e400}', r"specs/app.jsonl:2: constexprs BLOCK: Infinity is not a value kforge builds"),
+    ('{"BLOCK": 1' + "0" * 400 + '}', r"specs/app.jsonl:2: constexprs BLOCK: an integer of 1329 bits is not a value "),
+    ('{"BLOCK": [1, 2]}', r"specs/app.jsonl:2: constexprs BLOCK: \[1, 2\] is not a value kforge builds"),
+    ('{"BLOCK": 64, "../../x": 1}', r"specs/app.jsonl:2: constexprs: '../../x' is not an argument name"),
+])
+def test_a_line_with_a_hostile_value_is_one_error_naming_the_file_and_line(project, bad, message):
+    """NaN and 1e400 were built as BLOCK=nan and inf; a huge number, a list or a path as a name were refused only
+    for the family, without the line."""
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64).replace('{"BLOCK": 64}', bad) + "\n")
+    with pytest.raises(SpecError, match=message):
+        targets(project)
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("options", {"num_warps": 10 ** 30}, r"options num_warps: an integer of 100 bits"),
+    ("options", {"num_warps": float("nan")}, r"options num_warps: NaN"),
+    ("divisible_by_16", [5], r"divisible_by_16: 5 is not an argument name"),
+    ("autotune", {"key": [float("inf")], "config": {}}, r"autotune key: Infinity is not a value kforge builds"),
+])
+def test_a_line_with_a_hostile_option_hint_or_key_names_the_line(project, field, bad, message):
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64, **{field: bad}) + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl:2: " + message):
+        targets(project)

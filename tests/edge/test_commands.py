@@ -1,0 +1,252 @@
+"""kforge's doit commands as a user types them: info, clean, prune (forget: tests/compile/test_action.py)."""
+import os
+
+import pytest
+
+from kforge.store import guard
+from tests.support import doit, make_project, spec_text, statuses
+
+BLOCKS = (64, 128, 256)
+NAMES = {f"scale:fp16-b{b}-w4@sm_90a" for b in BLOCKS}
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=BLOCKS)})
+    doit(root, "-n", "2")
+    assert statuses(root, "built") == NAMES
+    return root
+
+
+def test_info_of_a_target_shows_what_kforge_knows_and_nothing_internal(project):
+    out = doit(project, "info", "scale:fp16-b128-w4@sm_90a").stdout
+    assert "spec: specs/scale.toml" in out and "triton entry: tk.scale.scale_kernel" in out
+    assert "config: {'dtype': 'fp16', 'BLOCK': 128, 'num_warps': 4}" in out
+    assert "artifact: out/sm_90a/scale/fp16-b128-w4/" in out and "state: up to date" in out
+    assert "key: " in out and "kforge_compile" not in out and "meta" not in out
+    (project / "tk" / "scale.py").write_text((project / "tk" / "scale.py").read_text().replace("* 2", "* 3"))
+    assert "state: stale" in doit(project, "info", "scale:fp16-b128-w4@sm_90a").stdout
+
+
+def test_info_of_a_family_lists_its_targets_and_counts_states(project):
+    (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").unlink()
+    out = doit(project, "info", "scale").stdout
+    assert "scale:fp16-b64-w4@sm_90a  not built" in out and "scale:fp16-b256-w4@sm_90a  up to date" in out
+    assert out.rstrip().endswith("scale: 3 targets: 1 not built, 2 up to date")
+    assert "no dependencies" not in out
+
+
+def test_info_of_an_unknown_name_is_one_clear_error(project):
+    bad = doit(project, "info", "scael", check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "no target or family named 'scael'; families: scale; `doit list --all` lists every target" in bad.stderr
+
+
+def test_clean_prints_one_line_and_leaves_no_empty_directories(project):
+    proc = doit(project, "clean", "scale")
+    assert proc.stdout.strip() == "kforge: removed 3 artifacts from out/"
+    assert not (project / "out" / "sm_90a").exists()   # emptied, so removed; out/ itself stays
+    assert (project / "out").is_dir()
+    one = doit(project, "clean", "scale:fp16-b64-w4@sm_90a").stdout
+    assert one.strip() == "kforge: removed 0 artifacts from out/"
+
+
+def test_prune_removes_exactly_the_artifacts_of_no_target_and_the_build_says_so(project):
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    summary = doit(project).stdout
+    assert "kforge: 2 artifacts in out/ belong to no target: `doit prune` removes them" in summary
+    assert doit(project, "prune").stdout.strip() == "kforge: pruned 2 artifacts that belonged to no target"
+    assert sorted(os.listdir(project / "out/sm_90a/scale")) == ["fp16-b128-w4"]
+    assert "nothing to prune" in doit(project, "prune").stdout
+    assert "belong to no target" not in doit(project).stdout
+
+
+def test_prune_deletes_only_what_kforge_wrote(project):
+    """A user's folder at an artifact's place (a saved profile: no meta.json, no error.txt) is not an artifact:
+    prune keeps it and says so, and the build does not count it as one."""
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    profile = project / "out/sm_90a/scale/my-profile"
+    profile.mkdir()
+    (profile / "run.ncu-rep").write_text("mine")
+    assert "kforge: 2 artifacts in out/ belong to no target" in doit(project).stdout
+    out = doit(project, "prune").stdout.splitlines()
+    assert out == ["kforge: pruned 2 artifacts that belonged to no target",
+                   "kforge: kept 1 entry at artifacts' places that kforge did not write (no meta.json or error.txt): "
+                   "out/sm_90a/scale/my-profile"]
+    assert (profile / "run.ncu-rep").read_text() == "mine"
+
+
+def test_clean_deletes_only_what_kforge_wrote(project):
+    mine = project / "out/sm_90a/scale/fp16-b64-w4"
+    for name in os.listdir(mine):   # the artifact's place now holds a user's files only
+        (mine / name).unlink()
+    (mine / "notes.txt").write_text("mine")
+    out = doit(project, "clean", "scale").stdout.splitlines()
+    assert out == ["kforge: removed 2 artifacts from out/",
+                   "kforge: refused: kept out/sm_90a/scale/fp16-b64-w4: kforge did not write it (no meta.json or "
+                   "error.txt); delete it yourself if it is not yours"]
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (project / "out/sm_90a/scale/evil").symlink_to(outside)   # a link at an artifact's place: not kforge's
+    (project / "out/gfx942").symlink_to(outside, target_is_directory=True)   # an arch dir that is a link
+    assert "nothing to prune" in doit(project, "prune").stdout
+    assert (outside / "keep.txt").read_text() == "mine" and (project / "out/sm_90a/scale/evil").is_symlink()
+    with pytest.raises(guard.OutsideOut):
+        guard.remove_artifact_dir(project / "out", project / "out" / "gfx942" / "scale" / "x")
+    with pytest.raises(guard.OutsideOut):
+        guard.remove_artifact_dir(project / "out", outside)
+    assert (outside / "keep.txt").exists()
+
+
+def test_forget_with_another_backend_is_one_clear_error_and_forgets_nothing(project):
+    bad = doit(project, "forget", "--backend", "sqlite3", "scale:fp16-b64-w4@sm_90a", check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "doit forget needs the backend 'kforge-sqlite' (dodo.py's DOIT_CONFIG), not SqliteDB" in bad.stderr
+    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
+    assert not (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    assert (project / "out/sm_90a/scale/fp16-b128-w4/meta.json").exists()
+
+
+@pytest.mark.parametrize("command", ["forget", "clean", "info"])
+def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_nothing(project, tmp_path, command):
+    """doit reads plugin commands from the pyproject.toml where it starts: `doit -f PROJ/dodo.py forget T` from
+    another folder was doit's own forget (nothing rebuilt after it) and clean did nothing."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = "scale:fp16-b64-w4@sm_90a"
+    proc = doit(elsewhere, "-f", str(project / "dodo.py"), command, target, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"kforge: `doit {command}` ran doit's own command, not kforge's: doit takes kforge's "
+                                   f"commands from [tool.doit.plugins.command] in the pyproject.toml of the folder it "
+                                   f"starts in; start it in {project.resolve()}, or name them in that pyproject.toml "
+                                   f"as README shows")
+    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    assert "up to date 3" in doit(project).stdout
+
+
+def test_a_pyproject_naming_the_commands_old_module_gets_one_line_with_the_fix(project):
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("kforge.edge.commands:", "kforge.doit_commands:"))
+    proc = doit(project, "forget", "scale:fp16-b64-w4@sm_90a", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("kforge: pyproject.toml's [tool.doit.plugins.command] names kforge.doit_commands, "
+                                  "which is now kforge.edge.commands")
+    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+
+
+def test_an_empty_or_blank_argument_to_any_command_is_one_line_with_the_fix_and_changes_nothing(project):
+    """doit reads `name=value` settings off the command line before any command runs, indexing each argument's
+    first character: `doit info ''` (a script's unset variable) was an IndexError traceback from doit's parser."""
+    for args in (["info", ""], ["forget", ""], ["clean", ""], ["list", ""], ["prune", ""], ["cache", ""], [""],
+                 ["info", "scale", ""], ["clean", " "], ["forget", "\t"], ["-n", "2", ""]):
+        proc = doit(project, *args, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("kforge: `doit "), (args, proc.stderr)
+        assert "is empty: it names no task, target or setting" in proc.stderr, proc.stderr
+    assert all((project / f"out/sm_90a/scale/fp16-b{b}-w4/meta.json").exists() for b in BLOCKS)
+    assert "up to date 3" in doit(project).stdout
+
+
+def test_a_forgotten_target_leaves_nothing_that_clean_or_prune_take_for_a_users_folder(project):
+    """forget deleted meta.json and error.txt and kept the binary: the folder then held kforge's file alone, and
+    clean refused it as 'kforge did not write it' (prune, once its config was dropped, kept and named it)."""
+    doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
+    assert not (project / "out/sm_90a/scale/fp16-b64-w4").exists()
+    out = doit(project, "clean", "scale").stdout
+    assert out.strip() == "kforge: removed 2 artifacts from out/", out
+    doit(project)
+    doit(project, "forget", "scale")
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    assert doit(project, "prune").stdout.strip() == "kforge: nothing to prune: every artifact in out/ belongs to a target"
+    assert not (project / "out/sm_90a").exists()
+
+
+@pytest.mark.parametrize("command", ["prune", "cache"])
+def test_a_command_that_takes_no_name_refuses_one_in_one_line(project, command):
+    """`doit prune scale` pruned every family's orphans (the name was dropped without a word)."""
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    proc = doit(project, command, "scale", check=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert f"kforge: doit {command} takes no target or family (given: 'scale')" in proc.stderr, proc.stderr
+    assert len(os.listdir(project / "out/sm_90a/scale")) == 3
+
+
+STATE = (".kforge/built-keys.json", ".kforge/observed-inputs.json", ".kforge/tools.json", ".kforge/catalog.json",
+         ".kforge/package-sm_90a.json", "sm_90a/scale/fp16-b64-w4/meta.json", "sm_90a/scale/fp16-b128-w4/error.txt",
+         "sm_90a/scale/fp16-b256-w4/scale_kernel.cubin")
+
+
+@pytest.mark.parametrize("how", ["fifo", "link out of out/", "another shape", "binary", "folder", "too big"])
+def test_every_state_file_kforge_reads_is_dropped_with_one_warning_and_rebuilt(project, tmp_path, how):
+    """out/ from another kforge version, a restored CI cache or a hostile archive: a FIFO at a state file's place
+    hung every command; a link out of out/ was read through; JSON of another shape or a damaged file was dropped
+    without a word (tools.json's {path: 7} even went into every key as ptxas' version)."""
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"mine": true}')
+    out = project / "out"
+    for rel in STATE:
+        path = out / rel
+        if path.exists():
+            path.unlink()
+        if how == "fifo":
+            os.mkfifo(path)
+        elif how == "link out of out/":
+            path.symlink_to(outside)
+        elif how == "another shape":
+            path.write_text('{"files": [], "recent": 7, "stamp": [1], "/x": 7}')
+        elif how == "binary":
+            path.write_bytes(bytes(range(256)) * 4)
+        elif how == "folder":
+            path.mkdir()
+        else:
+            with open(path, "wb") as f:
+                f.truncate(300 << 20)   # sparse: 300 MiB of zeros
+    said = ""
+    for args in (("info", "scale:fp16-b64-w4@sm_90a"), ("list", "--all"), ("prune",), ()):
+        proc = doit(project, *args, check=False, timeout=120)
+        said += proc.stdout + proc.stderr
+        assert "Traceback" not in said and proc.returncode == 0, (args, said[-3000:])
+    for rel in STATE:   # kforge's own state: one warning; an artifact's file: its target rebuilds
+        named = sum(rel in line for line in said.splitlines())
+        assert named == 1 if rel.startswith(".kforge/") else named <= 1, (rel, said[-3000:])
+    assert outside.read_text() == '{"mine": true}'
+    again = doit(project)
+    assert "up to date 3" in again.stdout and "built 0" in again.stdout, again.stdout
+    assert "warning" not in again.stdout + again.stderr and "dropped" not in again.stdout + again.stderr
+    # replaced by what the run wrote (an error.txt beside a current artifact is not read, and stays as it is)
+    assert not any(os.path.islink(out / rel) for rel in STATE if not rel.endswith("error.txt"))
+
+
+def test_info_never_prints_a_state_files_control_characters(project):
+    """error.txt is read back from out/ (a restored cache, an archive): its bytes reach the terminal only as text."""
+    place = project / "out/sm_90a/scale/fp16-b64-w4"
+    (place / "meta.json").unlink()
+    (place / "error.txt").write_bytes(b"key: 0\nerror: \x1b]0;owned\x07\x1b[2J gone\r\x00\xff\n")
+    out = doit(project, "info", "scale:fp16-b64-w4@sm_90a").stdout
+    state = next(line for line in out.splitlines() if line.startswith("  state:"))
+    assert state.isprintable() and "gone" in state, repr(state)
+
+
+@pytest.mark.parametrize("args", [["-f", ""], ["-f", "."], ["-f", "specs"], ["-f", "specs/scale.toml"], ["-d", ""]])
+def test_a_dodo_file_or_folder_option_that_names_no_dodo_py_is_one_line(project, args):
+    """`doit -f "$DODO"` with DODO unset, or a folder, ran nothing and exited 0; a file not named .py was doit's
+    ModuleNotFoundError traceback."""
+    proc = doit(project, *args, check=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"kforge: doit {args[0]} "), proc.stderr
+
+
+def test_a_fifo_among_the_specs_is_one_broken_family_not_a_hang(project):
+    """A FIFO named specs/*.toml was refused, and then opened to name the family that did not load: every command
+    hung."""
+    os.mkfifo(project / "specs" / "evil.toml")
+    proc = doit(project, "list", check=False, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "evil  " in proc.stdout and "specs/evil.toml: not a regular file" in proc.stdout, proc.stdout

@@ -1,0 +1,139 @@
+"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's (tests/edge/test_runner.py)
+nor the backend's (tests/edge/test_backend.py), and the doit internals its patches rely on."""
+import gc
+import importlib
+import importlib.metadata
+import inspect
+from types import SimpleNamespace
+
+import pytest
+from doit import cmd_run, control, runner
+
+from kforge.edge import backend as doit_backend, config as doit_edge, runner as doit_runner
+
+
+def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first_runs():
+    assert gc.isenabled()
+    try:
+        doit_edge.pause_gc_until_tasks_run()
+        assert not gc.isenabled()
+        kept = [[i] for i in range(1000)]   # what the task graph would be
+        doit_edge._resume_gc()
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+# --- doit's internals, as the patches in DOIT_PATCHES need them (doit 0.37.0) ---------------------------------
+
+def _doit_attribute(dotted: str):
+    module, attribute = dotted.rsplit(".", 1)
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except ImportError:   # a class attribute: doit.control.ExecNode.parent_status
+        owner_module, owner = module.rsplit(".", 1)
+        return getattr(getattr(importlib.import_module(owner_module), owner), attribute)
+
+
+def test_every_patched_doit_internal_still_exists():
+    for dotted in doit_edge.DOIT_PATCHES:
+        assert _doit_attribute(dotted) is not None, dotted
+
+
+def test_doits_run_command_picks_its_runner_by_the_names_kforge_replaces():
+    """install_runner rebinds doit.cmd_run's MRunner and MThreadRunner; Run._execute must look them up there."""
+    names = cmd_run.Run._execute.__code__.co_names
+    assert "MRunner" in names and "MThreadRunner" in names
+    for method in ("_run_tasks_init", "get_next_job", "_process_result", "process_task_result", "execute_task",
+                   "execute_task_subprocess", "Queue", "Child"):   # what PrefetchRunner calls of doit's MRunner
+        assert callable(getattr(runner.MRunner, method, None)), method
+    assert list(inspect.signature(runner.MRunner.__init__).parameters)[-1] == "num_process"
+
+
+def test_install_runner_puts_kforges_runners_in_doits_place(monkeypatch):
+    monkeypatch.setattr(cmd_run, "MRunner", cmd_run.MRunner)
+    monkeypatch.setattr(cmd_run, "MThreadRunner", cmd_run.MThreadRunner)
+    for cls in (doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner):
+        monkeypatch.setattr(cls, "max_workers", cls.max_workers)
+        monkeypatch.setattr(cls, "cap_reason", cls.cap_reason)
+    monkeypatch.setattr(doit_runner.PrefetchRunner, "prefetch", doit_runner.PrefetchRunner.prefetch)
+    doit_edge.install_runner(prefetch=3, max_workers=2, cap_reason="2 CPUs")
+    assert cmd_run.MRunner is doit_runner.PrefetchRunner and cmd_run.MThreadRunner is doit_runner.CappedThreadRunner
+    assert doit_runner.PrefetchRunner.prefetch == 3 and doit_runner.CappedThreadRunner.max_workers == 2
+
+
+def test_doits_dispatcher_tells_a_node_of_each_finished_dependency_through_parent_status():
+    """_run_after_failed_deps wraps ExecNode.parent_status(self, parent_node): doit's dispatcher calls it for each
+    dependency that ended, and a failed one lands in bad_deps, which keeps the task from running."""
+    doit_own = getattr(control.ExecNode.parent_status, "doit", control.ExecNode.parent_status)
+    assert list(inspect.signature(doit_own).parameters) == ["self", "parent_node"]
+    dispatcher = inspect.getsource(control.TaskDispatcher)
+    assert ".parent_status(" in dispatcher and "bad_deps" in inspect.getsource(control.ExecNode)
+    node = SimpleNamespace(bad_deps=[], ignored_deps=[])
+    doit_own(node, SimpleNamespace(run_status="failure"))
+    assert len(node.bad_deps) == 1
+
+
+def test_a_task_marked_after_failed_deps_ignores_a_failed_dependency_and_others_do_not():
+    doit_edge._run_after_failed_deps()
+    wrapped = control.ExecNode.parent_status
+    doit_edge._run_after_failed_deps()   # installed once
+    assert control.ExecNode.parent_status is wrapped
+    failed = SimpleNamespace(run_status="failure")
+    after = SimpleNamespace(task=SimpleNamespace(meta={"after_failed_deps": True}), bad_deps=[], ignored_deps=[])
+    plain = SimpleNamespace(task=SimpleNamespace(meta=None), bad_deps=[], ignored_deps=[])
+    wrapped(after, failed)
+    wrapped(plain, failed)
+    assert after.bad_deps == [] and plain.bad_deps == [failed]
+
+
+# --- the backend: registered, and checked before a run ------------------------------------------------------
+
+def test_kforges_backend_is_registered_with_doit_as_an_entry_point():
+    found = [e for e in importlib.metadata.entry_points(group="doit.BACKEND") if e.name == doit_backend.NAME]
+    assert len(found) == 1 and found[0].load() is doit_backend.KforgeSqliteDB
+    assert doit_edge.backend() == doit_backend.NAME
+
+
+def test_a_backend_missing_from_kforges_installed_metadata_is_one_line_and_exit_2(monkeypatch, capsys):
+    def no_kforge(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_kforge)
+    with pytest.raises(SystemExit) as stopped:
+        doit_edge.backend()
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("kforge: doit has no backend 'kforge-sqlite': kforge's installed metadata "
+                                       "predates it; install kforge again (`pip install -e .` in its checkout)\n")
+
+
+def test_a_setting_kforge_does_not_have_but_nearly_does_is_one_warning_and_one_without_a_name_stops(monkeypatch,
+                                                                                                 capsys):
+    """`doit arch=gfx942` (archs misspelt) built the default archs without a word; a project's own task may read
+    a name of its own (verify_dispatch_combine's world=), so only a near miss is said."""
+    from doit import doit_cmd
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"arch": "gfx942", "world": "2", "timout": "5"})
+    doit_edge.check_settings()
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["kforge: warning: arch=gfx942 is no setting of kforge's; did you mean archs=? (a task of the "
+                    "project may read it: then ignore this)",
+                    "kforge: warning: timout=5 is no setting of kforge's; did you mean timeout=? (a task of the "
+                    "project may read it: then ignore this)"]
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {"": "x"})
+    with pytest.raises(SystemExit) as stopped:
+        doit_edge.check_settings()
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "kforge: `=x` on the command line sets no name: write name=value (archs=sm_90a)\n"
+
+
+def test_a_file_where_out_belongs_is_one_line_in_every_command(tmp_path):
+    """out/ is kforge's folder: a file of that name (a user's, a broken restore) was a FileExistsError traceback."""
+    from tests.support import doit, make_project
+    root = make_project(tmp_path / "p")
+    (root / "out").write_text("mine")
+    for args in ((), ("info", "scale"), ("prune",)):
+        proc = doit(root, *args, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (f"kforge: {root / 'out'} is not a folder: kforge keeps its "
+                                                        f"builds there; move it away and run again"), proc.stderr
+    assert (root / "out").read_text() == "mine"

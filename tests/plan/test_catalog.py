@@ -1,0 +1,497 @@
+"""The repository's own catalog loads: every spec in specs/ is valid and gives the targets README promises.
+Building it is README's main command, which CI runs once before the tests (.ci/run checks its report);
+the tests never build it again."""
+from kforge.base.layout import Layout
+from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.targets import build_targets
+from tests.support import REPO
+
+
+def test_the_catalog_loads_into_unique_targets_inside_out():
+    specs = load_specs(REPO)
+    targets = build_targets(specs, REPO, None)
+    names = [t.name for t in targets]
+    assert len(names) == len(set(names)) > 1000
+    assert {"gemm", "rmsnorm", "softmax", "moe_gemm", "fly_gemm", "fly_fp8_gemm", "fly_rmsnorm",
+            "fly_softmax", "ep_dispatch", "ep_combine"} <= {t.kernel for t in targets}
+    out = Layout(REPO).out
+    assert all(out in Layout(REPO).artifact_dir(t.arch, t.kernel, t.config_id).parents for t in targets)
+    assert {t.toolchain for t in targets} == {"triton", "flydsl"}
+
+
+# rules/plan/catalog.py: the catalog kept between runs is used only while nothing it came from changed.
+
+import json  # noqa: E402
+import textwrap  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from kforge.plan import catalog as catalog_module  # noqa: E402
+from tests.support import kernel_text, make_project, spec_text  # noqa: E402
+
+HELPER = "FACTOR = 3\n"
+
+
+@pytest.fixture
+def project(tmp_path):
+    kernel = kernel_text(factor="FACTOR", imports="from tk.helper import FACTOR")
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))},
+                        kernels={"scale": kernel, "helper": HELPER})
+    return root
+
+
+def loaded(root, archs=None):
+    return catalog_module.Catalog(root, archs, 50_000).load()
+
+
+def load_watched(root, monkeypatch, archs=None):
+    """(target name -> key, whether the load used the saved catalog rather than the specs)."""
+    from kforge.declare import spec as spec_module
+    from_specs = []
+    real = spec_module.read_tables
+    monkeypatch.setattr(spec_module, "read_tables", lambda *a: from_specs.append(1) or real(*a))
+    found = loaded(root, archs)
+    monkeypatch.setattr(spec_module, "read_tables", real)
+    return {t.name: t.key for t in found.targets}, not from_specs
+
+
+def later(path, text):
+    """Rewrite a file so that its identity surely changes (a new mtime even on a coarse clock)."""
+    time.sleep(0.01)
+    path.write_text(text)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+
+
+def test_an_unchanged_project_loads_the_saved_catalog_with_the_same_targets(project, monkeypatch):
+    first = loaded(project)
+    first.save()
+    expected = {t.name: t for t in first.targets}
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert used_saved and keys == {n: t.key for n, t in expected.items()}
+    again = {t.name: t for t in loaded(project).targets}
+    assert again == expected   # every field, with the tuples the fields hold
+
+
+def in_place(path, old, new):
+    """Rewrite a file in place, keeping its inode and size and putting its mtime back: only the ctime moves."""
+    assert len(old) == len(new)
+    st = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+") as f:
+        text = f.read()
+        assert old in text
+        f.seek(0)
+        f.write(text.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@pytest.mark.parametrize("edit", ["spec value", "kernel source", "helper module", "new spec", "kforge code",
+                                  "kernel source in place", "helper module in place", "spec value in place",
+                                  "corrupt catalog", "damaged catalog", "older format"])
+def test_any_change_it_came_from_loads_the_catalog_again(project, monkeypatch, tmp_path, edit):
+    before = {t.name: t.key for t in loaded(project).targets}
+    first = loaded(project)
+    first.save()
+    if edit == "spec value":
+        later(project / "specs" / "scale.toml", spec_text(blocks=(128, 512)))
+    elif edit == "kernel source":
+        later(project / "tk" / "scale.py", kernel_text(factor="FACTOR + 1", imports="from tk.helper import FACTOR"))
+    elif edit == "helper module":
+        later(project / "tk" / "helper.py", "FACTOR = 4\n")
+    elif edit == "kernel source in place":
+        in_place(project / "tk" / "scale.py", "* FACTOR)", "+ FACTOR)")
+    elif edit == "helper module in place":
+        in_place(project / "tk" / "helper.py", "3", "4")
+    elif edit == "spec value in place":
+        in_place(project / "specs" / "scale.toml", "256]", "512]")
+    elif edit == "new spec":
+        (project / "specs" / "other.toml").write_text(spec_text(name="other"))
+    elif edit == "kforge code":
+        code = tmp_path / "kforge_code"
+        code.mkdir()
+        (code / "x.py").write_text("")
+        monkeypatch.setattr(catalog_module, "KFORGE_CODE", (code,))
+        first = loaded(project)
+        first.save()
+        later(code / "x.py", "# edited\n")
+    elif edit == "damaged catalog":   # valid JSON, the right stamp, targets that are not targets
+        path = project / "out" / ".kforge" / "catalog.json"
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "targets": [["not", "a", "row"]], "groups": None}))
+    elif edit == "older format":   # kforge-catalog-9 stored out/ paths where a target now carries its Layout
+        path = project / "out" / ".kforge" / "catalog.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "format": "kforge-catalog-9"}))
+    else:
+        (project / "out" / ".kforge" / "catalog.json").write_text('{"format": "%s", "stamp"' % catalog_module.FORMAT)
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved
+    if edit in ("kernel source", "helper module", "kernel source in place", "helper module in place"):
+        assert set(keys) == set(before) and all(keys[n] != before[n] for n in before)
+    elif edit in ("spec value", "spec value in place"):
+        assert any("b512" in n for n in keys) and not any("b256" in n for n in keys)
+    elif edit == "new spec":
+        assert any(n.startswith("other:") for n in keys)
+    else:
+        assert keys == before
+
+
+def test_a_run_that_finds_its_saved_catalog_imports_no_spec_machinery_and_no_compiler(tmp_path):
+    """What a no-op run pays for: loading specs, computing targets and compilers are for a run that needs them."""
+    import subprocess
+    import sys
+
+    from tests.support import REPO, doit
+    project = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))})
+    doit(project, "-n", "1")   # builds, and saves the catalog
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('MODULES', *sorted(sys.modules)))\n"
+             "sys.argv = ['doit', '-n', '1']\n"
+             "from doit.__main__ import main\n"
+             "main()\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "built 0, up to date 2" in proc.stdout, proc.stdout + proc.stderr
+    modules = set(proc.stdout.split("MODULES", 1)[1].split())
+    assert "kforge.plan.catalog" in modules and "kforge.base.target" in modules   # really the run's modules
+    heavy = {"kforge.declare.spec", "kforge.declare.spec_model", "kforge.declare.sweep", "kforge.plan.targets", "kforge.load.sources", "kforge.compile.action",
+             "kforge.compile.core", "triton", "torch", "flydsl"}
+    assert not heavy & modules, sorted(heavy & modules)
+
+
+def kept_catalogs(root):
+    return sorted((root / "out" / ".kforge" / "catalogs").glob("*.json"))
+
+
+def test_a_catalog_is_kept_once_loaded_and_serves_any_of_its_archs(tmp_path, monkeypatch):
+    """`doit list` (every arch) after a build for one arch, then builds for one arch again: one load from the specs
+    per set of archs not held yet, whatever the command; the saved catalog serves a subset of its archs."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256))})
+    one, from_saved = load_watched(root, monkeypatch, ("sm_90a",))   # saved now: no run's end needed
+    assert not from_saved and {n.split("@")[1] for n in one} == {"sm_90a"}
+    assert load_watched(root, monkeypatch, ("sm_90a",)) == (one, True)
+    every, from_saved = load_watched(root, monkeypatch)   # holds sm_90a only: every arch is loaded
+    assert not from_saved and {n.split("@")[1] for n in every} == {"sm_90a", "gfx942"}
+    assert load_watched(root, monkeypatch) == (every, True)
+    assert load_watched(root, monkeypatch, ("sm_90a",)) == (one, True)   # a subset of what it holds
+    assert load_watched(root, monkeypatch, ("gfx942",)) == ({n: k for n, k in every.items() if "gfx942" in n}, True)
+
+
+def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, monkeypatch):
+    """The source edited (loaded from the specs), then put back as it was (new identity, the same bytes): the
+    catalog kept from before the edit is used, and saved as the current one."""
+    source = project / "tk" / "scale.py"
+    original = source.read_text()
+    first = loaded(project)
+    first.save()
+    before = {t.name: t for t in first.targets}
+    later(source, original + "# an edit\n")
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved and keys.keys() == before.keys() and all(keys[n] != before[n].key for n in before)
+    loaded(project).save()
+    assert len(kept_catalogs(project)) == 2
+    later(source, original)   # the revert
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert used_saved and keys == {n: t.key for n, t in before.items()}
+    reverted = loaded(project)
+    assert {t.name: t for t in reverted.targets} == before   # every field
+    reverted.save()
+    assert catalog_module.Catalog(project, None, 50_000).load().loaded_from == "saved"   # by identity again
+
+
+@pytest.mark.parametrize("spoil", ["damaged", "copied under another name"])
+def test_a_kept_catalog_is_used_only_whole_and_under_its_own_content(project, monkeypatch, spoil):
+    """The source edited and put back, the catalog kept from before the edit spoiled meanwhile: the specs load."""
+    source = project / "tk" / "scale.py"
+    original = source.read_text()
+    loaded(project).save()
+    (kept,) = kept_catalogs(project)
+    later(source, original + "# an edit\n")
+    loaded(project).save()
+    if spoil == "damaged":
+        kept.write_text(json.dumps({**json.loads(kept.read_text()), "targets": [["not", "a", "row"]]}))
+    else:   # the edit's catalog under the name of the original's
+        (edited,) = (k for k in kept_catalogs(project) if k != kept)
+        kept.write_bytes(edited.read_bytes())
+    later(source, original)
+    keys, used_saved = load_watched(project, monkeypatch)
+    assert not used_saved and keys == {t.name: t.key for t in loaded(project).targets}
+
+
+# Keep going at load: a family that does not load is one failed entry; the others load and build.
+
+from tests import tune_library  # noqa: E402
+from tests.support import doit, statuses  # noqa: E402
+
+BROKEN_MODULES = {
+    # asks for a GPU at import, as a library may; the line that raises is named
+    "nodevice": '''
+        import triton
+        import triton.language as tl
+
+        raise RuntimeError("No device were detected")
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+        @triton.jit
+        def lib_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            pass
+        ''',
+    "hangs": '''
+        import time
+
+        import triton
+        import triton.language as tl
+
+        time.sleep(3600)   # waits on something that never comes (a CPU-bound loop: tests/load/test_load_guard.py)
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+        @triton.jit
+        def lib_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            pass
+        ''',
+}
+
+
+def library_spec(name, module):
+    return (f'[kernel]\nname = "{name}"\nmodule = "kforge_tunelib.ops.{module}"\nentry = "lib_kernel"\n'
+            f'toolchain = "triton"\narchs = ["sm_90a"]\n\n[signature]\nx_ptr = "*fp32"\ny_ptr = "*fp32"\nn = "i32"\n'
+            f'BLOCK = "constexpr"\n\n[sweep]\n')
+
+
+def broken_project(tmp_path):
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    specs = {"scale": spec_text(), "lib_nodevice": library_spec("lib_nodevice", "nodevice"),
+             "lib_hangs": library_spec("lib_hangs", "hangs"),
+             "malformed": "[kernel\nname = 'x'\n",
+             "twice": spec_text(name="scale")}   # the name of another family
+    root = make_project(tmp_path / "p", specs=specs)
+    return root, {"PYTHONPATH": str(site), "KFORGE_CATALOG_TIMEOUT": "3"}
+
+
+NODEVICE = ("specs/lib_nodevice.toml: reading kforge_tunelib.ops.nodevice.lib_kernel's autotune / heuristics (the "
+            "module is imported in a child process): RuntimeError: No device were detected (in "
+            "kforge_tunelib/ops/nodevice.py:5)")
+
+
+@pytest.mark.slow
+def test_a_family_that_does_not_load_is_one_failed_entry_and_the_others_build(tmp_path):
+    root, env = broken_project(tmp_path)
+    listed = doit(root, "list", env=env)   # lists the families, the broken ones marked
+    rows = dict(line.split(None, 1) for line in listed.stdout.splitlines())
+    assert rows["scale"] == "all scale targets"
+    assert rows["lib_nodevice"] == f"BROKEN (did not load): {NODEVICE}"
+    assert rows["lib_hangs"].startswith("BROKEN (did not load): specs/lib_hangs.toml: importing kforge_tunelib.ops."
+                                        "hangs to read the entry's autotune / heuristics ran past catalog_timeout (3 s)")
+    assert rows["malformed"].startswith("BROKEN (did not load): specs/malformed.toml: not valid TOML")
+    assert rows["scale_broken"].startswith("BROKEN (did not load): specs/twice.toml: kernel name 'scale' is already "
+                                           "used by specs/scale.toml")
+    said = [line for line in listed.stderr.splitlines() if "did not load" in line]
+    assert len(said) == 4 and f"kforge: family lib_nodevice did not load: {NODEVICE}" in said
+
+    built = doit(root, "-n", "2", env=env, check=False)
+    assert built.returncode != 0
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    assert statuses(root, "failed") == {"lib_nodevice", "lib_hangs", "malformed", "scale_broken"}
+    assert f"kforge: lib_nodevice failed with: {NODEVICE}\n" in built.stdout
+    assert "Traceback" not in built.stdout + built.stderr
+    info = doit(root, "info", "lib_nodevice", env=env).stdout
+    assert info == f"lib_nodevice\n  state: did not load: {NODEVICE}\n"
+    pruned = doit(root, "prune", env=env, check=False)   # its artifacts cannot be told from orphans
+    assert pruned.returncode != 0 and "nothing pruned: families did not load" in pruned.stdout
+
+    doit(root, "scale", env=env)   # a run of the families that load: they are up to date
+    assert statuses(root, "up-to-date") == {"scale:fp16-b256-w4@sm_90a"}
+
+
+def test_a_broken_family_is_not_kept_in_the_saved_catalog_so_a_fix_elsewhere_is_found(tmp_path):
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(),
+                                               "lib_nodevice": library_spec("lib_nodevice", "nodevice")})
+    env = {"PYTHONPATH": str(site)}
+    assert doit(root, "list", env=env).returncode == 0
+    (site / "kforge_tunelib" / "ops" / "nodevice.py").write_text(   # the dependency installed, say
+        textwrap.dedent(BROKEN_MODULES["nodevice"]).replace('raise RuntimeError("No device were detected")', ""))
+    assert "did not load" not in doit(root, "list", env=env).stderr
+
+
+def test_the_catalog_stamp_covers_every_module_of_kforge():
+    """The saved catalog is stale once any of kforge's own code changes: every module of every station and of
+    the runtime is under the folders the stamp reads."""
+    covered = {p.resolve() for folder in catalog_module.KFORGE_CODE for p in folder.rglob("*.py")}
+    modules = {p.resolve() for p in (REPO / "rules").rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules <= covered, sorted(str(p) for p in modules - covered)[:5]
+
+
+# Per-family reuse: a family is taken from the saved catalog, unprobed, while its declaration and every file it
+# was computed from (its sources, and all its module's probe process read) keep their content. A library that
+# hides what a family depends on in several ways: each edit must recompute exactly the families that can depend
+# on it, and the catalog must always be the one a load from nothing gives.
+
+SCALE_KERNEL = textwrap.dedent('''
+    @triton.jit
+    def {name}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+''')
+AUTOTUNED = "@triton.autotune(configs=[triton.Config({{'BLOCK': b}}, num_warps=4) for b in {blocks}], key=['n'])"
+HEAD = "import triton\nimport triton.language as tl\n"
+
+MFL = {   # the families: fa, fb, fc, fe probed (autotuned); fd read from its source only
+    "mfl/__init__.py": "",
+    "mfl/ops/__init__.py": "",
+    # a helper module imported by the kernel module
+    "mfl/ops/helper.py": "BLOCKS = [128, 256]\n",
+    "mfl/ops/a.py": HEAD + "from mfl.ops.helper import BLOCKS\n" + AUTOTUNED.format(blocks="BLOCKS")
+    + SCALE_KERNEL.format(name="a_kernel"),
+    # a config file read at import
+    "mfl/ops/b.json": "[64]\n",
+    "mfl/ops/b.py": HEAD + "import json, os\nBLOCKS = json.load(open(os.path.join(os.path.dirname(__file__), "
+    "'b.json')))\n" + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="b_kernel"),
+    # a conditional import of a module that is not there (yet)
+    "mfl/ops/c.py": HEAD + "try:\n    from mfl.ops.c_fast import BLOCKS\nexcept ImportError:\n    BLOCKS = [32]\n"
+    + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="c_kernel"),
+    # a plain kernel whose module imports a utility (no probe: its source closure)
+    "mfl/ops/d_util.py": "SCALE = 2\n",
+    "mfl/ops/d.py": HEAD + "from mfl.ops.d_util import SCALE  # noqa: F401\n" + SCALE_KERNEL.format(name="d_kernel"),
+    # a module chosen by a setting read at import, imported by a computed name (no source can show which)
+    "mfl/ops/e_mode.txt": "narrow\n",
+    "mfl/ops/e_narrow.py": "BLOCKS = [16]\n",
+    "mfl/ops/e_wide.py": "BLOCKS = [512]\n",
+    "mfl/ops/e.py": HEAD + "import importlib, os\n"
+    "MODE = open(os.path.join(os.path.dirname(__file__), 'e_mode.txt')).read().strip()\n"
+    "BLOCKS = importlib.import_module('mfl.ops.e_' + MODE).BLOCKS\n"
+    + AUTOTUNED.format(blocks="BLOCKS") + SCALE_KERNEL.format(name="e_kernel"),
+}
+
+
+def mfl_spec(name: str, module: str, entry: str, probed: bool) -> str:
+    sweep = "" if probed else "BLOCK = [128]\nnum_warps = [4]\n"
+    return textwrap.dedent(f'''
+        [kernel]
+        name = "{name}"
+        module = "{module}"
+        entry = "{entry}"
+        toolchain = "triton"
+        archs = ["sm_90a"]
+
+        [signature]
+        x_ptr = "*fp16"
+        y_ptr = "*fp16"
+        n = "i32"
+        BLOCK = "constexpr"
+
+        [sweep]
+        ''') + sweep
+
+
+@pytest.fixture
+def mfl_project(tmp_path, monkeypatch):
+    from tests.support import write_files
+    site = write_files(tmp_path / "site", MFL)
+    monkeypatch.syspath_prepend(str(site))
+    specs = {f"f{x}": mfl_spec(f"f{x}", f"mfl.ops.{x}", f"{x}_kernel", x != "d") for x in "abcde"}
+    root = make_project(tmp_path / "p", specs=specs, kernels={})
+    return root, site
+
+
+def computed_families(root, monkeypatch) -> tuple[set[str], dict]:
+    """(the families the load computed rather than took from the saved catalog, {target: (key, config)})."""
+    from kforge.declare import spec as spec_module
+    names: list[str] = []
+    real = spec_module.spec_from_tables
+    monkeypatch.setattr(spec_module, "spec_from_tables", lambda raw, *a, **k: names.append(raw["kernel"]["name"])
+                        or real(raw, *a, **k))
+    try:
+        found = loaded(root)
+    finally:
+        monkeypatch.setattr(spec_module, "spec_from_tables", real)
+    return set(names), {t.name: (t.key, t.config) for t in found.targets}
+
+
+def blocks(targets: dict, family: str) -> set[int]:
+    return {dict(config)["BLOCK"] for name, (_, config) in targets.items() if name.startswith(family + ":")}
+
+
+def from_nothing(root) -> dict:
+    """The targets a load with no saved or kept catalog gives (and leaves saved)."""
+    import shutil
+    (root / "out" / ".kforge" / "catalog.json").unlink()
+    shutil.rmtree(root / "out" / ".kforge" / "catalogs")
+    return {t.name: (t.key, t.config) for t in loaded(root).targets}
+
+
+def test_an_edit_recomputes_exactly_the_families_that_can_depend_on_it(mfl_project, monkeypatch):
+    root, site = mfl_project
+    ops = site / "mfl" / "ops"
+    names, first = computed_families(root, monkeypatch)
+    assert names == {"fa", "fb", "fc", "fd", "fe"} and len(first) == 6
+    assert blocks(first, "fc") == {32} and blocks(first, "fe") == {16}
+    edits = [   # (what is written, the families that can depend on it, the family's BLOCKs after)
+        ("helper.py", "BLOCKS = [128, 1024]\n", {"fa"}, {128, 1024}),
+        ("b.json", "[64, 2048]\n", {"fb"}, {64, 2048}),
+        ("c_fast.py", "BLOCKS = [4096]\n", {"fc"}, {4096}),   # created: the import finds it now
+        ("d_util.py", "SCALE = 3\n", {"fd"}, {128}),
+        ("e_wide.py", "BLOCKS = [256]\n", set(), None),   # not what e.py imports now
+        ("e_mode.txt", "wide\n", {"fe"}, {256}),
+        ("e_narrow.py", "BLOCKS = [8]\n", set(), None),    # no longer imported
+        ("__init__.py", "# the package's own\n", {"fa", "fb", "fc", "fd", "fe"}, None),
+    ]
+    for name, text, expected, after in edits:
+        later(ops / name, text)
+        names, targets = computed_families(root, monkeypatch)
+        assert names == expected, name
+        assert targets == from_nothing(root), name   # never a stale catalog
+        assert after is None or blocks(targets, next(iter(expected))) == after, name
+    # the same bytes again (a checkout touching every file): nothing is computed
+    for path in ops.iterdir():
+        if path.is_file():
+            later(path, path.read_text())
+    names, targets = computed_families(root, monkeypatch)
+    assert names == set() and targets == from_nothing(root)
+
+
+def test_list_info_and_prune_take_the_saved_catalog_whatever_archs_they_are_given(tmp_path):
+    """`doit list`, `info` and `prune` load the catalog as a build does: once a load has held every arch, none of
+    them loads a spec again (the saved catalog is not even rewritten), whatever archs= they are given; a build for
+    one arch before them leaves a catalog the first `doit list` loads once, for every arch."""
+    from kforge.base import stamps
+    from tests.support import doit
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(archs=("sm_90a", "gfx942"))})
+    assert loaded(root, ("sm_90a",)).loaded_from == "specs"   # a build's load, saved for sm_90a only
+    saved = root / "out" / ".kforge" / "catalog.json"
+    doit(root, "list")   # every arch: the specs once more, now saved for every arch
+    assert json.loads(saved.read_bytes())["archs"] is None
+    held = stamps.identity(str(saved))
+    for args in (("list",), ("list", "--all", "archs=gfx942"), ("info", "scale"), ("info", "scale", "archs=sm_90a"),
+                 ("prune",), ("prune", "archs=gfx942,sm_90a")):
+        doit(root, *args)
+        assert stamps.identity(str(saved)) == held, args
+    for archs in (None, ("gfx942",), ("sm_90a",), ("gfx942", "sm_90a")):
+        found = catalog_module.Catalog(root, archs, 50_000).load()
+        assert found.loaded_from == "saved" and {t.arch for t in found.targets} == set(archs or ("sm_90a", "gfx942"))
+    # an edit, loaded for one arch: the family is computed again for every arch the saved catalog held
+    later(root / "tk" / "scale.py", kernel_text(factor="5"))
+    assert loaded(root, ("gfx942",)).loaded_from == "specs"
+    assert json.loads(saved.read_bytes())["archs"] is None
+    assert catalog_module.Catalog(root, None, 50_000).load().loaded_from == "saved"
+
+
+def test_a_recorded_target_another_family_built_comes_back_when_that_family_changes(tmp_path, monkeypatch):
+    """A recorded line another family already builds is dropped from the catalog; its record family depends on
+    that other family, so it is never taken from the saved catalog with that target missing."""
+    record = {"format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": "sm_90a",
+              "signature": [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]],
+              "divisible_by_16": ["x_ptr", "y_ptr"], "options": {"num_warps": 4, "num_stages": 3}}
+    lines = "".join(json.dumps({**record, "constexprs": {"BLOCK": b}}) + "\n" for b in (128, 256))
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128,))})
+    (root / "specs" / "app.jsonl").write_text(lines)
+    monkeypatch.syspath_prepend(str(root))
+    recorded = lambda found: sorted(dict(t.constexprs)["BLOCK"] for t in found.targets if t.kernel.startswith("rec_"))
+    assert recorded(loaded(root)) == [256]   # 128: the spec builds it
+    later(root / "specs" / "scale.toml", spec_text(blocks=(512,)))
+    assert recorded(loaded(root)) == [128, 256]

@@ -1,0 +1,125 @@
+"""Action keys: each input that changes a binary changes exactly the keys of the targets it feeds."""
+import os
+import shutil
+
+import pytest
+
+from kforge.plan import keys
+from kforge_runtime import schema
+from kforge.declare.spec import load_spec
+from kforge.plan.targets import build_targets
+from tests.support import REPO, doit, kernel_text, make_project, spec_text
+
+
+def keys_of(root) -> dict[str, str]:
+    keys.toolchain_fingerprint.cache_clear()
+    specs = [load_spec(p, root) for p in sorted((root / "specs").glob("*.toml"))]
+    return {t.name: t.key for t in build_targets(specs, root, None)}
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_project(tmp_path, specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(128, 256))})
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    return {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+
+
+def test_keys_are_stable(project):
+    assert keys_of(project) == keys_of(project)
+
+
+def test_touch_changes_nothing(project):
+    before = keys_of(project)
+    os.utime(project / "tk" / "scale.py", (1, 1))
+    assert keys_of(project) == before
+
+
+def test_editing_one_config_value_changes_only_that_config(project):
+    before = keys_of(project)
+    spec = project / "specs" / "scale.toml"
+    spec.write_text(spec.read_text().replace("BLOCK = [128, 256]", "BLOCK = [128, 512]"))
+    assert changed(before, keys_of(project)) == {
+        "scale:fp16-b256-w4@sm_90a", "scale:fp16-b256-w4@gfx942",     # gone
+        "scale:fp16-b512-w4@sm_90a", "scale:fp16-b512-w4@gfx942"}     # new
+
+
+def test_source_and_imported_module_changes_rebuild_all_their_targets(project):
+    (project / "tk" / "helper.py").write_text("SCALE = 2\n")
+    (project / "tk" / "scale.py").write_text(kernel_text(imports="from tk import helper"))
+    before = keys_of(project)
+    (project / "tk" / "helper.py").write_text("SCALE = 3\n")
+    assert changed(before, keys_of(project)) == set(before)
+
+
+def test_a_package_init_the_import_runs_is_a_source_of_its_targets(project):
+    """Importing tk.scale runs tk/__init__.py: editing it changes what the compile sees."""
+    before = keys_of(project)
+    (project / "tk" / "__init__.py").write_text("import os  # now it runs something\n")
+    assert changed(before, keys_of(project)) == set(before)
+
+
+def test_dtype_is_in_the_key_by_canonical_name(tmp_path):
+    root = make_project(tmp_path, specs={"scale": spec_text(dtypes=("fp16", "bf16"))})
+    k = keys_of(root)
+    assert k["scale:fp16-b256-w4@sm_90a"] != k["scale:bf16-b256-w4@sm_90a"]
+    spec = root / "specs" / "scale.toml"
+    spec.write_text(spec.read_text().replace('"bf16"', '"bfloat16"'))
+    assert keys_of(root)["scale:bf16-b256-w4@sm_90a"] == k["scale:bf16-b256-w4@sm_90a"]
+
+
+def test_bool_and_int_constexprs_are_different_keys(tmp_path):
+    """`FLAG = true` and `FLAG = 1` in a spec's [constants] compile differently in Triton: different keys."""
+    kernel = kernel_text().replace("BLOCK: tl.constexpr):", "BLOCK: tl.constexpr, FLAG: tl.constexpr):")
+    spec = spec_text().replace('BLOCK = "constexpr"', 'BLOCK = "constexpr"\nFLAG = "constexpr"') + "\n[constants]\nFLAG = VALUE\n"
+    root = make_project(tmp_path, specs={"scale": spec.replace("VALUE", "true")}, kernels={"scale": kernel})
+    as_bool = keys_of(root)
+    (root / "specs" / "scale.toml").write_text(spec.replace("VALUE", "1"))
+    as_int = keys_of(root)
+    assert as_bool.keys() == as_int.keys() == {"scale:fp16-b256-w4@sm_90a"}
+    assert as_bool != as_int
+    (root / "specs" / "scale.toml").write_text(spec.replace("VALUE", "true"))
+    assert keys_of(root) == as_bool
+
+
+def test_toolchain_schema_and_env_change_every_key(project, monkeypatch):
+    before = keys_of(project)
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
+    assert changed(before, keys_of(project)) == set(before)
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    monkeypatch.setattr(schema, "ARTIFACT_SCHEMA", schema.ARTIFACT_SCHEMA + 1)
+    assert changed(before, keys_of(project)) == set(before)
+    monkeypatch.undo()
+    monkeypatch.setattr(keys, "package_version", lambda dist: "9.9.9")
+    assert changed(before, keys_of(project)) == set(before)
+
+
+def test_listing_the_targets_writes_only_the_catalog_it_loaded(project):
+    """Generating tasks builds nothing: `doit list` leaves out/ holding doit's own database and the catalog it
+    loaded (kept so that the next `doit list`, `info` or build does not load the specs again), no artifact."""
+    out = project / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    doit(project, "list", "--all")
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written[:2] == [".doit.sqlite3", ".kforge/catalog.json"] and len(written) == 3
+    assert written[2].startswith(".kforge/catalogs/") and written[2].endswith("-all.json")
+
+
+def test_ptxas_version_is_in_nvidia_keys_only(project, monkeypatch):
+    before = keys_of(project)
+    monkeypatch.setattr(keys.ToolVersions, "__call__", lambda self, tool: "ptxas 99.0")
+    assert changed(before, keys_of(project)) == {n for n in before if n.endswith("@sm_90a")}
+
+
+def test_the_catalog_s_descriptor_kernels_name_each_descriptor_s_block_from_the_config():
+    """specs/tma_matmul.toml: tensordesc<{dtype}[{BLOCK_K}, {BLOCK_N}]> in canonical spelling, per config."""
+    from pathlib import Path
+    root = REPO
+    targets = build_targets([load_spec(root / "specs" / "tma_matmul.toml", root)], root, None)
+    by_name = {t.name: dict(t.signature) for t in targets}
+    assert {t.arch for t in targets} == {"sm_90a", "sm_100a"} and len(targets) == 8
+    assert by_name["tma_matmul:fp16-m128n128k64-w8s3@sm_100a"] == {
+        "a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[64, 128]>",
+        "c_desc": "tensordesc<fp16[128, 128]>", "K": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr"}

@@ -1,0 +1,150 @@
+"""rules/runtime/pytest_plugin.py: a suite run against bundles passes when they hold what it launches, and with
+--kforge-strict fails listing every specialization they lack (the CI guard)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.test_serve import bundle_dir, entry
+from tests.support import REPO
+
+pytest_plugins = ["pytester"]
+
+KERNELS = '''
+import triton, triton.language as tl
+
+
+@triton.jit
+def copy_app(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+SUITE = '''
+import torch, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from kforge_runtime.bundle import Bundle
+
+
+class Stub:   # Triton's driver on a CPU: the target is sm_90a
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+
+class Launched:
+    def launch_trusted(self, *args): pass
+
+
+driver.set_active(Stub())
+Bundle.kernel = lambda self, entry, device=None: Launched()
+
+
+from app_kernels import copy
+
+copy.device_caches[0]
+copy.compile = lambda *a, **k: None   # Triton's compile on a miss: stands for it (returns no kernel)
+
+
+def x():
+    return torch.zeros(1000, dtype=torch.float16)
+
+
+def test_held():
+    copy[(8,)](x(), x(), 1000, BLOCK=128)
+
+
+def test_new_block():
+    copy[(8,)](x(), x(), 1000, BLOCK=256)
+
+
+def test_new_block_and_warps():
+    copy[(8,)](x(), x(), 1000, BLOCK=512, num_warps=8)
+'''
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(app_kernels=KERNELS, test_app=SUITE.replace("import copy", "import copy_app as copy"))
+    held = entry("copy", 128, 4)
+    held["source"] = {"module": "app_kernels", "entry": "copy_app"}
+    held["triton_source_key"] = source_key(pytester.path / "app_kernels.py", "copy_app")
+    return pytester, str(bundle_dir(tmp_path / "bundle", [held]))
+
+
+def source_key(path, name: str) -> str:
+    """Triton's source key of a @jit function in a file (imported under another name: it defines only kernels)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+    spec = spec_from_file_location(f"kforge_probe_{path.stem}", path)
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name).cache_key
+
+
+def test_the_strict_guard_fails_the_run_listing_every_missing_specialization(suite):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*",
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 256*',
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 512*"num_warps": 8*',
+                                 "record them (pytest --kforge-record*"])
+    result.assert_outcomes(passed=3)   # each test passed: the run fails for what the bundles lack
+
+
+def test_without_strict_the_misses_are_listed_and_the_run_passes(suite):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*2 missing from the bundles*"])
+
+
+def test_a_suite_the_bundles_cover_passes_the_guard(suite, tmp_path):
+    pytester, bundle = suite
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict",
+                                           "-k", "held")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 0 compiled, 0 missing from the bundles*"])
+
+
+def test_recording_a_suite_writes_what_it_compiles(suite, tmp_path):
+    pytester, _ = suite
+    out = tmp_path / "tests.jsonl"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out))
+    assert result.ret == pytest.ExitCode.OK
+    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256, 512]
+
+
+def test_strict_without_bundles_is_a_usage_error(pytester):
+    result = pytester.runpytest_subprocess("--kforge-strict")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kforge-strict and --kforge-verify need --kforge-bundles PATH*"])
+
+
+def test_under_xdist_the_strict_guard_still_fails_the_run_with_every_workers_misses_and_the_controller_serves_nothing(
+        suite, tmp_path):
+    # the controller runs no test: serving or recording there imported torch and Triton before the first worker
+    # started (seconds of a GPU host's wall time for nothing); its verdict covers every worker's misses
+    pytester, bundle = suite
+    seen = tmp_path / "controller.json"
+    pytester.makeconftest(f'''
+import json, sys
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):
+        open({str(seen)!r}, "w").write(json.dumps(sorted(m for m in ("torch", "triton") if m in sys.modules)))
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--kforge-bundles", bundle,
+                                           "--kforge-strict", "--kforge-record", str(tmp_path / "r.jsonl"))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*"])
+    assert json.loads(seen.read_text()) == []
+
+
+def test_bundles_that_cannot_be_read_are_one_usage_error(pytester, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = pytester.runpytest_subprocess("--kforge-bundles", str(tmp_path / "empty"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kforge-bundles: *empty: no bundle here*run `doit package`*"])

@@ -1,0 +1,168 @@
+"""rules/runtime/record.py: what Triton's JIT hook is given becomes one stable record line; recording never
+changes what runs."""
+import json
+import types
+from pathlib import Path
+
+import pytest
+import triton
+import triton.language as tl
+
+from kforge_runtime import record, schema
+from tests.support import Compiled
+
+
+@triton.jit
+def relu(x):
+    return tl.maximum(x, 0)
+
+
+ARGS = ["x_ptr", "y_ptr", "n", "scale", "bias", "X_dtype", "ACT", "BLOCK"]
+SIGNATURE = {"x_ptr": "*bf16", "y_ptr": "*bf16", "n": "i32", "scale": "constexpr", "bias": "constexpr",
+             "X_dtype": "constexpr", "ACT": "constexpr", "BLOCK": "constexpr"}
+CONSTANTS = {(3,): 1, (4,): None, (5,): tl.bfloat16, (6,): relu, (7,): tl.constexpr(256)}
+ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}
+OPTIONS = {"num_warps": 8, "num_stages": 3, "num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True,
+           "ptx_options": None, "debug": False, "arch": "sm90", "extern_libs": [["libdevice", "/x"]]}
+
+
+def test_a_specialization_becomes_one_record_with_each_kind_of_value():
+    line = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, OPTIONS, "sm_90a")
+    assert line == {
+        "format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": "sm_90a",
+        "signature": [["x_ptr", "*bf16"], ["y_ptr", "*bf16"], ["n", "i32"], ["scale", "constexpr"],
+                      ["bias", "none"], ["X_dtype", "dtype"], ["ACT", "function"], ["BLOCK", "constexpr"]],
+        "constexprs": {"scale": 1, "X_dtype": "bf16", "ACT": f"{__name__}:relu", "BLOCK": 256},
+        "divisible_by_16": ["x_ptr", "y_ptr"],
+        "options": {"num_warps": 8, "num_stages": 3}}   # the other options are Triton's defaults
+    assert json.loads(json.dumps(line)) == line   # plain JSON
+    assert tuple(line) == schema.RECORD_FIELDS   # the format rules/declare/records.py reads
+
+
+def test_a_value_that_cannot_be_recorded_says_so():
+    with pytest.raises(ValueError, match="a constexpr of type object"):
+        record.record_line("m", "k", ["a"], {"a": "constexpr"}, {(0,): object()}, {}, {}, "sm_90a")
+
+
+@pytest.mark.parametrize("backend, arch, name", [("cuda", 90, "sm_90a"), ("cuda", 80, "sm_80"),
+                                                 ("cuda", 100, "sm_100a"), ("hip", "gfx942", "gfx942")])
+def test_triton_targets_get_kforge_arch_names(backend, arch, name):
+    assert record.arch_name(types.SimpleNamespace(backend=backend, arch=arch)) == name
+
+
+def hook_call(recorder, specialization):
+    fn = types.SimpleNamespace(module="tk.scale", name="scale_kernel",
+                               jit_function=types.SimpleNamespace(arg_names=ARGS))
+    compile = {"signature": SIGNATURE, "constants": CONSTANTS, "configs": [ATTRS],
+               "specialization_data": json.dumps({"options": OPTIONS}) if specialization else "not json"}
+    return recorder.hook(key="k", repr="r", fn=fn, compile=compile, is_manual_warmup=False, already_compiled=False)
+
+
+def test_the_hook_appends_each_specialization_once_and_chains_the_hook_it_replaced(tmp_path, capsys):
+    path = tmp_path / "app.jsonl"
+    recorder = record.Recorder(str(path), arch="sm_90a")
+    calls = []
+    recorder.previous = lambda **kw: calls.append(kw["key"]) or "theirs"
+    assert hook_call(recorder, True) == "theirs" and hook_call(recorder, True) == "theirs"
+    assert len(path.read_text().splitlines()) == 1 and calls == ["k", "k"]
+    assert hook_call(recorder, False) == "theirs"   # a record that fails is a warning, never an error
+    assert "kforge record: not recorded (tk.scale.scale_kernel)" in capsys.readouterr().err
+
+
+def test_recording_installs_and_restores_tritons_hook(tmp_path):
+    from triton import knobs
+    before = knobs.runtime.jit_post_compile_hook
+    with record.recording(str(tmp_path / "r.jsonl")) as recorder:
+        assert knobs.runtime.jit_post_compile_hook == recorder.hook
+    assert knobs.runtime.jit_post_compile_hook is before
+
+
+def test_only_options_that_differ_from_tritons_defaults_are_kept_so_a_record_builds_for_either_vendor():
+    amd = {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 0, "kpack": 1,
+           "schedule_hint": "none", "num_ctas": 1, "enable_fp_fusion": True}
+    nvidia = {"num_warps": 4, "num_stages": 3, "launch_pdl": False, "maxnreg": None, "num_ctas": 2}
+    assert record.record_line("m", "k", [], {}, {}, {}, amd, "gfx942")["options"] == {
+        "num_warps": 4, "num_stages": 2, "waves_per_eu": 2}
+    assert record.record_line("m", "k", [], {}, {}, {}, nvidia, "sm_90a")["options"] == {
+        "num_warps": 4, "num_stages": 3, "num_ctas": 2}
+
+
+def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(tmp_path, monkeypatch):
+    """The configs it only benchmarked are not recorded; the line carries Triton's autotuning key."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+    from tests.runtime.test_serve import StubDriver, copy_tuned
+    from triton.runtime import driver
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    copy_tuned.fn.device_caches.clear()
+    copy_tuned.fn.device_caches[0]
+    monkeypatch.setattr(copy_tuned.fn, "compile", lambda *a, **k: Compiled(), raising=False)
+    monkeypatch.setattr(Autotuner, "_bench", lambda self, *a, config, **k: [1.0 / config.kwargs["BLOCK"]])
+    copy_tuned.cache.clear()
+    before = Autotuner.run
+    path = tmp_path / "app.jsonl"
+    x, y = torch.zeros(1000, dtype=torch.float16), torch.zeros(1000, dtype=torch.float16)
+    with record.recording(str(path)):
+        for n in (1000, 1000, 100):
+            copy_tuned[(1,)](x, y, n)
+    lines = [json.loads(t) for t in path.read_text().splitlines()]
+    assert [(r["constexprs"], r["options"], r["autotune"]) for r in lines] == [
+        ({"BLOCK": 256}, {"num_warps": 8, "num_stages": 3},
+         {"key": [n, "torch.float16", "torch.float16"],
+          "config": {"BLOCK": 256, "num_warps": 8, "num_ctas": 1, "num_stages": 3}}) for n in (1000, 100)]
+    assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
+                          "autotune"} for r in lines)
+    assert Autotuner.run is before   # recording undone
+
+
+def append_many(args) -> None:
+    path, start = args
+    for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
+        record.append_once(path, json.dumps({"line": n, "pad": "x" * (n % 97) * 60}))
+
+
+def test_writers_at_the_same_time_never_interleave_or_repeat_a_line(tmp_path):
+    import multiprocessing   # spawned children import this module: it stays light (no torch)
+    path = str(tmp_path / "r.jsonl")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:   # overlapping ranges: each line offered twice or more
+        pool.map(append_many, [(path, s) for s in (0, 100, 200, 300)])
+    lines = Path(path).read_text().splitlines()
+    assert sorted(json.loads(t)["line"] for t in lines) == list(range(400))   # every line whole, each once
+
+
+def test_a_line_is_appended_once_after_a_file_that_lost_its_last_newline(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}')
+    assert record.append_once(str(path), '{"b": 2}') and not record.append_once(str(path), '{"a": 1}')
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+def test_a_record_destination_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
+    """KFORGE_RECORD=specs/app.jsonl where a checkout put a link there (to ~/.bashrc, say): nothing is appended
+    through it."""
+    precious = tmp_path / "precious"
+    precious.write_text("mine\n")
+    (tmp_path / "app.jsonl").symlink_to(precious)
+    with pytest.raises(record.Unwritable, match="a symbolic link"):
+        record.append_once(str(tmp_path / "app.jsonl"), '{"a": 1}')
+    assert precious.read_text() == "mine\n"
+
+
+def test_a_write_that_fails_partway_is_one_warning_and_recording_stops(tmp_path, monkeypatch, capsys):
+    """A full disk, an I/O error (/proc/self/mem reads as a regular file and fails with EIO): said once, not once
+    per specialization, and the process runs on."""
+    import errno
+    recorder = record.Recorder(str(tmp_path / "r.jsonl"), arch="sm_90a")
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(record.os, "write", full)
+    for n in range(3):
+        recorder.write({"line": n})
+    warned = [t for t in capsys.readouterr().err.splitlines() if t.startswith("kforge record:")]
+    assert len(warned) == 1 and "No space left on device" in warned[0] and recorder.off, warned
+
+
+def test_a_record_file_in_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(record.Unwritable, match=f"its folder {tmp_path / 'nowhere'} does not exist"):
+        record.append_once(str(tmp_path / "nowhere" / "app.jsonl"), '{"a": 1}')

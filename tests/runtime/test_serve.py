@@ -1,0 +1,354 @@
+"""rules/runtime/serve.py on the CPU: a recorded specialization and the bundle entry built from it match; a
+miss says what to record; a served kernel gets the runtime arguments in order. (Serving on a GPU:
+bench/zero_jit.py.)"""
+import json
+import re
+
+from kforge_runtime import record, serve
+from tests.runtime.test_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
+
+LINE = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, OPTIONS, "sm_90a")
+ENTRY = {"arch": "sm_90a", "source": {"module": "tk.scale", "entry": "scale_kernel"},
+         "signature": [{"name": "x_ptr", "type": "*bf16"}, {"name": "y_ptr", "type": "*bf16"},
+                       {"name": "n", "type": "i32"}],
+         "constexprs": {"scale": 1, "bias": None, "X_dtype": "bf16", "ACT": "tests.runtime.test_record:relu",
+                        "BLOCK": 256},
+         "divisible_by_16": ["y_ptr", "x_ptr"], "options": {"num_warps": 8}}
+
+
+def test_a_record_and_the_bundle_entry_built_from_it_have_one_identity():
+    assert serve.record_identity(LINE) == serve.entry_identity(ENTRY)   # num_stages 3 is Triton's default here
+
+
+def test_any_difference_is_another_identity():
+    for change in ({"options": {"num_warps": 4}}, {"divisible_by_16": ["x_ptr"]}, {"arch": "gfx942"},
+                   {"constexprs": {**ENTRY["constexprs"], "BLOCK": 128}}):
+        assert serve.entry_identity({**ENTRY, **change}) != serve.record_identity(LINE)
+
+
+def test_an_unreadable_entry_has_no_identity():
+    assert serve.entry_identity({"arch": "sm_90a"}) is None
+
+
+def test_a_strict_miss_names_the_kernel_the_specialization_and_how_to_record_it():
+    message = serve.miss_message(LINE)
+    assert message.startswith("kforge serve (strict): no prebuilt tk.scale:scale_kernel for sm_90a with ")
+    assert json.dumps(LINE["constexprs"]) in message and "python -m kforge_runtime.record" in message
+
+
+def test_a_served_kernel_is_loaded_at_its_first_launch_and_gets_the_runtime_arguments_in_order():
+    loads = []
+    served = serve.Served(lambda: loads.append(1) or Launched(), [0, 1, 2], [True, True, False])
+    Launched.calls = []
+    x, y = tensors()
+    for _ in range(2):
+        served.run(4, 1, 1, 77, None, None, None, None, None, x, y, 1000, 1, None, "bf16", "relu", 256)
+    assert Launched.calls == [((4, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])] * 2 and loads == [1]
+    assert served.launch_metadata((4,), 77) is None
+
+
+# --- the JIT path on the CPU: Triton's driver answered by a stub (sm_90a), launches captured --------------
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+
+@triton.jit
+def copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+CONFIGS = [triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=8)]
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def copy_tuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+class StubDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 77
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+class Launched:
+    """Stands for a loaded kernel: records each launch."""
+    calls: list = []
+
+    def launch_trusted(self, gx, gy, gz, stream, values):
+        Launched.calls.append(((gx, gy, gz), stream, list(values)))
+
+
+def entry(kernel: str, block: int, warps: int) -> dict:
+    fn = globals()[kernel]
+    fn = fn if isinstance(fn, triton.runtime.JITFunction) else fn.fn   # an autotuner's JIT function
+    return {"target": f"{kernel}-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": kernel},
+            "triton_source_key": fn.cache_key,
+            "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
+                          {"name": "n", "type": "i32"}],
+            "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
+            "options": {"num_warps": warps, "num_stages": 3}}
+
+
+def bundle_dir(path, entries, autotune=()):
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({
+        "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia",
+        "artifacts": entries, "failed": [], "autotune": list(autotune)}))
+    return path
+
+
+@pytest.fixture
+def jit(monkeypatch):
+    """Triton's JIT with a stub driver, kernels' compiles refused, launches captured; serve() undone after."""
+    from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    monkeypatch.setattr(JITFunction, "_do_compile", JITFunction._do_compile)   # restored after the test
+    monkeypatch.setattr(Autotuner, "run", Autotuner.run)
+    monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: pytest.fail("the autotuner benchmarked"))
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Launched())
+    for fn in (copy, copy_tuned.fn):
+        fn.device_caches.clear()
+        fn.device_caches[0]   # made now: its compile is then replaced
+        monkeypatch.setattr(fn, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    Launched.calls = []
+    yield
+    while serve._active:
+        serve.stop()
+
+
+def tensors(n=1000):
+    return torch.zeros(n, dtype=torch.float16), torch.zeros(n, dtype=torch.float16)
+
+
+def test_a_held_specialization_is_launched_from_the_bundle_with_no_compile(jit, tmp_path):
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    for _ in range(2):   # the second call takes Triton's own cache hit to the served kernel
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])] * 2
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+
+
+def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
+    held = str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)]))
+    server = serve.serve(held)
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # not held: Triton compiles it
+        copy[(4,)](x, y, 1000, BLOCK=256)
+    assert server.compiled == 1 and [m["constexprs"] for m in server.misses] == [{"BLOCK": 256}]
+    serve.stop()
+    strict = serve.serve(held, strict=True)
+    with pytest.raises(serve.NotServed, match=rf"no prebuilt {__name__}:copy for sm_90a with .*"
+                                              r'"BLOCK": 512.*python -m kforge_runtime.record'):
+        copy[(2,)](x, y, 1000, BLOCK=512)
+    x_odd = torch.zeros(1001, dtype=torch.float16)[1:]   # not 16-byte aligned: another specialization
+    with pytest.raises(serve.NotServed):
+        copy[(8,)](x_odd, y, 1000, BLOCK=128)
+    assert strict.served == 0
+
+
+def test_an_entry_built_from_other_source_of_the_kernel_is_never_launched(jit, tmp_path):
+    # the same module, function and specialization, but the bundle was built before the library changed
+    stale = {**entry("copy", 128, 4), "triton_source_key": "0" * 64}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [stale])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it instead
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 0 and server.misses[0]["source_key"] == copy.cache_key
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [stale])), strict=True)
+    with pytest.raises(serve.NotServed, match=rf"the bundles' {__name__}:copy for sm_90a \(copy-128\) was built "
+                                              r"from other source than the one this process runs"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    unkeyed = entry("copy", 128, 4)
+    del unkeyed["triton_source_key"]   # a bundle that cannot say what it was built from serves nothing either
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "old", [unkeyed])), strict=True)
+    with pytest.raises(serve.NotServed, match="other source"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+def test_bundles_that_cannot_be_read_serve_nothing_and_say_why_in_one_line(jit, tmp_path, monkeypatch, capsys):
+    from kforge_runtime import bundle
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    monkeypatch.setattr(bundle, "MAX_JSON_BYTES", 100)   # a manifest over the loader's limit
+    server = serve.serve(str(held))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert len(warned) == 1 and warned[0].startswith("kforge serve: cannot serve from the bundles for sm_90a: ")
+    assert "over the loader's limit" in warned[0] and server.broken
+    serve.stop()
+    serve.serve(str(held), strict=True)
+    with pytest.raises(serve.NotServed, match="^kforge serve: cannot serve from the bundles for sm_90a: .*limit"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+def test_verify_compiles_each_served_specialization_once_and_reports_a_difference(jit, tmp_path, monkeypatch,
+                                                                                   capsys):
+    from types import SimpleNamespace
+
+    from kforge_runtime.bundle import Bundle
+    compiled = SimpleNamespace(asm={"cubin": b"jit"}, metadata=SimpleNamespace(
+        name="copy", shared=0, num_warps=4, warp_size=32, global_scratch_size=0))
+    monkeypatch.setattr(copy, "compile", lambda *a, **k: compiled, raising=False)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"jit")
+    held = {**entry("copy", 128, 4), "symbol": "copy", "shared": 0, "threads_per_block": 128}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [held, {**held, "target": "copy-odd",
+                                                                  "constexprs": {"BLOCK": 256}, "shared": 512}])),
+                         verify=True)
+    x, y = tensors()
+    for _ in range(2):
+        copy[(8,)](x, y, 1000, BLOCK=128)   # the same bytes and launch: checked once, no report
+    assert (server.served, server.verified, server.differences) == (1, 1, [])
+    copy[(4,)](x, y, 1000, BLOCK=256)   # a launch field differs from the JIT's
+    assert server.differences == ["kforge verify: copy-odd differs from Triton's JIT: shared 512 in the bundle, 0 "
+                                  "from the JIT"]
+    assert capsys.readouterr().err.strip() == server.differences[0]
+    assert len(Launched.calls) == 3   # the bundle's binaries ran, each call
+
+
+def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
+    entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [n, "torch.float16", "torch.float16"],
+                 "config": config.all_kwargs()} for n, config in ((1000, CONFIGS[1]), (100, CONFIGS[0]),
+                                                                  (10, CONFIGS[1]))]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)
+    copy_tuned[grid](x, y, 1000)
+    copy_tuned[grid](x, y, 100)   # (64 would be 16-divisible: another specialization)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1), (8, 1, 1)]   # BLOCK 256, then 128
+    assert (server.tuned_configs, server.served, server.compiled) == (2, 2, 0)
+    with pytest.raises(serve.NotServed, match=rf"autotuned {__name__}:copy_tuned has no recorded "
+                                              r'choice for its autotuning key \[7, "torch.float16", "torch.float16"\]'
+                                              r" on sm_90a \(the bundles hold 2 of its configs"):
+        copy_tuned[grid](x, y, 7)
+    with pytest.raises(serve.NotServed, match=r'was recorded with config \{"BLOCK": 256, .*"num_warps": 8\} for '
+                                              r'its autotuning key \[10, .* \(the bundles hold 0 of its configs'):
+        copy_tuned[grid](x[1:], y, 10)   # the recorded pick, but this call's specialization was not built
+
+
+def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
+    serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy_tuned", 256, 8)])), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    copy_tuned[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1)]
+
+
+def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path, monkeypatch):
+    from kforge_runtime.bundle import Bundle
+    loads = []
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: loads.append(entry["target"]) or Launched())
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4), entry("copy", 256, 8)])),
+                         preload=True)
+    assert sorted(loads) == ["copy-128", "copy-256"] and len(server.loaded) == 2
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert len(loads) == 2 and Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])]
+
+
+# --- a kernel over host tensor descriptors, served (rules/runtime/tensordesc.py lays out its arguments) ----
+
+@triton.jit
+def desc_scale(x_desc, y_desc, scale, BLOCK: tl.constexpr):
+    m = tl.program_id(0) * BLOCK
+    y_desc.store([m, 0], x_desc.load([m, 0]) * scale)
+
+
+DESC_META = {"block_size": [64, 64], "elem_size": 2, "elem_type": 6, "fp4_padded": False, "swizzle": 3}
+
+
+def desc_entry(block: int) -> dict:
+    return {"target": f"desc-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": "desc_scale"},
+            "triton_source_key": desc_scale.cache_key,
+            "signature": [{"name": "x_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
+                          {"name": "y_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
+                          {"name": "scale", "type": "fp32"}],
+            "constexprs": {"BLOCK": block}, "divisible_by_16": [], "options": {"num_warps": 4, "num_stages": 3},
+            "threads_per_block": 128, "shared": 0, "tensordesc_meta": [{**DESC_META, "block_size": [block, 64]}] * 2}
+
+
+class Packed:
+    """Stands for a loaded descriptor kernel: packs each launch with the loader's own Arguments, its maps
+    encoded by a stand-in for the driver."""
+    launches: list = []
+
+    def __init__(self, entry):
+        from kforge_runtime.launch import Arguments
+        self.arguments = Arguments(entry)
+        self.arguments.encode = lambda slot, meta, address, shape, strides, nan: Packed.launches.append(
+            (meta["block_size"], address, shape, strides, nan))
+
+    def launch_trusted(self, gx, gy, gz, stream, values):
+        import ctypes
+        params = self.arguments.pack_trusted(values)
+        Packed.launches.append(ctypes.c_float.from_address(params[len(params) - 3]).value)   # scale, before scratch
+
+
+def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(jit, tmp_path, monkeypatch):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Packed(entry))
+    Packed.launches = []
+    desc_scale.device_caches.clear()
+    desc_scale.device_caches[0]
+    monkeypatch.setattr(desc_scale, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [desc_entry(64), desc_entry(128)])), strict=True)
+    x, y = torch.zeros(256, 64, dtype=torch.float16), torch.zeros(256, 64, dtype=torch.float16)
+    x_desc = TensorDescriptor.from_tensor(x, [128, 64], padding="nan")
+    y_desc = TensorDescriptor.from_tensor(y, [128, 64])
+    for _ in range(2):
+        desc_scale[(2,)](x_desc, y_desc, 0.5, BLOCK=128)
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+    assert Packed.launches == [([128, 64], x.data_ptr(), [256, 64], [64, 1], True),   # encoded once: the
+                               ([128, 64], y.data_ptr(), [256, 64], [64, 1], False), 0.5, 0.5]   # same tensors
+    with pytest.raises(serve.NotServed, match=r'"tensordesc<fp16\[32, 64\]>"'):   # another block: not built
+        desc_scale[(8,)](TensorDescriptor.from_tensor(x, [32, 64]), TensorDescriptor.from_tensor(y, [32, 64]), 0.5,
+                         BLOCK=32)
+
+
+def test_the_summary_says_what_serving_cost_the_process(jit, tmp_path):
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert re.search(r"1 specializations served, 0 compiled.*; set-up \d+ ms, bundles indexed in \d+ ms$",
+                     server.summary())
+    assert server.setup_seconds > 0 and server.index_seconds > 0
+
+
+def test_serve_picks_the_light_driver_without_initializing_cuda(monkeypatch):
+    """Asking torch whether a GPU is there initializes CUDA (about 0.2 s, counted as serve()'s own set-up): a
+    CUDA build of torch is enough to choose the light driver; the app's first GPU call pays the init anyway."""
+    from triton.runtime import driver
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("CUDA was initialized"))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    serve.light_driver()
+    assert isinstance(driver._active, serve.LightDriver)
+    monkeypatch.setattr(driver, "_active", None)
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
+    serve.light_driver()   # a torch without the accessor keeps Triton's own driver, and says nothing
+    assert driver._active is None

@@ -1,0 +1,221 @@
+"""rules/runtime/startup.py: KFORGE_SERVE and KFORGE_RECORD reach every Python process of an application through
+the .pth file installed with kforge. In child processes, on the CPU: Triton's driver answered by a stub (sm_90a)
+and kernel binaries stood in for (tests/runtime/test_serve.py), compiles stood in for when recording."""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO, Compiled
+from tests.runtime.test_serve import bundle_dir, entry
+
+PTH = "kforge-runtime-env.pth"
+
+
+@pytest.fixture(scope="module")
+def installed():
+    """The .pth is where `pip install -e .` (or a wheel) put it: the site-packages of this Python."""
+    if not (Path(sysconfig.get_paths()["purelib"]) / PTH).is_file():
+        pytest.fail(f"{PTH} is not in {sysconfig.get_paths()['purelib']}: install kforge (pip install -e .)")
+
+
+def python(code: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -c code` with only these KFORGE_ variables set, the checkout importable."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")}
+    proc = subprocess.run([sys.executable, "-c", code], env={**clean, "PYTHONPATH": str(REPO), **env},
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_a_python_without_the_variables_imports_nothing_of_kforge(installed):
+    shown = "import sys; print(sorted(m for m in sys.modules if m.startswith('kforge')))"
+    assert python(shown, {}).stdout.split() == ["[]"]
+    # set, but Triton never imported (torchrun's launcher, say): the switch alone, nothing else of kforge
+    assert python(shown, {"KFORGE_SERVE": "anywhere"}).stdout.split() == [
+        "['kforge_runtime',", "'kforge_runtime.after_import',", "'kforge_runtime.startup']"]
+
+
+def launch(block: int = 128) -> dict:
+    """In a served child: one launch of tests.runtime.test_serve.copy; what the child's server counted."""
+    from kforge_runtime import serve
+    from kforge_runtime.bundle import Bundle
+    from tests.runtime.test_serve import Launched, StubDriver, copy, tensors
+    from triton.runtime import driver
+    driver.set_active(StubDriver())
+    Bundle.kernel = lambda self, entry, device=None: Launched()
+    copy.device_caches[0]
+    copy.compile = lambda *a, **k: sys.exit("compiled")
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=block)
+    server = serve._active[-1]
+    return {"served": server.served, "compiled": server.compiled, "launches": len(Launched.calls),
+            "strict": server.strict, "pid": os.getpid()}
+
+
+PARENT = """
+import json, multiprocessing, subprocess, sys
+from tests.runtime.test_startup import {fn}
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        spawned = pool.map({fn}, [0, 1])
+    child = subprocess.run([sys.executable, "-c", "import json; from tests.runtime.test_startup import {fn}; "
+                            "print(json.dumps({fn}(2)))"], capture_output=True, text=True, check=True)
+    print(json.dumps(spawned + [json.loads(child.stdout)]))
+"""
+
+
+def served_child(_) -> dict:
+    return launch()
+
+
+def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="served_child")
+    runs = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
+    assert [{k: r[k] for k in ("served", "compiled", "launches", "strict")} for r in runs] == [
+        {"served": 1, "compiled": 0, "launches": 1, "strict": True}] * 3
+    assert len({r["pid"] for r in runs}) == 3
+
+
+def test_a_hook_run_twice_serves_the_process_once(installed, tmp_path):
+    """The .pth in two site directories runs its line twice: one server, one report (seen on an H100 under
+    torchrun: two reports per rank, the second counting 0 served)."""
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    proc = python("import kforge_runtime.startup as s; s.start()\n"
+                  "from tests.runtime.test_startup import launch; launch(128)",
+                  {"KFORGE_SERVE": f"{held},strict,report"})
+    assert proc.stderr.count("kforge serve (pid") == 1, proc.stderr[-2000:]
+    assert "1 specializations served" in proc.stderr or "1 specialization served" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    miss = python("from tests.runtime.test_startup import launch; launch(256)",
+                  {"KFORGE_SERVE": f"{held},strict"}, check=False)
+    assert miss.returncode == 1 and "kforge serve (strict): no prebuilt tests.runtime.test_serve:copy" in miss.stderr
+    for value, said in (("nowhere/dist,strict", f"kforge: KFORGE_SERVE names {REPO}/nowhere/dist, which does "
+                                                f"not exist"),
+                        ("strict,preload", "kforge: KFORGE_SERVE='strict,preload' names no bundle")):
+        bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]   # one line
+        assert said in bad.stderr
+        assert python("print('no triton, no check')", {"KFORGE_SERVE": value}).returncode == 0
+
+
+def recorded_child(i) -> int:
+    """In a recorded child: tests.runtime.test_serve.copy compiled (stood in for) with BLOCK 128 in every
+    child, and with a BLOCK of its own."""
+    from tests.runtime.test_serve import StubDriver, copy, tensors
+    from triton.runtime import driver
+    driver.set_active(StubDriver())
+    copy.device_caches[0]
+    copy.compile = lambda *a, **k: Compiled()
+    x, y = tensors()
+    for block in (128, 256 + 128 * i):
+        copy[(8,)](x, y, 1000, BLOCK=block)
+    return os.getpid()
+
+
+def test_every_process_records_into_one_file_each_specialization_once(installed, tmp_path):
+    out = tmp_path / "records" / "app.jsonl"
+    out.parent.mkdir()
+    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="recorded_child")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, timeout=300,
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")},
+                        "PYTHONPATH": str(REPO), "KFORGE_RECORD": "records/app.jsonl"})   # relative: made absolute
+    lines = out.read_text().splitlines()
+    blocks = sorted(json.loads(t)["constexprs"]["BLOCK"] for t in lines)
+    assert blocks == [128, 256, 384, 512] and len(set(lines)) == len(lines)
+
+
+# What ran before `import triton` never turns the switches off: torch's first CUDA use asks
+# importlib.util.find_spec("triton") (torch.cuda._register_triton_kernels), and so may any library.
+BEFORE = "import importlib.util; importlib.util.find_spec('triton'); importlib.util.find_spec('triton')\n"
+
+
+def test_a_lookup_of_triton_before_its_import_still_serves_the_process(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    code = BEFORE + "import json; from tests.runtime.test_startup import launch; print(json.dumps(launch()))"
+    run = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
+    assert (run["served"], run["compiled"], run["launches"]) == (1, 0, 1)
+
+
+def test_a_lookup_of_triton_before_its_import_still_records_the_process(installed, tmp_path):
+    out = tmp_path / "app.jsonl"
+    python(BEFORE + "from tests.runtime.test_startup import recorded_child; recorded_child(0)",
+           {"KFORGE_RECORD": str(out)})
+    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256]
+
+
+@pytest.mark.parametrize("where", ["fifo", "/dev/zero", "/dev/stdout"])
+def test_a_record_destination_that_is_no_file_is_one_warning_and_never_blocks(installed, tmp_path, where):
+    if where == "fifo":
+        where = str(tmp_path / "fifo")
+        os.mkfifo(where)
+    proc = python("from tests.runtime.test_startup import recorded_child; recorded_child(0); print('ran')",
+                  {"KFORGE_RECORD": where})   # /dev/stdout is the pipe subprocess reads: never written to
+    assert proc.stdout.strip() == "ran"
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("kforge record:")]
+    assert len(warned) == 1 and "not a regular file; nothing is recorded" in warned[0], proc.stderr[-2000:]
+
+
+def test_a_moved_checkout_is_one_line_per_process_not_a_traceback(tmp_path):
+    """The .pth's line, run as site.py runs it, where kforge_runtime cannot be imported (an editable install
+    whose checkout moved): one line on stderr, and the process runs on."""
+    line = (REPO / "rules" / "runtime" / PTH).read_text()
+    code = ("import sys\n"
+            "class Gone:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.startswith('kforge_runtime'): raise ModuleNotFoundError(f'No module named {name!r}')\n"
+            "sys.meta_path.insert(0, Gone())\n"
+            f"exec({line!r})\n"
+            "print('ran')")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"KFORGE_SERVE": "out/dist", "PATH": os.environ.get("PATH", "")})
+    assert proc.stdout.strip() == "ran"
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        "kforge: KFORGE_RECORD / KFORGE_SERVE are set, but kforge_runtime cannot be imported here"), proc.stderr
+
+
+@pytest.mark.parametrize("value", [" ", "app.jsonl,report"])
+def test_a_record_value_that_is_no_file_name_is_one_warning_and_records_nothing(installed, tmp_path, value):
+    """KFORGE_RECORD=' ' recorded into a file named ' ' in the working directory; 'app.jsonl,report' (an option
+    it does not take) into a file of that name."""
+    proc = subprocess.run([sys.executable, "-c", "from tests.runtime.test_startup import recorded_child; "
+                           "recorded_child(0); print('ran')"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**{k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")},
+                                            "PYTHONPATH": str(REPO), "KFORGE_RECORD": value})
+    assert proc.stdout.strip() == "ran", proc.stderr[-2000:]
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("kforge record:")]
+    assert len(warned) == 1 and "KFORGE_RECORD takes one file name and no options" in warned[0], proc.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(installed, tmp_path):
+    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "manifest.txt").write_text("not a bundle")
+    for value, said in ((" ", "kforge: KFORGE_SERVE=' ' names no bundle"),
+                        (",,", "kforge: KFORGE_SERVE=',,' names no bundle"),
+                        (f"{held},strikt", "kforge: KFORGE_SERVE: 'strikt' is neither a flag (strict, preload, "
+                                           "report, verify) nor a bundle that exists"),
+                        (f"{held},STRICT", "'STRICT' is neither a flag"),
+                        (f"{tmp_path / 'fifo'}", f"kforge: KFORGE_SERVE names {tmp_path / 'fifo'}, which is a FIFO "
+                                                 f"or pipe, not a bundle"),
+                        ("/dev/null", "kforge: KFORGE_SERVE names /dev/null, which is a terminal or character "
+                                      "device, not a bundle"),
+                        (f"{tmp_path / 'manifest.txt'}", f"kforge: KFORGE_SERVE names {tmp_path / 'manifest.txt'}, "
+                                                         f"which is not a bundle (not a wheel or zip file)")):
+        bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()], (value, bad.stderr)
+        assert said in bad.stderr, (value, bad.stderr)
+    for value in (f"{held},strict,strict", f"{held},{held}", f"{held}, strict"):   # repeated, spaced: as meant
+        run = json.loads(python("import json; from tests.runtime.test_startup import launch; print(json.dumps("
+                                "launch()))", {"KFORGE_SERVE": value}).stdout.splitlines()[-1])
+        assert (run["served"], run["compiled"], run["strict"]) == (1, 0, "strict" in value), (value, run)

@@ -1,0 +1,130 @@
+"""Descriptor kernels on a GPU (pytest -m gpu, on an H100/H200/B200 with the catalog built and packaged:
+`python -m doit -n 16 archs=sm_90a`): kernels/tma.py's tma_scale and tma_matmul, taking host
+TensorDescriptors, launched from the bundle by kforge's loader and through serve(), each output compared bit
+for bit with Triton's JIT on the same inputs. Builds nothing. Skipped only on a machine without a CUDA GPU
+that has TMA (sm_90 and up); a missing bundle, kernel or config fails."""
+import os
+from pathlib import Path
+
+import pytest
+from tests.support import REPO
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                                 or torch.cuda.get_device_capability()[0] < 9,
+                                 reason="needs an NVIDIA GPU with TMA (sm_90 and up)")]
+
+import triton  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from kernels.tma import tma_matmul_kernel, tma_scale_kernel  # noqa: E402
+from kforge_runtime import Library, serve  # noqa: E402
+
+DIST = Path(os.environ.get("KFORGE_DIST", REPO / "out" / "dist"))
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+M, N, K = 300, 264, 208   # no multiple of a block: the descriptors clip stores and pad loads at every edge
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if not list(DIST.glob("kforge_kernels_sm_*.whl")):
+        pytest.fail(f"no NVIDIA bundle in {DIST}: run `python -m doit -n 16 archs=sm_90a` (sm_100a on a B200) "
+                    f"in the checkout first, or point KFORGE_DIST at its out/dist")
+    torch.empty(1, device="cuda")
+    return Library(DIST)
+
+
+def same_bits(a, b) -> bool:
+    """Equal bit for bit (NaNs included)."""
+    ints = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.shape == b.shape and torch.equal(a.view(ints), b.view(ints))
+
+
+def scale_inputs(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(M, N + 56, device="cuda", dtype=DTYPES[dtype])[:, :N]   # rows 320 apart: a strided view
+    return x, torch.full((M, N), -7.0, device="cuda", dtype=DTYPES[dtype])
+
+
+def matmul_inputs(dtype):
+    torch.manual_seed(1)
+    a = torch.randn(M, K, device="cuda", dtype=DTYPES[dtype])
+    b = torch.randn(K, N, device="cuda", dtype=DTYPES[dtype])
+    return a, b, torch.full((M, N), -7.0, device="cuda", dtype=DTYPES[dtype])
+
+
+def desc(t, block, padding="zero"):
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, padding)
+
+
+def run_scale(launch, dtype, bm, jit: bool):
+    x, y = scale_inputs(dtype)
+    grid = (triton.cdiv(M, bm), triton.cdiv(N, 64))
+    args = (desc(x, [bm, 64]), desc(y, [bm, 64]), 0.75)
+    if jit:
+        launch[grid](*args, BLOCK_M=bm, BLOCK_N=64, num_warps=4)
+    else:
+        launch(grid, *args)
+    torch.cuda.synchronize()
+    return x, y
+
+
+def run_matmul(launch, dtype, warps, padding, jit: bool):
+    a, b, c = matmul_inputs(dtype)
+    grid = (triton.cdiv(M, 128), triton.cdiv(N, 128))
+    args = (desc(a, [128, 64], padding), desc(b, [64, 128], padding), desc(c, [128, 128]), K)
+    if jit:
+        launch[grid](*args, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=warps, num_stages=3)
+    else:
+        launch(grid, *args)
+    torch.cuda.synchronize()
+    return a, b, c
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("bm", [64, 128])
+def test_tma_scale_from_the_bundle_is_bit_identical_to_triton_s_jit(lib, dtype, bm):
+    x, y = run_scale(lib.load("tma_scale", f"{dtype}-m{bm}n64-w4"), dtype, bm, jit=False)
+    _, y_jit = run_scale(tma_scale_kernel, dtype, bm, jit=True)
+    assert same_bits(y, y_jit)
+    assert torch.equal(y, (x.float() * 0.75).to(x.dtype))   # every element written: not two untouched buffers
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_tma_matmul_from_the_bundle_is_bit_identical_to_triton_s_jit(lib, dtype, warps):
+    kernel = lib.load("tma_matmul", f"{dtype}-m128n128k64-w{warps}s3")
+    a, b, c = run_matmul(kernel, dtype, warps, "zero", jit=False)
+    _, _, c_jit = run_matmul(tma_matmul_kernel, dtype, warps, "zero", jit=True)
+    assert same_bits(c, c_jit)
+    ref = a.float() @ b.float()
+    assert ((c.float() - ref).norm() / ref.norm()).item() < 1e-2   # K's tail read as zeros
+    # "nan" padding: the K tail past the tensors reads as NaN, so every output is NaN, as under the JIT
+    _, _, c_nan = run_matmul(kernel, dtype, warps, "nan", jit=False)
+    _, _, c_nan_jit = run_matmul(tma_matmul_kernel, dtype, warps, "nan", jit=True)
+    assert c_nan.isnan().all() and same_bits(c_nan, c_nan_jit)
+
+
+def test_descriptor_kernels_are_served_to_unchanged_call_sites(lib):
+    """serve(strict=True): every call with TensorDescriptors is matched to the bundle's specialization and
+    launched from it (Triton's cache then holds kforge's Served kernel), 0 compiled, outputs identical."""
+    expected = {("scale", dtype): run_scale(tma_scale_kernel, dtype, 128, jit=True)[1] for dtype in DTYPES}
+    expected.update({("matmul", dtype): run_matmul(tma_matmul_kernel, dtype, 8, "zero", jit=True)[2]
+                     for dtype in ("bf16", "fp16")})
+    for fn in (tma_scale_kernel, tma_matmul_kernel):   # forget the JIT's compiles: the calls below must be served
+        fn.device_caches.clear()
+    server = serve.serve(Library(DIST), strict=True)
+    try:
+        got = {("scale", dtype): run_scale(tma_scale_kernel, dtype, 128, jit=True)[1] for dtype in DTYPES}
+        got.update({("matmul", dtype): run_matmul(tma_matmul_kernel, dtype, 8, "zero", jit=True)[2]
+                    for dtype in ("bf16", "fp16")})
+        held = [k for fn in (tma_scale_kernel, tma_matmul_kernel) for k in fn.device_caches[0][0].values()]
+    finally:
+        serve.stop()
+        for fn in (tma_scale_kernel, tma_matmul_kernel):
+            fn.device_caches.clear()
+    assert (server.served, server.compiled, server.misses) == (5, 0, [])
+    assert len(held) == 5 and all(isinstance(k, serve.Served) for k in held)
+    assert all(same_bits(got[k], expected[k]) for k in expected), [k for k in expected
+                                                                   if not same_bits(got[k], expected[k])]

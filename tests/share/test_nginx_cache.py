@@ -1,0 +1,45 @@
+"""rules/share/nginx_cache.py: the loopback nginx cache serves back what is PUT, logs each request, and keeps all its
+files (temp paths included) in its own folder. The remote cache's protocol against it: tests/share/test_remote_cache.py."""
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from kforge.share import nginx_cache
+
+needs_nginx = pytest.mark.skipif(nginx_cache.NGINX is None, reason="needs nginx (Debian's nginx-light)")
+
+
+def test_every_path_the_configuration_names_lies_inside_the_servers_folder():
+    conf = nginx_cache.CONF.format(root="/srv/kc", port=1, user="")
+    paths = dict(re.findall(r"^\s*(\w+)\s+(/\S*);", conf, re.MULTILINE))   # directive -> the path it names
+    assert {"pid", "error_log", "access_log", "root", "client_body_temp_path"} <= set(paths), paths
+    assert all(p.startswith("/srv/kc/") for p in paths.values()), paths
+
+
+@needs_nginx
+def test_what_is_put_is_served_back_and_each_request_is_logged(tmp_path):
+    with nginx_cache.serve(tmp_path) as server:
+        put = urllib.request.Request(f"{server.url}/cas/abc", data=b"blob", method="PUT")
+        urllib.request.urlopen(put, timeout=10).close()
+        with urllib.request.urlopen(f"{server.url}/cas/abc", timeout=10) as got:
+            assert got.read() == b"blob"
+        assert (server.store / "cas" / "abc").read_bytes() == b"blob"
+        assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]
+        assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]   # its own log-marker requests are not listed
+
+
+@needs_nginx
+def test_the_command_line_says_the_url_to_give_cache_and_stops_nginx_when_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "kforge.share.nginx_cache", str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert line.startswith(f"serving {tmp_path / 'store'}: doit cache=http://127.0.0.1:")
+    with pytest.raises(OSError):   # nginx is gone with it
+        urllib.request.urlopen(line.split("cache=")[1].split()[0], timeout=5)
