@@ -97,35 +97,42 @@ def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     assert ("liger_rms_norm_bwd", "X_dtype", "str") in constexpr_types           # a dtype constexpr ("bf16")
 
 
-# three families from three files of the copy, one autotuned (a cold build of every kernel is the test above; what
-# the copy adds is which files an import finds and reads, the same question for every family)
+# three families from three files, one autotuned (a cold build of every kernel is the test above; what a copy
+# adds is which files an import finds and reads, the same question for every family)
 SHADOWED = ("liger_cross_entropy", "liger_dyt_fwd", "liger_swiglu_fwd")
 
 
 @pytest.mark.slow
-def test_kernels_build_from_a_shadowing_copy_and_an_edit_no_compile_read_rebuilds_nothing(tmp_path):
-    """A copy of the package (and its dist-info) ahead of the installed one: the SHADOWED families' targets build
-    from the copy, each meta.json listing what its compile read of it; an edit of a file no compile read
-    rebuilds nothing (test_switching_... below edits one every compile reads)."""
+def test_a_shadowing_copy_keeps_the_installed_builds_and_an_edit_rebuilds_exactly_what_read_it(tmp_path):
+    """Built from the installed package, then a copy of it (and its dist-info) put ahead on PYTHONPATH: the same
+    contents and distribution give the same keys (up to date; the saved catalog holds which copy an import
+    finds); an edit of a copy's file no compile read rebuilds nothing; an edit of one every compile reads
+    (liger_kernel/__init__.py imports every op) rebuilds them all, from the copy, whose meta.json lists it."""
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger_kernel is not installed")
     specs = {name: spec for name, spec in _specs().items() if name in SHADOWED}
     kernels = {s["kernel"]["name"]: s["kernel"] for s in specs.values()}
     assert set(kernels) == set(SHADOWED) and any(_autotuned(k["module"], k["entry"]) for k in kernels.values())
+    root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
+    one_arch = "archs=sm_90a"   # which files an import finds and reads is the same question on every arch
+    doit(root, "-n", "2", one_arch)                                       # the installed package
+    listed = _listed(root, kernels, None, one_arch)   # after the build: the catalog it saved
+    assert statuses(root, "built") == listed
     site = _shadowing_copy(tmp_path / "site")
     env = {"PYTHONPATH": str(site)}
-    second = make_project(tmp_path / "q", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
-    one_arch = "archs=sm_90a"   # which files an import finds and reads is the same question on every arch
-    doit(second, "-n", "2", one_arch, *SHADOWED, env=env)
-    listed = _listed(second, kernels, env, one_arch)   # after the build: the catalog it saved
-    assert statuses(second, "built") == listed   # (the installed package gives the same keys: test_switching_...)
-    read = [dict(json.loads(m.read_text())["inputs"]) for m in (second / "out").glob("*/*/*/meta.json")]
-    assert len(read) == len(listed) and all(EDITED in r and UNREAD not in r for r in read)
-    assert all(any(k.startswith("liger_kernel/") and k != EDITED for k in r) for r in read)
+    doit(root, "-n", "2", one_arch, env=env)                              # the copy: the same keys
+    assert statuses(root, "up-to-date") == listed
     unread = site / UNREAD
     unread.write_text(unread.read_text() + "\n# edited by tests/load/test_installed_liger.py\n")
-    doit(second, "-n", "2", one_arch, *SHADOWED, env=env)
-    assert statuses(second, "up-to-date") == listed and statuses(second, "failed") == set()
+    doit(root, "-n", "2", one_arch, env=env)
+    assert statuses(root, "up-to-date") == listed and statuses(root, "failed") == set()
+    edited = site / EDITED
+    edited.write_text(edited.read_text() + "\n# edited by tests/load/test_installed_liger.py\n")
+    doit(root, "-n", "2", one_arch, env=env)
+    assert statuses(root, "built") == listed
+    read = [dict(json.loads(m.read_text())["inputs"]) for m in (root / "out").glob("*/*/*/meta.json")]
+    assert len(read) == len(listed) and all(EDITED in r and UNREAD not in r for r in read)
+    assert all(any(k.startswith("liger_kernel/") and k != EDITED for k in r) for r in read)
 
 
 def _shadowing_copy(site: Path) -> Path:
@@ -136,24 +143,3 @@ def _shadowing_copy(site: Path) -> Path:
     assert len(infos) == 1
     shutil.copytree(infos[0], site / infos[0].name)
     return site
-
-
-@pytest.mark.slow
-def test_switching_to_a_shadowing_copy_then_editing_it_rebuilds_its_family(tmp_path):
-    """The saved catalog holds which copy an import finds (sys.path and the places looked in before it)."""
-    if importlib.util.find_spec("liger_kernel") is None:
-        pytest.skip("liger_kernel is not installed")
-    names = ("liger_swiglu_fwd", "liger_geglu_fwd")
-    root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in names}, kernels={})
-    one_arch = "archs=sm_90a"   # which copy is found is the same question on every arch
-    doit(root, "-n", "2", one_arch)                        # the installed package
-    listed = statuses(root, "built")
-    assert len(listed) == 4
-    site = _shadowing_copy(tmp_path / "site")
-    env = {"PYTHONPATH": str(site)}
-    doit(root, "-n", "2", one_arch, env=env)               # same contents and distribution: the same keys
-    assert statuses(root, "up-to-date") == listed
-    edited = site / EDITED
-    edited.write_text(edited.read_text() + "\n# edited by tests/load/test_installed_liger.py\n")
-    doit(root, "-n", "2", one_arch, env=env)   # either family's module runs liger_kernel/__init__.py: both read it
-    assert statuses(root, "built") == listed

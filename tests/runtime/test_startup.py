@@ -215,7 +215,7 @@ def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(insta
         bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()], (value, bad.stderr)
         assert said in bad.stderr, (value, bad.stderr)
-    for value in (f"{held},strict,strict", f"{held},{held}", f"{held}, strict"):   # repeated, spaced: as meant
-        run = json.loads(python("import json; from tests.runtime.test_startup import launch; print(json.dumps("
-                                "launch()))", {"KFORGE_SERVE": value}).stdout.splitlines()[-1])
-        assert (run["served"], run["compiled"], run["strict"]) == (1, 0, "strict" in value), (value, run)
+    repeated = f"{held}, strict,{held},strict"   # a path and a flag repeated, a space after a comma: as meant
+    run = json.loads(python("import json; from tests.runtime.test_startup import launch; print(json.dumps("
+                            "launch()))", {"KFORGE_SERVE": repeated}).stdout.splitlines()[-1])
+    assert (run["served"], run["compiled"], run["strict"]) == (1, 0, True), run
