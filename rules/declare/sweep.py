@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import string
@@ -128,7 +129,8 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     for c in constants:
         if c in options:   # a compile option, not an argument: it goes where options go
             raise SpecError(f"{where}: [constants] {c}: {c} is a compile option, not a constexpr of {spec.entry}; "
-                            f"set it in [sweep] (`{c} = [{constants[c]!r}]`), or for one arch in [arch.<arch>]")
+                            f"set it in [sweep] (`{c} = [{json.dumps(constants[c])}]`), or for one arch in "
+                            f"[arch.<arch>]")   # json.dumps: the line a user pastes is TOML (true, not True)
         if c not in constexprs and c not in hints:
             raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
                             f"constexprs: {list(constexprs)}")

@@ -233,15 +233,17 @@ def test_bad_device_model_setup_or_arch_env_names_the_key(tmp_path, edit, expect
         assert part in message, (part, message)
 
 
-@pytest.mark.parametrize("option, value", [("num_warps", 8), ("num_stages", 2), ("maxnreg", 128), ("waves_per_eu", 2)])
+@pytest.mark.parametrize("option, value", [("num_warps", "8"), ("num_stages", "2"), ("maxnreg", "128"),
+                                           ("waves_per_eu", "2"), ("debug", "true")])
 def test_any_compile_option_under_constants_is_refused_naming_where_it_belongs(tmp_path, option, value):
     """A compile option is no argument of the entry: under [constants] the refusal says it is an option and that it
-    goes in [sweep] (or per arch, in [arch.<arch>]), not only "not a constexpr"."""
+    goes in [sweep] (or per arch, in [arch.<arch>]), not only "not a constexpr"; the line it offers is TOML
+    (`debug = [true]`, never Python's `[True]`)."""
     text = spec_text().replace("num_warps = [4]", "").replace("-w{num_warps}", "").split("[sweep]")
     text = text[0] + f"[constants]\n{option} = {value}\n\n[sweep]" + text[1]
     root = make_project(tmp_path, specs={"s": text})
     with pytest.raises(SpecError) as e:
         load_spec(root / "specs" / "s.toml", root)
     assert str(e.value) == (f"specs/s.toml: [constants] {option}: {option} is a compile option, not a constexpr of "
-                            f"scale_kernel; set it in [sweep] (`{option} = [{value!r}]`), or for one arch in "
+                            f"scale_kernel; set it in [sweep] (`{option} = [{value}]`), or for one arch in "
                             f"[arch.<arch>]")
