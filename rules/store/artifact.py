@@ -248,7 +248,9 @@ def read_error(target) -> Failure | None:
             inputs = json.loads(read.removeprefix(INPUTS))
         except (ValueError, RecursionError):
             inputs = None
-    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, rest)
+    # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
+    shown = "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in rest)
+    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, shown)
 
 
 def saved_failure(target) -> str | None:

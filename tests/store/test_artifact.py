@@ -1,6 +1,7 @@
 """Artifacts: sha256 and ELF verified on load; meta.json is written last, so a kill never leaves a 'built' half."""
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -298,3 +299,15 @@ def test_error_txt_is_read_back_as_it_was_written(tmp_path):
     assert failure.without_traceback == "k failed\n  error: boom"
     artifact.write_error(target, "k failed\n  error: timed out")   # no inputs: not a deterministic failure
     assert artifact.read_error(target) == artifact.Failure("K1", None, "k failed\n  error: timed out\n")
+
+
+def test_a_restored_error_txt_never_reaches_a_terminal_with_its_control_characters(tmp_path):
+    """error.txt comes back from out/, which may be a restored archive: its message is replayed in the build's
+    summary (compile/action.py) and shown by doit info, so an escape sequence or a carriage return in it is shown
+    as U+FFFD; its lines stay lines."""
+    target = target_at(tmp_path / "out" / "sm_90a" / "k" / "b512", key="K1")
+    Path(target.error_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(target.error_path).write_bytes(b"key: K1\ninputs: []\nk failed\x1b[2J\n  error: boom\rX\tY\n")
+    failure = artifact.read_error(target)
+    assert failure.message == "k failed\ufffd[2J\n  error: boom\ufffdX\tY\n"
+    assert failure.without_traceback == "k failed\ufffd[2J\n  error: boom\ufffdX\tY"
