@@ -14,8 +14,9 @@ write(site) writes it into site (a folder to put on PYTHONPATH); SPECS are its k
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
+
+from tests.support import write_site_package
 
 FILES = {
     "devlib/__init__.py": '''
@@ -208,15 +209,7 @@ def configure(arch):
 
 def write(site: Path) -> Path:
     """The library in site/ (a folder to put on PYTHONPATH), with a dist-info as pip would leave."""
-    for name, text in FILES.items():
-        path = site / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
-    info = site / "devlib-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: devlib\nVersion: 0.1\n")
-    (info / "top_level.txt").write_text("devlib\n")
-    return site
+    return write_site_package(site, "devlib", FILES)
 
 
 def scale_spec(kernel: str = "") -> str:

@@ -19,8 +19,9 @@ kforge specs (TOML) for sm_90a and gfx942.
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
+
+from tests.support import write_library_files, write_site_package
 
 # A FlyDSL name written for a FlyDSL other than kforge's pin (made up, so no FlyDSL release will have it)
 ENVLIB_FLY_API = "envlib_vector_ops"
@@ -192,27 +193,14 @@ packages = ["envlib"]
 '''
 
 
-def _write(folder: Path) -> None:
-    for name, text in FILES.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
-
-
 def write(site: Path) -> Path:
     """The library in site/ (a folder to put on PYTHONPATH), with a dist-info as pip would leave (it requires
     torch, as liger-kernel does)."""
-    _write(site)
-    info = site / "envlib-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: envlib\nVersion: 0.1\nRequires-Dist: torch\n"
-                                   "Requires-Dist: triton\n")
-    (info / "top_level.txt").write_text("envlib\n")
-    return site
+    return write_site_package(site, "envlib", FILES, requires=("torch", "triton"))
 
 
 def write_source(folder: Path) -> Path:
     """The library as a source tree with its pyproject.toml, for pip to install."""
-    _write(folder)
+    write_library_files(folder, FILES)
     (folder / "pyproject.toml").write_text(PYPROJECT.lstrip())
     return folder

@@ -15,8 +15,9 @@ write(site) writes it (and a dist-info) into site, a folder to put on PYTHONPATH
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
+
+from tests.support import write_site_package
 
 CONFIGS = [{"BLOCK": 128, "num_warps": 4}, {"BLOCK": 256, "num_warps": 4}, {"BLOCK": 512, "num_warps": 4}]
 
@@ -153,19 +154,12 @@ TILED_FAMILY = {"kfl_tiles": ("kfl.ops.tiled", "tiled_kernel", "")}
 def write(site: Path, configs: list[dict] = CONFIGS, tiled: bool = False) -> Path:
     """The library in site/ (a folder to put on PYTHONPATH), with a dist-info as pip would leave; with tiled,
     kfl/ops/tiled.py and its kfl/tiles/ folder too."""
-    for name, text in {**FILES, **(TILED if tiled else {})}.items():
-        path = site / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
+    write_site_package(site, "kfl", {**FILES, **(TILED if tiled else {})})
     (site / "kfl" / "configs.json").write_text(json.dumps(configs, indent=1) + "\n")
     if tiled:
         (site / "kfl" / "tiles").mkdir(exist_ok=True)
         for name, config in TILES.items():
             write_tile(site, name, config)
-    info = site / "kfl-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kfl\nVersion: 0.1\n")
-    (info / "top_level.txt").write_text("kfl\n")
     return site
 
 

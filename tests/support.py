@@ -95,6 +95,27 @@ def write_files(folder: Path, files: dict[str, str]) -> Path:
     return folder
 
 
+def write_library_files(folder: Path, files: dict[str, str]) -> Path:
+    """A test library's files under folder, dedented and with their leading blank lines dropped: a line number
+    in a message about them is the line in the text as written."""
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(textwrap.dedent(text).lstrip())
+    return folder
+
+
+def write_site_package(site: Path, dist: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A test library as pip leaves it in site-packages: its files (write_library_files) and its dist-info
+    (METADATA with `requires`, top_level.txt)."""
+    write_library_files(site, files)
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "top_level.txt").write_text(f"{dist}\n")
+    return site
+
+
 def redirected_package(package: Path, files: dict[str, str]) -> Path:
     """The package `files` at `package` (a folder on no module path entry) and a site folder whose sitecustomize
     maps the package's name to it with an import finder, as an editable install's .pth does at start-up:
