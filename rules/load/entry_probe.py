@@ -50,7 +50,6 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from kforge.base import cpus
@@ -392,16 +391,7 @@ def _where(e: BaseException) -> str:
     """' (in pkg/ops/mod.py:12)': the innermost line of the library's own code (not Python's, torch's, Triton's
     or kforge's) the exception passed through, as names go on every machine; "" when none did."""
     from kforge.load import observe
-    toolchain = observe.toolchain_dirs()
-    skip = tuple(d + os.sep for d in toolchain)
-    found = None
-    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(e.__traceback__)]
-    if isinstance(e, SyntaxError) and e.filename:   # the file that does not parse is not a frame
-        frames.append((e.filename, e.lineno))
-    for filename, line in frames:
-        real = os.path.realpath(filename)
-        if not filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
-            found = (filename, line)
+    found = shared_env.library_frame(e)
     if found is None:
         return ""
     return f" (in {observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]})"

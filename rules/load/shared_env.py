@@ -95,23 +95,35 @@ def message(e: ImportError) -> str:
             f"use a release of the library that works with {top} {version} (docs/libraries.md)")
 
 
-def library_line(e: BaseException) -> str:
-    """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the standard
-    library and the toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's), named as inputs are (relative to
-    the project or the module path entry); "" when the traceback has none."""
+def library_frame(e: BaseException) -> tuple[str, int] | None:
+    """(file, line) of the innermost line of the exception's traceback outside the standard library and the
+    toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's); a SyntaxError's file that does not parse counts
+    as the innermost. None when there is none."""
     from kforge.load import observe
     toolchain = observe.toolchain_dirs()
     skip = tuple(d + os.sep for d in toolchain)
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(e.__traceback__)]
+    if isinstance(e, SyntaxError) and e.filename:   # the file that does not parse is not a frame
+        frames.append((e.filename, e.lineno))
     found = None
-    for frame in traceback.extract_tb(e.__traceback__):
-        real = os.path.realpath(frame.filename)
-        if not frame.filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
-            found = frame
+    for filename, line in frames:
+        real = os.path.realpath(filename)
+        if not filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
+            found = (filename, line)
+    return found
+
+
+def library_line(e: BaseException) -> str:
+    """'pkg/mod.py:12 (`from x import y`)': library_frame's line, named as inputs are (relative to the project or
+    the module path entry), with its code; "" when the traceback has none."""
+    from kforge.load import observe
+    found = library_frame(e)
     if found is None:
         return ""
-    code = (found.line or linecache.getline(found.filename, found.lineno)).split("  #")[0].strip()
-    shown = observe.name_of(found.filename, observe.bases(os.getcwd()))
-    return f"{shown}:{found.lineno}" + (f" (`{code[:120]}`)" if code else "")
+    filename, lineno = found
+    code = linecache.getline(filename, lineno).split("  #")[0].strip()
+    shown = observe.name_of(filename, observe.bases(os.getcwd()))
+    return f"{shown}:{lineno}" + (f" (`{code[:120]}`)" if code else "")
 
 
 def _on_a_pin(e: BaseException) -> bool:
