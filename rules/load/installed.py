@@ -10,6 +10,7 @@ modules, which would make one edited kernel file rebuild every target of the lib
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import re
 import sys
@@ -18,6 +19,24 @@ from pathlib import Path
 from kforge.load import observe, sources
 
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+# {(module file, sys.path entry, top-level package): its closure} while a catalog load shares them (shared());
+# None outside one, where each closure() is computed afresh
+_shared: dict | None = None
+
+
+@contextlib.contextmanager
+def shared():
+    """Within it, each module's closure is computed once (a catalog load: liger's 414-line record is 133 families
+    of 18 modules, and each family asked for its module's closure). Only within it: what the closure resolves
+    (the files an import finds under the path entry) can change between loads, and the next load walks it again."""
+    global _shared
+    outer, _shared = _shared, {} if _shared is None else _shared
+    try:
+        yield
+    finally:
+        _shared = outer
 
 
 class NotInstalled(LookupError):
@@ -35,6 +54,14 @@ class Module:
 
     def closure(self) -> tuple[Path, ...]:
         """The files the module's import executes within its package (see the module docstring), sorted."""
+        if _shared is None:
+            return self._walk()
+        key = (self.path, self.base, self.package_dir)
+        if key not in _shared:
+            _shared[key] = self._walk()
+        return _shared[key]
+
+    def _walk(self) -> tuple[Path, ...]:
         seen: set[Path] = set()
         todo = [self.path]
         while todo:
@@ -103,15 +130,8 @@ def _imports(path: Path, base: Path) -> list[Path]:
     (relative); each `from x import y` may name a module x.y or a name in x, so both are tried."""
     found = []
     package = path.parent
-    for node in ast.walk(sources.parse(path)):
-        if isinstance(node, ast.Import):
-            dotted, start = [a.name for a in node.names], base
-        elif isinstance(node, ast.ImportFrom):
-            start = base if node.level == 0 else sources.up(package, node.level - 1)
-            mod = node.module.split(".") if node.module else []
-            dotted = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
-        else:
-            continue
+    for level, dotted in _import_names(path):
+        start = base if level == 0 else sources.up(package, level - 1)
         for name in dotted:
             parts = name.split(".")
             for depth in range(1, len(parts) + 1):   # importing a.b.c runs a, a.b and a.b.c
@@ -119,6 +139,26 @@ def _imports(path: Path, base: Path) -> list[Path]:
                 if f is not None:
                     found.append(f)
     return found
+
+
+def _import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """(level, dotted names) of each import statement of the file: 0 for absolute; parsed and walked once per
+    file version (sources.parse's key), the slow half of a closure."""
+    st = path.stat()   # sources.parse's key: a file edited in place, its mtime put back, is read again
+    return _import_names_of(path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _import_names_of(path: Path, *version) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    found = []
+    for node in ast.walk(sources.parse(path)):
+        if isinstance(node, ast.Import):
+            found.append((0, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module.split(".") if node.module else []
+            names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
+            found.append((node.level, tuple(names)))
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,7 +106,9 @@ class Catalog:
                 return self._saved_now()
         except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
             self.families, self.targets, self.tuned = [], [], []
-        self._from_specs(folders, spec_files, saved, keep_going)
+        from kforge.load import installed
+        with installed.shared():   # an installed module's closure walked once, not once per family of it
+            self._from_specs(folders, spec_files, saved, keep_going)
         return self if self._fresh is None else self._saved_now()
 
     def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool) -> None:

@@ -694,3 +694,27 @@ def test_a_library_installed_editable_builds_and_an_edit_rebuilds_exactly_the_ta
         path.write_text(path.read_text().replace("2", "4").replace("+ 1", "+ 3"))
         doit(root, "-n", "2", env=env)
         assert statuses(root, "built") == {reader}, edited
+
+
+def test_a_load_walks_a_modules_closure_once_for_all_its_families_and_the_next_load_sees_an_edit(site, tmp_path,
+                                                                                                   monkeypatch):
+    """Three families of one installed module: one catalog load parses and follows each file of its closure once
+    (not once per family); an import added to it in place (mtime put back) and the module it names created since
+    are in the next load's closure, and so in its keys."""
+    from kforge.plan.catalog import Catalog
+    specs = {f"shift{i}": spec(f"shift{i}", f"{PACKAGE}.ops.shift", "shift_kernel") for i in range(3)}
+    root = make_project(tmp_path / "p", specs=specs, kernels={})
+    walked = []
+    real = installed._imports
+    monkeypatch.setattr(installed, "_imports", lambda path, base: walked.append(path) or real(path, base))
+    first = Catalog(root, None, 50_000).load()
+    shift = site / PACKAGE / "ops" / "shift.py"
+    assert walked == [shift]   # its imports followed once (the __init__ files' are not followed)
+    st = shift.stat()
+    shift.write_text(shift.read_text().replace("import triton\n", "import triton\nfrom . import extra  # noqa\n", 1))
+    os.utime(shift, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (site / PACKAGE / "ops" / "extra.py").write_text("X = 1\n")
+    again = Catalog(root, None, 50_000).load()
+    assert {t.name for t in again.targets} == {t.name for t in first.targets}
+    assert all(t.key != f.key for t, f in zip(sorted(again.targets), sorted(first.targets)))
+    assert {n for t in again.targets for n, _ in t.source_digests} >= {f"{PACKAGE}/ops/extra.py"}
