@@ -295,9 +295,12 @@ def _install_torch(torch) -> None:
     for name, fn in answers.items():
         setattr(cuda, name, fn)
     _GpuTensors.install()
-    # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words)
-    for name, what in (("Stream", "a CUDA stream (torch.cuda.Stream)"), ("Event", "a CUDA event (torch.cuda.Event)"),
-                       ("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
+    # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words). A
+    # stream or event a library keeps from its import (a side stream, a timing event) is a handle until used;
+    # a stream wrapping a real one, or a graph, is GPU work when made
+    for name, what in (("Stream", "a CUDA stream (torch.cuda.Stream)"), ("Event", "a CUDA event (torch.cuda.Event)")):
+        setattr(cuda, name, _handle(name, what, torch.device("cuda", 0)))
+    for name, what in (("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
                        ("CUDAGraph", "a CUDA graph (torch.cuda.CUDAGraph)")):
         setattr(cuda, name, _refusing(name, what))
     for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all"):
@@ -449,6 +452,24 @@ def _refusing(name: str, what: str) -> type:
     def refuse(cls, *args, **kwargs):
         raise needs_gpu(what)
     return type(name, (), {"__new__": refuse, "__module__": "torch.cuda"})
+
+
+RAW_HANDLES = ("cuda_stream", "stream_id", "cuda_event", "event_id")
+
+
+def _handle(name: str, what: str, device) -> type:
+    """A class standing in for torch.cuda's Stream or Event: making one (a subclass's too) works and it answers
+    its device; any other use (synchronize(), record(), wait_stream(), its raw handle) is NeedsGPU naming it."""
+    def init(self, *args, **kwargs):
+        pass
+
+    def use(self, attribute):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        if attribute in RAW_HANDLES:   # the driver's handle, for a C extension
+            raise needs_gpu(f"{what}'s {attribute}")
+        return functools.partial(_refuse, f"{what}'s {attribute}()")
+    return type(name, (), {"__init__": init, "__getattr__": use, "device": device, "__module__": "torch.cuda"})
 
 
 def _refuse(what: str, *args, **kwargs):

@@ -118,8 +118,11 @@ GPU_WORK = {   # a module doing something only a real GPU can do at import, and 
                  'k[(1,)](torch.empty(4, device="meta"))\n', "a Triton kernel launch"),
     "benchmarks": ("import triton\ntriton.runtime.driver.active.get_benchmarker()\n", "benchmarking"),
     # made without the lazy init a CPU torch never runs: torch's own stand-ins would fail in its words
-    "streams": ("import torch\nS = torch.cuda.Stream()\n", "a CUDA stream (torch.cuda.Stream)"),
-    "events": ("import torch\nE = torch.cuda.Event(enable_timing=True)\n", "a CUDA event (torch.cuda.Event)"),
+    # a stream or event made at import is a handle (below); using one is GPU work
+    "streams": ("import torch\nS = torch.cuda.Stream()\nS.synchronize()\n",
+                "a CUDA stream (torch.cuda.Stream)'s synchronize()"),
+    "events": ("import torch\nE = torch.cuda.Event(enable_timing=True)\nE.record()\n",
+               "a CUDA event (torch.cuda.Event)'s record()"),
     "graphs": ("import torch\nclass G(torch.cuda.CUDAGraph):\n    pass\nG()\n", "a CUDA graph"),
     "seeds": ("import torch\nstate = torch.cuda.get_rng_state()\n", "the GPU's random state"),
     # a CUDA backend: CUDA-only torch functions and the CUDA runtime's library, by name (a CPU torch has neither)
@@ -163,6 +166,25 @@ def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_f
     for line, (work, (_, call)) in zip(lines, GPU_WORK.items()):
         assert call in line and f"gpu_{work}.py:" in line and "needs a real GPU (family fam)" in line, line
         assert "gfx942" in line and "AMD Instinct MI300X" in line and "device_model = false" in line
+
+
+def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(tmp_path):
+    """A library that keeps a side stream and an event from its import (torch.cuda.Stream(), torch.cuda.Event(),
+    its own subclass of Stream) imports under the model: they launch nothing until used."""
+    (tmp_path / "streams_at_import.py").write_text(
+        "import torch\n"
+        "class SideStream(torch.cuda.Stream):\n"
+        "    pass\n"
+        "S = torch.cuda.Stream(priority=-1)\n"
+        "SIDE = SideStream(device=torch.cuda.current_device())\n"
+        "E = torch.cuda.Event(enable_timing=False)\n"
+        "assert isinstance(SIDE, torch.cuda.Stream) and S.device == torch.device('cuda', 0), S.device\n"
+        "assert E.device == torch.device('cuda', 0) and S != SIDE and S == S\n")
+    (tmp_path / "raw_stream_at_import.py").write_text("import torch\nRAW = torch.cuda.Stream().cuda_stream\n")
+    proc = _python(NEEDS_GPU, str(tmp_path), "streams_at_import", "raw_stream_at_import", cwd=tmp_path)
+    made, raw = proc.stdout.strip().splitlines()
+    assert made == "streams_at_import imported", proc.stdout + proc.stderr
+    assert raw.startswith("a CUDA stream (torch.cuda.Stream)'s cuda_stream at raw_stream_at_import.py:2"), raw
 
 
 def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_would_call(tmp_path):
