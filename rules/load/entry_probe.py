@@ -259,9 +259,18 @@ def layers(fn) -> list:
     return found
 
 
+def entry_object(module, entry: str):
+    """What the imported module holds under the entry's name: `Class.kernel` is an attribute of a module-level
+    class (a library that keeps its kernels on a class); a module's `__getattr__` answers a lazily made one."""
+    found = module
+    for part in entry.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def _layers(module: str, entry: str) -> list:
     import importlib
-    return layers(getattr(importlib.import_module(module), entry))
+    return layers(entry_object(importlib.import_module(module), entry))
 
 
 def _describe(module: str, entry: str) -> dict:

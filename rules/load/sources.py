@@ -52,9 +52,69 @@ def module_level(statements: list) -> list:
 def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
     """The def a module-level name holds after import, as Triton's JIT sees it, and the names of the calls that
     wrap it where the name is assigned by calls (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`:
-    _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts. (None, ()) when
-    the source shows none."""
-    statements = module_level(parse(path).body)
+    _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts, and so do
+    - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
+    - a name imported from another module of the library (`from .impl import _k as kernel`), followed there;
+    - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class);
+    - failing all those, one def of that name anywhere in the module (made by a function the module calls
+      lazily, such as its `__getattr__`): ("?",) among the calls then says that only importing the module
+      tells what the name holds (entry_probe.is_wrapped asks the import).
+    (None, ()) when the source shows none."""
+    return _entry_def(path, name, 0)
+
+
+def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
+    if depth > 8:   # a cycle of re-exports
+        return None, ()
+    tree = parse(path)
+    statements = module_level(tree.body)
+    if "." in name:
+        owner, _, attribute = name.partition(".")
+        for node in statements:
+            if isinstance(node, ast.ClassDef) and node.name == owner:
+                return _scope_def(node.body, attribute)
+        return None, ()
+    for node in statements:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node, ()
+    for node in statements:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            found, calls = _assigned(path, statements, node.value, name, depth)
+            if found is not None:
+                return found, calls
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    source = _imported_module(path, node)
+                    if source is not None:
+                        return _entry_def(source, alias.name, depth + 1)
+    nested = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    if len(nested) == 1:
+        return nested[0], ("?",)
+    return None, ()
+
+
+def _assigned(path: Path, statements: list, value, name: str, depth: int):
+    """The def behind `name = <value>` in a module: wrapping calls around a name, or a factory's call."""
+    inner, calls = _wrapped(value)
+    if inner is not None and inner != name:
+        found, more = _entry_def(path, inner, depth + 1)
+        return (found, calls + more) if found is not None else (None, ())
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):   # kernel = _make(...)
+        factory = next((n for n in statements if isinstance(n, ast.FunctionDef) and n.name == value.func.id), None)
+        if factory is not None:
+            for ret in (n for n in ast.walk(factory) if isinstance(n, ast.Return) and n.value is not None):
+                inner, calls = _wrapped(ret.value)
+                found, more = _scope_def(factory.body, inner) if inner else (None, ())
+                if found is not None:
+                    return found, calls + more
+    return None, ()
+
+
+def _scope_def(body: list, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
+    """A def of `name` in a function's or class's body (under its if/try/with too), and the calls that wrap
+    it where the name is assigned by calls there."""
+    statements = module_level(body)
     for node in statements:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node, ()
@@ -62,9 +122,21 @@ def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str,
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             inner, calls = _wrapped(node.value)
             if inner is not None and inner != name:
-                found, more = entry_def(path, inner)
+                found, more = _scope_def(body, inner)
                 return (found, calls + more) if found is not None else (None, ())
     return None, ()
+
+
+def _imported_module(path: Path, node: ast.ImportFrom) -> Path | None:
+    """The file of the module a `from X import ...` in `path` names: relative to path's package, or absolute
+    from the folder path's top-level package lies in (site-packages, the project root)."""
+    if node.level:
+        base = up(path.parent, node.level - 1)
+    else:
+        base = path.parent
+        while (base / "__init__.py").is_file():
+            base = base.parent
+    return _resolve(base, node.module.split(".")) if node.module else None
 
 
 def _wrapped(expr) -> tuple[str | None, tuple[str, ...]]:

@@ -1,0 +1,86 @@
+"""Every kernel a library holds is reachable as an entry, whatever way the library makes it (rules/load/sources.py's
+entry_def reads the source; entry_probe imports the module when only the import can tell): a kernel a factory
+returns, one re-exported under another name from another module, one kept on a class, one a module's
+`__getattr__` makes lazily. The library (`reachlib`) is written here; tests/load/test_entry_probe.py holds the
+guarded kernels and those built by wrapping calls."""
+import textwrap
+
+import pytest
+
+from kforge.load import entry_probe, sources
+from tests.support import write_files
+
+BODY = '''
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * {factor}, mask=m)
+'''
+
+
+def kernel(name: str, factor: int, decorators: str = "@triton.jit", indent: str = "") -> str:
+    text = f"{decorators}\ndef {name}(x_ptr, y_ptr, n, BLOCK: tl.constexpr):" + BODY.format(factor=factor)
+    return textwrap.indent(text, indent)
+
+
+HEAD = "import triton\nimport triton.language as tl\n"
+REACHLIB = {
+    "reachlib/__init__.py": "",
+    "reachlib/impl.py": HEAD + kernel("_impl", 2) + "\n\n" + kernel("_tuned", 3, "@triton.autotune(configs=["
+                                                                         "triton.Config({'BLOCK': 128})], key=['n'])\n"
+                                                                         "@triton.jit"),
+    # a factory returning a def of its own (its name is not the module's)
+    "reachlib/factory.py": HEAD + "\n\ndef _make():\n" + kernel("_square", 4, indent="    ") + "    return _square\n"
+                           "\n\ndef _make_tuned():\n" + kernel("_inner", 5, indent="    ")
+                           + "    return triton.heuristics({'BLOCK': lambda args: 128})(_inner)\n"
+                           "\n\nsquare_kernel = _make()\ntuned_square = _make_tuned()\n",
+    # re-exported under other names, absolutely and relatively
+    "reachlib/public.py": "from reachlib.impl import _impl as public_kernel  # noqa: F401\n"
+                          "from .impl import _tuned as public_tuned  # noqa: F401\n",
+    # kept on a class
+    "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
+    # made when first asked for, by a lazy import of triton
+    "reachlib/lazy.py": "_MADE = {}\n\n\ndef _build():\n    import triton\n    import triton.language as tl\n\n"
+                        + kernel("lazy_kernel", 7, indent="    ") + "    return lazy_kernel\n\n\n"
+                        "def __getattr__(name):\n    if name == 'lazy_kernel':\n"
+                        "        return _MADE.setdefault(name, _build())\n    raise AttributeError(name)\n",
+}
+
+REACHABLE = {   # (module file, entry): (the def the source shows, whether the entry is probed by importing it)
+    ("factory.py", "square_kernel"): ("_square", False),
+    ("factory.py", "tuned_square"): ("_inner", True),   # the factory wraps it in heuristics
+    ("public.py", "public_kernel"): ("_impl", False),
+    ("public.py", "public_tuned"): ("_tuned", True),
+    ("klass.py", "Kernels.add_one"): ("add_one", False),
+    ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return write_files(tmp_path_factory.mktemp("reach") / "site", REACHLIB)
+
+
+@pytest.mark.parametrize("where, entry", list(REACHABLE))
+def test_an_entry_the_library_makes_is_found_in_its_source_and_probed_when_only_the_import_tells(site, where, entry):
+    path = site / "reachlib" / where
+    node, _ = sources.entry_def(path, entry)
+    shown, probed = REACHABLE[where, entry]
+    assert node is not None and node.name == shown, (where, entry)
+    assert sources.function_params(path, entry) == ("x_ptr", "y_ptr", "n", "BLOCK")
+    assert entry_probe.is_wrapped(path, entry) is probed
+
+
+def test_a_name_the_source_does_not_make_is_still_not_found(site):
+    assert sources.entry_def(site / "reachlib" / "factory.py", "_make")[0].name == "_make"   # a plain def
+    for where, entry in (("factory.py", "nope"), ("public.py", "missing"), ("klass.py", "Kernels.nope"),
+                         ("klass.py", "Other.add_one")):
+        assert sources.entry_def(site / "reachlib" / where, entry) == (None, ()), (where, entry)
+
+
+def test_the_probe_reads_what_the_module_holds_under_a_dotted_or_lazy_name(site, monkeypatch):
+    monkeypatch.syspath_prepend(str(site))
+    from triton.runtime.jit import JITFunction
+    for module, entry, name in (("reachlib.klass", "Kernels.add_one", "add_one"),
+                                ("reachlib.lazy", "lazy_kernel", "lazy_kernel")):
+        found = entry_probe._layers(module, entry)[-1]
+        assert isinstance(found, JITFunction) and found.fn.__name__ == name
