@@ -30,6 +30,12 @@ the same inputs taken by content (each file's bytes, each folder's names) instea
 catalog's stamp no longer holds, that digest (over the saved catalog's lists of files) names the kept catalog
 made from exactly these contents, if any: a revert, or a switch back to a recent branch, rewrites the sources
 (new identities, the same bytes) and finds its catalog there instead of loading every spec again.
+
+Every path the catalog saves (the files it read, its targets' sources and out/) is saved by its place: under the
+project, the Python environment or the Python installation by that folder's name (Places), any other as it is.
+So the digest by content, and each family's inputs, do not hold where the project or its environment lies: a
+project restored at another path with its out/ (a CI cache in another checkout), or a second virtualenv at
+another path, takes its catalog (whole, or family by family) where the files hold the same bytes.
 """
 from __future__ import annotations
 
@@ -49,11 +55,46 @@ from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table
 
-FORMAT = "kforge-catalog-13"   # 13: each family's declaration key and inputs (reused family by family)
+FORMAT = "kforge-catalog-14"   # 14: paths under the project and the Python environment saved by place (Places)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
 # kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
 # folder in a checkout, two where kforge is installed
 KFORGE_CODE = (Path(kforge.__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
+
+
+class Places:
+    """The catalog's paths as it saves them: a path under the project, the Python environment (sys.prefix) or
+    the Python installation (sys.base_prefix) by that folder's name and the rest of it, any other path as it is.
+    A project copied or restored elsewhere (a CI cache in another checkout path), or an environment at another
+    path, then finds its catalog by content: every saved path is read where it lies now, and each file still
+    counts by its bytes. What the catalog computes from the files does not hold their absolute paths (action
+    keys hold paths relative to the project or the path entry: bench/reproducible.py), so a family computed
+    here and one taken from a copy made elsewhere are the same once their paths are read back."""
+
+    MARK = "\0"   # no path holds a NUL: "\0project/specs/a.toml" is a saved place, never a file's name
+
+    def __init__(self, root: Path):
+        folders = [("project", os.path.abspath(root)), ("project-real", os.path.realpath(root)),
+                   ("env", sys.prefix), ("env-real", os.path.realpath(sys.prefix)),
+                   ("python", sys.base_prefix), ("python-real", os.path.realpath(sys.base_prefix))]
+        self._folders = dict(folders)
+        # the innermost folder a path lies in names it (an environment inside the project is the environment);
+        # between folders that are one (a project path without links), the first
+        self._innermost = sorted(((n, f) for n, f in folders if f != os.sep), key=lambda nf: -len(nf[1]))
+
+    def saved(self, path: str) -> str:
+        """A path (or a "path:line") as the catalog saves it."""
+        for name, folder in self._innermost:
+            if path.startswith(folder) and path[len(folder):len(folder) + 1] in ("", os.sep):
+                return f"{self.MARK}{name}{path[len(folder):]}"
+        return path
+
+    def actual(self, saved: str) -> str:
+        """A saved path as it lies now (KeyError for a place this kforge does not name: a damaged file)."""
+        if not saved.startswith(self.MARK):
+            return saved
+        name, sep, rest = saved[1:].partition(os.sep)
+        return self._folders[name] + sep + rest
 
 
 class Family(NamedTuple):
@@ -85,6 +126,8 @@ class Catalog:
         self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
         self._fresh: dict | None = None   # a catalog loaded from the specs or kept, not saved yet
         self._context_digest: str | None = None   # _context(), once computed
+        self._code_files: list[tuple[int, str, str]] | None = None   # _code(), once listed
+        self.places = Places(root)
         self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
     def load(self, keep_going: bool = False) -> "Catalog":
@@ -96,7 +139,7 @@ class Catalog:
         saved = self._read_saved()
         try:
             if saved is not None and covers(saved["archs"], self.archs) and \
-                    saved["stamp"] == self._stamp(folders, spec_files, saved["read"], saved["toolchains"],
+                    saved["stamp"] == self._stamp(folders, spec_files, self._read_of(saved), saved["toolchains"],
                                                   saved["installed"]):
                 self._take(saved)
                 self.loaded_from = "saved"
@@ -164,16 +207,17 @@ class Catalog:
         kept = {id(t) for t in self.targets}
         entries = [{**entry, "key": ""} if any(id(t) not in kept for t in targets) else entry
                    for entry, (_, targets, _) in zip(entries, done)]
-        files = sorted({str(p) for p in read} | {f for e in entries for f, _ in e["inputs"]})
+        files = sorted({str(p) for p in read} | {self.places.actual(f) for e in entries for f, _ in e["inputs"]})
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         installed = sorted({e["installed"] for e in entries if e["installed"]})
         self._fresh = {"format": FORMAT, "archs": archs,
                        "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
-                       "read": files, "toolchains": toolchains, "installed": installed,
-                       "context": self._context(), "per_family": entries, "catalog_files": ran,
-                       "families": [list(f) for f in self.families], "tuned": self.tuned,
-                       **_encode(self.targets)}
+                       "read": [self.places.saved(f) for f in files], "toolchains": toolchains,
+                       "installed": installed, "context": self._context(), "per_family": entries,
+                       "catalog_files": {self.places.saved(f): self._ran_saved(r) for f, r in ran.items()},
+                       "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
+                       "tuned": self.tuned, **_encode(self.targets, self.places)}
         self._only(self.archs)
 
     def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list) -> tuple | None:
@@ -205,7 +249,7 @@ class Catalog:
         computed from by content (a file that was not there: None) and what else its targets' keys hold."""
         toolchains = sorted({(t.toolchain, t.arch) for t in targets})
         module = next((t.module for t in targets if t.module and not _in_project(t.source, self.root)), "")
-        return {"key": key, "name": name, "inputs": [[f, _content(f, contents)] for f in files],
+        return {"key": key, "name": name, "inputs": [[self.places.saved(f), _content(f, contents)] for f in files],
                 "toolchains": toolchains, "installed": module,
                 "fingerprint": self._fingerprint(toolchains, module)}
 
@@ -215,16 +259,16 @@ class Catalog:
         try:
             if saved is None or saved.get("context") != self._context() or not covers(saved["archs"], archs):
                 return {}
-            families = {f[0]: Family(*f) for f in saved["families"]}
+            families = {f[0]: self._family(f) for f in saved["families"]}
             found, targets = {}, None
             for entry in saved["per_family"]:
                 if entry["name"] not in families or \
-                        any(_content(f, contents) != digest for f, digest in entry["inputs"]) or \
+                        any(_content(self.places.actual(f), contents) != digest for f, digest in entry["inputs"]) or \
                         self._fingerprint(entry["toolchains"], entry["installed"]) != entry["fingerprint"]:
                     continue
                 if targets is None:
                     targets = {}
-                    for t in _decode(saved["groups"], saved["signatures"], saved["targets"]):
+                    for t in _decode(saved["groups"], saved["signatures"], saved["targets"], self.places):
                         targets.setdefault(t.kernel, []).append(t)
                 wanted = set(archs) if archs is not None else None
                 found[entry["key"]] = (entry, families[entry["name"]],
@@ -239,27 +283,58 @@ class Catalog:
         try:
             if saved is None or saved.get("context") != self._context():
                 return {}
-            return {f: ran for f, ran in saved["catalog_files"].items()
+            actual = self.places.actual
+            files = {actual(f): {"inputs": [[actual(p), digest] for p, digest in ran["inputs"]],
+                                 "declared": [[tables, actual(where), name]
+                                              for tables, where, name in ran["declared"]]}
+                     for f, ran in saved["catalog_files"].items()}
+            return {f: ran for f, ran in files.items()
                     if all(_content(p, contents) == digest for p, digest in ran["inputs"])}
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
+
+    def _ran_saved(self, ran: dict) -> dict:
+        """A Python catalog file's inputs and declarations (_catalog_file) as the catalog saves them."""
+        saved = self.places.saved
+        return {"inputs": [[saved(p), digest] for p, digest in ran["inputs"]],
+                "declared": [[tables, saved(where), name] for tables, where, name in ran["declared"]]}
+
+    def _family(self, saved: list) -> Family:
+        name, description, path, tuned = saved
+        return Family(name, description, self.places.actual(path), tuned)
+
+    def _read_of(self, saved: dict) -> list[str]:
+        """The files a saved catalog read besides its spec files, where they lie now."""
+        return [self.places.actual(f) for f in saved["read"]]
 
     def _fingerprint(self, toolchains: list, module: str) -> str:
         """What a family's targets' keys hold besides its files: the toolchains' fingerprints for its archs, and
         where its installed module is found."""
         return stamps.digest({"toolchains": [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                                              for toolchain, arch in toolchains],
-                              "installed": _found(module) if module else None})
+                              "installed": self._found(module) if module else None})
 
     def _context(self) -> str:
         """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
-        compiler environment, the project's path (a family is reused only in the same)."""
+        compiler environment (a family is reused only in the same; not where the project lies: Places)."""
         if self._context_digest is None:   # once per load: it hashes every file of kforge
-            code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
             self._context_digest = stamps.digest({
-                "format": FORMAT, "root": str(self.root), "python": sys.version, "max_configs": self.max_configs,
-                "env": keys.compiler_env(), "files": [(f, stamps.content(f)) for f in (*code, str(self.root / PYPROJECT))]})
+                "format": FORMAT, "python": sys.version, "max_configs": self.max_configs, "env": keys.compiler_env(),
+                "code": [(folder, rel, stamps.content(path)) for folder, rel, path in self._code()],
+                "pyproject": stamps.content(str(self.root / PYPROJECT))})
         return self._context_digest
+
+    def _code(self) -> list[tuple[int, str, str]]:
+        """kforge's own modules: (which folder of KFORGE_CODE, path in it, path), sorted."""
+        if self._code_files is None:
+            self._code_files = sorted({(i, str(p.relative_to(folder)), str(p))
+                                       for i, folder in enumerate(KFORGE_CODE) for p in folder.rglob("*.py")})
+        return self._code_files
+
+    def _found(self, module: str) -> str | None:
+        """Where an installed kernel module is found now (_found), as the catalog saves it."""
+        found = _found(module)
+        return None if found is None else self.places.saved(found)
 
     def _only(self, archs) -> None:
         """Keep the targets and tuned picks of these archs (None: all)."""
@@ -278,8 +353,8 @@ class Catalog:
         """The families and, for the archs asked for, the targets and tuned picks of a saved catalog (it may
         hold more archs: one loaded for every arch serves a build for one)."""
         wanted = set(self.archs) if self.archs is not None else None
-        self.families = [Family(*f) for f in saved["families"]]
-        self.targets = [t for t in _decode(saved["groups"], saved["signatures"], saved["targets"])
+        self.families = [self._family(f) for f in saved["families"]]
+        self.targets = [t for t in _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
                         if wanted is None or t.arch in wanted]
         self.tuned = [t for t in saved["tuned"] if wanted is None or t["arch"] in wanted]
 
@@ -287,7 +362,7 @@ class Catalog:
         """Load the kept catalog made from inputs of the same content as now, for these archs or for all, if
         there is one (see the module's docstring); it becomes the saved catalog, stamped by the identities of
         now."""
-        lists = saved["read"], saved["toolchains"], saved["installed"]
+        lists = self._read_of(saved), saved["toolchains"], saved["installed"]
         content = self._stamp(folders, spec_files, *lists, stamps.content)
         for archs in dict.fromkeys((self.archs, None)):
             try:
@@ -321,17 +396,20 @@ class Catalog:
 
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
                installed: list[str], of=stamps.identity) -> str:
-        """The digest of everything the catalog came from, each file by `of`: its identity, or its content."""
+        """The digest of everything the catalog came from, each file by `of`: its identity (and the project's
+        path: a copy elsewhere is another file), or its content (each file named by its place: Places)."""
         # the folders are in by identity too: a spec file added to one changes its mtime
-        files = [*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)]
-        code = sorted({str(p) for folder in KFORGE_CODE for p in folder.rglob("*.py")})
+        files = sorted({*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)})
         fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
                         for toolchain, arch in toolchains]
+        by_content = of is stamps.content
+        name = self.places.saved if by_content else str
         return stamps.digest({   # not the archs: a catalog says which it holds, and serves any of them
-            "format": FORMAT, "root": str(self.root), "python": sys.version,
-            "installed": [(m, _found(m)) for m in installed],
+            "format": FORMAT, "python": sys.version, "installed": [(m, self._found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
-            "files": [(f, of(f)) for f in sorted(set(files) | set(code))]})
+            "files": [(name(f), of(f)) for f in files],
+            "code": [(folder, rel, of(path)) for folder, rel, path in self._code()],
+            **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
 
 
 
@@ -575,14 +653,16 @@ def record_archs(root: Path) -> tuple[str, ...]:
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
           "source_digests", "toolchain_versions", "layout", "env", "notes", "device_model", "setup")
 OWN = ("config_id", "constexprs", "options", "config", "key", "key_without_sources")
+PATHS = ("spec_path", "source")   # saved by place (Places), as the layout's root
 
 
-def _encode(targets: list[Target]) -> dict:
+def _encode(targets: list[Target], places: Places) -> dict:
     groups: dict[str, int] = {}
     signatures: dict[str, int] = {}
     rows = []
     for t in targets:
-        shared = [str(t.layout.root) if f == "layout" else getattr(t, f) for f in SHARED]
+        shared = [places.saved(str(t.layout.root)) if f == "layout" else
+                  places.saved(getattr(t, f)) if f in PATHS else getattr(t, f) for f in SHARED]
         group = groups.setdefault(json.dumps(shared), len(groups))
         signature = signatures.setdefault(json.dumps(t.signature), len(signatures))
         rows.append([group, signature, *(getattr(t, f) for f in OWN), *([t.placeholders] if t.placeholders else [])])
@@ -590,10 +670,12 @@ def _encode(targets: list[Target]) -> dict:
             "targets": rows}
 
 
-def _decode(groups: list, signatures: list, rows: list) -> list[Target]:
+def _decode(groups: list, signatures: list, rows: list, places: Places) -> list[Target]:
     pairs = lambda values: tuple(map(tuple, values))
-    shared = [dict(zip(SHARED, (*g[:7], tuple(g[7]), pairs(g[8]), pairs(g[9]), Layout.of(g[10]), pairs(g[11]),
-                                pairs(g[12]), g[13], tuple(g[14]))))
+    actual = places.actual
+    shared = [dict(zip(SHARED, (*g[:2], actual(g[2]), g[3], actual(g[4]), *g[5:7], tuple(g[7]), pairs(g[8]),
+                                pairs(g[9]), Layout.of(actual(g[10])), pairs(g[11]), pairs(g[12]), g[13],
+                                tuple(g[14]))))
               for g in groups]
     signature = [pairs(s) for s in signatures]
     def placeholders(rest: list) -> tuple:

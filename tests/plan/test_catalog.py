@@ -495,3 +495,38 @@ def test_a_recorded_target_another_family_built_comes_back_when_that_family_chan
     assert recorded(loaded(root)) == [256]   # 128: the spec builds it
     later(root / "specs" / "scale.toml", spec_text(blocks=(512,)))
     assert recorded(loaded(root)) == [128, 256]
+
+
+def test_a_project_and_its_environment_copied_elsewhere_take_the_catalog_by_content(tmp_path, monkeypatch):
+    """A project restored at another path with its out/ (a CI cache in another checkout) computes no family, and
+    the library's environment copied to another path too (a second virtualenv) computes only the family whose
+    file was edited there; each time the catalog is the one a load from nothing gives, every field (its paths
+    where the copies lie)."""
+    import shutil
+    import sys
+    from tests.support import write_files
+    site = write_files(tmp_path / "env_a" / "site", MFL)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env_a"))
+    specs = {f"f{x}": mfl_spec(f"f{x}", f"mfl.ops.{x}", f"{x}_kernel", x != "d") for x in "bd"}
+    first = make_project(tmp_path / "a", specs=specs, kernels={})
+    assert computed_families(first, monkeypatch)[0] == {"fb", "fd"}
+
+    def from_nothing_whole(root) -> dict:
+        for saved in (root / "out" / ".kforge").glob("catalog*"):
+            shutil.rmtree(saved) if saved.is_dir() else saved.unlink()
+        return {t.name: t for t in loaded(root).targets}
+
+    moved = tmp_path / "b"
+    shutil.copytree(first, moved, symlinks=True)
+    assert computed_families(moved, monkeypatch)[0] == set()
+    taken = {t.name: t for t in loaded(moved).targets}
+    assert taken == from_nothing_whole(moved) and {t.layout.root for t in taken.values()} == {moved}
+    shutil.copytree(tmp_path / "env_a", tmp_path / "env_b", symlinks=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "env_b" / "site"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env_b"))
+    later(tmp_path / "env_b" / "site" / "mfl" / "ops" / "b.json", "[64, 2048]\n")
+    assert computed_families(moved, monkeypatch)[0] == {"fb"}
+    taken = {t.name: t for t in loaded(moved).targets}
+    assert taken == from_nothing_whole(moved) and len(taken) == 3
+    assert all(t.source.startswith(str(tmp_path / "env_b")) for t in taken.values())
