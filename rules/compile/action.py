@@ -1,7 +1,7 @@
-"""The doit action of a compile target: the artifact arrives from the first source that has one (rules/store/arrival.py):
-the local cache, the remote cache, else a compile (here, or on a Dask cluster); arrival.install checks and writes
-whichever it is. What was fetched or built is then kept in the caches before it. The outcome as one
-arrival.CompileResult, or a TaskFailed naming the target, its spec and config."""
+"""The doit action of a compile target: the artifact arrives from the first source that has one: the local cache,
+the remote cache, else a compile (here, or on a Dask cluster); rules/store/artifact.py's one installer checks and
+writes whichever it is. What was fetched or built is then kept in the caches before it. The outcome as one
+artifact.CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
 import os
@@ -9,9 +9,8 @@ import time
 
 from doit.exceptions import TaskFailed
 
-from kforge.store import arrival, artifact
+from kforge.store import artifact
 from kforge.share import local_cache, remote_cache
-from kforge.store.arrival import CompileResult
 from kforge.compile.core import compile_here, compile_into
 from kforge.store.guard import OutsideOut
 from kforge.base.target import Target
@@ -47,72 +46,42 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     warnings: list[str] = []
     for i, cache in enumerate(caches):
         looking = time.time()
-        hit, refused = arrival.arrive(target, cache)
+        arrived, refused = artifact.arrive(target, cache)
         spans.append((cache.lookup_span, looking, time.time()))
         warnings += refused
-        # an entry's key is what the catalog knows; what its compile read must match here too
-        if hit is not None and _read_the_same(target):
+        if arrived is not None:
             for nearer in caches[:i]:   # the next checkout, revert or branch switch finds it there
                 warnings += nearer.keep(target)
-            return _result(hit.result, time.monotonic() - start, caches, warnings, spans)
-    if executor is not None:
-        from kforge.share import dask_executor   # imports distributed: only where a cluster is used
-        made_by = "the Dask cluster"
-        outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
+            seconds = time.monotonic() - start
+            break
     else:
-        made_by, outcome = "the compiler", compile_here(target, root, timeout, _cutoff(target))
-    if not outcome.ok:
-        return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
-    candidate = outcome.result
-    writing = time.time()
-    try:
-        if isinstance(candidate, arrival.Unchanged):   # early cutoff: the artifact stays, its inputs are renewed
-            arrival.restamp(target, candidate)
-        else:   # checked as a cache entry is: bound to the target, ELF for its arch
-            arrival.install(target, candidate)
-    except artifact.ArtifactError as e:
-        return _fail(target, f"the artifact from {made_by} is bad: {e}")
-    spans += [*candidate.result.spans, ("write", writing, time.time())]
-    for cache in caches:
-        keeping = time.time()
-        warnings += cache.keep(target)
-        spans.append((cache.keep_span, keeping, time.time()))
-    return _result(candidate.result, outcome.seconds, caches, warnings, spans)
-
-
-def _result(result: CompileResult, seconds: float, caches: list, warnings: list, spans: list) -> dict:
-    """The source's CompileResult completed with the action's own facts, as doit keeps it (values())."""
+        if executor is not None:
+            from kforge.share import dask_executor   # imports distributed: only where a cluster is used
+            made_by = "the Dask cluster"
+            outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
+        else:
+            made_by, outcome = "the compiler", compile_here(target, root, timeout, artifact.cutoff(target))
+        if not outcome.ok:
+            return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
+        arrived, seconds, writing = outcome.result, outcome.seconds, time.time()
+        try:   # a candidate is checked as a cache entry is (bound to the target, ELF for its arch); Unchanged
+            artifact.install(target, arrived)   # (early cutoff) renews meta.json's inputs alone
+        except artifact.BinaryRefused as e:
+            if executor is None:   # a compile here says so as it always did
+                return _fail(target, f"bad binary from {target.toolchain}: {e.reason}")
+            return _fail(target, f"the artifact from {made_by} is bad: {e}")
+        except artifact.ArtifactError as e:
+            return _fail(target, f"the artifact from {made_by} is bad: {e}")
+        spans += [*arrived.result.spans, ("write", writing, time.time())]
+        for cache in caches:
+            keeping = time.time()
+            warnings += cache.keep(target)
+            spans.append((cache.keep_span, keeping, time.time()))
     for cache in caches:
         warnings += cache.drain_warnings()
-    return result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
-                           worker=os.getpid()).values()
-
-
-def _cutoff(target: Target) -> arrival.Cutoff | None:
-    """What the compile server needs for an early cutoff (else None: it compiles): the artifact in out/ is intact
-    and has the toolchain's source digest, and either its key is the target's (inputs it read changed) or only
-    the key's sources differ (a source was edited: whether the kernel's code can change is the server's to say)."""
-    from kforge.store.inputs import InputIndex, well_formed
-    meta = artifact.built_meta(target.meta_path)
-    if meta is None or not (meta["key"] == target.key or target.key_without_sources and
-                            meta.get("key_without_sources") == target.key_without_sources):
-        return None
-    listed, source_key = meta.get("inputs"), meta.get("triton_source_key")
-    if not well_formed(listed) or not isinstance(source_key, str):
-        return None
-    index = InputIndex.of(target.layout.observed_inputs)
-    built_from = (meta.get("source") or {}).get("digests") or {}
-    changed = {name for name, digest in listed if index.digest(name) != digest} | \
-        {name for name, digest in target.source_digests if built_from.get(name) != digest}
-    return arrival.Cutoff(source_key, listed, tuple(sorted(changed))) if changed else None
-
-
-def _read_the_same(target: Target) -> bool:
-    """Whether the files the artifact's compile read (its meta.json lists them) have the same content here."""
-    from kforge.base import stamps
-    from kforge.store.inputs import InputIndex
-    index = InputIndex.of(target.layout.observed_inputs)
-    return index.unchanged(target.meta_path, stamps.identity(target.meta_path))
+    # the source's CompileResult completed with the action's own facts, as doit keeps it
+    return arrived.result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
+                                   worker=os.getpid()).values()
 
 
 def _fail(target: Target, error: str, traceback: str = "", inputs: list | None = None) -> TaskFailed:

@@ -1,13 +1,13 @@
 """The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
-    compile_here(target, root, timeout) -> isolate.Outcome (result: arrival.Candidate)
+    compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
         in this machine's warm compile servers (forked children: one per package, forking one per import
         context, _server_for): backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
-writes nothing in out/ either: the doit action installs the candidate (arrival.install), as it installs one
-from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed compile_into; none imports the
+writes nothing in out/ either: the doit action installs the candidate (artifact.install: the binary's checks, for
+a compile's as for a cache entry's), as it installs one from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed compile_into; none imports the
 doit action (action.py).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
 from kforge.load import device_model, isolate, observe, shared_env
-from kforge.store.arrival import Candidate, CompileResult, Cutoff, Unchanged
+from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
 from kforge.base.target import Target
@@ -62,27 +62,22 @@ def backend_of(toolchain: str) -> Backend:
 
 
 def checked(target: Target, lowered: Lowered) -> Candidate:
-    """The compiler's verdict on what it lowered, in the compile server: the binary is real code for the
-    target's arch and fits its shared memory (a failure here is deterministic, kept with the compile's inputs);
-    then the artifact as files with meta.json, for the installer (arrival.install) to write."""
-    arch = ARCHS[target.arch]
+    """The compiler's verdict on what it lowered, in the compile server: it fits the target's shared memory (a
+    failure here is deterministic, kept with the compile's inputs); then the artifact as files with meta.json,
+    for the installer to check (the binary is real code for the target's arch) and write (artifact.install)."""
     if not schema.is_plain_name(lowered.binary_name):
         raise RuntimeError(f"the {target.toolchain} backend named the binary {lowered.binary_name!r}")
     meta = artifact.meta(target, binary_name=lowered.binary_name, binary=lowered.binary, symbol=lowered.symbol,
                          num_warps=lowered.num_warps, warp_size=lowered.warp_size, shared=lowered.shared,
                          **lowered.fields)
-    try:
-        schema.check_binary(lowered.binary, meta["sha256"], target.arch, lowered.symbol)
-    except schema.BinaryRefused as e:
-        raise BadBinary(f"bad binary from {target.toolchain}: {e}") from None
-    check_shared(arch, lowered.shared)
+    check_shared(ARCHS[target.arch], lowered.shared)
     return Candidate(artifact.files(lowered.binary_name, lowered.binary, meta),
                      CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
     """Compile in this machine's warm compile servers for the target's toolchain (and arch). With `cutoff` (the
-    artifact in out/ differs from the target at most by inputs it read or its sources' digests: action._cutoff)
+    artifact in out/ differs from the target at most by inputs it read or its sources' digests: artifact.cutoff)
     the server first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff)
     and nothing is compiled."""
     starting = time.time()
@@ -97,7 +92,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
             and _requires_torch(target.module.split(".")[0]):
         _import_torch()
     started = time.time()
-    scratch_dir = scratch.folder(target.layout.out, f"{target.arch}-{target.kernel}")   # log and temp files
+    scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
         outcome = _server_for(target, backend, root, import_in_server).call(
             (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
@@ -272,22 +267,18 @@ def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -
     if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.source_key:
         return None
     inputs = sorted({**dict(cutoff.inputs), **imported}.items())
-    return Unchanged([list(i) for i in inputs], CompileResult(unchanged=True))
-
-
-class BadBinary(RuntimeError):
-    """What the compiler handed back is no binary for the target (a truncated file on a full disk, say)."""
+    return Unchanged({**cutoff.meta, "inputs": [list(i) for i in inputs]}, CompileResult(unchanged=True))
 
 
 def transient(error: BaseException) -> bool:
     """Whether a compile's failure may say nothing of its inputs, so that it must not be kept and replayed: a file
     that could not be written, memory that ran out, a tool the compiler ran that was killed by a signal (the
-    OOM killer's SIGKILL; the compiler's own error is raised while handling it), a binary the compiler left
-    unreadable. The same inputs need not give these again."""
+    OOM killer's SIGKILL; the compiler's own error is raised while handling it). The same inputs need not give
+    these again."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (OSError, MemoryError, artifact.ArtifactError, BadBinary)):
+        if isinstance(error, (OSError, MemoryError, artifact.ArtifactError)):
             return True
         if isinstance(error, subprocess.CalledProcessError) and error.returncode < 0:
             return True

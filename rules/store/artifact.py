@@ -1,34 +1,97 @@
-"""The on-disk artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}.
+"""The artifact, out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}: made, checked, installed, read back.
+
+    made       meta() and files(), in the compile server: meta.json's content, sealed into bytes once
+    installed  install(), the one way an artifact gets into out/. The doit action (rules/compile/action.py)
+               tries the sources in order and stops at the first whose candidate installs:
+                   arrive(target, cache)       an entry of the local or the remote cache (rules/share/cache.py)
+                   install(target, candidate)  a compile's (here or on a Dask cluster), or its Unchanged
+    checked    accept(), inside install(): whatever its source, a candidate is untrusted until it passes, and
+               passes once (plain file names, exactly meta.json and its binary, bound to this target, sealed
+               right, sha256 and the ELF checks for the TARGET's arch); its meta.json is then written as it came
+    read back  is_current and KeyIndex (built from this key?), built_meta and cutoff (what an early cutoff
+               needs), load (the packager's and the tuner's), the failure kept in error.txt
 
 meta.json is the "done" marker and is written last, by rename: a killed build leaves either no meta.json
-or the previous complete one, never a half artifact that counts as built.
+or the previous complete one, never a half artifact that counts as built. The outcome of the whole action is
+one CompileResult, from the compile server to the build report (rules/report/reporter.py, rules/report/trace.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from kforge.store import guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
-from kforge.store.files import JsonState, atomic_write, opened, read_bytes
-from kforge_runtime.schema import COMPILE_TIME
+from kforge.store import guard
+from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
+from kforge.store.inputs import InputIndex, well_formed
 from kforge_runtime import schema
-from kforge_runtime.schema import ERROR, META
+from kforge_runtime.schema import COMPILE_TIME, ERROR, META
 
 
 class ArtifactError(ValueError):
     pass
 
 
-def is_current(meta_path: str, key: str) -> bool:
-    """True when the artifact at meta_path was built from exactly this action key and its binary is intact."""
-    found = _read_artifact(meta_path)
-    return found is not None and found[1] == key and found[3] is not None
+class BinaryRefused(ArtifactError):
+    """The binary is not the one meta.json describes (sha256) or no code for the target's arch (the ELF checks):
+    `reason` says which."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"its binary is refused: {reason}")
+        self.reason = reason
+
+
+# --- made: in the compile server --------------------------------------------------------------------------------
+
+def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
+         shared: int, **toolchain_fields) -> dict:
+    """meta.json's content: the fields every artifact has, whatever compiled it (schema.ARTIFACT_FIELDS, the one
+    definition the loader reads them by), plus the toolchain's own."""
+    from kforge.load.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
+    arch = ARCHS[target.arch]
+    made = {
+        "schema": schema.ARTIFACT_SCHEMA,
+        "target": target.name,
+        "kernel": target.kernel,
+        "config_id": target.config_id,
+        "config": dict(target.config),
+        "arch": target.arch,
+        "vendor": arch.vendor,
+        "toolchain": target.toolchain,
+        "binary": binary_name,
+        "sha256": sha256(binary),
+        "size": len(binary),
+        "symbol": symbol,
+        "num_warps": num_warps,
+        "warp_size": warp_size,
+        "threads_per_block": num_warps * warp_size,
+        "shared": shared,
+        "signature": [{"name": a, "type": t} for a, t in target.signature if t not in COMPILE_TIME],
+        "constexprs": dict(target.constexprs),
+        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
+        "toolchain_versions": dict(target.toolchain_versions),
+        "key": target.key,
+        **({"key_without_sources": target.key_without_sources} if target.key_without_sources else {}),
+        **({"env": dict(target.env)} if target.env else {}),
+        # what the module's import saw (rules/load/device_model.py): the reference GPU's name, the set-up hooks run
+        **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
+        **({"setup": list(target.setup)} if target.setup else {}),
+        **toolchain_fields,
+    }
+    wrong = schema.wrong_field(made, schema.ARTIFACT_FIELDS)
+    if wrong is not None or not schema.is_signature(made["signature"]):   # the loader would refuse it
+        raise ArtifactError(f"{target.name}: meta.json's {wrong or 'signature'!r} is missing or of the wrong type "
+                            f"(a toolchain field overrode it?)")
+    return made
+
+
+def files(binary_name: str, binary: bytes, meta: dict) -> dict[str, bytes]:
+    """A compile's artifact as files (files_of's form): the binary, and meta.json sealed as install() writes it."""
+    return {META: meta_bytes(meta), binary_name: binary}
 
 
 def seal(meta: dict) -> str:
@@ -38,9 +101,204 @@ def seal(meta: dict) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def meta_bytes(meta: dict) -> bytes:
+    """meta.json's bytes as kforge writes them: sealed, sorted, one field a line."""
+    return (json.dumps({**meta, "seal": seal(meta)}, indent=1, sort_keys=True) + "\n").encode()
+
+
 def _unsealed(meta) -> bool:
     """Whether meta.json's seal disagrees with its fields (one written before seals were is taken as it is)."""
     return isinstance(meta, dict) and "seal" in meta and meta["seal"] != seal(meta)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- checked and installed: the one installer -------------------------------------------------------------------
+
+class CompileResult(NamedTuple):
+    """One compile target's outcome: the compile fills what it knows (compile_seconds, sha256, spans, and
+    compiled_on on a cluster), the doit action the rest; doit keeps it as the task's values (values()), the
+    report reads it back (of())."""
+    seconds: float = 0.0                   # the whole action: cache lookups, compile and write
+    compile_seconds: float | None = None   # the compiler alone (None: fetched from a cache)
+    sha256: str | None = None
+    from_cache: bool = False               # installed from the remote cache
+    compiled_on: str | None = None         # the Dask worker's address, for a compile that ran on a cluster
+    cache_warnings: tuple[str, ...] = ()
+    spans: tuple = ()   # (phase, start, end) by the wall clock (comparable across processes): the build trace
+    worker: int | None = None              # the pid of the doit worker that ran the action: a row of the trace
+    from_local_cache: bool = False         # installed from the local cache (rules/share/local_cache.py)
+    unchanged: bool = False                # not compiled: early cutoff (Unchanged), only meta.json's inputs renewed
+
+    def values(self) -> dict:
+        """As doit saves a python-action's result: a dict of JSON values, only the fields that are set."""
+        return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+                for k, v in self._asdict().items()
+                if v is not None and v is not False and v != ()}   # 0.0 is a value (and 0.0 == False)
+
+    @classmethod
+    def of(cls, values: dict | None) -> "CompileResult":
+        """A task's saved values (values()'s form) as the result again; keys it does not know are ignored."""
+        values = values or {}
+        known = {k: values[k] for k in cls._fields if k in values}
+        for k in ("cache_warnings", "spans"):
+            if k in known:
+                known[k] = tuple(tuple(x) if isinstance(x, list) else x for x in known[k])
+        return cls(**known)
+
+    @property
+    def origin(self) -> str:
+        """Where the artifact came from: "compiled", "local cache" or "remote cache" (rules/report/reporter.py's ORIGINS)."""
+        return ("local cache" if self.from_local_cache else "remote cache" if self.from_cache else
+                "unchanged" if self.unchanged else "compiled")
+
+
+class Candidate(NamedTuple):
+    """An artifact a source offers, not yet checked: its files as artifact.files_of gives them (meta.json and
+    the binary it names), and what the source knows of how it was made."""
+    files: dict
+    result: CompileResult = CompileResult()
+
+
+class Cutoff(NamedTuple):
+    """What a compile server needs to tell whether the target's artifact in out/ is still the one its inputs
+    give (cutoff()): that artifact's meta.json, sealed and with its binary intact (its triton_source_key and its
+    recorded inputs), and the names among those inputs whose content changed (the reason the target runs)."""
+    meta: dict
+    changed: tuple
+
+    @property
+    def source_key(self) -> str:
+        return self.meta["triton_source_key"]
+
+    @property
+    def inputs(self) -> list:
+        return self.meta["inputs"]
+
+
+class Unchanged(NamedTuple):
+    """A compile server's answer instead of a candidate (early cutoff): the kernel's source digest is the one the
+    artifact was built from and every changed input was read by the import, whose effect on the kernel that
+    digest covers. The artifact stays: its meta.json (the Cutoff's) with the inputs the server renewed."""
+    meta: dict
+    result: CompileResult
+
+
+def arrive(target, source) -> tuple[Candidate | None, list[str]]:
+    """Ask a cache for the target's artifact and install what it offers: (the installed candidate or None,
+    warnings). A miss is quiet; an unreadable or refused entry is a miss with the source's warning (the target
+    then compiles). An OSError writing out/ (or OutsideOut: a link leading out of it) is out/'s, not the
+    entry's: the caller's. A cache is a rules/share/cache.py ArtifactCache (lookup, refused, took; keep and
+    drain_warnings are the compile action's)."""
+    try:
+        candidate = source.lookup(target)
+    except ValueError as e:   # an entry is there but cannot be read
+        return None, source.refused(target, e)
+    if candidate is None:
+        return None, []
+    try:
+        meta = install(target, candidate)
+    except ArtifactError as e:
+        return None, source.refused(target, e)
+    source.took(target)
+    # its key is what the catalog knows; what its compile read must have the same content here too
+    listed = meta.get("inputs")
+    if not well_formed(listed) or InputIndex.of(target.layout.observed_inputs).first_changed(listed) is not None:
+        return None, []
+    return candidate, []
+
+
+def install(target, arrived: Candidate | Unchanged) -> dict:
+    """Put the target's artifact in place, as a build writes it: the binary, then meta.json, each by rename (an
+    error.txt goes). A Candidate is checked first (accept), and nothing is written when it fails: ArtifactError
+    saying why in one line. Unchanged (early cutoff) rewrites meta.json alone, renewed for the target's key and
+    sources. Returns meta.json's content."""
+    if isinstance(arrived, Unchanged):
+        meta = {**arrived.meta, "key": target.key,
+                "source": {**arrived.meta["source"], "digests": dict(target.source_digests)}}
+        meta_json, binary_name, binary = meta_bytes(meta), None, None
+    else:
+        meta, binary_name, binary = accept(target, arrived.files)
+        meta_json = arrived.files[META]   # sealed where it was made: written as it came
+    directory = guard.guard(target.layout.out, Path(target.out_dir) / META).parent   # never through a link out
+    directory.mkdir(parents=True, exist_ok=True)
+    if binary is not None:
+        for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
+            remove_entry(directory / stale)
+        atomic_write(directory / binary_name, binary)
+    atomic_write(directory / META, meta_json)
+    return meta
+
+
+def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
+    """Check an artifact received as files (files_of's form) for `target`, from any source: every name is a
+    plain file name, the files are exactly meta.json and the binary it names, meta.json is bound to the target
+    (check_bound) and sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF
+    checks for the TARGET's arch (never the arch meta.json claims). Nothing is written: (meta less its seal,
+    binary name, binary), or ArtifactError saying why in one line (the caller names where the files came from)."""
+    try:
+        for name in files:
+            plain_name(name)
+        meta = json.loads(files[META])
+        check_bound(target, meta)
+        binary_name = meta.get("binary")
+        if set(files) != {META, binary_name}:
+            raise ArtifactError(f"it holds {_brief(sorted(files))}, not exactly {META} and the binary it names "
+                                f"({_brief(binary_name)})")
+        if _unsealed(meta):
+            raise ArtifactError("its meta.json's seal does not match its fields")
+        binary = files[binary_name]
+        schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise BinaryRefused(str(e)) from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
+        raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
+    meta.pop("seal", None)
+    return meta, binary_name, binary
+
+
+BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
+
+
+def check_bound(target, meta) -> None:
+    """ArtifactError unless meta.json is the target's own: its target, kernel, config id, config, arch and key
+    equal the target's. A meta.json is data: one copied, fetched or returned for another target (another arch's
+    binary under this target's key, say) must never stand in for this one."""
+    if not isinstance(meta, dict):
+        raise ArtifactError("its meta.json is not a JSON object")
+    wanted = {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
+              "key": target.key}
+    for field in BOUND_FIELDS:
+        if meta.get(field) != wanted[field]:
+            raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
+                                f"{_brief(wanted[field])}")
+    if meta.get("config") != json.loads(json.dumps(dict(target.config))):   # as JSON gives it back
+        raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
+                            f"{dict(target.config)}")
+
+
+def _brief(value, limit: int = 80) -> str:
+    """A value from an untrusted meta.json, for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def plain_name(name) -> str:
+    """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
+    if not schema.is_plain_name(name):
+        raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
+                            f"no '/' and not starting with '.')")
+    return name
+
+
+# --- read back --------------------------------------------------------------------------------------------------
+
+def is_current(meta_path: str, key: str) -> bool:
+    """True when the artifact at meta_path was built from exactly this action key and its binary is intact."""
+    found = _read_artifact(meta_path)
+    return found is not None and found[1] == key and found[3] is not None
 
 
 def current_meta(meta_path: str, key: str) -> dict | None:
@@ -59,6 +317,23 @@ def built_meta(meta_path: str) -> dict | None:
     """meta.json's content (less its seal) when it is sealed and its binary intact, whatever its key."""
     found = _read_artifact(meta_path)   # (identity, key, binary name, the binary's identity if intact)
     return current_meta(meta_path, found[1]) if found is not None and found[1] and found[3] is not None else None
+
+
+def cutoff(target) -> Cutoff | None:
+    """What the compile server needs for an early cutoff (else None: it compiles): the artifact in out/ is intact
+    and has the toolchain's source digest, and either its key is the target's (inputs it read changed) or only
+    the key's sources differ (a source was edited: whether the kernel's code can change is the server's to say)."""
+    meta = built_meta(target.meta_path)
+    if meta is None or not (meta["key"] == target.key or target.key_without_sources and
+                            meta.get("key_without_sources") == target.key_without_sources):
+        return None
+    if not well_formed(meta.get("inputs")) or not isinstance(meta.get("triton_source_key"), str):
+        return None
+    index = InputIndex.of(target.layout.observed_inputs)
+    built_from = (meta.get("source") or {}).get("digests") or {}
+    changed = {name for name, digest in meta["inputs"] if index.digest(name) != digest} | \
+        {name for name, digest in target.source_digests if built_from.get(name) != digest}
+    return Cutoff(meta, tuple(sorted(changed))) if changed else None
 
 
 class KeyIndex(JsonState):
@@ -133,74 +408,42 @@ def _read_artifact(meta_path: str) -> tuple | None:
     return meta_stamp, key if isinstance(key, str) else None, name, stamp if digest == meta.get("sha256") else None
 
 
-def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int, warp_size: int,
-         shared: int, **toolchain_fields) -> dict:
-    """meta.json's content: the fields every artifact has, whatever compiled it (schema.ARTIFACT_FIELDS, the one
-    definition the loader reads them by), plus the toolchain's own."""
-    from kforge.load.device_model import DEVICES   # only where artifacts are written (a no-op run reads them)
-    arch = ARCHS[target.arch]
-    made = {
-        "schema": schema.ARTIFACT_SCHEMA,
-        "target": target.name,
-        "kernel": target.kernel,
-        "config_id": target.config_id,
-        "config": dict(target.config),
-        "arch": target.arch,
-        "vendor": arch.vendor,
-        "toolchain": target.toolchain,
-        "binary": binary_name,
-        "sha256": sha256(binary),
-        "size": len(binary),
-        "symbol": symbol,
-        "num_warps": num_warps,
-        "warp_size": warp_size,
-        "threads_per_block": num_warps * warp_size,
-        "shared": shared,
-        "signature": [{"name": a, "type": t} for a, t in target.signature if t not in COMPILE_TIME],
-        "constexprs": dict(target.constexprs),
-        "source": {"module": target.module, "entry": target.entry, "digests": dict(target.source_digests)},
-        "toolchain_versions": dict(target.toolchain_versions),
-        "key": target.key,
-        **({"key_without_sources": target.key_without_sources} if target.key_without_sources else {}),
-        **({"env": dict(target.env)} if target.env else {}),
-        # what the module's import saw (rules/load/device_model.py): the reference GPU's name, the set-up hooks run
-        **({"device_model": DEVICES[target.arch].name} if target.device_model else {}),
-        **({"setup": list(target.setup)} if target.setup else {}),
-        **toolchain_fields,
-    }
-    wrong = schema.wrong_field(made, schema.ARTIFACT_FIELDS)
-    if wrong is not None or not schema.is_signature(made["signature"]):   # the loader would refuse it
-        raise ArtifactError(f"{target.name}: meta.json's {wrong or 'signature'!r} is missing or of the wrong type "
-                            f"(a toolchain field overrode it?)")
-    return made
+def load(directory: Path) -> tuple[dict, bytes]:
+    """meta.json and its binary, checked: sha256, ELF machine/arch flags, non-trivial kernel code."""
+    meta_path = directory / META
+    try:
+        meta = json.loads(read_bytes(meta_path))
+        binary = read_bytes(directory / plain_name(meta["binary"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
+    if _unsealed(meta):
+        raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
+                            f"fields); build it again (doit)")
+    verify(meta, binary, directory)
+    return meta, binary
 
 
-def _guard(target) -> Path:
-    """The target's artifact directory, which is written only inside its out/ (guard.guard: OutsideOut): a
-    link planted under out/ never carries a build's writes elsewhere."""
-    directory = Path(target.out_dir)
-    guard.guard(target.layout.out, directory / META)
-    return directory
+def verify(meta: dict, binary: bytes, directory: Path) -> None:
+    """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
+    if meta.get("arch") not in ARCHS:
+        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
+    try:
+        schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
+    except schema.BinaryRefused as e:
+        raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
+                            f"delete {directory} and build again") from None
 
 
-def meta_bytes(meta: dict) -> bytes:
-    """meta.json's bytes as a build writes them: sealed, sorted, one field a line."""
-    return (json.dumps({**meta, "seal": seal(meta)}, indent=1, sort_keys=True) + "\n").encode()
+def files_of(directory: Path) -> dict[str, bytes]:
+    """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
+    meta_bytes = read_bytes(directory / META)
+    binary = plain_name(json.loads(meta_bytes)["binary"])
+    return {META: meta_bytes, binary: read_bytes(directory / binary)}
 
 
-def write(target, binary_name: str, binary: bytes, meta: dict) -> None:
-    """Write the target's artifact (rules/store/arrival.py's install is the one caller: checked first)."""
-    directory = _guard(target)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
-        _unlink(directory / stale)
-    atomic_write(directory / binary_name, binary)
-    atomic_write(directory / META, meta_bytes(meta))
-
-
-def write_meta(target, meta: dict) -> None:
-    """Rewrite the target's meta.json alone (an early cutoff renews its inputs): sealed, by rename."""
-    atomic_write(_guard(target) / META, meta_bytes(meta))
+def remove(target) -> None:
+    """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
+    guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
 
 
 # error.txt: "key: <key>", then for a deterministic failure "inputs: <JSON>" (what its compile read), then the
@@ -224,11 +467,11 @@ def write_error(target, message: str, inputs: list | None = None) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
     ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
     try:
-        directory = _guard(target)
+        directory = guard.guard(target.layout.out, Path(target.out_dir) / META).parent
     except guard.OutsideOut:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
-    _unlink(directory / META)
+    remove_entry(directory / META)
     read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
     atomic_write(directory / ERROR, f"key: {target.key}\n{read}{message}\n".encode())
 
@@ -260,126 +503,7 @@ def saved_failure(target) -> str | None:
     failure = read_error(target)
     if failure is None or failure.key != target.key or not isinstance(failure.inputs, list):
         return None
-    from kforge.store.inputs import InputIndex
     index = InputIndex.of(target.layout.observed_inputs)
     if any(not isinstance(x, list) or len(x) != 2 or index.digest(x[0]) != x[1] for x in failure.inputs):
         return None
     return failure.without_traceback
-
-
-def load(directory: Path) -> tuple[dict, bytes]:
-    """meta.json and its binary, checked: sha256, ELF machine/arch flags, non-trivial kernel code."""
-    meta_path = directory / META
-    try:
-        meta = json.loads(read_bytes(meta_path))
-        binary = read_bytes(directory / plain_name(meta["binary"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
-    if _unsealed(meta):
-        raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
-                            f"fields); build it again (doit)")
-    verify(meta, binary, directory)
-    return meta, binary
-
-
-def verify(meta: dict, binary: bytes, directory: Path) -> None:
-    """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
-    if meta.get("arch") not in ARCHS:
-        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
-    try:
-        schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
-    except schema.BinaryRefused as e:
-        raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
-                            f"delete {directory} and build again") from None
-
-
-def plain_name(name) -> str:
-    """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
-    if not schema.is_plain_name(name):
-        raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
-                            f"no '/' and not starting with '.')")
-    return name
-
-
-def files(binary_name: str, binary: bytes, meta: dict) -> dict[str, bytes]:
-    """An artifact as files (files_of's form) from a compile's binary and meta.json: what it hands the installer."""
-    return {META: meta_bytes(meta), binary_name: binary}
-
-
-def files_of(directory: Path) -> dict[str, bytes]:
-    """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
-    meta_bytes = read_bytes(directory / META)
-    binary = plain_name(json.loads(meta_bytes)["binary"])
-    return {META: meta_bytes, binary: read_bytes(directory / binary)}
-
-
-BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
-
-
-def check_bound(target, meta) -> None:
-    """ArtifactError unless meta.json is the target's own: its target, kernel, config id, config, arch and key
-    equal the target's. A meta.json is data: one copied, fetched or returned for another target (another arch's
-    binary under this target's key, say) must never stand in for this one."""
-    if not isinstance(meta, dict):
-        raise ArtifactError("its meta.json is not a JSON object")
-    wanted = {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
-              "key": target.key}
-    for field in BOUND_FIELDS:
-        if meta.get(field) != wanted[field]:
-            raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
-                                f"{_brief(wanted[field])}")
-    if meta.get("config") != json.loads(json.dumps(dict(target.config))):   # as JSON gives it back
-        raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
-                            f"{dict(target.config)}")
-
-
-def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
-    """Check an artifact received as files (files_of's form) for `target`, from any source that is not this
-    build's own compile (a remote cache, a Dask worker, a local cache): every name is a plain file name, the
-    files are exactly meta.json and the binary it names, meta.json is bound to the target (check_bound) and
-    sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF checks for the
-    TARGET's arch (never the arch meta.json claims). Nothing is written: (meta, binary name, binary), or
-    ArtifactError saying why in one line (the caller names where the files came from)."""
-    try:
-        for name in files:
-            plain_name(name)
-        meta = json.loads(files[META])
-        check_bound(target, meta)
-        binary_name = meta.get("binary")
-        if set(files) != {META, binary_name}:
-            raise ArtifactError(f"it holds {_brief(sorted(files))}, not exactly {META} and the binary it names "
-                                f"({_brief(binary_name)})")
-        if _unsealed(meta):
-            raise ArtifactError("its meta.json's seal does not match its fields")
-        binary = files[binary_name]
-        schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
-    except schema.BinaryRefused as e:
-        raise ArtifactError(f"its binary is refused: {e}") from None
-    except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
-        raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
-    meta.pop("seal", None)   # write() seals it again
-    return meta, binary_name, binary
-
-
-def _brief(value, limit: int = 80) -> str:
-    """A value from an untrusted meta.json, for a one-line message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def remove(target) -> None:
-    """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
-    guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:   # a directory where meta.json belongs (a damaged out/): this directory is ours
-        shutil.rmtree(path)
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -46,6 +46,17 @@ def write_inside(out: Path, path: Path, data: bytes, mode: int | None = None) ->
     atomic_write(path, data, mode)
 
 
+def remove_entry(path: Path) -> None:
+    """Remove one of kforge's files if it is there (a link as a link); a directory found where the file belongs
+    (a damaged out/) goes with what it holds."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)
+
+
 def atomic_symlink(path: Path, target: Path) -> None:
     with replacing(path) as tmp:
         os.symlink(target, tmp)

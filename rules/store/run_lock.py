@@ -14,7 +14,6 @@ import fcntl
 import os
 import sys
 import time
-from pathlib import Path
 
 from kforge.base import settings
 from kforge.base.layout import Layout
@@ -34,14 +33,14 @@ def _lock_fix(code: int | None) -> str:
     return "remove it (a link or a folder where the lock file belongs) and run again"
 
 
-def hold(out: Path, command: str | None) -> None:
+def hold(layout: Layout, command: str | None) -> None:
     """Take the lock for `command` (a doit command's name; None: not run by a doit command); wait for it, with
     one line, while another run holds it."""
     if command is None or command in READ_ONLY or _held:
         return
-    path = Layout.around(out).state / "run.lock"
+    path = layout.state / "run.lock"
     try:
-        guard(out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
+        guard(layout.out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OutsideOut as e:
         sys.stderr.write(f"kforge: {e}\n")
@@ -53,7 +52,7 @@ def hold(out: Path, command: str | None) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
-        sys.stderr.write(f"kforge: waiting for {holder} to finish: one build at a time in {out} ({path}; Ctrl-C "
+        sys.stderr.write(f"kforge: waiting for {holder} to finish: one build at a time in {layout.out} ({path}; Ctrl-C "
                          f"stops waiting)\n")
         sys.stderr.flush()
         fcntl.flock(fd, fcntl.LOCK_EX)

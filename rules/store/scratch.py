@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 from kforge.base.layout import Layout
 from kforge.store.guard import guard
@@ -22,27 +21,26 @@ from kforge.store.guard import guard
 _run: int | None = None   # this run's doit master (forked workers inherit it); None: not in a doit run
 
 
-def start(out: Path) -> None:
+def start(layout: Layout) -> None:
     """In the doit master, before any worker forks: sweep what dead runs left, remove this run's at exit."""
     global _run
     _run = os.getpid()
-    sweep(out)
-    atexit.register(sweep, out, _run)
+    sweep(layout)
+    atexit.register(sweep, layout, _run)
 
 
-def folder(out: Path, what: str) -> str:
+def folder(layout: Layout, what: str) -> str:
     """A fresh scratch folder for one compile under out/.kforge/tmp/ (OutsideOut when a link leads out)."""
-    root = Layout.around(out).scratch
-    guard(out, root / "x")
+    root = guard(layout.out, layout.scratch / "x").parent
     root.mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{_run or os.getpid()}-{what}-", dir=root)
 
 
-def sweep(out: Path, run: int | None = None) -> None:
+def sweep(layout: Layout, run: int | None = None) -> None:
     """Remove the scratch folders of `run`, or (None) of every run that is no longer alive."""
-    root = Layout.around(out).scratch
+    root = layout.scratch
     try:
-        guard(out, root / "x")
+        guard(layout.out, root / "x")
         entries = list(os.scandir(root))
     except (OSError, ValueError):   # no scratch folder yet, or a link leading out of out/: nothing to remove there
         return

@@ -398,19 +398,26 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
     assert (warmed_in == os.getpid()) == (place == "worker") and warmed_in != lowered_in
 
 
-def test_the_core_refuses_a_lowered_binary_that_is_not_code_for_the_arch(built):
-    """A backend only lowers; the core checks what it lowered (the compiler's verdict, kept with its inputs)
-    before the installer writes anything."""
+def test_a_lowered_binary_that_is_no_code_for_the_arch_is_refused_once_by_the_installer(built, tmp_path,
+                                                                                        monkeypatch):
+    """A backend only lowers and the core makes the candidate of it; the installer checks its binary, once, as it
+    checks a cache entry's: a gfx942 binary lowered for sm_90a fails the target with the compile's one line, and
+    nothing of it is written."""
     import dataclasses
-    from kforge.compile import core as compile_core, lowering
+    from kforge.compile import action, core as compile_core, lowering
     from kforge.edge.dodo_tasks import load_specs
+    from kforge.load import isolate
     from kforge.plan.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}
-    nvidia, amd = targets["scale:fp16-b256-w4@sm_90a"], targets["scale:fp16-b256-w4@gfx942"]
+    amd = targets["scale:fp16-b256-w4@gfx942"]
+    nvidia = targets["scale:fp16-b256-w4@sm_90a"]._replace(layout=Layout(tmp_path))   # out/ of its own
     amd_binary = next(Path(amd.out_dir).glob("*.hsaco")).read_bytes()
     lowered = lowering.Lowered(amd_binary, "scale_kernel.cubin", "scale_kernel", 4, 32, 0, 0.1)
-    with pytest.raises(RuntimeError, match="bad binary from triton: the binary is for gfx942, expected sm_90a"):
-        compile_core.checked(nvidia, lowered)
+    candidate = compile_core.checked(nvidia, lowered)   # the compile server's answer
+    monkeypatch.setattr(action, "compile_here", lambda *args: isolate.Outcome(True, 0.1, candidate))
+    failed = action.compile_target(nvidia, str(built))
+    assert "\n  error: bad binary from triton: the binary is for gfx942, expected sm_90a\n" in failed.message
+    assert sorted(p.name for p in Path(nvidia.out_dir).iterdir()) == ["error.txt"]
     for bad_name in ("../x.cubin", "/tmp/x.cubin", ".hidden"):
         with pytest.raises(RuntimeError, match="named the binary"):
             compile_core.checked(nvidia, dataclasses.replace(lowered, binary_name=bad_name))

@@ -1,4 +1,7 @@
-"""Artifacts: sha256 and ELF verified on load; meta.json is written last, so a kill never leaves a 'built' half."""
+"""rules/store/artifact.py: the artifact made (meta.json, sealed), checked and installed by the one installer every
+source's candidate passes (each cache's lookups: tests/share/test_local_cache.py, tests/share/test_remote_cache.py),
+read back (sha256 and ELF verified on load; meta.json is written last, so a kill never leaves a 'built' half), the
+one CompileResult from the compile to the report, and a failure's error.txt."""
 import json
 import shutil
 from pathlib import Path
@@ -8,8 +11,10 @@ import pytest
 
 from kforge.store import artifact
 from kforge.store.guard import OutsideOut
-from kforge.store.arrival import Candidate, install
+from kforge.store.artifact import Candidate, CompileResult, install
 from kforge.base.layout import Layout
+from kforge.report import reporter as report
+from tests.support import REPO
 
 
 @pytest.fixture
@@ -74,10 +79,9 @@ def test_kill_before_meta_leaves_target_unbuilt(art, monkeypatch):
         real(path, data)
     monkeypatch.setattr(artifact, "atomic_write", killed_at_meta)
     with pytest.raises(KeyboardInterrupt):
-        artifact.write(target_at(art, meta), "scale_kernel.cubin", b"new", {**meta, "key": "new"})
+        install(target_at(art, meta), Candidate(artifact.files_of(art)))
     assert not (art / "meta.json").exists()
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
-    assert not artifact.is_current(str(art / "meta.json"), "new")
 
 
 def test_corrupt_meta_is_not_current(art):
@@ -191,7 +195,7 @@ def test_a_directory_where_meta_json_belongs_is_replaced_by_the_build(art):
     (art / "meta.json").unlink()
     (art / "meta.json").mkdir()
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
-    artifact.write(target_at(art, meta), meta["binary"], binary, meta)
+    install(target_at(art, meta), Candidate(artifact.files(meta["binary"], binary, meta)))
     assert artifact.load(art)[0]["key"] == meta["key"]
 
 
@@ -311,3 +315,143 @@ def test_a_restored_error_txt_never_reaches_a_terminal_with_its_control_characte
     failure = artifact.read_error(target)
     assert failure.message == "k failed\ufffd[2J\n  error: boom\ufffdX\tY\n"
     assert failure.without_traceback == "k failed\ufffd[2J\n  error: boom\ufffdX\tY"
+
+
+# --- CompileResult.values -------------------------------------------------------------------------------------
+
+
+def test_a_plain_compile_result_reports_only_the_fields_that_are_set():
+    assert CompileResult(1.25, 0.5, "ab" * 32).values() == {
+        "seconds": 1.25, "compile_seconds": 0.5, "sha256": "ab" * 32}
+
+
+def test_a_cache_hit_reports_from_cache_and_its_warnings_as_a_list_and_no_compile_time():
+    values = CompileResult(0.3, from_cache=True, cache_warnings=("cache down (GET x)", "slow")).values()
+    assert values == {"seconds": 0.3, "from_cache": True, "cache_warnings": ["cache down (GET x)", "slow"]}
+
+
+def test_a_cluster_compile_reports_where_it_ran():
+    values = CompileResult(2.0, 1.5, "cd" * 32, compiled_on="tcp://10.0.0.7:4001").values()
+    assert values["compiled_on"] == "tcp://10.0.0.7:4001"
+
+
+def test_compile_result_values_are_plain_json_with_what_the_report_reads():
+    values = CompileResult(2.0, 1.5, "cd" * 32, True, "tcp://w:1", ("w",)).values()
+    assert json.loads(json.dumps(values)) == values
+    assert set(report.REPORTED_VALUES) - {"from_local_cache"} | {"cache_warnings"} <= set(values)
+    assert {k: v for k, v in values.items() if k in report.REPORTED_VALUES} == {
+        "from_cache": True, "compiled_on": "tcp://w:1", "compile_seconds": 1.5}
+    local = CompileResult(0.1, from_local_cache=True).values()   # one cache or the other
+    assert local == {"seconds": 0.1, "from_local_cache": True} and CompileResult.of(local).origin == "local cache"
+
+
+def test_a_zero_duration_is_a_set_field_and_is_reported():
+    assert CompileResult(0.0, 0.0, "ab" * 32).values() == {
+        "seconds": 0.0, "compile_seconds": 0.0, "sha256": "ab" * 32}
+
+
+def test_a_result_read_back_from_its_values_is_the_same_result():
+    result = CompileResult(2.0, 1.5, "cd" * 32, False, "tcp://w:1", ("w",), (("compile", 1.0, 2.0),), 7)
+    assert CompileResult.of(json.loads(json.dumps(result.values()))) == result
+    assert CompileResult.of({"name": "package:sm_90a", "seconds": 1.0}) == CompileResult(1.0)   # a package's values
+    assert [CompileResult(1.0, from_cache=True).origin, CompileResult(1.0).origin] == ["remote cache", "compiled"]
+    assert CompileResult(1.0, unchanged=True).origin == "unchanged"   # early cutoff
+    assert set(report.ORIGINS) == {"compiled", "local cache", "remote cache", "unchanged"}
+
+
+# --- arrive / install: one installer for every source ---------------------------------------------------------
+
+class FakeSource:
+    """A cache offering what it was given: the interface compile/action.py drives every cache through."""
+
+    def __init__(self, offer=None, unreadable=None):
+        self.offer, self.unreadable, self.calls = offer, unreadable, []
+
+    def lookup(self, target):
+        self.calls.append("lookup")
+        if self.unreadable:
+            raise ValueError(self.unreadable)
+        return self.offer
+
+    def refused(self, target, error):
+        self.calls.append("refused")
+        return [f"refused: {error}"]
+
+    def took(self, target):
+        self.calls.append("took")
+
+
+def target_for(built, tmp_path, arch="sm_90a"):
+    """The scale target of `built` for `arch`, with its artifact directory under tmp_path's out/."""
+    meta = json.loads((built / "out" / arch / "scale" / "fp16-b256-w4" / "meta.json").read_text())
+    layout = Layout(tmp_path)
+    return SimpleNamespace(name=meta["target"], kernel="scale", config_id="fp16-b256-w4", arch=arch,
+                           key=meta["key"], config=tuple(meta["config"].items()), layout=layout,
+                           out_dir=layout.artifact_path(arch, "scale", "fp16-b256-w4"),
+                           meta_path=layout.meta_path(arch, "scale", "fp16-b256-w4"))
+
+
+def test_a_miss_is_quiet_and_writes_nothing(built, tmp_path):
+    source = FakeSource()
+    assert artifact.arrive(target_for(built, tmp_path), source) == (None, []) and source.calls == ["lookup"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_offered_artifact_is_installed_as_a_build_writes_it(built, tmp_path):
+    shutil.copytree(built / "tk", tmp_path / "tk")   # what its compile read, the same here
+    target = target_for(built, tmp_path)
+    built_dir = built / "out/sm_90a/scale/fp16-b256-w4"
+    candidate = Candidate(artifact.files_of(built_dir), CompileResult(from_cache=True))
+    source = FakeSource(candidate)
+    assert artifact.arrive(target, source) == (candidate, []) and source.calls == ["lookup", "took"]
+    assert artifact.is_current(target.meta_path, target.key)
+    for name in ("meta.json", "scale_kernel.cubin"):   # byte for byte what the build wrote
+        assert (Path(target.out_dir) / name).read_bytes() == (built_dir / name).read_bytes()
+
+
+def test_an_entry_whose_compile_read_other_content_than_here_is_no_hit(built, tmp_path):
+    """The key is what the catalog knows; a file the entry's compile read (its meta.json lists it) that has other
+    content here makes it no hit: the next source is asked, and the target compiles in the end."""
+    shutil.copytree(built / "tk", tmp_path / "tk")
+    (tmp_path / "tk" / "__init__.py").write_text("# edited\n")
+    source = FakeSource(Candidate(artifact.files_of(built / "out/sm_90a/scale/fp16-b256-w4")))
+    assert artifact.arrive(target_for(built, tmp_path), source) == (None, [])
+
+
+@pytest.mark.parametrize("real", ["gfx942", "sm_80"])
+def test_another_archs_artifact_offered_for_this_target_is_refused_by_the_installer_whatever_the_source(
+        built, tmp_path, real):
+    """A cache entry holding another arch's build (its meta.json even rewritten for this target, sealed again)
+    never passes as built: the installer checks the binary for the TARGET's arch."""
+    target = target_for(built, tmp_path)
+    files = artifact.files_of(built / "out" / real / "scale" / "fp16-b256-w4")
+    meta = json.loads(files["meta.json"])
+    meta.update(target=target.name, arch=target.arch, key=target.key)
+    meta["seal"] = artifact.seal({k: v for k, v in meta.items() if k != "seal"})
+    files["meta.json"] = json.dumps(meta).encode()
+    source = FakeSource(Candidate(files))
+    hit, [warning] = artifact.arrive(target, source)
+    assert hit is None and source.calls == ["lookup", "refused"]
+    assert warning.startswith("refused: its binary is refused: ") and f"{real}, expected sm_90a" in warning
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_entry_is_a_miss_with_the_sources_warning(built, tmp_path):
+    source = FakeSource(unreadable="its header is unreadable")
+    assert artifact.arrive(target_for(built, tmp_path), source) == (None, ["refused: its header is unreadable"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_only_the_installer_writes_an_artifact():
+    """Every source's artifact goes through artifact.install (the checks, then the files): no other module of
+    kforge writes a file named META (meta.json)."""
+    import ast
+    rules = REPO / "rules"
+    writers = set()
+    for path in rules.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in
+                    ("atomic_write", "write_inside", "write_bytes", "write_text") and node.args
+                    and any(isinstance(n, ast.Name) and n.id == "META" for n in ast.walk(node.args[0]))):
+                writers.add(path.relative_to(rules).as_posix())
+    assert writers == {"store/artifact.py"}

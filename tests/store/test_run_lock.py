@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from kforge.base.layout import Layout
 from tests.support import REPO, doit, make_project, wait_until
 
 HOLDER = '''
@@ -79,7 +80,7 @@ def test_the_lock_names_its_holder_but_never_a_secret_setting(tmp_path, monkeypa
     held = []
     monkeypatch.setattr(run_lock, "_held", held)
     monkeypatch.setattr(sys, "argv", ["doit", "-n", "2", "cache_key=0123456789abcdef0123", "scale"])
-    run_lock.hold(tmp_path / "out", "run")
+    run_lock.hold(Layout(tmp_path), "run")
     try:
         text = (tmp_path / "out" / ".kforge" / "run.lock").read_text()
         assert text.startswith(f"`doit -n 2 cache_key=(hidden) scale` (pid {os.getpid()}, since ")
@@ -108,7 +109,7 @@ def test_a_lock_that_cannot_be_opened_says_the_fix_that_fits_why(tmp_path, monke
     monkeypatch.setattr(run_lock, "_held", [])
     (tmp_path / "out" / ".kforge" / "run.lock").mkdir(parents=True)
     with pytest.raises(SystemExit):
-        run_lock.hold(tmp_path / "out", "run")
+        run_lock.hold(Layout(tmp_path), "run")
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"kforge: {tmp_path / 'out' / '.kforge' / 'run.lock'}: cannot open the run lock") and \
         line.endswith("remove it (a link or a folder where the lock file belongs) and run again"), line
@@ -118,6 +119,6 @@ def test_a_lock_that_cannot_be_opened_says_the_fix_that_fits_why(tmp_path, monke
             raise OSError(code, os.strerror(code))
         monkeypatch.setattr(run_lock.os, "open", refuse)
         with pytest.raises(SystemExit):
-            run_lock.hold(tmp_path / "out", "run")
+            run_lock.hold(Layout(tmp_path), "run")
         line = capsys.readouterr().err.strip()
         assert len(line.splitlines()) == 1 and fix in line and f"({os.strerror(code)})" in line, line

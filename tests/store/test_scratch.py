@@ -9,7 +9,7 @@ from kforge.base.layout import Layout
 
 
 def test_a_folder_is_made_under_out_kforge_tmp_named_after_the_run(tmp_path):
-    folder = scratch.folder(tmp_path / "out", "sm_90a-scale")
+    folder = scratch.folder(Layout(tmp_path), "sm_90a-scale")
     assert os.path.dirname(folder) == str(Layout(tmp_path).scratch)
     assert os.path.basename(folder).startswith(f"{os.getpid()}-sm_90a-scale-")
 
@@ -21,9 +21,9 @@ def test_a_sweep_removes_what_dead_runs_left_and_keeps_live_ones(tmp_path):
         (root / name).mkdir(parents=True)
         (root / name / "tmp1234.ptx").write_text("left by a killed compile")
     (root / f"{dead.stdout.strip()}-x.log").write_text("a file, too")
-    scratch.sweep(tmp_path / "out")
+    scratch.sweep(Layout(tmp_path))
     assert [p.name for p in root.iterdir()] == [f"{os.getpid()}-gfx942-k-def"]
-    scratch.sweep(tmp_path / "out", os.getpid())   # this run's own, at its end
+    scratch.sweep(Layout(tmp_path), os.getpid())   # this run's own, at its end
     assert list(root.iterdir()) == []
 
 
