@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
 from kforge.base.archs import parse_arch_list  # noqa: E402
 from kforge.edge.dodo_tasks import load_specs  # noqa: E402
-from kforge.store import arrival  # noqa: E402
+from kforge.store import artifact  # noqa: E402
 from kforge.compile import core as compile_core  # noqa: E402
 from kforge.compile.action import DEFAULT_TIMEOUT_S  # noqa: E402
 from kforge.plan.targets import build_targets  # noqa: E402
@@ -70,12 +70,12 @@ def pool_compile(target) -> tuple[bool, float, float]:
     if _worker.get("server"):   # kforge's compile path without doit: a warm compile server forked per worker
         outcome = compile_core.compile_here(target, _worker["root"], DEFAULT_TIMEOUT_S)
         if outcome.ok:   # written as the doit action writes it
-            arrival.install(target, outcome.result)
+            artifact.install(target, outcome.result)
         return outcome.ok, time.perf_counter() - start, outcome.result.result.compile_seconds if outcome.ok else 0.0
     scratch = tempfile.mkdtemp()
     try:
         candidate = compile_core.lower_and_check(_worker["backend"], (target, scratch))
-        arrival.install(target, candidate)
+        artifact.install(target, candidate)
         return True, time.perf_counter() - start, candidate.result.compile_seconds
     except Exception:
         return False, time.perf_counter() - start, 0.0

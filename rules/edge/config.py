@@ -78,8 +78,8 @@ def config(root: Path, catalog) -> dict:
     _sigterm_as_interrupt()
     _interrupt_without_traceback()   # Ctrl-C while waiting for the lock: one line
     # before the tasks are generated: that is when what is up to date is decided
-    run_lock.hold(layout.out, run_lock.command())
-    scratch.start(layout.out)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
+    run_lock.hold(layout, run_lock.command())
+    scratch.start(layout)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),

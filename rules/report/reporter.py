@@ -10,7 +10,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from kforge.store.arrival import CompileResult
+from kforge.store.artifact import CompileResult
 from kforge.store.files import write_inside
 from kforge.report.trace import Trace
 
@@ -21,7 +21,7 @@ RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rul
 REPLAYED = "not compiled again:"   # how rules/compile/action.py says a kept failure is reported again
 CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
-# where a built target's artifact came from (arrival.CompileResult.origin): its record's "origin", the report's
+# where a built target's artifact came from (artifact.CompileResult.origin): its record's "origin", the report's
 # "origins", the progress label
 ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote", "unchanged": "same"}
 

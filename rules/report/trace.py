@@ -35,7 +35,7 @@ class Trace:
                             "args": {"phase": phase, **args}})
 
     def target(self, name: str, family: str, handed: float, finished: float, result) -> None:
-        """A compile target that ran (its arrival.CompileResult): its queue time, then its action's spans, on its
+        """A compile target that ran (its artifact.CompileResult): its queue time, then its action's spans, on its
         worker's row."""
         spans, worker = result.spans, result.worker
         row = f"worker {worker}" if worker else "targets"

@@ -1,12 +1,12 @@
 """The interface every artifact cache implements, as a source the installer takes artifacts from
-(rules/store/arrival.py: arrive(target, cache)) and a store the compile action keeps them in
+(rules/store/artifact.py: arrive(target, cache)) and a store the compile action keeps them in
 (rules/compile/action.py). The local cache (local_cache.Source) and the remote cache (remote_cache.RemoteCache)
 implement it; a new cache subclasses ArtifactCache and is checked by tests/share/test_cache.py."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from kforge.store.arrival import Candidate
+from kforge.store.artifact import Candidate
 
 
 class ArtifactCache(ABC):

@@ -1,7 +1,7 @@
 """Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`.
 
 Each compile target's action sends its compile to the cluster as one task; the artifact that comes back is a
-candidate the action installs (rules/store/arrival.py), as it installs a local compile's; doit's up-to-date logic is
+candidate the action installs (rules/store/artifact.py), as it installs a local compile's; doit's up-to-date logic is
 unchanged, and so is local execution, the default. On a worker the compile runs in that worker's warm compile
 servers (rules/compile/core.py), with a private scratch project's out/ for its temp files. Dask reschedules the task of a worker that died (a crash, a kill); a compile
 that fails on its own is reported like a local failure. The workers need kforge, its toolchains and the
@@ -30,7 +30,7 @@ def scheduler_address(executor: str) -> str:
 
 def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:
     """compile_into(target, private_root, root, timeout) -> Outcome runs on a worker (the compile core's,
-    sent by reference); its result is the arrival.Candidate the worker sends back, untrusted (installed by the
+    sent by reference); its result is the artifact.Candidate the worker sends back, untrusted (installed by the
     caller, checked as a cache entry is)."""
     start = time.monotonic()
     try:

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from kforge.share.cache import ArtifactCache
 from kforge.store import artifact
-from kforge.store.arrival import Candidate, CompileResult
+from kforge.store.artifact import Candidate, CompileResult
 from kforge.store.files import atomic_write
 
 FORMAT = "kforge-local-1"

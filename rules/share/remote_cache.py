@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kforge.share.cache import ArtifactCache
 from kforge.store import artifact
-from kforge.store.arrival import Candidate, CompileResult
+from kforge.store.artifact import Candidate, CompileResult
 from kforge_runtime.bundle import MAX_BINARY_BYTES
 
 AC_FORMAT = "kforge-ac-1"

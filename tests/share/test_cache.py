@@ -31,7 +31,7 @@ def test_a_cache_missing_a_required_method_cannot_be_made():
 
 def test_the_installer_and_the_action_ask_a_cache_only_what_the_interface_declares():
     asked = set()
-    for path, names in (("rules/store/arrival.py", {"source"}), ("rules/compile/action.py", {"cache", "nearer"})):
+    for path, names in (("rules/store/artifact.py", {"source"}), ("rules/compile/action.py", {"cache", "nearer"})):
         for node in ast.walk(ast.parse((REPO / path).read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
                 asked.add(node.attr)

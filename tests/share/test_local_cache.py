@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.store import arrival
+from kforge.store import artifact
 from kforge.share import local_cache
 from kforge.base import settings
 from kforge.share.local_cache import LocalCache
@@ -291,7 +291,7 @@ def test_the_cache_directory_defaults_to_the_users_cache_and_sizes_read_as_peopl
 def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_it(tmp_path):
     cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
     target = types.SimpleNamespace(key="d" * 64, name="k:x@sm_90a", out_dir=str(tmp_path / "out"))
-    fetch = lambda: arrival.arrive(target, local_cache.Source(cache))
+    fetch = lambda: artifact.arrive(target, local_cache.Source(cache))
     path = local_cache.entry_path(cache, target.key)
     path.parent.mkdir(parents=True)
     path.symlink_to("/dev/zero")

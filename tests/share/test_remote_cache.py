@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kforge.store import arrival
+from kforge.store import artifact
 from kforge.share import remote_cache
 from kforge.share.nginx_cache import NGINX, free_port, serve
 from kforge.base.layout import Layout
@@ -322,7 +322,6 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
     rewritten and its seal recomputed: a miss (the target compiles here), nothing written, and the warning names
     the cache entry, not a file in out/."""
     from types import SimpleNamespace
-    from kforge.store import artifact
     wanted = json.loads((built / "out/gfx950/scale/fp16-b256-w4/meta.json").read_text())
     files = artifact.files_of(built / "out/gfx942/scale/fp16-b256-w4")
     meta = {**json.loads(files["meta.json"]), "key": wanted["key"], "target": wanted["target"], "arch": "gfx950"}
@@ -335,7 +334,7 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
                              key=wanted["key"], config=tuple(wanted["config"].items()), layout=layout,
                              out_dir=layout.artifact_path("gfx950", "scale", "fp16-b256-w4"))
     cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
-    hit, [warning] = arrival.arrive(target, cache)
+    hit, [warning] = artifact.arrive(target, cache)
     assert hit is None and not out_dir.exists() and cache.drain_warnings() == []
     assert warning.startswith(f"cache entry http://cache.example:8080/ac/{wanted['key']} for {wanted['target']} "
                               f"rejected (its binary is refused: the binary is for gfx942, expected gfx950)")
@@ -361,7 +360,7 @@ def test_a_slow_cache_is_switched_off_once_the_runs_budget_is_spent_saying_so_on
     monkeypatch.setattr(remote_cache, "_request", slow)
     monkeypatch.setattr(remote_cache, "_shared", None)
     cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", budget=0.25))
-    assert [arrival.arrive(fake_target(tmp_path, i), cache) for i in range(5)] == [(None, [])] * 5
+    assert [artifact.arrive(fake_target(tmp_path, i), cache) for i in range(5)] == [(None, [])] * 5
     assert len(asked) == 2
     [warning] = cache.drain_warnings()
     assert warning.startswith("remote cache http://slow.example:8080 switched off for the rest of this run: 0.3 s "
@@ -385,7 +384,7 @@ def test_a_cache_slower_than_compiling_is_switched_off_after_its_first_miss_sayi
     cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080", timeout=10.0))
     for i in range(4):
         target = fake_target(tmp_path, i)
-        assert arrival.arrive(target, cache) == (None, [])
+        assert artifact.arrive(target, cache) == (None, [])
         time.sleep(0.01)   # the compile here
         cache.keep(target)
     assert asked == ["GET", "PUT"]   # the first miss and the first blob's upload, then nothing
@@ -455,7 +454,7 @@ def test_an_answer_growing_past_its_limit_is_cut_at_the_limit(answering, tmp_pat
     cache = remote_cache.RemoteCache(CacheConfig(url, timeout=5))
     tracemalloc.start()
     try:
-        hit, [warning] = arrival.arrive(fake_target(tmp_path, 1), cache)
+        hit, [warning] = artifact.arrive(fake_target(tmp_path, 1), cache)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
