@@ -2,24 +2,61 @@
 catalog's folders and record archs in rules/plan/catalog.py, the project's set-up hook in rules/declare/spec.py)."""
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 
 PYPROJECT = "pyproject.toml"
+SIZE_LIMIT = 16 << 20   # bytes: far past any project's pyproject.toml, and never a whole disk image read into memory
+
+
+def read_pyproject(root: Path) -> bytes | None:
+    """The bytes of the project's pyproject.toml, None when there is none. What lies there is the user's, read as a
+    file or not at all: a FIFO blocked every command that opened it, a device (a link to /dev/zero) never ends, a
+    folder is no file; each is one SpecError naming the file and the fix (a link to a file is read as that file)."""
+    path = root / PYPROJECT
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO's open never blocks
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read it ({e}); fix the file") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+            raise SpecError(f"{path}: not a file ({kind}); kforge and doit read the project's settings there: put "
+                            f"the project's pyproject.toml in its place, or remove it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(SIZE_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SIZE_LIMIT:
+        raise SpecError(f"{path}: too large for a pyproject.toml (over {SIZE_LIMIT >> 20} MiB); put the project's "
+                        f"pyproject.toml in its place")
+    return data
 
 
 def kforge_table(root: Path):
     """pyproject.toml's [tool.kforge] table ({} when there is none)."""
     import tomllib
-    try:
-        return tomllib.loads((root / PYPROJECT).read_text(encoding="utf-8")).get("tool", {}).get("kforge", {})
-    except FileNotFoundError:
+    data = read_pyproject(root)
+    if data is None:
         return {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    try:
+        tool = tomllib.loads(data.decode("utf-8")).get("tool", {})
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
+    table = tool.get("kforge", {}) if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        raise SpecError(f"{root / PYPROJECT}: {'tool.kforge' if table is not None else 'tool'} is "
+                        f"{type(table if table is not None else tool).__name__}, not a table; write it as "
+                        f"[tool.kforge] (docs/spec_format.md)")
+    return table
 
 
 def project_setup(root: Path) -> tuple[str, ...]:

@@ -1,0 +1,66 @@
+"""pyproject.toml as kforge reads it: a file the user owns, read as one; anything else at its place is one line."""
+import os
+import threading
+
+import pytest
+
+from kforge.base.errors import SpecError
+from kforge.base.project_config import kforge_table
+
+
+def test_table_read(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.kforge]\ncatalog = ["specs"]\n')
+    assert kforge_table(tmp_path) == {"catalog": ["specs"]}
+    (tmp_path / "pyproject.toml").unlink()
+    assert kforge_table(tmp_path) == {}
+
+
+@pytest.mark.parametrize("text", ["tool = 5\n", "[tool]\nkforge = [1]\n"])
+def test_table_of_another_type_is_one_line(tmp_path, text):
+    """`tool` or `tool.kforge` that is no table was an AttributeError traceback."""
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(SpecError, match="not a table"):
+        kforge_table(tmp_path)
+
+
+def _read_in_thread(root):
+    """kforge_table(root) in a daemon thread: (what it returned or raised, or None while it still blocks)."""
+    result = []
+
+    def read():
+        try:
+            result.append(kforge_table(root))
+        except SpecError as e:
+            result.append(e)
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(5)
+    return result[0] if result else None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
+def test_not_a_file_is_one_line(tmp_path, kind):
+    """A FIFO at pyproject.toml hung every command that read it (`doit -f PROJ/dodo.py` from another folder); a
+    folder or a device is no file either: each is one SpecError naming the file and the fix."""
+    path = tmp_path / "pyproject.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/null")   # a link to a device (/dev/zero read whole would never end)
+    error = _read_in_thread(tmp_path)
+    if kind == "fifo" and error is None:   # unblock the reader so that the test process can end
+        with open(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "w"):
+            pass
+    assert isinstance(error, SpecError), f"kforge_table on a {kind} returned {error!r} (None: still blocked)"
+    assert str(path) in str(error) and "not a file" in str(error) and "\n" not in str(error)
+
+
+def test_huge_file_is_one_line(tmp_path):
+    """A pyproject.toml far past any project's (a file written by mistake) is refused, not read whole."""
+    path = tmp_path / "pyproject.toml"
+    with open(path, "wb") as f:
+        f.truncate(64 << 20)
+    with pytest.raises(SpecError, match="too large"):
+        kforge_table(tmp_path)
