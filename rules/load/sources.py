@@ -54,7 +54,8 @@ def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str,
     wrap it where the name is assigned by calls (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`:
     _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts, and so do
     - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
-    - a name imported from another module of the library (`from .impl import _k as kernel`), followed there;
+    - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
+      *`), followed there;
     - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class);
     - failing all those, one def of that name anywhere in the module (made by a function the module calls
       lazily, such as its `__getattr__`): ("?",) among the calls then says that only importing the module
@@ -68,26 +69,28 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
         return None, ()
     tree = parse(path)
     statements = module_level(tree.body)
-    if "." in name:
-        owner, _, attribute = name.partition(".")
-        for node in statements:
-            if isinstance(node, ast.ClassDef) and node.name == owner:
-                return _scope_def(node.body, attribute)
-        return None, ()
+    owner, dot, attribute = name.partition(".")
     for node in statements:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
+        if dot and isinstance(node, ast.ClassDef) and node.name == owner:
+            return _scope_def(node.body, attribute)
+        if not dot and isinstance(node, ast.FunctionDef) and node.name == name:
             return node, ()
     for node in statements:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if not dot and isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                            for t in node.targets):
             found, calls = _assigned(path, statements, node.value, name, depth)
             if found is not None:
                 return found, calls
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
-                if (alias.asname or alias.name) == name:
+                if (alias.asname or alias.name) in (owner, "*"):   # `from .ops import *` too
                     source = _imported_module(path, node)
-                    if source is not None:
-                        return _entry_def(source, alias.name, depth + 1)
+                    there = name if alias.name == "*" else alias.name + dot + attribute
+                    found, calls = (None, ()) if source is None else _entry_def(source, there, depth + 1)
+                    if found is not None or alias.name != "*":
+                        return found, calls
+    if dot:
+        return None, ()
     nested = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
     if len(nested) == 1:
         return nested[0], ("?",)

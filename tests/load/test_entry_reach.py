@@ -24,7 +24,9 @@ def kernel(name: str, factor: int, decorators: str = "@triton.jit", indent: str 
 
 HEAD = "import triton\nimport triton.language as tl\n"
 REACHLIB = {
-    "reachlib/__init__.py": "",
+    # the package's public names: a star import and a chain of re-exports
+    "reachlib/__init__.py": "from reachlib.klass import *  # noqa: F401,F403\n"
+                            "from .public import public_kernel as api_kernel  # noqa: F401\n",
     "reachlib/impl.py": HEAD + kernel("_impl", 2) + "\n\n" + kernel("_tuned", 3, "@triton.autotune(configs=["
                                                                          "triton.Config({'BLOCK': 128})], key=['n'])\n"
                                                                          "@triton.jit"),
@@ -52,6 +54,8 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("public.py", "public_tuned"): ("_tuned", True),
     ("klass.py", "Kernels.add_one"): ("add_one", False),
     ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
+    ("__init__.py", "Kernels.add_one"): ("add_one", False),
+    ("__init__.py", "api_kernel"): ("_impl", False),
 }
 
 
@@ -73,7 +77,7 @@ def test_an_entry_the_library_makes_is_found_in_its_source_and_probed_when_only_
 def test_a_name_the_source_does_not_make_is_still_not_found(site):
     assert sources.entry_def(site / "reachlib" / "factory.py", "_make")[0].name == "_make"   # a plain def
     for where, entry in (("factory.py", "nope"), ("public.py", "missing"), ("klass.py", "Kernels.nope"),
-                         ("klass.py", "Other.add_one")):
+                         ("klass.py", "Other.add_one"), ("__init__.py", "nope")):
         assert sources.entry_def(site / "reachlib" / where, entry) == (None, ()), (where, entry)
 
 
