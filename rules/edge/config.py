@@ -127,24 +127,30 @@ def check_settings() -> None:
 
 
 REPLACED = ("forget", "info", "clean")   # doit commands kforge replaces (rules/edge/commands.py)
+ADDED = ("prune", "cache")   # kforge's commands doit does not have
 
 
 def check_command(root: Path) -> None:
-    """`doit forget|info|clean` running as doit's own command, not kforge's: one line and exit code 2, before
+    """`doit forget|info|clean|prune|cache` running without kforge's command: one line and exit code 2, before
     anything is read or forgotten. doit takes plugin commands from the pyproject.toml of the folder it starts in,
     so `doit -f PROJ/dodo.py forget T` from elsewhere ran doit's forget (the task forgotten, its artifact kept:
-    nothing rebuilds) and `clean` did nothing of kforge's."""
+    nothing rebuilds), `clean` did nothing of kforge's, and `prune` or `cache` were task names doit did not know
+    (its three lines named no fix)."""
     from doit.cmd_base import Command
     frame = sys._getframe(1)
     while frame is not None and not isinstance(frame.f_locals.get("self"), Command):
         frame = frame.f_back
     command = frame.f_locals["self"] if frame is not None else None
     name = getattr(command, "name", "")
-    if name in REPLACED and not type(command).__module__.startswith("kforge."):
-        sys.stderr.write(f"kforge: `doit {name}` ran doit's own command, not kforge's: doit takes kforge's commands "
-                         f"from [tool.doit.plugins.command] in the pyproject.toml of the folder it starts in; start "
-                         f"it in {root}, or name them in that pyproject.toml as README shows\n")
-        raise SystemExit(2)
+    words = frame.f_locals.get("args") if frame is not None else None   # doit's run: the tasks it was given
+    if name == "run" and isinstance(words, list) and words and words[0] in ADDED:
+        name = words[0]
+    elif not (name in REPLACED and not type(command).__module__.startswith("kforge.")):
+        return
+    sys.stderr.write(f"kforge: `doit {name}` ran doit's own command, not kforge's: doit takes kforge's commands "
+                     f"from [tool.doit.plugins.command] in the pyproject.toml of the folder it starts in; start "
+                     f"it in {root}, or name them in that pyproject.toml as README shows\n")
+    raise SystemExit(2)
 
 
 def local_cache() -> LocalCache | None:

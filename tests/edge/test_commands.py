@@ -113,19 +113,20 @@ def test_forget_with_another_backend_is_one_clear_error_and_forgets_nothing(proj
     assert (project / "out/sm_90a/scale/fp16-b128-w4/meta.json").exists()
 
 
-@pytest.mark.parametrize("command", ["forget", "clean", "info"])
-def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_nothing(project, tmp_path, command):
+def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_nothing(project, tmp_path):
     """doit reads plugin commands from the pyproject.toml where it starts: `doit -f PROJ/dodo.py forget T` from
-    another folder was doit's own forget (nothing rebuilt after it) and clean did nothing."""
+    another folder was doit's own forget (nothing rebuilt after it) and clean did nothing; prune and cache were
+    task names doit did not know, three lines naming no fix."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = "scale:fp16-b64-w4@sm_90a"
-    proc = doit(elsewhere, "-f", str(project / "dodo.py"), command, target, check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip() == (f"kforge: `doit {command}` ran doit's own command, not kforge's: doit takes kforge's "
-                                   f"commands from [tool.doit.plugins.command] in the pyproject.toml of the folder it "
-                                   f"starts in; start it in {project.resolve()}, or name them in that pyproject.toml "
-                                   f"as README shows")
+    for command, *names in (["forget", target], ["clean", target], ["info", target], ["prune"], ["cache"]):
+        proc = doit(elsewhere, "-f", str(project / "dodo.py"), command, *names, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip() == (f"kforge: `doit {command}` ran doit's own command, not kforge's: doit takes "
+                                       f"kforge's commands from [tool.doit.plugins.command] in the pyproject.toml of "
+                                       f"the folder it starts in; start it in {project.resolve()}, or name them in "
+                                       f"that pyproject.toml as README shows"), proc.stderr
     assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
     assert "up to date 3" in doit(project).stdout
 
