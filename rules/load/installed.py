@@ -21,18 +21,18 @@ from kforge.load import observe, sources
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-# {(module file, sys.path entry, top-level package): its closure} while a catalog load shares them (shared());
-# None outside one, where each closure() is computed afresh
+# While a catalog load shares them (shared()): {"closure": {(module file, sys.path entry, top-level package): its
+# closure}, "find": {(name, sys.path): Module or NotInstalled}}; None outside one, where each is computed afresh
 _shared: dict | None = None
 
 
 @contextlib.contextmanager
 def shared():
-    """Within it, each module's closure is computed once (a catalog load: liger's 414-line record is 133 families
-    of 18 modules, and each family asked for its module's closure). Only within it: what the closure resolves
-    (the files an import finds under the path entry) can change between loads, and the next load walks it again."""
+    """Within it, each module is found and its closure computed once (a catalog load: liger's 414-line record is
+    133 families of 18 modules, and each family asked for its module and its closure). Only within it: what they
+    resolve (the files an import finds on the path) can change between loads, and the next load looks again."""
     global _shared
-    outer, _shared = _shared, {} if _shared is None else _shared
+    outer, _shared = _shared, {"closure": {}, "find": {}} if _shared is None else _shared
     try:
         yield
     finally:
@@ -57,9 +57,9 @@ class Module:
         if _shared is None:
             return self._walk()
         key = (self.path, self.base, self.package_dir)
-        if key not in _shared:
-            _shared[key] = self._walk()
-        return _shared[key]
+        if key not in _shared["closure"]:
+            _shared["closure"][key] = self._walk()
+        return _shared["closure"][key]
 
     def _walk(self) -> tuple[Path, ...]:
         seen: set[Path] = set()
@@ -90,6 +90,21 @@ class Module:
 def find(name: str) -> Module:
     """The installed module `name`, found as Python's path finder would find it (first sys.path entry that has
     it; a package's __init__.py before a module file), without importing anything. NotInstalled if none."""
+    if _shared is None:
+        return _find(name)
+    key = (name, tuple(sys.path))
+    if key not in _shared["find"]:
+        try:
+            _shared["find"][key] = _find(name)
+        except NotInstalled as e:
+            _shared["find"][key] = e
+    found = _shared["find"][key]
+    if isinstance(found, NotInstalled):
+        raise NotInstalled(*found.args)
+    return found
+
+
+def _find(name: str) -> Module:
     if not DOTTED.match(name):
         raise NotInstalled(f"{name!r} is not a dotted module name (e.g. liger_kernel.ops.rms_norm)")
     parts = name.split(".")

@@ -704,12 +704,14 @@ def test_a_load_walks_a_modules_closure_once_for_all_its_families_and_the_next_l
     from kforge.plan.catalog import Catalog
     specs = {f"shift{i}": spec(f"shift{i}", f"{PACKAGE}.ops.shift", "shift_kernel") for i in range(3)}
     root = make_project(tmp_path / "p", specs=specs, kernels={})
-    walked = []
-    real = installed._imports
+    walked, looked_up = [], []
+    real, real_find = installed._imports, installed._find
     monkeypatch.setattr(installed, "_imports", lambda path, base: walked.append(path) or real(path, base))
+    monkeypatch.setattr(installed, "_find", lambda name: looked_up.append(name) or real_find(name))
     first = Catalog(root, None, 50_000).load()
     shift = site / PACKAGE / "ops" / "shift.py"
     assert walked == [shift]   # its imports followed once (the __init__ files' are not followed)
+    assert looked_up.count(f"{PACKAGE}.ops.shift") == 1   # found on the path once
     st = shift.stat()
     shift.write_text(shift.read_text().replace("import triton\n", "import triton\nfrom . import extra  # noqa\n", 1))
     os.utime(shift, ns=(st.st_atime_ns, st.st_mtime_ns))
