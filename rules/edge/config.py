@@ -27,6 +27,7 @@ import importlib.metadata
 import os
 import shlex
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -230,18 +231,71 @@ def check_arguments() -> None:
     doit_process_args = DoitMain.process_args
 
     def process_args(self, cmd_args):
-        blank = next((i for i, arg in enumerate(cmd_args) if not arg.strip()), None)
-        if blank is not None:
-            shown = shlex.join(["doit", *cmd_args])
-            shown = shown if len(shown) <= 200 else shown[:197] + "..."
-            sys.stderr.write(f"kforge: `{shown}`: argument {blank + 1} is empty: it names no task, target or setting "
-                             f"(an unset shell variable?); give a name, or leave the argument out (`doit list --all` "
-                             f"lists the targets)\n")
+        problem = blank_argument(cmd_args)
+        if problem is not None:
+            sys.stderr.write(problem + "\n")
             raise SystemExit(3)
         return doit_process_args(self, cmd_args)
     process_args.kforge = True
     process_args.doit = doit_process_args
     DoitMain.process_args = process_args
+
+
+def blank_argument(args: list[str]) -> str | None:
+    """The line for a doit command line one of whose arguments is empty or blank, or None."""
+    blank = next((i for i, arg in enumerate(args) if not arg.strip()), None)
+    if blank is None:
+        return None
+    shown = shlex.join(["doit", *args])
+    shown = shown if len(shown) <= 200 else shown[:197] + "..."
+    return (f"kforge: `{shown}`: argument {blank + 1} is empty: it names no task, target or setting (an unset shell "
+            f"variable?); give a name, or leave the argument out (`doit list --all` lists the targets)")
+
+
+CONFIG_FILES = ("pyproject.toml", "doit.cfg")   # what doit reads in the folder it starts in, before anything else
+CONFIG_LIMIT = 16 << 20   # bytes: far past any pyproject.toml; doit reads the whole file into memory
+
+
+def start_problem(args: list[str], folder: str = ".") -> str | None:
+    """What stops a doit command line before doit reads anything, in one line, or None: an empty argument (doit's
+    parser indexed its first character: an IndexError traceback), or a settings file doit would read that is no
+    file (a FIFO at pyproject.toml blocked doit for ever, a device never ends) or is far too large."""
+    problem = blank_argument(args)
+    for name in CONFIG_FILES:
+        path = os.path.join(folder, name)
+        if problem is not None or not os.path.exists(path):   # a link to nothing: doit passes it by too
+            continue
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) \
+                else "a device or socket"
+            problem = (f"kforge: {os.path.abspath(path)}: not a file ({kind}); doit reads its settings there before "
+                       f"anything else: put the project's {name} in its place, or remove it")
+        elif st.st_size > CONFIG_LIMIT:
+            problem = (f"kforge: {os.path.abspath(path)}: too large for a settings file (over {CONFIG_LIMIT >> 20} "
+                       f"MiB), and doit reads it whole: put the project's {name} in its place")
+    return problem
+
+
+# The line rules/runtime/kforge-runtime-env.pth needs (Python's site module runs it at every interpreter start): in a
+# process that runs doit (its script, or python -m doit), a test costing a few string compares and two stat calls;
+# kforge is imported only where that test finds a problem.
+PTH_LINE = ('import os, sys; a = sys.argv; (os.path.basename(a[0]) == "doit" or a[0] == "-m" and sys.orig_argv[-len(a)] '
+            '== "doit") and (not all(x.strip() for x in a[1:]) or any(os.path.exists(f) and not os.path.isfile(f) '
+            'or os.path.isfile(f) and os.path.getsize(f) > 16 << 20 for f in ("pyproject.toml", "doit.cfg"))) and '
+            'exec("from kforge.edge.config import refuse_at_start; refuse_at_start()")')
+
+
+def refuse_at_start() -> None:
+    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth) in a process that
+    runs doit, where that line's cheap test saw an empty argument or a settings file that is no file: such a
+    command line stops before doit or kforge's loader could check it (from a folder without kforge's
+    pyproject.toml, `doit -f PROJ/dodo.py info ''` met doit's parser first). One line and exit code 3."""
+    problem = start_problem(sys.argv[1:])
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
+        sys.stderr.flush()
+        os._exit(3)   # Python is still starting: SystemExit here would be a fatal error with a traceback
 
 
 def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:

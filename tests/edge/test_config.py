@@ -4,12 +4,17 @@ import gc
 import importlib
 import importlib.metadata
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from doit import cmd_run, control, runner
 
 from kforge.edge import backend as doit_backend, config as doit_edge, runner as doit_runner
+from tests.support import REPO
 
 
 def test_garbage_collection_pauses_while_tasks_load_and_resumes_before_the_first_runs():
@@ -137,3 +142,51 @@ def test_a_file_where_out_belongs_is_one_line_in_every_command(tmp_path):
         assert proc.stderr.strip().splitlines()[-1] == (f"kforge: {root / 'out'} is not a folder: kforge keeps its "
                                                         f"builds there; move it away and run again"), proc.stderr
     assert (root / "out").read_text() == "mine"
+
+
+def test_a_doit_command_line_that_stops_before_doit_reads_it_is_one_line():
+    """An empty argument, a settings file that is no file or far too large: one line each (start_problem)."""
+    assert doit_edge.start_problem(["info", "x"]) is None
+    assert "argument 2 is empty" in doit_edge.start_problem(["info", ""])
+    assert "argument 3 is empty" in doit_edge.start_problem(["-f", "p/dodo.py", " ", "x"])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "too large"])
+def test_a_settings_file_doit_reads_first_that_is_no_file_is_one_line(tmp_path, kind):
+    path = tmp_path / "pyproject.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with open(path, "wb") as f:
+            f.truncate(doit_edge.CONFIG_LIMIT + 1)
+    problem = doit_edge.start_problem(["list"], str(tmp_path))
+    assert problem.startswith(f"kforge: {path}: ") and ("not a file" in problem or "too large" in problem), problem
+
+
+def _doit_at_start(folder, *args, how="-m"):
+    """doit run in folder, its interpreter starting with doit_edge.PTH_LINE run as site-packages' .pth runs it."""
+    site = folder / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(doit_edge.PTH_LINE + "\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    command = [sys.executable, "-m", "doit"] if how == "-m" else [str(Path(sys.executable).parent / "doit")]
+    return subprocess.run([*command, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("how", ["-m", "script"])
+def test_an_empty_argument_from_a_folder_without_kforges_pyproject_is_one_line(tmp_path, how):
+    """From a folder whose pyproject.toml does not name kforge's loader, doit's parser read the command line first:
+    `doit -f PROJ/dodo.py info ''` was an IndexError traceback. The start-up line stops it in one line."""
+    proc = _doit_at_start(tmp_path, "-f", str(tmp_path / "p" / "dodo.py"), "info", "", how=how)
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "argument 4 is empty: it names no task" in proc.stderr
+
+
+def test_a_fifo_at_pyproject_toml_stops_doit_in_one_line_not_for_ever(tmp_path):
+    """doit opens the pyproject.toml of the folder it starts in before anything else: a FIFO there blocked it."""
+    os.mkfifo(tmp_path / "pyproject.toml")
+    proc = _doit_at_start(tmp_path, "list")
+    assert proc.returncode == 3 and "pyproject.toml: not a file (a FIFO)" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
