@@ -46,21 +46,24 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
                           f"or raise the limit with KFORGE_MAX_CONFIGS=N")
     # a value listed twice is one value (its configs would be the same targets twice)
     values = tuple(tuple(dict.fromkeys(_canon(spec, p, v, "sweep") for v in vs)) for p, vs in sweep.items())
-    swept = [frozenset(vs) for vs in values]
+    swept = [frozenset(map(exact, vs)) for vs in values]
     listed: list[Config] = []
     for i, extra in enumerate(extras):
         if set(extra) != set(params):
             raise SpecError(f"{where}: [[extra]] #{i + 1} must give exactly the swept parameters "
                             f"{list(params)}; got {shown(list(extra))}")
         listed.append(tuple((p, _canon(spec, p, extra[p], "extra")) for p in params))
-    # an extra equal to a swept config (or to an earlier extra) is the same target
-    outside = tuple(c for c in dict.fromkeys(listed) if not all(v in vs for (_, v), vs in zip(c, swept)))
+    # an extra equal to a swept config (or to an earlier extra) is the same target; equal means of one type too
+    unique: dict[tuple, Config] = {}
+    for c in listed:
+        unique.setdefault(tuple(exact(v) for _, v in c), c)
+    outside = tuple(c for c in unique.values() if not all(exact(v) in vs for (_, v), vs in zip(c, swept)))
 
     norm_excludes = tuple(_normalize_exclude(spec, params, i, ex) for i, ex in enumerate(excludes))
     # an autotuner's pruner may rewrite its configs (rules/plan/targets.py): an exclude may name a value it makes
     rewritten = set(spec.tuned) if "prune" in dict(spec.notes) else set()
     for i, ex in enumerate(norm_excludes):
-        if not _matches_some(ex, swept, outside, spec.archs) and not rewritten.intersection(dict(ex.given)):
+        if not _matches_some(ex, values, outside, spec.archs) and not rewritten.intersection(dict(ex.given)):
             raise SpecError(f"{where}: [[exclude]] #{i + 1} {shown(dict(ex.given))} matches no config; "
                             f"fix its values or remove it")
     configs = Configs(params, values, outside, norm_excludes, spec.archs)
@@ -75,11 +78,18 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
 
 
 
-def _matches_some(ex: Exclude, swept: list[frozenset], outside: tuple[Config, ...], archs: tuple[str, ...]) -> bool:
+def exact(value: Scalar) -> tuple[type, Scalar]:
+    """A value as a key that tells 1, 1.0 and true apart: Python's == does not, and Triton compiles each of
+    them as a kernel of its own (serving matches a call to a bundle entry by the exact value)."""
+    return type(value), value
+
+
+def _matches_some(ex: Exclude, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...],
+                  archs: tuple[str, ...]) -> bool:
     """Whether ex drops any config on any arch, from the values: the product holds every combination of them."""
     if ex.archs is not None and not ex.archs.intersection(archs):
         return False
-    return all(vs & swept[i] for i, vs in ex.at) or any(all(c[i][1] in vs for i, vs in ex.at) for c in outside)
+    return all(vs.intersection(values[i]) for i, vs in ex.at) or any(all(c[i][1] in vs for i, vs in ex.at) for c in outside)
 
 
 def config_id(spec: Spec, config: Config) -> str:
@@ -227,7 +237,8 @@ def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], out
     spellings = []   # per param: how its ids spell each of its distinct values, extras' values included
     functions = {i for i, p in enumerate(spec.configs.params) if (p, "function") in spec.signature}
     for i, vs in enumerate(values):
-        texts = [_short(v, i in functions) for v in dict.fromkeys(vs + tuple(c[i][1] for c in outside))]
+        distinct = {exact(v): v for v in vs + tuple(c[i][1] for c in outside)}
+        texts = [_short(v, i in functions) for v in distinct.values()]
         if len(set(texts)) != len(texts):
             return False
         spellings.append(texts)

@@ -198,3 +198,12 @@ def test_a_line_with_a_hostile_option_hint_or_key_names_the_line(project, field,
     (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64, **{field: bad}) + "\n")
     with pytest.raises(SpecError, match=r"specs/app.jsonl:2: " + message):
         targets(project)
+
+
+def test_lines_that_differ_only_in_a_values_type_are_targets_of_their_own(project):
+    # Python's == makes 1, 1.0 and true one value; Triton compiles them as three kernels, and serving matches a
+    # call to a bundle entry by the exact value (a record of liger's tests holds label_smoothing 0 and 0.0)
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(1), line(1.0), line(True), line(1), ""]))
+    found = targets(project).values()
+    assert sorted(json.dumps(dict(t.constexprs)["BLOCK"]) for t in found) == ["1", "1.0", "true"]
+    assert len({t.name for t in found}) == 3

@@ -248,3 +248,11 @@ def test_a_compile_option_under_constants_is_refused_naming_where_it_belongs(tmp
     with pytest.raises(SpecError, match=r"\[constants\] num_warps: num_warps is a compile option, not a constexpr of "
                                         r"scale_kernel; set it in \[sweep\] \(`num_warps = \[8\]`\)"):
         load_spec(root / "specs" / "s.toml", root)
+
+
+def test_an_extra_that_differs_from_a_swept_config_only_in_a_values_type_is_a_config_of_its_own(tmp_path):
+    # 128 and 128.0 are equal to Python but two compiles to Triton: neither may stand in for the other
+    text = spec_text(blocks=(128,)) + '\n[[extra]]\ndtype = "fp16"\nBLOCK = 128.0\nnum_warps = 4\n'
+    spec = load(tmp_path, text)
+    assert [(config_id(spec, c), type(dict(c)["BLOCK"])) for c in spec.configs] == [
+        ("fp16-b128-w4", int), ("fp16-b128.0-w4", float)]
