@@ -54,7 +54,7 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
                 warnings += nearer.keep(target)
             seconds = time.monotonic() - start
             break
-    else:
+    else:   # no cache had it: a compile
         if executor is not None:
             from kforge.share import dask_executor   # imports distributed: only where a cluster is used
             made_by = "the Dask cluster"
@@ -66,12 +66,10 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
         arrived, seconds, writing = outcome.result, outcome.seconds, time.time()
         try:   # a candidate is checked as a cache entry is (bound to the target, ELF for its arch); Unchanged
             artifact.install(target, arrived)   # (early cutoff) renews meta.json's inputs alone
-        except artifact.BinaryRefused as e:
-            if executor is None:   # a compile here says so as it always did
-                return _fail(target, f"bad binary from {target.toolchain}: {e.reason}")
-            return _fail(target, f"the artifact from {made_by} is bad: {e}")
         except artifact.ArtifactError as e:
-            return _fail(target, f"the artifact from {made_by} is bad: {e}")
+            here = executor is None and isinstance(e, artifact.BinaryRefused)   # the line it always had
+            return _fail(target, f"bad binary from {target.toolchain}: {e.reason}" if here else
+                         f"the artifact from {made_by} is bad: {e}")
         spans += [*arrived.result.spans, ("write", writing, time.time())]
         for cache in caches:
             keeping = time.time()

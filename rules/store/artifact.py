@@ -419,19 +419,14 @@ def load(directory: Path) -> tuple[dict, bytes]:
     if _unsealed(meta):
         raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
                             f"fields); build it again (doit)")
-    verify(meta, binary, directory)
-    return meta, binary
-
-
-def verify(meta: dict, binary: bytes, directory: Path) -> None:
-    """The binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)."""
     if meta.get("arch") not in ARCHS:
-        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
-    try:
+        raise ArtifactError(f"{meta_path}: unknown arch {meta.get('arch')!r}")
+    try:   # the binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)
         schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
     except schema.BinaryRefused as e:
         raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
                             f"delete {directory} and build again") from None
+    return meta, binary
 
 
 def files_of(directory: Path) -> dict[str, bytes]:

@@ -106,10 +106,7 @@ def drop_state(path: Path, why: str) -> None:
     it is rebuilt and said once, not at every command until a build replaces it."""
     sys.stderr.write(f"kforge: {path} {why}; it is dropped and rebuilt\n")
     try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(guard(path.parents[1], path))
-        else:
-            guard(path.parents[1], path).unlink(missing_ok=True)
+        remove_entry(guard(path.parents[1], path))
     except (OSError, ValueError):   # read-only out/, or a link on the way out of it: the warning stands
         pass
 
