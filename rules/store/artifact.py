@@ -297,7 +297,11 @@ def plain_name(name) -> str:
 
 def is_current(meta_path: str, key: str) -> bool:
     """True when the artifact at meta_path was built from exactly this action key and its binary is intact."""
-    found = _read_artifact(meta_path)
+    return _built_from(_read_artifact(meta_path), key)
+
+
+def _built_from(found: tuple | None, key: str) -> bool:
+    """Whether _read_artifact found meta.json holding `key` and the binary it names intact."""
     return found is not None and found[1] == key and found[3] is not None
 
 
@@ -369,20 +373,20 @@ class KeyIndex(JsonState):
                 return False
             if entry[3] is not None and stamps.identity(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
                 return True
-        found = _read_artifact(meta_path)
-        if found is not None:
-            self.entries[meta_path] = list(found)
-            self.changed = True
-        return found is not None and found[1] == key and found[3] is not None
+        return _built_from(self._remember(meta_path), key)
 
     def refresh(self, meta_path: str) -> None:
         """After the target's task ran (built or failed): remember a freshly built artifact (read and hashed
         once), so that the next run only stats it."""
         self.seen.pop(meta_path, None)
+        self._remember(meta_path)
+
+    def _remember(self, meta_path: str) -> tuple | None:
         found = _read_artifact(meta_path)
         if found is not None:
             self.entries[meta_path] = list(found)
             self.changed = True
+        return found
 
     def meta_identity(self, meta_path: str) -> list | None:
         """meta.json's identity: as is_current saw it, unless the target's task ran since; else stat'ed now."""
