@@ -58,7 +58,12 @@ def compile_target_of(task):
 
 
 def target_state(target) -> str:
-    """up to date | stale (and what changed) | failed: <cause> | not built."""
+    """up to date | stale (and what changed) | failed: <cause> | not built; one line a terminal shows as it is
+    (printable: the names in it come from out/, untrusted)."""
+    return printable(_state(target))
+
+
+def _state(target) -> str:
     index = InputIndex.of(target.layout.observed_inputs)
     if artifact.is_current(target.meta_path, target.key):
         changed = index.changed_input(target.meta_path, stamps.identity(target.meta_path))
@@ -73,7 +78,7 @@ def target_state(target) -> str:
         old = "" if failure.key == target.key else " (with other inputs than now)"
         again = ("; reported again without compiling until its key or inputs change (`doit forget "
                  f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
-        return f"failed{old}: {printable(report.error_line(failure.message))}{again}"
+        return f"failed{old}: {report.error_line(failure.message)}{again}"
     return "not built"
 
 
@@ -88,8 +93,12 @@ def _key_change(target) -> str:
     try:
         meta = json.loads(files.read_bytes(target.meta_path))
         built = meta["source"]["digests"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "its meta.json is unreadable"
+    # untrusted (a restored out/, another kforge): each part compared only where it has this kforge's shape
+    if not (isinstance(built, dict) and all(isinstance(meta.get(part, {}), dict)
+                                            for part in ("constexprs", "toolchain_versions", "env"))):
+        return "its meta.json is not of this kforge's shape"
     now = dict(target.source_digests)
     for name in sorted(set(built) | set(now)):
         if built.get(name) != now.get(name):

@@ -1,8 +1,11 @@
 """kforge's doit commands as a user types them: info, clean, prune (forget: tests/compile/test_action.py)."""
+import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
+from kforge.edge import commands
 from kforge.store import guard
 from tests.support import doit, make_project, spec_text, statuses
 
@@ -251,3 +254,30 @@ def test_a_fifo_among_the_specs_is_one_broken_family_not_a_hang(project):
     proc = doit(project, "list", check=False, timeout=60)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "evil  " in proc.stdout and "specs/evil.toml: not a regular file" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("part", ["constexprs", "toolchain_versions", "env", "source"])
+@pytest.mark.parametrize("value", [7, [], None, "x", [["a", 1]]])
+def test_info_of_a_meta_json_of_another_shape_says_so_in_one_line(tmp_path, part, value):
+    """A meta.json whose parts are of another type (another kforge, a restored out/) made `doit info` a TypeError
+    or AttributeError traceback while it named what changed in the key."""
+    meta = {"key": "k" * 64, "source": {"digests": {"tk/scale.py": "a" * 64}},
+            "constexprs": {"BLOCK": 64}, "toolchain_versions": {}, "env": {}}
+    meta[part] = value if part != "source" else {"digests": value}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    target = SimpleNamespace(meta_path=str(tmp_path / "meta.json"), key="j" * 64, constexprs=(("BLOCK", 64),),
+                             source_digests=(("tk/scale.py", "a" * 64),), toolchain_versions=(), env=())
+    assert commands._key_change(target) in ("its meta.json is not of this kforge's shape",
+                                            "its meta.json is unreadable")
+
+
+def test_a_target_state_shows_names_from_out_with_control_characters_replaced(tmp_path):
+    """A name in a restored meta.json (a source's, a constexpr's) reached the terminal with its escape sequences."""
+    meta = {"key": "k" * 64, "source": {"digests": {"tk/\x1b[31mred.py": "a" * 64}}}
+    artifact_dir = tmp_path / "out" / "sm_90a" / "scale" / "x"
+    artifact_dir.mkdir(parents=True)
+    (artifact_dir / "meta.json").write_text(json.dumps(meta))
+    target = SimpleNamespace(meta_path=str(artifact_dir / "meta.json"), key="j" * 64, source_digests=(),
+                             layout=SimpleNamespace(observed_inputs=tmp_path / "out" / ".kforge" / "inputs.json"))
+    state = commands.target_state(target)
+    assert "\x1b" not in state and "tk/\ufffd[31mred.py gone" in state, state
