@@ -261,11 +261,23 @@ def layers(fn) -> list:
 
 def entry_object(module, entry: str):
     """What the imported module holds under the entry's name: `Class.kernel` is an attribute of a module-level
-    class (a library that keeps its kernels on a class); a module's `__getattr__` answers a lazily made one."""
+    class (a library that keeps its kernels on a class); a module's `__getattr__` answers a lazily made one. A
+    qualified name no attribute path reaches (`_make.<locals>._square`, as a record names a kernel a factory
+    made) is the module's kernel whose @triton.jit function has that name (AttributeError if none or several)."""
     found = module
-    for part in entry.split("."):
-        found = getattr(found, part)
-    return found
+    try:
+        for part in entry.split("."):
+            found = getattr(found, part)
+        return found
+    except AttributeError:
+        if "." not in entry:
+            raise
+    from triton.runtime.jit import JITFunction
+    named = {id(v): v for v in vars(module).values()
+             if isinstance(inner := layers(v)[-1], JITFunction) and inner.fn.__qualname__ == entry}
+    if len(named) != 1:
+        raise AttributeError(f"module {module.__name__!r} holds {len(named) or 'no'} kernel(s) named {entry!r}")
+    return next(iter(named.values()))
 
 
 def _layers(module: str, entry: str) -> list:

@@ -56,7 +56,8 @@ def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str,
     - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
     - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
       *`), followed there;
-    - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class);
+    - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class), and a
+      def's qualified name as Triton's JIT and a record give it (`_make.<locals>._square`);
     - failing all those, one def of that name anywhere in the module (made by a function the module calls
       lazily, such as its `__getattr__`): ("?",) among the calls then says that only importing the module
       tells what the name holds (entry_probe.is_wrapped asks the import).
@@ -71,8 +72,8 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
     statements = module_level(tree.body)
     owner, dot, attribute = name.partition(".")
     for node in statements:
-        if dot and isinstance(node, ast.ClassDef) and node.name == owner:
-            return _scope_def(node.body, attribute)
+        if dot and isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == owner:
+            return _nested_def(node, attribute.split("."))
         if not dot and isinstance(node, ast.FunctionDef) and node.name == name:
             return node, ()
     for node in statements:
@@ -112,6 +113,22 @@ def _assigned(path: Path, statements: list, value, name: str, depth: int):
                 if found is not None:
                     return found, calls + more
     return None, ()
+
+
+def _nested_def(node, parts: list[str]) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
+    """The def a qualified name names inside a class or function: `Kernels.add` (a class's attribute) or Python's
+    qualified name of a def a function made, `_make.<locals>._square` (as Triton's JIT and a record name it)."""
+    if parts[0] == "<locals>":
+        if not isinstance(node, ast.FunctionDef) or len(parts) < 2:
+            return None, ()
+        parts = parts[1:]
+    elif not isinstance(node, ast.ClassDef):
+        return None, ()
+    if len(parts) == 1:
+        return _scope_def(node.body, parts[0])
+    inner = next((n for n in module_level(node.body) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+                  and n.name == parts[0]), None)
+    return _nested_def(inner, parts[1:]) if inner is not None else (None, ())
 
 
 def _scope_def(body: list, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:

@@ -55,6 +55,9 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("klass.py", "Kernels.add_one"): ("add_one", False),
     ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
     ("__init__.py", "Kernels.add_one"): ("add_one", False),
+    # the names Triton's JIT gives them (a record's `module:function`)
+    ("factory.py", "_make.<locals>._square"): ("_square", False),
+    ("lazy.py", "_build.<locals>.lazy_kernel"): ("lazy_kernel", False),
     ("__init__.py", "api_kernel"): ("_impl", False),
 }
 
@@ -77,7 +80,8 @@ def test_an_entry_the_library_makes_is_found_in_its_source_and_probed_when_only_
 def test_a_name_the_source_does_not_make_is_still_not_found(site):
     assert sources.entry_def(site / "reachlib" / "factory.py", "_make")[0].name == "_make"   # a plain def
     for where, entry in (("factory.py", "nope"), ("public.py", "missing"), ("klass.py", "Kernels.nope"),
-                         ("klass.py", "Other.add_one"), ("__init__.py", "nope")):
+                         ("klass.py", "Other.add_one"), ("__init__.py", "nope"), ("factory.py", "_make._square"),
+                         ("factory.py", "_make.<locals>.nope"), ("klass.py", "Kernels.<locals>.add_one")):
         assert sources.entry_def(site / "reachlib" / where, entry) == (None, ()), (where, entry)
 
 
@@ -85,6 +89,10 @@ def test_the_probe_reads_what_the_module_holds_under_a_dotted_or_lazy_name(site,
     monkeypatch.syspath_prepend(str(site))
     from triton.runtime.jit import JITFunction
     for module, entry, name in (("reachlib.klass", "Kernels.add_one", "add_one"),
-                                ("reachlib.lazy", "lazy_kernel", "lazy_kernel")):
+                                ("reachlib.lazy", "lazy_kernel", "lazy_kernel"),
+                                ("reachlib.factory", "_make.<locals>._square", "_square"),
+                                ("reachlib.factory", "_make_tuned.<locals>._inner", "_inner")):
         found = entry_probe._layers(module, entry)[-1]
         assert isinstance(found, JITFunction) and found.fn.__name__ == name
+    with pytest.raises(AttributeError, match="holds no kernel"):
+        entry_probe._layers("reachlib.factory", "_make.<locals>.nope")
