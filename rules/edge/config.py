@@ -231,7 +231,7 @@ def check_arguments() -> None:
     doit_process_args = DoitMain.process_args
 
     def process_args(self, cmd_args):
-        problem = blank_argument(cmd_args)
+        problem = blank_argument(cmd_args) or unusable_command(cmd_args)
         if problem is not None:
             sys.stderr.write(problem + "\n")
             raise SystemExit(3)
@@ -250,6 +250,16 @@ def blank_argument(args: list[str]) -> str | None:
     shown = shown if len(shown) <= 200 else shown[:197] + "..."
     return (f"kforge: `{shown}`: argument {blank + 1} is empty: it names no task, target or setting (an unset shell "
             f"variable?); give a name, or leave the argument out (`doit list --all` lists the targets)")
+
+
+def unusable_command(args: list[str]) -> str | None:
+    """The line for a doit command that cannot work in a kforge project, or None: `doit dumpdb` opens doit's dbm
+    files, and kforge's dependency file is SQLite (edge/backend.py): it ended in a dbm.error traceback."""
+    words = [arg for arg in args if not arg.startswith("-") and "=" not in arg]
+    if words[:1] == ["dumpdb"]:
+        return ("kforge: `doit dumpdb` reads doit's dbm files; kforge keeps doit's state in SQLite at out/.doit.sqlite3: "
+                "`sqlite3 out/.doit.sqlite3 .dump` shows it, `doit info NAME` a target's state")
+    return None
 
 
 CONFIG_FILES = ("pyproject.toml", "doit.cfg")   # what doit reads in the folder it starts in, before anything else

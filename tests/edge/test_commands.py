@@ -281,3 +281,12 @@ def test_a_target_state_shows_names_from_out_with_control_characters_replaced(tm
                              layout=SimpleNamespace(observed_inputs=tmp_path / "out" / ".kforge" / "inputs.json"))
     state = commands.target_state(target)
     assert "\x1b" not in state and "tk/\ufffd[31mred.py gone" in state, state
+
+
+def test_doits_dumpdb_is_one_line_naming_kforges_state(tmp_path):
+    """`doit dumpdb` opens doit's dbm files, and kforge's is SQLite: it was a dbm.error traceback (no project need
+    be built: the command line is checked before anything is loaded)."""
+    root = make_project(tmp_path / "p")
+    proc = doit(root, "dumpdb", check=False)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("kforge: `doit dumpdb` reads doit's dbm files") and proc.stderr.count("\n") == 1
