@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import importlib.metadata
 import os
 import shlex
@@ -231,7 +232,7 @@ def check_arguments() -> None:
     doit_process_args = DoitMain.process_args
 
     def process_args(self, cmd_args):
-        problem = blank_argument(cmd_args) or unusable_command(cmd_args)
+        problem = blank_argument(cmd_args) or unusable_command(cmd_args) or missing_command(self.config, cmd_args)
         if problem is not None:
             sys.stderr.write(problem + "\n")
             raise SystemExit(3)
@@ -260,6 +261,29 @@ def unusable_command(args: list[str]) -> str | None:
         return ("kforge: `doit dumpdb` reads doit's dbm files; kforge keeps doit's state in SQLite at out/.doit.sqlite3: "
                 "`sqlite3 out/.doit.sqlite3 .dump` shows it, `doit info NAME` a target's state")
     return None
+
+
+COMMAND_CLASSES = {"forget": "Forget", "info": "Info", "clean": "Clean", "prune": "Prune", "cache": "Cache"}
+
+
+def missing_command(config, args: list[str]) -> str | None:
+    """The line for a command the project's pyproject.toml names at a place of kforge's where it is not, or None:
+    doit imported it only to run it, and a module or a name not there was its 'Plugin COMMAND ...' traceback."""
+    words = [arg for arg in args if not arg.startswith("-") and "=" not in arg]
+    location = (config.get("COMMAND") or {}).get(words[0]) if words else None
+    if not (isinstance(location, str) and location.startswith("kforge.") and ":" in location):
+        return None
+    module, _, name = location.partition(":")
+    try:
+        if hasattr(importlib.import_module(module), name):
+            return None
+        why = f"{module} has no {name}"
+    except ImportError:
+        why = f"kforge has no module {module}"
+    right = f"kforge.edge.commands:{COMMAND_CLASSES[words[0]]}" if words[0] in COMMAND_CLASSES else None
+    fix = f"write `{words[0]} = \"{right}\"`" if right else "remove the line"
+    return (f"kforge: pyproject.toml's [tool.doit.plugins.command] {words[0]} = {location!r}: {why}; {fix}, as "
+            f"kforge's own pyproject.toml does")
 
 
 CONFIG_FILES = ("pyproject.toml", "doit.cfg")   # what doit reads in the folder it starts in, before anything else

@@ -290,3 +290,17 @@ def test_doits_dumpdb_is_one_line_naming_kforges_state(tmp_path):
     proc = doit(root, "dumpdb", check=False)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("kforge: `doit dumpdb` reads doit's dbm files") and proc.stderr.count("\n") == 1
+
+
+def test_a_pyproject_naming_a_command_where_kforge_has_none_is_one_line_with_the_fix(tmp_path):
+    """A name or a module of kforge's that is not there (a typo, a module since moved) was doit's 'Plugin COMMAND'
+    traceback at the command's first use."""
+    root = make_project(tmp_path / "p")
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("kforge.edge.commands:Forget", "kforge.edge.commands:Forgett")
+                         .replace("kforge.edge.commands:Prune", "kforge.edge.prune:Prune"))
+    for command, why in (["forget", "kforge.edge.commands has no Forgett"], ["prune", "no module kforge.edge.prune"]):
+        proc = doit(root, command, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+        assert why in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert f'write `{command} = "kforge.edge.commands:{command.title()}"`' in proc.stderr
