@@ -6,9 +6,9 @@
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
-writes nothing in out/ either: the doit action installs the candidate (artifact.install: the binary's checks, for
-a compile's as for a cache entry's), as it installs one from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed compile_into; none imports the
-doit action (action.py).
+writes nothing in out/ either: the doit action installs the candidate (artifact.install, which checks its binary),
+as it installs one from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed
+compile_into; none imports the doit action (action.py).
 """
 from __future__ import annotations
 

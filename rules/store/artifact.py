@@ -150,7 +150,8 @@ class CompileResult(NamedTuple):
 
     @property
     def origin(self) -> str:
-        """Where the artifact came from: "compiled", "local cache" or "remote cache" (rules/report/reporter.py's ORIGINS)."""
+        """Where the artifact came from: "compiled", "local cache", "remote cache" or "unchanged"
+        (rules/report/reporter.py's ORIGINS)."""
         return ("local cache" if self.from_local_cache else "remote cache" if self.from_cache else
                 "unchanged" if self.unchanged else "compiled")
 
