@@ -275,6 +275,7 @@ class Properties:
 
 def _install_torch(torch) -> None:
     cuda = torch.cuda
+    stream = _handle("Stream", "a CUDA stream (torch.cuda.Stream)", torch.device("cuda", 0))
     answers = {
         "is_available": lambda: True,
         "device_count": lambda: 1,
@@ -291,6 +292,10 @@ def _install_torch(torch) -> None:
         # every allocation, stream, event and synchronize on "cuda" initializes CUDA here first (torch's C++
         # calls torch.cuda._lazy_init too)
         "_lazy_init": _lazy_init,
+        # the stream work is queued on (`with torch.cuda.stream(side):` at import): a handle; nothing runs there
+        "current_stream": lambda device=None: stream(),
+        "default_stream": lambda device=None: stream(),
+        "set_stream": lambda stream: None,
     }
     for name, fn in answers.items():
         setattr(cuda, name, fn)
@@ -298,8 +303,8 @@ def _install_torch(torch) -> None:
     # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words). A
     # stream or event a library keeps from its import (a side stream, a timing event) is a handle until used;
     # a stream wrapping a real one, or a graph, is GPU work when made
-    for name, what in (("Stream", "a CUDA stream (torch.cuda.Stream)"), ("Event", "a CUDA event (torch.cuda.Event)")):
-        setattr(cuda, name, _handle(name, what, torch.device("cuda", 0)))
+    cuda.Stream = stream
+    cuda.Event = _handle("Event", "a CUDA event (torch.cuda.Event)", torch.device("cuda", 0))
     for name, what in (("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
                        ("CUDAGraph", "a CUDA graph (torch.cuda.CUDAGraph)")):
         setattr(cuda, name, _refusing(name, what))

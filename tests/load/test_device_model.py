@@ -170,7 +170,8 @@ def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_f
 
 def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(tmp_path):
     """A library that keeps a side stream and an event from its import (torch.cuda.Stream(), torch.cuda.Event(),
-    its own subclass of Stream) imports under the model: they launch nothing until used."""
+    its own subclass of Stream, the current stream) or allocates under `with torch.cuda.stream(side):` imports
+    under the model: they launch nothing until used."""
     (tmp_path / "streams_at_import.py").write_text(
         "import torch\n"
         "class SideStream(torch.cuda.Stream):\n"
@@ -179,7 +180,11 @@ def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(t
         "SIDE = SideStream(device=torch.cuda.current_device())\n"
         "E = torch.cuda.Event(enable_timing=False)\n"
         "assert isinstance(SIDE, torch.cuda.Stream) and S.device == torch.device('cuda', 0), S.device\n"
-        "assert E.device == torch.device('cuda', 0) and S != SIDE and S == S\n")
+        "assert E.device == torch.device('cuda', 0) and S != SIDE and S == S\n"
+        "with torch.cuda.stream(SIDE):\n"
+        "    WORK = torch.empty(4, device='cuda')\n"
+        "MAIN = torch.cuda.current_stream()\n"
+        "MAIN.device, torch.cuda.default_stream(0).device\n")
     (tmp_path / "raw_stream_at_import.py").write_text("import torch\nRAW = torch.cuda.Stream().cuda_stream\n")
     proc = _python(NEEDS_GPU, str(tmp_path), "streams_at_import", "raw_stream_at_import", cwd=tmp_path)
     made, raw = proc.stdout.strip().splitlines()
