@@ -366,6 +366,12 @@ class _GpuTensors:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 name = getattr(func, "__name__", "")
+                # page-locked host memory (a staging buffer): a CPU torch has no pinned allocator, and pinning
+                # changes only how fast copies to the GPU go, so the tensor stays in ordinary host memory
+                if kwargs.get("pin_memory"):
+                    kwargs = {**kwargs, "pin_memory": False}
+                if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
+                    return args[0]
                 if name == "cuda" and args:   # Tensor.cuda(device=None): torch's own needs a CUDA build
                     index = args[1] if len(args) > 1 else kwargs.get("device")
                     func, args, kwargs = type(args[0]).to, (args[0], torch.device("cuda", index or 0)), {}

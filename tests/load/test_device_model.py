@@ -192,6 +192,19 @@ def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(t
     assert raw.startswith("a CUDA stream (torch.cuda.Stream)'s cuda_stream at raw_stream_at_import.py:2"), raw
 
 
+def test_pinned_host_memory_made_at_import_is_host_memory_under_the_model(tmp_path):
+    """A staging buffer in page-locked host memory made at import (pin_memory=True, .pin_memory()): a CPU torch
+    has no pinned allocator and raised its own RuntimeError; pinning only changes how fast copies go."""
+    (tmp_path / "pinned_at_import.py").write_text(
+        "import torch\n"
+        "STAGING = torch.empty(1024, dtype=torch.uint8, pin_memory=True)\n"
+        "HOST = torch.zeros(4).pin_memory()\n"
+        "ON_GPU = HOST.to('cuda', non_blocking=True)\n"
+        "assert STAGING.device.type == 'cpu' and ON_GPU.device == torch.device('cuda', 0)\n")
+    proc = _python(NEEDS_GPU, str(tmp_path), "pinned_at_import", cwd=tmp_path)
+    assert proc.stdout.strip() == "pinned_at_import imported", proc.stdout + proc.stderr
+
+
 def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_would_call(tmp_path):
     """A library whose __init__ picks its CUDA backend (torch.cuda.is_available() is True under the model): the
     backend names CUDA-only torch functions and loads the CUDA runtime at import; on a CPU torch that was a raw
