@@ -9,7 +9,8 @@ per worker process, in the build's output and report) and the build goes on loca
 
 What a server can cost a build is bounded: each request by `cache_timeout`, the whole run's waiting on the cache
 by `cache_budget` (summed over every worker; past it the cache is off for the rest of the run, with one warning
-that the summary repeats), and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by the
+that the summary repeats), the warnings of a server whose every entry is refused by REFUSED_LIMIT (then it is off
+too), and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by the
 loader's limit on a binary), read a chunk at a time and never held beyond the limit.
 
 With a shared secret (`cache_key=` / KFORGE_CACHE_KEY) writers sign each /ac/ entry and readers refuse one whose
@@ -38,11 +39,12 @@ TAG = "hmac_sha256"   # the /ac/ entry's field holding its tag, with a secret co
 SHA256 = re.compile(r"[0-9a-f]{64}")
 AC_LIMIT = 64 << 10   # bytes of an /ac/ entry (a real one is ~300)
 CHUNK = 1 << 16
-# the run's [seconds waited, off, requests, seconds compiling here, compiles], shared by the workers doit's master
-# forks (share_budget)
+# the run's [seconds waited, off, requests, seconds compiling here, compiles, entries answered, entries refused],
+# shared by the workers doit's master forks (share_budget)
 _shared = None
-WAITED, OFF, REQUESTS, COMPILING, COMPILES = range(5)
+WAITED, OFF, REQUESTS, COMPILING, COMPILES, ENTRIES, REFUSED = range(7)
 SLOW_FLOOR_S = 5.0   # a cache is judged slower than compiling only once the run has waited this long on it
+REFUSED_LIMIT = 3   # entries refused in a row from the run's first: a server that answers every key with garbage
 
 
 def share_budget() -> None:
@@ -50,13 +52,17 @@ def share_budget() -> None:
     global _shared
     if _shared is None:
         import multiprocessing
-        _shared = multiprocessing.Array("d", 5)
+        _shared = multiprocessing.Array("d", 7)
 
 
 def _why_off(counts: list, budget: float, timeout: float) -> str | None:
-    """Why the run should stop asking the cache (None: it should not): its waits past cache_budget, or answers
-    slower on average than twice a compile here, once the run has waited SLOW_FLOOR_S on it."""
+    """Why the run should stop asking the cache (None: it should not): every entry it answered refused (from
+    REFUSED_LIMIT of them), its waits past cache_budget, or answers slower on average than twice a compile here,
+    once the run has waited SLOW_FLOOR_S on it."""
     waited, requests, compiling, compiles = counts[WAITED], counts[REQUESTS], counts[COMPILING], counts[COMPILES]
+    if counts[REFUSED] >= REFUSED_LIMIT and counts[REFUSED] >= counts[ENTRIES]:
+        return (f"every entry it answered was refused ({counts[REFUSED]:.0f} of {counts[ENTRIES]:.0f}; each is named "
+                f"above): check the server, or its cache_key=")
     if waited > budget:
         return (f"{waited:.1f} s lost waiting on it, past cache_budget={budget:g} s (check the server, or raise "
                 f"cache_budget=)")
@@ -99,7 +105,7 @@ class RemoteCache(ArtifactCache):
         self.cfg = cfg
         self.down = False   # after one failure this process stops asking (one warning, not one per target)
         self.warnings: list[str] = []   # handed to the build report with the next target's result
-        self.counts = [0.0] * 5   # this process's counts (WAITED ...) where no run shares them (share_budget)
+        self.counts = [0.0] * 7   # this process's counts (WAITED ...) where no run shares them (share_budget)
         self.missed: dict[str, float] = {}   # target key -> when its lookup missed: a keep() after it timed a compile
 
     def drain_warnings(self) -> list[str]:
@@ -124,8 +130,10 @@ class RemoteCache(ArtifactCache):
 
     def refused(self, target, error: Exception) -> list[str]:
         artifact.remove(target)
-        return [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
-                f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
+        lines = [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
+                 f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
+        self._count(REFUSED)
+        return lines
 
     def keep(self, target) -> list[str]:
         missed = self.missed.pop(target.key, None)
@@ -135,9 +143,14 @@ class RemoteCache(ArtifactCache):
         return []   # a failed upload warns through drain_warnings
 
     def _lookup(self, target) -> Candidate | None:
-        entry = self._get(f"/ac/{target.key}", AC_LIMIT)
+        try:
+            entry = self._get(f"/ac/{target.key}", AC_LIMIT)
+        except TooLarge:   # an answer all the same: refused() follows
+            self._count(ENTRIES)
+            raise
         if entry is None:
             return None
+        self._count(ENTRIES)
         ac = json.loads(entry)
         if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
             raise ValueError(f"not a {AC_FORMAT} entry")
@@ -223,14 +236,22 @@ class RemoteCache(ArtifactCache):
     def _spend(self, seconds: float) -> None:
         self._add(WAITED, seconds, REQUESTS)
 
-    def _add(self, slot: int, seconds: float, count: int) -> None:
-        """Count a request's wait (or a compile's time) for the run; switch the cache off for the rest of it, with
-        one warning, once it has cost more than cache_budget or answers more slowly than compiling here."""
+    def _count(self, slot: int) -> None:
+        """Count an entry answered (ENTRIES) or refused (REFUSED) for the run."""
+        self._add(slot, 0.0, None)
+
+    def _add(self, slot: int, amount: float, count: int | None) -> None:
+        """Count a request's wait (or a compile's time, or an entry) for the run; switch the cache off for the rest
+        of it, with one warning, once it has cost more than cache_budget, answers more slowly than compiling here,
+        or every entry it answered was refused (REFUSED_LIMIT of them)."""
         counts = self.counts if _shared is None else _shared
         lock = _shared.get_lock() if _shared is not None else contextlib.nullcontext()
         with lock:
-            counts[slot] += seconds
-            counts[count] += 1
+            if count is None:
+                counts[slot] += 1
+            else:
+                counts[slot] += amount
+                counts[count] += 1
             why = None if counts[OFF] else _why_off(list(counts), self.cfg.budget, self.cfg.timeout)
             counts[OFF] = counts[OFF] or why is not None
         if why is not None:

@@ -475,3 +475,33 @@ def test_a_remote_hit_is_kept_in_the_local_cache_which_is_asked_first(server, tm
     out = doit(third, "cache=http://127.0.0.1:9", env=local).stdout   # a server that is down is never asked
     assert {r["origin"] for r in records(third)} == {"local cache"} and "warning" not in out, out
     assert binaries(third) == binaries(second)
+
+
+def test_a_cache_whose_every_entry_is_refused_is_switched_off_after_a_few_saying_so_once(tmp_path, monkeypatch):
+    """A server answering every key with garbage (or with a body over the limit) was one warning per target, the
+    whole run through: after REFUSED_LIMIT refused entries and none taken, it is asked nothing more."""
+    asked = []
+
+    def liar(cfg, method, path, data=None, **_):
+        asked.append(path)
+        if len(asked) % 2:
+            raise remote_cache.TooLarge(f"{path} is over the limit of 65536 bytes")
+        return 200, b"[1, 2"
+    monkeypatch.setattr(remote_cache, "_request", liar)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    cache = remote_cache.RemoteCache(CacheConfig("http://liar.example:8080"))
+    warnings = [w for i in range(8) for w in artifact.arrive(fake_target(tmp_path, i), cache)[1]]
+    assert len(asked) == remote_cache.REFUSED_LIMIT and len(warnings) == remote_cache.REFUSED_LIMIT
+    [off] = cache.drain_warnings()
+    assert off.startswith("remote cache http://liar.example:8080 switched off for the rest of this run: every entry "
+                          "it answered was refused (3 of 3; each is named above)"), off
+
+
+def test_a_cache_that_gives_a_good_entry_among_refused_ones_stays_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    cache = remote_cache.RemoteCache(CacheConfig("http://mixed.example:8080"))
+    for _ in range(4):
+        cache._count(remote_cache.ENTRIES)
+    for _ in range(3):
+        cache._count(remote_cache.REFUSED)   # 3 refused of 4 answered: one was taken
+    assert not cache._off() and cache.drain_warnings() == []
