@@ -8,6 +8,8 @@ times alternating the checkouts (each in its own project), medians of wall and C
   op edit    a comment appended to liger_kernel/ops/rope.py, `doit list` (liger's __init__ imports every op:
              every probed family read it, and so did liger_rope's source)
   spec edit  a spec's description changed, `doit list` (one family, no probe)
+  moved      the project, out/ included, copied to another path (a CI cache restored into another checkout),
+             `doit list` there
 With --build, each project is built first (`doit -n 2`), and then, for each checkout: a no-op build and `doit list`,
 `info` and `prune` with and without archs=, nothing changed.
 Each checkout's build system is imported from its own folders (links named `kforge` and `kforge_runtime` to its
@@ -78,6 +80,13 @@ def edit_spec(root: Path) -> None:
     spec.write_text(re.sub(r'description = "[^"]*"', f'description = "edited {time.time_ns()}"', spec.read_text()))
 
 
+def moved(root: Path, n: int) -> Path:
+    """A copy of the project, its out/ included, at another path (mtimes kept, as a cache restore keeps them)."""
+    copy = root.parent / f"moved-{n}"
+    shutil.copytree(root, copy, symlinks=True)
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkouts", nargs="+", type=Path)
@@ -92,12 +101,12 @@ def main() -> None:
         sides[str(checkout)] = project(scratch / str(i), checkout.resolve())
     rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
 
-    def row(name: str, prepare, *command: str, side: str | None = None) -> None:
+    def row(name: str, prepare, *command: str, side: str | None = None, where=lambda root: root) -> None:
         for _ in range(args.repeat):
             for checkout, (root, env) in sides.items():
                 if side in (None, checkout):
                     prepare(root, env)
-                    rows.setdefault(name, {}).setdefault(checkout, []).append(doit(root, env, *command))
+                    rows.setdefault(name, {}).setdefault(checkout, []).append(doit(where(root), env, *command))
         print(f"{name:40s} " + "  ".join(f"{statistics.median(w for w, _ in t):6.2f} s wall "
                                           f"{statistics.median(c for _, c in t):6.2f} s CPU" for t in rows[name].values()),
               flush=True)
@@ -107,6 +116,11 @@ def main() -> None:
     row("full: no saved catalog, doit list", lambda root, env: drop_catalog(root), "list")
     row("op edit: ops/rope.py, doit list", lambda root, env: edit_op(root), "list")
     row("spec edit: liger_rope.toml, doit list", lambda root, env: edit_spec(root), "list")
+    for root, env in sides.values():
+        doit(root, env, "list")   # the last edit's catalog saved, so that the copy finds it current
+    moves = iter(range(10**6))
+    row("moved: the project copied elsewhere, doit list", lambda root, env: None, "list",
+        where=lambda root: moved(root, next(moves)))
     if args.build:
         for root, env in sides.values():
             doit(root, env, "-n", "2")
