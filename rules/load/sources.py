@@ -55,7 +55,8 @@ def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str,
     _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts, and so do
     - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
     - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
-      *`), followed there;
+      *`), followed there (from another top-level package, ("?",) is among the calls: its file is in no closure
+      of the module, so the import is asked and what it read tells when it changes);
     - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class), and a
       def's qualified name as Triton's JIT and a record give it (`_make.<locals>._square`);
     - failing all those, one def of that name anywhere in the module (made by a function the module calls
@@ -88,6 +89,10 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
                     source = _imported_module(path, node)
                     there = name if alias.name == "*" else alias.name + dot + attribute
                     found, calls = (None, ()) if source is None else _entry_def(source, there, depth + 1)
+                    if found is not None and _top_package(source) != _top_package(path):
+                        # another top-level package's file is in no closure of this module (installed.py): the
+                        # import that reads it tells the catalog when it changes
+                        calls += ("?",)
                     if found is not None or alias.name != "*":
                         return found, calls
     if dot:
@@ -145,6 +150,14 @@ def _scope_def(body: list, name: str) -> tuple[ast.FunctionDef | None, tuple[str
                 found, more = _scope_def(body, inner)
                 return (found, calls + more) if found is not None else (None, ())
     return None, ()
+
+
+def _top_package(path: Path) -> Path:
+    """The folder of the top-level package a module lies in (the module itself for one at a path entry's top)."""
+    top = path
+    while (top.parent / "__init__.py").is_file():
+        top = top.parent
+    return top
 
 
 def _imported_module(path: Path, node: ast.ImportFrom) -> Path | None:

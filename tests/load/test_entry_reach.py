@@ -35,9 +35,12 @@ REACHLIB = {
                            "\n\ndef _make_tuned():\n" + kernel("_inner", 5, indent="    ")
                            + "    return triton.heuristics({'BLOCK': lambda args: 128})(_inner)\n"
                            "\n\nsquare_kernel = _make()\ntuned_square = _make_tuned()\n",
-    # re-exported under other names, absolutely and relatively
+    # re-exported under other names, absolutely and relatively, and from another top-level package
     "reachlib/public.py": "from reachlib.impl import _impl as public_kernel  # noqa: F401\n"
-                          "from .impl import _tuned as public_tuned  # noqa: F401\n",
+                          "from .impl import _tuned as public_tuned  # noqa: F401\n"
+                          "from reachimpl.kernels import _other as other_kernel  # noqa: F401\n",
+    "reachimpl/__init__.py": "",
+    "reachimpl/kernels.py": HEAD + kernel("_other", 8),
     # kept on a class
     "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
     # made when first asked for, by a lazy import of triton
@@ -52,6 +55,7 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("factory.py", "tuned_square"): ("_inner", True),   # the factory wraps it in heuristics
     ("public.py", "public_kernel"): ("_impl", False),
     ("public.py", "public_tuned"): ("_tuned", True),
+    ("public.py", "other_kernel"): ("_other", True),   # read from a file no closure of reachlib.public holds
     ("klass.py", "Kernels.add_one"): ("add_one", False),
     ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
     ("__init__.py", "Kernels.add_one"): ("add_one", False),
