@@ -52,7 +52,8 @@ def module_level(statements: list) -> list:
 def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
     """The def a module-level name holds after import, as Triton's JIT sees it, and the names of the calls that
     wrap it where the name is assigned by calls (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`:
-    _k's def, ("autotune", "heuristics")); a def guarded by a module-level if, try or with counts, and so do
+    _k's def, ("autotune", "heuristics"); or a def the module wraps under its own name after it: `kernel =
+    triton.autotune(...)(kernel)`); a def guarded by a module-level if, try or with counts, and so do
     - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
     - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
       *`), followed there (from another top-level package, ("?",) is among the calls: its file is in no closure
@@ -76,7 +77,7 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
         if dot and isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == owner:
             return _nested_def(node, attribute.split("."))
         if not dot and isinstance(node, ast.FunctionDef) and node.name == name:
-            return node, ()
+            return node, _rewrapped(statements, name)
     for node in statements:
         if not dot and isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
                                                             for t in node.targets):
@@ -101,6 +102,18 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
     if len(nested) == 1:
         return nested[0], ("?",)
     return None, ()
+
+
+def _rewrapped(statements: list, name: str) -> tuple[str, ...]:
+    """The calls a module wraps its def in under the def's own name (`kernel = triton.autotune(...)(kernel)` after
+    `def kernel`), outermost first: each later one wraps the earlier."""
+    calls: tuple[str, ...] = ()
+    for node in statements:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            inner, wrapping = _wrapped(node.value)
+            if inner == name:
+                calls = wrapping + calls
+    return calls
 
 
 def _assigned(path: Path, statements: list, value, name: str, depth: int):

@@ -41,6 +41,9 @@ REACHLIB = {
                           "from reachimpl.kernels import _other as other_kernel  # noqa: F401\n",
     "reachimpl/__init__.py": "",
     "reachimpl/kernels.py": HEAD + kernel("_other", 8),
+    # wrapped under its own name after its def
+    "reachlib/rebound.py": HEAD + kernel("rebound_kernel", 9) + "\n\nrebound_kernel = triton.autotune("
+                           "configs=[triton.Config({'BLOCK': 128})], key=['n'])(rebound_kernel)\n",
     # kept on a class
     "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
     # made when first asked for, by a lazy import of triton
@@ -57,6 +60,7 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("public.py", "public_tuned"): ("_tuned", True),
     ("public.py", "other_kernel"): ("_other", True),   # read from a file no closure of reachlib.public holds
     ("klass.py", "Kernels.add_one"): ("add_one", False),
+    ("rebound.py", "rebound_kernel"): ("rebound_kernel", True),   # its autotuner is read
     ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
     ("__init__.py", "Kernels.add_one"): ("add_one", False),
     # the names Triton's JIT gives them (a record's `module:function`)
