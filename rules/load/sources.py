@@ -79,8 +79,7 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
         if not dot and isinstance(node, ast.FunctionDef) and node.name == name:
             return node, _rewrapped(statements, name)
     for node in statements:
-        if not dot and isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
-                                                            for t in node.targets):
+        if not dot and _assigns(node, name):
             found, calls = _assigned(path, statements, node.value, name, depth)
             if found is not None:
                 return found, calls
@@ -104,12 +103,19 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
     return None, ()
 
 
+def _assigns(node, name: str) -> bool:
+    """Whether a statement binds `name` to a value (`name = ...`, `name: T = ...`)."""
+    if isinstance(node, ast.AnnAssign):
+        return node.value is not None and isinstance(node.target, ast.Name) and node.target.id == name
+    return isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+
+
 def _rewrapped(statements: list, name: str) -> tuple[str, ...]:
     """The calls a module wraps its def in under the def's own name (`kernel = triton.autotune(...)(kernel)` after
     `def kernel`), outermost first: each later one wraps the earlier."""
     calls: tuple[str, ...] = ()
     for node in statements:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if _assigns(node, name):
             inner, wrapping = _wrapped(node.value)
             if inner == name:
                 calls = wrapping + calls
@@ -157,7 +163,7 @@ def _scope_def(body: list, name: str) -> tuple[ast.FunctionDef | None, tuple[str
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node, ()
     for node in statements:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if _assigns(node, name):
             inner, calls = _wrapped(node.value)
             if inner is not None and inner != name:
                 found, more = _scope_def(body, inner)

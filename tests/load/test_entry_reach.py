@@ -34,7 +34,7 @@ REACHLIB = {
     "reachlib/factory.py": HEAD + "\n\ndef _make():\n" + kernel("_square", 4, indent="    ") + "    return _square\n"
                            "\n\ndef _make_tuned():\n" + kernel("_inner", 5, indent="    ")
                            + "    return triton.heuristics({'BLOCK': lambda args: 128})(_inner)\n"
-                           "\n\nsquare_kernel = _make()\ntuned_square = _make_tuned()\n",
+                           "\n\nsquare_kernel: triton.JITFunction = _make()\ntuned_square = _make_tuned()\n",
     # re-exported under other names, absolutely and relatively, and from another top-level package
     "reachlib/public.py": "from reachlib.impl import _impl as public_kernel  # noqa: F401\n"
                           "from .impl import _tuned as public_tuned  # noqa: F401\n"
