@@ -15,6 +15,8 @@ from kforge.store.files import write_inside
 from kforge.report.trace import Trace
 
 ERROR_LINES = 6
+# C0 and C1 control characters (ESC, CR, BEL, DEL, CSI ...) but newline and tab -> U+FFFD, for str.translate
+CONTROL = {c: "\ufffd" for c in [*range(0x20), *range(0x7f, 0xa0)] if chr(c) not in "\n\t"}
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
 RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rules/compile/action.py, rules/load/isolate.py
@@ -51,6 +53,12 @@ class BuildReporter(ConsoleReporter):
         self.loaded: float | None = None   # when doit had loaded the tasks (the catalog, its probes)
         self.first_handed: float | None = None
         self.failed = 0
+
+    def write(self, text: str) -> None:
+        """Everything the build writes, with each control character but newline and tab shown as U+FFFD: names and
+        messages reach it from outside (a checkout's spec file named with an escape sequence, a compiler's or a cache
+        server's message, an error.txt from a restored out/), and a terminal must not act on them."""
+        super().write(text.translate(CONTROL))
 
     def initialize(self, tasks, selected_tasks):
         self.loaded = time.time()

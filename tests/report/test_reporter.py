@@ -270,3 +270,17 @@ def test_a_runs_wall_counts_from_its_process_start():
                            "from kforge.report.reporter import process_age; print(process_age())"],
                           capture_output=True, text=True, check=True)
     assert 0.6 <= float(proc.stdout) < 30
+
+
+def test_text_a_build_writes_shows_control_characters_as_replacement_characters(tmp_path):
+    """A spec's file name in a failure (`specs/<ESC>[31mred.toml`: a checkout's own file, a pull request's) and a
+    compiler's or a cache server's message reached the terminal with their escape sequences."""
+    out = io.StringIO()
+    reporter = type("R", (report.BuildReporter,), {"report_path": str(tmp_path / "r.json")})(out, {})
+    task = FakeTask("bad", values={"cache_warnings": ["remote cache http://c down (HTTP 500 \x1b]0;owned\x07)"]})
+    reporter.initialize({"bad": task}, ["bad"])
+    reporter.execute_task(task)
+    reporter.add_failure(task, TaskFailed("specs/esc\x1b[31mred.toml: missing table [signature]\r\n\tmore"))
+    reporter.complete_run()
+    text = out.getvalue()
+    assert not any(c in text for c in "\x1b\x07\r") and "specs/esc\ufffd[31mred.toml" in text, text
