@@ -207,3 +207,18 @@ def test_lines_that_differ_only_in_a_values_type_are_targets_of_their_own(projec
     found = targets(project).values()
     assert sorted(json.dumps(dict(t.constexprs)["BLOCK"]) for t in found) == ["1", "1.0", "true"]
     assert len({t.name for t in found}) == 3
+
+
+def test_every_line_becomes_a_target_that_serving_matches_to_it(project):
+    # the class of the 0 / 0.0 miss: whatever a record's lines differ in, each must reach a target whose identity
+    # (what serving matches a call to a bundle entry by) is the line's own, or a served call would miss or worse
+    from kforge.declare.records import identity
+    from kforge_runtime.serve import record_identity
+    lines = [line(1), line(1.0), line(True), line(False), line(0), line(0.0), line(1, warps=8),
+             line(1, divisible_by_16=["x_ptr"]), line(1, divisible_by_16=["x_ptr", "y_ptr", "n"]),
+             line(1, arch="gfx942"), line(1, options={"num_warps": 4, "num_stages": 3, "num_ctas": 1}),
+             line(1, signature=[["x_ptr", "*fp16"], ["y_ptr", "*bf16"], ["n", "i32"], ["BLOCK", "constexpr"]])]
+    (project / "specs" / "app.jsonl").write_text("\n".join(lines) + "\n")
+    built = {json.loads(identity(t))[0] for t in targets(project).values()}
+    missing = [text for text in lines if record_identity(json.loads(text)) not in built]
+    assert not missing
