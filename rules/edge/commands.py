@@ -82,10 +82,10 @@ def _state(target) -> str:
     return "not built"
 
 
-def printable(text: str) -> str:
+def printable(text: str, keep: str = "") -> str:
     """Text read back from out/ (untrusted: an error.txt from a restored cache) as it may reach a terminal: each
-    control character (an escape sequence's ESC, a carriage return) is shown as U+FFFD."""
-    return "".join(c if c.isprintable() else "\ufffd" for c in text)
+    control character (an escape sequence's ESC, a carriage return) but those in `keep` is shown as U+FFFD."""
+    return "".join(c if c.isprintable() or c in keep else "\ufffd" for c in text)
 
 
 def _key_change(target) -> str:
@@ -175,7 +175,8 @@ class Info(DoitCmdBase):
                                  f"`doit list --all` lists every target")
         task = tasks[pos_args[0]]
         target = compile_target_of(task)
-        write = self.outstream.write
+        # every line a terminal shows as it is: a spec's file name (a checkout's own) reaches a broken family's error
+        write = lambda text: self.outstream.write(printable(text, keep="\n"))
         if target is not None:
             root = target.layout.root
             write(f"{target.name}\n  spec: {target.spec_path}\n  {target.toolchain} entry: {target.module}."

@@ -304,3 +304,10 @@ def test_a_pyproject_naming_a_command_where_kforge_has_none_is_one_line_with_the
         assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
         assert why in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
         assert f'write `{command} = "kforge.edge.commands:{command.title()}"`' in proc.stderr
+
+
+def test_info_of_a_broken_family_shows_its_spec_file_name_without_its_escape_sequence(tmp_path):
+    """A checkout's spec file named with an escape sequence reached the terminal through `doit info`'s line."""
+    root = make_project(tmp_path / "p", specs={"esc\x1b[31mred": '[kernel]\nname = "bad"\n'})
+    out = doit(root, "info", "bad").stdout
+    assert "\x1b" not in out and "specs/esc\ufffd[31mred.toml" in out, out
