@@ -48,7 +48,7 @@ class Forget(DoitForget):
                 try:
                     guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
                 except guard.OutsideOut as e:
-                    self.outstream.write(f"kforge: refused: {e}\n")
+                    self.outstream.write(f"kforge: refused: {printable(str(e))}\n")
         return result
 
 
@@ -237,7 +237,7 @@ class Clean(DoitClean):
         extra = f" and cleaned {report.plural(others, 'other task')}" if others else ""
         self.outstream.write(f"kforge: {verb} {report.plural(removed, 'artifact')} from out/{extra}\n")
         for message in dict.fromkeys(refused):   # each once: every arch's package task meets the same link
-            self.outstream.write(f"kforge: refused: {message}\n")
+            self.outstream.write(f"kforge: refused: {printable(message)}\n")
 
 
 def _clean(task, dryrun: bool) -> None:
@@ -278,12 +278,13 @@ class Prune(DoitCmdBase):
         self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
                              if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
         if kept:
-            shown = ", ".join(os.path.relpath(p, layout.root) for p in kept[:3]) + (" ..." if len(kept) > 3 else "")
+            shown = ", ".join(printable(os.path.relpath(p, layout.root)) for p in kept[:3]) + (" ..." if len(kept) > 3
+                                                                                             else "")
             entries = "1 entry" if len(kept) == 1 else f"{len(kept)} entries"
             self.outstream.write(f"kforge: kept {entries} at artifacts' places "
                                  f"that kforge did not write (no meta.json or error.txt): {shown}\n")
         for message in refused:
-            self.outstream.write(f"kforge: refused: {message}\n")
+            self.outstream.write(f"kforge: refused: {printable(message)}\n")
         return 0
 
 

@@ -311,3 +311,12 @@ def test_info_of_a_broken_family_shows_its_spec_file_name_without_its_escape_seq
     root = make_project(tmp_path / "p", specs={"esc\x1b[31mred": '[kernel]\nname = "bad"\n'})
     out = doit(root, "info", "bad").stdout
     assert "\x1b" not in out and "specs/esc\ufffd[31mred.toml" in out, out
+
+
+def test_prune_names_a_folder_it_keeps_without_its_escape_sequence(tmp_path):
+    """A folder at an artifact's place named with an escape sequence (a restored out/) reached the terminal through
+    prune's line naming what it kept."""
+    root = make_project(tmp_path / "p")
+    (root / "out" / "sm_90a" / "scale" / "x\x1b]0;owned\x07").mkdir(parents=True)
+    out = doit(root, "prune").stdout
+    assert "kept 1 entry" in out and "\x1b" not in out and "\x07" not in out, out
