@@ -8,6 +8,7 @@ switch back to a recent state renames it back instead of reading and compressing
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -26,16 +27,16 @@ import kforge_runtime
 from kforge.store import artifact, guard
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
-from kforge.store.files import read_state, write_inside
+from kforge.store.files import read_state, replacing, write_inside
 from kforge.base.layout import Layout
 from kforge.base.target import Target
-from kforge.ship.wheel import write_wheel
 from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, dist_name, wheel_name
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
 KEPT_WHEELS = 4   # per arch, of the wheels rebuilds replaced (out/.kforge/wheels/): a revert, or a branch
                   # switch or bisect step back to a recent state, renames its wheel back instead of re-zipping
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)   # every wheel entry's timestamp: the earliest a zip can store
 PUBLIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")   # PEP 440, public
 INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
 from pathlib import Path
@@ -55,7 +56,7 @@ def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] 
     switch back) is used as it is, found by the content of those inputs; else the manifest is made, and a
     wheel that holds it (in out/dist/, or kept) is used as it is; else the wheel is written, every binary
     read and checked again. A file that cannot be written (a full disk, a read-only out/) fails the task in one
-    line; the artifacts stay as built, and the wheel is only ever replaced by rename (rules/ship/wheel.py)."""
+    line; the artifacts stay as built, and the wheel is only ever replaced by rename (write_wheel)."""
     try:
         return _build_bundle(arch, targets, root, tuned)
     except OSError as e:
@@ -109,8 +110,13 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
     layout = Layout(root)
     wheel = layout.dist / wheel_name(dist_name(arch), version)
     layout.dist.mkdir(parents=True, exist_ok=True)
-    if _reuse(wheel, layout.kept_wheels / wheel.name, arch, data):
+    # A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's digest,
+    # the version) and written in a fixed way (write_wheel), so a wheel of kforge's that holds this very manifest
+    # is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's) is not
+    # used: the bundle is built again, every binary checked.
+    if _wheel_holding(layout, arch, wheel.name, data.__eq__) is not None:
         return wheel, data
+    (layout.kept_wheels / wheel.name).unlink(missing_ok=True)   # a kept file of this name that is not the wheel
     files = runtime_files(arch)
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
     for name, table in tables.items():
@@ -145,35 +151,26 @@ def _recent(layout: Layout, arch: str) -> dict[str, str]:
 
 
 def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
-    """(the wheel named, its manifest) when it is in out/dist/, or kept and moved back there, and holds the
-    manifest whose digest its version carries; else None. The name comes from kforge's own record of what it
-    made from these inputs (as is_current trusts the wheel its stamp names); no binary is read."""
+    """(the wheel named, its manifest) when it holds the manifest whose digest its version carries; else None.
+    The name comes from kforge's own record of what it made from these inputs (as is_current trusts the wheel
+    its stamp names); no binary is read."""
     found = re.fullmatch(re.escape(dist_name(arch)) + r"-[0-9a-z.]+\+([0-9a-f]{12})-py3-none-any\.whl", str(name))
-    if found is None:
-        return None
+    signed = lambda data: hashlib.sha256(data).hexdigest()[:12] == found[1]   # the digest in its version
+    data = found and _wheel_holding(layout, arch, name, signed)
+    return None if data is None else (layout.dist / name, data)
+
+
+def _wheel_holding(layout: Layout, arch: str, name: str, fits) -> bytes | None:
+    """The manifest of the wheel `name` when fits(manifest): the wheel in out/dist/, or the one kept in
+    out/.kforge/wheels/, moved back to out/dist/ (a rename: nothing read or written); else None."""
     wheel, kept = layout.dist / name, layout.kept_wheels / name
     for place in (wheel, kept):
         data = _manifest_in(place, arch)
-        if data is not None and hashlib.sha256(data).hexdigest()[:12] == found[1]:
+        if data is not None and fits(data):
             if place == kept:
-                os.replace(kept, wheel)   # a rename: nothing read or written
-            return wheel, data
+                os.replace(kept, wheel)
+            return data
     return None
-
-
-def _reuse(wheel: Path, kept: Path, arch: str, manifest: bytes) -> bool:
-    """Whether the wheel for `manifest` is in out/dist/ now, moved back there from out/.kforge/wheels/ if it was
-    kept. A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's
-    digest, the version) and written in a fixed way (ship/wheel.py), so a wheel of kforge's that holds this very
-    manifest is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's)
-    is not used: the bundle is built again, every binary checked."""
-    if _manifest_in(wheel, arch) == manifest:
-        return True
-    if _manifest_in(kept, arch) == manifest:
-        os.replace(kept, wheel)   # a rename: the same file, nothing read or written
-        return True
-    kept.unlink(missing_ok=True)   # a kept file under this name that is not the wheel: the build replaces it
-    return False
 
 
 def _manifest_in(wheel: Path, arch: str) -> bytes | None:
@@ -350,3 +347,26 @@ def _failure(t: Target) -> dict:
             "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},
             "constexprs": dict(t.constexprs),
             "options": dict(t.options)}
+
+
+def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[str, bytes]) -> None:
+    """A pure-Python wheel, byte for byte the same from the same files (fixed order, timestamps and
+    permissions), holding `files` (archive name -> content) plus its dist-info, written atomically."""
+    info = f"{dist}-{version}.dist-info"
+    payload = dict(files)
+    payload[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+                                   f"Summary: {summary}\n").encode()
+    payload[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: kforge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in sorted(payload.items())]
+    payload[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
+    with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:   # never half a wheel
+        for name in sorted(payload):   # dist-info sorts before the package ('-' < '/'): pip reads it either way
+            entry = zipfile.ZipInfo(name, FIXED_TIME)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            entry.external_attr = 0o644 << 16
+            entry.create_system = 3
+            zf.writestr(entry, payload[name], compresslevel=6)
+
+
+def _b64_digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
