@@ -58,9 +58,9 @@ def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dic
                 "basename": "tune",
                 "name": f"{family.name}@{arch}",
                 "doc": f"tune {family.name} for {arch} on its [tune] shapes (needs a {arch} GPU)",
-                "actions": [(run_tuning_of, [family.path, arch, mine, root])],
+                "actions": [(run_tuning, [family.path, arch, mine, root])],
                 "task_dep": [t.name for t in mine],
-                "uptodate": [(is_current_of, [family.path, arch, mine, root])],
+                "uptodate": [(is_current, [family.path, arch, mine, root])],
                 "targets": [str(table_path(Path(root), arch, family.name))],
                 "clean": [(remove, [family.name, arch, root])],
                 "meta": {"after_failed_deps": True},   # tune what did build; the rest is reported failed
@@ -71,18 +71,6 @@ def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dic
 def _spec(spec_path: str, root: str):
     from kforge.declare.spec import load_spec
     return load_spec(Path(root) / spec_path, Path(root))
-
-
-def run_tuning_of(spec_path: str, arch: str, targets: list[Target], root: str):
-    return run_tuning(_spec(spec_path, root), arch, targets, root)
-
-
-def is_current_of(spec_path: str, arch: str, targets: list[Target], root: str) -> bool:
-    try:
-        spec = _spec(spec_path, root)
-    except ValueError:   # SpecError: the run says so when the catalog is loaded again
-        return False
-    return is_current(spec, arch, targets, root)
 
 
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
@@ -110,16 +98,18 @@ def gpu_identity(root: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def is_current(spec, arch: str, targets: list[Target], root: str) -> bool:
+def is_current(spec_path: str, arch: str, targets: list[Target], root: str) -> bool:
     try:
+        spec = _spec(spec_path, root)   # a SpecError (a ValueError): the run says so when it loads the catalog again
         table = json.loads(table_path(Path(root), arch, spec.name).read_bytes())
         return table.get("key") == tuning_key(spec, arch, targets, Path(root), gpu_identity(root))
     except (OSError, ValueError, AttributeError, RuntimeError):
         return False
 
 
-def run_tuning(spec, arch: str, targets: list[Target], root: str):
+def run_tuning(spec_path: str, arch: str, targets: list[Target], root: str):
     from doit.exceptions import TaskFailed
+    spec = _spec(spec_path, root)
     task = f"tune:{spec.name}@{arch}"
     try:
         gpu = gpu_identity(root)

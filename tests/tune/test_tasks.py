@@ -61,12 +61,12 @@ def test_a_table_with_the_current_key_is_up_to_date(project, monkeypatch):
     spec = load_spec(project / "specs" / "scale.toml", project)
     targets = spec_targets(spec, project, ("sm_90a",))
     path = tune.table_path(project, "sm_90a", "scale")
-    assert not tune.is_current(spec, "sm_90a", targets, str(project))
+    assert not tune.is_current(spec.path, "sm_90a", targets, str(project))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"key": key(project)}))
-    assert tune.is_current(spec, "sm_90a", targets, str(project))
+    assert tune.is_current(spec.path, "sm_90a", targets, str(project))
     monkeypatch.setattr(tune, "gpu_identity", lambda root: {**H100, "name": "NVIDIA H200"})
-    assert not tune.is_current(spec, "sm_90a", targets, str(project))
+    assert not tune.is_current(spec.path, "sm_90a", targets, str(project))
 
 
 def test_tasks_only_for_the_local_gpus_vendor_and_never_by_default(project, monkeypatch):
@@ -90,7 +90,7 @@ def test_tuning_where_the_gpu_cannot_run_the_arch_fails_clearly(project, monkeyp
     spec = load_spec(project / "specs" / "scale.toml", project)
     targets = spec_targets(spec, project, ("gfx942",))
     monkeypatch.setattr(tune, "gpu_identity", lambda root: H100)
-    failed = tune.run_tuning(spec, "gfx942", targets, str(project))
+    failed = tune.run_tuning(spec.path, "gfx942", targets, str(project))
     assert "tune:scale@gfx942: this GPU is NVIDIA H100 80GB HBM3 (runs sm_90a, sm_90)" in str(failed)
     assert "`doit tune archs=sm_90a`" in str(failed)
 
