@@ -47,12 +47,33 @@ SLOW_FLOOR_S = 5.0   # a cache is judged slower than compiling only once the run
 REFUSED_LIMIT = 3   # entries refused in a row from the run's first: a server that answers every key with garbage
 
 
-def share_budget() -> None:
-    """In doit's master, before its workers fork: one cache_budget for the whole run, not one per worker."""
+def share_budget(build_report: Path | None = None) -> None:
+    """In doit's master, before its workers fork: one cache_budget for the whole run, not one per worker. What a
+    compile costs here starts from the last run's compiles (its build-report.json, in the project doit runs in): a
+    run whose every target the cache serves compiles nothing to compare a slow cache with."""
     global _shared
     if _shared is None:
         import multiprocessing
         _shared = multiprocessing.Array("d", 7)
+        from kforge.base.layout import Layout
+        seconds, compiles = last_compiles(build_report or Layout(Path.cwd()).build_report)
+        _shared[COMPILING], _shared[COMPILES] = seconds, compiles
+
+
+def last_compiles(build_report: Path) -> tuple[float, int]:
+    """(seconds, count) of the compiles build-report.json records (compile_seconds of the targets it compiled);
+    (0, 0) where there is none, or it cannot be read or is of another shape (it is untrusted: out/ may be
+    restored from elsewhere)."""
+    import math
+    from kforge.store import files
+    try:
+        tasks = json.loads(files.read_bytes(build_report)).get("tasks")
+        times = [t["compile_seconds"] for t in tasks if isinstance(t, dict) and t.get("origin") == "compiled"
+                 and type(t.get("compile_seconds")) in (int, float) and math.isfinite(t["compile_seconds"])
+                 and t["compile_seconds"] >= 0]
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
+        return 0.0, 0
+    return float(sum(times)), len(times)
 
 
 def _why_off(counts: list, budget: float, timeout: float) -> str | None:

@@ -505,3 +505,30 @@ def test_a_cache_that_gives_a_good_entry_among_refused_ones_stays_on(tmp_path, m
     for _ in range(3):
         cache._count(remote_cache.REFUSED)   # 3 refused of 4 answered: one was taken
     assert not cache._off() and cache.drain_warnings() == []
+
+
+def test_a_cache_that_serves_every_target_slowly_is_compared_with_the_last_runs_compiles(tmp_path, monkeypatch):
+    """A cache serving hits at 3 s a request: 4 targets of 0.3 s took 18.4 s, without a word, since the run
+    compiled nothing to compare it with. The last run's build-report.json says what a compile costs here."""
+    report = tmp_path / "out" / "build-report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"tasks": [{"name": f"k:{i}@sm_90a", "origin": "compiled", "compile_seconds": 0.3}
+                                            for i in range(4)] + [{"origin": "compiled", "compile_seconds": "x"}, 7]}))
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    remote_cache.share_budget(report)
+    cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080"))
+    cache._spend(3.0)
+    cache._spend(3.0)   # two slow requests: 6 s waited, past SLOW_FLOOR_S
+    assert cache._off()
+    [warning] = cache.drain_warnings()
+    assert "it answers more slowly than compiling here (3.0 s a request on average, cache_timeout=10 s; 0.3 s a " \
+           "compile)" in warning, warning
+
+
+@pytest.mark.parametrize("text", ["", "[1]", '{"tasks": 7}', '{"tasks": [{"origin": "compiled", "compile_seconds": '
+                                  '-1}]}', "\x00" * 10])
+def test_a_last_report_that_says_nothing_usable_leaves_no_compile_time(tmp_path, text):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "build-report.json").write_text(text)
+    assert remote_cache.last_compiles(tmp_path / "out" / "build-report.json") == (0.0, 0)
+    assert remote_cache.last_compiles(tmp_path / "missing.json") == (0.0, 0)
