@@ -114,7 +114,7 @@ def store(cache: LocalCache, target) -> list[str]:
         files = artifact.files_of(Path(target.out_dir))
         inputs = _inputs_id(files)
         data = pack(target.key, files, inputs)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _folder_of_entries(path.parent)
         _keep_other_inputs(path, inputs)
         atomic_write(path, data)
         return []
@@ -124,6 +124,14 @@ def store(cache: LocalCache, target) -> list[str]:
         _store_failed.add(cache.root)
         return [f"local cache {cache.root} not writable ({e.strerror or e}); building without storing there "
                 f"({_fix(cache)})"]
+
+
+def _folder_of_entries(folder: Path) -> None:
+    """Make `<cache>/<key[:2]>` a folder. What lies there in its place (a file, a link) is damage to the cache's
+    own structure, as a corrupt entry is: it goes (a link as a link, never followed) and the folder is made."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def problem(cache: LocalCache) -> str | None:

@@ -310,3 +310,23 @@ def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_
     storing.start()
     storing.join(10)
     assert not storing.is_alive() and path.is_file()
+
+
+@pytest.mark.parametrize("what", ["file", "link"])
+def test_a_file_or_link_where_a_folder_of_entries_belongs_is_replaced_by_the_folder(tmp_path, what):
+    """A file (or a link) at `<cache>/<key[:2]>` kept every entry of that prefix from being stored, with a warning
+    whose fix (free space, permissions) was not the one; the cache's own structure is kforge's, as a corrupt entry
+    is: it is replaced, never followed."""
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    target = types.SimpleNamespace(key="e" * 64, out_dir=str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "meta.json").write_text(json.dumps({"binary": "k.bin"}))
+    (tmp_path / "out" / "k.bin").write_bytes(b"\x7fELF")
+    folder = local_cache.entry_path(cache, target.key).parent
+    folder.parent.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder.write_text("x") if what == "file" else folder.symlink_to(elsewhere)
+    assert local_cache.store(cache, target) == []
+    assert local_cache.entry_path(cache, target.key).is_file() and not folder.is_symlink()
+    assert list(elsewhere.iterdir()) == []
