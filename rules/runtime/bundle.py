@@ -247,7 +247,7 @@ def open_regular(path):
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise OSError(f"{path} is {_file_kind(mode)}, not a regular file")
+            raise OSError(f"{path} is {file_kind(mode)}, not a regular file")
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -263,9 +263,10 @@ def read_regular(path, limit: int) -> bytes:
     return data
 
 
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message (the loader's, the recorder's, KFORGE_SERVE's)."""
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a terminal or character device"), (stat.S_ISBLK, "a block device"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 

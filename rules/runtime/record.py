@@ -242,7 +242,8 @@ def append_once(path: str, text: str) -> bool:
             except OSError:
                 mode = stat.S_IFREG
             if not stat.S_ISREG(mode):
-                raise Unwritable(f"it is {_kind(mode)}, not a regular file") from None
+                from .bundle import file_kind   # only on this error: a recording process imports no loader
+                raise Unwritable(f"it is {file_kind(mode)}, not a regular file") from None
             raise Unwritable(f"it is a symbolic link (to {os.readlink(path)}); record into a file of its own") from None
         if e.errno == errno.ENOENT and not os.path.isdir(os.path.dirname(path) or "."):
             raise Unwritable(f"its folder {os.path.dirname(path)} does not exist; create it") from None
@@ -250,7 +251,8 @@ def append_once(path: str, text: str) -> bool:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise Unwritable(f"it is {_kind(mode)}, not a regular file")
+            from .bundle import file_kind
+            raise Unwritable(f"it is {file_kind(mode)}, not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd is closed
         wanted, tail, last = text.encode(), b"", b"\n"
         while chunk := os.read(fd, 1 << 20):   # the descriptor starts at offset 0; appends go to the end anyway
@@ -268,15 +270,6 @@ def append_once(path: str, text: str) -> bool:
         raise Unwritable(f"cannot read or append to it ({e.strerror or e})") from None
     finally:
         os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    import stat
-    for test, name in ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a terminal or character device"),
-                       (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 @contextlib.contextmanager

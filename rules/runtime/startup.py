@@ -131,10 +131,8 @@ def not_a_bundle(path: str, flags: bool = True) -> str | None:
     if stat.S_ISDIR(mode):
         return None
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISSOCK, "a socket"),
-                                             (stat.S_ISCHR, "a terminal or character device"))
-                     if test(mode)), "not a regular file")
-        return f" names {path}, which is {kind}, not a bundle (a wheel `doit package` wrote, or out/dist)"
+        from .bundle import file_kind
+        return f" names {path}, which is {file_kind(mode)}, not a bundle (a wheel `doit package` wrote, or out/dist)"
     try:
         with open(path, "rb") as f:
             magic = f.read(4)

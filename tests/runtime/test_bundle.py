@@ -222,11 +222,11 @@ def test_a_tuning_table_that_is_a_fifo_is_refused_without_blocking(dist, tmp_pat
 def test_a_bundle_path_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "kforge_kernels_sm_90a-0.1.0-py3-none-any.whl"
     os.mkfifo(fifo)
-    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO or pipe, not a regular file"):
         Bundle(fifo)
-    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO or pipe, not a regular file"):
         Library(tmp_path).bundles   # a directory of wheels
-    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO, not a regular file"):
+    with time_limit(5, "a read"), pytest.raises(BundleError, match="a FIFO or pipe, not a regular file"):
         Library(fifo).bundles
 
 
