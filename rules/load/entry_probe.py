@@ -572,7 +572,7 @@ def _answer(request: dict) -> dict:
         return _heuristics(*request["heuristics"], request["args"], request.get("pointers"), request.get("pinned"))
     except Exception as e:   # importing the module failed, or the entry is not there
         module, entry = _named(request)
-        pinned = shared_env.explain(e)   # an import failing on one of kforge's pins: it names the line and the pin
+        pinned = shared_env.explain_pin(e)   # an import failing on one of kforge's pins: it names the line and the pin
         return {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
                          f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
                          + ("" if pinned else _where(e))
@@ -594,7 +594,7 @@ def _import_package(package: str) -> str:
     try:
         importlib.import_module(package)
     except Exception as e:
-        pinned = shared_env.explain(e)
+        pinned = shared_env.explain_pin(e)
         return (f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
                 f"importing {package} failed: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
                 + ("" if pinned else _where(e)))

@@ -9,7 +9,8 @@ a library imports, FlyDSL for kforge's FlyDSL families, doit. Two consequences a
   whenever it is importable then takes its other path, and its Triton kernels build whatever FlyDSL version it
   was written for (hide_flydsl; a module that cannot import without it has a set-up hook call show_flydsl).
 - An import that fails on a package kforge pins (a name the pinned version lacks, FlyDSL kept away) is named in
-  one line: the library's line, the pin and what to do (explain).
+  one line: the library's line, the pin and what to do (explain); so is a dependency the library imports and the
+  environment lacks.
 """
 from __future__ import annotations
 
@@ -65,8 +66,23 @@ def pins() -> dict[str, str]:
 
 
 def explain(e: BaseException) -> bool:
+    """If `e` is an import that failed on a package kforge pins (explain_pin), or on a module a library's line
+    imports and this environment lacks (a dependency of the library not installed: a compile's one line said only
+    `No module named ...`), its message becomes one line naming the library's line and the fix (in the exception
+    itself: its traceback stays); True if it was such a failure."""
+    if explain_pin(e):
+        return True
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        place = library_line(e, code=False)
+        if place:
+            e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
+            return True
+    return False
+
+
+def explain_pin(e: BaseException) -> bool:
     """If `e` is an import that failed on a package kforge pins, its message becomes one line naming the library's
-    line, the pin and the fix (in the exception itself: its traceback stays); True if it was such a failure."""
+    line, the pin and the fix; True if it was such a failure."""
     if not _on_a_pin(e):
         return False
     e.msg = message(e)
@@ -113,17 +129,17 @@ def library_frame(e: BaseException) -> tuple[str, int] | None:
     return found
 
 
-def library_line(e: BaseException) -> str:
+def library_line(e: BaseException, code: bool = True) -> str:
     """'pkg/mod.py:12 (`from x import y`)': library_frame's line, named as inputs are (relative to the project or
-    the module path entry), with its code; "" when the traceback has none."""
+    the module path entry), with its code unless code=False; "" when the traceback has none."""
     from kforge.load import observe
     found = library_frame(e)
     if found is None:
         return ""
     filename, lineno = found
-    code = linecache.getline(filename, lineno).split("  #")[0].strip()
+    text = linecache.getline(filename, lineno).split("  #")[0].strip() if code else ""
     shown = observe.name_of(filename, observe.bases(os.getcwd()))
-    return f"{shown}:{lineno}" + (f" (`{code[:120]}`)" if code else "")
+    return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
 
 
 def _on_a_pin(e: BaseException) -> bool:

@@ -98,6 +98,26 @@ def test_other_import_failures_are_left_as_they_are(envlib):
     assert found == {"explained": False, "message": "No module named 'envlib_missing_dependency'"}
 
 
+def test_a_dependency_the_library_imports_and_the_environment_lacks_names_the_librarys_line(tmp_path):
+    """A library whose __init__ fails partway on a missing dependency: the one line every target of it shows names
+    the library's line and the fix, not only Python's `No module named ...`."""
+    (tmp_path / "halfinit").mkdir()
+    (tmp_path / "halfinit" / "__init__.py").write_text("from halfinit import kern  # noqa: F401\n"
+                                                       "import halfinit_missing_dependency  # noqa: F401\n")
+    (tmp_path / "halfinit" / "kern.py").write_text("X = 1\n")
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import halfinit.kern
+        except ImportError as e:
+            print(json.dumps({"explained": shared_env.explain(e), "message": str(e)}))
+        ''', {"PYTHONPATH": str(tmp_path)})
+    assert found == {"explained": True, "message": (
+        "No module named 'halfinit_missing_dependency' (in halfinit/__init__.py:2); install it in the environment "
+        "that runs doit")}
+
+
 @pytest.mark.slow
 def test_a_library_using_flydsl_whenever_importable_builds_its_triton_kernels_for_both_vendors(tmp_path, envlib):
     """envlib's __init__ imports its FlyDSL path, written for another FlyDSL than kforge's: under the device model
