@@ -24,6 +24,7 @@ from pathlib import Path
 from kforge.base.archs import ARCHS
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
+from kforge.declare.spec_model import shown_path
 from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
 from kforge_runtime.serve import identity as canonical
 
@@ -44,7 +45,7 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
     """The autotuners' picks the file records: {"kernel", "arch", "key", "config"} per kernel, arch and
     autotuning key (for each arch the line is built for)."""
     picks: dict[tuple, dict] = {}
-    for record, _ in _lines(path, _relative(path, root)):
+    for record, _ in _lines(path, shown_path(path, root)):
         if "autotune" not in record:
             continue
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
@@ -134,7 +135,7 @@ def _check_value(value, at: str) -> None:
 
 def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[tuple[dict, str]]:
     """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
-    where = _relative(path, root)
+    where = shown_path(path, root)
     groups: dict[str, list[dict]] = {}
     for record in read(path, where):
         shape = [record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
@@ -194,10 +195,3 @@ def without_duplicates(targets: list) -> list:
     """The targets less each recorded one that another target of the catalog already builds."""
     built = {identity(t) for t in targets if not is_recorded(t)}
     return [t for t in targets if not is_recorded(t) or identity(t) not in built]
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)

@@ -17,7 +17,8 @@ from kforge.declare import sweep
 from kforge.base.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.base.errors import SpecError
 from kforge.base.project_config import project_setup
-from kforge.declare.spec_model import NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown
+from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown,
+                                       shown_path)
 from kforge.base.target import FUNCTION_REF
 from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
 
@@ -79,12 +80,12 @@ LIST_TABLES = ("extra", "exclude")
 
 def load_spec(path: Path, root: Path) -> Spec:
     """Parse and validate one spec file; root is the project root that `source` is relative to."""
-    return spec_from_tables(read_tables(path, root), _rel(path, root), root)
+    return spec_from_tables(read_tables(path, root), shown_path(path, root), root)
 
 
 def read_tables(path: Path, root: Path) -> dict:
     """One spec file's tables, as TOML gives them (SpecError when it cannot be read or is not TOML)."""
-    where = _rel(path, root)
+    where = shown_path(path, root)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -573,10 +574,3 @@ def _check_types(signature, where) -> None:
 
 def _fail(where: str, table: str, key: str, value, allowed: str):
     raise SpecError(f"{where}: [{table}] {key}: got {shown(value)}; allowed: {allowed}")
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)

@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, reduce
+from pathlib import Path
 
 from kforge_runtime.schema import COMPILE_TIME
 
@@ -23,6 +24,14 @@ def shown(value, limit: int = 200) -> str:
     """repr(value) for a message, cut short: a spec may hold a 50,000-value list or a 5,000-character path."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def shown_path(path: Path, root: Path) -> str:
+    """A file as messages name it: relative to the project root when inside it."""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
 
 
 @dataclass(frozen=True)
