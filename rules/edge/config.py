@@ -314,7 +314,7 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
 # The line rules/runtime/kforge-runtime-env.pth needs (Python's site module runs it at every interpreter start): in a
 # process that runs doit (its script, or python -m doit), a test costing a few string compares and two stat calls;
 # kforge is imported only where that test finds a problem.
-PTH_LINE = ('import os, sys; a = sys.argv; (os.path.basename(a[0]) == "doit" or a[0] == "-m" and sys.orig_argv[-len(a)] '
+PTH_LINE = ('import os, sys; a = getattr(sys, "argv", None) or [""]; (os.path.basename(a[0]) == "doit" or a[0] == "-m" and sys.orig_argv[-len(a)] '
             '== "doit") and (not all(x.strip() for x in a[1:]) or any(os.path.exists(f) and not os.path.isfile(f) '
             'or os.path.isfile(f) and os.path.getsize(f) > 16 << 20 for f in ("pyproject.toml", "doit.cfg"))) and '
             'exec("from kforge.edge.config import refuse_at_start; refuse_at_start()")')
