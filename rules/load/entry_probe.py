@@ -55,7 +55,7 @@ from pathlib import Path
 from kforge.base import cpus
 from kforge.load import load_guard, shared_env
 from kforge.base.errors import SpecError
-from kforge.load.sources import entry_def
+from kforge.load.sources import UNSPECIALIZED, entry_def
 
 def is_wrapped(path: Path, entry: str) -> bool:
     """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
@@ -74,7 +74,6 @@ def is_wrapped(path: Path, entry: str) -> bool:
     return False
 
 
-UNSPECIALIZED = ("do_not_specialize", "do_not_specialize_on_alignment")   # @triton.jit's options
 
 
 class Probe:

@@ -191,12 +191,21 @@ def _imported_module(path: Path, node: ast.ImportFrom) -> Path | None:
     return _resolve(base, node.module.split(".")) if node.module else None
 
 
+UNSPECIALIZED = ("do_not_specialize", "do_not_specialize_on_alignment")   # @triton.jit's options
+
+
 def _wrapped(expr) -> tuple[str | None, tuple[str, ...]]:
-    """The name at the heart of nested calls (`a(x)(b(y)(name))` -> name), and the calls' names, outermost first."""
+    """The name at the heart of nested calls (`a(x)(b(y)(name))` -> name), and the calls' names, outermost first;
+    a jit call given do_not_specialize (`triton.jit(_k, do_not_specialize=["n"])`, `triton.jit(do_not_specialize=
+    ["n"])(_k)`) is named "jit(do_not_specialize)": it changes how the entry is specialized."""
     calls: list[str] = []
     while isinstance(expr, ast.Call) and expr.args:
         factory = expr.func.func if isinstance(expr.func, ast.Call) else expr.func
-        calls.append(factory.attr if isinstance(factory, ast.Attribute) else getattr(factory, "id", "?"))
+        name = factory.attr if isinstance(factory, ast.Attribute) else getattr(factory, "id", "?")
+        keywords = [*expr.keywords, *(expr.func.keywords if isinstance(expr.func, ast.Call) else ())]
+        if name == "jit" and any(k.arg in UNSPECIALIZED for k in keywords):
+            name = "jit(do_not_specialize)"
+        calls.append(name)
         expr = expr.args[0]
     return (expr.id, tuple(calls)) if isinstance(expr, ast.Name) else (None, ())
 

@@ -44,6 +44,11 @@ REACHLIB = {
     # wrapped under its own name after its def
     "reachlib/rebound.py": HEAD + kernel("rebound_kernel", 9) + "\n\nrebound_kernel = triton.autotune("
                            "configs=[triton.Config({'BLOCK': 128})], key=['n'])(rebound_kernel)\n",
+    # jitted by calls that exempt an argument from specialization
+    "reachlib/unspecialized.py": HEAD + kernel("_plain", 10, decorators="") + "\n\n"
+                                 "called_kernel = triton.jit(_plain, do_not_specialize=['n'])\n"
+                                 "curried_kernel = triton.jit(do_not_specialize=['n'])(_plain)\n"
+                                 "jitted_kernel = triton.jit(_plain)\n",
     # kept on a class
     "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
     # made when first asked for, by a lazy import of triton
@@ -61,6 +66,9 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("public.py", "other_kernel"): ("_other", True),   # read from a file no closure of reachlib.public holds
     ("klass.py", "Kernels.add_one"): ("add_one", False),
     ("rebound.py", "rebound_kernel"): ("rebound_kernel", True),   # its autotuner is read
+    ("unspecialized.py", "called_kernel"): ("_plain", True),
+    ("unspecialized.py", "curried_kernel"): ("_plain", True),
+    ("unspecialized.py", "jitted_kernel"): ("_plain", False),
     ("lazy.py", "lazy_kernel"): ("lazy_kernel", True),   # only the import tells what __getattr__ gives
     ("__init__.py", "Kernels.add_one"): ("add_one", False),
     # the names Triton's JIT gives them (a record's `module:function`)
