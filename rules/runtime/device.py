@@ -66,12 +66,8 @@ def identity(device: int = 0) -> dict:
             or cu.cuDriverGetVersion(ctypes.byref(version)):
         raise DeviceError(f"CUDA device {device}: cannot read its name or the driver version")
     return {"vendor": "nvidia", "name": name.value.decode(), "archs": cuda_archs(major, minor),
-            "driver": _nvidia_driver_release() or str(version.value)}
-
-
-def _nvidia_driver_release() -> str | None:
-    """The kernel driver's release (e.g. 580.159.04): finer than cuDriverGetVersion's CUDA API level."""
-    return _read("/sys/module/nvidia/version")
+            # the kernel driver's release (580.159.04): finer than cuDriverGetVersion's CUDA API level
+            "driver": _read("/sys/module/nvidia/version") or str(version.value)}
 
 
 def _amd_identity(device: int) -> dict:

@@ -44,7 +44,7 @@ class Library:
 
     def bundles_for(self, archs: list[str]) -> list[Bundle]:
         """The bundles for these archs, in the order given (best first)."""
-        return [self._open(p) for a in archs for p in self._paths if _named_arch(p) in (a, None)
+        return [self._open(p) for a in archs for p in self._paths if arch_of_bundle_file(p.name) in (a, None)
                 if self._open(p).arch == a]
 
     def load(self, kernel: str, config: dict | str | None = None, *, device: int = 0, arch: str | None = None,
@@ -85,7 +85,7 @@ class Library:
     def _open(self, path: Path) -> Bundle:
         if path not in self._opened:
             bundle = Bundle(path)
-            named = _named_arch(path)
+            named = arch_of_bundle_file(path.name)
             if named not in (None, bundle.arch):
                 raise BundleError(f"{path}: the name says {named}, its manifest says {bundle.arch}; "
                                   f"was it renamed? Use the file `doit package` wrote")
@@ -100,8 +100,3 @@ class Library:
                     return e
         raise NoMatchingKernel(f"{kernel} {config!r}: no bundle knows this kernel and config, so there is "
                                f"nothing to JIT-compile either")
-
-
-def _named_arch(path: Path) -> str | None:
-    """The arch in a bundle's file name as `doit package` writes it, or None for other names."""
-    return arch_of_bundle_file(path.name)
