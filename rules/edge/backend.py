@@ -30,6 +30,7 @@ class KforgeSqliteDB(SqliteDB):
 
     def __init__(self, name, codec, **kwargs):
         self.removed: list[str] = []   # task names removed from the file, in order (Forget reads it)
+        self._warned = False   # a row of another shape said once
         try:
             super().__init__(name, codec, **kwargs)
             self._rows = {r["task_id"]: r["data"] for r in self._conn.execute(_READ_ALL)}
@@ -42,9 +43,23 @@ class KforgeSqliteDB(SqliteDB):
             self._rows = {}
 
     def _get_task_data(self, task_id):
-        """SqliteDB.get calls this the first time a task is looked at: decoded now, read when opened."""
+        """SqliteDB.get calls this the first time a task is looked at: decoded now, read when opened. A row that is
+        not a JSON object (another tool's file, a hand edit) is dropped with one warning for the file: the task is
+        checked afresh, as where it has no row (kforge decides up to date by meta.json)."""
         data = self._rows.pop(task_id, None)
-        return self.codec.decode(data) if data is not None else {}
+        if data is None:
+            return {}
+        try:
+            decoded = self.codec.decode(data)
+        except (ValueError, RecursionError):
+            decoded = None
+        if isinstance(decoded, dict):
+            return decoded
+        if not self._warned:
+            self._warned = True
+            sys.stderr.write(f"kforge: {self.name}: the row of {task_id!r} is not doit's (not a JSON object); dropped, "
+                             f"with any other such row: those tasks are checked afresh\n")
+        return {}
 
     def remove(self, task_id):
         self._rows.pop(task_id, None)   # a row read ahead must not come back

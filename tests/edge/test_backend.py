@@ -119,3 +119,17 @@ def test_what_the_backend_overrides_is_what_doits_sqlite3_backend_calls():
     assert list(inspect.signature(SqliteDB.__init__).parameters) == ["self", "name", "codec", "module_name"]
     for method in ("_get_task_data", "remove", "remove_all", "dump"):
         assert method in vars(SqliteDB), method
+
+
+def test_a_row_that_is_not_a_json_object_is_dropped_with_one_warning(tmp_path, capsys):
+    """A row of another shape (`[1, 2]`, text that is not JSON: another tool's file, a hand edit) was an
+    AttributeError or JSONDecodeError traceback in every command that looked at its task."""
+    path = str(tmp_path / "deps.sqlite3")
+    SqliteDB(path, JSONCodec()).dump()   # doit's table
+    with sqlite3.connect(path) as conn:
+        conn.executemany("insert into doit values (?, ?)", [("a", "[1, 2]"), ("b", "not json"), ("c", "[" * 100_000),
+                                                            ("d", '{"checker:": "MD5Checker"}')])
+    db = KforgeSqliteDB(path, JSONCodec())
+    assert [db.get(task, "checker:") for task in "abcd"] == [None, None, None, "MD5Checker"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"kforge: {path}: the row of 'a' is not doit's"), err
