@@ -66,17 +66,26 @@ def pins() -> dict[str, str]:
 
 
 def explain(e: BaseException) -> bool:
-    """If `e` is an import that failed on a package kforge pins (explain_pin), or on a module a library's line
+    """If `e` is an import that failed on a package kforge pins (explain_pin), on a module a library's line
     imports and this environment lacks (a dependency of the library not installed: a compile's one line said only
-    `No module named ...`), its message becomes one line naming the library's line and the fix (in the exception
-    itself: its traceback stays); True if it was such a failure."""
+    `No module named ...`), or on a library's native extension that cannot load here, its message becomes one line
+    naming the library's line (and the fix where there is one; the extension by its name in the library, not its
+    absolute path), in the exception itself: its traceback stays. True if it was such a failure."""
     if explain_pin(e):
         return True
+    if not isinstance(e, ImportError):
+        return False
+    place = library_line(e, code=False)
+    if not place:
+        return False
     if isinstance(e, ModuleNotFoundError) and e.name:
-        place = library_line(e, code=False)
-        if place:
-            e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
-            return True
+        e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
+        return True
+    if e.path and e.msg and place not in str(e.msg):   # a native extension that cannot load here (a CUDA build's)
+        from kforge.load import observe
+        shown = observe.name_of(e.path, observe.bases(os.getcwd()))
+        e.msg = f"{str(e.msg).replace(e.path, shown)} (in {place})"
+        return True
     return False
 
 

@@ -118,6 +118,26 @@ def test_a_dependency_the_library_imports_and_the_environment_lacks_names_the_li
         "that runs doit")}
 
 
+def test_a_native_extension_that_cannot_load_here_names_the_librarys_line(tmp_path):
+    """A library's compiled extension built for a CUDA torch fails to load on the CPU builder (a missing libcudart,
+    a bad ELF): the loader's message alone does not say which import of the library it was."""
+    import importlib.machinery
+    (tmp_path / "natlib").mkdir()
+    (tmp_path / "natlib" / "__init__.py").write_text("import os\nfrom natlib import _C  # noqa: F401\n")
+    (tmp_path / "natlib" / ("_C" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not an ELF file")
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import natlib
+        except ImportError as e:
+            print(json.dumps({"explained": shared_env.explain(e), "message": str(e)}))
+        ''', {"PYTHONPATH": str(tmp_path)})
+    message = found["message"]   # the dynamic loader's words in between (glibc: "file too short")
+    assert found["explained"] and message.startswith(f"natlib/_C{importlib.machinery.EXTENSION_SUFFIXES[0]}: ")
+    assert message.endswith(" (in natlib/__init__.py:2)") and str(tmp_path) not in message, message
+
+
 @pytest.mark.slow
 def test_a_library_using_flydsl_whenever_importable_builds_its_triton_kernels_for_both_vendors(tmp_path, envlib):
     """envlib's __init__ imports its FlyDSL path, written for another FlyDSL than kforge's: under the device model
