@@ -74,8 +74,28 @@ FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": 
 
 
 def _url(text: str, where: str) -> str:
+    """The remote cache's URL, checked once here: one kforge cannot use made every target fail (a port that is no
+    number, a bracket not closed), a newline split every warning naming it, a password showed in every one (kforge
+    sends no credentials)."""
+    import urllib.parse
     if not text.startswith(("http://", "https://")):
         raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
+    if any(not c.isprintable() or c.isspace() for c in text):
+        raise ValueError(f"{where}: got {text!r}; it holds a space or a control character: give the cache's URL")
+    try:
+        url = urllib.parse.urlsplit(text)
+        port = url.port
+    except ValueError as e:
+        shown = text if "@" not in text else text.split("://", 1)[0] + "://..."
+        why = "its port is not a number from 1 to 65535" if "port" in str(e).lower() else f"not a URL ({e})"
+        raise ValueError(f"{where}: got {shown!r}; {why}") from None
+    if url.username is not None or url.password is not None:
+        raise ValueError(f"{where}: the URL given: it holds a user or password, and kforge sends no credentials "
+                         f"(they would show in every warning naming the cache): give the URL without them")
+    if not url.hostname:
+        raise ValueError(f"{where}: got {text!r}; it names no host: give http://HOST[:PORT][/PATH]")
+    if port == 0:
+        raise ValueError(f"{where}: got {text!r}; its port is not a number from 1 to 65535")
     return text.rstrip("/")
 
 

@@ -17,6 +17,8 @@ from tests.support import doit, make_project
     (("executor=tcp://h:1",), {}, "executor= on the command line: got 'tcp://h:1'; expected dask://HOST:PORT"),
     (("archs=sm_91",), {}, "archs= on the command line: unknown arch sm_91"),
     (("cache=ftp://h/",), {}, "cache= on the command line: got 'ftp://h/'; the remote cache must be an http://"),
+    (("cache=http://127.0.0.1:abc",), {}, "cache= on the command line: got 'http://127.0.0.1:abc'; its port is not a "
+                                          "number from 1 to 65535"),
     (("cache=http://127.0.0.1:9", "cache_readonly=maybe"), {},
      "cache_readonly= on the command line: got 'maybe'; expected one of"),
     (("cache=http://127.0.0.1:9",), {"KFORGE_CACHE_TIMEOUT": "abc"}, "KFORGE_CACHE_TIMEOUT in the environment: got 'abc'"),
@@ -27,13 +29,33 @@ from tests.support import doit, make_project
                                               "not a directory"),
     (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size in bytes of "
                                    "at least 1M, e.g. 2G"),
-], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache_readonly",
+], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache-port", "cache_readonly",
         "cache-timeout-env", "cache-key-file", "local-cache-limit", "local-cache-env", "catalog-memory"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"kforge: {message}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "p" / "out" / "sm_90a").exists()   # nothing was built
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:99999", "its port is not a number from 1 to 65535"),
+    ("http://[::1", "not a URL"),
+    ("http://", "it names no host"),
+    ("http://h ost:8080", "it holds a space or a control character"),
+    ("http://a\nb", "it holds a space or a control character"),
+    ("http://user:secret@cache:8080", "it holds a user or password"),
+])
+def test_a_cache_url_kforge_cannot_use_is_refused_in_one_line(url, why):
+    """Such a URL was accepted: every target then failed on it (a port that is no number, a bracket not closed),
+    or a newline split every warning naming the cache, or a password showed in every one."""
+    with pytest.raises(ValueError) as refused:
+        settings._url(url, "cache=")
+    assert why in str(refused.value) and "\n" not in str(refused.value) and "secret" not in str(refused.value)
+
+
+def test_a_cache_url_with_a_path_and_a_port_is_kept():
+    assert settings._url("https://cache.example:8443/kforge/", "cache=") == "https://cache.example:8443/kforge"
 
 
 def test_the_command_line_wins_over_the_environment(tmp_path):
