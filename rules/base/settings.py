@@ -56,6 +56,9 @@ DASK = "dask://"   # executor=dask://HOST:PORT: rules/share/dask_executor.py con
 def _executor(text: str, where: str) -> str:
     if not text.startswith(DASK) or ":" not in text[len(DASK):]:
         raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler)")
+    url = _split_url(text, where)
+    if url.port is None or url.path or url.query or url.fragment:
+        raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler), nothing after the port")
     return text
 
 
@@ -77,11 +80,18 @@ def _url(text: str, where: str) -> str:
     """The remote cache's URL, checked once here: one kforge cannot use made every target fail (a port that is no
     number, a bracket not closed), a newline split every warning naming it, a password showed in every one (kforge
     sends no credentials)."""
-    import urllib.parse
     if not text.startswith(("http://", "https://")):
         raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
+    _split_url(text, where)
+    return text.rstrip("/")
+
+
+def _split_url(text: str, where: str):
+    """urllib's parts of a URL kforge connects to, or ValueError naming what it cannot use: a space or control
+    character, a port that is no number from 1 to 65535, a bracket not closed, no host, a user or password."""
+    import urllib.parse
     if any(not c.isprintable() or c.isspace() for c in text):
-        raise ValueError(f"{where}: got {text!r}; it holds a space or a control character: give the cache's URL")
+        raise ValueError(f"{where}: got {text!r}; it holds a space or a control character: give the URL alone")
     try:
         url = urllib.parse.urlsplit(text)
         port = url.port
@@ -91,12 +101,12 @@ def _url(text: str, where: str) -> str:
         raise ValueError(f"{where}: got {shown!r}; {why}") from None
     if url.username is not None or url.password is not None:
         raise ValueError(f"{where}: the URL given: it holds a user or password, and kforge sends no credentials "
-                         f"(they would show in every warning naming the cache): give the URL without them")
+                         f"(they would show in every warning naming it): give the URL without them")
     if not url.hostname:
-        raise ValueError(f"{where}: got {text!r}; it names no host: give http://HOST[:PORT][/PATH]")
+        raise ValueError(f"{where}: got {text!r}; it names no host")
     if port == 0:
         raise ValueError(f"{where}: got {text!r}; its port is not a number from 1 to 65535")
-    return text.rstrip("/")
+    return url
 
 
 def _local_cache(text: str, where: str) -> str | None:

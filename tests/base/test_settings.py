@@ -54,6 +54,16 @@ def test_a_cache_url_kforge_cannot_use_is_refused_in_one_line(url, why):
     assert why in str(refused.value) and "\n" not in str(refused.value) and "secret" not in str(refused.value)
 
 
+@pytest.mark.parametrize("url", ["dask://h:abc", "dask://[::1", "dask://h :1", "dask://h:1\nx", "dask://u:p@h:1",
+                                 "dask://h:99999", "dask://h:0", "dask://h:1/x"])
+def test_an_executor_address_kforge_cannot_use_is_refused_in_one_line(url):
+    """Taken as given, each failed every compile on the cluster's address (or showed a password)."""
+    with pytest.raises(ValueError, match="^executor=: ") as refused:
+        settings._executor(url, "executor=")
+    assert "\n" not in str(refused.value) and "u:p" not in str(refused.value)
+    assert settings._executor("dask://sched.example:8786", "executor=") == "dask://sched.example:8786"
+
+
 def test_a_cache_url_with_a_path_and_a_port_is_kept():
     assert settings._url("https://cache.example:8443/kforge/", "cache=") == "https://cache.example:8443/kforge"
 
