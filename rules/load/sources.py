@@ -20,7 +20,11 @@ def parse(path: Path) -> ast.Module:
 
 @functools.lru_cache(maxsize=None)
 def _parse_version(path: Path, *version) -> ast.Module:
-    return ast.parse(path.read_bytes(), filename=str(path))
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    for node in ast.walk(tree):   # where each def is: an entry's def may lie in another module (a re-export)
+        if isinstance(node, ast.FunctionDef):
+            node.kforge_file = path
+    return tree
 
 
 def _version(path: Path) -> tuple:
@@ -221,7 +225,9 @@ def function_params(path: Path, name: str) -> tuple[str, ...] | None:
 
 def function_defaults(path: Path, name: str) -> dict:
     """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
-    `bias=None`); a default that is not a literal (`tl.float32`, a name) is left out."""
+    `bias=None`), and those given by a name the def's module binds once to a literal (`BLOCK: tl.constexpr =
+    DEFAULT_BLOCK`, `DEFAULT_BLOCK = 512` or `tl.constexpr(512)` at its top, or imported from a module of the same
+    top-level package: files its closure holds); any other default (`tl.float32`, a computed value) is left out."""
     node, _ = entry_def(path, name)
     if node is None:
         return {}
@@ -231,13 +237,50 @@ def function_defaults(path: Path, name: str) -> dict:
     pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     found = {}
     for arg, default in pairs:
-        try:
-            value = ast.literal_eval(default)
-        except ValueError:
-            continue
-        if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(default, ast.Name):
+            value = _module_constant(getattr(node, "kforge_file", path), default.id, 0)
+        else:
+            value = _literal(default)
+        if value is not _NOT_LITERAL:
             found[arg.arg] = value
     return found
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(expr):
+    """The plain value of a literal expression (`512`, `tl.constexpr(512)`), else _NOT_LITERAL."""
+    if isinstance(expr, ast.Call) and len(expr.args) == 1 and not expr.keywords and \
+            (getattr(expr.func, "attr", None) or getattr(expr.func, "id", None)) == "constexpr":
+        expr = expr.args[0]
+    try:
+        value = ast.literal_eval(expr)
+    except ValueError:
+        return _NOT_LITERAL
+    return value if value is None or isinstance(value, (bool, int, float, str)) else _NOT_LITERAL
+
+
+def _module_constant(path: Path, name: str, depth: int):
+    """The literal a module binds `name` to, once and unconditionally at its top (or imports it as from a module
+    of its own top-level package); _NOT_LITERAL when it is bound otherwise, more than once, or not at all."""
+    if depth > 8:
+        return _NOT_LITERAL
+    body = parse(path).body
+    bindings = [n for n in module_level(body) if _assigns(n, name) or isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                and n.name == name or isinstance(n, (ast.Import, ast.ImportFrom))
+                and any((a.asname or a.name.split(".")[0]) == name or a.name == "*" for a in n.names)]
+    if len(bindings) != 1 or bindings[0] not in body:   # rebound, or bound under an if / try
+        return _NOT_LITERAL
+    node = bindings[0]
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return _literal(node.value)
+    if isinstance(node, ast.ImportFrom):
+        alias = next(a for a in node.names if (a.asname or a.name) == name or a.name == "*")
+        source = _imported_module(path, node)
+        if source is not None and _top_package(source) == _top_package(path):
+            return _module_constant(source, name if alias.name == "*" else alias.name, depth + 1)
+    return _NOT_LITERAL
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -38,7 +38,8 @@ REACHLIB = {
     # re-exported under other names, absolutely and relatively, and from another top-level package
     "reachlib/public.py": "from reachlib.impl import _impl as public_kernel  # noqa: F401\n"
                           "from .impl import _tuned as public_tuned  # noqa: F401\n"
-                          "from reachimpl.kernels import _other as other_kernel  # noqa: F401\n",
+                          "from reachimpl.kernels import _other as other_kernel  # noqa: F401\n"
+                          "from reachlib.defaults import dflt_kernel as public_dflt  # noqa: F401\n",
     "reachimpl/__init__.py": "",
     "reachimpl/kernels.py": HEAD + kernel("_other", 8),
     # wrapped under its own name after its def
@@ -49,6 +50,14 @@ REACHLIB = {
                                  "called_kernel = triton.jit(_plain, do_not_specialize=['n'])\n"
                                  "curried_kernel = triton.jit(do_not_specialize=['n'])(_plain)\n"
                                  "jitted_kernel = triton.jit(_plain)\n",
+    # constexpr defaults given by names: bound once to a literal (here, or in a module of the package), or not
+    "reachlib/sizes.py": "DEFAULT_BLOCK = 512\n",
+    "reachlib/defaults.py": HEAD + "from reachlib.sizes import DEFAULT_BLOCK\n\nWARPS = tl.constexpr(4)\n"
+                            "REBOUND = 1\nREBOUND = 2\nif WARPS:\n    GUARDED = 1\n\n\n"
+                            "@triton.jit\ndef dflt_kernel(x_ptr, n, BLOCK: tl.constexpr = DEFAULT_BLOCK, W: "
+                            "tl.constexpr = WARPS, R: tl.constexpr = REBOUND, G: tl.constexpr = GUARDED,\n"
+                            "                E: tl.constexpr = tl.float32, L: tl.constexpr = 8):\n"
+                            "    tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))\n",
     # kept on a class
     "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
     # made when first asked for, by a lazy import of triton
@@ -112,3 +121,10 @@ def test_the_probe_reads_what_the_module_holds_under_a_dotted_or_lazy_name(site,
         assert isinstance(found, JITFunction) and found.fn.__name__ == name
     with pytest.raises(AttributeError, match="holds no kernel"):
         entry_probe._layers("reachlib.factory", "_make.<locals>.nope")
+
+
+def test_a_constexpr_default_given_by_a_name_bound_once_to_a_literal_is_the_default(site):
+    """`BLOCK: tl.constexpr = DEFAULT_BLOCK` takes the value the module (or its package's module it imports it
+    from) binds once, at its top; a name bound twice or under an `if`, or a non-literal, gives none."""
+    for where, entry in (("defaults.py", "dflt_kernel"), ("public.py", "public_dflt")):
+        assert sources.function_defaults(site / "reachlib" / where, entry) == {"BLOCK": 512, "W": 4, "L": 8}, where
