@@ -21,7 +21,7 @@ def parse(path: Path) -> ast.Module:
 @functools.lru_cache(maxsize=None)
 def _parse_version(path: Path, *version) -> ast.Module:
     tree = ast.parse(path.read_bytes(), filename=str(path))
-    for node in ast.walk(tree):   # where each def is: an entry's def may lie in another module (a re-export)
+    for node in module_level(tree.body):   # where each module-level def is: an entry's may lie in another module
         if isinstance(node, ast.FunctionDef):
             node.kforge_file = path
     return tree
@@ -237,8 +237,9 @@ def function_defaults(path: Path, name: str) -> dict:
     pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     found = {}
     for arg, default in pairs:
-        if isinstance(default, ast.Name):
-            value = _module_constant(getattr(node, "kforge_file", path), default.id, 0)
+        if isinstance(default, ast.Name):   # a module-level def's: a nested one's names may be its scope's
+            where = getattr(node, "kforge_file", None)
+            value = _NOT_LITERAL if where is None else _module_constant(where, default.id, 0)
         else:
             value = _literal(default)
         if value is not _NOT_LITERAL:

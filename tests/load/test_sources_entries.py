@@ -57,7 +57,11 @@ REACHLIB = {
                             "@triton.jit\ndef dflt_kernel(x_ptr, n, BLOCK: tl.constexpr = DEFAULT_BLOCK, W: "
                             "tl.constexpr = WARPS, R: tl.constexpr = REBOUND, G: tl.constexpr = GUARDED,\n"
                             "                E: tl.constexpr = tl.float32, L: tl.constexpr = 8):\n"
-                            "    tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))\n",
+                            "    tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))\n\n\n"
+                            "def _make(WARPS):\n    @triton.jit\n"
+                            "    def made_kernel(x_ptr, n, BLOCK: tl.constexpr = DEFAULT_BLOCK, W: tl.constexpr = "
+                            "WARPS):\n        tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))\n"
+                            "    return made_kernel\n\n\nmade_kernel = _make(8)\n",
     # kept on a class
     "reachlib/klass.py": HEAD + "\n\nclass Kernels:\n" + kernel("add_one", 6, indent="    "),
     # made when first asked for, by a lazy import of triton
@@ -128,3 +132,5 @@ def test_a_constexpr_default_given_by_a_name_bound_once_to_a_literal_is_the_defa
     from) binds once, at its top; a name bound twice or under an `if`, or a non-literal, gives none."""
     for where, entry in (("defaults.py", "dflt_kernel"), ("public.py", "public_dflt")):
         assert sources.function_defaults(site / "reachlib" / where, entry) == {"BLOCK": 512, "W": 4, "L": 8}, where
+    # a def a factory makes: its defaults' names may be the factory's own (WARPS is its argument, not the global)
+    assert sources.function_defaults(site / "reachlib" / "defaults.py", "made_kernel") == {}
