@@ -27,10 +27,6 @@ HERE, RUNTIME = Path(__file__).resolve().parent, Path(kforge_runtime.__file__).r
 TUNER_FILES = (HERE / "gpu_bench.py", RUNTIME / "launch.py", RUNTIME / "select.py")
 
 
-def table_path(root: Path, arch: str, kernel: str) -> Path:
-    return Layout(root).tuning_table(arch, kernel)
-
-
 def local_vendors() -> set[str]:
     """Vendors whose GPU driver is present, from device nodes alone: no driver call at task creation, so
     `doit tune` on an NVIDIA machine makes no tasks for AMD archs (and the other way round)."""
@@ -61,7 +57,7 @@ def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dic
                 "actions": [(run_tuning, [family.path, arch, mine, root])],
                 "task_dep": [t.name for t in mine],
                 "uptodate": [(is_current, [family.path, arch, mine, root])],
-                "targets": [str(table_path(Path(root), arch, family.name))],
+                "targets": [str(Layout.of(root).tuning_table(arch, family.name))],
                 "clean": [(remove, [family.name, arch, root])],
                 "meta": {"after_failed_deps": True},   # tune what did build; the rest is reported failed
                 "verbosity": 2,
@@ -101,7 +97,7 @@ def gpu_identity(root: str) -> dict:
 def is_current(spec_path: str, arch: str, targets: list[Target], root: str) -> bool:
     try:
         spec = _spec(spec_path, root)   # a SpecError (a ValueError): the run says so when it loads the catalog again
-        table = json.loads(table_path(Path(root), arch, spec.name).read_bytes())
+        table = json.loads(Layout.of(root).tuning_table(arch, spec.name).read_bytes())
         return table.get("key") == tuning_key(spec, arch, targets, Path(root), gpu_identity(root))
     except (OSError, ValueError, AttributeError, RuntimeError):
         return False
@@ -120,7 +116,7 @@ def run_tuning(spec_path: str, arch: str, targets: list[Target], root: str):
                           f"{arch} GPU, or choose archs here: `doit tune archs={gpu['archs'][0]}`")
     root_path = Path(root)
     key = tuning_key(spec, arch, targets, root_path, gpu)
-    out = table_path(root_path, arch, spec.name).relative_to(root_path)
+    out = Layout.of(root).tuning_table(arch, spec.name).relative_to(root_path)
     proc = subprocess.run([sys.executable, "-m", "kforge.tune.gpu_bench", "--spec", spec.path, "--arch", arch,
                            "--key", key, "--out", str(out)], cwd=root)
     if proc.returncode != 0:
@@ -131,6 +127,7 @@ def run_tuning(spec_path: str, arch: str, targets: list[Target], root: str):
 
 def remove(kernel: str, arch: str, root: str) -> None:
     """`doit clean tune`."""
-    table, out = table_path(Path(root), arch, kernel), Layout.of(root).out
-    guard.remove_file(out, table)
-    guard.remove_file(out, table.with_name(f".{table.name}.partial"))   # a stopped run's rankings (gpu_bench.py)
+    from kforge.tune.gpu_bench import progress_path
+    layout = Layout.of(root)
+    guard.remove_file(layout.out, layout.tuning_table(arch, kernel))
+    guard.remove_file(layout.out, progress_path(layout.tuning_table(arch, kernel)))   # a stopped run's rankings

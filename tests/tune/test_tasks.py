@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from kforge.base.layout import Layout
 from kforge.tune import tasks as tune
 from kforge.plan.catalog import Family
 from kforge.declare.spec import load_spec
@@ -60,7 +61,7 @@ def test_a_table_with_the_current_key_is_up_to_date(project, monkeypatch):
     monkeypatch.setattr(tune, "gpu_identity", lambda root: H100)
     spec = load_spec(project / "specs" / "scale.toml", project)
     targets = spec_targets(spec, project, ("sm_90a",))
-    path = tune.table_path(project, "sm_90a", "scale")
+    path = Layout.of(project).tuning_table("sm_90a", "scale")
     assert not tune.is_current(spec.path, "sm_90a", targets, str(project))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"key": key(project)}))
@@ -101,5 +102,5 @@ def test_doit_tune_without_a_gpu_names_the_task_and_keeps_the_build(project):
     out = doit(project, "tune", "archs=sm_90a", check=False)
     assert out.returncode != 0
     assert "tune:scale@sm_90a: kforge: no GPU here" in out.stdout + out.stderr
-    assert not tune.table_path(project, "sm_90a", "scale").exists()
+    assert not Layout.of(project).tuning_table("sm_90a", "scale").exists()
     assert "up to date 2" in out.stdout + out.stderr   # its compile deps ran (and were current)
