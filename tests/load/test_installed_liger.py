@@ -75,7 +75,7 @@ def test_every_liger_kernel_of_the_installed_package_builds(tmp_path):
     assert {one_arch[name] for name in autotuned} == set(ARCHS)
     listed = {min(t for t in every if t.startswith(name + ":") and t.endswith("@" + one_arch[name]))
               for name in kernels}
-    doit(root, "-n", "2", *sorted(listed))   # from the catalog _loaded saved: the library is not probed again
+    doit(root, "-n", "1", *sorted(listed))   # from the catalog _loaded saved: the library is not probed again
     report = json.loads((root / "out" / "build-report.json").read_text())
     assert report["counts"]["failed"] == 0 and statuses(root, "built") == listed
     assert {t.split("@")[1] for t in listed} == set(ARCHS)
@@ -104,10 +104,12 @@ SHADOWED = ("liger_cross_entropy", "liger_dyt_fwd", "liger_swiglu_fwd")
 
 @pytest.mark.slow
 def test_a_shadowing_copy_keeps_the_installed_builds_and_an_edit_rebuilds_exactly_what_read_it(tmp_path):
-    """Built from the installed package, then a copy of it (and its dist-info) put ahead on PYTHONPATH: the same
-    contents and distribution give the same keys (up to date; the saved catalog holds which copy an import
-    finds); an edit of a copy's file no compile read rebuilds nothing; an edit of one every compile reads
-    (liger_kernel/__init__.py imports every op) rebuilds them all, from the copy, whose meta.json lists it."""
+    """Built from the installed package, then a copy of it (and its dist-info) put ahead on PYTHONPATH, one of
+    the copy's files that no compile read edited: the same contents of every file a compile read and the same
+    distribution give the same keys (up to date; the saved catalog holds which copy an import finds), and the
+    edit rebuilds nothing (either one failing rebuilds: one build checks both, each build loads the library
+    again); an edit of one every compile reads (liger_kernel/__init__.py imports every op) rebuilds them all,
+    from the copy, whose meta.json lists it."""
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger_kernel is not installed")
     specs = {name: spec for name, spec in _specs().items() if name in SHADOWED}
@@ -115,20 +117,19 @@ def test_a_shadowing_copy_keeps_the_installed_builds_and_an_edit_rebuilds_exactl
     assert set(kernels) == set(SHADOWED) and any(_autotuned(k["module"], k["entry"]) for k in kernels.values())
     root = make_project(tmp_path / "p", specs={n: (SPECS / f"{n}.toml").read_text() for n in specs}, kernels={})
     one_arch = "archs=sm_90a"   # which files an import finds and reads is the same question on every arch
-    doit(root, "-n", "2", one_arch)                                       # the installed package
+    doit(root, "-n", "1", one_arch)                                       # the installed package
     listed = _listed(root, kernels, None, one_arch)   # after the build: the catalog it saved
     assert statuses(root, "built") == listed
     site = _shadowing_copy(tmp_path / "site")
     env = {"PYTHONPATH": str(site)}
-    doit(root, "-n", "2", one_arch, env=env)                              # the copy: the same keys
-    assert statuses(root, "up-to-date") == listed
     unread = site / UNREAD
+    assert unread.read_text() == (_liger_dir().parent / UNREAD).read_text()   # a copy, of a file that is there
     unread.write_text(unread.read_text() + "\n# edited by tests/load/test_installed_liger.py\n")
-    doit(root, "-n", "2", one_arch, env=env)
+    doit(root, "-n", "1", one_arch, env=env)                              # the copy: the same keys
     assert statuses(root, "up-to-date") == listed and statuses(root, "failed") == set()
     edited = site / EDITED
     edited.write_text(edited.read_text() + "\n# edited by tests/load/test_installed_liger.py\n")
-    doit(root, "-n", "2", one_arch, env=env)
+    doit(root, "-n", "1", one_arch, env=env)
     assert statuses(root, "built") == listed
     read = [dict(json.loads(m.read_text())["inputs"]) for m in (root / "out").glob("*/*/*/meta.json")]
     assert len(read) == len(listed) and all(EDITED in r and UNREAD not in r for r in read)
