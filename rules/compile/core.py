@@ -274,16 +274,27 @@ def transient(error: BaseException) -> bool:
     """Whether a compile's failure may say nothing of its inputs, so that it must not be kept and replayed: a file
     that could not be written, memory that ran out, a tool the compiler ran that was killed by a signal (the
     OOM killer's SIGKILL; the compiler's own error is raised while handling it). The same inputs need not give
-    these again."""
+    these again. A tool killed behind a shell wrapper (a script standing in for ptxas, say) exits 128+N rather
+    than -N: that is a signal too. A tool that ran out of time (TimeoutExpired) says as little of its inputs."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (OSError, MemoryError, artifact.ArtifactError)):
+        if isinstance(error, (OSError, MemoryError, artifact.ArtifactError, subprocess.TimeoutExpired)):
             return True
-        if isinstance(error, subprocess.CalledProcessError) and error.returncode < 0:
+        if isinstance(error, subprocess.CalledProcessError) and _killed(error.returncode):
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+SIGNALS = 64   # signal numbers run 1..64 on Linux (SIGRTMAX)
+
+
+def _killed(returncode) -> bool:
+    """Whether a tool's exit status says a signal ended it: -N from Python's subprocess, or 128+N as a shell
+    reports a child it ran that a signal ended (137 for SIGKILL, 143 TERM, 130 INT, 129 HUP). Taking a tool's own
+    exit status in that range for a signal only costs a compile again, never a wrong replay."""
+    return isinstance(returncode, int) and (returncode < 0 or 128 < returncode <= 128 + SIGNALS)
 
 
 def _inputs(recorder: observe.Recorder) -> list[list[str]]:

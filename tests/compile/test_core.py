@@ -277,6 +277,22 @@ def test_only_failures_the_same_inputs_give_again_are_kept():
     assert not compile_core.transient(RuntimeError("BLOCK too large for this kernel"))
 
 
+def test_a_tool_killed_behind_a_shell_or_out_of_time_is_not_the_kernels_failure():
+    """A shell wrapper reports its child killed by signal N as exit status 128+N (SIGKILL 137, TERM 143, INT 130,
+    HUP 129); a tool that ran out of time raises TimeoutExpired: neither is kept and replayed."""
+    for status in (137, 143, 130, 129):
+        try:
+            try:
+                raise subprocess.CalledProcessError(status, "ptxas-wrapper.sh")
+            except subprocess.CalledProcessError:
+                raise RuntimeError("PTXAS error: `ptxas` failed with error code")
+        except RuntimeError as e:
+            assert compile_core.transient(e), status
+    assert compile_core.transient(subprocess.TimeoutExpired("ptxas", 30))
+    for status in (1, 2, 128, 255):   # the tool's own verdict
+        assert not compile_core.transient(subprocess.CalledProcessError(status, "ptxas")), status
+
+
 def test_a_worker_names_tritons_private_cache_by_its_version_and_libtritons_identity_without_hashing_it(tmp_path):
     """Triton's own cache key hashes libtriton (415 MB, 0.3 s per doit worker): a compile's Triton cache is its
     own scratch folder, so the name need not be that digest; the toolchain is in the target's key."""
