@@ -190,3 +190,10 @@ def test_a_fifo_at_pyproject_toml_stops_doit_in_one_line_not_for_ever(tmp_path):
     proc = _doit_at_start(tmp_path, "list")
     assert proc.returncode == 3 and "pyproject.toml: not a file (a FIFO)" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_the_pth_kforge_installs_runs_the_start_up_line():
+    """The two tests above run PTH_LINE as sitecustomize; what every interpreter of the environment runs is the
+    .pth setup.py puts in site-packages, so it must hold that line as it is."""
+    lines = (REPO / "rules" / "runtime" / "kforge-runtime-env.pth").read_text().splitlines()
+    assert doit_edge.PTH_LINE in lines and all(line.startswith("import ") for line in lines)
