@@ -409,12 +409,14 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
 
 def _where(e: BaseException) -> str:
     """' (in pkg/ops/mod.py:12)': the innermost line of the library's own code (not Python's, torch's, Triton's
-    or kforge's) the exception passed through, as names go on every machine; "" when none did."""
+    or kforge's) the exception passed through, as names go on every machine; "" when none did, or when the
+    message names that line already (a NeedsGPU's `at pkg/mod.py:12 (...)`)."""
     from kforge.load import observe
     found = shared_env.library_frame(e)
     if found is None:
         return ""
-    return f" (in {observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]})"
+    place = f"{observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]}"
+    return "" if place in str(e) else f" (in {place})"
 
 
 class _Arguments(dict):

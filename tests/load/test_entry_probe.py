@@ -389,3 +389,18 @@ def test_each_module_is_probed_in_its_own_process_and_its_family_gets_all_that_p
         assert not {str(ops / f) for f in ("one.py", "one.json", "crash.py")} & two
     finally:
         Probe.close_all()
+
+
+def test_the_librarys_line_is_added_to_a_probe_message_only_where_the_message_does_not_name_it(tmp_path,
+                                                                                                 monkeypatch):
+    """A NeedsGPU names `at oslib/_device.py:11 (...)` itself: the probe's `(in ...)` said it a second time."""
+    from kforge.load import entry_probe
+    (tmp_path / "twice_lib.py").write_text("def fail(message):\n    raise RuntimeError(message)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import twice_lib
+    for message, added in (("a stream at twice_lib.py:2 (`raise`) needs a real GPU", ""),
+                           ("no such key", " (in twice_lib.py:2)")):
+        with pytest.raises(RuntimeError) as e:
+            twice_lib.fail(message)
+        assert entry_probe._where(e.value) == added
