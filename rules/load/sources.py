@@ -60,8 +60,9 @@ def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str,
     triton.autotune(...)(kernel)`); a def guarded by a module-level if, try or with counts, and so do
     - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
     - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
-      *`), followed there (from another top-level package, ("?",) is among the calls: its file is in no closure
-      of the module, so the import is asked and what it read tells when it changes);
+      *`), or reached through a module object (`from . import impl` or `import mylib.impl as impl`, then
+      `kernel = impl._k`), followed there (from another top-level package, ("?",) is among the calls: its file
+      is in no closure of the module, so the import is asked and what it read tells when it changes);
     - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class), and a
       def's qualified name as Triton's JIT and a record give it (`_make.<locals>._square`);
     - failing all those, one def of that name anywhere in the module (made by a function the module calls
@@ -87,16 +88,25 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
             found, calls = _assigned(path, statements, node.value, name, depth)
             if found is not None:
                 return found, calls
+        if dot and isinstance(node, ast.Import):   # `import mylib.ops as K` ... `kernel = K._impl`
+            for alias in node.names:
+                module = alias.name if alias.asname == owner else None
+                if alias.asname is None and name.startswith(alias.name + "."):
+                    module, attribute = alias.name, name[len(alias.name) + 1:]
+                source = _absolute_module(path, module) if module else None
+                if source is not None:
+                    return _with_top(path, source, _entry_def(source, attribute, depth + 1))
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
+                if dot and (alias.asname or alias.name) == owner and (node.module or node.level):
+                    submodule = _imported_module(path, node, alias.name)   # `from mylib import ops` ... ops._impl
+                    if submodule is not None:
+                        return _with_top(path, submodule, _entry_def(submodule, attribute, depth + 1))
                 if (alias.asname or alias.name) in (owner, "*"):   # `from .ops import *` too
                     source = _imported_module(path, node)
                     there = name if alias.name == "*" else alias.name + dot + attribute
-                    found, calls = (None, ()) if source is None else _entry_def(source, there, depth + 1)
-                    if found is not None and _top_package(source) != _top_package(path):
-                        # another top-level package's file is in no closure of this module (installed.py): the
-                        # import that reads it tells the catalog when it changes
-                        calls += ("?",)
+                    found, calls = (None, ()) if source is None else _with_top(
+                        path, source, _entry_def(source, there, depth + 1))
                     if found is not None or alias.name != "*":
                         return found, calls
     if dot:
@@ -183,16 +193,36 @@ def _top_package(path: Path) -> Path:
     return top
 
 
-def _imported_module(path: Path, node: ast.ImportFrom) -> Path | None:
-    """The file of the module a `from X import ...` in `path` names: relative to path's package, or absolute
-    from the folder path's top-level package lies in (site-packages, the project root)."""
+def _imported_module(path: Path, node: ast.ImportFrom, submodule: str | None = None) -> Path | None:
+    """The file of the module a `from X import ...` in `path` names (with submodule: of X.submodule, when it is a
+    module): relative to path's package, or absolute from the folder path's top-level package lies in
+    (site-packages, the project root)."""
     if node.level:
         base = up(path.parent, node.level - 1)
     else:
         base = path.parent
         while (base / "__init__.py").is_file():
             base = base.parent
-    return _resolve(base, node.module.split(".")) if node.module else None
+    parts = [*(node.module.split(".") if node.module else ()), *((submodule,) if submodule else ())]
+    return _resolve(base, parts) if parts else None
+
+
+def _absolute_module(path: Path, module: str) -> Path | None:
+    """The file of the module `import module` in `path` names, from the folder path's top-level package lies in."""
+    base = path.parent
+    while (base / "__init__.py").is_file():
+        base = base.parent
+    return _resolve(base, module.split("."))
+
+
+def _with_top(path: Path, source: Path, found: tuple) -> tuple:
+    """found (a def and its calls) as read from `source`, with ("?",) among the calls when `source` lies in another
+    top-level package than `path`: its file is in no closure of path's module (installed.py), so the import that
+    reads it tells the catalog when it changes."""
+    node, calls = found
+    if node is not None and _top_package(source) != _top_package(path):
+        calls += ("?",)
+    return node, calls
 
 
 UNSPECIALIZED = ("do_not_specialize", "do_not_specialize_on_alignment")   # @triton.jit's options
@@ -211,7 +241,17 @@ def _wrapped(expr) -> tuple[str | None, tuple[str, ...]]:
             name = "jit(do_not_specialize)"
         calls.append(name)
         expr = expr.args[0]
-    return (expr.id, tuple(calls)) if isinstance(expr, ast.Name) else (None, ())
+    found = _dotted(expr)
+    return (found, tuple(calls)) if found is not None else (None, ())
+
+
+def _dotted(expr) -> str | None:
+    """`name` or `module.name` (a kernel reached through a module object: `K._rms_norm`), else None."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.insert(0, expr.attr)
+        expr = expr.value
+    return ".".join([expr.id, *parts]) if isinstance(expr, ast.Name) else None
 
 
 def function_params(path: Path, name: str) -> tuple[str, ...] | None:

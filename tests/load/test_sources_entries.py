@@ -50,6 +50,12 @@ REACHLIB = {
                                  "called_kernel = triton.jit(_plain, do_not_specialize=['n'])\n"
                                  "curried_kernel = triton.jit(do_not_specialize=['n'])(_plain)\n"
                                  "jitted_kernel = triton.jit(_plain)\n",
+    # reached through a module object
+    "reachlib/through.py": "import triton\nimport reachlib.impl as impl_module\nimport reachlib.impl\n"
+                           "from reachlib import factory\nfrom . import klass\n\n"
+                           "aliased_kernel = impl_module._impl\nfull_kernel = reachlib.impl._impl\n"
+                           "made_square = factory.square_kernel\nclass_kernel = klass.Kernels.add_one\n"
+                           "tuned_through = triton.heuristics({'BLOCK': lambda args: 128})(impl_module._impl)\n",
     # constexpr defaults given by names: bound once to a literal (here, or in a module of the package), or not
     "reachlib/sizes.py": "DEFAULT_BLOCK = 512\n",
     "reachlib/defaults.py": HEAD + "from reachlib.sizes import DEFAULT_BLOCK\n\nWARPS = tl.constexpr(4)\n"
@@ -79,6 +85,11 @@ REACHABLE = {   # (module file, entry): (the def the source shows, whether the e
     ("public.py", "other_kernel"): ("_other", True),   # read from a file no closure of reachlib.public holds
     ("klass.py", "Kernels.add_one"): ("add_one", False),
     ("rebound.py", "rebound_kernel"): ("rebound_kernel", True),   # its autotuner is read
+    ("through.py", "aliased_kernel"): ("_impl", False),
+    ("through.py", "full_kernel"): ("_impl", False),
+    ("through.py", "made_square"): ("_square", False),
+    ("through.py", "class_kernel"): ("add_one", False),
+    ("through.py", "tuned_through"): ("_impl", True),
     ("unspecialized.py", "called_kernel"): ("_plain", True),
     ("unspecialized.py", "curried_kernel"): ("_plain", True),
     ("unspecialized.py", "jitted_kernel"): ("_plain", False),
