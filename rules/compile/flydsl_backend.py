@@ -22,6 +22,7 @@ from kforge.plan import amd_linker
 from kforge.base.layout import Layout
 from kforge.base.dtypes import canonical_arg_type
 from kforge.compile.lowering import Lowered
+from kforge_runtime.launch import TORCH_DTYPES
 from kforge_runtime.schema import COMPILE_TIME
 
 _state: dict = {}
@@ -108,11 +109,8 @@ def _placeholder(kind: str, value):
     if kind == "scalar":
         return value
     import torch
-    dtypes = {"fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-              "fp8e4nv": torch.float8_e4m3fn, "fp8e4b8": torch.float8_e4m3fnuz, "fp8e5": torch.float8_e5m2,
-              "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
-              "i1": torch.bool}
-    return torch.empty(*value, dtype=dtypes[kind])
+    name = {**TORCH_DTYPES, "i1": "torch.bool"}[kind]   # the loader's table, and i1 (it takes no i1 pointer)
+    return torch.empty(*value, dtype=getattr(torch, name.removeprefix("torch.")))
 
 
 def _arg_type(value) -> str | None:
