@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import sys
 import time
 
@@ -41,12 +42,18 @@ def hold(layout: Layout, command: str | None) -> None:
     path = layout.state / "run.lock"
     try:
         guard(layout.out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: a FIFO or a device where the lock belongs is refused below, never waited on
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OutsideOut as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
     except OSError as e:
         sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); {_lock_fix(e.errno)}\n")
+        raise SystemExit(2)
+    kind = _not_a_file(os.fstat(fd).st_mode)
+    if kind is not None:   # it would take the lock, then fail writing its holder (EINVAL) as a traceback
+        os.close(fd)
+        sys.stderr.write(f"kforge: {path} is {kind}, not the run lock kforge writes; remove it and run again\n")
         raise SystemExit(2)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,6 +67,14 @@ def hold(layout: Layout, command: str | None) -> None:
     shown = " ".join(["doit", *map(_hide_secret, sys.argv[1:])])   # as typed; `command` is doit's name ("run")
     os.pwrite(fd, f"`{shown}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})".encode(), 0)
     _held.append(fd)
+
+
+def _not_a_file(mode: int) -> str | None:
+    """What a non-regular file found where the lock file belongs is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "no regular file"
 
 
 def _hide_secret(arg: str) -> str:

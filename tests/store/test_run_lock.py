@@ -122,3 +122,15 @@ def test_a_lock_that_cannot_be_opened_says_the_fix_that_fits_why(tmp_path, monke
             run_lock.hold(Layout(tmp_path), "run")
         line = capsys.readouterr().err.strip()
         assert len(line.splitlines()) == 1 and fix in line and f"({os.strerror(code)})" in line, line
+
+
+def test_a_fifo_where_the_run_lock_belongs_is_one_line_naming_it_and_the_fix(tmp_path, capsys):
+    import pytest
+    from kforge.store import run_lock
+    lock = tmp_path / "out" / ".kforge" / "run.lock"
+    lock.parent.mkdir(parents=True)
+    os.mkfifo(lock)
+    with pytest.raises(SystemExit) as stopped:
+        run_lock.hold(Layout(tmp_path), "run")
+    assert stopped.value.code == 2 and not run_lock._held
+    assert capsys.readouterr().err == f"kforge: {lock} is a FIFO, not the run lock kforge writes; remove it and run again\n"
