@@ -113,12 +113,15 @@ def _system_linker(chosen: str | None) -> tuple[Path | None, list[str]]:
     return None, tried
 
 
-def _libtriton() -> Path | None:
+def triton_dir() -> Path | None:
+    """The folder of the installed triton package (its libtriton, its ptxas), found without importing it."""
     spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    libtriton = Path(spec.submodule_search_locations[0]) / "_C" / "libtriton.so"
-    return libtriton if libtriton.is_file() else None
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def _libtriton() -> Path | None:
+    folder = triton_dir()
+    return folder / "_C" / "libtriton.so" if folder and (folder / "_C" / "libtriton.so").is_file() else None
 
 
 def _triton_label() -> str | None:

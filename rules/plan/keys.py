@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -64,18 +63,13 @@ def package_version(dist: str) -> str:
         return "not-installed"
 
 
-def _triton_dir() -> Path | None:
-    spec = importlib.util.find_spec("triton")
-    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
-
-
 def ptxas_path(sm: int) -> Path | None:
     """The ptxas Triton uses for this SM (ptxas-blackwell from sm_100 on), honouring Triton's overrides."""
     name = "ptxas-blackwell" if sm >= 100 else "ptxas"
     override = os.environ.get(f"TRITON_{name.upper().replace('-', '_')}_PATH")
     if override and Path(override).is_file():
         return Path(override)
-    tdir = _triton_dir()
+    tdir = amd_linker.triton_dir()
     default = tdir / "backends" / "nvidia" / "bin" / name if tdir else None
     return default if default and default.is_file() else None
 
