@@ -28,6 +28,7 @@ from kforge.base.archs import ARCHS
 from kforge.store import guard
 from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
 from kforge.store.inputs import InputIndex, well_formed
+from kforge.store.owned import kforge_meta, seal
 from kforge_runtime import schema
 from kforge_runtime.schema import COMPILE_TIME, ERROR, META
 
@@ -92,13 +93,6 @@ def meta(target, *, binary_name: str, binary: bytes, symbol: str, num_warps: int
 def files(binary_name: str, binary: bytes, meta: dict) -> dict[str, bytes]:
     """A compile's artifact as files (files_of's form): the binary, and meta.json sealed as install() writes it."""
     return {META: meta_bytes(meta), binary_name: binary}
-
-
-def seal(meta: dict) -> str:
-    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
-    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
-    rest = {k: v for k, v in meta.items() if k != "seal"}
-    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def meta_bytes(meta: dict) -> bytes:
@@ -226,6 +220,7 @@ def install(target, arrived: Candidate | Unchanged) -> dict:
     directory = guard.guard(target.layout.out, Path(target.out_dir) / META).parent   # never through a link out
     directory.mkdir(parents=True, exist_ok=True)
     if binary is not None:
+        _drop_binary(directory, keep=binary_name)   # another symbol's, of the build before
         for stale in (META, ERROR):   # un-mark first: from here until the last rename it is not built
             remove_entry(directory / stale)
         atomic_write(directory / binary_name, binary)
@@ -463,6 +458,17 @@ class Failure(NamedTuple):
         return self.message.split(TRACEBACK, 1)[0].rstrip("\n")
 
 
+def _drop_binary(directory: Path, keep: str | None = None) -> None:
+    """Delete the binary the folder's meta.json (kforge's) names, unless it is `keep`: a file kforge wrote and
+    no longer describes is left in no artifact folder (`doit clean` would take it for a user's)."""
+    old = kforge_meta(directory / META)
+    if old is not None and old["binary"] != keep:
+        try:
+            (directory / old["binary"]).unlink(missing_ok=True)
+        except IsADirectoryError:   # not a file kforge wrote
+            pass
+
+
 def write_error(target, message: str, inputs: list | None = None) -> None:
     """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
     ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
@@ -471,36 +477,50 @@ def write_error(target, message: str, inputs: list | None = None) -> None:
     except guard.OutsideOut:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
+    _drop_binary(directory)   # so that the folder holds only error.txt of kforge's (rules/store/owned.py)
     remove_entry(directory / META)
     read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
     atomic_write(directory / ERROR, f"key: {target.key}\n{read}{message}\n".encode())
 
 
+MESSAGE_LIMIT = 1 << 20   # bytes of error.txt's message read back: a failure's message and traceback are shown
+#                           whole below this; a restored or damaged error.txt of 200 MB cost `doit info` 44 s and
+#                           2.4 GB read whole
+INPUTS_LIMIT = 16 << 20   # its inputs line (~100 bytes a file the compile read); longer is no deterministic failure
+
+
 def read_error(target) -> Failure | None:
-    """The target's error.txt, or None when there is none (or it cannot be read)."""
+    """The target's error.txt, or None when there is none (or it cannot be read): its key and inputs lines and at
+    most MESSAGE_LIMIT bytes of its message, which then ends in a line saying where the rest is."""
     try:
-        with opened(target.error_path) as f:
-            text = f.read().decode("utf-8", "replace")
+        with opened(target.error_path, limit=1 << 62) as f:   # any size: only its head is read
+            head = f.readline(4096).decode("utf-8", "replace").rstrip("\n")
+            inputs_line = f.readline(INPUTS_LIMIT + 1) if f.peek(len(INPUTS)).startswith(INPUTS.encode()) else b""
+            body = f.read(MESSAGE_LIMIT + 1)
+            size = os.fstat(f.fileno()).st_size
     except OSError:
         return None
-    head, _, rest = text.partition("\n")
     inputs = None
-    if rest.startswith(INPUTS):
-        read, _, rest = rest.partition("\n")
+    if inputs_line.endswith(b"\n"):   # whole: one cut short is no record of what the compile read
         try:
-            inputs = json.loads(read.removeprefix(INPUTS))
+            inputs = json.loads(inputs_line.removeprefix(INPUTS.encode()))
         except (ValueError, RecursionError):
             inputs = None
+    rest = body[:MESSAGE_LIMIT].decode("utf-8", "replace")
+    if len(body) > MESSAGE_LIMIT:
+        rest += f"\n[... cut: {target.error_path} holds {size} bytes; the first {MESSAGE_LIMIT} of its message are shown]\n"
     # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
-    shown = "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in rest)
+    shown = rest if rest.replace("\n", "").replace("\t", "").isprintable() else \
+        "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in rest)
     return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, shown)
 
 
-def saved_failure(target) -> str | None:
+def saved_failure(target, failure: Failure | None = None) -> str | None:
     """The message of the target's deterministic failure (a compile error, a resource check) while its key and
     every file its compile read are unchanged: the compile would fail the same way, so it is reported from
-    error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed)."""
-    failure = read_error(target)
+    error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed). `failure`:
+    the error.txt the caller already read (read_error), so that it is read once."""
+    failure = failure if failure is not None else read_error(target)
     if failure is None or failure.key != target.key or not isinstance(failure.inputs, list):
         return None
     index = InputIndex.of(target.layout.observed_inputs)

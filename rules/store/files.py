@@ -4,16 +4,15 @@ processes, may replace the same file at once), and a failed write leaves no temp
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
 import shutil
-import stat
 import sys
 from pathlib import Path
 
 from kforge.store.guard import guard
+from kforge.store.reading import READ_LIMIT, NotAFile, opened, read_bytes  # noqa: F401  (files.opened, as before)
 
 
 @contextlib.contextmanager
@@ -60,45 +59,6 @@ def remove_entry(path: Path) -> None:
 def atomic_symlink(path: Path, target: Path) -> None:
     with replacing(path) as tmp:
         os.symlink(target, tmp)
-
-
-READ_LIMIT = 256 << 20   # bytes of any one file kforge reads back from out/ (the loader's limit on a binary)
-
-
-class NotAFile(OSError):
-    """What lies at the place of a file kforge wrote in out/ is not one it can read back (a link, a FIFO, a
-    device, a folder, a file over READ_LIMIT): an OSError, so that every reader treats it as unreadable."""
-
-
-def opened(path, limit: int = READ_LIMIT):
-    """A file kforge wrote under out/, opened for reading as untrusted data: out/ may come from another kforge, a
-    restored CI cache or an archive. Never through a link (a state file leading out of out/), never blocking on
-    a FIFO nor reading a device, never more than `limit` bytes: NotAFile says which. FileNotFoundError as open's."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise NotAFile(errno.ELOOP, "is a symbolic link, not a file kforge wrote", str(path)) from None
-        raise
-    try:
-        st = os.fstat(fd)
-        kind = next((name for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                                             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-                                             (stat.S_ISBLK, "a device")) if test(st.st_mode)), None)
-        if kind is not None:
-            raise NotAFile(errno.EINVAL, f"is {kind}, not a file kforge wrote", str(path))
-        if st.st_size > limit:
-            raise NotAFile(errno.EFBIG, f"is {st.st_size} bytes, over the {limit} kforge reads", str(path))
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
-    """The bytes of a file kforge wrote under out/ (opened()), at most `limit` of them."""
-    with opened(path, limit) as f:
-        return f.read(limit + 1)
 
 
 def drop_state(path: Path, why: str) -> None:

@@ -5,17 +5,19 @@ guard(out, path) is the check: a path is written or deleted only when its parent
 lie inside out/ (out/ itself may be a link: the whole tree is then elsewhere, as the user chose). The entry
 itself is never followed: files are replaced by rename and links unlinked as links. So a link planted under
 out/ (out/dist leading to a home directory, say) never carries a write or a delete outside it.
-`doit clean` and `doit prune` delete artifact directories out/<arch>/<kernel>/<config_id>/; directories left
-empty are removed up to, never including, out/ itself.
+`doit clean`, `prune` and `forget` delete kforge's own files in artifact directories out/<arch>/<kernel>/<config_id>/
+(rules/store/owned.py says which), never a user's file placed there; a directory that then holds something else is
+kept, said in one line; directories left empty are removed up to, never including, out/ itself.
 """
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from kforge.base.archs import ARCHS
+from kforge.store import owned
 from kforge_runtime.schema import ERROR, META
 
 
@@ -55,8 +57,10 @@ def remove_file(out: Path, path: Path) -> None:
 
 
 def remove_artifact_dir(out: Path, directory: Path) -> bool:
-    """Delete one artifact directory (or a symlink standing in its place) and the parents it leaves empty.
-    True if something was deleted; OutsideOut if the path is not strictly inside out/."""
+    """Delete one artifact directory's files that kforge wrote (owned.kforge_files; a symlink or file standing in
+    the directory's place goes as an entry), then the directory and the parents it leaves empty. A directory that
+    still holds something (a user's file placed inside) is kept, said on stderr in one line. True if something
+    was deleted; OutsideOut if the path is not strictly inside out/."""
     guard(out, directory)
     out = out.resolve()
     path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
@@ -65,7 +69,19 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
-        shutil.rmtree(path)
+        mine = owned.kforge_files(path)
+        if not mine:
+            return False
+        for file in mine:
+            file.unlink(missing_ok=True)
+        try:
+            path.rmdir()
+        except OSError:   # not empty: what is left is not kforge's
+            left = sorted(os.listdir(path)) if path.is_dir() else []
+            shown = ", ".join(_shown(n) for n in left[:3]) + (" ..." if len(left) > 3 else "")
+            sys.stderr.write(f"kforge: kept {_shown(directory)}: it holds files kforge did not write ({shown}); "
+                             f"kforge's own were deleted, delete the rest yourself if it is not yours\n")
+            return True
     else:
         return False
     for parent in path.parents:
@@ -76,6 +92,11 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
         except OSError:
             break
     return True
+
+
+def _shown(name) -> str:
+    """A name found in out/ (untrusted) as it may reach a terminal: control characters shown as U+FFFD."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in str(name))
 
 
 def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
@@ -97,7 +118,9 @@ def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = Non
 
 
 def written_by_kforge(directory: Path) -> bool:
-    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its meta.json or a
-    failure's error.txt. A link, or a folder without either (a user's saved profile), is someone else's."""
+    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its meta.json (sealed
+    as kforge seals it) or a failure's error.txt (first line "key: "), as rules/store/owned.py tells them. A link,
+    or a folder without either (a user's saved profile, or one holding a meta.json or error.txt of its own), is
+    someone else's."""
     return not directory.is_symlink() and directory.is_dir() and \
-        ((directory / META).is_file() or (directory / ERROR).is_file())
+        (owned.kforge_meta(directory / META) is not None or owned.kforge_error(directory / ERROR))

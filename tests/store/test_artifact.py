@@ -317,6 +317,24 @@ def test_a_restored_error_txt_never_reaches_a_terminal_with_its_control_characte
     assert failure.without_traceback == "k failed\ufffd[2J\n  error: boom\ufffdX\tY"
 
 
+def test_a_huge_error_txt_is_read_back_by_its_head_and_once(tmp_path, monkeypatch):
+    """A restored or damaged error.txt of any size: doit info and the build read its key, its inputs and at most
+    about 1 MiB of its message (a 200 MB one cost doit info 44 s and 2.4 GB), which says it was cut; a deterministic
+    failure is still one, and saved_failure takes the error.txt the caller already read instead of reading it again."""
+    import hashlib
+    root = tmp_path / "p"
+    (root / "k.py").parent.mkdir(parents=True)
+    (root / "k.py").write_text("x = 1\n")
+    target = target_at(root / "out" / "sm_90a" / "k" / "b512", key="K1")
+    inputs = [["k.py", hashlib.sha256(b"x = 1\n").hexdigest()]]
+    artifact.write_error(target, "k failed\n  error: boom" + artifact.TRACEBACK + "x" * (6 << 20), inputs)
+    failure = artifact.read_error(target)
+    assert failure.key == "K1" and failure.inputs == inputs and failure.without_traceback == "k failed\n  error: boom"
+    assert len(failure.message) < (1 << 20) + 1000 and f"{target.error_path} holds" in failure.message.splitlines()[-1]
+    monkeypatch.setattr(artifact, "read_error", lambda target: pytest.fail("error.txt read a second time"))
+    assert artifact.saved_failure(target, failure) == "k failed\n  error: boom"
+
+
 # --- CompileResult.values -------------------------------------------------------------------------------------
 
 

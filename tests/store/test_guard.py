@@ -43,3 +43,59 @@ def test_write_inside_and_remove_file_never_touch_what_a_link_leads_to(out, tmp_
     assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep.json"]
     write_inside(out, out / "tune" / "gfx942" / "k.json", b"{}")   # inside: written, its folders made
     assert (out / "tune" / "gfx942" / "k.json").read_bytes() == b"{}"
+
+
+# --- what clean, prune and forget may delete: only what kforge wrote (rules/store/owned.py) --------------------
+
+def kforge_artifact(directory, binary="k.cubin"):
+    """An artifact folder as kforge writes it: a sealed meta.json and the binary it names."""
+    from kforge.store import artifact
+    directory.mkdir(parents=True)
+    (directory / "meta.json").write_bytes(artifact.meta_bytes({"key": "K", "binary": binary, "sha256": "0"}))
+    (directory / binary).write_bytes(b"\x7fELF binary")
+    return directory
+
+
+def test_a_users_folder_holding_its_own_meta_json_or_error_txt_is_not_kforges(out):
+    arch_dir = out / "sm_90a" / "k"
+    mine = {"profile": {"meta.json": '{"run": 3, "key": "K", "binary": "k.cubin"}', "k.cubin": "\x7fELF mine"},
+            "notes": {"error.txt": "the run of Tuesday failed\nkey: K\n"},
+            "edited": {"meta.json": '{"key": "K", "binary": "k.cubin", "seal": "0000"}'},
+            "empty-key": {"error.txt": "key: K"}}   # no line: not as write_error writes it
+    for name, files in mine.items():
+        (arch_dir / name).mkdir(parents=True)
+        for file, text in files.items():
+            (arch_dir / name / file).write_text(text)
+        assert not guard.written_by_kforge(arch_dir / name), name
+    kforge_artifact(arch_dir / "built")
+    (arch_dir / "failed").mkdir()
+    (arch_dir / "failed" / "error.txt").write_text("key: K\nk failed\n")
+    for name in ("built", "failed"):
+        assert guard.written_by_kforge(arch_dir / name), name
+
+
+def test_removing_an_artifact_deletes_only_kforges_files_and_keeps_a_folder_holding_a_users(out, capsys):
+    kept = kforge_artifact(out / "sm_90a" / "k" / "c1")
+    (kept / "profile.ncu-rep").write_text("mine")
+    (kept / ".meta.json.123.0a1b2c3d.tmp").write_text("a write that was killed")
+    gone = kforge_artifact(out / "sm_90a" / "k" / "c2")
+    assert guard.remove_artifact_dir(out, kept) and guard.remove_artifact_dir(out, gone)
+    assert sorted(p.name for p in kept.iterdir()) == ["profile.ncu-rep"]
+    assert not gone.exists() and (out / "sm_90a" / "k").is_dir()
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith(f"kforge: kept {kept}: it holds files kforge did not write "
+                                                 f"(profile.ncu-rep)"), said
+
+
+def test_a_failure_after_a_build_leaves_only_error_txt_which_forget_deletes_with_its_folder(out):
+    from types import SimpleNamespace
+    from kforge.store import artifact
+    directory = kforge_artifact(out / "sm_90a" / "k" / "c1")
+    target = SimpleNamespace(layout=SimpleNamespace(out=out), out_dir=str(directory), key="K2")
+    artifact.write_error(target, "k failed")
+    assert [p.name for p in directory.iterdir()] == ["error.txt"]   # the binary no meta.json names is gone too
+    legacy = kforge_artifact(out / "sm_90a" / "k" / "c2")   # a kforge before kept the binary beside error.txt
+    (legacy / "meta.json").unlink()
+    (legacy / "error.txt").write_text("key: K\nk failed\n")
+    for folder in (directory, legacy):
+        assert guard.written_by_kforge(folder) and guard.remove_artifact_dir(out, folder) and not folder.exists()
