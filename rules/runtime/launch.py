@@ -20,9 +20,6 @@ CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # clusters of 16 CTAs (H100, B200), as Triton sets it
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
-SCALARS = {"i1": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
-           "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
-           "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
 # pointer element type -> torch dtype name, to catch a tensor of the wrong dtype before it is misread
 TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
                 "fp64": "torch.float64", "i8": "torch.int8", "i16": "torch.int16", "i32": "torch.int32",
@@ -261,7 +258,7 @@ class Arguments:
         check_launch_fields(entry)
         self.name, self.signature = entry["target"], entry["signature"]
         for a in self.signature:
-            if not a["type"].startswith("*") and a["type"] not in SCALARS and not tensordesc.is_descriptor(a["type"]):
+            if not a["type"].startswith("*") and a["type"] not in _SLOT and not tensordesc.is_descriptor(a["type"]):
                 raise LaunchError(f"{self.name}: argument {a['name']} has type {a['type']}, which this loader "
                                   f"cannot pass")
         try:
@@ -370,6 +367,7 @@ class Arguments:
         return value.data_ptr()
 
 
-# each argument's struct code, padded to its 8-byte slot (little-endian, as every GPU host kforge targets)
+# each argument's struct code, padded to its 8-byte slot (little-endian, as every GPU host kforge targets):
+# the scalar types this loader passes, and pointers ("*")
 _SLOT = {"*": "Q", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
          "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}
