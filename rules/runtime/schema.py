@@ -76,10 +76,6 @@ TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3}, "amd": {"
 #    "shapes": [{"shape": [<size per shape_arg>], "where": {<arg>: value}, "copies": n,
 #                "ranking": [{"config_id", "us", "runs"}, ...] (fastest first), "rejected": [{"config_id", "why"}]}]}
 TUNE_FORMAT = "kforge-tune-1"
-TUNE_FIELDS = ("format", "kernel", "arch", "key", "gpu", "torch", "shape_args", "where_args", "method", "seconds",
-               "shapes")
-TUNE_SHAPE_FIELDS = ("shape", "where", "copies", "ranking", "rejected")
-TUNE_RANKING_FIELDS = ("config_id", "us", "runs")
 
 ARTIFACT_FIELDS = {**ENTRY_FIELDS, "schema": int, "vendor": str, "size": int, "num_warps": int, "warp_size": int,
                    "constexprs": dict, "source": dict, "toolchain_versions": dict, "key": str}
