@@ -35,7 +35,7 @@ def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
     specialization)."""
     found: dict[str, dict] = {}
-    for record, _ in _lines(path, where):
+    for record in _lines(path, where):
         record = {k: v for k, v in record.items() if k != "autotune"}
         found.setdefault(json.dumps(record, sort_keys=True), record)
     return list(found.values())
@@ -45,7 +45,7 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
     """The autotuners' picks the file records: {"kernel", "arch", "key", "config"} per kernel, arch and
     autotuning key (for each arch the line is built for)."""
     picks: dict[tuple, dict] = {}
-    for record, _ in _lines(path, shown_path(path, root)):
+    for record in _lines(path, shown_path(path, root)):
         if "autotune" not in record:
             continue
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
@@ -56,8 +56,8 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
     return list(picks.values())
 
 
-def _lines(path: Path, where: str) -> list[tuple[dict, str]]:
-    """(record, where) per line of the file, each checked."""
+def _lines(path: Path, where: str) -> list[dict]:
+    """The file's records, one per line, each checked (a bad one: SpecError naming its line)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -72,7 +72,7 @@ def _lines(path: Path, where: str) -> list[tuple[dict, str]]:
         except ValueError as e:
             raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
         _check(record, at)
-        found.append((record, at))
+        found.append(record)
     if not found:
         raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
                         f"app.py`")
