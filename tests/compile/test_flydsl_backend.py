@@ -89,7 +89,7 @@ def test_every_flydsl_kernel_compiles_for_every_arch(tmp_path):
     picks = [next(t for t in listed if t.startswith(f"{n}:") and t.endswith(f"@{a}"))
              for n in names for a in FLY_ARCHS if any(t.startswith(f"{n}:") and t.endswith(f"@{a}") for t in listed)]
     assert len(picks) >= 11   # 4 families x 3 archs, minus fp8 on gfx90a
-    doit(root, "-n", "2", *picks)
+    doit(root, "-n", "1", *picks)   # one worker: each imports torch and FlyDSL
     assert statuses(root, "built") == set(picks)
     for name in picks:
         kernel, rest = name.split(":")
