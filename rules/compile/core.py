@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
+from kforge.store import inputs as inputs_index
 from kforge.load import device_model, isolate, observe, shared_env
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
@@ -230,6 +231,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
                         spans=(*spans, ("early cutoff", start, time.time()))))
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
+        _learn(target)
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
         lowered_at = time.time()
         candidate = checked(target, lowered)
@@ -306,11 +308,49 @@ def _inputs(recorder: observe.Recorder) -> list[list[str]]:
         return _memo.inputs
     files = recorder.files()
     stats, settled = _stats(files)
-    inputs = observe.digests(files, observe.bases(*_named_from), recorder.since_ns, recorder.folders(),
-                             recorder.written)
+    folders = observe.bases(*_named_from)
+    inputs = observe.digests(files, folders, recorder.since_ns, recorder.folders(),
+                             recorder.written, recorder.variables)
     # after hashing: opening the files to hash them adds their own names to what the recorder saw
     _memo.keep(recorder, files, stats, inputs, settled)
+    _hashed.update(_learned(stats, inputs, folders, recorder.written))
     return inputs
+
+
+_hashed: dict = {}   # {resolved path: [identity, sha256]} hashed here, not yet left for the doit process (_learn)
+
+
+def _learned(stats: tuple, inputs: list, folders, written) -> dict:
+    """What _inputs hashed that the doit process's index may take (rules/store/inputs.py, learn): each file that
+    is the same by stat after hashing as before it, changed last more than RACY_S before it was stat'ed (a
+    change within the file system clock's tick would leave its stat as it was), and not written by the process
+    (its digest is what it wrote, as digests() records it)."""
+    digests, own = dict(inputs), {os.path.realpath(p) for p in written}
+    recent = time.time_ns() - int(RACY_S * 1e9)   # the stats were taken before this: a stricter bound than theirs
+    found = {}
+    for path, *was in (s for s in stats if len(s) == 6):
+        real = os.path.realpath(path)
+        name = observe.name_of(path, folders)
+        digest = digests.get("./" + name if name.startswith(observe.VARIABLE) else name)   # digests()' naming
+        if digest is None or digest == observe.CHANGED or real in own or max(was[3], was[4]) >= recent:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] == was:
+            found[real] = [[st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size], digest]   # stamps.identity's
+    return found
+
+
+def _learn(target: Target) -> None:
+    """Leave what this server hashed for the doit process's index (only a hint: a write that fails is dropped)."""
+    if _hashed:
+        try:
+            inputs_index.learn(target.layout, dict(_hashed))
+        except (OSError, ValueError):   # ValueError: OutsideOut, a link leading out of out/
+            pass
+        _hashed.clear()
 
 
 class _InputsMemo:
@@ -356,7 +396,8 @@ class _InputsMemo:
 
 
 def _fixed(recorder: observe.Recorder) -> tuple:
-    return (frozenset(recorder.listed.items()), frozenset(sys.modules), recorder.skip, recorder.since_ns,
+    return (frozenset(recorder.listed.items()), frozenset(recorder.variables), frozenset(sys.modules), recorder.skip,
+            recorder.since_ns,
             tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
 
 
@@ -435,6 +476,7 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
     """Once in each fresh package server, after the fork: the family's [env] first (its module reads it when
     imported), then the compiler (the device model and set-up hooks come before the import: _enter_package)."""
     setting_up = time.time()
+    inherited = dict(os.environ)
     os.environ.update(dict(target.env))
     fixed_address_layout()
     if import_here:
@@ -445,7 +487,10 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
     if backend.arch_per_process:
         backend.setup(target.arch)
     _named_from[:] = [root, tuple(sys.path)]
-    observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
+    recorder = observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
+    # what kforge set here (the family's [env], the arch a backend reads) is in the key, and is not what the
+    # process that checks a target is up to date sees: never an observed input
+    recorder.given |= {k for k, v in os.environ.items() if inherited.get(k) != v}
     _set_up[:] = [setting_up, time.time()]
 
 

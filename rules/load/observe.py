@@ -22,6 +22,13 @@ by its listing, the sorted names in it (a config added to a folder a library glo
 The import system's own listings (importlib's FileFinder filling its cache) are not: what an import found is
 recorded as the file it read. Python's __pycache__ folder is left out of a listing (the interpreter adds it).
 
+Environment variables: a variable the library's own code reads (os.environ[...], .get, `in`, os.getenv) while
+recording is an input too, named `$NAME`, its digest that of its value (or of its absence): a kernel module
+that picks a block size from its environment gets a key that misses it, but not an up-to-date check or a cache
+hit that does. Reads by the toolchain and the standard library are not (Triton reads its knobs on every
+compile; those that decide code are in the key: rules/plan/keys.py), nor are whole-environment reads (a copy,
+an iteration) or C code's getenv.
+
 Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
 the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
 listings of the project folder or of a module path entry itself.
@@ -47,7 +54,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 # the distributions whose files (and whose requirements' files) are the toolchain, not inputs
@@ -203,6 +210,9 @@ class Recorder:
         self.seen: set[str] = set()
         self.written: set[str] = set()   # what the process itself wrote (opened to write, or renamed onto)
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
+        self.variables: set[str] = set()   # environment variables the library's code read
+        self.given: set[str] = set()   # variables this process set itself (kforge, or the library): not inputs
+        self._readers: dict[str, bool] = {}   # a reading frame's file -> whether it is the library's
         self._listing = False   # the hook's own listdir raises the event too
         self.modules: set[str] = set(sys.modules)
         self.active = False
@@ -218,6 +228,8 @@ class Recorder:
         if cls.installed is None:
             cls.installed = cls(root)
             sys.addaudithook(cls.installed._hook)
+            if type(os.environ) is os._Environ:   # the one object every reader holds: its class, not a copy
+                os.environ.__class__ = _ObservedEnviron
         return cls.installed
 
     def skip_out(self, out: str) -> None:
@@ -229,6 +241,7 @@ class Recorder:
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
         self.seen, self.written, self.listed, self.modules = set(), set(), {}, set(sys.modules)
+        self.variables = set()
         self.active, self.since_ns = True, time.time_ns()
 
     def _hook(self, event: str, args: tuple) -> None:
@@ -264,6 +277,17 @@ class Recorder:
             name = args[0]
             if isinstance(name, str) and os.sep in name:   # by path; a bare name is the dynamic linker's search
                 self.seen.add(name)
+
+    def read_variable(self, name: str, frame) -> None:
+        """An environment variable read at `frame` (os's and the mapping's own frames skipped): kept when the
+        code reading it is the library's, a file that is an input where it lies."""
+        while frame is not None and frame.f_code.co_filename in ENVIRON_CODE:
+            frame = frame.f_back
+        where = frame.f_code.co_filename if frame is not None else ""
+        if where not in self._readers:
+            self._readers[where] = os.path.isabs(where) and self._source(where, self._within()) is not None
+        if self._readers[where] and name not in self.given:
+            self.variables.add(name)
 
     def files(self) -> set[str]:
         """The absolute paths recorded since start(), as they were opened, filtered (see the module docstring)."""
@@ -355,13 +379,14 @@ def _as_opened(path: str) -> str | None:
 
 
 def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
-            listed: dict[str, str] | None = None, written: Iterable[str] = ()) -> list[list[str]]:
+            listed: dict[str, str] | None = None, written: Iterable[str] = (),
+            variables: Iterable[str] = ()) -> list[list[str]]:
     """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
     (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since
     `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which no
     content matches, so the next run rebuilds; unless the process wrote it itself (`written`: a module that
     generates a file and imports it), when what it wrote is the input: a generator that writes the same bytes
-    reaches a no-op."""
+    reaches a no-op. An environment variable read (Recorder.variables) is `$NAME` with variable_digest()."""
     found = {}
     own = {os.path.realpath(p) for p in written}
     for path in files:
@@ -372,10 +397,22 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
                     if st.st_ctime_ns < since_ns or not since_ns or os.path.realpath(path) in own else CHANGED
         except OSError:
             continue
-        found[name_of(path, folders)] = digest
+        found[_file_name(name_of(path, folders))] = digest
     for path, digest in (listed or {}).items():
-        found[name_of(path, folders) + "/"] = digest
+        found[_file_name(name_of(path, folders)) + "/"] = digest
+    for variable in variables:
+        found[VARIABLE + variable] = variable_digest(variable)
     return [[n, found[n]] for n in sorted(found)]
+
+
+def _file_name(name: str) -> str:
+    """A file's name that cannot be read as a variable's: a file at the project's top named `$X` is `./$X`."""
+    return "./" + name if name.startswith(VARIABLE) else name
+
+
+def variable_digest(name: str) -> str:
+    """sha256 of an environment variable's value as this process sees it; unset is not the empty string."""
+    return hashlib.sha256(json.dumps(os.environ.get(name)).encode()).hexdigest()
 
 
 def listing_digest(folder: str) -> str:
@@ -385,7 +422,27 @@ def listing_digest(folder: str) -> str:
     return hashlib.sha256(json.dumps(names).encode()).hexdigest()
 
 
+class _ObservedEnviron(os._Environ):
+    """os.environ while a Recorder is installed: a read of one variable tells the recorder (get, `in` and
+    os.getenv all read through __getitem__)."""
+
+    def __getitem__(self, key):
+        recorder = Recorder.installed
+        if recorder is not None and recorder.active and isinstance(key, str):
+            recorder.read_variable(key, sys._getframe(1))
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        recorder = Recorder.installed
+        if recorder is not None and isinstance(key, str):   # what the process set, it reads back: no input
+            recorder.given.add(key)
+        super().__setitem__(key, value)
+
+
 CHANGED = "changed-while-read"
+VARIABLE = "$"   # an input named $NAME is the environment variable NAME
+# the frames of a read itself, as their code names its file (a frozen module's is "<frozen os>")
+ENVIRON_CODE = frozenset(f.__code__.co_filename for f in (os.getenv, os._Environ.__getitem__, Mapping.get))
 LISTINGS = ("os.listdir", "os.scandir")
 METADATA = (".dist-info", ".egg-info")   # a distribution's metadata folder
 IMPORT_SYSTEM = "<frozen importlib._bootstrap_external>"

@@ -8,16 +8,29 @@ doit's own file_dep check is: out/.kforge/observed-inputs.json remembers, per fi
 and the identity (inode, mtime, ctime, size: rules/base/stamps.py) its content was hashed at, and per meta.json
 (by its identity) the set of inputs it lists, so a no-op run reads no meta.json and hashes nothing: it stats
 each distinct file once. The sets are shared (a family's targets usually read the same files).
+
+The compile servers hash what a compile read in their own processes: each leaves what it hashed, by resolved path
+and identity, in out/.kforge/hashed/ (learn), and the index takes those digests for a file whose identity is
+still the one hashed, so the first no-op after a build stats an input it read instead of hashing it again (a
+2 GiB input cost that no-op 11.2 s).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
+from pathlib import Path
 
 from kforge.load import observe
 from kforge.base import stamps
 from kforge.base.layout import Layout
-from kforge.store.files import JsonState, opened
+from kforge.store.files import JsonState, opened, read_state, remove_entry, write_inside
+from kforge.store.guard import guard
+
+LEARNED = "hashed"        # out/.kforge/hashed/<pid>-<hex>.json: {real path: [identity, sha256]} a server hashed
+LEARNED_LIMIT = 200_000   # entries kept for files no target's check has asked about yet (the oldest go first)
+LEARNED_FILES = 1000      # files of out/.kforge/hashed/ read at once (more: the rest at the next run)
 
 
 class InputIndex(JsonState):
@@ -31,6 +44,9 @@ class InputIndex(JsonState):
             self.entries = {"folders": list(self.folders), "files": {}, "sets": {}, "targets": {}}
             self.changed = True
         self.files, self.sets, self.targets = (self.entries.setdefault(k, {}) for k in ("files", "sets", "targets"))
+        self.learned = self.entries.setdefault("learned", {})
+        self._taken = _take_learned(Path(path).parent / LEARNED, self.learned)   # deleted once saved
+        self.changed = self.changed or bool(self._taken)
         self._now: dict[str, str | None] = {}        # name -> digest, this run
         self._verdict: dict[str, str | None] = {}    # set id -> the first changed name, or None
 
@@ -61,26 +77,74 @@ class InputIndex(JsonState):
 
     def digest(self, name: str) -> str | None:
         """sha256 of the file the name resolves to now (None: no such file), hashed only if its identity moved; of
-    the folder's listing for `<folder>/`."""
+    the folder's listing for `<folder>/`; of an environment variable's value for `$NAME`."""
+        if name.startswith(observe.VARIABLE):   # `$NAME`: an environment variable, as this process sees it
+            return observe.variable_digest(name[len(observe.VARIABLE):])
         if name not in self._now:
             saved = self.files.get(name)
             path = observe.resolve(name, self.folders)   # each run: a file put earlier on the path shadows it
             found = None
             if path is not None:
                 identity = stamps.identity(path)
+                known = self.learned.pop(os.path.realpath(path), None) if not name.endswith("/") else None
                 if saved and saved[:2] == [path, identity]:
                     found = saved[2]
                 else:   # `<folder>/`: its listing (a folder's identity moves when a name is added or removed)
-                    found = _listing(path) if name.endswith("/") else _sha256(path)
+                    hashed_by_a_server = known is not None and identity is not None and known[0] == identity
+                    found = known[1] if hashed_by_a_server else _listing(path) if name.endswith("/") else \
+                        _sha256(path)
                     self.files[name] = [path, identity, found]
                     self.changed = True
             self._now[name] = found
         return self._now[name]
 
 
+    def save(self) -> None:
+        """Save the index, then delete the servers' files it took in (their digests are in it now)."""
+        if len(self.learned) > LEARNED_LIMIT:
+            for stale in list(self.learned)[:len(self.learned) - LEARNED_LIMIT]:
+                del self.learned[stale]
+        super().save()
+        for taken in self._taken:
+            try:
+                remove_entry(guard(self.path.parents[1], taken))
+            except (OSError, ValueError):   # read-only out/, a link on the way out of it: read again next time
+                pass
+        self._taken = []
+
     @staticmethod
     def well_shaped(entries: dict) -> bool:
         return _well_shaped(entries)
+
+
+def learn(layout: Layout, hashed: dict) -> None:
+    """Leave what a compile server hashed ({resolved path: [identity, sha256]}, each file's identity the same
+    before and after hashing and not changed within RACY_S) for the doit process's index to take in."""
+    if hashed:
+        write_inside(layout.out, layout.state / LEARNED / f"{os.getpid()}-{secrets.token_hex(4)}.json",
+                     json.dumps(hashed, separators=(",", ":")).encode())
+
+
+def _take_learned(folder: Path, into: dict) -> list[Path]:
+    """Merge the servers' files in `folder` into `into`; the files read (one of another shape is dropped with one
+    warning, as every state file is)."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:LEARNED_FILES]
+    except OSError:
+        return []
+    taken = []
+    for name in names:
+        found = read_state(folder / name, _learned_shape)
+        if found is not None:
+            into.update(found)
+            taken.append(folder / name)
+    return taken
+
+
+def _learned_shape(entries: dict) -> bool:
+    """{path: [identity, sha256]}: an identity is stamps.identity's [inode, mtime_ns, ctime_ns, size]."""
+    return all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) and isinstance(v[0], list)
+               and len(v[0]) == 4 and all(type(x) is int for x in v[0]) for v in entries.values())
 
 
 def _well_shaped(entries: dict) -> bool:
@@ -92,7 +156,8 @@ def _well_shaped(entries: dict) -> bool:
     return (all(isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list)
                 and isinstance(v[2], (str, type(None))) for v in files.values())
             and all(isinstance(v, list) and well_formed(v) for v in sets.values())
-            and all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in targets.values()))
+            and all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in targets.values())
+            and isinstance(entries.get("learned", {}), dict) and _learned_shape(entries.get("learned", {})))
 
 
 def listed_inputs(meta_path: str) -> list | None:

@@ -214,3 +214,65 @@ def test_a_file_is_hashed_a_chunk_at_a_time(tmp_path, monkeypatch):
     found = observe.digests([str(big)], (observe.Base(str(tmp_path)),))
     assert found == [["big.bin", hashlib.sha256(b"x" * (3 << 20)).hexdigest()]]
     assert reads and -1 not in reads and max(reads) < (3 << 20)   # never the whole file at once
+
+
+def test_an_environment_variable_the_librarys_code_reads_is_an_input_and_the_toolchains_reads_are_not(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "envmod.py").write_text('import os\nA = os.environ.get("OSX_A")\nB = os.getenv("OSX_B")\n'
+                                   'C = "OSX_C" in os.environ\nD = os.environ.get("OSX_D", "1")\n'
+                                   'os.environ["OSX_E"] = "set here"\nE = os.environ["OSX_E"]\n')
+    script = f'''
+import os, sys, json
+sys.path.insert(0, {str(lib)!r})
+from kforge.load import observe
+recorder = observe.Recorder.install({str(tmp_path)!r})
+recorder.start()
+os.environ.get("OSX_NOT_THE_LIBRARYS")   # this script is no input: nor is what it reads
+import json.decoder, envmod
+print(json.dumps(sorted(recorder.variables)))
+print(json.dumps(observe.digests([], observe.bases({str(tmp_path)!r}), variables=recorder.variables)))
+'''
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OSX_A="a", OSX_D=""))
+    assert proc.returncode == 0, proc.stderr
+    variables, inputs = map(json.loads, proc.stdout.splitlines()[-2:])
+    assert variables == ["OSX_A", "OSX_B", "OSX_C", "OSX_D"]   # E: the library set it itself
+    digests = dict(inputs)
+    assert list(digests) == ["$OSX_A", "$OSX_B", "$OSX_C", "$OSX_D"]
+    assert digests["$OSX_B"] == digests["$OSX_C"] != digests["$OSX_D"]   # unset is not the empty string
+
+
+def test_a_file_named_like_a_variable_is_no_variable(tmp_path):
+    (tmp_path / "$HOME").write_text("x")
+    [[name, _]] = observe.digests([str(tmp_path / "$HOME")], observe.bases(str(tmp_path), []))
+    assert name == "./$HOME"
+
+
+ENV_READER = 'import os\nimport triton.language as _tl\nFACTOR = _tl.constexpr(int(os.environ.get("TK_FACTOR", "2")))\n'
+
+
+def test_a_kernel_module_that_reads_a_variable_rebuilds_when_it_changes_and_a_family_env_is_no_observed_input(
+        tmp_path):
+    """The variable decides the binary (a constexpr global) but no key: the up-to-date check must see it. A
+    variable the family's [env] sets is in the key, and the process checking has no such value: never an input
+    (a build would be stale for ever)."""
+    from tests.support import doit, kernel_text, make_project, spec_text, statuses
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()},
+                        kernels={"scale": ENV_READER + kernel_text(factor="FACTOR")})
+    meta = root / "out/sm_90a/scale/fp16-b256-w4/meta.json"
+    target = {"scale:fp16-b256-w4@sm_90a"}
+    binaries = []
+    for env in ({"KFORGE_LOCAL_CACHE": "off"}, {"KFORGE_LOCAL_CACHE": "off", "TK_FACTOR": "3"}):   # unset, then 3
+        for status in ("built", "up-to-date"):
+            doit(root, "-n", "1", env=env)
+            assert statuses(root, status) == target, (env, status)
+        binaries.append(json.loads(meta.read_text())["sha256"])
+        assert "$TK_FACTOR" in dict(json.loads(meta.read_text())["inputs"])
+    assert binaries[0] != binaries[1]
+    spec = root / "specs" / "scale.toml"
+    spec.write_text(spec.read_text() + '\n[env]\nTK_FACTOR = "4"\n')
+    for status in ("built", "up-to-date"):
+        doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
+        assert statuses(root, status) == target, status
+    assert "$TK_FACTOR" not in dict(json.loads(meta.read_text())["inputs"])
