@@ -213,6 +213,7 @@ class Recorder:
         self.variables: set[str] = set()   # environment variables the library's code read
         self.given: set[str] = set()   # variables this process set itself (kforge, or the library): not inputs
         self._readers: dict[str, bool] = {}   # a reading frame's file -> whether it is the library's
+        self._whole: set[tuple] = set()   # (code, line) where the whole environment was iterated
         self._listing = False   # the hook's own listdir raises the event too
         self.modules: set[str] = set(sys.modules)
         self.active = False
@@ -279,15 +280,23 @@ class Recorder:
                 self.seen.add(name)
 
     def read_variable(self, name: str, frame) -> None:
-        """An environment variable read at `frame` (os's and the mapping's own frames skipped): kept when the
-        code reading it is the library's, a file that is an input where it lies."""
-        while frame is not None and frame.f_code.co_filename in ENVIRON_CODE:
-            frame = frame.f_back
-        where = frame.f_code.co_filename if frame is not None else ""
+        """An environment variable read at `frame`: kept when the code reading it is the library's, a file that
+        is an input where it lies, and the read is of that one variable (not at a line that went through every
+        variable: a copy, dict(os.environ), a loop over its items)."""
+        frame = _reader(frame)
+        if frame is None or name in self.given or (frame.f_code, frame.f_lineno) in self._whole:
+            return
+        where = frame.f_code.co_filename
         if where not in self._readers:
             self._readers[where] = os.path.isabs(where) and self._source(where, self._within()) is not None
-        if self._readers[where] and name not in self.given:
+        if self._readers[where]:
             self.variables.add(name)
+
+    def read_whole(self, frame) -> None:
+        """The environment iterated at `frame`: the reads at the same line are of all of it, not of a variable."""
+        frame = _reader(frame)
+        if frame is not None:
+            self._whole.add((frame.f_code, frame.f_lineno))
 
     def files(self) -> set[str]:
         """The absolute paths recorded since start(), as they were opened, filtered (see the module docstring)."""
@@ -405,6 +414,13 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     return [[n, found[n]] for n in sorted(found)]
 
 
+def _reader(frame):
+    """The frame that read the environment: the first one outside os's and the mapping's own code."""
+    while frame is not None and frame.f_code.co_filename in ENVIRON_CODE:
+        frame = frame.f_back
+    return frame
+
+
 def _file_name(name: str) -> str:
     """A file's name that cannot be read as a variable's: a file at the project's top named `$X` is `./$X`."""
     return "./" + name if name.startswith(VARIABLE) else name
@@ -431,6 +447,12 @@ class _ObservedEnviron(os._Environ):
         if recorder is not None and recorder.active and isinstance(key, str):
             recorder.read_variable(key, sys._getframe(1))
         return super().__getitem__(key)
+
+    def __iter__(self):
+        recorder = Recorder.installed
+        if recorder is not None and recorder.active:
+            recorder.read_whole(sys._getframe(1))
+        return super().__iter__()
 
     def __setitem__(self, key, value):
         recorder = Recorder.installed

@@ -221,7 +221,9 @@ def test_an_environment_variable_the_librarys_code_reads_is_an_input_and_the_too
     lib.mkdir()
     (lib / "envmod.py").write_text('import os\nA = os.environ.get("OSX_A")\nB = os.getenv("OSX_B")\n'
                                    'C = "OSX_C" in os.environ\nD = os.environ.get("OSX_D", "1")\n'
-                                   'os.environ["OSX_E"] = "set here"\nE = os.environ["OSX_E"]\n')
+                                   'os.environ["OSX_E"] = "set here"\nE = os.environ["OSX_E"]\n'
+                                   'ALL = dict(os.environ)\nCOPY = os.environ.copy()\n'
+                                   'SOME = {k: v for k, v in os.environ.items() if k.startswith("OSX")}\n')
     script = f'''
 import os, sys, json
 sys.path.insert(0, {str(lib)!r})
