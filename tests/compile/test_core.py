@@ -360,6 +360,32 @@ def inputs_of(tmp_path, monkeypatch):
     return root, observe.Recorder(str(root)), hashed
 
 
+def test_a_server_leaves_what_it_hashed_for_the_index_only_for_files_settled_before_it_looked(tmp_path, monkeypatch):
+    """The first no-op after a build stats what the compile servers hashed instead of hashing it again
+    (rules/store/inputs.py, learn): each file by its resolved path and stat identity, unless it changed within
+    RACY_S of being looked at (its stat might not move on a change in the same clock tick)."""
+    root, recorder, _ = inputs_of(tmp_path, monkeypatch)
+    monkeypatch.setattr(compile_core, "_hashed", {})
+    a = root / "tk" / "a.py"
+    recorder.seen = {str(a)}
+    compile_core._inputs(recorder)   # a.py was written just now: not settled
+    assert compile_core._hashed == {}
+    monkeypatch.setattr(compile_core, "_memo", compile_core._InputsMemo())
+    import time
+    old = time.time_ns() - 10 ** 10
+    os.utime(a, ns=(old, old))   # its ctime is now, though: still not settled
+    compile_core._inputs(recorder)
+    assert compile_core._hashed == {}
+    monkeypatch.setattr(compile_core, "RACY_S", 0.0)
+    monkeypatch.setattr(compile_core, "_memo", compile_core._InputsMemo())
+    compile_core._inputs(recorder)
+    st = os.stat(a)
+    assert compile_core._hashed == {os.path.realpath(a): [[st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size],
+                                                          hashlib.sha256(b"A = 1\n").hexdigest()]}
+    compile_core._learn(types.SimpleNamespace(layout=Layout(root)))
+    assert compile_core._hashed == {} and len(list((root / "out" / ".kforge" / "hashed").iterdir())) == 1
+
+
 # --- early cutoff: an input changed that cannot change a target's code compiles nothing -----------------------
 
 ALLOPS_KERNEL = '''
