@@ -2,7 +2,7 @@
 
 An artifact folder out/<arch>/<kernel>/<config_id>/ holds, of kforge's, a meta.json sealed as kforge seals it (or,
 from a kforge before seals, one with every field kforge writes), the binary that meta.json names, an error.txt
-whose first line is "key: <key>", and the temp file of a write that was killed (".<name>.<pid>.<hex>.tmp").
+whose first line is "key: <the target's sha256 key>", and the temp file of a write that was killed (".<name>.<pid>.<hex>.tmp").
 A failure or a rebuild drops the binary the old meta.json named; a kforge before that kept it beside error.txt:
 in a folder holding kforge's error.txt and no meta.json of kforge's, an ELF named <symbol>.cubin or .hsaco is the
 binary that build left. Anything else there (a user's saved profile, notes, a subfolder, a meta.json or error.txt of their own) is theirs.
@@ -22,7 +22,7 @@ from kforge_runtime.archs import ARCHS
 from kforge_runtime.schema import ERROR, META
 
 META_LIMIT = 64 << 20   # a meta.json past this is no artifact's (its inputs list runs ~100 bytes a file read)
-ERROR_HEAD = "key: "    # error.txt's first line, as rules/store/artifact.py's write_error writes it
+KEY_LINE = re.compile(rb"key: [0-9a-f]{64}")   # error.txt's first line as write_error writes it: an action key
 BINARY_SUFFIXES = tuple(sorted({f".{a.binary_ext}" for a in ARCHS.values()}))
 TEMP_NAME = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{8}\.tmp")   # rules/store/files.py's replacing()
 
@@ -49,13 +49,14 @@ def kforge_meta(path: Path) -> dict | None:
 
 
 def kforge_error(path: Path) -> bool:
-    """Whether the error.txt at `path` is one kforge wrote: a file whose first line is "key: <key>"."""
+    """Whether the error.txt at `path` is one kforge wrote: a file whose first line is "key: <key>", the key a
+    sha256 (rules/plan/keys.py's action_key) as every target's is."""
     try:
         with opened(path) as f:
             head = f.read(4096).split(b"\n", 1)
     except OSError:
         return False
-    return len(head) == 2 and head[0].startswith(ERROR_HEAD.encode())
+    return len(head) == 2 and KEY_LINE.fullmatch(head[0]) is not None
 
 
 def kforge_files(directory: Path) -> list[Path]:

@@ -47,6 +47,9 @@ def test_write_inside_and_remove_file_never_touch_what_a_link_leads_to(out, tmp_
 
 # --- what clean, prune and forget may delete: only what kforge wrote (rules/store/owned.py) --------------------
 
+KEY = "ab" * 32   # a target's action key: a sha256
+
+
 def kforge_artifact(directory, binary="k.cubin"):
     """An artifact folder as kforge writes it: a sealed meta.json and the binary it names."""
     from kforge.store import artifact
@@ -60,8 +63,9 @@ def test_a_users_folder_holding_its_own_meta_json_or_error_txt_is_not_kforges(ou
     arch_dir = out / "sm_90a" / "k"
     mine = {"profile": {"meta.json": '{"run": 3, "key": "K", "binary": "k.cubin"}', "k.cubin": "\x7fELF mine"},
             "notes": {"error.txt": "the run of Tuesday failed\nkey: K\n"},
+            "keyed": {"error.txt": "key: mine\nnot kforge's\n"},   # no action key (a sha256) on its first line
             "edited": {"meta.json": '{"key": "K", "binary": "k.cubin", "seal": "0000"}'},
-            "empty-key": {"error.txt": "key: K"}}   # no line: not as write_error writes it
+            "one-line": {"error.txt": f"key: {KEY}"}}   # no line end: not as write_error writes it
     for name, files in mine.items():
         (arch_dir / name).mkdir(parents=True)
         for file, text in files.items():
@@ -69,7 +73,7 @@ def test_a_users_folder_holding_its_own_meta_json_or_error_txt_is_not_kforges(ou
         assert not guard.written_by_kforge(arch_dir / name), name
     kforge_artifact(arch_dir / "built")
     (arch_dir / "failed").mkdir()
-    (arch_dir / "failed" / "error.txt").write_text("key: K\nk failed\n")
+    (arch_dir / "failed" / "error.txt").write_text(f"key: {KEY}\nk failed\n")
     for name in ("built", "failed"):
         assert guard.written_by_kforge(arch_dir / name), name
 
@@ -91,11 +95,11 @@ def test_a_failure_after_a_build_leaves_only_error_txt_which_forget_deletes_with
     from types import SimpleNamespace
     from kforge.store import artifact
     directory = kforge_artifact(out / "sm_90a" / "k" / "c1")
-    target = SimpleNamespace(layout=SimpleNamespace(out=out), out_dir=str(directory), key="K2")
+    target = SimpleNamespace(layout=SimpleNamespace(out=out), out_dir=str(directory), key=KEY)
     artifact.write_error(target, "k failed")
     assert [p.name for p in directory.iterdir()] == ["error.txt"]   # the binary no meta.json names is gone too
     legacy = kforge_artifact(out / "sm_90a" / "k" / "c2")   # a kforge before kept the binary beside error.txt
     (legacy / "meta.json").unlink()
-    (legacy / "error.txt").write_text("key: K\nk failed\n")
+    (legacy / "error.txt").write_text(f"key: {KEY}\nk failed\n")
     for folder in (directory, legacy):
         assert guard.written_by_kforge(folder) and guard.remove_artifact_dir(out, folder) and not folder.exists()
