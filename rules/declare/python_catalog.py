@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kforge.base.errors import SpecError
 from kforge.declare.spec import SCHEMA, spec_from_tables   # family() takes the TOML spec's tables
+from kforge.declare.spec_model import shown_path
 
 KERNEL_KEYS = tuple(SCHEMA["kernel"])
 TABLES = tuple(t for t in SCHEMA if t != "kernel")
@@ -40,7 +41,7 @@ def family(**arguments) -> None:
     """Declare one kernel family (see the module docstring)."""
     caller = sys._getframe(1)
     filename, line = caller.f_code.co_filename, caller.f_lineno
-    where = f"{_relative(Path(filename), _root) if _root else filename}:{line}"
+    where = f"{shown_path(Path(filename), _root) if _root else filename}:{line}"
     if _declared is None:
         raise SpecError(f"{where}: family() is called by a catalog file while kforge loads it "
                         f"(specs/*.py, or a catalog named by [tool.kforge] in pyproject.toml)")
@@ -76,13 +77,13 @@ def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[
     child process (rules/load/load_guard.py: a time and memory limit, its processes killed when it ends); the
     families are checked by the caller, where the probe of their modules lives."""
     from kforge.load import load_guard
-    shown = _relative(path, root)
+    shown = shown_path(path, root)
     declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
     if read is not None:
         read.update(map(Path, files))
     if not declared:
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
-    return [(tables, f"{_relative(Path(filename), root)}:{line}: family {name!r}", name)
+    return [(tables, f"{shown_path(Path(filename), root)}:{line}: family {name!r}", name)
             for tables, filename, line, name in declared]
 
 
@@ -171,9 +172,3 @@ def _failing_line(error: Exception, path: Path) -> str:
     return line
 
 
-def _relative(path: Path, root: Path) -> str:
-    """A path as messages show it: relative to the project when inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)

@@ -331,13 +331,6 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def module_base(path: Path, module: str) -> Path:
-    """The sys.path entry the module `module` at `path` is imported from (module_name's inverse): the project
-    root for a project file, site-packages for an installed one."""
-    depth = len(module.split(".")) + (path.name == "__init__.py")
-    return path.parents[depth - 1]
-
-
 BUILD_DIR = "out"   # at the root: kforge's outputs
 NOT_PROJECT_DIRS = {"site-packages", "dist-packages", "__pycache__", "node_modules"}   # at any depth
 
