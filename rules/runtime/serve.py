@@ -66,7 +66,11 @@ def entry_identity(entry: dict) -> str | None:
         source = entry.get("source") or {}
         if not isinstance(entry["arch"], str):
             return None
-        return identity(f"{source['module']}:{source['entry']}", entry["arch"],
+        # the function as Triton's JIT names a call's (its def's module and qualified name): a spec may name it
+        # where the library re-exports it, or a module-level name a factory's kernel is bound to
+        function = entry.get("triton_function")
+        kernel = function if isinstance(function, str) else f"{source['module']}:{source['entry']}"
+        return identity(kernel, entry["arch"],
                         [[a["name"], a["type"]] for a in entry["signature"]], dict(entry.get("constexprs") or {}),
                         list(entry.get("divisible_by_16") or []), dict(entry.get("options") or {}))
     except (KeyError, TypeError, AttributeError, ValueError):

@@ -26,6 +26,14 @@ def test_any_difference_is_another_identity():
         assert serve.entry_identity({**ENTRY, **change}) != serve.record_identity(LINE)
 
 
+def test_an_entry_of_a_kernel_a_spec_names_where_it_is_re_exported_matches_the_calls_of_its_def():
+    # the spec names tk.public:kernel (a re-export, a factory's module-level name); Triton's JIT names the call's
+    # function by its def: the compile records that name, and serving matches by it
+    public = {**ENTRY, "source": {"module": "tk.public", "entry": "kernel"}}
+    assert serve.entry_identity(public) != serve.record_identity(LINE)
+    assert serve.entry_identity({**public, "triton_function": "tk.scale:scale_kernel"}) == serve.record_identity(LINE)
+
+
 def test_an_unreadable_entry_has_no_identity():
     assert serve.entry_identity({"arch": "sm_90a"}) is None
 
