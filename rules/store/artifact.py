@@ -491,15 +491,28 @@ INPUTS_LIMIT = 16 << 20   # its inputs line (~100 bytes a file the compile read)
 
 def read_error(target) -> Failure | None:
     """The target's error.txt, or None when there is none (or it cannot be read): its key and inputs lines and at
-    most MESSAGE_LIMIT bytes of its message, which then ends in a line saying where the rest is."""
+    most MESSAGE_LIMIT bytes of its message, which then ends in a line saying where the rest is. The same file
+    asked for again (doit info's state, then saved_failure) is not read again while its identity is the same."""
     try:
         with opened(target.error_path, limit=1 << 62) as f:   # any size: only its head is read
+            st = os.fstat(f.fileno())
+            identity = (target.error_path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if _last_error[0] == identity:   # written only by rename (write_error): a new inode, a new identity
+                return _last_error[1]
             head = f.readline(4096).decode("utf-8", "replace").rstrip("\n")
             inputs_line = f.readline(INPUTS_LIMIT + 1) if f.peek(len(INPUTS)).startswith(INPUTS.encode()) else b""
             body = f.read(MESSAGE_LIMIT + 1)
-            size = os.fstat(f.fileno()).st_size
+            size = st.st_size
     except OSError:
         return None
+    _last_error[:] = [identity, _failure(target, head, inputs_line, body, size)]
+    return _last_error[1]
+
+
+_last_error: list = [None, None]   # the last error.txt read_error read: (its path and identity, the Failure)
+
+
+def _failure(target, head: str, inputs_line: bytes, body: bytes, size: int) -> Failure:
     inputs = None
     if inputs_line.endswith(b"\n"):   # whole: one cut short is no record of what the compile read
         try:
@@ -508,7 +521,8 @@ def read_error(target) -> Failure | None:
             inputs = None
     rest = body[:MESSAGE_LIMIT].decode("utf-8", "replace")
     if len(body) > MESSAGE_LIMIT:
-        rest += f"\n[... cut: {target.error_path} holds {size} bytes; the first {MESSAGE_LIMIT} of its message are shown]\n"
+        rest += (f"\n[... cut: {target.error_path} holds {size} bytes; the first {MESSAGE_LIMIT} of its message are "
+                 f"shown]\n")
     # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
     shown = rest if rest.replace("\n", "").replace("\t", "").isprintable() else \
         "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in rest)

@@ -2,10 +2,11 @@
 
 An artifact folder out/<arch>/<kernel>/<config_id>/ holds, of kforge's, a meta.json sealed as kforge seals it (or,
 from a kforge before seals, one with every field kforge writes), the binary that meta.json names, an error.txt
-whose first line is "key: <the target's sha256 key>", and the temp file of a write that was killed (".<name>.<pid>.<hex>.tmp").
-A failure or a rebuild drops the binary the old meta.json named; a kforge before that kept it beside error.txt:
-in a folder holding kforge's error.txt and no meta.json of kforge's, an ELF named <symbol>.cubin or .hsaco is the
-binary that build left. Anything else there (a user's saved profile, notes, a subfolder, a meta.json or error.txt of their own) is theirs.
+whose first line is "key: <the target's sha256 key>", and the temp file of a write that was killed
+(".<name>.<pid>.<hex>.tmp"). A failure or a rebuild drops the binary the old meta.json named; a kforge before that
+kept it beside error.txt: in a folder holding kforge's error.txt and no meta.json of kforge's, an ELF named
+<symbol>.cubin or .hsaco is the binary that build left. Anything else there (a user's saved profile, notes, a
+subfolder, a meta.json or error.txt of their own) is theirs.
 """
 from __future__ import annotations
 
