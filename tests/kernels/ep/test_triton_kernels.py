@@ -5,10 +5,17 @@ process, with simulate.interpreter_patches() (less wasted work per step, the sam
 are simulated in that one process: their receive buffers are CPU tensors reached through the same pointer
 tables the GPUs use. What needs real GPUs (the flag barriers, ordering across
 devices, bf16 rounding exactly as the GPU does it) is left to the verify sweep.
+
+Each check runs in a process of its own, forked from one child that imported torch and the kernels under the
+interpreter once (FORK_SERVER): a Python start importing torch is most of a check's CPU time.
 """
+import json
 import os
+import select
 import subprocess
 import sys
+
+import pytest
 
 from tests.support import REPO
 
@@ -219,24 +226,69 @@ os._exit(0)
 """
 
 
-def _interpreted(script: str) -> None:
+# one request a line: [script, stdout file, stderr file]; one reply a line: the exit status of the fork that ran
+# it as __main__, with its output in those files (a check that runs past 300 s is ended by SIGALRM)
+FORK_SERVER = """
+import json, os, signal, sys, traceback
+import torch, triton
+from kernels.ep import routing, simulate, triton_kernels
+for line in sys.stdin:
+    script, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(300)
+        os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        try:
+            exec(compile(script, "<check>", "exec"), {"__name__": "__main__"})
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """run(script): the script run as __main__ in a fork of the server; asserts it exits 0 printing "ok"."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    folder = tmp_path_factory.mktemp("interpreted")
+
+    def run(script: str) -> None:
+        out, err = folder / "stdout", folder / "stderr"
+        server.stdin.write(json.dumps([script, str(out), str(err)]) + "\n")
+        server.stdin.flush()
+        answered = select.select([server.stdout], [], [], 330)[0]
+        code = server.stdout.readline() if answered else ""
+        assert code, f"the fork server gave no answer (exit status {server.poll()})"
+        assert int(code) == 0 and out.read_text().strip() == "ok", (code, err.read_text()[-3000:])
+
+    yield run
+    server.stdin.close()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
-def test_route_kernel_gives_each_token_its_place_per_destination():
-    _interpreted(ROUTE_CHECK)
+def test_route_kernel_gives_each_token_its_place_per_destination(interpreted):
+    interpreted(ROUTE_CHECK)
 
 
-def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back():
-    _interpreted(DISPATCH_COMBINE_CHECK)
+def test_dispatch_and_combine_kernels_move_each_token_to_its_ranks_and_back(interpreted):
+    interpreted(DISPATCH_COMBINE_CHECK)
 
 
-def test_dispatch_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for():
-    _interpreted(EXCHANGE_TOTALS_CHECK)
+def test_dispatch_gives_the_receiver_its_row_starts_and_overflow_from_the_counts_it_waited_for(interpreted):
+    interpreted(EXCHANGE_TOTALS_CHECK)
 
 
-def test_barrier_passes_at_a_peer_at_or_one_ahead_and_waits_at_one_behind_across_32_bit_wraps():
-    _interpreted(BARRIER_WRAP_CHECK)
+def test_barrier_passes_at_a_peer_at_or_one_ahead_and_waits_at_one_behind_across_32_bit_wraps(interpreted):
+    interpreted(BARRIER_WRAP_CHECK)
