@@ -15,29 +15,37 @@ SIZE_LIMIT = 16 << 20   # bytes: far past any project's pyproject.toml, and neve
 
 
 def read_pyproject(root: Path) -> bytes | None:
-    """The bytes of the project's pyproject.toml, None when there is none. What lies there is the user's, read as a
-    file or not at all: a FIFO blocked every command that opened it, a device (a link to /dev/zero) never ends, a
-    folder is no file; each is one SpecError naming the file and the fix (a link to a file is read as that file)."""
-    path = root / PYPROJECT
+    """The bytes of the project's pyproject.toml, None when there is none (read_user_file)."""
+    return read_user_file(root / PYPROJECT, SIZE_LIMIT, "a pyproject.toml", "put the project's pyproject.toml in "
+                          "its place", missing_ok=True)
+
+
+def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | None = None,
+                   missing_ok: bool = False) -> bytes | None:
+    """The bytes of a file the user gives kforge (pyproject.toml, a spec, a record), read as a file or not at all:
+    a FIFO blocked every command that opened it, a device (a link to /dev/zero) never ends, a folder is no file,
+    a file of gigabytes was read whole into memory; each is one SpecError naming the file (`where`, else the
+    path) and the fix (a link to a file is read as that file). None for a missing file when missing_ok."""
+    where = where or str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO's open never blocks
     except FileNotFoundError:
-        return None
+        if missing_ok:
+            return None
+        raise SpecError(f"{where}: no such file; {fix}") from None
     except OSError as e:
-        raise SpecError(f"{path}: cannot read it ({e}); fix the file") from None
+        raise SpecError(f"{where}: cannot read it ({e}); fix the file") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-            raise SpecError(f"{path}: not a file ({kind}); kforge and doit read the project's settings there: put "
-                            f"the project's pyproject.toml in its place, or remove it")
+            raise SpecError(f"{where}: not a file ({kind}); {fix}, or remove it")
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(SIZE_LIMIT + 1)
+            data = f.read(limit + 1)
     finally:
         os.close(fd)
-    if len(data) > SIZE_LIMIT:
-        raise SpecError(f"{path}: too large for a pyproject.toml (over {SIZE_LIMIT >> 20} MiB); put the project's "
-                        f"pyproject.toml in its place")
+    if len(data) > limit:
+        raise SpecError(f"{where}: too large for {what} (over {limit >> 20} MiB); {fix}")
     return data
 
 

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from kforge.base.archs import ARCHS
+from kforge.base.project_config import read_user_file
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.spec_model import shown_path
@@ -30,6 +31,8 @@ from kforge_runtime.serve import identity as canonical
 
 KEYS = set(RECORD_FIELDS)
 
+
+RECORD_LIMIT = 256 << 20   # bytes: about 350,000 lines, far more targets than a catalog builds
 
 def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
@@ -59,8 +62,9 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
 def _lines(path: Path, where: str) -> list[dict]:
     """The file's records, one per line, each checked (a bad one: SpecError naming its line)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_user_file(path, RECORD_LIMIT, "a record file", "record fewer runs into it, or split it",
+                               where).decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
         raise SpecError(f"{where}: cannot read it ({e}); a record file is UTF-8 JSON lines") from None
     found = []
     for number, line in enumerate(lines, 1):

@@ -16,7 +16,7 @@ from kforge.load import entry_probe, sources
 from kforge.declare import sweep
 from kforge.base.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.base.errors import SpecError
-from kforge.base.project_config import project_setup
+from kforge.base.project_config import project_setup, read_user_file
 from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown,
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
@@ -78,6 +78,8 @@ REQUIRED_TABLES = ("kernel", "signature", "sweep")
 LIST_TABLES = ("extra", "exclude")
 
 
+SPEC_LIMIT = 16 << 20   # bytes: a spec of 50,000 configs' values is a few MB; never a disk image read whole
+
 def load_spec(path: Path, root: Path) -> Spec:
     """Parse and validate one spec file; root is the project root that `source` is relative to."""
     return spec_from_tables(read_tables(path, root), shown_path(path, root), root)
@@ -86,8 +88,9 @@ def load_spec(path: Path, root: Path) -> Spec:
 def read_tables(path: Path, root: Path) -> dict:
     """One spec file's tables, as TOML gives them (SpecError when it cannot be read or is not TOML)."""
     where = shown_path(path, root)
+    data = read_user_file(path, SPEC_LIMIT, "a spec", "a spec is a TOML file of a few kB", where)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{where}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
@@ -98,8 +101,6 @@ def read_tables(path: Path, root: Path) -> dict:
     except RecursionError:
         raise SpecError(f"{where}: not valid TOML: arrays or tables nested too deeply to read; "
                         f"allowed: a few levels, as in [tune] shapes") from None
-    except OSError as e:
-        raise SpecError(f"{where}: cannot read it ({e.strerror or e}); a spec is a .toml file") from None
     return raw
 
 

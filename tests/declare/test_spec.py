@@ -164,8 +164,22 @@ def test_a_spec_that_is_not_readable_utf8_text_is_one_error_naming_it(tmp_path):
     with pytest.raises(SpecError, match=r"specs/latin1.toml: not UTF-8 text \(byte 20: invalid"):
         load_spec(root / "specs" / "latin1.toml", root)
     (root / "specs" / "dir.toml").mkdir()
-    with pytest.raises(SpecError, match=r"specs/dir.toml: cannot read it \(Is a directory\)"):
+    with pytest.raises(SpecError, match=r"specs/dir.toml: not a file \(a folder\)"):
         load_spec(root / "specs" / "dir.toml", root)
+
+
+def test_a_spec_or_record_file_of_gigabytes_is_one_error_not_read_whole(tmp_path, monkeypatch):
+    from kforge.declare import records, spec
+    root = make_project(tmp_path, specs={})
+    monkeypatch.setattr(spec, "SPEC_LIMIT", 1 << 20)
+    monkeypatch.setattr(records, "RECORD_LIMIT", 1 << 20)
+    for name in ("big.toml", "big.jsonl"):
+        with open(root / "specs" / name, "wb") as f:
+            f.truncate((1 << 20) + 1)   # sparse: the size of a huge file, no disk
+    with pytest.raises(SpecError, match=r"specs/big.toml: too large for a spec \(over 1 MiB\)"):
+        load_spec(root / "specs" / "big.toml", root)
+    with pytest.raises(SpecError, match=r"specs/big.jsonl: too large for a record file \(over 1 MiB\); record fewer"):
+        records.read(root / "specs" / "big.jsonl", "specs/big.jsonl")
 
 
 def test_a_tune_harness_outside_the_project_is_refused(tmp_path):
