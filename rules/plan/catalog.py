@@ -325,7 +325,7 @@ class Catalog:
         return self._context_digest
 
     def _code(self) -> list[tuple[int, str, str]]:
-        """kforge's own modules: (which folder of KFORGE_CODE, path in it, path), sorted."""
+        """kforge's own modules: (which of its code folders, path in it, path), sorted."""
         if self._code_files is None:
             self._code_files = sorted({(i, str(p.relative_to(folder)), str(p))
                                        for i, folder in enumerate(KFORGE_CODE) for p in folder.rglob("*.py")})
