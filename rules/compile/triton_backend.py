@@ -122,7 +122,10 @@ def lower(target, scratch: str):
               "divisible_by_16": list(target.divisible_by_16),
               # Triton's own digest of the kernel (its source, the @jit functions it calls, the constexpr globals
               # it reads, its first line): serving launches this binary only for a function with the same digest
-              "triton_source_key": fn.cache_key}
+              "triton_source_key": fn.cache_key,
+              # the function as Triton's JIT names a call's (its def's module and qualified name), which a spec
+              # may name where the library re-exports it: serving matches a call by this
+              "triton_function": f"{fn.fn.__module__}:{fn.fn.__qualname__}"}
     if any(t.startswith("tensordesc") for _, t in target.signature):
         # how each host descriptor is passed (a TMA map and its box, or base/shape/strides): the loader
         # builds the same kernel parameters as Triton's launcher from it (rules/runtime/tensordesc.py)
@@ -136,11 +139,16 @@ def lower(target, scratch: str):
 def _entry(target):
     from triton.runtime.jit import JITFunction
 
-    from kforge.load.entry_probe import layers
+    from kforge.load.entry_probe import entry_object, layers
     module = importlib.import_module(target.module)
     # @triton.autotune, @triton.heuristics (and libraries' wrappers) wrap the @triton.jit function: the spec's
-    # config gives the values they would choose at launch, so the function itself is what is compiled
-    fn = layers(getattr(module, target.entry, None))[-1]
+    # config gives the values they would choose at launch, so the function itself is what is compiled. The
+    # entry is what the probe found under its name: Class.kernel, a lazily made one, a factory's by its name
+    try:
+        held = entry_object(module, target.entry)
+    except AttributeError:
+        held = None
+    fn = layers(held)[-1]
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
     return fn

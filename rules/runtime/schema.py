@@ -13,11 +13,12 @@ from .elf import ElfError, check_binary as check_elf
 # One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/base/layout.py).
 # Bump ARTIFACT_SCHEMA when meta.json's fields or a binary's content rules change: it is part of every
 # action key, so every target rebuilds.
-ARTIFACT_SCHEMA = 7   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or
+ARTIFACT_SCHEMA = 8   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or
 #                       mtime; 4: nor the path of the virtualenv Triton is installed in; 5: nor any other
 #                       path, for every function a kernel reaches, however wrapped; 6: Triton artifacts with
 #                       tensor descriptor arguments carry tensordesc_meta (the loader passes them with it);
-#                       7: Triton artifacts carry triton_source_key (serving matches it: rules/runtime/serve.py)
+#                       7: Triton artifacts carry triton_source_key (serving matches it: rules/runtime/serve.py);
+#                       8: and triton_function, the def's module:qualname (serving matches a call's by it)
 META = "meta.json"     # written last, by rename: its presence means "built"
 ERROR = "error.txt"    # a failed compile's message ("key: <key>" first), never counts as built
 # The file names an artifact may hold (and a cache entry or a bundle may name): no separator, no "..".
