@@ -220,16 +220,23 @@ def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = 
 
 def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=()) -> str:
     # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
-    h = hashlib.sha256(_content(root / "pyproject.toml") + f"\0{runtime_digest(arch)}".encode())
-    h.update(json.dumps(list(tuned), sort_keys=True).encode())
+    # every part length-prefixed: parts of any bytes (a pyproject.toml, a table, an error.txt) joined by a
+    # separator they may hold would let two different inputs give one stamp
+    h = hashlib.sha256()
+    part = lambda data: h.update(b"%d:" % len(data) + data)
+    part(_content(root / "pyproject.toml"))
+    part(runtime_digest(arch).encode())
+    part(json.dumps(list(tuned), sort_keys=True).encode())
     for table in tuning_tables(Layout(root), arch):
-        h.update(f"\0{table.name}\0".encode() + table.read_bytes())
+        part(table.name.encode())
+        part(table.read_bytes())
     for t in sorted(targets, key=lambda t: t.name):
         found = meta_identity(t.meta_path)
         built = "-" if found is None else ":".join(map(str, found))
-        h.update(f"\0{t.name}\0{t.key}\0{built}\0".encode())
+        for text in (t.name, t.key, built):
+            part(text.encode())
         if built == "-":   # no artifact: its error.txt (rewritten by every failed run) goes in by content
-            h.update(_content(Path(t.error_path)))
+            part(_content(Path(t.error_path)))
     return h.hexdigest()
 
 
@@ -341,7 +348,10 @@ def _failure(t: Target) -> dict:
     status, error = "not built", ""
     failure = artifact.read_error(t)
     if failure is not None and failure.key == t.key:
-        status, error = "failed", "\n".join(failure.message.strip().splitlines()[:ERROR_LINES])
+        # the message, not the compiler's traceback after it: its file paths are this machine's and virtualenv's,
+        # and a bundle is the same bytes from the same inputs wherever it is built
+        message = failure.message.split(artifact.TRACEBACK.strip(), 1)[0]
+        status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
     return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
             "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
             "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},

@@ -80,6 +80,11 @@ def test_failed_targets_are_listed_with_their_error(packaged):
     failed = manifest(packaged, "sm_90a")["failed"]
     assert [(f["target"], f["status"]) for f in failed] == [("bad:fp16-b256-w4@sm_90a", "failed")]
     assert "no_such_name" in failed[0]["error"]
+    # the message without the compiler's traceback: its paths are this machine's and virtualenv's, and a bundle
+    # is the same bytes wherever it is built (error.txt keeps the traceback)
+    error_txt = (packaged / "out/sm_90a/bad/fp16-b256-w4/error.txt").read_text()
+    assert "Traceback in the compiler's process" in error_txt and str(packaged) not in failed[0]["error"]
+    assert "Traceback" not in failed[0]["error"] and ".py\"" not in failed[0]["error"]
     # what a JIT fallback needs, and may compile only if the source is still this one (kforge_runtime.jit)
     digest = lambda path: hashlib.sha256((packaged / path).read_bytes()).hexdigest()
     assert failed[0]["source"] == {"module": "tk.bad", "entry": "scale_kernel",
@@ -88,6 +93,24 @@ def test_failed_targets_are_listed_with_their_error(packaged):
     report = json.loads((packaged / "out" / "build-report.json").read_text())
     assert {p["name"]: p["status"] for p in report["packages"]} == {"package:gfx942": "built",
                                                                     "package:sm_90a": "built"}
+
+
+def test_the_package_stamp_is_unambiguous(tmp_path):
+    """Two sets of tuning tables whose names and bytes, joined by a separator, give the same bytes stamp
+    differently: {a.json: "\\0b.json\\0c"} against {a.json: "", b.json: "c"} was one stamp."""
+    from kforge.base.layout import Layout
+    from kforge.ship import package
+    root = make_project(tmp_path / "p", specs={})
+    folder = Layout(root).tuning_table("sm_90a", "a").parent
+    folder.mkdir(parents=True)
+    stamps = []
+    for tables in ({"a.json": "\0b.json\0c"}, {"a.json": "", "b.json": "c"}):
+        for old in folder.iterdir():
+            old.unlink()
+        for name, text in tables.items():
+            (folder / name).write_text(text)
+        stamps.append(package._stamp("sm_90a", [], root))
+    assert stamps[0] != stamps[1]
 
 
 def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
