@@ -12,7 +12,8 @@ import pytest
 from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, wait_until
 
 # found, not imported: every xdist worker collects this module, and importing distributed costs each 0.6 s of CPU
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="could not import 'distributed'")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                                reason="could not import 'distributed'")
 
 
 @pytest.fixture(scope="module")
