@@ -9,6 +9,19 @@ from tests.support import built_once, doit, make_project, spec_text
 os.environ["KFORGE_LOCAL_CACHE"] = "off"
 
 
+def pytest_configure(config):
+    """kforge byte-compiled once, before the workers start: the suite starts hundreds of Python processes (doit,
+    probes, compile servers) that import it, and an editable install is not compiled as pip compiles an installed
+    package. Under PYTHONDONTWRITEBYTECODE (set on the dev machines) each of them compiled rules/ from source again
+    (about 0.1 s of CPU each). rules/ and kernels/ are never edited by a test; the test projects' modules still
+    compile as they are written."""
+    if not hasattr(config, "workerinput"):
+        import compileall
+        from tests.support import REPO
+        for folder in ("rules", "kernels"):
+            compileall.compile_dir(str(REPO / folder), quiet=1, workers=1)
+
+
 def pytest_addoption(parser):
     parser.addoption("--simulate-all", action="store_true",
                      help="run every case of the simulated world's matrix (tests/kernels/ep/test_simulate.py); "

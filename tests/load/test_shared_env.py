@@ -147,7 +147,7 @@ def test_a_library_using_flydsl_whenever_importable_builds_its_triton_kernels_fo
         'dtype = ["fp32", "bf16"]', 'dtype = ["fp32"]').replace("BLOCK = [128, 1024]", "BLOCK = [128]").replace(
         "n = [4096, 1000]", "n = [4096]") for name, text in env_library.SPECS.items()}
     root = make_project(tmp_path / "p", specs=specs, kernels={})
-    doit(root, "-n", "2", env=envlib)
+    doit(root, "-n", "1", env=envlib)   # one worker: each more imports torch and the library again
     built = statuses(root, "built")
     families = {t.split(":")[0] for t in built if "@" in t}
     assert families == {"envlib_add", "envlib_neg", "envlib_scale"}, built
