@@ -177,11 +177,15 @@ def interrupted_by_sigint(_):
 
 def test_ctrl_c_ends_a_child_unless_the_run_ignores_it():
     """A run started with SIGINT ignored (in the background of a script, under nohup) keeps going on a Ctrl-C to
-    its process group; its compile servers must too, not die as crashed compilers. Otherwise SIGINT ends the child."""
-    assert run(interrupted_by_sigint, None, timeout=30).error.count("crashed: SIGINT") == 1
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        out = run(interrupted_by_sigint, None, timeout=30)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    its process group; its compile servers must too, not die as crashed compilers. Otherwise SIGINT ends the child.
+    Both dispositions are set here: the test itself may run in the background of a script (SIGINT ignored)."""
+    outcomes = {}
+    for disposition in (signal.default_int_handler, signal.SIG_IGN):
+        previous = signal.signal(signal.SIGINT, disposition)
+        try:
+            outcomes[disposition] = run(interrupted_by_sigint, None, timeout=30)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert outcomes[signal.default_int_handler].error.count("crashed: SIGINT") == 1
+    out = outcomes[signal.SIG_IGN]
     assert out.ok and out.result == {"survived": True}
