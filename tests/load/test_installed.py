@@ -442,7 +442,7 @@ def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_the_targets_wh
              "lib_amd": AMD_SPEC}
     root = make_project(tmp_path / "p", specs=specs, kernels={})
     env = {"PYTHONPATH": str(site)}
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     assert len(statuses(root, "built")) == 8 + 4 + 4
     doit(root, env=env)
     assert statuses(root, "built") == set()
@@ -451,11 +451,11 @@ def test_an_installed_librarys_kernels_build_and_an_edit_rebuilds_the_targets_wh
     assert len(read) == 16 and all(f"{PACKAGE}/ops/shift.py" in r and f"{PACKAGE}/ops/consts.py" in r for r in read)
     shift = site / PACKAGE / "ops" / "shift.py"
     shift.write_text(shift.read_text().replace("+ 1", "+ 2"))
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     assert statuses(root, "built") == every
     consts = site / PACKAGE / "ops" / "consts.py"   # imported by scale.py only, relatively (and run by every import)
     consts.write_text(consts.read_text().replace("(3)", "(5)"))
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     assert statuses(root, "built") == every
     meta = json.loads((root / "out" / "sm_90a" / "lib_scale" / "b256-w8-n1024" / "meta.json").read_text())
     assert meta["constexprs"] == {"BLOCK": 256, "EVEN": True} and meta["num_warps"] == 8
@@ -487,7 +487,7 @@ def test_a_none_argument_and_constexpr_defaults_from_the_source_build(site, tmp_
     """bias_ptr is passed as None (compiled as a constexpr None, not an argument of the launch); SCALE and MODE
     take the defaults the source gives them; BLOCK's swept value wins over its default."""
     root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC}, kernels={})
-    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     assert len(statuses(root, "built")) == 2
     meta = json.loads(next((root / "out" / "sm_90a" / "lib_bias").glob("*/meta.json")).read_text())
     assert meta["constexprs"] == {"bias_ptr": None, "BLOCK": 256, "SCALE": 2.0, "MODE": "add"}
@@ -528,7 +528,7 @@ def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_compil
     from kforge_runtime import Bundle
     from kforge_runtime.launch import Arguments
     root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC}, kernels={})
-    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     assert statuses(root, "built") == {"lib_desc:bf16-b64@sm_90a", "lib_desc:bf16-b128@sm_90a"}
     meta = json.loads((root / "out" / "sm_90a" / "lib_desc" / "bf16-b128" / "meta.json").read_text())
     assert [a["type"] for a in meta["signature"]] == ["tensordesc<bf16[128, 64]>"] * 2
@@ -586,7 +586,7 @@ def test_function_valued_constexprs_build_from_the_library_and_the_project_and_k
     from kforge.plan.catalog import Catalog
     spec = ACT_SPEC.replace('id = "{ACT}"', "")
     root = make_project(tmp_path / "p", specs={"lib_act": spec}, kernels={"mine": CUBE})
-    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     built = statuses(root, "built")
     assert len(built) == 6, built
     meta = json.loads(next((root / "out" / "sm_90a" / "lib_act").glob("*/meta.json")).read_text())
@@ -643,11 +643,11 @@ def test_a_family_environment_is_set_where_its_module_is_read_and_compiled_and_i
     targets = {t.name: t for t in Catalog(root, None, 50_000).load().targets}
     assert set(targets) == {"lib_env:b64@sm_90a", "lib_env:b256@sm_90a"}   # the autotune list the env gave
     assert "KTL_BLOCKS" not in os.environ
-    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     meta = json.loads((root / "out" / "sm_90a" / "lib_env" / "b64" / "meta.json").read_text())
     assert meta["env"] == {"KTL_BLOCKS": "64,256", "KTL_FACTOR": "3"}
     (root / "specs" / "lib_env.toml").write_text(ENV_SPEC.replace('KTL_FACTOR = "3"', 'KTL_FACTOR = "5"'))
-    doit(root, "-n", "2", env={"PYTHONPATH": str(site)})
+    doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     assert statuses(root, "built") == set(targets)   # another environment, another key
 
 
@@ -686,13 +686,13 @@ def test_a_library_installed_editable_builds_and_an_edit_rebuilds_exactly_the_ta
         "[128, 256]", "[128]")
     root = make_project(tmp_path / "p", specs={"scale": spec_text(), "ed_shift": ops}, kernels={"scale": USES_HELPER})
     env = {"PYTHONPATH": str(site)}
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     own, library = "scale:fp16-b256-w4@sm_90a", "ed_shift:b128@sm_90a"
     assert statuses(root, "built") == {own, library}
     for edited, reader in (("helpers.py", own), ("ops.py", library)):
         path = tmp_path / "src" / "edlib" / edited
         path.write_text(path.read_text().replace("2", "4").replace("+ 1", "+ 3"))
-        doit(root, "-n", "2", env=env)
+        doit(root, "-n", "1", env=env)
         assert statuses(root, "built") == {reader}, edited
 
 

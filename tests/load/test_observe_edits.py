@@ -27,7 +27,7 @@ def _project(tmp_path: Path) -> tuple[Path, dict]:
 def _build_cold(folder: Path) -> None:
     """The library in folder/site and the project in folder/p, built from nothing: every listed target built."""
     root, env = _project(folder)
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     assert statuses(root, "built") == _listed(root, env)   # listed after: from the catalog the build saved
 
 
@@ -85,7 +85,7 @@ def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_th
         path = root.parent / "site" / edited
         original = path.read_text()
         _edit(path, *change)
-        doit(root, "-n", "2", env=env)
+        doit(root, "-n", "1", env=env)
         now = _listed(root, env)   # after the build: the catalog it loaded and saved
         rebuilt = library & now
         assert statuses(root, "built") == rebuilt and statuses(root, "up-to-date") == now - rebuilt, edited
@@ -102,7 +102,7 @@ def test_an_edit_rebuilds_exactly_the_targets_that_read_it_and_a_revert_gives_th
             assert _artifacts(root)[cubin] != before[cubin], edited
 
         path.write_text(original)   # the config comes back; its artifact, never pruned, is up to date again
-        doit(root, "-n", "2", env=env)
+        doit(root, "-n", "1", env=env)
         # every target of the cold build's list ran, none else: the catalog is the cold build's again
         assert statuses(root, "built") == rebuilt and statuses(root, "up-to-date") == listed - rebuilt, edited
         assert _artifacts(root) == before, edited
@@ -120,7 +120,7 @@ def test_the_same_library_at_other_paths_with_other_mtimes_builds_the_same_bytes
     for path in other.rglob("*"):
         os.utime(path, (later, later))
     second = other / "p"
-    doit(second, "-n", "2", env={"PYTHONPATH": str(other / "site")})
+    doit(second, "-n", "1", env={"PYTHONPATH": str(other / "site")})
     a, b = _artifacts(first), _artifacts(second)
     assert len(a) == 2 * len(_listed(first, env)) and a == b
     for name, data in a.items():
@@ -134,7 +134,7 @@ def test_a_touch_rebuilds_nothing_and_doit_info_names_what_the_compile_read_and_
     later = time.time() + 100
     for path in (root.parent / "site").rglob("*.py"):
         os.utime(path, (later, later))
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     assert statuses(root, "up-to-date") == listed
     saved = json.loads((root / "out/.kforge/observed-inputs.json").read_text())
     assert len(saved["sets"]) == 2 and len(saved["targets"]) == len(listed)   # the library's, the project's
@@ -157,14 +157,14 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     root = make_project(tmp_path / "p", specs={"scale": spec_text(), **observed_library.specs(tiled=True)})
     env = {"PYTHONPATH": str(site)}
     tile = lambda block: f"kfl_tiles:fp32-block{block}-num_warps4-num_stages3@sm_90a"
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     listed = _listed(root, env)   # each list after a build: the catalog it saved
     assert {t for t in listed if t.startswith("kfl_tiles:")} == {tile(128), tile(256)}
     assert _readers(root, "kfl/tiles/") == {tile(128), tile(256)}   # the library's scale kernels listed nothing
     before = _artifacts(root)
 
     observed_library.write_tile(site, "block512.json", {"BLOCK": 512, "num_warps": 4})
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     now = _listed(root, env)
     assert now == listed | {tile(512)}
     assert statuses(root, "built") == {tile(128), tile(256), tile(512)}   # the listing they read changed
@@ -174,7 +174,7 @@ def test_a_config_file_added_to_a_listed_folder_rebuilds_the_targets_that_listed
     assert binaries(after) == binaries(before)   # the same code: only their inputs (in meta.json) moved
 
     (site / "kfl" / "tiles" / "block256.json").unlink()
-    doit(root, "-n", "2", env=env)
+    doit(root, "-n", "1", env=env)
     now = _listed(root, env)
     assert now == listed - {tile(256)} | {tile(512)}
     assert statuses(root, "built") == {tile(128), tile(512)} and statuses(root, "up-to-date") == now - statuses(root, "built")
@@ -218,7 +218,7 @@ def test_links_leading_out_of_the_project_are_inputs_by_their_names_in_it_and_tw
     two = tmp_path / "elsewhere" / "deeper"
     shutil.copytree(one, two, symlinks=True)
     for project in (root, two / "p"):
-        doit(project, "-n", "2")
+        doit(project, "-n", "1")
     target = "scale:fp16-b256-w4@sm_90a"
     assert statuses(root, "built") == {target}
     meta = json.loads((root / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json").read_text())
@@ -227,10 +227,10 @@ def test_links_leading_out_of_the_project_are_inputs_by_their_names_in_it_and_tw
     assert [w.name for w in wheels[0]] == [w.name for w in wheels[1]] and len(wheels[0]) == 1
     assert wheels[0][0].read_bytes() == wheels[1][0].read_bytes()
     (one / "shared" / "cfg.json").write_text('{"factor": 6}')
-    doit(root, "-n", "2")
+    doit(root, "-n", "1")
     assert statuses(root, "built") == {target}
     (one / "shared" / "helper.py").write_text("import triton\n\n\n@triton.jit\ndef scale(x):\n    return x * 3\n")
-    doit(root, "-n", "2")
+    doit(root, "-n", "1")
     assert statuses(root, "built") == {target}
 
 
