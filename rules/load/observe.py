@@ -23,9 +23,9 @@ The import system's own listings (importlib's FileFinder filling its cache) are 
 recorded as the file it read. Python's __pycache__ folder is left out of a listing (the interpreter adds it).
 
 Environment variables: a variable the library's own code reads (os.environ[...], .get, `in`, os.getenv) while
-recording is an input too, named `$NAME`, its digest that of its value (or of its absence): a kernel module
-that picks a block size from its environment gets a key that misses it, but not an up-to-date check or a cache
-hit that does. Reads by the toolchain and the standard library are not (Triton reads its knobs on every
+recording is an input too, named `$NAME`, its digest that of its value (or of its absence): the key of a kernel
+module that picks a block size from its environment does not name the variable, so the up-to-date check and a
+cache's arrival check compare its value. Reads by the toolchain and the standard library are not (Triton reads its knobs on every
 compile; those that decide code are in the key: rules/plan/keys.py), nor are whole-environment reads (a copy,
 an iteration) or C code's getenv.
 
@@ -288,6 +288,7 @@ class Recorder:
             return
         where = frame.f_code.co_filename
         if where not in self._readers:
+            self._readers[where] = False   # while it is decided: a read on the way (naming the folders) is no input
             self._readers[where] = os.path.isabs(where) and self._source(where, self._within()) is not None
         if self._readers[where]:
             self.variables.add(name)
