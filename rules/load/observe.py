@@ -29,6 +29,11 @@ cache's arrival check compare its value. Reads by the toolchain and the standard
 compile; those that decide code are in the key: rules/plan/keys.py), nor are whole-environment reads (a copy,
 an iteration) or C code's getenv.
 
+What runs is what was read: in a recording process, a module outside the toolchain is compiled from its source,
+never taken from a .pyc. Python takes a .pyc while the source's mtime (in seconds) and size match the ones it
+was written from, so a same-size edit within the same second, or a file restored with its old mtime (cp -p, tar,
+a CI cache), ran the old code while its new content was recorded: a wrong binary kept as up to date.
+
 Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
 the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
 listings of the project folder or of a module path entry itself.
@@ -231,6 +236,7 @@ class Recorder:
             sys.addaudithook(cls.installed._hook)
             if type(os.environ) is os._Environ:   # the one object every reader holds: its class, not a copy
                 os.environ.__class__ = _ObservedEnviron
+            _from_source(cls.installed.skip)
         return cls.installed
 
     def skip_out(self, out: str) -> None:
@@ -413,6 +419,22 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     for variable in variables:
         found[VARIABLE + variable] = variable_digest(variable)
     return [[n, found[n]] for n in sorted(found)]
+
+
+def _from_source(toolchain: tuple[str, ...]) -> None:
+    """Modules outside `toolchain` (folders, each ending in a separator) load from their source, never a .pyc
+    (the module docstring says why): the import system asks cache_from_source where a module's .pyc lies and
+    reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported."""
+    import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
+    cached, decided = external.cache_from_source, {}
+
+    def cache_from_source(path, *args, **kwargs):
+        if path not in decided:
+            decided[path] = os.path.realpath(path).startswith(toolchain)
+        if not decided[path]:
+            raise NotImplementedError("kforge: compiled from its source")
+        return cached(path, *args, **kwargs)
+    external.cache_from_source = cache_from_source
 
 
 def _reader(frame):

@@ -278,3 +278,25 @@ def test_a_kernel_module_that_reads_a_variable_rebuilds_when_it_changes_and_a_fa
         doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
         assert statuses(root, status) == target, status
     assert "$TK_FACTOR" not in dict(json.loads(meta.read_text())["inputs"])
+
+
+def test_a_stale_pyc_never_runs_in_place_of_the_source_read(tmp_path):
+    """Python takes a .pyc while the source's mtime (seconds) and size match: a same-size edit keeping the mtime
+    (the same second, cp -p, a restored cache) ran the old module while its new content was recorded, and an
+    early cutoff kept the old binary as up to date for ever."""
+    import py_compile
+
+    from tests.support import doit, kernel_text, make_project, spec_text, statuses
+    head = 'import triton.language as _tl\nFACTOR = _tl.constexpr({})\n'
+    root = make_project(tmp_path / "p", kernels={"scale": head.format(2) + kernel_text(factor="FACTOR")})
+    fresh = make_project(tmp_path / "fresh", kernels={"scale": head.format(3) + kernel_text(factor="FACTOR")})
+    sha = lambda project: json.loads((project / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_text())["sha256"]
+    for project in (root, fresh):
+        doit(project, "-n", "1")
+    source = root / "tk" / "scale.py"
+    py_compile.compile(str(source))   # the user's own run of the module left its .pyc, of FACTOR 2
+    before = os.stat(source)
+    source.write_text(source.read_text().replace("constexpr(2)", "constexpr(3)"))
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))   # the same size and mtime
+    doit(root, "-n", "1")
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"} and sha(root) == sha(fresh) != ""
