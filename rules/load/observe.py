@@ -25,9 +25,9 @@ recorded as the file it read. Python's __pycache__ folder is left out of a listi
 Environment variables: a variable the library's own code reads (os.environ[...], .get, `in`, os.getenv) while
 recording is an input too, named `$NAME`, its digest that of its value (or of its absence): the key of a kernel
 module that picks a block size from its environment does not name the variable, so the up-to-date check and a
-cache's arrival check compare its value. Reads by the toolchain and the standard library are not (Triton reads its knobs on every
-compile; those that decide code are in the key: rules/plan/keys.py), nor are whole-environment reads (a copy,
-an iteration) or C code's getenv.
+cache's arrival check compare its value. Reads by the toolchain and the standard library are not (Triton reads
+its knobs on every compile; those that decide code are in the key: rules/plan/keys.py), nor are
+whole-environment reads (a copy, an iteration) or C code's getenv.
 
 What runs is what was read: in a recording process, a module outside the toolchain is compiled from its source,
 never taken from a .pyc. Python takes a .pyc while the source's mtime (in seconds) and size match the ones it
