@@ -331,7 +331,7 @@ def _learned(stats: tuple, inputs: list, folders, written) -> dict:
     for path, *was in (s for s in stats if len(s) == 6):
         real = os.path.realpath(path)
         name = observe.name_of(path, folders)
-        digest = digests.get("./" + name if name.startswith(observe.VARIABLE) else name)   # digests()' naming
+        digest = digests.get(observe.file_input_name(name))
         if digest is None or digest == observe.CHANGED or real in own or max(was[3], was[4]) >= recent:
             continue
         try:

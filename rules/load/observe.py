@@ -413,9 +413,9 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
                     if st.st_ctime_ns < since_ns or not since_ns or os.path.realpath(path) in own else CHANGED
         except OSError:
             continue
-        found[_file_name(name_of(path, folders))] = digest
+        found[file_input_name(name_of(path, folders))] = digest
     for path, digest in (listed or {}).items():
-        found[_file_name(name_of(path, folders)) + "/"] = digest
+        found[file_input_name(name_of(path, folders)) + "/"] = digest
     for variable in variables:
         found[VARIABLE + variable] = variable_digest(variable)
     return [[n, found[n]] for n in sorted(found)]
@@ -444,7 +444,7 @@ def _reader(frame):
     return frame
 
 
-def _file_name(name: str) -> str:
+def file_input_name(name: str) -> str:
     """A file's name that cannot be read as a variable's: a file at the project's top named `$X` is `./$X`."""
     return "./" + name if name.startswith(VARIABLE) else name
 
