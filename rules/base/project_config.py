@@ -20,6 +20,11 @@ def read_pyproject(root: Path) -> bytes | None:
                           "its place", missing_ok=True)
 
 
+def not_a_file(mode: int) -> str:
+    """What a user's file that is no regular file is, for a message (a folder, a FIFO, a device or socket)."""
+    return "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+
+
 def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | None = None,
                    missing_ok: bool = False) -> bytes | None:
     """The bytes of a file the user gives kforge (pyproject.toml, a spec, a record), read as a file or not at all:
@@ -38,8 +43,7 @@ def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | Non
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
-            raise SpecError(f"{where}: not a file ({kind}); {fix}, or remove it")
+            raise SpecError(f"{where}: not a file ({not_a_file(mode)}); {fix}, or remove it")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
     finally:

@@ -38,7 +38,7 @@ from doit.control import ExecNode
 from doit.doit_cmd import DoitMain
 
 from kforge.store import artifact, guard, run_lock, scratch
-from kforge.base import cpus, settings
+from kforge.base import cpus, project_config, settings
 from kforge.edge import backend as doit_backend, runner as doit_runner
 from kforge.plan import keys
 from kforge.report import reporter as report
@@ -287,7 +287,7 @@ def missing_command(config, args: list[str]) -> str | None:
 
 
 CONFIG_FILES = ("pyproject.toml", "doit.cfg")   # what doit reads in the folder it starts in, before anything else
-CONFIG_LIMIT = 16 << 20   # bytes: far past any pyproject.toml; doit reads the whole file into memory
+CONFIG_LIMIT = project_config.SIZE_LIMIT   # doit reads the whole file into memory
 
 
 def start_problem(args: list[str], folder: str = ".") -> str | None:
@@ -301,10 +301,9 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
             continue
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) \
-                else "a device or socket"
-            problem = (f"kforge: {os.path.abspath(path)}: not a file ({kind}); doit reads its settings there before "
-                       f"anything else: put the project's {name} in its place, or remove it")
+            problem = (f"kforge: {os.path.abspath(path)}: not a file ({project_config.not_a_file(st.st_mode)}); "
+                       f"doit reads its settings there before anything else: put the project's {name} in its place, "
+                       f"or remove it")
         elif st.st_size > CONFIG_LIMIT:
             problem = (f"kforge: {os.path.abspath(path)}: too large for a settings file (over {CONFIG_LIMIT >> 20} "
                        f"MiB), and doit reads it whole: put the project's {name} in its place")
