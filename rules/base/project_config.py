@@ -21,8 +21,10 @@ def read_pyproject(root: Path) -> bytes | None:
 
 
 def not_a_file(mode: int) -> str:
-    """What a user's file that is no regular file is, for a message (a folder, a FIFO, a device or socket)."""
-    return "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+    """What a user's file that is no regular file is, for a message: the runtime's file_kind, the one wording
+    (kforge_runtime may import no kforge, so it lives there); the loader is imported on this error only."""
+    from kforge_runtime.bundle import file_kind
+    return file_kind(mode)
 
 
 def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | None = None,

@@ -264,7 +264,8 @@ def read_regular(path, limit: int) -> bytes:
 
 
 def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, for a message (the loader's, the recorder's, KFORGE_SERVE's)."""
+    """What a file that is not a regular one is, for a message: the one wording, the loader's, the recorder's and
+    KFORGE_SERVE's, and kforge's for a user's file or one under out/ (kforge imports kforge_runtime, never back)."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a terminal or character device"), (stat.S_ISBLK, "a block device"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")

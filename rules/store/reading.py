@@ -27,11 +27,9 @@ def opened(path, limit: int = READ_LIMIT):
         raise
     try:
         st = os.fstat(fd)
-        kind = next((name for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                                             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-                                             (stat.S_ISBLK, "a device")) if test(st.st_mode)), None)
-        if kind is not None:
-            raise NotAFile(errno.EINVAL, f"is {kind}, not a file kforge wrote", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            from kforge_runtime.bundle import file_kind   # the one wording; the loader imported on this error only
+            raise NotAFile(errno.EINVAL, f"is {file_kind(st.st_mode)}, not a file kforge wrote", str(path))
         if st.st_size > limit:
             raise NotAFile(errno.EFBIG, f"is {st.st_size} bytes, over the {limit} kforge reads", str(path))
         return os.fdopen(fd, "rb")

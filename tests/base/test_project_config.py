@@ -6,6 +6,7 @@ import pytest
 
 from kforge.base.errors import SpecError
 from kforge.base.project_config import kforge_table
+from kforge_runtime.bundle import file_kind
 
 
 def test_table_read(tmp_path):
@@ -55,6 +56,7 @@ def test_not_a_file_is_one_line(tmp_path, kind):
             pass
     assert isinstance(error, SpecError), f"kforge_table on a {kind} returned {error!r} (None: still blocked)"
     assert str(path) in str(error) and "not a file" in str(error) and "\n" not in str(error)
+    assert f"({file_kind(os.stat(path).st_mode)})" in str(error), "not in the runtime's words (file_kind)"
 
 
 def test_huge_file_is_one_line(tmp_path):
