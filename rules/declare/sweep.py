@@ -72,7 +72,9 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
     spec = dataclasses.replace(spec, configs=configs, excludes=norm_excludes)
     _check_id_template(spec, params)
     if not _ids_unique_and_safe(spec, values, outside):
-        _check_unique_ids(spec)   # config by config: names the configs at fault, or finds none (excluded)
+        ids: dict[str, Config] = {}
+        for c in configs:   # config by config: names the configs at fault, or finds none (excluded)
+            check_config_id(spec, c, ids)
     return spec
 
 
@@ -227,7 +229,7 @@ def _check_id_template(spec: Spec, params) -> None:
 
 def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...]) -> bool:
     """True when the values alone show that every config's id is a safe name and no two are equal; False
-    when that takes formatting each config (_check_unique_ids).
+    when that takes formatting each config (check_config_id).
 
     An id is the template's text with a value spelled at each placeholder. Ids are unique when each id can
     be read back into its values: a parameter with one value is fixed text; one with several is in the id,
@@ -278,20 +280,20 @@ def _id_pieces(spec: Spec) -> list[str | int]:
             for piece in (["-"] if i else []) + ([] if p in spec.type_vars else [p.lower()]) + [i]]
 
 
-def _check_unique_ids(spec: Spec) -> None:
-    """Every config id is unique and a safe name: it becomes a directory under out/ and part of the target
-    name <kernel>:<id>@<arch> (a value like '../x', 'a b' or 'x@y' would escape out/ or break the name)."""
-    seen: dict[str, Config] = {}
-    for c in spec.configs:
-        cid = config_id(spec, c)
-        if not CONFIG_ID.fullmatch(cid):
-            raise SpecError(f"{spec.path}: [sweep] config {shown(dict(c))} gets the id {shown(cid)}, which is not a "
-                            f"safe name; ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, "
-                            f"digit or '_'), at most 200 characters: change the values or [kernel] id")
-        if cid in seen:
-            raise SpecError(f"{spec.path}: configs {shown(dict(seen[cid]))} and {shown(dict(c))} both get id "
-                            f"{shown(cid)}; add the differing parameter to [kernel] id")
-        seen[cid] = c
+def check_config_id(spec: Spec, config: Config, ids: dict[str, Config], made_by: str = "[sweep]") -> None:
+    """The config's id is a safe name, and no other config's in `ids` (where it is added): it becomes a directory
+    under out/ and part of the target name <kernel>:<id>@<arch> (a value like '../x', 'a b' or 'x@y' would escape
+    out/ or break the name). `made_by`: where the config came from, for the message ([sweep], or the autotuner's
+    pruner, rules/plan/targets.py, which rewrites configs after the sweep was checked)."""
+    cid = config_id(spec, config)
+    if not CONFIG_ID.fullmatch(cid):
+        raise SpecError(f"{spec.path}: config {shown(dict(config))} from {made_by} gets the id {shown(cid)}, which is "
+                        f"not a safe name; ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, "
+                        f"digit or '_'), at most 200 characters: change the values or [kernel] id")
+    if cid in ids:
+        raise SpecError(f"{spec.path}: configs {shown(dict(ids[cid]))} and {shown(dict(config))} from {made_by} both "
+                        f"get id {shown(cid)}; add the differing parameter to [kernel] id")
+    ids[cid] = config
 
 
 def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str, table: str = "sweep") -> Scalar:

@@ -15,7 +15,7 @@ from kforge.base.errors import SpecError
 from kforge.declare.spec_model import TYPE_VAR_RE, Spec
 from kforge.declare.triton_options import OPTIONS, arch_problem
 from kforge.base.dtypes import canonical_arg_type
-from kforge.declare.sweep import config_id
+from kforge.declare.sweep import check_config_id, config_id
 from kforge.base.target import Target
 from kforge_runtime.schema import COMPILE_TIME
 
@@ -168,20 +168,12 @@ def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
 def _check_pruned(spec: Spec, arch: str, config: tuple, ids: dict) -> None:
     """A config the pruner rewrote has values the spec's sweep was never checked with: an option's value, and
     an id that must stay a safe name, unique on the arch."""
-    from kforge.declare.sweep import CONFIG_ID
     from kforge.declare.triton_options import value_problem
     for p, v in config:
         problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
         if problem:
             raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
-    cid = config_id(spec, config)
-    if not CONFIG_ID.fullmatch(cid):
-        raise SpecError(f"{spec.path}: the autotuner's pruner made config {dict(config)}, whose id {cid!r} is not a "
-                        f"safe name; change [kernel] id")
-    if cid in ids:
-        raise SpecError(f"{spec.path}: the autotuner's pruner made configs {dict(ids[cid])} and {dict(config)} on "
-                        f"{arch}, which both get id {cid!r}; add the differing parameter to [kernel] id")
-    ids[cid] = config
+    check_config_id(spec, config, ids, f"the autotuner's pruner on {arch}")
 
 
 def _pointer_types(spec, known: dict) -> dict:

@@ -57,7 +57,7 @@ def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
 def test_a_config_id_that_is_not_a_safe_name_is_refused_at_load(tmp_path, value):
     """Config ids become directories under out/ and part of <kernel>:<id>@<arch>."""
     text = spec_text(blocks=(value,)).replace('id = "{dtype}-b{BLOCK}-w{num_warps}"', 'id = "{BLOCK}"')
-    with pytest.raises(SpecError, match=r"specs/s.toml: \[sweep\] config .* gets the id .* which is not a safe name"):
+    with pytest.raises(SpecError, match=r"specs/s.toml: config .* from \[sweep\] gets the id .* not a safe name"):
         load(tmp_path, text)
 
 
@@ -173,9 +173,9 @@ def reference(sweep: dict, extras: list[dict], excludes: list[dict], archs: list
            else "-".join(spell(v) if p == "dtype" else f"{p.lower()}{spell(v)}" for p, v in c) for c in kept]
     for i, cid in enumerate(ids):
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}", cid):
-            return "[sweep] config"
+            return "config {"   # ... from [sweep] gets the id ...
         if cid in ids[:i]:
-            return "configs"
+            return "configs {"
     return kept, ids
 
 

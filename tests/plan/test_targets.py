@@ -123,3 +123,32 @@ def test_the_catalog_s_descriptor_kernels_name_each_descriptor_s_block_from_the_
         "a_desc": "tensordesc<fp16[128, 64]>", "b_desc": "tensordesc<fp16[64, 128]>",
         "c_desc": "tensordesc<fp16[128, 128]>", "K": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
         "BLOCK_K": "constexpr"}
+
+
+class _Pruner:
+    """An entry probe whose autotuner's pruner keeps the given configs (rules/plan/targets.py _pruned)."""
+    def __init__(self, kept):
+        self.kept = kept
+
+    def prune(self, module, entry, requests, path, name):
+        return [self.kept for _ in requests]
+
+
+@pytest.mark.parametrize("kept, said", [
+    ([{"BLOCK": "a b", "num_warps": 4}],
+     r"config .* from the autotuner's pruner on sm_90a gets the id 'fp16-ba b-w4', which is not a safe name; ids "
+     r"may hold letters, digits"),
+    ([{"BLOCK": 256, "num_warps": 4}, {"BLOCK": "256", "num_warps": 4}],
+     r"configs .* and .* from the autotuner's pruner on sm_90a both get id 'fp16-b256-w4'; add the differing"),
+])
+def test_a_config_the_pruner_rewrites_gets_the_sweeps_id_checks_and_words(tmp_path, kept, said):
+    """The pruner's configs were never checked with the sweep: their ids are checked as the sweep's are, and the
+    message says the same rule (what a safe name holds) and where the configs came from."""
+    import dataclasses
+    from kforge.base.errors import SpecError
+    from kforge.plan.targets import _pruned
+    root = make_project(tmp_path, specs={"s": spec_text()})
+    spec = dataclasses.replace(load_spec(root / "specs" / "s.toml", root), tuned=("BLOCK", "num_warps"))
+    with pytest.raises(SpecError, match=rf"^specs/s.toml: {said}") as error:
+        _pruned(spec, "sm_90a", list(spec.configs.on("sm_90a")), _Pruner(kept), "scale")
+    assert "\n" not in str(error.value)
