@@ -1,8 +1,9 @@
 """The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
     compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
-        in this machine's warm compile servers (forked children: one per package, forking one per import
-        context, _server_for): backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
+        in this machine's warm compile servers (forked children: one per library, forking one per package,
+        forking one per import context, _server_for): backend.lower(target, scratch) -> Lowered, then
+        checked(target, lowered)
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
@@ -35,20 +36,26 @@ from kforge_runtime import schema
 if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
     from kforge.compile.lowering import Backend, Lowered
 
-# Compile servers come in two levels. A doit worker forks a package server per (toolchain, environment, the
-# package holding the kernel's module, ...): it imports the package once, the part of a library's import that
-# every module of it repeats (liger-kernel's: 1.25 s of its 1.45 s for the top-level package, 0.15-0.2 s more
-# for liger_kernel.ops, whose __init__ imports every op). A package server forks a context server
-# per import context (import_context): it imports the kernel's module on top of the package and compiles. A
-# fresh import of the module runs the same code in the same order (the package first), so what each target's
-# record holds is what it would hold in a process of its own. Both levels are kept, least recently used
-# first, within caps that bound memory at a few compilers per doit worker; a kept context server keeps its
-# compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again).
-MAX_SERVERS = 3    # package servers per doit worker
-MAX_CONTEXTS = 4   # context servers per package server
-PACKAGE_SLACK_S = 60   # a target's timeout is the context server's; its package server gets this much more
-_servers: dict[tuple, isolate.Server] = {}    # in a doit worker: its package servers
-_contexts: dict[tuple, isolate.Server] = {}   # in a package server: its context servers
+# Compile servers come in three levels, each forked from the one above, so that each import is paid once and
+# every process below holds it. A doit worker forks a library server per (toolchain, environment, the library's
+# top-level package, ...): it imports the top-level package once, the part of a library's import that every
+# module of it repeats (fla's __init__ imports nearly all of fla: 4.4 s; liger-kernel's: 1.25 s of its 1.45 s).
+# Where the kernel's module lies in a package below (fla.ops.utils, liger_kernel.ops), the library server forks
+# a package server per such package, which imports it on top (liger_kernel.ops's __init__ imports every op:
+# 0.2 s more). The last level forks a context server per import context (import_context): it imports the
+# kernel's module on top and compiles. A fresh import of the module runs the same code in the same order (the
+# packages above it first), so what each target's record holds is what it would hold in a process of its own.
+# Every level is kept, least recently used first, within caps that bound memory at a few compilers per
+# package: a worker that serves one library keeps at most MAX_PACKAGES x MAX_CONTEXTS compilers (12, as when
+# each of a library's packages was a server of the worker's own), and MAX_SERVERS times that at worst. A kept
+# context server keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again).
+MAX_SERVERS = 3    # library servers per doit worker
+MAX_PACKAGES = 3   # package servers per library server
+MAX_CONTEXTS = 4   # context servers per package server (or library server, for modules of its top-level package)
+PACKAGE_SLACK_S = 60   # a target's timeout is the context server's; each level above gets this much more
+_servers: dict[tuple, isolate.Server] = {}    # in a doit worker: its library servers
+_packages: dict[str, isolate.Server] = {}     # in a library server: its package servers
+_contexts: dict[tuple, isolate.Server] = {}   # in a library or package server: its context servers
 
 
 def backend_of(toolchain: str) -> Backend:
@@ -96,7 +103,8 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     try:
         outcome = _server_for(target, backend, root, import_in_server).call(
-            (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
+            (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S * len(import_levels(target)),
+            log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started - starting > START_SPAN_S:   # this worker's import of the toolchain (its first target)
@@ -145,54 +153,89 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 
 def in_context(backend: Backend, request: tuple) -> Candidate:
-    """In a package server, once per target: the package imported at the first, then the target compiled in
-    the context server of its import context (forked from here, so it holds the package as imported here)."""
+    """In a library or package server, once per target: its package imported at the first, then the target
+    compiled in the server below (forked from here, so it holds the package as imported here): the package
+    server of the kernel's package (import_levels), or the context server of its import context."""
     target, scratch_dir, timeout, _ = request
     spans = _enter_package(target, backend)
     if _set_up:   # this server's own start (the family's environment, the recorder), with its first target
         spans = (("start", *_set_up), *spans)
         _set_up.clear()
-    wanted = import_context(target)
-    server = _contexts.pop(wanted, None) or isolate.Server(functools.partial(lower_and_check, backend))
-    while len(_contexts) >= MAX_CONTEXTS:
-        _contexts.pop(next(iter(_contexts))).close()
-    _contexts[wanted] = server   # now the most recently used
-    outcome = server.call(request, timeout, log_dir=scratch_dir)
+    levels, below = import_levels(target), _level[0] + 1
+    if below < len(levels):
+        server = _kept(_packages, levels[below], MAX_PACKAGES, lambda: isolate.Server(
+            functools.partial(in_context, backend), functools.partial(_forked_below, below)))
+    else:
+        server = _kept(_contexts, import_context(target), MAX_CONTEXTS,
+                       lambda: isolate.Server(functools.partial(lower_and_check, backend)))
+    outcome = server.call(request, timeout + PACKAGE_SLACK_S * (len(levels) - below), log_dir=scratch_dir)
     if not outcome.ok:
         raise isolate.Forwarded(outcome)
     candidate = outcome.result
     return candidate._replace(result=candidate.result._replace(spans=(*spans, *candidate.result.spans)))
 
 
+def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
+    """The server kept for `key`, now the most recently used; a new() one where none is, the least recently
+    used closed first while `cap` are kept."""
+    server = servers.pop(key, None)
+    if server is None:
+        server = new()
+        while len(servers) >= cap:
+            servers.pop(next(iter(servers))).close()
+    servers[key] = server
+    return server
+
+
+def import_levels(target: Target) -> tuple[str, ...]:
+    """The packages a target's servers import, one level each: the library's top-level package, then the package
+    holding the kernel's module where that is another (importing `fla.ops.utils` imports `fla.ops` on the way,
+    as importing the module would). A top-level module is its own one level."""
+    top = target.module.split(".")[0]
+    package = target.module.rpartition(".")[0] or top
+    return (top,) if package == top else (top, package)
+
+
 def package_context(target: Target) -> tuple:
-    """What a package server imports: the package holding the kernel's module (with the packages above it, as
-    importing the module would: `liger_kernel.ops` for `liger_kernel.ops.jsd`, whose __init__ imports every op),
-    a top-level module itself; and the arch where the import sees one (the device model, set-up hooks)."""
-    return target.module.rpartition(".")[0] or target.module, target.arch if target.device_model or target.setup else None
+    """What a library server imports: the kernel's top-level package, and the arch where the import sees one
+    (the device model, set-up hooks)."""
+    return target.module.split(".")[0], target.arch if target.device_model or target.setup else None
 
 
-_package: list = [None]   # the package context this package server imported (package_context)
+_level: list = [0]   # which of import_levels this server imports: 0 in a library server
+_package: list = [None]   # what this server and those above it imported (package_context, import_levels)
+
+
+def _forked_below(level: int) -> None:
+    """A package server's set-up, after the fork: it imports the next level, and keeps servers of its own (the
+    ones it inherited are its siblings, its parent's to close)."""
+    _level[0], _package[0] = level, None
+    _packages.clear()
+    _contexts.clear()
 
 
 def _enter_package(target: Target, backend: Backend) -> tuple:
-    """At a package server's first target: start recording, prepare the device model and set-up hooks, import
-    the package. Anything that fails here retires the server (a package left half-imported builds nothing)
+    """At a server's first target: in a library server, start recording and prepare the device model and set-up
+    hooks; import its package. Anything that fails here retires the server (a package left half-imported builds
+    nothing; the next target of the package imports it again, in a fresh server forked from the level above)
     and is not kept as the kernel's failure: a missing dependency or a backend that cannot load is the
     environment's, and what the import failed to find is no file the record holds."""
-    wanted = package_context(target)
+    level = _level[0]
+    wanted = (package_context(target), import_levels(target)[:level + 1])
     if _package[0] is not None:
-        if _package[0] != wanted:   # _server_for keys servers by package context: never reached, unless that changes
-            raise RuntimeError(f"a package server of {_package[0]} was asked to compile {target.name}")
+        if _package[0] != wanted:   # servers are kept by what they import: never reached, unless that changes
+            raise RuntimeError(f"a compile server of {_package[0]} was asked to compile {target.name}")
         return ()
     started = time.time()
     try:
-        observe.Recorder.installed.start()
         device_model.serving(target.kernel)
-        # before the import: the model answers as this arch's reference GPU, the hooks run; their reads are
-        # every target's inputs too
-        device_model.prepare(target.arch, target.device_model, target.setup)
+        if level == 0:
+            observe.Recorder.installed.start()
+            # before the import: the model answers as this arch's reference GPU, the hooks run; their reads are
+            # every target's inputs too
+            device_model.prepare(target.arch, target.device_model, target.setup)
         if backend.imports_module:
-            importlib.import_module(wanted[0])
+            importlib.import_module(wanted[1][-1])
     except Exception as e:
         e.kforge_retire = True
         shared_env.explain(e)   # an import that failed on one of kforge's pins says so
@@ -200,8 +243,8 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
     _package[0] = wanted
     if not backend.imports_module:
         return ()
-    # what the package's import read, named and hashed once here: every context server forked from here starts
-    # with it (each paid 0.1-0.2 s for it at its first target: _InputsMemo)
+    # what the package's import read, named and hashed once here: every server forked from here starts with it
+    # (each paid 0.1-0.2 s for it at its first target: _InputsMemo)
     recorder = observe.Recorder.installed
     recorder.skip_out(str(target.layout.out))
     _inputs(recorder)
@@ -362,7 +405,7 @@ class _InputsMemo:
     input's identity and times by stat (a file changed since is hashed again, or is "changed-while-read", as
     computed afresh). A file changed less than RACY_S before it was looked at may change again within the same
     tick of the file system's clock, its stat unchanged: while one is, nothing is kept. Forked children inherit
-    it: a context server starts with what its package server's import read, named and hashed."""
+    it: a context server starts with what the imports of the servers above it read, named and hashed."""
     fixed: tuple | None = None
     seen: frozenset = frozenset()
     written: frozenset = frozenset()
@@ -446,8 +489,8 @@ def import_context(target: Target) -> tuple:
 
 
 def _observed(target: Target) -> observe.Recorder:
-    """The recorder of this context server, reading for this target. Its package server started it before
-    importing the package, so every target's record holds every file the imports read; the targets of one
+    """The recorder of this context server, reading for this target. Its library server started it before
+    importing the library, so every target's record holds every file the imports read; the targets of one
     context server share the imports (and the record)."""
     wanted = import_context(target)
     if _serving[0] is None:
@@ -458,22 +501,16 @@ def _observed(target: Target) -> observe.Recorder:
 
 
 def _server_for(target: Target, backend: Backend, root: str, import_in_server: bool) -> isolate.Server:
-    # one package server per package context, and per environment, device model and set-up hooks, which change
+    # one library server per package context, and per environment, device model and set-up hooks, which change
     # the process for good
     wanted = (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
               target.setup, package_context(target))
-    server = _servers.pop(wanted, None)
-    if server is None:
-        setup = functools.partial(_server_setup, target, backend, root, import_in_server)
-        server = isolate.Server(functools.partial(in_context, backend), setup)
-        while len(_servers) >= MAX_SERVERS:
-            _servers.pop(next(iter(_servers))).close()
-    _servers[wanted] = server   # now the most recently used
-    return server
+    setup = functools.partial(_server_setup, target, backend, root, import_in_server)
+    return _kept(_servers, wanted, MAX_SERVERS, lambda: isolate.Server(functools.partial(in_context, backend), setup))
 
 
 def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
-    """Once in each fresh package server, after the fork: the family's [env] first (its module reads it when
+    """Once in each fresh library server, after the fork: the family's [env] first (its module reads it when
     imported), then the compiler (the device model and set-up hooks come before the import: _enter_package)."""
     setting_up = time.time()
     inherited = dict(os.environ)
@@ -494,7 +531,7 @@ def _server_setup(target: Target, backend: Backend, root: str, import_here: bool
     _set_up[:] = [setting_up, time.time()]
 
 
-_set_up: list = []   # a package server's set-up (start, end), reported with its first target
+_set_up: list = []   # a library server's set-up (start, end), reported with its first target
 
 
 ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>

@@ -260,6 +260,60 @@ def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_again
     assert len(statuses(root, "built")) == 2
 
 
+# --- a library's top-level package is imported once per worker, its packages below it once each ---------------
+
+def counted(package: str, breaks: str = "") -> str:
+    """An __init__ that adds its package's name to the file TWOPKG_COUNT names, each time it is imported (and
+    then fails to import while the variable `breaks` is set)."""
+    return f'''
+        import os
+
+        with open(os.environ["TWOPKG_COUNT"], "a") as f:
+            f.write("{package}\\n")
+        if {breaks!r} and os.environ.get({breaks!r}):
+            raise ImportError("{package}: its native backend cannot load (a missing dependency)")
+        '''
+
+
+TWOPKG_FILES = {
+    "twopkg/__init__.py": counted("twopkg"),
+    "twopkg/a/__init__.py": counted("twopkg.a"),
+    "twopkg/a/k.py": REGOPS_KERNEL.replace("import regops", "import twopkg").format(entry="k_kernel", factor=2),
+    "twopkg/b/__init__.py": counted("twopkg.b", breaks="TWOPKG_B_BROKEN"),
+    "twopkg/b/k.py": REGOPS_KERNEL.replace("import regops", "import twopkg").format(entry="k_kernel", factor=3),
+}
+
+
+def test_a_librarys_top_level_package_is_imported_once_per_worker_and_each_package_below_once(tmp_path):
+    """fla's families lie in three packages whose shared part, fla's __init__, was imported once per package
+    (4.4 s each). One worker builds the families of twopkg.a and twopkg.b: twopkg is imported once, each package
+    once, on top of it; each target's record still holds its own package and module, never its sibling's. When
+    twopkg.b's import fails, every target of it fails with the same error (a fresh package server each, forked
+    from the library server: twopkg is not imported again) and twopkg.a's build; with the cause gone, b builds."""
+    site = write_files(tmp_path / "site", TWOPKG_FILES)
+    spec = REGOPS_SPEC.replace('["sm_90a", "gfx942"]', '["sm_90a"]')
+    root = make_project(tmp_path / "p", specs={f"two_{m}": spec.replace('"regops.{module}"', f'"twopkg.{m}.k"')
+                                               .replace('"{module}_kernel"', '"k_kernel"').format(name=f"two_{m}")
+                                               for m in ("a", "b")}, kernels={})
+    count = tmp_path / "imports.log"
+    env = {"PYTHONPATH": str(site), "TWOPKG_COUNT": str(count), "TWOPKG_B_BROKEN": "1"}
+    proc = doit(root, "-n", "1", env=env, check=False)
+    assert statuses(root, "built") == {"two_a:b128@sm_90a", "two_a:b256@sm_90a"}, proc.stdout[-3000:]
+    assert statuses(root, "failed") == {"two_b:b128@sm_90a", "two_b:b256@sm_90a"}
+    errors = {line for p in (root / "out").glob("sm_90a/two_b/*/error.txt") for line in p.read_text().splitlines()
+              if line.startswith("  error: ")}
+    assert errors == {"  error: ImportError: twopkg.b: its native backend cannot load (a missing dependency)"}
+    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.a", "twopkg.b", "twopkg.b"]
+    for meta in (root / "out").glob("sm_90a/two_a/*/meta.json"):
+        read = dict(json.loads(meta.read_text())["inputs"])
+        assert {"twopkg/__init__.py", "twopkg/a/__init__.py", "twopkg/a/k.py"} <= set(read), sorted(read)
+        assert not any(name.startswith("twopkg/b/") for name in read), sorted(read)
+    count.unlink()
+    doit(root, "-n", "1", env={**env, "TWOPKG_B_BROKEN": ""})
+    assert statuses(root, "built") == {"two_b:b128@sm_90a", "two_b:b256@sm_90a"}
+    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.b"]
+
+
 def test_only_failures_the_same_inputs_give_again_are_kept():
     """A truncated binary (a full disk), a tool killed by a signal (the OOM killer), a write that failed: the
     machine's, not the kernel's; a compiler's error on these inputs is the kernel's (kept and replayed)."""
