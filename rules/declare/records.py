@@ -9,8 +9,8 @@ run there: a line with one vendor's options only for that vendor). A line equal 
 the rest of the catalog already builds (the same kernel, arch, argument types, constexprs, hints and
 effective options), is dropped.
 A line with "autotune" (the config an autotuner picked for a key) builds as any other line, and
-`tuned_choices` lists it for the bundle's manifest, so that serving picks that config for that key (the last
-line of a kernel, arch and key wins: a later recording supersedes an earlier one).
+`tuned_choices` lists it for the bundle's manifest, so that serving picks a recorded config for that key (every
+pick is kept with the number of lines that made it: processes that tuned apart may have picked differently).
 Every line is checked: a bad one is one SpecError naming the file and the line.
 """
 from __future__ import annotations
@@ -45,17 +45,22 @@ def read(path: Path, where: str) -> list[dict]:
 
 
 def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
-    """The autotuners' picks the file records: {"kernel", "arch", "key", "config"} per kernel, arch and
-    autotuning key (for each arch the line is built for)."""
+    """The autotuners' picks the file records: {"kernel", "arch", "key", "config", "lines"} per kernel, arch,
+    autotuning key and config (for each arch the line is built for); "lines": how many lines picked it. Processes
+    that tuned one key apart (pytest-xdist workers, ranks) may each have picked another config, and each then
+    ran its own config for every call of that key: every pick is kept, so that serving can run, for each call,
+    a pick whose specialization was recorded (rules/runtime/serve.py)."""
     picks: dict[tuple, dict] = {}
     for record in _lines(path, shown_path(path, root)):
         if "autotune" not in record:
             continue
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
             if arch == record["arch"] or not _unfit(record["options"], arch):
-                key = record["autotune"]["key"]
-                picks[(record["kernel"], arch, json.dumps(key))] = {
-                    "kernel": record["kernel"], "arch": arch, "key": key, "config": record["autotune"]["config"]}
+                key, config = record["autotune"]["key"], record["autotune"]["config"]
+                pick = picks.setdefault((record["kernel"], arch, json.dumps(key), json.dumps(config, sort_keys=True)),
+                                        {"kernel": record["kernel"], "arch": arch, "key": key, "config": config,
+                                         "lines": 0})
+                pick["lines"] += 1
     return list(picks.values())
 
 

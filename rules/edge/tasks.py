@@ -70,7 +70,8 @@ def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> I
     for t in targets:
         by_arch.setdefault(t.arch, []).append(t)
     for arch, mine in sorted(by_arch.items()):
-        picks = [{k: t[k] for k in ("kernel", "key", "config")} for t in tuned if t["arch"] == arch]
+        picks = [{**{k: t[k] for k in ("kernel", "key", "config")}, "lines": t.get("lines", 1)} for t in tuned
+                 if t["arch"] == arch]
         yield {
             "basename": "package",
             "name": arch,

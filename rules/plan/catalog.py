@@ -248,7 +248,7 @@ class Catalog:
         """What the next load needs to take this family unprobed: its declaration's key, every file it was
         computed from by content (a file that was not there: None) and what else its targets' keys hold."""
         toolchains = sorted({(t.toolchain, t.arch) for t in targets})
-        module = next((t.module for t in targets if t.module and not _in_project(t.source, self.root)), "")
+        module = next((t.module for t in targets if t.module and not in_project(t.source, self.root)), "")
         return {"key": key, "name": name, "inputs": [[self.places.saved(f), _content(f, contents)] for f in files],
                 "toolchains": toolchains, "installed": module,
                 "fingerprint": self._fingerprint(toolchains, module)}
@@ -506,7 +506,9 @@ def _content(path: str, seen: dict) -> str | None:
     return seen[path]
 
 
-def _in_project(source: str, root: Path) -> bool:
+def in_project(source: str, root: Path | str) -> bool:
+    """Whether a kernel's source is the project's own (its packages are no installed distribution's): the
+    catalog keeps an installed module's fingerprint, the compile imports torch first for one that needs it."""
     return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
 
 
@@ -630,11 +632,17 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
 
 
 def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
-    """The autotuners' picks in the catalog's record files, for the archs built."""
+    """The autotuners' picks in the catalog's record files, for the archs built: one per kernel, arch, key and
+    config, its "lines" summed over the files."""
     from kforge.declare import records
-    extra = record_archs(root)
-    return [t for f in files if f.suffix == ".jsonl" for t in records.tuned_choices(f, root, extra)
-            if archs is None or t["arch"] in archs]
+    extra, merged = record_archs(root), {}
+    for f in files:
+        if f.suffix == ".jsonl":
+            for t in records.tuned_choices(f, root, extra):
+                if archs is None or t["arch"] in archs:
+                    seen = merged.setdefault(json.dumps({**t, "lines": 0}, sort_keys=True), {**t, "lines": 0})
+                    seen["lines"] += t["lines"]
+    return list(merged.values())
 
 
 def record_archs(root: Path) -> tuple[str, ...]:

@@ -20,11 +20,13 @@ strict, stops) instead of launching a binary of other code. A bundle that cannot
 under strict, else a warning, and every call compiles. With verify=True the first launch of each served
 specialization is also compiled by Triton and the two binaries compared (rules/runtime/verify.py).
 
-An autotuned kernel (@triton.autotune) asks the bundles first: the config recorded for the call's autotuning
-key (the manifest's "autotune" table, from the record's "autotune" lines) goes into the autotuner's cache, so
-it benchmarks nothing (the call's specialization with that config must then be in the bundles, as any other);
-with no recorded choice, a config is taken when it is the only one the bundles hold for the call, and
-otherwise strict=True stops (strict=False lets the autotuner benchmark, as Triton does).
+An autotuned kernel (@triton.autotune) asks the bundles first: a config recorded for the call's autotuning
+key (the manifest's "autotune" table, from the record's "autotune" lines) whose specialization for this call
+the bundles hold goes into the autotuner's cache, so it benchmarks nothing. Processes that tuned apart (pytest-
+xdist workers) may have recorded several picks for one key, each with its own calls: then each call runs a
+held pick (the process's own so far, else the one most lines made). With no recorded choice, a config is taken
+when it is the only one the bundles hold for the call, and otherwise strict=True stops (strict=False lets the
+autotuner benchmark, as Triton does).
 
 On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
 as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
@@ -191,7 +193,8 @@ class Server:
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
         self.entries: dict[str, tuple] = {}
-        self.tuned: dict[tuple, dict] = {}   # (kernel, autotuning key) -> the config recorded for it
+        # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
+        self.tuned: dict[tuple, list[dict]] = {}
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
@@ -223,8 +226,10 @@ class Server:
                             found = entry_identity(entry)
                             if found is not None:
                                 self.entries.setdefault(found, (bundle, entry))
-                        self.tuned.update(((t["kernel"], json.dumps(t["key"])), t["config"])
-                                          for t in bundle.autotune)
+                        for t in bundle.autotune:
+                            self.tuned.setdefault((t["kernel"], json.dumps(t["key"])), []).append(t)
+                    for key, picks in self.tuned.items():
+                        self.tuned[key] = _ranked(picks)
                 except (BundleError, OSError) as e:
                     self.entries.clear()
                     self.tuned.clear()
@@ -297,31 +302,73 @@ class Server:
             if line not in self.misses:
                 self.misses.append(line)
 
-    def choose(self, tuner, args: tuple, kwargs: dict):
-        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark)."""
+    def choose(self, tuner, args: tuple, kwargs: dict, current=None):
+        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark). Any of an
+        autotuner's configs computes the same result (Triton picks by timing alone), so the pick is one whose
+        specialization for this call the bundles hold: `current` (the process's pick for this key so far), else
+        the recorded pick most lines made; with nothing recorded for the key, the one config held, if only one is.
+        Processes that tuned apart (pytest-xdist workers) picked differently and each recorded its own pick's
+        specializations: a served process runs, per call, whichever of those was recorded."""
         self.index()
-        held, picked, line, key, recorded = [], None, None, None, None
+        if current is not None and self._held(tuner, args, kwargs, current)[2]:
+            return current   # the cheap path of a call whose key has picks apart: one specialization computed
+        held, line, key = {}, None, None
         for config in tuner.configs:
-            try:
-                line = tuned_line(tuner, args, kwargs, config)
-            except ValueError as e:   # not a kernel kforge records (an autotuner around another autotuner)
-                if self.strict:
-                    raise NotServed(f"kforge serve (strict): {e}; serve with strict=False to let Triton "
-                                    f"autotune it") from None
+            line, key, found = self._held(tuner, args, kwargs, config)
+            if line is None:
                 return None
-            tuned = line.pop("autotune")
-            key, recorded = tuned["key"], self.tuned.get((line["kernel"], json.dumps(tuned["key"])))
-            if record_identity(line) in self.entries:
-                held.append(config)
-                if recorded is not None and recorded == tuned["config"]:
-                    picked = config
-        if picked is None and recorded is None and len(held) == 1:
-            picked = held[0]
-        if picked is None and line is not None:
-            self.missed({**line, "autotune": {"key": key, "config": recorded}})
+            if found:
+                held[json.dumps(config.all_kwargs(), sort_keys=True)] = config
+        if line is None:
+            return None
+        recorded = [json.dumps(p["config"], sort_keys=True)
+                    for p in self.tuned.get((line["kernel"], json.dumps(key)), [])]
+        picked = next((held[c] for c in recorded if c in held), None)
+        if picked is None and not recorded and len(held) == 1:
+            picked = next(iter(held.values()))
+        if picked is None:
+            first = json.loads(recorded[0]) if recorded else None
+            self.missed({**line, "autotune": {"key": key, "config": first}})
             if self.strict:
-                raise NotServed(tuned_miss_message(line, key, len(held), recorded))
+                raise NotServed(tuned_miss_message(line, key, len(held), first))
         return picked
+
+    def _held(self, tuner, args: tuple, kwargs: dict, config) -> tuple:
+        """(the record line of this call run with `config`, its autotuning key, whether the bundles hold it);
+        (None, None, False) for a kernel kforge does not record (an autotuner around another autotuner)."""
+        try:
+            line = tuned_line(tuner, args, kwargs, config)
+        except ValueError as e:
+            if self.strict:
+                raise NotServed(f"kforge serve (strict): {e}; serve with strict=False to let Triton "
+                                f"autotune it") from None
+            return None, None, False
+        key = line.pop("autotune")["key"]
+        return line, key, record_identity(line) in self.entries
+
+    def rechoose(self, tuner, key: tuple) -> bool:
+        """Whether a call whose key the autotuner has a pick for must be looked at again: only where the record
+        holds more than one pick for the key (elsewhere the pick stays the process's, as in Triton)."""
+        kernel = getattr(tuner, "_kforge_name", None)
+        if kernel is None:
+            from triton.runtime.jit import JITFunction
+            fn = tuner.fn
+            while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):   # under @triton.heuristics
+                fn = fn.fn
+            kernel = tuner._kforge_name = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) \
+                else ""
+        return len(self.tuned.get((kernel, json.dumps(list(key))), ())) > 1
+
+
+def _ranked(picks: list[dict]) -> list[dict]:
+    """One per config, its lines summed over the bundles, the one most lines picked first (then by the config's
+    text: the same bundles rank the same way in every process). A bundle made before picks were counted: 1 each."""
+    merged: dict[str, dict] = {}
+    for p in picks:
+        lines = p.get("lines") if isinstance(p.get("lines"), int) and p.get("lines") > 0 else 1
+        text = json.dumps(p["config"], sort_keys=True)
+        merged[text] = {**p, "lines": merged[text]["lines"] + lines if text in merged else lines}
+    return sorted(merged.values(), key=lambda p: (-p["lines"], json.dumps(p["config"], sort_keys=True)))
 
 
 _active: list[Server] = []
@@ -350,13 +397,14 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
 
         def run(tuner, *args, **kwargs):
             if _active and len(tuner.configs) > 1:
-                key = autotune_key(tuner, args, kwargs)
-                if key not in tuner.cache:
-                    config = _active[-1].choose(tuner, args, kwargs)
-                    if config is not None:
+                key, server = autotune_key(tuner, args, kwargs), _active[-1]
+                if key not in tuner.cache or server.rechoose(tuner, key):
+                    current = tuner.cache.get(key)
+                    config = server.choose(tuner, args, kwargs, current)
+                    if config is not None and config is not current:
                         tuner.cache[key] = config
-                        with _active[-1].lock:
-                            _active[-1].tuned_configs += 1
+                        with server.lock:
+                            server.tuned_configs += 1
             return tuner_run(tuner, *args, **kwargs)
         run.kforge_served = True
         Autotuner.run = run

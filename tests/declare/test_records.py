@@ -102,8 +102,9 @@ def tuned(block, key, warps=4, **changes):
 
 
 def test_an_autotuners_pick_builds_once_and_reaches_the_bundle_for_its_key(project):
-    """Two keys that picked the same config are one target; the manifest maps each key to its config; the last
-    line for a key wins (a later recording supersedes); a pick is listed for each arch its line builds for."""
+    """Two keys that picked the same config are one target; the manifest lists each key's picks with the number
+    of lines that made each (processes that tuned apart picked differently: serving needs every pick); a pick is
+    listed for each arch its line builds for."""
     from kforge_runtime import Bundle
     from tests.ship.test_package import wheel
     lines = [tuned(128, [1000, "torch.float16"]), tuned(128, [4096, "torch.float16"]),
@@ -116,16 +117,21 @@ def test_an_autotuners_pick_builds_once_and_reaches_the_bundle_for_its_key(proje
     assert sorted((dict(t.constexprs)["BLOCK"], t.arch) for t in catalog.targets) == [
         (128, "gfx942"), (128, "sm_90a"), (256, "gfx942"), (256, "sm_90a"), (512, "sm_90a")]
     assert sorted((t["arch"], t["key"][0], t["config"]["BLOCK"]) for t in catalog.tuned) == [
-        ("gfx942", 7, 128), ("gfx942", 1000, 128), ("gfx942", 4096, 128),   # 32 warps cannot run on gfx942
-        ("sm_90a", 7, 128), ("sm_90a", 99, 512), ("sm_90a", 1000, 128), ("sm_90a", 4096, 128)]
+        ("gfx942", 7, 128), ("gfx942", 7, 256), ("gfx942", 1000, 128), ("gfx942", 4096, 128),   # 32 warps: not
+        ("sm_90a", 7, 128), ("sm_90a", 7, 256), ("sm_90a", 99, 512), ("sm_90a", 1000, 128),    # on gfx942
+        ("sm_90a", 4096, 128)]
     doit(project, "-n", "2", "archs=sm_90a")
     doit(project, "package", "archs=sm_90a")
-    picks = lambda: {t["key"][0]: t["config"]["BLOCK"] for t in Bundle(wheel(project, "sm_90a")).autotune}
-    assert picks() == {1000: 128, 4096: 128, 7: 128, 99: 512}
+    def picks():
+        found = {}
+        for t in Bundle(wheel(project, "sm_90a")).autotune:
+            found.setdefault(t["key"][0], {})[t["config"]["BLOCK"]] = t["lines"]
+        return found
+    assert picks() == {1000: {128: 1}, 4096: {128: 1}, 7: {256: 1, 128: 1}, 99: {512: 1}}
     # a new pick re-packages (the saved catalog and the package stamp both see the record file change)
     (project / "specs" / "app.jsonl").write_text("\n".join([*lines, tuned(256, [1000, "torch.float16"])]) + "\n")
     doit(project, "package", "archs=sm_90a")
-    assert picks()[1000] == 256
+    assert picks()[1000] == {128: 1, 256: 1}
 
 
 @pytest.mark.parametrize("bad", [{"key": "n", "config": {}}, {"key": [{"n": 1}], "config": {}}, {"key": []},
@@ -149,7 +155,7 @@ def test_a_recorded_line_reads_back_as_written(project, tmp_path):
         recorder.write(written)
     assert read(path, "specs/app.jsonl") == [plain, {k: v for k, v in picked.items() if k != "autotune"}]
     assert tuned_choices(path, project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
-                                            "config": {"BLOCK": 256, "num_warps": 4}}]
+                                            "config": {"BLOCK": 256, "num_warps": 4}, "lines": 1}]
     assert len(path.read_text().splitlines()) == 2   # the repeated line is written once
 
 

@@ -143,9 +143,9 @@ def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(tar
 
 
 def test_each_package_task_gets_its_archs_autotune_picks(targets, project):
-    picks = [{"kernel": "m:k", "arch": a, "key": [a], "config": {"B": a}} for a in ("sm_90a", "gfx942")]
+    picks = [{"kernel": "m:k", "arch": a, "key": [a], "config": {"B": a}, "lines": 2} for a in ("sm_90a", "gfx942")]
     for d in list(tasks.package_tasks(targets, str(project), picks))[1:]:
-        mine = [{"kernel": "m:k", "key": [d["name"]], "config": {"B": d["name"]}}]
+        mine = [{"kernel": "m:k", "key": [d["name"]], "config": {"B": d["name"]}, "lines": 2}]
         assert d["actions"][0][1][3] == (mine if d["name"] in ("sm_90a", "gfx942") else [])
 
 

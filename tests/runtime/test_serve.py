@@ -99,14 +99,14 @@ class Launched:
         Launched.calls.append(((gx, gy, gz), stream, list(values)))
 
 
-def entry(kernel: str, block: int, warps: int) -> dict:
+def entry(kernel: str, block: int, warps: int, divisible=("x_ptr", "y_ptr")) -> dict:
     fn = globals()[kernel]
     fn = fn if isinstance(fn, triton.runtime.JITFunction) else fn.fn   # an autotuner's JIT function
     return {"target": f"{kernel}-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": kernel},
             "triton_source_key": fn.cache_key,
             "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
                           {"name": "n", "type": "i32"}],
-            "constexprs": {"BLOCK": block}, "divisible_by_16": ["x_ptr", "y_ptr"],
+            "constexprs": {"BLOCK": block}, "divisible_by_16": list(divisible),
             "options": {"num_warps": warps, "num_stages": 3}}
 
 
@@ -253,6 +253,34 @@ def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchm
     with pytest.raises(serve.NotServed, match=r'was recorded with config \{"BLOCK": 256, .*"num_warps": 8\} for '
                                               r'its autotuning key \[10, .* \(the bundles hold 0 of its configs'):
         copy_tuned[grid](x[1:], y, 10)   # the recorded pick, but this call's specialization was not built
+
+
+def test_picks_recorded_apart_for_one_key_serve_each_call_its_recorded_specialization(jit, tmp_path):
+    # two pytest-xdist workers tuned key n=1000 apart: one picked BLOCK 256 for an aligned call, the other BLOCK
+    # 128 for a call one element in (another specialization); each recorded only its own pick's call
+    entries = [entry("copy_tuned", 256, 8), entry("copy_tuned", 128, 4, divisible=["y_ptr"])]
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
+                 "config": c.all_kwargs(), "lines": 1} for c in CONFIGS]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors(1001)
+    grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)
+    copy_tuned[grid](x, y, 1000)
+    copy_tuned[grid](x[1:], y, 1000)
+    copy_tuned[grid](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1), (8, 1, 1), (4, 1, 1)]   # BLOCK 256, 128, 256
+    assert (server.served, server.compiled, server.misses) == (2, 0, [])
+
+
+def test_of_the_recorded_picks_both_held_the_one_most_lines_made_runs(jit, tmp_path):
+    entries = [entry("copy_tuned", 256, 8), entry("copy_tuned", 128, 4)]
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
+                 "config": c.all_kwargs(), "lines": lines} for c, lines in zip(CONFIGS, (3, 1))]
+    serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    copy_tuned[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(8, 1, 1)]   # BLOCK 128: 3 lines against 1
 
 
 def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
