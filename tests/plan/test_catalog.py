@@ -530,3 +530,17 @@ def test_a_project_and_its_environment_copied_elsewhere_take_the_catalog_by_cont
     taken = {t.name: t for t in loaded(moved).targets}
     assert taken == from_nothing_whole(moved) and len(taken) == 3
     assert all(t.source.startswith(str(tmp_path / "env_b")) for t in taken.values())
+
+
+def test_a_source_is_the_projects_own_inside_its_folder_by_real_path(tmp_path):
+    """in_project decides whether a kernel module is an installed distribution's (fingerprinted in the catalog,
+    torch imported first at compile): a sibling folder sharing the name's start is not the project, a link into
+    the project is."""
+    from kforge.plan.catalog import in_project
+    (tmp_path / "proj" / "tk").mkdir(parents=True)
+    (tmp_path / "proj2").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "proj")
+    assert in_project(str(tmp_path / "proj" / "tk" / "scale.py"), tmp_path / "proj")
+    assert in_project(str(tmp_path / "link" / "tk" / "scale.py"), str(tmp_path / "proj"))
+    assert not in_project(str(tmp_path / "proj2" / "scale.py"), tmp_path / "proj")
+    assert not in_project(str(tmp_path / "proj"), tmp_path / "proj")
