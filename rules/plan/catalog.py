@@ -632,11 +632,17 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
 
 
 def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
-    """The autotuners' picks in the catalog's record files, for the archs built."""
+    """The autotuners' picks in the catalog's record files, for the archs built: one per kernel, arch, key and
+    config, its "lines" summed over the files."""
     from kforge.declare import records
-    extra = record_archs(root)
-    return [t for f in files if f.suffix == ".jsonl" for t in records.tuned_choices(f, root, extra)
-            if archs is None or t["arch"] in archs]
+    extra, merged = record_archs(root), {}
+    for f in files:
+        if f.suffix == ".jsonl":
+            for t in records.tuned_choices(f, root, extra):
+                if archs is None or t["arch"] in archs:
+                    seen = merged.setdefault(json.dumps({**t, "lines": 0}, sort_keys=True), {**t, "lines": 0})
+                    seen["lines"] += t["lines"]
+    return list(merged.values())
 
 
 def record_archs(root: Path) -> tuple[str, ...]:
