@@ -55,12 +55,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 import sys
 import time
+import types
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
+
+from kforge.base.layout import Layout
 
 # the distributions whose files (and whose requirements' files) are the toolchain, not inputs
 TOOLCHAIN = ("triton", "torch", "flydsl", "kforge", "doit")
@@ -221,6 +225,11 @@ class Recorder:
         self._whole: set[tuple] = set()   # (code, line) where the whole environment was iterated
         self._listing = False   # the hook's own listdir raises the event too
         self.modules: set[str] = set(sys.modules)
+        # where this process keeps the bytecode of what it compiled from source (_from_source): its reads and
+        # writes there are kforge's own, never recorded (None where the interpreter has no bytecode)
+        tag = sys.implementation.cache_tag
+        self.bytecode = str(Layout.of(self.root).bytecode / tag) if tag else None
+        self._own = (self.bytecode + os.sep,) if tag else ()
         self.active = False
         self.since_ns = 0
         # what _source made of each path, for the folders and skips it was asked with: a server's targets share
@@ -236,7 +245,7 @@ class Recorder:
             sys.addaudithook(cls.installed._hook)
             if type(os.environ) is os._Environ:   # the one object every reader holds: its class, not a copy
                 os.environ.__class__ = _ObservedEnviron
-            _from_source(cls.installed.skip)
+            _from_source(cls.installed.skip, cls.installed.bytecode)
         return cls.installed
 
     def skip_out(self, out: str) -> None:
@@ -261,6 +270,8 @@ class Recorder:
                 path = os.fsdecode(path)
             if not isinstance(path, str):   # an open file descriptor: already opened by path
                 return
+            if path.startswith(self._own):   # kforge's own bytecode (_from_source), as it opens it
+                return
             if (mode is not None and any(c in mode for c in "wax+")) or \
                     (mode is None and flags & (os.O_WRONLY | os.O_RDWR)):
                 self.written.add(_absolute(path))   # a module generating a file it then imports
@@ -278,7 +289,7 @@ class Recorder:
             destination = args[1]
             if isinstance(destination, bytes):
                 destination = os.fsdecode(destination)
-            if isinstance(destination, str):
+            if isinstance(destination, str) and not destination.startswith(self._own):
                 self.written.add(_absolute(destination))
         elif event == "ctypes.dlopen":
             name = args[0]
@@ -421,20 +432,88 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     return [[n, found[n]] for n in sorted(found)]
 
 
-def _from_source(toolchain: tuple[str, ...]) -> None:
-    """Modules outside `toolchain` (folders, each ending in a separator) load from their source, never a .pyc
-    (the module docstring says why): the import system asks cache_from_source where a module's .pyc lies and
-    reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported."""
+def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
+    """Modules outside `toolchain` (folders, each ending in a separator) run what was read from their source (the
+    module docstring says why), never a .pyc: the import system asks cache_from_source where a module's .pyc lies
+    and reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported. It
+    then reads the source once and hands those bytes to source_to_code, which takes the bytecode compiled from the
+    same bytes at the same path from `store` (a folder under out/; None: compile every time)."""
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
     cached, decided = external.cache_from_source, {}
+    kept = _KeptBytecode(store) if store is not None else None
+    compile_source = external.SourceLoader.source_to_code
+
+    def outside(path) -> bool:
+        if path not in decided:
+            decided[path] = not os.path.realpath(path).startswith(toolchain)
+        return decided[path]
 
     def cache_from_source(path, *args, **kwargs):
-        if path not in decided:
-            decided[path] = os.path.realpath(path).startswith(toolchain)
-        if not decided[path]:
+        if outside(path):
             raise NotImplementedError("kforge: compiled from its source")
         return cached(path, *args, **kwargs)
+
+    def source_to_code(loader, data, path, *, _optimize=-1):
+        if kept is None or type(data) is not bytes or not isinstance(path, str) or not outside(path):
+            return compile_source(loader, data, path, _optimize=_optimize)
+        return kept.code(data, path, _optimize, lambda: compile_source(loader, data, path, _optimize=_optimize))
     external.cache_from_source = cache_from_source
+    external.SourceLoader.source_to_code = source_to_code   # every source loader's, unless a loader has its own
+
+
+class _KeptBytecode:
+    """Bytecode kept by what it was compiled from: a file named by the sha256 of the interpreter's magic number,
+    the optimization level, the source's path as given (the code's co_filename) and the source's bytes, so that
+    an edit of any size at any mtime misses it, and the path a module was imported from is the one its code
+    names. Each file is the magic, that key, the sha256 of the marshalled code, then the code: one that does not
+    hold together (truncated, another interpreter's, garbage) is compiled again and replaced, never run. New
+    files are written beside and renamed into place: the servers of one build share them."""
+
+    def __init__(self, folder: str):
+        import importlib.util
+        self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
+        self.written = itertools.count()   # a name of its own for each file written beside
+
+    def code(self, source: bytes, path: str, optimize: int, compile_it):
+        import marshal
+        key = hashlib.sha256(b"%s\0%d\0%s\0" % (self.magic, sys.flags.optimize if optimize == -1 else optimize,
+                                                   os.fsencode(path)))
+        key.update(source)
+        head = self.magic + key.digest()
+        where = os.path.join(self.folder, key.hexdigest())
+        try:
+            with open(where, "rb") as f:
+                kept = f.read()
+        except OSError:   # none yet (or unreadable: compiled, and written again if it can be)
+            kept = b""
+        body = memoryview(kept)[len(head) + 32:]
+        if kept.startswith(head) and hashlib.sha256(body).digest() == kept[len(head):len(head) + 32]:
+            try:
+                code = marshal.loads(body)
+            except (EOFError, ValueError, TypeError):
+                code = None
+            if type(code) is types.CodeType:
+                return code
+        code = compile_it()
+        self._keep(where, head, marshal.dumps(code))
+        return code
+
+    def _keep(self, where: str, head: bytes, body: bytes) -> None:
+        """Write beside, then rename into place (a reader sees a whole file or none); a folder that cannot be
+        written to (out/ read-only, a full disk) keeps nothing, and the module still runs from its source."""
+        beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
+        try:
+            if not self.made:
+                os.makedirs(self.folder, exist_ok=True)
+                self.made = True
+            with open(beside, "xb") as f:
+                f.write(head + hashlib.sha256(body).digest() + body)
+            os.replace(beside, where)
+        except OSError:
+            try:
+                os.unlink(beside)
+            except OSError:
+                pass
 
 
 def _reader(frame):

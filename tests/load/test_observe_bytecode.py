@@ -1,0 +1,108 @@
+"""rules/load/observe.py: what a recording process runs is what it read, and the bytecode it compiles from that is
+kept under out/ by content. Each case runs fresh interpreters (a process installs its recorder for good) with a
+library folder on sys.path and a project folder as the root; the builtin compile's audit event counts the
+modules compiled."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = '''
+import json, os, sys
+sys.path.insert(0, {lib!r})
+from kforge.load import observe
+recorder = observe.Recorder.install({root!r})
+compiled, writes = [], []
+
+def watch(event, args):
+    if event == "compile" and isinstance(args[1], str) and args[1].startswith({lib!r}):
+        compiled.append(os.path.relpath(args[1], {lib!r}))
+    elif event == "open" and isinstance(args[0], str) and (
+            any(c in args[1] or "" for c in "wax+") or args[1] is None and args[2] & (os.O_WRONLY | os.O_RDWR)):
+        writes.append(args[0])
+    elif event in ("os.rename", "os.mkdir", "os.remove"):
+        writes.append(args[1] if event == "os.rename" else args[0])
+sys.addaudithook(watch)
+recorder.start()
+import pkg.mod
+print(json.dumps({{"compiled": sorted(compiled), "writes": writes, "x": pkg.mod.X,
+                   "co_filename": pkg.mod.f.__code__.co_filename, "files": sorted(recorder.files()),
+                   "written": sorted(recorder.written)}}))
+'''
+
+
+def _library(tmp_path: Path, x: int = 1) -> tuple[Path, Path]:
+    lib, root = tmp_path / "lib", tmp_path / "project"
+    (lib / "pkg").mkdir(parents=True, exist_ok=True)
+    root.mkdir(exist_ok=True)
+    (lib / "pkg" / "__init__.py").write_text("")
+    (lib / "pkg" / "mod.py").write_text(f"X = {x}\n\ndef f():\n    return X\n")
+    return lib, root
+
+
+def _import(lib: Path, root: Path) -> dict:
+    """What a recording process that imports pkg.mod from `lib` (as given: a link stays a link) compiled, wrote
+    and recorded, and what it ran."""
+    script = SCRIPT.format(lib=str(lib), root=str(root))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _kept(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "out" / ".kforge" / "bytecode").rglob("*") if p.is_file())
+
+
+def test_bytecode_is_compiled_once_kept_under_out_and_taken_by_the_next_process(tmp_path):
+    lib, root = _library(tmp_path)
+    first = _import(lib, root)
+    assert first["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and first["x"] == 1
+    out = os.path.realpath(root / "out") + os.sep
+    assert first["writes"] and all((os.path.realpath(w) + os.sep).startswith(out) for w in first["writes"]), first["writes"]
+    assert not list(lib.rglob("__pycache__")) and len(_kept(root)) == 2
+    again = _import(lib, root)
+    assert again["compiled"] == [] and again["x"] == 1 and again["writes"] == []
+    assert again["co_filename"] == first["co_filename"] == str(lib / "pkg" / "mod.py")
+    # the record is the sources read, as before; kforge's own reads and writes of its bytecode are none of it
+    for record in (first, again):
+        assert record["files"] == [str(lib / "pkg" / "__init__.py"), str(lib / "pkg" / "mod.py")]
+        assert record["written"] == []
+
+
+def test_code_names_the_path_it_was_imported_from(tmp_path):
+    lib, root = _library(tmp_path)
+    _import(lib, root)
+    alias = tmp_path / "alias"
+    alias.symlink_to(lib)   # the same bytes through another path: the code names that path, as Python's would
+    through = _import(alias, root)
+    assert through["co_filename"] == str(alias / "pkg" / "mod.py") and through["compiled"] == ["pkg/__init__.py",
+                                                                                                "pkg/mod.py"]
+
+
+def test_an_edit_of_the_same_size_and_mtime_runs_the_new_code(tmp_path):
+    lib, root = _library(tmp_path, x=1)
+    assert _import(lib, root)["x"] == 1
+    source = lib / "pkg" / "mod.py"
+    before = os.stat(source)
+    source.write_text(source.read_text().replace("X = 1", "X = 2"))
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(source).st_size == before.st_size
+    edited = _import(lib, root)
+    assert edited["x"] == 2 and edited["compiled"] == ["pkg/mod.py"]
+
+
+def test_a_damaged_kept_file_is_compiled_again_and_replaced_never_run(tmp_path):
+    lib, root = _library(tmp_path)
+    _import(lib, root)
+    whole = {path: path.read_bytes() for path in _kept(root)}
+    damages = {"truncated": lambda b: b[:len(b) // 2], "garbage": lambda b: bytes(range(256)) * (len(b) // 256 + 1),
+               "another interpreter's": lambda b: b"\0\0\r\n" + b[4:], "empty": lambda b: b""}
+    for damage, make in damages.items():
+        for path, content in whole.items():
+            path.write_bytes(make(content))
+        found = _import(lib, root)
+        assert found["x"] == 1 and found["compiled"] == ["pkg/__init__.py", "pkg/mod.py"], damage
+        assert {p: p.read_bytes() for p in _kept(root)} == whole, damage   # written again, whole
+    assert _import(lib, root)["compiled"] == []
