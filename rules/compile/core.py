@@ -1,9 +1,9 @@
 """The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
     compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
-        in this machine's warm compile servers (forked children: one per library, forking one per package,
-        forking one per import context, _server_for): backend.lower(target, scratch) -> Lowered, then
-        checked(target, lowered)
+        in this machine's warm compile servers (forked children: one per library, forking one per package down
+        to the kernel's module, forking one per import context, _server_for): backend.lower(target, scratch) ->
+        Lowered, then checked(target, lowered)
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
@@ -36,25 +36,27 @@ from kforge_runtime import schema
 if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
     from kforge.compile.lowering import Backend, Lowered
 
-# Compile servers come in three levels, each forked from the one above, so that each import is paid once and
-# every process below holds it. A doit worker forks a library server per (toolchain, environment, the library's
-# top-level package, ...): it imports the top-level package once, the part of a library's import that every
-# module of it repeats (fla's __init__ imports nearly all of fla: 4.4 s; liger-kernel's: 1.25 s of its 1.45 s).
-# Where the kernel's module lies in a package below (fla.ops.utils, liger_kernel.ops), the library server forks
-# a package server per such package, which imports it on top (liger_kernel.ops's __init__ imports every op:
-# 0.2 s more). The last level forks a context server per import context (import_context): it imports the
-# kernel's module on top and compiles. A fresh import of the module runs the same code in the same order (the
-# packages above it first), so what each target's record holds is what it would hold in a process of its own.
-# Every level is kept, least recently used first, within caps that bound memory at a few compilers per
-# package: a worker that serves one library keeps at most MAX_PACKAGES x MAX_CONTEXTS compilers (12, as when
-# each of a library's packages was a server of the worker's own), and MAX_SERVERS times that at worst. A kept
-# context server keeps its compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again).
+# Compile servers form a tree per library, each forked from the one above, so that each import is paid once
+# and every process below holds it. A doit worker forks a library server per (toolchain, environment, the
+# library's top-level package, ...), which imports the top-level package once. Below it, a package server per
+# package on the way to the kernel's module, each importing its package on top of its parent's, in the order a
+# fresh import of the module runs them: `fla` -> `fla.ops` (whose __init__ imports every op and, through them,
+# most of fla: 4.4 s on the dev machine, paid once for fla.ops.utils' and fla.ops.common's families alike) ->
+# `fla.ops.utils`; `liger_kernel` (1.25 s) -> `liger_kernel.ops` (every op: 0.2 s more). The last forks a context
+# server per import context (import_context): it imports the kernel's module on top and compiles. Each level
+# runs the same code in the same order as a fresh import of the module (a package is imported in full before
+# anything below it), so what each target's record holds is what it would hold in a process of its own; two
+# packages that import each other (fla.modules and fla.ops) are each imported in their own branch, as a fresh
+# process importing one or the other would. Every level keeps its servers, least recently used first, within
+# caps that bound memory at a few compilers per package holding kernels (fla's record: three such packages, at
+# most 12 compilers per worker, as when each was a server of the worker's own). A kept context server keeps its
+# compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again).
 MAX_SERVERS = 3    # library servers per doit worker
-MAX_PACKAGES = 3   # package servers per library server
-MAX_CONTEXTS = 4   # context servers per package server (or library server, for modules of its top-level package)
+MAX_PACKAGES = 3   # package servers per library or package server
+MAX_CONTEXTS = 4   # context servers per library or package server (the one holding the kernels' modules)
 PACKAGE_SLACK_S = 60   # a target's timeout is the context server's; each level above gets this much more
 _servers: dict[tuple, isolate.Server] = {}    # in a doit worker: its library servers
-_packages: dict[str, isolate.Server] = {}     # in a library server: its package servers
+_packages: dict[str, isolate.Server] = {}     # in a library or package server: the package servers below it
 _contexts: dict[tuple, isolate.Server] = {}   # in a library or package server: its context servers
 
 
@@ -188,12 +190,11 @@ def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
 
 
 def import_levels(target: Target) -> tuple[str, ...]:
-    """The packages a target's servers import, one level each: the library's top-level package, then the package
-    holding the kernel's module where that is another (importing `fla.ops.utils` imports `fla.ops` on the way,
-    as importing the module would). A top-level module is its own one level."""
-    top = target.module.split(".")[0]
-    package = target.module.rpartition(".")[0] or top
-    return (top,) if package == top else (top, package)
+    """The packages a target's servers import, one level each, in the order importing its module runs them: the
+    library's top-level package, then each package down to the one holding the module (`fla`, `fla.ops`,
+    `fla.ops.utils`). A top-level module is its own one level."""
+    parts = target.module.split(".")
+    return tuple(".".join(parts[:n]) for n in range(1, max(len(parts), 2)))
 
 
 def package_context(target: Target) -> tuple:

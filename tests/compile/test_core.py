@@ -260,7 +260,7 @@ def test_a_failed_import_fails_every_target_of_its_context_and_none_builds_again
     assert len(statuses(root, "built")) == 2
 
 
-# --- a library's top-level package is imported once per worker, its packages below it once each ---------------
+# --- a library's packages are imported once per worker, each on top of the one above ---------------------------
 
 def counted(package: str, breaks: str = "") -> str:
     """An __init__ that adds its package's name to the file TWOPKG_COUNT names, each time it is imported (and
@@ -275,24 +275,27 @@ def counted(package: str, breaks: str = "") -> str:
         '''
 
 
+TWOPKG_KERNEL = REGOPS_KERNEL.replace("import regops", "import twopkg")
 TWOPKG_FILES = {
     "twopkg/__init__.py": counted("twopkg"),
-    "twopkg/a/__init__.py": counted("twopkg.a"),
-    "twopkg/a/k.py": REGOPS_KERNEL.replace("import regops", "import twopkg").format(entry="k_kernel", factor=2),
-    "twopkg/b/__init__.py": counted("twopkg.b", breaks="TWOPKG_B_BROKEN"),
-    "twopkg/b/k.py": REGOPS_KERNEL.replace("import regops", "import twopkg").format(entry="k_kernel", factor=3),
+    "twopkg/ops/__init__.py": counted("twopkg.ops"),   # the shared part (fla.ops: every op, most of fla)
+    "twopkg/ops/a/__init__.py": counted("twopkg.ops.a"),
+    "twopkg/ops/a/k.py": TWOPKG_KERNEL.format(entry="k_kernel", factor=2),
+    "twopkg/ops/b/__init__.py": counted("twopkg.ops.b", breaks="TWOPKG_B_BROKEN"),
+    "twopkg/ops/b/k.py": TWOPKG_KERNEL.format(entry="k_kernel", factor=3),
 }
 
 
-def test_a_librarys_top_level_package_is_imported_once_per_worker_and_each_package_below_once(tmp_path):
-    """fla's families lie in three packages whose shared part, fla's __init__, was imported once per package
-    (4.4 s each). One worker builds the families of twopkg.a and twopkg.b: twopkg is imported once, each package
-    once, on top of it; each target's record still holds its own package and module, never its sibling's. When
-    twopkg.b's import fails, every target of it fails with the same error (a fresh package server each, forked
-    from the library server: twopkg is not imported again) and twopkg.a's build; with the cause gone, b builds."""
+def test_a_librarys_packages_are_imported_once_per_worker_each_on_top_of_the_one_above(tmp_path):
+    """fla's families lie in fla.ops.utils and fla.ops.common, whose shared part, fla.ops, was imported once per
+    package (4.4 s each). One worker builds the families of twopkg.ops.a and twopkg.ops.b: twopkg and twopkg.ops
+    are imported once, each package below once on top of them; each target's record still holds its own package
+    and module, never its sibling's. When twopkg.ops.b's import fails, every target of it fails with the same
+    error (a fresh package server each, forked from twopkg.ops's: nothing above is imported again) and
+    twopkg.ops.a's build; with the cause gone, b builds."""
     site = write_files(tmp_path / "site", TWOPKG_FILES)
     spec = REGOPS_SPEC.replace('["sm_90a", "gfx942"]', '["sm_90a"]')
-    root = make_project(tmp_path / "p", specs={f"two_{m}": spec.replace('"regops.{module}"', f'"twopkg.{m}.k"')
+    root = make_project(tmp_path / "p", specs={f"two_{m}": spec.replace('"regops.{module}"', f'"twopkg.ops.{m}.k"')
                                                .replace('"{module}_kernel"', '"k_kernel"').format(name=f"two_{m}")
                                                for m in ("a", "b")}, kernels={})
     count = tmp_path / "imports.log"
@@ -302,16 +305,18 @@ def test_a_librarys_top_level_package_is_imported_once_per_worker_and_each_packa
     assert statuses(root, "failed") == {"two_b:b128@sm_90a", "two_b:b256@sm_90a"}
     errors = {line for p in (root / "out").glob("sm_90a/two_b/*/error.txt") for line in p.read_text().splitlines()
               if line.startswith("  error: ")}
-    assert errors == {"  error: ImportError: twopkg.b: its native backend cannot load (a missing dependency)"}
-    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.a", "twopkg.b", "twopkg.b"]
+    assert errors == {"  error: ImportError: twopkg.ops.b: its native backend cannot load (a missing dependency)"}
+    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.ops", "twopkg.ops.a", "twopkg.ops.b",
+                                                 "twopkg.ops.b"]
     for meta in (root / "out").glob("sm_90a/two_a/*/meta.json"):
         read = dict(json.loads(meta.read_text())["inputs"])
-        assert {"twopkg/__init__.py", "twopkg/a/__init__.py", "twopkg/a/k.py"} <= set(read), sorted(read)
-        assert not any(name.startswith("twopkg/b/") for name in read), sorted(read)
+        assert {"twopkg/__init__.py", "twopkg/ops/__init__.py", "twopkg/ops/a/__init__.py",
+                "twopkg/ops/a/k.py"} <= set(read), sorted(read)
+        assert not any(name.startswith("twopkg/ops/b/") for name in read), sorted(read)
     count.unlink()
     doit(root, "-n", "1", env={**env, "TWOPKG_B_BROKEN": ""})
     assert statuses(root, "built") == {"two_b:b128@sm_90a", "two_b:b256@sm_90a"}
-    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.b"]
+    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.ops", "twopkg.ops.b"]
 
 
 def test_only_failures_the_same_inputs_give_again_are_kept():
