@@ -7,18 +7,22 @@ import pytest
 
 from kforge.edge import commands
 from kforge.store import guard
-from tests.support import doit, make_project, spec_text, statuses
+from tests.support import built_once, copy_built, doit, make_project, spec_text, statuses
 
 BLOCKS = (64, 128, 256)
 NAMES = {f"scale:fp16-b{b}-w4@sm_90a" for b in BLOCKS}
 
 
-@pytest.fixture
-def project(tmp_path):
-    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=BLOCKS)})
+def _build_three(root):
+    make_project(root, specs={"scale": spec_text(blocks=BLOCKS)})
     doit(root, "-n", "2")
     assert statuses(root, "built") == NAMES
-    return root
+
+
+@pytest.fixture
+def project(tmp_path_factory, tmp_path):
+    """Three targets built once for the run; each test changes a copy of them."""
+    return copy_built(built_once(tmp_path_factory, "commands-three-blocks", _build_three), tmp_path / "p")
 
 
 def test_info_of_a_target_shows_what_kforge_knows_and_nothing_internal(project):

@@ -10,19 +10,23 @@ from kforge.tune import tasks as tune
 from kforge.plan.catalog import Family
 from kforge.declare.spec import load_spec
 from kforge.plan.targets import spec_targets
-from tests.support import doit, kernel_text, make_project, spec_text
+from tests.support import built_once, copy_built, doit, kernel_text, make_project, spec_text
 
 TUNE = '\n[tune]\nharness = "tk/scale_tune.py"\nshape_args = ["n"]\nshapes = [[1000], [1000000]]\n'
 HARNESS = "def problem(shape, types, device):\n    pass\n\n\ndef grid(shape, config):\n    return (1,)\n"
 H100 = {"vendor": "nvidia", "name": "NVIDIA H100 80GB HBM3", "archs": ["sm_90a", "sm_90"], "driver": "580.159.04"}
 
 
-@pytest.fixture
-def project(tmp_path):
-    root = make_project(tmp_path, specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(256, 1024)) + TUNE},
-                        kernels={"scale": kernel_text(), "scale_tune": HARNESS})
+def _build_tuned(root):
+    make_project(root, specs={"scale": spec_text(archs=("sm_90a", "gfx942"), blocks=(256, 1024)) + TUNE},
+                 kernels={"scale": kernel_text(), "scale_tune": HARNESS})
     doit(root, "scale")
-    return root
+
+
+@pytest.fixture
+def project(tmp_path_factory, tmp_path):
+    """The tuned family built once for the run; each test changes a copy of it."""
+    return copy_built(built_once(tmp_path_factory, "tune-two-archs", _build_tuned), tmp_path / "p")
 
 
 def key(root, gpu=H100, arch="sm_90a"):
