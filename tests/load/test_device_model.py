@@ -98,17 +98,26 @@ def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu():
 
 
 NEEDS_GPU = '''
-import importlib, sys
+import importlib, os, sys, traceback
 from kforge.load import device_model
 device_model.install("gfx942")
 device_model.serving("fam")
+import torch, triton   # what each module imports first: once here, then a process of its own per module
 sys.path.insert(0, sys.argv[1])
 for module in sys.argv[2:]:
-    try:
-        importlib.import_module(module)
-        print(module, "imported")
-    except device_model.NeedsGPU as e:
-        print(e)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(module)
+            print(module, "|", module, "imported")
+        except device_model.NeedsGPU as e:
+            print(module, "|", e)
+        except BaseException:
+            print(module, "|", traceback.format_exc().replace(chr(10), " / "))
+        sys.stdout.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
 '''
 GPU_WORK = {   # a module doing something only a real GPU can do at import, and the call the error names
     "reads": ('import torch\nx = torch.zeros(4, device="cuda")\nn = int(x.sum())\n',
@@ -131,6 +140,53 @@ GPU_WORK = {   # a module doing something only a real GPU can do at import, and 
     "cudart": ('import ctypes\nrt = ctypes.CDLL("libcudart.so.12")\nrt.cudaGetDeviceCount.restype = ctypes.c_int\n'
                "rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n", "libcudart.so.12's cudaGetDeviceCount"),
 }
+
+
+# modules made by a library at import, each imported under the model (gfx942, family "fam") by NEEDS_GPU
+STREAMS_AT_IMPORT = (
+    "import torch\n"
+    "class SideStream(torch.cuda.Stream):\n"
+    "    pass\n"
+    "S = torch.cuda.Stream(priority=-1)\n"
+    "SIDE = SideStream(device=torch.cuda.current_device())\n"
+    "E = torch.cuda.Event(enable_timing=False)\n"
+    "assert isinstance(SIDE, torch.cuda.Stream) and S.device == torch.device('cuda', 0), S.device\n"
+    "assert E.device == torch.device('cuda', 0) and S != SIDE and S == S\n"
+    "with torch.cuda.stream(SIDE):\n"
+    "    WORK = torch.empty(4, device='cuda')\n"
+    "MAIN = torch.cuda.current_stream()\n"
+    "MAIN.device, torch.cuda.default_stream(0).device\n")
+PINNED_AT_IMPORT = (
+    "import torch\n"
+    "STAGING = torch.empty(1024, dtype=torch.uint8, pin_memory=True)\n"
+    "HOST = torch.zeros(4).pin_memory()\n"
+    "ON_GPU = HOST.to('cuda', non_blocking=True)\n"
+    "assert STAGING.device.type == 'cpu' and ON_GPU.device == torch.device('cuda', 0)\n")
+CUDA_BACKEND = (
+    "import ctypes\n"
+    "import torch\n"
+    "from torch._C import _cuda_getCurrentRawStream as get_raw_stream  # noqa: F401\n"
+    "RT = ctypes.CDLL('libcudart.so.12')\n"
+    "RT.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]\n"
+    "HAS = hasattr(torch._C, '_cuda_getDevice') and not hasattr(torch._C, 'no_such_thing')\n")
+AT_IMPORT = {**{f"gpu_{work}": source for work, (source, _) in GPU_WORK.items()},
+             "streams_at_import": STREAMS_AT_IMPORT,
+             "raw_stream_at_import": "import torch\nRAW = torch.cuda.Stream().cuda_stream\n",
+             "pinned_at_import": PINNED_AT_IMPORT, "cuda_backend": CUDA_BACKEND}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> dict[str, str]:
+    """AT_IMPORT's modules, each imported in a process of its own under the model: module -> the line its import
+    printed. The processes are forked from one that imported torch (2 s of CPU) once for all of them."""
+    folder = tmp_path_factory.mktemp("at_import")
+    for name, source in AT_IMPORT.items():
+        (folder / f"{name}.py").write_text(source)
+    proc = _python(NEEDS_GPU, str(folder), *AT_IMPORT, cwd=folder)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = dict(line.split(" | ", 1) for line in proc.stdout.splitlines())
+    assert list(said) == list(AT_IMPORT), proc.stdout + proc.stderr
+    return said
 
 
 MISSING = '''
@@ -157,67 +213,35 @@ def test_a_property_the_model_lacks_says_so_and_the_fix_and_hasattr_is_false(tmp
     assert lines[2] == "False"
 
 
-def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_family(tmp_path):
-    for work, (source, _) in GPU_WORK.items():
-        (tmp_path / f"gpu_{work}.py").write_text(source)
-    proc = _python(NEEDS_GPU, str(tmp_path), *(f"gpu_{work}" for work in GPU_WORK), cwd=tmp_path)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == len(GPU_WORK), proc.stdout + proc.stderr
-    for line, (work, (_, call)) in zip(lines, GPU_WORK.items()):
+def test_what_needs_a_real_gpu_fails_in_one_line_naming_the_call_where_and_the_family(imported):
+    for work, (_, call) in GPU_WORK.items():
+        line = imported[f"gpu_{work}"]
         assert call in line and f"gpu_{work}.py:" in line and "needs a real GPU (family fam)" in line, line
         assert "gfx942" in line and "AMD Instinct MI300X" in line and "device_model = false" in line
 
 
-def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(tmp_path):
+def test_streams_and_events_made_at_import_are_handles_that_answer_as_the_gpus(imported):
     """A library that keeps a side stream and an event from its import (torch.cuda.Stream(), torch.cuda.Event(),
     its own subclass of Stream, the current stream) or allocates under `with torch.cuda.stream(side):` imports
-    under the model: they launch nothing until used."""
-    (tmp_path / "streams_at_import.py").write_text(
-        "import torch\n"
-        "class SideStream(torch.cuda.Stream):\n"
-        "    pass\n"
-        "S = torch.cuda.Stream(priority=-1)\n"
-        "SIDE = SideStream(device=torch.cuda.current_device())\n"
-        "E = torch.cuda.Event(enable_timing=False)\n"
-        "assert isinstance(SIDE, torch.cuda.Stream) and S.device == torch.device('cuda', 0), S.device\n"
-        "assert E.device == torch.device('cuda', 0) and S != SIDE and S == S\n"
-        "with torch.cuda.stream(SIDE):\n"
-        "    WORK = torch.empty(4, device='cuda')\n"
-        "MAIN = torch.cuda.current_stream()\n"
-        "MAIN.device, torch.cuda.default_stream(0).device\n")
-    (tmp_path / "raw_stream_at_import.py").write_text("import torch\nRAW = torch.cuda.Stream().cuda_stream\n")
-    proc = _python(NEEDS_GPU, str(tmp_path), "streams_at_import", "raw_stream_at_import", cwd=tmp_path)
-    made, raw = proc.stdout.strip().splitlines()
-    assert made == "streams_at_import imported", proc.stdout + proc.stderr
+    under the model: they launch nothing until used (STREAMS_AT_IMPORT); using one is GPU work."""
+    assert imported["streams_at_import"] == "streams_at_import imported"
+    raw = imported["raw_stream_at_import"]
     assert raw.startswith("a CUDA stream (torch.cuda.Stream)'s cuda_stream at raw_stream_at_import.py:2"), raw
 
 
-def test_pinned_host_memory_made_at_import_is_host_memory_under_the_model(tmp_path):
-    """A staging buffer in page-locked host memory made at import (pin_memory=True, .pin_memory()): a CPU torch
-    has no pinned allocator and raised its own RuntimeError; pinning only changes how fast copies go."""
-    (tmp_path / "pinned_at_import.py").write_text(
-        "import torch\n"
-        "STAGING = torch.empty(1024, dtype=torch.uint8, pin_memory=True)\n"
-        "HOST = torch.zeros(4).pin_memory()\n"
-        "ON_GPU = HOST.to('cuda', non_blocking=True)\n"
-        "assert STAGING.device.type == 'cpu' and ON_GPU.device == torch.device('cuda', 0)\n")
-    proc = _python(NEEDS_GPU, str(tmp_path), "pinned_at_import", cwd=tmp_path)
-    assert proc.stdout.strip() == "pinned_at_import imported", proc.stdout + proc.stderr
+def test_pinned_host_memory_made_at_import_is_host_memory_under_the_model(imported):
+    """A staging buffer in page-locked host memory made at import (pin_memory=True, .pin_memory():
+    PINNED_AT_IMPORT): a CPU torch has no pinned allocator and raised its own RuntimeError; pinning only changes
+    how fast copies go."""
+    assert imported["pinned_at_import"] == "pinned_at_import imported"
 
 
-def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_would_call(tmp_path):
+def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_would_call(imported):
     """A library whose __init__ picks its CUDA backend (torch.cuda.is_available() is True under the model): the
-    backend names CUDA-only torch functions and loads the CUDA runtime at import; on a CPU torch that was a raw
-    AttributeError (and OSError: libcudart.so.12). Naming them works; calling one is the one-line NeedsGPU."""
-    (tmp_path / "cuda_backend.py").write_text(
-        "import ctypes\n"
-        "import torch\n"
-        "from torch._C import _cuda_getCurrentRawStream as get_raw_stream  # noqa: F401\n"
-        "RT = ctypes.CDLL('libcudart.so.12')\n"
-        "RT.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]\n"
-        "HAS = hasattr(torch._C, '_cuda_getDevice') and not hasattr(torch._C, 'no_such_thing')\n")
-    proc = _python(NEEDS_GPU, str(tmp_path), "cuda_backend", cwd=tmp_path)
-    assert proc.stdout.strip() == "cuda_backend imported", proc.stdout + proc.stderr
+    backend names CUDA-only torch functions and loads the CUDA runtime at import (CUDA_BACKEND); on a CPU torch
+    that was a raw AttributeError (and OSError: libcudart.so.12). Naming them works; calling one is the one-line
+    NeedsGPU."""
+    assert imported["cuda_backend"] == "cuda_backend imported"
     proc = _python("import ctypes\ntry:\n    ctypes.CDLL('libcudart.so.12')\nexcept OSError:\n    print('absent')\n")
     assert proc.stdout.strip() in ("absent", ""), proc.stdout   # without the model: ctypes' own OSError
 
