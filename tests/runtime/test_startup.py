@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, Compiled
-from tests.runtime.test_serve import bundle_dir, entry
 
 PTH = "kforge-runtime-env.pth"
 
@@ -22,6 +21,13 @@ def installed():
     if not (Path(sysconfig.get_paths()["purelib"]) / PTH).is_file():
         pytest.fail(f"{PTH} is not in {sysconfig.get_paths()['purelib']}: install kforge (pip install -e .)")
 
+
+def held_copy(folder: Path) -> Path:
+    """A bundle holding tests.runtime.test_serve's copy kernel at BLOCK 128. test_serve (torch and Triton) is
+    imported here, not at the top: the children below import this module, and a parent that only starts them
+    never imports torch (2 s of CPU each)."""
+    from tests.runtime.test_serve import bundle_dir, entry
+    return bundle_dir(folder, [entry("copy", 128, 4)])
 
 def python(code: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
     """`python -c code` with only these KFORGE_ variables set, the checkout importable."""
@@ -75,7 +81,7 @@ def served_child(_) -> dict:
 
 
 def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
-    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    held = held_copy(tmp_path / "b")
     code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="served_child")
     runs = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
     assert [{k: r[k] for k in ("served", "compiled", "launches", "strict")} for r in runs] == [
@@ -86,7 +92,7 @@ def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
 def test_a_hook_run_twice_serves_the_process_once(installed, tmp_path):
     """The .pth in two site directories runs its line twice: one server, one report (seen on an H100 under
     torchrun: two reports per rank, the second counting 0 served)."""
-    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    held = held_copy(tmp_path / "b")
     proc = python("import kforge_runtime.startup as s; s.start()\n"
                   "from tests.runtime.test_startup import launch; launch(128)",
                   {"KFORGE_SERVE": f"{held},strict,report"})
@@ -95,7 +101,7 @@ def test_a_hook_run_twice_serves_the_process_once(installed, tmp_path):
 
 
 def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(installed, tmp_path):
-    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    held = held_copy(tmp_path / "b")
     miss = python("from tests.runtime.test_startup import launch; launch(256)",
                   {"KFORGE_SERVE": f"{held},strict"}, check=False)
     assert miss.returncode == 1 and "kforge serve (strict): no prebuilt tests.runtime.test_serve:copy" in miss.stderr
@@ -140,7 +146,7 @@ BEFORE = "import importlib.util; importlib.util.find_spec('triton'); importlib.u
 
 
 def test_a_lookup_of_triton_before_its_import_still_serves_the_process(installed, tmp_path):
-    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    held = held_copy(tmp_path / "b")
     code = BEFORE + "import json; from tests.runtime.test_startup import launch; print(json.dumps(launch()))"
     run = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
     assert (run["served"], run["compiled"], run["launches"]) == (1, 0, 1)
@@ -198,7 +204,7 @@ def test_a_record_value_that_is_no_file_name_is_one_warning_and_records_nothing(
 
 
 def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(installed, tmp_path):
-    held = bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])
+    held = held_copy(tmp_path / "b")
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "manifest.txt").write_text("not a bundle")
     for value, said in ((" ", "kforge: KFORGE_SERVE=' ' names no bundle"),
