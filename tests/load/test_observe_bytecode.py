@@ -46,7 +46,10 @@ def _import(lib: Path, root: Path) -> dict:
     """What a recording process that imports pkg.mod from `lib` (as given: a link stays a link) compiled, wrote
     and recorded, and what it ran."""
     script = SCRIPT.format(lib=str(lib), root=str(root))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    # Python's default (the dev machines set PYTHONDONTWRITEBYTECODE): it would write __pycache__ beside the library
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                          env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -106,3 +109,29 @@ def test_a_damaged_kept_file_is_compiled_again_and_replaced_never_run(tmp_path):
         assert found["x"] == 1 and found["compiled"] == ["pkg/__init__.py", "pkg/mod.py"], damage
         assert {p: p.read_bytes() for p in _kept(root)} == whole, damage   # written again, whole
     assert _import(lib, root)["compiled"] == []
+
+
+def test_the_toolchain_keeps_its_pyc_files_and_a_link_is_decided_by_the_file_it_leads_to(tmp_path):
+    """_from_source decides by the resolved file (each folder resolved once): a module in the toolchain's folders
+    is Python's to cache, beside it; one outside is kept under out/ only, a link to a toolchain file is the
+    toolchain's."""
+    lib, root = _library(tmp_path)
+    (lib / "tool").mkdir()
+    (lib / "tool" / "__init__.py").write_text("")
+    (lib / "tool" / "t.py").write_text("T = 1\n")
+    (lib / "pkg" / "linked.py").symlink_to(lib / "tool" / "t.py")
+    store = root / "out" / "kept"
+    script = textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(lib)!r})
+        from kforge.load import observe
+        observe._from_source(({str(lib / "tool")!r} + "/",), {str(store)!r})
+        import tool.t, pkg.mod, pkg.linked
+    ''')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    cached = lambda folder: sorted(p.name.split(".")[0] for p in (folder / "__pycache__").glob("*.pyc"))
+    assert cached(lib / "tool") == ["__init__", "t"] and cached(lib / "pkg") == ["linked"]
+    assert len(list(store.iterdir())) == 2   # pkg/__init__.py, pkg/mod.py
