@@ -1,6 +1,7 @@
 """rules/load/entry_probe.py with rules/declare/spec.py and rules/plan/targets.py: the autotuner as the library defines it (its
 pruning, its own Autotuner subclass, do_not_specialize; a perf_model noted, not applied) and a heuristic's value
 pinned by the spec ([override]). The library is tests/tune_library.py."""
+import re
 import subprocess
 import sys
 
@@ -108,24 +109,44 @@ def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(
         load(root)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (("[override]\nNUM_SMS = 132", "[constants]\nNUM_SMS = 132"),
-     r"NUM_SMS is computed by the entry's @triton.heuristics; to pin its value, give it in \[override\] instead of "
-     r"\[constants\]"),
-    (("NUM_SMS = 132", "NUM_SMS = 132\nBLOCK_M = 64"),
-     r"\[override\] BLOCK_M: not computed by the entry's @triton.heuristics \(it computes NUM_SMS, EVEN_K\)"),
-    (("NUM_SMS = 132", "NUM_SMS = []"), r"\[override\] NUM_SMS: empty list"),
-    (("[env]", "[arch.sm_90a]\nEVEN_K = true\n\n[env]"),
-     r"\[arch.sm_90a\] EVEN_K: computed by the entry's @triton.heuristics; to pin it on sm_90a, name it in "
-     r"\[override\] too"),
-    (("[override]", "[hints]\ndivisible_by_16 = [\"a_ptr\", \"M\"]\n\n[override]"),
-     r"\[hints\] divisible_by_16: M is in kforge_tunelib.ops.gemm.gemm_kernel's @triton.jit\(do_not_specialize=...\): "
-     r"Triton never specializes it on 16-divisibility"),
-], ids=["constants", "not-a-heuristic", "empty", "arch-without-override", "divisible-but-unspecialized"])
-def test_a_wrong_override_or_hint_is_refused_in_one_line_with_the_fix(site, tmp_path, edit, message):
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": tune_library.spec().replace(*edit)})
-    with pytest.raises(SpecError, match=r"^specs/tune_gemm.toml: " + message):
-        load(root)
+WRONG = {   # a spec's edit -> what loading it says (after specs/<file>.toml: )
+    "constants": (("[override]\nNUM_SMS = 132", "[constants]\nNUM_SMS = 132"),
+                  r"NUM_SMS is computed by the entry's @triton.heuristics; to pin its value, give it in \[override\] "
+                  r"instead of \[constants\]"),
+    "not-a-heuristic": (("NUM_SMS = 132", "NUM_SMS = 132\nBLOCK_M = 64"),
+                        r"\[override\] BLOCK_M: not computed by the entry's @triton.heuristics \(it computes NUM_SMS, "
+                        r"EVEN_K\)"),
+    "empty": (("NUM_SMS = 132", "NUM_SMS = []"), r"\[override\] NUM_SMS: empty list"),
+    "arch-without-override": (("[env]", "[arch.sm_90a]\nEVEN_K = true\n\n[env]"),
+                              r"\[arch.sm_90a\] EVEN_K: computed by the entry's @triton.heuristics; to pin it on "
+                              r"sm_90a, name it in \[override\] too"),
+    "divisible-but-unspecialized": (("[override]", "[hints]\ndivisible_by_16 = [\"a_ptr\", \"M\"]\n\n[override]"),
+                                    r"\[hints\] divisible_by_16: M is in kforge_tunelib.ops.gemm.gemm_kernel's "
+                                    r"@triton.jit\(do_not_specialize=...\): Triton never specializes it on "
+                                    r"16-divisibility"),
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_loaded(tmp_path_factory) -> dict[str, str]:
+    """Every WRONG spec, one family each, loaded in one catalog (keep_going: each is one broken entry, as in a
+    build): the probe imports the library (and torch) once for all of them, not once per case. Spec file ->
+    the error its family did not load with."""
+    folder = tmp_path_factory.mktemp("wrong")
+    site = tune_library.install(folder / "site")
+    root = make_project(folder / "p", kernels={}, specs={
+        f"tune_gemm_{case}": tune_library.spec(f"tune_gemm_{case.replace('-', '_')}").replace(*edit)
+        for case, (edit, _) in WRONG.items()})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))
+        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    return {b.path: b.error for b in catalog.broken}
+
+
+@pytest.mark.parametrize("case", WRONG)
+def test_a_wrong_override_or_hint_is_refused_in_one_line_with_the_fix(wrong_loaded, case):
+    error = wrong_loaded[f"specs/tune_gemm_{case}.toml"]
+    assert re.match(rf"^specs/tune_gemm_{case}.toml: " + WRONG[case][1], error), error
 
 
 def test_the_pruned_configs_build_and_doit_info_shows_the_autotuner_and_the_override(site, tmp_path):
