@@ -95,8 +95,10 @@ def test_reference_matches_brute_force_on_three_cpu_ranks(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # spawn, not fork: forking pytest (threads, earlier tests' state) can deadlock gloo's start-up
-    ctx = mp.start_processes(run_rank, args=(port, tmp_path), nprocs=WORLD, start_method="spawn", join=False)
+    # not forked from pytest (threads, earlier tests' state can deadlock gloo's start-up): from a fresh Python,
+    # the forkserver, which imports torch and this module once for the three ranks (spawn imported them per rank)
+    mp.get_context("forkserver").set_forkserver_preload([__name__])
+    ctx = mp.start_processes(run_rank, args=(port, tmp_path), nprocs=WORLD, start_method="forkserver", join=False)
     deadline = time.monotonic() + 180
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
