@@ -60,6 +60,7 @@ import functools
 import hashlib
 import itertools
 import json
+import marshal
 import os
 import sys
 import time
@@ -442,10 +443,9 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
     then reads the source once and hands those bytes to source_to_code, which takes the bytecode compiled from the
     same bytes at the same path from `store` (a folder under out/; None: compile every time)."""
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
-    cached, decided = external.cache_from_source, {}
+    cached, compile_source = external.cache_from_source, external.SourceLoader.source_to_code
     kept = _KeptBytecode(store) if store is not None else None
-    compile_source = external.SourceLoader.source_to_code
-
+    decided: dict[str, bool] = {}
     folders: dict[str, str] = {}   # resolved once a folder: realpath takes a stat per step, for every import
 
     def outside(path) -> bool:
@@ -463,9 +463,14 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
         return cached(path, *args, **kwargs)
 
     def source_to_code(loader, data, path, *, _optimize=-1):
-        if kept is None or type(data) is not bytes or not isinstance(path, str) or not outside(path):
-            return compile_source(loader, data, path, _optimize=_optimize)
-        return kept.code(data, path, _optimize, lambda: compile_source(loader, data, path, _optimize=_optimize))
+        key = kept.key(data, path, _optimize) if kept is not None and type(data) is bytes and isinstance(path, str) \
+            and outside(path) else None
+        code = kept.get(key) if key is not None else None
+        if code is None:   # compiled here, not deeper: a SyntaxError's traceback gets one frame of kforge's
+            code = compile_source(loader, data, path, _optimize=_optimize)
+            if key is not None:
+                kept.keep(key, code)
+        return code
     external.cache_from_source = cache_from_source
     external.SourceLoader.source_to_code = source_to_code   # every source loader's, unless a loader has its own
 
@@ -483,33 +488,35 @@ class _KeptBytecode:
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
         self.written = itertools.count()   # a name of its own for each file written beside
 
-    def code(self, source: bytes, path: str, optimize: int, compile_it):
-        import marshal
+    def key(self, source: bytes, path: str, optimize: int) -> tuple[str, bytes]:
+        """(the file, the head it starts with) for the code of `source` read from `path`."""
         key = hashlib.sha256(b"%s\0%d\0%s\0" % (self.magic, sys.flags.optimize if optimize == -1 else optimize,
                                                    os.fsencode(path)))
         key.update(source)
-        head = self.magic + key.digest()
-        where = os.path.join(self.folder, key.hexdigest())
+        return os.path.join(self.folder, key.hexdigest()), self.magic + key.digest()
+
+    def get(self, key: tuple[str, bytes]) -> types.CodeType | None:
+        """The kept code, or None: none kept, or a file that does not hold together (never unmarshalled)."""
+        where, head = key
         try:
             with open(where, "rb") as f:
                 kept = f.read()
         except OSError:   # none yet (or unreadable: compiled, and written again if it can be)
-            kept = b""
+            return None
         body = memoryview(kept)[len(head) + 32:]
-        if kept.startswith(head) and hashlib.sha256(body).digest() == kept[len(head):len(head) + 32]:
-            try:
-                code = marshal.loads(body)
-            except (EOFError, ValueError, TypeError):
-                code = None
-            if type(code) is types.CodeType:
-                return code
-        code = compile_it()
-        self._keep(where, head, marshal.dumps(code))
-        return code
+        if not kept.startswith(head) or hashlib.sha256(body).digest() != kept[len(head):len(head) + 32]:
+            return None
+        try:
+            code = marshal.loads(body)
+        except (EOFError, ValueError, TypeError):
+            return None
+        return code if type(code) is types.CodeType else None
 
-    def _keep(self, where: str, head: bytes, body: bytes) -> None:
+    def keep(self, key: tuple[str, bytes], code: types.CodeType) -> None:
         """Write beside, then rename into place (a reader sees a whole file or none); a folder that cannot be
         written to (out/ read-only, a full disk) keeps nothing, and the module still runs from its source."""
+        where, head = key
+        body = marshal.dumps(code)
         beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
         try:
             if not self.made:
