@@ -154,6 +154,21 @@ def test_a_child_that_grew_past_its_bound_is_replaced_after_the_call():
     assert after.result["pid"] != big.result["pid"] and server.started == 2
 
 
+def test_what_the_first_call_grows_by_is_set_up_not_growth():
+    # a package server imports its library in its first call: that must not retire it (each target of it then
+    # imported the library again); growth after it still does
+    server = isolate.Server(grows, retire_after_mb=40)
+    try:
+        first = server.call(64, timeout=30)
+        second = server.call(1, timeout=30)
+        big = server.call(64, timeout=30)
+        after = server.call(1, timeout=30)
+    finally:
+        server.close()
+    assert first.result["pid"] == second.result["pid"] == big.result["pid"] != after.result["pid"]
+    assert server.started == 2
+
+
 def log_path(_):
     return {"log": os.readlink("/proc/self/fd/2")}   # the child's stderr is the call's log
 
