@@ -49,8 +49,8 @@ def child(mode: str, module: str, arch: str) -> None:
 def run(project: str, mode: str, module: str, arch: str) -> dict:
     # Python's default, writing .pyc files (a dev machine may set PYTHONDONTWRITEBYTECODE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, "--module", module, "--arch", arch],
-                          cwd=project, capture_output=True, text=True, timeout=600, env=env)
+    command = [sys.executable, os.path.abspath(__file__), "--child", mode, "--module", module, "--arch", arch]
+    proc = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{mode}: the import failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])

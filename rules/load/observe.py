@@ -483,6 +483,11 @@ class _KeptBytecode:
     hold together (truncated, another interpreter's, garbage) is compiled again and replaced, never run. New
     files are written beside and renamed into place: the servers of one build share them."""
 
+    # files kept at most: several times the modules of the largest import measured (liger-kernel with transformers,
+    # 4,472 with the toolchain's); a process that writes one removes the oldest written beyond it, down to 3/4 of
+    # it (the files of sources since edited, or of paths no longer imported: each is compiled again if needed)
+    LIMIT = 20_000
+
     def __init__(self, folder: str):
         import importlib.util
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
@@ -522,12 +527,34 @@ class _KeptBytecode:
             if not self.made:
                 os.makedirs(self.folder, exist_ok=True)
                 self.made = True
+                self._bound()
             with open(beside, "xb") as f:
                 f.write(head + hashlib.sha256(body).digest() + body)
             os.replace(beside, where)
         except OSError:
             try:
                 os.unlink(beside)
+            except OSError:
+                pass
+
+    def _bound(self) -> None:
+        """At a process's first new file: beyond LIMIT files, the oldest written go (a file beside that a killed
+        process left too). Another process may remove one at the same time, or be reading one: it compiles."""
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return
+        if len(names) <= self.LIMIT:
+            return
+        written = []
+        for name in names:
+            try:
+                written.append((os.stat(os.path.join(self.folder, name)).st_mtime_ns, name))
+            except OSError:   # removed meanwhile
+                pass
+        for _, name in sorted(written)[:len(written) - self.LIMIT * 3 // 4]:
+            try:
+                os.unlink(os.path.join(self.folder, name))
             except OSError:
                 pass
 

@@ -63,7 +63,8 @@ def test_bytecode_is_compiled_once_kept_under_out_and_taken_by_the_next_process(
     first = _import(lib, root)
     assert first["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and first["x"] == 1
     out = os.path.realpath(root / "out") + os.sep
-    assert first["writes"] and all((os.path.realpath(w) + os.sep).startswith(out) for w in first["writes"]), first["writes"]
+    writes = first["writes"]   # what the process wrote anywhere: out/ itself (made), and in it
+    assert writes and all((os.path.realpath(w) + os.sep).startswith(out) for w in writes), writes
     assert not list(lib.rglob("__pycache__")) and len(_kept(root)) == 2
     again = _import(lib, root)
     assert again["compiled"] == [] and again["x"] == 1 and again["writes"] == []
@@ -135,3 +136,26 @@ def test_the_toolchain_keeps_its_pyc_files_and_a_link_is_decided_by_the_file_it_
     cached = lambda folder: sorted(p.name.split(".")[0] for p in (folder / "__pycache__").glob("*.pyc"))
     assert cached(lib / "tool") == ["__init__", "t"] and cached(lib / "pkg") == ["linked"]
     assert len(list(store.iterdir())) == 2   # pkg/__init__.py, pkg/mod.py
+
+
+def test_beyond_its_limit_the_oldest_kept_files_go_when_a_process_writes_one(tmp_path):
+    lib, root = _library(tmp_path)
+    folder = root / "out" / ".kforge" / "bytecode" / sys.implementation.cache_tag
+    folder.mkdir(parents=True)
+    for n in range(6):   # files of sources since edited, the oldest first; a file beside a killed process left
+        (folder / f"old{n}").write_bytes(b"x")
+        os.utime(folder / f"old{n}", ns=(n * 10**9, n * 10**9))
+    script = textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(lib)!r})
+        from kforge.load import observe
+        observe._KeptBytecode.LIMIT = 4
+        observe.Recorder.install({str(root)!r}).start()
+        import pkg.mod
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    kept = sorted(p.name for p in folder.iterdir())
+    # 6 > 4 at the first file written: down to 3, the newest; then the 2 modules' own
+    assert [n for n in kept if n.startswith("old")] == ["old3", "old4", "old5"] and len(kept) == 5
+    assert _import(lib, root)["compiled"] == []   # what it wrote is taken
