@@ -123,7 +123,12 @@ def _local_cache(text: str, where: str) -> str | None:
 
 
 def _default_local_cache() -> str:
-    """$XDG_CACHE_HOME/kforge (if absolute: the XDG spec ignores a relative one), else ~/.cache/kforge."""
+    return user_cache_dir()
+
+
+def user_cache_dir() -> str:
+    """$XDG_CACHE_HOME/kforge (if absolute: the XDG spec ignores a relative one), else ~/.cache/kforge: the local
+    cache's default place, and where this user's key for kept bytecode lies (rules/load/observe.py)."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     return str(Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "kforge")
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import itertools
 import json
 import marshal
@@ -444,7 +445,8 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
     same bytes at the same path from `store` (a folder under out/; None: compile every time)."""
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
     cached, compile_source = external.cache_from_source, external.SourceLoader.source_to_code
-    kept = _KeptBytecode(store) if store is not None else None
+    secret = _bytecode_key() if store is not None else None
+    kept = _KeptBytecode(store, secret) if secret is not None else None
     decided: dict[str, bool] = {}
     folders: dict[str, str] = {}   # resolved once a folder: realpath takes a stat per step, for every import
 
@@ -475,22 +477,70 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
     external.SourceLoader.source_to_code = source_to_code   # every source loader's, unless a loader has its own
 
 
+BYTECODE_KEY = "bytecode-key"   # in settings.user_cache_dir(): 32 random bytes, this user's, made once
+
+
+def _bytecode_key() -> bytes | None:
+    """This user's key for kept bytecode, made at first use (owner-only, 32 random bytes), or None where it can be
+    neither read nor made, or is not this user's alone (then nothing is kept: every module compiles from source).
+    A kept file is code: it runs only if its HMAC under this key holds, so the bytecode in an out/ that another
+    machine or user wrote (a restored CI cache, an archive) is compiled again, never run."""
+    import stat
+    from kforge.base.settings import user_cache_dir
+    path = os.path.join(user_cache_dir(), BYTECODE_KEY)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                    return None
+                key = os.read(fd, 33)
+            finally:
+                os.close(fd)
+            return key if len(key) == 32 else None
+        except FileNotFoundError:
+            beside = f"{path}.{os.getpid()}.tmp"
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.write(fd, os.urandom(32))
+                finally:
+                    os.close(fd)
+                os.link(beside, path)   # made whole or not at all; another process's, made first, is the one
+            except FileExistsError:
+                pass
+            except OSError:
+                return None
+            finally:
+                try:
+                    os.unlink(beside)
+                except OSError:
+                    pass
+        except OSError:
+            return None
+    return None
+
+
 class _KeptBytecode:
     """Bytecode kept by what it was compiled from: a file named by the sha256 of the interpreter's magic number,
     the optimization level, the source's path as given (the code's co_filename) and the source's bytes, so that
     an edit of any size at any mtime misses it, and the path a module was imported from is the one its code
-    names. Each file is the magic, that key, the sha256 of the marshalled code, then the code: one that does not
-    hold together (truncated, another interpreter's, garbage) is compiled again and replaced, never run. New
-    files are written beside and renamed into place: the servers of one build share them."""
+    names. Each file is the magic, that key, the HMAC-SHA256 under this user's key (_bytecode_key) of the head
+    and the marshalled code, then the code: one that does not hold together (truncated, another interpreter's,
+    garbage, another key's) is compiled again and replaced, never run. New files are written beside and renamed
+    into place: the servers of one build share them."""
 
     # files kept at most: several times the modules of the largest import measured (liger-kernel with transformers,
     # 4,472 with the toolchain's); a process that writes one removes the oldest written beyond it, down to 3/4 of
     # it (the files of sources since edited, or of paths no longer imported: each is compiled again if needed)
     LIMIT = 20_000
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, secret: bytes):
         import importlib.util
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
+        self.secret = secret
         self.written = itertools.count()   # a name of its own for each file written beside
 
     def key(self, source: bytes, path: str, optimize: int) -> tuple[str, bytes]:
@@ -509,7 +559,7 @@ class _KeptBytecode:
         except OSError:   # none yet (or unreadable: compiled, and written again if it can be)
             return None
         body = memoryview(kept)[len(head) + 32:]
-        if not kept.startswith(head) or hashlib.sha256(body).digest() != kept[len(head):len(head) + 32]:
+        if not kept.startswith(head) or not hmac.compare_digest(self._mac(head, body), kept[len(head):len(head) + 32]):
             return None
         try:
             code = marshal.loads(body)
@@ -529,13 +579,18 @@ class _KeptBytecode:
                 self.made = True
                 self._bound()
             with open(beside, "xb") as f:
-                f.write(head + hashlib.sha256(body).digest() + body)
+                f.write(head + self._mac(head, body) + body)
             os.replace(beside, where)
         except OSError:
             try:
                 os.unlink(beside)
             except OSError:
                 pass
+
+    def _mac(self, head: bytes, body) -> bytes:
+        mac = hmac.new(self.secret, head, hashlib.sha256)
+        mac.update(body)
+        return mac.digest()
 
     def _bound(self) -> None:
         """At a process's first new file: beyond LIMIT files, the oldest written go (a file beside that a killed

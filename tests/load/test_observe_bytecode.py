@@ -42,12 +42,13 @@ def _library(tmp_path: Path, x: int = 1) -> tuple[Path, Path]:
     return lib, root
 
 
-def _import(lib: Path, root: Path) -> dict:
+def _import(lib: Path, root: Path, user_cache: Path | None = None) -> dict:
     """What a recording process that imports pkg.mod from `lib` (as given: a link stays a link) compiled, wrote
-    and recorded, and what it ran."""
+    and recorded, and what it ran; the user's key for kept bytecode in `user_cache` (default: beside root)."""
     script = SCRIPT.format(lib=str(lib), root=str(root))
     # Python's default (the dev machines set PYTHONDONTWRITEBYTECODE): it would write __pycache__ beside the library
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["XDG_CACHE_HOME"] = str(user_cache or root.parent / "user-cache")
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
                           env=env)
     assert proc.returncode == 0, proc.stderr
@@ -112,6 +113,38 @@ def test_a_damaged_kept_file_is_compiled_again_and_replaced_never_run(tmp_path):
     assert _import(lib, root)["compiled"] == []
 
 
+def test_bytecode_another_user_or_machine_kept_is_compiled_again_never_run(tmp_path):
+    """A restored out/ (a CI cache, an archive) holds bytecode written under another key, or crafted: a file that
+    holds together but for this user's key runs nothing of its own."""
+    import hashlib
+    import importlib.util
+    import marshal
+    lib, root = _library(tmp_path)
+    assert _import(lib, root, tmp_path / "theirs")["x"] == 1   # kept under another user's key
+    ours = _import(lib, root, tmp_path / "ours")
+    assert ours["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and ours["x"] == 1
+    # crafted: the code of `X = 666` in a file of the right name and head, its digest a plain sha256 of the code
+    source = (lib / "pkg" / "mod.py").read_bytes()
+    evil = marshal.dumps(compile(source.replace(b"X = 1", b"X = 666"), str(lib / "pkg" / "mod.py"), "exec"))
+    for path in _kept(root):
+        head = importlib.util.MAGIC_NUMBER + bytes.fromhex(path.name)
+        path.write_bytes(head + hashlib.sha256(evil).digest() + evil)
+    found = _import(lib, root, tmp_path / "ours")
+    assert found["x"] == 1 and found["compiled"] == ["pkg/__init__.py", "pkg/mod.py"]
+    key = tmp_path / "ours" / "kforge" / "bytecode-key"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+
+
+def test_a_key_others_can_write_keeps_nothing(tmp_path):
+    lib, root = _library(tmp_path)
+    key = tmp_path / "user-cache" / "kforge" / "bytecode-key"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(bytes(32))
+    key.chmod(0o666)
+    first, again = _import(lib, root), _import(lib, root)
+    assert again["compiled"] == first["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and _kept(root) == []
+
+
 def test_the_toolchain_keeps_its_pyc_files_and_a_link_is_decided_by_the_file_it_leads_to(tmp_path):
     """_from_source decides by the resolved file (each folder resolved once): a module in the toolchain's folders
     is Python's to cache, beside it; one outside is kept under out/ only, a link to a toolchain file is the
@@ -153,7 +186,8 @@ def test_beyond_its_limit_the_oldest_kept_files_go_when_a_process_writes_one(tmp
         observe.Recorder.install({str(root)!r}).start()
         import pkg.mod
     ''')
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")})   # _import's key
     assert proc.returncode == 0, proc.stderr
     kept = sorted(p.name for p in folder.iterdir())
     # 6 > 4 at the first file written: down to 3, the newest; then the 2 modules' own
