@@ -250,7 +250,7 @@ class Recorder:
             sys.addaudithook(cls.installed._hook)
             if type(os.environ) is os._Environ:   # the one object every reader holds: its class, not a copy
                 os.environ.__class__ = _ObservedEnviron
-            _from_source(cls.installed.skip, cls.installed.bytecode)
+            _from_source(cls.installed.skip, cls.installed.bytecode, str(Layout.of(cls.installed.root).out))
         return cls.installed
 
     def skip_out(self, out: str) -> None:
@@ -437,7 +437,7 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     return [[n, found[n]] for n in sorted(found)]
 
 
-def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
+def _from_source(toolchain: tuple[str, ...], store: str | None, out: str | None = None) -> None:
     """Modules outside `toolchain` (folders, each ending in a separator) run what was read from their source (the
     module docstring says why), never a .pyc: the import system asks cache_from_source where a module's .pyc lies
     and reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported. It
@@ -446,7 +446,7 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
     cached, compile_source = external.cache_from_source, external.SourceLoader.source_to_code
     secret = _bytecode_key() if store is not None else None
-    kept = _KeptBytecode(store, secret) if secret is not None else None
+    kept = _KeptBytecode(store, secret, out or os.path.dirname(store)) if secret is not None else None
     decided: dict[str, bool] = {}
     folders: dict[str, str] = {}   # resolved once a folder: realpath takes a stat per step, for every import
 
@@ -537,11 +537,20 @@ class _KeptBytecode:
     # it (the files of sources since edited, or of paths no longer imported: each is compiled again if needed)
     LIMIT = 20_000
 
-    def __init__(self, folder: str, secret: bytes):
+    def __init__(self, folder: str, secret: bytes, out: str):
         import importlib.util
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
-        self.secret = secret
+        self.secret, self.out = secret, out
+        self.inside: bool | None = None   # whether the folder lies in out/ (asked once)
         self.written = itertools.count()   # a name of its own for each file written beside
+
+    def _inside(self) -> bool:
+        """Whether the folder, links resolved, lies in out/ (out/ itself may be a link to another disk): a link in
+        out/ that leads elsewhere (a restored archive's) would have this process write there, and _bound remove
+        files there: then nothing is kept, and every module compiles from its source."""
+        if self.inside is None:
+            self.inside = os.path.realpath(self.folder).startswith(os.path.realpath(self.out) + os.sep)
+        return self.inside
 
     def key(self, source: bytes, path: str, optimize: int) -> tuple[str, bytes]:
         """(the file, the head it starts with) for the code of `source` read from `path`."""
@@ -553,6 +562,8 @@ class _KeptBytecode:
     def get(self, key: tuple[str, bytes]) -> types.CodeType | None:
         """The kept code, or None: none kept, or a file that does not hold together (never unmarshalled)."""
         where, head = key
+        if not self._inside():
+            return None
         try:
             with open(where, "rb") as f:
                 kept = f.read()
@@ -575,7 +586,12 @@ class _KeptBytecode:
         beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
         try:
             if not self.made:
+                if not self._inside():
+                    return
                 os.makedirs(self.folder, exist_ok=True)
+                self.inside = None   # asked again, of the folder as made
+                if not self._inside():
+                    return
                 self.made = True
                 self._bound()
             with open(beside, "xb") as f:

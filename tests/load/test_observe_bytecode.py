@@ -135,6 +135,29 @@ def test_bytecode_another_user_or_machine_kept_is_compiled_again_never_run(tmp_p
     assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
 
 
+def test_a_link_in_out_that_leads_elsewhere_keeps_nothing_there(tmp_path):
+    """A restored archive's out/.kforge/bytecode may be a link out of out/: nothing is written or removed there."""
+    lib, root = _library(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / sys.implementation.cache_tag).mkdir(parents=True)
+    (elsewhere / sys.implementation.cache_tag / "theirs").write_text("a user's file")
+    (root / "out" / ".kforge").mkdir(parents=True)
+    (root / "out" / ".kforge" / "bytecode").symlink_to(elsewhere)
+    first, again = _import(lib, root), _import(lib, root)
+    assert first["x"] == again["x"] == 1 and again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"]
+    assert sorted(p.name for p in elsewhere.rglob("*")) == [sys.implementation.cache_tag, "theirs"]
+    assert all(not w.startswith(str(elsewhere)) and "bytecode" not in w for w in first["writes"] + again["writes"])
+
+
+def test_out_itself_a_link_to_another_disk_keeps_bytecode(tmp_path):
+    lib, root = _library(tmp_path)
+    (tmp_path / "disk").mkdir()
+    (root / "out").symlink_to(tmp_path / "disk")
+    _import(lib, root)
+    assert _import(lib, root)["compiled"] == [] and not list((tmp_path / "disk").rglob("*.tmp"))
+    assert len([p for p in (tmp_path / "disk").rglob("*") if p.is_file()]) == 2
+
+
 def test_a_key_others_can_write_keeps_nothing(tmp_path):
     lib, root = _library(tmp_path)
     key = tmp_path / "user-cache" / "kforge" / "bytecode-key"
