@@ -363,11 +363,13 @@ def test_a_family_with_device_model_false_imports_as_this_machine_is(tmp_path, d
 
 def test_a_family_without_its_set_up_hook_fails_to_import_and_a_broken_hook_is_named(tmp_path, devlib):
     site, env = devlib
-    without = device_library.HOOKED.replace('setup = "tk.hooks:configure"\n', "")
+    # on sm_90a alone: what is asserted is one arch's message (each more arch is one more import of torch)
+    hooked = device_library.HOOKED.replace('archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]')
+    without = hooked.replace('setup = "tk.hooks:configure"\n', "")
     root = make_project(tmp_path / "p", specs={"devlib_hooked": without}, kernels={})
     proc = doit(root, "list", env=env, check=False)
     assert "BROKEN" in proc.stdout and "ImportError: call devlib.configure(arch)" in proc.stderr, proc.stderr
-    root = make_project(tmp_path / "q", specs={"devlib_hooked": device_library.HOOKED},
+    root = make_project(tmp_path / "q", specs={"devlib_hooked": hooked},
                         kernels={"hooks": "def configure(arch):\n    raise OSError('no licence file')\n"})
     proc = doit(root, "list", env=env, check=False)
     assert "BROKEN" in proc.stdout, proc.stdout + proc.stderr
