@@ -92,7 +92,7 @@ class InputIndex(JsonState):
                 else:   # `<folder>/`: its listing (a folder's identity moves when a name is added or removed)
                     hashed_by_a_server = known is not None and identity is not None and known[0] == identity
                     found = known[1] if hashed_by_a_server else _listing(path) if name.endswith("/") else \
-                        _sha256(path)
+                        stamps.content(path)
                     self.files[name] = [path, identity, found]
                     self.changed = True
             self._now[name] = found
@@ -179,13 +179,5 @@ def well_formed(inputs) -> bool:
 def _listing(path: str) -> str | None:
     try:
         return observe.listing_digest(path)
-    except OSError:
-        return None
-
-
-def _sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:   # a chunk at a time: a module may read 16 bytes of a file of gigabytes
-            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
