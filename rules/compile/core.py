@@ -31,6 +31,7 @@ from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
 from kforge.base.target import Target
+from kforge.plan.catalog import in_project
 from kforge_runtime import schema
 
 if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
@@ -98,7 +99,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return isolate.Outcome(False, 0.0, error=_unusable(target, e))
-    if backend.imports_module and "torch" not in sys.modules and not _in_project(target.source, root) \
+    if backend.imports_module and "torch" not in sys.modules and not in_project(target.source, root) \
             and _requires_torch(target.module.split(".")[0]):
         _import_torch()
     started = time.time()
@@ -117,11 +118,6 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
 
 
 START_SPAN_S = 0.01   # shorter: the toolchain was imported already, no span of its own
-
-
-def _in_project(source: str, root: str) -> bool:
-    """Whether a kernel's source is the project's own (its packages are no installed distribution's)."""
-    return os.path.realpath(source).startswith(os.path.realpath(root) + os.sep)
 
 
 @functools.lru_cache(maxsize=None)
