@@ -195,6 +195,7 @@ class Server:
         self.entries: dict[str, tuple] = {}
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
+        self.agreed: set[tuple] = set()   # (autotuner, key, its pick) whose pick is the one recorded (rechoose)
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
@@ -346,9 +347,11 @@ class Server:
         key = line.pop("autotune")["key"]
         return line, key, record_identity(line) in self.entries
 
-    def rechoose(self, tuner, key: tuple) -> bool:
-        """Whether a call whose key the autotuner has a pick for must be looked at again: only where the record
-        holds more than one pick for the key (elsewhere the pick stays the process's, as in Triton)."""
+    def rechoose(self, tuner, key: tuple, current) -> bool:
+        """Whether a call whose key the autotuner already has a pick for must be looked at again: where the record
+        holds several picks for the key, or one that is not the process's (a pick benchmarked before serve() started,
+        or one a library's own Autotuner subclass put in the cache). Elsewhere the pick stays, as in Triton."""
+        self.index()
         kernel = getattr(tuner, "_kforge_name", None)
         if kernel is None:
             from triton.runtime.jit import JITFunction
@@ -357,8 +360,15 @@ class Server:
                 fn = fn.fn
             kernel = tuner._kforge_name = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) \
                 else ""
-        return len(self.tuned.get((kernel, json.dumps(list(key))), ())) > 1
-
+        picks = self.tuned.get((kernel, json.dumps(list(key))), ())
+        if len(picks) != 1:
+            return len(picks) > 1
+        agreed = (id(tuner), key, id(current))   # the one recorded pick is the process's: checked once
+        if agreed not in self.agreed:
+            if json.dumps(current.all_kwargs(), sort_keys=True) != json.dumps(picks[0]["config"], sort_keys=True):
+                return True
+            self.agreed.add(agreed)
+        return False
 
 def _ranked(picks: list[dict]) -> list[dict]:
     """One per config, its lines summed over the bundles, the one most lines picked first (then by the config's
@@ -398,7 +408,7 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
         def run(tuner, *args, **kwargs):
             if _active and len(tuner.configs) > 1:
                 key, server = autotune_key(tuner, args, kwargs), _active[-1]
-                if key not in tuner.cache or server.rechoose(tuner, key):
+                if key not in tuner.cache or server.rechoose(tuner, key, tuner.cache[key]):
                     current = tuner.cache.get(key)
                     config = server.choose(tuner, args, kwargs, current)
                     if config is not None and config is not current:

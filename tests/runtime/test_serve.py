@@ -283,6 +283,23 @@ def test_of_the_recorded_picks_both_held_the_one_most_lines_made_runs(jit, tmp_p
     assert [c[0] for c in Launched.calls] == [(8, 1, 1)]   # BLOCK 128: 3 lines against 1
 
 
+def test_a_pick_the_process_had_before_serving_gives_way_to_the_recorded_one(jit, tmp_path):
+    # a benchmark run before serve() (or a library's own Autotuner subclass) filled the autotuner's cache with a
+    # config the record did not pick, whose specialization was never built
+    entries = [entry("copy_tuned", 256, 8)]
+    autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
+                 "config": CONFIGS[1].all_kwargs(), "lines": 1}]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", entries, autotune)), strict=True)
+    copy_tuned.cache.clear()
+    copy_tuned.cache[(1000, "torch.float16", "torch.float16")] = CONFIGS[0]
+    x, y = tensors()
+    grid = lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)
+    copy_tuned[grid](x, y, 1000)
+    copy_tuned[grid](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(4, 1, 1), (4, 1, 1)]   # BLOCK 256, the recorded pick
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+
+
 def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
     serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy_tuned", 256, 8)])), strict=True)
     copy_tuned.cache.clear()
