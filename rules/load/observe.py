@@ -487,7 +487,13 @@ def _bytecode_key() -> bytes | None:
     machine or user wrote (a restored CI cache, an archive) is compiled again, never run."""
     import stat
     from kforge.base.settings import user_cache_dir
-    path = os.path.join(user_cache_dir(), BYTECODE_KEY)
+    try:
+        folder = user_cache_dir()
+    except (RuntimeError, KeyError, OSError):   # no home directory to be found (a container's user without one)
+        return None
+    if not os.path.isabs(folder):   # `~` left unexpanded: never a folder made where the process runs
+        return None
+    path = os.path.join(folder, BYTECODE_KEY)
     for _ in range(2):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -216,3 +216,15 @@ def test_beyond_its_limit_the_oldest_kept_files_go_when_a_process_writes_one(tmp
     # 6 > 4 at the first file written: down to 3, the newest; then the 2 modules' own
     assert [n for n in kept if n.startswith("old")] == ["old3", "old4", "old5"] and len(kept) == 5
     assert _import(lib, root)["compiled"] == []   # what it wrote is taken
+
+
+def test_no_home_directory_keeps_nothing_and_makes_nothing_where_it_runs(tmp_path):
+    """A user with no home directory to be found: `~` left unexpanded (Python 3.11), or RuntimeError (3.12+)."""
+    lib, root = _library(tmp_path)
+    for home in ('lambda: "~/.cache/kforge"', 'lambda: (_ for _ in ()).throw(RuntimeError("no home"))'):
+        patch = f"import kforge.base.settings as s; s.user_cache_dir = {home}\n"
+        script = patch + SCRIPT.format(lib=str(lib), root=str(root))
+        proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.splitlines()[-1])["x"] == 1
+    assert _kept(root) == [] and not (root / "~").exists()
