@@ -8,6 +8,7 @@ does so first (rules/doit_edge.check_settings), so a malformed value, a ValueErr
 from __future__ import annotations
 
 import os
+import sys
 from collections import namedtuple
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -122,8 +123,19 @@ def _local_cache(text: str, where: str) -> str | None:
     return str(path.absolute())
 
 
-def _default_local_cache() -> str:
-    return user_cache_dir()
+def _default_local_cache() -> str | None:
+    """user_cache_dir(), or None (the local cache off, said once) where no home directory can be found."""
+    try:
+        return user_cache_dir()
+    except (RuntimeError, KeyError) as e:   # Path.home(): a container's user with no HOME and no passwd entry
+        if not _NO_HOME:
+            _NO_HOME.append(e)
+            sys.stderr.write("kforge: the local cache is off: no home directory to keep it in (set XDG_CACHE_HOME "
+                             "or local_cache=DIR)\n")
+        return None
+
+
+_NO_HOME: list = []   # said once per process
 
 
 def user_cache_dir() -> str:

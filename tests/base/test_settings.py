@@ -189,3 +189,14 @@ def test_kforge_variables_are_read_from_the_environment_only_through_the_setting
     assert runtime_reads == RUNTIME_VARIABLES   # the runtime was read too, and reads both
     assert table >= {"KFORGE_LD_LLD", "KFORGE_EXECUTOR", "KFORGE_CACHE", "KFORGE_MAX_COMPILES"}
     assert not table & RUNTIME_VARIABLES
+
+
+def test_no_home_directory_turns_the_local_cache_off_saying_so_once(monkeypatch, capsys):
+    from pathlib import Path
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("KFORGE_LOCAL_CACHE", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    monkeypatch.setattr(settings, "_NO_HOME", [])
+    assert settings.get("local_cache") is None and settings.get("local_cache") is None
+    assert capsys.readouterr().err.splitlines() == [
+        "kforge: the local cache is off: no home directory to keep it in (set XDG_CACHE_HOME or local_cache=DIR)"]
