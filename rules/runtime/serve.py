@@ -195,7 +195,7 @@ class Server:
         self.entries: dict[str, tuple] = {}
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
-        self.agreed: set[tuple] = set()   # (autotuner, key, its pick) whose pick is the one recorded (rechoose)
+        self.rechecks: dict[tuple, bool] = {}   # (autotuner, key, its pick) -> rechoose's answer
         self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
@@ -350,25 +350,24 @@ class Server:
     def rechoose(self, tuner, key: tuple, current) -> bool:
         """Whether a call whose key the autotuner already has a pick for must be looked at again: where the record
         holds several picks for the key, or one that is not the process's (a pick benchmarked before serve() started,
-        or one a library's own Autotuner subclass put in the cache). Elsewhere the pick stays, as in Triton."""
-        self.index()
-        kernel = getattr(tuner, "_kforge_name", None)
-        if kernel is None:
+        or one a library's own Autotuner subclass put in the cache). Elsewhere the pick stays, as in Triton. The
+        answer depends on the autotuner, the key and its pick alone: asked once, then one lookup per launch."""
+        asked = (id(tuner), key, id(current))
+        verdict = self.rechecks.get(asked)
+        if verdict is None:
+            if self.arch is None:
+                self.index()
             from triton.runtime.jit import JITFunction
             fn = tuner.fn
             while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):   # under @triton.heuristics
                 fn = fn.fn
-            kernel = tuner._kforge_name = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) \
-                else ""
-        picks = self.tuned.get((kernel, json.dumps(list(key))), ())
-        if len(picks) != 1:
-            return len(picks) > 1
-        agreed = (id(tuner), key, id(current))   # the one recorded pick is the process's: checked once
-        if agreed not in self.agreed:
-            if json.dumps(current.all_kwargs(), sort_keys=True) != json.dumps(picks[0]["config"], sort_keys=True):
-                return True
-            self.agreed.add(agreed)
-        return False
+            kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) else ""
+            picks = self.tuned.get((kernel, json.dumps(list(key))), ())
+            verdict = len(picks) > 1 or len(picks) == 1 and \
+                json.dumps(current.all_kwargs(), sort_keys=True) != json.dumps(picks[0]["config"], sort_keys=True)
+            self.rechecks[asked] = verdict
+        return verdict
+
 
 def _ranked(picks: list[dict]) -> list[dict]:
     """One per config, its lines summed over the bundles, the one most lines picked first (then by the config's
