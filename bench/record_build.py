@@ -11,7 +11,8 @@ the time; the goal is <= 1.5), and kforge's own breakdown line (compile, import,
 before the first target).
 
 --revs A B: paired runs, kforge as of each git revision (its rules/ taken with `git archive` into a scratch
-folder put first on PYTHONPATH; `.` is the installed kforge, the working tree), one run of each per round, the
+folder put first on PYTHONPATH; `.` is the installed kforge, the working tree; a folder holding kforge/ and
+kforge_runtime/ is taken as it is, for a machine without the git history), one run of each per round, the
 order flipped every other round, so that a shared machine's load falls on both alike; the median ratio per rev.
 Each run records the machine's 1-minute load average just before it (`load_before`): right after a run it still
 holds that run's own work (it decays over about a minute; --settle S waits S seconds before each run).
@@ -47,7 +48,7 @@ def kforge_at(rev: str, tmp: Path) -> dict:
     kforge_runtime packages in a scratch folder first on PYTHONPATH."""
     if rev == ".":
         return dict(os.environ)
-    where = tmp / f"kforge-{rev}"
+    where = Path(rev) if (Path(rev) / "kforge").is_dir() else tmp / f"kforge-{rev}"   # a folder: taken as it is
     if not where.exists():
         where.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", rev, "rules"], cwd=REPO, capture_output=True, check=True).stdout

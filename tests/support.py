@@ -250,3 +250,19 @@ def copy_built(folder: Path, to: Path) -> Path:
     kforge finds a moved project's artifacts up to date, tests/compile/test_action.py holds that)."""
     shutil.copytree(folder, to, symlinks=True)
     return to
+
+
+@contextlib.contextmanager
+def fresh_servers(monkeypatch):
+    """Compile servers of the test's own: a hub forked from this process as it is now (with what the test patched
+    in, a fake backend say) and no context servers kept from another test; all closed at the end."""
+    from kforge.compile import core as compile_core
+    from kforge.load import isolate
+    monkeypatch.setattr(compile_core, "_contexts", {})
+    monkeypatch.setattr(compile_core, "_hub", isolate.Hub(compile_core._route))
+    try:
+        yield compile_core
+    finally:
+        for server in compile_core._contexts.values():
+            server.close()
+        compile_core._hub.close()

@@ -1,9 +1,9 @@
 """The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
     compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
-        in this machine's warm compile servers (forked children: one per library, forking one per package down
-        to the kernel's module, forking one per import context, _server_for): backend.lower(target, scratch) ->
-        Lowered, then checked(target, lowered)
+        in a context server of this process's own (kept per import context), which the build's hub forked for it
+        (_route: the toolchain, each library and each package imported once per build, not once per worker):
+        backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,28 +38,33 @@ from kforge_runtime import schema
 if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
     from kforge.compile.lowering import Backend, Lowered
 
-# Compile servers form a tree per library, each forked from the one above, so that each import is paid once
-# and every process below holds it. A doit worker forks a library server per (toolchain, environment, the
-# library's top-level package, ...), which imports the top-level package once. Below it, a package server per
-# package on the way to the kernel's module, each importing its package on top of its parent's, in the order a
-# fresh import of the module runs them: `fla` -> `fla.ops` (whose __init__ imports every op and, through them,
-# most of fla: 4.4 s on the dev machine, paid once for fla.ops.utils' and fla.ops.common's families alike) ->
-# `fla.ops.utils`; `liger_kernel` (1.25 s) -> `liger_kernel.ops` (every op: 0.2 s more). The last forks a context
-# server per import context (import_context): it imports the kernel's module on top and compiles. Each level
-# runs the same code in the same order as a fresh import of the module (a package is imported in full before
-# anything below it), so what each target's record holds is what it would hold in a process of its own; two
-# packages that import each other (fla.modules and fla.ops) are each imported in their own branch, as a fresh
-# process importing one or the other would. Every level keeps its servers, least recently used first, within
-# caps that bound memory at a few compilers per package holding kernels (fla's record: three such packages, at
-# most 12 compilers per worker, as when each was a server of the worker's own). A kept context server keeps its
-# compiler's warm state (the first compile in a fresh one pays MLIR/LLVM set-up again).
-MAX_SERVERS = 3    # library servers per doit worker
+# Compile servers form a tree per build, each forked from the one above, so that each import is paid once and
+# every process below holds it. The hub (one process per build: the doit master forks it before its workers,
+# start_hub; a process that compiles without one forks its own) imports the toolchain once. Below it, a library
+# server per (toolchain, environment, the library's top-level package, ...) imports the top-level package once;
+# below that, a package server per package on the way to the kernel's module, each importing its package on top
+# of its parent's, in the order a fresh import of the module runs them: `fla` -> `fla.ops` (whose __init__
+# imports every op and, through them, most of fla: 4.4 s on the dev machine, paid once for fla.ops.utils' and
+# fla.ops.common's families alike) -> `fla.ops.utils`; `liger_kernel` (1.25 s) -> `liger_kernel.ops` (every op:
+# 0.2 s more). The last forks a context server for the process that asked (each doit worker keeps its own, per
+# import context): it imports the kernel's module on top and compiles, answering that process directly. Each
+# level runs the same code in the same order as a fresh import of the module (a package is imported in full
+# before anything below it), so what each target's record holds is what it would hold in a process of its own;
+# two packages that import each other (fla.modules and fla.ops) are each imported in their own branch, as a fresh
+# process importing one or the other would. On a 16-CPU GPU host, 16 workers each importing torch, Triton and
+# liger-kernel with transformers at once took 20-28 s before their first compile (docs/benchmarks.md): once per
+# build, that is paid once. Every level keeps its servers, least recently used first, within caps that bound
+# memory; a worker keeps a few context servers, each a warm compiler (the first compile in a fresh one pays
+# MLIR/LLVM set-up again).
+MAX_SERVERS = 6    # library servers of the hub
 MAX_PACKAGES = 3   # package servers per library or package server
-MAX_CONTEXTS = 4   # context servers per library or package server (the one holding the kernels' modules)
+MAX_CONTEXTS = 6   # context servers a process that compiles keeps
 PACKAGE_SLACK_S = 60   # a target's timeout is the context server's; each level above gets this much more
-_servers: dict[tuple, isolate.Server] = {}    # in a doit worker: its library servers
+_servers: dict[tuple, isolate.Server] = {}    # in the hub: its library servers
 _packages: dict[str, isolate.Server] = {}     # in a library or package server: the package servers below it
-_contexts: dict[tuple, isolate.Server] = {}   # in a library or package server: its context servers
+_minders: list[int] = []                      # in the last package server: its context servers' minders
+_contexts: dict[tuple, isolate.Attached] = {}   # in a process that compiles: its context servers
+_contexts_lock = threading.Lock()
 
 
 def backend_of(toolchain: str) -> Backend:
@@ -87,37 +93,81 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
-    """Compile in this machine's warm compile servers for the target's toolchain (and arch). With `cutoff` (the
-    artifact in out/ differs from the target at most by inputs it read or its sources' digests: artifact.cutoff)
-    the server first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff)
-    and nothing is compiled."""
+    """Compile in a context server of this process's, forked for it by the build's hub. With `cutoff` (the artifact
+    in out/ differs from the target at most by inputs it read or its sources' digests: artifact.cutoff) the server
+    first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff) and nothing
+    is compiled."""
+    backend = backend_of(target.toolchain)
+    scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
+    started: list = []   # _connect's spans, when this target's server is started for it
+    try:
+        with _contexts_lock:   # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
+            server = _kept(_contexts, (threading.get_ident(), _library(target, backend), import_levels(target),
+                                       import_context(target)), MAX_CONTEXTS, lambda: isolate.Attached(None))
+        server.connect = functools.partial(_connect, target, root, timeout, scratch_dir, started)
+        outcome = server.call((target, scratch_dir, timeout, cutoff), timeout, log_dir=scratch_dir)
+    finally:
+        shutil.rmtree(scratch_dir, ignore_errors=True)
+    if outcome.ok and started:   # the time its server's start took, in the target's trace
+        result = outcome.result.result
+        outcome = dataclasses.replace(outcome, result=outcome.result._replace(
+            result=result._replace(spans=(*started, *result.spans))))
+    return outcome
+
+
+WAIT_SPAN_S = 0.01   # shorter: no span of its own
+
+
+def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
+    """A context server for the target, from the build's hub: (connection, pid), or isolate.Unavailable with
+    the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for it
+    go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
+    asked = time.time()
+    conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
+                                     timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
+    taken = answer["taken"]   # when the hub took the request up: before, it served others'
+    started[:] = [*((("wait", asked, taken),) if taken - asked > WAIT_SPAN_S else ()), *map(tuple, answer["spans"])]
+    return conn, pid
+
+
+def _route(request: tuple, fd: int) -> dict:
+    """In the hub, once per context server a process asks for: the toolchain imported here at the first (every
+    server below inherits it), then the library server of the target's package context asked to fork one below
+    for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
+    "taken": ...}, or the error."""
+    target, root, timeout, scratch_dir = request
     starting = time.time()
     backend = backend_of(target.toolchain)
-    import_in_server = backend.import_in == "server"
-    if not import_in_server:
+    in_hub = backend.import_in == "hub"
+    if in_hub:
         try:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
-            return isolate.Outcome(False, 0.0, error=_unusable(target, e))
+            return {"error": _unusable(target, e)}
     if backend.imports_module and "torch" not in sys.modules and not in_project(target.source, root) \
             and _requires_torch(target.module.split(".")[0]):
         _import_torch()
     started = time.time()
-    scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
-    try:
-        outcome = _server_for(target, backend, root, import_in_server).call(
-            (target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S * len(import_levels(target)),
-            log_dir=scratch_dir)
-    finally:
-        shutil.rmtree(scratch_dir, ignore_errors=True)
-    if outcome.ok and started - starting > START_SPAN_S:   # this worker's import of the toolchain (its first target)
-        result = outcome.result.result
-        outcome = dataclasses.replace(outcome, result=outcome.result._replace(
-            result=result._replace(spans=(("start", starting, started), *result.spans))))
-    return outcome
+    levels = import_levels(target)
+    outcome = _server_for(target, backend, root, not in_hub).call(
+        (target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(levels), log_dir=scratch_dir, handle=fd)
+    if not outcome.ok:
+        return {"error": outcome.error, "traceback": outcome.traceback,
+                **({"facts": outcome.facts} if outcome.facts else {})}
+    spans = (("start", starting, started),) if started - starting > WAIT_SPAN_S else ()
+    return {"spans": (*spans, *outcome.result), "taken": starting}
 
 
-START_SPAN_S = 0.01   # shorter: the toolchain was imported already, no span of its own
+_hub = isolate.Hub(_route)   # this process's, or inherited from doit's master
+
+
+def start_hub() -> None:
+    """In doit's master, before it forks its workers: the build's hub, which they inherit and share."""
+    _hub.start()
+
+
+def close_hub() -> None:
+    _hub.close()
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,7 +186,7 @@ def _requires_torch(package: str) -> bool:
 
 
 def _import_torch() -> None:
-    """A library that requires torch imports it: imported once in this worker, every compile server forked from
+    """A library that requires torch imports it: imported once in the hub, every compile server forked from
     it has it (each server imports one kernel module, and would pay torch's 1.6-2 s import again). Kernels that
     do not need torch do not pay for it."""
     try:
@@ -150,27 +200,32 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
     return compile_here(target._replace(layout=Layout(private_root)), root, timeout)
 
 
-def in_context(backend: Backend, request: tuple) -> Candidate:
-    """In a library or package server, once per target: its package imported at the first, then the target
-    compiled in the server below (forked from here, so it holds the package as imported here): the package
-    server of the kernel's package (import_levels), or the context server of its import context."""
-    target, scratch_dir, timeout, _ = request
-    spans = _enter_package(target, backend)
-    if _set_up:   # this server's own start (the family's environment, the recorder), with its first target
-        spans = (("start", *_set_up), *spans)
-        _set_up.clear()
-    levels, below = import_levels(target), _level[0] + 1
-    if below < len(levels):
+def in_context(backend: Backend, request: tuple) -> tuple:
+    """In a library or package server, once per context server asked for: its package imported at the first, then
+    the asker's socket handed on below: to the package server of the next level (import_levels), or, at the
+    last, to a context server forked here (it imports the kernel's module on top of what this server holds, and
+    compiles). The spans of what was done for it."""
+    (target, scratch_dir, timeout), fd = request
+    try:
+        spans = _enter_package(target, backend)
+        if _set_up:   # this server's own start (the family's environment, the recorder), with its first target
+            spans = (("start", *_set_up), *spans)
+            _set_up.clear()
+        levels, below = import_levels(target), _level[0] + 1
+        if below == len(levels):
+            for minder in [m for m in _minders if os.waitpid(m, os.WNOHANG) != (0, 0)]:
+                _minders.remove(minder)
+            _minders.append(isolate.serve_on(os.dup(fd), functools.partial(lower_and_check, backend)))
+            return spans
         server = _kept(_packages, levels[below], MAX_PACKAGES, lambda: isolate.Server(
             functools.partial(in_context, backend), functools.partial(_forked_below, below)))
-    else:
-        server = _kept(_contexts, import_context(target), MAX_CONTEXTS,
-                       lambda: isolate.Server(functools.partial(lower_and_check, backend)))
-    outcome = server.call(request, timeout + PACKAGE_SLACK_S * (len(levels) - below), log_dir=scratch_dir)
+        outcome = server.call((target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * (len(levels) - below),
+                              log_dir=scratch_dir, handle=fd)
+    finally:
+        os.close(fd)
     if not outcome.ok:
         raise isolate.Forwarded(outcome)
-    candidate = outcome.result
-    return candidate._replace(result=candidate.result._replace(spans=(*spans, *candidate.result.spans)))
+    return (*spans, *outcome.result)
 
 
 def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
@@ -208,7 +263,7 @@ def _forked_below(level: int) -> None:
     ones it inherited are its siblings, its parent's to close)."""
     _level[0], _package[0] = level, None
     _packages.clear()
-    _contexts.clear()
+    _minders.clear()
 
 
 def _enter_package(target: Target, backend: Backend) -> tuple:
@@ -497,13 +552,17 @@ def _observed(target: Target) -> observe.Recorder:
     return observe.Recorder.installed
 
 
+def _library(target: Target, backend: Backend) -> tuple:
+    """What a library server is kept by: its package context, and the environment, device model and set-up hooks,
+    which change the process for good."""
+    return (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
+            target.setup, package_context(target))
+
+
 def _server_for(target: Target, backend: Backend, root: str, import_in_server: bool) -> isolate.Server:
-    # one library server per package context, and per environment, device model and set-up hooks, which change
-    # the process for good
-    wanted = (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
-              target.setup, package_context(target))
     setup = functools.partial(_server_setup, target, backend, root, import_in_server)
-    return _kept(_servers, wanted, MAX_SERVERS, lambda: isolate.Server(functools.partial(in_context, backend), setup))
+    return _kept(_servers, _library(target, backend), MAX_SERVERS,
+                 lambda: isolate.Server(functools.partial(in_context, backend), setup))
 
 
 def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:

@@ -40,7 +40,7 @@ def warm(root: str) -> None:
     if root not in sys.path:
         sys.path.insert(0, root)
     import torch  # noqa: F401  (FlyDSL's placeholders are torch tensors)
-    import flydsl.compiler  # noqa: F401  (~2 s: paid once per worker, not per target)
+    import flydsl.compiler  # noqa: F401  (~2 s: paid once per build, in its hub)
     import flydsl.expr  # noqa: F401
     _state["root"] = root
 
@@ -163,5 +163,5 @@ def _code_object(launcher) -> bytes:
 lowering.register("flydsl", lowering.Backend(
     lower, warm, setup=setup,
     arch_per_process=True,   # FlyDSL reads ARCH from the environment: one server per arch
-    import_in="worker",       # once per doit worker (about 2 s), inherited by its servers, one per arch
+    import_in="hub",          # once per build (about 2 s), inherited by its servers, one per arch
     imports_module=True))

@@ -32,8 +32,8 @@ class Backend:
     # True when the compiler fixes its arch per process (FlyDSL reads it from the environment): one server per
     # arch, set up with setup(arch); False (Triton): one server for every arch
     arch_per_process: bool
-    # "server": each compile server imports the compiler after the fork; "worker": the doit worker imports it
-    # once and its servers inherit it
+    # "server": each library server imports the compiler after the fork; "hub": the build's hub imports it once
+    # and every server inherits it
     import_in: str
     setup: Callable[[str], None] | None = None   # (arch): once in each server of an arch_per_process backend
     # True when lower() imports the target's module by its name (both real backends): the compile core then

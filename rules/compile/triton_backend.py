@@ -172,9 +172,9 @@ def source_key(target) -> str:
 lowering.register("triton", lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
-    # The doit worker imports Triton once and every compile server forks from it: a server imports one kernel
-    # module (compile/core.py's import_context), so a worker starts one per module it builds, and each would
+    # The build's hub imports Triton once and every compile server forks from it: a server imports one kernel
+    # module (compile/core.py's import_context), so a build starts one per module and worker, and each would
     # otherwise pay that import again (docs/benchmarks.md, "A library imported once per process").
-    import_in="worker",
+    import_in="hub",
     imports_module=True,
     source_key=source_key))

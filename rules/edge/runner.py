@@ -54,7 +54,11 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         workers = [self.Child(target=self.execute_task_subprocess, args=(job_q, result_q, self.reporter.__class__))
                    for _ in range(min(self.num_process, len(self.unfinished)))]   # no more workers than tasks
         watch = _DeadWorkerWatch(result_q, workers)
+        compile_core = None
         try:
+            if workers:   # the workers' compile servers come from one hub (rules/compile/core.py): it
+                from kforge.compile import core as compile_core   # imports each toolchain and library once per build
+                compile_core.start_hub()
             for worker in workers:
                 worker.start()
             while self.unfinished:
@@ -72,6 +76,9 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             job_q.cancel_join_thread()   # no worker will read the jobs still queued: exit without flushing them
             _stop(workers)
             raise
+        finally:
+            if compile_core is not None:
+                compile_core.close_hub()
         for _ in workers:
             job_q.put(None)   # each worker runs its teardowns and exits
         for worker in workers:

@@ -17,6 +17,12 @@ more than `retire_after_mb` since its first call is retired after the call that 
 forks a fresh one, from the same warm parent. The first call is not counted: it holds what a server does once (a
 package server imports its library there: fla-core's 2,800 modules grew a server past 512 MB on a GPU host, and a
 server retired after every call imported the library again for each target, 11 s each).
+
+A server need not be the caller's child. A Hub is one process that forks servers for every process of a run
+(doit's workers): each asks it over one shared socket, sending a socket of its own with the request; the hub's
+handler forks (serve_on) a server that answers on that socket, and the asker talks to it directly (Attached),
+no process in between. Only a parent learns how its child ended, so each such server runs under a minder,
+its parent, that tells the asker the server's pid and, when it ends, its exit status.
 """
 from __future__ import annotations
 
@@ -24,13 +30,17 @@ import ctypes
 import faulthandler
 import gc
 import os
+import pickle
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Pipe
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable
 
 STDERR_TAIL_LINES = 20
@@ -68,16 +78,21 @@ class Server:
         self.conn = None
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
 
-    def call(self, request: Any, timeout: float, log_dir: str | None = None) -> Outcome:
-        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/scratch.py)."""
-        self._ensure_alive()
+    def call(self, request: Any, timeout: float, log_dir: str | None = None, handle: int | None = None) -> Outcome:
+        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/scratch.py).
+        With `handle` (a file descriptor), fn gets (request, the child's own copy of it)."""
+        try:
+            self._ensure_alive()
+        except Unavailable as e:
+            return e.outcome
         with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log", dir=log_dir) as log:
             start = time.monotonic()
             try:
-                self.conn.send((log.name, request))
+                self.conn.send((log.name, request, handle is not None))
+                if handle is not None:
+                    reduction.send_handle(self.conn, handle, self.pid)
             except OSError:   # died just now, between the liveness check and the send
-                status = self._reap()
-                return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log))
+                return Outcome(False, time.monotonic() - start, error=death(self._gone(None)) + _tail(log))
             answered = self.conn.poll(timeout)   # also true at EOF, when the child died
             if not answered:
                 self._kill()
@@ -86,8 +101,9 @@ class Server:
             try:
                 payload = self.conn.recv()
             except (EOFError, OSError):
-                status = self._reap()
-                return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log))
+                payload = None
+            if payload is None or "died" in payload:
+                return Outcome(False, time.monotonic() - start, error=death(self._gone(payload)) + _tail(log))
             seconds = time.monotonic() - start
             if payload.get("retire"):   # grown past its memory bound, or unfit: the next call forks a fresh child
                 self._kill()
@@ -134,6 +150,190 @@ class Server:
         self.pid = self.conn = None
         return status
 
+    def _gone(self, payload: dict | None) -> int | None:
+        """The exit status of a child that is gone."""
+        return self._reap()
+
+
+class Unavailable(Exception):
+    """No server could be had for a call: its failed Outcome is the call's answer."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.error)
+        self.outcome = outcome
+
+
+class Attached(Server):
+    """A server another process forked for this one (Hub, serve_on): connect() returns (connection, pid), or
+    raises Unavailable. Calls go to it directly; its minder says how it ended (the "died" message)."""
+
+    def __init__(self, connect: Callable[[], tuple[Connection, int]]):
+        super().__init__(fn=None)
+        self.connect = connect
+
+    def _ensure_alive(self) -> None:
+        if self.conn is not None and self.conn.poll(0):   # an idle server says nothing, unless it has died
+            self._close()
+        if self.conn is None:
+            self.conn, self.pid = self.connect()
+            self.started += 1
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)   # not this process's child: its minder reaps it
+        except ProcessLookupError:
+            pass
+        self._close()
+
+    def _gone(self, payload: dict | None) -> int | None:
+        self._close()
+        return payload.get("died") if payload else None
+
+    def _close(self) -> None:
+        self.conn.close()
+        self.pid = self.conn = None
+
+
+def serve_on(fd: int, fn: Callable[[Any], dict], retire_after_mb: float = RETIRE_AFTER_MB) -> int:
+    """Fork a server for another process, answering calls on the socket `fd` (the other end is the asker's:
+    Attached), under a minder that sends the asker its pid first and its exit status last. Returns the minder's
+    pid (the caller reaps it); `fd` is closed here."""
+    caller = os.getpid()
+    minder = os.fork()
+    if minder:
+        os.close(fd)
+        return minder
+    try:
+        die_with_parent(caller)
+        conn = Connection(fd)
+        me = os.getpid()
+        child = os.fork()
+        if child == 0:   # never returns
+            _serve(conn, fn, None, False, retire_after_mb, me)
+        conn.send({"pid": child})
+        _, status = os.waitpid(child, 0)
+        conn.send({"died": status})
+    except BaseException:   # the asker has gone: nothing to tell
+        pass
+    finally:
+        os._exit(0)
+
+
+MAX_REQUEST = 1 << 20   # bytes of one pickled request to a Hub
+
+
+class Hub:
+    """A process that forks servers for every process holding it (doit's workers, forked after it): ask(request)
+    sends the request with a fresh socket's other end; in the hub, handle(request, fd) hands a copy of fd on to a
+    server it forks (serve_on) and returns a dict, sent on the socket after it (an exception as {"error": ...});
+    connect() waits for both. Requests are taken one at a time, in the order they came."""
+
+    def __init__(self, handle: Callable[[Any, int], dict]):
+        self.handle = handle
+        self.pid: int | None = None
+        self.owner: int | None = None   # the process that forked it: the one that may close it
+        self.sock: socket.socket | None = None
+        self.lock = threading.Lock()   # a process's threads share its hub
+
+    def ask(self, request: Any) -> Connection:
+        """The asker's end of the request's socket. A hub that has gone (killed) is replaced by one of this
+        process's own."""
+        data = pickle.dumps(request)
+        for attempt in (1, 2):
+            self.start()
+            mine, theirs = socket.socketpair()
+            try:
+                socket.send_fds(self.sock, [data], [theirs.fileno()])
+                return Connection(mine.detach())
+            except OSError:
+                mine.close()
+                if attempt == 2:
+                    raise
+                self.close()
+            finally:
+                theirs.close()
+        raise AssertionError("unreachable")
+
+    def connect(self, request: Any, timeout: float) -> tuple[Connection, int, dict]:
+        """ask(request), for a handler that forks a server on the socket (serve_on): (the connection to that
+        server, its pid, what the handler answered). Unavailable when the handler answered {"error": ...} (or
+        raised), the hub ended without an answer, or none came within `timeout`."""
+        conn, start, got = self.ask(request), time.monotonic(), {}
+        try:
+            while "pid" not in got or "answer" not in got:
+                if not conn.poll(max(start + timeout - time.monotonic(), 0)):
+                    raise Unavailable(Outcome(False, time.monotonic() - start,
+                                              error=f"no compile server within {timeout:.0f} s"))
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    message = {"died": None}
+                if "error" in message or "died" in message:
+                    raise Unavailable(Outcome(
+                        False, time.monotonic() - start, error=message.get("error") or death(message.get("died")),
+                        traceback=message.get("traceback", ""), facts=message.get("facts")))
+                got.update(message if "pid" in message else {"answer": message})
+        except BaseException:
+            conn.close()
+            raise
+        return conn, got["pid"], got["answer"]
+
+    def close(self) -> None:
+        if self.pid is not None and self.owner == os.getpid():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        if self.sock is not None:
+            self.sock.close()
+        self.pid = self.owner = self.sock = None
+
+    def start(self) -> None:
+        """Fork the hub now, if this process has none (a process forked later inherits this one)."""
+        with self.lock:
+            if self.sock is None:
+                self._fork()
+
+    def _fork(self) -> None:
+        ours, hubs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:   # never returns
+            ours.close()
+            _run_hub(hubs, self.handle, parent)
+        hubs.close()
+        self.pid, self.owner, self.sock = pid, parent, ours
+
+
+def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: int) -> None:
+    try:
+        gc.freeze()
+        gc.disable()   # it imports toolchains and forks: the collector would only slow the imports down
+        die_with_parent(parent)
+        _name_process(HUB_NAME)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # as _serve: Ctrl-C ends it with the run
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 1)
+            if not data:   # no process holds the other end any more
+                break
+            if not fds:
+                continue
+            reply = Connection(fds[0])
+            try:
+                answer = handle(pickle.loads(data), fds[0])
+            except Exception as e:
+                answer = _error_payload(e)
+            try:
+                reply.send(answer)
+            except OSError:   # the asker has gone
+                pass
+            reply.close()
+    finally:
+        os._exit(0)
+
 
 def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, parent: int) -> None:
     try:
@@ -158,7 +358,9 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
         baseline_mb = None   # set after the first call (the module docstring says why)
         while True:
             try:
-                log_path, request = conn.recv()
+                log_path, request, handed = conn.recv()
+                if handed:
+                    request = (request, reduction.recv_handle(conn))
             except (EOFError, OSError):   # the caller is gone
                 break
             log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -191,7 +393,9 @@ def _resident_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _death(status: int) -> str:
+def death(status: int | None) -> str:
+    if status is None:   # a server forked elsewhere whose minder is gone too
+        return "compiler process ended with no result"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         why = "killed (out of memory?)" if sig == signal.SIGKILL else "crashed"
@@ -216,6 +420,16 @@ def _tail(log) -> str:
         return ""
     lines = text.splitlines()[-STDERR_TAIL_LINES:]
     return "\ncompiler output (last lines):\n  " + "\n  ".join(lines)
+
+
+HUB_NAME = b"kforge-hub"   # what ps and /proc/PID/comm show for a hub
+
+
+def _name_process(name: bytes) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name))   # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -12,8 +12,10 @@ import pytest
 
 from kforge.store import artifact
 from kforge.base.layout import Layout
+from kforge.load import isolate
 from tests.support import (REPO, build_report, built_once, copy_built, default_sigint, doit, finish_or_explain,
-                           kernel_text, make_project, process_tree, spec_text, statuses, wait_until)
+                           fresh_servers, kernel_text, make_project, process_tree, spec_text, statuses,
+                           wait_until)
 
 TWO = ("scale:fp16-b128-w4@sm_90a", "scale:fp16-b256-w4@sm_90a")
 
@@ -340,7 +342,8 @@ def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(
     blocks = SLOW_BLOCKS
     master_cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()   # forked workers share it; a helper would not
     workers = [c for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-               if Path(f"/proc/{c}/cmdline").read_bytes() == master_cmdline]
+               if Path(f"/proc/{c}/cmdline").read_bytes() == master_cmdline
+               and Path(f"/proc/{c}/comm").read_bytes().strip() != isolate.HUB_NAME]   # the build's hub is one too
     os.kill(int(workers[0]), signal.SIGKILL)
     output = finish_or_explain(proc, timeout=60)
     assert proc.returncode == 2, output
@@ -372,7 +375,7 @@ def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
     assert not survivors, f"still running after the master was killed: {survivors}"
 
 
-@pytest.mark.parametrize("place", ["worker", "server"])
+@pytest.mark.parametrize("place", ["hub", "server"])
 def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_the_server(monkeypatch, tmp_path,
                                                                                           place):
     import types
@@ -383,19 +386,17 @@ def test_compile_here_imports_the_compiler_where_the_backend_says_and_lowers_in_
         raise RuntimeError(f"warmed_in={fake.warmed_in} lowered_in={os.getpid()}")
     monkeypatch.setitem(lowering.BACKENDS, "fake", lowering.Backend(
         lower, lambda root: setattr(fake, "warmed_in", os.getpid()), arch_per_process=False, import_in=place))
-    monkeypatch.setattr(compile_core, "_servers", {})
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", layout=Layout(tmp_path),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
                                    constexprs=(), signature=(), device_model=False, setup=())
-    try:
+    with fresh_servers(monkeypatch):
         outcome = compile_core.compile_here(target, str(tmp_path), timeout=60)
-    finally:
-        compile_core._servers.pop(("fake", None, (), False, (), ("m", None))).close()
+        hub = compile_core._hub.pid
     warmed_in, lowered_in = (int(part.split("=")[1]) for part in outcome.error.split(": ", 1)[1].split())
-    assert lowered_in != os.getpid()   # always in a forked compile server
-    # worker: this process imported it and the servers inherited it; server: the package server did, and the
-    # context server it forked (where the target is lowered) inherited it
-    assert (warmed_in == os.getpid()) == (place == "worker") and warmed_in != lowered_in
+    assert lowered_in not in (os.getpid(), hub)   # always in a forked compile server
+    # hub: the build's hub imported it and every server inherited it; server: the library server did, and the
+    # context server forked below it (where the target is lowered) inherited it
+    assert (warmed_in == hub) == (place == "hub") and warmed_in not in (os.getpid(), lowered_in)
 
 
 def test_a_lowered_binary_that_is_no_code_for_the_arch_is_refused_once_by_the_installer(built, tmp_path,

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from kforge.load import isolate
 
@@ -204,3 +205,87 @@ def test_ctrl_c_ends_a_child_unless_the_run_ignores_it():
     assert outcomes[signal.default_int_handler].error.count("crashed: SIGINT") == 1
     out = outcomes[signal.SIG_IGN]
     assert out.ok and out.result == {"survived": True}
+
+
+# --- a hub: servers forked for other processes, answering them directly ------------------------------------------
+
+def _serving(fn):
+    """A hub handler: a server running fn for the asker, answered {"forked": True}."""
+    def handle(request, fd):
+        isolate.serve_on(os.dup(fd), fn)
+        return {"forked": True, "request": request}
+    return handle
+
+
+def _refusing(request, fd):
+    raise RuntimeError(f"cannot import {request}")
+
+
+def _attached(hub, request="r"):
+    return isolate.Attached(lambda: hub.connect(request, timeout=30)[:2])
+
+
+def test_a_hubs_server_answers_the_process_that_asked_which_is_not_its_parent():
+    hub = isolate.Hub(_serving(counts))
+    server = _attached(hub)
+    try:
+        results = [server.call(None, timeout=30).result for _ in range(2)]
+        conn, pid, answer = hub.connect("again", timeout=30)
+        conn.close()
+    finally:
+        server.close()
+        hub.close()
+    assert [r["calls"] for r in results] == [1, 2] and results[0]["pid"] == results[1]["pid"]
+    assert results[0]["pid"] not in (os.getpid(), hub.pid) and answer == {"forked": True, "request": "again"}
+    assert str(results[0]["pid"]) not in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+
+
+def test_a_hubs_server_that_crashes_is_named_by_how_it_ended_and_the_next_call_gets_a_fresh_one():
+    for fn, how in ((segfaults, "crashed: SIGSEGV"), (oom_killed, "killed (out of memory?): SIGKILL"),
+                    (aborts, "crashed: SIGABRT")):
+        hub = isolate.Hub(_serving(lambda x: fn(x) if x == "crash" else ok(x)))
+        server = _attached(hub)
+        try:
+            first = server.call("crash", timeout=30)
+            second = server.call(21, timeout=30)
+        finally:
+            server.close()
+            hub.close()
+        assert how in first.error and not first.ok, (fn, first.error)
+        assert second.ok and second.result == {"double": 42} and server.started == 2
+
+
+def test_a_hubs_server_that_hangs_is_killed_and_one_killed_while_idle_is_replaced():
+    hub = isolate.Hub(_serving(lambda x: hangs(x) if x == "hang" else counts(x)))
+    server = _attached(hub)
+    try:
+        hung = server.call("hang", timeout=1)
+        first = server.call(None, timeout=30).result
+        os.kill(first["pid"], signal.SIGKILL)   # from outside, between calls
+        time.sleep(0.2)
+        second = server.call(None, timeout=30).result
+    finally:
+        server.close()
+        hub.close()
+    assert "timed out after 1 s and was killed" in hung.error
+    assert second["pid"] != first["pid"] and server.started == 3
+
+
+def test_a_hubs_refusal_is_the_calls_answer_and_a_killed_hub_is_replaced_by_one_of_the_askers_own():
+    refusing = isolate.Hub(_refusing)
+    out = _attached(refusing, "liblib").call(None, timeout=30)
+    refusing.close()
+    assert not out.ok and "RuntimeError: cannot import liblib" in out.error
+    hub = isolate.Hub(_serving(counts))
+    hub.start()
+    first = hub.pid
+    os.kill(first, signal.SIGKILL)
+    os.waitpid(first, 0)
+    server = _attached(hub)
+    try:
+        assert server.call(None, timeout=30).ok
+        replaced, owner = hub.pid, hub.owner
+    finally:
+        server.close()
+        hub.close()
+    assert replaced not in (None, first) and owner == os.getpid()
