@@ -1,7 +1,7 @@
 """Building a recorded suite: how close `doit -n N` comes to the compiler's own time (issue 52).
 
 Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1]
-                                    [--revs REV ...] [--json f]
+                                    [--revs REV ...] [--json f] [--traces DIR]
 RECORD is a kforge record (JSON lines; ../shared/data/liger_suite_record-h200.jsonl is liger-kernel's test suite,
 which needs liger-kernel installed). Each run: a fresh project holding the first --lines lines as
 specs/suite.jsonl, `doit -n N archs=A` with the local cache off (KFORGE_LOCAL_CACHE=off: nothing installed from an
@@ -48,7 +48,7 @@ def kforge_at(rev: str, tmp: Path) -> dict:
     kforge_runtime packages in a scratch folder first on PYTHONPATH."""
     if rev == ".":
         return dict(os.environ)
-    where = Path(rev) if (Path(rev) / "kforge").is_dir() else tmp / f"kforge-{rev}"   # a folder: taken as it is
+    where = Path(rev).resolve() if (Path(rev) / "kforge").is_dir() else tmp / f"kforge-{rev}"   # a folder: as it is
     if not where.exists():
         where.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", rev, "rules"], cwd=REPO, capture_output=True, check=True).stdout
@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--revs", nargs="+", default=["."], help="git revisions of kforge to pair ('.': installed)")
     ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait before each run")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--traces", type=Path, help="a folder to keep each run's out/build-trace.json in")
     a = ap.parse_args()
     runs: dict[str, list] = {rev: [] for rev in a.revs}
     with tempfile.TemporaryDirectory(prefix="kforge-record-build-") as tmp:
@@ -101,6 +102,10 @@ def main() -> None:
                 load = os.getloadavg()[0]   # the machine's 1-minute load before the run (others' work on it)
                 r = {**one_build(dest, a.jobs, a.archs, envs[rev]), "load_before": load}
                 runs[rev].append(r)
+                if a.traces:
+                    a.traces.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(dest / "out" / "build-trace.json",
+                                a.traces / f"trace-{i + 1}-{Path(rev).name.strip('.') or 'here'}.json")
                 print(f"run {i + 1} ({rev}): wall {r['wall_s']} s, {r['built']} built, compiles {r['compile_s']} s, "
                       f"wall x {a.jobs} / compiles = {r['ratio']} (load before {load:.2f})\n  {r['breakdown']}",
                       flush=True)

@@ -258,11 +258,11 @@ def fresh_servers(monkeypatch):
     in, a fake backend say) and no context servers kept from another test; all closed at the end."""
     from kforge.compile import core as compile_core
     from kforge.load import isolate
-    monkeypatch.setattr(compile_core, "_contexts", {})
+    monkeypatch.setattr(compile_core, "_private", {})
     monkeypatch.setattr(compile_core, "_hub", isolate.Hub(compile_core._route))
     try:
         yield compile_core
     finally:
-        for server in compile_core._contexts.values():
+        for server in compile_core._private.values():
             server.close()
         compile_core._hub.close()

@@ -46,25 +46,28 @@ if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run im
 # of its parent's, in the order a fresh import of the module runs them: `fla` -> `fla.ops` (whose __init__
 # imports every op and, through them, most of fla: 4.4 s on the dev machine, paid once for fla.ops.utils' and
 # fla.ops.common's families alike) -> `fla.ops.utils`; `liger_kernel` (1.25 s) -> `liger_kernel.ops` (every op:
-# 0.2 s more). The last forks a context server for the process that asked (each doit worker keeps its own, per
-# import context): it imports the kernel's module on top and compiles, answering that process directly. Each
-# level runs the same code in the same order as a fresh import of the module (a package is imported in full
-# before anything below it), so what each target's record holds is what it would hold in a process of its own;
-# two packages that import each other (fla.modules and fla.ops) are each imported in their own branch, as a fresh
-# process importing one or the other would. On a 16-CPU GPU host, 16 workers each importing torch, Triton and
-# liger-kernel with transformers at once took 20-28 s before their first compile (docs/benchmarks.md): once per
-# build, that is paid once. Every level keeps its servers, least recently used first, within caps that bound
-# memory; a worker keeps a few context servers, each a warm compiler (the first compile in a fresh one pays
-# MLIR/LLVM set-up again).
+# 0.2 s more). The last forks, for each process that asks (a doit worker), a copy of itself of that process's own
+# (a private package server, answering it directly), which forks a context server per import context: it imports
+# the kernel's module on top and compiles. The hub thus serves a worker once per package, and the forks of context
+# servers, one per module, run in the workers' own servers side by side. Each level runs the same code in the
+# same order as a fresh import of the module (a package is imported in full before anything below it), so what
+# each target's record holds is what it would hold in a process of its own; two packages that import each other
+# (fla.modules and fla.ops) are each imported in their own branch, as a fresh process importing one or the other
+# would. On a 16-CPU GPU host, 16 workers each importing torch, Triton and liger-kernel with transformers at once
+# took 20-28 s before their first compile (docs/benchmarks.md): once per build, that is paid once. Every level
+# keeps its servers, least recently used first, within caps that bound memory (a context server is a warm
+# compiler: the first compile in a fresh one pays MLIR/LLVM set-up again).
 MAX_SERVERS = 6    # library servers of the hub
 MAX_PACKAGES = 3   # package servers per library or package server
-MAX_CONTEXTS = 6   # context servers a process that compiles keeps
+MAX_PRIVATE = 3    # private package servers a process that compiles keeps
+MAX_CONTEXTS = 4   # context servers per private package server
 PACKAGE_SLACK_S = 60   # a target's timeout is the context server's; each level above gets this much more
 _servers: dict[tuple, isolate.Server] = {}    # in the hub: its library servers
 _packages: dict[str, isolate.Server] = {}     # in a library or package server: the package servers below it
-_minders: list[int] = []                      # in the last package server: its context servers' minders
-_contexts: dict[tuple, isolate.Attached] = {}   # in a process that compiles: its context servers
-_contexts_lock = threading.Lock()
+_minders: list[int] = []                      # in the last package server: its private copies' minders
+_contexts: dict[tuple, isolate.Server] = {}   # in a private package server: its context servers
+_private: dict[tuple, isolate.Attached] = {}  # in a process that compiles: its private package servers
+_private_lock = threading.Lock()
 
 
 def backend_of(toolchain: str) -> Backend:
@@ -93,19 +96,21 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
-    """Compile in a context server of this process's, forked for it by the build's hub. With `cutoff` (the artifact
+    """Compile in a context server below a private package server of this process's, which the build's hub forked
+    for it. With `cutoff` (the artifact
     in out/ differs from the target at most by inputs it read or its sources' digests: artifact.cutoff) the server
     first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff) and nothing
     is compiled."""
     backend = backend_of(target.toolchain)
     scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
+    levels = import_levels(target)
     try:
-        with _contexts_lock:   # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
-            server = _kept(_contexts, (threading.get_ident(), _library(target, backend), import_levels(target),
-                                       import_context(target)), MAX_CONTEXTS, lambda: isolate.Attached(None))
+        with _private_lock:   # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
+            server = _kept(_private, (threading.get_ident(), _library(target, backend), levels), MAX_PRIVATE,
+                           lambda: isolate.Attached(None))
         server.connect = functools.partial(_connect, target, root, timeout, scratch_dir, started)
-        outcome = server.call((target, scratch_dir, timeout, cutoff), timeout, log_dir=scratch_dir)
+        outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started:   # the time its server's start took, in the target's trace
@@ -119,7 +124,7 @@ WAIT_SPAN_S = 0.01   # shorter: no span of its own
 
 
 def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
-    """A context server for the target, from the build's hub: (connection, pid), or isolate.Unavailable with
+    """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable with
     the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for it
     go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
     asked = time.time()
@@ -131,7 +136,7 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
 
 
 def _route(request: tuple, fd: int) -> dict:
-    """In the hub, once per context server a process asks for: the toolchain imported here at the first (every
+    """In the hub, once per private package server a process asks for: the toolchain imported here at the first (every
     server below inherits it), then the library server of the target's package context asked to fork one below
     for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
     "taken": ...}, or the error."""
@@ -201,10 +206,9 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 
 def in_context(backend: Backend, request: tuple) -> tuple:
-    """In a library or package server, once per context server asked for: its package imported at the first, then
-    the asker's socket handed on below: to the package server of the next level (import_levels), or, at the
-    last, to a context server forked here (it imports the kernel's module on top of what this server holds, and
-    compiles). The spans of what was done for it."""
+    """In a library or package server, once per private package server asked for: its package imported at the
+    first, then the asker's socket handed on below: to the package server of the next level (import_levels), or,
+    at the last, to a copy of this server forked for the asker (compile_below). The spans of what was done for it."""
     (target, scratch_dir, timeout), fd = request
     try:
         spans = _enter_package(target, backend)
@@ -215,7 +219,7 @@ def in_context(backend: Backend, request: tuple) -> tuple:
         if below == len(levels):
             for minder in [m for m in _minders if os.waitpid(m, os.WNOHANG) != (0, 0)]:
                 _minders.remove(minder)
-            _minders.append(isolate.serve_on(os.dup(fd), functools.partial(lower_and_check, backend)))
+            _minders.append(isolate.serve_on(os.dup(fd), functools.partial(compile_below, backend), _forked_private))
             return spans
         server = _kept(_packages, levels[below], MAX_PACKAGES, lambda: isolate.Server(
             functools.partial(in_context, backend), functools.partial(_forked_below, below)))
@@ -226,6 +230,26 @@ def in_context(backend: Backend, request: tuple) -> tuple:
     if not outcome.ok:
         raise isolate.Forwarded(outcome)
     return (*spans, *outcome.result)
+
+
+def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
+    """In a private package server, once per target: compiled in the context server of its import context (forked
+    from here: it holds the packages as imported above), the answer passed on."""
+    target, scratch_dir, timeout, _ = request
+    _enter_package(target, backend)   # imported already: only checks the target is this server's
+    server = _kept(_contexts, import_context(target), MAX_CONTEXTS,
+                   lambda: isolate.Server(functools.partial(lower_and_check, backend)))
+    outcome = server.call(request, timeout, log_dir=scratch_dir)
+    if not outcome.ok:
+        raise isolate.Forwarded(outcome)
+    return outcome.result
+
+
+def _forked_private() -> None:
+    """A private package server's set-up: the servers it inherited are its parent's."""
+    _packages.clear()
+    _minders.clear()
+    _contexts.clear()
 
 
 def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
@@ -262,8 +286,7 @@ def _forked_below(level: int) -> None:
     """A package server's set-up, after the fork: it imports the next level, and keeps servers of its own (the
     ones it inherited are its siblings, its parent's to close)."""
     _level[0], _package[0] = level, None
-    _packages.clear()
-    _minders.clear()
+    _forked_private()
 
 
 def _enter_package(target: Target, backend: Backend) -> tuple:

@@ -194,7 +194,8 @@ class Attached(Server):
         self.pid = self.conn = None
 
 
-def serve_on(fd: int, fn: Callable[[Any], dict], retire_after_mb: float = RETIRE_AFTER_MB) -> int:
+def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None,
+             retire_after_mb: float = RETIRE_AFTER_MB) -> int:
     """Fork a server for another process, answering calls on the socket `fd` (the other end is the asker's:
     Attached), under a minder that sends the asker its pid first and its exit status last. Returns the minder's
     pid (the caller reaps it); `fd` is closed here."""
@@ -209,7 +210,7 @@ def serve_on(fd: int, fn: Callable[[Any], dict], retire_after_mb: float = RETIRE
         me = os.getpid()
         child = os.fork()
         if child == 0:   # never returns
-            _serve(conn, fn, None, False, retire_after_mb, me)
+            _serve(conn, fn, setup, False, retire_after_mb, me)
         conn.send({"pid": child})
         _, status = os.waitpid(child, 0)
         conn.send({"died": status})

@@ -233,12 +233,12 @@ def _time_spent(phases: dict[str, float], in_tasks: float, before: dict[str, flo
     """One line: the seconds the compile targets spent in each phase (summed over workers), and in none of them
     (doit's own work in the worker); the time they were queued; and the run's time before its first target
     (loading the catalog, up-to-date checks)."""
-    order = ["compile", "import", "start", "check", "write", "local cache lookup", "cache lookup",
-             "local cache store", "cache upload"]
+    order = ["compile", "import", "start", "wait", "check", "write", "local cache lookup", "cache lookup",
+             "local cache store", "cache upload", "return"]
     shown = [p for p in order if phases.get(p)] + sorted(p for p in phases if p not in order and p != "queue")
     spent = sum(phases.get(p, 0.0) for p in shown)
     parts = [f"{p} {phases[p]:.1f} s" for p in shown]
-    parts.append(f"other {max(in_tasks - spent, 0.0):.1f} s")
+    parts.append(f"other {max(in_tasks - spent - phases.get('queue', 0.0), 0.0):.1f} s")
     named = {"load": "load (doit, the catalog, its probes)", "up-to-date": "up-to-date checks"}
     first = ", ".join(f"{named.get(p, p)} {s:.1f} s" for p, s in (before or {}).items())
     return (f"kforge: time in targets, summed over workers: {', '.join(parts)}; queued {phases.get('queue', 0.0):.1f} s"

@@ -5,7 +5,9 @@ Each compile target is a slice per phase: "queue" (from when doit handed it out 
 then what its action reports (rules/compile/action.py): "local cache lookup", "cache lookup", "start" (a worker's
 import of the toolchain, a compile server's set-up: the first target of each), "import" (a compile server's one
 import of the kernel's package or module: its first target), "compile", "check", "write", "local cache store",
-"cache upload". The run's own time before its first target is on the row "doit": "load" (doit's start, the
+"cache upload", "wait" (a request to the build's hub queued behind others': the imports they asked for), then
+"return" (from the action's end to doit's master taking its result in: a master that cannot keep up with its
+workers shows there). The run's own time before its first target is on the row "doit": "load" (doit's start, the
 catalog and its probes), "up-to-date" (the first up-to-date checks). A target
 whose action failed, a package task and any other task (a tuning, a verify sweep) is one slice of the time
 doit saw it take, on a row of its own (failed, package, tune, ...).
@@ -48,6 +50,8 @@ class Trace:
             self._slice(row, name, "queue", handed, spans[0][1], args)
         for phase, start, end in spans:
             self._slice(row, name, phase, start, end, args)
+        if finished > spans[-1][2]:   # the result on its way to doit's master, and waiting for it to take it in
+            self._slice(row, name, "return", spans[-1][2], finished, args)
 
     def totals(self) -> dict[str, float]:
         """Seconds per phase over the run's compile targets (queue, import, compile, cache lookups, ...)."""

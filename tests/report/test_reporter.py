@@ -284,3 +284,16 @@ def test_text_a_build_writes_shows_control_characters_as_replacement_characters(
     reporter.complete_run()
     text = out.getvalue()
     assert not any(c in text for c in "\x1b\x07\r") and "specs/esc\ufffd[31mred.toml" in text, text
+
+
+def test_the_time_line_names_a_results_way_back_to_doit_and_counts_queued_time_once():
+    """On a 16-CPU host the targets' time outside every phase was 150 s of 900: a result's way back to doit's
+    master is a phase of its own ("return"), and the time a target sat queued is "queued", not "other" too."""
+    trace = report.Trace(started=100.0)
+    trace.target("k:a@sm_90a", "k", 100.0, 104.5, types.SimpleNamespace(
+        spans=(("compile", 101.0, 103.0), ("write", 103.0, 104.0)), worker=7, from_cache=False,
+        from_local_cache=False))
+    phases = trace.totals()
+    assert phases == {"queue": 1.0, "compile": 2.0, "write": 1.0, "return": 0.5}
+    line = report._time_spent(phases, in_tasks=4.75)
+    assert "compile 2.0 s, write 1.0 s, return 0.5 s, other 0.2 s; queued 1.0 s" in line, line
