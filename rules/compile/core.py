@@ -127,6 +127,7 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
     """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable with
     the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for it
     go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
+    _hub.start()   # forked here if this process has none: no request of another's waits ahead of it
     asked = time.time()
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
                                      timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
@@ -237,12 +238,18 @@ def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
     from here: it holds the packages as imported above), the answer passed on."""
     target, scratch_dir, timeout, _ = request
     _enter_package(target, backend)   # imported already: only checks the target is this server's
+    starting = time.time()
     server = _kept(_contexts, import_context(target), MAX_CONTEXTS,
                    lambda: isolate.Server(functools.partial(lower_and_check, backend)))
+    server.start()
+    started = time.time()
     outcome = server.call(request, timeout, log_dir=scratch_dir)
     if not outcome.ok:
         raise isolate.Forwarded(outcome)
-    return outcome.result
+    if started - starting < WAIT_SPAN_S:
+        return outcome.result
+    result = outcome.result.result   # this target's context server started for it: its fork in the trace
+    return outcome.result._replace(result=result._replace(spans=(("start", starting, started), *result.spans)))
 
 
 def _forked_private() -> None:
@@ -338,15 +345,17 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             imports = backend.imports_module and target.module not in sys.modules   # the server's one import,
             if imports:                                                            # timed on its own
                 importlib.import_module(target.module)
+            imported = time.time()
             if _imported[0] is None and backend.source_key is not None:   # before this server compiles anything
                 _imported[0] = dict(_inputs(recorder))
             start = time.time()
+            named = (("inputs", imported, start),) if start - imported > WAIT_SPAN_S else ()
             if cutoff is not None and backend.source_key is not None:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
-                    spans = (("import", importing, start),) if imports else ()
+                    spans = (("import", importing, imported),) if imports else ()
                     return unchanged._replace(result=unchanged.result._replace(
-                        spans=(*spans, ("early cutoff", start, time.time()))))
+                        spans=(*spans, *named, ("early cutoff", start, time.time()))))
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
         _learn(target)
@@ -368,7 +377,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             e.kforge_retire = True
             shared_env.explain(e)
         raise
-    spans = (("import", importing, start),) if imports else ()
+    spans = (*((("import", importing, imported),) if imports else ()), *named)
     return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),
                                                                        ("check", lowered_at, time.time()))))
 
@@ -476,7 +485,9 @@ class _InputsMemo:
     compiler's own), and naming and hashing them again cost 12-16 ms a target (resolving every path, the module
     path's folders; liger-kernel on the dev machine). It holds while everything _inputs is computed from is as
     it was: the folders the recorder listed, the modules and the module path (which name the files), what it saw
-    read and written beyond what the recorder skips (each compile's own scratch files under out/), and each
+    read and written beyond what the recorder skips (each compile's own scratch files under out/) or names no
+    input of (the /proc/self/statm a server reads after its first call: every context server forked after that
+    hashed every input again, 1 s each with transformers on a GPU host), and each
     input's identity and times by stat (a file changed since is hashed again, or is "changed-while-read", as
     computed afresh). A file changed less than RACY_S before it was looked at may change again within the same
     tick of the file system's clock, its stat unchanged: while one is, nothing is kept. Forked children inherit
@@ -495,8 +506,8 @@ class _InputsMemo:
         seen, written = recorder.seen, recorder.written
         if not (self.seen <= seen and self.written <= written):
             return False
-        # read since: only what the recorder skips by name (as opened, when that names the file)
-        if not all(_skipped(p, recorder.skip) for p in seen - self.seen):
+        # read since: only what the recorder skips by name (as opened, when that names the file), or what is no input
+        if any(not _skipped(p, recorder.skip) and recorder.is_input(p) for p in seen - self.seen):
             return False
         # written since: never an input (digests() trusts what the process wrote itself)
         if any(os.path.realpath(p) in self.real for p in written - self.written):

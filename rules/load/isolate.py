@@ -112,6 +112,10 @@ class Server:
                                traceback=payload.get("traceback", ""), facts=payload.get("facts"))
             return Outcome(True, seconds, result=payload["result"])
 
+    def start(self) -> None:
+        """Fork the child now, if none is alive (else the next call does)."""
+        self._ensure_alive()
+
     def close(self) -> None:
         if self.pid is not None:
             self._kill()

@@ -329,13 +329,22 @@ class Recorder:
             where = vars(module).get("__file__") if module is not None else None   # vars: runs no __getattr__
             if isinstance(where, str):
                 found.add(_absolute(where))
+        named = self._names(found)
+        return {named[p] for p in found} - {None}
+
+    def is_input(self, path: str) -> bool:
+        """Whether a file read would be one of files() (not so: what lies outside the project and the module path,
+        such as /proc/self/statm, which a compile server reads for its memory bound)."""
+        return self._names((path,))[path] is not None
+
+    def _names(self, paths) -> dict[str, str | None]:
         within = self._within()
         if self._named_for != (within, self.skip):
             self._named, self._named_for = {}, (within, self.skip)
         named = self._named
-        for path in found - named.keys():
+        for path in set(paths) - named.keys():
             named[path] = self._source(path, within)
-        return {named[p] for p in found} - {None}
+        return named
 
     def _list(self, path: str) -> None:
         """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
