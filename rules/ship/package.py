@@ -100,7 +100,7 @@ def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]
 def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dict[str, bytes]):
     """(the wheel in out/dist/, its manifest's bytes), the manifest made from every meta.json: a wheel that holds
     it already is used, else it is written; or TaskFailed naming a binary that fails its checks."""
-    built: list[Target] = []   # the targets whose artifacts the manifest lists, in its order
+    built: list[tuple] = []   # (target, its meta.json as read) of each artifact the manifest lists, in its order
     manifest = make_manifest(arch, targets, root, tuned, built)
     data = manifest_bytes(manifest)
     try:
@@ -121,10 +121,10 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
     files[f"{dist_name(arch)}/{MANIFEST}"] = data
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
-    for t, entry in zip(built, manifest["artifacts"]):
-        try:
-            meta, binary = artifact.load(Path(t.out_dir))   # sha256 + ELF checked again
-            artifact.check_bound(t, meta)   # a meta.json copied from another target never ships as this one
+    for (t, meta), entry in zip(built, manifest["artifacts"]):
+        try:   # meta.json was read (and its seal checked) for the manifest: on a GPU host each may hold
+            artifact.check_bound(t, meta)   # thousands of inputs, 280 KB, and reading it again cost 2 s of 5.8 s
+            binary = artifact.binary_of(Path(t.out_dir), meta)   # sha256 + ELF checked again
         except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
             return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
                               f"`doit forget {t.name} && doit {t.name}`")
@@ -251,14 +251,14 @@ def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict
                   built: list[Target] | None = None) -> dict:
     """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
     key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
-    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects the
-    targets of the artifacts listed, in the manifest's order."""
+    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects
+    (target, its meta.json as read) of the artifacts listed, in the manifest's order."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)
         if meta is not None:
             if built is not None:
-                built.append(t)
+                built.append((t, dict(meta)))
             meta["binary"] = f"{t.kernel}/{t.config_id}/{meta.get('binary')}"
             # what the compile read is the build's business (out/'s meta.json keeps it), and on a GPU host a
             # library's import reads thousands of files: shipped, it made a manifest of 196 MB for 414 kernels

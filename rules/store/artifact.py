@@ -409,24 +409,35 @@ def _read_artifact(meta_path: str) -> tuple | None:
 
 
 def load(directory: Path) -> tuple[dict, bytes]:
-    """meta.json and its binary, checked: sha256, ELF machine/arch flags, non-trivial kernel code."""
+    """meta.json and its binary, checked: its seal, the binary's sha256, ELF machine/arch flags, non-trivial
+    kernel code."""
     meta_path = directory / META
     try:
         meta = json.loads(read_bytes(meta_path))
-        binary = read_bytes(directory / plain_name(meta["binary"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        meta["binary"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
     if _unsealed(meta):
         raise ArtifactError(f"{meta_path}: edited or damaged since it was built (its seal does not match its "
                             f"fields); build it again (doit)")
+    return meta, binary_of(directory, meta)
+
+
+def binary_of(directory: Path, meta: dict) -> bytes:
+    """The binary a meta.json read and checked already names, checked: sha256, ELF machine/arch flags,
+    non-trivial kernel code."""
+    try:
+        binary = read_bytes(directory / plain_name(meta["binary"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
     if meta.get("arch") not in ARCHS:
-        raise ArtifactError(f"{meta_path}: unknown arch {meta.get('arch')!r}")
+        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
     try:   # the binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)
         schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
     except schema.BinaryRefused as e:
         raise ArtifactError(f"{directory / str(meta.get('binary'))}: {e}; the file is corrupt or was replaced; "
                             f"delete {directory} and build again") from None
-    return meta, binary
+    return binary
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
