@@ -1,9 +1,9 @@
 """The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
 
     compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
-        in a context server of this process's own (kept per import context), which the build's hub forked for it
-        (_route: the toolchain, each library and each package imported once per build, not once per worker):
-        backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
+        in a context server (one per import context) below a private package server of this process's, which
+        the build's hub forked for it (_route: the toolchain, each library and each package imported once per
+        build, not once per worker): backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
 
 A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
 itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
@@ -97,10 +97,9 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
     """Compile in a context server below a private package server of this process's, which the build's hub forked
-    for it. With `cutoff` (the artifact
-    in out/ differs from the target at most by inputs it read or its sources' digests: artifact.cutoff) the server
-    first tells whether a compile can give other code: if not, its result is Unchanged (early cutoff) and nothing
-    is compiled."""
+    for it. With `cutoff` (the artifact in out/ differs from the target at most by inputs it read or its sources'
+    digests: artifact.cutoff) the server first tells whether a compile can give other code: if not, its result
+    is Unchanged (early cutoff) and nothing is compiled."""
     backend = backend_of(target.toolchain)
     scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
@@ -124,9 +123,9 @@ WAIT_SPAN_S = 0.01   # shorter: no span of its own
 
 
 def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
-    """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable with
-    the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for it
-    go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
+    """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable
+    with the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for
+    it go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
     _hub.start()   # forked here if this process has none: no request of another's waits ahead of it
     asked = time.time()
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
@@ -137,9 +136,9 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
 
 
 def _route(request: tuple, fd: int) -> dict:
-    """In the hub, once per private package server a process asks for: the toolchain imported here at the first (every
-    server below inherits it), then the library server of the target's package context asked to fork one below
-    for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
+    """In the hub, once per private package server a process asks for: the toolchain imported here at the first
+    (every server below inherits it), then the library server of the target's package context asked to fork one
+    below for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
     "taken": ...}, or the error."""
     target, root, timeout, scratch_dir = request
     starting = time.time()

@@ -92,7 +92,7 @@ class Server:
                 if handle is not None:
                     reduction.send_handle(self.conn, handle, self.pid)
             except OSError:   # died just now, between the liveness check and the send
-                return Outcome(False, time.monotonic() - start, error=death(self._gone(None)) + _tail(log))
+                return Outcome(False, time.monotonic() - start, error=_death(self._gone(None)) + _tail(log))
             answered = self.conn.poll(timeout)   # also true at EOF, when the child died
             if not answered:
                 self._kill()
@@ -103,7 +103,7 @@ class Server:
             except (EOFError, OSError):
                 payload = None
             if payload is None or "died" in payload:
-                return Outcome(False, time.monotonic() - start, error=death(self._gone(payload)) + _tail(log))
+                return Outcome(False, time.monotonic() - start, error=_death(self._gone(payload)) + _tail(log))
             seconds = time.monotonic() - start
             if payload.get("retire"):   # grown past its memory bound, or unfit: the next call forks a fresh child
                 self._kill()
@@ -275,7 +275,7 @@ class Hub:
                     message = {"died": None}
                 if "error" in message or "died" in message:
                     raise Unavailable(Outcome(
-                        False, time.monotonic() - start, error=message.get("error") or death(message.get("died")),
+                        False, time.monotonic() - start, error=message.get("error") or _death(message.get("died")),
                         traceback=message.get("traceback", ""), facts=message.get("facts")))
                 got.update(message if "pid" in message else {"answer": message})
         except BaseException:
@@ -398,7 +398,7 @@ def _resident_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def death(status: int | None) -> str:
+def _death(status: int | None) -> str:
     if status is None:   # a server forked elsewhere whose minder is gone too
         return "compiler process ended with no result"
     if os.WIFSIGNALED(status):

@@ -129,7 +129,8 @@ def test_an_entry_naming_paths_outside_its_artifact_is_refused_with_a_warning_an
     before = set(tmp_path.rglob("*"))
     out = doit(second, "-n", "2", f"cache={url}", "cache_readonly=1")
     assert not any(r.get("from_cache") for r in records(second)) and set(build_report(second).values()) == {"built"}
-    assert "rejected (file name" in out.stdout and "kforge: 4 warnings: cache entry http" in out.stdout
+    # three refusals switch the cache off (one more warning); a fourth lookup already under way is refused too
+    assert "rejected (file name" in out.stdout and re.search(r"kforge: [45] warnings: cache entry http", out.stdout)
     assert not escape.exists()
     new = {p for p in set(tmp_path.rglob("*")) - before if (second / "out") not in p.parents and p != second / "out"
            and "__pycache__" not in p.parts}   # the interpreter's own, when bytecode is written
