@@ -126,12 +126,13 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
     """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable
     with the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for
     it go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
-    _hub.start()   # forked here if this process has none: no request of another's waits ahead of it
     asked = time.time()
+    forked = _hub.start()   # this process has none (it compiles outside a doit run): its own, forked now
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
                                      timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
-    taken = answer["taken"]   # when the hub took the request up: before, it served others'
-    started[:] = [*((("wait", asked, taken),) if taken - asked > WAIT_SPAN_S else ()), *map(tuple, answer["spans"])]
+    taken = answer["taken"]   # when the hub took the request up: before, it started, or served others'
+    before = (("start" if forked else "wait", asked, taken),) if taken - asked > WAIT_SPAN_S else ()
+    started[:] = [*before, *map(tuple, answer["spans"])]
     return conn, pid
 
 

@@ -294,11 +294,13 @@ class Hub:
             self.sock.close()
         self.pid = self.owner = self.sock = None
 
-    def start(self) -> None:
-        """Fork the hub now, if this process has none (a process forked later inherits this one)."""
+    def start(self) -> bool:
+        """Fork the hub now, if this process has none (a process forked later inherits this one): whether it did."""
         with self.lock:
-            if self.sock is None:
-                self._fork()
+            if self.sock is not None:
+                return False
+            self._fork()
+            return True
 
     def _fork(self) -> None:
         ours, hubs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
