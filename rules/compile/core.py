@@ -109,7 +109,11 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
             server = _kept(_private, (threading.get_ident(), _library(target, backend), levels), MAX_PRIVATE,
                            lambda: isolate.Attached(None))
         server.connect = functools.partial(_connect, target, root, timeout, scratch_dir, started)
-        outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S, log_dir=scratch_dir)
+        for _ in range(2):   # once more where the servers above this one were killed (the hub, from outside)
+            outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S,
+                                  log_dir=scratch_dir)
+            if not outcome.vanished:
+                break
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started:   # the time its server's start took, in the target's trace

@@ -26,6 +26,7 @@ its parent, that tells the asker the server's pid and, when it ends, its exit st
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -55,6 +56,9 @@ class Outcome:
     error: str = ""
     traceback: str = ""   # the compiler's own, where it raised: kept in error.txt, not printed
     facts: dict | None = None   # what fn attached to the exception it raised (`kforge_facts`), for the caller
+    # a server forked elsewhere that ended with no word from its minder: the processes above it were killed (a
+    # hub killed from outside), not the call's own doing: asking again gets a fresh one
+    vanished: bool = False
 
 
 class Forwarded(Exception):
@@ -92,7 +96,7 @@ class Server:
                 if handle is not None:
                     reduction.send_handle(self.conn, handle, self.pid)
             except OSError:   # died just now, between the liveness check and the send
-                return Outcome(False, time.monotonic() - start, error=_death(self._gone(None)) + _tail(log))
+                return self._ended(None, start, log)
             answered = self.conn.poll(timeout)   # also true at EOF, when the child died
             if not answered:
                 self._kill()
@@ -103,7 +107,7 @@ class Server:
             except (EOFError, OSError):
                 payload = None
             if payload is None or "died" in payload:
-                return Outcome(False, time.monotonic() - start, error=_death(self._gone(payload)) + _tail(log))
+                return self._ended(payload, start, log)
             seconds = time.monotonic() - start
             if payload.get("retire"):   # grown past its memory bound, or unfit: the next call forks a fresh child
                 self._kill()
@@ -111,6 +115,10 @@ class Server:
                 return Outcome(False, seconds, error=payload["error"] + _tail(log),
                                traceback=payload.get("traceback", ""), facts=payload.get("facts"))
             return Outcome(True, seconds, result=payload["result"])
+
+    def _ended(self, payload: dict | None, start: float, log) -> Outcome:
+        status = self._gone(payload)
+        return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log), vanished=status is None)
 
     def start(self) -> None:
         """Fork the child now, if none is alive (else the next call does)."""
@@ -209,6 +217,7 @@ def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | Non
         os.close(fd)
         return minder
     try:
+        _leave_hub()
         die_with_parent(caller)
         conn = Connection(fd)
         me = os.getpid()
@@ -276,20 +285,30 @@ class Hub:
                 if "error" in message or "died" in message:
                     raise Unavailable(Outcome(
                         False, time.monotonic() - start, error=message.get("error") or _death(message.get("died")),
-                        traceback=message.get("traceback", ""), facts=message.get("facts")))
+                        traceback=message.get("traceback", ""), facts=message.get("facts"),
+                        vanished="died" in message and message["died"] is None))
                 got.update(message if "pid" in message else {"answer": message})
         except BaseException:
             conn.close()
             raise
         return conn, got["pid"], got["answer"]
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 5.0) -> None:
+        """Kill the hub and every server below it, and wait (up to grace_s) until none is left: an interrupted
+        run's compiles in flight must not outlive the run (they write in its scratch folders, which go next)."""
         if self.pid is not None and self.owner == os.getpid():
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGKILL)   # its process group: the hub and all it forked
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.pid, 0)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(0.01)
         if self.sock is not None:
             self.sock.close()
         self.pid = self.owner = self.sock = None
@@ -310,11 +329,27 @@ class Hub:
             ours.close()
             _run_hub(hubs, self.handle, parent)
         hubs.close()
+        with contextlib.suppress(OSError):   # as the child does: whichever runs first (close() kills the group)
+            os.setpgid(pid, pid)
         self.pid, self.owner, self.sock = pid, parent, ours
 
 
+_hub_ends: list[socket.socket] = []   # in a hub: its end of the askers' socket, which no server it forks keeps
+
+
+def _leave_hub() -> None:
+    """In a process a hub forked: close its end of the askers' socket. While a server held it, a hub killed from
+    outside still took requests (queued, never read) instead of refusing them, so askers never started their own."""
+    for end in _hub_ends:
+        end.close()
+    _hub_ends.clear()
+
+
 def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: int) -> None:
+    _hub_ends.append(sock)
     try:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)   # a process group of its own, which every server it forks joins: Hub.close
         gc.freeze()
         gc.disable()   # it imports toolchains and forks: the collector would only slow the imports down
         die_with_parent(parent)
@@ -344,6 +379,8 @@ def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: in
 
 def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, parent: int) -> None:
     try:
+        _leave_hub()
+        _name_process(SERVER_NAME)
         gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
         if not collect_garbage:
             gc.disable()   # see the module's docstring
@@ -430,6 +467,7 @@ def _tail(log) -> str:
 
 
 HUB_NAME = b"kforge-hub"   # what ps and /proc/PID/comm show for a hub
+SERVER_NAME = b"kforge-server"   # and for a server
 
 
 def _name_process(name: bytes) -> None:

@@ -357,6 +357,21 @@ def test_a_killed_worker_stops_the_build_with_a_message_and_keeps_what_finished(
     assert built == {f"fp16-b{b}-w4" for b in blocks} - finished
 
 
+def test_a_hub_killed_from_outside_mid_build_loses_no_target(tmp_path):
+    """The build's hub holds every library import, so it is the largest process an OOM killer may pick. Killed
+    mid-build, every server below it goes too; each worker asks again (its own hub, then) and every target builds.
+    A server of the hub kept the hub's end of the askers' socket: requests were queued and never read, and the
+    targets in flight failed."""
+    proc, root, metas = start_slow_build(tmp_path, finished=2)
+    [hub] = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+             if Path(f"/proc/{c}/comm").read_bytes().strip() == isolate.HUB_NAME]
+    os.kill(hub, signal.SIGKILL)
+    output = finish_or_explain(proc, timeout=120)
+    assert proc.returncode == 0, output
+    assert statuses(root, "built") == {f"scale:fp16-b{b}-w4@sm_90a" for b in SLOW_BLOCKS}
+    assert statuses(root, "failed") == set()
+
+
 def test_a_sigkilled_build_leaves_no_worker_or_compile_server_behind(tmp_path):
     """A CI runner cancelling a job SIGKILLs the doit master: its workers and their compile servers go too."""
     proc, _, _ = start_slow_build(tmp_path, finished=2)
