@@ -303,11 +303,7 @@ class Hub:
             except (ProcessLookupError, ChildProcessError):
                 pass
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(self.pid, 0)
-                except (ProcessLookupError, PermissionError):
-                    break
+            while _group_running(self.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
         if self.sock is not None:
             self.sock.close()
@@ -332,6 +328,24 @@ class Hub:
         with contextlib.suppress(OSError):   # as the child does: whichever runs first (close() kills the group)
             os.setpgid(pid, pid)
         self.pid, self.owner, self.sock = pid, parent, ours
+
+
+def _group_running(group: int) -> bool:
+    """Whether a process of this process group still runs (a zombie does not: it waits for whoever reaps it)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()   # after the command's name, which may hold ")"
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == group and fields[0] != b"Z":
+                return True
+    return False
 
 
 _hub_ends: list[socket.socket] = []   # in a hub: its end of the askers' socket, which no server it forks keeps
