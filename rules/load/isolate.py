@@ -26,6 +26,7 @@ its parent, that tells the asker the server's pid and, when it ends, its exit st
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -299,9 +300,11 @@ class Hub:
         if self.pid is not None and self.owner == os.getpid():
             try:
                 os.killpg(self.pid, signal.SIGKILL)   # its process group: the hub and all it forked
+            except ProcessLookupError:   # no group of its own (setpgid refused): the hub alone, its servers after it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
             deadline = time.monotonic() + grace_s
             while _group_running(self.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -328,6 +331,9 @@ class Hub:
         with contextlib.suppress(OSError):   # as the child does: whichever runs first (close() kills the group)
             os.setpgid(pid, pid)
         self.pid, self.owner, self.sock = pid, parent, ours
+        # its own group hears no Ctrl-C: at this process's exit, before the scratch sweep registered earlier
+        # (atexit runs the last registered first), its compiles in flight go
+        atexit.register(self.close)
 
 
 def _group_running(group: int) -> bool:
