@@ -272,27 +272,36 @@ class Hub:
     def connect(self, request: Any, timeout: float) -> tuple[Connection, int, dict]:
         """ask(request), for a handler that forks a server on the socket (serve_on): (the connection to that
         server, its pid, what the handler answered). Unavailable when the handler answered {"error": ...} (or
-        raised), the hub ended without an answer, or none came within `timeout`."""
-        conn, start, got = self.ask(request), time.monotonic(), {}
-        try:
-            while "pid" not in got or "answer" not in got:
-                if not conn.poll(max(start + timeout - time.monotonic(), 0)):
-                    raise Unavailable(Outcome(False, time.monotonic() - start,
-                                              error=f"no compile server within {timeout:.0f} s"))
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    message = {"died": None}
-                if "error" in message or "died" in message:
-                    raise Unavailable(Outcome(
-                        False, time.monotonic() - start, error=message.get("error") or _death(message.get("died")),
-                        traceback=message.get("traceback", ""), facts=message.get("facts"),
-                        vanished="died" in message and message["died"] is None))
-                got.update(message if "pid" in message else {"answer": message})
-        except BaseException:
+        raised) or none came within `timeout`. A hub that ended with the request in its queue (killed: it takes
+        requests until its process is gone) is replaced by one of this process's own, asked once more."""
+        for attempt in (1, 2):
+            conn, start, got = self.ask(request), time.monotonic(), {}
+            try:
+                while "pid" not in got or "answer" not in got:
+                    if not conn.poll(max(start + timeout - time.monotonic(), 0)):
+                        raise Unavailable(Outcome(False, time.monotonic() - start,
+                                                  error=f"no compile server within {timeout:.0f} s"))
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        message = {"died": None}
+                    if "error" in message or "died" in message:
+                        vanished = "died" in message and message["died"] is None
+                        if vanished and attempt == 1:
+                            break
+                        raise Unavailable(Outcome(
+                            False, time.monotonic() - start,
+                            error=message.get("error") or _death(message.get("died")),
+                            traceback=message.get("traceback", ""), facts=message.get("facts"), vanished=vanished))
+                    got.update(message if "pid" in message else {"answer": message})
+                else:
+                    return conn, got["pid"], got["answer"]
+            except BaseException:
+                conn.close()
+                raise
             conn.close()
-            raise
-        return conn, got["pid"], got["answer"]
+            self.close()   # gone: the next ask forks one of this process's own
+        raise AssertionError("unreachable")
 
     def close(self, grace_s: float = 5.0) -> None:
         """Kill the hub and every server below it, and wait (up to grace_s) until none is left: an interrupted
