@@ -117,9 +117,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started:   # the time its server's start took, in the target's trace
-        result = outcome.result.result
-        outcome = dataclasses.replace(outcome, result=outcome.result._replace(
-            result=result._replace(spans=(*started, *result.spans))))
+        outcome = dataclasses.replace(outcome, result=_spans_first(outcome.result, started))
     return outcome
 
 
@@ -252,8 +250,7 @@ def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
         raise isolate.Forwarded(outcome)
     if started - starting < WAIT_SPAN_S:
         return outcome.result
-    result = outcome.result.result   # this target's context server started for it: its fork in the trace
-    return outcome.result._replace(result=result._replace(spans=(("start", starting, started), *result.spans)))
+    return _spans_first(outcome.result, (("start", starting, started),))   # its server forked for it
 
 
 def _forked_private() -> None:
@@ -349,17 +346,16 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             imports = backend.imports_module and target.module not in sys.modules   # the server's one import,
             if imports:                                                            # timed on its own
                 importlib.import_module(target.module)
-            imported = time.time()
+            imports_done = time.time()
             if _imported[0] is None and backend.source_key is not None:   # before this server compiles anything
                 _imported[0] = dict(_inputs(recorder))
             start = time.time()
-            named = (("inputs", imported, start),) if start - imported > WAIT_SPAN_S else ()
+            named = (("inputs", imports_done, start),) if start - imports_done > WAIT_SPAN_S else ()
             if cutoff is not None and backend.source_key is not None:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
-                    spans = (("import", importing, imported),) if imports else ()
-                    return unchanged._replace(result=unchanged.result._replace(
-                        spans=(*spans, *named, ("early cutoff", start, time.time()))))
+                    spans = (("import", importing, imports_done),) if imports else ()
+                    return _spans_first(unchanged, (*spans, *named, ("early cutoff", start, time.time())))
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
         _learn(target)
@@ -381,9 +377,13 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             e.kforge_retire = True
             shared_env.explain(e)
         raise
-    spans = (*((("import", importing, imported),) if imports else ()), *named)
-    return candidate._replace(result=candidate.result._replace(spans=(*spans, ("compile", start, lowered_at),
-                                                                       ("check", lowered_at, time.time()))))
+    spans = (*((("import", importing, imports_done),) if imports else ()), *named)
+    return _spans_first(candidate, (*spans, ("compile", start, lowered_at), ("check", lowered_at, time.time())))
+
+
+def _spans_first(found: Candidate | Unchanged, spans) -> Candidate | Unchanged:
+    """The candidate (or Unchanged) with these phases before those its result holds, for the build trace."""
+    return found._replace(result=found.result._replace(spans=(*spans, *found.result.spans)))
 
 
 _imported: list = [None]   # {name: sha256} of what this context server's imports read, before any compile
