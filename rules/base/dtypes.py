@@ -10,15 +10,18 @@ import re
 
 # canonical name (Triton's signature spelling) -> size in bytes
 DTYPES: dict[str, int] = {
-    "fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8e4nv": 1, "fp8e4b8": 1, "fp8e5": 1,
-    "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "i1": 1,
+    "fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8e4nv": 1, "fp8e4b8": 1, "fp8e5": 1, "fp8e5b16": 1,
+    "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u64": 8, "u32": 4, "u16": 2, "u8": 1, "u1": 1,
 }
 
 ALIASES: dict[str, str] = {
     "float64": "fp64", "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
     "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "fp8e4m3": "fp8e4nv", "float8_e5m2": "fp8e5",
-    "float8_e4m3fnuz": "fp8e4b8", "fp8e4m3fnuz": "fp8e4b8",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+    "float8_e4m3fnuz": "fp8e4b8", "fp8e4m3fnuz": "fp8e4b8", "float8_e5m2fnuz": "fp8e5b16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "uint16": "u16", "uint32": "u32",
+    "uint64": "u64",
+    # Triton spells every boolean u1 (a recorded bool argument is "u1"); "i1" is the LLVM / older spelling
+    "bool": "u1", "i1": "u1", "int1": "u1", "uint1": "u1",
 }
 
 

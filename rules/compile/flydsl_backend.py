@@ -109,7 +109,7 @@ def _placeholder(kind: str, value):
     if kind == "scalar":
         return value
     import torch
-    name = {**TORCH_DTYPES, "i1": "torch.bool"}[kind]   # the loader's table, and i1 (it takes no i1 pointer)
+    name = {**TORCH_DTYPES, "u1": "torch.bool"}[kind]   # the loader's table, and u1 (it takes no bool pointer)
     return torch.empty(*value, dtype=getattr(torch, name.removeprefix("torch.")))
 
 

@@ -479,7 +479,7 @@ def _stand_ins(pointers: dict) -> dict:
 
     from kforge_runtime.launch import TORCH_DTYPES
     names = {**{t: n.removeprefix("torch.") for t, n in TORCH_DTYPES.items()},
-             "i1": "bool", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
+             "u1": "bool", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
     return {a: torch.empty(0, dtype=getattr(torch, names[t]), device="meta")
             for a, t in pointers.items() if hasattr(torch, names.get(t, ""))}
 

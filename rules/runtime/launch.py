@@ -23,8 +23,9 @@ STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dyn
 # pointer element type -> torch dtype name, to catch a tensor of the wrong dtype before it is misread
 TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
                 "fp64": "torch.float64", "i8": "torch.int8", "i16": "torch.int16", "i32": "torch.int32",
-                "i64": "torch.int64", "u8": "torch.uint8", "fp8e4nv": "torch.float8_e4m3fn",
-                "fp8e4b8": "torch.float8_e4m3fnuz", "fp8e5": "torch.float8_e5m2"}
+                "i64": "torch.int64", "u8": "torch.uint8", "u1": "torch.bool", "fp8e4nv": "torch.float8_e4m3fn",
+                "fp8e4b8": "torch.float8_e4m3fnuz", "fp8e5": "torch.float8_e5m2",
+                "fp8e5b16": "torch.float8_e5m2fnuz"}
 
 
 class LaunchError(RuntimeError):
@@ -368,6 +369,7 @@ class Arguments:
 
 
 # each argument's struct code, padded to its 8-byte slot (little-endian, as every GPU host kforge targets):
-# the scalar types this loader passes, and pointers ("*")
-_SLOT = {"*": "Q", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
+# the scalar types this loader passes (u1: a bool, passed as uint8_t; i1: a descriptor's padding flag, int8_t), and
+# pointers ("*")
+_SLOT = {"*": "Q", "u1": "?7x", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
          "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}

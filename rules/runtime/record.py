@@ -30,7 +30,7 @@ import runpy
 import sys
 import threading
 
-from .schema import NONE, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS
+from .schema import NONE, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_DTYPE_NAMES
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -118,7 +118,7 @@ def _constant(value) -> tuple[str, object]:
         value = value.value
         kind = type(value).__name__
     if kind == "dtype":
-        return "dtype", str(value)
+        return "dtype", TRITON_DTYPE_NAMES.get(str(value), str(value))
     if kind == "JITFunction":
         return "function", f"{value.fn.__module__}:{value.fn.__qualname__}"
     if isinstance(value, (bool, int, float, str)):

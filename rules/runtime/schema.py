@@ -46,6 +46,10 @@ ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, 
 # tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu"). NONE: an
 # argument passed as None (a spec's type, a record's kind), compiled as a constexpr None.
 VALUE_KINDS = ("dtype", "function")
+# A "dtype" value in kforge's spelling (Triton's signature spelling, which keys and meta.json carry) where Triton's
+# own name of the type differs (str(tl.int32) is "int32"): a recorded or served call's dtype is spelled so.
+TRITON_DTYPE_NAMES = {"int1": "u1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+                      "uint16": "u16", "uint32": "u32", "uint64": "u64"}
 COMPILE_TIME = ("constexpr", *VALUE_KINDS)
 NONE = "none"
 

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import triton.language as tl
 
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
@@ -177,6 +178,37 @@ def test_a_recorded_call_with_tensor_descriptors_becomes_a_target_serve_matches(
     options = {"num_warps": 4, "num_stages": 3}   # the bundle's manifest adds the target's options to meta.json
     assert serve.entry_identity({**meta, "options": options}) == serve.record_identity(recorded)
     assert [m["block_size"] for m in meta["tensordesc_meta"]] == [[64, 64], [64, 64]]
+
+
+CAST = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cast_kernel(x_ptr, y_ptr, n, flip, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + i, mask=i < n)
+    tl.store(y_ptr + i, tl.where(flip, -v, v).to(OUT), mask=i < n)
+"""
+
+
+def test_a_recorded_bool_argument_and_integer_dtype_build_a_target_serve_matches(project):
+    """What Triton's JIT hands the record hook for a bool argument ("u1") and an integer dtype constexpr
+    (tl.int32, which Triton names "int32"): the line loads, builds, and its meta.json has the identity serve()
+    computes for the same call (gemlite's suite: "u1" was refused, and every int32 / uint8 dtype missed)."""
+    from kforge_runtime import record, serve
+    (project / "tk" / "cast.py").write_text(CAST)
+    recorded = record.record_line(
+        "tk.cast", "cast_kernel", ["x_ptr", "y_ptr", "n", "flip", "OUT", "BLOCK"],
+        {"x_ptr": "*fp32", "y_ptr": "*i32", "n": "i32", "flip": "u1", "OUT": "constexpr", "BLOCK": "constexpr"},
+        {(4,): tl.int32, (5,): 128}, {}, {"num_warps": 4, "num_stages": 3}, "sm_90a")
+    (project / "specs" / "app.jsonl").write_text(json.dumps(recorded) + "\n")
+    doit(project, "-n", "1", "archs=sm_90a")
+    meta = json.loads(next((project / "out" / "sm_90a").glob("rec_cast_kernel_*/*/meta.json")).read_text())
+    assert [a["type"] for a in meta["signature"]] == ["*fp32", "*i32", "i32", "u1"]
+    options = {"num_warps": 4, "num_stages": 3}   # the bundle's manifest adds the target's options to meta.json
+    assert serve.entry_identity({**meta, "options": options}) == serve.record_identity(recorded)
 
 
 @pytest.mark.parametrize("bad, message", [

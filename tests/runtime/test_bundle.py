@@ -480,6 +480,19 @@ def test_launch_arguments_fill_the_kernel_params_array():
     assert ctypes.c_int32.from_address(params[1]).value == 32
 
 
+def test_a_bool_argument_and_a_bool_tensor_are_passed_as_tritons_u1():
+    """Triton types a bool argument "u1" (a uint8_t parameter) and a torch.bool tensor "*u1"."""
+    import ctypes
+    args = _arguments(signature=[{"name": "mask_ptr", "type": "*u1"}, {"name": "flip", "type": "u1"}],
+                      divisible_by_16=[])
+    params = args.pack((FakeTensor(4096, dtype="torch.bool"), True))
+    assert ctypes.c_void_p.from_address(params[0]).value == 4096
+    assert ctypes.c_uint8.from_address(params[1]).value == 1
+    assert ctypes.c_uint8.from_address(args.pack((FakeTensor(4096, dtype="torch.bool"), False))[1]).value == 0
+    with pytest.raises(TypeError, match="argument mask_ptr is \\*u1, got a torch.uint8 tensor"):
+        args.pack((FakeTensor(4096, dtype="torch.uint8"), True))
+
+
 def test_a_launch_breaking_the_binarys_divisibility_promise_is_refused():
     args = _arguments()
     with pytest.raises(ValueError, match="argument K must be 16-divisible .* value is 40"):

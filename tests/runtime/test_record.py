@@ -39,6 +39,24 @@ def test_a_specialization_becomes_one_record_with_each_kind_of_value():
     assert tuple(line) == schema.RECORD_FIELDS   # the format rules/declare/records.py reads
 
 
+def test_a_dtype_is_recorded_as_kforge_spells_it_whatever_tritons_name():
+    """str(tl.int32) is "int32" and a bool argument's type "u1": the record (and a served call's identity) carries
+    the spelling keys and meta.json carry, so a bundle built from it is found (gemlite's int32 / uint8 / int8 dtype
+    constexprs were all missed before)."""
+    from kforge.base.dtypes import DTYPES, canonical_dtype
+    spelled = {}
+    for name in dir(tl):
+        value = getattr(tl, name)
+        if isinstance(value, tl.dtype) and not isinstance(value, tl.pointer_type):
+            spelled[str(value)] = record._constant(value)
+    assert spelled["int32"] == ("dtype", "i32") and spelled["uint8"] == ("dtype", "u8")
+    assert spelled["int1"] == ("dtype", "u1") and spelled["bfloat16" if "bfloat16" in spelled else "bf16"][1] == "bf16"
+    for triton_name, (kind, value) in spelled.items():   # every type kforge builds is recorded in its one spelling
+        if canonical_dtype(triton_name) is not None:
+            assert value == canonical_dtype(triton_name) and value in DTYPES, triton_name
+    assert all(canonical_dtype(t) == k for t, k in schema.TRITON_DTYPE_NAMES.items())
+
+
 def test_a_value_that_cannot_be_recorded_says_so():
     with pytest.raises(ValueError, match="a constexpr of type object"):
         record.record_line("m", "k", ["a"], {"a": "constexpr"}, {(0,): object()}, {}, {}, "sm_90a")
