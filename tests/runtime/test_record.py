@@ -55,6 +55,11 @@ def test_a_dtype_is_recorded_as_kforge_spells_it_whatever_tritons_name():
         if canonical_dtype(triton_name) is not None:
             assert value == canonical_dtype(triton_name) and value in DTYPES, triton_name
     assert all(canonical_dtype(t) == k for t, k in schema.TRITON_DTYPE_NAMES.items())
+    # and every argument type Triton's specializer writes (its canonical names) is kforge's spelling too, but the
+    # two it never gives a torch tensor or a Python scalar (fp8e4b15, void)
+    from triton._utils import type_canonicalisation_dict
+    for name in set(type_canonicalisation_dict.values()) - {"fp8e4b15", "void"}:
+        assert canonical_dtype(name) == name, name
 
 
 def test_a_value_that_cannot_be_recorded_says_so():
