@@ -37,10 +37,15 @@ RECORD_LIMIT = 256 << 20   # bytes: about 350,000 lines, far more targets than a
 def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
     specialization)."""
-    found: dict[str, dict] = {}
-    for record in _lines(path, where):
+    return [record for _, record in _numbered(path, where)]
+
+
+def _numbered(path: Path, where: str) -> list[tuple[int, dict]]:
+    """read()'s specializations, each with the number of the first line that holds it."""
+    found: dict[str, tuple[int, dict]] = {}
+    for number, record in _lines(path, where):
         record = {k: v for k, v in record.items() if k != "autotune"}
-        found.setdefault(json.dumps(record, sort_keys=True), record)
+        found.setdefault(json.dumps(record, sort_keys=True), (number, record))
     return list(found.values())
 
 
@@ -51,7 +56,7 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
     ran its own config for every call of that key: every pick is kept, so that serving can run, for each call,
     a pick whose specialization was recorded (rules/runtime/serve.py)."""
     picks: dict[tuple, dict] = {}
-    for record in _lines(path, shown_path(path, root)):
+    for _, record in _lines(path, shown_path(path, root)):
         if "autotune" not in record:
             continue
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
@@ -64,8 +69,8 @@ def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> 
     return list(picks.values())
 
 
-def _lines(path: Path, where: str) -> list[dict]:
-    """The file's records, one per line, each checked (a bad one: SpecError naming its line)."""
+def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
+    """The file's records with their line numbers, each checked (a bad one: SpecError naming its line)."""
     try:
         lines = read_user_file(path, RECORD_LIMIT, "a record file", "record fewer runs into it, or split it",
                                where).decode("utf-8").splitlines()
@@ -81,7 +86,7 @@ def _lines(path: Path, where: str) -> list[dict]:
         except ValueError as e:
             raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
         _check(record, at)
-        found.append(record)
+        found.append((number, record))
     if not found:
         raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
                         f"app.py`")
@@ -146,10 +151,12 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
     """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
     where = shown_path(path, root)
     groups: dict[str, list[dict]] = {}
-    for record in read(path, where):
-        shape = [record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
-                 sorted(record["constexprs"]), sorted(record["options"])]
-        groups.setdefault(json.dumps(shape), []).append(record)
+    first_line: dict[str, int] = {}   # where each family's first line is: its messages name it
+    for number, record in _numbered(path, where):
+        shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
+                            sorted(record["constexprs"]), sorted(record["options"])])
+        groups.setdefault(shape, []).append(record)
+        first_line.setdefault(shape, number)
     found = []
     for shape, records in groups.items():
         first = records[0]
@@ -175,7 +182,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
                    if a != r["arch"] and _unfit(r["options"], a)]
         if skipped:
             tables["exclude"] = skipped
-        found.append((tables, f"{where}: {first['kernel']}"))
+        more = f" (and {len(records) - 1} more line{'s' if len(records) > 2 else ''})" if len(records) > 1 else ""
+        found.append((tables, f"{where}:{first_line[shape]}{more}: {first['kernel']}"))
     return found
 
 

@@ -67,11 +67,16 @@ def test_a_bad_line_is_one_error_naming_the_file_and_line(project, bad, message)
         targets(project)
 
 
-def test_a_record_that_does_not_match_the_kernel_gets_the_specs_message(project):
-    wrong = line(128, signature=[["x_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]])
-    (project / "specs" / "app.jsonl").write_text(wrong + "\n")
-    with pytest.raises(SpecError, match=r"specs/app.jsonl: tk.scale:scale_kernel: \[signature\] must list the "
-                                        r"arguments of scale_kernel in order"):
+def test_a_record_that_does_not_match_the_kernel_gets_the_specs_message_naming_its_first_line(project):
+    # a family is all the lines of one shape: its message names the first of them (gemlite's suite: 62 lines of
+    # four families were refused, named by the file alone)
+    wrong = [line(b, signature=[["x_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]]) for b in (128, 64, 32)]
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), *wrong]) + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl:2 \(and 2 more lines\): tk.scale:scale_kernel: \[signature\] "
+                                        r"must list the arguments of scale_kernel in order"):
+        targets(project)
+    (project / "specs" / "app.jsonl").write_text(wrong[0] + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl:1: tk.scale:scale_kernel: \[signature\]"):
         targets(project)
 
 
