@@ -30,7 +30,8 @@ import runpy
 import sys
 import threading
 
-from .schema import NONE, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_DTYPE_NAMES
+from .schema import (NONE, RECORD_ALWAYS, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_DTYPE_NAMES,
+                     TRITON_VENDOR_DEFAULTS)
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -51,11 +52,12 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
             del values[arg]
     divisible = sorted(arg_names[path[0]] for path, found in attrs.items()
                        if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
+    defaults = {**TRITON_DEFAULTS, **TRITON_VENDOR_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]}
     return {"format": RECORD_FORMAT, "kernel": f"{module}:{name}", "arch": arch,
             "signature": [[a, kinds[a]] for a in kinds],
             "constexprs": values, "divisible_by_16": divisible,
             "options": {k: options[k] for k in RECORD_OPTIONS if k in options and options[k] is not None
-                        and options[k] != TRITON_DEFAULTS.get(k, object())}}
+                        and (k in RECORD_ALWAYS or options[k] != defaults[k])}}
 
 
 def specialize(jit, args: tuple, kwargs: dict) -> dict:

@@ -62,17 +62,24 @@ NONE = "none"
 RECORD_FORMAT = "kforge-record-1"
 RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
 RECORD_OPTIONAL = ("autotune",)
-# The Triton compile options a record keeps (a subset of those a spec may set, rules/declare/triton_options.py; the
-# others are the machine's, never a kernel's): num_warps and num_stages always, the rest where they differ from
-# triton 3.6's defaults (TRITON_DEFAULTS), so that a line recorded on one vendor's GPU carries none of that
-# vendor's options unless the kernel asked for one (and builds for the other).
+# The Triton compile options a record keeps: every option a launch (or the process's Triton knobs: TRITON_DEBUG,
+# TRITON_F32_DEFAULT) can change a binary by, num_warps and num_stages always, the rest where they differ from
+# triton 3.6's defaults (TRITON_DEFAULTS, and the vendor's: an AMD arch's name starts with gfx), so that a line
+# recorded on one vendor's GPU carries none of that vendor's options unless the kernel asked for one (and builds
+# for the other). A call is served only a binary compiled with its options: one that dropped `debug=True` or
+# `enable_reflect_ftz=False` would run other code than the JIT's. The last two are none a spec may set
+# (rules/declare/triton_options.py): a line that holds one is refused at build, so such a call is never served.
 RECORD_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
-                  "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+                  "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint", "debug",
+                  "sanitize_overflow", "enable_reflect_ftz", "default_dot_input_precision", "allow_flush_denorm",
+                  "ir_override", "instrumentation_mode")
 TRITON_DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "launch_cooperative_grid": False,
                    "launch_pdl": False, "waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1,
-                   "schedule_hint": "none"}
-# and the two a record always keeps, whose defaults are the vendor's (an AMD arch's name starts with gfx)
-TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3}, "amd": {"num_warps": 4, "num_stages": 2}}
+                   "schedule_hint": "none", "debug": False, "sanitize_overflow": True, "enable_reflect_ftz": True,
+                   "allow_flush_denorm": False, "ir_override": None, "instrumentation_mode": ""}
+RECORD_ALWAYS = ("num_warps", "num_stages")
+TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3, "default_dot_input_precision": "tf32"},
+                          "amd": {"num_warps": 4, "num_stages": 2, "default_dot_input_precision": "ieee"}}
 
 # One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune/gpu_bench.py), shipped
 # in the bundle under tune/, read by the loader's selection (kforge_runtime.select):

@@ -260,8 +260,27 @@ def test_every_line_becomes_a_target_that_serving_matches_to_it(project):
     lines = [line(1), line(1.0), line(True), line(False), line(0), line(0.0), line(1, warps=8),
              line(1, divisible_by_16=["x_ptr"]), line(1, divisible_by_16=["x_ptr", "y_ptr", "n"]),
              line(1, arch="gfx942"), line(1, options={"num_warps": 4, "num_stages": 3, "num_ctas": 1}),
-             line(1, signature=[["x_ptr", "*fp16"], ["y_ptr", "*bf16"], ["n", "i32"], ["BLOCK", "constexpr"]])]
+             line(1, signature=[["x_ptr", "*fp16"], ["y_ptr", "*bf16"], ["n", "i32"], ["BLOCK", "constexpr"]]),
+             *(line(1, options={"num_warps": 4, "num_stages": 3, **option}) for option in OPTIONS_A_CALL_SETS)]
     (project / "specs" / "app.jsonl").write_text("\n".join(lines) + "\n")
     built = {json.loads(identity(t))[0] for t in targets(project).values()}
     missing = [text for text in lines if record_identity(json.loads(text)) not in built]
     assert not missing
+    # each option line its own binary: the default line's is served to none of them
+    ids = [record_identity(json.loads(text)) for text in [line(1), *lines[-len(OPTIONS_A_CALL_SETS):]]]
+    assert len(set(ids)) == len(ids)
+
+
+# what a launch (`kernel[grid](..., debug=True)`, @triton.jit(debug=True)) or the process's knobs (TRITON_DEBUG,
+# TRITON_F32_DEFAULT) change a binary by: a record keeps each, or a call would be served the default's binary
+OPTIONS_A_CALL_SETS = ({"debug": True}, {"debug": True, "sanitize_overflow": False}, {"enable_reflect_ftz": False},
+                       {"default_dot_input_precision": "ieee"}, {"launch_pdl": True}, {"maxnreg": 128})
+
+
+def test_a_call_with_an_option_no_spec_can_set_is_refused_at_build_naming_the_line(project):
+    """ir_override (a file of IR standing in for the kernel) cannot be built from a record: the line is refused
+    (so strict names the call, and it is never served the binary of the kernel's own source)."""
+    (project / "specs" / "app.jsonl").write_text(
+        line(128) + "\n" + line(64, options={"num_warps": 4, "num_stages": 3, "ir_override": "k.ttgir"}) + "\n")
+    with pytest.raises(SpecError, match=r"specs/app.jsonl:2: tk.scale:scale_kernel: .*ir_override"):
+        targets(project)

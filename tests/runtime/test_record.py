@@ -62,6 +62,27 @@ def test_a_dtype_is_recorded_as_kforge_spells_it_whatever_tritons_name():
         assert canonical_dtype(name) == name, name
 
 
+@pytest.mark.parametrize("arch, changed, kept", [
+    ("sm_90a", {"debug": True}, {"debug": True}),   # @triton.jit(debug=True), or TRITON_DEBUG=1
+    ("sm_90a", {"debug": True, "sanitize_overflow": False}, {"debug": True, "sanitize_overflow": False}),
+    ("sm_90a", {"enable_reflect_ftz": False}, {"enable_reflect_ftz": False}),
+    ("sm_90a", {"default_dot_input_precision": "ieee"}, {"default_dot_input_precision": "ieee"}),  # F32_DEFAULT
+    ("gfx942", {"default_dot_input_precision": "ieee"}, {}),   # AMD's default
+    ("sm_90a", {"ir_override": "k.ttgir"}, {"ir_override": "k.ttgir"}),   # refused at build: never served
+    ("sm_90a", {"instrumentation_mode": "fpsan"}, {"instrumentation_mode": "fpsan"}),
+])
+def test_every_option_a_call_can_change_its_binary_by_is_recorded(arch, changed, kept):
+    """A record left out what a launch or the process's knobs set beyond num_warps and the like: the call was then
+    matched to a binary compiled without it (served, another binary than the JIT's)."""
+    defaults = {**OPTIONS, "sanitize_overflow": True, "enable_reflect_ftz": True, "ir_override": None,
+                "instrumentation_mode": "", "default_dot_input_precision": "ieee" if arch.startswith("gfx") else "tf32"}
+    line = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, defaults, arch)
+    assert line["options"] == {"num_warps": 8, "num_stages": 3}
+    line = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, {**defaults, **changed},
+                              arch)
+    assert line["options"] == {"num_warps": 8, "num_stages": 3, **kept}
+
+
 def test_a_value_that_cannot_be_recorded_says_so():
     with pytest.raises(ValueError, match="a constexpr of type object"):
         record.record_line("m", "k", ["a"], {"a": "constexpr"}, {(0,): object()}, {}, {}, "sm_90a")
