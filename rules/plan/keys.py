@@ -6,7 +6,6 @@ and names the artifact's provenance: the remote cache looks artifacts up by it (
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import os
 import subprocess
@@ -18,41 +17,8 @@ from kforge.plan import amd_linker
 from kforge.store.files import JsonState
 from kforge_runtime import schema
 
-# Environment variables that change what a compiler emits: every one with these prefixes, and Triton's knobs
-# without one (triton 3.6's knobs.py and the list of cache-invalidating variables in its libtriton: each of these
-# changed binaries built here, ptxas's options included). Cache, dump and log settings don't change them.
-_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
-_ENV_NAMES = {"DISABLE_LLVM_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "DISABLE_PTXAS_OPT", "PTXAS_OPTIONS",
-              "USE_IR_LOC", "ALLOW_LHS_TMEM_LAYOUT_CONVERSION"}
-# TRITON_PTXAS*_PATH: which ptxas runs is in the key by its version line, not by where it lies (machines
-# with ptxas elsewhere still share cache entries). TRITON_OVERRIDE_DIR: by its content (_override).
-_ENV_IGNORED = {"TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
-                "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
-                "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "TRITON_ALWAYS_COMPILE",
-                "TRITON_STORE_BINARY_ONLY", "TRITON_KERNEL_DUMP", "TRITON_LIBCUDA_PATH", "MLIR_ENABLE_TIMING",
-                "TRITON_CACHE_AUTOTUNING", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST", "TRITON_REDIS_PORT",
-                "TRITON_REDIS_KEY_FORMAT", "FLYDSL_RUNTIME_CACHE_DIR", "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR",
-                "FLYDSL_AUTOTUNE_CACHE_DIR", "FLYDSL_GPU_ARCH"}   # FLYDSL_GPU_ARCH: kforge sets it per target
-
-
-def compiler_env() -> tuple[tuple[str, str], ...]:
-    found = [(k, v) for k, v in os.environ.items()
-             if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and k not in _ENV_IGNORED]
-    override = _override()
-    return tuple(sorted(found + ([("TRITON_OVERRIDE_DIR content", override)] if override else [])))
-
-
-def _override() -> str | None:
-    """With TRITON_KERNEL_OVERRIDE on, Triton compiles the IR files of its override folder instead of its own:
-    the sha256 of their names and contents (None when it is off)."""
-    if os.environ.get("TRITON_KERNEL_OVERRIDE", "").strip().lower() not in ("1", "true", "on", "yes"):
-        return None
-    folder = Path(os.environ.get("TRITON_OVERRIDE_DIR") or
-                  Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "override")
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else ():
-        digest.update(f"{path.relative_to(folder)}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+# The environment variables that change what a compiler emits (kforge_runtime.schema: serving compares them too).
+compiler_env = schema.code_environment
 
 
 @functools.lru_cache(maxsize=None)

@@ -127,7 +127,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in totals["misses"]:
         shown = {k: line[k] for k in ("signature", "constexprs", "divisible_by_16", "options", "autotune")
                  if k in line}
-        why = " (held, but built from other source)" if "source_key" in line else ""
+        why = (" (held, but built from other source)" if "source_key" in line else
+               " (held, but built under other compiler variables)" if "env" in line else "")
         terminalreporter.write_line(f"missing: {line['kernel']} ({line['arch']}){why} {json.dumps(shown)}")
     if totals["misses"]:
         terminalreporter.write_line("record them (pytest --kforge-record specs/tests.jsonl, or python -m "

@@ -6,7 +6,9 @@ loader.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from pathlib import Path
 
 from .elf import ElfError, check_binary as check_elf
 
@@ -152,3 +154,52 @@ def check_binary(data: bytes, sha256, arch: str, symbol) -> None:
         check_elf(data, arch, symbol)
     except ElfError as e:
         raise BinaryRefused(str(e)) from None
+
+
+# The environment variables that change what a compiler emits: every one with these prefixes, and Triton's knobs
+# without one (triton 3.6's knobs.py and the list of cache-invalidating variables in its libtriton: each of these
+# changed binaries built here, ptxas's options included). Cache, dump and log settings don't change them. A
+# target's key holds the build's (and its meta.json, as "env", where any is set); serving a call compares the
+# serving process's Triton ones with the binary's (rules/runtime/serve.py): a binary built under
+# TRITON_F32_DEFAULT=ieee or DISABLE_LLVM_OPT is not the one the process's own JIT would run, nor the reverse.
+CODE_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
+CODE_ENV_NAMES = {"DISABLE_LLVM_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "DISABLE_PTXAS_OPT", "PTXAS_OPTIONS",
+                  "USE_IR_LOC", "ALLOW_LHS_TMEM_LAYOUT_CONVERSION"}
+# TRITON_PTXAS*_PATH: which ptxas runs is in the key by its version line, not by where it lies (machines
+# with ptxas elsewhere still share cache entries). TRITON_OVERRIDE_DIR: by its content (_override).
+CODE_ENV_IGNORED = {"TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
+                    "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR",
+                    "TRITON_CACHE_MANAGER", "TRITON_PRINT_AUTOTUNING", "TRITON_ALWAYS_COMPILE",
+                    "TRITON_STORE_BINARY_ONLY", "TRITON_KERNEL_DUMP", "TRITON_LIBCUDA_PATH", "MLIR_ENABLE_TIMING",
+                    "TRITON_CACHE_AUTOTUNING", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST",
+                    "TRITON_REDIS_PORT", "TRITON_REDIS_KEY_FORMAT", "FLYDSL_RUNTIME_CACHE_DIR",
+                    "FLYDSL_RUNTIME_ENABLE_CACHE", "FLYDSL_DUMP_DIR", "FLYDSL_AUTOTUNE_CACHE_DIR",
+                    "FLYDSL_GPU_ARCH"}   # FLYDSL_GPU_ARCH: kforge sets it per target
+OVERRIDE_CONTENT = "TRITON_OVERRIDE_DIR content"
+
+
+def code_environment() -> tuple[tuple[str, str], ...]:
+    """This process's variables that change what a compiler emits, sorted (TRITON_KERNEL_OVERRIDE on: the
+    override folder's content as one more)."""
+    found = [(k, v) for k, v in os.environ.items()
+             if (k.startswith(CODE_ENV_PREFIXES) or k in CODE_ENV_NAMES) and k not in CODE_ENV_IGNORED]
+    override = _override()
+    return tuple(sorted(found + ([(OVERRIDE_CONTENT, override)] if override else [])))
+
+
+def triton_environment(env) -> dict[str, str]:
+    """Of a code environment (pairs or a dict), what a Triton compile reads: FlyDSL's variables are no part of it."""
+    return {k: v for k, v in dict(env).items() if not k.startswith("FLYDSL_")}
+
+
+def _override() -> str | None:
+    """With TRITON_KERNEL_OVERRIDE on, Triton compiles the IR files of its override folder instead of its own:
+    the sha256 of their names and contents (None when it is off)."""
+    if os.environ.get("TRITON_KERNEL_OVERRIDE", "").strip().lower() not in ("1", "true", "on", "yes"):
+        return None
+    folder = Path(os.environ.get("TRITON_OVERRIDE_DIR") or
+                  Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "override")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else ():
+        digest.update(f"{path.relative_to(folder)}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()

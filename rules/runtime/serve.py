@@ -44,7 +44,8 @@ import time
 
 from . import specializer
 from .record import arch_name, autotune_key, record_line, tuned_line
-from .schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS
+from .schema import (COMPILE_TIME, NONE, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS, code_environment,
+                     triton_environment)
 
 
 class NotServed(RuntimeError):
@@ -100,6 +101,16 @@ def other_source_message(line: dict, entry: dict) -> str:
             f"{str(entry.get('triton_source_key'))[:12]}, this process's {line['source_key'][:12]}): the library or "
             f"kernel changed since the build. Build (doit) and package (doit package) again from this source, or "
             f"serve with strict=False to let Triton compile it")
+
+
+def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
+    """strict=True's error for a specialization the bundles hold, built under other compiler variables."""
+    theirs = triton_environment(entry.get("env") or {})
+    shown = lambda env: ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none"
+    return (f"kforge serve (strict): the bundles' {line['kernel']} for {line['arch']} ({entry.get('target')}) was "
+            f"built under other compiler variables than this process's (the build's: {shown(theirs)}; this "
+            f"process's: {shown(ours)}), so it is not the binary Triton would compile here. Build (doit) with "
+            f"this process's variables, run without them, or serve with strict=False to let Triton compile it")
 
 
 def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
@@ -192,6 +203,7 @@ class Server:
         self.verified = 0
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
+        self.code_env: dict[str, str] = {}   # this process's compiler variables, read at the first call
         self.entries: dict[str, tuple] = {}
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
@@ -221,6 +233,7 @@ class Server:
 
                 from .bundle import BundleError
                 arch = arch_name(driver.active.get_current_target())
+                self.code_env = triton_environment(code_environment())
                 try:
                     for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
                         for entry in bundle.artifacts:
@@ -256,6 +269,12 @@ class Server:
             self.missed(line)
             if self.strict:
                 raise NotServed(other_source_message(line, found[1]))
+            return None
+        if found is not None and triton_environment(found[1].get("env") or {}) != self.code_env:
+            line["env"] = self.code_env   # built under other compiler variables: as good as not held
+            self.missed(line)
+            if self.strict:
+                raise NotServed(other_environment_message(line, found[1], self.code_env))
             return None
         if found is None:
             self.missed(line)

@@ -30,7 +30,7 @@ def runs(tool) -> int:
 def clean_env(monkeypatch):
     """No compiler variables from the caller's environment: the test sets exactly those it means."""
     for name in list(os.environ):
-        if name.startswith(PREFIXES) or name in keys._ENV_NAMES or name == "KFORGE_LD_LLD":
+        if name.startswith(PREFIXES) or name in schema.CODE_ENV_NAMES or name == "KFORGE_LD_LLD":
             monkeypatch.delenv(name)
     keys.toolchain_fingerprint.cache_clear()
     yield monkeypatch

@@ -2,9 +2,10 @@
 miss says what to record; a served kernel gets the runtime arguments in order. (Serving on a GPU:
 bench/zero_jit.py.)"""
 import json
+import os
 import re
 
-from kforge_runtime import record, serve
+from kforge_runtime import record, schema, serve
 from tests.runtime.test_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
 
 LINE = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, OPTIONS, "sm_90a")
@@ -190,6 +191,38 @@ def test_an_entry_built_from_other_source_of_the_kernel_is_never_launched(jit, t
     serve.serve(str(bundle_dir(tmp_path / "old", [unkeyed])), strict=True)
     with pytest.raises(serve.NotServed, match="other source"):
         copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+def test_an_entry_built_under_other_compiler_variables_is_never_launched(jit, tmp_path, monkeypatch):
+    """A binary built under TRITON_F32_DEFAULT=ieee (or DISABLE_LLVM_OPT, an IR override) is not the one this
+    process's JIT would compile, nor is a plain build's the one a process with such a variable would: neither is
+    served. Variables that change no binary (the cache folder, FlyDSL's for a Triton kernel) do not count."""
+    for name in [n for n in os.environ if n.startswith(schema.CODE_ENV_PREFIXES) or n in schema.CODE_ENV_NAMES]:
+        monkeypatch.delenv(name)
+    built_so = {**entry("copy", 128, 4), "env": {"TRITON_F32_DEFAULT": "ieee"}}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [built_so])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it instead
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 0 and server.misses[0]["env"] == {}
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [built_so])), strict=True)
+    with pytest.raises(serve.NotServed, match=rf"the bundles' {__name__}:copy for sm_90a \(copy-128\) was built "
+                                              r"under other compiler variables than this process's \(the build's: "
+                                              r"TRITON_F32_DEFAULT=ieee; this process's: none\)"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    serve.stop()
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "1")   # a plain build, served to a process with a variable: not either
+    serve.serve(str(bundle_dir(tmp_path / "plain", [entry("copy", 128, 4)])), strict=True)
+    with pytest.raises(serve.NotServed, match=r"the build's: none; this process's: DISABLE_LLVM_OPT=1"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    serve.stop()
+    monkeypatch.delenv("DISABLE_LLVM_OPT")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))   # changes no binary
+    server = serve.serve(str(bundle_dir(tmp_path / "flydsl", [{**entry("copy", 128, 4),
+                                                               "env": {"FLYDSL_DEBUG": "1"}}])), strict=True)
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 1
 
 
 def test_bundles_that_cannot_be_read_serve_nothing_and_say_why_in_one_line(jit, tmp_path, monkeypatch, capsys):
