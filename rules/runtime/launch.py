@@ -371,5 +371,5 @@ class Arguments:
 # each argument's struct code, padded to its 8-byte slot (little-endian, as every GPU host kforge targets):
 # the scalar types this loader passes (u1: a bool, passed as uint8_t; i1: a descriptor's padding flag, int8_t), and
 # pointers ("*")
-_SLOT = {"*": "Q", "u1": "?7x", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
-         "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}
+_SLOT = {"*": "Q", "u1": "?7x", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x",
+         "u16": "H6x", "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}
