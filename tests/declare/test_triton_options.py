@@ -24,20 +24,23 @@ def test_the_table_covers_the_pinned_tritons_options_for_both_vendors():
 
 
 def test_the_options_a_record_keeps_are_options_a_spec_may_set_and_their_defaults_are_the_pinned_tritons():
-    """The record format (kforge_runtime.schema) keeps a subset of this table's options, leaving out those equal
-    to Triton's defaults: a recorded option must build as a target's, and a default must be Triton's own."""
+    """The record format (kforge_runtime.schema) keeps every option a call can change its binary by, leaving out
+    those equal to Triton's defaults: a recorded option must build as a target's, but the two no build honours,
+    kept so that a line holding one is refused (and its call never served); a default must be Triton's own."""
     import dataclasses
 
     from triton.backends.amd.compiler import HIPOptions
     from triton.backends.nvidia.compiler import CUDAOptions
 
     from kforge_runtime.schema import RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS
-    assert set(RECORD_OPTIONS) <= set(OPTIONS) and set(TRITON_DEFAULTS) <= set(RECORD_OPTIONS)
+    refused = {"ir_override", "instrumentation_mode"}
+    assert set(RECORD_OPTIONS) - refused <= set(OPTIONS) and not refused & set(OPTIONS)
+    assert set(TRITON_DEFAULTS) <= set(RECORD_OPTIONS)
     for name, default in TRITON_DEFAULTS.items():
         fields = [f for options in (CUDAOptions, HIPOptions) for f in dataclasses.fields(options) if f.name == name]
         assert fields and all(f.default == default for f in fields), name
     for vendor, options in (("nvidia", CUDAOptions), ("amd", HIPOptions)):
-        assert set(TRITON_VENDOR_DEFAULTS[vendor]) == set(RECORD_OPTIONS) - set(TRITON_DEFAULTS)   # always kept
+        assert set(TRITON_VENDOR_DEFAULTS[vendor]) == set(RECORD_OPTIONS) - set(TRITON_DEFAULTS)   # the vendor's own
         assert TRITON_VENDOR_DEFAULTS[vendor] == {f.name: f.default for f in dataclasses.fields(options)
                                                   if f.name in TRITON_VENDOR_DEFAULTS[vendor]}
 
