@@ -187,9 +187,16 @@ def code_environment() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found + ([(OVERRIDE_CONTENT, override)] if override else [])))
 
 
-def triton_environment(env) -> dict[str, str]:
-    """Of a code environment (pairs or a dict), what a Triton compile reads: FlyDSL's variables are no part of it."""
-    return {k: v for k, v in dict(env).items() if not k.startswith("FLYDSL_")}
+def triton_environment(env) -> dict[str, str] | None:
+    """Of a code environment (pairs, or a dict as meta.json holds it), what a Triton compile reads: FlyDSL's
+    variables are no part of it. None for anything else (a bundle is untrusted: such an entry matches no process)."""
+    try:
+        env = dict(env)
+    except (TypeError, ValueError):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return None
+    return {k: v for k, v in env.items() if not k.startswith("FLYDSL_")}
 
 
 def _override() -> str | None:

@@ -106,7 +106,8 @@ def other_source_message(line: dict, entry: dict) -> str:
 def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
     """strict=True's error for a specialization the bundles hold, built under other compiler variables."""
     theirs = triton_environment(entry.get("env") or {})
-    shown = lambda env: ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none"
+    shown = lambda env: ("unreadable" if env is None else ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                         or "none")
     return (f"kforge serve (strict): the bundles' {line['kernel']} for {line['arch']} ({entry.get('target')}) was "
             f"built under other compiler variables than this process's (the build's: {shown(theirs)}; this "
             f"process's: {shown(ours)}), so it is not the binary Triton would compile here. Build (doit) with "

@@ -218,6 +218,12 @@ def test_an_entry_built_under_other_compiler_variables_is_never_launched(jit, tm
         copy[(8,)](x, y, 1000, BLOCK=128)
     serve.stop()
     monkeypatch.delenv("DISABLE_LLVM_OPT")
+    for hostile in (5, "TRITON_DEBUG=1", {"TRITON_DEBUG": 1}, [["a"]]):   # a bundle is untrusted: a miss, no crash
+        serve.serve(str(bundle_dir(tmp_path / f"h{len(str(hostile))}", [{**entry("copy", 128, 4), "env": hostile}])),
+                    strict=True)
+        with pytest.raises(serve.NotServed, match=r"the build's: unreadable; this process's: none"):
+            copy[(8,)](x, y, 1000, BLOCK=128)
+        serve.stop()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))   # changes no binary
     server = serve.serve(str(bundle_dir(tmp_path / "flydsl", [{**entry("copy", 128, 4),
                                                                "env": {"FLYDSL_DEBUG": "1"}}])), strict=True)
