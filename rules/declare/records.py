@@ -150,15 +150,13 @@ def _check_value(value, at: str) -> None:
 def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[tuple[dict, str]]:
     """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
     where = shown_path(path, root)
-    groups: dict[str, list[dict]] = {}
-    first_line: dict[str, int] = {}   # where each family's first line is: its messages name it
+    groups: dict[str, tuple[int, list[dict]]] = {}   # shape -> (its first line: messages name it, its records)
     for number, record in _numbered(path, where):
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
-        groups.setdefault(shape, []).append(record)
-        first_line.setdefault(shape, number)
+        groups.setdefault(shape, (number, []))[1].append(record)
     found = []
-    for shape, records in groups.items():
+    for shape, (first_line, records) in groups.items():
         first = records[0]
         module, entry = first["kernel"].split(":")
         name = f"rec_{entry.strip('_').lower()}_{hashlib.sha256(shape.encode()).hexdigest()[:6]}"
@@ -183,7 +181,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         if skipped:
             tables["exclude"] = skipped
         more = f" (and {len(records) - 1} more line{'s' if len(records) > 2 else ''})" if len(records) > 1 else ""
-        found.append((tables, f"{where}:{first_line[shape]}{more}: {first['kernel']}"))
+        found.append((tables, f"{where}:{first_line}{more}: {first['kernel']}"))
     return found
 
 

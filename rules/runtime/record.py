@@ -30,8 +30,7 @@ import runpy
 import sys
 import threading
 
-from .schema import (NONE, RECORD_ALWAYS, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DEFAULTS, TRITON_DTYPE_NAMES,
-                     TRITON_VENDOR_DEFAULTS)
+from .schema import NONE, RECORD_ALWAYS, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DTYPE_NAMES, option_defaults
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -52,7 +51,7 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
             del values[arg]
     divisible = sorted(arg_names[path[0]] for path, found in attrs.items()
                        if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
-    defaults = {**TRITON_DEFAULTS, **TRITON_VENDOR_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]}
+    defaults = option_defaults(arch)
     return {"format": RECORD_FORMAT, "kernel": f"{module}:{name}", "arch": arch,
             "signature": [[a, kinds[a]] for a in kinds],
             "constexprs": values, "divisible_by_16": divisible,

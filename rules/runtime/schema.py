@@ -82,6 +82,13 @@ TRITON_DEFAULTS = {"num_ctas": 1, "maxnreg": None, "enable_fp_fusion": True, "la
 RECORD_ALWAYS = ("num_warps", "num_stages")
 TRITON_VENDOR_DEFAULTS = {"nvidia": {"num_warps": 4, "num_stages": 3, "default_dot_input_precision": "tf32"},
                           "amd": {"num_warps": 4, "num_stages": 2, "default_dot_input_precision": "ieee"}}
+_OPTION_DEFAULTS = {vendor: {**TRITON_DEFAULTS, **own} for vendor, own in TRITON_VENDOR_DEFAULTS.items()}
+
+
+def option_defaults(arch: str) -> dict:
+    """Triton's default of every option a record keeps, on the arch's vendor (an AMD arch's name starts with gfx;
+    an arch no table names, from an untrusted record or bundle, is taken by that rule too). Read-only."""
+    return _OPTION_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]
 
 # One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune/gpu_bench.py), shipped
 # in the bundle under tune/, read by the loader's selection (kforge_runtime.select):

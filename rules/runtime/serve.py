@@ -44,8 +44,7 @@ import time
 
 from . import specializer
 from .record import arch_name, autotune_key, record_line, tuned_line
-from .schema import (COMPILE_TIME, NONE, TRITON_DEFAULTS, TRITON_VENDOR_DEFAULTS, code_environment,
-                     triton_environment)
+from .schema import COMPILE_TIME, NONE, code_environment, option_defaults, triton_environment
 
 
 class NotServed(RuntimeError):
@@ -55,8 +54,7 @@ class NotServed(RuntimeError):
 def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible: list, options: dict) -> str:
     """What decides a binary, in one canonical string: a recorded specialization and a bundle entry that
     ask for the same compile give the same string."""
-    vendor = TRITON_VENDOR_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]
-    options = {k: v for k, v in {**TRITON_DEFAULTS, **vendor, **options}.items() if v is not None}
+    options = {k: v for k, v in {**option_defaults(arch), **options}.items() if v is not None}
     constexprs = {k: v for k, v in constexprs.items() if v is not None}   # None arguments: not given
     return json.dumps([kernel, arch, [list(p) for p in runtime], constexprs, sorted(divisible), options],
                       sort_keys=True)
@@ -265,22 +263,11 @@ class Server:
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
                            options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
-        if found is not None and found[1].get("triton_source_key") != fn.cache_key:
-            line["source_key"] = fn.cache_key   # built from other code: as good as not held
+        refused = self._refusal(line, found, fn.cache_key)
+        if refused is not None:
             self.missed(line)
             if self.strict:
-                raise NotServed(other_source_message(line, found[1]))
-            return None
-        if found is not None and triton_environment(found[1].get("env") or {}) != self.code_env:
-            line["env"] = self.code_env   # built under other compiler variables: as good as not held
-            self.missed(line)
-            if self.strict:
-                raise NotServed(other_environment_message(line, found[1], self.code_env))
-            return None
-        if found is None:
-            self.missed(line)
-            if self.strict:
-                raise NotServed(miss_message(line))
+                raise NotServed(refused)
             return None
         bundle, entry = found
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
@@ -288,6 +275,20 @@ class Server:
                         [a["type"].startswith("*") for a in entry["signature"]])
         served.bundle, served.entry = bundle, entry
         return served
+
+    def _refusal(self, line: dict, found: tuple | None, source_key: str) -> str | None:
+        """Why the call's specialization is not served (strict's message), or None: serve `found`. An entry held
+        but unfit is as good as not held; the line notes why (the CI guard's list says so)."""
+        if found is None:
+            return miss_message(line)
+        entry = found[1]
+        if entry.get("triton_source_key") != source_key:   # built from other code
+            line["source_key"] = source_key
+            return other_source_message(line, entry)
+        if triton_environment(entry.get("env") or {}) != self.code_env:   # built under other compiler variables
+            line["env"] = self.code_env
+            return other_environment_message(line, entry, self.code_env)
+        return None
 
     def compare(self, served: Served, compiled) -> None:
         """verify: the served binary against the one Triton's JIT compiled for the same call; a difference is
