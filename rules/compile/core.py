@@ -255,6 +255,7 @@ def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
 
 def _forked_private() -> None:
     """A private package server's set-up: the servers it inherited are its parent's."""
+    _failed_import.clear()
     _packages.clear()
     _minders.clear()
     _contexts.clear()
@@ -288,6 +289,20 @@ def package_context(target: Target) -> tuple:
 
 _level: list = [0]   # which of import_levels this server imports: 0 in a library server
 _package: list = [None]   # what this server and those above it imported (package_context, import_levels)
+_failed_import: list = []   # this server's import that failed: (the error, its traceback), raised for every target
+
+
+def _import_failed(error: Exception) -> None:
+    if transient(error):
+        error.kforge_retire = True   # the machine's state, not the package's: a fresh server imports it again
+    else:
+        _failed_import[:] = [error, error.__traceback__]
+
+
+def _raise_failed_import() -> None:
+    if _failed_import:
+        error, traceback = _failed_import
+        raise error.with_traceback(traceback)
 
 
 def _forked_below(level: int) -> None:
@@ -299,10 +314,14 @@ def _forked_below(level: int) -> None:
 
 def _enter_package(target: Target, backend: Backend) -> tuple:
     """At a server's first target: in a library server, start recording and prepare the device model and set-up
-    hooks; import its package. Anything that fails here retires the server (a package left half-imported builds
-    nothing; the next target of the package imports it again, in a fresh server forked from the level above)
-    and is not kept as the kernel's failure: a missing dependency or a backend that cannot load is the
-    environment's, and what the import failed to find is no file the record holds."""
+    hooks; import its package. What fails here is not kept as the kernel's failure (a missing dependency or a
+    backend that cannot load is the environment's, and what the import failed to find is no file the record
+    holds), and the package, left half-imported, builds nothing: the server stays only to fail every later
+    target of its package with the same error at once (_failed_import), rather than import it again for each
+    (flag_gems's import, refused on a CPU, took 2.5 s a target). A transient failure (a full disk, memory) retires
+    the server instead: the next target imports the package again, in a fresh server forked from the level
+    above."""
+    _raise_failed_import()
     level = _level[0]
     wanted = (package_context(target), import_levels(target)[:level + 1])
     if _package[0] is not None:
@@ -320,7 +339,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
         if backend.imports_module:
             importlib.import_module(wanted[1][-1])
     except Exception as e:
-        e.kforge_retire = True
+        _import_failed(e)
         shared_env.explain(e)   # an import that failed on one of kforge's pins says so
         raise
     _package[0] = wanted
@@ -336,6 +355,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
 
 def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
     """In a context server, once per target: meta.json gets the files the compile read (its depfile)."""
+    _raise_failed_import()
     target, scratch_dir, _, cutoff = request
     importing = time.time()
     device_model.serving(target.kernel)
@@ -370,11 +390,11 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
         if imported and not transient(e):
             e.kforge_facts = {"inputs": _inputs(recorder)}
         if not imported:
-            # the import failed partway: its package may stay half-imported here, and no later target may build
-            # against that; the next target of this context imports it again in a fresh server. Nor is such a
-            # failure replayed: a missing dependency or a backend that cannot load is the environment's, and
-            # what the import failed to find is no file the record holds
-            e.kforge_retire = True
+            # the import failed partway: its module may stay half-imported here, and no later target may build
+            # against that (as in _enter_package: every later target of this context fails with this error). Nor
+            # is such a failure replayed: a missing dependency or a backend that cannot load is the environment's,
+            # and what the import failed to find is no file the record holds
+            _import_failed(e)
             shared_env.explain(e)
         raise
     spans = (*((("import", importing, imports_done),) if imports else ()), *named)

@@ -123,25 +123,76 @@ def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
 
 
 class Served:
-    """What Triton's kernel cache holds for a served specialization: Triton's launch path calls run(). The
-    binary is checked and loaded at the first launch (`load` gives the kforge_runtime Kernel)."""
+    """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel. Triton's launch
+    path calls run(); a JIT call also returns it to its caller, and libraries keep that object and launch it
+    again themselves, as a CompiledKernel: `kernel[grid](*args)` (flag_gems's libentry on every cache hit), or
+    read its `name` and `metadata`. Those work alike here; any other CompiledKernel attribute is an
+    AttributeError that says so. The binary is checked and loaded at the first launch (`load` gives the
+    kforge_runtime Kernel)."""
 
-    def __init__(self, load, runtime_positions: list[int], pointers: list[bool]):
+    def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
+                 vendor: str = "nvidia"):
         self.load, self.kernel = load, None
-        self.bundle = self.entry = None   # where the binary comes from (verify reads it)
+        self.bundle, self.entry = None, entry   # where the binary comes from (verify reads it)
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = None
+        # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
+        self._empty = (lambda n: n == 0) if vendor == "amd" else (lambda n: n <= 0)
 
     def launch_metadata(self, grid, stream, *args):
         return None
 
     def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
+        if self._empty(gx * gy * gz):
+            return
         if self.kernel is None:
             self.kernel = self.load()
         # Triton matched these arguments' dtypes and 16-divisibility to the specialization this binary was
         # built for: the loader's own checks would repeat that on every launch
         self.kernel.launch_trusted(gx, gy, gz, stream, [args[i].data_ptr() if pointer else args[i]
                                                         for i, pointer in self.plan])
+
+    def __getitem__(self, grid):
+        """CompiledKernel's launcher: runner(*every argument of the kernel, constexprs too, stream=None) on the
+        current device's current stream, as Triton's."""
+        grid = (*grid, 1, 1)
+
+        def runner(*args, stream=None):
+            if stream is None:
+                from triton.runtime import driver
+                stream = driver.active.get_current_stream(driver.active.get_current_device())
+            self.run(grid[0], grid[1], grid[2], stream, None, None, None, None, None, *args)
+        return runner
+
+    def _init_handles(self) -> None:
+        if self.kernel is None:
+            self.kernel = self.load()
+
+    @property
+    def name(self) -> str:
+        return self._entry_field("symbol")
+
+    @property
+    def metadata(self):
+        """The fields of Triton's metadata a caller reads of a launch: name, num_warps, num_stages, num_ctas,
+        shared (bytes of dynamic shared memory)."""
+        from types import SimpleNamespace
+        options = self._entry_field("options") or {}
+        return SimpleNamespace(name=self.name, num_warps=options.get("num_warps"),
+                               num_stages=options.get("num_stages"), num_ctas=options.get("num_ctas", 1),
+                               shared=self._entry_field("shared"))
+
+    def _entry_field(self, field: str):
+        if self.entry is None:
+            raise AttributeError(f"kforge serve: this served kernel has no bundle entry to read {field!r} from")
+        return self.entry.get(field)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"kforge serve: a served kernel has no {name!r}: it stands for Triton's CompiledKernel "
+                             f"with its launch ([grid](...), run), name and metadata only; serve with "
+                             f"strict=False and no bundle for this kernel to get Triton's own object")
 
 
 class LightDriver:
@@ -272,8 +323,8 @@ class Server:
         bundle, entry = found
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
         served = Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
-                        [a["type"].startswith("*") for a in entry["signature"]])
-        served.bundle, served.entry = bundle, entry
+                        [a["type"].startswith("*") for a in entry["signature"]], entry, bundle.vendor)
+        served.bundle = bundle
         return served
 
     def _refusal(self, line: dict, found: tuple | None, source_key: str) -> str | None:

@@ -291,8 +291,9 @@ def test_a_librarys_packages_are_imported_once_per_worker_each_on_top_of_the_one
     package (4.4 s each). One worker builds the families of twopkg.ops.a and twopkg.ops.b: twopkg and twopkg.ops
     are imported once, each package below once on top of them; each target's record still holds its own package
     and module, never its sibling's. When twopkg.ops.b's import fails, every target of it fails with the same
-    error (a fresh package server each, forked from twopkg.ops's: nothing above is imported again) and
-    twopkg.ops.a's build; with the cause gone, b builds."""
+    error, from one import of twopkg.ops.b (its server, kept, answers the rest with that error: flag_gems's import
+    refused on a CPU took 2.5 s a target when each imported again) and twopkg.ops.a's build; with the cause
+    gone, b builds."""
     site = write_files(tmp_path / "site", TWOPKG_FILES)
     spec = REGOPS_SPEC.replace('["sm_90a", "gfx942"]', '["sm_90a"]')
     root = make_project(tmp_path / "p", specs={f"two_{m}": spec.replace('"regops.{module}"', f'"twopkg.ops.{m}.k"')
@@ -306,8 +307,7 @@ def test_a_librarys_packages_are_imported_once_per_worker_each_on_top_of_the_one
     errors = {line for p in (root / "out").glob("sm_90a/two_b/*/error.txt") for line in p.read_text().splitlines()
               if line.startswith("  error: ")}
     assert errors == {"  error: ImportError: twopkg.ops.b: its native backend cannot load (a missing dependency)"}
-    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.ops", "twopkg.ops.a", "twopkg.ops.b",
-                                                 "twopkg.ops.b"]
+    assert sorted(count.read_text().split()) == ["twopkg", "twopkg.ops", "twopkg.ops.a", "twopkg.ops.b"]
     for meta in (root / "out").glob("sm_90a/two_a/*/meta.json"):
         read = dict(json.loads(meta.read_text())["inputs"])
         assert {"twopkg/__init__.py", "twopkg/ops/__init__.py", "twopkg/ops/a/__init__.py",

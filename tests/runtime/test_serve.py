@@ -154,6 +154,29 @@ def test_a_held_specialization_is_launched_from_the_bundle_with_no_compile(jit, 
     assert (server.served, server.compiled, server.misses) == (1, 0, [])
 
 
+def test_the_kernel_a_served_call_returns_launches_as_a_compiled_kernel_does(jit, tmp_path):
+    # flag_gems's libentry keeps what the JIT call returned and launches it with kernel[grid](*every argument)
+    serve.serve(str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "symbol": "copy", "shared": 0}])))
+    x, y = tensors()
+    kernel = copy.run(x, y, 1000, BLOCK=128, grid=(8,), warmup=False)
+    kernel[(3,)](x, y, 1000, 128)
+    kernel[(2, 1, 1)](x, y, 999, 128, stream=5)
+    assert Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000]),
+                              ((3, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000]),
+                              ((2, 1, 1), 5, [x.data_ptr(), y.data_ptr(), 999])]
+    assert kernel.name == "copy" and (kernel.metadata.num_warps, kernel.metadata.shared) == (4, 0)
+    with pytest.raises(AttributeError, match="kforge serve: a served kernel has no 'n_regs'"):
+        kernel.n_regs
+
+
+def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    copy[(0,)](x, y, 1000, BLOCK=128)
+    copy.run(x, y, 1000, BLOCK=128, grid=(4, 0), warmup=False)[(0, 1, 1)](x, y, 1000, 128)
+    assert Launched.calls == [] and server.served == 1
+
+
 def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
     held = str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)]))
     server = serve.serve(held)
