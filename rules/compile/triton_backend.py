@@ -11,6 +11,7 @@ from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import VALUE_KINDS
+from kforge_runtime.source_key import source_key as source_key_of
 
 _root = ""
 _folders: tuple = ()   # observe.Base: the project and the module path: no binary may name them
@@ -122,7 +123,7 @@ def lower(target, scratch: str):
               "divisible_by_16": list(target.divisible_by_16),
               # Triton's own digest of the kernel (its source, the @jit functions it calls, the constexpr globals
               # it reads, its first line): serving launches this binary only for a function with the same digest
-              "triton_source_key": fn.cache_key,
+              "triton_source_key": source_key_of(fn),
               # the function as Triton's JIT names a call's (its def's module and qualified name), which a spec
               # may name where the library re-exports it: serving matches a call by this
               "triton_function": f"{fn.fn.__module__}:{fn.fn.__qualname__}"}
@@ -165,8 +166,9 @@ def _function(ref: str, target):
 
 
 def source_key(target) -> str:
-    """Triton's own digest of the entry (JITFunction.cache_key), as meta.json's triton_source_key holds it."""
-    return _entry(target).cache_key
+    """The digest of the entry's code that meta.json's triton_source_key holds and serving matches: Triton's own
+    (JITFunction.cache_key), the same in every process (kforge_runtime/source_key.py)."""
+    return source_key_of(_entry(target))
 
 
 lowering.register("triton", lowering.Backend(

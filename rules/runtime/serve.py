@@ -14,8 +14,8 @@ Triton's own fast path to it. A served kernel launches through kforge's loader (
 Triton's current stream), which a CUDA graph captures like any launch.
 
 A bundle entry is served only to the function it was built from: its Triton source key (Triton's digest of
-the kernel's source, the @jit functions it calls, the constexpr globals it reads) must equal the calling
-function's, so a library upgraded, patched or imported from another checkout after the build compiles (or,
+the kernel's source, the @jit functions it calls, the constexpr globals it reads, made the same in every
+process: rules/runtime/source_key.py) must equal the calling function's, so a library upgraded, patched or imported from another checkout after the build compiles (or,
 strict, stops) instead of launching a binary of other code. A bundle that cannot be read is one line: an error
 under strict, else a warning, and every call compiles. With verify=True the first launch of each served
 specialization is also compiled by Triton and the two binaries compared (rules/runtime/verify.py).
@@ -45,6 +45,7 @@ import time
 from . import specializer
 from .record import arch_name, autotune_key, record_line, tuned_line
 from .schema import COMPILE_TIME, NONE, code_environment, option_defaults, triton_environment
+from .source_key import source_key
 
 
 class NotServed(RuntimeError):
@@ -314,7 +315,7 @@ class Server:
         line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
                            options.__dict__, self.index())
         found = self.entries.get(record_identity(line))
-        refused = self._refusal(line, found, fn.cache_key)
+        refused = self._refusal(line, found, source_key(fn))
         if refused is not None:
             self.missed(line)
             if self.strict:

@@ -177,6 +177,35 @@ def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
     assert Launched.calls == [] and server.served == 1
 
 
+@tl.constexpr
+def element(dtype):   # a constexpr holding a function: Triton's key prints its address
+    return dtype
+
+
+@triton.jit
+def copy_typed(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n).to(element(tl.float16)), mask=i < n)
+
+
+def test_a_kernel_reading_a_constexpr_function_is_served_from_a_build_made_in_another_process(jit, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); m = importlib.import_module(sys.argv[2]); "
+            "from kforge_runtime.source_key import source_key; print(source_key(m.copy_typed))")
+    built_key = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parents[2]), __name__],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    copy_typed.device_caches.clear()
+    copy_typed.device_caches[0]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "target": "copy_typed-128",
+                                                          "source": {"module": __name__, "entry": "copy_typed"},
+                                                          "triton_source_key": built_key}])), strict=True)
+    x, y = tensors()
+    copy_typed[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 1 and Launched.calls == [((8, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000])]
+
+
 def test_a_miss_compiles_or_in_strict_mode_names_what_to_record(jit, tmp_path):
     held = str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)]))
     server = serve.serve(held)

@@ -1,0 +1,84 @@
+"""The digest of a Triton kernel's code that a build stores (meta.json's triton_source_key) and serving matches.
+
+It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the
+constexpr globals they read), made the same in every process. Triton writes a constexpr global into its key as
+str(value), and a constexpr that holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's
+sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
+kernel's key never matched from one process to the next, so a build's binary of it was never served ("built
+from other source": 244 of flag_gems's specializations) and never cut off early. Here such a function is
+written as its module, qualified name and the sha256 of its source text instead, so that its code, not where
+it lies in memory, decides the key. Any other value is written as Triton writes it (an object printed with its
+address still matches no other process: never served, never wrong). A callee's globals are not merged into its
+caller's list (_finder says why). A kernel hashed first in its process that reads no such function has exactly
+Triton's key, so bundles built before this match as they did.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+import types
+
+_lock = threading.RLock()
+_known: dict[int, tuple] = {}   # id(fn) -> (fn, its source, its key): kept with fn, redone when its source changes
+_computing: set[int] = set()
+
+
+def source_key(fn) -> str:
+    """The key of a JITCallable (a @jit function, a constexpr function): Triton's cache_key, address-free."""
+    with _lock:
+        known = _known.get(id(fn))
+        if known is not None and known[0] is fn and known[1] is fn.src:
+            return known[2]
+        if id(fn) in _computing:   # a function that calls itself, as Triton's placeholder
+            return f"recursion:{fn._fn_name}"
+        _computing.add(id(fn))
+        try:
+            key = _digest(fn)
+        finally:
+            _computing.discard(id(fn))
+        _known[id(fn)] = (fn, fn.src, key)
+        return key
+
+
+def _digest(fn) -> str:
+    from triton.language.core import constexpr
+    finder = _finder()(name=fn._fn_name, globals=fn.__globals__, nonlocals=inspect.getclosurevars(fn.fn).nonlocals,
+                       src=fn.src)
+    finder.visit(fn.parse())
+    used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items() if isinstance(val, constexpr)]
+    text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def shown(value) -> str:
+    """A constexpr global as the key writes it: repr(value), as Triton's str() of a list of tuples does, but for one
+    that holds a function."""
+    inner = getattr(value, "value", None)
+    if isinstance(inner, types.FunctionType):
+        try:
+            code = inspect.getsource(inner)
+        except (OSError, TypeError):   # no source to read: Triton's own form, which matches no other process
+            return repr(value)
+        digest = hashlib.sha256(code.encode("utf-8")).hexdigest()
+        return f"constexpr[<function {inner.__module__}.{inner.__qualname__} {digest}>]"
+    return repr(value)
+
+
+_finder_class: list = []
+
+
+def _finder():
+    """Triton's DependenciesFinder, with a called function hashed by its source_key. Triton's own merges the
+    callee's globals into the caller's list first, but only those found when the callee's key was made: a kernel
+    hashed after another that called the same helper (the second target a compile server builds) got another
+    key than the same kernel hashed first (in a fresh serving process). Each function's list here holds its own
+    globals; a callee's are in its own key."""
+    if not _finder_class:
+        from triton.runtime.jit import DependenciesFinder
+
+        class Finder(DependenciesFinder):
+            def _update_hash(self, func):
+                self.hasher.update((source_key(func) + str(getattr(func, "noinline", False))).encode("utf-8"))
+        _finder_class.append(Finder)
+    return _finder_class[0]

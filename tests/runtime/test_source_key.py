@@ -1,0 +1,68 @@
+"""kforge_runtime.source_key: Triton's source key of a kernel, the same in every process."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+from kforge_runtime.source_key import source_key
+
+
+@tl.constexpr
+def wider(bits: tl.constexpr) -> tl.dtype:   # a constexpr holding a function, as flag_gems's sort kernels call one
+    bits = bits.value if isinstance(bits, tl.constexpr) else bits
+    return tl.core.get_int_dtype(bits * 2, False)
+
+
+@triton.jit
+def widen(x):
+    return x.to(wider(x.dtype.primitive_bitwidth))
+
+
+@triton.jit
+def widen_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, widen(tl.load(x_ptr + i)))
+
+
+SCALE = tl.constexpr(3)
+
+
+@triton.jit
+def scale_kernel(x_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i) * SCALE)
+
+
+def keys_in_a_fresh_process() -> dict:
+    """Both kernels' keys (kforge's, Triton's) in another process, this module imported by the same name."""
+    code = ("import importlib, json, sys; sys.path.insert(0, sys.argv[1]); t = importlib.import_module(sys.argv[2]); "
+            "from kforge_runtime.source_key import source_key; "
+            "print(json.dumps({n: [source_key(getattr(t, n)), getattr(t, n).cache_key] "
+            "for n in ('widen_kernel', 'scale_kernel')}))")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parents[2]), __name__], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_a_kernel_reading_a_constexpr_function_has_one_key_in_every_process():
+    # Triton writes that constexpr as `<function wider at 0x...>`: its own key moves with the address
+    first, second = keys_in_a_fresh_process(), keys_in_a_fresh_process()
+    assert first["widen_kernel"][0] == second["widen_kernel"][0] == source_key(widen_kernel)
+
+
+def test_a_kernel_without_one_keeps_tritons_key_so_earlier_bundles_still_match():
+    assert source_key(scale_kernel) == scale_kernel.cache_key == keys_in_a_fresh_process()["scale_kernel"][0]
+
+
+def test_the_constexpr_functions_source_is_in_the_key(monkeypatch):
+    before = source_key(widen_kernel)
+    import kforge_runtime.source_key as module
+    monkeypatch.setattr(module.inspect, "getsource", lambda fn: "def wider(bits): return tl.int64\n")
+    module._known.clear()
+    assert source_key(widen_kernel) != before
+    monkeypatch.undo()
+    module._known.clear()
+    assert source_key(widen_kernel) == before
