@@ -129,7 +129,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                         f"'kernels/gemm.py') and `module` (an installed module, e.g. 'liger_kernel.ops.rms_norm'); "
                         f"got {'both' if 'source' in k else 'neither'}")
     if "module" in k:
-        source_path = _installed_python(k["module"], where)
+        source_path = _installed_python(k["module"], where, recorded)
     else:
         source_path = _project_python(root, k["source"], where, "[kernel] source", "kernel sources")
     params = sources.function_params(source_path, k["entry"])
@@ -438,13 +438,18 @@ def _check_tune(t: dict, signature, toolchain: str, root: Path, where: str) -> T
     return Tune(harness=t["harness"], shape_args=tuple(args), shapes=tuple(tuple(s) for s in t["shapes"]))
 
 
-def _installed_python(module: str, where: str) -> Path:
+RUN_TIME_MODULE = ("; a recorded kernel whose module no import finds may have been made at run time (generated code a "
+                   "library loads from a file, as flag_gems's _gen_module_*): such a kernel cannot be built ahead, and "
+                   "its calls compile under Triton's JIT (a strict serve names them): drop its lines")
+
+
+def _installed_python(module: str, where: str, recorded: bool = False) -> Path:
     """The file of an installed module (found on sys.path, read, never imported, here)."""
     from kforge.load import installed
     try:
         path = installed.find(module).path
     except installed.NotInstalled as e:
-        raise SpecError(f"{where}: [kernel] module: {e}") from None
+        raise SpecError(f"{where}: [kernel] module: {e}{RUN_TIME_MODULE if recorded else ''}") from None
     try:
         sources.function_names(path)
     except (SyntaxError, ValueError, OSError) as e:

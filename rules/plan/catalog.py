@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -194,7 +195,7 @@ class Catalog:
         self.families = [family for family, _, _ in done]
         self.targets = without_duplicates([t for _, targets, _ in done for t in targets])
         self.loaded_from = "specs"
-        self.broken = _named_apart(failed, {f.name for f in self.families})
+        self.broken = _named_apart(_grouped(failed), {f.name for f in self.families})
         if self.broken and not keep_going:
             raise SpecError(self.broken[0].error)
         if self.broken:   # not saved: the next run loads the specs again, and finds what was fixed
@@ -613,10 +614,28 @@ def _family_name(path: Path) -> str:
     return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
 
 
+_RECORD_LINES = re.compile(r"(?P<file>.+?\.jsonl):(?P<first>\d+)(?: \(and (?P<more>\d+) more lines?\))?: (?P<error>.*)",
+                           re.DOTALL)
+
+
+def _grouped(failed: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Record families of one file that failed with one error (a kernel's lines of several argument types, its
+    module missing) as one entry naming the first line and how many more: flag_gems's suite record had 93
+    such families of 25 kernels."""
+    merged: dict[tuple, list] = {}
+    for name, path, error in failed:
+        m = _RECORD_LINES.fullmatch(error)
+        key = (path, m["file"], m["error"]) if m else (name, path, error, len(merged))
+        seen = merged.setdefault(key, [name, path, error, m, 0])
+        seen[4] += 1 + int(m["more"] or 0) if m else 0
+    return [(name, path, error if m is None or lines == 1 else
+             f"{m['file']}:{m['first']} (and {lines - 1} more line{'s' if lines > 2 else ''}): {m['error']}")
+            for name, path, error, m, lines in merged.values()]
+
+
 def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Broken]:
     """Broken entries whose names are task names of their own: a name a family that loaded (or another broken
     one) has, or a kforge task's, gets a suffix."""
-    import re
     from kforge.declare.spec import NAME_RE, RESERVED_NAMES
     found = []
     for name, path, error in failed:

@@ -29,3 +29,16 @@ def test_a_verbose_log_is_a_side_and_ran_only_ignores_what_the_other_side_never_
     assert main([str(log), "--", str(run)]) == 1   # test_four: passed -> absent
     assert "test_c::test_four: passed -> absent" in capsys.readouterr().out
     assert main(["--ran-only", str(log), "--", str(run)]) == 0
+
+
+def test_a_side_whose_junit_names_no_file_is_compared_by_test_id(tmp_path, capsys):
+    # flag_gems's suite run from outside its rootdir wrote every classname empty
+    ref = tmp_path / "ref.xml"
+    ref.write_text(JUNIT.format(prefix="tests."))
+    other = tmp_path / "other.xml"
+    other.write_text(JUNIT.replace('classname="{prefix}test_a" ', 'classname="" ')
+                     .replace('classname="{prefix}test_b" ', 'classname="" '))
+    assert main([str(ref), "--", str(other)]) == 0
+    other.write_text(other.read_text().replace('<failure message="no" />', ""))
+    assert main([str(ref), "--", str(other)]) == 1
+    assert "test_three: failed -> passed" in capsys.readouterr().out

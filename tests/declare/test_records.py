@@ -80,6 +80,20 @@ def test_a_record_that_does_not_match_the_kernel_gets_the_specs_message_naming_i
         targets(project)
 
 
+def test_a_kernels_lines_whose_module_no_import_finds_are_one_broken_family_saying_why(project):
+    # flag_gems makes modules at run time (_gen_module_*, loaded from generated files): 93 families of its suite's
+    # record, one a line shape, each failed alone with the same error
+    made = "_gen_module_5f5f_rank_2:copy_kernel_rank_2"
+    lines = [line(128, kernel=made, signature=[["x_ptr", t], ["y_ptr", t], ["n", "i32"], ["BLOCK", "constexpr"]])
+             for t in ("*fp16", "*fp32", "*bf16")]
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), *lines]) + "\n")
+    catalog = Catalog(project, None, 50_000).load(keep_going=True)
+    assert len(catalog.targets) == 1 and len(catalog.broken) == 1
+    assert catalog.broken[0].error.startswith(f"specs/app.jsonl:2 (and 2 more lines): {made}: [kernel] module: no "
+                                              f"_gen_module_5f5f_rank_2 on this Python's module path")
+    assert "may have been made at run time" in catalog.broken[0].error
+
+
 def test_recorded_targets_build(project):
     (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(256) + "\n")
     doit(project, "-n", "2")
