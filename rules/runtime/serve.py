@@ -138,13 +138,14 @@ class Served:
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = None
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
-        self._empty = (lambda n: n == 0) if vendor == "amd" else (lambda n: n <= 0)
+        self._skips_negative = vendor != "amd"
 
     def launch_metadata(self, grid, stream, *args):
         return None
 
     def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
-        if self._empty(gx * gy * gz):
+        blocks = gx * gy * gz
+        if blocks == 0 or blocks < 0 and self._skips_negative:
             return
         if self.kernel is None:
             self.kernel = self.load()
@@ -188,12 +189,19 @@ class Served:
             raise AttributeError(f"kforge serve: this served kernel has no bundle entry to read {field!r} from")
         return self.entry.get(field)
 
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
+
+def _not_served(name: str) -> property:
+    def absent(self):
         raise AttributeError(f"kforge serve: a served kernel has no {name!r}: it stands for Triton's CompiledKernel "
-                             f"with its launch ([grid](...), run), name and metadata only; serve with "
-                             f"strict=False and no bundle for this kernel to get Triton's own object")
+                             f"with its launch ([grid](...), run), name and metadata only; serve without a bundle "
+                             f"for this kernel to get Triton's own object")
+    return property(absent)
+
+
+# CompiledKernel's other attributes, each an AttributeError that says why (a property: Triton's launch path asks
+# hasattr(kernel, "result") on every call, which a __getattr__ would make 20 times slower)
+for _name in ("asm", "hash", "src", "module", "n_regs", "n_spills", "n_max_threads"):
+    setattr(Served, _name, _not_served(_name))
 
 
 class LightDriver:
