@@ -15,8 +15,9 @@ Triton's current stream), which a CUDA graph captures like any launch.
 
 A bundle entry is served only to the function it was built from: its Triton source key (Triton's digest of
 the kernel's source, the @jit functions it calls, the constexpr globals it reads, made the same in every
-process: rules/runtime/source_key.py) must equal the calling function's, so a library upgraded, patched or imported from another checkout after the build compiles (or,
-strict, stops) instead of launching a binary of other code. A bundle that cannot be read is one line: an error
+process: rules/runtime/source_key.py) must equal the calling function's, so a library upgraded, patched or
+imported from another checkout after the build compiles (or, strict, stops) instead of launching a binary of
+other code. A bundle that cannot be read is one line: an error
 under strict, else a warning, and every call compiles. With verify=True the first launch of each served
 specialization is also compiled by Triton and the two binaries compared (rules/runtime/verify.py).
 
@@ -127,8 +128,8 @@ class Served:
     """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel. Triton's launch
     path calls run(); a JIT call also returns it to its caller, and libraries keep that object and launch it
     again themselves, as a CompiledKernel: `kernel[grid](*args)` (flag_gems's libentry on every cache hit), or
-    read its `name` and `metadata`. Those work alike here; any other CompiledKernel attribute is an
-    AttributeError that says so. The binary is checked and loaded at the first launch (`load` gives the
+    read its `name` and `metadata`. Those work alike here; CompiledKernel's others (asm, n_regs, ...) are
+    AttributeErrors that say so. The binary is checked and loaded at the first launch (`load` gives the
     kforge_runtime Kernel)."""
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
@@ -336,14 +337,14 @@ class Server:
         served.bundle = bundle
         return served
 
-    def _refusal(self, line: dict, found: tuple | None, source_key: str) -> str | None:
+    def _refusal(self, line: dict, found: tuple | None, code_key: str) -> str | None:
         """Why the call's specialization is not served (strict's message), or None: serve `found`. An entry held
         but unfit is as good as not held; the line notes why (the CI guard's list says so)."""
         if found is None:
             return miss_message(line)
         entry = found[1]
-        if entry.get("triton_source_key") != source_key:   # built from other code
-            line["source_key"] = source_key
+        if entry.get("triton_source_key") != code_key:   # built from other code
+            line["source_key"] = code_key
             return other_source_message(line, entry)
         if triton_environment(entry.get("env") or {}) != self.code_env:   # built under other compiler variables
             line["env"] = self.code_env
