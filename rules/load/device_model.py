@@ -120,6 +120,7 @@ def install(arch: str) -> None:
     _State.device = DEVICES[arch]
     _install_triton()
     _install_ctypes()
+    _install_vendor_tools()
     if "torch" in sys.modules:
         _install_torch(sys.modules["torch"])
     elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
@@ -500,6 +501,73 @@ def _torch_imported() -> None:
 
 class SetupFailed(RuntimeError):
     """A family's set-up hook raised; the message names it."""
+
+
+# A library may ask the vendor's command-line tool which GPU is there (flag_gems runs `nvidia-smi`, `rocm-smi` and
+# others at import and takes the vendor whose tool exits 0). Under the model the reference GPU's vendor's tools
+# answer, whatever this machine has, and the other vendor's are not there.
+VENDOR_TOOLS = {"nvidia": ("nvidia-smi",), "amd": ("rocm-smi", "amd-smi")}
+_SMI = r"""
+import sys
+name, cap, mib, tool, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+if tool == "nvidia-smi" and query is not None:
+    fields = {"name": name, "compute_cap": cap, "memory.total": mib + " MiB", "count": "1", "index": "0"}
+    print(", ".join(fields.get(f.strip(), "[N/A]") for f in query.split(",")))
+elif tool == "nvidia-smi":
+    print(f"GPU 0: {name} (UUID: GPU-00000000-0000-0000-0000-000000000000)")
+else:
+    print(f"GPU[0]\t\t: Card Series: \t\t{name}")
+"""
+
+
+def _install_vendor_tools() -> None:
+    """subprocess's programs named as a vendor's GPU tool run a stand-in under the model: the reference GPU's
+    vendor's answer as it (its name, compute capability, memory: `nvidia-smi -L`, `--query-gpu=...`), exit 0; the
+    other vendor's are not found (FileNotFoundError, as on a machine without them)."""
+    import inspect
+    import subprocess
+    if getattr(subprocess.Popen._execute_child, "kforge_model", False):
+        return
+    real = subprocess.Popen._execute_child
+    shell_at = list(inspect.signature(real).parameters).index("shell") - 3   # its place after (args, executable)
+
+    def execute_child(self, args, executable, *rest):
+        device, shell = _State.device, rest[shell_at]
+        argv = _words(args, shell)
+        program = os.path.basename(os.fsdecode(executable or argv[0])) if argv else ""
+        vendor = next((v for v, tools in VENDOR_TOOLS.items() if program in tools), None)
+        if device is not None and vendor is not None:
+            rest = (*rest[:shell_at], False, *rest[shell_at + 1:])
+            if vendor == device_vendor(device):
+                cap = f"{device.capability[0]}.{device.capability[1]}"
+                args = [sys.executable, "-c", _SMI, device.name, cap, str(device.total_memory >> 20), program,
+                        *map(os.fsdecode, argv[1:])]
+            elif shell:   # as a shell says of a command it does not have
+                args = [sys.executable, "-c", f"import sys; sys.stderr.write('sh: 1: {program}: not found\\n'); "
+                                              f"sys.exit(127)"]
+            else:
+                raise FileNotFoundError(2, f"No such file or directory: {program!r} (kforge's device model: "
+                                           f"{device.name} is no {vendor} GPU)", program)
+            executable = None
+        return real(self, args, executable, *rest)
+    execute_child.kforge_model = True
+    subprocess.Popen._execute_child = execute_child
+
+
+def _words(args, shell: bool) -> list:
+    """A command's words; a shell command's only where it is one plain command (no pipe, redirection, variable)."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        if not shell:
+            return [args]
+        import shlex
+        text = os.fsdecode(args)
+        return shlex.split(text) if not any(c in text for c in "|&;<>()$`*?[]{}~\n") else []
+    return list(args)
+
+
+def device_vendor(device: Device) -> str:
+    return "amd" if device.arch.startswith("gfx") else "nvidia"
 
 
 def prepare(arch: str, model: bool, setup: tuple[str, ...] = ()) -> None:

@@ -246,6 +246,40 @@ def test_a_cuda_backend_imports_under_the_model_where_it_only_names_what_it_woul
     assert proc.stdout.strip() in ("absent", ""), proc.stdout   # without the model: ctypes' own OSError
 
 
+VENDOR_TOOLS = '''
+import subprocess
+from kforge.load import device_model
+
+def ask(command, shell=False):
+    try:
+        done = subprocess.run(command, shell=shell, capture_output=True, text=True)
+        return f"{done.returncode} {done.stdout.strip()}".strip()
+    except FileNotFoundError:
+        return "not found"
+
+for arch in ("sm_90a", "gfx942"):
+    device_model.install(arch)
+    print(ask(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]))
+    print(ask("nvidia-smi -L", shell=True))
+    print(ask(["rocm-smi", "--showproductname"]))
+    print(ask("rocm-smi", shell=True))
+'''
+
+
+def test_the_vendors_gpu_tool_answers_as_the_reference_gpu_and_the_other_vendors_is_not_there(tmp_path):
+    """flag_gems runs each vendor's tool at import (`nvidia-smi`, `rocm-smi`, ...) and takes the one that exits 0:
+    on a CPU none did, and its import failed for every target ("No device were detected")."""
+    proc = _python(VENDOR_TOOLS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    h100, mi300x = DEVICES["sm_90a"], DEVICES["gfx942"]
+    assert proc.stdout.splitlines() == [
+        f"0 {h100.name}, 9.0, {h100.total_memory >> 20} MiB",
+        f"0 GPU 0: {h100.name} (UUID: GPU-00000000-0000-0000-0000-000000000000)",
+        "not found", "127",
+        "not found", "127",
+        f"0 GPU[0]\t\t: Card Series: \t\t{mi300x.name}", f"0 GPU[0]\t\t: Card Series: \t\t{mi300x.name}"]
+
+
 def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(tmp_path):
     (tmp_path / "hooks_a.py").write_text(textwrap.dedent('''
         import torch
