@@ -146,6 +146,8 @@ def _route(request: tuple, fd: int) -> dict:
     target, root, timeout, scratch_dir = request
     starting = time.time()
     backend = backend_of(target.toolchain)
+    if backend.imports_module and not in_project(target.source, root):
+        _precompile_once(target.module.split(".")[0], root)
     in_hub = backend.import_in == "hub"
     if in_hub:
         try:
@@ -164,6 +166,38 @@ def _route(request: tuple, fd: int) -> dict:
                 **({"facts": outcome.facts} if outcome.facts else {})}
     spans = (("start", starting, started),) if started - starting > WAIT_SPAN_S else ()
     return {"spans": (*spans, *outcome.result), "taken": starting}
+
+
+_precompiling: dict[str, int | None] = {}   # package -> the pid of the child compiling its sources (None: reaped)
+
+
+def _precompile_once(package: str, root: str) -> None:
+    """At the first request for a library, its sources compiled into the kept bytecode by a child (observe.
+    precompile) while the hub imports the toolchain and then the library: on a CPU the build leaves idle then.
+    The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers) and
+    dies with the hub; the hub reaps it at a later request."""
+    for name, pid in _precompiling.items():
+        if pid is not None and _ended(pid):
+            _precompiling[name] = None
+    if package in _precompiling:
+        return
+    hub = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            isolate.die_with_parent(hub)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            observe.precompile(package, root)
+        finally:
+            os._exit(0)
+    _precompiling[package] = pid
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) != (0, 0)
+    except ChildProcessError:
+        return True
 
 
 _hub = isolate.Hub(_route)   # this process's, or inherited from doit's master

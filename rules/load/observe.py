@@ -486,6 +486,59 @@ def _from_source(toolchain: tuple[str, ...], store: str | None, out: str | None 
     external.SourceLoader.source_to_code = source_to_code   # every source loader's, unless a loader has its own
 
 
+PRECOMPILE_LIMIT = 10_000   # files one precompile() compiles at most (a package folder holding far more is data)
+
+
+def precompile(package: str, root: str) -> int:
+    """An installed package's sources compiled into the project's kept bytecode ahead of its import, as
+    _from_source would compile them there: run by a child the build's hub forks when a package is first asked
+    for, on a CPU that otherwise waits while the hub imports the toolchain and the package (flag_gems's ~400
+    modules took 1.1 s of its 3.6 s import on the dev machine, each compiled as the import reached it). What the
+    store holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the
+    import compiles whatever this did not reach. Imports nothing; returns how many it compiled."""
+    import importlib.util
+    tag, secret = sys.implementation.cache_tag, _bytecode_key()
+    try:
+        spec = importlib.util.find_spec(package) if tag and secret and "." not in package else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return 0
+    layout = Layout.of(root)
+    kept = _KeptBytecode(str(layout.bytecode / tag), secret, str(layout.out))
+    done = 0
+    for path in _package_files(list(spec.submodule_search_locations)):
+        if done >= PRECOMPILE_LIMIT:
+            break
+        try:
+            if os.path.getsize(path) > 1 << 20:
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            key = kept.key(data, path, -1)
+            if kept.get(key) is None:
+                kept.keep(key, compile(data, path, "exec", dont_inherit=True))
+                done += 1
+        except (OSError, SyntaxError, ValueError):
+            continue
+    return done
+
+
+def _package_files(folders: list[str]) -> list[str]:
+    """The .py files under the package's folders, each folder's before its subfolders', by name (an order of
+    the files its import runs, read from their import statements, cost more than it gained: flag_gems's import
+    took 3.7-4.2 s with it, 3.2 s without); none of the toolchain's."""
+    toolchain = tuple(d + os.sep for d in toolchain_dirs())
+    found = []
+    for folder in folders:
+        if (os.path.realpath(folder) + os.sep).startswith(toolchain):
+            continue
+        for where, subs, files in os.walk(folder):
+            subs[:] = sorted(s for s in subs if s != "__pycache__")
+            found += [os.path.join(where, f) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
 BYTECODE_KEY = "bytecode-key"   # in settings.user_cache_dir(): 32 random bytes, this user's, made once
 
 

@@ -228,3 +228,23 @@ def test_no_home_directory_keeps_nothing_and_makes_nothing_where_it_runs(tmp_pat
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout.splitlines()[-1])["x"] == 1
     assert _kept(root) == [] and not (root / "~").exists()
+
+
+def test_a_package_precompiled_ahead_is_what_its_import_takes_and_nothing_is_compiled_twice(tmp_path):
+    """The build's hub has a child compile a library's sources while it imports the toolchain (observe.precompile):
+    the import then compiles none of them; a file edited after is compiled by the import, from what it read."""
+    lib, root = _library(tmp_path)
+    (lib / "pkg" / "sub").mkdir()
+    (lib / "pkg" / "sub" / "__init__.py").write_text("")
+    (lib / "pkg" / "broken.py").write_text("def (:\n")   # not Python: left for an import to report
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from kforge.load import observe; "
+            "print(observe.precompile('pkg', sys.argv[2]), observe.precompile('pkg', sys.argv[2]))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
+    done = subprocess.run([sys.executable, "-c", code, str(lib), str(root)], capture_output=True, text=True,
+                          env=env, check=True).stdout.split()
+    assert done == ["3", "0"] and len(_kept(root)) == 3   # the second pass finds every file kept
+    first = _import(lib, root)
+    assert first["compiled"] == [] and first["x"] == 1
+    (lib / "pkg" / "mod.py").write_text("X = 7\n\ndef f():\n    return X\n")
+    edited = _import(lib, root)
+    assert edited["compiled"] == ["pkg/mod.py"] and edited["x"] == 7
