@@ -15,6 +15,7 @@ when it finishes (xdist's workeroutput), so the verdict and the summary cover ev
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -46,34 +47,81 @@ def _check_values(record: str | None, bundles: list[str]) -> None:
             raise pytest.UsageError(f"--kforge-bundles{problem}")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Record and serve from before the suite's conftest files are imported: a library a conftest imports may
+    compile and launch kernels there, and pytest_configure runs only after them (what they ran was neither
+    recorded nor served, and a strict run did not name it). pytest-xdist's controller runs no test (its workers
+    start here too)."""
+    options = early_config.known_args_namespace
+    if not _controller(early_config, options):
+        _start(early_config, options)
+
+
 def pytest_configure(config):
     bundles = config.getoption("kforge_bundles")
     if (config.getoption("kforge_strict") or config.getoption("kforge_verify")) and not bundles:
         raise pytest.UsageError("--kforge-strict and --kforge-verify need --kforge-bundles PATH (the bundles to "
                                 "serve and check)")
-    # pytest-xdist's controller runs no test: serving or recording there would only import torch and Triton on
-    # the path before the first worker starts (seconds on a GPU host); it collects the workers' counts instead
-    controller = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
     _check_values(config.getoption("kforge_record"), bundles)
-    if config.getoption("kforge_record") and not controller:
-        import os
+    if not _controller(config, config.option):
+        _start(config, config.option)
+    elif bundles:
+        _library(bundles)   # read here too: one usage error, not one from each worker
+    if bundles:
+        config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
+                                "broken": []}
 
+
+def _controller(config, options) -> bool:
+    """Whether this is pytest-xdist's controller, which runs no test: serving or recording there would only
+    import torch and Triton on the path before the first worker starts (seconds on a GPU host); it collects the
+    workers' counts instead. A worker parses the controller's `-n` too: it is told apart by _xdist_worker (early)
+    or its workerinput (from pytest_configure on)."""
+    if hasattr(config, "workerinput") or _xdist_worker():
+        return False
+    return getattr(options, "dist", "no") != "no" or getattr(options, "numprocesses", None) not in (None, 0)
+
+
+def _xdist_worker() -> bool:
+    """An xdist worker sets PYTEST_XDIST_WORKER in its own process before pytest starts there, so it is not in the
+    environment the process was started with (Linux's /proc/self/environ); a pytest that a test of an xdist run
+    starts inherits it, and is no worker. Where that cannot be read: not known (the workers start at configure)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            started = f.read().split(b"\0")
+    except OSError:
+        return False
+    return not any(v.startswith(b"PYTEST_XDIST_WORKER=") for v in started)
+
+
+def _start(config, options) -> None:
+    """The recorder and the server of this process, once (at the first of the two hooks that can)."""
+    if config.stash.get(STARTED, False):
+        return
+    record, bundles = getattr(options, "kforge_record", None), getattr(options, "kforge_bundles", None) or []
+    _check_values(record, bundles)
+    config.stash[STARTED] = True
+    if record:
         from .record import Recorder
-        recorder = Recorder(os.path.abspath(config.getoption("kforge_record")))
+        recorder = Recorder(os.path.abspath(record))
         recorder.install()
         config.add_cleanup(recorder.uninstall)
     if bundles:
-        from .bundle import BundleError
-        from .library import Library
         from .serve import serve
-        try:
-            library = Library(*bundles)
-        except BundleError as e:
-            raise pytest.UsageError(f"--kforge-bundles: {e}") from None
-        if not controller:
-            config.stash[SERVER] = serve(library, strict=False, verify=config.getoption("kforge_verify"))
-        config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
-                                "broken": []}
+        config.stash[SERVER] = serve(_library(bundles), strict=False,
+                                     verify=bool(getattr(options, "kforge_verify", False)))
+
+
+def _library(bundles: list[str]):
+    from .bundle import BundleError
+    from .library import Library
+    try:
+        return Library(*bundles)
+    except BundleError as e:
+        raise pytest.UsageError(f"--kforge-bundles: {e}") from None
 
 
 def _own(server) -> dict:
@@ -138,3 +186,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 SERVER = pytest.StashKey()
 TOTALS = pytest.StashKey()
+STARTED = pytest.StashKey()

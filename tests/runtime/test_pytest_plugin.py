@@ -118,6 +118,27 @@ def test_recording_a_suite_writes_what_it_compiles(suite, tmp_path):
     assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256, 512]
 
 
+@pytest.mark.parametrize("workers, compiled", [((), 1), (("-n", "2"), 2)])   # each xdist worker imports it
+def test_what_a_conftest_launches_at_import_is_recorded_and_served_too(suite, tmp_path, workers, compiled):
+    """pytest imports the suite's conftest files before any plugin's pytest_configure: a library a conftest imports
+    may compile and launch kernels then, and those were neither recorded nor served (a strict run named none)."""
+    pytester, bundle = suite
+    stubs, tests = SUITE.replace("import copy", "import copy_app as copy").split("def x():")
+    pytester.makeconftest(stubs + "\ncopy[(8,)](torch.zeros(1000, dtype=torch.float16), "
+                                  "torch.zeros(1000, dtype=torch.float16), 1000, BLOCK=1024)\n")
+    pytester.makepyfile(test_app="import torch\nfrom app_kernels import copy_app as copy\n\n\ndef x():" + tests)
+    strict = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict",
+                                           "-k", "held", *workers)
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    strict.stdout.fnmatch_lines([f"*kforge: 1 specializations served, {compiled} compiled, 1 missing from the "
+                                 f"bundles*", 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 1024*'])
+    if workers:
+        return
+    out = tmp_path / "tests.jsonl"
+    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out), "-k", "held").ret == 0
+    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 1024]
+
+
 def test_strict_without_bundles_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--kforge-strict")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
