@@ -84,17 +84,20 @@ def _controller(config, options) -> bool:
 
 
 def _xdist_worker() -> bool:
-    """An xdist worker sets PYTEST_XDIST_WORKER in its own process before pytest starts there, so it is not in the
-    environment the process was started with (Linux's /proc/self/environ); a pytest that a test of an xdist run
-    starts inherits it, and is no worker. Where that cannot be read: not known (the workers start at configure)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    """An xdist worker sets PYTEST_XDIST_TESTRUNUID (its run's own id) in its own process before pytest starts
+    there, so the environment the process was started with (Linux's /proc/self/environ) lacks it or holds another
+    run's (a worker of a pytest that a test of an xdist run started); a pytest that a test of an xdist run starts
+    inherits the outer run's id unchanged, and is no worker. Where that cannot be read: not known (the workers
+    then start at configure)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
         return False
     try:
         with open("/proc/self/environ", "rb") as f:
             started = f.read().split(b"\0")
     except OSError:
         return False
-    return not any(v.startswith(b"PYTEST_XDIST_WORKER=") for v in started)
+    return f"PYTEST_XDIST_TESTRUNUID={run}".encode() not in started
 
 
 def _start(config, options) -> None:
