@@ -180,9 +180,19 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
                    if a != r["arch"] and _unfit(r["options"], a)]
         if skipped:
             tables["exclude"] = skipped
-        more = f" (and {len(records) - 1} more line{'s' if len(records) > 2 else ''})" if len(records) > 1 else ""
-        found.append((tables, f"{where}:{first_line}{more}: {first['kernel']}"))
+        found.append((tables, f"{at_lines(where, first_line, len(records))}: {first['kernel']}"))
     return found
+
+
+def at_lines(where: str, first: int, count: int) -> str:
+    """Where `count` lines of a record file are, the first of them named: `specs/app.jsonl:12 (and 15 more lines)`
+    (AT_LINES reads it back)."""
+    more = count - 1
+    return f"{where}:{first}" + (f" (and {more} more line{'s' if more > 1 else ''})" if more else "")
+
+
+AT_LINES = re.compile(r"(?P<where>.+?\.jsonl):(?P<first>\d+)(?: \(and (?P<more>\d+) more lines?\))?: (?P<rest>.*)",
+                      re.DOTALL)   # a message that starts with at_lines(...) and a colon
 
 
 def _unfit(options: dict, arch: str) -> bool:

@@ -539,7 +539,7 @@ def _install_vendor_tools() -> None:
         vendor = next((v for v, tools in VENDOR_TOOLS.items() if program in tools), None)
         if device is not None and vendor is not None:
             rest = (*rest[:shell_at], False, *rest[shell_at + 1:])
-            if vendor == device_vendor(device):
+            if vendor == ARCHS[device.arch].vendor:
                 cap = f"{device.capability[0]}.{device.capability[1]}"
                 args = [sys.executable, "-c", _SMI, device.name, cap, str(device.total_memory >> 20), program,
                         *map(os.fsdecode, argv[1:])]
@@ -564,10 +564,6 @@ def _words(args, shell: bool) -> list:
         text = os.fsdecode(args)
         return shlex.split(text) if not any(c in text for c in "|&;<>()$`*?[]{}~\n") else []
     return list(args)
-
-
-def device_vendor(device: Device) -> str:
-    return "amd" if device.arch.startswith("gfx") else "nvidia"
 
 
 def prepare(arch: str, model: bool, setup: tuple[str, ...] = ()) -> None:

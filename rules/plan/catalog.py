@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -614,28 +613,24 @@ def _family_name(path: Path) -> str:
     return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
 
 
-_RECORD_LINES = re.compile(r"(?P<file>.+?\.jsonl):(?P<first>\d+)(?: \(and (?P<more>\d+) more lines?\))?: (?P<error>.*)",
-                           re.DOTALL)
-
-
 def _grouped(failed: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     """Record families of one file that failed with one error (a kernel's lines of several argument types, its
     module missing) as one entry naming the first line and how many more: flag_gems's suite record had 93
     such families, of 19 kernels."""
-    merged: dict[tuple, list] = {}
+    from kforge.declare.records import AT_LINES, at_lines
+    merged: dict[tuple, list] = {}   # -> [name, spec file, error, its record lines read (or None), how many]
     for name, path, error in failed:
-        m = _RECORD_LINES.fullmatch(error)
-        key = (path, m["file"], m["error"]) if m else (name, path, error, len(merged))
-        seen = merged.setdefault(key, [name, path, error, m, 0])
+        m = AT_LINES.fullmatch(error)
+        seen = merged.setdefault((path, m["where"], m["rest"]) if m else (len(merged),), [name, path, error, m, 0])
         seen[4] += 1 + int(m["more"] or 0) if m else 0
-    return [(name, path, error if m is None or lines == 1 else
-             f"{m['file']}:{m['first']} (and {lines - 1} more line{'s' if lines > 2 else ''}): {m['error']}")
+    return [(name, path, error if m is None else f"{at_lines(m['where'], int(m['first']), lines)}: {m['rest']}")
             for name, path, error, m, lines in merged.values()]
 
 
 def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Broken]:
     """Broken entries whose names are task names of their own: a name a family that loaded (or another broken
     one) has, or a kforge task's, gets a suffix."""
+    import re
     from kforge.declare.spec import NAME_RE, RESERVED_NAMES
     found = []
     for name, path, error in failed:

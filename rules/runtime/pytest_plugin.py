@@ -63,11 +63,12 @@ def pytest_configure(config):
     if (config.getoption("kforge_strict") or config.getoption("kforge_verify")) and not bundles:
         raise pytest.UsageError("--kforge-strict and --kforge-verify need --kforge-bundles PATH (the bundles to "
                                 "serve and check)")
-    _check_values(config.getoption("kforge_record"), bundles)
     if not _controller(config, config.option):
-        _start(config, config.option)
-    elif bundles:
-        _library(bundles)   # read here too: one usage error, not one from each worker
+        _start(config, config.option)   # the values checked there
+    else:   # checked here too: one usage error, not one from each worker
+        _check_values(config.getoption("kforge_record"), bundles)
+        if bundles:
+            _library(bundles)
     if bundles:
         config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
                                 "broken": []}
