@@ -215,8 +215,7 @@ def install(target, arrived: Candidate | Unchanged) -> dict:
                 "source": {**arrived.meta["source"], "digests": dict(target.source_digests)}}
         meta_json, binary_name, binary = meta_bytes(meta), None, None
     else:
-        meta, binary_name, binary = accept(target, arrived.files)
-        meta_json = arrived.files[META]   # sealed where it was made: written as it came
+        meta, binary_name, binary, meta_json = accept(target, arrived.files)
     directory = guard.guard(target.layout.out, Path(target.out_dir) / META).parent   # never through a link out
     directory.mkdir(parents=True, exist_ok=True)
     if binary is not None:
@@ -228,22 +227,26 @@ def install(target, arrived: Candidate | Unchanged) -> dict:
     return meta
 
 
-def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
+def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
     """Check an artifact received as files (files_of's form) for `target`, from any source: every name is a
     plain file name, the files are exactly meta.json and the binary it names, meta.json is bound to the target
     (check_bound) and sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF
     checks for the TARGET's arch (never the arch meta.json claims). Nothing is written: (meta less its seal,
-    binary name, binary), or ArtifactError saying why in one line (the caller names where the files came from)."""
+    binary name, binary, meta.json's bytes to write), or ArtifactError saying why in one line (the caller names
+    where the files came from). meta.json is written as it came, sealed where it was made, unless it was made
+    for the same kernel, arch and key under another name: then relabelled for this target and sealed anew."""
     try:
         for name in files:
             plain_name(name)
-        meta = json.loads(files[META])
+        made = json.loads(files[META])
+        sealed_right = not _unsealed(made)
+        meta = relabelled(target, made) if sealed_right else made
         check_bound(target, meta)
         binary_name = meta.get("binary")
         if set(files) != {META, binary_name}:
             raise ArtifactError(f"it holds {_brief(sorted(files))}, not exactly {META} and the binary it names "
                                 f"({_brief(binary_name)})")
-        if _unsealed(meta):
+        if not sealed_right:
             raise ArtifactError("its meta.json's seal does not match its fields")
         binary = files[binary_name]
         schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
@@ -251,11 +254,27 @@ def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes]:
         raise BinaryRefused(str(e)) from None
     except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
         raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
+    if meta is not made:
+        return meta, binary_name, binary, meta_bytes(meta)
     meta.pop("seal", None)
-    return meta, binary_name, binary
+    return meta, binary_name, binary, files[META]
 
 
 BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
+
+
+def relabelled(target, meta: dict) -> dict:
+    """meta.json as this target's where it was made for the same kernel, arch and key under another name: a
+    record family's configs are named by what tells its lines apart (`r` alone, `item_dotrue` beside a line
+    with item_do false), so a record that gains or loses a line renames configs whose binaries stay the same,
+    and a cache entry keyed by that content is still this target's. Anything else is left for check_bound."""
+    if not isinstance(meta, dict) or any(meta.get(f) != getattr(target, f) for f in ("kernel", "arch", "key")):
+        return meta
+    labels = {"target": target.name, "config_id": target.config_id,
+              "config": json.loads(json.dumps(dict(target.config)))}   # as JSON gives it back
+    if all(meta.get(f) == v for f, v in labels.items()):
+        return meta
+    return {**{f: v for f, v in meta.items() if f != "seal"}, **labels}
 
 
 def check_bound(target, meta) -> None:

@@ -106,7 +106,7 @@ def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(com
     again = into(compiled, tmp_path / "again")
     assert [phase for phase, _, _ in again.result.result.spans] == ["compile", "check"]
     assert sorted(outcome.result.files) == ["meta.json", "scale_kernel.cubin"]
-    meta, _, on_disk = artifact.accept(target, outcome.result.files)   # what the installer checks
+    meta, _, on_disk, _ = artifact.accept(target, outcome.result.files)   # what the installer checks
     assert on_disk == binary
     assert meta["key"] == target.key and meta["target"] == target.name and meta["sha256"] == outcome.result.result.sha256
     directory = Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)

@@ -244,6 +244,32 @@ def test_a_revert_of_a_file_only_the_compile_read_installs_from_the_cache(tmp_pa
     assert sorted(p.name[:64] for p in entries(cache)) == [key, key] and len({p.name for p in entries(cache)}) == 2
 
 
+def test_a_record_family_that_gains_a_line_takes_its_renamed_config_from_the_cache(tmp_path):
+    """A record family's configs are named by what tells its lines apart: one line is `r`; with a second line
+    (another BLOCK) they are named by BLOCK. The first line's binary is the same under its new name and key: it
+    comes from the cache relabelled (meta.json says the new target), only the new line compiles."""
+    cache = tmp_path / "cache"
+    record = {"format": "kforge-record-1", "kernel": "tk.scale:scale_kernel", "arch": "sm_90a",
+              "signature": [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["BLOCK", "constexpr"]],
+              "divisible_by_16": ["x_ptr", "y_ptr"], "options": {"num_warps": 4, "num_stages": 3}}
+    line = lambda block: json.dumps({**record, "constexprs": {"BLOCK": block}}) + "\n"
+    first = make_project(tmp_path / "first", specs={})
+    (first / "specs" / "app.jsonl").write_text(line(128))
+    out, report = build(first, cache)
+    assert list(origins(report).values()) == ["compiled"], out
+    second = make_project(tmp_path / "second", specs={})
+    (second / "specs" / "app.jsonl").write_text(line(128) + line(256))
+    out, report = build(second, cache)
+    by_block = {json.loads((second / "out" / "sm_90a" / t.split("@")[0].replace(":", "/") / "meta.json")
+                           .read_text())["constexprs"]["BLOCK"]: (t, o) for t, o in origins(report).items()}
+    assert {b: o for b, (_, o) in by_block.items()} == {128: "local cache", 256: "compiled"}, out
+    assert "refused" not in out, out
+    name, _ = by_block[128]
+    meta = json.loads((second / "out" / "sm_90a" / name.split("@")[0].replace(":", "/") / "meta.json").read_text())
+    assert meta["target"] == name and meta["seal"] == artifact.seal(meta)
+    assert set(origins(build(second, cache)[1]).values()) == {"up-to-date"}   # installed as this target's own
+
+
 def test_a_file_where_the_default_cache_folder_belongs_is_one_warning_and_doit_cache_names_it(tmp_path):
     """$XDG_CACHE_HOME/kforge a file (local_cache= given as a file is refused before the run: rules/base/settings.py):
     not one refusal per target (a catalog of 1,000 would print 1,000) but one line naming the file and the fix;

@@ -241,9 +241,8 @@ def test_a_meta_json_rewritten_for_the_target_still_fails_the_elf_check_for_the_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("field, value", [("kernel", "other"), ("config_id", "bf16-b256-w4"),
-                                          ("config", {"dtype": "bf16", "BLOCK": 256, "num_warps": 4})])
-def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, field, value):
+@pytest.mark.parametrize("field, value", [("kernel", "other"), ("arch", "sm_80"), ("key", "0" * 64)])
+def test_a_meta_json_for_another_kernel_arch_or_key_is_refused(art, tmp_path, field, value):
     files = artifact.files_of(art)
     meta = json.loads(files[artifact.META])
     target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4", meta)
@@ -251,6 +250,26 @@ def test_a_meta_json_for_another_kernel_or_config_is_refused(art, tmp_path, fiel
     with pytest.raises(artifact.ArtifactError, match=field):
         install(target, Candidate(files))
     assert artifact.accept(target, artifact.files_of(art))[0]["target"] == meta["target"]   # the genuine one is
+
+
+@pytest.mark.parametrize("field, value", [("target", "scale:bf16-b256-w4@sm_90a"), ("config_id", "bf16-b256-w4"),
+                                          ("config", {"dtype": "bf16", "BLOCK": 256, "num_warps": 4})])
+def test_a_meta_json_of_this_kernel_arch_and_key_under_another_name_is_installed_as_the_targets(art, tmp_path,
+                                                                                               field, value):
+    """The key holds all that decides the bytes: made under another name (a record family's config renamed when
+    the record gained a line), the artifact is this target's, its meta.json relabelled and sealed anew. With its
+    seal not matching its fields, it is refused as any edited meta.json is."""
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4", meta)
+    renamed = {**meta, field: value}
+    files[artifact.META] = json.dumps({**renamed, "seal": artifact.seal(renamed)}).encode()
+    installed = install(target, Candidate(files))
+    written = json.loads((tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / artifact.META).read_text())
+    assert installed[field] == written[field] == meta[field] and written["seal"] == artifact.seal(written)
+    files[artifact.META] = json.dumps({**renamed, "seal": meta["seal"]}).encode()
+    with pytest.raises(artifact.ArtifactError, match=field):
+        install(target, Candidate(files))
 
 
 def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compile_read_do(tmp_path, monkeypatch):
