@@ -7,7 +7,8 @@
                    install(target, candidate)  a compile's (here or on a Dask cluster), or its Unchanged
     checked    accept(), inside install(): whatever its source, a candidate is untrusted until it passes, and
                passes once (plain file names, exactly meta.json and its binary, bound to this target, sealed
-               right, sha256 and the ELF checks for the TARGET's arch); its meta.json is then written as it came
+               right, sha256 and the ELF checks for the TARGET's arch); its meta.json is then written as it came,
+               or relabelled where it was made for the same kernel, arch and key under another config name
     read back  is_current and KeyIndex (built from this key?), built_meta and cutoff (what an early cutoff
                needs), load (the packager's and the tuner's), the failure kept in error.txt
 
