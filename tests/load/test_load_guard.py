@@ -15,9 +15,11 @@ from tests.support import doit, make_project, time_limit
 from tests.declare.test_python_catalog import CATALOG, python_project
 from tests.load.test_installed import install, spec
 
-# starts a process that would outlive the load, and says which
-SPAWN = ("import subprocess as _sp, pathlib as _pl\n"
-         "_pl.Path({pid_file!r}).write_text(str(_sp.Popen(['sleep', '600']).pid))\n")
+# starts a process that would outlive the load, and says which: in a file of its own per importing process, by
+# rename (two probes may import one module at once; the load stops them both when one fails, maybe mid-write)
+SPAWN = ("import subprocess as _sp, pathlib as _pl, os as _os\n"
+         "_p = _pl.Path({pid_file!r} + '.' + str(_os.getpid())); _t = _p.with_name(_p.name + '.tmp')\n"
+         "_t.write_text(str(_sp.Popen(['sleep', '600']).pid)); _os.replace(_t, _p)\n")
 
 
 def running(pid: int) -> bool:
@@ -29,11 +31,14 @@ def running(pid: int) -> bool:
 
 
 def gone(pid_file: Path, within_s: float = 5.0) -> bool:
-    pid = int(pid_file.read_text())
+    """Whether every process named in pid_file, or in the files SPAWN writes beside it, is gone in time."""
+    written = [pid_file, *pid_file.parent.glob(pid_file.name + ".*")]
+    pids = [int(p.read_text()) for p in written if p.exists() and not p.name.endswith(".tmp")]
+    assert pids, f"no process was named in {pid_file} or beside it"
     deadline = time.monotonic() + within_s
-    while running(pid) and time.monotonic() < deadline:
+    while any(map(running, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not running(pid)
+    return not any(map(running, pids))
 
 
 def test_a_catalog_in_an_endless_loop_is_named_then_stopped_at_the_limit_and_its_processes_die(tmp_path):
@@ -79,9 +84,7 @@ def test_a_catalog_value_that_cannot_leave_its_process_is_one_line(tmp_path):
 
 
 HANGS = '''
-import subprocess, pathlib
-pathlib.Path({pid_file!r}).write_text(str(subprocess.Popen(["sleep", "600"]).pid))
-{body}
+{spawn}{body}
 
 import triton
 import triton.language as tl
@@ -101,7 +104,7 @@ def slow_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
      "or raise the limit (catalog_timeout=SECONDS or KFORGE_CATALOG_TIMEOUT) if it needs longer"),
     ("chunks = [bytes(2**28) for _ in range(256)]", "120",
      "specs/lib_slow.toml: reading kforge_testlib.ops.slow.slow_kernel's autotune / heuristics (the module is "
-     "imported in a child process): MemoryError (in kforge_testlib/ops/slow.py:4) (at catalog_memory=2G; raise "
+     "imported in a child process): MemoryError (in kforge_testlib/ops/slow.py:5) (at catalog_memory=2G; raise "
      "it: catalog_memory=SIZE or "
      "KFORGE_CATALOG_MEMORY, e.g. 16G)"),
 ], ids=["endless-loop", "memory"])
@@ -113,7 +116,7 @@ def test_a_family_module_the_probe_imports_is_bounded_and_its_processes_die(tmp_
     monkeypatch.setenv("KFORGE_CATALOG_MEMORY", "2G")
     pid_file = tmp_path / "sleep.pid"
     (site / "kforge_testlib" / "ops" / "slow.py").write_text(
-        textwrap.dedent(HANGS.format(pid_file=str(pid_file), body=body)))
+        textwrap.dedent(HANGS.format(spawn=SPAWN.format(pid_file=str(pid_file)), body=body)))
     root = make_project(tmp_path / "p", specs={"lib_slow": spec("lib_slow", "kforge_testlib.ops.slow", "slow_kernel")
                                                .replace("[sweep]\nBLOCK = [128, 256]\n", "[sweep]\n")}, kernels={})
     with pytest.raises(SpecError) as e, time_limit(60, "the catalog's load"):
