@@ -31,9 +31,10 @@ def running(pid: int) -> bool:
 
 
 def gone(pid_file: Path, within_s: float = 5.0) -> bool:
-    """Whether every process named in pid_file, or in the files SPAWN writes beside it, is gone in time."""
-    written = [pid_file, *pid_file.parent.glob(pid_file.name + ".*")]
-    pids = [int(p.read_text()) for p in written if p.exists() and not p.name.endswith(".tmp")]
+    """Whether every process named in pid_file, or in the files SPAWN writes beside it, is gone in time (a temporary
+    one an importer was stopped before renaming counts where it holds a whole number)."""
+    written = [p.read_text() for p in [pid_file, *pid_file.parent.glob(pid_file.name + ".*")] if p.exists()]
+    pids = [int(text) for text in written if text.isdigit()]
     assert pids, f"no process was named in {pid_file} or beside it"
     deadline = time.monotonic() + within_s
     while any(map(running, pids)) and time.monotonic() < deadline:
