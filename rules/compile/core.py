@@ -254,7 +254,7 @@ def in_context(backend: Backend, request: tuple) -> tuple:
             _set_up.clear()
         levels, below = import_levels(target), _level[0] + 1
         if below == len(levels):
-            for minder in [m for m in _minders if os.waitpid(m, os.WNOHANG) != (0, 0)]:
+            for minder in [m for m in _minders if _ended(m)]:
                 _minders.remove(minder)
             _minders.append(isolate.serve_on(os.dup(fd), functools.partial(compile_below, backend), _forked_private))
             return spans

@@ -271,8 +271,7 @@ def relabelled(target, meta: dict) -> dict:
     and a cache entry keyed by that content is still this target's. Anything else is left for check_bound."""
     if not isinstance(meta, dict) or any(meta.get(f) != getattr(target, f) for f in ("kernel", "arch", "key")):
         return meta
-    labels = {"target": target.name, "config_id": target.config_id,
-              "config": json.loads(json.dumps(dict(target.config)))}   # as JSON gives it back
+    labels = {"target": target.name, "config_id": target.config_id, "config": _config_as_json(target)}
     if all(meta.get(f) == v for f, v in labels.items()):
         return meta
     return {**{f: v for f, v in meta.items() if f != "seal"}, **labels}
@@ -290,9 +289,14 @@ def check_bound(target, meta) -> None:
         if meta.get(field) != wanted[field]:
             raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
                                 f"{_brief(wanted[field])}")
-    if meta.get("config") != json.loads(json.dumps(dict(target.config))):   # as JSON gives it back
+    if meta.get("config") != _config_as_json(target):
         raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
                             f"{dict(target.config)}")
+
+
+def _config_as_json(target) -> dict:
+    """The target's config as meta.json's, read back, holds it (a tuple is a list there)."""
+    return json.loads(json.dumps(dict(target.config)))
 
 
 def _brief(value, limit: int = 80) -> str:
