@@ -1,10 +1,11 @@
 """What a recording process's import of a large library costs: a package server's import, as rules/compile/core.py
 does it (the recorder installed and started, the device model prepared, then the package imported).
 
-Modes, each a fresh interpreter in a scratch project (its out/ holds the kept bytecode):
+Modes, each a fresh interpreter in a scratch project, with a scratch user cache (XDG_CACHE_HOME: it holds the kept
+bytecode):
   source  every module outside the toolchain compiled from its source at every import (kforge before the kept
           bytecode: _from_source with no folder)
-  kept    compiled once, then its bytecode taken from out/.kforge/bytecode/ by the content it was compiled from
+  kept    compiled once, then its bytecode taken from the user cache's bytecode/ by the content it was compiled from
   pyc     Python's own .pyc beside the sources allowed (what the guarantee gave up: the reference)
 One untimed run of `kept` and of `pyc` first fills the kept bytecode and the __pycache__ folders; then the modes
 run alternating, --repeat times each; the medians are printed (and written with --json). The module to import
@@ -49,6 +50,7 @@ def child(mode: str, module: str, arch: str) -> None:
 def run(project: str, mode: str, module: str, arch: str) -> dict:
     # Python's default, writing .pyc files (a dev machine may set PYTHONDONTWRITEBYTECODE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["XDG_CACHE_HOME"] = os.path.join(project, "user-cache")   # the kept bytecode: this run's own
     command = [sys.executable, os.path.abspath(__file__), "--child", mode, "--module", module, "--arch", arch]
     proc = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
@@ -57,7 +59,7 @@ def run(project: str, mode: str, module: str, arch: str) -> dict:
 
 
 def kept_files(project: str) -> int:
-    return sum(len(files) for _, _, files in os.walk(os.path.join(project, "out", ".kforge", "bytecode")))
+    return sum(len(files) for _, _, files in os.walk(os.path.join(project, "user-cache", "kforge", "bytecode")))
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Building a recorded suite: how close `doit -n N` comes to the compiler's own time (issue 52).
 
-Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1]
+Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1] [--cold]
                                     [--revs REV ...] [--json f] [--traces DIR]
 RECORD is a kforge record (JSON lines; ../shared/data/liger_suite_record-h200.jsonl is liger-kernel's test suite,
 which needs liger-kernel installed). Each run: a fresh project holding the first --lines lines as
@@ -16,6 +16,9 @@ kforge_runtime/ is taken as it is, for a machine without the git history), one r
 order flipped every other round, so that a shared machine's load falls on both alike; the median ratio per rev.
 Each run records the machine's 1-minute load average just before it (`load_before`): right after a run it still
 holds that run's own work (it decays over about a minute; --settle S waits S seconds before each run).
+--cold: each run with an empty user cache of its own (XDG_CACHE_HOME), as on a machine that never built the
+library: its modules' bytecode, which kforge keeps there for every project (rules/load/observe.py), compiled
+again. Without it the user's cache is as it is: after a first run, the library's bytecode is kept.
 """
 from __future__ import annotations
 
@@ -89,6 +92,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--revs", nargs="+", default=["."], help="git revisions of kforge to pair ('.': installed)")
     ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait before each run")
+    ap.add_argument("--cold", action="store_true", help="each run with an empty user cache (no kept bytecode)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--traces", type=Path, help="a folder to keep each run's out/build-trace.json in")
     a = ap.parse_args()
@@ -99,8 +103,12 @@ def main() -> None:
             for rev in (a.revs if i % 2 == 0 else a.revs[::-1]):
                 dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
                 time.sleep(a.settle)
+                env = envs[rev]
+                if a.cold:
+                    shutil.rmtree(Path(tmp) / "user-cache", ignore_errors=True)
+                    env = {**env, "XDG_CACHE_HOME": str(Path(tmp) / "user-cache")}
                 load = os.getloadavg()[0]   # the machine's 1-minute load before the run (others' work on it)
-                r = {**one_build(dest, a.jobs, a.archs, envs[rev]), "load_before": load}
+                r = {**one_build(dest, a.jobs, a.archs, env), "load_before": load}
                 runs[rev].append(r)
                 if a.traces:
                     a.traces.mkdir(parents=True, exist_ok=True)
@@ -115,6 +123,7 @@ def main() -> None:
               f"-n {a.jobs}, archs={a.archs}")
     if a.json:
         a.json.write_text(json.dumps({"record": str(a.record), "lines": a.lines, "jobs": a.jobs, "archs": a.archs,
+                                      "user_cache": "empty each run" if a.cold else "as it is",
                                       "runs": runs if len(a.revs) > 1 else runs[a.revs[0]]}, indent=1))
 
 

@@ -8,8 +8,6 @@
                                                                        scratch, tool versions, linker shims)
     out/.kforge/wheels/                                                wheels a rebuild replaced (ship/package.py)
     out/.kforge/catalogs/                                              recent catalogs by content (plan/catalog.py)
-    out/.kforge/bytecode/<cache tag>/                                  recording processes' bytecode, by content
-                                                                       (load/observe.py)
 """
 from __future__ import annotations
 
@@ -137,12 +135,6 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     def kept_wheels(self) -> Path:
         """The last wheels out/dist/ held before a rebuild replaced them, under their own names (ship/package.py)."""
         return self.state / "wheels"
-
-    @property
-    def bytecode(self) -> Path:
-        """Bytecode of the modules a recording process compiled from their source, each under the digest of what
-        it was compiled from (load/observe.py); the folder of this interpreter's cache tag holds its own."""
-        return self.state / "bytecode"
 
     def tuning_table(self, arch: str, kernel: str) -> Path:
         return self.tune / arch / f"{kernel}.json"

@@ -147,7 +147,7 @@ def _route(request: tuple, fd: int) -> dict:
     starting = time.time()
     backend = backend_of(target.toolchain)
     if backend.imports_module and not in_project(target.source, root):
-        _precompile_once(target.module.split(".")[0], root)
+        _precompile_once(target.module.split(".")[0])
     in_hub = backend.import_in == "hub"
     if in_hub:
         try:
@@ -171,7 +171,7 @@ def _route(request: tuple, fd: int) -> dict:
 _precompiling: dict[str, int | None] = {}   # package -> the pid of the child compiling its sources (None: reaped)
 
 
-def _precompile_once(package: str, root: str) -> None:
+def _precompile_once(package: str) -> None:
     """At the first request for a library, its sources compiled into the kept bytecode by a child (observe.
     precompile) while the hub imports the toolchain and then the library: on a CPU the build leaves idle then.
     The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers) and
@@ -187,7 +187,7 @@ def _precompile_once(package: str, root: str) -> None:
         try:
             isolate.die_with_parent(hub)
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            observe.precompile(package, root)
+            observe.precompile(package)
         finally:
             os._exit(0)
     _precompiling[package] = pid

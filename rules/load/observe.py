@@ -33,9 +33,11 @@ What runs is what was read: in a recording process, a module outside the toolcha
 from the source, never a .pyc. Python takes a .pyc while the source's mtime (in seconds) and size match the ones
 it was written from, so a same-size edit within the same second, or a file restored with its old mtime (cp -p,
 tar, a CI cache), ran the old code while its new content was recorded: a wrong binary kept as up to date. Those
-bytes are compiled once: the code is kept under out/.kforge/bytecode/ by the sha256 of the bytes, the path they
-were read from and the interpreter's magic, and a later import of the same bytes takes it (compiling transformers'
-modules at every package server's import cost each ~5 s on an H200 host).
+bytes are compiled once: the code is kept in this user's cache (bytecode/ beside the local cache) by the sha256 of
+the bytes, the path they were read from and the interpreter's magic, and a later import of the same bytes, in any
+project, takes it, as Python takes a library's .pyc (compiling transformers' modules at every package server's
+import cost each ~5 s on an H200 host; flag_gems's import in a fresh project, 4.6 s with its sources compiled
+alongside, is 3.0 s with them kept).
 
 Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
 the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
@@ -69,7 +71,6 @@ import types
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from kforge.base.layout import Layout
 
 # the distributions whose files (and whose requirements' files) are the toolchain, not inputs
 TOOLCHAIN = ("triton", "torch", "flydsl", "kforge", "doit")
@@ -232,9 +233,8 @@ class Recorder:
         self.modules: set[str] = set(sys.modules)
         # where this process keeps the bytecode of what it compiled from source (_from_source): its reads and
         # writes there are kforge's own, never recorded (None where the interpreter has no bytecode)
-        tag = sys.implementation.cache_tag
-        self.bytecode = str(Layout.of(self.root).bytecode / tag) if tag else None
-        self._own = (self.bytecode + os.sep,) if tag else ()
+        self.bytecode = bytecode_folder()
+        self._own = (self.bytecode + os.sep,) if self.bytecode else ()
         self.active = False
         self.since_ns = 0
         # what _source made of each path, for the folders and skips it was asked with: a server's targets share
@@ -250,7 +250,7 @@ class Recorder:
             sys.addaudithook(cls.installed._hook)
             if type(os.environ) is os._Environ:   # the one object every reader holds: its class, not a copy
                 os.environ.__class__ = _ObservedEnviron
-            _from_source(cls.installed.skip, cls.installed.bytecode, str(Layout.of(cls.installed.root).out))
+            _from_source(cls.installed.skip, cls.installed.bytecode)
         return cls.installed
 
     def skip_out(self, out: str) -> None:
@@ -446,16 +446,16 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
     return [[n, found[n]] for n in sorted(found)]
 
 
-def _from_source(toolchain: tuple[str, ...], store: str | None, out: str | None = None) -> None:
+def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
     """Modules outside `toolchain` (folders, each ending in a separator) run what was read from their source (the
     module docstring says why), never a .pyc: the import system asks cache_from_source where a module's .pyc lies
     and reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported. It
     then reads the source once and hands those bytes to source_to_code, which takes the bytecode compiled from the
-    same bytes at the same path from `store` (a folder under out/; None: compile every time)."""
+    same bytes at the same path from `store` (bytecode_folder(); None: compile every time)."""
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
     cached, compile_source = external.cache_from_source, external.SourceLoader.source_to_code
     secret = _bytecode_key() if store is not None else None
-    kept = _KeptBytecode(store, secret, out or os.path.dirname(store)) if secret is not None else None
+    kept = _KeptBytecode(store, secret) if secret is not None else None
     decided: dict[str, bool] = {}
     folders: dict[str, str] = {}   # resolved once a folder: realpath takes a stat per step, for every import
 
@@ -489,23 +489,22 @@ def _from_source(toolchain: tuple[str, ...], store: str | None, out: str | None 
 PRECOMPILE_LIMIT = 10_000   # files one precompile() compiles at most (a package folder holding far more is data)
 
 
-def precompile(package: str, root: str) -> int:
-    """An installed package's sources compiled into the project's kept bytecode ahead of its import, as
+def precompile(package: str) -> int:
+    """An installed package's sources compiled into the kept bytecode ahead of its import, as
     _from_source would compile them there: run by a child the build's hub forks when a package is first asked
     for, on a CPU that otherwise waits while the hub imports the toolchain and the package (flag_gems's ~400
     modules took 1.1 s of its 3.6 s import on the dev machine, each compiled as the import reached it). What the
     store holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the
     import compiles whatever this did not reach. Imports nothing; returns how many it compiled."""
     import importlib.util
-    tag, secret = sys.implementation.cache_tag, _bytecode_key()
+    folder, secret = bytecode_folder(), _bytecode_key()
     try:
-        spec = importlib.util.find_spec(package) if tag and secret and "." not in package else None
+        spec = importlib.util.find_spec(package) if folder and secret and "." not in package else None
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return 0
-    layout = Layout.of(root)
-    kept = _KeptBytecode(str(layout.bytecode / tag), secret, str(layout.out))
+    kept = _KeptBytecode(folder, secret)
     done = 0
     for path in _package_files(list(spec.submodule_search_locations)):
         if done >= PRECOMPILE_LIMIT:
@@ -540,6 +539,18 @@ def _package_files(folders: list[str]) -> list[str]:
 
 
 BYTECODE_KEY = "bytecode-key"   # in settings.user_cache_dir(): 32 random bytes, this user's, made once
+
+
+def bytecode_folder() -> str | None:
+    """This user's kept bytecode for this interpreter: <user cache>/bytecode/<cache tag>, or None where the
+    interpreter has no bytecode or no home directory can be found (then every module compiles from source)."""
+    from kforge.base.settings import user_cache_dir
+    tag = sys.implementation.cache_tag
+    try:
+        folder = user_cache_dir()
+    except (RuntimeError, KeyError, OSError):
+        return None
+    return os.path.join(folder, "bytecode", tag) if tag and os.path.isabs(folder) else None
 
 
 def _bytecode_key() -> bytes | None:
@@ -598,27 +609,33 @@ class _KeptBytecode:
     names. Each file is the magic, that key, the HMAC-SHA256 under this user's key (_bytecode_key) of the head
     and the marshalled code, then the code: one that does not hold together (truncated, another interpreter's,
     garbage, another key's) is compiled again and replaced, never run. New files are written beside and renamed
-    into place: the servers of one build share them."""
+    into place: the servers of a build, and every build of this user's, share them."""
 
     # files kept at most: several times the modules of the largest import measured (liger-kernel with transformers,
     # 4,472 with the toolchain's); a process that writes one removes the oldest written beyond it, down to 3/4 of
     # it (the files of sources since edited, or of paths no longer imported: each is compiled again if needed)
     LIMIT = 20_000
 
-    def __init__(self, folder: str, secret: bytes, out: str):
+    def __init__(self, folder: str, secret: bytes):
         import importlib.util
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
-        self.secret, self.out = secret, out
-        self.inside: bool | None = None   # whether the folder lies in out/ (asked once)
+        self.secret = secret
+        self.own: bool | None = None   # whether the folder is this user's own (asked once)
         self.written = itertools.count()   # a name of its own for each file written beside
 
-    def _inside(self) -> bool:
-        """Whether the folder, links resolved, lies in out/ (out/ itself may be a link to another disk): a link in
-        out/ that leads elsewhere (a restored archive's) would have this process write there, and _bound remove
-        files there: then nothing is kept, and every module compiles from its source."""
-        if self.inside is None:
-            self.inside = os.path.realpath(self.folder).startswith(os.path.realpath(self.out) + os.sep)
-        return self.inside
+    def _own(self) -> bool:
+        """Whether the folder is a folder (not a link) of this user's that no one else can write to: a link put in
+        its place would have this process write, and _bound remove files, wherever it leads; a folder others can
+        write to lets them remove or swap files under a reader. Otherwise nothing is kept, and every module
+        compiles from its source."""
+        if self.own is None:
+            import stat
+            try:
+                st = os.lstat(self.folder)
+                self.own = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+            except OSError:
+                self.own = False
+        return self.own
 
     def key(self, source: bytes, path: str, optimize: int) -> tuple[str, bytes]:
         """(the file, the head it starts with) for the code of `source` read from `path`."""
@@ -630,7 +647,7 @@ class _KeptBytecode:
     def get(self, key: tuple[str, bytes]) -> types.CodeType | None:
         """The kept code, or None: none kept, or a file that does not hold together (never unmarshalled)."""
         where, head = key
-        if not self._inside():
+        if not self._own():
             return None
         try:
             with open(where, "rb") as f:
@@ -654,11 +671,10 @@ class _KeptBytecode:
         beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
         try:
             if not self.made:
-                if not self._inside():
-                    return
-                os.makedirs(self.folder, exist_ok=True)
-                self.inside = None   # asked again, of the folder as made
-                if not self._inside():
+                if not os.path.lexists(self.folder):
+                    os.makedirs(self.folder, mode=0o700, exist_ok=True)
+                self.own = None   # asked again, of the folder as it is now
+                if not self._own():
                     return
                 self.made = True
                 self._bound()

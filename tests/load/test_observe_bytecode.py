@@ -1,5 +1,5 @@
 """rules/load/observe.py: what a recording process runs is what it read, and the bytecode it compiles from that is
-kept under out/ by content. Each case runs fresh interpreters (a process installs its recorder for good) with a
+kept in the user's cache by content. Each case runs fresh interpreters (a process installs its recorder for good) with a
 library folder on sys.path and a project folder as the root; the builtin compile's audit event counts the
 modules compiled."""
 import json
@@ -55,23 +55,34 @@ def _import(lib: Path, root: Path, user_cache: Path | None = None) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def _kept(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "out" / ".kforge" / "bytecode").rglob("*") if p.is_file())
+def _store(root: Path, user_cache: Path | None = None) -> Path:
+    return (user_cache or root.parent / "user-cache") / "kforge" / "bytecode" / sys.implementation.cache_tag
 
 
-def test_bytecode_is_compiled_once_kept_under_out_and_taken_by_the_next_process(tmp_path):
+def _kept(root: Path, user_cache: Path | None = None) -> list[Path]:
+    """The files kept in the store of _import's user cache (default: beside root)."""
+    return sorted(p for p in _store(root, user_cache).rglob("*") if p.is_file())
+
+
+def test_bytecode_is_compiled_once_kept_in_the_users_cache_and_taken_by_the_next_process_of_any_project(tmp_path):
     lib, root = _library(tmp_path)
     first = _import(lib, root)
     assert first["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and first["x"] == 1
-    out = os.path.realpath(root / "out") + os.sep
-    writes = first["writes"]   # what the process wrote anywhere: out/ itself (made), and in it
-    assert writes and all((os.path.realpath(w) + os.sep).startswith(out) for w in writes), writes
-    assert not list(lib.rglob("__pycache__")) and len(_kept(root)) == 2
+    store = str(_store(root)) + os.sep
+    writes = first["writes"]   # what the process wrote anywhere: the store (made), and in it
+    assert writes and all((os.path.realpath(w) + os.sep).startswith(store) or w == str(_store(root).parent)
+                          for w in writes), writes
+    assert not list(lib.rglob("__pycache__")) and len(_kept(root)) == 2 and not (root / "out").exists()
+    assert _store(root).stat().st_mode & 0o777 == 0o700
     again = _import(lib, root)
     assert again["compiled"] == [] and again["x"] == 1 and again["writes"] == []
     assert again["co_filename"] == first["co_filename"] == str(lib / "pkg" / "mod.py")
+    other = tmp_path / "another-project"   # a library's bytecode serves every project of this user's
+    other.mkdir()
+    elsewhere = _import(lib, other)
+    assert elsewhere["compiled"] == [] and elsewhere["x"] == 1 and elsewhere["writes"] == []
     # the record is the sources read, as before; kforge's own reads and writes of its bytecode are none of it
-    for record in (first, again):
+    for record in (first, again, elsewhere):
         assert record["files"] == [str(lib / "pkg" / "__init__.py"), str(lib / "pkg" / "mod.py")]
         assert record["written"] == []
 
@@ -114,19 +125,24 @@ def test_a_damaged_kept_file_is_compiled_again_and_replaced_never_run(tmp_path):
 
 
 def test_bytecode_another_user_or_machine_kept_is_compiled_again_never_run(tmp_path):
-    """A restored out/ (a CI cache, an archive) holds bytecode written under another key, or crafted: a file that
-    holds together but for this user's key runs nothing of its own."""
+    """A cache folder restored or copied from elsewhere (a CI cache, an archive) holds bytecode written under another
+    key, or crafted: a file that holds together but for this user's key runs nothing of its own."""
     import hashlib
     import importlib.util
     import marshal
+    import shutil
     lib, root = _library(tmp_path)
     assert _import(lib, root, tmp_path / "theirs")["x"] == 1   # kept under another user's key
+    assert _import(lib, root, tmp_path / "ours")["x"] == 1   # our key made; then their files in our store
+    shutil.rmtree(_store(root, tmp_path / "ours"))
+    shutil.copytree(_store(root, tmp_path / "theirs"), _store(root, tmp_path / "ours"))
+    assert len(_kept(root, tmp_path / "ours")) == 2
     ours = _import(lib, root, tmp_path / "ours")
     assert ours["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and ours["x"] == 1
     # crafted: the code of `X = 666` in a file of the right name and head, its digest a plain sha256 of the code
     source = (lib / "pkg" / "mod.py").read_bytes()
     evil = marshal.dumps(compile(source.replace(b"X = 1", b"X = 666"), str(lib / "pkg" / "mod.py"), "exec"))
-    for path in _kept(root):
+    for path in _kept(root, tmp_path / "ours"):
         head = importlib.util.MAGIC_NUMBER + bytes.fromhex(path.name)
         path.write_bytes(head + hashlib.sha256(evil).digest() + evil)
     found = _import(lib, root, tmp_path / "ours")
@@ -135,27 +151,25 @@ def test_bytecode_another_user_or_machine_kept_is_compiled_again_never_run(tmp_p
     assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
 
 
-def test_a_link_in_out_that_leads_elsewhere_keeps_nothing_there(tmp_path):
-    """A restored archive's out/.kforge/bytecode may be a link out of out/: nothing is written or removed there."""
+def test_a_store_that_is_a_link_or_others_can_write_to_keeps_nothing_there(tmp_path):
+    """The store's place taken by a link (a restored archive's, a planted one) would have the process write, and
+    its bound remove files, wherever it leads; a folder others can write to lets them swap files under a reader:
+    nothing is read, written or removed there, and every module compiles from its source."""
     lib, root = _library(tmp_path)
     elsewhere = tmp_path / "elsewhere"
-    (elsewhere / sys.implementation.cache_tag).mkdir(parents=True)
-    (elsewhere / sys.implementation.cache_tag / "theirs").write_text("a user's file")
-    (root / "out" / ".kforge").mkdir(parents=True)
-    (root / "out" / ".kforge" / "bytecode").symlink_to(elsewhere)
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_text("a user's file")
+    _store(root).parent.mkdir(parents=True)
+    _store(root).symlink_to(elsewhere)
     first, again = _import(lib, root), _import(lib, root)
     assert first["x"] == again["x"] == 1 and again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"]
-    assert sorted(p.name for p in elsewhere.rglob("*")) == [sys.implementation.cache_tag, "theirs"]
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["theirs"]
     assert all(not w.startswith(str(elsewhere)) and "bytecode" not in w for w in first["writes"] + again["writes"])
-
-
-def test_out_itself_a_link_to_another_disk_keeps_bytecode(tmp_path):
-    lib, root = _library(tmp_path)
-    (tmp_path / "disk").mkdir()
-    (root / "out").symlink_to(tmp_path / "disk")
-    _import(lib, root)
-    assert _import(lib, root)["compiled"] == [] and not list((tmp_path / "disk").rglob("*.tmp"))
-    assert len([p for p in (tmp_path / "disk").rglob("*") if p.is_file()]) == 2
+    _store(root).unlink()
+    _store(root).mkdir()
+    _store(root).chmod(0o777)
+    first, again = _import(lib, root), _import(lib, root)
+    assert again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and _kept(root) == []
 
 
 def test_a_key_others_can_write_keeps_nothing(tmp_path):
@@ -170,7 +184,7 @@ def test_a_key_others_can_write_keeps_nothing(tmp_path):
 
 def test_the_toolchain_keeps_its_pyc_files_and_a_link_is_decided_by_the_file_it_leads_to(tmp_path):
     """_from_source decides by the resolved file (each folder resolved once): a module in the toolchain's folders
-    is Python's to cache, beside it; one outside is kept under out/ only, a link to a toolchain file is the
+    is Python's to cache, beside it; one outside is kept in the store only, a link to a toolchain file is the
     toolchain's."""
     lib, root = _library(tmp_path)
     (lib / "tool").mkdir()
@@ -196,7 +210,7 @@ def test_the_toolchain_keeps_its_pyc_files_and_a_link_is_decided_by_the_file_it_
 
 def test_beyond_its_limit_the_oldest_kept_files_go_when_a_process_writes_one(tmp_path):
     lib, root = _library(tmp_path)
-    folder = root / "out" / ".kforge" / "bytecode" / sys.implementation.cache_tag
+    folder = _store(root)
     folder.mkdir(parents=True)
     for n in range(6):   # files of sources since edited, the oldest first; a file beside a killed process left
         (folder / f"old{n}").write_bytes(b"x")
@@ -227,7 +241,7 @@ def test_no_home_directory_keeps_nothing_and_makes_nothing_where_it_runs(tmp_pat
         proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout.splitlines()[-1])["x"] == 1
-    assert _kept(root) == [] and not (root / "~").exists()
+    assert _kept(root) == [] and not (root / "~").exists() and not (root / "out").exists()
 
 
 def test_a_package_precompiled_ahead_is_what_its_import_takes_and_nothing_is_compiled_twice(tmp_path):
@@ -238,9 +252,9 @@ def test_a_package_precompiled_ahead_is_what_its_import_takes_and_nothing_is_com
     (lib / "pkg" / "sub" / "__init__.py").write_text("")
     (lib / "pkg" / "broken.py").write_text("def (:\n")   # not Python: left for an import to report
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from kforge.load import observe; "
-            "print(observe.precompile('pkg', sys.argv[2]), observe.precompile('pkg', sys.argv[2]))")
+            "print(observe.precompile('pkg'), observe.precompile('pkg'))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
-    done = subprocess.run([sys.executable, "-c", code, str(lib), str(root)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code, str(lib)], capture_output=True, text=True,
                           env=env, check=True).stdout.split()
     assert done == ["3", "0"] and len(_kept(root)) == 3   # the second pass finds every file kept
     first = _import(lib, root)
