@@ -13,11 +13,13 @@ compile_into; none imports the doit action (action.py).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -161,6 +163,7 @@ def _route(request: tuple, fd: int) -> dict:
     levels = import_levels(target)
     outcome = _server_for(target, backend, root, not in_hub).call(
         (target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(levels), log_dir=scratch_dir, handle=fd)
+    _stop_precompiling(target.module.split(".")[0])   # its library is imported (or failed to): no more use
     if not outcome.ok:
         return {"error": outcome.error, "traceback": outcome.traceback,
                 **({"facts": outcome.facts} if outcome.facts else {})}
@@ -174,8 +177,9 @@ _precompiling: dict[str, int | None] = {}   # package -> the pid of the child co
 def _precompile_once(package: str) -> None:
     """At the first request for a library, its sources compiled into the kept bytecode by a child (observe.
     precompile) while the hub imports the toolchain and then the library: on a CPU the build leaves idle then.
-    The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers) and
-    dies with the hub; the hub reaps it at a later request."""
+    The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers), stops
+    at the file it is on once the library is imported (_stop_precompiling: from then on it would take a CPU from
+    the compiles) and dies with the hub; the hub reaps it at a later request."""
     for name, pid in _precompiling.items():
         if pid is not None and _ended(pid):
             _precompiling[name] = None
@@ -187,10 +191,19 @@ def _precompile_once(package: str) -> None:
         try:
             isolate.die_with_parent(hub)
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            observe.precompile(package)
+            told: list[int] = []
+            signal.signal(signal.SIGTERM, lambda *_: told.append(1))   # a whole file written, then out
+            observe.precompile(package, stop=lambda: bool(told))
         finally:
             os._exit(0)
     _precompiling[package] = pid
+
+
+def _stop_precompiling(package: str) -> None:
+    pid = _precompiling.get(package)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def _ended(pid: int) -> bool:

@@ -68,7 +68,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 
@@ -181,13 +181,24 @@ def launchers() -> set[str]:
 
 def toolchain_dirs() -> tuple[str, ...]:
     """The standard library and the folders of the toolchain distributions and everything they require."""
-    import importlib.metadata
-    import re
     import sysconfig
     # the base interpreter's: a virtualenv's own lib/pythonX.Y holds site-packages, which is not the toolchain
     paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
-    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
-    todo, seen = list(TOOLCHAIN), set()
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")} | required_folders(TOOLCHAIN)
+    import kforge
+    import kforge_runtime   # kforge's own folders, wherever it is installed (editable: the checkout)
+    dirs.update(os.path.dirname(os.path.realpath(m.__file__)) for m in (kforge, kforge_runtime))
+    return tuple(sorted(dirs))
+
+
+def required_folders(distributions: Iterable[str]) -> set[str]:
+    """The folders of these installed distributions and of everything they require (not as an extra), as they
+    lie: each one's metadata folder, and each top-level package's folder and one-file module (both named; one
+    of them is there)."""
+    import importlib.metadata
+    import re
+    dirs: set[str] = set()
+    todo, seen = list(distributions), set()
     while todo:
         name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
         if name in seen:
@@ -206,10 +217,7 @@ def toolchain_dirs() -> tuple[str, ...]:
             and f.parts[0] not in ("..", "bin")}
         for top in tops:   # a package's folder, or a one-file module (typing_extensions.py)
             dirs.update((os.path.join(base, top), os.path.join(base, top + ".py")))
-    import kforge
-    import kforge_runtime   # kforge's own folders, wherever it is installed (editable: the checkout)
-    dirs.update(os.path.dirname(os.path.realpath(m.__file__)) for m in (kforge, kforge_runtime))
-    return tuple(sorted(dirs))
+    return dirs
 
 
 class Recorder:
@@ -489,13 +497,16 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
 PRECOMPILE_LIMIT = 10_000   # files one precompile() compiles at most (a package folder holding far more is data)
 
 
-def precompile(package: str) -> int:
-    """An installed package's sources compiled into the kept bytecode ahead of its import, as
-    _from_source would compile them there: run by a child the build's hub forks when a package is first asked
-    for, on a CPU that otherwise waits while the hub imports the toolchain and the package (flag_gems's ~400
-    modules took 1.1 s of its 3.6 s import on the dev machine, each compiled as the import reached it). What the
+def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
+    """An installed package's sources, and those of the distributions it requires outside the toolchain,
+    compiled into the kept bytecode ahead of its import, as _from_source would compile them there: run by a
+    child the build's hub forks when a package is first asked for, on a CPU that otherwise waits while the hub
+    imports the toolchain and the package (flag_gems's ~400 modules took 1.1 s of its 3.6 s import on the dev
+    machine, each compiled as the import reached it; then the 133 of sqlalchemy it imports, 0.5 s more). What the
     store holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the
-    import compiles whatever this did not reach. Imports nothing; returns how many it compiled."""
+    import compiles whatever this did not reach; `stop()` true ends it before the next file. Imports nothing;
+    returns how many it compiled."""
+    import importlib.metadata
     import importlib.util
     folder, secret = bytecode_folder(), _bytecode_key()
     try:
@@ -505,9 +516,10 @@ def precompile(package: str) -> int:
     if spec is None or not spec.submodule_search_locations:
         return 0
     kept = _KeptBytecode(folder, secret)
+    required = required_folders(importlib.metadata.packages_distributions().get(package, ()))
     done = 0
-    for path in _package_files(list(spec.submodule_search_locations)):
-        if done >= PRECOMPILE_LIMIT:
+    for path in _package_files([*spec.submodule_search_locations, *sorted(required)]):
+        if done >= PRECOMPILE_LIMIT or stop():
             break
         try:
             if os.path.getsize(path) > 1 << 20:
@@ -523,19 +535,25 @@ def precompile(package: str) -> int:
     return done
 
 
-def _package_files(folders: list[str]) -> list[str]:
-    """The .py files under the package's folders, each folder's before its subfolders', by name (an order of
-    the files its import runs, read from their import statements, cost more than it gained: flag_gems's import
-    took 3.7-4.2 s with it, 3.2 s without); none of the toolchain's."""
+def _package_files(places: list[str]) -> list[str]:
+    """The .py files under these folders (and those named themselves), shallowest first, then in the order of a
+    walk by name: an import reads a package's own modules more often than its subpackages' (flag_gems's reads
+    314 of its 417 files one or two folders deep, 54 of the 947 deeper: its vendors' backends), and with several
+    packages the shallow files of each come before any's deep ones. An order read from the files' import
+    statements cost more than it gained (flag_gems's import took 3.7-4.2 s with it, 3.2 s without). None of the
+    toolchain's; each file once."""
     toolchain = tuple(d + os.sep for d in toolchain_dirs())
-    found = []
-    for folder in folders:
-        if (os.path.realpath(folder) + os.sep).startswith(toolchain):
+    found: dict[str, None] = {}
+    for place in places:
+        real = os.path.realpath(place)
+        if (real + os.sep).startswith(toolchain) or real.endswith((".dist-info", ".egg-info")):
             continue
-        for where, subs, files in os.walk(folder):
+        if place.endswith(".py") and os.path.isfile(place):
+            found[place] = None
+        for where, subs, files in os.walk(place):
             subs[:] = sorted(s for s in subs if s != "__pycache__")
-            found += [os.path.join(where, f) for f in sorted(files) if f.endswith(".py")]
-    return found
+            found.update((os.path.join(where, f), None) for f in sorted(files) if f.endswith(".py"))
+    return sorted(found, key=lambda path: path.count(os.sep))   # stable: a walk's order within a depth
 
 
 BYTECODE_KEY = "bytecode-key"   # in settings.user_cache_dir(): 32 random bytes, this user's, made once

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import types
 from pathlib import Path
 
@@ -568,3 +569,32 @@ def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_nev
     assert set(origins(root).values()) == {"compiled"}
     after = binaries(root)
     assert all(after[p] != before[p] for p in after)
+
+
+def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_is_imported(tmp_path):
+    """The child that compiles a library's sources while the hub imports it (_precompile_once) would take a CPU
+    from the compiles after the import: told to stop (_stop_precompiling), it ends at once, leaving whole files
+    only."""
+    site = tmp_path / "site"
+    (site / "big").mkdir(parents=True)
+    (site / "big" / "__init__.py").write_text("")
+    body = "".join(f"def f{i}(x):\n    return [x + {i} for _ in range(3)]\n" for i in range(200))
+    for i in range(3000):
+        (site / "big" / f"m{i:04}.py").write_text(body)
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(site)!r})
+        from kforge.compile import core
+        core._precompile_once("big")
+        time.sleep(0.5)
+        core._stop_precompiling("big")
+        told = time.monotonic()
+        os.waitpid(core._precompiling["big"], 0)
+        print(time.monotonic() - told)
+    """)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    kept = [p for p in (tmp_path / "user-cache" / "kforge" / "bytecode").rglob("*") if p.is_file()]
+    assert float(proc.stdout.split()[-1]) < 2 and 0 < len(kept) < 3000   # stopped on its way
+    assert not [p for p in kept if p.name.endswith(".tmp")]

@@ -262,3 +262,42 @@ def test_a_package_precompiled_ahead_is_what_its_import_takes_and_nothing_is_com
     (lib / "pkg" / "mod.py").write_text("X = 7\n\ndef f():\n    return X\n")
     edited = _import(lib, root)
     assert edited["compiled"] == ["pkg/mod.py"] and edited["x"] == 7
+
+
+def _distribution(site: Path, name: str, requires: list[str], modules: dict[str, str]) -> None:
+    """An installed distribution in `site`: its files and the metadata importlib.metadata reads."""
+    for path, text in modules.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "top_level.txt").write_text(name + "\n")
+    (info / "RECORD").write_text("".join(f"{p},,\n" for p in modules))
+
+
+def test_precompile_takes_the_distributions_a_library_requires_shallow_files_first_and_stops_when_told(tmp_path):
+    """A library's import runs the modules of what it requires too (flag_gems: sqlalchemy's 133): precompile
+    compiles those, not an extra's; the shallow files of all of them before any deep one; `stop` ends it."""
+    site = tmp_path / "site"
+    _distribution(site, "lib", ["dep>=1", "extra_only ; extra == 'test'"],
+                  {"lib/__init__.py": "import dep\n", "lib/deep/er/__init__.py": "", "lib/deep/er/x.py": "X = 1\n"})
+    _distribution(site, "dep", [], {"dep/__init__.py": "from dep import core\n", "dep/core.py": "C = 1\n"})
+    _distribution(site, "extra_only", [], {"extra_only/__init__.py": ""})
+    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); from kforge.load import observe; "
+            "order = [os.path.relpath(p, sys.argv[1]) for p in observe._package_files("
+            "[os.path.join(sys.argv[1], 'lib'), os.path.join(sys.argv[1], 'dep')])]; "
+            "print(json.dumps([observe.precompile('lib', stop=lambda: True), observe.precompile('lib'), order]))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
+    stopped, done, order = json.loads(subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True,
+                                                     text=True, env=env, check=True).stdout)
+    assert stopped == 0 and done == 5   # lib's three, dep's two; not extra_only's
+    assert order == ["lib/__init__.py", "dep/__init__.py", "dep/core.py", "lib/deep/er/__init__.py",
+                     "lib/deep/er/x.py"]   # a walk would take lib's deep files before dep's
+    script = SCRIPT.replace("import pkg.mod", "import lib").replace("pkg.mod.X", "1").replace(
+        "pkg.mod.f.__code__.co_filename", "''")
+    proc = subprocess.run([sys.executable, "-c", script.format(lib=str(site), root=str(tmp_path))],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["compiled"] == []   # lib and dep: all taken
