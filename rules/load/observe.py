@@ -201,12 +201,12 @@ def required_folders(distributions: Iterable[str]) -> set[str]:
     todo, seen = list(distributions), set()
     while todo:
         name = re.split(r"[ ;<>=!~\[(]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
-        if name in seen:
+        if not name or name in seen:
             continue
         seen.add(name)
         try:
             dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
+        except (importlib.metadata.PackageNotFoundError, ValueError):
             continue
         if getattr(dist, "_path", None) is not None:   # its own metadata (entry points, RECORD)
             dirs.add(os.path.realpath(dist._path))
@@ -216,7 +216,8 @@ def required_folders(distributions: Iterable[str]) -> set[str]:
             f.parts[0] for f in dist.files or () if not f.parts[0].endswith((".dist-info", ".data"))
             and f.parts[0] not in ("..", "bin")}
         for top in tops:   # a package's folder, or a one-file module (typing_extensions.py)
-            dirs.update((os.path.join(base, top), os.path.join(base, top + ".py")))
+            if re.fullmatch(r"[\w.-]+", top) and top.strip(".") and top != "bin":   # never a path out of it
+                dirs.update((os.path.join(base, top), os.path.join(base, top + ".py")))
     return dirs
 
 

@@ -301,3 +301,20 @@ def test_precompile_takes_the_distributions_a_library_requires_shallow_files_fir
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["compiled"] == []   # lib and dep: all taken
+
+
+def test_a_distributions_metadata_never_leads_precompile_out_of_its_folder(tmp_path):
+    """A library's metadata is untrusted: a top_level.txt naming `..`, an absolute path or a path through the
+    folder, and a Requires-Dist with no name, take precompile nowhere but the package's own files."""
+    site, outside = tmp_path / "site", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.py").write_text("V = 1\n")
+    _distribution(site, "lib", ["; python_version > '3'", "dep"], {"lib/__init__.py": ""})
+    _distribution(site, "dep", [], {"dep/__init__.py": ""})
+    (site / "dep-1.0.dist-info" / "top_level.txt").write_text(f"..\n{outside}\n../outside\ndep\n")
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from kforge.load import observe; "
+            "print(json.dumps(sorted(observe.required_folders(['lib']))))")
+    folders = json.loads(subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True,
+                                        check=True).stdout)
+    assert all(f.startswith(str(site) + os.sep) for f in folders), folders
+    assert str(site / "dep") in folders and str(site / "lib") in folders
