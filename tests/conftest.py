@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -7,6 +9,12 @@ from tests.support import built_once, doit, make_project, spec_text
 # The local cache is per user and on by default: the suite's builds must neither fill the user's cache nor hit
 # entries an earlier test (or the user's own builds) left there. Tests of the cache name a directory of their own.
 os.environ["KFORGE_LOCAL_CACHE"] = "off"
+# Nor its kept bytecode (rules/load/observe.py): the test libraries' modules, at paths no later run has again. One
+# user cache for the whole run, made by the process that starts it; xdist's workers inherit it.
+if "KFORGE_TESTS_USER_CACHE" not in os.environ:
+    os.environ["KFORGE_TESTS_USER_CACHE"] = tempfile.mkdtemp(prefix="kforge-tests-user-cache-")
+    _MADE_USER_CACHE = True
+os.environ["XDG_CACHE_HOME"] = os.environ["KFORGE_TESTS_USER_CACHE"]
 
 
 def pytest_configure(config):
@@ -93,3 +101,8 @@ def built(tmp_path_factory):
     """A project whose scale kernel was really compiled for every arch kforge knows (doit -n 2), once for the
     whole run (every xdist worker): tests only read it, or change a copy of it."""
     return built_once(tmp_path_factory, "every-arch", _build_every_arch)
+
+
+def pytest_unconfigure(config):
+    if globals().get("_MADE_USER_CACHE") and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["KFORGE_TESTS_USER_CACHE"], ignore_errors=True)
