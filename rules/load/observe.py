@@ -517,9 +517,9 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
     if spec is None or not spec.submodule_search_locations:
         return 0
     kept = _KeptBytecode(folder, secret)
-    required = required_folders(importlib.metadata.packages_distributions().get(package, ()))
+    required = _as_imported(required_folders(importlib.metadata.packages_distributions().get(package, ())))
     done = 0
-    for path in _package_files([*spec.submodule_search_locations, *sorted(required)]):
+    for path in _package_files([*spec.submodule_search_locations, *required]):
         if done >= PRECOMPILE_LIMIT or stop():
             break
         try:
@@ -534,6 +534,17 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
         except (OSError, SyntaxError, ValueError):
             continue
     return done
+
+
+def _as_imported(paths: Iterable[str]) -> list[str]:
+    """Resolved paths spelled as the import system will open them, under the first module path entry that holds
+    them (a virtualenv reached through a link): kept bytecode is found by the path its source was read from."""
+    entries = [(os.path.realpath(e) + os.sep, e.rstrip(os.sep) + os.sep) for e in sys.path if e and os.path.isdir(e)]
+    spelled = []
+    for path in sorted(paths):
+        within = next(((real, given) for real, given in entries if path.startswith(real)), None)
+        spelled.append(within[1] + path[len(within[0]):] if within else path)
+    return spelled
 
 
 def _package_files(places: list[str]) -> list[str]:

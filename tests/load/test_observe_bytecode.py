@@ -279,8 +279,11 @@ def _distribution(site: Path, name: str, requires: list[str], modules: dict[str,
 
 def test_precompile_takes_the_distributions_a_library_requires_shallow_files_first_and_stops_when_told(tmp_path):
     """A library's import runs the modules of what it requires too (flag_gems: sqlalchemy's 133): precompile
-    compiles those, not an extra's; the shallow files of all of them before any deep one; `stop` ends it."""
-    site = tmp_path / "site"
+    compiles those, not an extra's, at the paths the import opens (the site folder reached through a link); the
+    shallow files of all of them before any deep one; `stop` ends it."""
+    site = tmp_path / "site-through-a-link"
+    (tmp_path / "site").mkdir()
+    site.symlink_to(tmp_path / "site")
     _distribution(site, "lib", ["dep>=1", "extra_only ; extra == 'test'"],
                   {"lib/__init__.py": "import dep\n", "lib/deep/er/__init__.py": "", "lib/deep/er/x.py": "X = 1\n"})
     _distribution(site, "dep", [], {"dep/__init__.py": "from dep import core\n", "dep/core.py": "C = 1\n"})
