@@ -586,8 +586,8 @@ def bytecode_folder() -> str | None:
 def _bytecode_key() -> bytes | None:
     """This user's key for kept bytecode, made at first use (owner-only, 32 random bytes), or None where it can be
     neither read nor made, or is not this user's alone (then nothing is kept: every module compiles from source).
-    A kept file is code: it runs only if its HMAC under this key holds, so the bytecode in an out/ that another
-    machine or user wrote (a restored CI cache, an archive) is compiled again, never run."""
+    A kept file is code: it runs only if its HMAC under this key holds, so bytecode that another machine or user
+    wrote (a cache folder restored from a CI cache or an archive) is compiled again, never run."""
     import stat
     from kforge.base.settings import user_cache_dir
     try:
@@ -695,7 +695,7 @@ class _KeptBytecode:
 
     def keep(self, key: tuple[str, bytes], code: types.CodeType) -> None:
         """Write beside, then rename into place (a reader sees a whole file or none); a folder that cannot be
-        written to (out/ read-only, a full disk) keeps nothing, and the module still runs from its source."""
+        written to (a read-only home, a full disk) keeps nothing, and the module still runs from its source."""
         where, head = key
         body = marshal.dumps(code)
         beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
