@@ -31,7 +31,6 @@ from kforge.store import artifact, scratch
 from kforge.store import inputs as inputs_index
 from kforge.load import device_model, isolate, observe, shared_env
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
-from kforge.base import cpus
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
 from kforge.base.target import Target
@@ -61,7 +60,6 @@ if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run im
 # keeps its servers, least recently used first, within caps that bound memory (a context server is a warm
 # compiler: the first compile in a fresh one pays MLIR/LLVM set-up again).
 MAX_SERVERS = 6    # library servers of the hub
-MAX_PRECOMPILERS = 15   # children compiling a library's sources while the hub imports it
 MAX_PACKAGES = 3   # package servers per library or package server
 MAX_PRIVATE = 3    # private package servers a process that compiles keeps
 MAX_CONTEXTS = 4   # context servers per private package server
@@ -173,39 +171,37 @@ def _route(request: tuple, fd: int) -> dict:
     return {"spans": (*spans, *outcome.result), "taken": starting}
 
 
-_precompiling: dict[str, list[int]] = {}   # package -> the pids of its children compiling sources, not yet reaped
+_precompiling: dict[str, int | None] = {}   # package -> the pid of the child compiling its sources (None: reaped)
 
 
 def _precompile_once(package: str) -> None:
-    """At the first request for a library, its sources compiled into the kept bytecode (observe.precompile) by
-    children, one per CPU but the hub's, while the hub imports the toolchain and then the library: CPUs the build
-    leaves idle then (at -n 16 every worker waits for that import; niced, they yield to any compile that does
-    run). A child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers),
-    stops at the file it is on once the library is imported (_stop_precompiling: from then on it would take a
-    CPU from the compiles) and dies with the hub; the hub reaps it at a later request."""
-    for name, pids in _precompiling.items():
-        pids[:] = [pid for pid in pids if not _ended(pid)]
+    """At the first request for a library, its sources compiled into the kept bytecode by a child (observe.
+    precompile) while the hub imports the toolchain and then the library: on a CPU the build leaves idle then.
+    The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers), stops
+    at the file it is on once the library is imported (_stop_precompiling: from then on it would take a CPU from
+    the compiles) and dies with the hub; the hub reaps it at a later request."""
+    for name, pid in _precompiling.items():
+        if pid is not None and _ended(pid):
+            _precompiling[name] = None
     if package in _precompiling:
         return
-    hub, children = os.getpid(), max(1, min(cpus.available() - 1, MAX_PRECOMPILERS))
-    _precompiling[package] = []
-    for index in range(children):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                isolate.die_with_parent(hub)
-                os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-                os.nice(10)
-                told: list[int] = []
-                signal.signal(signal.SIGTERM, lambda *_: told.append(1))   # a whole file written, then out
-                observe.precompile(package, stop=lambda: bool(told), part=(index, children))
-            finally:
-                os._exit(0)
-        _precompiling[package].append(pid)
+    hub = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            isolate.die_with_parent(hub)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            told: list[int] = []
+            signal.signal(signal.SIGTERM, lambda *_: told.append(1))   # a whole file written, then out
+            observe.precompile(package, stop=lambda: bool(told))
+        finally:
+            os._exit(0)
+    _precompiling[package] = pid
 
 
 def _stop_precompiling(package: str) -> None:
-    for pid in _precompiling.get(package, ()):
+    pid = _precompiling.get(package)
+    if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
 

@@ -65,7 +65,6 @@ import itertools
 import json
 import marshal
 import os
-import re
 import sys
 import time
 import types
@@ -197,6 +196,7 @@ def required_folders(distributions: Iterable[str]) -> set[str]:
     lie: each one's metadata folder, and each top-level package's folder and one-file module (both named; one
     of them is there)."""
     import importlib.metadata
+    import re
     dirs: set[str] = set()
     todo, seen = list(distributions), set()
     while todo:
@@ -498,17 +498,15 @@ def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
 PRECOMPILE_LIMIT = 10_000   # files one precompile() compiles at most (a package folder holding far more is data)
 
 
-def precompile(package: str, stop: Callable[[], bool] = lambda: False, part: tuple[int, int] = (0, 1)) -> int:
-    """An installed package's sources, those of the distributions it requires and those of the installed packages
-    its sources name in an import statement, outside the toolchain, compiled into the kept bytecode ahead of its
-    import, as _from_source would compile them there: run by children the build's hub forks when a package is
-    first asked for, on CPUs that otherwise wait while the hub imports the toolchain and the package (flag_gems's
-    ~400 modules took 1.1 s of its 3.6 s import on the dev machine, each compiled as the import reached it; then
-    the 133 of sqlalchemy it requires, 0.5 s more; liger-kernel imports transformers, which it does not require,
-    wherever it is installed). `part` (k, n): the k-th of n children, each taking every n-th file. What the store
-    holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the import
-    compiles whatever this did not reach; `stop()` true ends it before the next file. Imports nothing; returns
-    how many it compiled."""
+def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
+    """An installed package's sources, and those of the distributions it requires outside the toolchain,
+    compiled into the kept bytecode ahead of its import, as _from_source would compile them there: run by a
+    child the build's hub forks when a package is first asked for, on a CPU that otherwise waits while the hub
+    imports the toolchain and the package (flag_gems's ~400 modules took 1.1 s of its 3.6 s import on the dev
+    machine, each compiled as the import reached it; then the 133 of sqlalchemy it imports, 0.5 s more). What the
+    store holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the
+    import compiles whatever this did not reach; `stop()` true ends it before the next file. Imports nothing;
+    returns how many it compiled."""
     import importlib.metadata
     import importlib.util
     folder, secret = bytecode_folder(), _bytecode_key()
@@ -519,11 +517,9 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False, part: tup
     if spec is None or not spec.submodule_search_locations:
         return 0
     kept = _KeptBytecode(folder, secret)
-    own = list(spec.submodule_search_locations)
     required = _as_imported(required_folders(importlib.metadata.packages_distributions().get(package, ())))
-    index, parts = part
     done = 0
-    for path in _package_files([*own, *required, *_named_in_imports(own, package)])[index::parts]:
+    for path in _package_files([*spec.submodule_search_locations, *required]):
         if done >= PRECOMPILE_LIMIT or stop():
             break
         try:
@@ -538,34 +534,6 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False, part: tup
         except (OSError, SyntaxError, ValueError):
             continue
     return done
-
-
-IMPORT_STATEMENT = re.compile(rb"^[ \t]*(?:from|import)[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
-
-
-def _named_in_imports(folders: list[str], package: str) -> list[str]:
-    """Where the installed top-level packages that the package's own sources name in an import statement lie (as
-    the import spells them), the standard library's and the package's own left out: found, not imported."""
-    import importlib.util
-    names: set[str] = set()
-    for path in _package_files(folders):
-        try:
-            if os.path.getsize(path) <= 1 << 20:
-                with open(path, "rb") as f:
-                    names.update(n.decode() for n in IMPORT_STATEMENT.findall(f.read()))
-        except OSError:
-            continue
-    found = []
-    for name in sorted(names - set(sys.stdlib_module_names) - {package, "__future__"}):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None and spec.submodule_search_locations:
-            found += list(spec.submodule_search_locations)
-        elif spec is not None and isinstance(spec.origin, str) and spec.origin.endswith(".py"):
-            found.append(spec.origin)
-    return found
 
 
 def _as_imported(paths: Iterable[str]) -> list[str]:

@@ -571,9 +571,9 @@ def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_nev
     assert all(after[p] != before[p] for p in after)
 
 
-def test_the_hubs_precompile_children_stop_at_a_whole_file_once_told_the_library_is_imported(tmp_path):
-    """The children that compile a library's sources while the hub imports it (_precompile_once) would take CPUs
-    from the compiles after the import: told to stop (_stop_precompiling), they end at once, leaving whole files
+def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_is_imported(tmp_path):
+    """The child that compiles a library's sources while the hub imports it (_precompile_once) would take a CPU
+    from the compiles after the import: told to stop (_stop_precompiling), it ends at once, leaving whole files
     only."""
     site = tmp_path / "site"
     (site / "big").mkdir(parents=True)
@@ -589,8 +589,7 @@ def test_the_hubs_precompile_children_stop_at_a_whole_file_once_told_the_library
         time.sleep(0.5)
         core._stop_precompiling("big")
         told = time.monotonic()
-        for pid in core._precompiling["big"]:
-            os.waitpid(pid, 0)
+        os.waitpid(core._precompiling["big"], 0)
         print(time.monotonic() - told)
     """)
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
