@@ -581,12 +581,15 @@ def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_i
     body = "".join(f"def f{i}(x):\n    return [x + {i} for _ in range(3)]\n" for i in range(200))
     for i in range(3000):
         (site / "big" / f"m{i:04}.py").write_text(body)
+    store = tmp_path / "user-cache" / "kforge" / "bytecode"
     code = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(site)!r})
         from kforge.compile import core
         core._precompile_once("big")
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not any(f for _, _, f in os.walk({str(store)!r})) and time.monotonic() < deadline:
+            time.sleep(0.01)   # on its way: some files kept
         core._stop_precompiling("big")
         told = time.monotonic()
         os.waitpid(core._precompiling["big"], 0)
@@ -595,6 +598,6 @@ def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_i
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    kept = [p for p in (tmp_path / "user-cache" / "kforge" / "bytecode").rglob("*") if p.is_file()]
+    kept = [p for p in store.rglob("*") if p.is_file()]
     assert float(proc.stdout.split()[-1]) < 2 and 0 < len(kept) < 3000   # stopped on its way
     assert not [p for p in kept if p.name.endswith(".tmp")]
