@@ -29,11 +29,6 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
         return cls(Path(root))
 
     @classmethod
-    def around(cls, out) -> "Layout":
-        """The layout whose out/ folder is `out` (a Target carries its out/)."""
-        return cls(Path(out).parent)
-
-    @classmethod
     def holding(cls, path) -> "Layout":
         """The layout whose out/ holds `path` (a state file, a tuning table): the nearest folder named out/ above
         it."""
@@ -89,9 +84,6 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     def arch_dir(self, arch: str) -> Path:
         return self.out / arch
-
-    def family_dir(self, arch: str, kernel: str) -> Path:
-        return self.arch_dir(arch) / kernel
 
     def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
         return Path(self.artifact_path(arch, kernel, config_id))

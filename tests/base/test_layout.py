@@ -10,7 +10,7 @@ from tests.support import REPO
 
 TARGET = ("sm_90a", "scale", "fp16-b256-w4")
 ARGS = {"artifact_dir": TARGET, "artifact_path": TARGET, "meta_path": TARGET, "error_path": TARGET,
-        "arch_dir": ("sm_90a",), "family_dir": ("sm_90a", "scale"), "manifest_copy": ("gfx942",),
+        "arch_dir": ("sm_90a",), "manifest_copy": ("gfx942",),
         "package_stamp": ("gfx942",), "tuning_table": ("gfx942", "scale")}
 STRINGS = {"artifact_path", "meta_path", "error_path"}   # a Target's paths: strings, cheap for a no-op run
 LISTINGS = {"artifact_dirs"}   # what is in out/, not a path
@@ -22,7 +22,7 @@ def every_path(layout: Layout) -> dict[str, Path]:
     for name, member in vars(Layout).items():
         if isinstance(member, property):
             paths[name] = getattr(layout, name)
-        elif callable(member) and not name.startswith("_") and name not in ("of", "around", "holding", *LISTINGS):
+        elif callable(member) and not name.startswith("_") and name not in ("of", "holding", *LISTINGS):
             found = getattr(layout, name)(*ARGS[name])
             assert isinstance(found, str) == (name in STRINGS), name
             paths[name] = Path(found) if name in STRINGS else found
@@ -58,22 +58,21 @@ def test_artifact_dir_is_arch_then_kernel_then_config_id(tmp_path):
 @pytest.mark.parametrize("root", ["/some/project", "relative/project", "."])
 def test_a_targets_string_paths_are_the_artifact_dir_and_its_files(root):
     layout = Layout.of(root)
-    directory = layout.artifact_dir(*TARGET)
-    assert layout.artifact_path(*TARGET) == str(directory) or Path(layout.artifact_path(*TARGET)) == directory
+    directory = Path(layout.artifact_path(*TARGET))
     assert Path(layout.meta_path(*TARGET)) == directory / schema.META
     assert Path(layout.error_path(*TARGET)) == directory / schema.ERROR
 
 
 def test_artifact_dirs_lists_three_levels_down_links_included_and_never_enters_a_linked_arch(tmp_path):
     layout = Layout(tmp_path)
-    built = layout.artifact_dir(*TARGET)
+    built = Path(layout.artifact_path(*TARGET))
     built.mkdir(parents=True)
-    (layout.family_dir("sm_90a", "scale") / "a-link").symlink_to(tmp_path)
-    (layout.family_dir("sm_90a", "scale") / "a-file").write_text("")   # not an artifact directory
+    (built.parent / "a-link").symlink_to(tmp_path)
+    (built.parent / "a-file").write_text("")   # not an artifact directory
     layout.out.joinpath("elsewhere", "k", "c").mkdir(parents=True)
     layout.arch_dir("sm_80").symlink_to(layout.out / "elsewhere")
     assert sorted(layout.artifact_dirs(["sm_90a", "sm_80", "gfx942"])) == [
-        str(layout.family_dir("sm_90a", "scale") / "a-link"), str(built)]
+        str(built.parent / "a-link"), str(built)]
 
 
 def test_manifest_copy_sits_beside_the_wheels_in_dist_named_after_the_arch_distribution(tmp_path):
