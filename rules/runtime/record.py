@@ -136,14 +136,18 @@ def arch_name(target) -> str:
 
 class Recorder:
     """Appends one line per new specialization to `path` (unless the file holds it); installed as Triton's jit_post_compile_hook, and
-    around Triton's Autotuner.run to record the picked config (not the ones benchmarked)."""
+    around Triton's Autotuner.run to record the picked config (not the ones benchmarked). While an autotuner runs, only
+    its own kernel's compiles are candidates: any other kernel compiled meanwhile is a launch like any other (a
+    config's pre_hook zeroing a buffer with a kernel of its own, do_bench's cache flush when a library has put its
+    kernels under torch's ops: flag_gems's zeros_kernel with an int32 output), and runs again whenever that tuner
+    runs, served or not."""
 
     def __init__(self, path: str, arch: str | None = None):
         self.path, self.seen, self.lock = path, set(), threading.Lock()
         self.off = False   # the file turned out unwritable: warned once, records nothing more
         self.arch = arch   # None: the current device's, asked of Triton's driver at the first record
         self.previous = None
-        self.tuning = threading.local()   # .depth: inside an autotuner's run, where compiles are candidates
+        self.tuning = threading.local()   # .kernels: the functions of the autotuners running, whose compiles are candidates
 
     def install(self) -> None:
         from triton import knobs
@@ -156,11 +160,12 @@ class Recorder:
         def run(tuner, *args, **kwargs):
             if len(tuner.configs) <= 1:   # no choice made: the hook records the one config
                 return recorder.tuner_run(tuner, *args, **kwargs)
-            recorder.tuning.depth = getattr(recorder.tuning, "depth", 0) + 1
+            tuned = recorder._tuned()
+            tuned.append(tuner.base_fn)   # the Python function under its JITFunction (and any Heuristics)
             try:
                 result = recorder.tuner_run(tuner, *args, **kwargs)
             finally:
-                recorder.tuning.depth -= 1
+                tuned.pop()
             try:
                 recorder.write(tuned_line(tuner, args, kwargs, tuner.best_config))
             except Exception as e:   # recording never changes what runs
@@ -177,7 +182,7 @@ class Recorder:
 
     def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):
         try:
-            if not getattr(self.tuning, "depth", 0):
+            if not any(getattr(fn.jit_function, "fn", None) is tuned for tuned in self._tuned()):
                 self._record(fn, compile)
         except Exception as e:   # recording never changes what runs
             sys.stderr.write(f"kforge record: not recorded ({fn.module}.{fn.name}): {e}\n")
@@ -185,6 +190,11 @@ class Recorder:
             return self.previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
                                  already_compiled=already_compiled)
         return None
+
+    def _tuned(self) -> list:
+        if not hasattr(self.tuning, "kernels"):
+            self.tuning.kernels = []
+        return self.tuning.kernels
 
     def _record(self, fn, compile: dict) -> None:
         if self.arch is None:

@@ -159,6 +159,36 @@ def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(
     assert Autotuner.run is before   # recording undone
 
 
+def test_another_kernel_launched_while_an_autotuner_runs_is_recorded_its_candidates_are_not(tmp_path, monkeypatch):
+    """A kernel the tuning itself launches (do_bench's cache flush through a library that put its kernels under
+    torch's ops: flag_gems's zeros_kernel with an int32 output; a config's pre_hook) runs again whenever that tuner
+    runs, served or not: it is a launch like any other. The tuned kernel's benchmarked configs are not."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+    from tests.runtime.test_serve import StubDriver, copy, copy_tuned
+    from triton.runtime import driver
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    for fn in (copy, copy_tuned.fn):
+        fn.device_caches.clear()
+        fn.device_caches[0]
+        monkeypatch.setattr(fn, "compile", lambda *a, **k: Compiled(), raising=False)
+    x, y = torch.zeros(1000, dtype=torch.float16), torch.zeros(1000, dtype=torch.float16)
+    flush = torch.zeros(64, dtype=torch.int32)
+
+    def bench(self, *args, config, **kwargs):   # as do_bench's L2 flush would, through a library's op
+        copy[(1,)](flush, flush, 64, BLOCK=64)
+        copy_tuned.fn[(1,)](x, y, 1000, BLOCK=config.kwargs["BLOCK"], num_warps=config.num_warps)
+        return [1.0 / config.kwargs["BLOCK"]]
+    monkeypatch.setattr(Autotuner, "_bench", bench)
+    copy_tuned.cache.clear()
+    path = tmp_path / "app.jsonl"
+    with record.recording(str(path)):
+        copy_tuned[(1,)](x, y, 1000)
+    lines = [json.loads(t) for t in path.read_text().splitlines()]
+    assert sorted((r["kernel"].split(":")[1], r["signature"][0][1], r.get("autotune") is not None) for r in lines) == [
+        ("copy", "*i32", False), ("copy_tuned", "*fp16", True)]   # not BLOCK 128 / 256's benchmarked compiles
+
+
 def append_many(args) -> None:
     path, start = args
     for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
