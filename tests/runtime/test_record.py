@@ -189,6 +189,41 @@ def test_another_kernel_launched_while_an_autotuner_runs_is_recorded_its_candida
         ("copy", "*i32", False), ("copy_tuned", "*fp16", True)]   # not BLOCK 128 / 256's benchmarked compiles
 
 
+def test_a_kernel_a_configs_pre_hook_launches_is_recorded_it_runs_at_every_served_call_too(tmp_path, monkeypatch):
+    """Triton's Autotuner runs the picked config's pre_hook before each launch, served or not: a kernel it launches
+    (a buffer zeroed by a kernel of its own) is a launch of the workload."""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+    from tests.runtime.test_serve import StubDriver, copy
+    from triton.runtime import driver
+    flags = torch.zeros(64, dtype=torch.int32)
+
+    def zero_flags(nargs):
+        copy[(1,)](flags, flags, 64, BLOCK=64)
+
+    hooked = triton.autotune(configs=[triton.Config({"BLOCK": 128}, pre_hook=zero_flags),
+                                      triton.Config({"BLOCK": 256}, pre_hook=zero_flags)], key=["n"])(copy_hooked)
+    monkeypatch.setattr(driver, "_active", StubDriver())
+    for fn in (copy, copy_hooked):
+        fn.device_caches.clear()
+        fn.device_caches[0]
+        monkeypatch.setattr(fn, "compile", lambda *a, **k: Compiled(), raising=False)
+    monkeypatch.setattr(Autotuner, "_bench", lambda self, *a, config, **k: [1.0 / config.kwargs["BLOCK"]])
+    path = tmp_path / "app.jsonl"
+    x, y = torch.zeros(1000, dtype=torch.float16), torch.zeros(1000, dtype=torch.float16)
+    with record.recording(str(path)):
+        hooked[(1,)](x, y, 1000)
+    lines = [json.loads(t) for t in path.read_text().splitlines()]
+    assert sorted((r["kernel"].split(":")[1], r["signature"][0][1], "autotune" in r) for r in lines) == [
+        ("copy", "*i32", False), ("copy_hooked", "*fp16", True)]
+
+
+@triton.jit
+def copy_hooked(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
 def append_many(args) -> None:
     path, start = args
     for n in (i % 400 for i in range(start, start + 300)):   # lines up to 6 kB: over a pipe's atomic 4 kB
