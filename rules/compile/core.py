@@ -148,22 +148,23 @@ def _route(request: tuple, fd: int) -> dict:
     target, root, timeout, scratch_dir = request
     starting = time.time()
     backend = backend_of(target.toolchain)
-    if backend.imports_module and not in_project(target.source, root):
-        _precompile_once(target.module.split(".")[0])
+    package = target.module.split(".")[0]
+    installed = backend.imports_module and not in_project(target.source, root)   # a library's, not the project's
+    if installed:
+        _precompile_once(package)
     in_hub = backend.import_in == "hub"
     if in_hub:
         try:
             backend.warm(root)
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return {"error": _unusable(target, e)}
-    if backend.imports_module and "torch" not in sys.modules and not in_project(target.source, root) \
-            and _requires_torch(target.module.split(".")[0]):
+    if installed and "torch" not in sys.modules and _requires_torch(package):
         _import_torch()
     started = time.time()
     levels = import_levels(target)
     outcome = _server_for(target, backend, root, not in_hub).call(
         (target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(levels), log_dir=scratch_dir, handle=fd)
-    _stop_precompiling(target.module.split(".")[0])   # its library is imported (or failed to): no more use
+    _stop_precompiling(package)   # its library is imported (or failed to): no more use
     if not outcome.ok:
         return {"error": outcome.error, "traceback": outcome.traceback,
                 **({"facts": outcome.facts} if outcome.facts else {})}

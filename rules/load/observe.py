@@ -574,13 +574,19 @@ BYTECODE_KEY = "bytecode-key"   # in settings.user_cache_dir(): 32 random bytes,
 def bytecode_folder() -> str | None:
     """This user's kept bytecode for this interpreter: <user cache>/bytecode/<cache tag>, or None where the
     interpreter has no bytecode or no home directory can be found (then every module compiles from source)."""
+    folder, tag = _user_folder(), sys.implementation.cache_tag
+    return os.path.join(folder, "bytecode", tag) if folder and tag else None
+
+
+def _user_folder() -> str | None:
+    """settings.user_cache_dir(), or None where no home directory can be found (a container's user without one)
+    or `~` was left unexpanded: never a folder made where the process runs."""
     from kforge.base.settings import user_cache_dir
-    tag = sys.implementation.cache_tag
     try:
         folder = user_cache_dir()
     except (RuntimeError, KeyError, OSError):
         return None
-    return os.path.join(folder, "bytecode", tag) if tag and os.path.isabs(folder) else None
+    return folder if os.path.isabs(folder) else None
 
 
 def _bytecode_key() -> bytes | None:
@@ -589,12 +595,8 @@ def _bytecode_key() -> bytes | None:
     A kept file is code: it runs only if its HMAC under this key holds, so bytecode that another machine or user
     wrote (a cache folder restored from a CI cache or an archive) is compiled again, never run."""
     import stat
-    from kforge.base.settings import user_cache_dir
-    try:
-        folder = user_cache_dir()
-    except (RuntimeError, KeyError, OSError):   # no home directory to be found (a container's user without one)
-        return None
-    if not os.path.isabs(folder):   # `~` left unexpanded: never a folder made where the process runs
+    folder = _user_folder()
+    if folder is None:
         return None
     path = os.path.join(folder, BYTECODE_KEY)
     for _ in range(2):
