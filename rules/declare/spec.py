@@ -186,6 +186,11 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                                        signature, where)
     if chosen is not None:
         if chosen["autotune"] is not None:
+            clash = [n for n in chosen.get("around_tuner", ()) if n in chosen["autotune"][0]]
+            if clash:   # Autotuner.run passes the config's value and the heuristic's both: a TypeError at launch
+                raise SpecError(f"{where}: {module}.{k['entry']}: @triton.heuristics around @triton.autotune sets "
+                                f"{clash[0]}, which the autotune configs set too: Triton fails at launch with both; "
+                                f"put the heuristic under the autotuner, or drop {clash[0]} from one of them")
             swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
             tuned = tuple(chosen["autotune"][0])
         notes = _tuner_notes(chosen, hints, where, f"{module}.{k['entry']}")

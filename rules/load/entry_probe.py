@@ -296,10 +296,13 @@ def _describe(module: str, entry: str) -> dict:
             if bad:
                 return {"error": f"autotune config {c} of {module}.{entry}: {bad[0]} is not a plain value; kforge "
                                  f"sweeps ints, floats, bools and strings"}
-    # Triton applies the innermost @heuristics first: its values are in the args the outer ones see
-    names = [n for x in reversed(layers) if isinstance(x, Heuristics) for n in x.values]
-    return {"autotune": configs, "heuristics": names, "tuner": _tuner_facts(tuner) if tuner else {},
-            "unspecialized": _unspecialized(layers[-1])}
+    # Triton runs the outermost @heuristics first (Heuristics.run sets its values, then runs what it wraps): an
+    # inner one sees the outer ones' values and overwrites a value they set, as it overwrites an autotune
+    # config's when the autotuner wraps it
+    names = list(dict.fromkeys(n for x in layers if isinstance(x, Heuristics) for n in x.values))
+    around = [n for x in layers[:layers.index(tuner)] if isinstance(x, Heuristics) for n in x.values] if tuner else []
+    return {"autotune": configs, "heuristics": names, "around_tuner": around,
+            "tuner": _tuner_facts(tuner) if tuner else {}, "unspecialized": _unspecialized(layers[-1])}
 
 
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")   # a triton.Config's own; the rest are kwargs
@@ -487,7 +490,7 @@ def _stand_ins(pointers: dict) -> dict:
 def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] | None = None,
                 pinned: list | None = None) -> dict:
     from triton.runtime.autotuner import Heuristics
-    layers = [x for x in reversed(_layers(module, entry)) if isinstance(x, Heuristics)]
+    layers = [x for x in _layers(module, entry) if isinstance(x, Heuristics)]   # outermost first, as Triton runs them
     values = []
     for i, given in enumerate(args):
         seen, found = _Arguments(given, pointers[i] if pointers else {}), {}

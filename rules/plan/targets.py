@@ -90,8 +90,10 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if arch_filter is not None and arch_name not in arch_filter:
             continue
         versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
-        # a heuristic's value the spec gives ([override], rules/declare/spec.py) is pinned: its rule is never run
-        fixed = {**dict(spec.constants), **spec.on_arch(arch_name), **dict.fromkeys(spec.configs.params)}
+        # a heuristic's value the spec gives ([override], rules/declare/spec.py) is pinned: its rule is never run.
+        # An autotune config's value is not: the heuristic under the autotuner reads it and overwrites it.
+        fixed = {**dict(spec.constants), **spec.on_arch(arch_name),
+                 **dict.fromkeys(p for p in spec.configs.params if p not in spec.tuned or p not in spec.derived)}
         pinned = tuple(d for d in spec.derived if d in fixed)
         family_env = spec.env_on(arch_name)
         # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
@@ -243,7 +245,7 @@ def _adapted(spec: Spec, signature: tuple, constexprs: tuple, known: dict) -> tu
 def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
     spec, arch = shared.spec, shared.arch
     values = dict(config)
-    known = {**dict(spec.constants), **spec.on_arch(arch), **(derived or {}), **values}
+    known = {**dict(spec.constants), **spec.on_arch(arch), **values, **(derived or {})}   # derived: never pinned
     types = tuple(known.get(v) for v in spec.type_vars + spec.shape_vars)
     signature = shared.signatures.get(types)
     if signature is None:

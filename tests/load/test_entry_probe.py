@@ -425,3 +425,95 @@ def test_the_librarys_line_is_added_to_a_probe_message_only_where_the_message_do
         with pytest.raises(RuntimeError) as e:
             twice_lib.fail(message)
         assert entry_probe._where(e.value) == added
+
+
+HEURISTICS_LIB = {
+    "kforge_heurlib/__init__.py": "",
+    "kforge_heurlib/ops.py": '''
+        import triton
+        import triton.language as tl
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK_K": 128}, num_warps=4),
+                                  triton.Config({"BLOCK_K": 32}, num_warps=4)], key=["n"])
+        @triton.heuristics({"BLOCK_K": lambda args: min(args["BLOCK_K"], args["GROUP"])})
+        @triton.jit
+        def tuned_kernel(x_ptr, n, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+            tl.static_assert(GROUP % BLOCK_K == 0)
+            tl.store(x_ptr + tl.arange(0, BLOCK_K), tl.zeros([BLOCK_K], tl.float32))
+
+
+        @triton.heuristics({"SPLIT": lambda args: 2, "WIDE": lambda args: args["SPLIT"] * 8})
+        @triton.heuristics({"SPLIT": lambda args: 4})
+        @triton.jit
+        def layered_kernel(x_ptr, n, SPLIT: tl.constexpr, WIDE: tl.constexpr):
+            tl.store(x_ptr + tl.arange(0, WIDE), tl.zeros([WIDE], tl.float32) + SPLIT)
+
+
+        @triton.heuristics({"BLOCK_K": lambda args: 16})
+        @triton.autotune(configs=[triton.Config({"BLOCK_K": 128})], key=["n"])
+        @triton.jit
+        def clashing_kernel(x_ptr, n, BLOCK_K: tl.constexpr):
+            tl.store(x_ptr + tl.arange(0, BLOCK_K), tl.zeros([BLOCK_K], tl.float32))
+    ''',
+}
+
+
+def _heuristics_spec(entry: str, constexprs: str, constants: str = "") -> str:
+    return f'''
+[kernel]
+name = "{entry.replace("_kernel", "")}"
+module = "kforge_heurlib.ops"
+entry = "{entry}"
+toolchain = "triton"
+archs = ["sm_90a"]
+
+[signature]
+x_ptr = "*fp32"
+n = "i32"
+{constexprs}
+
+[constants]
+{constants}
+
+[sweep]
+n = [1024]
+'''
+
+
+@pytest.fixture
+def heurlib(tmp_path, monkeypatch):
+    from tests.support import write_site_package
+    site = write_site_package(tmp_path / "heursite", "kforge_heurlib", HEURISTICS_LIB)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    return site
+
+
+def test_a_heuristic_under_the_autotuner_rewrites_each_configs_value_as_triton_does(heurlib, tmp_path):
+    """Triton's Autotuner passes a config's values to the @heuristics it wraps, which overwrite them (here
+    BLOCK_K = min(BLOCK_K, GROUP)): the 128 config launches BLOCK_K = 64; compiling 128 failed its static_assert."""
+    root = make_project(tmp_path / "p", kernels={}, specs={"tuned": _heuristics_spec(
+        "tuned_kernel", 'GROUP = "constexpr"\nBLOCK_K = "constexpr"', "GROUP = 64")})
+    targets = load(root)
+    assert sorted(dict(t.constexprs)["BLOCK_K"] for t in targets.values()) == [32, 64]
+    assert not any("overrides" in dict(t.notes) for t in targets.values())   # nothing the spec pinned
+    doit(root, "-n", "2", "archs=sm_90a")
+    assert len(statuses(root, "built")) == 2
+
+
+def test_stacked_heuristics_run_outermost_first_and_the_inner_value_stands(heurlib, tmp_path):
+    """heuristics(A)(heuristics(B)(fn)): Triton runs A's rules, then B's, which see A's values and overwrite
+    them: SPLIT = 4 (B's), WIDE = 2 * 8 (A's, computed before B's SPLIT)."""
+    root = make_project(tmp_path / "p", kernels={}, specs={"layered": _heuristics_spec(
+        "layered_kernel", 'SPLIT = "constexpr"\nWIDE = "constexpr"')})
+    (target,) = load(root).values()
+    assert dict(target.constexprs) == {"SPLIT": 4, "WIDE": 16}
+
+
+def test_a_heuristic_over_the_autotuner_setting_a_tuned_value_is_refused_as_triton_fails_at_launch(heurlib, tmp_path):
+    root = make_project(tmp_path / "p", kernels={}, specs={"clash": _heuristics_spec(
+        "clashing_kernel", 'BLOCK_K = "constexpr"')})
+    with pytest.raises(SpecError, match=r"^specs/clash.toml: kforge_heurlib.ops.clashing_kernel: @triton.heuristics "
+                                        r"around @triton.autotune sets BLOCK_K, which the autotune configs set too"):
+        load(root)
