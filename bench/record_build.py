@@ -16,6 +16,10 @@ kforge_runtime/ is taken as it is, for a machine without the git history), one r
 order flipped every other round, so that a shared machine's load falls on both alike; the median ratio per rev.
 Each run records the machine's 1-minute load average just before it (`load_before`): right after a run it still
 holds that run's own work (it decays over about a minute; --settle S waits S seconds before each run).
+--hubs fresh kept: each run as a project's first build (fresh: its hub imports the toolchain, KFORGE_KEEP_HUB=0;
+the default) and/or as its next one (kept: the project's keeper from the build before serves it, as it does from a
+project's second build on: rules/load/kept_hub.py; an untimed build first starts it); each in a project folder
+of its own. Kept runs leave keepers that end after 120 s idle.
 --cold: each run with an empty user cache of its own (XDG_CACHE_HOME), as on a machine that never built the
 library: its modules' bytecode, which kforge keeps there for every project (rules/load/observe.py), compiled
 again. Without it the user's cache is as it is: after a first run, the library's bytecode is kept.
@@ -93,28 +97,40 @@ def main() -> None:
     ap.add_argument("--revs", nargs="+", default=["."], help="git revisions of kforge to pair ('.': installed)")
     ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait before each run")
     ap.add_argument("--cold", action="store_true", help="each run with an empty user cache (no kept bytecode)")
+    ap.add_argument("--hubs", nargs="+", choices=["fresh", "kept"], default=["fresh"],
+                    help="a project's first build (fresh) and/or its next (kept: a keeper serves it)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--traces", type=Path, help="a folder to keep each run's out/build-trace.json in")
     a = ap.parse_args()
-    runs: dict[str, list] = {rev: [] for rev in a.revs}
+    variants = [f"{rev}/{hub}" if len(a.hubs) > 1 else rev for rev in a.revs for hub in a.hubs]
+    runs: dict[str, list] = {variant: [] for variant in variants}
     with tempfile.TemporaryDirectory(prefix="kforge-record-build-") as tmp:
-        envs = {rev: kforge_at(rev, Path(tmp)) for rev in a.revs}
+        envs = {}
+        for rev in a.revs:
+            for hub in a.hubs:
+                variant = f"{rev}/{hub}" if len(a.hubs) > 1 else rev
+                envs[variant] = {**kforge_at(rev, Path(tmp)), "KFORGE_KEEP_HUB": "120" if hub == "kept" else "0"}
+                if hub == "kept":   # the build that starts the keeper, untimed
+                    timed_build(project(Path(tmp) / f"p{variants.index(variant)}", a.record.resolve(), a.lines),
+                                a.jobs, a.archs, envs[variant])
         for i in range(a.repeat):
-            for rev in (a.revs if i % 2 == 0 else a.revs[::-1]):
-                dest = project(Path(tmp) / "p", a.record.resolve(), a.lines)
+            for variant in (variants if i % 2 == 0 else variants[::-1]):
+                rev = variant.rsplit("/", 1)[0] if len(a.hubs) > 1 else variant
+                dest = project(Path(tmp) / f"p{variants.index(variant)}", a.record.resolve(), a.lines)
                 time.sleep(a.settle)
-                env = envs[rev]
+                env = envs[variant]
                 if a.cold:
                     shutil.rmtree(Path(tmp) / "user-cache", ignore_errors=True)
                     env = {**env, "XDG_CACHE_HOME": str(Path(tmp) / "user-cache")}
                 load = os.getloadavg()[0]   # the machine's 1-minute load before the run (others' work on it)
                 r = {**one_build(dest, a.jobs, a.archs, env), "load_before": load}
-                runs[rev].append(r)
+                runs[variant].append(r)
                 if a.traces:
                     a.traces.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(dest / "out" / "build-trace.json",
-                                a.traces / f"trace-{i + 1}-{Path(rev).name.strip('.') or 'here'}.json")
-                print(f"run {i + 1} ({rev}): wall {r['wall_s']} s, {r['built']} built, compiles {r['compile_s']} s, "
+                    named = (Path(rev).name.strip('.') or 'here') + ("-" + variant.rsplit("/", 1)[1] if rev != variant
+                                                                      else "")
+                    shutil.copy(dest / "out" / "build-trace.json", a.traces / f"trace-{i + 1}-{named}.json")
+                print(f"run {i + 1} ({variant}): wall {r['wall_s']} s, {r['built']} built, compiles {r['compile_s']} s, "
                       f"wall x {a.jobs} / compiles = {r['ratio']} (load before {load:.2f})\n  {r['breakdown']}",
                       flush=True)
     for rev, done in runs.items():
@@ -124,7 +140,8 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps({"record": str(a.record), "lines": a.lines, "jobs": a.jobs, "archs": a.archs,
                                       "user_cache": "empty each run" if a.cold else "as it is",
-                                      "runs": runs if len(a.revs) > 1 else runs[a.revs[0]]}, indent=1))
+                                      "hubs": a.hubs,
+                                      "runs": runs if len(variants) > 1 else runs[variants[0]]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ if "KFORGE_TESTS_USER_CACHE" not in os.environ:
     os.environ["KFORGE_TESTS_USER_CACHE"] = tempfile.mkdtemp(prefix="kforge-tests-user-cache-")
     _MADE_USER_CACHE = True
 os.environ["XDG_CACHE_HOME"] = os.environ["KFORGE_TESTS_USER_CACHE"]
+# Nor keep a hub after each build (rules/load/kept_hub.py): hundreds of test projects, each a keeper of its own
+# holding a toolchain for minutes. The tests of keeping turn it on for their builds.
+os.environ["KFORGE_KEEP_HUB"] = "0"
 
 
 def pytest_configure(config):

@@ -197,6 +197,8 @@ SETTINGS = {s.name: s for s in (
             "the local cache directory every checkout of this user shares, or off"),
     Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size(), lambda: 2 << 30,
             "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
+    Setting("keep_hub", "KFORGE_KEEP_HUB", _whole(0), lambda: 0 if os.environ.get("CI") else 600,
+            "seconds a build's toolchain process is kept for the project's next build (0: never; 0 where CI is set)"),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
     Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
             "seconds one Python catalog file, or one import of a family's module to probe it, may run"),

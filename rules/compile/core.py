@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from kforge.store import artifact, scratch
 from kforge.store import inputs as inputs_index
-from kforge.load import device_model, isolate, observe, shared_env
+from kforge.load import device_model, isolate, kept_hub, observe, shared_env
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
@@ -145,6 +145,8 @@ def _route(request: tuple, fd: int) -> dict:
     (every server below inherits it), then the library server of the target's package context asked to fork one
     below for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
     "taken": ...}, or the error."""
+    if isinstance(request, kept_hub.Keep):   # the build has ended: its toolchain kept for the next one
+        return kept_hub.fork_keeper(request, _route, _forget_build)
     target, root, timeout, scratch_dir = request
     starting = time.time()
     backend = backend_of(target.toolchain)
@@ -217,13 +219,33 @@ def _ended(pid: int) -> bool:
 _hub = isolate.Hub(_route)   # this process's, or inherited from doit's master
 
 
-def start_hub() -> None:
-    """In doit's master, before it forks its workers: the build's hub, which they inherit and share."""
-    _hub.start()
+def start_hub(keep: bool = False) -> None:
+    """In doit's master, before it forks its workers: the build's hub, which they inherit and share. With `keep`,
+    one forked by the project's keeper where one holds this environment's toolchain (rules/load/kept_hub.py)."""
+    if not keep:
+        _hub.start()
+        return
+    root = os.getcwd()
+    _kept_as[:] = [root, kept_hub.identity(root)]   # as the hub is forked: its state, to be kept or not
+    _hub.start(attach=lambda: kept_hub.attach(root, _kept_as[1]))
 
 
-def close_hub() -> None:
+def close_hub(keep_s: float = 0) -> None:
+    """In doit's master, after its workers: with `keep_s`, a hub it forked itself is first asked to fork a keeper
+    for the project's next build, which ends after keep_s seconds without one."""
+    if keep_s and _kept_as and _hub.owner == os.getpid() and not _hub.attached:
+        kept_hub.ask_to_keep(_hub, kept_hub.Keep(_kept_as[0], _kept_as[1], keep_s))
+    _kept_as.clear()
     _hub.close()
+
+
+_kept_as: list = []   # in doit's master: its project and identity when its hub was started (kept_hub.identity)
+
+
+def _forget_build() -> None:
+    """In a keeper, forked from a build's hub: the servers that hub forked are the build's, killed with it."""
+    _servers.clear()
+    _precompiling.clear()
 
 
 @functools.lru_cache(maxsize=None)

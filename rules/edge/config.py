@@ -92,7 +92,8 @@ def config(root: Path, catalog) -> dict:
         "find_orphans": staticmethod(list if catalog.broken else functools.partial(
             guard.orphaned, layout, [t.out_dir for t in catalog.targets], settings.get("archs")))})
     max_workers, cap_reason = _compile_cap()
-    install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason)
+    install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason,
+                   keep_hub_s=settings.get("keep_hub"))
     _run_after_failed_deps()
     return {
         "backend": dependency_backend,
@@ -331,10 +332,11 @@ def refuse_at_start() -> None:
         os._exit(3)   # Python is still starting: SystemExit here would be a fatal error with a traceback
 
 
-def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
+def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "",
+                   keep_hub_s: int = 0) -> None:
     """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
     most max_workers workers; `-n 0` keeps doit's serial runner."""
-    doit_runner.configure(prefetch, max_workers, cap_reason)
+    doit_runner.configure(prefetch, max_workers, cap_reason, keep_hub_s)
     cmd_run.MRunner, cmd_run.MThreadRunner = doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner
 
 

@@ -43,6 +43,7 @@ class CappedThreadRunner(_CappedWorkers, MThreadRunner):
 
 class PrefetchRunner(_CappedWorkers, MRunner):
     prefetch = None      # tasks queued beyond those running; None: one per worker
+    keep_hub_s = 0       # seconds the hub is kept after the run for the project's next one (0: closed with it)
 
     def run_tasks(self, task_dispatcher):
         self.master_pid = os.getpid()
@@ -54,11 +55,11 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         workers = [self.Child(target=self.execute_task_subprocess, args=(job_q, result_q, self.reporter.__class__))
                    for _ in range(min(self.num_process, len(self.unfinished)))]   # no more workers than tasks
         watch = _DeadWorkerWatch(result_q, workers)
-        compile_core = None
+        compile_core, kept_for = None, 0
         try:
             if workers:   # the workers' compile servers come from one hub (rules/compile/core.py): it
                 from kforge.compile import core as compile_core   # imports each toolchain and library once per build
-                compile_core.start_hub()
+                compile_core.start_hub(keep=self.keep_hub_s > 0)
             for worker in workers:
                 worker.start()
             while self.unfinished:
@@ -72,13 +73,14 @@ class PrefetchRunner(_CappedWorkers, MRunner):
                 self.unfinished.discard(node.task.name)
                 self._process_result(node, node.task, result)
                 self._queue_ahead(job_q, node)
+            kept_for = self.keep_hub_s   # an interrupted run keeps nothing
         except (SystemExit, KeyboardInterrupt, Exception):
             job_q.cancel_join_thread()   # no worker will read the jobs still queued: exit without flushing them
             _stop(workers)
             raise
         finally:
             if compile_core is not None:
-                compile_core.close_hub()
+                compile_core.close_hub(keep_s=kept_for)
         for _ in workers:
             job_q.put(None)   # each worker runs its teardowns and exits
         for worker in workers:
@@ -167,8 +169,10 @@ def _stop(workers, grace_s: float = 3.0) -> None:
             worker.join()
 
 
-def configure(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "") -> None:
-    """This run's queue depth and cap, for both runners (rules/edge/config.py installs them in doit)."""
-    PrefetchRunner.prefetch = prefetch
+def configure(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "",
+              keep_hub_s: int = 0) -> None:
+    """This run's queue depth and cap, for both runners (rules/edge/config.py installs them in doit), and how
+    long its hub is kept for the next build (rules/load/kept_hub.py)."""
+    PrefetchRunner.prefetch, PrefetchRunner.keep_hub_s = prefetch, keep_hub_s
     for runner in (PrefetchRunner, CappedThreadRunner):
         runner.max_workers, runner.cap_reason = max_workers, cap_reason

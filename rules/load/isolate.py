@@ -247,6 +247,7 @@ class Hub:
         self.handle = handle
         self.pid: int | None = None
         self.owner: int | None = None   # the process that forked it: the one that may close it
+        self.attached = False   # forked by a keeper (rules/load/kept_hub.py), not by its owner
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()   # a process's threads share its hub
 
@@ -320,13 +321,20 @@ class Hub:
         if self.sock is not None:
             self.sock.close()
         self.pid = self.owner = self.sock = None
+        self.attached = False
 
-    def start(self) -> bool:
-        """Fork the hub now, if this process has none (a process forked later inherits this one): whether it did."""
+    def start(self, attach: Callable[[], tuple[socket.socket, int] | None] | None = None) -> bool:
+        """Start the hub now, if this process has none (a process forked later inherits this one): whether it did.
+        attach() may give one forked elsewhere for this process, (its socket, its pid); else it is forked here."""
         with self.lock:
             if self.sock is not None:
                 return False
-            self._fork()
+            found = attach() if attach is not None else None
+            if found is None:
+                self._fork()
+            else:
+                (self.sock, self.pid), self.owner, self.attached = found, os.getpid(), True
+                atexit.register(self.close)
             return True
 
     def _fork(self) -> None:

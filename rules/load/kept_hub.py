@@ -1,0 +1,269 @@
+"""A build's hub, kept for the project's next build: the toolchain is not imported again.
+
+Every build's hub (isolate.Hub) imports the toolchain before its first compile: Triton, and torch for a library
+that requires it (1.2-1.7 s on the dev machine, more on a GPU host), however few targets the build has. At the
+end of a build that forked its own hub, doit's master asks it for a keeper (Keep): a copy of the hub in a
+session of its own (no terminal's Ctrl-C or hang-up reaches it, its output goes nowhere), holding the toolchain
+and nothing of the build (no library or compile server, no file of the build's open). The next build of the
+project connects to it (attach) and it forks that build's hub, which serves the build as one forked from the
+master would and dies with it. The keeper ends after `idle_s` seconds with no build, or as soon as a build
+finds it stale.
+
+It is used only where nothing it imported could differ from what a fresh hub would import: the connecting
+build runs the same interpreter, command line, module path, working folder and environment (every variable)
+as the build that kept it, no folder on the module path outside the project changed (a package installed or
+removed), and no file it has imported changed (kforge's own, the toolchain's); anything else and it is stale:
+it answers so and ends, and the build forks its own hub. Only the user who kept it can connect (SO_PEERCRED),
+and a build connects only to a keeper of its own user. Its address is in Linux's abstract socket namespace:
+nothing is written on disk, and the name goes with the process.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any, Callable, NamedTuple
+
+from kforge.load import isolate
+
+KEEPER_NAME = b"kforge-keeper"   # what ps and /proc/PID/comm show for a keeper
+MAX_KEEPERS = 2   # a user's keepers at once (each holds a toolchain: torch's is 300-500 MB): the oldest go first
+ATTACH_TIMEOUT_S = 2.0   # a keeper answers at once (it stats the files it imported): a slower one is not used
+MAX_MESSAGE = 1 << 20
+
+
+class Keep(NamedTuple):
+    """The master's request to its hub, at the end of a build: fork a keeper for `root`'s next builds."""
+    root: str
+    identity: dict
+    idle_s: float
+
+
+def address(root: str) -> bytes:
+    """The keeper's abstract socket name: one per user and project folder."""
+    named = f"{os.getuid()}\0{os.path.realpath(root)}".encode()
+    return b"\0kforge-hub-" + hashlib.sha256(named).hexdigest()[:32].encode()
+
+
+def identity(root: str) -> dict:
+    """What a kept hub must share with the build that uses it (the module docstring)."""
+    project = os.path.realpath(root)
+    folders = {}
+    for entry in sys.path:
+        where = os.path.realpath(entry or ".")
+        if where != project and not where.startswith(project + os.sep):   # the project's own files are no
+            folders[entry] = _stat(entry)                                   # hub's: servers import them fresh
+    return {"uid": os.getuid(), "executable": sys.executable, "version": sys.version, "argv": list(sys.argv),
+            "cwd": os.getcwd(), "path": list(sys.path), "environ": dict(os.environ), "folders": folders}
+
+
+def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
+    """In doit's master: (the socket to a hub forked for this build by the project's keeper, its pid), or None
+    where there is no keeper, it is another user's, or it is stale for `asked` (identity())."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(ATTACH_TIMEOUT_S)
+        sock.connect(address(root))
+        if _peer_uid(sock) != os.getuid():
+            raise OSError("another user's")
+        sock.send(pickle.dumps(asked))
+        answer = pickle.loads(sock.recv(MAX_MESSAGE))
+        if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
+            raise OSError(answer.get("stale", "no answer") if isinstance(answer, dict) else "no answer")
+        sock.settimeout(None)
+        return sock, answer["pid"]
+    except (OSError, EOFError, pickle.UnpicklingError):
+        sock.close()
+        return None
+
+
+def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
+    """In doit's master, before it closes the hub it forked: whether the hub forked a keeper. Sent on the hub's
+    socket as a request is; a hub that has gone is not replaced (Hub.ask would)."""
+    if hub.sock is None:
+        return False
+    mine, theirs = socket.socketpair()
+    try:
+        socket.send_fds(hub.sock, [pickle.dumps(request)], [theirs.fileno()])
+        theirs.close()
+        mine.settimeout(timeout)
+        from multiprocessing.connection import Connection
+        conn = Connection(mine.detach())
+        try:
+            return conn.poll(timeout) and "kept" in conn.recv()
+        finally:
+            conn.close()
+    except (OSError, EOFError):
+        return False
+    finally:
+        theirs.close()
+        mine.close()
+
+
+def fork_keeper(request: Keep, handle: Callable[[Any, int], dict], forget: Callable[[], None]) -> dict:
+    """In a hub, asked at the end of its build: fork the keeper (it serves the project's next builds with
+    `handle`, as this hub did); {"kept": its pid} once it listens, or {"error": ...}."""
+    ready, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready)
+            _become_keeper(request, handle, forget, told)
+        finally:
+            os._exit(0)
+    os.close(told)
+    with os.fdopen(ready, "rb") as f:
+        listening = f.read(1) == b"k"   # nothing: the keeper could not listen (another keeps the project)
+    if not listening:
+        os.waitpid(pid, 0)
+        return {"error": "no keeper: the project's address is taken"}
+    return {"kept": pid}
+
+
+def _become_keeper(request: Keep, handle, forget, told: int) -> None:
+    os.setsid()   # out of the build's process group (closing the hub kills that group) and off its terminal
+    forget()   # the build's servers: they go with the hub
+    isolate._leave_hub()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, told)   # the build's files, sockets and pipes: none is held beyond it
+    os.closerange(told + 1, _max_fd())
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(address(request.root))
+    except OSError:
+        return
+    listener.listen(8)
+    _make_room()
+    isolate._name_process(KEEPER_NAME)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    loaded = _loaded_files()
+    os.write(told, b"k")
+    os.close(told)
+    _keep(listener, request, loaded, handle)
+
+
+def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
+    """The keeper's loop: a hub forked for each build that connects and is not refused. Idle for request.idle_s,
+    stale, or told to end (SIGTERM): it listens no more, and ends once the hubs it forked have (each serves a
+    build in progress, and dies with its keeper)."""
+    hubs: set[int] = set()
+    last = time.monotonic()
+    ending: list = []
+    signal.signal(signal.SIGTERM, lambda *_: ending.append(True))
+    while True:
+        hubs = {pid for pid in hubs if not _ended(pid)}
+        if hubs:
+            last = time.monotonic()
+        elif ending or time.monotonic() - last > request.idle_s:
+            return
+        if ending:
+            listener.close()   # its name is free for the keeper of the build that found it stale
+            time.sleep(0.2)
+            continue
+        if select.select([listener], [], [], 1.0)[0]:
+            last = time.monotonic()
+            _serve_one(listener, request, loaded, handle, hubs, ending)
+
+
+def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hubs: set, ending: list) -> None:
+    """One build that connected: a hub forked for it, or why not."""
+    conn, _ = listener.accept()
+    try:
+        conn.settimeout(ATTACH_TIMEOUT_S)
+        if _peer_uid(conn) != os.getuid():
+            return
+        stale = _stale(request.identity, pickle.loads(conn.recv(MAX_MESSAGE)), loaded)
+        if stale:
+            conn.send(pickle.dumps({"stale": stale}))
+            ending.append(True)
+            return
+        conn.settimeout(None)
+        keeper = os.getpid()
+        pid = os.fork()
+        if pid == 0:   # this build's hub: never returns
+            listener.close()
+            isolate._run_hub(conn, handle, keeper)
+        hubs.add(pid)
+        conn.send(pickle.dumps({"pid": pid}))
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    finally:
+        conn.close()
+
+
+def _stale(kept: dict, asked: Any, loaded: dict) -> str:
+    """Why a kept hub may not serve this build ("" where it may)."""
+    if not isinstance(asked, dict):
+        return "not a build's request"
+    for key in kept.keys() | asked.keys():
+        if kept.get(key) != asked.get(key):
+            return f"the build's {key} differs"
+    for path, stat in loaded.items():
+        if _stat(path) != stat:
+            return f"{path} changed"
+    return ""
+
+
+def _make_room() -> None:
+    """End this user's oldest keepers (of other projects, or other environments) beyond MAX_KEEPERS - 1."""
+    mine = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                if f.read().strip() != KEEPER_NAME or os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                started = int(f.read().rsplit(b")", 1)[1].split()[19])   # starttime, in clock ticks
+        except (OSError, ValueError, IndexError):
+            continue
+        mine.append((started, int(entry)))
+    for _, pid in sorted(mine)[:max(0, len(mine) - MAX_KEEPERS + 1)]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def _loaded_files() -> dict:
+    """Every file this process has imported (a module's source or extension), and its stat now."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            files[path] = _stat(path)
+    return files
+
+
+def _stat(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) != (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def _max_fd() -> int:
+    try:
+        return min(os.sysconf("SC_OPEN_MAX"), 65536)
+    except (ValueError, OSError):
+        return 4096

@@ -1,0 +1,245 @@
+"""A build's hub kept for the project's next build (rules/load/kept_hub.py): used only where nothing differs."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from kforge.load import isolate, kept_hub
+from tests.support import doit, make_project, wait_until
+
+_imported: list = []   # in a hub: what it "imported" (the toolchain's stand-in), kept by its keeper
+
+
+def _handle(request, fd):
+    """A hub's handler: a Keep forks the keeper; any other request imports `request` (once) and says what it has."""
+    if isinstance(request, kept_hub.Keep):
+        return kept_hub.fork_keeper(request, _handle, lambda: None)
+    if request and request not in sys.modules:
+        __import__(request)
+        _imported.append(request)
+    return {"hub": os.getpid(), "parent": os.getppid(), "imported": list(_imported)}
+
+
+def _ask(hub: isolate.Hub, request: str | None = None) -> dict:
+    conn = hub.ask(request)
+    try:
+        assert conn.poll(30)
+        return conn.recv()
+    finally:
+        conn.close()
+
+
+def _keeper_of(root) -> int | None:
+    """The pid of the keeper listening for the project, if one does."""
+    name = "@" + kept_hub.address(str(root))[1:].decode()
+    with open("/proc/net/unix") as f:
+        inodes = {f"socket:[{fields[6]}]" for fields in map(str.split, f.read().splitlines()[1:])
+                  if fields[-1] == name and int(fields[3], 16) & 0x10000}   # listening (__SO_ACCEPTCON)
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if inodes & {os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")}:
+                return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def one_at_a_time():
+    """The tests of this module one at a time, across xdist's workers: a user's keepers are capped (MAX_KEEPERS),
+    and a keeper another test started would end one of this test's."""
+    with open(os.path.join(os.environ["KFORGE_TESTS_USER_CACHE"], "kept-hub-tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "proj"
+    root.mkdir()
+    yield root
+    pid = _keeper_of(root)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _first_build(root, module="json", idle_s=60) -> tuple[dict, dict]:
+    """A hub forked here that imports `module`, asked to keep itself at the end: (its answer, the identity)."""
+    hub = isolate.Hub(_handle)
+    hub.start()
+    try:
+        answer = _ask(hub, module)
+        asked = kept_hub.identity(str(root))
+        assert kept_hub.ask_to_keep(hub, kept_hub.Keep(str(root), asked, idle_s))
+        return answer, asked
+    finally:
+        hub.close()
+
+
+def test_the_next_build_gets_a_hub_of_the_keeper_holding_what_the_first_imported(project):
+    first, asked = _first_build(project, "wave")
+    keeper = _keeper_of(project)
+    assert keeper and not _gone(keeper)
+    assert "wave" not in sys.modules   # imported in the hub only
+    hub = isolate.Hub(_handle)
+    assert hub.start(attach=lambda: kept_hub.attach(str(project), asked)) and hub.attached
+    try:
+        second = _ask(hub)
+        assert second["hub"] != first["hub"] and second["parent"] == keeper   # forked by the keeper, for this build
+        assert second["imported"] == ["wave"]   # what the first build's hub imported, not imported again
+    finally:
+        hub.close()
+    assert _gone(second["hub"])   # closed with its build; the keeper stays for the next
+    assert not _gone(keeper)
+
+
+def test_the_keeper_holds_nothing_of_the_build(project):
+    _first_build(project)
+    keeper = _keeper_of(project)
+    held = {fd: os.readlink(f"/proc/{keeper}/fd/{fd}") for fd in os.listdir(f"/proc/{keeper}/fd")}
+    assert [held.pop(fd) for fd in "012"] == [os.devnull] * 3
+    assert len(held) == 1 and next(iter(held.values())).startswith("socket:")   # its listening socket alone
+    with open(f"/proc/{keeper}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    assert int(fields[3]) == keeper and int(fields[2]) == keeper   # a session and process group of its own
+
+
+@pytest.mark.parametrize("change", ["environ", "argv", "path", "cwd"])
+def test_a_build_that_differs_in_anything_gets_none_and_the_stale_keeper_ends(project, change):
+    _, asked = _first_build(project)
+    keeper = _keeper_of(project)
+    other = json.loads(json.dumps(asked))
+    if change == "environ":
+        other["environ"]["TRITON_DEFAULT_FP_FUSION"] = "0"
+    elif change == "argv":
+        other["argv"].append("archs=gfx942")
+    elif change == "path":
+        other["path"].insert(0, "/elsewhere")
+    else:
+        other["cwd"] = "/"
+    assert kept_hub.attach(str(project), other) is None
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+
+
+def test_a_changed_file_the_keeper_imported_makes_it_stale(project, tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "kept_toolchain_part.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(lib))
+    _, asked = _first_build(project, "kept_toolchain_part")
+    keeper = _keeper_of(project)
+    (lib / "kept_toolchain_part.py").write_text("X = 2\n")
+    assert kept_hub.attach(str(project), asked) is None
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+
+
+def test_a_package_installed_on_the_module_path_makes_it_stale(project, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    _, asked = _first_build(project)
+    time.sleep(0.01)
+    (site / "newly_installed-1.0.dist-info").mkdir()
+    assert kept_hub.attach(str(project), kept_hub.identity(str(project))) is None
+
+
+def test_the_keeper_ends_when_idle(project):
+    _first_build(project, idle_s=1)
+    keeper = _keeper_of(project)
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+
+
+def test_a_keeper_told_to_end_lets_the_build_it_serves_finish(project):
+    _, asked = _first_build(project)
+    keeper = _keeper_of(project)
+    hub = isolate.Hub(_handle)
+    hub.start(attach=lambda: kept_hub.attach(str(project), asked))
+    try:
+        os.kill(keeper, signal.SIGTERM)
+        wait_until(lambda: _keeper_of(project) is None, 10)
+        assert _keeper_of(project) is None   # it listens no more
+        assert _ask(hub)["parent"] == keeper   # the build's hub still serves
+    finally:
+        hub.close()
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+
+
+def test_a_user_keeps_at_most_two(tmp_path):
+    roots = [tmp_path / f"p{i}" for i in range(3)]
+    keepers = []
+    try:
+        for root in roots:
+            root.mkdir()
+            _first_build(root)
+            keepers.append(_keeper_of(root))
+            time.sleep(0.02)   # started in this order (the oldest goes first)
+        wait_until(lambda: _gone(keepers[0]), 10)
+        assert _gone(keepers[0]) and not _gone(keepers[1]) and not _gone(keepers[2])
+    finally:
+        for pid in keepers:
+            if pid and not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to be another user")
+def test_another_user_cannot_use_the_keeper(project):
+    _, asked = _first_build(project)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os._exit(0 if kept_hub.attach(str(project), asked) is None else 1)
+        finally:
+            os._exit(2)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert _keeper_of(project)   # refused, not ended
+
+
+def _binaries(root) -> dict:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((root / "out").rglob("*.cubin"))}
+
+
+def test_a_kept_hub_builds_the_same_binaries_without_importing_the_toolchain_again(tmp_path):
+    root = make_project(tmp_path / "proj")
+    keep = {"KFORGE_KEEP_HUB": "60"}
+    try:
+        doit(root, "-n", "2", "archs=sm_90a", env=keep)
+        first = _binaries(root)
+        keeper = _keeper_of(root)
+        assert first and keeper
+        doit(root, "clean", env=keep)
+        doit(root, "-n", "2", "archs=sm_90a", env=keep)
+        assert _binaries(root) == first
+        assert _keeper_of(root) == keeper   # the same keeper: it served the second build
+        trace = json.loads((root / "out" / "build-trace.json").read_text())["traceEvents"]
+        assert not [e for e in trace if e.get("cat") == "start" and e["dur"] > 200_000]   # no toolchain import
+        doit(root, "clean", env=keep)
+        doit(root, "-n", "2", "archs=sm_90a", env={"KFORGE_KEEP_HUB": "60", "TRITON_DEBUG": "0"})
+        wait_until(lambda: _gone(keeper), 10)
+        assert _gone(keeper) and _keeper_of(root) not in (None, keeper)   # stale: replaced by the third build's
+        assert _binaries(root) == first
+    finally:
+        pid = _keeper_of(root)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
