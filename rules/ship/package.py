@@ -90,8 +90,9 @@ def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]
     recent.pop(content, None)
     recent = dict([*recent.items(), (content, wheel.name)][-(KEPT_WHEELS + 1):])   # the newest last
     write_inside(layout.out, layout.manifest_copy(arch), data)
-    write_inside(layout.out, layout.package_stamp(arch),
-                 json.dumps({"stamp": stamp, "wheel": wheel.name, "recent": recent}).encode())
+    write_inside(layout.out, layout.package_stamp(arch),   # the wheel's identity: one rewritten since is packaged again
+                 json.dumps({"stamp": stamp, "wheel": wheel.name, "identity": stamps.identity(str(wheel)),
+                             "recent": recent}).encode())
     manifest = json.loads(data)
     sys.stderr.write(f"kforge: {wheel.relative_to(root_path)}: {len(manifest['artifacts'])} artifacts, "
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
@@ -117,8 +118,7 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
     if _wheel_holding(layout, arch, wheel.name, data.__eq__) is not None:
         return wheel, data
     (layout.kept_wheels / wheel.name).unlink(missing_ok=True)   # a kept file of this name that is not the wheel
-    files = runtime_files(arch)
-    files[f"{dist_name(arch)}/{MANIFEST}"] = data
+    files = {**runtime_files(arch), f"{dist_name(arch)}/{MANIFEST}": data}
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
     for (t, meta), entry in zip(built, manifest["artifacts"]):
@@ -129,8 +129,12 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
             return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
                               f"`doit forget {t.name} && doit {t.name}`")
         files[f"{dist_name(arch)}/{entry['binary']}"] = binary
-    write_wheel(wheel, dist_name(arch), version, f"kforge kernels for {arch}", files)
+    write_wheel(wheel, dist_name(arch), version, _summary(arch), files)
     return wheel, data
+
+
+def _summary(arch: str) -> str:
+    return f"kforge kernels for {arch}"
 
 
 def _meta_content(meta_path: str) -> list | None:
@@ -161,16 +165,40 @@ def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
 
 
 def _wheel_holding(layout: Layout, arch: str, name: str, fits) -> bytes | None:
-    """The manifest of the wheel `name` when fits(manifest): the wheel in out/dist/, or the one kept in
-    out/.kforge/wheels/, moved back to out/dist/ (a rename: nothing read or written); else None."""
+    """The manifest of the wheel `name` when fits(manifest) and the wheel is intact: the wheel in out/dist/, or
+    the one kept in out/.kforge/wheels/, moved back to out/dist/ (a rename: nothing written); else None."""
     wheel, kept = layout.dist / name, layout.kept_wheels / name
     for place in (wheel, kept):
         data = _manifest_in(place, arch)
-        if data is not None and fits(data):
+        if data is not None and fits(data) and _intact(place, arch, data):
             if place == kept:
                 os.replace(kept, wheel)
             return data
     return None
+
+
+def _intact(wheel: Path, arch: str, data: bytes) -> bool:
+    """Whether the wheel holds what write_wheel writes for the manifest `data`, file for file: this kforge's
+    runtime, the manifest, each binary and tuning table the manifest names by their sha256, its dist-info, and
+    nothing else. Every file is read (a wheel is a few MB): one with a binary missing, swapped or altered, or a
+    byte changed anywhere, is written again rather than shipped."""
+    dist = dist_name(arch)
+    suffix = "-py3-none-any.whl"
+    version = wheel.name[len(dist) + 1:-len(suffix)]
+    try:
+        manifest = json.loads(data)
+        named = {f"{dist}/{a['binary']}": a["sha256"] for a in manifest["artifacts"]}
+        named.update({f"{dist}/{t['path']}": t["sha256"] for t in manifest["tuned"].values()})
+        with zipfile.ZipFile(wheel) as zf:
+            held = {info.filename: zf.read(info) for info in zf.infolist()}
+    except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile, EOFError, zlib.error):
+        return False
+    files = {**runtime_files(arch), f"{dist}/{MANIFEST}": data}
+    for name, sha in named.items():
+        if name not in held or hashlib.sha256(held[name]).hexdigest() != sha:
+            return False
+        files[name] = held[name]
+    return wheel.name == wheel_name(dist, version) and held == wheel_files(dist, version, _summary(arch), files)
 
 
 def _manifest_in(wheel: Path, arch: str) -> bytes | None:
@@ -200,7 +228,8 @@ def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
 
 
 def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
-    """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is there.
+    """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is the file
+    written then (by its inode, times and size: one rewritten, damaged or replaced is packaged again).
 
     Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
     an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A
@@ -213,7 +242,7 @@ def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = 
         # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
         seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
         return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned)
-                and (layout.dist / saved["wheel"]).is_file())
+                and saved.get("identity") == stamps.identity(str(layout.dist / saved["wheel"])))
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -362,13 +391,7 @@ def _failure(t: Target) -> dict:
 def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[str, bytes]) -> None:
     """A pure-Python wheel, byte for byte the same from the same files (fixed order, timestamps and
     permissions), holding `files` (archive name -> content) plus its dist-info, written atomically."""
-    info = f"{dist}-{version}.dist-info"
-    payload = dict(files)
-    payload[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
-                                   f"Summary: {summary}\n").encode()
-    payload[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: kforge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in sorted(payload.items())]
-    payload[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
+    payload = wheel_files(dist, version, summary, files)
     with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:   # never half a wheel
         for name in sorted(payload):   # dist-info sorts before the package ('-' < '/'): pip reads it either way
             entry = zipfile.ZipInfo(name, FIXED_TIME)
@@ -376,6 +399,18 @@ def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[s
             entry.external_attr = 0o644 << 16
             entry.create_system = 3
             zf.writestr(entry, payload[name], compresslevel=6)
+
+
+def wheel_files(dist: str, version: str, summary: str, files: dict[str, bytes]) -> dict[str, bytes]:
+    """Every file of the wheel holding `files`: those, and its dist-info (METADATA, WHEEL, RECORD)."""
+    info = f"{dist}-{version}.dist-info"
+    payload = dict(files)
+    payload[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+                                   f"Summary: {summary}\n").encode()
+    payload[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: kforge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [f"{name},sha256={_b64_digest(data)},{len(data)}" for name, data in sorted(payload.items())]
+    payload[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
+    return payload
 
 
 def _b64_digest(data: bytes) -> str:

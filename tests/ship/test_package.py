@@ -256,22 +256,66 @@ def test_a_wheel_recorded_for_the_inputs_is_used_only_if_it_holds_the_manifest_i
     assert wheel(root, "sm_90a") == first and first.read_bytes() == data
 
 
+def spoil(path, how: str) -> None:
+    """Damage a wheel: another manifest inside, cut short, a binary left out or swapped for another (its manifest
+    as it was), one byte of the runtime changed, a file added."""
+    data = path.read_bytes()
+    if how == "cut short":
+        path.write_bytes(data[:1000])
+        return
+    with zipfile.ZipFile(path) as zf:
+        held = {name: zf.read(name) for name in zf.namelist()}
+    cubins = sorted(n for n in held if n.endswith(".cubin"))
+    if how == "another manifest":
+        held = {"kforge_kernels_sm_90a/manifest.json": b"{}"}
+    elif how == "a binary left out":
+        del held[cubins[0]]
+    elif how == "a binary swapped":
+        held[cubins[0]] = held[cubins[1]]
+    elif how == "a runtime byte changed":
+        name = next(n for n in held if n.endswith("runtime/launch.py"))
+        held[name] = held[name].replace(b"def ", b"def  ", 1)
+    else:
+        held["kforge_kernels_sm_90a/extra.py"] = b"import os\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, content in held.items():
+            zf.writestr(name, content)
+
+
+SPOILS = ["another manifest", "cut short", "a binary left out", "a binary swapped", "a runtime byte changed",
+          "a file added"]
+
+
 def test_a_kept_file_that_is_not_the_wheel_for_the_manifest_is_not_used(built, tmp_path):
-    """A damaged kept wheel (another manifest inside, or cut short): the bundle is written again, every binary
-    checked, and the bytes are the ones the first build wrote."""
+    """A damaged kept wheel, found again by a revert: the bundle is written again, every binary checked, and the
+    bytes are the ones the first build wrote."""
     root = shutil.copytree(built, tmp_path / "p", symlinks=True)
     first = wheel(root, "sm_90a")
     data = first.read_bytes()
     spoiled = root / "out" / ".kforge" / "wheels" / first.name
-    for spoil in ("another manifest", "cut short"):
+    for how in SPOILS:
         assert rebundle(root, "sm_90a", PICK) is None and spoiled.exists()
-        if spoil == "another manifest":
-            with zipfile.ZipFile(spoiled, "w") as zf:
-                zf.writestr("kforge_kernels_sm_90a/manifest.json", b"{}")
-        else:
-            spoiled.write_bytes(data[:1000])
+        spoil(spoiled, how)
         assert rebundle(root, "sm_90a") is None
-        assert wheel(root, "sm_90a") == first and first.read_bytes() == data, spoil
+        assert wheel(root, "sm_90a") == first and first.read_bytes() == data, how
+
+
+@pytest.mark.parametrize("how", SPOILS[2:])
+def test_a_wheel_damaged_in_out_dist_after_it_was_written_is_packaged_again(built, tmp_path, how):
+    """The package task was up to date while its wheel was there, whatever the wheel held: a damaged one was
+    shipped with "0 failed". Now its identity is in the stamp, and a wheel is used only once every file checks."""
+    from kforge.edge.dodo_tasks import load_catalog
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    first = wheel(root, "sm_90a")
+    data = first.read_bytes()
+    assert rebundle(root, "sm_90a") is None   # the stamp as this kforge writes it
+    targets = [t for t in load_catalog(root).targets if t.arch == "sm_90a"]
+    assert package.is_current("sm_90a", targets, str(root))
+    spoil(first, how)
+    assert not package.is_current("sm_90a", targets, str(root))
+    assert rebundle(root, "sm_90a") is None
+    assert wheel(root, "sm_90a") == first and first.read_bytes() == data
+    assert package.is_current("sm_90a", targets, str(root))
 
 
 def test_at_most_kept_wheels_per_arch_stay_the_newest(built, tmp_path, monkeypatch):
