@@ -599,6 +599,12 @@ def _bytecode_key() -> bytes | None:
     if folder is None:
         return None
     path = os.path.join(folder, BYTECODE_KEY)
+    try:   # made owner-only, and checked as _KeptBytecode checks its folders: a link there would take the key's writes
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    if not _own_folder(folder):
+        return None
     for _ in range(2):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -613,7 +619,6 @@ def _bytecode_key() -> bytes | None:
         except FileNotFoundError:
             beside = f"{path}.{os.getpid()}.tmp"
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
                 fd = os.open(beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 try:
                     os.write(fd, os.urandom(32))
@@ -632,6 +637,16 @@ def _bytecode_key() -> bytes | None:
         except OSError:
             return None
     return None
+
+
+def _own_folder(path: str) -> bool:
+    """Whether `path` is a folder (not a link) of this user's that no one else can write to."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 class _KeptBytecode:
@@ -653,20 +668,21 @@ class _KeptBytecode:
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
         self.secret = secret
         self.own: bool | None = None   # whether the folder is this user's own (asked once)
+        # the folders from the user's kforge folder down to this one (only itself if it lies elsewhere): a link or a
+        # folder others can write to at any of them leads the writes away as surely as one at the last
+        user, self.chain = _user_folder(), [folder]
+        if user and folder.startswith(user + os.sep):
+            while self.chain[0] != user:
+                self.chain.insert(0, os.path.dirname(self.chain[0]))
         self.written = itertools.count()   # a name of its own for each file written beside
 
     def _own(self) -> bool:
-        """Whether the folder is a folder (not a link) of this user's that no one else can write to: a link put in
-        its place would have this process write, and _bound remove files, wherever it leads; a folder others can
-        write to lets them remove or swap files under a reader. Otherwise nothing is kept, and every module
-        compiles from its source."""
+        """Whether the folder, and each above it up to the user's kforge folder, is a folder (not a link) of this
+        user's that no one else can write to: a link put in the place of any would have this process write, and
+        _bound remove files, wherever it leads; a folder others can write to lets them remove or swap files (or
+        the folders below) under a reader. Otherwise nothing is kept, and every module compiles from its source."""
         if self.own is None:
-            import stat
-            try:
-                st = os.lstat(self.folder)
-                self.own = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
-            except OSError:
-                self.own = False
+            self.own = all(_own_folder(f) for f in self.chain)
         return self.own
 
     def key(self, source: bytes, path: str, optimize: int) -> tuple[str, bytes]:
@@ -702,12 +718,17 @@ class _KeptBytecode:
         body = marshal.dumps(code)
         beside = f"{where}.{os.getpid()}-{next(self.written)}.tmp"
         try:
-            if not self.made:
-                if not os.path.lexists(self.folder):
-                    os.makedirs(self.folder, mode=0o700, exist_ok=True)
-                self.own = None   # asked again, of the folder as it is now
-                if not self._own():
-                    return
+            if not self.made:   # asked again, of the folders as they are now
+                for i, folder in enumerate(self.chain):   # each made only once the one above it passed: never
+                    if not os.path.lexists(folder):        # through a link
+                        try:
+                            os.makedirs(folder, mode=0o700) if i == 0 else os.mkdir(folder, 0o700)
+                        except FileExistsError:   # another process's, made meanwhile
+                            pass
+                    if not _own_folder(folder):
+                        self.own = False
+                        return
+                self.own = True
                 self.made = True
                 self._bound()
             with open(beside, "xb") as f:

@@ -5,6 +5,7 @@ modules compiled."""
 import json
 import os
 import subprocess
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -321,3 +322,28 @@ def test_a_distributions_metadata_never_leads_precompile_out_of_its_folder(tmp_p
                                         check=True).stdout)
     assert all(f.startswith(str(site) + os.sep) for f in folders), folders
     assert str(site / "dep") in folders and str(site / "lib") in folders
+
+
+def test_a_link_at_any_level_from_the_users_kforge_folder_down_keeps_nothing_where_it_leads(tmp_path):
+    """The store's own folder checked alone let a link above it lead the writes away ($XDG_CACHE_HOME/kforge/bytecode
+    linked elsewhere: makedirs made <elsewhere>/<cache tag> and the files went there): every folder from the user's
+    kforge folder down to the store must be a real folder of this user's that no one else can write to."""
+    lib, root = _library(tmp_path)
+    user = tmp_path / "user-cache" / "kforge"
+    for level in (user, user / "bytecode", _store(root)):
+        elsewhere = tmp_path / f"elsewhere-{level.name}"
+        elsewhere.mkdir()
+        (elsewhere / "theirs").write_text("a user's file")
+        level.parent.mkdir(parents=True, exist_ok=True)
+        level.symlink_to(elsewhere)
+        first, again = _import(lib, root), _import(lib, root)
+        assert first["x"] == again["x"] == 1 and again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"], level
+        assert sorted(p.name for p in elsewhere.rglob("*")) == ["theirs"], level
+        assert all(not os.path.realpath(w).startswith(str(elsewhere)) for w in first["writes"] + again["writes"])
+        level.unlink()
+        shutil.rmtree(user, ignore_errors=True)
+    user.mkdir(mode=0o700)
+    (user / "bytecode").mkdir(mode=0o777)
+    (user / "bytecode").chmod(0o777)   # others can write to a folder above the store: they could swap it
+    first, again = _import(lib, root), _import(lib, root)
+    assert again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and _kept(root) == []
