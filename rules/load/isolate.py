@@ -434,7 +434,7 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
         if setup is not None:
             try:
                 setup()
-            except Exception as e:
+            except BaseException as e:   # sys.exit in what it imports too: said, not an exit with no result
                 setup_error = _error_payload(e)
         baseline_mb = None   # set after the first call (the module docstring says why)
         while True:
@@ -459,6 +459,12 @@ def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, paren
                     payload = _error_payload(e)
                     if getattr(e, "kforge_retire", False):   # fn says this process is no longer fit to serve
                         payload["retire"] = True
+                # the kernel's code exited (sys.exit at import) or raised a KeyboardInterrupt of its own (a Ctrl-C
+                # kills: SIGINT is default above): said as its error, not lost to the exit below; what it cut short
+                # may be half done, so a fresh child serves the next call
+                except BaseException as e:
+                    payload = _error_payload(e)
+                    payload["retire"] = True
             sys.stderr.flush()
             if baseline_mb is None:
                 baseline_mb = _resident_mb()
@@ -481,16 +487,28 @@ def _death(status: int | None) -> str:
         sig = os.WTERMSIG(status)
         why = "killed (out of memory?)" if sig == signal.SIGKILL else "crashed"
         return f"compiler process {why}: {signal.Signals(sig).name}"
-    return f"compiler process exited with code {os.WEXITSTATUS(status)} and no result"
+    # an exit no handler sees (os._exit; sys.exit is caught by _serve): the first line as before (a crash's summary
+    # adds the compiler's last output to it), the likely cause below it
+    return (f"compiler process exited with code {os.WEXITSTATUS(status)} and no result\n"
+            f"while running the kernel's code (importing its module or compiling): a module that calls sys.exit or "
+            f"os._exit at import is a likely cause")
 
 
-def _error_payload(e: Exception) -> dict:
+def _error_payload(e: BaseException) -> dict:
     facts = getattr(e, "kforge_facts", None)
     return {"error": _short_error(e), "traceback": traceback.format_exc(), **({"facts": facts} if facts else {})}
 
 
-def _short_error(e: Exception) -> str:
+def _short_error(e: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    if not isinstance(e, Exception):   # an exit or interrupt raised by the kernel's code: what it did, and where
+        frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        exits = isinstance(e, SystemExit)
+        what = (f"called sys.exit({'' if e.code is None else repr(e.code)})" if exits
+                else f"raised {' '.join(text.split())}")
+        text = (f"the kernel's code {what}{f' at {frame.filename}:{frame.lineno}' if frame else ''} while importing "
+                f"its module or compiling; a module must not {'exit' if exits else 'raise ' + type(e).__name__} at "
+                f"import (put such code under `if __name__ == \"__main__\":`)")
     return text if len(text) < 4000 else text[:4000] + " ..."
 
 
