@@ -509,6 +509,13 @@ def _short_error(e: BaseException) -> str:
         text = (f"the kernel's code {what}{f' at {frame.filename}:{frame.lineno}' if frame else ''} while importing "
                 f"its module or compiling; a module must not {'exit' if exits else 'raise ' + type(e).__name__} at "
                 f"import (put such code under `if __name__ == \"__main__\":`)")
+    elif text.endswith("^") and e.__cause__ is not None:
+        # Triton's CompilationError for a call into a failing @jit function says where (the call, a caret under it)
+        # and leaves why to the error it was raised from: the last line of the first cause, the innermost, added
+        cause = e.__cause__
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        text += "\n" + "".join(traceback.format_exception_only(type(cause), cause)).strip().splitlines()[-1].strip()
     return text if len(text) < 4000 else text[:4000] + " ..."
 
 

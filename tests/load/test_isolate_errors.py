@@ -1,6 +1,8 @@
-"""rules/load/isolate.py: a kernel's code that exits or raises a BaseException while the server runs it (a module
-calling sys.exit at import) fails that call with what it did, in one line, and its traceback; an exit that cannot
-be caught (os._exit) says what the process was running and the likely cause."""
+"""rules/load/isolate.py: what a failed call says. A kernel's code that exits or raises a BaseException while the
+server runs it (a module calling sys.exit at import) fails that call with what it did, in one line, and its
+traceback; an exit that cannot be caught (os._exit) says what the process was running and the likely cause; an
+error that says only where (Triton's CompilationError of a call) gets its cause's last line."""
+import ast
 import os
 import sys
 
@@ -56,3 +58,32 @@ def test_a_process_that_exits_uncaught_says_it_was_running_the_kernels_code_and_
     assert not out.ok and out.error.splitlines()[0] == "compiler process exited with code 0 and no result"
     assert ("while running the kernel's code (importing its module or compiling): a module that calls sys.exit or "
             "os._exit at import is a likely cause") in out.error
+
+
+SOURCE = 'def kernel(BLOCK):\n    z = helper(BLOCK)\n\ndef helper(BLOCK):\n    return tl.full([BLOCK], 0, dtype="fp32")\n'
+
+
+def fails_in_a_call(_):
+    """As Triton 3.6 raises it for a call into a @jit function that failed (code_generator.py: the builtin's error
+    wrapped with str(e) from e, then the call's with no message from that)."""
+    from triton.compiler.errors import CompilationError
+    call, full = ast.parse(SOURCE).body[0].body[0].value, ast.parse(SOURCE).body[1].body[0].value
+    try:
+        try:
+            "fp32".to_ir(None)
+        except AttributeError as e:
+            raise CompilationError(SOURCE, full, str(e)) from e
+    except CompilationError as e:
+        raise CompilationError(SOURCE, call, None) from e
+
+
+def test_a_compilation_error_that_says_only_where_gets_the_last_line_of_its_innermost_cause():
+    server = isolate.Server(fails_in_a_call)
+    try:
+        out = server.call(None, 60)
+    finally:
+        server.close()
+    lines = out.error.splitlines()
+    assert lines[0] == "triton.compiler.errors.CompilationError: at 2:8:" and lines[-2].strip() == "^", out.error
+    assert lines[-1] == "AttributeError: 'str' object has no attribute 'to_ir'"
+    assert "Traceback" in out.traceback
