@@ -297,7 +297,8 @@ def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
 def error_line(message: str) -> str:
     """What went wrong, in one line, from a target's failure message (rules/compile/action.py writes `error: ...`). An
     error whose first line ends in ':' continues below (Triton's CompilationError quotes the source, then
-    names the cause): its last line is added. A crashed compiler's last output line is added to the crash."""
+    names the cause): its last line is added. A crashed compiler's last output line is added to the crash, or where
+    it printed nothing, the crash message's own last line (isolate._death: the likely cause of a plain exit)."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
     if start is None:
@@ -311,6 +312,8 @@ def error_line(message: str) -> str:
         found += " ... " + own[-1]
     elif found.startswith("compiler process") and printed:   # a crash: the compiler's last words
         found += " ... " + printed[-1]
+    elif found.startswith("compiler process") and own:   # none: what it was running, and the likely cause
+        found += " " + own[-1]
     return found
 
 

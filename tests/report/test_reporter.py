@@ -297,3 +297,14 @@ def test_the_time_line_names_a_results_way_back_to_doit_and_counts_queued_time_o
     assert phases == {"queue": 1.0, "compile": 2.0, "write": 1.0, "return": 0.5}
     line = report._time_spent(phases, in_tasks=4.75)
     assert "compile 2.0 s, write 1.0 s, return 0.5 s, other 0.2 s; queued 1.0 s" in line, line
+
+
+def test_an_exit_with_no_result_and_no_output_carries_its_likely_cause_in_the_error_line():
+    """isolate._death puts the likely cause of a plain exit (a module calling os._exit at import) on its second line:
+    with no compiler output to show, the error line takes it; with output, the compiler's last words are the cause."""
+    exited = ("compiler process exited with code 0 and no result\nwhile running the kernel's code (importing its "
+              "module or compiling): a module that calls sys.exit or os._exit at import is a likely cause")
+    assert error_line(MESSAGE.format(name="x:a@sm_90a", error=exited)) == " ".join(exited.splitlines())
+    printed = exited + "\ncompiler output (last lines):\n  LLVM ERROR: out of registers"
+    assert error_line(MESSAGE.format(name="x:a@sm_90a", error=printed)) == \
+        "compiler process exited with code 0 and no result ... LLVM ERROR: out of registers"
