@@ -12,6 +12,9 @@ from kforge.base.target import FUNCTION_REF
 
 PYPROJECT = "pyproject.toml"
 SIZE_LIMIT = 16 << 20   # bytes: far past any project's pyproject.toml, and never a whole disk image read into memory
+# every key kforge reads from [tool.kforge]: one it does not know is a typo (`catalogue`) that would otherwise be
+# ignored without a word, the project silently built from specs/
+KEYS = ("catalog", "record_archs", "setup")
 
 
 def read_pyproject(root: Path) -> bytes | None:
@@ -65,11 +68,22 @@ def kforge_table(root: Path):
         tool = tomllib.loads(data.decode("utf-8")).get("tool", {})
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise SpecError(f"{root / PYPROJECT}: cannot read it ({e}); fix the file") from None
+    except ValueError as e:   # tomllib reads a decimal integer with Python's int(), which stops at 4,300 digits
+        raise SpecError(f"{root / PYPROJECT}: cannot read it ({str(e).split(';')[0]}); fix the file") from None
+    except RecursionError:   # `q = [[[[...]]]]` some hundreds deep: tomllib recurses once per level
+        raise SpecError(f"{root / PYPROJECT}: cannot read it (arrays or tables nested too deeply); fix the "
+                        f"file") from None
     table = tool.get("kforge", {}) if isinstance(tool, dict) else None
     if not isinstance(table, dict):
         raise SpecError(f"{root / PYPROJECT}: {'tool.kforge' if table is not None else 'tool'} is "
                         f"{type(table if table is not None else tool).__name__}, not a table; write it as "
                         f"[tool.kforge] (docs/spec_format.md)")
+    for key in table:
+        if key not in KEYS:
+            import difflib
+            near = difflib.get_close_matches(key, KEYS, 1)
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] {repr(key)[:60]}: unknown key"
+                            f"{f' (did you mean {near[0]}?)' if near else ''}; allowed: {', '.join(KEYS)}")
     return table
 
 

@@ -25,11 +25,12 @@ from kforge.base.archs import ARCHS
 from kforge.base.project_config import read_user_file
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
-from kforge.declare.spec_model import shown_path
+from kforge.declare.spec_model import shown, shown_path
 from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
 from kforge_runtime.serve import identity as canonical
 
 KEYS = set(RECORD_FIELDS)
+KERNEL_MAX = 500   # characters in a record's "module:function": far past any package's module path
 
 
 RECORD_LIMIT = 256 << 20   # bytes: about 350,000 lines, far more targets than a catalog builds
@@ -85,6 +86,9 @@ def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
             record = json.loads(line)
         except ValueError as e:
             raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
+        except RecursionError:   # `{"x": [[[...]]]}` thousands deep: json recurses once per level
+            raise SpecError(f"{at}: not a record: arrays or objects nested too deeply to read; each line is one "
+                            f"record, as `python -m kforge_runtime.record` writes it") from None
         _check(record, at)
         found.append((number, record))
     if not found:
@@ -105,10 +109,13 @@ def _check(record, at: str) -> None:
             and all(isinstance(v, (bool, int, float, str, type(None))) for v in tuned["config"].values())):
         raise SpecError(f"{at}: \"autotune\" must be {{\"key\": [numbers and strings], \"config\": {{name: "
                         f"value}}}}: the autotuner's key and the config it picked")
-    if not isinstance(record["kernel"], str) or not re.fullmatch(FUNCTION_REF, record["kernel"]):
-        raise SpecError(f"{at}: kernel {record['kernel']!r} is not 'module:function'")
+    # a kernel of thousands of characters names every message of its family: refused here, as no module's
+    if not isinstance(record["kernel"], str) or len(record["kernel"]) > KERNEL_MAX \
+            or not re.fullmatch(FUNCTION_REF, record["kernel"]):
+        raise SpecError(f"{at}: kernel {shown(record['kernel'])} is not 'module:function' (at most {KERNEL_MAX} "
+                        f"characters)")
     if not isinstance(record["arch"], str) or record["arch"] not in ARCHS:
-        raise SpecError(f"{at}: arch {record['arch']!r} is not one kforge builds ({', '.join(ARCHS)})")
+        raise SpecError(f"{at}: arch {shown(record['arch'])} is not one kforge builds ({', '.join(ARCHS)})")
     signature = record["signature"]
     if not isinstance(signature, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in signature):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import stat
 import tomllib
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from kforge.load import entry_probe, sources
 from kforge.declare import sweep
 from kforge.base.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.base.errors import SpecError
-from kforge.base.project_config import project_setup, read_user_file
+from kforge.base.project_config import not_a_file, project_setup, read_user_file
 from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown,
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
@@ -227,15 +228,20 @@ ENV_RESERVED_PREFIXES = ("LD_", "PYTHON", "KFORGE_")
 def _check_env(table: dict, where: str, shown_as: str = "env") -> tuple:
     """[env]: NAME = "value" pairs set in the compile servers (and the probe) of this family: in its key."""
     for name, value in table.items():
-        if not ENV_NAME.fullmatch(name) or name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
-            raise SpecError(f"{where}: [{shown_as}] {_key(name)}: not a variable a family may set; allowed: "
-                            f"upper-case names, not {', '.join(ENV_RESERVED)} nor "
-                            f"{', '.join(p + '*' for p in ENV_RESERVED_PREFIXES)}")
+        _check_env_name(name, where, shown_as)
         if not isinstance(value, str):
             raise SpecError(f"{where}: [{shown_as}] {name}: expected a string, got {shown(value)}")
         if "\0" in value:
             raise SpecError(f"{where}: [{shown_as}] {name}: a value may not hold a NUL character")
     return tuple(sorted(table.items()))
+
+
+def _check_env_name(name: str, where: str, shown_as: str) -> None:
+    if not ENV_NAME.fullmatch(name) or name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIXES):
+        raise SpecError(f"{where}: [{shown_as}] {_key(name)}: not a variable a family may set; allowed: an "
+                        f"environment variable's name (upper-case letters, digits and _, not starting with a "
+                        f"digit), not {', '.join(ENV_RESERVED)} nor "
+                        f"{', '.join(p + '*' for p in ENV_RESERVED_PREFIXES)}")
 
 
 def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
@@ -402,7 +408,9 @@ def _check_keys(body: dict, table: str, where: str) -> None:
         if rule is None:
             raise SpecError(f"{where}: [{table}] unknown key {shown(key)}; allowed: {', '.join(schema)}")
         types, _, what = rule
-        if "*" in schema and not (key.isidentifier() and len(key) <= NAME_MAX):   # used in code and messages
+        if table == "env":   # a variable's name, not an argument's: "" or "A=B" or a NUL is refused as such
+            _check_env_name(key, where, table)
+        elif "*" in schema and not (key.isidentifier() and len(key) <= NAME_MAX):   # used in code and messages
             raise SpecError(f"{where}: [{table}] {shown(key)}: not a name; allowed: the kernel's argument and "
                             f"parameter names (letters, digits and _, not starting with a digit; at most {NAME_MAX})")
         nested_ok = (table, key) in NESTED_LISTS
@@ -472,7 +480,7 @@ def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Pa
         raise SpecError(f"{where}: {key}: cannot look up {shown(rel)} ({e.strerror}); "
                         f"fix the path, relative to {root}") from None
     if not found:
-        what_is_there = "is a folder, not a Python file" if path.is_dir() else "does not exist"
+        what_is_there = _not_a_python_file(path)
         raise SpecError(f"{where}: {key}: file {shown(rel)} {what_is_there} (looked for {shown(str(path))}); "
                         f"fix the path, relative to {root}")
     not_project = sources.project_source_problem(path, root)
@@ -491,6 +499,18 @@ def _project_python(root: Path, rel: str, where: str, key: str, what: str) -> Pa
         return path
     raise SpecError(f"{where}: {key}: {shown(rel)} is not Python kforge can read ({why}); fix the file, or the "
                     f"path (relative to {root})")
+
+
+def _not_a_python_file(path: Path) -> str:
+    """What lies at a path that is no regular file, for a message: a FIFO or a link to /dev/zero exists, and
+    "does not exist" sent the user looking for a file that is there."""
+    try:
+        mode = path.stat().st_mode   # through a link, as a read would go
+    except (OSError, ValueError):   # ValueError: a NUL in the path
+        return "is a broken link" if path.is_symlink() else "does not exist"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a Python file"
+    return f"is not a regular file ({not_a_file(mode)})"
 
 
 def _scalars(values: list) -> bool:

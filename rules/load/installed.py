@@ -19,6 +19,9 @@ from pathlib import Path
 from kforge.load import observe, sources
 
 DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# a file's name holds at most 255 bytes: a longer part of a module name names no file an import finds, and
+# looking it up fails ("File name too long")
+PART_MAX = 255
 
 
 # While a catalog load shares them (shared()): {"closure": {(module file, sys.path entry, top-level package): its
@@ -106,8 +109,11 @@ def find(name: str) -> Module:
 
 def _find(name: str) -> Module:
     if not DOTTED.match(name):
-        raise NotInstalled(f"{name!r} is not a dotted module name (e.g. liger_kernel.ops.rms_norm)")
+        raise NotInstalled(f"{_short(name)!r} is not a dotted module name (e.g. liger_kernel.ops.rms_norm)")
     parts = name.split(".")
+    if max(map(len, parts)) > PART_MAX:
+        raise NotInstalled(f"{_short(name)!r} is not a module name: a part of it is longer than a file's name may "
+                           f"be ({PART_MAX} characters); fix the name")
     misses: list[Path] = []
     for entry in sys.path:
         base = Path(entry or ".").resolve()
@@ -125,18 +131,26 @@ def _find(name: str) -> Module:
         raise NotInstalled(f"{name}: its package {parts[0]} is mapped by an import finder to {folder}, where kforge "
                            f"does not find the module (a folder of another name than the package's is not followed); "
                            f"install the package without -e, or fix the name")
-    raise NotInstalled(f"no {name} on this Python's module path ({sys.executable}); install the package that "
-                       f"provides it into the environment kforge runs in, or fix the name")
+    raise NotInstalled(f"no {_short(name)} on this Python's module path ({sys.executable}); install the package "
+                       f"that provides it into the environment kforge runs in, or fix the name")
+
+
+def _short(name: str) -> str:
+    """A module name as a message shows it: a name of thousands of characters cut short."""
+    return name if len(name) <= 200 else f"{name[:60]}... ({len(name)} characters)"
 
 
 def _resolve(base: Path, parts: list[str]) -> Path | None:
     """base/a/b/c.py or base/a/b/c/__init__.py, every folder on the way a package (regular or namespace)."""
     folder = base.joinpath(*parts[:-1])
-    if not folder.is_dir():
-        return None
-    for candidate in (folder / parts[-1] / "__init__.py", folder / f"{parts[-1]}.py"):
-        if candidate.is_file():   # named as it lies under base, though a link on the way may lead elsewhere
-            return candidate
+    try:
+        if not folder.is_dir():
+            return None
+        for candidate in (folder / parts[-1] / "__init__.py", folder / f"{parts[-1]}.py"):
+            if candidate.is_file():   # named as it lies under base, though a link on the way may lead elsewhere
+                return candidate
+    except OSError:   # a path too long for the file system (parts of 255 characters, many of them): no module
+        pass
     return None
 
 

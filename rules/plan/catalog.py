@@ -53,7 +53,7 @@ from kforge.store.files import read_bytes, read_state, write_inside
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.base.target import Target
-from kforge.base.project_config import PYPROJECT, kforge_table
+from kforge.base.project_config import PYPROJECT, kforge_table, read_user_file
 
 FORMAT = "kforge-catalog-14"   # 14: paths under the project and the Python environment saved by place (Places)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
@@ -370,7 +370,7 @@ class Catalog:
                 if kept["format"] != FORMAT or kept["content"] != content or not covers(kept["archs"], self.archs):
                     continue
                 self._take(kept)
-            except (OSError, KeyError, TypeError, ValueError, IndexError):   # none, or a damaged one
+            except (OSError, KeyError, TypeError, ValueError, IndexError, RecursionError):   # none, or damaged
                 self.families, self.targets, self.tuned = [], [], []
                 continue
             self._fresh = {**kept, "stamp": self._stamp(folders, spec_files, *lists)}   # the same lists: same digest
@@ -544,7 +544,8 @@ def _found(module: str) -> str | None:
 def catalog_folders(root: Path) -> list[Path]:
     """Where the project's specs are: specs/, or the folders `[tool.kforge] catalog` in its pyproject.toml
     lists, each a folder relative to the project or an installed package by import name
-    (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither."""
+    (`catalog = ["specs", "mylib.kforge_specs"]`); a folder named twice counts once. SpecError for an entry
+    that is neither, or that is the project's own folder (its dodo.py and pyproject.toml are no catalogs)."""
     config = kforge_table(root)
     entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
@@ -552,8 +553,20 @@ def catalog_folders(root: Path) -> list[Path]:
                         f"the project) or installed packages (by import name), got {entries!r}")
     folders = []
     for entry in entries:
-        folder = (root / entry).resolve()
-        if folder.is_dir() and (root.resolve() == folder or root.resolve() in folder.parents):
+        if "\0" in entry:   # no path holds one: the OS call would fail naming no file and no key
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} holds a NUL character; "
+                            f"name a folder of the project or an installed package")
+        try:
+            folder = (root / entry).resolve()
+            in_project = folder.is_dir() and (root.resolve() == folder or root.resolve() in folder.parents)
+        except OSError as e:   # a name too long for the file system
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]}: cannot look it up "
+                            f"({e.strerror}); name a folder of the project or an installed package") from None
+        if in_project and folder == root.resolve():   # its dodo.py and pyproject.toml would load as catalogs
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the project's own folder, "
+                            f"whose dodo.py and pyproject.toml are no specs; keep the specs in a folder of their own "
+                            f"(e.g. specs/) and name that")
+        if in_project:
             folders.append(folder)
             continue
         from kforge.load import installed
@@ -566,7 +579,8 @@ def catalog_folders(root: Path) -> list[Path]:
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry} is a module, not a package; name the "
                             f"package whose folder holds the spec files")
         folders.append(found.path.parent)
-    return folders
+    # a folder named twice ("specs" and "./specs") is read once: twice, each of its specs clashed with itself
+    return list(dict.fromkeys(folders))
 
 
 def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
@@ -604,11 +618,11 @@ def _rel(path: Path, root: Path) -> str:
 def _family_name(path: Path) -> str:
     """The name a spec file gives its family, read as plainly as possible (it did not load); else the file's."""
     import tomllib
-    from kforge.declare.spec import NAME_RE
-    try:
-        name = tomllib.loads(path.read_text(encoding="utf-8"))["kernel"]["name"] \
-            if path.suffix == ".toml" and path.is_file() else None   # a FIFO: never opened
-    except (OSError, ValueError, KeyError, TypeError):
+    from kforge.declare.spec import NAME_RE, SPEC_LIMIT
+    try:   # read as read_tables reads it: a FIFO, a device or a file of gigabytes never read whole
+        data = read_user_file(path, SPEC_LIMIT, "a spec", "") if path.suffix == ".toml" else None
+        name = tomllib.loads(data.decode("utf-8"))["kernel"]["name"] if data is not None else None
+    except (SpecError, ValueError, KeyError, TypeError, RecursionError):   # RecursionError: a value nested too deeply
         name = None
     return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
 

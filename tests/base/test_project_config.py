@@ -66,3 +66,24 @@ def test_huge_file_is_one_line(tmp_path):
         f.truncate(64 << 20)
     with pytest.raises(SpecError, match="too large"):
         kforge_table(tmp_path)
+
+
+def test_an_unknown_key_is_one_line_naming_it_and_the_allowed_ones(tmp_path):
+    """`catalogue = [...]` was ignored without a word: the project built from specs/ as if it were not there."""
+    (tmp_path / "pyproject.toml").write_text('[tool.kforge]\ncatalogue = ["kernels"]\n')
+    with pytest.raises(SpecError) as e:
+        kforge_table(tmp_path)
+    assert str(e.value) == ("pyproject.toml: [tool.kforge] 'catalogue': unknown key (did you mean catalog?); "
+                            "allowed: catalog, record_archs, setup")
+
+
+@pytest.mark.parametrize("value, said", [("[" * 600 + "]" * 600, "nested too deeply"),
+                                         ("9" * 5000, "Exceeds the limit (4300 digits)")])
+def test_a_value_tomllib_cannot_read_is_one_line(tmp_path, value, said):
+    """A RecursionError (arrays 600 deep) or a ValueError (an integer of 5,000 digits) out of tomllib was a
+    traceback."""
+    (tmp_path / "pyproject.toml").write_text(f"[tool.kforge]\ncatalog = [\"specs\"]\nq = {value}\n")
+    with pytest.raises(SpecError) as e:
+        kforge_table(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'pyproject.toml'}: cannot read it") and said in str(e.value)
+    assert "\n" not in str(e.value)

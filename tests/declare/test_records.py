@@ -298,3 +298,22 @@ def test_a_call_with_an_option_no_spec_can_set_is_refused_at_build_naming_the_li
         line(128) + "\n" + line(64, options={"num_warps": 4, "num_stages": 3, "ir_override": "k.ttgir"}) + "\n")
     with pytest.raises(SpecError, match=r"specs/app.jsonl:2: tk.scale:scale_kernel: .*ir_override"):
         targets(project)
+
+
+def test_a_line_nested_too_deeply_is_one_error_naming_the_file_and_line(project):
+    """`{"x": [[[...]]]}` 100,000 deep: json.loads' RecursionError was a traceback."""
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(SpecError) as e:
+        targets(project)
+    assert str(e.value).startswith("specs/app.jsonl:2: not a record: arrays or objects nested too deeply to read")
+
+
+def test_a_kernel_name_of_thousands_of_characters_is_one_short_line(project):
+    """A 5,000-character module was looked up as a file name: `OSError: File name too long`, a traceback; and
+    every message of its family would carry the whole name."""
+    (project / "specs" / "app.jsonl").write_text(line(128, kernel="a" * 5000 + ":f") + "\n")
+    with pytest.raises(SpecError) as e:
+        targets(project)
+    message = str(e.value)
+    assert message.startswith("specs/app.jsonl:1: kernel 'aaa") and len(message) < 400
+    assert message.endswith("is not 'module:function' (at most 500 characters)")

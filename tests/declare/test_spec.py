@@ -261,3 +261,30 @@ def test_any_compile_option_under_constants_is_refused_naming_where_it_belongs(t
     assert str(e.value) == (f"specs/s.toml: [constants] {option}: {option} is a compile option, not a constexpr of "
                             f"scale_kernel; set it in [sweep] (`{option} = [{value}]`), or for one arch in "
                             f"[arch.<arch>]")
+
+
+@pytest.mark.parametrize("kind, said", [("fifo", "is not a regular file (a FIFO or pipe)"),
+                                        ("device", "is not a regular file (a terminal or character device)"),
+                                        ("broken link", "is a broken link")])
+def test_a_source_that_is_no_regular_file_says_what_it_is(tmp_path, kind, said):
+    """A FIFO or a link to /dev/zero given as `source` was "does not exist": the user looked for a file that
+    is there."""
+    import os
+    root = make_project(tmp_path, specs={"s": spec_text().replace("tk/scale.py", "tk/odd.py")})
+    odd = root / "tk" / "odd.py"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to("/dev/zero" if kind == "device" else root / "nowhere.py")
+    with pytest.raises(SpecError) as e:
+        load_spec(root / "specs" / "s.toml", root)
+    assert f"[kernel] source: file 'tk/odd.py' {said} (looked for" in str(e.value)
+
+
+@pytest.mark.parametrize("key", ['""', '"A=B"', '"A\\u0000B"', '"lower"'])
+def test_a_bad_env_name_says_what_a_variable_name_must_be(tmp_path, key):
+    """[env] keys were refused as "the kernel's argument and parameter names", which [env] has none of."""
+    message = error(tmp_path, spec_text() + f'\n[env]\n{key} = "x"\n')
+    assert "[env] " in message and "not a variable a family may set; allowed: an environment variable's name " \
+        "(upper-case letters, digits and _, not starting with a digit)" in message
+    assert "argument and parameter names" not in message

@@ -720,3 +720,21 @@ def test_a_load_walks_a_modules_closure_once_for_all_its_families_and_the_next_l
     assert {t.name for t in again.targets} == {t.name for t in first.targets}
     assert all(t.key != f.key for t, f in zip(sorted(again.targets), sorted(first.targets)))
     assert {n for t in again.targets for n, _ in t.source_digests} >= {f"{PACKAGE}/ops/extra.py"}
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, ".".join(["b" * 250] * 20)])
+def test_a_module_name_no_file_system_can_hold_is_not_installed(site, name):
+    """A part longer than a file's name may be, or a path longer than the system's: `OSError: [Errno 36] File
+    name too long` came out of the lookup, a traceback; the message shows the name cut short."""
+    with pytest.raises(installed.NotInstalled) as e:
+        installed.find(name)
+    assert len(str(e.value)) < 400 and "characters)" in str(e.value)
+
+
+def test_a_spec_naming_a_module_of_thousands_of_characters_is_one_line(site, tmp_path):
+    from kforge.edge.dodo_tasks import load_specs
+    root = make_project(tmp_path / "p", specs={"bad": spec("bad", "a" * 5000, "scale_kernel")}, kernels={})
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert str(e.value).startswith("specs/bad.toml: [kernel] module: 'aaa")
+    assert "is not a module name: a part of it is longer than a file's name may be (255 characters)" in str(e.value)

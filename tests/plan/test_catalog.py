@@ -29,6 +29,7 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 
 from kforge.plan import catalog as catalog_module  # noqa: E402
+from kforge.base.errors import SpecError  # noqa: E402
 from tests.support import kernel_text, make_project, spec_text  # noqa: E402
 
 HELPER = "FACTOR = 3\n"
@@ -202,7 +203,7 @@ def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, m
     assert catalog_module.Catalog(project, None, 50_000).load().loaded_from == "saved"   # by identity again
 
 
-@pytest.mark.parametrize("spoil", ["damaged", "copied under another name"])
+@pytest.mark.parametrize("spoil", ["damaged", "copied under another name", "nested too deeply"])
 def test_a_kept_catalog_is_used_only_whole_and_under_its_own_content(project, monkeypatch, spoil):
     """The source edited and put back, the catalog kept from before the edit spoiled meanwhile: the specs load."""
     source = project / "tk" / "scale.py"
@@ -213,6 +214,8 @@ def test_a_kept_catalog_is_used_only_whole_and_under_its_own_content(project, mo
     loaded(project).save()
     if spoil == "damaged":
         kept.write_text(json.dumps({**json.loads(kept.read_text()), "targets": [["not", "a", "row"]]}))
+    elif spoil == "nested too deeply":   # a RecursionError in json.loads was a traceback
+        kept.write_text("[" * 100_000 + "]" * 100_000)
     else:   # the edit's catalog under the name of the original's
         (edited,) = (k for k in kept_catalogs(project) if k != kept)
         kept.write_bytes(edited.read_bytes())
@@ -544,3 +547,57 @@ def test_a_source_is_the_projects_own_inside_its_folder_by_real_path(tmp_path):
     assert in_project(str(tmp_path / "link" / "tk" / "scale.py"), str(tmp_path / "proj"))
     assert not in_project(str(tmp_path / "proj2" / "scale.py"), tmp_path / "proj")
     assert not in_project(str(tmp_path / "proj"), tmp_path / "proj")
+
+
+# Hostile input at load: each one line naming the file and the key, never a traceback.
+
+def test_a_spec_nested_too_deeply_is_one_broken_family_and_the_others_load(tmp_path):
+    """`q = [[[...]]]` 600 deep: the spec's own message, then the broken family's name read again from the file
+    raised RecursionError, a 3,000-line traceback, and no family loaded."""
+    deep = spec_text(name="deep") + "\n[extra]\nq = " + "[" * 600 + "]" * 600 + "\n"
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), "deep": deep})
+    catalog = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert {t.kernel for t in catalog.targets} == {"scale"}
+    (broken,) = catalog.broken
+    assert broken.name == "deep" and "\n" not in broken.error
+    assert broken.error.startswith("specs/deep.toml: not valid TOML: arrays or tables nested too deeply")
+
+
+def test_a_broken_familys_name_is_read_from_no_file_past_a_specs_size(tmp_path, monkeypatch):
+    """Its name is read again from a spec that did not load: a file too large for a spec is not read whole."""
+    from kforge.declare import spec
+    root = make_project(tmp_path / "p", specs={"big": spec_text(name="scale") + "# padding\n" * 100})
+    monkeypatch.setattr(spec, "SPEC_LIMIT", 200)
+    assert catalog_module._family_name(root / "specs" / "big.toml") == "big"
+    monkeypatch.setattr(spec, "SPEC_LIMIT", 16 << 20)
+    assert catalog_module._family_name(root / "specs" / "big.toml") == "scale"
+
+
+def with_catalog(root, line):
+    with open(root / "pyproject.toml", "a") as f:
+        f.write(f"\n[tool.kforge]\n{line}\n")
+    return root
+
+
+@pytest.mark.parametrize("entries, message", [
+    ('["spe\\u0000cs"]', "pyproject.toml: [tool.kforge] catalog: 'spe\\x00cs' holds a NUL character; name a folder"),
+    ('["."]', "pyproject.toml: [tool.kforge] catalog: '.' is the project's own folder, whose dodo.py and "
+              "pyproject.toml are no specs; keep the specs in a folder of their own (e.g. specs/) and name that"),
+    ('["./"]', "pyproject.toml: [tool.kforge] catalog: './' is the project's own folder"),
+    (f'["{"a" * 5000}"]', "pyproject.toml: [tool.kforge] catalog: 'aaaa"),
+])
+def test_a_catalog_folder_that_cannot_be_one_is_one_line_naming_the_key(tmp_path, entries, message):
+    """A NUL was `kforge: embedded null byte`; the project's root loaded dodo.py and pyproject.toml as catalogs;
+    a name too long for the file system was an OSError."""
+    root = with_catalog(make_project(tmp_path / "p"), f"catalog = {entries}")
+    with pytest.raises(SpecError) as e:
+        catalog_module.catalog_folders(root)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+def test_a_catalog_folder_named_twice_is_read_once(tmp_path):
+    """`catalog = ["specs", "./specs"]`: each spec clashed with itself ("kernel name 'scale' is already used")."""
+    root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["specs", "./specs", "specs/"]')
+    assert catalog_module.catalog_folders(root) == [(root / "specs").resolve()]
+    catalog = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert not catalog.broken and {t.kernel for t in catalog.targets} == {"scale"}
