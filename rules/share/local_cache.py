@@ -11,7 +11,8 @@ One file per entry, written to a temp name beside it and renamed: two builds sto
 each rename a whole entry, and a reader sees one whole entry or none. An entry is still untrusted input (a
 full disk, another tool, a hand edit): artifact.accept checks it as it checks a remote cache's (bound to the
 target, sha256, ELF for the target's arch) before anything is written to out/; a refused entry is deleted,
-the target compiles and its build takes the entry's place.
+the target compiles and its build takes the entry's place. Two targets of one key (a family copied under another
+name: the key holds no family name) store over each other's entry: that is said as what it is, not as damage.
 
 One key, several entries: a key covers the kernel's source and what it imports, not what its compile read beside
 them (a config file a library reads at import, a helper it loads by path: its meta.json's "inputs"). An entry
@@ -93,8 +94,16 @@ class Source(ArtifactCache):
         return None
 
     def refused(self, target, error: Exception) -> list[str]:
-        """An unreadable or refused entry is deleted (the build replaces it), with one warning naming it."""
+        """An unreadable or refused entry is deleted (the build replaces it), with one warning naming it. One that
+        is another target's of the same key, whole, is not damage: said as what it is, and left."""
         path = self.picked.get(target.key, entry_path(self.cache, target.key))
+        other = _other_targets(path, target)
+        if other is not None:
+            return [f"local cache entry {path} holds {other}'s artifact, not {target.name}'s: the two targets share "
+                    f"one action key (the same module, entry, config and arch under two names), so each one's build "
+                    f"replaces the other's entry; this is not corruption. Compiling {target.name} here; to take both "
+                    f"from the cache, build that kernel under one name (drop the copied family, or the record line "
+                    f"a TOML family builds too)"]
         _discard(path)
         return [f"local cache entry {path} for {target.name} refused ({error}); compiling it here (its build "
                 f"replaces the entry)"]
@@ -104,6 +113,22 @@ class Source(ArtifactCache):
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
+
+
+def _other_targets(path: Path, target) -> str | None:
+    """The target an entry the installer refused was stored by, where that is another target of this very key and
+    arch and the entry is whole (sealed right, its binary its sha256): two targets built under one key (the key
+    holds no family name), each build storing over the other's entry. None for anything else: damage, a foreign
+    or tampered entry, refused as such."""
+    try:
+        files = unpack(_read(path), target.key)
+        meta = json.loads(files[artifact.META])
+        other, binary = meta["target"], files[meta["binary"]]
+        whole = meta.get("seal") == artifact.seal(meta) and meta.get("sha256") == artifact.sha256(binary)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    same_key = meta.get("key") == target.key and meta.get("arch") == target.arch
+    return other if isinstance(other, str) and other != target.name and same_key and whole else None
 
 
 def store(cache: LocalCache, target) -> list[str]:

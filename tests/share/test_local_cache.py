@@ -356,3 +356,30 @@ def test_a_file_or_link_where_a_folder_of_entries_belongs_is_replaced_by_the_fol
     assert local_cache.store(cache, target) == []
     assert local_cache.entry_path(cache, target.key).is_file() and not folder.is_symlink()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_two_targets_of_one_key_say_so_plainly_not_as_a_refused_entry_and_keep_the_others_entry(tmp_path):
+    """A family copied under another name builds the same kernel under one action key (the key holds no family name):
+    each target's build stores over the other's entry. The other's entry, whole and sealed, is named for what it is
+    (two targets, one key; not corruption) and left in place, not deleted as damage; a tampered one still is."""
+    cache = tmp_path / "cache"
+    specs = {"scale": spec_text(), "copy": spec_text(name="copy")}
+    out, report = build(make_project(tmp_path / "p", specs=specs, kernels={"scale": kernel_text()}), cache)
+    (entry,) = entries(cache)   # both targets, one key: one entry, the last one stored
+    owner = json.loads(local_cache.unpack(entry.read_bytes(), entry.name)["meta.json"])["target"]
+    other = next(t for t in origins(report) if t != owner)
+    warning = lambda out: [line for line in out.splitlines() if line.startswith("kforge: warning: local cache entry")]
+    kept = entry.read_bytes()
+    out, report = build(make_project(tmp_path / "q", specs=specs, kernels={"scale": kernel_text()}), cache, other)
+    assert origins(report) == {other: "compiled"}, out
+    (said,) = warning(out)
+    assert "refused" not in said and f"holds {owner}'s artifact, not {other}'s" in said, said
+    assert "share one action key" in said and "not corruption" in said, said
+    files = local_cache.unpack(kept, entry.name)   # the owner's entry again, its binary tampered with
+    name = json.loads(files["meta.json"])["binary"]
+    files[name] = files[name][:-1] + bytes([files[name][-1] ^ 0xFF])
+    entry.write_bytes(local_cache.pack(entry.name, files))
+    out, _ = build(make_project(tmp_path / "r", specs=specs, kernels={"scale": kernel_text()}), cache, other)
+    (said,) = warning(out)
+    assert f"for {other} refused" in said and "not corruption" not in said, said
+    assert entry.read_bytes() != kept   # deleted as damage; the build stored its own
