@@ -281,7 +281,19 @@ def entry_object(module, entry: str):
 
 def _layers(module: str, entry: str) -> list:
     import importlib
-    return layers(entry_object(importlib.import_module(module), entry))
+    from kforge.load import device_model
+    imported = importlib.import_module(module)
+    try:
+        return layers(entry_object(imported, entry))
+    except AttributeError as e:
+        # a library may define a kernel only on some archs (torchao's to_mxfp8_dim0_kernel: sm_100+ or gfx950): the
+        # module imported fine, as the model's GPU, and lacks it there; say which arch that was and the way out
+        d = device_model.current()
+        if d is None:
+            raise
+        raise AttributeError(f"{e} when imported as {d.arch} (kforge's model of its reference GPU, {d.name}); a "
+                             f"library may define a kernel only on some archs: drop {d.arch} from the spec's archs, "
+                             f"or give {d.arch} a spec of its own") from None
 
 
 def _describe(module: str, entry: str) -> dict:

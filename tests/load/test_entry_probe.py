@@ -517,3 +517,23 @@ def test_a_heuristic_over_the_autotuner_setting_a_tuned_value_is_refused_as_trit
     with pytest.raises(SpecError, match=r"^specs/clash.toml: kforge_heurlib.ops.clashing_kernel: @triton.heuristics "
                                         r"around @triton.autotune sets BLOCK_K, which the autotune configs set too"):
         load(root)
+
+
+def test_an_entry_the_library_defines_only_on_other_archs_names_the_arch_it_was_imported_as(tmp_path, monkeypatch):
+    """torchao defines to_mxfp8_dim0_kernel only under sm_100+ (or gfx950): on sm_90a's model the module has no such
+    attribute. The message names the arch the module was imported as, and the two fixes."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "newer.py").write_text(FLAKY.replace(
+        "@triton.autotune", "from triton.runtime import driver\n\n"
+        "if driver.active.get_current_target().arch >= 100:\n  @triton.autotune").replace(
+        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
+        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    root = make_project(tmp_path / "p", kernels={}, specs={
+        "newer": probed_spec("newer", "newer", '["sm_100a"]'), "older": probed_spec("older", "newer", '["sm_90a"]')})
+    catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    assert sorted(t.arch for t in catalog.targets) == ["sm_100a", "sm_100a"]
+    [broken] = catalog.broken
+    assert broken.name == "older" and "\n" not in broken.error, broken.error
+    assert "AttributeError: module 'newer' has no attribute 'copy_kernel' when imported as sm_90a (" in broken.error
+    assert "drop sm_90a from the spec's archs, or give sm_90a a spec of its own" in broken.error, broken.error
