@@ -1,10 +1,10 @@
 """Building a recorded suite: how close `doit -n N` comes to the compiler's own time (issue 52).
 
 Usage: python bench/record_build.py RECORD [--lines 100] [--jobs 2] [--archs sm_90a] [--repeat 1] [--cold]
-                                    [--revs REV ...] [--json f] [--traces DIR]
+                                    [--revs REV ...] [--hubs fresh kept] [--json f] [--traces DIR]
 RECORD is a kforge record (JSON lines; ../shared/data/liger_suite_record-h200.jsonl is liger-kernel's test suite,
-which needs liger-kernel installed). Each run: a fresh project holding the first --lines lines as
-specs/suite.jsonl, `doit -n N archs=A` with the local cache off (KFORGE_LOCAL_CACHE=off: nothing installed from an
+which needs liger-kernel installed). Each run: a project holding the first --lines lines as specs/suite.jsonl,
+its out/ removed, `doit -n N archs=A` with the local cache off (KFORGE_LOCAL_CACHE=off: nothing installed from an
 earlier run), timed as a whole command. Reported per run: wall, the compiles' own seconds summed over targets
 (compile_seconds in out/build-report.json), the ratio wall x jobs / compiles (1.0: every worker compiled all
 the time; the goal is <= 1.5), and kforge's own breakdown line (compile, import, start, other, queued; the time
@@ -110,13 +110,14 @@ def main() -> None:
             for hub in a.hubs:
                 variant = f"{rev}/{hub}" if len(a.hubs) > 1 else rev
                 envs[variant] = {**kforge_at(rev, Path(tmp)), "KFORGE_KEEP_HUB": "120" if hub == "kept" else "0"}
+                dest = project(Path(tmp) / f"p{variants.index(variant)}", a.record.resolve(), a.lines)
                 if hub == "kept":   # the build that starts the keeper, untimed
-                    timed_build(project(Path(tmp) / f"p{variants.index(variant)}", a.record.resolve(), a.lines),
-                                a.jobs, a.archs, envs[variant])
+                    timed_build(dest, a.jobs, a.archs, envs[variant])
         for i in range(a.repeat):
             for variant in (variants if i % 2 == 0 else variants[::-1]):
                 rev = variant.rsplit("/", 1)[0] if len(a.hubs) > 1 else variant
-                dest = project(Path(tmp) / f"p{variants.index(variant)}", a.record.resolve(), a.lines)
+                dest = Path(tmp) / f"p{variants.index(variant)}"   # the project as it was: out/ goes, as after
+                shutil.rmtree(dest / "out", ignore_errors=True)    # `doit clean` (its dodo.py stays the file it was)
                 time.sleep(a.settle)
                 env = envs[variant]
                 if a.cold:
