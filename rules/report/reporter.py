@@ -14,7 +14,7 @@ from kforge.store.artifact import CompileResult
 from kforge.store.files import write_inside
 from kforge.report.trace import Trace
 
-ERROR_LINES = 6
+ERROR_LINES = 7   # of a failure message in build-report.json: through a crash's first output line (isolate._death is two)
 # C0 and C1 control characters (ESC, CR, BEL, DEL, CSI ...) but newline and tab -> U+FFFD, for str.translate
 CONTROL = {c: "\ufffd" for c in [*range(0x20), *range(0x7f, 0xa0)] if chr(c) not in "\n\t"}
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
