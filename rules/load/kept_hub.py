@@ -144,10 +144,9 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
     _make_room()
     isolate._name_process(KEEPER_NAME)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    loaded = _loaded_files()
-    os.write(told, b"k")
+    os.write(told, b"k")   # the build ends now; what follows is the keeper's own time
     os.close(told)
-    _keep(listener, request, loaded, handle)
+    _keep(listener, request, _loaded_files(), handle)
 
 
 def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
@@ -190,6 +189,10 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
         pid = os.fork()
         if pid == 0:   # this build's hub: never returns
             listener.close()
+            try:   # the folder by its name now (the one the keeper started in may have been removed and made again)
+                os.chdir(request.identity["cwd"])
+            except OSError:
+                os._exit(1)   # the build's requests find no hub, and it forks one of its own
             isolate._run_hub(conn, handle, keeper)
         hubs.add(pid)
         conn.send(pickle.dumps({"pid": pid}))

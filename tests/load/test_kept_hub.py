@@ -243,3 +243,20 @@ def test_a_kept_hub_builds_the_same_binaries_without_importing_the_toolchain_aga
         pid = _keeper_of(root)
         if pid:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_build_in_a_folder_made_again_at_the_same_path_gets_a_hub_in_that_folder(project, monkeypatch):
+    """The keeper's own working folder was removed and made again (a scratch project, a checkout made afresh):
+    the hub it forks works in the folder the path names now, not in the removed one."""
+    monkeypatch.chdir(project)   # as doit's master runs, in the project
+    first, asked = _first_build(project)
+    os.rmdir(project)
+    project.mkdir()
+    (project / "marker").write_text("")
+    hub = isolate.Hub(_handle)
+    assert hub.start(attach=lambda: kept_hub.attach(str(project), asked)) and hub.attached
+    try:
+        assert _ask(hub)["hub"] != first["hub"]
+        assert os.path.exists(f"/proc/{hub.pid}/cwd/marker")
+    finally:
+        hub.close()
