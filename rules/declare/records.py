@@ -120,6 +120,9 @@ def _check(record, at: str) -> None:
     if not isinstance(signature, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in signature):
         raise SpecError(f"{at}: signature must be a list of [argument, type] pairs")
+    repeated = next((a for i, (a, _) in enumerate(signature) if a in {b for b, _ in signature[:i]}), None)
+    if repeated is not None:   # one of the two would be dropped without a word: a kernel has each argument once
+        raise SpecError(f"{at}: signature names argument {shown(repeated)} twice; record the kernel again")
     if not isinstance(record["constexprs"], dict) or not isinstance(record["options"], dict) or not isinstance(
             record["divisible_by_16"], list):
         raise SpecError(f"{at}: constexprs and options must be objects, divisible_by_16 a list")

@@ -25,6 +25,7 @@ from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [s
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+DESCRIPTION_MAX = 300   # characters of a family's one-line description
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")   # a TOML key written without quotes
 INT64 = range(-2**63, 2**63)               # TOML's integers
 
@@ -204,10 +205,15 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     if "id" in k and not k["id"].strip():
         raise SpecError(f"{where}: [kernel] id: {k['id']!r} is empty; give a template such as "
                         f"'{{dtype}}-m{{BLOCK_M}}', or leave id out for the default (each swept name and value)")
+    # `doit list` prints the description as it is: an escape sequence in it would drive the terminal
+    description = k.get("description", "")
+    if not description.isprintable() or len(description) > DESCRIPTION_MAX:
+        raise SpecError(f"{where}: [kernel] description: not one line of text (a line break, a control character "
+                        f"or over {DESCRIPTION_MAX} characters); give one short line")
     spec = Spec(path=where, name=name, source=k.get("source", ""), module=k.get("module", ""), entry=k["entry"],
                 toolchain=k["toolchain"],
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
-                divisible_by_16=hints, configs=(), excludes=(), description=k.get("description", ""), tune=tune,
+                divisible_by_16=hints, configs=(), excludes=(), description=description, tune=tune,
                 derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
                 device_model=model, setup=setup, arch_env=arch_env)
     return sweep.expand(spec, swept, extras, excludes)

@@ -317,3 +317,12 @@ def test_a_kernel_name_of_thousands_of_characters_is_one_short_line(project):
     message = str(e.value)
     assert message.startswith("specs/app.jsonl:1: kernel 'aaa") and len(message) < 400
     assert message.endswith("is not 'module:function' (at most 500 characters)")
+
+
+def test_a_signature_naming_an_argument_twice_is_refused_naming_the_line(project):
+    """One of the two types was dropped without a word (the record's dict of the signature kept the last)."""
+    twice = [["x_ptr", "*fp16"], ["y_ptr", "*fp16"], ["n", "i32"], ["n", "i64"], ["BLOCK", "constexpr"]]
+    (project / "specs" / "app.jsonl").write_text(line(128, signature=twice) + "\n")
+    with pytest.raises(SpecError, match=r"^specs/app.jsonl:1: signature names argument 'n' twice; record the kernel "
+                                        r"again$"):
+        targets(project)

@@ -288,3 +288,12 @@ def test_a_bad_env_name_says_what_a_variable_name_must_be(tmp_path, key):
     assert "[env] " in message and "not a variable a family may set; allowed: an environment variable's name " \
         "(upper-case letters, digits and _, not starting with a digit)" in message
     assert "argument and parameter names" not in message
+
+
+@pytest.mark.parametrize("description", ["ok\x1b]0;pwned\x07", "two\nlines", "tab\there", "x" * 301])
+def test_a_description_that_is_not_one_short_line_is_refused(tmp_path, description):
+    """`doit list` prints a family's description as it is: an escape sequence set the window's title or cleared
+    the screen, and a 20,000-character one filled it."""
+    import json
+    text = spec_text().replace("[kernel]\n", f"[kernel]\ndescription = {json.dumps(description)}\n", 1)
+    assert "[kernel] description: not one line of text" in error(tmp_path, text)
