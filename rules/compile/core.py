@@ -250,7 +250,8 @@ def _forget_build() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _requires_torch(package: str) -> bool:
-    """Whether an installed distribution providing this top-level package requires torch (liger-kernel does)."""
+    """Whether an installed distribution providing this top-level package requires torch (liger-kernel does), or
+    the package's own __init__ imports torch as it runs (flag_gems does, naming torch only under its extras)."""
     import importlib.metadata as metadata
     import re
     for dist in metadata.packages_distributions().get(package, ()):
@@ -260,6 +261,26 @@ def _requires_torch(package: str) -> bool:
             continue
         if any(re.match(r"torch\b(?![-_.\w])", r) for r in requires if "extra ==" not in r):
             return True
+    return _init_imports_torch(package)
+
+
+def _init_imports_torch(package: str) -> bool:
+    """Whether the package's __init__ imports torch in its own body (not in a function, nor under an `if`): read,
+    not run; found without importing the package."""
+    import ast
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(package)
+        with open(spec.origin, "rb") as f:   # a namespace package has no origin: TypeError
+            body = ast.parse(f.read(1 << 20)).body
+    except (ImportError, ValueError, TypeError, AttributeError, OSError, SyntaxError, RecursionError):
+        return False
+    for node in body:
+        for statement in [node, *(node.body if isinstance(node, ast.Try) else ())]:
+            names = ([a.name for a in statement.names] if isinstance(statement, ast.Import) else
+                     [statement.module or ""] if isinstance(statement, ast.ImportFrom) and not statement.level else [])
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                return True
     return False
 
 

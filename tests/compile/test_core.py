@@ -601,3 +601,32 @@ def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_i
     kept = [p for p in store.rglob("*") if p.is_file()]
     assert float(proc.stdout.split()[-1]) < 2 and 0 < len(kept) < 3000   # stopped on its way
     assert not [p for p in kept if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("init, imports", [
+    ("import os\nimport torch\n", True),
+    ("from torch import nn\n", True),
+    ("try:\n    import torch.library\nexcept ImportError:\n    torch = None\n", True),
+    ("def later():\n    import torch\n", False),
+    ("if False:\n    import torch\n", False),
+    ("from .torch import x\n", False),
+    ("import torchvision\n", False),
+])
+def test_a_library_whose_init_imports_torch_gets_torch_in_the_hub_though_its_metadata_names_it_only_in_extras(
+        tmp_path, monkeypatch, init, imports):
+    """flag_gems names torch only under its extras, and its __init__ imports it: each library server imported torch
+    itself, after the hub, so a kept hub (rules/load/kept_hub.py) never held it for such a library."""
+    import importlib
+    from kforge.compile import core
+    from tests.support import write_site_package
+    name = f"kforge_torchy_{abs(hash(init)) % 10**8}"
+    site = write_site_package(tmp_path / "site", name, {f"{name}/__init__.py": init},
+                              requires=("torch==2.9; extra == 'gpu'",))
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    core._requires_torch.cache_clear()
+    try:
+        assert core._requires_torch(name) is imports
+        assert name not in sys.modules   # read, not imported
+    finally:
+        core._requires_torch.cache_clear()
