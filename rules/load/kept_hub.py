@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple
 from kforge.load import isolate
 
 KEEPER_NAME = b"kforge-keeper"   # what ps and /proc/PID/comm show for a keeper
-MAX_KEEPERS = 2   # a user's keepers at once (each holds a toolchain: torch's is 300-500 MB): the oldest go first
+MAX_KEEPERS = 2   # a user's keepers at once (each holds a toolchain: 170 MB with torch and Triton): the oldest go first
 ATTACH_TIMEOUT_S = 2.0   # a keeper answers at once (it stats the files it imported): a slower one is not used
 MAX_MESSAGE = 1 << 20
 
@@ -88,22 +88,18 @@ def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
     socket as a request is; a hub that has gone is not replaced (Hub.ask would)."""
     if hub.sock is None:
         return False
+    from multiprocessing.connection import Connection
     mine, theirs = socket.socketpair()
+    conn = Connection(mine.detach())   # the hub answers on it as on any request's
     try:
         socket.send_fds(hub.sock, [pickle.dumps(request)], [theirs.fileno()])
-        theirs.close()
-        mine.settimeout(timeout)
-        from multiprocessing.connection import Connection
-        conn = Connection(mine.detach())
-        try:
-            return conn.poll(timeout) and "kept" in conn.recv()
-        finally:
-            conn.close()
+        theirs.close()   # the hub's copy alone: a hub that dies now ends the wait at once
+        return conn.poll(timeout) and "kept" in conn.recv()
     except (OSError, EOFError):
         return False
     finally:
         theirs.close()
-        mine.close()
+        conn.close()
 
 
 def fork_keeper(request: Keep, handle: Callable[[Any, int], dict], forget: Callable[[], None]) -> dict:
