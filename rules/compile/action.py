@@ -28,7 +28,9 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
     the compile runs on that Dask cluster."""
     try:
         return _compile_target(target, root, timeout, cache_cfg, executor, local)
-    except (OSError, OutsideOut) as e:   # out/ unwritable (a full disk, a link out of out/): one line, the run goes on
+    except OutsideOut as e:   # a link out of out/: its message names the link and the fix
+        return _fail(target, f"cannot write in out/: {e}")
+    except OSError as e:   # out/ unwritable (a full disk): one line, the run goes on
         return _fail(target, f"cannot write in out/: {e}; free space (or fix out/) and run again")
 
 

@@ -535,3 +535,17 @@ def test_scratch_files_stay_in_out_and_none_outlives_the_run(tmp_path):
     doit(root, "-n", "2", env={"TMPDIR": str(system_tmp)})
     assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
     assert list(system_tmp.iterdir()) == [] and list((root / "out" / ".kforge" / "tmp").iterdir()) == []
+
+
+def test_an_arch_folder_linked_out_of_out_fails_its_targets_naming_the_link_and_one_fix(tmp_path):
+    """The guard's message names the link and says to remove it; "free space (or fix out/)" was added to it too."""
+    root = make_project(tmp_path / "p")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "out").mkdir()
+    (root / "out" / "sm_90a").symlink_to(outside)
+    proc = doit(root, "-n", "1", "archs=sm_90a", check=False)
+    assert proc.returncode != 0
+    said = proc.stdout + proc.stderr
+    assert "remove the link and run again" in said and "free space" not in said
+    assert not list(outside.iterdir())
