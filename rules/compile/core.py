@@ -184,7 +184,7 @@ def _precompile_once(package: str) -> None:
     at the file it is on once the library is imported (_stop_precompiling: from then on it would take a CPU from
     the compiles) and dies with the hub; the hub reaps it at a later request."""
     for name, pid in _precompiling.items():
-        if pid is not None and _ended(pid):
+        if pid is not None and isolate.reaped(pid):
             _precompiling[name] = None
     if package in _precompiling:
         return
@@ -207,13 +207,6 @@ def _stop_precompiling(package: str) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-
-
-def _ended(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG) != (0, 0)
-    except ChildProcessError:
-        return True
 
 
 _hub = isolate.Hub(_route)   # this process's, or inherited from doit's master
@@ -311,7 +304,7 @@ def in_context(backend: Backend, request: tuple) -> tuple:
             _set_up.clear()
         levels, below = import_levels(target), _level[0] + 1
         if below == len(levels):
-            for minder in [m for m in _minders if _ended(m)]:
+            for minder in [m for m in _minders if isolate.reaped(m)]:
                 _minders.remove(minder)
             _minders.append(isolate.serve_on(os.dup(fd), functools.partial(compile_below, backend), _forked_private))
             return spans

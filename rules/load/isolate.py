@@ -353,6 +353,14 @@ class Hub:
         atexit.register(self.close)
 
 
+def reaped(pid: int) -> bool:
+    """Whether this process's child `pid` has ended (reaped now if it had), without waiting."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) != (0, 0)
+    except ChildProcessError:
+        return True
+
+
 def _group_running(group: int) -> bool:
     """Whether a process of this process group still runs (a zombie does not: it waits for whoever reaps it)."""
     try:

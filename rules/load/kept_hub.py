@@ -154,7 +154,7 @@ def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
     ending: list = []
     signal.signal(signal.SIGTERM, lambda *_: ending.append(True))
     while True:
-        hubs = {pid for pid in hubs if not _ended(pid)}
+        hubs = {pid for pid in hubs if not isolate.reaped(pid)}
         if hubs:
             last = time.monotonic()
         elif ending or time.monotonic() - last > request.idle_s:
@@ -252,13 +252,6 @@ def _stat(path: str) -> tuple | None:
 def _peer_uid(sock: socket.socket) -> int:
     _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     return uid
-
-
-def _ended(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG) != (0, 0)
-    except ChildProcessError:
-        return True
 
 
 def _max_fd() -> int:
