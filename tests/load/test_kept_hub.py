@@ -260,3 +260,39 @@ def test_a_build_in_a_folder_made_again_at_the_same_path_gets_a_hub_in_that_fold
         assert os.path.exists(f"/proc/{hub.pid}/cwd/marker")
     finally:
         hub.close()
+
+
+def test_a_build_whose_keeper_is_killed_midway_still_builds_every_target(tmp_path):
+    """The keeper SIGKILLed while the hub it forked serves a build: that hub dies with it (its servers below it
+    too), each worker forks a hub of its own, and no target is lost."""
+    import subprocess
+    from tests.support import REPO, spec_text, statuses
+    root = make_project(tmp_path / "proj", specs={"scale": spec_text(dtypes=("fp16", "fp32"),
+                                                                      blocks=(64, 128, 256, 512, 1024))})
+    env = {**os.environ, "KFORGE_KEEP_HUB": "60",   # as tests.support.doit runs it: the keeper's environment
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    try:
+        doit(root, "-n", "2", "archs=sm_90a", env={"KFORGE_KEEP_HUB": "60"})
+        keeper = _keeper_of(root)
+        doit(root, "clean", env={"KFORGE_KEEP_HUB": "60"})
+        build = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2", "archs=sm_90a"], cwd=root, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        children = lambda: [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == keeper]
+        wait_until(lambda: children() or build.poll() is not None, 60)
+        assert children(), "the build was not served by the keeper"
+        os.kill(keeper, signal.SIGKILL)
+        out, _ = build.communicate(timeout=300)
+        assert build.returncode == 0, out
+        assert len(statuses(root, "built")) == 10
+    finally:
+        pid = _keeper_of(root)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _parent(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
