@@ -123,6 +123,13 @@ def _local_cache(text: str, where: str) -> str | None:
     return str(path.absolute())
 
 
+def _default_keep_hub() -> int:
+    """A keeper (rules/load/kept_hub.py) outlives the build: by default only for one run at a terminal, where a
+    developer builds again and again. A script, a CI job or a test harness that starts doit gets none unless it
+    asks: whatever waits for every process the build left, or counts them, sees none."""
+    return 600 if sys.stderr.isatty() and not os.environ.get("CI") else 0
+
+
 def _default_local_cache() -> str | None:
     """user_cache_dir(), or None (the local cache off, said once) where no home directory can be found."""
     try:
@@ -197,8 +204,9 @@ SETTINGS = {s.name: s for s in (
             "the local cache directory every checkout of this user shares, or off"),
     Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size(), lambda: 2 << 30,
             "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
-    Setting("keep_hub", "KFORGE_KEEP_HUB", _whole(0), lambda: 0 if os.environ.get("CI") else 600,
-            "seconds a build's toolchain process is kept for the project's next build (0: never; 0 where CI is set)"),
+    Setting("keep_hub", "KFORGE_KEEP_HUB", _whole(0), _default_keep_hub,
+            "seconds a build's toolchain process is kept for the project's next build (0: never; by default 600 "
+            "for a build run at a terminal, else 0)"),
     Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
     Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
             "seconds one Python catalog file, or one import of a family's module to probe it, may run"),

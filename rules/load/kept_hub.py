@@ -2,7 +2,8 @@
 
 Every build's hub (isolate.Hub) imports the toolchain before its first compile: Triton, and torch for a library
 that requires it (1.2-1.7 s on the dev machine, more on a GPU host), however few targets the build has. At the
-end of a build that forked its own hub, doit's master asks it for a keeper (Keep): a copy of the hub in a
+end of a build that forked its own hub (and keeps one: the keep_hub setting, by default only at a terminal),
+doit's master asks it for a keeper (Keep): a copy of the hub in a
 session of its own (no terminal's Ctrl-C or hang-up reaches it, its output goes nowhere), holding the toolchain
 and nothing of the build (no library or compile server, no file of the build's open). The next build of the
 project connects to it (attach) and it forks that build's hub, which serves the build as one forked from the

@@ -200,3 +200,17 @@ def test_no_home_directory_turns_the_local_cache_off_saying_so_once(monkeypatch,
     assert settings.get("local_cache") is None and settings.get("local_cache") is None
     assert capsys.readouterr().err.splitlines() == [
         "kforge: the local cache is off: no home directory to keep it in (set XDG_CACHE_HOME or local_cache=DIR)"]
+
+
+@pytest.mark.parametrize("tty, ci, kept", [(True, None, 600), (False, None, 0), (True, "true", 0)])
+def test_a_hub_is_kept_by_default_only_for_a_build_at_a_terminal_outside_ci(monkeypatch, tty, ci, kept):
+    """A keeper outlives the build (rules/load/kept_hub.py): a script or a harness that waits for, or counts, the
+    processes a build left sees none unless it asks for one."""
+    monkeypatch.delenv("KFORGE_KEEP_HUB", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(settings.sys.stderr, "isatty", lambda: tty, raising=False)
+    assert settings.get("keep_hub") == kept
+    monkeypatch.setenv("KFORGE_KEEP_HUB", "30")
+    assert settings.get("keep_hub") == 30   # asked for: kept, wherever it runs
