@@ -21,6 +21,7 @@ nothing is written on disk, and the name goes with the process.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import select
@@ -53,7 +54,7 @@ def address(root: str) -> bytes:
 
 
 def identity(root: str) -> dict:
-    """What a kept hub must share with the build that uses it (the module docstring)."""
+    """What a kept hub must share with the build that uses it (the module docstring), as JSON holds it."""
     project = os.path.realpath(root)
     folders = {}
     for entry in sys.path:
@@ -73,13 +74,13 @@ def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
         sock.connect(address(root))
         if _peer_uid(sock) != os.getuid():
             raise OSError("another user's")
-        sock.send(pickle.dumps(asked))
-        answer = pickle.loads(sock.recv(MAX_MESSAGE))
+        sock.send(json.dumps(asked).encode())
+        answer = json.loads(sock.recv(MAX_MESSAGE))
         if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
             raise OSError(answer.get("stale", "no answer") if isinstance(answer, dict) else "no answer")
         sock.settimeout(None)
         return sock, answer["pid"]
-    except (OSError, EOFError, pickle.UnpicklingError):
+    except Exception:   # no keeper, or one that answers nothing usable: the build forks its own hub
         sock.close()
         return None
 
@@ -143,7 +144,7 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.write(told, b"k")   # the build ends now; what follows is the keeper's own time
     os.close(told)
-    _keep(listener, request, _loaded_files(), handle)
+    _keep(listener, request._replace(identity=json.loads(json.dumps(request.identity))), _loaded_files(), handle)
 
 
 def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
@@ -176,9 +177,12 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
         conn.settimeout(ATTACH_TIMEOUT_S)
         if _peer_uid(conn) != os.getuid():
             return
-        stale = _stale(request.identity, pickle.loads(conn.recv(MAX_MESSAGE)), loaded)
+        asked = json.loads(conn.recv(MAX_MESSAGE))
+        if not isinstance(asked, dict):   # no build's: dropped, the keeper stays for the builds
+            return
+        stale = _stale(request.identity, asked, loaded)
         if stale:
-            conn.send(pickle.dumps({"stale": stale}))
+            conn.send(json.dumps({"stale": stale}).encode())
             ending.append(True)
             return
         conn.settimeout(None)
@@ -192,17 +196,15 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
                 os._exit(1)   # the build's requests find no hub, and it forks one of its own
             isolate._run_hub(conn, handle, keeper)
         hubs.add(pid)
-        conn.send(pickle.dumps({"pid": pid}))
-    except (OSError, EOFError, pickle.UnpicklingError):
+        conn.send(json.dumps({"pid": pid}).encode())
+    except Exception:   # a build that went, or sent what no build sends: the keeper goes on
         pass
     finally:
         conn.close()
 
 
-def _stale(kept: dict, asked: Any, loaded: dict) -> str:
+def _stale(kept: dict, asked: dict, loaded: dict) -> str:
     """Why a kept hub may not serve this build ("" where it may)."""
-    if not isinstance(asked, dict):
-        return "not a build's request"
     for key in kept.keys() | asked.keys():
         if kept.get(key) != asked.get(key):
             return f"the build's {key} differs"

@@ -296,3 +296,23 @@ def _parent(pid: str) -> int | None:
             return int(f.read().rsplit(b")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+@pytest.mark.parametrize("sent", [b"not json", b'{"uid": 0, "argv"', b"[1, 2]", b'"a string"'])
+def test_a_keeper_sent_what_no_build_sends_goes_on_and_serves_the_next_build(project, sent):
+    """Bytes that are no JSON, cut short, or no identity (only this user can connect: a same-user process's
+    mistake): the keeper drops that connection and serves the next build. Nothing it is sent is run (JSON)."""
+    import socket
+    _, asked = _first_build(project)
+    keeper = _keeper_of(project)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(kept_hub.address(str(project)))
+        sock.send(sent)
+        sock.settimeout(5)
+        assert sock.recv(1 << 16) == b""   # closed with no answer
+    hub = isolate.Hub(_handle)
+    try:
+        assert hub.start(attach=lambda: kept_hub.attach(str(project), asked)) and hub.attached
+        assert _ask(hub)["parent"] == keeper
+    finally:
+        hub.close()
