@@ -156,7 +156,10 @@ def _folder_of_entries(folder: Path) -> None:
     own structure, as a corrupt entry is: it goes (a link as a link, never followed) and the folder is made."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         folder.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
+    # the cache's own folder, where kforge makes it, is this user's alone whatever the umask (with 002 it was
+    # group-writable, and the kept bytecode beside the entries then keeps nothing: rules/load/observe.py)
+    os.makedirs(folder.parent, mode=0o700, exist_ok=True)
+    folder.mkdir(exist_ok=True)
 
 
 def problem(cache: LocalCache) -> str | None:

@@ -383,3 +383,19 @@ def test_two_targets_of_one_key_say_so_plainly_not_as_a_refused_entry_and_keep_t
     (said,) = warning(out)
     assert f"for {other} refused" in said and "not corruption" not in said, said
     assert entry.read_bytes() != kept   # deleted as damage; the build stored its own
+
+
+def test_the_cache_folder_kforge_makes_is_the_users_alone_under_any_umask(tmp_path):
+    """Under umask 002 (many distributions' default for their users) the folder was group-writable, and the kept
+    bytecode beside the entries, which takes only a folder no one else can write to, then kept nothing."""
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    target = types.SimpleNamespace(key="e" * 64, out_dir=str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "meta.json").write_text(json.dumps({"binary": "k.bin"}))
+    (tmp_path / "out" / "k.bin").write_bytes(b"\x7fELF")
+    old = os.umask(0o002)
+    try:
+        assert local_cache.store(cache, target) == []
+    finally:
+        os.umask(old)
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
