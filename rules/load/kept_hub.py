@@ -1,7 +1,7 @@
 """A build's hub, kept for the project's next build: the toolchain is not imported again.
 
 Every build's hub (isolate.Hub) imports the toolchain before its first compile: Triton, and torch for a library
-that requires it (1.2-1.7 s on the dev machine, more on a GPU host), however few targets the build has. At the
+that requires it (1.0-1.7 s on the dev machine), however few targets the build has. At the
 end of a build that forked its own hub (and keeps one: the keep_hub setting, by default only at a terminal),
 doit's master asks it for a keeper (Keep): a copy of the hub in a
 session of its own (no terminal's Ctrl-C or hang-up reaches it, its output goes nowhere), holding the toolchain
