@@ -127,7 +127,11 @@ def _default_keep_hub() -> int:
     """A keeper (rules/load/kept_hub.py) outlives the build: by default only for one run at a terminal, where a
     developer builds again and again. A script, a CI job or a test harness that starts doit gets none unless it
     asks: whatever waits for every process the build left, or counts them, sees none."""
-    return 600 if sys.stderr.isatty() and not os.environ.get("CI") else 0
+    try:
+        at_terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):   # no stderr (None), or one closed
+        at_terminal = False
+    return 600 if at_terminal and not os.environ.get("CI") else 0
 
 
 def _default_local_cache() -> str | None:
