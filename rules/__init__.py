@@ -4,7 +4,12 @@ Its stations, each a package that imports only those before it (tests/repo/test_
 base, load, declare, store, plan, share, compile, ship, tune, report, edge. The modules at this level are
 entry points that nothing in kforge imports: dodo (what a project's dodo.py imports) and the commands
 `python -m kforge.timeline`, `kforge.ci_summary` and `kforge.charts`."""
+import time as _time
+
 STATIONS = ("base", "load", "declare", "store", "plan", "share", "compile", "ship", "tune", "report", "edge")
+# when this process first imported kforge: every module of kforge's and of the toolchain a build holds was read
+# after it, so a file changed after it may be held as it was (rules/load/kept_hub.py keeps no hub then)
+IMPORTED_NS = _time.time_ns()
 
 # modules an older kforge had at its top level, before the stations: a dodo.py or script of that time imports them
 RETIRED = frozenset("""amd_linker amdgpu_metadata archs arrival artifact build catalog compile_core cpus cuda_driver

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import kforge
 from kforge.store import artifact, scratch
 from kforge.store import inputs as inputs_index
 from kforge.load import device_model, isolate, kept_hub, observe, shared_env
@@ -219,7 +220,7 @@ def start_hub(keep: bool = False) -> None:
         _hub.start()
         return
     root = os.getcwd()
-    _kept_as[:] = [root, kept_hub.identity(root)]   # as the hub is forked: its state, to be kept or not
+    _kept_as[:] = [root, kept_hub.identity(root), kforge.IMPORTED_NS]   # as the hub is forked: its state
     _hub.start(attach=lambda: kept_hub.attach(root, _kept_as[1]))
 
 
@@ -227,7 +228,7 @@ def close_hub(keep_s: float = 0) -> None:
     """In doit's master, after its workers: with `keep_s`, a hub it forked itself is first asked to fork a keeper
     for the project's next build, which ends after keep_s seconds without one."""
     if keep_s and _kept_as and _hub.owner == os.getpid() and not _hub.attached:
-        kept_hub.ask_to_keep(_hub, kept_hub.Keep(_kept_as[0], _kept_as[1], keep_s))
+        kept_hub.ask_to_keep(_hub, kept_hub.Keep(_kept_as[0], _kept_as[1], keep_s, _kept_as[2]))
     _kept_as.clear()
     _hub.close()
 

@@ -11,10 +11,11 @@ master would and dies with it. The keeper ends after `idle_s` seconds with no bu
 finds it stale.
 
 It is used only where nothing it imported could differ from what a fresh hub would import: the connecting
-build runs the same interpreter, command line, module path, working folder and environment (every variable)
-as the build that kept it, no folder on the module path outside the project changed (a package installed or
-removed), and no file it has imported changed (kforge's own, the toolchain's); anything else and it is stale:
-it answers so and ends, and the build forks its own hub. Only the user who kept it can connect (SO_PEERCRED),
+build runs the same interpreter, command line, module path, working folder and environment (every variable but
+a shell's own bookkeeping) as the build that kept it, no folder on the module path outside the project changed (a
+package installed or removed), and no file it has imported changed (kforge's own, the toolchain's) since the
+build that kept it began (one that changed during that build keeps none); anything else and it is stale: it
+answers so and ends, the build says why and forks its own hub. Only the user who kept it can connect (SO_PEERCRED),
 and a build connects only to a keeper of its own user. Its address is in Linux's abstract socket namespace:
 nothing is written on disk, and the name goes with the process.
 """
@@ -36,15 +37,21 @@ from kforge.load import isolate
 
 KEEPER_NAME = b"kforge-keeper"   # what ps and /proc/PID/comm show for a keeper
 MAX_KEEPERS = 2   # a user's keepers at once (each holds a toolchain: 170 MB with torch and Triton): the oldest go first
-ATTACH_TIMEOUT_S = 2.0   # a keeper answers at once (it stats the files it imported): a slower one is not used
+ATTACH_TIMEOUT_S = 1.0   # a keeper answers at once (it stats the files it imported): a slower one is ended
 MAX_MESSAGE = 1 << 20
+# what a shell sets for itself, which no compile reads: two runs of one command differ in them (`cd` sets
+# OLDPWD, `time doit` sets `_`, a subshell SHLVL; PWD names the folder a link led to, and cwd is compared)
+SHELL_BOOKKEEPING = ("_", "OLDPWD", "SHLVL", "PWD")
 
 
 class Keep(NamedTuple):
-    """The master's request to its hub, at the end of a build: fork a keeper for `root`'s next builds."""
+    """The master's request to its hub, at the end of a build: fork a keeper for `root`'s next builds. `since`:
+    when the master first imported kforge (kforge.IMPORTED_NS): a file the keeper holds that changed after it may
+    be held as it was before the change, so then none is kept."""
     root: str
     identity: dict
     idle_s: float
+    since: int = 0
 
 
 def address(root: str) -> bytes:
@@ -61,8 +68,9 @@ def identity(root: str) -> dict:
         where = os.path.realpath(entry or ".")
         if where != project and not where.startswith(project + os.sep):   # the project's own files are no
             folders[entry] = _stat(entry)                                   # hub's: servers import them fresh
+    environ = {k: v for k, v in os.environ.items() if k not in SHELL_BOOKKEEPING}
     return {"uid": os.getuid(), "executable": sys.executable, "version": sys.version, "argv": list(sys.argv),
-            "cwd": os.getcwd(), "path": list(sys.path), "environ": dict(os.environ), "folders": folders}
+            "cwd": os.getcwd(), "path": list(sys.path), "environ": environ, "folders": folders}
 
 
 def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
@@ -71,18 +79,39 @@ def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.settimeout(ATTACH_TIMEOUT_S)
-        sock.connect(address(root))
-        if _peer_uid(sock) != os.getuid():
-            raise OSError("another user's")
+        try:
+            sock.connect(address(root))
+        except OSError:   # none listens: the usual case, nothing to say
+            sock.close()
+            return None
+        peer, uid = _peer(sock)
+        if uid != os.getuid():
+            raise OSError("it is another user's")
         sock.send(json.dumps(asked).encode())
-        answer = json.loads(sock.recv(MAX_MESSAGE))
+        try:
+            answer = json.loads(sock.recv(MAX_MESSAGE))
+        except TimeoutError:   # stopped, or stuck: it would hold the address for ever, each build waiting on it
+            _end_stuck(peer)
+            raise OSError(f"it did not answer within {ATTACH_TIMEOUT_S:g} s and was ended") from None
         if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
             raise OSError(answer.get("stale", "no answer") if isinstance(answer, dict) else "no answer")
         sock.settimeout(None)
         return sock, answer["pid"]
-    except Exception:   # no keeper, or one that answers nothing usable: the build forks its own hub
+    except Exception as e:   # one that answers nothing usable: the build forks its own hub, and says why
         sock.close()
+        sys.stderr.write(f"kforge: the kept hub was not used ({e}); this build's hub imports the toolchain\n")
         return None
+
+
+def _end_stuck(pid: int) -> None:
+    """SIGKILL the keeper `pid` that took the project's address and does not answer (SIGSTOPped, say), if it is
+    one: this user's (the caller checked) and named as one."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            if f.read().strip() == KEEPER_NAME:
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
@@ -144,7 +173,12 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.write(told, b"k")   # the build ends now; what follows is the keeper's own time
     os.close(told)
-    _keep(listener, request._replace(identity=json.loads(json.dumps(request.identity))), _loaded_files(), handle)
+    loaded = _loaded_files()
+    # a file changed since the build's master started may have been imported before the change: what this
+    # process holds is then not what the file says, and no stat taken now could tell; so none is kept
+    if not request.since or any(stat is None or stat[3] >= request.since for stat in loaded.values()):
+        return
+    _keep(listener, request._replace(identity=json.loads(json.dumps(request.identity))), loaded, handle)
 
 
 def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
@@ -175,7 +209,7 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
     conn, _ = listener.accept()
     try:
         conn.settimeout(ATTACH_TIMEOUT_S)
-        if _peer_uid(conn) != os.getuid():
+        if ending or _peer(conn)[1] != os.getuid():   # told to end (SIGTERM) since it last looked: it serves no more
             return
         asked = json.loads(conn.recv(MAX_MESSAGE))
         if not isinstance(asked, dict):   # no build's: dropped, the keeper stays for the builds
@@ -205,8 +239,11 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
 
 def _stale(kept: dict, asked: dict, loaded: dict) -> str:
     """Why a kept hub may not serve this build ("" where it may)."""
-    for key in kept.keys() | asked.keys():
+    for key in sorted(kept.keys() | asked.keys()):
         if kept.get(key) != asked.get(key):
+            if key == "environ" and isinstance(asked.get(key), dict):   # named, never shown (a value may be secret)
+                names = sorted(n for n in kept[key].keys() | asked[key].keys() if kept[key].get(n) != asked[key].get(n))
+                return f"the environment differs in {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
             return f"the build's {key} differs"
     for path, stat in loaded.items():
         if _stat(path) != stat:
@@ -252,9 +289,10 @@ def _stat(path: str) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a connected Unix socket, as the kernel knows it."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 def _max_fd() -> int:

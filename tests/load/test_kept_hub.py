@@ -78,14 +78,18 @@ def project(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def _first_build(root, module="json", idle_s=60) -> tuple[dict, dict]:
-    """A hub forked here that imports `module`, asked to keep itself at the end: (its answer, the identity)."""
+def _first_build(root, module="json", idle_s=60, between=None) -> tuple[dict, dict]:
+    """A hub forked here that imports `module`, asked to keep itself at the end: (its answer, the identity);
+    `between` runs after the import, before the hub is asked."""
+    since = time.time_ns()   # as doit's master gives its start: nothing the hub imports changes after
     hub = isolate.Hub(_handle)
     hub.start()
     try:
         answer = _ask(hub, module)
+        if between:
+            between()
         asked = kept_hub.identity(str(root))
-        assert kept_hub.ask_to_keep(hub, kept_hub.Keep(str(root), asked, idle_s))
+        assert kept_hub.ask_to_keep(hub, kept_hub.Keep(str(root), asked, idle_s, since))
         return answer, asked
     finally:
         hub.close()
@@ -316,3 +320,56 @@ def test_a_keeper_sent_what_no_build_sends_goes_on_and_serves_the_next_build(pro
         assert _ask(hub)["parent"] == keeper
     finally:
         hub.close()
+
+
+def test_a_file_changed_while_the_build_ran_keeps_no_keeper(project, tmp_path, monkeypatch):
+    """Imported, then edited before the build ended: a keeper would hold the code as it was, and stats taken then
+    would show the file as unchanged ever after (the next build was served the old code: every binary differed
+    from a fresh build's). Now no keeper is kept."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "kept_edited_part.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(lib))
+    _, asked = _first_build(project, "kept_edited_part",
+                            between=lambda: (lib / "kept_edited_part.py").write_text("X = 2\n"))
+    wait_until(lambda: _keeper_of(project) is None, 10)
+    assert _keeper_of(project) is None
+    assert kept_hub.attach(str(project), asked) is None
+
+
+def test_the_shells_own_variables_do_not_make_a_keeper_stale(project, monkeypatch):
+    """`cd` sets OLDPWD, `time doit` sets `_`, a subshell SHLVL: the same command run again in a shell differed
+    in them, and every build after a `cd` found its keeper stale."""
+    monkeypatch.setenv("OLDPWD", "/one")
+    _, asked = _first_build(project)
+    monkeypatch.setenv("OLDPWD", "/two")
+    monkeypatch.setenv("_", "/usr/bin/time")
+    hub = isolate.Hub(_handle)
+    try:
+        assert hub.start(attach=lambda: kept_hub.attach(str(project), kept_hub.identity(str(project))))
+        assert hub.attached
+    finally:
+        hub.close()
+
+
+def test_a_stopped_keeper_is_ended_and_the_build_goes_on_saying_so(project, capfd):
+    """SIGSTOPped, it kept the project's address: each build waited out the attach and forked its own, and no
+    keeper could be made again."""
+    _, asked = _first_build(project)
+    keeper = _keeper_of(project)
+    os.kill(keeper, signal.SIGSTOP)
+    started = time.monotonic()
+    assert kept_hub.attach(str(project), asked) is None
+    assert time.monotonic() - started < kept_hub.ATTACH_TIMEOUT_S + 1
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+    assert "the kept hub was not used (it did not answer within" in capfd.readouterr().err
+
+
+def test_a_stale_keeper_says_which_variable_differs_and_never_its_value(project, monkeypatch, capfd):
+    _, asked = _first_build(project)
+    other = json.loads(json.dumps(asked))
+    other["environ"]["KFORGE_SECRET_THING"] = "hunter2"
+    assert kept_hub.attach(str(project), other) is None
+    err = capfd.readouterr().err
+    assert "the environment differs in KFORGE_SECRET_THING" in err and "hunter2" not in err
