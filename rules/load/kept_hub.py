@@ -272,11 +272,12 @@ def _make_room() -> None:
 
 
 def _loaded_files() -> dict:
-    """Every file this process has imported (a module's source or extension), and its stat now."""
+    """Every file this process has imported (a module's source or extension), and its stat now: those named by an
+    absolute path (torch names two modules it makes `_ops.py` and `_classes.py`: no file of theirs is read)."""
     files = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str):
+        if isinstance(path, str) and os.path.isabs(path):
             files[path] = _stat(path)
     return files
 
