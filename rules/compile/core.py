@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import kforge
 from kforge.store import artifact, scratch
 from kforge.store import inputs as inputs_index
-from kforge.load import device_model, isolate, kept_hub, observe, shared_env
+from kforge.load import device_model, isolate, kept_hub, observe, shared_env, sources
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
 from kforge.base.archs import ARCHS, check_shared
 from kforge.base.layout import Layout
@@ -220,20 +220,21 @@ def start_hub(keep: bool = False) -> None:
         _hub.start()
         return
     root = os.getcwd()
-    _kept_as[:] = [root, kept_hub.identity(root), kforge.IMPORTED_NS]   # as the hub is forked: its state
-    _hub.start(attach=lambda: kept_hub.attach(root, _kept_as[1]))
+    # the request to keep it, but for how long, made as the hub is forked: its state, to be kept or not
+    _kept_as[:] = [kept_hub.Keep(root, kept_hub.identity(root), 0, kforge.IMPORTED_NS)]
+    _hub.start(attach=lambda: kept_hub.attach(root, _kept_as[0].identity))
 
 
 def close_hub(keep_s: float = 0) -> None:
     """In doit's master, after its workers: with `keep_s`, a hub it forked itself is first asked to fork a keeper
     for the project's next build, which ends after keep_s seconds without one."""
     if keep_s and _kept_as and _hub.owner == os.getpid() and not _hub.attached:
-        kept_hub.ask_to_keep(_hub, kept_hub.Keep(_kept_as[0], _kept_as[1], keep_s, _kept_as[2]))
+        kept_hub.ask_to_keep(_hub, _kept_as[0]._replace(idle_s=keep_s))
     _kept_as.clear()
     _hub.close()
 
 
-_kept_as: list = []   # in doit's master: its project and identity when its hub was started (kept_hub.identity)
+_kept_as: list = []   # in doit's master: the Keep its hub would be asked for, made when the hub was started
 
 
 def _forget_build() -> None:
@@ -263,10 +264,8 @@ def _init_imports_torch(package: str) -> bool:
     not run; found without importing the package."""
     import ast
     import importlib.util
-    try:
-        spec = importlib.util.find_spec(package)
-        with open(spec.origin, "rb") as f:   # a namespace package has no origin: TypeError
-            body = ast.parse(f.read(1 << 20)).body
+    try:   # a namespace package has no origin: TypeError
+        body = sources.parse(Path(importlib.util.find_spec(package).origin)).body
     except (ImportError, ValueError, TypeError, AttributeError, OSError, SyntaxError, RecursionError):
         return False
     for node in body:

@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple
 
+from kforge.base import stamps
 from kforge.load import isolate
 
 KEEPER_NAME = b"kforge-keeper"   # what ps and /proc/PID/comm show for a keeper
@@ -67,7 +68,7 @@ def identity(root: str) -> dict:
     for entry in sys.path:
         where = os.path.realpath(entry or ".")
         if where != project and not where.startswith(project + os.sep):   # the project's own files are no
-            folders[entry] = _stat(entry)                                   # hub's: servers import them fresh
+            folders[entry] = stamps.identity(entry)                        # hub's: servers import them fresh
     environ = {k: v for k, v in os.environ.items() if k not in SHELL_BOOKKEEPING}
     return {"uid": os.getuid(), "executable": sys.executable, "version": sys.version, "argv": list(sys.argv),
             "cwd": os.getcwd(), "path": list(sys.path), "environ": environ, "folders": folders}
@@ -174,9 +175,10 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
     os.write(told, b"k")   # the build ends now; what follows is the keeper's own time
     os.close(told)
     loaded = _loaded_files()
-    # a file changed since the build's master started may have been imported before the change: what this
-    # process holds is then not what the file says, and no stat taken now could tell; so none is kept
-    if not request.since or any(stat is None or stat[3] >= request.since for stat in loaded.values()):
+    # a file changed since the build's master first imported kforge may have been imported before the change: what
+    # this process holds is then not what the file says, and no stat taken now could tell; so none is kept
+    if not request.since or any(found is None or found[2] >= request.since   # [2]: its ctime
+                                 for found in loaded.values()):
         return
     _keep(listener, request._replace(identity=json.loads(json.dumps(request.identity))), loaded, handle)
 
@@ -246,7 +248,7 @@ def _stale(kept: dict, asked: dict, loaded: dict) -> str:
                 return f"the environment differs in {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
             return f"the build's {key} differs"
     for path, stat in loaded.items():
-        if _stat(path) != stat:
+        if stamps.identity(path) != stat:
             return f"{path} changed"
     return ""
 
@@ -278,16 +280,8 @@ def _loaded_files() -> dict:
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if isinstance(path, str) and os.path.isabs(path):
-            files[path] = _stat(path)
+            files[path] = stamps.identity(path)
     return files
-
-
-def _stat(path: str) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _peer(sock: socket.socket) -> tuple[int, int]:

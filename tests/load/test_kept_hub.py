@@ -84,6 +84,13 @@ def project(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
+def _refused_and_ended(root, asked: dict, keeper: int) -> None:
+    """The keeper found stale for `asked`: no hub for the build, and it ends."""
+    assert kept_hub.attach(str(root), asked) is None
+    wait_until(lambda: _gone(keeper), 10)
+    assert _gone(keeper)
+
+
 def _first_build(root, module="json", idle_s=60, between=None) -> tuple[dict, dict]:
     """A hub forked here that imports `module`, asked to keep itself at the end: (its answer, the identity);
     `between` runs after the import, before the hub is asked."""
@@ -142,9 +149,7 @@ def test_a_build_that_differs_in_anything_gets_none_and_the_stale_keeper_ends(pr
         other["path"].insert(0, "/elsewhere")
     else:
         other["cwd"] = "/"
-    assert kept_hub.attach(str(project), other) is None
-    wait_until(lambda: _gone(keeper), 10)
-    assert _gone(keeper)
+    _refused_and_ended(project, other, keeper)
 
 
 def test_a_changed_file_the_keeper_imported_makes_it_stale(project, tmp_path, monkeypatch):
@@ -155,9 +160,7 @@ def test_a_changed_file_the_keeper_imported_makes_it_stale(project, tmp_path, mo
     _, asked = _first_build(project, "kept_toolchain_part")
     keeper = _keeper_of(project)
     (lib / "kept_toolchain_part.py").write_text("X = 2\n")
-    assert kept_hub.attach(str(project), asked) is None
-    wait_until(lambda: _gone(keeper), 10)
-    assert _gone(keeper)
+    _refused_and_ended(project, asked, keeper)
 
 
 def test_a_package_installed_on_the_module_path_makes_it_stale(project, tmp_path, monkeypatch):
