@@ -20,6 +20,7 @@ from kforge.report import reporter as report
 from kforge.base import settings, stamps
 from kforge.edge.backend import NAME, KforgeSqliteDB
 from kforge.store.inputs import InputIndex, listed_inputs
+from kforge.store.reading import printable
 from kforge.base.layout import Layout
 from kforge.share.local_cache import LocalCache
 
@@ -80,12 +81,6 @@ def _state(target) -> str:
                  f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
         return f"failed{old}: {report.error_line(failure.message)}{again}"
     return "not built"
-
-
-def printable(text: str, keep: str = "") -> str:
-    """Text read back from out/ (untrusted: an error.txt from a restored cache) as it may reach a terminal: each
-    control character (an escape sequence's ESC, a carriage return) but those in `keep` is shown as U+FFFD."""
-    return "".join(c if c.isprintable() or c in keep else "\ufffd" for c in text)
 
 
 def _key_change(target) -> str:

@@ -30,6 +30,7 @@ from kforge.store import guard
 from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
 from kforge.store.inputs import InputIndex, well_formed
 from kforge.store.owned import kforge_meta, seal
+from kforge.store.reading import printable
 from kforge_runtime import schema
 from kforge_runtime.schema import COMPILE_TIME, ERROR, META
 
@@ -559,9 +560,7 @@ def _failure(target, head: str, inputs_line: bytes, body: bytes, size: int) -> F
         rest += (f"\n[... cut: {target.error_path} holds {size} bytes; the first {MESSAGE_LIMIT} of its message are "
                  f"shown]\n")
     # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
-    shown = rest if rest.replace("\n", "").replace("\t", "").isprintable() else \
-        "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in rest)
-    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, shown)
+    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, printable(rest, "\n\t"))
 
 
 def saved_failure(target, failure: Failure | None = None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kforge.base.archs import ARCHS
 from kforge.store import owned
+from kforge.store.reading import printable
 from kforge_runtime.schema import ERROR, META
 
 
@@ -78,9 +79,9 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
             path.rmdir()
         except OSError:   # not empty: what is left is not kforge's
             left = sorted(os.listdir(path)) if path.is_dir() else []
-            shown = ", ".join(_shown(n) for n in left[:3]) + (" ..." if len(left) > 3 else "")
-            sys.stderr.write(f"kforge: kept {_shown(directory)}: it holds files kforge did not write ({shown}); "
-                             f"kforge's own were deleted, delete the rest yourself if it is not yours\n")
+            shown = ", ".join(printable(str(n)) for n in left[:3]) + (" ..." if len(left) > 3 else "")
+            sys.stderr.write(f"kforge: kept {printable(str(directory))}: it holds files kforge did not write "
+                             f"({shown}); kforge's own were deleted, delete the rest yourself if it is not yours\n")
             return True
     else:
         return False
@@ -92,11 +93,6 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
         except OSError:
             break
     return True
-
-
-def _shown(name) -> str:
-    """A name found in out/ (untrusted) as it may reach a terminal: control characters shown as U+FFFD."""
-    return "".join(c if c.isprintable() else "\ufffd" for c in str(name))
 
 
 def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:

@@ -38,6 +38,15 @@ def opened(path, limit: int = READ_LIMIT):
         raise
 
 
+def printable(text: str, keep: str = "") -> str:
+    """Text read back from out/ (untrusted: an error.txt or a folder name from a restored cache) as it may reach a
+    terminal: each control character (an escape sequence's ESC, a carriage return) but those in `keep` is shown as
+    U+FFFD. A text with none (the usual case, a message of up to a MiB) is returned as it is, checked at C speed."""
+    if text.translate(dict.fromkeys(map(ord, keep))).isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else "\ufffd" for c in text)
+
+
 def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
     """The bytes of a file kforge wrote under out/ (opened()), at most `limit` of them."""
     with opened(path, limit) as f:

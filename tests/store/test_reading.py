@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.store.reading import NotAFile, read_bytes
+from kforge.store.reading import NotAFile, printable, read_bytes
 from kforge_runtime.bundle import file_kind
 
 
@@ -22,3 +22,11 @@ def test_what_is_no_file_is_one_line_in_the_runtimes_words(tmp_path, kind):
     said = str(error.value)
     assert f"is {file_kind(os.stat(path).st_mode)}, not a file kforge wrote" in said, said
     assert str(path) in said and "\n" not in said
+
+
+def test_text_from_out_reaches_a_terminal_without_its_control_characters():
+    """The one wording of untrusted text shown (the guard's names, error.txt, doit info): each control character
+    but those kept is U+FFFD; a text with none is returned as it is."""
+    assert printable("a\x1b[2Jb\n") == "a\ufffd[2Jb\ufffd"
+    assert printable("a\x1b\tb\n", keep="\n\t") == "a\ufffd\tb\n"
+    assert printable("plain", keep="\n") == "plain"
