@@ -26,7 +26,7 @@ def task_kernels():
 
 def task_package():
     """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
-    yield from dodo_tasks.bundle_tasks(ROOT, CATALOG)
+    yield from dodo_tasks.package_tasks(CATALOG.targets, str(ROOT), CATALOG.tuned)
 
 
 def task_tune():

@@ -54,7 +54,8 @@ class Forget(DoitForget):
 
 
 def compile_target_of(task):
-    """The Target a compile task builds (rules/edge/tasks.py puts it in the task's meta), or None for other tasks."""
+    """The Target a compile task builds (rules/edge/dodo_tasks.py puts it in the task's meta), or None for other
+    tasks."""
     return (task.meta or {}).get("kforge_target")
 
 

@@ -1,16 +1,21 @@
-"""What dodo.py yields: the catalog (specs -> targets) and its tasks. Generating tasks writes nothing."""
+"""What dodo.py yields: the catalog (specs -> targets) and its tasks as doit task dicts, one per target, one group
+per kernel family, one bundle per arch. Generating tasks writes nothing."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from kforge.store import artifact
+from kforge.ship import package
 from kforge.base import settings
 from kforge.edge.config import local_cache
+from kforge.store.inputs import InputIndex
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
+from kforge.base.target import Target
 from kforge.plan.catalog import Catalog
-from kforge.edge.tasks import broken_task, family_tasks, package_tasks
+from kforge_runtime.schema import dist_name
 
 
 def load_specs(root: Path) -> list:
@@ -53,12 +58,83 @@ def compile_tasks(root: Path, catalog: Catalog):
         yield broken_task(broken.name, broken.path, broken.error)
 
 
-def bundle_tasks(root: Path, catalog: Catalog):
-    """`doit package`: one wheel per arch (a generator for dodo.py)."""
-    yield from package_tasks(catalog.targets, str(root), catalog.tuned)
-
-
 def tuning_tasks(root: Path, catalog: Catalog):
     """`doit tune` (a generator for dodo.py); rules/tune/tasks.py says when a table is current."""
     from kforge.tune.tasks import tune_tasks
     yield from tune_tasks(catalog.families, catalog.targets, str(root))
+
+
+def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
+                 built: artifact.KeyIndex, cache=None, executor: str | None = None, local=None) -> Iterator[dict]:
+    yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
+    read = InputIndex.of(Layout.of(root).observed_inputs)   # saved by the reporter at the end of a run
+    for t in targets:
+        yield compile_task(t, root, timeout, built, cache, executor, local, read)
+
+
+def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
+                 executor: str | None = None, local=None, read: InputIndex | None = None) -> dict:
+    """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
+    Up to date iff the artifact on disk was built from this exact key and every file its compile read still has
+    the content it read (rules/store/inputs.py). No file_dep: sources are content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
+    finished artifacts count even though doit's DB was never written. No targets or clean actions either:
+    forget, clean and prune find the artifact through the Target in the task's meta (edge/commands.py)."""
+    read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
+    meta_path = t.meta_path
+    return {
+        "basename": t.kernel,
+        "name": f"{t.config_id}@{t.arch}",
+        "doc": f"{t.toolchain} {t.entry} for {t.arch}",
+        "actions": [(compile_action, [t, root, timeout, cache, executor, local])],
+        "uptodate": [built.is_current(meta_path, t.key) and read.unchanged(meta_path, built.meta_identity(meta_path))],
+        "meta": {"kforge_target": t},
+        "verbosity": 0,
+    }
+
+
+def broken_task(name: str, path: str, error: str) -> dict:
+    """A family that did not load (rules/plan/catalog.py's Broken): one task that fails with its error every time it
+    runs, so the run goes on, exits non-zero and lists it; `doit list` shows it marked."""
+    return {
+        "basename": name,   # a task of its own (no subtasks): `doit NAME` runs it
+        "doc": f"BROKEN (did not load): {error}",
+        "actions": [(did_not_load, [name, path, error])],
+        "meta": {"kforge_broken": error},
+        "verbosity": 0,
+    }
+
+
+def did_not_load(name: str, path: str, error: str):
+    from doit.exceptions import TaskFailed
+    return TaskFailed(f"{name} did not load\n  spec: {path}\n  error: {error}\n  retry alone: doit {name}")
+
+
+def compile_action(*args):
+    """The doit action (rules/compile/action.py's, imported where a compile runs: a no-op run never imports it)."""
+    from kforge.compile.action import compile_target
+    return compile_target(*args)
+
+
+def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> Iterator[dict]:
+    """`doit package`: one bundle per arch, after all of that arch's compile tasks, failed ones included;
+    `tuned`: the autotuners' recorded picks (catalog.tuned), each bundle gets its arch's."""
+    yield {"basename": "package", "name": None, "doc": "bundle every built artifact, one wheel per arch in out/dist/"}
+    by_arch: dict[str, list[Target]] = {}
+    for t in targets:
+        by_arch.setdefault(t.arch, []).append(t)
+    for arch, mine in sorted(by_arch.items()):
+        picks = [{**{k: t[k] for k in ("kernel", "key", "config")}, "lines": t.get("lines", 1)} for t in tuned
+                 if t["arch"] == arch]
+        yield {
+            "basename": "package",
+            "name": arch,
+            "doc": f"out/dist/{dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
+            "actions": [(package.build_bundle, [arch, mine, root, picks])],
+            "task_dep": [t.name for t in mine],
+            "uptodate": [(package.is_current, [arch, mine, root, picks])],
+            "targets": [str(Layout.of(root).manifest_copy(arch))],
+            "clean": [(package.remove, [arch, root])],
+            # runs when some compiles failed, and lists them: see rules/edge/config.py, _run_after_failed_deps
+            "meta": {"after_failed_deps": True},
+            "verbosity": 2,
+        }

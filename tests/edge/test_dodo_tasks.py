@@ -1,4 +1,5 @@
-"""tasks: the doit task dicts made from Targets (compile, family group, package), checked without compiling."""
+"""rules/edge/dodo_tasks.py: the doit task dicts made from Targets (compile, family group, package), checked
+without compiling."""
 import json
 from pathlib import Path
 
@@ -7,10 +8,9 @@ from doit.loader import generate_tasks
 
 from kforge.store import artifact
 from kforge.ship import package
-from kforge.edge import tasks
+from kforge.edge import dodo_tasks
 from kforge.store.inputs import InputIndex
 from kforge.base.layout import Layout
-from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import make_project, spec_text
 
@@ -26,7 +26,7 @@ def project(tmp_path):
 
 @pytest.fixture
 def targets(project):
-    return build_targets(load_specs(project), project, None)
+    return build_targets(dodo_tasks.load_specs(project), project, None)
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def fake_artifact(target, key=None, inputs=()):
 
 def test_a_compile_tasks_doit_name_is_the_targets_name(targets, project, index):
     t = targets[0]
-    d = tasks.compile_task(t, str(project), 60.0, index)
+    d = dodo_tasks.compile_task(t, str(project), 60.0, index)
     assert f"{d['basename']}:{d['name']}" == t.name == f"{t.kernel}:{t.config_id}@{t.arch}"
     made = generate_tasks(t.kernel, (x for x in [d]))   # doit adds a group task named after the basename
     assert [task.name for task in made] == [t.kernel, t.name]
@@ -57,7 +57,7 @@ def test_a_compile_tasks_doit_name_is_the_targets_name(targets, project, index):
 def test_a_compile_task_has_no_file_dep_targets_or_clean_actions(targets, project, index):
     """Less for doit to process per task on a no-op run: forget, clean and prune go through the Target."""
     for t in targets:
-        d = tasks.compile_task(t, str(project), 60.0, index)
+        d = dodo_tasks.compile_task(t, str(project), 60.0, index)
         assert not d.get("file_dep") and not d.get("targets") and not d.get("clean")
 
 
@@ -65,7 +65,7 @@ def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_caches_
                                                                                           monkeypatch):
     t = targets[0]
     cache, local = object(), object()
-    d = tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1", local)
+    d = dodo_tasks.compile_task(t, str(project), 12.5, index, cache, "dask://h:1", local)
     [(action, args)] = d["actions"]
     assert args == [t, str(project), 12.5, cache, "dask://h:1", local]
     from kforge.compile import action as build
@@ -75,11 +75,11 @@ def test_a_compile_task_runs_compile_target_with_the_target_root_timeout_caches_
 
 def test_a_compile_task_is_up_to_date_exactly_when_the_key_index_finds_its_key_on_disk(targets, project, index):
     t, other = targets[0], targets[1]
-    assert tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [False]
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [False]
     fake_artifact(t)
     fake_artifact(other, key="a key from another build")
-    assert tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [True]
-    assert tasks.compile_task(other, str(project), 60.0, index)["uptodate"] == [False]
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index)["uptodate"] == [True]
+    assert dodo_tasks.compile_task(other, str(project), 60.0, index)["uptodate"] == [False]
     assert index.changed   # what it read is remembered for the reporter to save
 
 
@@ -88,24 +88,24 @@ def test_a_compile_task_is_stale_when_a_file_its_compile_read_has_other_content(
     data = project / "tk" / "table.json"
     data.write_text("[1, 2]")
     fake_artifact(t, inputs=[["tk/table.json", artifact.sha256(b"[1, 2]")]])
-    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "a.json", project))["uptodate"] \
-        == [True]
+    read = InputIndex(project / "a.json", project)
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [True]
     data.write_text("[1, 3]")
-    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "b.json", project))["uptodate"] \
-        == [False]
+    read = InputIndex(project / "b.json", project)
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [False]
     fake_artifact(t, inputs=None)   # built before inputs were recorded: nothing says what it read, so it rebuilds
-    assert tasks.compile_task(t, str(project), 60.0, index, read=InputIndex(project / "c.json", project))["uptodate"] \
-        == [False]
+    read = InputIndex(project / "c.json", project)
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [False]
 
 
 def test_a_compile_tasks_meta_carries_the_target(targets, project, index):
     t = targets[0]
-    assert tasks.compile_task(t, str(project), 60.0, index)["meta"] == {"kforge_target": t}
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index)["meta"] == {"kforge_target": t}
 
 
 def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index):
     scale = [t for t in targets if t.kernel == "scale"]
-    made = generate_tasks("scale", tasks.family_tasks("scale", "", scale, str(project), 60.0, index))
+    made = generate_tasks("scale", dodo_tasks.family_tasks("scale", "", scale, str(project), 60.0, index))
     group, *compiles = made
     assert group.name == "scale" and not group.actions and group.doc == "all scale targets"
     assert group.task_dep == [t.name for t in scale] == [c.name for c in compiles]
@@ -115,12 +115,12 @@ def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index
 
 def test_a_familys_description_is_its_group_tasks_doc(targets, project, index):
     twice = [t for t in targets if t.kernel == "twice"]
-    first = next(tasks.family_tasks("twice", "doubles things", twice, str(project), 60.0, index))
+    first = next(dodo_tasks.family_tasks("twice", "doubles things", twice, str(project), 60.0, index))
     assert first == {"basename": "twice", "name": None, "doc": "doubles things"}
 
 
 def test_there_is_one_package_task_per_arch_after_every_compile_task_of_that_arch(targets, project):
-    made = {t.name: t for t in generate_tasks("package", tasks.package_tasks(targets, str(project)))}
+    made = {t.name: t for t in generate_tasks("package", dodo_tasks.package_tasks(targets, str(project)))}
     assert sorted(made) == ["package", "package:gfx942", "package:sm_90a"]
     assert sorted(made["package"].task_dep) == ["package:gfx942", "package:sm_90a"]
     for arch in ARCHS:
@@ -130,7 +130,7 @@ def test_there_is_one_package_task_per_arch_after_every_compile_task_of_that_arc
 
 
 def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(targets, project):
-    dicts = list(tasks.package_tasks(targets, str(project)))[1:]
+    dicts = list(dodo_tasks.package_tasks(targets, str(project)))[1:]
     assert [d["name"] for d in dicts] == sorted(ARCHS)
     for d in dicts:
         arch = d["name"]
@@ -144,13 +144,13 @@ def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(tar
 
 def test_each_package_task_gets_its_archs_autotune_picks(targets, project):
     picks = [{"kernel": "m:k", "arch": a, "key": [a], "config": {"B": a}, "lines": 2} for a in ("sm_90a", "gfx942")]
-    for d in list(tasks.package_tasks(targets, str(project), picks))[1:]:
+    for d in list(dodo_tasks.package_tasks(targets, str(project), picks))[1:]:
         mine = [{"kernel": "m:k", "key": [d["name"]], "config": {"B": d["name"]}, "lines": 2}]
         assert d["actions"][0][1][3] == (mine if d["name"] in ("sm_90a", "gfx942") else [])
 
 
 def test_no_targets_make_only_the_package_group_task(project):
-    assert [d["name"] for d in tasks.package_tasks([], str(project))] == [None]
+    assert [d["name"] for d in dodo_tasks.package_tasks([], str(project))] == [None]
 
 
 @pytest.mark.parametrize("saved", [{"files": []}, {"files": {"x": 7}, "sets": {}, "targets": {}},
@@ -166,6 +166,6 @@ def test_an_input_index_of_another_shape_is_dropped_with_one_warning(targets, pr
     kept = project / "kept.json"   # the folders this project's names resolve in: only the shape is wrong
     kept.write_text(json.dumps({**saved, "folders": list(observe.search_path(str(project)))}))
     read = InputIndex(kept, project)
-    assert tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [True]
+    assert dodo_tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [True]
     warned = capsys.readouterr().err.strip().splitlines()
     assert len(warned) == 1 and "is not in the shape this kforge writes; it is dropped and rebuilt" in warned[0]
