@@ -68,10 +68,7 @@ class Trace:
     def run_phase(self, phase: str, start: float, end: float) -> None:
         """A phase of the run itself, before any target ran (doit's start and the catalog, up-to-date checks):
         a slice on the row "doit", counted in no target's totals."""
-        row = self._row("doit")
-        self.slices.append({"name": phase, "cat": phase, "ph": "X", "pid": 1, "tid": row,
-                            "ts": round((start - self.started) * 1e6), "dur": max(round((end - start) * 1e6), 1),
-                            "args": {"phase": phase}})
+        self._slice("doit", phase, phase, start, end, {})
 
     def write(self, path: Path) -> None:
         names = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}
