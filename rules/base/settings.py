@@ -2,7 +2,7 @@
 
 Each setting is declared once, with its type and what it is, and get(name) is the one way kforge reads one (a
 KFORGE_* variable read anywhere else is a bug: tests/base/test_settings.py). options() parses them all: each run
-does so first (rules/doit_edge.check_settings), so a malformed value, a ValueError naming where it came from
+does so first (rules/edge/config.py's check_settings), so a malformed value, a ValueError naming where it came from
 (command line or environment) and what is allowed, is one line and exit code 2 before the catalog loads.
 """
 from __future__ import annotations

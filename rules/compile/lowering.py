@@ -1,8 +1,8 @@
 """What a compile backend is and hands back, and the table of backends by toolchain: below the compile core
 (compile/core.py) and below every backend (compile/triton_backend.py, compile/flydsl_backend.py), so neither reaches up.
 
-A backend module registers itself here when it is imported; compile_core.backend(toolchain) imports the one a
-target needs (an import statement per toolchain, in the process that compiles), so a build of Triton targets
+A backend module registers itself here when it is imported; compile/core.py's backend_of(toolchain) imports the one
+a target needs (an import statement per toolchain, in the process that compiles), so a build of Triton targets
 alone never imports FlyDSL, and no process imports a compiler before it compiles.
 """
 from __future__ import annotations

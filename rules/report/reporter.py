@@ -264,7 +264,7 @@ def _saving(save, path, *args) -> str | None:
     try:
         save(*args)
         return None
-    except (OSError, ValueError) as e:   # ValueError: out_dir.OutsideOut, a link leading out of out/
+    except (OSError, ValueError) as e:   # ValueError: guard.OutsideOut, a link leading out of out/
         return f"kforge: could not write {path} ({e}); nothing built is lost: free space and run again"
 
 

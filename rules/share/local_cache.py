@@ -277,16 +277,15 @@ def usage(cache: LocalCache) -> Usage:
     return Usage(len(entries), sum(size for _, size, _ in entries))
 
 
-def trim(cache: LocalCache, limit: int | None = None) -> Usage:
-    """Delete the least recently used entries until the rest fit in `limit` bytes (default: the cache's), and
-    temp files killed writers left; what is left and what went. Safe beside running builds: an entry deleted
-    under a reader is still read whole (the open file), one deleted before it is opened is a miss."""
-    limit = cache.limit if limit is None else limit
+def trim(cache: LocalCache) -> Usage:
+    """Delete the least recently used entries until the rest fit in the cache's limit, and temp files killed
+    writers left; what is left and what went. Safe beside running builds: an entry deleted under a reader is still
+    read whole (the open file), one deleted before it is opened is a miss."""
     entries = sorted(_entries(cache, remove_stale=True))   # oldest use first
     total = sum(size for _, size, _ in entries)
     evicted = evicted_size = 0
     for _, size, path in entries:
-        if total <= limit:
+        if total <= cache.limit:
             break
         _discard(path)
         total -= size

@@ -38,11 +38,11 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             os.chmod(tmp, mode)
 
 
-def write_inside(out: Path, path: Path, data: bytes, mode: int | None = None) -> None:
+def write_inside(out: Path, path: Path, data: bytes) -> None:
     """atomic_write of one of kforge's files under out/, its directory created: never through a link that
-    leads outside out/ (out_dir.guard, OutsideOut)."""
+    leads outside out/ (guard.guard, OutsideOut)."""
     guard(out, path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, data, mode)
+    atomic_write(path, data)
 
 
 def remove_entry(path: Path) -> None:
