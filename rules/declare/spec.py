@@ -161,9 +161,11 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     constants = tuple((a, _typed_value(signature, a, v, where, "constants")) for a, v in constants)
     hints = tuple(raw.get("hints", {}).get("divisible_by_16", ()))
     runtime_args = {a for a, t in signature if t not in COMPILE_TIME}
-    for h in hints:
+    for i, h in enumerate(hints):
         if h not in runtime_args:
             _fail(where, "hints", "divisible_by_16", h, "runtime arguments: " + ", ".join(sorted(runtime_args)))
+        if h in hints[:i]:   # it would be a key of its own for the same binary
+            _fail(where, "hints", "divisible_by_16", h, "each argument once (this one is listed twice)")
 
     tune = _check_tune(raw["tune"], signature, k["toolchain"], root, where) if "tune" in raw else None
     env = _check_env(raw.get("env", {}), where)
@@ -171,6 +173,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     model = k.get("device_model", True) and k["toolchain"] == "triton"   # FlyDSL traces with CPU tensors
     setup = _check_setup(k.get("setup"), root, where)
     swept, extras, derived, tuned, notes, chosen = raw["sweep"], raw.get("extra", []), (), (), (), None
+    made = len(extras) if recorded else 0   # extras kforge made (a record's lines, the autotuner's configs): merged
     excludes = raw.get("exclude", [])
     if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
         module = k.get("module") or sources.module_name(source_path, root)
@@ -193,7 +196,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 raise SpecError(f"{where}: {module}.{k['entry']}: @triton.heuristics around @triton.autotune sets "
                                 f"{clash[0]}, which the autotune configs set too: Triton fails at launch with both; "
                                 f"put the heuristic under the autotuner, or drop {clash[0]} from one of them")
-            swept, extras = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
+            swept, extras, made = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
             tuned = tuple(chosen["autotune"][0])
         notes = _tuner_notes(chosen, hints, where, f"{module}.{k['entry']}")
     if k["toolchain"] == "triton":   # a constexpr the spec gives no value takes its default in the source
@@ -216,7 +219,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 divisible_by_16=hints, configs=(), excludes=(), description=description, tune=tune,
                 derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
                 device_model=model, setup=setup, arch_env=arch_env)
-    return sweep.expand(spec, swept, extras, excludes)
+    return sweep.expand(spec, swept, extras, excludes, made, 0 if recorded else len(raw.get("exclude", [])))
 
 
 def _typed_value(signature, key: str, value, where: str, table: str):
@@ -297,10 +300,12 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
     return tuple(found)
 
 
-def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str, entry: str) -> tuple[dict, list]:
+def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
+                   entry: str) -> tuple[dict, list, int]:
     """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first
     autotune config joins the sweep as one value per key, the rest become extras, one per combination of the
-    spec's own swept values. The spec's [[exclude]] still filter them and its [[extra]] add to them."""
+    spec's own swept values. The spec's [[exclude]] still filter them and its [[extra]] add to them (after those
+    made here, whose number is the third value: a config the library lists twice is one target)."""
     if not configs:
         raise SpecError(f"{where}: {entry}'s @triton.autotune lists no configs; give it at least one")
     keys = list(configs[0])
@@ -315,7 +320,7 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str, e
     own = list(itertools.product(*swept.values()))
     grown = {**swept, **{key: [configs[0][key]] for key in keys}}
     added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
-    return grown, [*added, *extras]
+    return grown, [*added, *extras], len(added)
 
 
 def _tuner_notes(chosen: dict, hints: tuple, where: str, entry: str) -> tuple[tuple[str, str], ...]:

@@ -23,9 +23,16 @@ ID_CHARS = ID_FIRST | frozenset(".+-")
 ID_MAX = 200
 
 
-def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) -> Spec:
+def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], made_extras: int = 0,
+           own_excludes: int | None = None) -> Spec:
     """The spec with its Configs. Everything is checked per sweep value, not per config: a 50,000-config
-    family loads without making its configs (only when its ids cannot be shown unique that way)."""
+    family loads without making its configs (only when its ids cannot be shown unique that way).
+
+    What the spec itself lists twice is refused (a value of one [sweep] list, an [[extra]] the sweep or an earlier
+    [[extra]] gives, an [[exclude]] block or value): each would be the same target again, merged without a word.
+    What kforge made is merged instead: the first `made_extras` extras (the entry's @triton.autotune configs, which
+    a library may list twice, or a record file's lines), and the excludes after the first `own_excludes` (None: all
+    the spec's own)."""
     where = spec.path
     params = tuple(sweep)
     _check_params(spec, params)
@@ -44,22 +51,39 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict]) ->
                         + " x ".join(f"{len(v)} {p}" for p, v in sweep.items()) + extra
                         + f"), more than the {limit:,} one family may have; narrow the sweep, split the family, "
                           f"or raise the limit with KFORGE_MAX_CONFIGS=N")
-    # a value listed twice is one value (its configs would be the same targets twice)
-    values = tuple(tuple(dict.fromkeys(_canon(spec, p, v, "sweep") for v in vs)) for p, vs in sweep.items())
+    # [override] lists are swept too (rules/declare/spec.py), and messages name the table the spec wrote them in
+    values = tuple(_once(spec, p, [_canon(spec, p, v, "sweep") for v in vs], vs,
+                         f"[{'override' if p in spec.derived else 'sweep'}] {p}")
+                   for p, vs in sweep.items())
     swept = [frozenset(map(exact, vs)) for vs in values]
-    listed: list[Config] = []
-    for i, extra in enumerate(extras):
-        if set(extra) != set(params):
-            raise SpecError(f"{where}: [[extra]] #{i + 1} must give exactly the swept parameters "
-                            f"{list(params)}; got {shown(list(extra))}")
-        listed.append(tuple((p, _canon(spec, p, extra[p], "extra")) for p in params))
-    # an extra equal to a swept config (or to an earlier extra) is the same target; equal means of one type too
+    # equal means of one type too: 128 and 128.0 are two compiles to Triton, two configs
     unique: dict[tuple, Config] = {}
-    for c in listed:
-        unique.setdefault(tuple(exact(v) for _, v in c), c)
+    first: dict[tuple, int] = {}   # config -> the extra that gave it first
+    for i, extra in enumerate(extras):
+        own = i - made_extras   # the spec's own [[extra]] blocks, numbered from 1 in messages
+        if set(extra) != set(params):
+            raise SpecError(f"{where}: [[extra]] #{own + 1} must give exactly the swept parameters "
+                            f"{list(params)}; got {shown(list(extra))}")
+        c = tuple((p, _canon(spec, p, extra[p], "extra")) for p in params)
+        key = tuple(exact(v) for _, v in c)
+        earlier = first.setdefault(key, i) - made_extras
+        if own >= 0 and earlier >= 0 and earlier != own:
+            raise SpecError(f"{where}: [[extra]] #{own + 1} {shown(dict(c))}: the same config as [[extra]] "
+                            f"#{earlier + 1}; remove one")
+        # an autotuned entry's sweep holds the library's configs, which a release may change: merged
+        if own >= 0 and not spec.tuned and all(k in vs for k, vs in zip(key, swept)):
+            raise SpecError(f"{where}: [[extra]] #{own + 1} {shown(dict(c))}: already a config of [sweep]; "
+                            f"remove it (an [[extra]] adds a config the sweep does not make)")
+        unique.setdefault(key, c)
     outside = tuple(c for c in unique.values() if not all(exact(v) in vs for (_, v), vs in zip(c, swept)))
 
     norm_excludes = tuple(_normalize_exclude(spec, params, i, ex) for i, ex in enumerate(excludes))
+    blocks: dict[frozenset, int] = {}   # an [[exclude]] as what it drops (its keys and values, in any order)
+    for i, ex in enumerate(norm_excludes[:own_excludes]):
+        same = blocks.setdefault(frozenset((k, frozenset(map(exact, vs))) for k, vs in ex.given), i)
+        if same != i:
+            raise SpecError(f"{where}: [[exclude]] #{i + 1} {shown(dict(ex.given))}: the same as [[exclude]] "
+                            f"#{same + 1}; remove one")
     # an autotuner's pruner may rewrite its configs (rules/plan/targets.py): an exclude may name a value it makes
     rewritten = set(spec.tuned) if "prune" in dict(spec.notes) else set()
     for i, ex in enumerate(norm_excludes):
@@ -84,6 +108,20 @@ def exact(value: Scalar) -> tuple[type, Scalar]:
     """A value as a key that tells 1, 1.0 and true apart: Python's == does not, and Triton compiles each of
     them as a kernel of its own (serving matches a call to a bundle entry by the exact value)."""
     return type(value), value
+
+
+def _once(spec: Spec, param: str, canon: list[Scalar], given: list, table_key: str) -> tuple[Scalar, ...]:
+    """A list's canonical values, when none is listed twice (equal and of one type once made canonical: 'bfloat16'
+    is 'bf16'); else one SpecError naming the value (its configs would be the same targets twice)."""
+    seen: dict[tuple, Scalar] = {}
+    for value, raw in zip(canon, given):
+        if exact(value) in seen:
+            before = seen[exact(value)]
+            why = ("this one is listed twice" if exact(raw) == exact(before) else
+                   f"{shown(raw)} is {shown(value)}, as {shown(before)} listed before it")
+            raise SpecError(f"{spec.path}: {table_key}: got {shown(raw)}; allowed: each value once ({why})")
+        seen[exact(value)] = raw
+    return tuple(canon)
 
 
 def _matches_some(ex: Exclude, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...],
@@ -203,9 +241,9 @@ def _normalize_exclude(spec: Spec, params, i: int, ex: dict) -> Exclude:
         if k not in params and k != "arch":
             raise SpecError(f"{spec.path}: [[exclude]] #{i + 1}: key {shown(k)} is not swept; "
                             f"allowed: {', '.join(params)}, arch")
-    given = tuple((k, tuple(_canon(spec, k, x, "exclude") if k != "arch" else x
-                            for x in (v if isinstance(v, list) else [v])))
-                  for k, v in ex.items())
+    given = tuple((k, _once(spec, k, [_canon(spec, k, x, "exclude") if k != "arch" else x for x in listed], listed,
+                            f"[[exclude]] #{i + 1} {k}"))
+                  for k, v in ex.items() for listed in [v if isinstance(v, list) else [v]])
     return Exclude(given=given, at=tuple((params.index(k), frozenset(vs)) for k, vs in given if k != "arch"),
                    archs=next((frozenset(vs) for k, vs in given if k == "arch"), None))
 

@@ -58,6 +58,15 @@ def test_a_bad_family_gets_the_toml_message_naming_the_file_and_line(tmp_path):
         load_specs(root)
 
 
+def test_a_value_a_loop_gives_twice_is_refused_naming_the_call(tmp_path):
+    """A catalog that computes its sweep may give a value twice (`min(b, 1024) for b in ...`): refused as a TOML
+    spec's is, not merged."""
+    root = python_project(tmp_path, blocks="[128, 256, 128]")
+    with pytest.raises(SpecError, match=r"^specs/lib.py:9: family 'scale_fp16': \[sweep\] BLOCK: got 128; allowed: "
+                                        r"each value once \(this one is listed twice\)$"):
+        load_specs(root)
+
+
 def test_every_table_of_a_toml_spec_is_an_argument_of_family(tmp_path):
     """arch, env and adapter too: a Python catalog can say all a TOML spec can."""
     from kforge.declare.spec import SCHEMA

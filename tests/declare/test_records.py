@@ -37,6 +37,13 @@ def test_records_become_targets_and_a_repeated_line_is_one(project):
     assert t.signature == (("x_ptr", "*fp16"), ("y_ptr", "*fp16"), ("n", "i32"), ("BLOCK", "constexpr"))
 
 
+def test_a_config_recorded_on_two_archs_is_one_target_on_each(project):
+    """Lines repeated, or one config recorded on two GPUs, are a record file's normal content: one target per arch
+    (a spec giving a config twice is refused; a record file's lines are merged)."""
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), line(128, arch="gfx942"), line(128), ""]))
+    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "sm_90a"]
+
+
 def test_record_archs_build_a_record_for_more_archs(project):
     (project / "specs" / "app.jsonl").write_text(line(128) + "\n")
     pyproject = project / "pyproject.toml"

@@ -57,6 +57,8 @@ def test_valid_spec_loads(tmp_path):
     (('num_warps = [4]', 'num_warps = [4]\n"a\\nb" = [1]'), ["[sweep] 'a\\nb': not a name"]),
     (('num_warps = [4]', f'num_warps = [4]\n{"W" * 101} = [1]'), ["[sweep] 'WWW", "not a name", "at most 100"]),
     (('[hints]', '["hi\\nts"]'), ["unknown table ['hi\\nts']"]),
+    (('divisible_by_16 = ["x_ptr", "y_ptr"]', 'divisible_by_16 = ["x_ptr", "y_ptr", "x_ptr"]'),
+     ["[hints] divisible_by_16: got 'x_ptr'; allowed: each argument once (this one is listed twice)"]),
     (('BLOCK = [128, 256]', f'BLOCK = [{"9" * 5000}]'), ["not valid TOML: Exceeds the limit (4300 digits)",
                                                        "allowed: TOML's 64-bit integers"]),
     (('BLOCK = [128, 256]', f'BLOCK = [0x{"f" * 4000}]'), ["[sweep] BLOCK: got an integer of 16000 bits",
@@ -92,6 +94,48 @@ def test_constexpr_without_value(tmp_path):
 def test_missing_required_table_and_key(tmp_path):
     assert "missing table [sweep]" in error(tmp_path, spec_text().split("[sweep]")[0])
     assert "missing key 'entry'" in error(tmp_path, spec_text().replace('entry = "scale_kernel"\n', ""))
+
+
+TUNED_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 64}, num_warps=4),
+                          triton.Config({"BLOCK": 128}, num_warps=8)], key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+@triton.heuristics({"BLOCK": lambda args: 64})
+@triton.jit
+def heuristic_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+def wrapped_spec(entry, more=""):
+    return spec_text(dtypes=("fp16",)).replace("scale_kernel", entry).replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n',
+                                                                             "").split("BLOCK = [")[0] + more
+
+
+def test_what_an_autotuner_lists_twice_is_one_config_what_the_spec_lists_twice_is_refused(tmp_path):
+    """A library's @triton.autotune may list a config twice, and a spec's [[extra]] may be one of its configs: not
+    the spec's to fix, so one target each. A value the spec's own [override] list gives twice is refused, and an
+    [[extra]] is numbered as the spec numbers it (the autotuner's configs made before it are not counted)."""
+    from kforge.declare.sweep import config_id
+    extra = '\n[[extra]]\ndtype = "fp16"\nBLOCK = 128\nnum_warps = 8\nnum_stages = 3\n'
+    spec = load(tmp_path / "a", wrapped_spec("tuned_kernel", extra), kernel=TUNED_KERNEL)
+    assert [config_id(spec, c) for c in spec.configs] == ["fp16-block64-num_warps4-num_stages3",
+                                                          "fp16-block128-num_warps8-num_stages3"]
+    message = error(tmp_path / "b", wrapped_spec("tuned_kernel", extra.replace("num_stages = 3\n", "")), TUNED_KERNEL)
+    assert message.startswith("specs/s.toml: [[extra]] #1 must give exactly the swept parameters")
+    message = error(tmp_path / "c", wrapped_spec("heuristic_kernel", "[override]\nBLOCK = [64, 128, 64]\n"),
+                    TUNED_KERNEL)
+    assert message == "specs/s.toml: [override] BLOCK: got 64; allowed: each value once (this one is listed twice)"
 
 
 def test_extra_must_give_every_swept_parameter(tmp_path):

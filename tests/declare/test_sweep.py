@@ -38,10 +38,57 @@ def test_default_id_without_template(tmp_path):
 def test_extra_and_exclude(tmp_path):
     text = spec_text(blocks=(128, 256)) + (
         '\n[[extra]]\ndtype = "bf16"\nBLOCK = 1024\nnum_warps = 8\n'
-        '\n[[extra]]\ndtype = "fp16"\nBLOCK = 128\nnum_warps = 4\n'   # equal to a swept config: one target
         '\n[[exclude]]\nBLOCK = [256, 512]\n')
     spec = load(tmp_path, text)
     assert [config_id(spec, c) for c in spec.configs] == ["fp16-b128-w4", "bf16-b1024-w8"]
+
+
+EXTRA = '\n[[extra]]\ndtype = "{dtype}"\nBLOCK = {block}\nnum_warps = 4\n'
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("BLOCK = [128, 256]", "BLOCK = [128, 256, 128]"),
+     r"\[sweep\] BLOCK: got 128; allowed: each value once \(this one is listed twice\)$"),
+    (("num_warps = [4]", "num_warps = [4, 8, 4]"), r"\[sweep\] num_warps: got 4; allowed: each value once"),
+    (('dtype = ["fp16"]', 'dtype = ["bf16", "fp16", "bfloat16"]'),   # one dtype after normalisation
+     r"\[sweep\] dtype: got 'bfloat16'; allowed: each value once \('bfloat16' is 'bf16', as 'bf16' listed before "
+     r"it\)$"),
+    (('dtype = ["fp16"]', 'dtype = ["torch.float16", "float16"]'),
+     r"\[sweep\] dtype: got 'float16'; allowed: each value once \('float16' is 'fp16', as 'torch.float16'"),
+    (("BLOCK = [128, 256]", "BLOCK = [1e-5, 0.00001]"), r"\[sweep\] BLOCK: got 1e-05; allowed: each value once"),
+    (("", EXTRA.format(dtype="fp16", block=128)),   # the sweep makes it already
+     r"\[\[extra\]\] #1 \{'dtype': 'fp16', 'BLOCK': 128, 'num_warps': 4\}: already a config of \[sweep\]; remove "
+     r"it \(an \[\[extra\]\] adds a config the sweep does not make\)$"),
+    (("", EXTRA.format(dtype="float16", block=256)), r"\[\[extra\]\] #1 \{'dtype': 'fp16', 'BLOCK': 256, "
+                                                     r"'num_warps': 4\}: already a config of \[sweep\]"),
+    (("", EXTRA.format(dtype="bf16", block=64) * 2 ),
+     r"\[\[extra\]\] #2 \{'dtype': 'bf16', 'BLOCK': 64, 'num_warps': 4\}: the same config as \[\[extra\]\] #1; "
+     r"remove one$"),
+    (("", EXTRA.format(dtype="bf16", block=64) + EXTRA.format(dtype="bf16", block=32)
+      + EXTRA.format(dtype="bfloat16", block=64)), r"\[\[extra\]\] #3 .*: the same config as \[\[extra\]\] #1"),
+    (("", "\n[[exclude]]\nBLOCK = [256, 256]\n"),
+     r"\[\[exclude\]\] #1 BLOCK: got 256; allowed: each value once \(this one is listed twice\)$"),
+    (("", '\n[[exclude]]\narch = ["sm_90a", "sm_90a"]\nBLOCK = 256\n'),
+     r"\[\[exclude\]\] #1 arch: got 'sm_90a'; allowed: each value once"),
+    (("", "\n[[exclude]]\nBLOCK = 256\nnum_warps = 4\n\n[[exclude]]\nnum_warps = [4]\nBLOCK = 256\n"),
+     r"\[\[exclude\]\] #2 \{'num_warps': \(4,\), 'BLOCK': \(256,\)\}: the same as \[\[exclude\]\] #1; remove one$"),
+])
+def test_a_value_or_config_the_spec_gives_twice_is_refused_naming_it(tmp_path, edit, message):
+    """A value listed twice (equal once made canonical), an [[extra]] the sweep or an earlier [[extra]] makes, an
+    [[exclude]] given twice: each would be the same targets again, and was merged without a word."""
+    old, new = edit
+    text = spec_text(blocks=(128, 256))
+    assert old in text
+    text = text.replace(old, new, 1) if old else text + new
+    with pytest.raises(SpecError, match=r"^specs/s.toml: " + message):
+        load(tmp_path, text)
+
+
+def test_configs_made_canonical_stay_distinct_where_triton_compiles_two(tmp_path):
+    """What stays accepted: an [[extra]] whose value is a swept one of another type (128.0 after 128: two compiles
+    to Triton), though the values of one [sweep] list are of one type."""
+    spec = load(tmp_path, spec_text(blocks=(128, 256)) + EXTRA.format(dtype="fp16", block="128.0"))
+    assert [config_id(spec, c) for c in spec.configs][-1] == "fp16-b128.0-w4"
 
 
 def test_arch_specific_exclude_keeps_config_for_other_archs(tmp_path):
@@ -155,8 +202,22 @@ def test_hundreds_of_excludes_cost_a_big_family_little(tmp_path):
 def reference(sweep: dict, extras: list[dict], excludes: list[dict], archs: list[str], template: str):
     """(kept configs, their ids) or the start of the error loading must give: what the spec says, computed the
     slow, obvious way."""
-    configs = list(dict.fromkeys([tuple(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
-                                 + [tuple((p, extra[p]) for p in sweep) for extra in extras]))
+    def exact(v):   # 1, 1.0 and true are three values (three compiles to Triton)
+        return type(v), v
+    for p, vs in sweep.items():   # what the spec gives twice is refused, in the order it is read
+        if len({exact(v) for v in vs}) < len(vs):
+            return f"[sweep] {p}: got "
+    product = {tuple(map(exact, combo)) for combo in itertools.product(*sweep.values())}
+    given = [tuple(exact(extra[p]) for p in sweep) for extra in extras]
+    for i, key in enumerate(given):
+        if key in given[:i] or key in product:
+            return f"[[extra]] #{i + 1} "
+    blocks = [{k: frozenset(map(exact, v if isinstance(v, list) else [v])) for k, v in ex.items()} for ex in excludes]
+    for i, block in enumerate(blocks):
+        if block in blocks[:i]:
+            return f"[[exclude]] #{i + 1} "
+    configs = ([tuple(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
+               + [tuple((p, extra[p]) for p in sweep) for extra in extras])
 
     def dropped(ex, config, arch):
         values = dict(config, arch=arch)
@@ -218,7 +279,8 @@ def toml_value(v) -> str:
 
 def test_configs_and_ids_are_those_of_a_config_by_config_reading(tmp_path):
     """Per-value checks must agree with checking every config: the same configs in the same order, the same
-    ids, and a refusal exactly when some config's id is unsafe or shared (300 random sweeps, fixed seed)."""
+    ids, and a refusal exactly when some config's id is unsafe or shared, or the spec gives a value, a config or an
+    exclude twice (300 random sweeps, fixed seed)."""
     rng = random.Random(2026)
     root = make_project(tmp_path, specs={}, kernels={"scale": TAGGED_KERNEL})
     for case in range(300):
