@@ -311,20 +311,13 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
     return problem
 
 
-# The line rules/runtime/kforge-runtime-env.pth needs (Python's site module runs it at every interpreter start): in a
-# process that runs doit (its script, or python -m doit), a test costing a few string compares and two stat calls;
-# kforge is imported only where that test finds a problem.
-PTH_LINE = ('import os, sys; a = getattr(sys, "argv", None) or [""]; (os.path.basename(a[0]) == "doit" or a[0] == "-m" and sys.orig_argv[-len(a)] '
-            '== "doit") and (not all(x.strip() for x in a[1:]) or any(os.path.exists(f) and not os.path.isfile(f) '
-            'or os.path.isfile(f) and os.path.getsize(f) > 16 << 20 for f in ("pyproject.toml", "doit.cfg"))) and '
-            'exec("from kforge.edge.config import refuse_at_start; refuse_at_start()")')
-
-
 def refuse_at_start() -> None:
-    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth) in a process that
-    runs doit, where that line's cheap test saw an empty argument or a settings file that is no file: such a
-    command line stops before doit or kforge's loader could check it (from a folder without kforge's
-    pyproject.toml, `doit -f PROJ/dodo.py info ''` met doit's parser first). One line and exit code 3."""
+    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth, which Python's
+    site module runs at every interpreter start: in a process that runs doit, by its script or python -m doit, a
+    test of a few string compares and two stat calls, importing kforge only where it finds a problem) where that
+    test saw an empty argument or a settings file that is no file: such a command line stops before doit or
+    kforge's loader could check it (from a folder without kforge's pyproject.toml, `doit -f PROJ/dodo.py info ''`
+    met doit's parser first). One line and exit code 3."""
     problem = start_problem(sys.argv[1:])
     if problem is not None:
         sys.stderr.write(problem + "\n")

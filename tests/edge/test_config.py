@@ -165,11 +165,17 @@ def test_a_settings_file_doit_reads_first_that_is_no_file_is_one_line(tmp_path, 
     assert problem.startswith(f"kforge: {path}: ") and ("not a file" in problem or "too large" in problem), problem
 
 
+# the start-up line of the .pth setup.py puts in site-packages (the other line is the runtime's KFORGE_RECORD hook)
+PTH_LINE = next(line for line in (REPO / "rules" / "runtime" / "kforge-runtime-env.pth").read_text().splitlines()
+                if "refuse_at_start()" in line)
+
+
 def _doit_at_start(folder, *args, how="-m"):
-    """doit run in folder, its interpreter starting with doit_edge.PTH_LINE run as site-packages' .pth runs it."""
+    """doit run in folder, its interpreter starting with the .pth's start-up line (PTH_LINE) run as site-packages'
+    .pth runs it."""
     site = folder / "site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(doit_edge.PTH_LINE + "\n")
+    (site / "sitecustomize.py").write_text(PTH_LINE + "\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
     command = [sys.executable, "-m", "doit"] if how == "-m" else [str(Path(sys.executable).parent / "doit")]
     return subprocess.run([*command, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=60)
@@ -193,7 +199,7 @@ def test_a_fifo_at_pyproject_toml_stops_doit_in_one_line_not_for_ever(tmp_path):
 
 
 def test_the_pth_kforge_installs_runs_the_start_up_line():
-    """The two tests above run PTH_LINE as sitecustomize; what every interpreter of the environment runs is the
-    .pth setup.py puts in site-packages, so it must hold that line as it is."""
+    """The two tests above run the .pth's start-up line as sitecustomize; site runs a .pth's lines that begin with
+    `import` only, so every line of it must."""
     lines = (REPO / "rules" / "runtime" / "kforge-runtime-env.pth").read_text().splitlines()
-    assert doit_edge.PTH_LINE in lines and all(line.startswith("import ") for line in lines)
+    assert PTH_LINE.startswith("import ") and all(line.startswith("import ") for line in lines)
