@@ -9,7 +9,6 @@ modules, which would make one edited kernel file rebuild every target of the lib
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import re
@@ -155,11 +154,11 @@ def _resolve(base: Path, parts: list[str]) -> Path | None:
 
 
 def _imports(path: Path, base: Path) -> list[Path]:
-    """The module files an import statement of path names, resolved under base (absolute) or path's package
-    (relative); each `from x import y` may name a module x.y or a name in x, so both are tried."""
+    """The module files an import statement of path names (sources.import_names), resolved under base (absolute)
+    or path's package (relative)."""
     found = []
     package = path.parent
-    for level, dotted in _import_names(path):
+    for level, dotted in sources.import_names(path):
         start = base if level == 0 else sources.up(package, level - 1)
         for name in dotted:
             parts = name.split(".")
@@ -168,26 +167,6 @@ def _imports(path: Path, base: Path) -> list[Path]:
                 if f is not None:
                     found.append(f)
     return found
-
-
-def _import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    """(level, dotted names) of each import statement of the file: 0 for absolute; parsed and walked once per
-    file version (sources.parse's key), the slow half of a closure."""
-    st = path.stat()   # sources.parse's key: a file edited in place, its mtime put back, is read again
-    return _import_names_of(path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=None)
-def _import_names_of(path: Path, *version) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    found = []
-    for node in ast.walk(sources.parse(path)):
-        if isinstance(node, ast.Import):
-            found.append((0, tuple(a.name for a in node.names)))
-        elif isinstance(node, ast.ImportFrom):
-            mod = node.module.split(".") if node.module else []
-            names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
-            found.append((node.level, tuple(names)))
-    return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)

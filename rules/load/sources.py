@@ -394,27 +394,35 @@ DYNAMIC_IMPORTS = {"__import__", "import_module", "spec_from_file_location", "ru
 def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> list[Path]:
     found = []
     package = path.parent
-    tree = parse(path)
     if any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) or getattr(n.func, "attr", None))
-           in DYNAMIC_IMPORTS for n in ast.walk(tree)):
+           in DYNAMIC_IMPORTS for n in ast.walk(parse(path))):
         found += _package_files(path, root)   # a run-time import: every module it could load counts
-    for node in ast.walk(tree):
+    for level, names in import_names(path):
+        base = root if level == 0 else up(package, level - 1)
+        for dotted in names:
+            f = _resolve(base, dotted.split("."), misses)
+            if f is not None:
+                found.append(f)
+    return found
+
+
+def import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """(level, dotted names) of each import statement of the file, 0 for absolute; each `from x import y` may name
+    a module x.y or a name in x, so both are given. Parsed and walked once per file version (parse's key)."""
+    return _import_names_version(path, *_version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _import_names_version(path: Path, *version) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    found = []
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-            bases = [root]
+            found.append((0, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.ImportFrom):
-            base = root if node.level == 0 else up(package, node.level - 1)
             mod = node.module.split(".") if node.module else []
             names = [".".join(mod + [a.name]) for a in node.names] + ([".".join(mod)] if mod else [])
-            bases = [base]
-        else:
-            continue
-        for base in bases:
-            for dotted in names:
-                f = _resolve(base, dotted.split("."), misses)
-                if f is not None:
-                    found.append(f)
-    return found
+            found.append((node.level, tuple(names)))
+    return tuple(found)
 
 
 def _package_files(path: Path, root: Path) -> list[Path]:
