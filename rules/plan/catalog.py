@@ -21,7 +21,9 @@ looked for and did not find, and all that its module's probe process read (rules
 process per module, so what one family's import read is never another's). A family whose declaration and
 inputs are unchanged, computed with the same kforge, Python, settings, compiler environment and toolchains, is
 taken from the saved catalog, unprobed; the others are computed. An edit to one file re-probes exactly the
-families that read it; a catalog with a broken family is not saved, and the next load computes that family again.
+families that read it; of a catalog with a broken family only the families that loaded are saved (never taken whole
+or kept by content), and every load computes the broken one again: what fixes it may lie outside any file the
+catalog reads (an installed package, the environment).
 A Python catalog file is kept the same way with what it read and imported and the families it declared: it runs
 again only when one of those changed.
 
@@ -123,7 +125,7 @@ class Catalog:
         self.families: list[Family] = []
         self.targets: list[Target] = []
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/declare/records.py), for the bundles
-        self.broken: list[Broken] = []   # families that did not load (never saved: the next run tries again)
+        self.broken: list[Broken] = []   # families that did not load (never saved: the next load tries again)
         self._fresh: dict | None = None   # a catalog loaded from the specs or kept, not saved yet
         self._context_digest: str | None = None   # _context(), once computed
         self._code_files: list[tuple[int, str, str]] | None = None   # _code(), once listed
@@ -197,8 +199,6 @@ class Catalog:
         self.broken = _named_apart(_grouped(failed), {f.name for f in self.families})
         if self.broken and not keep_going:
             raise SpecError(self.broken[0].error)
-        if self.broken:   # not saved: the next run loads the specs again, and finds what was fixed
-            return
         entries = [entry if name not in computed else
                    self._entry(entry["key"], name, sorted(map(str, computed[name])), targets, contents)
                    for (name, _, _, _), targets, entry in done]
@@ -210,9 +210,14 @@ class Catalog:
         files = sorted({str(p) for p in read} | {self.places.actual(f) for e in entries for f, _ in e["inputs"]})
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         installed = sorted({e["installed"] for e in entries if e["installed"]})
+        # with a broken family, only the families that loaded are saved: no stamp holds it whole (nor is it kept by
+        # content), so the next load takes them family by family and computes the broken one again, which may
+        # have been fixed where no file of the catalog's shows it (an installed package, the environment)
+        whole = not self.broken
         self._fresh = {"format": FORMAT, "archs": archs,
-                       "stamp": self._stamp(folders, spec_files, files, toolchains, installed),
-                       "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content),
+                       "stamp": self._stamp(folders, spec_files, files, toolchains, installed) if whole else "",
+                       "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content)
+                       if whole else "",
                        "read": [self.places.saved(f) for f in files], "toolchains": toolchains,
                        "installed": installed, "context": self._context(), "per_family": entries,
                        "catalog_files": {self.places.saved(f): self._ran_saved(r) for f, r in ran.items()},
@@ -384,7 +389,8 @@ class Catalog:
             out, kept = Layout(self.root).out, Layout(self.root).kept_catalogs
             data = json.dumps(self._fresh, separators=(",", ":")).encode()
             write_inside(out, self.path, data)
-            write_inside(out, kept / _kept_name(self._fresh["content"], self._fresh["archs"]), data)
+            if self._fresh["content"]:   # "": a catalog with a broken family, never taken whole
+                write_inside(out, kept / _kept_name(self._fresh["content"], self._fresh["archs"]), data)
             for old in sorted(kept.glob("*.json"), key=lambda f: f.stat().st_mtime_ns, reverse=True)[KEPT:]:
                 old.unlink(missing_ok=True)
             self._fresh = None

@@ -322,6 +322,34 @@ def test_a_broken_family_is_not_kept_in_the_saved_catalog_so_a_fix_elsewhere_is_
     assert "did not load" not in doit(root, "list", env=env).stderr
 
 
+def test_a_broken_family_keeps_the_others_saved_and_is_itself_loaded_again_each_time(project, monkeypatch):
+    """The families that load are saved and taken next time, unprobed; the one that did not is computed again at
+    every load (what fixes it may lie outside any file: an installed package), and a fix to its spec loads it."""
+    from kforge.declare import spec as spec_module
+    computed = []
+    real = spec_module.spec_from_tables
+    monkeypatch.setattr(spec_module, "spec_from_tables", lambda raw, *a, **k: computed.append(
+        raw["kernel"]["name"]) or real(raw, *a, **k))
+    good = project / "specs" / "good.toml"
+    good.write_text(spec_text(name="good", blocks=(64,)))
+    bad = project / "specs" / "bad.toml"
+    bad.write_text(spec_text(name="bad").replace('toolchain = "triton"', 'toolchain = "cuda"'))
+    first = catalog_module.Catalog(project, None, 50_000).load(keep_going=True)
+    assert [b.name for b in first.broken] == ["bad"] and sorted(computed) == ["bad", "good", "scale"]
+    computed.clear()
+    again = catalog_module.Catalog(project, None, 50_000).load(keep_going=True)
+    assert computed == ["bad"], computed   # the others are taken from the saved catalog
+    assert [b.error for b in again.broken] == [b.error for b in first.broken]
+    assert sorted(t.name for t in again.targets) == sorted(t.name for t in first.targets)
+    later(bad, spec_text(name="bad"))
+    computed.clear()
+    fixed = catalog_module.Catalog(project, None, 50_000).load(keep_going=True)
+    assert computed == ["bad"] and not fixed.broken and "bad:fp16-b256-w4@sm_90a" in {t.name for t in fixed.targets}
+    assert catalog_module.Catalog(project, None, 50_000).load(keep_going=True).loaded_from == "saved"
+    later(bad, spec_text(name="bad").replace('toolchain = "triton"', 'toolchain = "cuda"'))   # broken again:
+    assert [b.name for b in catalog_module.Catalog(project, None, 50_000).load(keep_going=True).broken] == ["bad"]
+
+
 def test_the_catalog_stamp_covers_every_module_of_kforge():
     """The saved catalog is stale once any of kforge's own code changes: every module of every station and of
     the runtime is under the folders the stamp reads."""
