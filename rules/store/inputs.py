@@ -38,7 +38,7 @@ class InputIndex(JsonState):
     the reporter at the end of the run."""
 
     def __init__(self, path, root: str | None = None):
-        super().__init__(path)   # another kforge's, a restored cache's: dropped unless _well_shaped
+        super().__init__(path)   # another kforge's, a restored cache's: dropped unless well_shaped
         self.folders = observe.search_path(str(root) if root is not None else str(Layout.holding(path).root))
         if self.entries.get("folders") != list(self.folders):   # another module path: names resolve anew
             self.entries = {"folders": list(self.folders), "files": {}, "sets": {}, "targets": {}}
@@ -77,7 +77,7 @@ class InputIndex(JsonState):
 
     def digest(self, name: str) -> str | None:
         """sha256 of the file the name resolves to now (None: no such file), hashed only if its identity moved; of
-    the folder's listing for `<folder>/`; of an environment variable's value for `$NAME`."""
+        the folder's listing for `<folder>/`; of an environment variable's value for `$NAME`."""
         if name.startswith(observe.VARIABLE):   # `$NAME`: an environment variable, as this process sees it
             return observe.variable_digest(name[len(observe.VARIABLE):])
         if name not in self._now:
@@ -98,7 +98,6 @@ class InputIndex(JsonState):
             self._now[name] = found
         return self._now[name]
 
-
     def save(self) -> None:
         """Save the index, then delete the servers' files it took in (their digests are in it now)."""
         if len(self.learned) > LEARNED_LIMIT:
@@ -114,7 +113,16 @@ class InputIndex(JsonState):
 
     @staticmethod
     def well_shaped(entries: dict) -> bool:
-        return _well_shaped(entries)
+        """Whether a saved index has exactly the shape InputIndex writes, down to every entry."""
+        files, sets, targets, folders = (entries.get(k) for k in ("files", "sets", "targets", "folders"))
+        if not (isinstance(files, dict) and isinstance(sets, dict) and isinstance(targets, dict)
+                and isinstance(folders, list) and all(isinstance(f, str) for f in folders)):
+            return False
+        return (all(isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list)
+                    and isinstance(v[2], (str, type(None))) for v in files.values())
+                and all(isinstance(v, list) and well_formed(v) for v in sets.values())
+                and all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in targets.values())
+                and isinstance(entries.get("learned", {}), dict) and _learned_shape(entries.get("learned", {})))
 
 
 def learn(layout: Layout, hashed: dict) -> None:
@@ -145,19 +153,6 @@ def _learned_shape(entries: dict) -> bool:
     """{path: [identity, sha256]}: an identity is stamps.identity's [inode, mtime_ns, ctime_ns, size]."""
     return all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) and isinstance(v[0], list)
                and len(v[0]) == 4 and all(type(x) is int for x in v[0]) for v in entries.values())
-
-
-def _well_shaped(entries: dict) -> bool:
-    """Whether a saved index has exactly the shape InputIndex writes, down to every entry."""
-    files, sets, targets, folders = (entries.get(k) for k in ("files", "sets", "targets", "folders"))
-    if not (isinstance(files, dict) and isinstance(sets, dict) and isinstance(targets, dict)
-            and isinstance(folders, list) and all(isinstance(f, str) for f in folders)):
-        return False
-    return (all(isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list)
-                and isinstance(v[2], (str, type(None))) for v in files.values())
-            and all(isinstance(v, list) and well_formed(v) for v in sets.values())
-            and all(isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in targets.values())
-            and isinstance(entries.get("learned", {}), dict) and _learned_shape(entries.get("learned", {})))
 
 
 def listed_inputs(meta_path: str) -> list | None:
