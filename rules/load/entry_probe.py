@@ -123,7 +123,7 @@ class Probe:
         request = {"describe": [module, entry], "family": family}
         probes = list(dict.fromkeys(probes))
         Probe.used.setdefault(family, set()).update((probe, module) for probe in probes)
-        asked = [probe for probe in dict.fromkeys(probes) if (module, entry) not in probe.described]
+        asked = [probe for probe in probes if (module, entry) not in probe.described]
         batch = cpus.available()
         owing: list[Probe] = []
         try:
