@@ -23,11 +23,17 @@ RETIRED = frozenset("""amd_linker amdgpu_metadata archs arrival artifact build c
 class _RetiredNames:
     """The last finder on sys.meta_path: an import of a module an older kforge had at its top level (a dodo.py
     written for it: `from kforge.doit_edge import *`) is one line naming the module and what a project imports
-    now, not doit's traceback (doit prints an InvalidDodoFile as one line)."""
+    now, not doit's traceback (doit prints an InvalidDodoFile as one line); the commands' old module, named in a
+    pyproject.toml, is one line saying what to write instead, and exit code 2."""
 
     @staticmethod
     def find_spec(fullname, path=None, target=None):
         package, _, name = fullname.partition(".")
+        if fullname == f"{__name__}.doit_commands":   # where the doit commands were: a pyproject.toml may name it
+            _sys.stderr.write("kforge: pyproject.toml's [tool.doit.plugins.command] names kforge.doit_commands, which "
+                              "is now kforge.edge.commands: write `forget = \"kforge.edge.commands:Forget\"` (and "
+                              "info, clean, prune, cache the same way), as kforge's own pyproject.toml does\n")
+            raise SystemExit(2)
         if package != __name__ or name not in RETIRED:
             return None
         from doit.exceptions import InvalidDodoFile
