@@ -1,5 +1,7 @@
 """The project's own settings in pyproject.toml: its [tool.kforge] table, read where a decision needs it (the
-catalog's folders and record archs in rules/plan/catalog.py, the project's set-up hook in rules/declare/spec.py)."""
+catalog's folders and record archs in rules/plan/catalog.py, the project's set-up hook in rules/declare/spec.py);
+and what doit's own settings reader would fail on in the folder doit starts in (doit_settings_problem: asked by
+kforge's start-up line, before doit reads anything, so it imports nothing of kforge's but SpecError)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +10,6 @@ import stat
 from pathlib import Path
 
 from kforge.base.errors import SpecError
-from kforge.base.target import FUNCTION_REF
 
 PYPROJECT = "pyproject.toml"
 SIZE_LIMIT = 16 << 20   # bytes: far past any project's pyproject.toml, and never a whole disk image read into memory
@@ -94,7 +95,103 @@ def project_setup(root: Path) -> tuple[str, ...]:
     hook = config.get("setup") if isinstance(config, dict) else None
     if hook is None:
         return ()
+    from kforge.base.target import FUNCTION_REF   # here: the start-up line imports this module (doit_settings_problem)
     if not isinstance(hook, str) or not re.fullmatch(FUNCTION_REF, hook):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] setup: expected a function as 'module:function', e.g. "
                         f"'mylib_kforge:setup', got {hook!r}")
     return (hook,)
+
+
+# doit reads pyproject.toml's [tool.doit] and doit.cfg in the folder it starts in (doit 0.37's DoitConfig, in
+# DoitMain's constructor) before any plugin or dodo.py: none of kforge's code but the start-up line that kforge's
+# .pth runs in a doit process (rules/edge/config.py) comes before it, and what it cannot read is a traceback
+DOIT_FILES = ("pyproject.toml", "doit.cfg")
+DOIT_PLUGIN_KINDS = ("command", "loader", "backend", "reporter")   # DoitConfig.PLUGIN_TYPES: any other, an assert
+DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, far short of where tomllib's
+                    # recursion ends (about 500 levels from a shallow stack: a RecursionError in doit's own reader)
+
+
+def doit_settings_problem(folder: str = ".") -> str | None:
+    """What doit's own settings reader would fail on in the folder's pyproject.toml or doit.cfg (a traceback
+    before any of kforge's checks), as one line naming the file, the key and the fix; None when it reads both, or
+    when one is no regular file or too large (rules/edge/config.start_problem says that)."""
+    for name in DOIT_FILES:
+        path = os.path.join(folder, name)
+        try:
+            data = read_user_file(Path(path), SIZE_LIMIT, "a settings file", "", missing_ok=True)
+        except SpecError:
+            continue
+        if data is not None:
+            problem = (_toml_problem if name.endswith(".toml") else _ini_problem)(data)
+            if problem is not None:
+                return f"kforge: {os.path.abspath(path)}: {problem}"
+    return None
+
+
+def _toml_problem(data: bytes) -> str | None:
+    """Why doit cannot take its settings from this pyproject.toml, or None."""
+    import tomllib
+    fix = "doit reads its settings there before anything else: fix the file"
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (byte {e.start}: {e.reason}); doit reads it as UTF-8 before anything else: save it so"
+    except tomllib.TOMLDecodeError as e:
+        return f"not valid TOML ({e}); {fix}"
+    except ValueError as e:   # an integer of over 4,300 digits: Python's int() stops there
+        return f"not valid TOML ({str(e).split(';')[0]}; allowed: TOML's 64-bit integers); {fix}"
+    except RecursionError:
+        return f"arrays or tables nested too deeply to read (allowed: {DEPTH_LIMIT} levels); {fix}"
+    if _depth(raw) > DEPTH_LIMIT:
+        return f"arrays or tables nested over {DEPTH_LIMIT} levels deep (doit's reader stops at a few hundred); {fix}"
+    tool = raw.get("tool", {})
+    if not isinstance(tool, dict):
+        return f"tool is {type(tool).__name__}, not a table; write it as [tool.<name>] tables"
+    doit = tool.get("doit", {})
+    if not isinstance(doit, dict):
+        return f"[tool] doit: is {type(doit).__name__}, not a table; write it as a [tool.doit] table"
+    for section in ("plugins", "commands", "tasks"):
+        body = doit.get(section, {})
+        if not isinstance(body, dict):
+            return (f"[tool.doit] {section}: is {type(body).__name__}, not a table; write it as a "
+                    f"[tool.doit.{section}] table")
+        for key, value in body.items():
+            if section == "plugins" and key not in DOIT_PLUGIN_KINDS:
+                return (f"[tool.doit.plugins] {repr(key)[:60]}: not a kind of doit plugin; allowed: "
+                        f"{', '.join(DOIT_PLUGIN_KINDS)}")
+            if not isinstance(value, dict):
+                return (f"[tool.doit.{section}] {repr(key)[:60]}: is {type(value).__name__}, not a table; write it "
+                        f"as a [tool.doit.{section}.<name>] table")
+    return None
+
+
+def _depth(value) -> int:
+    """How deeply arrays and tables nest in a parsed TOML document (without recursing)."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if isinstance(v, dict):
+            todo += [(x, depth + 1) for x in v.values()]
+        elif isinstance(v, list):
+            todo += [(x, depth + 1) for x in v]
+    return deepest
+
+
+def _ini_problem(data: bytes) -> str | None:
+    """Why doit cannot take its settings from this doit.cfg (read by configparser as doit reads it), or None."""
+    import configparser
+    import locale
+    try:
+        text = data.decode(locale.getpreferredencoding(False))   # what open() without an encoding reads
+    except (UnicodeDecodeError, LookupError) as e:
+        return f"not text doit can read ({e}); save it as {locale.getpreferredencoding(False)}"
+    parser = configparser.ConfigParser(allow_no_value=True, delimiters=("=",))
+    parser.optionxform = str   # as doit reads it: option names keep their case
+    try:
+        parser.read_string(text, "doit.cfg")
+        for section in parser.sections():   # doit reads every value: a lone % fails there
+            dict(parser[section].items())
+    except configparser.Error as e:
+        return f"not an INI file doit can read ({str(e).splitlines()[0][:200]}); fix the file, or remove it"
+    return None

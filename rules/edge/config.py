@@ -308,15 +308,17 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
         elif st.st_size > CONFIG_LIMIT:
             problem = (f"kforge: {os.path.abspath(path)}: too large for a settings file (over {CONFIG_LIMIT >> 20} "
                        f"MiB), and doit reads it whole: put the project's {name} in its place")
-    return problem
+    return problem if problem is not None else project_config.doit_settings_problem(folder)   # one doit cannot read
 
 
 def refuse_at_start() -> None:
     """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth, which Python's
     site module runs at every interpreter start: in a process that runs doit, by its script or python -m doit, a
-    test of a few string compares and two stat calls, importing kforge only where it finds a problem) where that
-    test saw an empty argument or a settings file that is no file: such a command line stops before doit or
-    kforge's loader could check it (from a folder without kforge's pyproject.toml, `doit -f PROJ/dodo.py info ''`
+    test of a few string compares and two stat calls, and project_config.doit_settings_problem's read of the settings
+    files doit reads next, importing the rest of kforge only where it finds a problem) where that test saw an empty
+    argument, a settings file that is no file or one doit's own reader fails on (a pyproject.toml nested 600 levels
+    deep, a [tool.doit] that is no table: a traceback before any of kforge's code ran): such a command line stops
+    before doit or kforge's loader could check it (from a folder without kforge's pyproject.toml, `doit -f PROJ/dodo.py info ''`
     met doit's parser first). One line and exit code 3."""
     problem = start_problem(sys.argv[1:])
     if problem is not None:

@@ -87,3 +87,72 @@ def test_a_value_tomllib_cannot_read_is_one_line(tmp_path, value, said):
         kforge_table(tmp_path)
     assert str(e.value).startswith(f"{tmp_path / 'pyproject.toml'}: cannot read it") and said in str(e.value)
     assert "\n" not in str(e.value)
+
+
+# doit's own settings reader (DoitConfig) reads pyproject.toml's [tool.doit] and doit.cfg in the folder it starts in
+# before any plugin or dodo.py: what it fails on was a traceback before any of kforge's checks ran.
+
+DEEP = "a = " + "[" * 600 + "]" * 600 + "\n"
+
+
+@pytest.mark.parametrize("name, text, said", [
+    ("pyproject.toml", DEEP, "pyproject.toml: arrays or tables nested too deeply to read (allowed: 100 levels); "
+                             "doit reads its settings there before anything else: fix the file"),
+    ("pyproject.toml", "a = " + "{b = " * 600 + "1" + "}" * 600 + "\n", "nested too deeply to read"),
+    ("pyproject.toml", "a = " + "[" * 150 + "]" * 150 + "\n", "arrays or tables nested over 100 levels deep"),
+    ("pyproject.toml", "x = = 1\n", "pyproject.toml: not valid TOML (Invalid value (at line 1, column 5)); doit reads"),
+    ("pyproject.toml", f"x = 1{'0' * 5000}\n", "not valid TOML (Exceeds the limit (4300 digits) for integer string "
+                                                "conversion: value has 5001 digits; allowed: TOML's 64-bit integers)"),
+    ("pyproject.toml", b"# caf\xe9\n", "pyproject.toml: not UTF-8 text (byte 5: invalid continuation byte)"),
+    ("pyproject.toml", "tool = 1\n", "pyproject.toml: tool is int, not a table"),
+    ("pyproject.toml", "[tool]\ndoit = 1\n", "pyproject.toml: [tool] doit: is int, not a table; write it as a "
+                                             "[tool.doit] table"),
+    ("pyproject.toml", "[tool.doit]\ncommands = 1\n", "[tool.doit] commands: is int, not a table"),
+    ("pyproject.toml", "[tool.doit.tasks]\nx = 1\n", "[tool.doit.tasks] 'x': is int, not a table; write it as a "
+                                                    "[tool.doit.tasks.<name>] table"),
+    ("pyproject.toml", "[tool.doit.plugins.commands]\nx = 'm:C'\n", "[tool.doit.plugins] 'commands': not a kind of "
+                                                                   "doit plugin; allowed: command, loader, backend, "
+                                                                   "reporter"),
+    ("doit.cfg", "x = 1\n", "doit.cfg: not an INI file doit can read (File contains no section headers.); fix the "
+                            "file, or remove it"),
+    ("doit.cfg", "[GLOBAL]\nx = 1\nx = 2\n", "doit.cfg: not an INI file doit can read (While reading from 'doit.cfg' "
+                                             "[line  3]: option 'x' in section 'GLOBAL' already exists)"),
+    ("doit.cfg", "[GLOBAL]\nx = 50%\n", "doit.cfg: not an INI file doit can read ('%' must be followed by"),
+])
+def test_a_settings_file_doits_reader_fails_on_is_one_line_naming_it(tmp_path, name, text, said):
+    from kforge.base.project_config import doit_settings_problem
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    problem = doit_settings_problem(str(tmp_path))
+    assert problem is not None and problem.startswith(f"kforge: {tmp_path}/") and said in problem, problem
+    assert "\n" not in problem and len(problem) < 400
+
+
+def test_the_settings_files_doit_reads_are_fine_as_kforge_writes_them(tmp_path):
+    from kforge.base.project_config import doit_settings_problem
+    from tests.support import REPO
+    assert doit_settings_problem(str(REPO)) is None and doit_settings_problem(str(tmp_path)) is None
+    (tmp_path / "doit.cfg").write_text("[GLOBAL]\nverbosity = 2\n\n[task:x]\nn = 1\n")
+    (tmp_path / "pyproject.toml").write_text("a = " + "[" * 100 + "]" * 100 + "\n")   # deep, but within the limit
+    assert doit_settings_problem(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("name, text", [("pyproject.toml", DEEP), ("pyproject.toml", "[tool]\ndoit = 1\n"),
+                                        ("doit.cfg", "x = 1\n")])
+def test_doit_stops_in_one_line_on_a_settings_file_its_reader_fails_on(tmp_path, name, text):
+    """The start-up line kforge's .pth runs in a doit process (rules/runtime/kforge-runtime-env.pth) refuses it
+    before doit reads it: exit code 3 and one line, not doit's traceback (RecursionError, AttributeError, ...)."""
+    import subprocess
+    import sys
+    from tests.support import REPO
+    line = next(line for line in (REPO / "rules" / "runtime" / "kforge-runtime-env.pth").read_text().splitlines()
+                if "refuse_at_start()" in line)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(line + "\n")   # run as site-packages' .pth runs it
+    (tmp_path / name).write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-m", "doit", "list"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"kforge: {tmp_path / name}: ") and "Traceback" not in proc.stderr
