@@ -550,14 +550,14 @@ def _found(module: str) -> str | None:
 def catalog_folders(root: Path) -> list[Path]:
     """Where the project's specs are: specs/, or the folders `[tool.kforge] catalog` in its pyproject.toml
     lists, each a folder relative to the project or an installed package by import name
-    (`catalog = ["specs", "mylib.kforge_specs"]`); a folder named twice counts once. SpecError for an entry
-    that is neither, or that is the project's own folder (its dodo.py and pyproject.toml are no catalogs)."""
+    (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither, that is the project's
+    own folder (its dodo.py and pyproject.toml are no catalogs), or that names a folder an earlier one names."""
     config = kforge_table(root)
     entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
                         f"the project) or installed packages (by import name), got {entries!r}")
-    folders = []
+    folders: dict[Path, str] = {}   # folder -> the entry that named it
     for entry in entries:
         if "\0" in entry:   # no path holds one: the OS call would fail naming no file and no key
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} holds a NUL character; "
@@ -572,21 +572,27 @@ def catalog_folders(root: Path) -> list[Path]:
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the project's own folder, "
                             f"whose dodo.py and pyproject.toml are no specs; keep the specs in a folder of their own "
                             f"(e.g. specs/) and name that")
-        if in_project:
-            folders.append(folder)
-            continue
-        from kforge.load import installed
-        try:
-            found = installed.find(entry)
-        except installed.NotInstalled as e:
-            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry!r} is neither a folder of the project "
-                            f"nor an installed package ({e})") from None
-        if found.path.name != "__init__.py":
-            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry} is a module, not a package; name the "
-                            f"package whose folder holds the spec files")
-        folders.append(found.path.parent)
-    # a folder named twice ("specs" and "./specs") is read once: twice, each of its specs clashed with itself
-    return list(dict.fromkeys(folders))
+        if not in_project:
+            folder = _catalog_package(entry)
+        if folder in folders:   # "specs" and "./specs": read twice, each spec clashed with itself; once, a typo hid
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the folder "
+                            f"{repr(folders[folder])[:100]} names too; name each folder once")
+        folders[folder] = entry
+    return list(folders)
+
+
+def _catalog_package(entry: str) -> Path:
+    """The folder of the installed package a `[tool.kforge] catalog` entry names (SpecError if none)."""
+    from kforge.load import installed
+    try:
+        found = installed.find(entry)
+    except installed.NotInstalled as e:
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry!r} is neither a folder of the project "
+                        f"nor an installed package ({e})") from None
+    if found.path.name != "__init__.py":
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry} is a module, not a package; name the "
+                        f"package whose folder holds the spec files")
+    return found.path.parent
 
 
 def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
@@ -684,9 +690,13 @@ def record_archs(root: Path) -> tuple[str, ...]:
     from kforge.base.archs import ARCHS
     config = kforge_table(root)
     archs = config.get("record_archs", []) if isinstance(config, dict) else []
-    if not isinstance(archs, list) or not all(a in ARCHS for a in archs):
+    if not isinstance(archs, list) or not all(isinstance(a, str) and a in ARCHS for a in archs):   # [..] in ARCHS:
         raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: expected a list of archs ({', '.join(ARCHS)}), "
-                        f"got {archs!r}")
+                        f"got {repr(archs)[:200]}")                                           # a TypeError
+    twice = next((a for i, a in enumerate(archs) if a in archs[:i]), None)
+    if twice is not None:
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: got {twice!r}; allowed: each arch once (this one "
+                        f"is listed twice)")
     return tuple(archs)
 
 

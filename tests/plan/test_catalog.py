@@ -623,9 +623,30 @@ def test_a_catalog_folder_that_cannot_be_one_is_one_line_naming_the_key(tmp_path
     assert str(e.value).startswith(message) and "\n" not in str(e.value) and len(str(e.value)) < 400
 
 
-def test_a_catalog_folder_named_twice_is_read_once(tmp_path):
-    """`catalog = ["specs", "./specs"]`: each spec clashed with itself ("kernel name 'scale' is already used")."""
-    root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["specs", "./specs", "specs/"]')
-    assert catalog_module.catalog_folders(root) == [(root / "specs").resolve()]
-    catalog = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
-    assert not catalog.broken and {t.kernel for t in catalog.targets} == {"scale"}
+@pytest.mark.parametrize("entries, twice", [('["specs", "./specs"]', "'./specs' is the folder 'specs'"),
+                                            ('["specs", "lib", "specs/"]', "'specs/' is the folder 'specs'"),
+                                            ('["lib", "specs", "lib"]', "'lib' is the folder 'lib'")])
+def test_a_catalog_folder_named_twice_is_one_line_naming_both(tmp_path, entries, twice):
+    """`catalog = ["specs", "./specs"]`: each spec clashed with itself ("kernel name 'scale' is already used"),
+    then the folder was read once, a typo for another folder hidden; now one line names both entries."""
+    root = with_catalog(make_project(tmp_path / "p"), f'catalog = {entries}')
+    (root / "lib").mkdir()
+    with pytest.raises(SpecError) as e:
+        catalog_module.catalog_folders(root)
+    assert str(e.value) == f"pyproject.toml: [tool.kforge] catalog: {twice} names too; name each folder once"
+    root = with_catalog(make_project(tmp_path / "q"), 'catalog = ["specs", "lib"]')
+    (root / "lib").mkdir()
+    assert catalog_module.catalog_folders(root) == [(root / "specs").resolve(), (root / "lib").resolve()]
+
+
+@pytest.mark.parametrize("archs, said", [
+    ('["gfx942", "sm_90a", "gfx942"]', "record_archs: got 'gfx942'; allowed: each arch once (this one is listed "
+                                       "twice)"),
+    ('[["gfx942"]]', "record_archs: expected a list of archs"),   # was a TypeError (unhashable: list)
+    ('[{a = 1}]', "record_archs: expected a list of archs"),
+])
+def test_record_archs_given_twice_or_not_as_names_are_one_line(tmp_path, archs, said):
+    root = with_catalog(make_project(tmp_path / "p"), f"record_archs = {archs}")
+    with pytest.raises(SpecError) as e:
+        catalog_module.record_archs(root)
+    assert str(e.value).startswith(f"pyproject.toml: [tool.kforge] {said}") and "\n" not in str(e.value)
