@@ -149,8 +149,8 @@ class Catalog:
             if saved is not None and self._from_kept(folders, spec_files, saved):
                 self.loaded_from = "kept"
                 return self._saved_now()
-        except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: load the specs instead
-            self.families, self.targets, self.tuned = [], [], []
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):   # a damaged file (a path that is a
+            self.families, self.targets, self.tuned = [], [], []                # number...): load the specs instead
         from kforge.load import installed
         with installed.shared():   # an installed module's closure walked once, not once per family of it
             self._from_specs(folders, spec_files, saved, keep_going)
@@ -279,8 +279,8 @@ class Catalog:
                 found[entry["key"]] = (entry, families[entry["name"]],
                                        [t for t in targets.get(entry["name"], ()) if wanted is None or t.arch in wanted])
             return found
-        except (KeyError, TypeError, ValueError, IndexError):   # a damaged file: every family is computed
-            return {}
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):   # a damaged file: every family is
+            return {}                                                           # computed
 
     def _kept_files(self, saved: dict | None, contents: dict) -> dict:
         """{Python catalog file: its inputs and declarations} of the saved catalog, made in the same context:
@@ -361,7 +361,7 @@ class Catalog:
         self.families = [self._family(f) for f in saved["families"]]
         self.targets = [t for t in _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
                         if wanted is None or t.arch in wanted]
-        self.tuned = [t for t in saved["tuned"] if wanted is None or t["arch"] in wanted]
+        self.tuned = [t for t in map(_tuned_pick, saved["tuned"]) if wanted is None or t["arch"] in wanted]
 
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
         """Load the kept catalog made from inputs of the same content as now, for these archs or for all, if
@@ -375,7 +375,8 @@ class Catalog:
                 if kept["format"] != FORMAT or kept["content"] != content or not covers(kept["archs"], self.archs):
                     continue
                 self._take(kept)
-            except (OSError, KeyError, TypeError, ValueError, IndexError, RecursionError):   # none, or damaged
+            # none, or damaged
+            except (OSError, KeyError, TypeError, ValueError, IndexError, RecursionError, AttributeError):
                 self.families, self.targets, self.tuned = [], [], []
                 continue
             self._fresh = {**kept, "stamp": self._stamp(folders, spec_files, *lists)}   # the same lists: same digest
@@ -526,6 +527,16 @@ def _well_shaped(saved: dict) -> bool:
     """A saved catalog of this format, each field of its type (what load() reads before its own checks)."""
     return (saved.get("format") == FORMAT and (saved.get("archs") is None or isinstance(saved.get("archs"), list))
             and all(isinstance(saved.get(k), t) for k, t in SHAPE.items()))
+
+
+def _tuned_pick(pick) -> dict:
+    """An autotuner's recorded pick (records.tuned_choices) as a saved catalog holds it, when it has that shape
+    (ValueError: a damaged file; the bundles' manifests would carry it)."""
+    if not (isinstance(pick, dict) and set(pick) == {"kernel", "arch", "key", "config", "lines"}
+            and isinstance(pick["kernel"], str) and isinstance(pick["arch"], str) and isinstance(pick["key"], list)
+            and isinstance(pick["config"], dict) and type(pick["lines"]) is int):
+        raise ValueError("a tuned pick of another shape")
+    return pick
 
 
 def covers(held: list | None, wanted: tuple[str, ...] | None) -> bool:

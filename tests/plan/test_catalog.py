@@ -203,6 +203,30 @@ def test_a_revert_of_the_sources_loads_the_kept_catalog_not_the_specs(project, m
     assert catalog_module.Catalog(project, None, 50_000).load().loaded_from == "saved"   # by identity again
 
 
+@pytest.mark.parametrize("damage", [
+    lambda c: c["families"][0].__setitem__(2, 5),                     # a path that is a number
+    lambda c: c["families"].__setitem__(0, "scale"),                  # a family that is no row
+    lambda c: c.__setitem__("tuned", [5]),                            # a tuned pick that is no table
+    lambda c: c.__setitem__("tuned", [{"arch": ["sm_90a"]}]),
+    lambda c: c["per_family"][0].__setitem__("inputs", [[5, "x"]]),   # an input path that is a number
+    lambda c: c.__setitem__("read", [5]),
+])
+def test_a_saved_catalog_damaged_inside_its_shape_is_loaded_again_never_a_traceback(project, monkeypatch, damage):
+    """Valid JSON of the right fields and types, the right stamp, a row inside it of another shape: the state
+    under out/ is untrusted (docs/threat_model.md); a path that was a number was an AttributeError traceback."""
+    before = {t.name: t.key for t in loaded(project).targets}
+    path = project / "out" / ".kforge" / "catalog.json"
+    saved = json.loads(path.read_text())
+    damage(saved)
+    for archs in (None, ("sm_90a",)):
+        path.write_text(json.dumps(saved))
+        found = loaded(project, archs)
+        assert {t.name: t.key for t in found.targets} == before and found.tuned == []
+    path.write_text(json.dumps(saved))   # and family by family (a spec's other file changed): per_family is read
+    (project / "specs" / "other.toml").write_text(spec_text(name="other"))
+    assert {t.name: t.key for t in loaded(project).targets}.items() >= before.items()
+
+
 @pytest.mark.parametrize("spoil", ["damaged", "copied under another name", "nested too deeply"])
 def test_a_kept_catalog_is_used_only_whole_and_under_its_own_content(project, monkeypatch, spoil):
     """The source edited and put back, the catalog kept from before the edit spoiled meanwhile: the specs load."""
