@@ -83,7 +83,10 @@ def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
             continue
         at = f"{where}:{number}"
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_once)
+        except _Twice as e:   # json keeps the last of a key given twice, without a word: which one was meant?
+            raise SpecError(f"{at}: key {shown(e.args[0], 60)} given twice in one object; each line is one record, "
+                            f"as `python -m kforge_runtime.record` writes it") from None
         except ValueError as e:
             raise SpecError(f"{at}: not a JSON object ({e}); each line is one record") from None
         except RecursionError:   # `{"x": [[[...]]]}` thousands deep: json recurses once per level
@@ -94,6 +97,18 @@ def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
     if not found:
         raise SpecError(f"{where}: holds no record; record one with `python -m kforge_runtime.record --out {where} "
                         f"app.py`")
+    return found
+
+
+class _Twice(ValueError):
+    """A JSON object of a record line that gives one key twice (args: the key)."""
+
+
+def _once(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object, when no key is given twice."""
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        raise _Twice(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
     return found
 
 
@@ -131,8 +146,10 @@ def _check(record, at: str) -> None:
         for name, value in record[field].items():
             _check_name(name, f"{at}: {field}")
             _check_value(value, f"{at}: {field} {name}")
-    for name in record["divisible_by_16"]:
+    for i, name in enumerate(record["divisible_by_16"]):
         _check_name(name, f"{at}: divisible_by_16")
+        if name in record["divisible_by_16"][:i]:
+            raise SpecError(f"{at}: divisible_by_16 names argument {shown(name)} twice; record the kernel again")
     for value in tuned["key"]:
         _check_value(value, f"{at}: autotune key")
     for name, value in tuned["config"].items():

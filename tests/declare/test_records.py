@@ -252,7 +252,22 @@ def test_a_line_with_a_hostile_value_is_one_error_naming_the_file_and_line(proje
         targets(project)
 
 
+@pytest.mark.parametrize("bad, message", [
+    ('{"BLOCK": 64, "BLOCK": 128}', r"^specs/app.jsonl:2: key 'BLOCK' given twice in one object; each line is one "
+                                    r"record"),
+    ('{"BLOCK": 64}, "arch": "gfx942"', r"^specs/app.jsonl:2: key 'arch' given twice in one object"),
+])
+def test_a_line_giving_a_key_twice_is_one_error_naming_it_not_the_last_value_taken(project, bad, message):
+    """json.loads keeps the last of a key given twice: `{"BLOCK": 64, "BLOCK": 128}` built BLOCK=128 without a
+    word (a hand-edited or merged line; the recorder writes none)."""
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + line(64).replace('{"BLOCK": 64}', bad) + "\n")
+    with pytest.raises(SpecError, match=message):
+        targets(project)
+
+
 @pytest.mark.parametrize("field, bad, message", [
+    ("divisible_by_16", ["x_ptr", "y_ptr", "x_ptr"], r"divisible_by_16 names argument 'x_ptr' twice; record the "
+                                                     r"kernel again$"),
     ("options", {"num_warps": 10 ** 30}, r"options num_warps: an integer of 100 bits"),
     ("options", {"num_warps": float("nan")}, r"options num_warps: NaN"),
     ("divisible_by_16", [5], r"divisible_by_16: 5 is not an argument name"),
