@@ -564,10 +564,22 @@ def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
         if p not in compile_time or not isinstance(name, str) or not name.isidentifier():
             _fail(where, "adapter", "arguments", {p: name}, "a compile-time parameter of the spec mapped to an "
                   f"argument name of the builder; parameters: {sorted(compile_time)}")
+    passed: dict[str, str] = {}   # the builder's argument name -> the parameter passed as it
+    for p in sorted(compile_time):
+        name = arguments.get(p, p)
+        if name in passed:   # one of the two values would be lost in the call
+            _fail(where, "adapter", "arguments", {p: name}, f"each builder argument once ({passed[name]!r} is "
+                  f"passed as {name!r} too)")
+        passed[name] = p
+    named: dict[str, str] = {}   # the builder's element type name -> kforge's
     for dtype, name in names.items():
         if canonical_arg_type(dtype) != dtype or not isinstance(name, str):
             _fail(where, "adapter", "dtype_names", {dtype: name}, f"element types ({allowed_dtypes()}) mapped to "
                   f"the builder's names (strings)")
+        if name in named:   # both configs would build the same code, one of them under the other's type
+            _fail(where, "adapter", "dtype_names", {dtype: name}, f"one element type per builder name "
+                  f"({named[name]!r} is {name!r} too)")
+        named[name] = dtype
     tensors = [a for a, t in runtime.items() if t.startswith("*")]
     for a in runtime:
         if a in tensors:

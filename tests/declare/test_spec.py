@@ -341,3 +341,48 @@ def test_a_description_that_is_not_one_short_line_is_refused(tmp_path, descripti
     import json
     text = spec_text().replace("[kernel]\n", f"[kernel]\ndescription = {json.dumps(description)}\n", 1)
     assert "[kernel] description: not one line of text" in error(tmp_path, text)
+
+
+FLY_FACTORY = "def build(dtype_str, VEC, ELEMS):\n    pass\n"
+FLY_SPEC = '''
+[kernel]
+name = "flycopy"
+source = "tk/scale.py"
+entry = "build"
+toolchain = "flydsl"
+archs = ["gfx942"]
+
+[signature]
+X = "*{dtype}"
+VEC = "constexpr"
+ELEMS = "constexpr"
+
+[constants]
+ELEMS = 1024
+
+[sweep]
+dtype = ["fp16", "bf16"]
+VEC = [8]
+
+[adapter]
+arguments = {dtype = "dtype_str"}
+dtype_names = {fp16 = "f16", bf16 = "bf16"}
+shapes = {X = [1024]}
+'''
+
+
+@pytest.mark.parametrize("old, new", [
+    ('dtype_names = {fp16 = "f16", bf16 = "bf16"}', 'dtype_names = {fp16 = "f16", bf16 = "f16"}'),
+    ('arguments = {dtype = "dtype_str"}', 'arguments = {dtype = "dtype_str", VEC = "dtype_str"}'),
+    ('arguments = {dtype = "dtype_str"}', 'arguments = {dtype = "dtype_str", ELEMS = "VEC"}'),
+])
+def test_an_adapter_mapping_two_names_to_one_is_refused_naming_both(tmp_path, old, new):
+    """Two element types given one builder name built bf16's configs as f16 code under bf16's ids; two parameters
+    passed as one argument lost one of them in the call."""
+    assert load(tmp_path / "ok", FLY_SPEC, FLY_FACTORY).adapter
+    said = error(tmp_path / "bad", FLY_SPEC.replace(old, new), FLY_FACTORY)
+    if "dtype_names" in new:
+        assert said == ("specs/s.toml: [adapter] dtype_names: got {'bf16': 'f16'}; allowed: one element type per "
+                        "builder name ('fp16' is 'f16' too)")
+    else:
+        assert said.startswith("specs/s.toml: [adapter] arguments: got {") and "each builder argument once (" in said
