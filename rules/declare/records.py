@@ -34,6 +34,7 @@ KERNEL_MAX = 500   # characters in a record's "module:function": far past any pa
 
 
 RECORD_LIMIT = 256 << 20   # bytes: about 350,000 lines, far more targets than a catalog builds
+LINE_LIMIT = 1 << 20       # characters of one line: a record is a few hundred (a 1,000-character value at most)
 
 def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
@@ -82,6 +83,9 @@ def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         at = f"{where}:{number}"
+        if len(line) > LINE_LIMIT:   # one line of 256 MiB ([1, 1, ...]) was parsed whole: gigabytes of objects
+            raise SpecError(f"{at}: a line of {len(line):,} characters, longer than a record can be (at most "
+                            f"{LINE_LIMIT:,}); each line is one record, as `python -m kforge_runtime.record` writes it")
         try:
             record = json.loads(line, object_pairs_hook=_once)
         except _Twice as e:   # json keeps the last of a key given twice, without a word: which one was meant?

@@ -330,6 +330,19 @@ def test_a_line_nested_too_deeply_is_one_error_naming_the_file_and_line(project)
     assert str(e.value).startswith("specs/app.jsonl:2: not a record: arrays or objects nested too deeply to read")
 
 
+def test_a_line_longer_than_any_record_is_one_error_not_parsed(project, monkeypatch):
+    """One line of the whole file's 256 MiB (`[1, 1, ...]`) was parsed whole into gigabytes of objects."""
+    from kforge.declare import records
+    monkeypatch.setattr(records, "LINE_LIMIT", 4096)   # the same check as at 1 MiB, on a small file
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n[" + "1, " * 2000 + "1]\n")
+    parsed, real = [], json.loads
+    monkeypatch.setattr(records.json, "loads", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    with pytest.raises(SpecError, match=r"^specs/app.jsonl:2: a line of 6,003 characters, longer than a record can "
+                                        r"be \(at most 4,096\); each line is one record"):
+        targets(project)
+    assert len(parsed) == 1   # the first line only
+
+
 def test_a_kernel_name_of_thousands_of_characters_is_one_short_line(project):
     """A 5,000-character module was looked up as a file name: `OSError: File name too long`, a traceback; and
     every message of its family would carry the whole name."""
