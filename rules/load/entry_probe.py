@@ -426,12 +426,8 @@ def _where(e: BaseException) -> str:
     """' (in pkg/ops/mod.py:12)': the innermost line of the library's own code (not Python's, torch's, Triton's
     or kforge's) the exception passed through, as names go on every machine; "" when none did, or when the
     message names that line already (a NeedsGPU's `at pkg/mod.py:12 (...)`)."""
-    from kforge.load import observe
-    found = shared_env.library_frame(e)
-    if found is None:
-        return ""
-    place = f"{observe.name_of(found[0], observe.bases(os.getcwd()))}:{found[1]}"
-    return "" if place in str(e) else f" (in {place})"
+    place = shared_env.library_line(e, code=False)
+    return "" if not place or place in str(e) else f" (in {place})"
 
 
 class _Arguments(dict):
