@@ -276,8 +276,7 @@ class Prune(DoitCmdBase):
         if kept:
             shown = ", ".join(printable(os.path.relpath(p, layout.root)) for p in kept[:3]) + (" ..." if len(kept) > 3
                                                                                              else "")
-            entries = "1 entry" if len(kept) == 1 else f"{len(kept)} entries"
-            self.outstream.write(f"kforge: kept {entries} at artifacts' places "
+            self.outstream.write(f"kforge: kept {local_cache.entries(len(kept))} at artifacts' places "
                                  f"that kforge did not write (no meta.json or error.txt): {shown}\n")
         for message in refused:
             self.outstream.write(f"kforge: refused: {printable(message)}\n")
