@@ -10,13 +10,13 @@ subfolder, a meta.json or error.txt of their own) is theirs.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import stat
 from pathlib import Path
 
+from kforge.base.stamps import digest
 from kforge.store.reading import opened
 from kforge_runtime import schema
 from kforge_runtime.archs import ARCHS
@@ -31,8 +31,7 @@ TEMP_NAME = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{8}\.tmp")   # rules/store/files.
 def seal(meta: dict) -> str:
     """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
     damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
-    rest = {k: v for k, v in meta.items() if k != "seal"}
-    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest({k: v for k, v in meta.items() if k != "seal"})   # the sha256 of their canonical JSON
 
 
 def kforge_meta(path: Path) -> dict | None:
