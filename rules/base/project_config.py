@@ -98,7 +98,7 @@ def project_setup(root: Path) -> tuple[str, ...]:
     from kforge.base.target import FUNCTION_REF   # here: the start-up line imports this module (doit_settings_problem)
     if not isinstance(hook, str) or not re.fullmatch(FUNCTION_REF, hook):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] setup: expected a function as 'module:function', e.g. "
-                        f"'mylib_kforge:setup', got {hook!r}")
+                        f"'mylib_kforge:setup', got {repr(hook)[:100]}")
     return (hook,)
 
 

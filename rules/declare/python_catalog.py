@@ -27,6 +27,7 @@ from pathlib import Path
 from kforge.base.errors import SpecError
 from kforge.declare.spec import SCHEMA, spec_from_tables   # family() takes the TOML spec's tables
 from kforge.declare.spec_model import shown_path
+from kforge.declare import spec_model
 
 KERNEL_KEYS = tuple(SCHEMA["kernel"])
 TABLES = tuple(t for t in SCHEMA if t != "kernel")
@@ -47,7 +48,7 @@ def family(**arguments) -> None:
                         f"(specs/*.py, or a catalog named by [tool.kforge] in pyproject.toml)")
     unknown = [a for a in arguments if a not in KERNEL_KEYS + TABLES]
     if unknown:
-        raise SpecError(f"{where}: family() got unknown argument {unknown[0]!r}; allowed: "
+        raise SpecError(f"{where}: family() got unknown argument {spec_model.shown(unknown[0], 60)}; allowed: "
                         f"{', '.join(KERNEL_KEYS + TABLES)}")
     tables = {"kernel": {k: _plain(arguments[k]) for k in KERNEL_KEYS if arguments.get(k) is not None}}
     for table in TABLES:
@@ -83,7 +84,7 @@ def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[
         read.update(map(Path, files))
     if not declared:
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
-    return [(tables, f"{shown_path(Path(filename), root)}:{line}: family {name!r}", name)
+    return [(tables, f"{shown_path(Path(filename), root)}:{line}: family {spec_model.shown(name, 60)}", name)
             for tables, filename, line, name in declared]
 
 

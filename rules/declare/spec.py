@@ -206,7 +206,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                            if t == "constexpr" and a in defaults and a not in given)
     per_arch = _check_per_arch(arch_tables, arch_names, signature, swept, k["toolchain"], where)
     if "id" in k and not k["id"].strip():
-        raise SpecError(f"{where}: [kernel] id: {k['id']!r} is empty; give a template such as "
+        raise SpecError(f"{where}: [kernel] id: {shown(k['id'], 60)} is empty; give a template such as "
                         f"'{{dtype}}-m{{BLOCK_M}}', or leave id out for the default (each swept name and value)")
     # `doit list` prints the description as it is: an escape sequence in it would drive the terminal
     description = k.get("description", "")
@@ -293,8 +293,8 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
                 raise SpecError(f"{where}: [arch.{arch}] {key}: also in [sweep]; keep one (an [[exclude]] with "
                                 f"arch drops swept values on one arch)")
             problem = value_problem(key, value) if key in options and key not in constexprs else None
-            if problem:
-                raise SpecError(f"{where}: [arch.{arch}] {key}: {problem}")
+            if problem:   # a value of 100,000 characters is shown short
+                raise SpecError(f"{where}: [arch.{arch}] {key}: {problem.replace(repr(value), shown(value), 1)}")
         found.append((arch, tuple((key, _typed_value(signature, key, v, where, f"arch.{arch}"))
                                   for key, v in body.items())))
     return tuple(found)
@@ -534,8 +534,10 @@ RESERVED_NAMES = ("kernels", "package", "tune", "run", "list", "clean", "forget"
 
 
 def _check_name(name: str, where: str) -> str:
-    if not NAME_RE.match(name):
-        _fail(where, "kernel", "name", name, "lower_snake_case: a-z, 0-9, _ (starting with a letter)")
+    # a folder under out/<arch>/ and the first part of every target name: a file system holds 255 bytes a name
+    if not NAME_RE.match(name) or len(name) > NAME_MAX:
+        _fail(where, "kernel", "name", name, f"lower_snake_case: a-z, 0-9, _ (starting with a letter), at most "
+                                             f"{NAME_MAX} characters")
     if name in RESERVED_NAMES:
         raise SpecError(f"{where}: [kernel] name: {name!r} is the name of a kforge task or doit command "
                         f"({', '.join(RESERVED_NAMES)}); choose another, e.g. {name + '_kernel'!r}")
@@ -569,7 +571,7 @@ def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
         name = arguments.get(p, p)
         if name in passed:   # one of the two values would be lost in the call
             _fail(where, "adapter", "arguments", {p: name}, f"each builder argument once ({passed[name]!r} is "
-                  f"passed as {name!r} too)")
+                  f"passed as {shown(name, 60)} too)")
         passed[name] = p
     named: dict[str, str] = {}   # the builder's element type name -> kforge's
     for dtype, name in names.items():
@@ -578,7 +580,7 @@ def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
                   f"the builder's names (strings)")
         if name in named:   # both configs would build the same code, one of them under the other's type
             _fail(where, "adapter", "dtype_names", {dtype: name}, f"one element type per builder name "
-                  f"({named[name]!r} is {name!r} too)")
+                  f"({named[name]!r} is {shown(name, 60)} too)")
         named[name] = dtype
     tensors = [a for a, t in runtime.items() if t.startswith("*")]
     for a in runtime:

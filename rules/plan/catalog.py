@@ -567,7 +567,7 @@ def catalog_folders(root: Path) -> list[Path]:
     entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
         raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
-                        f"the project) or installed packages (by import name), got {entries!r}")
+                        f"the project) or installed packages (by import name), got {repr(entries)[:200]}")
     folders: dict[Path, str] = {}   # folder -> the entry that named it
     for entry in entries:
         if "\0" in entry:   # no path holds one: the OS call would fail naming no file and no key
@@ -598,10 +598,10 @@ def _catalog_package(entry: str) -> Path:
     try:
         found = installed.find(entry)
     except installed.NotInstalled as e:
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry!r} is neither a folder of the project "
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is neither a folder of the project "
                         f"nor an installed package ({e})") from None
     if found.path.name != "__init__.py":
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry} is a module, not a package; name the "
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry[:100]} is a module, not a package; name the "
                         f"package whose folder holds the spec files")
     return found.path.parent
 

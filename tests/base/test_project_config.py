@@ -156,3 +156,12 @@ def test_doit_stops_in_one_line_on_a_settings_file_its_reader_fails_on(tmp_path,
                           text=True, timeout=120)
     assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"kforge: {tmp_path / name}: ") and "Traceback" not in proc.stderr
+
+
+def test_a_setup_hook_of_thousands_of_characters_is_one_short_line(tmp_path):
+    from kforge.base.project_config import project_setup
+    (tmp_path / "pyproject.toml").write_text(f'[tool.kforge]\nsetup = "{"x" * 100_000}"\n')
+    with pytest.raises(SpecError) as e:
+        project_setup(tmp_path)
+    assert str(e.value).startswith("pyproject.toml: [tool.kforge] setup: expected a function as 'module:function'")
+    assert len(str(e.value)) < 400

@@ -67,6 +67,20 @@ def test_a_value_a_loop_gives_twice_is_refused_naming_the_call(tmp_path):
         load_specs(root)
 
 
+def test_a_name_or_argument_of_thousands_of_characters_is_one_short_line(tmp_path):
+    """A family() name names every message of its family; a 100,000-character one was written whole into each,
+    and was a valid name (a folder under out/<arch>/ no file system holds)."""
+    root = python_project(tmp_path / "a", CATALOG.replace('name=f"scale_{dtype}"', 'name="x" * 100_000'))
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert str(e.value).startswith("specs/lib.py:9: family 'xxx") and len(str(e.value)) < 600, str(e.value)[:300]
+    assert "[kernel] name: got 'xxx" in str(e.value) and "at most 100 characters" in str(e.value)
+    root = python_project(tmp_path / "b", CATALOG.replace('toolchain="triton"', 'toolchain="triton", **{"y" * 100_000: 1}'))
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert str(e.value).startswith("specs/lib.py:9: family() got unknown argument 'yyy") and len(str(e.value)) < 600
+
+
 def test_every_table_of_a_toml_spec_is_an_argument_of_family(tmp_path):
     """arch, env and adapter too: a Python catalog can say all a TOML spec can."""
     from kforge.declare.spec import SCHEMA

@@ -386,3 +386,28 @@ def test_an_adapter_mapping_two_names_to_one_is_refused_naming_both(tmp_path, ol
                         "builder name ('fp16' is 'f16' too)")
     else:
         assert said.startswith("specs/s.toml: [adapter] arguments: got {") and "each builder argument once (" in said
+
+
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize("old, new, said", [
+    ('id = "{dtype}-b{BLOCK}"', f'id = "{" " * 100_000}"', "[kernel] id: '    "),
+    ('[sweep]', f'[arch.sm_90a]\ndefault_dot_input_precision = "{LONG}"\n\n[sweep]',
+     "[arch.sm_90a] default_dot_input_precision: got 'xxx"),
+    ('[sweep]', f'[arch.sm_90a]\nnum_warps = {LONG.replace("x", "9")[:18]}\n\n[sweep]',
+     "[arch.sm_90a] num_warps: got 999"),
+])
+def test_a_value_of_thousands_of_characters_is_one_short_line(tmp_path, old, new, said):
+    """A blank id of 100,000 spaces or a 100,000-character option on one arch was written whole into the message."""
+    text = spec_text(blocks=(128, 256)).replace("num_warps = [4]\n", "").replace("-w{num_warps}", "")
+    assert old in text
+    message = error(tmp_path, text.replace(old, new, 1))
+    assert message.startswith(f"specs/s.toml: {said}") and len(message) < 600, message[:300]
+
+
+def test_an_adapter_name_of_thousands_of_characters_is_one_short_line(tmp_path):
+    text = FLY_SPEC.replace('dtype_names = {fp16 = "f16", bf16 = "bf16"}',
+                            f'dtype_names = {{fp16 = "{LONG}", bf16 = "{LONG}"}}')
+    message = error(tmp_path, text, FLY_FACTORY)
+    assert message.startswith("specs/s.toml: [adapter] dtype_names: got {'bf16': 'xxx") and len(message) < 600

@@ -637,6 +637,9 @@ def with_catalog(root, line):
               "pyproject.toml are no specs; keep the specs in a folder of their own (e.g. specs/) and name that"),
     ('["./"]', "pyproject.toml: [tool.kforge] catalog: './' is the project's own folder"),
     (f'["{"a" * 5000}"]', "pyproject.toml: [tool.kforge] catalog: 'aaaa"),
+    (f'["{"a/" * 1000}"]', "pyproject.toml: [tool.kforge] catalog: 'a/a/a/"),   # no file system limit: not found
+    (f'"{"a" * 100_000}"', "pyproject.toml: [tool.kforge] catalog: expected a non-empty list of folders"),
+    (f'["specs", {list(range(20_000))}]', "pyproject.toml: [tool.kforge] catalog: expected a non-empty list"),
 ])
 def test_a_catalog_folder_that_cannot_be_one_is_one_line_naming_the_key(tmp_path, entries, message):
     """A NUL was `kforge: embedded null byte`; the project's root loaded dodo.py and pyproject.toml as catalogs;
