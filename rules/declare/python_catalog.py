@@ -50,10 +50,12 @@ def family(**arguments) -> None:
     if unknown:
         raise SpecError(f"{where}: family() got unknown argument {spec_model.shown(unknown[0], 60)}; allowed: "
                         f"{', '.join(KERNEL_KEYS + TABLES)}")
-    tables = {"kernel": {k: _plain(arguments[k]) for k in KERNEL_KEYS if arguments.get(k) is not None}}
+    called = f"{where}: family {spec_model.shown(arguments.get('name'), 60)}"
+    tables = {"kernel": {k: _plain(arguments[k], f"{called}: [kernel] {k}") for k in KERNEL_KEYS
+                         if arguments.get(k) is not None}}
     for table in TABLES:
         if arguments.get(table) is not None:
-            tables[table] = _plain(arguments[table])
+            tables[table] = _plain(arguments[table], f"{called}: [{table}]")
     _declared.append((tables, filename, line, arguments.get("name")))
 
 
@@ -116,12 +118,18 @@ def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
     return declared, [str(Path(f).resolve()) for f in (*opened, *modules) if f and _watched(f)]
 
 
-def _plain(value):
-    """Python values as TOML gives them: tuples as lists, at any depth (the checks that follow expect lists)."""
+def _plain(value, at: str):
+    """Python values as TOML gives them: tuples as lists, at any depth (the checks that follow expect lists), and
+    every key a string, as TOML's are (SpecError naming it: `sweep={1: [64]}` was an AttributeError traceback out
+    of the whole load, a tuple key a TypeError where the catalog keeps the declaration as JSON)."""
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, at) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        odd = next((k for k in value if not isinstance(k, str)), value)
+        if odd is not value:
+            raise SpecError(f"{at} {spec_model.shown(odd, 60)}: a key of type {type(odd).__name__}; keys are names "
+                            f"(strings)")
+        return {k: _plain(v, f"{at} {spec_model.shown(k, 60)}") for k, v in value.items()}
     return value
 
 

@@ -81,6 +81,25 @@ def test_a_name_or_argument_of_thousands_of_characters_is_one_short_line(tmp_pat
     assert str(e.value).startswith("specs/lib.py:9: family() got unknown argument 'yyy") and len(str(e.value)) < 600
 
 
+@pytest.mark.parametrize("edit, said", [
+    (('sweep={', 'sweep={1: [2], '), "[sweep] 1: a key of type int; keys are names (strings)"),
+    (('signature={', 'signature={None: "i32", '), "[signature] None: a key of type NoneType"),
+    (('sweep={', 'env={1: "x"}, sweep={'), "[env] 1: a key of type int"),
+    (('sweep={', 'arch={"sm_90a": {(1, 2): 4}}, sweep={'), "[arch] 'sm_90a' (1, 2): a key of type tuple"),
+    (('sweep={', 'extra=[{1: 2}], sweep={'), "[extra] 1: a key of type int"),
+])
+def test_a_key_that_is_no_string_is_one_line_not_a_traceback(tmp_path, edit, said):
+    """TOML's keys are strings; a Python catalog's dict may hold any: `sweep={1: [64]}` was an AttributeError
+    ('int' object has no attribute 'isidentifier') out of the whole load, a tuple key a TypeError where the
+    catalog keeps the declaration (JSON). The file fails, as for a family() argument it does not know."""
+    root = python_project(tmp_path, CATALOG.replace(*edit))
+    for load in (load_specs, lambda root: catalog_module.Catalog(root, None, 50_000).load(keep_going=True)):
+        with pytest.raises(SpecError) as e:
+            found = load(root)
+            raise SpecError(found.broken[0].error)   # the catalog keeps going: the file is one broken entry
+        assert str(e.value).startswith("specs/lib.py:9: family 'scale_fp16': " + said), str(e.value)
+
+
 def test_every_table_of_a_toml_spec_is_an_argument_of_family(tmp_path):
     """arch, env and adapter too: a Python catalog can say all a TOML spec can."""
     from kforge.declare.spec import SCHEMA
