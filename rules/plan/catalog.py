@@ -267,7 +267,7 @@ class Catalog:
             families = {f[0]: self._family(f) for f in saved["families"]}
             found, targets = {}, None
             for entry in saved["per_family"]:
-                if entry["name"] not in families or \
+                if entry["name"] not in families or not isinstance(entry["key"], str) or \
                         any(_content(self.places.actual(f), contents) != digest for f, digest in entry["inputs"]) or \
                         self._fingerprint(entry["toolchains"], entry["installed"]) != entry["fingerprint"]:
                     continue
@@ -475,7 +475,9 @@ def _catalog_file(path: Path, root: Path, read: set[Path] | None, kept: dict | N
         declared = python_catalog.declarations(path, root, own)
     if read is not None:
         read.update(own)
-    if ran is not None:
+    # kept (as JSON) only when JSON holds it as it is: a family() given a set or an object is a broken family,
+    # and the catalog, saved with the others, would fail to write it (the file then runs again next time)
+    if ran is not None and (kept is not None or _plain_json(declared)):
         seen = {} if contents is None else contents
         ran[str(path)] = kept or {"inputs": [[str(p), _content(str(p), seen)] for p in sorted({*map(str, own),
                                                                                               str(path)})],
@@ -483,10 +485,30 @@ def _catalog_file(path: Path, root: Path, read: set[Path] | None, kept: dict | N
     return declared
 
 
-def _declared_key(declared: Declared) -> str:
+def _declared_key(declared: Declared) -> str | None:
     """A family's declaration, as the saved catalog keeps it: its tables, not where they are (a line added above
-    a Python catalog's family() call moves it; its targets are taken with the new place: _moved)."""
+    a Python catalog's family() call moves it; its targets are taken with the new place: _moved). None for tables
+    JSON does not hold as they are (a Python catalog's set or object: a family that does not load, never kept)."""
+    if not _plain_json(declared.tables):
+        return None
     return stamps.digest({"tables": declared.tables, "recorded": declared.recorded})
+
+
+def _plain_json(value) -> bool:
+    """Whether JSON holds value as it is: tables with string keys, lists (tuples), strings, numbers, true/false,
+    null, at any depth."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            todo += v.values()
+        elif isinstance(v, (list, tuple)):
+            todo += v
+        elif not (v is None or isinstance(v, (str, int, float))):   # bool is an int
+            return False
+    return True
 
 
 def _moved(family: Family, targets: list[Target], where: str) -> tuple[Family, list[Target]]:

@@ -374,6 +374,26 @@ def test_a_broken_family_keeps_the_others_saved_and_is_itself_loaded_again_each_
     assert [b.name for b in catalog_module.Catalog(project, None, 50_000).load(keep_going=True).broken] == ["bad"]
 
 
+@pytest.mark.parametrize("value", ["{4}", "object()", 'b"4"'])
+def test_a_python_catalog_family_given_what_json_cannot_hold_is_broken_and_the_rest_saved(tmp_path, value):
+    """A family() given a set, an object or bytes is a broken family (the spec's checks name it); its declaration
+    is never kept as JSON: `object()` was a TypeError digesting it, and a set or bytes one writing the catalog
+    once a catalog with a broken family is saved."""
+    root = make_project(tmp_path / "p")   # specs/scale.toml, and a catalog file of two families
+    (root / "specs" / "lib.py").write_text(textwrap.dedent(f'''
+        from kforge.declare import family
+        for name, value in (("good", [4]), ("bad", {value})):
+            family(name=name, source="tk/scale.py", entry="scale_kernel", toolchain="triton", archs=["sm_90a"],
+                   signature={{"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "BLOCK": "constexpr"}},
+                   sweep={{"BLOCK": [128], "num_warps": value}})
+        '''))
+    for _ in range(2):
+        found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+        assert [b.name for b in found.broken] == ["bad"] and "[sweep] num_warps: expected" in found.broken[0].error
+        assert {t.kernel for t in found.targets} == {"scale", "good"}
+        assert (root / "out" / ".kforge" / "catalog.json").is_file()
+
+
 def test_the_catalog_stamp_covers_every_module_of_kforge():
     """The saved catalog is stale once any of kforge's own code changes: every module of every station and of
     the runtime is under the folders the stamp reads."""
