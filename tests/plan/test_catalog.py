@@ -394,6 +394,18 @@ def test_a_python_catalog_family_given_what_json_cannot_hold_is_broken_and_the_r
         assert (root / "out" / ".kforge" / "catalog.json").is_file()
 
 
+@pytest.mark.parametrize("value", ["1979-05-27", "07:32:00", "1979-05-27T07:32:00Z"])
+def test_a_toml_date_or_time_in_a_spec_is_one_broken_family_not_a_traceback(tmp_path, value):
+    """TOML has dates and times, which no kernel argument takes: digesting the spec's tables for the saved catalog
+    was a TypeError ('datetime.date' object is not iterable) out of the whole load."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), "dated": spec_text(name="dated").replace(
+        "BLOCK = [256]", f"BLOCK = [{value}]")})
+    for _ in range(2):
+        found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+        assert [b.name for b in found.broken] == ["dated"] and {t.kernel for t in found.targets} == {"scale"}
+        assert found.broken[0].error.startswith("specs/dated.toml: [sweep] BLOCK: expected non-empty list of values")
+
+
 def test_the_catalog_stamp_covers_every_module_of_kforge():
     """The saved catalog is stale once any of kforge's own code changes: every module of every station and of
     the runtime is under the folders the stamp reads."""
