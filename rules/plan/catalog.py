@@ -663,13 +663,13 @@ def _rel(path: Path, root: Path) -> str:
 def _family_name(path: Path) -> str:
     """The name a spec file gives its family, read as plainly as possible (it did not load); else the file's."""
     import tomllib
-    from kforge.declare.spec import NAME_RE, SPEC_LIMIT
+    from kforge.declare.spec import NAME_MAX, NAME_RE, SPEC_LIMIT
     try:   # read as read_tables reads it: a FIFO, a device or a file of gigabytes never read whole
         data = read_user_file(path, SPEC_LIMIT, "a spec", "") if path.suffix == ".toml" else None
         name = tomllib.loads(data.decode("utf-8"))["kernel"]["name"] if data is not None else None
     except (SpecError, ValueError, KeyError, TypeError, RecursionError):   # RecursionError: a value nested too deeply
         name = None
-    return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
+    return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else path.stem
 
 
 def _grouped(failed: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

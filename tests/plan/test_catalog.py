@@ -657,6 +657,13 @@ def test_a_broken_familys_name_is_read_from_no_file_past_a_specs_size(tmp_path, 
     assert catalog_module._family_name(root / "specs" / "big.toml") == "scale"
 
 
+def test_a_broken_familys_name_of_thousands_of_characters_is_its_files(tmp_path):
+    """A name of 100,000 characters is no family's (at most 100): the broken task is named after the file."""
+    root = make_project(tmp_path / "p", specs={"long": spec_text(name="x" * 100_000)})
+    found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert [b.name for b in found.broken] == ["long"] and len(found.broken[0].error) < 600
+
+
 def with_catalog(root, line):
     with open(root / "pyproject.toml", "a") as f:
         f.write(f"\n[tool.kforge]\n{line}\n")
