@@ -92,8 +92,8 @@ def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[
 
 def failed_name(name, path: Path) -> str:
     """The name a family that did not load is listed by: its own, when it is one, else its file's."""
-    from kforge.declare.spec import NAME_RE
-    return name if isinstance(name, str) and NAME_RE.match(name) else path.stem
+    from kforge.declare.spec import NAME_MAX, NAME_RE
+    return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else path.stem
 
 
 def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:

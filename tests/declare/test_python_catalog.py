@@ -75,6 +75,8 @@ def test_a_name_or_argument_of_thousands_of_characters_is_one_short_line(tmp_pat
         load_specs(root)
     assert str(e.value).startswith("specs/lib.py:9: family 'xxx") and len(str(e.value)) < 600, str(e.value)[:300]
     assert "[kernel] name: got 'xxx" in str(e.value) and "at most 100 characters" in str(e.value)
+    broken = catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken   # listed by its file's name
+    assert {b.name for b in broken} == {"lib", "lib_broken"}, {b.name[:20] for b in broken}
     root = python_project(tmp_path / "b", CATALOG.replace('toolchain="triton"', 'toolchain="triton", **{"y" * 100_000: 1}'))
     with pytest.raises(SpecError) as e:
         load_specs(root)
