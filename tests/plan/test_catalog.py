@@ -374,6 +374,19 @@ def test_a_broken_family_keeps_the_others_saved_and_is_itself_loaded_again_each_
     assert [b.name for b in catalog_module.Catalog(project, None, 50_000).load(keep_going=True).broken] == ["bad"]
 
 
+def test_the_archs_asked_for_hold_when_a_broken_family_joins_a_catalog_saved_for_every_arch(project):
+    """`doit list` saves the catalog of every arch; a family that breaks after it must not make a build for one arch
+    take the saved families' every arch (it did: archs=sm_90a built gfx942 too, found by an outside review)."""
+    (project / "specs" / "scale.toml").write_text(spec_text(archs=("sm_90a", "gfx942")))
+    every = catalog_module.Catalog(project, None, 50_000).load(keep_going=True)
+    assert {t.arch for t in every.targets} == {"sm_90a", "gfx942"} and not every.broken
+    (project / "specs" / "bad.toml").write_text(spec_text(name="bad").replace('toolchain = "triton"', 'toolchain = "cuda"'))
+    for archs in (("sm_90a",), ("gfx942",)):
+        one = catalog_module.Catalog(project, archs, 50_000).load(keep_going=True)
+        assert [b.name for b in one.broken] == ["bad"]
+        assert {t.arch for t in one.targets} == set(archs), (archs, sorted(t.name for t in one.targets))
+
+
 @pytest.mark.parametrize("value", ["{4}", "object()", 'b"4"'])
 def test_a_python_catalog_family_given_what_json_cannot_hold_is_broken_and_the_rest_saved(tmp_path, value):
     """A family() given a set, an object or bytes is a broken family (the spec's checks name it); its declaration
