@@ -41,6 +41,8 @@ class Target(NamedTuple):
     device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
     setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported
     key_without_sources: str = ""   # the key less its sources' digests (an early cutoff's second chance)
+    defaulted: tuple[str, ...] = ()   # Spec.defaulted and Spec.heuristics: checked where it compiles, in no key
+    heuristics: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:

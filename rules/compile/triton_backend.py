@@ -152,7 +152,38 @@ def _entry(target):
     fn = layers(held)[-1]
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
+    _as_imported(target, held, fn)
     return fn
+
+
+def _as_imported(target, held, fn) -> None:
+    """What the load read from the entry's source, checked against what the import holds, where a launch reads
+    it: the defaults of the @triton.jit function's parameters (a name its default reads may be rebound as the
+    library is imported) and the @triton.heuristics around it (a kernel made at import, by a module __getattr__
+    or a factory, may carry some its source's def does not show). Where they differ, Triton would launch another
+    binary than the one the load asked for: none is built."""
+    from triton.language import constexpr
+    from triton.runtime.autotuner import Heuristics
+
+    from kforge.load.entry_probe import layers
+    name = f"{target.module}.{target.entry}"
+    if target.heuristics is not None:
+        unseen = [n for layer in layers(held) if isinstance(layer, Heuristics) for n in layer.values
+                  if n not in target.heuristics]
+        if unseen:
+            raise ValueError(f"{name} is wrapped by @triton.heuristics computing {', '.join(unseen)} when imported, "
+                             f"which the def kforge read in its source does not show, so the load never ran it; "
+                             f"put the decorators on that def (or name the def that carries them) and load again")
+    defaults = {p.name: p.default for p in fn.params}
+    values = dict(target.constexprs)
+    for arg in target.defaulted:
+        theirs = defaults.get(arg)
+        theirs = theirs.value if isinstance(theirs, constexpr) else theirs
+        ours = values.get(arg)
+        if type(theirs) is not type(ours) or theirs != ours:
+            raise ValueError(f"{name}: constexpr {arg}: the source's default gives {ours!r} but the imported "
+                             f"function's default is {theirs!r} (a name it reads is rebound as the library is "
+                             f"imported); give {arg} in [constants] or [sweep] ({target.spec_path})")
 
 
 def _function(ref: str, target):

@@ -134,6 +134,11 @@ class Spec:
     device_model: bool = False   # the module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
     setup: tuple[str, ...] = ()  # set-up hooks "module:function" run before the module is imported (catalog's first)
     arch_env: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()   # [arch.<name>.env]: over [env] there
+    # what the compile checks against the imported entry, which the load read from its source (compile/
+    # triton_backend.py): constexprs valued by the def's defaults, and the heuristics the load ran or pinned (None
+    # for a record: its values are as Triton launched them)
+    defaulted: tuple[str, ...] = ()
+    heuristics: tuple[str, ...] | None = None
 
     @property
     def reads_args(self) -> bool:

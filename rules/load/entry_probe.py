@@ -55,7 +55,7 @@ from pathlib import Path
 from kforge.base import cpus
 from kforge.load import load_guard, shared_env
 from kforge.base.errors import SpecError
-from kforge.load.sources import UNSPECIALIZED, entry_def
+from kforge.load.sources import UNSPECIALIZED, entry_def, parse
 
 def is_wrapped(path: Path, entry: str) -> bool:
     """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
@@ -66,6 +66,10 @@ def is_wrapped(path: Path, entry: str) -> bool:
         return False
     if any(call != "jit" for call in calls):   # assigned by calls: `kernel = triton.autotune(...)(_kernel)`
         return True
+    body = parse(path).body
+    if "." not in entry and node not in body and \
+            any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in body):
+        return True   # a def under an `if`, in a module whose __getattr__ may make the name: the import tells
     for d in node.decorator_list:
         f = d.func if isinstance(d, ast.Call) else d
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")

@@ -30,3 +30,144 @@ def test_a_kernel_named_where_it_is_re_exported_or_kept_on_a_class_builds_and_na
     for name, function in (("reexported", "tk.scale:scale_kernel"), ("on_class", "tk.public:Kernels.add")):
         meta = json.loads((root / f"out/sm_90a/{name}/fp16-b256-w4/meta.json").read_text())
         assert meta["triton_function"] == function and meta["source"]["module"] == "tk.public"
+
+
+DEFAULTED_SPEC = '''
+[kernel]
+name = "{name}"
+source = "tk/{module}.py"
+entry = "{entry}"
+toolchain = "triton"
+archs = ["sm_90a"]
+id = "w{{num_warps}}"
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+{extra}
+[sweep]
+num_warps = [4]
+'''
+
+COPY_BODY = """
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+"""
+
+REBOUND_IN_PACKAGE = """
+import triton
+import triton.language as tl
+
+from tk.consts import BLOCK_DEFAULT
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr = BLOCK_DEFAULT):""" + COPY_BODY
+
+REBOUND_BY_A_FUNCTION = """
+import triton
+import triton.language as tl
+
+WIDTH = 256
+
+
+def _retune():   # a library that sets its defaults for the GPU it finds, as it is imported
+    global WIDTH
+    WIDTH = 128
+
+
+_retune()
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr = WIDTH):""" + COPY_BODY
+
+
+def _failure(root, name) -> str:
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    return next(t.get("error", "") for t in report["tasks"] if t["name"] == name)
+
+
+def test_a_default_the_source_reads_from_a_name_rebound_at_import_builds_nothing(tmp_path):
+    """The load reads `BLOCK: tl.constexpr = BLOCK_DEFAULT` from the source (256); the import rebinds the name
+    (the package's __init__ setting it on its module, or a function the module calls) and Triton launches with
+    128. It built BLOCK=256 without a word (found by an outside review); the compile now checks the imported
+    function's default against the load's value and builds nothing where they differ."""
+    kernels = {"consts": "BLOCK_DEFAULT = 256\n", "__init__": "from tk import consts\nconsts.BLOCK_DEFAULT = 128\n",
+               "in_package": REBOUND_IN_PACKAGE, "by_function": REBOUND_BY_A_FUNCTION}
+    specs = {name: DEFAULTED_SPEC.format(name=name, module=name, entry="copy_kernel", extra="")
+             for name in ("in_package", "by_function")}
+    specs["given"] = DEFAULTED_SPEC.format(name="given", module="in_package", entry="copy_kernel",
+                                           extra="[constants]\nBLOCK = 128\n")
+    root = make_project(tmp_path / "p", specs=specs, kernels=kernels)
+    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert statuses(root, "built") == {"given:w4@sm_90a"}   # a value the spec gives is the spec's
+    for name in ("in_package", "by_function"):
+        error = _failure(root, f"{name}:w4@sm_90a")
+        assert "constexpr BLOCK: the source's default gives 256 but the imported function's default is 128" in error
+
+
+LAZY_HEURISTICS = """
+import triton
+import triton.language as tl
+
+
+def __getattr__(name):   # the kernel is made when first asked for
+    if name == "copy_kernel":
+        @triton.jit
+        def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+            i = tl.arange(0, BLOCK)
+            if EVEN:
+                tl.store(y_ptr + i, tl.load(x_ptr + i))
+            else:
+                tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+        return triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})(_copy)
+    raise AttributeError(name)
+
+
+if False:   # the signature kforge reads
+    def copy_kernel(x_ptr, y_ptr, n, BLOCK, EVEN):
+        pass
+"""
+
+WRAPPED_AT_IMPORT = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(y_ptr + i, tl.load(x_ptr + i))
+    else:
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+def _wrap():   # wrapped by a function the module calls: the def's source shows no heuristic
+    global copy_kernel
+    copy_kernel = triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})(copy_kernel)
+
+
+_wrap()
+"""
+
+
+def test_heuristics_of_a_kernel_made_or_wrapped_at_import_are_run_or_refused_never_skipped(tmp_path):
+    """A module __getattr__ that makes a heuristics-wrapped kernel, read from a plain placeholder def: the load
+    took the spec's EVEN and built it where Triton computes another (found by an outside review on xformers'
+    lazily made kernels). Now the load asks the import what the name holds (its heuristics: refused in
+    [constants], as for a decorated def); and a compile of a kernel wrapped at import in a way the load did not
+    see builds nothing."""
+    extra = "EVEN = \"constexpr\"\n[constants]\nBLOCK = 1024\nEVEN = true\n"
+    specs = {name: DEFAULTED_SPEC.format(name=name, module=name, entry="copy_kernel", extra=extra)
+             for name in ("lazy", "wrapped")}
+    root = make_project(tmp_path / "p", specs=specs, kernels={"lazy": LAZY_HEURISTICS, "wrapped": WRAPPED_AT_IMPORT})
+    listed = doit(root, "list", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert "EVEN is computed by the entry's @triton.heuristics" in listed.stderr, listed.stderr
+    doit(root, "-n", "1", "wrapped", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert not statuses(root, "built")
+    assert "tk.wrapped.copy_kernel is wrapped by @triton.heuristics computing EVEN when imported" in \
+        _failure(root, "wrapped:w4@sm_90a")
