@@ -329,8 +329,14 @@ def check_config_id(spec: Spec, config: Config, ids: dict[str, Config], made_by:
                         f"not a safe name; ids may hold letters, digits, '_', '.', '+', '-' (starting with a letter, "
                         f"digit or '_'), at most 200 characters: change the values or [kernel] id")
     if cid in ids:
-        raise SpecError(f"{spec.path}: configs {shown(dict(ids[cid]))} and {shown(dict(config))} from {made_by} both "
-                        f"get id {shown(cid)}; add the differing parameter to [kernel] id")
+        # each shown by what tells them apart: two long configs cut short at the same place read alike
+        first, second = dict(ids[cid]), dict(config)
+        differ = [k for k in {**first, **second} if k not in first or k not in second or first[k] != second[k]
+                  or type(first[k]) is not type(second[k])]
+        apart = lambda c: {k: c[k] for k in differ if k in c}
+        same = f" (the rest of each alike: {len(first) - len(apart(first))} values)" if len(first) > len(differ) else ""
+        raise SpecError(f"{spec.path}: configs {shown(apart(first))} and {shown(apart(second))}{same} from {made_by} "
+                        f"both get id {shown(cid)}; add the differing parameter to [kernel] id")
     ids[cid] = config
 
 
