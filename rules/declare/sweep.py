@@ -171,7 +171,12 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     allowed = set(constexprs) | set(type_vars) | set(options) | set(hints)
     for p in params:
         if p not in allowed:
-            raise SpecError(f"{where}: [sweep] {p}: not a parameter of {spec.entry}; allowed: constexprs "
+            kind = dict(spec.signature).get(p)
+            what = (f"a runtime {kind} argument of {spec.entry}: a binary takes it at launch, so no config sets it; "
+                    f"a value for it is a shape hint, which only an entry whose @triton.heuristics or autotune "
+                    f"pruner reads the arguments takes (this one has none): remove it" if kind else
+                    f"not a parameter of {spec.entry}")
+            raise SpecError(f"{where}: [sweep] {p}: {what}; allowed: constexprs "
                             f"{list(constexprs)}, type variables {list(type_vars)}, options {list(options)}"
                             + (f", shape hints {list(hints)}" if hints else ""))
         if p in constants:

@@ -38,6 +38,9 @@ def test_valid_spec_loads(tmp_path):
     (('n = "i32"', 'n = "i33"'), ["[signature] n", "'i33'"]),
     (('n = "i32"\n', ''), ["must list the arguments", "'n'"]),
     (('num_warps = [4]', 'num_warps = [4]\nWIDTH = [1]'), ["WIDTH", "not a parameter"]),
+    # a runtime argument of an entry that reads no arguments at load: said as such, not "not a parameter"
+    (('num_warps = [4]', 'num_warps = [4]\nn = [1024]'), ["[sweep] n: a runtime i32 argument of scale_kernel",
+                                                         "shape hint", "remove it"]),
     (('num_warps = [4]', 'num_warps = [3]'), ["num_warps", "3", "allowed"]),
     (('num_warps = [4]', 'num_warps = ["4"]'), ["num_warps", "'4'"]),
     (('name = "scale"', 'name = "Scale-1"'), ["name", "'Scale-1'", "lower_snake_case"]),
