@@ -173,7 +173,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     model = k.get("device_model", True) and k["toolchain"] == "triton"   # FlyDSL traces with CPU tensors
     setup = _check_setup(k.get("setup"), root, where)
     swept, extras, derived, tuned, notes, chosen = raw["sweep"], raw.get("extra", []), (), (), (), None
-    defaulted = ()
+    defaulted, unread = (), ()
     made = len(extras) if recorded else 0   # extras kforge made (a record's lines, the autotuner's configs): merged
     excludes = raw.get("exclude", [])
     if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
@@ -205,6 +205,8 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
         defaults = sources.function_defaults(source_path, k["entry"])
         defaulted = tuple(a for a, t in signature if t == "constexpr" and a in defaults and a not in given)
         constants += tuple((a, defaults[a]) for a in defaulted)
+        unread = tuple((a, text) for a, text in sources.default_texts(source_path, k["entry"]).items()
+                       if dict(signature).get(a) == "constexpr" and a not in defaults)
     per_arch = _check_per_arch(arch_tables, arch_names, signature, swept, k["toolchain"], where)
     if "id" in k and not k["id"].strip():
         raise SpecError(f"{where}: [kernel] id: {shown(k['id'], 60)} is empty; give a template such as "
@@ -219,7 +221,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 archs=arch_names, id_template=k.get("id", ""), signature=signature, constants=constants,
                 divisible_by_16=hints, configs=(), excludes=(), description=description, tune=tune,
                 derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
-                device_model=model, setup=setup, arch_env=arch_env, defaulted=defaulted,
+                device_model=model, setup=setup, arch_env=arch_env, defaulted=defaulted, unread_defaults=unread,
                 heuristics=None if recorded or k["toolchain"] != "triton" else derived)
     return sweep.expand(spec, swept, extras, excludes, made, 0 if recorded else len(raw.get("exclude", [])))
 

@@ -139,6 +139,7 @@ class Spec:
     # for a record: its values are as Triton launched them)
     defaulted: tuple[str, ...] = ()
     heuristics: tuple[str, ...] | None = None
+    unread_defaults: tuple[tuple[str, str], ...] = ()   # constexprs whose default's text kforge does not read: said
 
     @property
     def reads_args(self) -> bool:

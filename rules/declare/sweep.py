@@ -192,7 +192,11 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     for c in constexprs:
         if c not in constants and c not in params and c not in spec.derived and not all(
                 c in spec.on_arch(a) for a in spec.archs):
-            raise SpecError(f"{where}: constexpr {c} has no value; add it to [constants] or [sweep]")
+            unread = dict(spec.unread_defaults).get(c)
+            why = (f": its default in the source, {shown(unread, 80)}, is not one kforge reads (a literal, or a name "
+                   f"bound once to a literal at the top of its module or of a module of its package, a package with "
+                   f"an __init__.py)" if unread else "")
+            raise SpecError(f"{where}: constexpr {c} has no value{why}; add it to [constants] or [sweep]")
     for v in type_vars:
         if v not in params:
             raise SpecError(f"{where}: [signature] uses {{{v}}} but [sweep] has no {v}; add `{v} = [\"bf16\"]`")

@@ -263,6 +263,18 @@ def function_params(path: Path, name: str) -> tuple[str, ...] | None:
     return tuple(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
 
 
+def default_texts(path: Path, name: str) -> dict[str, str]:
+    """Each parameter of the function that has a default, and that default's source text."""
+    node, _ = entry_def(path, name)
+    if node is None:
+        return {}
+    a = node.args
+    positional = a.posonlyargs + a.args
+    pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
+             *((x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
+    return {arg.arg: ast.unparse(default) for arg, default in pairs}
+
+
 def function_defaults(path: Path, name: str) -> dict:
     """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
     `bias=None`), and those given by a name the def's module binds once to a literal (`BLOCK: tl.constexpr =

@@ -414,3 +414,21 @@ def test_an_adapter_name_of_thousands_of_characters_is_one_short_line(tmp_path):
                             f'dtype_names = {{fp16 = "{LONG}", bf16 = "{LONG}"}}')
     message = error(tmp_path, text, FLY_FACTORY)
     assert message.startswith("specs/s.toml: [adapter] dtype_names: got {'bf16': 'xxx") and len(message) < 600
+
+
+@pytest.mark.parametrize("default, said", [
+    ("2 * 128", "its default in the source, '2 * 128', is not one kforge reads"),
+    ("128", None),   # a literal: read, and the spec needs no value
+])
+def test_a_constexpr_whose_default_kforge_does_not_read_says_so(tmp_path, default, said):
+    """`constexpr BLOCK has no value` read as if the def had no default (an outside review: a default imported
+    from a namespace package was skipped without a word); the message now quotes the default it did not read."""
+    kernel = kernel_text().replace("BLOCK: tl.constexpr)", f"BLOCK: tl.constexpr = {default})")
+    text = spec_text().replace('"{dtype}-b{BLOCK}-w{num_warps}"', '"{dtype}-w{num_warps}"').replace(
+        "BLOCK = [256]\n", "")
+    root = make_project(tmp_path, specs={"s": text}, kernels={"scale": kernel})
+    if said is None:
+        assert dict(load_spec(root / "specs" / "s.toml", root).constants)["BLOCK"] == 128
+        return
+    with pytest.raises(SpecError, match="constexpr BLOCK has no value: " + said.replace("*", r"\*")):
+        load_spec(root / "specs" / "s.toml", root)
