@@ -23,4 +23,7 @@ def parse_arch_list(text: str, where: str) -> tuple[str, ...]:
     if unknown or not names:
         raise ValueError(f"{where}: unknown arch {', '.join(unknown) or repr(text)}; "
                          f"allowed: {', '.join(ARCHS)}")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:   # as a spec's archs list: a typo for another arch may hide there
+        raise ValueError(f"{where}: {twice} is listed twice; give each arch once")
     return names

@@ -16,6 +16,7 @@ from tests.support import doit, make_project
     (("max_compiles=0",), {}, "max_compiles= on the command line: got '0'; expected a whole number >= 1"),
     (("executor=tcp://h:1",), {}, "executor= on the command line: got 'tcp://h:1'; expected dask://HOST:PORT"),
     (("archs=sm_91",), {}, "archs= on the command line: unknown arch sm_91"),
+    (("archs=sm_90a,sm_90a",), {}, "archs= on the command line: sm_90a is listed twice; give each arch once"),
     (("cache=ftp://h/",), {}, "cache= on the command line: got 'ftp://h/'; the remote cache must be an http://"),
     (("cache=http://127.0.0.1:abc",), {}, "cache= on the command line: got 'http://127.0.0.1:abc'; its port is not a "
                                           "number from 1 to 65535"),
@@ -29,7 +30,7 @@ from tests.support import doit, make_project
                                               "not a directory"),
     (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size in bytes of "
                                    "at least 1M, e.g. 2G"),
-], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "cache", "cache-port", "cache_readonly",
+], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "archs-twice", "cache", "cache-port", "cache_readonly",
         "cache-timeout-env", "cache-key-file", "local-cache-limit", "local-cache-env", "catalog-memory"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
