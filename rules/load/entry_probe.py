@@ -22,9 +22,10 @@ may name its "family": an error of the device model names it):
   {"heuristics": [module, entry], "args": [{name: value}, ...], "pointers": [{name: element type}, ...],
    "pinned": [name, ...]} -> {"values": [{name: value}, ...]}
       each heuristic evaluated on each argument dict, in the order Triton applies them, but those the spec
-      pins ([override]: their values are in the args); each pointer argument is an empty tensor of its
-      element type on torch's "meta" device (a heuristic may test `is not None`, isinstance(...,
-      torch.Tensor) or read .dtype, as it would of the tensor passed at launch)
+      pins ([override]: their values are in the args); each pointer argument is a stand-in tensor of its
+      element type (_StandIn): a heuristic may test `is not None`, isinstance(..., torch.Tensor) or read its
+      dtype, as it would of the tensor passed at launch; reading its shape, strides, device, address or
+      values raises (LaunchOnly), since only a launch knows them: the reply is an error naming the read
   {"prune": [module, entry], "groups": [{"configs": [config, ...], "args": {...}, "kwargs": {...},
    "pointers": {...}}, ...]} -> {"kept": [[config, ...], ...]}
       per group, the configs the autotuner's own prune_configs keeps (early_config_prune, or a library's
@@ -407,6 +408,12 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
                                  f"argument counts as a shape hint there)"}
             return {"error": f"pruning the autotune configs of {module}.{entry} failed on {group['args']}: "
                              f"KeyError: {e}{_where(e)}"}
+        except LaunchOnly as e:   # a pointer argument's shape, device, address or values
+            return {"error": f"the autotuner of {module}.{entry} prunes its configs by {e.argument}.{e.read}"
+                             f"{_where(e)}: a tensor's {e.what} known only at launch, and kforge builds before it "
+                             f"(a spec gives a pointer argument its dtype, nothing more; its shape hints are "
+                             f"scalar arguments): this pruner needs launch-time tensors, and kforge cannot prune "
+                             f"these configs as a launch would"}
         except Exception as e:   # the library's pruner: one line naming where it failed
             return {"error": f"pruning the autotune configs of {module}.{entry} failed on {group['args']}: "
                              f"{type(e).__name__}: {e}".splitlines()[0] + _where(e)}
@@ -414,8 +421,8 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
             tuner.configs, tuner.perf_model, tuner.nargs = saved
         found = [_as_dict(c) for c in chosen or ()]
         for c in found:
-            for k, v in list(c.items()):
-                c[k] = v.item() if hasattr(v, "item") else v   # numpy / torch scalars
+            for k, v in list(c.items()):   # numpy / torch scalars (a stand-in stays, and is refused below)
+                c[k] = v.item() if hasattr(v, "item") and not isinstance(v, _StandIn or ()) else v
             if not all(isinstance(v, SCALARS) for v in c.values()):
                 return {"error": f"the autotuner of {module}.{entry} pruned its configs into {c}; kforge sweeps "
                                  f"ints, floats, bools and strings"}
@@ -488,15 +495,83 @@ class _Arguments(dict):
         return dict(dict.items(self))
 
 
+class LaunchOnly(BaseException):
+    """A heuristic or pruner read what a pointer argument's tensor has only at launch (its shape, strides, device,
+    address, values). A BaseException: a library's `except Exception` fallback around the read must not turn it
+    into a value built silently for every launch."""
+
+    def __init__(self, argument: str, read: str, what: str):
+        self.argument, self.read, self.what = argument, read, what   # what: "shape is", "device is", ...
+        super().__init__(f"reads {argument}.{read}: a tensor's {what} known only at launch")
+
+
+# what a stand-in answers as the tensor passed at launch would: its dtype and what follows from the dtype alone
+DTYPE_ONLY = frozenset({"dtype", "itemsize", "element_size", "is_floating_point", "is_complex", "is_signed"})
+_WHAT = {**dict.fromkeys(("shape", "size", "numel", "nelement", "dim", "ndim", "ndimension", "__len__", "stride",
+                          "is_contiguous", "nbytes", "T", "mT", "H", "mH", "__iter__"), "shape is"),
+         **dict.fromkeys(("device", "is_cuda", "is_cpu", "is_meta", "get_device", "type", "is_pinned"), "device is"),
+         **dict.fromkeys(("data_ptr", "storage", "untyped_storage", "storage_offset", "_base"), "address is")}
+
+_StandIn = None   # made with torch, on first use (_stand_in_class)
+
+
+def _stand_in_class():
+    """torch.Tensor's subclass the stand-ins are: every tensor method and property read on one reaches
+    __torch_function__ (a property as its getter, `Tensor.shape.__get__`), which answers DTYPE_ONLY and raises
+    LaunchOnly for the rest."""
+    global _StandIn
+    if _StandIn is not None:
+        return _StandIn
+    import torch
+
+    class StandIn(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "") or repr(func)
+            read = name   # a property's name (its getter is `Tensor.shape.__get__`), a method's with ()
+            if name == "__get__" and hasattr(func, "__self__"):
+                name = read = getattr(func.__self__, "__name__", name)
+            else:
+                read = f"{name}()"
+            if name in DTYPE_ONLY:
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **(kwargs or {}))
+            if name in ("__eq__", "__ne__") and len(args) == 2 and args[1] is None:   # as any tensor answers
+                return name == "__ne__"
+            given = [*args, *(kwargs or {}).values()]
+            given += [x for a in given if isinstance(a, (list, tuple)) for x in a]
+            argument = next((x.__dict__.get("argument") for x in given if isinstance(x, cls)), "a pointer argument")
+            raise LaunchOnly(argument, read, _WHAT.get(name, "values, shape and device are"))
+
+        def __repr__(self):   # never Tensor's (it reads the shape)
+            d = self.__dict__
+            return f"<kforge's stand-in for {d.get('argument')}: a {d.get('dtype_name')} tensor>"
+
+        __str__ = __repr__
+
+        def __format__(self, spec):
+            return format(repr(self), spec)
+
+    _StandIn = StandIn
+    return StandIn
+
+
 def _stand_ins(pointers: dict) -> dict:
-    """Each pointer argument as an empty tensor of its element type on the "meta" device (no memory)."""
+    """Each pointer argument as a stand-in tensor of its element type: an empty tensor on the "meta" device (no
+    memory) whose dtype answers, and whose shape, device, address and values raise LaunchOnly (known only at
+    launch: the spec gives a pointer argument's dtype, nothing more)."""
     import torch
 
     from kforge_runtime.launch import TORCH_DTYPES
     names = {**{t: n.removeprefix("torch.") for t, n in TORCH_DTYPES.items()},
              "u1": "bool", "u16": "uint16", "u32": "uint32", "u64": "uint64"}
-    return {a: torch.empty(0, dtype=getattr(torch, names[t]), device="meta")
-            for a, t in pointers.items() if hasattr(torch, names.get(t, ""))}
+    cls = _stand_in_class()
+    found = {}
+    for a, t in pointers.items():
+        if hasattr(torch, names.get(t, "")):
+            found[a] = torch.Tensor._make_subclass(cls, torch.empty(0, dtype=getattr(torch, names[t]), device="meta"))
+            found[a].__dict__.update(argument=a, dtype_name=f"torch.{names[t]}")
+    return found
 
 
 def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] | None = None,
@@ -516,13 +591,18 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
                     return {"error": f"heuristic {name} of {module}.{entry} reads {e.args[0]!r}, which the spec "
                                      f"does not give; add it to [constants] or [sweep] (a runtime argument "
                                      f"counts as a shape hint there)"}
+                except LaunchOnly as e:   # a pointer argument's shape, device, address or values
+                    return {"error": f"heuristic {name} of {module}.{entry} reads {e.argument}.{e.read}{_where(e)}: "
+                                     f"a tensor's {e.what} known only at launch, and kforge builds before it (a "
+                                     f"spec gives a pointer argument its dtype, nothing more); pin the value to "
+                                     f"build: [override] {name} = ..."}
                 except Exception as e:   # the user's lambda: one line naming it
                     return {"error": f"heuristic {name} of {module}.{entry} failed on {given}: "
                                      f"{type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
                                      + f"; if it needs what the build machine lacks (a GPU), pin its value: "
                                        f"[override] {name} = ..."}
-                if hasattr(value, "item"):   # numpy / torch scalars
-                    value = value.item()
+                if hasattr(value, "item") and not isinstance(value, _StandIn or ()):
+                    value = value.item()   # numpy / torch scalars
                 if not isinstance(value, SCALARS):
                     return {"error": f"heuristic {name} of {module}.{entry} gave {value!r}; kforge compiles "
                                      f"ints, floats, bools and strings"}
@@ -586,7 +666,9 @@ def _answer(request: dict) -> dict:
         if "prune" in request:
             return _prune(*request["prune"], request["groups"])
         return _heuristics(*request["heuristics"], request["args"], request.get("pointers"), request.get("pinned"))
-    except Exception as e:   # importing the module failed, or the entry is not there
+    # importing the module failed, or the entry is not there; LaunchOnly too: a stand-in read where _heuristics
+    # and _prune do not catch it (`chosen or ()` on a pruner returning a tensor) is an error, not a crash
+    except (Exception, LaunchOnly) as e:
         module, entry = _named(request)
         pinned = shared_env.explain_pin(e)   # an import failing on one of kforge's pins: it names the line and the pin
         return {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "

@@ -166,15 +166,35 @@ def test_the_pruned_configs_build_and_doit_info_shows_the_autotuner_and_the_over
 
 def test_pointer_stand_ins_are_made_only_when_a_rule_reads_a_pointer():
     """A heuristic that reads only the spec's values never imports torch in the probe (1.3 s of CPU a probe); one
-    that reads a pointer gets a meta tensor of its element type, and a whole view (`{**args}`) holds them all."""
+    that reads a pointer gets a stand-in tensor of its element type, and a whole view (`{**args}`) holds them all.
+    The stand-in answers what the spec gives (its dtype) and refuses what only a launch knows (LaunchOnly)."""
     script = """
 import subprocess
 import sys
-from kforge.load.entry_probe import _Arguments
+from kforge.load.entry_probe import _Arguments, LaunchOnly
 args = _Arguments({"n": 4096, "x_ptr": 7}, {"x_ptr": "fp16", "y_ptr": "bf16"})
 assert args["n"] == 4096 and args.get("missing") is None and args["x_ptr"] == 7   # the spec's value stands
 assert "torch" not in sys.modules
-assert "y_ptr" in args and str(args["y_ptr"].dtype) == "torch.bfloat16" and args["y_ptr"].device.type == "meta"
+import torch
+y = args["y_ptr"]
+assert "y_ptr" in args and isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y is not None
+assert (y.element_size(), y.itemsize, y.dtype.itemsize, y.is_floating_point(), y.is_complex()) == (2, 2, 2, True, False)
+assert (y == None, y != None) == (False, True)   # as any tensor answers
+for read, said in ((lambda: y.shape, "y_ptr.shape: a tensor's shape is"),
+                   (lambda: y.size(-1), "y_ptr.size(): a tensor's shape is"),
+                   (lambda: y.numel(), "y_ptr.numel()"), (lambda: len(y), "y_ptr.__len__()"),
+                   (lambda: y.ndim, "y_ptr.ndim"), (lambda: y.stride(0), "y_ptr.stride()"),
+                   (lambda: y.data_ptr(), "y_ptr.data_ptr(): a tensor's address is"),
+                   (lambda: y.device, "y_ptr.device: a tensor's device is"), (lambda: y.is_cuda, "y_ptr.is_cuda"),
+                   (lambda: y + 1, "y_ptr.add(): a tensor's values, shape and device are"),
+                   (lambda: bool(y), "y_ptr.__bool__()"), (lambda: torch.empty_like(y), "y_ptr.empty_like()")):
+    try:
+        read()
+    except LaunchOnly as e:
+        assert str(e).startswith("reads " + said) and str(e).endswith(" known only at launch"), str(e)
+    else:
+        raise AssertionError(said + " answered")
+assert "stand-in for y_ptr" in repr(y) and "stand-in for y_ptr" in f"{y}"   # never Tensor's repr (it reads the shape)
 assert sorted({**_Arguments({"n": 1}, {"z_ptr": "fp32"})}) == ["n", "z_ptr"]
 try:
     _Arguments({}, {})["n"]
@@ -537,3 +557,101 @@ def test_an_entry_the_library_defines_only_on_other_archs_names_the_arch_it_was_
     assert broken.name == "older" and "\n" not in broken.error, broken.error
     assert "AttributeError: module 'newer' has no attribute 'copy_kernel' when imported as sm_90a (" in broken.error
     assert "drop sm_90a from the spec's archs, or give sm_90a a spec of its own" in broken.error, broken.error
+
+
+# --- a heuristic or pruner reading what only a launch knows (found by an outside review on xformers) -----------
+
+LAUNCH_ONLY_LIB = {
+    "kforge_launchlib/__init__.py": "",
+    "kforge_launchlib/ops.py": '''
+        import torch
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def _body(x_ptr, n, A: tl.constexpr, B: tl.constexpr):
+            i = tl.arange(0, A)
+            tl.store(x_ptr + i, tl.zeros([A], tl.float32) + B, mask=i < n)
+
+
+        def _swallowed(args):   # a library's own fallback must not hide the read
+            try:
+                return triton.next_power_of_2(args["x_ptr"].shape[-1])
+            except Exception:
+                return 1024
+
+
+        def _rows(configs, named_args, **kwargs):   # an empty tensor's 0 rows kept only the 64 config
+            rows = named_args["x_ptr"].shape[0]
+            return [c for c in configs if c.kwargs["A"] <= max(rows, 64)]
+
+
+        shape_kernel = triton.heuristics({"A": lambda args: max(128, triton.next_power_of_2(args["x_ptr"].shape[-1])),
+                                          "B": lambda args: 1})(_body)
+        numel_kernel = triton.heuristics({"A": lambda args: 128,
+                                          "B": lambda args: args["x_ptr"].numel() % 1024 == 0})(_body)
+        swallowed_kernel = triton.heuristics({"A": _swallowed, "B": lambda args: 1})(_body)
+        dtype_kernel = triton.heuristics({   # what the spec gives answers as at launch
+            "A": lambda args: args["x_ptr"].element_size() * 32 + args["x_ptr"].dtype.itemsize,
+            "B": lambda args: (isinstance(args["x_ptr"], torch.Tensor) and args["x_ptr"] is not None
+                               and args.get("y_ptr") is None and args["x_ptr"].dtype == torch.float32
+                               and args["x_ptr"].is_floating_point())})(_body)
+        pruned_kernel = triton.autotune(configs=[triton.Config({"A": 64, "B": 1}), triton.Config({"A": 128, "B": 1})],
+                                        key=["n"], prune_configs_by={"early_config_prune": _rows})(_body)
+    ''',
+}
+
+
+@pytest.fixture(scope="module")
+def launch_only_loaded(tmp_path_factory) -> tuple[dict, dict]:
+    """Each LAUNCH_ONLY_LIB kernel as one family, loaded in one catalog (keep_going; the probe imports the library
+    once): ({broken spec file: its error}, {family: the constexprs of its targets})."""
+    from tests.support import write_site_package
+    folder = tmp_path_factory.mktemp("launch_only")
+    site = write_site_package(folder / "site", "kforge_launchlib", LAUNCH_ONLY_LIB)
+    specs = {name: _heuristics_spec(f"{name}_kernel", 'A = "constexpr"\nB = "constexpr"').replace(
+        "kforge_heurlib.ops", "kforge_launchlib.ops") for name in ("shape", "numel", "swallowed", "dtype", "pruned")}
+    root = make_project(folder / "p", kernels={}, specs=specs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))
+        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    built: dict[str, list] = {}
+    for t in catalog.targets:
+        built.setdefault(t.kernel, []).append(dict(t.constexprs))
+    return {b.path: b.error for b in catalog.broken}, built
+
+
+HEURISTIC_LAUNCH_ONLY = (": a tensor's shape is known only at launch, and kforge builds before it (a spec gives a "
+                         "pointer argument its dtype, nothing more); pin the value to build: [override] {} = ...")
+
+
+@pytest.mark.parametrize("family, heuristic, read", [("shape", "A", "x_ptr.shape"), ("numel", "B", "x_ptr.numel()"),
+                                                     ("swallowed", "A", "x_ptr.shape")])
+def test_a_heuristic_reading_a_tensors_shape_is_refused_naming_the_read_and_the_pin(launch_only_loaded, family,
+                                                                                     heuristic, read):
+    """Each pointer argument was an empty meta tensor: shape (0,), numel 0, and kforge built A = 128, B = True where
+    Triton launches an (8, 4104) tensor with A = 8192, B = False. Now the read is refused (a library's own `except
+    Exception` fallback around it included), in one line naming the heuristic, the read, its line and the pin."""
+    broken, built = launch_only_loaded
+    assert family not in built
+    error = broken[f"specs/{family}.toml"]
+    assert re.fullmatch(rf"specs/{family}.toml: heuristic {heuristic} of kforge_launchlib.ops.{family}_kernel reads "
+                        rf"{re.escape(read)} \(in kforge_launchlib/ops.py:\d+\)"
+                        + re.escape(HEURISTIC_LAUNCH_ONLY.format(heuristic)), error), error
+
+
+def test_a_pruner_reading_a_tensors_shape_is_refused_as_needing_launch_time_tensors(launch_only_loaded):
+    broken, built = launch_only_loaded
+    assert "pruned" not in built
+    error = broken["specs/pruned.toml"]
+    assert re.fullmatch(r"specs/pruned.toml: the autotuner of kforge_launchlib.ops.pruned_kernel prunes its configs by "
+                        r"x_ptr.shape \(in kforge_launchlib/ops.py:\d+\): a tensor's shape is known only at launch, "
+                        r"and kforge builds before it .*: this pruner needs launch-time tensors, and kforge cannot "
+                        r"prune these configs as a launch would", error), error
+
+
+def test_a_heuristic_reading_a_tensors_dtype_isinstance_or_none_still_answers_as_at_launch(launch_only_loaded):
+    broken, built = launch_only_loaded
+    assert "specs/dtype.toml" not in broken
+    assert built["dtype"] == [{"A": 4 * 32 + 4, "B": True}]
