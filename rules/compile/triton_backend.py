@@ -160,8 +160,10 @@ def _as_imported(target, held, fn) -> None:
     """What the load read from the entry's source, checked against what the import holds, where a launch reads
     it: the defaults of the @triton.jit function's parameters (a name its default reads may be rebound as the
     library is imported) and the @triton.heuristics around it (a kernel made at import, by a module __getattr__
-    or a factory, may carry some its source's def does not show). Where they differ, Triton would launch another
-    binary than the one the load asked for: none is built."""
+    or a factory, may carry some its source's def does not show); and for a record line, the code it was recorded
+    from (Triton's source key: a kernel generated and exec'd at run time under its def's name, or another version
+    of the library, is other code). Where they differ, Triton would launch another binary than the one the load
+    asked for: none is built."""
     from triton.language import constexpr
     from triton.runtime.autotuner import Heuristics
 
@@ -174,6 +176,12 @@ def _as_imported(target, held, fn) -> None:
             raise ValueError(f"{name} is wrapped by @triton.heuristics computing {', '.join(unseen)} when imported, "
                              f"which the def kforge read in its source does not show, so the load never ran it; "
                              f"put the decorators on that def (or name the def that carries them) and load again")
+    if target.recorded_code and source_key_of(fn) != target.recorded_code:
+        raise ValueError(f"{name}: the code found here (Triton's source key {source_key_of(fn)[:12]}...) is not the "
+                         f"code its record line was recorded from ({target.recorded_code[:12]}...): another version "
+                         f"of the library, or a kernel made at run time from other source than its def (generated "
+                         f"and exec'd); such a binary is never served: record again with the library built here, "
+                         f"or drop its lines ({target.spec_path.split(': ', 1)[0]})")
     defaults = {p.name: p.default for p in fn.params}
     values = dict(target.constexprs)
     for arg in target.defaulted:

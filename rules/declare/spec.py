@@ -111,6 +111,10 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     (rules/declare/python_catalog.py); where: how messages name it (the file, or the file and line of the call).
     recorded: the configs are specializations as Triton compiled them (rules/declare/records.py), every value the
     entry's @triton.autotune and @triton.heuristics chose included: those are not applied again."""
+    codes = {}
+    if recorded:   # the code its lines were recorded from, by arch (rules/declare/records.py): not a spec's key
+        codes = raw["kernel"].get("source_keys", {})
+        raw = {**raw, "kernel": {k: v for k, v in raw["kernel"].items() if k != "source_keys"}}
     _check_integers(raw, where)
     _check_schema(raw, where)
     k = raw["kernel"]
@@ -222,7 +226,8 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 divisible_by_16=hints, configs=(), excludes=(), description=description, tune=tune,
                 derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
                 device_model=model, setup=setup, arch_env=arch_env, defaulted=defaulted, unread_defaults=unread,
-                heuristics=None if recorded or k["toolchain"] != "triton" else derived)
+                heuristics=None if recorded or k["toolchain"] != "triton" else derived,
+                source_keys=tuple(sorted(codes.items())))
     return sweep.expand(spec, swept, extras, excludes, made, 0 if recorded else len(raw.get("exclude", [])))
 
 

@@ -282,4 +282,5 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
                   layout=shared.layout, key=key, key_without_sources=key_without_sources, env=shared.env,
                   placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup,
-                  defaulted=spec.defaulted, heuristics=spec.heuristics)
+                  defaulted=spec.defaulted, heuristics=spec.heuristics,
+                  recorded_code=dict(spec.source_keys).get(arch, ""))

@@ -12,7 +12,8 @@ its catalog (rules/declare/records.py turns each line into a target).
 
 The format (kforge_runtime.schema's RECORD_*), one JSON object per line, keys sorted (stable, reviewable in a
 pull request): the kernel, arch, signature, constexprs (a dtype or function argument's value: "bf16", "mod:fn"),
-the arguments Triton saw 16-divisible (pointers, integers), and the compile options that are the kernel's.
+the arguments Triton saw 16-divisible (pointers, integers), the compile options that are the kernel's, and the
+kernel's code as a digest (source_key: a build checks it compiles that code, not another version's).
 Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
 compiles them. A kernel under @triton.autotune (with more than one config) is recorded once per autotuning key
 with the config the autotuner picked, and that key: "autotune": {"key": [<the key's argument values>, <the
@@ -31,12 +32,14 @@ import sys
 import threading
 
 from .schema import NONE, RECORD_ALWAYS, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DTYPE_NAMES, option_defaults
+from .source_key import source_key
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
-                options: dict, arch: str) -> dict:
+                options: dict, arch: str, code: str | None = None) -> dict:
     """One record from what Triton's JIT hook is given (signature by argument name; constants and attrs by
-    argument path, a tuple of indices; options: the backend's options as a dict)."""
+    argument path, a tuple of indices; options: the backend's options as a dict); code: the kernel's source key
+    (source_key.py), which a build checks it compiles the same code by."""
     values, kinds = {}, dict(signature)
     for path, value in constants.items():
         if len(path) != 1:
@@ -56,7 +59,8 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
             "signature": [[a, kinds[a]] for a in kinds],
             "constexprs": values, "divisible_by_16": divisible,
             "options": {k: options[k] for k in RECORD_OPTIONS if k in options and options[k] is not None
-                        and (k in RECORD_ALWAYS or options[k] != defaults[k])}}
+                        and (k in RECORD_ALWAYS or options[k] != defaults[k])},
+            **({"source_key": code} if code else {})}
 
 
 def specialize(jit, args: tuple, kwargs: dict) -> dict:
@@ -71,7 +75,15 @@ def specialize(jit, args: tuple, kwargs: dict) -> dict:
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
     return record_line(jit.fn.__module__, jit.fn.__qualname__, list(jit.arg_names), signature, constexprs, attrs,
-                       options.__dict__, arch_name(target))
+                       options.__dict__, arch_name(target), _code(jit))
+
+
+def _code(jit) -> str | None:
+    """The kernel's source key, or None where it cannot be made (the line is recorded without it, unchecked)."""
+    try:
+        return source_key(jit)
+    except Exception:
+        return None
 
 
 def under_heuristics(fn, args: tuple, kwargs: dict):
@@ -202,7 +214,8 @@ class Recorder:
             self.arch = arch_name(driver.active.get_current_target())
         data = json.loads(compile["specialization_data"])
         self.write(record_line(fn.module, fn.name, list(fn.jit_function.arg_names), compile["signature"],
-                               compile["constants"], compile["configs"][0], data["options"], self.arch))
+                               compile["constants"], compile["configs"][0], data["options"], self.arch,
+                               _code(fn.jit_function)))
 
     def write(self, line: dict) -> None:
         text = json.dumps(line, sort_keys=True)

@@ -60,10 +60,11 @@ NONE = "none"
 #   {"format": RECORD_FORMAT, "kernel": "<module>:<function>", "arch": "sm_90a",
 #    "signature": [["<arg>", "*bf16" | "i32" | "fp32" | <a COMPILE_TIME kind> | NONE], ...],
 #    "constexprs": {"<arg>": value, ...},   "divisible_by_16": ["<arg>", ...],   "options": {<RECORD_OPTIONS>},
-#    "autotune": {"key": [...], "config": {...}}}   (RECORD_OPTIONAL: only for a config an autotuner picked)
+#    "autotune": {"key": [...], "config": {...}},   (RECORD_OPTIONAL: only for a config an autotuner picked)
+#    "source_key": "<hex>"}   (RECORD_OPTIONAL: the kernel's code, as meta.json's triton_source_key says it)
 RECORD_FORMAT = "kforge-record-1"
 RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
-RECORD_OPTIONAL = ("autotune",)
+RECORD_OPTIONAL = ("autotune", "source_key")   # source_key: the kernel's code as recorded (source_key.py)
 # The Triton compile options a record keeps: every option a launch (or the process's Triton knobs: TRITON_DEBUG,
 # TRITON_F32_DEFAULT) can change a binary by, num_warps and num_stages always, the rest where they differ from
 # triton 3.6's defaults (TRITON_DEFAULTS, and the vendor's: an AMD arch's name starts with gfx), so that a line

@@ -361,3 +361,41 @@ def test_a_signature_naming_an_argument_twice_is_refused_naming_the_line(project
     with pytest.raises(SpecError, match=r"^specs/app.jsonl:1: signature names argument 'n' twice; record the kernel "
                                         r"again$"):
         targets(project)
+
+
+def test_a_line_recorded_from_other_code_builds_nothing_and_says_so(project):
+    """A record line now carries the kernel's code as Triton's source key. A kernel generated and exec'd under
+    its def's name (xformers' split-k, an outside review) or another version of the library resolves to a def of
+    other code: it was built, and failed in Triton or made a binary never served. The compile now compares the
+    key on the arch the line was recorded on and builds nothing where it differs (an arch record_archs adds has
+    code of its own there: not compared)."""
+    import importlib
+    from kforge_runtime.source_key import source_key
+    scale = importlib.import_module("tk.scale")
+    mine = source_key(scale.scale_kernel)
+    fp32 = [["x_ptr", "*fp32"], ["y_ptr", "*fp32"], ["n", "i32"], ["BLOCK", "constexpr"]]   # a family of its own
+    (project / "specs" / "app.jsonl").write_text("\n".join(
+        [line(128, source_key=mine), line(256, signature=fp32, source_key="0" * 64), ""]))
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
+    doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    made = {name: (dict(t.constexprs)["BLOCK"], t.arch) for name, t in targets(project).items()}
+    assert {made[n] for n in statuses(project, "built")} == {(128, "sm_90a"), (128, "gfx942"), (256, "gfx942")}
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    error = next(t["error"] for t in report["tasks"] if made.get(t["name"]) == (256, "sm_90a"))
+    assert "is not the code its record line was recorded from (000000000000...)" in error
+    assert "specs/app.jsonl" in error
+
+
+def test_a_kernel_recorded_from_two_versions_of_its_code_on_one_arch_is_one_error(project):
+    (project / "specs" / "app.jsonl").write_text("\n".join(
+        [line(128, source_key="a" * 64), line(256, source_key="b" * 64), ""]))
+    catalog = Catalog(project, None, 50_000).load(keep_going=True)
+    assert "was recorded on sm_90a from two versions of its code" in catalog.broken[0].error
+
+
+@pytest.mark.parametrize("bad", ["x" * 64, 12, "ab"])
+def test_a_malformed_source_key_is_one_error_naming_the_line(project, bad):
+    (project / "specs" / "app.jsonl").write_text(line(128, source_key=bad) + "\n")
+    with pytest.raises(SpecError, match=r"app.jsonl:1: source_key .* is not a digest"):
+        targets(project)

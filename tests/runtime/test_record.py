@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from kforge_runtime import record, schema
+from kforge_runtime.source_key import source_key
 from tests.support import Compiled
 
 
@@ -94,9 +95,13 @@ def test_triton_targets_get_kforge_arch_names(backend, arch, name):
     assert record.arch_name(types.SimpleNamespace(backend=backend, arch=arch)) == name
 
 
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, scale, bias, X_dtype, ACT, BLOCK):
+    pass
+
+
 def hook_call(recorder, specialization):
-    fn = types.SimpleNamespace(module="tk.scale", name="scale_kernel",
-                               jit_function=types.SimpleNamespace(arg_names=ARGS))
+    fn = types.SimpleNamespace(module="tk.scale", name="scale_kernel", jit_function=scale_kernel)
     compile = {"signature": SIGNATURE, "constants": CONSTANTS, "configs": [ATTRS],
                "specialization_data": json.dumps({"options": OPTIONS}) if specialization else "not json"}
     return recorder.hook(key="k", repr="r", fn=fn, compile=compile, is_manual_warmup=False, already_compiled=False)
@@ -109,6 +114,8 @@ def test_the_hook_appends_each_specialization_once_and_chains_the_hook_it_replac
     recorder.previous = lambda **kw: calls.append(kw["key"]) or "theirs"
     assert hook_call(recorder, True) == "theirs" and hook_call(recorder, True) == "theirs"
     assert len(path.read_text().splitlines()) == 1 and calls == ["k", "k"]
+    # the kernel's code, by the key a build compares with what it compiles (rules/compile/triton_backend.py)
+    assert json.loads(path.read_text())["source_key"] == source_key(scale_kernel)
     assert hook_call(recorder, False) == "theirs"   # a record that fails is a warning, never an error
     assert "kforge record: not recorded (tk.scale.scale_kernel)" in capsys.readouterr().err
 
@@ -155,7 +162,8 @@ def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(
          {"key": [n, "torch.float16", "torch.float16"],
           "config": {"BLOCK": 256, "num_warps": 8, "num_ctas": 1, "num_stages": 3}}) for n in (1000, 100)]
     assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
-                          "autotune"} for r in lines)
+                          "autotune", "source_key"} for r in lines)
+    assert {r["source_key"] for r in lines} == {source_key(copy_tuned.fn)}
     assert Autotuner.run is before   # recording undone
 
 
