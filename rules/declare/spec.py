@@ -203,7 +203,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                                 f"put the heuristic under the autotuner, or drop {clash[0]} from one of them")
             swept, extras, made = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
             tuned = tuple(chosen["autotune"][0])
-        notes = _tuner_notes(chosen, hints, where, f"{module}.{k['entry']}")
+        notes = _tuner_notes(chosen, hints, signature, where, f"{module}.{k['entry']}")
     if k["toolchain"] == "triton":   # a constexpr the spec gives no value takes its default in the source
         given = {*dict(constants), *swept, *derived}
         defaults = sources.function_defaults(source_path, k["entry"])
@@ -332,10 +332,16 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
     return grown, [*added, *extras], len(added)
 
 
-def _tuner_notes(chosen: dict, hints: tuple, where: str, entry: str) -> tuple[tuple[str, str], ...]:
+def _tuner_notes(chosen: dict, hints: tuple, signature, where: str, entry: str) -> tuple[tuple[str, str], ...]:
     """What `doit info` says of the entry's autotuner and @triton.jit options (rules/load/entry_probe.py describes
-    them); a 16-divisibility promise for an argument Triton never specializes is refused."""
+    them); a 16-divisibility promise, or a value (an integer equal to 1 made a constexpr), for an argument Triton
+    never specializes is refused."""
     unspecialized = chosen.get("unspecialized", {})
+    for a, t in signature:
+        if t == "constexpr" and unspecialized.get(a) == "do_not_specialize":
+            raise SpecError(f"{where}: [signature] {a}: a constexpr, but {entry}'s @triton.jit(do_not_specialize=...) "
+                            f"names it: Triton passes it as a runtime integer at every launch, equal to 1 or not, so "
+                            f"no launch of the library's would match that binary; give its integer type (i32 or i64)")
     for h in hints:
         if h in unspecialized:
             raise SpecError(f"{where}: [hints] divisible_by_16: {h} is in {entry}'s @triton.jit("

@@ -376,9 +376,12 @@ def _unspecialized(fn) -> dict:
     options name arguments or their positions); Triton never marks them 16-divisible at launch."""
     found: dict[str, str] = {}
     names = list(getattr(fn, "arg_names", ()))
+    constexprs = {p.name for p in getattr(fn, "params", ()) if getattr(p, "is_constexpr", False)}
     for option in UNSPECIALIZED:   # do_not_specialize first: it covers alignment too
         for a in getattr(fn, option, None) or ():
-            found.setdefault(names[a] if isinstance(a, int) and 0 <= a < len(names) else str(a), option)
+            name = names[a] if isinstance(a, int) and 0 <= a < len(names) else str(a)
+            if name not in constexprs:   # a tl.constexpr is its value whatever the option says
+                found.setdefault(name, option)
     return found
 
 

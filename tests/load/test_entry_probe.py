@@ -124,6 +124,15 @@ WRONG = {   # a spec's edit -> what loading it says (after specs/<file>.toml: )
                                     r"\[hints\] divisible_by_16: M is in kforge_tunelib.ops.gemm.gemm_kernel's "
                                     r"@triton.jit\(do_not_specialize=...\): Triton never specializes it on "
                                     r"16-divisibility"),
+    # an integer equal to 1 made a constexpr: Triton passes M as a runtime integer whatever its value
+    "constexpr-but-unspecialized": (('M = "i32"\nN = "i32"\nK = "i32"\nBLOCK_M = "constexpr"\nBLOCK_N = "constexpr"\n'
+                                     'BLOCK_K = "constexpr"\nNUM_SMS = "constexpr"\nEVEN_K = "constexpr"\n',
+                                     'M = "constexpr"\nN = "i32"\nK = "i32"\nBLOCK_M = "constexpr"\nBLOCK_N = "constexpr"\n'
+                                     'BLOCK_K = "constexpr"\nNUM_SMS = "constexpr"\nEVEN_K = "constexpr"\n\n'
+                                     '[constants]\nM = 1\n'),
+                                    r"\[signature\] M: a constexpr, but kforge_tunelib.ops.gemm.gemm_kernel's "
+                                    r"@triton.jit\(do_not_specialize=...\) names it: Triton passes it as a runtime "
+                                    r"integer at every launch"),
 }
 
 
