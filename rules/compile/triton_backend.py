@@ -11,7 +11,7 @@ from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import VALUE_KINDS
-from kforge_runtime.source_key import source_key as source_key_of
+from kforge_runtime.source_key import reproducible, source_key as source_key_of
 
 _root = ""
 _folders: tuple = ()   # observe.Base: the project and the module path: no binary may name them
@@ -176,7 +176,7 @@ def _as_imported(target, held, fn) -> None:
             raise ValueError(f"{name} is wrapped by @triton.heuristics computing {', '.join(unseen)} when imported, "
                              f"which the def kforge read in its source does not show, so the load never ran it; "
                              f"put the decorators on that def (or name the def that carries them) and load again")
-    if target.recorded_code and source_key_of(fn) != target.recorded_code:
+    if target.recorded_code and source_key_of(fn) != target.recorded_code and reproducible(source_key_of(fn)):
         raise ValueError(f"{name}: the code found here (Triton's source key {source_key_of(fn)[:12]}...) is not the "
                          f"code its record line was recorded from ({target.recorded_code[:12]}...): another version "
                          f"of the library, or a kernel made at run time from other source than its def (generated "

@@ -8,7 +8,8 @@ kernel's key never matched from one process to the next, so a build's binary of 
 from other source": 244 of flag_gems's specializations) and never cut off early. Here such a function is
 written as its module, qualified name and the sha256 of its source text instead, so that its code, not where
 it lies in memory, decides the key. Any other value is written as Triton writes it (an object printed with its
-address still matches no other process: never served, never wrong). A callee's globals are not merged into its
+address still matches no other process: never served, never wrong; reproducible() tells such a key, which a
+build then does not compare with a record's). A callee's globals are not merged into its
 caller's list (_finder says why). A kernel hashed first in its process that reads no such function has exactly
 Triton's key, so bundles built before this match as they did.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 import threading
 import types
 
@@ -41,6 +43,16 @@ def source_key(fn) -> str:
         return key
 
 
+def reproducible(key: str) -> bool:
+    """Whether another process makes the same key for the same code: not for one computed here from a value
+    written with its memory address (an object's default repr), in the kernel or a function it calls."""
+    return key not in _unstable
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_unstable: set[str] = set()
+
+
 def _digest(fn) -> str:
     from triton.language.core import constexpr
     finder = _finder()(name=fn._fn_name, globals=fn.__globals__, nonlocals=inspect.getclosurevars(fn.fn).nonlocals,
@@ -48,7 +60,10 @@ def _digest(fn) -> str:
     finder.visit(fn.parse())
     used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items() if isinstance(val, constexpr)]
     text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if _ADDRESS.search(text) or not all(map(reproducible, getattr(finder, "callee_keys", ()))):
+        _unstable.add(key)
+    return key
 
 
 def shown(value) -> str:
@@ -79,6 +94,8 @@ def _finder():
 
         class Finder(DependenciesFinder):
             def _update_hash(self, func):
-                self.hasher.update((source_key(func) + str(getattr(func, "noinline", False))).encode("utf-8"))
+                key = source_key(func)
+                self.__dict__.setdefault("callee_keys", []).append(key)
+                self.hasher.update((key + str(getattr(func, "noinline", False))).encode("utf-8"))
         _finder_class.append(Finder)
     return _finder_class[0]

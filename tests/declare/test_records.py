@@ -379,7 +379,10 @@ def test_a_line_recorded_from_other_code_builds_nothing_and_says_so(project):
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
     doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
-    made = {name: (dict(t.constexprs)["BLOCK"], t.arch) for name, t in targets(project).items()}
+    saved = targets(project)   # the catalog the build saved, read back: the recorded code with it
+    assert {(dict(t.constexprs)["BLOCK"], t.arch, t.recorded_code) for t in saved.values()} == {
+        (128, "sm_90a", mine), (256, "sm_90a", "0" * 64), (128, "gfx942", ""), (256, "gfx942", "")}
+    made = {name: (dict(t.constexprs)["BLOCK"], t.arch) for name, t in saved.items()}
     assert {made[n] for n in statuses(project, "built")} == {(128, "sm_90a"), (128, "gfx942"), (256, "gfx942")}
     report = json.loads((project / "out" / "build-report.json").read_text())
     error = next(t["error"] for t in report["tasks"] if made.get(t["name"]) == (256, "sm_90a"))

@@ -66,3 +66,37 @@ def test_the_constexpr_functions_source_is_in_the_key(monkeypatch):
     monkeypatch.undo()
     module._known.clear()
     assert source_key(widen_kernel) == before
+
+
+class Opaque:   # printed with its address: a key holding it is another in every process
+    pass
+
+
+OPAQUE = tl.constexpr(Opaque())
+
+
+@triton.jit
+def opaque_helper(x):
+    return x * (OPAQUE is not None)
+
+
+@triton.jit
+def opaque_kernel(x_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i) * (OPAQUE is not None))
+
+
+@triton.jit
+def calls_opaque_kernel(x_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, opaque_helper(tl.load(x_ptr + i)))
+
+
+def test_a_key_written_from_a_memory_address_is_told_apart_and_so_is_its_callers():
+    """A build compares a record line's key with its own only where another process would make the same
+    (rules/compile/triton_backend.py): not for a kernel, or a caller of a function, reading an object whose
+    repr is its address."""
+    from kforge_runtime.source_key import reproducible
+    assert reproducible(source_key(widen_kernel)) and reproducible(source_key(scale_kernel))
+    assert not reproducible(source_key(opaque_kernel))
+    assert not reproducible(source_key(calls_opaque_kernel))
