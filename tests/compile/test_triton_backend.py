@@ -171,3 +171,16 @@ def test_heuristics_of_a_kernel_made_or_wrapped_at_import_are_run_or_refused_nev
     assert not statuses(root, "built")
     assert "tk.wrapped.copy_kernel is wrapped by @triton.heuristics computing EVEN when imported" in \
         _failure(root, "wrapped:w4@sm_90a")
+
+
+def test_a_default_an_arch_table_overrides_there_is_not_compared_with_the_functions(tmp_path):
+    """[arch.gfx942] BLOCK = 64 over the source's default 128: gfx942's binary takes 64 by the spec's choice, not
+    as a default read, and builds."""
+    spec = DEFAULTED_SPEC.format(name="per_arch", module="plain", entry="copy_kernel", extra="").replace(
+        'archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]') + "\n[arch.gfx942]\nBLOCK = 64\n"
+    plain = REBOUND_IN_PACKAGE.replace("from tk.consts import BLOCK_DEFAULT\n", "BLOCK_DEFAULT = 128\n")
+    root = make_project(tmp_path / "p", specs={"per_arch": spec}, kernels={"plain": plain})
+    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
+    assert statuses(root, "built") == {"per_arch:w4@sm_90a", "per_arch:w4@gfx942"}
+    meta = json.loads((root / "out/gfx942/per_arch/w4/meta.json").read_text())
+    assert meta["constexprs"]["BLOCK"] == 64
