@@ -15,6 +15,7 @@ Triton's key, so bundles built before this match as they did.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import re
@@ -55,15 +56,45 @@ _unstable: set[str] = set()
 
 def _digest(fn) -> str:
     from triton.language.core import constexpr
+    from triton.runtime.jit import ConstexprFunction
     finder = _finder()(name=fn._fn_name, globals=fn.__globals__, nonlocals=inspect.getclosurevars(fn.fn).nonlocals,
                        src=fn.src)
-    finder.visit(fn.parse())
-    used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items() if isinstance(val, constexpr)]
+    tree = fn.parse()
+    finder.visit(tree)
+    # a constexpr function runs as Python while the kernel compiles: every global it reads is in what it gives
+    every = isinstance(fn, ConstexprFunction)
+    used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items()
+            if isinstance(val, constexpr) or every and _plain(val)]
     text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
+    # what Triton's key leaves out and the code still takes: a default given by a name (its value at the def, not
+    # its text), and a module's constant read as an attribute (`cfg.NUM_SMS`); a kernel with neither keeps
+    # Triton's key exactly
+    beyond = [*_named_defaults(fn, tree), *getattr(finder, "attributes", ())]
+    if beyond:
+        text += "+" + repr(sorted(beyond))
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if _ADDRESS.search(text) or not all(map(reproducible, getattr(finder, "callee_keys", ()))):
         _unstable.add(key)
     return key
+
+
+def _plain(value) -> bool:
+    from triton.language.core import constexpr
+    return isinstance(value, (constexpr, bool, int, float, str, type(None))) or \
+        isinstance(value, tuple) and all(map(_plain, value))
+
+
+def _named_defaults(fn, tree) -> list[tuple[str, str]]:
+    """(parameter, its default's value) for each default the def gives by an expression other than a literal."""
+    import ast
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+    if node is None:
+        return []
+    positional = node.args.posonlyargs + node.args.args
+    pairs = [*zip(positional[len(positional) - len(node.args.defaults):], node.args.defaults),
+             *((a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None)]
+    values = {p.name: p.default for p in getattr(fn, "params", ())}
+    return [(a.arg, shown(values.get(a.arg))) for a, d in pairs if not isinstance(d, ast.Constant)]
 
 
 def shown(value) -> str:
@@ -93,6 +124,20 @@ def _finder():
         from triton.runtime.jit import DependenciesFinder
 
         class Finder(DependenciesFinder):
+            def visit_Attribute(self, node):
+                # as Triton's (the value an attribute names, its reference recorded), and a module's constant read
+                # so noted with its value: Triton records it without one
+                owner = self.visit(node.value)
+                while isinstance(owner, ast.Attribute):
+                    owner = self.visit(owner.value)
+                if owner is None or getattr(owner, "__name__", "") in self.supported_modules:
+                    return None
+                value = getattr(owner, node.attr)
+                self.record_reference(value)
+                if isinstance(owner, types.ModuleType) and _plain(value):
+                    self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
+                return value
+
             def _update_hash(self, func):
                 key = source_key(func)
                 self.__dict__.setdefault("callee_keys", []).append(key)

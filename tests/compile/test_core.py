@@ -571,6 +571,68 @@ def test_an_edit_that_changes_a_kernels_code_through_what_its_import_read_is_nev
     assert all(after[p] != before[p] for p in after)
 
 
+HIDDEN_FILES = {
+    # values that reach the code where Triton's own key does not look: a helper's default given by a name, and a
+    # module's constant read as an attribute, both read at import from a file no kernel source names
+    "hid/__init__.py": "",
+    "hid/scale.json": '{"scale": 2}\n',
+    "hid/cfg.py": '''
+        import json
+        import os
+
+        import triton.language as tl
+
+        _read = json.load(open(os.path.join(os.path.dirname(__file__), "scale.json")))["scale"]
+        SCALE = tl.constexpr(_read)
+        PLAIN = _read
+        ''',
+    "hid/k.py": '''
+        import triton
+        import triton.language as tl
+
+        from hid import cfg
+
+        FACTOR = cfg.PLAIN
+
+
+        @triton.jit
+        def _times(x, F: tl.constexpr = FACTOR):
+            return x * F
+
+
+        @triton.jit
+        def by_default_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, _times(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
+        @triton.jit
+        def by_attribute_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * cfg.SCALE, mask=i < n)
+        ''',
+}
+
+
+def test_a_value_triton_leaves_out_of_its_key_is_never_cut_off(tmp_path):
+    """scale.json reaches both kernels' code through what Triton's key does not hold (a helper's default by name,
+    `cfg.SCALE`): early cutoff, comparing that key, kept the old binaries as `unchanged` (an outside review);
+    kforge's key holds those values, so both compile and their code differs."""
+    site = write_files(tmp_path / "site", HIDDEN_FILES)
+    spec = REGOPS_SPEC.replace('module = "regops.{module}"', 'module = "hid.k"').replace(
+        '["sm_90a", "gfx942"]', '["sm_90a"]')
+    root = make_project(tmp_path / "p", specs={f"h_{m}": spec.format(name=f"h_{m}", module=m)
+                                               for m in ("by_default", "by_attribute")}, kernels={})
+    env = {"PYTHONPATH": str(site), "KFORGE_LOCAL_CACHE": "off"}
+    doit(root, "-n", "1", env=env)
+    before = binaries(root)
+    (tmp_path / "site" / "hid" / "scale.json").write_text('{"scale": 4}\n')
+    doit(root, "-n", "1", env=env)
+    assert set(origins(root).values()) == {"compiled"}, origins(root)
+    after = binaries(root)
+    assert len(after) == 4 and all(after[p] != before[p] for p in after)
+
+
 def test_the_hubs_precompile_child_stops_at_a_whole_file_once_told_the_library_is_imported(tmp_path):
     """The child that compiles a library's sources while the hub imports it (_precompile_once) would take a CPU
     from the compiles after the import: told to stop (_stop_precompiling), it ends at once, leaving whole files

@@ -100,3 +100,75 @@ def test_a_key_written_from_a_memory_address_is_told_apart_and_so_is_its_callers
     assert reproducible(source_key(widen_kernel)) and reproducible(source_key(scale_kernel))
     assert not reproducible(source_key(opaque_kernel))
     assert not reproducible(source_key(calls_opaque_kernel))
+
+
+BEYOND = '''
+import triton
+import triton.language as tl
+
+from {pkg} import cfg
+
+UNROLL = {unroll}
+PLAIN_SMS = {sms}
+
+
+@triton.jit
+def _unroll(U: tl.constexpr = UNROLL):
+    return U
+
+
+@triton.constexpr_function
+def _sms():
+    return PLAIN_SMS
+
+
+@triton.jit
+def by_default(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), _unroll())
+
+
+@triton.jit
+def by_attribute(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), cfg.NSM)
+
+
+@triton.jit
+def by_constexpr_function(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), _sms())
+'''
+
+
+def _beyond(tmp_path, name, unroll, sms, nsm):
+    """A package whose kernels take a value Triton's own key leaves out (an outside review: a binary built with one
+    and served where the import gives another, under one key)."""
+    import importlib
+    import sys
+    root = tmp_path / name
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "cfg.py").write_text(f"import triton.language as tl\nNSM = tl.constexpr({nsm})\n")
+    (root / name / "k.py").write_text(BEYOND.format(pkg=name, unroll=unroll, sms=sms))
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(f"{name}.k")
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_values_triton_leaves_out_of_its_key_are_in_kforges():
+    """A helper's default given by a name, a module's constant read as an attribute, a global a constexpr function
+    reads: each decides the code and was in no key (an outside review on mamba-ssm-like code: early cutoff kept the
+    old binary, serving on a GPU of another SM count ran the build machine's). Each is now in kforge's key; Triton's
+    stays the same, so the two kernels tell apart only by kforge's."""
+    import pathlib
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        base = _beyond(pathlib.Path(tmp), "beyond_a", 1, 132, 132)
+        for name, changes in (("beyond_b", (4, 132, 132)), ("beyond_c", (1, 114, 132)), ("beyond_d", (1, 132, 114))):
+            other = _beyond(pathlib.Path(tmp), name, *changes)
+            differ = {k for k in ("by_default", "by_constexpr_function", "by_attribute")
+                      if source_key(getattr(base, k)) != source_key(getattr(other, k))}
+            assert differ == {"beyond_b": {"by_default"}, "beyond_c": {"by_constexpr_function"},
+                              "beyond_d": {"by_attribute"}}[name], (name, differ)
+            assert all(getattr(base, k).cache_key == getattr(other, k).cache_key
+                       for k in ("by_default", "by_attribute"))   # Triton's own: blind to them
