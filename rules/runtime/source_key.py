@@ -1,7 +1,10 @@
 """The digest of a Triton kernel's code that a build stores (meta.json's triton_source_key) and serving matches.
 
 It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the
-constexpr globals they read), made the same in every process. Triton writes a constexpr global into its key as
+constexpr globals they read), made the same in every process, with what Triton's leaves out and the code still
+takes: a parameter's default given by a name (its value then; Triton hashes no default), a module's constant read
+as an attribute (`cfg.NUM_SMS`: Triton records the read, not the value) and every global a constexpr function
+reads (Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a constexpr global into its key as
 str(value), and a constexpr that holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's
 sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
 kernel's key never matched from one process to the next, so a build's binary of it was never served ("built
