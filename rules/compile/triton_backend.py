@@ -179,9 +179,11 @@ def _as_imported(target, held, fn) -> None:
     if target.recorded_code and source_key_of(fn) != target.recorded_code and reproducible(source_key_of(fn)):
         raise ValueError(f"{name}: the code found here (Triton's source key {source_key_of(fn)[:12]}...) is not the "
                          f"code its record line was recorded from ({target.recorded_code[:12]}...): another version "
-                         f"of the library, or a kernel made at run time from other source than its def (generated "
-                         f"and exec'd); such a binary is never served: record again with the library built here, "
-                         f"or drop its lines ({target.spec_path.split(': ', 1)[0]})")
+                         f"of the library, a kernel made at run time from other source than its def (generated "
+                         f"and exec'd), or a value its import reads from the GPU (its SM count, say) that kforge's "
+                         f"model of the arch's reference GPU gives otherwise than the recording GPU did "
+                         f"(docs/device_model.md); such a binary is never served: record again with the library "
+                         f"built here, or drop its lines ({target.spec_path.split(': ', 1)[0]})")
     defaults = {p.name: p.default for p in fn.params}
     values = dict(target.constexprs)
     for arg in target.defaulted:

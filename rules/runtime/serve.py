@@ -99,8 +99,10 @@ def other_source_message(line: dict, entry: dict) -> str:
     return (f"kforge serve (strict): the bundles' {line['kernel']} for {line['arch']} ({entry.get('target')}) was "
             f"built from other source than the one this process runs (Triton source key "
             f"{str(entry.get('triton_source_key'))[:12]}, this process's {line['source_key'][:12]}): the library or "
-            f"kernel changed since the build. Build (doit) and package (doit package) again from this source, or "
-            f"serve with strict=False to let Triton compile it")
+            f"kernel changed since the build, or a value its import reads from this GPU (its SM count, say) is "
+            f"not the one kforge's model of the arch's reference GPU gave the build (docs/device_model.md). Build "
+            f"(doit) and package (doit package) again from this source, or serve with strict=False to let Triton "
+            f"compile it")
 
 
 def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
