@@ -96,7 +96,7 @@ def _named_defaults(fn, tree) -> list[tuple[str, str]]:
     positional = node.args.posonlyargs + node.args.args
     pairs = [*zip(positional[len(positional) - len(node.args.defaults):], node.args.defaults),
              *((a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None)]
-    values = {p.name: p.default for p in getattr(fn, "params", ())}
+    values = {name: p.default for name, p in inspect.signature(fn.fn).parameters.items()}   # a constexpr function's too
     return [(a.arg, shown(values.get(a.arg))) for a, d in pairs if not isinstance(d, ast.Constant)]
 
 

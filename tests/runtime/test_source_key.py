@@ -172,3 +172,22 @@ def test_values_triton_leaves_out_of_its_key_are_in_kforges():
                               "beyond_d": {"by_attribute"}}[name], (name, differ)
             assert all(getattr(base, k).cache_key == getattr(other, k).cache_key
                        for k in ("by_default", "by_attribute"))   # Triton's own: blind to them
+
+
+def test_a_constexpr_functions_default_given_by_a_name_is_in_the_key_by_its_value():
+    import importlib
+    import pathlib
+    import sys
+    import tempfile
+    text = ("import triton\nimport triton.language as tl\nWIDTH = {w}\n\n\n@triton.constexpr_function\n"
+            "def _w(x=WIDTH):\n    return x\n\n\n@triton.jit\ndef k(out_ptr):\n    tl.store(out_ptr, _w())\n")
+    keys = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, w in enumerate((32, 64)):
+            (pathlib.Path(tmp) / f"cf_default_{i}.py").write_text(text.format(w=w))
+            sys.path.insert(0, tmp)
+            try:
+                keys.append(source_key(importlib.import_module(f"cf_default_{i}").k))
+            finally:
+                sys.path.remove(tmp)
+    assert keys[0] != keys[1]
