@@ -133,7 +133,7 @@ def _toml_problem(data: bytes) -> str | None:
     import tomllib
     fix = "doit reads its settings there before anything else: fix the file"
     try:
-        raw = tomllib.loads(data.decode("utf-8"))
+        raw = tomllib.loads(_as_text_mode(data.decode("utf-8")))
     except UnicodeDecodeError as e:
         return f"not UTF-8 text (byte {e.start}: {e.reason}); doit reads it as UTF-8 before anything else: save it so"
     except tomllib.TOMLDecodeError as e:
@@ -178,12 +178,17 @@ def _depth(value) -> int:
     return deepest
 
 
+def _as_text_mode(text: str) -> str:
+    """The text as a file opened in text mode reads it, as doit opens these: "\r\n" and a lone "\r" are line ends."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _ini_problem(data: bytes) -> str | None:
     """Why doit cannot take its settings from this doit.cfg (read by configparser as doit reads it), or None."""
     import configparser
     import locale
     try:
-        text = data.decode(locale.getpreferredencoding(False))   # what open() without an encoding reads
+        text = _as_text_mode(data.decode(locale.getpreferredencoding(False)))   # what open() without an encoding reads
     except (UnicodeDecodeError, LookupError) as e:
         return f"not text doit can read ({e}); save it as {locale.getpreferredencoding(False)}"
     parser = configparser.ConfigParser(allow_no_value=True, delimiters=("=",))

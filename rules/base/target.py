@@ -43,7 +43,7 @@ class Target(NamedTuple):
     key_without_sources: str = ""   # the key less its sources' digests (an early cutoff's second chance)
     defaulted: tuple[str, ...] = ()   # Spec.defaulted and Spec.heuristics: checked where it compiles, in no key
     heuristics: tuple[str, ...] | None = None
-    recorded_code: str = ""   # the source key a record line of this arch was recorded from: checked, in no key
+    recorded_code: tuple[str, ...] = ()   # the source keys its record lines on this arch hold: checked, in no key
 
     @property
     def name(self) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -11,7 +12,7 @@ from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import VALUE_KINDS
-from kforge_runtime.source_key import reproducible, source_key as source_key_of
+from kforge_runtime.source_key import reproducible, source_key as source_key_of, tagged
 
 _root = ""
 _folders: tuple = ()   # observe.Base: the project and the module path: no binary may name them
@@ -121,8 +122,9 @@ def lower(target, scratch: str):
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16),
-              # Triton's own digest of the kernel (its source, the @jit functions it calls, the constexpr globals
-              # it reads, its first line): serving launches this binary only for a function with the same digest
+              # kforge's source key: Triton's digest of the kernel (its source, the @jit functions it calls, the
+              # constexpr globals it reads, its first line) and the values Triton's leaves out that the code takes
+              # (rules/runtime/source_key.py): serving launches this binary only for a function with the same key
               "triton_source_key": source_key_of(fn),
               # the function as Triton's JIT names a call's (its def's module and qualified name), which a spec
               # may name where the library re-exports it: serving matches a call by this
@@ -161,7 +163,7 @@ def _as_imported(target, held, fn) -> None:
     it: the defaults of the @triton.jit function's parameters (a name its default reads may be rebound as the
     library is imported) and the @triton.heuristics around it (a kernel made at import, by a module __getattr__
     or a factory, may carry some its source's def does not show); and for a record line, the code it was recorded
-    from (Triton's source key: a kernel generated and exec'd at run time under its def's name, or another version
+    from (its source key: a kernel generated and exec'd at run time under its def's name, or another version
     of the library, is other code). Where they differ, Triton would launch another binary than the one the load
     asked for: none is built."""
     from triton.language import constexpr
@@ -176,18 +178,25 @@ def _as_imported(target, held, fn) -> None:
             raise ValueError(f"{name} is wrapped by @triton.heuristics computing {', '.join(unseen)} when imported, "
                              f"which the def kforge read in its source does not show, so the load never ran it; "
                              f"put the decorators on that def (or name the def that carries them) and load again")
-    if target.recorded_code and source_key_of(fn) != target.recorded_code and reproducible(source_key_of(fn)):
-        raise ValueError(f"{name}: the code found here (Triton's source key {source_key_of(fn)[:12]}...) is not the "
-                         f"code its record line was recorded from ({target.recorded_code[:12]}...): another version "
-                         f"of the library, a kernel made at run time from other source than its def (generated "
-                         f"and exec'd), or a value its import reads from the GPU (its SM count, say) that kforge's "
-                         f"model of the arch's reference GPU gives otherwise than the recording GPU did "
-                         f"(docs/device_model.md); such a binary is never served: record again with the library "
+    key = source_key_of(fn)
+    # only keys made as this kforge makes them compare (an older recorder's, or none: not checked)
+    comparable = [k for k in target.recorded_code if k.partition(":")[0] == tagged(key).partition(":")[0]]
+    if comparable and tagged(key) not in comparable and reproducible(key):
+        raise ValueError(f"{name}: the code found here (kforge's source key {key[:12]}...) is none of the code its "
+                         f"record lines were recorded from ({', '.join(k[:15] + '...' for k in comparable[:3])}): "
+                         f"another version of the library, a kernel made at run time from other source than its "
+                         f"def (generated and exec'd), or a value its import reads from the GPU (its SM count, say) "
+                         f"that kforge's model of the arch's reference GPU gives otherwise than the recording GPU "
+                         f"did (docs/device_model.md); such a binary is never served: record again with the library "
                          f"built here, or drop its lines ({target.spec_path.split(': ', 1)[0]})")
     defaults = {p.name: p.default for p in fn.params}
     values = dict(target.constexprs)
     for arg in target.defaulted:
-        theirs = defaults.get(arg)
+        theirs = defaults.get(arg, inspect.Parameter.empty)
+        if theirs is inspect.Parameter.empty:
+            raise ValueError(f"{name}: constexpr {arg}: the source's def gives it a default ({values.get(arg)!r}), "
+                             f"but the imported function has none (a kernel the library makes at import from other "
+                             f"source); give {arg} in [constants] or [sweep] ({target.spec_path})")
         theirs = theirs.value if isinstance(theirs, constexpr) else theirs
         ours = values.get(arg)
         if type(theirs) is not type(ours) or theirs != ours:
@@ -208,7 +217,7 @@ def _function(ref: str, target):
 
 def source_key(target) -> str:
     """The digest of the entry's code that meta.json's triton_source_key holds and serving matches: Triton's own
-    (JITFunction.cache_key), the same in every process (kforge_runtime/source_key.py)."""
+    (JITFunction.cache_key) with what it leaves out, the same in every process (kforge_runtime/source_key.py)."""
     return source_key_of(_entry(target))
 
 

@@ -157,9 +157,9 @@ def _check(record, at: str) -> None:
         if name in record["divisible_by_16"][:i]:
             raise SpecError(f"{at}: divisible_by_16 names argument {shown(name)} twice; record the kernel again")
     if "source_key" in record and not (isinstance(record["source_key"], str)
-                                       and re.fullmatch(r"[0-9a-f]{16,128}", record["source_key"])):
-        raise SpecError(f"{at}: source_key {shown(record['source_key'])} is not a digest (hex digits); record the "
-                        f"kernel again")
+                                       and re.fullmatch(r"(v[0-9]{1,3}:)?[0-9a-f]{16,128}", record["source_key"])):
+        raise SpecError(f"{at}: source_key {shown(record['source_key'])} is not a digest (v<n>: and hex digits); "
+                        f"record the kernel again")
     for value in tuned["key"]:
         _check_value(value, f"{at}: autotune key")
     for name, value in tuned["config"].items():
@@ -210,15 +210,14 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
                   "sweep": {p: [configs[0][p]] for p in params}}
         if len(configs) > 1:
             tables["extra"] = configs[1:]
-        # the code each arch's lines were recorded from: the compile checks it builds that code (triton_backend.py)
-        codes = sorted({(r["arch"], r["source_key"]) for r in records if "source_key" in r})
-        twice = next((a for i, (a, _) in enumerate(codes) if a in [b for b, _ in codes[:i]]), None)
-        if twice is not None:
-            raise SpecError(f"{at_lines(where, first_line, len(records))}: {first['kernel']} was recorded on {twice} "
-                            f"from two versions of its code (two source_key values); record it again with the "
-                            f"library you build with")
-        if codes:
-            tables["kernel"]["source_keys"] = dict(codes)
+        # the code each arch's lines were recorded from: the compile checks it builds one of them (triton_backend.py);
+        # two on one arch are two GPUs of it whose import gave the code another value (an SM count), or two versions
+        codes: dict[str, list[str]] = {}
+        for r in records:
+            if "source_key" in r and r["source_key"] not in codes.setdefault(r["arch"], []):
+                codes[r["arch"]].append(r["source_key"])
+        if any(codes.values()):
+            tables["kernel"]["source_keys"] = {a: sorted(keys) for a, keys in codes.items() if keys}
         # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
         # Hopper record on wave64 AMD, one vendor's option on the other's GPU), is left out there: that arch
         # runs another specialization of its own

@@ -209,9 +209,6 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
         defaults = sources.function_defaults(source_path, k["entry"])
         defaulted = tuple(a for a, t in signature if t == "constexpr" and a in defaults and a not in given)
         constants += tuple((a, defaults[a]) for a in defaulted)
-        # one an [arch.<name>] table sets is not the default there: not compared with the function's (Target)
-        defaulted = tuple(a for a in defaulted if not any(isinstance(body, dict) and a in body
-                                                          for body in arch_tables.values()))
         unread = tuple((a, text) for a, text in sources.default_texts(source_path, k["entry"]).items()
                        if dict(signature).get(a) == "constexpr" and a not in defaults)
     per_arch = _check_per_arch(arch_tables, arch_names, signature, swept, k["toolchain"], where)
@@ -230,7 +227,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 derived=derived, per_arch=per_arch, env=env, adapter=adapter, tuned=tuned, notes=notes,
                 device_model=model, setup=setup, arch_env=arch_env, defaulted=defaulted, unread_defaults=unread,
                 heuristics=None if recorded or k["toolchain"] != "triton" else derived,
-                source_keys=tuple(sorted(codes.items())))
+                source_keys=tuple((a, tuple(keys)) for a, keys in sorted(codes.items())))
     return sweep.expand(spec, swept, extras, excludes, made, 0 if recorded else len(raw.get("exclude", [])))
 
 

@@ -140,7 +140,7 @@ class Spec:
     defaulted: tuple[str, ...] = ()
     heuristics: tuple[str, ...] | None = None
     unread_defaults: tuple[tuple[str, str], ...] = ()   # constexprs whose default's text kforge does not read: said
-    source_keys: tuple[tuple[str, str], ...] = ()   # a record's: (arch, the source key its lines were recorded from)
+    source_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()   # a record's: (arch, the source keys its lines hold)
 
     @property
     def reads_args(self) -> bool:

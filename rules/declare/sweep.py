@@ -162,8 +162,8 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
         for p in (*params, *constants):
             kind = dict(spec.signature).get(p, "")
             if kind.startswith(("*", "tensordesc")):
-                raise SpecError(f"{where}: {p} is a {kind} argument: the entry's heuristics see it as an empty "
-                                f"tensor of its element type, so it takes no value; remove it from "
+                raise SpecError(f"{where}: {p} is a {kind} argument: the entry's heuristics see it as a stand-in "
+                                f"answering its element type alone, so it takes no value; remove it from "
                                 f"{'[sweep]' if p in params else '[constants]'}")
             problem = _hint_problem(kind, constants[p]) if p in hints and p in constants else None
             if problem:

@@ -761,7 +761,7 @@ def _decode(groups: list, signatures: list, rows: list, places: Places) -> list[
     actual = places.actual
     shared = [dict(zip(SHARED, (*g[:2], actual(g[2]), g[3], actual(g[4]), *g[5:7], tuple(g[7]), pairs(g[8]),
                                 pairs(g[9]), Layout.of(actual(g[10])), pairs(g[11]), pairs(g[12]), g[13],
-                                tuple(g[14]), tuple(g[15]), None if g[16] is None else tuple(g[16]), g[17])))
+                                tuple(g[14]), tuple(g[15]), None if g[16] is None else tuple(g[16]), tuple(g[17]))))
               for g in groups]
     signature = [pairs(s) for s in signatures]
     def placeholders(rest: list) -> tuple:

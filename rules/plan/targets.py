@@ -282,5 +282,6 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                   config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
                   layout=shared.layout, key=key, key_without_sources=key_without_sources, env=shared.env,
                   placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup,
-                  defaulted=spec.defaulted, heuristics=spec.heuristics,
-                  recorded_code=dict(spec.source_keys).get(arch, ""))
+                  # a value an [arch.<name>] table gives there is the spec's, not a default read
+                  defaulted=tuple(a for a in spec.defaulted if a not in spec.on_arch(arch)), heuristics=spec.heuristics,
+                  recorded_code=dict(spec.source_keys).get(arch, ()))

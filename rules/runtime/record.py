@@ -32,7 +32,7 @@ import sys
 import threading
 
 from .schema import NONE, RECORD_ALWAYS, RECORD_FORMAT, RECORD_OPTIONS, TRITON_DTYPE_NAMES, option_defaults
-from .source_key import source_key
+from .source_key import reproducible, source_key, tagged
 
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
@@ -79,11 +79,13 @@ def specialize(jit, args: tuple, kwargs: dict) -> dict:
 
 
 def _code(jit) -> str | None:
-    """The kernel's source key, or None where it cannot be made (the line is recorded without it, unchecked)."""
+    """The kernel's source key as a line holds it (tagged), or None where it cannot be made or no other process
+    would make it the same (a value written with its address): the line is then recorded without it, unchecked."""
     try:
-        return source_key(jit)
+        key = source_key(jit)
     except Exception:
         return None
+    return tagged(key) if reproducible(key) else None
 
 
 def under_heuristics(fn, args: tuple, kwargs: dict):

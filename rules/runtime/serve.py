@@ -13,9 +13,10 @@ when found, puts a served kernel in Triton's cache in place of a compiled one, s
 Triton's own fast path to it. A served kernel launches through kforge's loader (the driver's launch call, on
 Triton's current stream), which a CUDA graph captures like any launch.
 
-A bundle entry is served only to the function it was built from: its Triton source key (Triton's digest of
-the kernel's source, the @jit functions it calls, the constexpr globals it reads, made the same in every
-process: rules/runtime/source_key.py) must equal the calling function's, so a library upgraded, patched or
+A bundle entry is served only to the function it was built from: its source key (Triton's digest of the
+kernel's source, the @jit functions it calls, the constexpr globals it reads, made the same in every process,
+with the values Triton's leaves out that the code takes: rules/runtime/source_key.py) must equal the calling
+function's, so a library upgraded, patched or
 imported from another checkout after the build compiles (or, strict, stops) instead of launching a binary of
 other code. A bundle that cannot be read is one line: an error
 under strict, else a warning, and every call compiles. With verify=True the first launch of each served

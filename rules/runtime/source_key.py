@@ -4,8 +4,8 @@ It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit
 constexpr globals they read), made the same in every process, with what Triton's leaves out and the code still
 takes: a parameter's default given by a name (its value then; Triton hashes no default), a module's constant read
 as an attribute (`cfg.NUM_SMS`: Triton records the read, not the value) and every global a constexpr function
-reads (Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a constexpr global into its key as
-str(value), and a constexpr that holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's
+reads (Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a
+constexpr global into its key as str(value), and a constexpr that holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's
 sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
 kernel's key never matched from one process to the next, so a build's binary of it was never served ("built
 from other source": 244 of flag_gems's specializations) and never cut off early. Here such a function is
@@ -45,6 +45,14 @@ def source_key(fn) -> str:
             _computing.discard(id(fn))
         _known[id(fn)] = (fn, fn.src, key)
         return key
+
+
+KEY_VERSION = 2   # this module's way of making a key: a record line's key is compared only with one made the same way
+
+
+def tagged(key: str) -> str:
+    """The key as a record line holds it: with the way it was made (KEY_VERSION)."""
+    return f"v{KEY_VERSION}:{key}"
 
 
 def reproducible(key: str) -> bool:
@@ -88,16 +96,24 @@ def _plain(value) -> bool:
 
 
 def _named_defaults(fn, tree) -> list[tuple[str, str]]:
-    """(parameter, its default's value) for each default the def gives by an expression other than a literal."""
-    import ast
+    """(parameter, its default's value) for each default the def gives by a name its text does not settle: one
+    that reads a name other than Triton's own (`UNROLL`, `cfg.BLOCK`, `min(W, 4)`; not `-1`, `2 * 64`,
+    `tl.float32` or `tl.constexpr(8)`, whose text is the value and already in the key)."""
     node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
     if node is None:
         return []
     positional = node.args.posonlyargs + node.args.args
     pairs = [*zip(positional[len(positional) - len(node.args.defaults):], node.args.defaults),
              *((a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None)]
+    named = [a.arg for a, d in pairs
+             if {n.id for n in ast.walk(d) if isinstance(n, ast.Name)} - TRITONS_NAMES]
+    if not named:
+        return []
     values = {name: p.default for name, p in inspect.signature(fn.fn).parameters.items()}   # a constexpr function's too
-    return [(a.arg, shown(values.get(a.arg))) for a, d in pairs if not isinstance(d, ast.Constant)]
+    return [(a, shown(values.get(a))) for a in named]
+
+
+TRITONS_NAMES = {"tl", "triton", "constexpr"}   # a default that reads only these is settled by its text
 
 
 def shown(value) -> str:
@@ -128,16 +144,17 @@ def _finder():
 
         class Finder(DependenciesFinder):
             def visit_Attribute(self, node):
-                # as Triton's (the value an attribute names, its reference recorded), and a module's constant read
-                # so noted with its value: Triton records it without one
+                # as Triton's (the value an attribute names, its reference recorded), and a plain value read so
+                # from a global (`cfg.NSM`, `cfg.settings.NSM`) noted with it: Triton records it without one. A
+                # default's is its value at the def (_named_defaults); a local's is no global's (owner None)
                 owner = self.visit(node.value)
-                while isinstance(owner, ast.Attribute):
+                while isinstance(owner, ast.Attribute):   # as Triton's visit_Attribute does, whatever it guards
                     owner = self.visit(owner.value)
                 if owner is None or getattr(owner, "__name__", "") in self.supported_modules:
                     return None
                 value = getattr(owner, node.attr)
                 self.record_reference(value)
-                if isinstance(owner, types.ModuleType) and _plain(value):
+                if _plain(value) and not self.visiting_arg_default_value:
                     self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
                 return value
 

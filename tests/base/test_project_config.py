@@ -135,6 +135,10 @@ def test_the_settings_files_doit_reads_are_fine_as_kforge_writes_them(tmp_path):
     (tmp_path / "doit.cfg").write_text("[GLOBAL]\nverbosity = 2\n\n[task:x]\nn = 1\n")
     (tmp_path / "pyproject.toml").write_text("a = " + "[" * 100 + "]" * 100 + "\n")   # deep, but within the limit
     assert doit_settings_problem(str(tmp_path)) is None
+    # lines ended by a lone CR (an old Mac editor's): doit opens both in text mode, which reads them as lines
+    (tmp_path / "pyproject.toml").write_bytes(b"[tool.doit]\rverbosity = 2\r")
+    (tmp_path / "doit.cfg").write_bytes(b"[GLOBAL]\rverbosity = 2\r")
+    assert doit_settings_problem(str(tmp_path)) is None
 
 
 @pytest.mark.parametrize("name, text", [("pyproject.toml", DEEP), ("pyproject.toml", "[tool]\ndoit = 1\n"),

@@ -174,13 +174,16 @@ def test_heuristics_of_a_kernel_made_or_wrapped_at_import_are_run_or_refused_nev
 
 
 def test_a_default_an_arch_table_overrides_there_is_not_compared_with_the_functions(tmp_path):
-    """[arch.gfx942] BLOCK = 64 over the source's default 128: gfx942's binary takes 64 by the spec's choice, not
-    as a default read, and builds."""
-    spec = DEFAULTED_SPEC.format(name="per_arch", module="plain", entry="copy_kernel", extra="").replace(
+    """[arch.gfx942] BLOCK = 64 over the source's default: gfx942's binary takes 64 by the spec's choice, not as
+    a default read, and builds; sm_90a reads the default, which the package rebinds at import: refused there
+    (731f55a let it through on every arch)."""
+    spec = DEFAULTED_SPEC.format(name="per_arch", module="in_package", entry="copy_kernel", extra="").replace(
         'archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]') + "\n[arch.gfx942]\nBLOCK = 64\n"
-    plain = REBOUND_IN_PACKAGE.replace("from tk.consts import BLOCK_DEFAULT\n", "BLOCK_DEFAULT = 128\n")
-    root = make_project(tmp_path / "p", specs={"per_arch": spec}, kernels={"plain": plain})
-    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
-    assert statuses(root, "built") == {"per_arch:w4@sm_90a", "per_arch:w4@gfx942"}
-    meta = json.loads((root / "out/gfx942/per_arch/w4/meta.json").read_text())
-    assert meta["constexprs"]["BLOCK"] == 64
+    kernels = {"consts": "BLOCK_DEFAULT = 256\n", "__init__": "from tk import consts\nconsts.BLOCK_DEFAULT = 128\n",
+               "in_package": REBOUND_IN_PACKAGE}
+    root = make_project(tmp_path / "p", specs={"per_arch": spec}, kernels=kernels)
+    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert statuses(root, "built") == {"per_arch:w4@gfx942"}
+    assert json.loads((root / "out/gfx942/per_arch/w4/meta.json").read_text())["constexprs"]["BLOCK"] == 64
+    assert "the source's default gives 256 but the imported function's default is 128" in \
+        _failure(root, "per_arch:w4@sm_90a")

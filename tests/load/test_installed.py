@@ -408,7 +408,7 @@ def test_a_value_for_a_pointer_or_a_mistyped_shape_hint_is_refused_at_load(site,
         Catalog(root, None, 50_000).load()
     if given.startswith("bias_ptr"):
         with pytest.raises(SpecError, match=r"bias_ptr is a \*\{dtype\} argument: the entry's heuristics see it as "
-                                            r"an empty tensor of its element type, so it takes no value"):
+                                            r"a stand-in answering its element type alone, so it takes no value"):
             Catalog(root, None, 50_000).load()
 
 

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kforge_runtime import record, schema
-from kforge_runtime.source_key import source_key
+from kforge_runtime.source_key import source_key, tagged
 from tests.support import Compiled
 
 
@@ -115,7 +115,7 @@ def test_the_hook_appends_each_specialization_once_and_chains_the_hook_it_replac
     assert hook_call(recorder, True) == "theirs" and hook_call(recorder, True) == "theirs"
     assert len(path.read_text().splitlines()) == 1 and calls == ["k", "k"]
     # the kernel's code, by the key a build compares with what it compiles (rules/compile/triton_backend.py)
-    assert json.loads(path.read_text())["source_key"] == source_key(scale_kernel)
+    assert json.loads(path.read_text())["source_key"] == tagged(source_key(scale_kernel))
     assert hook_call(recorder, False) == "theirs"   # a record that fails is a warning, never an error
     assert "kforge record: not recorded (tk.scale.scale_kernel)" in capsys.readouterr().err
 
@@ -163,7 +163,7 @@ def test_an_autotuned_kernel_is_recorded_once_per_key_with_the_config_it_picked(
           "config": {"BLOCK": 256, "num_warps": 8, "num_ctas": 1, "num_stages": 3}}) for n in (1000, 100)]
     assert all(set(r) == {"format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options",
                           "autotune", "source_key"} for r in lines)
-    assert {r["source_key"] for r in lines} == {source_key(copy_tuned.fn)}
+    assert {r["source_key"] for r in lines} == {tagged(source_key(copy_tuned.fn))}
     assert Autotuner.run is before   # recording undone
 
 
@@ -283,3 +283,24 @@ def test_a_write_that_fails_partway_is_one_warning_and_recording_stops(tmp_path,
 def test_a_record_file_in_a_missing_folder_names_the_folder(tmp_path):
     with pytest.raises(record.Unwritable, match=f"its folder {tmp_path / 'nowhere'} does not exist"):
         record.append_once(str(tmp_path / "nowhere" / "app.jsonl"), '{"a": 1}')
+
+
+class _Mode:   # printed with its address: no other process makes the key of a kernel reading it
+    pass
+
+
+MODE = tl.constexpr(_Mode())
+
+
+@triton.jit
+def moded_kernel(x_ptr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), (MODE is not None) * 1.0)
+
+
+def test_a_kernel_whose_key_no_other_process_makes_is_recorded_without_one(tmp_path):
+    """Each recording process (xdist workers, ranks) wrote another key for the same code: the file grew by a line
+    per process and the build refused the family as two versions of the code (a review of 63491da)."""
+    line = record.record_line("m", "moded_kernel", ["x_ptr", "BLOCK"], {"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                              {(1,): 64}, {}, {"num_warps": 4, "num_stages": 3}, "sm_90a", record._code(moded_kernel))
+    assert "source_key" not in line
+    assert record._code(scale_kernel) == tagged(source_key(scale_kernel))

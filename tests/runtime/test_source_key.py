@@ -135,6 +135,11 @@ def by_attribute(out_ptr):
 @triton.jit
 def by_constexpr_function(out_ptr):
     tl.store(out_ptr + tl.program_id(0), _sms())
+
+
+@triton.jit
+def by_object_attribute(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), cfg.settings.NSM)
 '''
 
 
@@ -146,7 +151,8 @@ def _beyond(tmp_path, name, unroll, sms, nsm):
     root = tmp_path / name
     (root / name).mkdir(parents=True)
     (root / name / "__init__.py").write_text("")
-    (root / name / "cfg.py").write_text(f"import triton.language as tl\nNSM = tl.constexpr({nsm})\n")
+    (root / name / "cfg.py").write_text(f"import types\nimport triton.language as tl\nNSM = tl.constexpr({nsm})\n"
+                                        f"settings = types.SimpleNamespace(NSM={nsm})\n")
     (root / name / "k.py").write_text(BEYOND.format(pkg=name, unroll=unroll, sms=sms))
     sys.path.insert(0, str(root))
     try:
@@ -166,10 +172,10 @@ def test_values_triton_leaves_out_of_its_key_are_in_kforges():
         base = _beyond(pathlib.Path(tmp), "beyond_a", 1, 132, 132)
         for name, changes in (("beyond_b", (4, 132, 132)), ("beyond_c", (1, 114, 132)), ("beyond_d", (1, 132, 114))):
             other = _beyond(pathlib.Path(tmp), name, *changes)
-            differ = {k for k in ("by_default", "by_constexpr_function", "by_attribute")
+            differ = {k for k in ("by_default", "by_constexpr_function", "by_attribute", "by_object_attribute")
                       if source_key(getattr(base, k)) != source_key(getattr(other, k))}
             assert differ == {"beyond_b": {"by_default"}, "beyond_c": {"by_constexpr_function"},
-                              "beyond_d": {"by_attribute"}}[name], (name, differ)
+                              "beyond_d": {"by_attribute", "by_object_attribute"}}[name], (name, differ)
             assert all(getattr(base, k).cache_key == getattr(other, k).cache_key
                        for k in ("by_default", "by_attribute"))   # Triton's own: blind to them
 
@@ -191,3 +197,15 @@ def test_a_constexpr_functions_default_given_by_a_name_is_in_the_key_by_its_valu
             finally:
                 sys.path.remove(tmp)
     assert keys[0] != keys[1]
+
+
+@triton.jit
+def settled_defaults(x_ptr, PAD: tl.constexpr = -1, DT: tl.constexpr = tl.float32, B: tl.constexpr = 2 * 64,
+                     S: tl.constexpr = tl.constexpr(8)):
+    tl.store(x_ptr + tl.arange(0, B), tl.full((B,), PAD * S, DT))
+
+
+def test_defaults_their_text_settles_keep_tritons_key():
+    """-1, tl.float32, 2 * 64, tl.constexpr(8): the source's text is the value, already in Triton's key; counted as
+    given by a name (8f18930), they changed the key of ordinary kernels and older bundles went unserved."""
+    assert source_key(settled_defaults) == settled_defaults.cache_key
