@@ -2,11 +2,11 @@
 
 It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the
 constexpr globals they read), made the same in every process, with what Triton's leaves out and the code still
-takes: a parameter's default given by a name (its value then; Triton hashes no default), a module's constant read
-as an attribute (`cfg.NUM_SMS`: Triton records the read, not the value) and every global a constexpr function
+takes: a parameter's default given by a name (its value then; Triton hashes no default), a plain value read as a
+global's attribute (`cfg.NUM_SMS`: Triton records the read, not the value) and every global a constexpr function
 reads (Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a
-constexpr global into its key as str(value), and a constexpr that holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's
-sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
+constexpr global into its key as str(value), and a constexpr that holds a function (`@tl.constexpr def
+get_int_t(...)`, a helper flag_gems's sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
 kernel's key never matched from one process to the next, so a build's binary of it was never served ("built
 from other source": 244 of flag_gems's specializations) and never cut off early. Here such a function is
 written as its module, qualified name and the sha256 of its source text instead, so that its code, not where
@@ -78,8 +78,8 @@ def _digest(fn) -> str:
             if isinstance(val, constexpr) or every and _plain(val)]
     text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
     # what Triton's key leaves out and the code still takes: a default given by a name (its value at the def, not
-    # its text), and a module's constant read as an attribute (`cfg.NUM_SMS`); a kernel with neither keeps
-    # Triton's key exactly
+    # its text), and a plain value read as a global's attribute (`cfg.NUM_SMS`, `cfg.settings.N`); a kernel with
+    # neither keeps Triton's key exactly
     beyond = [*_named_defaults(fn, tree), *getattr(finder, "attributes", ())]
     if beyond:
         text += "+" + repr(sorted(beyond))
