@@ -39,17 +39,20 @@ LINE_LIMIT = 1 << 20       # characters of one line: a record is a few hundred (
 def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
     specialization)."""
-    return [record for _, record in _numbered(path, where)]
+    return [record for _, record, _ in _numbered(path, where)]
 
 
-def _numbered(path: Path, where: str) -> list[tuple[int, dict]]:
-    """read()'s specializations, each with the number of the first line that holds it (and its source_key: one
-    specialization recorded from two versions of the code is one, checked by the first's)."""
-    found: dict[str, tuple[int, dict]] = {}
+def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
+    """read()'s specializations, each as its first line holds it, with that line's number and every source_key its
+    lines hold (one specialization recorded on two GPUs of an arch whose import gave the code another value holds
+    two: the compile takes either)."""
+    found: dict[str, tuple[int, dict, list[str]]] = {}
     for number, record in _lines(path, where):
         record = {k: v for k, v in record.items() if k != "autotune"}
-        found.setdefault(json.dumps({k: v for k, v in record.items() if k != "source_key"}, sort_keys=True),
-                         (number, record))
+        _, _, keys = found.setdefault(json.dumps({k: v for k, v in record.items() if k != "source_key"},
+                                                 sort_keys=True), (number, record, []))
+        if "source_key" in record and record["source_key"] not in keys:
+            keys.append(record["source_key"])
     return list(found.values())
 
 
@@ -188,10 +191,10 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
     """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
     where = shown_path(path, root)
     groups: dict[str, tuple[int, list[dict]]] = {}   # shape -> (its first line: messages name it, its records)
-    for number, record in _numbered(path, where):
+    for number, record, keys in _numbered(path, where):
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
-        groups.setdefault(shape, (number, []))[1].append(record)
+        groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys})   # every key its lines hold
     found = []
     for shape, (first_line, records) in groups.items():
         first = records[0]
@@ -214,8 +217,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         # two on one arch are two GPUs of it whose import gave the code another value (an SM count), or two versions
         codes: dict[str, list[str]] = {}
         for r in records:
-            if "source_key" in r and r["source_key"] not in codes.setdefault(r["arch"], []):
-                codes[r["arch"]].append(r["source_key"])
+            codes.setdefault(r["arch"], []).extend(k for k in r["source_key"] if k not in codes[r["arch"]])
         if any(codes.values()):
             tables["kernel"]["source_keys"] = {a: sorted(keys) for a, keys in codes.items() if keys}
         # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a

@@ -410,3 +410,18 @@ def test_a_malformed_source_key_is_one_error_naming_the_line(project, bad):
     (project / "specs" / "app.jsonl").write_text(line(128, source_key=bad) + "\n")
     with pytest.raises(SpecError, match=r"app.jsonl:1: source_key .* is not a digest \(v<n>: and hex digits\)"):
         targets(project)
+
+
+def test_one_specialization_recorded_with_two_keys_keeps_both(project):
+    """The same specialization recorded on two GPUs of an arch whose import gave the code another value (an SM
+    count): one line each, one target; it kept only the first line's key, so a build whose code is the second's
+    was refused as other code."""
+    import importlib
+    from kforge_runtime.source_key import source_key, tagged
+    mine = tagged(source_key(importlib.import_module("tk.scale").scale_kernel))
+    (project / "specs" / "app.jsonl").write_text("\n".join(
+        [line(128, source_key="v2:" + "c" * 64), line(128, source_key=mine), ""]))
+    (found,) = targets(project).values()
+    assert found.recorded_code == tuple(sorted(["v2:" + "c" * 64, mine]))
+    doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
+    assert len(statuses(project, "built")) == 1
