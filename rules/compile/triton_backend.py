@@ -151,15 +151,17 @@ def _entry(target):
         held = entry_object(module, target.entry)
     except AttributeError:
         held = None
-    fn = layers(held)[-1]
+    wrapped = layers(held)
+    fn = wrapped[-1]
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
-    _as_imported(target, held, fn)
+    _as_imported(target, wrapped)
     return fn
 
 
-def _as_imported(target, held, fn) -> None:
-    """What the load read from the entry's source, checked against what the import holds, where a launch reads
+def _as_imported(target, wrapped: list) -> None:
+    """What the load read from the entry's source, checked against what the import holds (`wrapped`: the entry
+    as imported, outermost first, its @triton.jit function last: entry_probe.layers), where a launch reads
     it: the defaults of the @triton.jit function's parameters (a name its default reads may be rebound as the
     library is imported) and the @triton.heuristics around it (a kernel made at import, by a module __getattr__
     or a factory, may carry some its source's def does not show); and for a record line, the code it was recorded
@@ -169,10 +171,9 @@ def _as_imported(target, held, fn) -> None:
     from triton.language import constexpr
     from triton.runtime.autotuner import Heuristics
 
-    from kforge.load.entry_probe import layers
-    name = f"{target.module}.{target.entry}"
+    name, fn = f"{target.module}.{target.entry}", wrapped[-1]
     if target.heuristics is not None:
-        unseen = [n for layer in layers(held) if isinstance(layer, Heuristics) for n in layer.values
+        unseen = [n for layer in wrapped if isinstance(layer, Heuristics) for n in layer.values
                   if n not in target.heuristics]
         if unseen:
             raise ValueError(f"{name} is wrapped by @triton.heuristics computing {', '.join(unseen)} when imported, "

@@ -266,13 +266,15 @@ def function_params(path: Path, name: str) -> tuple[str, ...] | None:
 def default_texts(path: Path, name: str) -> dict[str, str]:
     """Each parameter of the function that has a default, and that default's source text."""
     node, _ = entry_def(path, name)
-    if node is None:
-        return {}
+    return {} if node is None else {arg.arg: ast.unparse(default) for arg, default in _defaults(node)}
+
+
+def _defaults(node: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
+    """(parameter, its default's expression) for each parameter of the def that has one."""
     a = node.args
     positional = a.posonlyargs + a.args
-    pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
-             *((x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
-    return {arg.arg: ast.unparse(default) for arg, default in pairs}
+    return [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
+            *((x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
 
 
 def function_defaults(path: Path, name: str) -> dict:
@@ -283,12 +285,8 @@ def function_defaults(path: Path, name: str) -> dict:
     node, _ = entry_def(path, name)
     if node is None:
         return {}
-    a = node.args
-    positional = a.posonlyargs + a.args
-    pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
-    pairs += [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
     found = {}
-    for arg, default in pairs:
+    for arg, default in _defaults(node):
         if isinstance(default, ast.Name):   # a module-level def's: a nested one's names may be its scope's
             where = getattr(node, "kforge_file", None)
             value = _NOT_LITERAL if where is None else _module_constant(where, default.id, 0)

@@ -1,5 +1,6 @@
 """rules/compile/triton_backend.py: what a Triton compile writes into meta.json beyond the binary."""
 import json
+import textwrap
 
 from tests.support import doit, kernel_text, make_project, spec_text, statuses
 
@@ -109,6 +110,16 @@ def test_a_default_the_source_reads_from_a_name_rebound_at_import_builds_nothing
         assert "constexpr BLOCK: the source's default gives 256 but the imported function's default is 128" in error
 
 
+EVEN_COPY = """
+@triton.jit
+def {name}(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(y_ptr + i, tl.load(x_ptr + i))
+    else:
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+"""
+
 LAZY_HEURISTICS = """
 import triton
 import triton.language as tl
@@ -116,13 +127,7 @@ import triton.language as tl
 
 def __getattr__(name):   # the kernel is made when first asked for
     if name == "copy_kernel":
-        @triton.jit
-        def _copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-            i = tl.arange(0, BLOCK)
-            if EVEN:
-                tl.store(y_ptr + i, tl.load(x_ptr + i))
-            else:
-                tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+{body}
         return triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})(_copy)
     raise AttributeError(name)
 
@@ -130,21 +135,13 @@ def __getattr__(name):   # the kernel is made when first asked for
 if False:   # the signature kforge reads
     def copy_kernel(x_ptr, y_ptr, n, BLOCK, EVEN):
         pass
-"""
+""".replace("{body}", textwrap.indent(EVEN_COPY.format(name="_copy").strip("\n"), " " * 8))
 
 WRAPPED_AT_IMPORT = """
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    i = tl.arange(0, BLOCK)
-    if EVEN:
-        tl.store(y_ptr + i, tl.load(x_ptr + i))
-    else:
-        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-
+{body}
 
 def _wrap():   # wrapped by a function the module calls: the def's source shows no heuristic
     global copy_kernel
@@ -152,7 +149,7 @@ def _wrap():   # wrapped by a function the module calls: the def's source shows 
 
 
 _wrap()
-"""
+""".replace("{body}", EVEN_COPY.format(name="copy_kernel"))
 
 
 def test_heuristics_of_a_kernel_made_or_wrapped_at_import_are_run_or_refused_never_skipped(tmp_path):

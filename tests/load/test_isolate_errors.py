@@ -49,12 +49,17 @@ def test_a_kernels_code_that_exits_or_raises_a_base_exception_fails_the_call_wit
             server.close()
 
 
-def test_a_process_that_exits_uncaught_says_it_was_running_the_kernels_code_and_the_likely_cause():
-    server = isolate.Server(exits_hard)
+def one_call(fn, timeout: float) -> isolate.Outcome:
+    """fn(None) in a server of its own, closed after."""
+    server = isolate.Server(fn)
     try:
-        out = server.call(None, 30)
+        return server.call(None, timeout)
     finally:
         server.close()
+
+
+def test_a_process_that_exits_uncaught_says_it_was_running_the_kernels_code_and_the_likely_cause():
+    out = one_call(exits_hard, 30)
     assert not out.ok and out.error.splitlines()[0] == "compiler process exited with code 0 and no result"
     assert ("while running the kernel's code (importing its module or compiling): a module that calls sys.exit or "
             "os._exit at import is a likely cause") in out.error
@@ -78,11 +83,7 @@ def fails_in_a_call(_):
 
 
 def test_a_compilation_error_that_says_only_where_gets_the_last_line_of_its_innermost_cause():
-    server = isolate.Server(fails_in_a_call)
-    try:
-        out = server.call(None, 60)
-    finally:
-        server.close()
+    out = one_call(fails_in_a_call, 60)
     lines = out.error.splitlines()
     assert lines[0] == "triton.compiler.errors.CompilationError: at 2:8:" and lines[-2].strip() == "^", out.error
     assert lines[-1] == "AttributeError: 'str' object has no attribute 'to_ir'"
