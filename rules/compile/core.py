@@ -162,7 +162,10 @@ def _route(request: tuple, fd: int) -> dict:
         except Exception as e:   # a toolchain that cannot even import fails every target clearly
             return {"error": _unusable(target, e)}
     if installed and "torch" not in sys.modules and _requires_torch(package):
-        _import_torch()
+        # imported once here, every server forked from the hub has it (each imports one kernel module, and would
+        # pay torch's 1.6-2 s import again); kernels that do not need torch do not pay for it
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401  (part of the toolchain: never an input)
     started = time.time()
     levels = import_levels(target)
     outcome = _server_for(target, backend, root, not in_hub).call(
@@ -275,16 +278,6 @@ def _init_imports_torch(package: str) -> bool:
             if any(n == "torch" or n.startswith("torch.") for n in names):
                 return True
     return False
-
-
-def _import_torch() -> None:
-    """A library that requires torch imports it: imported once in the hub, every compile server forked from
-    it has it (each server imports one kernel module, and would pay torch's 1.6-2 s import again). Kernels that
-    do not need torch do not pay for it."""
-    try:
-        import torch  # noqa: F401  (part of the toolchain: never an input)
-    except ImportError:
-        pass
 
 
 def compile_into(target: Target, private_root: Path, root: str, timeout: float) -> isolate.Outcome:
@@ -615,7 +608,8 @@ class _InputsMemo:
         if not (self.seen <= seen and self.written <= written):
             return False
         # read since: only what the recorder skips by name (as opened, when that names the file), or what is no input
-        if any(not _skipped(p, recorder.skip) and recorder.is_input(p) for p in seen - self.seen):
+        if any(not (observe.as_opened(p) or "").startswith(recorder.skip) and recorder.is_input(p)
+               for p in seen - self.seen):
             return False
         # written since: never an input (digests() trusts what the process wrote itself)
         if any(os.path.realpath(p) in self.real for p in written - self.written):
@@ -636,14 +630,6 @@ def _fixed(recorder: observe.Recorder) -> tuple:
     return (frozenset(recorder.listed.items()), frozenset(recorder.variables), frozenset(sys.modules), recorder.skip,
             recorder.since_ns,
             tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
-
-
-def _skipped(path: str, skip: tuple[str, ...]) -> bool:
-    """Whether the recorder skips a path by its name as opened (its empty and `.` steps dropped; a `..` step is
-    taken after the links before it, which the text cannot follow: then not)."""
-    steps = path.split(os.sep)
-    return path.startswith(os.sep) and ".." not in steps and \
-        (os.sep + os.sep.join(s for s in steps if s not in ("", "."))).startswith(skip)
 
 
 def _stats(files) -> tuple[tuple, bool]:

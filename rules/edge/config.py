@@ -287,7 +287,6 @@ def missing_command(config, args: list[str]) -> str | None:
             f"kforge's own pyproject.toml does")
 
 
-CONFIG_FILES = ("pyproject.toml", "doit.cfg")   # what doit reads in the folder it starts in, before anything else
 CONFIG_LIMIT = project_config.SIZE_LIMIT   # doit reads the whole file into memory
 
 
@@ -296,7 +295,7 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
     parser indexed its first character: an IndexError traceback), or a settings file doit would read that is no
     file (a FIFO at pyproject.toml blocked doit for ever, a device never ends) or is far too large."""
     problem = blank_argument(args)
-    for name in CONFIG_FILES:
+    for name in project_config.DOIT_FILES:   # what doit reads in the folder it starts in, first
         path = os.path.join(folder, name)
         if problem is not None or not os.path.exists(path):   # a link to nothing: doit passes it by too
             continue

@@ -9,9 +9,9 @@ lists and computed constexprs are then the target's own. Nothing is allocated or
 GPU (a tensor on "cuda", a stream, a synchronize, a kernel launch, a benchmark) raises NeedsGPU, one line
 naming the call, where the library made it and the family.
 
-DEVICES is the one table of reference GPUs; SOURCES says where each value comes from (docs/device_model.md
-shows both). Installed by install(arch) before the family's module is imported; Triton's driver at once,
-torch when it is imported (most of kforge's processes never import it).
+DEVICES is the one table of reference GPUs (docs/device_model.md shows it, with where each value comes from).
+Installed by install(arch) before the family's module is imported; Triton's driver at once, torch when it is
+imported (most of kforge's processes never import it).
 """
 from __future__ import annotations
 
@@ -62,38 +62,7 @@ DEVICES: dict[str, Device] = {d.arch: d for d in (
            160 * KiB, 160 * KiB, 160 * KiB, 131072, 2048, 1024),
 )}
 
-# Where each value comes from, per vendor (cited by name; docs/device_model.md has the table with them).
-DATASHEETS = {
-    "sm_80": "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: 80 GB HBM2e) and the NVIDIA A100 Tensor Core "
-             "GPU Architecture whitepaper (108 SMs)",
-    "sm_90a": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3) and the NVIDIA H100 Tensor Core GPU "
-              "Architecture whitepaper (SXM5: 132 SMs)",
-    "sm_100a": "NVIDIA DGX B200 datasheet (1,440 GB of GPU memory for 8 GPUs: 180 GB each) and NVIDIA's Blackwell "
-               "architecture technical brief (B200: 148 SMs)",
-    "gfx90a": "ROCm documentation, 'AMD GPU specifications' (MI250X: 128 GiB, 220 CUs for its two GCDs; the name "
-              "as hipinfo prints it, e.g. ROCm/hip issue 3330)",
-    "gfx942": "ROCm documentation, 'AMD GPU specifications' (MI300X: 192 GiB, 304 CUs)",
-    "gfx950": "ROCm documentation, 'AMD GPU specifications' (MI355X: 288 GiB, 256 CUs)",
-}
-SOURCES = {
-    "nvidia": {
-        "name, total_memory, multi_processor_count": "the datasheet (DATASHEETS); total_memory is its capacity "
-                                                     "in GiB (a real device reports a little less)",
-        "capability, warp_size, shared memory, registers, threads": "CUDA C++ Programming Guide, table "
-            "'Technical Specifications per Compute Capability' (8.0, 9.0, 10.0): 48 KB per block unless opted "
-            "in, 163 / 227 KB opted in, 164 / 228 KB per SM, 64K 32-bit registers per SM and per block, "
-            "2048 threads per SM, 1024 per block",
-    },
-    "amd": {
-        "name, total_memory, multi_processor_count": "the ROCm 'AMD GPU specifications' table (DATASHEETS)",
-        "capability, gcnArchName": "the same table's LLVM target name and GFXIP major / minor version, which "
-                                   "torch on ROCm reports as major / minor (gfx942: 9.4)",
-        "warp_size, shared memory, registers": "the same table: wavefront size 64, LDS per CU (64 KiB; 160 KiB "
-                                               "on gfx950; one workgroup may use all of it), VGPR file 512 KiB "
-                                               "per CU (131,072 32-bit registers)",
-        "threads": "HIP's limits on CDNA: 1024 threads per workgroup, 2048 per CU (32 wavefronts of 64)",
-    },
-}
+# where each value comes from (datasheets, the CUDA programming guide, ROCm's tables): docs/device_model.md
 TORCH_VERSIONS = {"nvidia": ("cuda", "12.8"), "amd": ("hip", "6.4.0")}   # a CUDA / ROCm torch's torch.version
 
 
@@ -253,14 +222,8 @@ class Properties:
 
     def __init__(self, d: Device):
         self.name, (self.major, self.minor), self.gcnArchName = d.name, d.capability, d.gcn_arch_name
-        self.total_memory, self.multi_processor_count, self.warp_size = (d.total_memory, d.multi_processor_count,
-                                                                         d.warp_size)
-        self.shared_memory_per_block = d.shared_memory_per_block
-        self.shared_memory_per_block_optin = d.shared_memory_per_block_optin
-        self.shared_memory_per_multiprocessor = d.shared_memory_per_multiprocessor
-        self.regs_per_multiprocessor = d.regs_per_multiprocessor
-        self.max_threads_per_multi_processor = d.max_threads_per_multi_processor
-        self.max_threads_per_block = d.max_threads_per_block
+        for field in Device._fields[Device._fields.index("total_memory"):]:   # named as torch names them
+            setattr(self, field, getattr(d, field))
         self.is_integrated, self.is_multi_gpu_board = False, False
 
     def __getattr__(self, name):   # only for attributes not set above (L2_cache_size, clock_rate, uuid, ...)
@@ -292,7 +255,8 @@ def _install_torch(torch) -> None:
         "_maybe_exchange_device": lambda device: 0,
         # every allocation, stream, event and synchronize on "cuda" initializes CUDA here first (torch's C++
         # calls torch.cuda._lazy_init too)
-        "_lazy_init": _lazy_init,
+        "_lazy_init": functools.partial(_refuse, "initializing CUDA (a tensor or stream on a GPU, a "
+                                                 "synchronize)"),
         # the stream work is queued on (`with torch.cuda.stream(side):` at import): a handle; nothing runs there
         "current_stream": lambda device=None: stream(),
         "default_stream": lambda device=None: stream(),
@@ -422,17 +386,6 @@ def _cuda_only(name: str):
 GPU_RUNTIMES = ("libcuda.", "libcudart.", "libnvrtc.", "libnvJitLink.", "libamdhip64.", "libhiprtc.")
 
 
-class _Missing:
-    """A function of a GPU runtime library this machine lacks: its ctypes attributes can be set (argtypes,
-    restype), a call needs the GPU."""
-
-    def __init__(self, what: str):
-        self.what = what
-
-    def __call__(self, *args, **kwargs):
-        raise needs_gpu(self.what)
-
-
 def _install_ctypes() -> None:
     """ctypes.CDLL of a GPU runtime library (libcudart.so.12, libamdhip64.so) that this machine lacks loads a
     stand-in under the model, as a CUDA backend does at import; calling one of its functions needs the GPU."""
@@ -452,8 +405,8 @@ def _install_ctypes() -> None:
 
     def getattr_(self, name):
         missing = self.__dict__.get("_kforge_missing")
-        if missing is not None and not name.startswith("__"):
-            return _Missing(f"{missing}'s {name}")
+        if missing is not None and not name.startswith("__"):   # its ctypes attributes (argtypes) can be set
+            return functools.partial(_refuse, f"{missing}'s {name}")
         return real_getattr(self, name)
     init.kforge_model = True
     ctypes.CDLL.__init__, ctypes.CDLL.__getattr__ = init, getattr_
@@ -486,10 +439,6 @@ def _handle(name: str, what: str, device) -> type:
 
 def _refuse(what: str, *args, **kwargs):
     raise needs_gpu(what)
-
-
-def _lazy_init() -> None:
-    raise needs_gpu("initializing CUDA (a tensor or stream on a GPU, a synchronize)")
 
 
 def _torch_imported() -> None:

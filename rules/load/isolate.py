@@ -76,9 +76,8 @@ class Server:
     """A child process forked on first use; setup() runs once in it, fn(request) once per call."""
 
     def __init__(self, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None,
-                 collect_garbage: bool = False, retire_after_mb: float = RETIRE_AFTER_MB):
-        self.fn, self.setup = fn, setup
-        self.collect_garbage, self.retire_after_mb = collect_garbage, retire_after_mb
+                 retire_after_mb: float = RETIRE_AFTER_MB):
+        self.fn, self.setup, self.retire_after_mb = fn, setup, retire_after_mb
         self.pid: int | None = None
         self.conn = None
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
@@ -142,7 +141,7 @@ class Server:
         pid = os.fork()
         if pid == 0:   # child: never returns
             parent_end.close()
-            _serve(child_end, self.fn, self.setup, self.collect_garbage, self.retire_after_mb, parent)
+            _serve(child_end, self.fn, self.setup, self.retire_after_mb, parent)
         child_end.close()
         self.pid, self.conn = pid, parent_end
         self.started += 1
@@ -207,8 +206,7 @@ class Attached(Server):
         self.pid = self.conn = None
 
 
-def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None,
-             retire_after_mb: float = RETIRE_AFTER_MB) -> int:
+def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None) -> int:
     """Fork a server for another process, answering calls on the socket `fd` (the other end is the asker's:
     Attached), under a minder that sends the asker its pid first and its exit status last. Returns the minder's
     pid (the caller reaps it); `fd` is closed here."""
@@ -224,7 +222,7 @@ def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | Non
         me = os.getpid()
         child = os.fork()
         if child == 0:   # never returns
-            _serve(conn, fn, setup, False, retire_after_mb, me)
+            _serve(conn, fn, setup, RETIRE_AFTER_MB, me)
         conn.send({"pid": child})
         _, status = os.waitpid(child, 0)
         conn.send({"died": status})
@@ -399,9 +397,7 @@ def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: in
         gc.disable()   # it imports toolchains and forks: the collector would only slow the imports down
         die_with_parent(parent)
         _name_process(HUB_NAME)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # as _serve: Ctrl-C ends it with the run
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _default_signals()
         while True:
             data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 1)
             if not data:   # no process holds the other end any more
@@ -422,20 +418,23 @@ def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: in
         os._exit(0)
 
 
-def _serve(conn, fn, setup, collect_garbage: bool, retire_after_mb: float, parent: int) -> None:
+def _default_signals() -> None:
+    """Ctrl-C ends a hub or server with the run (the run reports it), unless the run ignores it (started in the
+    background, under nohup): then its servers ignore it too, or a compile would die with no interrupt at all."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _serve(conn, fn, setup, retire_after_mb: float, parent: int) -> None:
     try:
         _leave_hub()
         _name_process(SERVER_NAME)
         gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
-        if not collect_garbage:
-            gc.disable()   # see the module's docstring
+        gc.disable()   # see the module's docstring
         die_with_parent(parent)
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
-        # Ctrl-C ends the server with the run (the run reports it), unless the run ignores it (started in the
-        # background, under nohup): then its servers ignore it too, or a compile would die with no interrupt at all
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _default_signals()
         # Python-level writes go to fd 2 too (doit and pytest replace sys.stdout/err with in-memory buffers)
         sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
         setup_error = None

@@ -89,7 +89,7 @@ def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
     meta-path finders map (finder_packages), each folder as given and as resolved, so that a file is named by
     the path it was opened by where that path lies in one (a link in the project that leads out of it)."""
     found = {Base(form) for p in (root, *(sys.path if path is None else path))
-             for form in (_as_opened(_absolute(p or ".")), os.path.realpath(p or ".")) if form}
+             for form in (as_opened(_absolute(p or ".")), os.path.realpath(p or ".")) if form}
     found |= {Base(form, package + "/") for package, folder in finder_packages()
               for form in (folder, os.path.realpath(folder))}
     return tuple(sorted((b for b in found if os.path.isdir(b.folder)), key=lambda b: (-len(b.folder), b)))
@@ -98,7 +98,7 @@ def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
 def name_of(path: str, folders: tuple[Base, ...]) -> str:
     """`path` relative to the deepest of `folders` holding it: first as opened (a link is named where it lies),
     else as resolved; the absolute resolved path when none holds it."""
-    for form in (_as_opened(_absolute(path)), os.path.realpath(path)):
+    for form in (as_opened(_absolute(path)), os.path.realpath(path)):
         for base in folders if form else ():
             if form.startswith(base.folder + os.sep):
                 return base.prefix + form[len(base.folder) + 1:]
@@ -398,7 +398,7 @@ class Recorder:
                 path = importlib.util.source_from_cache(path)
             except ValueError:
                 return None
-        real, opened = os.path.realpath(path), _as_opened(path)
+        real, opened = os.path.realpath(path), as_opened(path)
         if real.startswith(self.skip) or (opened or real).startswith(self.skip) or real in self.skip_files \
                 or not os.path.isfile(real):
             return None
@@ -408,10 +408,10 @@ class Recorder:
 
 
 def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
-    """The path as opened when it names the file (_as_opened) and lies strictly inside one of `within` (the
+    """The path as opened when it names the file (as_opened) and lies strictly inside one of `within` (the
     project, a module path entry: where names are the same on every machine), else the resolved one when that
     does; None when neither does."""
-    opened = _as_opened(path)
+    opened = as_opened(path)
     return opened if opened and opened.startswith(within) else real if real.startswith(within) else None
 
 
@@ -420,7 +420,7 @@ def _absolute(path: str) -> str:
     return path if path.startswith(os.sep) else os.path.join(os.getcwd(), path)
 
 
-def _as_opened(path: str) -> str | None:
+def as_opened(path: str) -> str | None:
     """An absolute path as it was opened, without its empty and `.` steps, when that names the file opened: a
     `..` step is taken by the kernel after the links before it, which no text can follow (None then: the
     resolved path names it)."""

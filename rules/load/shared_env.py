@@ -92,7 +92,8 @@ def explain(e: BaseException) -> bool:
 def explain_pin(e: BaseException) -> bool:
     """If `e` is an import that failed on a package kforge pins, its message becomes one line naming the library's
     line, the pin and the fix; True if it was such a failure."""
-    if not _on_a_pin(e):
+    top = e.name.split(".")[0] if isinstance(e, ImportError) and e.name else None
+    if top is None or not (top in HIDDEN or top.replace("_", "-") in pins()):
         return False
     e.msg = message(e)
     return True
@@ -149,13 +150,6 @@ def library_line(e: BaseException, code: bool = True) -> str:
     text = linecache.getline(filename, lineno).split("  #")[0].strip() if code else ""
     shown = observe.name_of(filename, observe.bases(os.getcwd()))
     return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
-
-
-def _on_a_pin(e: BaseException) -> bool:
-    if not isinstance(e, ImportError) or not e.name:
-        return False
-    top = e.name.split(".")[0]
-    return top in HIDDEN or top.replace("_", "-") in pins()
 
 
 def _version(top: str) -> str | None:

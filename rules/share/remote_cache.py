@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge.share.cache import ArtifactCache
-from kforge.store import artifact
+from kforge.store import artifact, guard
 from kforge.store.artifact import Candidate, CompileResult
 from kforge_runtime.bundle import MAX_BINARY_BYTES
 
@@ -150,7 +150,7 @@ class RemoteCache(ArtifactCache):
             raise ValueError(str(e)) from None
 
     def refused(self, target, error: Exception) -> list[str]:
-        artifact.remove(target)
+        guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
         lines = [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
                  f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
         self._count(REFUSED)

@@ -472,11 +472,6 @@ def files_of(directory: Path) -> dict[str, bytes]:
     return {META: meta_bytes, binary: read_bytes(directory / binary)}
 
 
-def remove(target) -> None:
-    """Drop one target's whole artifact directory (never anything outside out/: rules/store/guard.py)."""
-    guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
-
-
 # error.txt: "key: <key>", then for a deterministic failure "inputs: <JSON>" (what its compile read), then the
 # message (rules/compile/action.py's), then the compiler's traceback after TRACEBACK. Written and read only here.
 TRACEBACK = "\n\nTraceback in the compiler's process:\n"
