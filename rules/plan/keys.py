@@ -15,7 +15,7 @@ from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.plan import amd_linker
 from kforge.store.files import JsonState
-from kforge_runtime import schema
+from kforge_runtime import schema, source_key
 
 # The environment variables that change what a compiler emits (kforge_runtime.schema: serving compares them too).
 compiler_env = schema.code_environment
@@ -85,5 +85,7 @@ def fingerprint_for(toolchain: str, arch: str, cache_file: Path) -> tuple[tuple[
 
 
 def action_key(payload: dict) -> str:
-    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py builds the payload)."""
-    return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, **payload})
+    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py builds the payload),
+    with the way meta.json's triton_source_key is made: a target built before that changed is built again, not kept
+    (or taken from a cache) with a key serving no longer makes."""
+    return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, "source_key": source_key.KEY_VERSION, **payload})

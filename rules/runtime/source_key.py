@@ -3,8 +3,9 @@
 It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the
 constexpr globals they read), made the same in every process, with what Triton's leaves out and the code still
 takes: a parameter's default given by a name (its value then; Triton hashes no default), a plain value read as a
-global's attribute (`cfg.NUM_SMS`: Triton records the read, not the value) and every global a constexpr function
-reads (Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a
+global's attribute (`cfg.NUM_SMS`: Triton records the read, not the value), every global a constexpr function
+reads, and every other value a global or a closure gives a kernel that Triton's code generator takes (a tl.dtype, a
+namedtuple, a plain value under TRITON_ALLOW_NON_CONSTEXPR_GLOBALS: Triton hashes only tl.constexpr ones). A kernel with none of those has Triton's key exactly. Triton writes a
 constexpr global into its key as str(value), and a constexpr that holds a function (`@tl.constexpr def
 get_int_t(...)`, a helper flag_gems's sort kernels call) prints as `<function get_int_t at 0x7f...>`: an address, another in every process. Such a
 kernel's key never matched from one process to the next, so a build's binary of it was never served ("built
@@ -47,7 +48,7 @@ def source_key(fn) -> str:
         return key
 
 
-KEY_VERSION = 2   # this module's way of making a key: a record line's key is compared only with one made the same way
+KEY_VERSION = 3   # this module's way of making a key: a record line's key is compared only with one made the same way
 
 
 def tagged(key: str) -> str:
@@ -75,12 +76,16 @@ def _digest(fn) -> str:
     # a constexpr function runs as Python while the kernel compiles: every global it reads is in what it gives
     every = isinstance(fn, ConstexprFunction)
     used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items()
-            if isinstance(val, constexpr) or every and _plain(val)]
+            if isinstance(val, constexpr) or every and _value(val)]
     text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
     # what Triton's key leaves out and the code still takes: a default given by a name (its value at the def, not
-    # its text), and a plain value read as a global's attribute (`cfg.NUM_SMS`, `cfg.settings.N`); a kernel with
-    # neither keeps Triton's key exactly
-    beyond = [*_named_defaults(fn, tree), *getattr(finder, "attributes", ())]
+    # its text), a value read as a global's attribute (`cfg.NUM_SMS`, `cfg.settings.N`), and any other value a
+    # global or a closure gives the code (a tl.dtype, a namedtuple, a plain value under
+    # TRITON_ALLOW_NON_CONSTEXPR_GLOBALS: Triton's code generator takes them, its key holds only tl.constexpr
+    # ones); a kernel with none of them keeps Triton's key exactly
+    taken = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items()
+             if not isinstance(val, constexpr) and not every and _value(val)]
+    beyond = [*_named_defaults(fn, tree), *getattr(finder, "attributes", ()), *taken]
     if beyond:
         text += "+" + repr(sorted(beyond))
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -89,10 +94,11 @@ def _digest(fn) -> str:
     return key
 
 
-def _plain(value) -> bool:
-    from triton.language.core import constexpr
-    return isinstance(value, (constexpr, bool, int, float, str, type(None))) or \
-        isinstance(value, tuple) and all(map(_plain, value))
+def _value(value) -> bool:
+    """A value the code takes as it is: a constexpr, a plain value, a tl.dtype, or a tuple (a namedtuple) of them."""
+    from triton.language.core import constexpr, dtype
+    return isinstance(value, (constexpr, dtype, bool, int, float, str, type(None))) or \
+        isinstance(value, tuple) and all(map(_value, value))
 
 
 def _named_defaults(fn, tree) -> list[tuple[str, str]]:
@@ -154,7 +160,7 @@ def _finder():
                     return None
                 value = getattr(owner, node.attr)
                 self.record_reference(value)
-                if _plain(value) and not self.visiting_arg_default_value:
+                if _value(value) and not self.visiting_arg_default_value:
                     self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
                 return value
 

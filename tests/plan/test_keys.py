@@ -258,6 +258,15 @@ def test_an_action_key_does_not_depend_on_dict_order():
             == keys.action_key({"sources": [["a.py", "x"]], "env": {"B": "2", "A": "1"}, "arch": "sm_90a"}))
 
 
+def test_an_action_key_changes_with_the_way_source_keys_are_made(monkeypatch):
+    """meta.json holds the kernel's source key as the compile made it: when kforge makes it another way, every
+    target builds again instead of keeping (or taking from a cache) a key serving no longer matches."""
+    from kforge_runtime import source_key
+    before = keys.action_key({"arch": "sm_90a"})
+    monkeypatch.setattr(source_key, "KEY_VERSION", source_key.KEY_VERSION + 1)
+    assert keys.action_key({"arch": "sm_90a"}) != before
+
+
 def test_an_action_key_tells_value_types_apart():
     variants = [{"FLAG": True}, {"FLAG": 1}, {"FLAG": 1.0}, {"FLAG": "1"}, {"FLAG": [1]}]
     assert len({keys.action_key(p) for p in variants}) == len(variants)

@@ -209,3 +209,68 @@ def test_defaults_their_text_settles_keep_tritons_key():
     """-1, tl.float32, 2 * 64, tl.constexpr(8): the source's text is the value, already in Triton's key; counted as
     given by a name (8f18930), they changed the key of ordinary kernels and older bundles went unserved."""
     assert source_key(settled_defaults) == settled_defaults.cache_key
+
+
+TAKEN = '''
+import collections
+import types
+import triton
+import triton.language as tl
+
+ACC = tl.{acc}
+SCALE = {scale}
+Shape = collections.namedtuple("Shape", "rows")
+SHAPE = Shape({rows})
+cfg = types.SimpleNamespace(ACC=tl.{acc})
+
+
+@triton.jit
+def dtype_global(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr).to(ACC).to(tl.float32))
+
+
+@triton.jit
+def plain_global(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) * SCALE)
+
+
+@triton.jit
+def namedtuple_global(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) * SHAPE.rows)
+
+
+@triton.jit
+def dtype_attribute(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr).to(cfg.ACC).to(tl.float32))
+
+
+def make_cast(dt):
+    @triton.jit
+    def cast_kernel(x_ptr):
+        tl.store(x_ptr, tl.load(x_ptr).to(dt).to(tl.float32))
+    return cast_kernel
+
+
+cast = make_cast(tl.{acc})
+'''
+
+
+def test_every_value_a_kernel_reads_from_a_global_or_a_closure_is_in_the_key(tmp_path):
+    """Triton's code generator takes a plain tl.dtype global or closure value (a kernel per dtype from one
+    factory), a namedtuple, and under TRITON_ALLOW_NON_CONSTEXPR_GLOBALS any plain value (`NUM_SMS` read at
+    import), yet hashes only tl.constexpr globals: an outside review served ncast_f16 the bf16 factory kernel's
+    binary, and a library that picks ACC at import the other ACC's. Each value is in kforge's key now."""
+    import importlib
+    import sys
+    modules = {}
+    for name, acc, scale, rows in (("taken_a", "float16", 2.0, 4), ("taken_b", "bfloat16", 3.0, 8)):
+        (tmp_path / f"{name}.py").write_text(TAKEN.format(acc=acc, scale=scale, rows=rows))
+        sys.path.insert(0, str(tmp_path))
+        try:
+            modules[name] = importlib.import_module(name)
+        finally:
+            sys.path.remove(str(tmp_path))
+    a, b = modules["taken_a"], modules["taken_b"]
+    for kernel in ("dtype_global", "plain_global", "namedtuple_global", "dtype_attribute", "cast"):
+        assert source_key(getattr(a, kernel)) != source_key(getattr(b, kernel)), kernel
+    assert a.cast.cache_key == b.cast.cache_key   # Triton's own: blind to the closure's dtype
