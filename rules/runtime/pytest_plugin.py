@@ -180,7 +180,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         shown = {k: line[k] for k in ("signature", "constexprs", "divisible_by_16", "options", "autotune")
                  if k in line}
         why = (" (held, but built from other source)" if "source_key" in line else
-               " (held, but built under other compiler variables)" if "env" in line else "")
+               " (held, but built under other compiler variables)" if "env" in line else
+               " (held twice, as two different binaries)" if "ambiguous" in line else
+               f" ({line['unrecordable']})" if "unrecordable" in line else "")
         terminalreporter.write_line(f"missing: {line['kernel']} ({line['arch']}){why} {json.dumps(shown)}")
     if totals["misses"]:
         terminalreporter.write_line("record them (pytest --kforge-record specs/tests.jsonl, or python -m "

@@ -63,6 +63,25 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
             **({"source_key": code} if code else {})}
 
 
+def check_options(options: dict, backend) -> None:
+    """ValueError where the launch sets an option a record line does not hold (ptx_options, extern_libs): one that
+    differs from what the backend gives a launch setting none. A build never sets it, so no binary is this call's."""
+    defaults = _defaults.get(id(backend))
+    if defaults is None or defaults[0] is not backend:
+        defaults = _defaults[id(backend)] = (backend, _as_json(backend.parse_options({}).__dict__))
+    given = _as_json(options)
+    changed = sorted(k for k, v in given.items() if k not in RECORD_OPTIONS and v != defaults[1].get(k))
+    if changed:
+        raise ValueError(f"the launch sets {', '.join(changed)}, which kforge does not build with")
+
+
+_defaults: dict[int, tuple] = {}   # id(backend) -> (backend, its options for a launch that sets none)
+
+
+def _as_json(options: dict) -> dict:
+    return json.loads(json.dumps(options, default=str))
+
+
 def specialize(jit, args: tuple, kwargs: dict) -> dict:
     """The record line of what Triton's JIT would compile for `jit[grid](*args, **kwargs)`, computed as
     JITFunction.run computes it (its binder, then its argument packing), without compiling or launching."""
@@ -74,6 +93,7 @@ def specialize(jit, args: tuple, kwargs: dict) -> dict:
     _, _, target, backend, binder = jit.device_caches[driver.active.get_current_device()]
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = jit._pack_args(backend, kwargs, bound, specialization, options)
+    check_options(options.__dict__, backend)
     return record_line(jit.fn.__module__, jit.fn.__qualname__, list(jit.arg_names), signature, constexprs, attrs,
                        options.__dict__, arch_name(target), _code(jit))
 

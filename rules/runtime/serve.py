@@ -45,7 +45,7 @@ import threading
 import time
 
 from . import specializer
-from .record import arch_name, autotune_key, record_line, tuned_line
+from .record import arch_name, autotune_key, check_options, record_line, tuned_line
 from .schema import COMPILE_TIME, NONE, code_environment, option_defaults, triton_environment
 from .source_key import source_key
 
@@ -104,6 +104,15 @@ def other_source_message(line: dict, entry: dict) -> str:
             f"not the one kforge's model of the arch's reference GPU gave the build (docs/device_model.md). Build "
             f"(doit) and package (doit package) again from this source, or serve with strict=False to let Triton "
             f"compile it")
+
+
+def ambiguous_message(line: dict) -> str:
+    """strict=True's error for a call the bundles hold several binaries of, all built from the calling code."""
+    return (f"kforge serve (strict): the bundles hold {len(line['ambiguous'])} different binaries of "
+            f"{line['kernel']} for {line['arch']} built from this code for this call ({', '.join(line['ambiguous'])}): "
+            f"they differ by a value neither the specialization nor kforge's source key holds, so kforge cannot "
+            f"tell which one Triton would compile here and serves none. Build the kernel under one target, or "
+            f"serve with strict=False to let Triton compile it")
 
 
 def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
@@ -267,7 +276,7 @@ class Server:
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
         self.code_env: dict[str, str] = {}   # this process's compiler variables, read at the first call
-        self.entries: dict[str, tuple] = {}
+        self.entries: dict[str, list[tuple]] = {}   # identity -> every (bundle, entry) held for it, bundles in order
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
         self.rechecks: dict[tuple, bool] = {}   # (autotuner, key, its pick) -> rechoose's answer
@@ -302,7 +311,7 @@ class Server:
                         for entry in bundle.artifacts:
                             found = entry_identity(entry)
                             if found is not None:
-                                self.entries.setdefault(found, (bundle, entry))
+                                self.entries.setdefault(found, []).append((bundle, entry))
                         for t in bundle.autotune:
                             self.tuned.setdefault((t["kernel"], json.dumps(t["key"])), []).append(t)
                     for key, picks in self.tuned.items():
@@ -324,10 +333,18 @@ class Server:
         if self.preload_at_first_call:
             self.preload_at_first_call = False
             self.preload()
-        line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs, attrs,
-                           options.__dict__, self.index())
-        found = self.entries.get(record_identity(line))
-        refused = self._refusal(line, found, source_key(fn))
+        try:
+            line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs,
+                               attrs, options.__dict__, self.index())
+            check_options(options.__dict__, fn.device_caches[device][3])
+        except ValueError as e:   # a call no record line holds (a tuple constexpr, ptx_options): Triton compiles it
+            kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
+            self.missed({"kernel": kernel, "arch": self.index(), "unrecordable": str(e)})
+            if self.strict:
+                raise NotServed(f"kforge serve (strict): {kernel} on {self.index()}: {e}; no build holds such a "
+                                f"call: serve with strict=False to let Triton compile it") from None
+            return None
+        found, refused = self._pick(line, self.entries.get(record_identity(line), []), source_key(fn))
         if refused is not None:
             self.missed(line)
             if self.strict:
@@ -340,19 +357,24 @@ class Server:
         served.bundle = bundle
         return served
 
-    def _refusal(self, line: dict, found: tuple | None, code_key: str) -> str | None:
-        """Why the call's specialization is not served (strict's message), or None: serve `found`. An entry held
-        but unfit is as good as not held; the line notes why (the CI guard's list says so)."""
-        if found is None:
-            return miss_message(line)
-        entry = found[1]
-        if entry.get("triton_source_key") != code_key:   # built from other code
+    def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
+        """((bundle, entry) to serve, None), or (None, why not: strict's message). Of the entries held for the
+        call, the one built from the calling code (a factory's kernels per dtype share a name and differ by it);
+        an entry held but unfit is as good as not held, and the line notes why (the CI guard's list says so)."""
+        if not held:
+            return None, miss_message(line)
+        same_code = [h for h in held if h[1].get("triton_source_key") == code_key]
+        if not same_code:   # built from other code
             line["source_key"] = code_key
-            return other_source_message(line, entry)
-        if triton_environment(entry.get("env") or {}) != self.code_env:   # built under other compiler variables
+            return None, other_source_message(line, held[0][1])
+        if len({h[1].get("sha256") for h in same_code}) > 1:
+            line["ambiguous"] = [h[1].get("target") for h in same_code]
+            return None, ambiguous_message(line)
+        found = same_code[0]
+        if triton_environment(found[1].get("env") or {}) != self.code_env:   # built under other compiler variables
             line["env"] = self.code_env
-            return other_environment_message(line, entry, self.code_env)
-        return None
+            return None, other_environment_message(line, found[1], self.code_env)
+        return found, None
 
     def compare(self, served: Served, compiled) -> None:
         """verify: the served binary against the one Triton's JIT compiled for the same call; a difference is
@@ -379,7 +401,7 @@ class Server:
         """Check and load every binary the device's bundles hold now, not at each kernel's first launch: a
         server's start-up pays for all of them, its first requests for none."""
         self.index()
-        for bundle, entry in self.entries.values():
+        for bundle, entry in (held for each in self.entries.values() for held in each):
             if id(entry) not in self.loaded:
                 self.loaded[id(entry)] = bundle.kernel(entry)
 

@@ -245,6 +245,74 @@ def test_an_entry_built_from_other_source_of_the_kernel_is_never_launched(jit, t
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 
+def test_of_entries_for_one_call_the_one_built_from_this_code_is_served(jit, tmp_path):
+    """Two kernels one factory makes per dtype share a name and a specialization and differ by their code: a
+    bundle holds both, and each call gets the one built from its own (the index kept the first alone, so the
+    other always compiled)."""
+    other = {**entry("copy", 128, 4), "target": "other-128", "triton_source_key": "0" * 64, "sha256": "a" * 64}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [other, {**entry("copy", 128, 4), "sha256": "b" * 64}])),
+                         strict=True)
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 1 and len(Launched.calls) == 1
+
+
+def test_two_binaries_for_one_call_of_one_code_serve_neither(jit, tmp_path):
+    """Entries that ask for the same compile of the same code yet hold other bytes differ by something neither
+    identity nor source key holds: kforge cannot tell which Triton would compile here, so it runs neither."""
+    held = [{**entry("copy", 128, 4), "target": f"copy-{n}", "sha256": n * 64} for n in "ab"]
+    serve.serve(str(bundle_dir(tmp_path / "b", held)), strict=True)
+    x, y = tensors()
+    with pytest.raises(serve.NotServed, match=r"2 different binaries of .*:copy for sm_90a built from this code "
+                                              r"for this call \(copy-a, copy-b\)"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert Launched.calls == []
+    same = [{**entry("copy", 128, 4), "target": f"copy-{n}", "sha256": "c" * 64} for n in "ab"]   # one binary twice
+    serve.stop()
+    server = serve.serve(str(bundle_dir(tmp_path / "same", same)), strict=True)
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 1
+
+
+@pytest.mark.parametrize("option", [{"ptx_options": "-O0"}, {"extern_libs": {"libdevice": "/elsewhere.bc"}}])
+def test_a_call_setting_an_option_no_build_sets_is_not_served_a_binary_built_without_it(jit, tmp_path, option):
+    """ptx_options, extern_libs: a launch can set them and they change the binary, but a record line does not hold
+    them and a spec cannot set them (an outside review: a call with ptx_options="-O0" was served the plain build)."""
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
+        copy[(8,)](x, y, 1000, BLOCK=128, **option)
+    assert server.served == 0 and list(option)[0] in server.misses[0]["unrecordable"]
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [entry("copy", 128, 4)])), strict=True)
+    with pytest.raises(serve.NotServed, match=rf"{__name__}:copy on sm_90a: the launch sets {list(option)[0]}, which kforge does not build with"):
+        copy[(8,)](x, y, 1000, BLOCK=128, **option)
+    copy[(8,)](x, y, 1000, BLOCK=128)   # the same call without it is served
+
+
+@triton.jit
+def copy_shaped(x_ptr, y_ptr, n, SHAPE: tl.constexpr):
+    i = tl.program_id(0) * SHAPE[0] + tl.arange(0, SHAPE[0])
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+def test_a_call_no_record_line_can_hold_compiles_and_strict_says_why(jit, tmp_path, monkeypatch):
+    """A tuple or a function passed as a constexpr: Triton runs it, a record line cannot hold it; serving raised
+    the recorder's ValueError out of the launch (an outside review), where it is a miss."""
+    copy_shaped.device_caches.clear()
+    copy_shaped.device_caches[0]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    monkeypatch.setattr(copy_shaped, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    with pytest.raises(pytest.fail.Exception, match="compiled"):
+        copy_shaped[(8,)](x, y, 1000, SHAPE=(128,))
+    assert server.compiled == 1 and "cannot be recorded" in server.misses[0]["unrecordable"]
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [entry("copy", 128, 4)])), strict=True)
+    with pytest.raises(serve.NotServed, match=r"kforge serve \(strict\): .*copy_shaped.*cannot be recorded"):
+        copy_shaped[(8,)](x, y, 1000, SHAPE=(128,))
+
+
 def test_an_entry_built_under_other_compiler_variables_is_never_launched(jit, tmp_path, monkeypatch):
     """A binary built under TRITON_F32_DEFAULT=ieee (or DISABLE_LLVM_OPT, an IR override) is not the one this
     process's JIT would compile, nor is a plain build's the one a process with such a variable would: neither is
