@@ -11,7 +11,7 @@ import time
 from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
-from kforge_runtime.schema import VALUE_KINDS
+from kforge_runtime.schema import NONE, VALUE_KINDS
 from kforge_runtime.source_key import reproducible, source_key as source_key_of, tagged
 
 _root = ""
@@ -190,6 +190,13 @@ def _as_imported(target, wrapped: list) -> None:
                          f"that kforge's model of the arch's reference GPU gives otherwise than the recording GPU "
                          f"did (docs/device_model.md); such a binary is never served: record again with the library "
                          f"built here, or drop its lines ({target.spec_path.split(': ', 1)[0]})")
+    declared = dict(target.signature)
+    for p in fn.params:   # Triton launches an annotated argument as its annotation's type, whatever the value
+        kind = p.annotation_type
+        if kind and not kind.startswith("*k") and declared.get(p.name, kind) not in (kind, NONE):
+            raise ValueError(f"{name}: argument {p.name} is declared {declared[p.name]!r} but its def annotates it "
+                             f"as {kind!r}, which Triton launches it as: a binary built so is never served; "
+                             f"declare it {kind!r} in [signature] ({target.spec_path})")
     defaults = {p.name: p.default for p in fn.params}
     values = dict(target.constexprs)
     for arg in target.defaulted:

@@ -184,3 +184,25 @@ def test_a_default_an_arch_table_overrides_there_is_not_compared_with_the_functi
     assert json.loads((root / "out/gfx942/per_arch/w4/meta.json").read_text())["constexprs"]["BLOCK"] == 64
     assert "the source's default gives 256 but the imported function's default is 128" in \
         _failure(root, "per_arch:w4@sm_90a")
+
+
+ANNOTATED = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n: tl.int64, BLOCK: tl.constexpr = 128):""" + COPY_BODY
+
+
+def test_an_argument_declared_other_than_its_def_annotates_it_builds_nothing(tmp_path):
+    """`n: tl.int64` makes Triton launch n as i64 whatever the value; built as the spec's i32 it was a binary no call
+    is ever served (an outside review). The compile compares the declared types with Triton's reading of the
+    annotations and names the one to declare."""
+    specs = {"as_i32": DEFAULTED_SPEC.format(name="as_i32", module="annotated", entry="copy_kernel", extra=""),
+             "as_i64": DEFAULTED_SPEC.format(name="as_i64", module="annotated", entry="copy_kernel",
+                                             extra="").replace('n = "i32"', 'n = "i64"')}
+    root = make_project(tmp_path / "p", specs=specs, kernels={"annotated": ANNOTATED})
+    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert statuses(root, "built") == {"as_i64:w4@sm_90a"}
+    assert "argument n is declared 'i32' but its def annotates it as 'i64'" in _failure(root, "as_i32:w4@sm_90a")
