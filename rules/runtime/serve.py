@@ -39,6 +39,7 @@ whose first call would import Gluon and Triton's code generator, with two light 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -264,6 +265,27 @@ def light_driver() -> None:
         except (ImportError, AttributeError):   # a torch without the CUDA stream accessor: Triton's own driver
             return
         driver.set_active(light)
+
+
+_uncached_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _uncached(fn):
+    """verify's compile of a kernel whose code Triton keys by less than kforge (a dtype a closure or a global
+    gives it: source_key.py), past Triton's disk cache: a binary cached under Triton's key may be another kernel's
+    (a factory's other dtype), and the served one, right, would be reported as differing."""
+    if source_key(fn) == fn.cache_key:
+        yield
+        return
+    from triton import knobs
+    with _uncached_lock:
+        before = knobs.compilation.always_compile
+        knobs.compilation.always_compile = True
+        try:
+            yield
+        finally:
+            knobs.compilation.always_compile = before
 
 
 class Server:
@@ -533,8 +555,9 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
                 served = server.lookup(self, signature, constexprs, attrs, options, device)
                 if served is not None:
                     if server.verify:   # Triton's own compile of the call, then the served kernel in its place
-                        server.compare(served, compile_it(self, key, signature, device, constexprs, options, attrs,
-                                                          warmup))
+                        with _uncached(self):
+                            compiled = compile_it(self, key, signature, device, constexprs, options, attrs, warmup)
+                        server.compare(served, compiled)
                     kernel_cache = self.device_caches[device][0]
                     kernel_cache[key] = served
                     with server.lock:

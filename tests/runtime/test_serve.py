@@ -392,6 +392,47 @@ def test_verify_compiles_each_served_specialization_once_and_reports_a_differenc
     assert len(Launched.calls) == 3   # the bundle's binaries ran, each call
 
 
+ACC = tl.float32   # a plain dtype global: in kforge's source key, not in Triton's
+
+
+@triton.jit
+def copy_acc(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n).to(ACC), mask=i < n)
+
+
+def test_verify_compiles_a_kernel_triton_keys_by_less_than_kforge_afresh_not_from_tritons_cache(jit, tmp_path,
+                                                                                                 monkeypatch):
+    """Triton's disk cache holds a binary under Triton's key, which leaves out what a closure or a global gives the
+    code (a factory's kernel per dtype): its cached binary may be another kernel's, and verify reported the served,
+    right binary as differing. Such a kernel's reference compile skips that cache; an ordinary kernel's does not."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from kforge_runtime.bundle import Bundle
+    from kforge_runtime.source_key import source_key
+    uncached = []
+
+    def compile(*a, **k):
+        uncached.append(knobs.compilation.always_compile)
+        return SimpleNamespace(asm={"cubin": b"jit"}, metadata=SimpleNamespace(
+            name="copy", shared=0, num_warps=4, warp_size=32, global_scratch_size=0))
+    copy_acc.device_caches.clear()
+    copy_acc.device_caches[0]
+    for fn in (copy, copy_acc):
+        monkeypatch.setattr(fn, "compile", compile, raising=False)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"jit")
+    held = {**entry("copy", 128, 4), "symbol": "copy", "shared": 0, "threads_per_block": 128}
+    acc = {**held, "target": "copy_acc-128", "source": {"module": __name__, "entry": "copy_acc"},
+           "triton_source_key": source_key(copy_acc)}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [held, acc])), verify=True)
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    copy_acc[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 2 and uncached == [False, True] and not knobs.compilation.always_compile
+
+
 def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
     entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
     autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [n, "torch.float16", "torch.float16"],
