@@ -137,11 +137,8 @@ def _rewrapped(statements: list, name: str) -> tuple[str, ...]:
 
 
 def _assigned(path: Path, statements: list, value, name: str, depth: int):
-    """The def behind `name = <value>` in a module: wrapping calls around a name, or a factory's call."""
-    inner, calls = _wrapped(value)
-    if inner is not None and inner != name:
-        found, more = _entry_def(path, inner, depth + 1)
-        return (found, calls + more) if found is not None else (None, ())
+    """The def behind `name = <value>` in a module: a factory's call returning a def of its own (`kernel =
+    _make(_relu)`: the def it returns, not its argument), or wrapping calls around a name."""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):   # kernel = _make(...)
         factory = next((n for n in statements if isinstance(n, ast.FunctionDef) and n.name == value.func.id), None)
         if factory is not None:
@@ -150,6 +147,10 @@ def _assigned(path: Path, statements: list, value, name: str, depth: int):
                 found, more = _scope_def(factory.body, inner) if inner else (None, ())
                 if found is not None:
                     return found, calls + more
+    inner, calls = _wrapped(value)
+    if inner is not None and inner != name:
+        found, more = _entry_def(path, inner, depth + 1)
+        return (found, calls + more) if found is not None else (None, ())
     return None, ()
 
 

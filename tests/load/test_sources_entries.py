@@ -34,7 +34,11 @@ REACHLIB = {
     "reachlib/factory.py": HEAD + "\n\ndef _make():\n" + kernel("_square", 4, indent="    ") + "    return _square\n"
                            "\n\ndef _make_tuned():\n" + kernel("_inner", 5, indent="    ")
                            + "    return triton.heuristics({'BLOCK': lambda args: 128})(_inner)\n"
-                           "\n\nsquare_kernel: triton.JITFunction = _make()\ntuned_square = _make_tuned()\n",
+                           # a factory given what its kernel takes (a @jit helper, a dtype): its def, not the argument
+                           "\n\ndef _make_act(act):\n" + kernel("_act", 11, indent="    ") + "    return _act\n"
+                           "\n\n@triton.jit\ndef _relu(x):\n    return tl.maximum(x, 0)\n"
+                           "\n\nsquare_kernel: triton.JITFunction = _make()\ntuned_square = _make_tuned()\n"
+                           "relu_kernel = _make_act(_relu)\nf16_kernel = _make_act(tl.float16)\n",
     # re-exported under other names, absolutely and relatively, and from another top-level package
     "reachlib/public.py": "from reachlib.impl import _impl as public_kernel  # noqa: F401\n"
                           "from .impl import _tuned as public_tuned  # noqa: F401\n"
@@ -80,6 +84,8 @@ REACHLIB = {
 REACHABLE = {   # (module file, entry): (the def the source shows, whether the entry is probed by importing it)
     ("factory.py", "square_kernel"): ("_square", False),
     ("factory.py", "tuned_square"): ("_inner", True),   # the factory wraps it in heuristics
+    ("factory.py", "relu_kernel"): ("_act", False),
+    ("factory.py", "f16_kernel"): ("_act", False),
     ("public.py", "public_kernel"): ("_impl", False),
     ("public.py", "public_tuned"): ("_tuned", True),
     ("public.py", "other_kernel"): ("_other", True),   # read from a file no closure of reachlib.public holds
