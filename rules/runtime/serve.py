@@ -433,8 +433,9 @@ class Server:
                 self.misses.append(line)
 
     def choose(self, tuner, args: tuple, kwargs: dict, current=None):
-        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark). Any of an
-        autotuner's configs computes the same result (Triton picks by timing alone), so the pick is one whose
+        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark). Any config
+        its pruner keeps for the call computes the same result (Triton times only those and picks by timing alone;
+        a pruner may drop one that computes wrong for these arguments), so the pick is one of those whose
         specialization for this call the bundles hold: `current` (the process's pick for this key so far), else
         the recorded pick most lines made; with nothing recorded for the key, the one config held, if only one is.
         Processes that tuned apart (pytest-xdist workers) picked differently and each recorded its own pick's
@@ -442,8 +443,11 @@ class Server:
         self.index()
         if current is not None and self._held(tuner, args, kwargs, current)[2]:
             return current   # the cheap path of a call whose key has picks apart: one specialization computed
-        held, line, key = {}, None, None
-        for config in tuner.configs:
+        held, line, key, candidates = {}, None, None, tuner.configs
+        if len(tuner.configs) > 1:   # as Autotuner.run, which gives the pruner the call's arguments
+            tuner.nargs = dict(zip(tuner.arg_names, args))
+            candidates = tuner.prune_configs(kwargs)
+        for config in candidates:
             line, key, found = self._held(tuner, args, kwargs, config)
             if line is None:
                 return None

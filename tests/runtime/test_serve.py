@@ -508,6 +508,33 @@ def test_an_autotuned_kernel_with_one_held_config_runs_it(jit, tmp_path):
     assert [c[0] for c in Launched.calls] == [(4, 1, 1)]
 
 
+@triton.autotune(configs=CONFIGS, key=["n"],
+                 prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: [
+                     c for c in configs if c.kwargs["BLOCK"] >= nargs["n"]]})
+@triton.jit
+def copy_row(x_ptr, y_ptr, n, BLOCK: tl.constexpr):   # one block covers the row: a smaller BLOCK is wrong
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+def test_an_autotuned_call_runs_only_a_config_its_pruner_keeps(jit, tmp_path, monkeypatch):
+    """A pruner may drop configs that would compute wrong for the call (a tile smaller than the row): Triton times
+    only those it keeps. Serving took the one held config whatever the pruner said (an outside review: a quarter of
+    each row summed)."""
+    copy_row.fn.device_caches.clear()
+    copy_row.fn.device_caches[0]
+    monkeypatch.setattr(copy_row.fn, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    held = {**entry("copy", 128, 4), "target": "copy_row-128", "source": {"module": __name__, "entry": "copy_row"},
+            "triton_source_key": copy_row.fn.cache_key, "divisible_by_16": ["x_ptr", "y_ptr", "n"]}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [held])), strict=True)
+    x, y = tensors(256)
+    copy_row[(1,)](x, y, 128)   # the pruner keeps BLOCK=128 and 256: the held one runs
+    assert server.served == 1
+    with pytest.raises(serve.NotServed, match="has no recorded choice"):
+        copy_row[(1,)](x, y, 256)   # it keeps BLOCK=256 alone, which the bundle lacks
+    assert len(Launched.calls) == 1
+
+
 def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path, monkeypatch):
     from kforge_runtime.bundle import Bundle
     loads = []
