@@ -36,6 +36,8 @@ def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S
 
 def _compile_target(target: Target, root: str, timeout: float, cache_cfg, executor: str | None, local):
     saved = artifact.saved_failure(target)
+    if saved is not None and saved.startswith(artifact.SKIPPED):   # skipped from this very key and inputs
+        return {"skipped": saved.removeprefix(artifact.SKIPPED)}
     if saved is not None:   # a deterministic failure of this very key and inputs: the compile would give it again
         head, _, rest = saved.partition("\n")
         rest = "\n".join(line for line in rest.splitlines() if not line.startswith(f"  {RETRY_HINT}"))
@@ -63,6 +65,8 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
             outcome = dask_executor.compile_remote(target, root, timeout, executor, compile_into)
         else:
             made_by, outcome = "the compiler", compile_here(target, root, timeout, artifact.cutoff(target))
+        if not outcome.ok and "skipped" in (outcome.facts or {}):
+            return _skip(target, outcome.facts["skipped"], outcome.facts.get("inputs"))
         if not outcome.ok:
             return _fail(target, outcome.error, outcome.traceback, (outcome.facts or {}).get("inputs"))
         arrived, seconds, writing = outcome.result, outcome.seconds, time.time()
@@ -82,6 +86,17 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
     # the source's CompileResult completed with the action's own facts, as doit keeps it
     return arrived.result._replace(seconds=round(seconds, 4), cache_warnings=tuple(warnings), spans=tuple(spans),
                                    worker=os.getpid()).values()
+
+
+def _skip(target: Target, reason: str, inputs: list | None) -> dict:
+    """A config of the library's autotuner that cannot run on the arch (base/archs.DoesNotFit): kept in error.txt
+    as skipped with what the compile read, so that it stays skipped, not compiled again, until those change; the
+    task succeeds (the reporter counts it, the bundle leaves it out)."""
+    try:
+        artifact.write_error(target, f"{artifact.SKIPPED}{reason}", inputs)
+    except OSError:   # a full disk: skipped all the same, compiled again next time
+        pass
+    return {"skipped": reason}
 
 
 def _fail(target: Target, error: str, traceback: str = "", inputs: list | None = None) -> TaskFailed:

@@ -32,7 +32,7 @@ from kforge.store import artifact, scratch
 from kforge.store import inputs as inputs_index
 from kforge.load import device_model, isolate, kept_hub, observe, shared_env, sources
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
-from kforge.base.archs import ARCHS, check_shared
+from kforge.base.archs import ARCHS, DoesNotFit, check_shared
 from kforge.base.layout import Layout
 from kforge.base.target import Target
 from kforge.plan.catalog import in_project
@@ -93,7 +93,7 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
     meta = artifact.meta(target, binary_name=lowered.binary_name, binary=lowered.binary, symbol=lowered.symbol,
                          num_warps=lowered.num_warps, warp_size=lowered.warp_size, shared=lowered.shared,
                          **lowered.fields)
-    check_shared(ARCHS[target.arch], lowered.shared)
+    check_shared(ARCHS[target.arch], lowered.shared, "tuned" in dict(target.notes))
     return Candidate(artifact.files(lowered.binary_name, lowered.binary, meta),
                      CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
 
@@ -466,6 +466,8 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
         imported = not backend.imports_module or target.module in sys.modules
         if imported and not transient(e):
             e.kforge_facts = {"inputs": _inputs(recorder)}
+            if isinstance(e, DoesNotFit):   # a library autotuner's config: skipped, not failed (compile/action.py)
+                e.kforge_facts["skipped"] = str(e)
         if not imported:
             # the import failed partway: its module may stay half-imported here, and no later target may build
             # against that (as in _enter_package: every later target of this context fails with this error). Nor

@@ -60,8 +60,8 @@ def compile_target_of(task):
 
 
 def target_state(target) -> str:
-    """up to date | stale (and what changed) | failed: <cause> | not built; one line a terminal shows as it is
-    (printable: the names in it come from out/, untrusted)."""
+    """up to date | stale (and what changed) | skipped: <why> | failed: <cause> | not built; one line a terminal
+    shows as it is (printable: the names in it come from out/, untrusted)."""
     return printable(_state(target))
 
 
@@ -76,6 +76,8 @@ def _state(target) -> str:
     if os.path.exists(target.meta_path):
         return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
     failure = artifact.read_error(target)
+    if failure is not None and artifact.skipped(target) is not None:
+        return failure.without_traceback
     if failure is not None:
         old = "" if failure.key == target.key else " (with other inputs than now)"
         again = ("; reported again without compiling until its key or inputs change (`doit forget "
@@ -115,6 +117,7 @@ NOTES = {   # rules/load/entry_probe.py's facts about the entry, as `doit info` 
     "top_k": "top_k {} (noted, not applied)",
     "autotuner": "the library's own autotuner {}",
     "unspecialized": "never specialized by @triton.jit: {}",
+    "tuned": "configs from its @triton.autotune list ({}): one that does not fit the arch is skipped, as Triton's is",
 }
 
 

@@ -81,13 +81,16 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
     forget, clean and prune find the artifact through the Target in the task's meta (edge/commands.py)."""
     read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
     meta_path = t.meta_path
+    current = built.is_current(meta_path, t.key) and read.unchanged(meta_path, built.meta_identity(meta_path))
+    # a config of the library's autotuner skipped from this key and these inputs is up to date as it is
+    skipped = None if current or "tuned" not in dict(t.notes) else artifact.skipped(t)
     return {
         "basename": t.kernel,
         "name": f"{t.config_id}@{t.arch}",
         "doc": f"{t.toolchain} {t.entry} for {t.arch}",
         "actions": [(compile_action, [t, root, timeout, cache, executor, local])],
-        "uptodate": [built.is_current(meta_path, t.key) and read.unchanged(meta_path, built.meta_identity(meta_path))],
-        "meta": {"kforge_target": t},
+        "uptodate": [current or skipped is not None],
+        "meta": {"kforge_target": t, **({"kforge_skipped": skipped} if skipped is not None else {})},
         "verbosity": 0,
     }
 

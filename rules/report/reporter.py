@@ -76,12 +76,18 @@ class BuildReporter(ConsoleReporter):
     def skip_uptodate(self, task):
         if _is_package(task):
             self.packages[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
+        elif task.actions and "kforge_skipped" in (task.meta or {}):   # skipped before from this key and inputs
+            self.records[task.name] = {"name": task.name, "status": "skipped", "seconds": 0.0,
+                                       "reason": task.meta["kforge_skipped"]}
         elif task.actions:
             self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
 
     def add_success(self, task):
         if task.actions:
             values = getattr(task, "values", None) or {}
+            if "skipped" in values:   # a library autotuner's config that does not fit its arch (compile/action.py)
+                self._ran(task)
+                return self._finish(task, "skipped", "", {"reason": values["skipped"]})
             result = CompileResult.of(values)   # a compile's (rules/compile/action.py); of a package, only what it shares
             for message in result.cache_warnings:
                 # each worker process warns once that a cache is down, each with its own request in
@@ -146,7 +152,7 @@ class BuildReporter(ConsoleReporter):
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
-        counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "failed")}
+        counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "skipped", "failed")}
         wall = time.monotonic() - self.run_started
         # by the compiler's own time where a target reports it: a worker's first target also pays for importing
         # the compiler and the kernel's library, which is not that kernel's cost
@@ -183,8 +189,9 @@ class BuildReporter(ConsoleReporter):
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
         fetched = ", ".join(f"{n} unchanged: early cutoff, not compiled" if o == "unchanged" else f"{n} from the {o}"
                             for o, n in origins.items() if n and o != "compiled")
+        skipped = f"skipped {counts['skipped']} (autotune configs their arch cannot run), " if counts["skipped"] else ""
         last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
-                f"up to date {counts['up-to-date']}, failed {failed}{also}, wall {wall:.1f} s")
+                f"up to date {counts['up-to-date']}, {skipped}failed {failed}{also}, wall {wall:.1f} s")
         # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
         states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
         unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]

@@ -558,6 +558,16 @@ def _failure(target, head: str, inputs_line: bytes, body: bytes, size: int) -> F
     return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, printable(rest, "\n\t"))
 
 
+SKIPPED = "skipped: "   # error.txt's message of a target skipped, not failed (rules/compile/action.py's _skip)
+
+
+def skipped(target) -> str | None:
+    """Why the target is skipped (a config of the library's autotuner that does not fit its arch) while its key
+    and what its compile read are those it was skipped from; else None."""
+    saved = saved_failure(target)
+    return saved.removeprefix(SKIPPED) if saved is not None and saved.startswith(SKIPPED) else None
+
+
 def saved_failure(target, failure: Failure | None = None) -> str | None:
     """The message of the target's deterministic failure (a compile error, a resource check) while its key and
     every file its compile read are unchanged: the compile would fail the same way, so it is reported from

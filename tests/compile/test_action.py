@@ -549,3 +549,78 @@ def test_an_arch_folder_linked_out_of_out_fails_its_targets_naming_the_link_and_
     said = proc.stdout + proc.stderr
     assert "remove the link and run again" in said and "free space" not in said
     assert not list(outside.iterdir())
+
+
+TILES = '''
+import triton
+import triton.language as tl
+
+{autotune}
+@triton.jit
+def dot_kernel(a_ptr, c_ptr, n, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + r[:, None] * BLOCK + r[None, :])
+    b = tl.load(a_ptr + BLOCK * BLOCK + r[:, None] * BLOCK + r[None, :])
+    tl.store(c_ptr + r[:, None] * BLOCK + r[None, :], tl.dot(a, b))
+'''
+# a 256 x 256 fp16 tile of each operand goes through LDS: 131,072 bytes, where gfx942 has 65,536
+AUTOTUNE = ('@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=4), '
+            'triton.Config({"BLOCK": 256}, num_warps=8)], key=["n"])')
+TILES_SPEC = '''
+[kernel]
+name = "tiles"
+source = "tk/tiles.py"
+entry = "dot_kernel"
+toolchain = "triton"
+archs = ["gfx942"]
+
+[signature]
+a_ptr = "*fp16"
+c_ptr = "*fp16"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+{sweep}
+'''
+
+
+def test_a_library_autotune_config_that_does_not_fit_its_arch_is_skipped_as_triton_skips_it_until_it_changes(
+        tmp_path):
+    """xformers lists autotune configs needing more LDS than gfx942 has: Triton's autotuner skips such a config on
+    the GPU (OutOfResources, timed inf), so the build skips it: counted and shown, left out of the bundle, up to date
+    while its inputs are, and the build green. It failed the build (and every build after it) before."""
+    root = make_project(tmp_path / "p", specs={"tiles": TILES_SPEC.format(sweep="")},
+                        kernels={"tiles": TILES.format(autotune=AUTOTUNE)})
+    first = doit(root)   # exits 0
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    [big] = statuses(root, "skipped")
+    [small] = statuses(root, "built")
+    assert "256" in big and "32" in small and report["counts"]["skipped"] == 1 and report["counts"]["failed"] == 0
+    assert next(t for t in report["tasks"] if t["name"] == big)["reason"] == (
+        "does not fit gfx942: needs 131072 bytes of shared memory (LDS), the arch has 65536; Triton's autotuner "
+        "skips this config there too")
+    assert f"] skipped {big}" in first.stdout and ", skipped 1 (autotune configs their arch cannot run), failed 0" \
+        in first.stdout
+
+    again = doit(root)   # up to date as it is: not compiled, still counted
+    assert statuses(root, "skipped") == {big} and statuses(root, "up-to-date") == {small}
+    assert f"] skipped {big}" not in again.stdout and "built 0, up to date 1, skipped 1 (" in again.stdout
+    assert "skipped: does not fit gfx942" in doit(root, "info", big).stdout
+
+    doit(root, "package")
+    manifest = json.loads(Layout(root).manifest_copy("gfx942").read_text())
+    assert [a["target"] for a in manifest["artifacts"]] == [small] and manifest["failed"] == []
+
+    (root / "tk" / "tiles.py").write_text(TILES.format(autotune=AUTOTUNE) + "# edited\n")   # its inputs changed
+    edited = doit(root)
+    assert f"] skipped {big}" in edited.stdout and statuses(root, "skipped") == {big}
+
+
+def test_a_value_the_user_swept_that_does_not_fit_its_arch_still_fails_naming_the_exclude(tmp_path):
+    """The same tile as the user's own [sweep] value, no autotuner: the user's mistake, which fails the build."""
+    root = make_project(tmp_path / "p", specs={"tiles": TILES_SPEC.format(sweep="BLOCK = [256]\nnum_warps = [8]")},
+                        kernels={"tiles": TILES.format(autotune="")})
+    run = doit(root, check=False)
+    assert run.returncode != 0 and len(statuses(root, "failed")) == 1 and not statuses(root, "skipped")
+    assert "needs 131072 bytes of shared memory (LDS); gfx942 has 65536" in run.stdout and "[[exclude]]" in run.stdout

@@ -173,7 +173,7 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
 
     text = (tmp_path / "out" / "build-report.json").read_text()
     saved = json.loads(text)
-    assert saved["counts"] == {"built": 2, "up-to-date": 1, "failed": 1} and saved["wall_seconds"] == 16.0
+    assert saved["counts"] == {"built": 2, "up-to-date": 1, "skipped": 0, "failed": 1} and saved["wall_seconds"] == 16.0
     assert saved["origins"] == {"compiled": 1, "local cache": 0, "remote cache": 1, "unchanged": 0}
     assert saved["warnings"] == ["remote cache down (GET http://c/1)", "remote cache full"]
     assert [r["name"] for r in saved["tasks"]] == sorted([built.name, cached.name, failing.name, odd])
