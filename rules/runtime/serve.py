@@ -366,6 +366,8 @@ class Server:
                 raise NotServed(f"kforge serve (strict): {kernel} on {self.index()}: {e}; no build holds such a "
                                 f"call: serve with strict=False to let Triton compile it") from None
             return None
+        fn.cache_key   # Triton's own key, made as its compile makes it: with it, its check that no global the
+        # kernel read has changed since (RuntimeError at the launch) holds for a served kernel as for a compiled one
         found, refused = self._pick(line, self.entries.get(record_identity(line), []), source_key(fn))
         if refused is not None:
             self.missed(line)

@@ -27,25 +27,42 @@ import threading
 import types
 
 _lock = threading.RLock()
-_known: dict[int, tuple] = {}   # id(fn) -> (fn, its source, its key): kept with fn, redone when its source changes
+# id(fn) -> (fn, its source, its key, what the key read): made again when its source or anything it read changes
+_known: dict[int, tuple] = {}
 _computing: set[int] = set()
 
 
 def source_key(fn) -> str:
-    """The key of a JITCallable (a @jit function, a constexpr function): Triton's cache_key, address-free."""
+    """The key of a JITCallable (a @jit function, a constexpr function): Triton's cache_key, address-free. A
+    process may change what a key read after it was made (`cfg.SCALE = 3.0`, a global rebound, a called function's
+    source updated): its next compile takes the new value, so the key is made again."""
     with _lock:
         known = _known.get(id(fn))
-        if known is not None and known[0] is fn and known[1] is fn.src:
+        if known is not None and known[0] is fn and known[1] is fn.src and not any(map(_changed, known[3])):
             return known[2]
         if id(fn) in _computing:   # a function that calls itself, as Triton's placeholder
             return f"recursion:{fn._fn_name}"
         _computing.add(id(fn))
         try:
-            key = _digest(fn)
+            key, reads = _digest(fn)
         finally:
             _computing.discard(id(fn))
-        _known[id(fn)] = (fn, fn.src, key)
+        _known[id(fn)] = (fn, fn.src, key, reads)
         return key
+
+
+_GONE = object()
+
+
+def _changed(read: tuple) -> bool:
+    """Whether a value a key read is another now: (a namespace, a name, the value) or (a called function, its key)."""
+    try:
+        if len(read) == 2:
+            return source_key(read[0]) != read[1]
+        now = read[0].get(read[1], _GONE) if isinstance(read[0], dict) else getattr(read[0], read[1], _GONE)
+        return now is not read[2] and bool(now != read[2])
+    except Exception:   # a value that cannot be compared: made again
+        return True
 
 
 KEY_VERSION = 3   # this module's way of making a key: a record line's key is compared only with one made the same way
@@ -89,9 +106,12 @@ def _digest(fn) -> str:
     if beyond:
         text += "+" + repr(sorted(beyond))
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    if _ADDRESS.search(text) or not all(map(reproducible, getattr(finder, "callee_keys", ()))):
+    callees = getattr(finder, "callees", ())
+    if _ADDRESS.search(text) or not all(reproducible(k) for _, k in callees):
         _unstable.add(key)
-    return key
+    reads = [*((d, name, val) for (name, _), (val, d) in finder.used_global_vals.items()),
+             *getattr(finder, "attribute_reads", ()), *callees]
+    return key, tuple(reads)
 
 
 def _value(value) -> bool:
@@ -159,6 +179,7 @@ def _finder():
                 if owner is None or getattr(owner, "__name__", "") in self.supported_modules:
                     return None
                 value = getattr(owner, node.attr)
+                self.__dict__.setdefault("attribute_reads", []).append((owner, node.attr, value))
                 self.record_reference(value)
                 if _value(value) and not self.visiting_arg_default_value:
                     self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
@@ -166,7 +187,7 @@ def _finder():
 
             def _update_hash(self, func):
                 key = source_key(func)
-                self.__dict__.setdefault("callee_keys", []).append(key)
+                self.__dict__.setdefault("callees", []).append((func, key))
                 self.hasher.update((key + str(getattr(func, "noinline", False))).encode("utf-8"))
         _finder_class.append(Finder)
     return _finder_class[0]

@@ -433,6 +433,35 @@ def test_verify_compiles_a_kernel_triton_keys_by_less_than_kforge_afresh_not_fro
     assert server.served == 2 and uncached == [False, True] and not knobs.compilation.always_compile
 
 
+SCALE = tl.constexpr(2.0)
+
+
+@triton.jit
+def copy_scaled(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * SCALE, mask=i < n)
+
+
+def test_a_served_kernel_whose_global_changed_since_is_refused_at_launch_as_tritons_jit_refuses_it(jit, tmp_path,
+                                                                                                  monkeypatch):
+    """Triton's JIT checks at each launch that no global the kernel read has changed since it compiled; the check
+    reads what computing Triton's key found, which a served kernel never computed, so its stale binary ran on."""
+    copy_scaled.device_caches.clear()
+    copy_scaled.device_caches[0]
+    monkeypatch.setattr(copy_scaled, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    held = {**entry("copy", 128, 4), "target": "copy_scaled-128",
+            "source": {"module": __name__, "entry": "copy_scaled"}, "triton_source_key": copy_scaled.cache_key}
+    copy_scaled.hash = None   # as in a fresh process: nothing computed Triton's key yet
+    copy_scaled.used_global_vals = {}
+    serve.serve(str(bundle_dir(tmp_path / "b", [held])), strict=True)
+    x, y = tensors()
+    copy_scaled[(8,)](x, y, 1000, BLOCK=128)
+    monkeypatch.setitem(globals(), "SCALE", tl.constexpr(3.0))
+    with pytest.raises(RuntimeError, match="Global variable SCALE has changed since we compiled this kernel"):
+        copy_scaled[(8,)](x, y, 1000, BLOCK=128)
+    assert len(Launched.calls) == 1
+
+
 def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchmarking(jit, tmp_path):
     entries = [entry("copy_tuned", 128, 4), entry("copy_tuned", 256, 8)]
     autotune = [{"kernel": f"{__name__}:copy_tuned", "key": [n, "torch.float16", "torch.float16"],

@@ -274,3 +274,54 @@ def test_every_value_a_kernel_reads_from_a_global_or_a_closure_is_in_the_key(tmp
     for kernel in ("dtype_global", "plain_global", "namedtuple_global", "dtype_attribute", "cast"):
         assert source_key(getattr(a, kernel)) != source_key(getattr(b, kernel)), kernel
     assert a.cast.cache_key == b.cast.cache_key   # Triton's own: blind to the closure's dtype
+
+
+CHANGING = '''
+import types
+import triton
+import triton.language as tl
+
+cfg = types.SimpleNamespace(SCALE=2.0)
+G = tl.constexpr(2.0)
+
+
+@triton.jit
+def _helper(x):
+    return x * 2.0
+
+
+@triton.jit
+def by_attribute(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) * cfg.SCALE)
+
+
+@triton.jit
+def by_global(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) * G)
+
+
+@triton.jit
+def by_callee(x_ptr):
+    tl.store(x_ptr, _helper(tl.load(x_ptr)))
+'''
+
+
+def test_a_key_is_made_again_when_a_value_it_holds_changes_in_the_process(tmp_path):
+    """A process that sets `cfg.SCALE = 3.0` or rebinds a constexpr global after the first call compiles the next
+    specialization with the new value (Triton), but serving kept the key made at the first call and ran the old
+    value's binary (an outside review). The key is made again when anything it read has changed."""
+    import importlib
+    import sys
+    (tmp_path / "changing.py").write_text(CHANGING)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        m = importlib.import_module("changing")
+    finally:
+        sys.path.remove(str(tmp_path))
+    before = {k: source_key(getattr(m, k)) for k in ("by_attribute", "by_global", "by_callee")}
+    m.cfg.SCALE = 3.0
+    m.G = tl.constexpr(3.0)
+    m._helper._unsafe_update_src(m._helper.src.replace("2.0", "4.0"))
+    after = {k: source_key(getattr(m, k)) for k in before}
+    assert all(before[k] != after[k] for k in before), (before, after)
+    assert after == {k: source_key(getattr(m, k)) for k in before}   # unchanged since: the same key
