@@ -297,7 +297,6 @@ class Server:
         self.verified = 0
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.arch: str | None = None   # the current device's, at the first call
-        self.code_env: dict[str, str] = {}   # this process's compiler variables, read at the first call
         self.entries: dict[str, list[tuple]] = {}   # identity -> every (bundle, entry) held for it, bundles in order
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
@@ -327,7 +326,6 @@ class Server:
 
                 from .bundle import BundleError
                 arch = arch_name(driver.active.get_current_target())
-                self.code_env = triton_environment(code_environment())
                 try:
                     for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
                         for entry in bundle.artifacts:
@@ -395,9 +393,10 @@ class Server:
             line["ambiguous"] = [h[1].get("target") for h in same_code]
             return None, ambiguous_message(line)
         found = same_code[0]
-        if triton_environment(found[1].get("env") or {}) != self.code_env:   # built under other compiler variables
-            line["env"] = self.code_env
-            return None, other_environment_message(line, found[1], self.code_env)
+        ours = triton_environment(code_environment())   # read at each call: a process may set one after its first
+        if triton_environment(found[1].get("env") or {}) != ours:   # built under other compiler variables
+            line["env"] = ours
+            return None, other_environment_message(line, found[1], ours)
         return found, None
 
     def compare(self, served: Served, compiled) -> None:

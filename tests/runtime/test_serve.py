@@ -345,10 +345,15 @@ def test_an_entry_built_under_other_compiler_variables_is_never_launched(jit, tm
             copy[(8,)](x, y, 1000, BLOCK=128)
         serve.stop()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))   # changes no binary
-    server = serve.serve(str(bundle_dir(tmp_path / "flydsl", [{**entry("copy", 128, 4),
-                                                               "env": {"FLYDSL_DEBUG": "1"}}])), strict=True)
+    server = serve.serve(str(bundle_dir(tmp_path / "flydsl", [{**entry("copy", b, 4), "env": {"FLYDSL_DEBUG": "1"}}
+                                                              for b in (128, 256)])), strict=True)
     copy[(8,)](x, y, 1000, BLOCK=128)
     assert server.served == 1
+    # a variable set after the first served call (a knob Triton copies into os.environ, pytest's setenv): the next
+    # specialization compiles under it, so a plain build is not it (the variables were read once, at the first call)
+    monkeypatch.setenv("DISABLE_PTXAS_OPT", "1")
+    with pytest.raises(serve.NotServed, match=r"this process's: DISABLE_PTXAS_OPT=1"):
+        copy[(8,)](x, y, 1000, BLOCK=256)
 
 
 def test_bundles_that_cannot_be_read_serve_nothing_and_say_why_in_one_line(jit, tmp_path, monkeypatch, capsys):
