@@ -141,8 +141,8 @@ class Served:
     """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel. Triton's launch
     path calls run(); a JIT call also returns it to its caller, and libraries keep that object and launch it
     again themselves, as a CompiledKernel: `kernel[grid](*args)` (flag_gems's libentry on every cache hit), or
-    read its `name` and `metadata`. Those work alike here; CompiledKernel's others (asm, n_regs, ...) are
-    AttributeErrors that say so. The binary is checked and loaded at the first launch (`load` gives the
+    read its `name`, `metadata`, `n_regs`, `n_spills` and `n_max_threads`. Those work alike here;
+    CompiledKernel's others (asm, hash, src, module) are AttributeErrors that say so. The binary is checked and loaded at the first launch (`load` gives the
     kforge_runtime Kernel)."""
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
@@ -150,7 +150,7 @@ class Served:
         self.load, self.kernel = load, None
         self.bundle, self.entry = None, entry   # where the binary comes from (verify reads it)
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
-        self.function = self.packed_metadata = None
+        self.function = self.packed_metadata = self._loaded_numbers = None
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
         self._skips_negative = vendor != "amd"
 
@@ -214,8 +214,26 @@ def _not_served(name: str) -> property:
 
 # CompiledKernel's other attributes, each an AttributeError that says why (a property: Triton's launch path asks
 # hasattr(kernel, "result") on every call, which a __getattr__ would make 20 times slower)
-for _name in ("asm", "hash", "src", "module", "n_regs", "n_spills", "n_max_threads"):
+for _name in ("asm", "hash", "src", "module"):
     setattr(Served, _name, _not_served(_name))
+
+
+def _loaded(position: int) -> property:
+    """n_regs, n_spills, n_max_threads: what Triton's own driver reads of the bundle's binary as it loads it (the
+    fused-softmax tutorial sizes its grid by a warmed-up kernel's n_regs), read once."""
+    def read(self):
+        if self._loaded_numbers is None:
+            if self.bundle is None or self.entry is None:
+                raise AttributeError("kforge serve: this served kernel has no bundle to read its registers from")
+            from triton.runtime import driver
+            device = driver.active.get_current_device()
+            self._loaded_numbers = driver.active.utils.load_binary(
+                self.name, self.bundle.binary(self.entry), self._entry_field("shared") or 0, device)[2:]
+        return self._loaded_numbers[position]
+    return property(read)
+
+
+Served.n_regs, Served.n_spills, Served.n_max_threads = _loaded(0), _loaded(1), _loaded(2)
 
 
 class LightDriver:

@@ -165,8 +165,27 @@ def test_the_kernel_a_served_call_returns_launches_as_a_compiled_kernel_does(jit
                               ((3, 1, 1), 77, [x.data_ptr(), y.data_ptr(), 1000]),
                               ((2, 1, 1), 5, [x.data_ptr(), y.data_ptr(), 999])]
     assert kernel.name == "copy" and (kernel.metadata.num_warps, kernel.metadata.shared) == (4, 0)
-    with pytest.raises(AttributeError, match="kforge serve: a served kernel has no 'n_regs'"):
-        kernel.n_regs
+    with pytest.raises(AttributeError, match="kforge serve: a served kernel has no 'asm'"):
+        kernel.asm
+
+
+def test_a_served_kernel_tells_its_registers_as_a_compiled_kernel_does(jit, tmp_path, monkeypatch):
+    """Triton's fused-softmax tutorial sizes its grid by the n_regs of a warmed-up kernel: a served one raised
+    AttributeError there (an outside review). They are what Triton's own driver reads of the bundle's binary."""
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    from kforge_runtime.bundle import Bundle
+    given = []
+    monkeypatch.setattr(driver._active, "utils", SimpleNamespace(
+        load_binary=lambda *a: given.append(a) or ("module", "function", 40, 0, 1024)), raising=False)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"the binary")
+    serve.serve(str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "symbol": "copy", "shared": 512}])))
+    x, y = tensors()
+    kernel = copy.warmup(x, y, 1000, BLOCK=128, grid=(1,))
+    assert (kernel.n_regs, kernel.n_spills, kernel.n_max_threads) == (40, 0, 1024)
+    assert given == [("copy", b"the binary", 512, 0)]   # read once
 
 
 def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
