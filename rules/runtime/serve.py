@@ -314,7 +314,7 @@ class Server:
         self.broken: str | None = None   # why the bundles could not be read (one line), once they were tried
         self.verified = 0
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
-        self.arch: str | None = None   # the current device's, at the first call
+        self.indexed: list[str] = []   # the arches whose bundles are indexed: each at its first call
         self.entries: dict[str, list[tuple]] = {}   # identity -> every (bundle, entry) held for it, bundles in order
         # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
         self.tuned: dict[tuple, list[dict]] = {}
@@ -334,16 +334,17 @@ class Server:
                 f"configs chosen from the record{verified}; set-up {self.setup_seconds * 1000:.0f} ms, bundles "
                 f"indexed in {self.index_seconds * 1000:.0f} ms")
 
-    def index(self) -> str:
-        """The device's arch; at the first call, the entries of the bundles for it, by identity. Bundles that
-        cannot be read serve nothing: NotServed under strict, else one warning (every call then compiles)."""
+    def index(self, arch: str | None = None) -> str:
+        """An arch (the current device's where None); at its first call, the entries of the bundles for it, by
+        identity: a process driving GPUs of two arches serves each its own. Bundles that cannot be read serve
+        nothing: NotServed under strict, else one warning (every call then compiles)."""
         with self.lock:
-            if self.arch is None:
-                started = time.perf_counter()
+            if arch is None:
                 from triton.runtime import driver
-
-                from .bundle import BundleError
                 arch = arch_name(driver.active.get_current_target())
+            if arch not in self.indexed:
+                started = time.perf_counter()
+                from .bundle import BundleError
                 try:
                     for bundle in self.library.bundles_for([arch]):   # only this arch's manifests are read
                         for entry in bundle.artifacts:
@@ -361,25 +362,27 @@ class Server:
                     if not self.strict:
                         import sys
                         sys.stderr.write(f"{self.broken}; every kernel compiles instead\n")
-                self.arch = arch
-                self.index_seconds = time.perf_counter() - started
+                self.indexed.append(arch)
+                self.index_seconds += time.perf_counter() - started
             if self.broken and self.strict:
                 raise NotServed(self.broken)
-        return self.arch
+        return arch
 
     def lookup(self, fn, signature, constexprs, attrs, options, device: int | None = None):
         if self.preload_at_first_call:
             self.preload_at_first_call = False
             self.preload()
+        _, _, target, backend, _ = fn.device_caches[device]   # the call's device's, as Triton compiles for it
+        arch = self.index(arch_name(target))
         try:
             line = record_line(fn.fn.__module__, fn.fn.__qualname__, list(fn.arg_names), signature, constexprs,
-                               attrs, options.__dict__, self.index())
-            check_options(options.__dict__, fn.device_caches[device][3])
+                               attrs, options.__dict__, arch)
+            check_options(options.__dict__, backend)
         except ValueError as e:   # a call no record line holds (a tuple constexpr, ptx_options): Triton compiles it
             kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
-            self.missed({"kernel": kernel, "arch": self.index(), "unrecordable": str(e)})
+            self.missed({"kernel": kernel, "arch": arch, "unrecordable": str(e)})
             if self.strict:
-                raise NotServed(f"kforge serve (strict): {kernel} on {self.index()}: {e}; no build holds such a "
+                raise NotServed(f"kforge serve (strict): {kernel} on {arch}: {e}; no build holds such a "
                                 f"call: serve with strict=False to let Triton compile it") from None
             return None
         fn.cache_key   # Triton's own key, made as its compile makes it: with it, its check that no global the
@@ -507,8 +510,7 @@ class Server:
         asked = (id(tuner), key, id(current))
         verdict = self.rechecks.get(asked)
         if verdict is None:
-            if self.arch is None:
-                self.index()
+            self.index()
             from triton.runtime.jit import JITFunction
             fn = tuner.fn
             while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):   # under @triton.heuristics

@@ -188,6 +188,30 @@ def test_a_served_kernel_tells_its_registers_as_a_compiled_kernel_does(jit, tmp_
     assert given == [("copy", b"the binary", 512, 0)]   # read once
 
 
+def test_a_call_on_a_device_of_another_arch_is_served_that_arch_s_binary_or_none(jit, tmp_path, monkeypatch):
+    """A process driving GPUs of two arches: Triton compiles each call for its device's target. Serving looked every
+    call up under the arch of the device current at its first call (an sm_90a binary served to an sm_80 GPU)."""
+    from triton.runtime import driver
+
+    class TwoArches(StubDriver):
+        device = 0
+
+        def get_current_device(self):
+            return self.device
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90 if self.device == 0 else 80, 32)
+    monkeypatch.setattr(driver, "_active", TwoArches())
+    copy.device_caches.clear()
+    serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])), strict=True)
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    TwoArches.device = 1
+    with pytest.raises(serve.NotServed, match=rf"no prebuilt {__name__}:copy for sm_80"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert len(Launched.calls) == 1
+
+
 def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
     server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
     x, y = tensors()
