@@ -135,6 +135,14 @@ class Driver:
         self.call("CtxSetCurrent", ctypes.c_void_p(context))
 
 
+def unlaunchable(entry: dict) -> str | None:
+    """Why this loader cannot launch a Triton entry's kernel, whatever the arguments (serving then leaves it to
+    Triton), or None."""
+    if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
+        return "the kernel needs scratch memory, which this loader does not allocate"
+    return None
+
+
 class Kernel:
     """One bundle artifact loaded into the current context; call it with (grid, *args, stream=)."""
 
@@ -146,8 +154,9 @@ class Kernel:
         if entry.get("toolchain") != "triton":
             raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
                               f"(their kernarg layout is in the manifest's kernel_abi)")
-        if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
-            raise LaunchError(f"{self.name}: the kernel needs scratch memory, which this loader does not allocate")
+        refused = unlaunchable(entry)
+        if refused:
+            raise LaunchError(f"{self.name}: {refused}")
         self._arguments = Arguments(entry, vendor)   # an argument type it cannot pass fails here, before the driver
         options = entry.get("options") or {}   # and so do the launch options, before the driver sees the binary
         if not isinstance(options, dict):

@@ -414,6 +414,12 @@ class Server:
             line["ambiguous"] = [h[1].get("target") for h in same_code]
             return None, ambiguous_message(line)
         found = same_code[0]
+        from .launch import unlaunchable
+        refused = unlaunchable(found[1])
+        if refused:   # a kernel that builds a tensor descriptor on the GPU needs scratch memory: Triton runs it
+            line["unlaunchable"] = refused
+            return None, f"kforge serve (strict): {line['kernel']} on {line['arch']} ({found[1].get('target')}): " \
+                         f"{refused}; serve with strict=False to let Triton compile and run it"
         ours = triton_environment(code_environment())   # read at each call: a process may set one after its first
         if triton_environment(found[1].get("env") or {}) != ours:   # built under other compiler variables
             line["env"] = ours

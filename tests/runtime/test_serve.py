@@ -212,6 +212,21 @@ def test_a_call_on_a_device_of_another_arch_is_served_that_arch_s_binary_or_none
     assert len(Launched.calls) == 1
 
 
+def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
+    """A kernel that makes a tensor descriptor on the GPU needs scratch memory, which kforge's loader does not
+    allocate: it was served, and every launch raised LaunchError where Triton runs it (an outside review)."""
+    scratch = {**entry("copy", 128, 4), "global_scratch_size": 256}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [scratch])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 0 and "scratch memory" in server.misses[0]["unlaunchable"]
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [scratch])), strict=True)
+    with pytest.raises(serve.NotServed, match=r"\(copy-128\): the kernel needs scratch memory"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
 def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
     server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
     x, y = tensors()
