@@ -506,7 +506,9 @@ class Server:
                                 f"autotune it") from None
             return None, None, False
         key = line.pop("autotune")["key"]
-        return line, key, record_identity(line) in self.entries
+        code = source_key(_jit_of(tuner))   # held for this code: a bundle of another version's is not
+        held = self.entries.get(record_identity(line), ())
+        return line, key, any(entry.get("triton_source_key") == code for _, entry in held)
 
     def rechoose(self, tuner, key: tuple, current) -> bool:
         """Whether a call whose key the autotuner already has a pick for must be looked at again: where the record
@@ -518,15 +520,22 @@ class Server:
         if verdict is None:
             self.index()
             from triton.runtime.jit import JITFunction
-            fn = tuner.fn
-            while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):   # under @triton.heuristics
-                fn = fn.fn
+            fn = _jit_of(tuner)
             kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) else ""
             picks = self.tuned.get((kernel, json.dumps(list(key))), ())
             verdict = len(picks) > 1 or len(picks) == 1 and \
                 json.dumps(current.all_kwargs(), sort_keys=True) != json.dumps(picks[0]["config"], sort_keys=True)
             self.rechecks[asked] = verdict
         return verdict
+
+
+def _jit_of(tuner):
+    """The JIT function an autotuner runs (under @triton.heuristics wrappers); what else it holds, if none."""
+    from triton.runtime.jit import JITFunction
+    fn = tuner.fn
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return fn
 
 
 def _ranked(picks: list[dict]) -> list[dict]:

@@ -547,6 +547,19 @@ def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchm
         copy_tuned[grid](x[1:], y, 10)   # the recorded pick, but this call's specialization was not built
 
 
+def test_an_autotuned_call_picks_among_configs_built_from_its_code(jit, tmp_path):
+    """Bundles of two versions of a library: the old one's recorded pick, built from other code, was chosen as held
+    and then refused, so the call was never served (an outside review: two bundle folders on KFORGE_SERVE)."""
+    old = {**entry("copy_tuned", 256, 8), "triton_source_key": "0" * 64}
+    picks = [{"kernel": f"{__name__}:copy_tuned", "key": [1000, "torch.float16", "torch.float16"],
+              "config": config.all_kwargs()} for config in (CONFIGS[1], CONFIGS[1], CONFIGS[0])]
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [old, entry("copy_tuned", 128, 4)], picks)), strict=True)
+    copy_tuned.cache.clear()
+    x, y = tensors()
+    copy_tuned[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
+    assert [c[0] for c in Launched.calls] == [(8, 1, 1)] and server.served == 1   # BLOCK 128, this code's
+
+
 def test_picks_recorded_apart_for_one_key_serve_each_call_its_recorded_specialization(jit, tmp_path):
     # two pytest-xdist workers tuned key n=1000 apart: one picked BLOCK 256 for an aligned call, the other BLOCK
     # 128 for a call one element in (another specialization); each recorded only its own pick's call
