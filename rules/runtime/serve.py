@@ -580,6 +580,9 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
                     current = tuner.cache.get(key)
                     config = server.choose(tuner, args, kwargs, current)
                     if config is not None and config is not current:
+                        if current is None:   # the call Triton tunes at: it resets reset_to_zero's arguments then
+                            tuner.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()},
+                                           reset_only=True)
                         tuner.cache[key] = config
                         with server.lock:
                             server.tuned_configs += 1

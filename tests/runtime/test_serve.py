@@ -560,6 +560,35 @@ def test_an_autotuned_call_picks_among_configs_built_from_its_code(jit, tmp_path
     assert [c[0] for c in Launched.calls] == [(8, 1, 1)] and server.served == 1   # BLOCK 128, this code's
 
 
+@triton.autotune(configs=CONFIGS, key=["n"], reset_to_zero=["y_ptr"])
+@triton.jit
+def add_tuned(x_ptr, y_ptr, n, BLOCK: tl.constexpr):   # accumulates into y: benchmark runs are undone by a reset
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+def test_a_served_call_at_which_triton_would_tune_resets_the_arguments_triton_resets(jit, tmp_path, monkeypatch):
+    """Triton zeroes an autotuner's reset_to_zero arguments after timing the configs, before the call's own launch;
+    served, no timing ran and the argument kept what the caller left in it (an outside review: a sum off by the
+    buffer's old content). A key already tuned is not reset, in either."""
+    add_tuned.fn.device_caches.clear()
+    add_tuned.fn.device_caches[0]
+    monkeypatch.setattr(add_tuned.fn, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    held = {**entry("copy", 128, 4), "target": "add_tuned-128", "source": {"module": __name__, "entry": "add_tuned"},
+            "triton_source_key": add_tuned.fn.cache_key}
+    picks = [{"kernel": f"{__name__}:add_tuned", "key": [1000, "torch.float16", "torch.float16"],
+              "config": CONFIGS[0].all_kwargs()}]
+    serve.serve(str(bundle_dir(tmp_path / "b", [held], picks)), strict=True)
+    add_tuned.cache.clear()
+    x, y = tensors()
+    y.fill_(7)
+    add_tuned[(8,)](x, y, 1000)
+    assert y.sum() == 0 and len(Launched.calls) == 1
+    y.fill_(7)
+    add_tuned[(8,)](x, y, 1000)   # tuned: as Triton, nothing reset
+    assert y.sum() == 7 * 1000
+
+
 def test_picks_recorded_apart_for_one_key_serve_each_call_its_recorded_specialization(jit, tmp_path):
     # two pytest-xdist workers tuned key n=1000 apart: one picked BLOCK 256 for an aligned call, the other BLOCK
     # 128 for a call one element in (another specialization); each recorded only its own pick's call
