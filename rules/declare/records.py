@@ -150,11 +150,13 @@ def _check(record, at: str) -> None:
     if not isinstance(record["constexprs"], dict) or not isinstance(record["options"], dict) or not isinstance(
             record["divisible_by_16"], list):
         raise SpecError(f"{at}: constexprs and options must be objects, divisible_by_16 a list")
-    # each value as this line holds it (the family's spec checks them again, but names no line)
+    # each name as this line holds it; a value kforge cannot build (a string of thousands of characters, -inf, an
+    # integer past 64 bits: Triton compiles them) fails its line alone (_unbuildable), the file's others build
     for field in ("constexprs", "options"):
         for name, value in record[field].items():
             _check_name(name, f"{at}: {field}")
-            _check_value(value, f"{at}: {field} {name}")
+            if not isinstance(value, (bool, int, float, str)):
+                _check_value(value, f"{at}: {field} {name}")
     for i, name in enumerate(record["divisible_by_16"]):
         _check_name(name, f"{at}: divisible_by_16")
         if name in record["divisible_by_16"][:i]:
@@ -175,6 +177,17 @@ def _check_name(name, at: str) -> None:
         raise SpecError(f"{at}: {repr(name)[:60]} is not an argument name (letters, digits and _)")
 
 
+def _unbuildable(record: dict, at: str) -> str | None:
+    """Why kforge cannot build a well-formed line's values (each is one Triton compiled), or None."""
+    try:
+        for field in ("constexprs", "options"):
+            for name, value in record[field].items():
+                _check_value(value, f"{at}: {field} {name}")
+    except SpecError as e:
+        return f"{e}; the line is not built (served, such a call compiles with Triton): remove it to build clean"
+    return None
+
+
 def _check_value(value, at: str) -> None:
     """A value a line may give (a constexpr, an option, an autotuning key's part): true/false, a string, a 64-bit
     integer or a finite number; NaN, 1e400 (read as infinity) and numbers no compiler option takes are refused."""
@@ -192,9 +205,12 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
     where = shown_path(path, root)
     groups: dict[str, tuple[int, list[dict]]] = {}   # shape -> (its first line: messages name it, its records)
     for number, record, keys in _numbered(path, where):
+        refused = _unbuildable(record, f"{where}:{number}")
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
-        groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys})   # every key its lines hold
+        shape += f"#{number}" if refused else ""   # a family of its own: it fails alone
+        groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys,   # every key its lines hold
+                                                          **({"refused": refused} if refused else {})})
     found = []
     for shape, (first_line, records) in groups.items():
         first = records[0]
@@ -220,6 +236,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
             codes.setdefault(r["arch"], []).extend(k for k in r["source_key"] if k not in codes[r["arch"]])
         if any(codes.values()):
             tables["kernel"]["source_keys"] = {a: sorted(keys) for a, keys in codes.items() if keys}
+        if "refused" in first:   # a family of its own line, which fails alone (spec.py raises it)
+            tables["kernel"]["refused"] = first["refused"]
         # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
         # Hopper record on wave64 AMD, one vendor's option on the other's GPU), is left out there: that arch
         # runs another specialization of its own

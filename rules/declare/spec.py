@@ -114,6 +114,8 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     codes = {}
     if recorded:   # the code its lines were recorded from, by arch (rules/declare/records.py): not a spec's key
         codes = raw["kernel"].get("source_keys", {})
+        if "refused" in raw["kernel"]:   # a record line kforge cannot build (records._unbuildable)
+            raise SpecError(raw["kernel"]["refused"])
         raw = {**raw, "kernel": {k: v for k, v in raw["kernel"].items() if k != "source_keys"}}
     _check_integers(raw, where)
     _check_schema(raw, where)

@@ -252,6 +252,22 @@ def test_a_line_with_a_hostile_value_is_one_error_naming_the_file_and_line(proje
         targets(project)
 
 
+def test_a_line_with_a_value_kforge_cannot_build_fails_alone_and_the_file_s_other_lines_build(project):
+    """A string constexpr of thousands of characters, -inf, an integer past 64 bits: Triton compiles them and the
+    recorder writes them; one such line failed the whole file, so none of an application's kernels was built (an
+    outside review). It fails alone now, naming its line."""
+    long = line(64).replace('"BLOCK": 64', '"BLOCK": "' + "x" * 2000 + '"')
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), long, line(256), ""]))
+    doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert len(statuses(project, "built")) == 2
+    assert {json.loads(m.read_text())["constexprs"]["BLOCK"]
+            for m in (project / "out" / "sm_90a").glob("rec_*/*/meta.json")} == {128, 256}
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    failed = [t for t in report["tasks"] if t["status"] == "failed"]
+    assert len(failed) == 1 and "specs/app.jsonl:2: constexprs BLOCK: " in failed[0]["error"]
+    assert "the line is not built" in failed[0]["error"]
+
+
 @pytest.mark.parametrize("bad, message", [
     ('{"BLOCK": 64, "BLOCK": 128}', r"^specs/app.jsonl:2: key 'BLOCK' given twice in one object; each line is one "
                                     r"record"),
