@@ -142,8 +142,8 @@ class Served:
     path calls run(); a JIT call also returns it to its caller, and libraries keep that object and launch it
     again themselves, as a CompiledKernel: `kernel[grid](*args)` (flag_gems's libentry on every cache hit), or
     read its `name`, `metadata`, `n_regs`, `n_spills` and `n_max_threads`. Those work alike here;
-    CompiledKernel's others (asm, hash, src, module) are AttributeErrors that say so. The binary is checked and loaded at the first launch (`load` gives the
-    kforge_runtime Kernel)."""
+    CompiledKernel's others (asm, hash, src, module) are AttributeErrors that say so. The binary is checked and
+    loaded at the first launch (`load` gives the kforge_runtime Kernel)."""
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
                  vendor: str = "nvidia"):
