@@ -188,6 +188,14 @@ def _unbuildable(record: dict, at: str) -> str | None:
     return None
 
 
+def _spelled(record: dict) -> bool:
+    """Whether a config id can spell each string the line gives ('fp32' can, 'ñ→✓' or 'a b' cannot)."""
+    return all(not isinstance(v, str) or ID_TEXT.fullmatch(v) for v in record["constexprs"].values())
+
+
+ID_TEXT = re.compile(r"[A-Za-z0-9_.+-]{0,64}")
+
+
 def _check_value(value, at: str) -> None:
     """A value a line may give (a constexpr, an option, an autotuning key's part): true/false, a string, a 64-bit
     integer or a finite number; NaN, 1e400 (read as infinity) and numbers no compiler option takes are refused."""
@@ -208,7 +216,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         refused = _unbuildable(record, f"{where}:{number}")
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
-        shape += f"#{number}" if refused else ""   # a family of its own: it fails alone
+        # a family of its own: it fails alone, or a string it holds spells no id (a family's ids spell its values)
+        shape += f"#{number}" if refused or not _spelled(record) else ""
         groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys,   # every key its lines hold
                                                           **({"refused": refused} if refused else {})})
     found = []

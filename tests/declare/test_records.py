@@ -252,6 +252,15 @@ def test_a_line_with_a_hostile_value_is_one_error_naming_the_file_and_line(proje
         targets(project)
 
 
+def test_lines_whose_strings_no_id_can_spell_are_families_of_their_own(project):
+    """A family's config ids spell the values that tell its lines apart; a string constexpr such as 'ñ→✓' or 'a b'
+    spells no safe id, and the family of every line of that kernel failed (an outside review)."""
+    (project / "specs" / "app.jsonl").write_text("\n".join(
+        [line(128), line(256), line("ñ→✓"), line("a b"), ""]))
+    found = targets(project)
+    assert sorted(map(str, (dict(t.constexprs)["BLOCK"] for t in found.values()))) == ["128", "256", "a b", "ñ→✓"]
+
+
 def test_a_line_with_a_value_kforge_cannot_build_fails_alone_and_the_file_s_other_lines_build(project):
     """A string constexpr of thousands of characters, -inf, an integer past 64 bits: Triton compiles them and the
     recorder writes them; one such line failed the whole file, so none of an application's kernels was built (an
