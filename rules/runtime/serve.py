@@ -151,11 +151,22 @@ class Served:
         self.bundle, self.entry = None, entry   # where the binary comes from (verify reads it)
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = self._loaded_numbers = None
+        self.fn = None   # the JIT function it serves (its launch_metadata hook)
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
         self._skips_negative = vendor != "amd"
 
     def launch_metadata(self, grid, stream, *args):
-        return None
+        """What Triton's launch hooks (knobs.runtime.launch_enter_hook: proton, a tracer) are given, as a
+        CompiledKernel gives it: None while no hook is set."""
+        from triton import knobs
+        hook = knobs.runtime.launch_enter_hook   # a HookChain in Triton 3.6: empty, it calls nothing
+        if hook is None or not getattr(hook, "calls", True):
+            return None
+        from triton.compiler.compiler import LazyDict
+        found = LazyDict({"name": (self.entry or {}).get("symbol"), "function": None, "stream": stream})
+        if getattr(self.fn, "launch_metadata", None) is not None:   # the kernel's own @jit(launch_metadata=...)
+            found.add(self.fn.launch_metadata, (grid, self.metadata, dict(zip(self.fn.arg_names, args))))
+        return found
 
     def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
         blocks = gx * gy * gz
@@ -163,10 +174,14 @@ class Served:
             return
         if self.kernel is None:
             self.kernel = self.load()
+        if launch_metadata is not None and enter_hook is not None:
+            enter_hook(launch_metadata)
         # Triton matched these arguments' dtypes and 16-divisibility to the specialization this binary was
         # built for: the loader's own checks would repeat that on every launch
         self.kernel.launch_trusted(gx, gy, gz, stream, [args[i].data_ptr() if pointer else args[i]
                                                         for i, pointer in self.plan])
+        if launch_metadata is not None and exit_hook is not None:
+            exit_hook(launch_metadata)
 
     def __getitem__(self, grid):
         """CompiledKernel's launcher: runner(*every argument of the kernel, constexprs too, stream=None) on the
@@ -397,7 +412,7 @@ class Server:
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
         served = Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
                         [a["type"].startswith("*") for a in entry["signature"]], entry, bundle.vendor)
-        served.bundle = bundle
+        served.bundle, served.fn = bundle, fn
         return served
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:

@@ -227,6 +227,20 @@ def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 
+def test_tritons_launch_hooks_see_a_served_launch_as_a_compiled_one(jit, tmp_path, monkeypatch):
+    """knobs.runtime.launch_enter_hook / launch_exit_hook (proton, tracers) are called around every launch Triton
+    makes, with its metadata; a served launch called neither (an outside review)."""
+    from triton import knobs
+    seen = []
+    # each chain holding one hook, as proton's .add() leaves it (restored after)
+    monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [lambda md: seen.append(("enter", md.get()["name"]))])
+    monkeypatch.setattr(knobs.runtime.launch_exit_hook, "calls", [lambda md: seen.append(("exit", md.get()["stream"]))])
+    serve.serve(str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "symbol": "copy"}])))
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert seen == [("enter", "copy"), ("exit", 77)] and len(Launched.calls) == 1
+
+
 def test_an_empty_grid_launches_nothing_as_in_tritons_launcher(jit, tmp_path):
     server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
     x, y = tensors()
