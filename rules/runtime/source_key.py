@@ -34,8 +34,8 @@ _computing: set[int] = set()
 
 def source_key(fn) -> str:
     """The key of a JITCallable (a @jit function, a constexpr function): Triton's cache_key, address-free. A
-    process may change what a key read after it was made (`cfg.SCALE = 3.0`, a global rebound, a called function's
-    source updated): its next compile takes the new value, so the key is made again."""
+    process may change what a key read after it was made (`cfg.SCALE = 3.0`, a global or a closure's cell rebound, a
+    called function's source updated): its next compile takes the new value, so the key is made again."""
     with _lock:
         known = _known.get(id(fn))
         if known is not None and known[0] is fn and known[1] is fn.src and not any(map(_changed, known[3])):
@@ -86,8 +86,8 @@ _unstable: set[str] = set()
 def _digest(fn) -> str:
     from triton.language.core import constexpr
     from triton.runtime.jit import ConstexprFunction
-    finder = _finder()(name=fn._fn_name, globals=fn.__globals__, nonlocals=inspect.getclosurevars(fn.fn).nonlocals,
-                       src=fn.src)
+    nonlocals = inspect.getclosurevars(fn.fn).nonlocals
+    finder = _finder()(name=fn._fn_name, globals=fn.__globals__, nonlocals=nonlocals, src=fn.src)
     tree = fn.parse()
     finder.visit(tree)
     # a constexpr function runs as Python while the kernel compiles: every global it reads is in what it gives
@@ -109,7 +109,11 @@ def _digest(fn) -> str:
     callees = getattr(finder, "callees", ())
     if _ADDRESS.search(text) or not all(reproducible(k) for _, k in callees):
         _unstable.add(key)
-    reads = [*((d, name, val) for (name, _), (val, d) in finder.used_global_vals.items()),
+    # what the key read, to tell later whether it changed: a closure's value through its cell (the dict
+    # getclosurevars gave is a copy)
+    cells = dict(zip(fn.fn.__code__.co_freevars, fn.fn.__closure__ or ()))
+    reads = [*((cells[name], "cell_contents", val) if d is nonlocals and name in cells else (d, name, val)
+               for (name, _), (val, d) in finder.used_global_vals.items()),
              *getattr(finder, "attribute_reads", ()), *callees]
     return key, tuple(reads)
 

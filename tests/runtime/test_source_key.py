@@ -303,6 +303,22 @@ def by_global(x_ptr):
 @triton.jit
 def by_callee(x_ptr):
     tl.store(x_ptr, _helper(tl.load(x_ptr)))
+
+
+def _make():
+    dt = tl.float32
+
+    @triton.jit
+    def cast(x_ptr):
+        tl.store(x_ptr, tl.load(x_ptr).to(dt))
+
+    def set_dt(value):
+        nonlocal dt
+        dt = value
+    return cast, set_dt
+
+
+by_closure, set_factor = _make()
 '''
 
 
@@ -318,10 +334,11 @@ def test_a_key_is_made_again_when_a_value_it_holds_changes_in_the_process(tmp_pa
         m = importlib.import_module("changing")
     finally:
         sys.path.remove(str(tmp_path))
-    before = {k: source_key(getattr(m, k)) for k in ("by_attribute", "by_global", "by_callee")}
+    before = {k: source_key(getattr(m, k)) for k in ("by_attribute", "by_global", "by_callee", "by_closure")}
     m.cfg.SCALE = 3.0
     m.G = tl.constexpr(3.0)
     m._helper._unsafe_update_src(m._helper.src.replace("2.0", "4.0"))
+    m.set_factor(tl.float16)   # a closure's cell rebound
     after = {k: source_key(getattr(m, k)) for k in before}
     assert all(before[k] != after[k] for k in before), (before, after)
     assert after == {k: source_key(getattr(m, k)) for k in before}   # unchanged since: the same key
