@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 from kforge.base import cpus
-from kforge.load import load_guard, shared_env
+from kforge.load import isolate, load_guard, shared_env
 from kforge.base.errors import SpecError
 from kforge.load.sources import UNSPECIALIZED, entry_def, parse
 
@@ -616,11 +616,14 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
 
 def main() -> None:
     # what the user's modules print must not break the protocol, from Python or not (a native extension, a
-    # subprocess writing to file descriptor 1): replies go to a copy of stdout, and descriptor 1 to stderr
+    # subprocess writing to file descriptor 1): replies go to a copy of stdout, and descriptor 1 to stderr;
+    # requests come on a copy of stdin, and what a module reads from stdin is /dev/null's nothing
     sys.stdout.flush()
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    requests = os.fdopen(os.dup(0), "r")
+    isolate.no_input()
     from kforge.load import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
@@ -629,7 +632,7 @@ def main() -> None:
     unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
     servers: dict[str, _ModuleServer] = {}
     packages: dict[str, str] = {}   # a module's package -> why its import failed ("" when it did not)
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once

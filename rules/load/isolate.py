@@ -433,6 +433,7 @@ def _serve(conn, fn, setup, retire_after_mb: float, parent: int) -> None:
         gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
         gc.disable()   # see the module's docstring
         die_with_parent(parent)
+        no_input()
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
         _default_signals()
         # Python-level writes go to fd 2 too (doit and pytest replace sys.stdout/err with in-memory buffers)
@@ -544,6 +545,14 @@ def _name_process(name: bytes) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name))   # PR_SET_NAME
     except (OSError, AttributeError):
         pass
+
+
+def no_input() -> None:
+    """In a child that imports a library or runs a catalog: stdin is /dev/null. A module reading stdin as it is
+    imported waited on the build's (a terminal: the user's typing, taken) and stalled the build with no word."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -25,7 +25,7 @@ from typing import Callable
 
 from kforge.base import settings
 from kforge.base.errors import SpecError
-from kforge.load.isolate import die_with_parent
+from kforge.load.isolate import die_with_parent, no_input
 
 NOTICE_S = 5.0   # a load taking longer says what it is loading (earlier under a smaller catalog_timeout)
 
@@ -146,6 +146,7 @@ def _child(fn: Callable[[], object], fd: int, parent: int, memory: int, shown: s
     try:
         _own_group(0)
         _limit(parent, memory)
+        no_input()
         try:
             answer = ("ok", fn())
         except MemoryError:

@@ -284,3 +284,22 @@ def test_a_hubs_refusal_is_the_calls_answer_and_a_killed_hub_is_replaced_by_one_
         server.close()
         hub.close()
     assert replaced not in (None, first) and owner == os.getpid()
+
+
+def reads_stdin(_):
+    return {"read": os.read(0, 100)}
+
+
+def test_a_child_reading_stdin_reads_nothing_and_never_waits_on_the_callers(monkeypatch):
+    """A library or catalog that reads stdin as it is imported stalled a whole build until stdin closed (at a
+    terminal: until the user typed, taking their input; an outside review). A child's stdin is /dev/null."""
+    read_end, write_end = os.pipe()   # the caller's stdin: open, never written to, never closed
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        out = run(reads_stdin, None, timeout=10)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert out.ok and out.result == {"read": b""}, out
