@@ -171,6 +171,7 @@ class Catalog:
         computed: dict[str, set[Path]] = {}   # a computed family's name -> the files its targets came from
         try:
             named: dict[str, str] = {}
+            clashes: dict[str, list[str]] = {}   # a name given again -> the other files that give it
             ran: dict[str, dict] = {}   # each Python catalog file's inputs and declarations, for the next load
             kept_files = self._kept_files(saved, contents)
             for declared in declarations(self.root, spec_files, read, failed, kept_files, ran, contents):
@@ -182,11 +183,17 @@ class Catalog:
                         named[family.name] = family.path
                         done.append((family, targets, entry))
                         continue
-                found = self._compute(declared, archs, named, failed)
+                found = self._compute(declared, archs, named, failed, clashes)
                 if found is not None:
                     family, targets, files = found
                     computed[family.name] = files
                     done.append((family, targets, {"key": key}))
+            for name, others in clashes.items():   # which of them was meant? neither is built: the first fails too
+                done = [d for d in done if d[0].name != name]
+                computed.pop(name, None)
+                failed.append((name, named[name], f"{named[name]}: kernel name {name!r} is also given by "
+                                                  f"{', '.join(others)}; target names must be unique: rename one "
+                                                  f"[kernel] name (neither builds until then)"))
             bad_files = {f for f in spec_files if any(_rel(f, self.root) == path for _, path, _ in failed)}
             self.tuned = tuned_choices(self.root, [f for f in spec_files if f not in bad_files], archs)
             for name, files in computed.items():   # what importing its modules read: heuristics, data files
@@ -225,9 +232,10 @@ class Catalog:
                        "tuned": self.tuned, **_encode(self.targets, self.places)}
         self._only(self.archs)
 
-    def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list) -> tuple | None:
+    def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list,
+                 clashes: dict[str, list[str]]) -> tuple | None:
         """One family from its declaration: (Family, its targets, the files they came from), or None when it
-        did not load (one entry of `failed`)."""
+        did not load (one entry of `failed`; a name already given, one in `clashes` too)."""
         from kforge.declare.spec import spec_from_tables
         from kforge.plan.targets import build_targets
         try:
@@ -236,9 +244,10 @@ class Catalog:
             failed.append((declared.failed_name, declared.failed_where, str(e)))
             return None
         if spec.name in named:
+            clashes.setdefault(spec.name, []).append(spec.path)
             failed.append((spec.name, spec.path, f"{spec.path}: kernel name {spec.name!r} is already used by "
                                                  f"{named[spec.name]}; target names must be unique: rename one "
-                                                 f"[kernel] name"))
+                                                 f"[kernel] name (neither builds until then)"))
             return None
         named[spec.name] = spec.path
         files: set[Path] = set()
