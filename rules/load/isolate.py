@@ -117,7 +117,7 @@ class Server:
             return Outcome(True, seconds, result=payload["result"])
 
     def _ended(self, payload: dict | None, start: float, log) -> Outcome:
-        status = self._gone(payload)
+        status = self._reap(payload)
         return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log), vanished=status is None)
 
     def start(self) -> None:
@@ -147,13 +147,12 @@ class Server:
         self.started += 1
 
     def _kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._reap()
 
-    def _reap(self) -> int:
+    def _reap(self, payload: dict | None = None) -> int | None:
+        """Forget the child that is gone (or killed): its exit status."""
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -161,10 +160,6 @@ class Server:
         self.conn.close()
         self.pid = self.conn = None
         return status
-
-    def _gone(self, payload: dict | None) -> int | None:
-        """The exit status of a child that is gone."""
-        return self._reap()
 
 
 class Unavailable(Exception):
@@ -185,25 +180,16 @@ class Attached(Server):
 
     def _ensure_alive(self) -> None:
         if self.conn is not None and self.conn.poll(0):   # an idle server says nothing, unless it has died
-            self._close()
+            self._reap()
         if self.conn is None:
             self.conn, self.pid = self.connect()
             self.started += 1
 
-    def _kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)   # not this process's child: its minder reaps it
-        except ProcessLookupError:
-            pass
-        self._close()
-
-    def _gone(self, payload: dict | None) -> int | None:
-        self._close()
-        return payload.get("died") if payload else None
-
-    def _close(self) -> None:
+    def _reap(self, payload: dict | None = None) -> int | None:
+        """Not this process's child: its minder reaps it, and says how it ended (None: no word)."""
         self.conn.close()
         self.pid = self.conn = None
+        return payload.get("died") if payload else None
 
 
 def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None) -> int:
@@ -249,11 +235,11 @@ class Hub:
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()   # a process's threads share its hub
 
-    def ask(self, request: Any) -> Connection:
+    def ask(self, request: Any, replace: bool = True) -> Connection:
         """The asker's end of the request's socket. A hub that has gone (killed) is replaced by one of this
-        process's own."""
+        process's own, if `replace`."""
         data = pickle.dumps(request)
-        for attempt in (1, 2):
+        for attempt in (1, 2) if replace else (2,):
             self.start()
             mine, theirs = socket.socketpair()
             try:
@@ -359,22 +345,21 @@ def reaped(pid: int) -> bool:
         return True
 
 
-def _group_running(group: int) -> bool:
-    """Whether a process of this process group still runs (a zombie does not: it waits for whoever reaps it)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return False
-    for entry in entries:
+def processes():
+    """(pid, command name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, ...) of each process."""
+    for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()   # after the command's name, which may hold ")"
-            except (OSError, IndexError):
+                    head, _, rest = f.read().rpartition(b")")   # the name may hold ")" itself
+            except OSError:
                 continue
-            if len(fields) > 2 and int(fields[2]) == group and fields[0] != b"Z":
-                return True
-    return False
+            yield int(entry), head.partition(b"(")[2], rest.split()
+
+
+def _group_running(group: int) -> bool:
+    """Whether a process of this process group still runs (a zombie does not: it waits for whoever reaps it)."""
+    return any(len(fields) > 2 and int(fields[2]) == group and fields[0] != b"Z" for _, _, fields in processes())
 
 
 _hub_ends: list[socket.socket] = []   # in a hub: its end of the askers' socket, which no server it forks keeps
@@ -541,10 +526,12 @@ SERVER_NAME = b"kforge-server"   # and for a server
 
 
 def _name_process(name: bytes) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(15, ctypes.c_char_p(name))   # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+    _prctl(15, ctypes.c_char_p(name))   # PR_SET_NAME
+
+
+def _prctl(option: int, value) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
 def no_input() -> None:
@@ -558,9 +545,6 @@ def no_input() -> None:
 def die_with_parent(parent_pid: int) -> None:
     """In a forked child: be killed when the process that forked it dies (Linux prctl PR_SET_PDEATHSIG), so
     that a SIGKILLed build leaves no worker or compile server behind; exit now if it has died already."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    _prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:   # it died between the fork and the prctl
         os._exit(1)

@@ -21,10 +21,10 @@ nothing is written on disk, and the name goes with the process.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import pickle
 import select
 import signal
 import socket
@@ -107,12 +107,9 @@ def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
 def _end_stuck(pid: int) -> None:
     """SIGKILL the keeper `pid` that took the project's address and does not answer (SIGSTOPped, say), if it is
     one: this user's (the caller checked) and named as one."""
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            if f.read().strip() == KEEPER_NAME:
-                os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm", "rb") as f:
+        if f.read().strip() == KEEPER_NAME:
+            os.kill(pid, signal.SIGKILL)
 
 
 def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
@@ -120,18 +117,11 @@ def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
     socket as a request is; a hub that has gone is not replaced (Hub.ask would)."""
     if hub.sock is None:
         return False
-    from multiprocessing.connection import Connection
-    mine, theirs = socket.socketpair()
-    conn = Connection(mine.detach())   # the hub answers on it as on any request's
     try:
-        socket.send_fds(hub.sock, [pickle.dumps(request)], [theirs.fileno()])
-        theirs.close()   # the hub's copy alone: a hub that dies now ends the wait at once
-        return conn.poll(timeout) and "kept" in conn.recv()
+        with hub.ask(request, replace=False) as conn:   # the hub holds the only other end: its death ends the wait
+            return conn.poll(timeout) and "kept" in conn.recv()
     except (OSError, EOFError):
         return False
-    finally:
-        theirs.close()
-        conn.close()
 
 
 def fork_keeper(request: Keep, handle: Callable[[Any, int], dict], forget: Callable[[], None]) -> dict:
@@ -162,7 +152,7 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.closerange(3, told)   # the build's files, sockets and pipes: none is held beyond it
-    os.closerange(told + 1, _max_fd())
+    os.closerange(told + 1, min(os.sysconf("SC_OPEN_MAX"), 65536))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         listener.bind(address(request.root))
@@ -256,21 +246,13 @@ def _stale(kept: dict, asked: dict, loaded: dict) -> str:
 def _make_room() -> None:
     """End this user's oldest keepers (of other projects, or other environments) beyond MAX_KEEPERS - 1."""
     mine = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/comm", "rb") as f:
-                if f.read().strip() != KEEPER_NAME or os.stat(f"/proc/{entry}").st_uid != os.getuid():
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                started = int(f.read().rsplit(b")", 1)[1].split()[19])   # starttime, in clock ticks
-        except (OSError, ValueError, IndexError):
-            continue
-        mine.append((started, int(entry)))
+    for pid, name, fields in isolate.processes():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if name == KEEPER_NAME and os.stat(f"/proc/{pid}").st_uid == os.getuid():
+                mine.append((int(fields[19]), pid))   # starttime, in clock ticks
     for _, pid in sorted(mine)[:max(0, len(mine) - MAX_KEEPERS + 1)]:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 def _loaded_files() -> dict:
@@ -288,10 +270,3 @@ def _peer(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a connected Unix socket, as the kernel knows it."""
     pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     return pid, uid
-
-
-def _max_fd() -> int:
-    try:
-        return min(os.sysconf("SC_OPEN_MAX"), 65536)
-    except (ValueError, OSError):
-        return 4096
