@@ -202,9 +202,7 @@ class Probe:
     def _crashed(self, request: dict, where: str) -> SpecError:
         """The error to raise for a child that died: it is stopped (a later request starts another)."""
         self.close()
-        module = _named(request)[0]
-        return SpecError(f"{where}: importing {module} to read the entry's autotune / heuristics crashed the "
-                         f"probe process; run `python -c 'import {module}'` to see why")
+        return SpecError(f"{where}: {_crash_message(_named(request)[0])}")
 
     def close(self) -> None:
         if self.child is not None:
@@ -627,10 +625,10 @@ def main() -> None:
     from kforge.load import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
-    recorder.start()   # never again: every reply holds all that its module's process read (see _ModuleServer)
+    recorder.start()   # never again: every reply holds all that its module's process read (see _module_server)
     misses = _Misses.install(recorder)
     unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
-    servers: dict[str, _ModuleServer] = {}
+    servers: dict[str, isolate.Server] = {}
     packages: dict[str, str] = {}   # a module's package -> why its import failed ("" when it did not)
     for line in requests:
         request = json.loads(line)
@@ -649,13 +647,13 @@ def main() -> None:
                     servers.pop(next(iter(servers))).close()
                 recorder.files()   # each path read so far named here, once: the module's process inherits the names
                 gc.freeze()   # what is here already is never collected in the module's process: no page copied for it
-                server = _ModuleServer(module)
+                server = _module_server()
             servers[module] = server   # now the most recently asked
-            reply = server.ask(request)
-            if reply is None:   # it died (a crash in the module's import): the next request forks another
-                del servers[module]
-                reply = {"error": f"importing {module} to read the entry's autotune / heuristics crashed the "
-                                  f"probe process; run `python -c 'import {module}'` to see why"}
+            outcome = server.call(request, None)
+            reply = outcome.result
+            if not outcome.ok:   # it died (a crash in the module's import): the next request forks another
+                servers.pop(module).close()
+                reply = {"error": _crash_message(module)}
         if "read" not in reply:   # what this process read (the device model, set-up hooks, packages)
             reply["read"] = _read(recorder, misses)
         replies.write(json.dumps(reply) + "\n")
@@ -663,25 +661,39 @@ def main() -> None:
 
 
 def _answer(request: dict) -> dict:
-    """One request, answered in the module's own process."""
-    from kforge.load import device_model
+    """One request, answered in the module's own process, with all that process read."""
+    from kforge.load import device_model, observe
     device_model.serving(request.get("family", ""))
     try:
         if "describe" in request:
-            return _describe(*request["describe"])
-        if "prune" in request:
-            return _prune(*request["prune"], request["groups"])
-        return _heuristics(*request["heuristics"], request["args"], request.get("pointers"), request.get("pinned"))
+            reply = _describe(*request["describe"])
+        elif "prune" in request:
+            reply = _prune(*request["prune"], request["groups"])
+        else:
+            reply = _heuristics(*request["heuristics"], request["args"], request.get("pointers"),
+                                request.get("pinned"))
     # importing the module failed, or the entry is not there; LaunchOnly too: a stand-in read where _heuristics
     # and _prune do not catch it (`chosen or ()` on a pruner returning a tensor) is an error, not a crash
     except (Exception, LaunchOnly) as e:
         module, entry = _named(request)
-        pinned = shared_env.explain_pin(e)   # an import failing on one of kforge's pins: it names the line and the pin
-        return {"error": f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
-                         f"child process): {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
-                         + ("" if pinned else _where(e))
-                         + ("; install it in the environment that runs doit"
-                            if isinstance(e, ModuleNotFoundError) and not pinned else "")}
+        reply = {"error": _failed(f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
+                                  f"child process)", e, install=True)}
+    reply["read"] = _read(observe.Recorder.installed, _Misses.installed)
+    return reply
+
+
+def _failed(doing: str, e: BaseException, install: bool = False) -> str:
+    """One line for an import or a module's code that failed: where the library's line is, or the pin it failed on
+    (shared_env.explain_pin names both), and with `install`, the fix for a module not found."""
+    pinned = shared_env.explain_pin(e)
+    return (f"{doing}: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + ("" if pinned else _where(e))
+            + ("; install it in the environment that runs doit"
+               if install and isinstance(e, ModuleNotFoundError) and not pinned else ""))
+
+
+def _crash_message(module: str) -> str:
+    return (f"importing {module} to read the entry's autotune / heuristics crashed the probe process; run "
+            f"`python -c 'import {module}'` to see why")
 
 
 def _read(recorder, misses: "_Misses") -> list[str]:
@@ -698,10 +710,8 @@ def _import_package(package: str) -> str:
     try:
         importlib.import_module(package)
     except Exception as e:
-        pinned = shared_env.explain_pin(e)
-        return (f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
-                f"importing {package} failed: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ")
-                + ("" if pinned else _where(e)))
+        return _failed(f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
+                       f"importing {package} failed", e)
     return ""
 
 
@@ -711,64 +721,14 @@ def _import_package(package: str) -> str:
 MODULE_SERVERS = 4
 
 
-class _ModuleServer:
-    """One forked process per family module: it imports that module and answers every request about it. What
-    it read is the module's own (its import, its heuristics and pruners run, and all its parent read before the
-    fork: the device model, set-up hooks, the package), never another module's, however the requests of the
-    catalog's families interleave; a module imported once in a process serves them all, so the files its import
-    read would be missing from every family asked after the first. Each reply carries all it read so far: a
-    family asked after another of the same module gets the union (more, never less)."""
-
-    def __init__(self, module: str):
-        from multiprocessing.connection import Pipe
-        from kforge.load.isolate import die_with_parent
-        self.module = module
-        ours, theirs = Pipe()
-        parent = os.getpid()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:   # never returns
-            try:
-                ours.close()
-                die_with_parent(parent)
-                from kforge.load import observe
-                recorder, misses = observe.Recorder.installed, _Misses.installed
-                while True:
-                    try:
-                        request = theirs.recv()
-                    except EOFError:
-                        break
-                    reply = _answer(request)
-                    reply["read"] = _read(recorder, misses)
-                    theirs.send(reply)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(0)
-        theirs.close()
-        self.conn = ours
-
-    def close(self) -> None:
-        """End the process and wait for it (killed: the module processes forked after it hold this end of its
-        pipe too, so closing it here tells it nothing)."""
-        import signal
-        self.conn.close()
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-
-    def ask(self, request: dict) -> dict | None:
-        """Its reply, or None when the process died."""
-        try:
-            self.conn.send(request)
-            return self.conn.recv()
-        except (EOFError, OSError):
-            self.conn.close()
-            os.waitpid(self.pid, 0)
-            return None
+def _module_server() -> isolate.Server:
+    """One forked process per family module (isolate.Server, never retired): it imports that module and answers
+    every request about it. What it read is the module's own (its import, its heuristics and pruners run, and all
+    its parent read before the fork: the device model, set-up hooks, the package), never another module's, however
+    the requests of the catalog's families interleave; a module imported once in a process serves them all, so the
+    files its import read would be missing from every family asked after the first. Each reply carries all it read
+    so far: a family asked after another of the same module gets the union (more, never less)."""
+    return isolate.Server(_answer, retire_after_mb=float("inf"))
 
 
 class _Misses:
