@@ -31,7 +31,7 @@ def colour(family: str) -> str:
 
 
 def render(trace: dict) -> str:
-    """The SVG text of a Chrome trace written by kforge (rules/report/trace.py)."""
+    """The SVG text of a Chrome trace written by kforge (rules/report/reporter.py's Trace)."""
     events = trace.get("traceEvents", [])
     rows = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     slices = [e for e in events if e.get("ph") == "X"]

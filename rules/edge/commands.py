@@ -20,7 +20,7 @@ from kforge.report import reporter as report
 from kforge.base import settings, stamps
 from kforge.edge.backend import NAME, KforgeSqliteDB
 from kforge.store.inputs import InputIndex, listed_inputs
-from kforge.store.reading import printable
+from kforge.store.guard import printable
 from kforge.base.layout import Layout
 from kforge.share.local_cache import LocalCache
 

@@ -1,4 +1,4 @@
-"""What a run tells: progress lines, the end-of-run summary and out/build-report.json (reporter), and its
-timeline in the Chrome trace format (trace).
+"""What a run tells (reporter): progress lines, the end-of-run summary, out/build-report.json, and its timeline in
+the Chrome trace format.
 
 May import: base, load, declare, store, share, compile, plan, ship, tune."""

@@ -35,9 +35,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from kforge.share.cache import ArtifactCache
 from kforge.store import artifact
-from kforge.store.artifact import Candidate, CompileResult
+from kforge.store.artifact import ArtifactCache, Candidate, CompileResult
 from kforge.store.files import atomic_write
 
 FORMAT = "kforge-local-1"

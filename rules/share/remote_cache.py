@@ -29,9 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kforge.share.cache import ArtifactCache
 from kforge.store import artifact, guard
-from kforge.store.artifact import Candidate, CompileResult
+from kforge.store.artifact import ArtifactCache, Candidate, CompileResult
 from kforge_runtime.bundle import MAX_BINARY_BYTES
 
 AC_FORMAT = "kforge-ac-1"

@@ -3,7 +3,7 @@
     made       meta() and files(), in the compile server: meta.json's content, sealed into bytes once
     installed  install(), the one way an artifact gets into out/. The doit action (rules/compile/action.py)
                tries the sources in order and stops at the first whose candidate installs:
-                   arrive(target, cache)       an entry of the local or the remote cache (rules/share/cache.py)
+                   arrive(target, cache)       an entry of the local or the remote cache (an ArtifactCache)
                    install(target, candidate)  a compile's (here or on a Dask cluster), or its Unchanged
     checked    accept(), inside install(): whatever its source, a candidate is untrusted until it passes, and
                passes once (plain file names, exactly meta.json and its binary, bound to this target, sealed
@@ -14,23 +14,23 @@
 
 meta.json is the "done" marker and is written last, by rename: a killed build leaves either no meta.json
 or the previous complete one, never a half artifact that counts as built. The outcome of the whole action is
-one CompileResult, from the compile server to the build report (rules/report/reporter.py, rules/report/trace.py).
+one CompileResult, from the compile server to the build report (rules/report/reporter.py: its report and trace).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import NamedTuple
 
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
 from kforge.store import guard
+from kforge.store.guard import kforge_meta, printable, seal
 from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
 from kforge.store.inputs import InputIndex, well_formed
-from kforge.store.owned import kforge_meta, seal
-from kforge.store.reading import printable
 from kforge_runtime import schema
 from kforge_runtime.schema import COMPILE_TIME, ERROR, META
 
@@ -183,12 +183,39 @@ class Unchanged(NamedTuple):
     result: CompileResult
 
 
-def arrive(target, source) -> tuple[Candidate | None, list[str]]:
+class ArtifactCache(ABC):
+    """The interface every artifact cache implements (rules/share/: the local cache's Source, the remote cache's
+    RemoteCache), as a source arrive() takes artifacts from and a store the compile action keeps them in
+    (rules/compile/action.py). A new cache subclasses it and is checked by tests/store/test_artifact_cache.py."""
+    lookup_span: str   # the build trace's names for the cache's two phases
+    keep_span: str
+
+    @abstractmethod
+    def lookup(self, target) -> Candidate | None:
+        """The target's entry, unchecked (the installer checks it); None on a miss; ValueError when an entry is
+        there but cannot be read."""
+
+    @abstractmethod
+    def refused(self, target, error: Exception) -> list[str]:
+        """The installer refused what lookup() offered: drop it, and say so (warnings)."""
+
+    @abstractmethod
+    def keep(self, target) -> list[str]:
+        """Store the target's artifact, as installed in out/, under its key: warnings."""
+
+    def took(self, target) -> None:
+        """The installer took what lookup() offered (a cache that ages entries by use marks it)."""
+
+    def drain_warnings(self) -> list[str]:
+        """What the cache has to say beyond its calls' own warnings (a server gone slow or down), once."""
+        return []
+
+
+def arrive(target, source: ArtifactCache) -> tuple[Candidate | None, list[str]]:
     """Ask a cache for the target's artifact and install what it offers: (the installed candidate or None,
     warnings). A miss is quiet; an unreadable or refused entry is a miss with the source's warning (the target
     then compiles). An OSError writing out/ (or OutsideOut: a link leading out of it) is out/'s, not the
-    entry's: the caller's. A cache is a rules/share/cache.py ArtifactCache (lookup, refused, took; keep and
-    drain_warnings are the compile action's)."""
+    entry's: the caller's."""
     try:
         candidate = source.lookup(target)
     except ValueError as e:   # an entry is there but cannot be read
@@ -508,7 +535,7 @@ def write_error(target, message: str, inputs: list | None = None) -> None:
     except guard.OutsideOut:
         return   # nothing written or removed there; the failure itself is reported as usual
     directory.mkdir(parents=True, exist_ok=True)
-    _drop_binary(directory)   # so that the folder holds only error.txt of kforge's (rules/store/owned.py)
+    _drop_binary(directory)   # so that the folder holds only error.txt of kforge's (guard.kforge_files)
     remove_entry(directory / META)
     read = f"{INPUTS}{json.dumps(inputs, separators=(',', ':'))}\n" if inputs is not None else ""
     atomic_write(directory / ERROR, f"key: {target.key}\n{read}{message}\n".encode())

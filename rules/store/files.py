@@ -11,8 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from kforge.store.guard import guard
-from kforge.store.reading import READ_LIMIT, NotAFile, opened, read_bytes  # noqa: F401  (files.opened, as before)
+from kforge.store.guard import NotAFile, guard, opened, read_bytes  # noqa: F401  (files.opened, files.read_bytes)
 
 
 @contextlib.contextmanager

@@ -1,26 +1,158 @@
-"""Writing and deleting inside out/ only: the one guard every write or removal under out/ passes, and the
-artifact directories that belong to no target.
+"""What kforge may read, write and delete under out/: out/ may come from another kforge, a restored CI cache or an
+archive, and a link planted in it must never carry a write or a delete outside it.
 
-guard(out, path) is the check: a path is written or deleted only when its parent directories, links followed,
-lie inside out/ (out/ itself may be a link: the whole tree is then elsewhere, as the user chose). The entry
-itself is never followed: files are replaced by rename and links unlinked as links. So a link planted under
-out/ (out/dist leading to a home directory, say) never carries a write or a delete outside it.
-`doit clean`, `prune` and `forget` delete kforge's own files in artifact directories out/<arch>/<kernel>/<config_id>/
-(rules/store/owned.py says which), never a user's file placed there; a directory that then holds something else is
-kept, said in one line; directories left empty are removed up to, never including, out/ itself.
+Reading back: a file kforge wrote is opened as untrusted data (opened): never through a link, never blocking on a
+FIFO nor reading a device, bounded; text from it reaches a terminal without control characters (printable).
+
+Writing: guard(out, path) is the check every write or removal passes: a path is written or deleted only when its
+parent directories, links followed, lie inside out/ (out/ itself may be a link: the whole tree is then elsewhere,
+as the user chose). The entry itself is never followed: files are replaced by rename and links unlinked as links.
+
+Deleting: `doit clean`, `prune` and `forget` delete only what kforge wrote in an artifact folder
+out/<arch>/<kernel>/<config_id>/ (kforge_files): a meta.json sealed as kforge seals it (or, from a kforge before
+seals, one with every field kforge writes), the binary it names, an error.txt whose first line is "key: <the
+target's sha256 key>", and a killed write's temp file (".<name>.<pid>.<hex>.tmp"). A failure or a rebuild drops the
+binary the old meta.json named; a kforge before that kept it beside error.txt: in a folder holding kforge's
+error.txt and no meta.json of kforge's, an ELF named <symbol>.cubin or .hsaco is the binary that build left.
+Anything else there (a user's saved profile, notes, a subfolder, a meta.json or error.txt of their own) is theirs:
+a folder that then holds something is kept, said in one line; folders left empty go up to, never including, out/.
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
+import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from kforge.base.archs import ARCHS
-from kforge.store import owned
-from kforge.store.reading import printable
+from kforge.base.stamps import digest
+from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
 
+READ_LIMIT = 256 << 20   # bytes of any one file kforge reads back from out/ (the loader's limit on a binary)
+META_LIMIT = 64 << 20   # a meta.json past this is no artifact's (its inputs list runs ~100 bytes a file read)
+KEY_LINE = re.compile(rb"key: [0-9a-f]{64}")   # error.txt's first line as write_error writes it: an action key
+BINARY_SUFFIXES = tuple(sorted({f".{a.binary_ext}" for a in ARCHS.values()}))
+TEMP_NAME = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{8}\.tmp")   # rules/store/files.py's replacing()
+
+
+# --- reading back -----------------------------------------------------------------------------------------------
+
+class NotAFile(OSError):
+    """What lies at the place of a file kforge wrote in out/ is not one it can read back (a link, a FIFO, a
+    device, a folder, a file over READ_LIMIT): an OSError, so that every reader treats it as unreadable."""
+
+
+def opened(path, limit: int = READ_LIMIT):
+    """A file kforge wrote under out/, opened for reading as untrusted data: never through a link (a state file
+    leading out of out/), never blocking on a FIFO nor reading a device, never more than `limit` bytes: NotAFile
+    says which. FileNotFoundError as open's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotAFile(errno.ELOOP, "is a symbolic link, not a file kforge wrote", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            from kforge_runtime.bundle import file_kind   # the one wording; the loader imported on this error only
+            raise NotAFile(errno.EINVAL, f"is {file_kind(st.st_mode)}, not a file kforge wrote", str(path))
+        if st.st_size > limit:
+            raise NotAFile(errno.EFBIG, f"is {st.st_size} bytes, over the {limit} kforge reads", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
+    """The bytes of a file kforge wrote under out/ (opened()), at most `limit` of them."""
+    with opened(path, limit) as f:
+        return f.read(limit + 1)
+
+
+def printable(text: str, keep: str = "") -> str:
+    """Text read back from out/ (an error.txt or a folder name from a restored cache) as it may reach a terminal:
+    each control character (an escape sequence's ESC, a carriage return) but those in `keep` is shown as U+FFFD.
+    A text with none (the usual case, a message of up to a MiB) is returned as it is, checked at C speed."""
+    if text.translate(dict.fromkeys(map(ord, keep))).isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else "\ufffd" for c in text)
+
+
+# --- which files are kforge's -----------------------------------------------------------------------------------
+
+def seal(meta: dict) -> str:
+    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
+    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
+    return digest({k: v for k, v in meta.items() if k != "seal"})   # the sha256 of their canonical JSON
+
+
+def kforge_meta(path: Path) -> dict | None:
+    """The meta.json at `path` when kforge wrote it, else None: a JSON object whose seal matches its fields (one
+    without a seal must have every field kforge writes, with its type), naming a binary by a plain name."""
+    try:
+        with opened(path, META_LIMIT) as f:
+            meta = json.loads(f.read(META_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict) or not schema.is_plain_name(meta.get("binary")):
+        return None
+    sealed = meta["seal"] == seal(meta) if "seal" in meta else schema.wrong_field(meta, schema.ARTIFACT_FIELDS) is None
+    return meta if sealed else None
+
+
+def kforge_error(path: Path) -> bool:
+    """Whether the error.txt at `path` is one kforge wrote: a file whose first line is "key: <key>", the key a
+    sha256 (rules/plan/keys.py's action_key) as every target's is."""
+    try:
+        with opened(path) as f:
+            head = f.read(4096).split(b"\n", 1)
+    except OSError:
+        return False
+    return len(head) == 2 and KEY_LINE.fullmatch(head[0]) is not None
+
+
+def kforge_files(directory: Path) -> list[Path]:
+    """The files in `directory` that kforge wrote (see the module's docstring), links never among them."""
+    found = []
+    meta = kforge_meta(directory / META)
+    if meta is not None:
+        found += [directory / META, directory / meta["binary"]]
+    failed = kforge_error(directory / ERROR)
+    if failed:
+        found.append(directory / ERROR)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    found += [directory / n for n in names if TEMP_NAME.fullmatch(n)]
+    if failed and meta is None:
+        found += [directory / n for n in names if n.endswith(BINARY_SUFFIXES) and _elf(directory / n)]
+    return [p for p in dict.fromkeys(found) if _plain_file(p)]
+
+
+def _plain_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _elf(path: Path) -> bool:
+    try:
+        with opened(path) as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+# --- writing and deleting ---------------------------------------------------------------------------------------
 
 class OutsideOut(ValueError):
     pass
@@ -58,7 +190,7 @@ def remove_file(out: Path, path: Path) -> None:
 
 
 def remove_artifact_dir(out: Path, directory: Path) -> bool:
-    """Delete one artifact directory's files that kforge wrote (owned.kforge_files; a symlink or file standing in
+    """Delete one artifact directory's files that kforge wrote (kforge_files; a symlink or file standing in
     the directory's place goes as an entry), then the directory and the parents it leaves empty. A directory that
     still holds something (a user's file placed inside) is kept, said on stderr in one line. True if something
     was deleted; OutsideOut if the path is not strictly inside out/."""
@@ -70,7 +202,7 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
-        mine = owned.kforge_files(path)
+        mine = kforge_files(path)
         if not mine:
             return False
         for file in mine:
@@ -114,9 +246,8 @@ def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = Non
 
 
 def written_by_kforge(directory: Path) -> bool:
-    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its meta.json (sealed
-    as kforge seals it) or a failure's error.txt (first line "key: "), as rules/store/owned.py tells them. A link,
-    or a folder without either (a user's saved profile, or one holding a meta.json or error.txt of its own), is
-    someone else's."""
+    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its sealed meta.json or
+    a failure's error.txt. A link, or a folder without either (a user's, or one holding a meta.json or error.txt of
+    its own), is someone else's."""
     return not directory.is_symlink() and directory.is_dir() and \
-        (owned.kforge_meta(directory / META) is not None or owned.kforge_error(directory / ERROR))
+        (kforge_meta(directory / META) is not None or kforge_error(directory / ERROR))

@@ -84,13 +84,16 @@ def _hide_secret(arg: str) -> str:
 
 
 def command() -> str | None:
-    """The name of the doit command loading dodo.py, or None. doit passes it to nothing dodo.py sees, so it is
-    found on the stack: DoitCmdBase.execute() imports dodo.py."""
-    from doit.cmd_base import DoitCmdBase
+    """The name of the doit command loading dodo.py, or None."""
+    frame = command_frame()
+    return None if frame is None else frame.f_locals["self"].name
+
+
+def command_frame():
+    """The frame of the doit command running (its `self` a doit Command), or None. doit passes the command to
+    nothing dodo.py sees, so it is found on the stack: DoitCmdBase.execute() imports dodo.py."""
+    from doit.cmd_base import Command
     frame = sys._getframe(1)
-    while frame is not None:
-        found = frame.f_locals.get("self")
-        if isinstance(found, DoitCmdBase):
-            return found.name
+    while frame is not None and not isinstance(frame.f_locals.get("self"), Command):
         frame = frame.f_back
-    return None
+    return frame

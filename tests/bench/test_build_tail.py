@@ -3,7 +3,7 @@ import json
 from types import SimpleNamespace
 
 from bench.build_tail import main, tail
-from kforge.report.trace import Trace
+from kforge.report.reporter import Trace
 
 
 def _result(spans, worker):

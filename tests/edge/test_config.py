@@ -1,5 +1,6 @@
-"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's (tests/edge/test_runner.py)
-nor the backend's (tests/edge/test_backend.py), and the doit internals its patches rely on."""
+"""rules/edge/config.py: the changes kforge makes to how doit runs that are not the runner's
+(tests/edge/test_config_runner.py) nor the backend's (tests/edge/test_backend.py), and the doit internals its patches
+rely on."""
 import gc
 import importlib
 import importlib.metadata
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from doit import cmd_run, control, runner
 
-from kforge.edge import backend as doit_backend, config as doit_edge, runner as doit_runner
+from kforge.edge import backend as doit_backend, config as doit_edge
 from tests.support import REPO
 
 
@@ -59,13 +60,13 @@ def test_doits_run_command_picks_its_runner_by_the_names_kforge_replaces():
 def test_install_runner_puts_kforges_runners_in_doits_place(monkeypatch):
     monkeypatch.setattr(cmd_run, "MRunner", cmd_run.MRunner)
     monkeypatch.setattr(cmd_run, "MThreadRunner", cmd_run.MThreadRunner)
-    for cls in (doit_runner.PrefetchRunner, doit_runner.CappedThreadRunner):
+    for cls in (doit_edge.PrefetchRunner, doit_edge.CappedThreadRunner):
         monkeypatch.setattr(cls, "max_workers", cls.max_workers)
         monkeypatch.setattr(cls, "cap_reason", cls.cap_reason)
-    monkeypatch.setattr(doit_runner.PrefetchRunner, "prefetch", doit_runner.PrefetchRunner.prefetch)
+    monkeypatch.setattr(doit_edge.PrefetchRunner, "prefetch", doit_edge.PrefetchRunner.prefetch)
     doit_edge.install_runner(prefetch=3, max_workers=2, cap_reason="2 CPUs")
-    assert cmd_run.MRunner is doit_runner.PrefetchRunner and cmd_run.MThreadRunner is doit_runner.CappedThreadRunner
-    assert doit_runner.PrefetchRunner.prefetch == 3 and doit_runner.CappedThreadRunner.max_workers == 2
+    assert cmd_run.MRunner is doit_edge.PrefetchRunner and cmd_run.MThreadRunner is doit_edge.CappedThreadRunner
+    assert doit_edge.PrefetchRunner.prefetch == 3 and doit_edge.CappedThreadRunner.max_workers == 2
 
 
 def test_doits_dispatcher_tells_a_node_of_each_finished_dependency_through_parent_status():

@@ -1,4 +1,4 @@
-"""rules/edge/runner.py: `doit -n N` on small dodo files of plain Python tasks, with and without kforge's runner."""
+"""rules/edge/config.py's runner: `doit -n N` on small dodo files of plain Python tasks, with and without kforge's runner."""
 import os
 import signal
 import subprocess
@@ -188,7 +188,7 @@ def test_an_interrupted_run_ends_even_when_a_worker_ignores_sigterm(tmp_path):
 
 # A worker records its start, via the process class the runner forks: the dodo wraps it.
 COUNT_WORKERS = '''
-from kforge.edge import runner as _runner
+from kforge.edge import config as _runner
 class _Counted(_runner.PrefetchRunner.Child):
     def start(self):
         with open(LOG, "a") as f:

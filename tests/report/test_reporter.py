@@ -245,8 +245,9 @@ def test_a_full_disk_at_the_end_of_a_run_costs_one_line_per_file_and_the_summary
     reporter.complete_run()   # no exception
     lines = out.getvalue().rstrip().splitlines()
     assert lines[-1].startswith("kforge: built 0, up to date 0, failed 1")
-    assert lines[-2] == (f"kforge: could not write {tmp_path / 'out' / 'build-report.json'} ([Errno 28] No space left "
-                         f"on device); nothing built is lost: free space and run again")
+    for line, name in zip(lines[-3:-1], ("build-report.json", "build-trace.json")):   # the report, then the trace
+        assert line == (f"kforge: could not write {tmp_path / 'out' / name} ([Errno 28] No space left on device); "
+                        f"nothing built is lost: free space and run again")
 
 
 def test_a_cache_switched_off_for_the_run_is_repeated_in_the_summary_whatever_came_first(tmp_path):

@@ -1,5 +1,5 @@
-"""rules/report/trace.py and rules/timeline.py: a build writes out/build-trace.json (Chrome trace events, one row per
-worker, each target's phases), and kforge renders it as an SVG picture."""
+"""rules/report/reporter.py's Trace and rules/timeline.py: a build writes out/build-trace.json (Chrome trace events,
+one row per worker, each target's phases), and kforge renders it as an SVG picture."""
 import json
 import xml.etree.ElementTree as ET
 

@@ -1,11 +1,12 @@
-"""rules/share/cache.py: every artifact cache declares the interface the installer and the compile action use."""
+"""rules/store/artifact.py's ArtifactCache: every artifact cache declares the interface the installer and the compile
+action use."""
 import ast
 
 import pytest
 
-from kforge.share.cache import ArtifactCache
 from kforge.share.local_cache import Source
 from kforge.share.remote_cache import RemoteCache
+from kforge.store.artifact import ArtifactCache
 from tests.support import REPO
 
 INTERFACE = {"lookup", "refused", "took", "keep", "drain_warnings", "lookup_span", "keep_span"}
