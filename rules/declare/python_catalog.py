@@ -25,7 +25,7 @@ import sysconfig
 from pathlib import Path
 
 from kforge.base.errors import SpecError
-from kforge.declare.spec import SCHEMA, spec_from_tables   # family() takes the TOML spec's tables
+from kforge.declare.spec import SCHEMA   # family() takes the TOML spec's tables
 from kforge.declare.spec_model import shown_path
 from kforge.declare import spec_model
 
@@ -59,21 +59,6 @@ def family(**arguments) -> None:
     _declared.append((tables, filename, line, arguments.get("name")))
 
 
-def load(path: Path, root: Path, read: set[Path] | None = None, failed: list | None = None) -> list:
-    """Run one catalog file and check every family it declares: a list of Specs (SpecError on the first bad
-    one, or when the file itself fails; given `failed`, a bad family is one (name, where, error) there and
-    the others load). `read` collects what the file read and imported."""
-    specs = []
-    for tables, where, name in declarations(path, root, read):
-        try:
-            specs.append(spec_from_tables(tables, where, root))
-        except SpecError as e:
-            if failed is None:
-                raise
-            failed.append((failed_name(name, path), where, str(e)))
-    return specs
-
-
 def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[tuple[dict, str, object]]:
     """Run one catalog file: (tables, where, name) of each family() call, unchecked (SpecError when the file
     itself fails or declares none). `read` collects what the file read and imported. The file runs in a
@@ -88,12 +73,6 @@ def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
     return [(tables, f"{shown_path(Path(filename), root)}:{line}: family {spec_model.shown(name, 60)}", name)
             for tables, filename, line, name in declared]
-
-
-def failed_name(name, path: Path) -> str:
-    """The name a family that did not load is listed by: its own, when it is one, else its file's."""
-    from kforge.declare.spec import NAME_MAX, NAME_RE
-    return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else path.stem
 
 
 def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:

@@ -561,6 +561,11 @@ def _check_name(name: str, where: str) -> str:
     return name
 
 
+def listed_name(name, fallback: str) -> str:
+    """The name a family that did not load is listed by: its own when it is a family name, else `fallback`."""
+    return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else fallback
+
+
 def _check_signature(signature, params, where, entry) -> None:
     names = [a for a, _ in signature]
     if names != list(params):

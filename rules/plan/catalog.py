@@ -1,43 +1,26 @@
 """The catalog (specs -> families and targets), kept in out/.kforge/catalog.json between runs.
 
-Loading specs and computing 1,000+ targets (parsing every kernel source for its imports, hashing them, one
-action key per target) is most of a no-op run. Its result depends only on files and settings that can be
-checked without doing that work: the list of spec files and each of them, every kernel source and project
-module the targets were computed from, every file the probe read importing a family's module (its heuristics,
-its config files: rules/load/entry_probe.py) and every folder it listed (a config file added there), the project
-files an import looked for and did not find (one created there would change what the import finds), kforge's
-own code, the toolchain fingerprints, the compiler
-environment, the Python, where each installed kernel module is found (which copy of a package an import finds),
-the project's path and the settings that shape the catalog. The saved catalog is
-used only while the digest of all of those (files by identity: inode, mtime, ctime, size) is the one saved with it;
-anything else, a damaged file included, loads it again. It is saved as soon as it is loaded from the specs,
-whatever the command (`doit list`, `info` and `prune` then find it too), and holds the targets of the archs it
-was loaded for: it serves a run for those or fewer (`archs=` of a build, none for `doit list`: every arch).
+Loading the specs and computing 1,000+ targets (parsing and hashing every kernel source, a key per target) is most
+of a no-op run. The saved catalog is used while its stamp holds: one digest, files by identity (inode, mtime, ctime,
+size), of all it came from: the spec files and folders, the kernel sources and modules, what the probe of a
+family's module read and listed (rules/load/entry_probe.py) and the files an import looked for in vain, kforge's
+own code, the toolchain fingerprints, the compiler environment, Python, where each installed kernel module is found
+(which copy an import finds), the project's path and the settings. Anything else, a damaged file included, loads
+it again. It is saved as soon as it is loaded, whatever the command (`doit list`, `info` and `prune` find it too),
+and serves a run for the archs it was loaded for or fewer.
 
-When the stamp no longer holds, the specs are loaded family by family. The saved catalog keeps, for each
-family, the key of its declaration (its tables, from a spec file, a Python catalog's family() call or a record
-file) and every file it was computed from, by content: its kernel sources and modules, the files an import
-looked for and did not find, and all that its module's probe process read (rules/load/entry_probe.py: one
-process per module, so what one family's import read is never another's). A family whose declaration and
-inputs are unchanged, computed with the same kforge, Python, settings, compiler environment and toolchains, is
-taken from the saved catalog, unprobed; the others are computed. An edit to one file re-probes exactly the
-families that read it; of a catalog with a broken family only the families that loaded are saved (never taken whole
-or kept by content), and every load computes the broken one again: what fixes it may lie outside any file the
-catalog reads (an installed package, the environment).
-A Python catalog file is kept the same way with what it read and imported and the families it declared: it runs
-again only when one of those changed.
+When the stamp fails, the specs are loaded family by family: a family whose declaration (its tables) and every
+input (by content) are unchanged, computed in the same context (kforge, Python, settings, compiler environment,
+toolchains), is taken unprobed; an edit re-probes exactly the families that read the file (one probe process per
+module, so what one family's import read is never another's). A broken family is never saved, and the others are
+saved only family by family: what fixes it may lie outside any file the catalog reads (an installed package, the
+environment). A Python catalog file runs again only when what it read or imported changed.
 
-The last KEPT catalogs loaded from the specs are also kept in out/.kforge/catalogs/, each named by the digest of
-the same inputs taken by content (each file's bytes, each folder's names) instead of identity. When the saved
-catalog's stamp no longer holds, that digest (over the saved catalog's lists of files) names the kept catalog
-made from exactly these contents, if any: a revert, or a switch back to a recent branch, rewrites the sources
-(new identities, the same bytes) and finds its catalog there instead of loading every spec again.
+The last KEPT catalogs are also kept in out/.kforge/catalogs/, named by the digest of the same inputs by content:
+a revert or a switch back to a recent branch (the same bytes, new identities) finds its catalog there.
 
-Every path the catalog saves (the files it read, its targets' sources and out/) is saved by its place: under the
-project, the Python environment or the Python installation by that folder's name (Places), any other as it is.
-So the digest by content, and each family's inputs, do not hold where the project or its environment lies: a
-project restored at another path with its out/ (a CI cache in another checkout), or a second virtualenv at
-another path, takes its catalog (whole, or family by family) where the files hold the same bytes.
+Every path is saved by its place (Places), so a project restored at another path with its out/ (a CI cache in
+another checkout), or a second virtualenv, takes its catalog, whole or family by family, where the bytes hold.
 """
 from __future__ import annotations
 
@@ -65,13 +48,10 @@ KFORGE_CODE = (Path(kforge.__file__).resolve().parent, Path(kforge_runtime.__fil
 
 
 class Places:
-    """The catalog's paths as it saves them: a path under the project, the Python environment (sys.prefix) or
-    the Python installation (sys.base_prefix) by that folder's name and the rest of it, any other path as it is.
-    A project copied or restored elsewhere (a CI cache in another checkout path), or an environment at another
-    path, then finds its catalog by content: every saved path is read where it lies now, and each file still
-    counts by its bytes. What the catalog computes from the files does not hold their absolute paths (action
-    keys hold paths relative to the project or the path entry: bench/reproducible.py), so a family computed
-    here and one taken from a copy made elsewhere are the same once their paths are read back."""
+    """The catalog's paths as saved: one under the project, the Python environment (sys.prefix) or installation
+    (sys.base_prefix) by that folder's name and the rest, any other as it is; read back where it lies now. Nothing
+    the catalog computes holds absolute paths (keys are relative: bench/reproducible.py), so a family computed
+    here and one taken from a copy made elsewhere are the same."""
 
     MARK = "\0"   # no path holds a NUL: "\0project/specs/a.toml" is a saved place, never a file's name
 
@@ -138,7 +118,7 @@ class Catalog:
         keep_going one entry of `broken` (the others load)."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
-        saved = self._read_saved()
+        saved = read_state(self.path, _well_shaped)   # untrusted: one not of this format is dropped with a warning
         try:
             if saved is not None and covers(saved["archs"], self.archs) and \
                     saved["stamp"] == self._stamp(folders, spec_files, self._read_of(saved), saved["toolchains"],
@@ -157,9 +137,7 @@ class Catalog:
         return self if self._fresh is None else self._saved_now()
 
     def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool) -> None:
-        """Load the specs, family by family: a family whose declaration and every input it was computed from
-        (its files, by content) are those of a family of the saved catalog is taken from it, unprobed; the
-        others are computed (see the module's docstring)."""
+        """Load the specs family by family, each unchanged one taken from the saved catalog (module docstring)."""
         from kforge.declare.records import without_duplicates
         from kforge.load.entry_probe import Probe
         archs = self.archs if saved is None else _union(saved["archs"], self.archs)
@@ -217,17 +195,14 @@ class Catalog:
         files = sorted({str(p) for p in read} | {self.places.actual(f) for e in entries for f, _ in e["inputs"]})
         toolchains = sorted({(t.toolchain, t.arch) for t in self.targets})
         installed = sorted({e["installed"] for e in entries if e["installed"]})
-        # with a broken family, only the families that loaded are saved: no stamp holds it whole (nor is it kept by
-        # content), so the next load takes them family by family and computes the broken one again, which may
-        # have been fixed where no file of the catalog's shows it (an installed package, the environment)
-        whole = not self.broken
+        whole = not self.broken   # else saved family by family only (the module's docstring says why)
         self._fresh = {"format": FORMAT, "archs": archs,
                        "stamp": self._stamp(folders, spec_files, files, toolchains, installed) if whole else "",
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content)
                        if whole else "",
                        "read": [self.places.saved(f) for f in files], "toolchains": toolchains,
                        "installed": installed, "context": self._context(), "per_family": entries,
-                       "catalog_files": {self.places.saved(f): self._ran_saved(r) for f, r in ran.items()},
+                       "catalog_files": {self.places.saved(f): _ran_at(r, self.places.saved) for f, r in ran.items()},
                        "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
                        "tuned": self.tuned, **_encode(self.targets, self.places)}
         self._only(self.archs)
@@ -251,10 +226,10 @@ class Catalog:
             return None
         named[spec.name] = spec.path
         files: set[Path] = set()
-        lost: list = []
-        targets = build_targets([spec], self.root, archs, files, lambda _, e: lost.append(e))
-        if lost:
-            failed.append((spec.name, spec.path, str(lost[0])))
+        try:
+            targets = build_targets([spec], self.root, archs, files)
+        except SpecError as e:
+            failed.append((spec.name, spec.path, str(e)))
             return None
         return Family(spec.name, spec.description, spec.path, spec.tune is not None), targets, files
 
@@ -298,20 +273,11 @@ class Catalog:
             if saved is None or saved.get("context") != self._context():
                 return {}
             actual = self.places.actual
-            files = {actual(f): {"inputs": [[actual(p), digest] for p, digest in ran["inputs"]],
-                                 "declared": [[tables, actual(where), name]
-                                              for tables, where, name in ran["declared"]]}
-                     for f, ran in saved["catalog_files"].items()}
+            files = {actual(f): _ran_at(ran, actual) for f, ran in saved["catalog_files"].items()}
             return {f: ran for f, ran in files.items()
                     if all(_content(p, contents) == digest for p, digest in ran["inputs"])}
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
-
-    def _ran_saved(self, ran: dict) -> dict:
-        """A Python catalog file's inputs and declarations (_catalog_file) as the catalog saves them."""
-        saved = self.places.saved
-        return {"inputs": [[saved(p), digest] for p, digest in ran["inputs"]],
-                "declared": [[tables, saved(where), name] for tables, where, name in ran["declared"]]}
 
     def _family(self, saved: list) -> Family:
         name, description, path, tuned = saved
@@ -324,9 +290,11 @@ class Catalog:
     def _fingerprint(self, toolchains: list, module: str) -> str:
         """What a family's targets' keys hold besides its files: the toolchains' fingerprints for its archs, and
         where its installed module is found."""
-        return stamps.digest({"toolchains": [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
-                                             for toolchain, arch in toolchains],
+        return stamps.digest({"toolchains": self._fingerprints(toolchains),
                               "installed": self._found(module) if module else None})
+
+    def _fingerprints(self, toolchains: list) -> list:
+        return [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions) for toolchain, arch in toolchains]
 
     def _context(self) -> str:
         """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
@@ -346,9 +314,13 @@ class Catalog:
         return self._code_files
 
     def _found(self, module: str) -> str | None:
-        """Where an installed kernel module is found now (_found), as the catalog saves it."""
-        found = _found(module)
-        return None if found is None else self.places.saved(found)
+        """Where an installed kernel module is found now, as saved: another copy first on the path (PYTHONPATH,
+        another environment) is another catalog, even when the files the saved one read are unchanged."""
+        from kforge.load import installed
+        try:
+            return self.places.saved(str(installed.find(module).path))
+        except installed.NotInstalled:
+            return None
 
     def _only(self, archs) -> None:
         """Keep the targets and tuned picks of these archs (None: all)."""
@@ -366,11 +338,10 @@ class Catalog:
     def _take(self, saved: dict) -> None:
         """The families and, for the archs asked for, the targets and tuned picks of a saved catalog (it may
         hold more archs: one loaded for every arch serves a build for one)."""
-        wanted = set(self.archs) if self.archs is not None else None
         self.families = [self._family(f) for f in saved["families"]]
-        self.targets = [t for t in _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
-                        if wanted is None or t.arch in wanted]
-        self.tuned = [t for t in map(_tuned_pick, saved["tuned"]) if wanted is None or t["arch"] in wanted]
+        self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
+        self.tuned = list(map(_tuned_pick, saved["tuned"]))
+        self._only(self.archs)
 
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
         """Load the kept catalog made from inputs of the same content as now, for these archs or for all, if
@@ -405,24 +376,17 @@ class Catalog:
                 old.unlink(missing_ok=True)
             self._fresh = None
 
-    def _read_saved(self) -> dict | None:
-        """The saved catalog, untrusted (another kforge's, a restored cache's): one that cannot be read or is not
-        of this format is dropped with one warning (store/files.py's read_state)."""
-        return read_state(self.path, _well_shaped)
-
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
                installed: list[str], of=stamps.identity) -> str:
         """The digest of everything the catalog came from, each file by `of`: its identity (and the project's
         path: a copy elsewhere is another file), or its content (each file named by its place: Places)."""
         # the folders are in by identity too: a spec file added to one changes its mtime
         files = sorted({*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)})
-        fingerprints = [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions)
-                        for toolchain, arch in toolchains]
         by_content = of is stamps.content
         name = self.places.saved if by_content else str
         return stamps.digest({   # not the archs: a catalog says which it holds, and serves any of them
             "format": FORMAT, "python": sys.version, "installed": [(m, self._found(m)) for m in installed],
-            "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": fingerprints,
+            "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": self._fingerprints(toolchains),
             "files": [(name(f), of(f)) for f in files],
             "code": [(folder, rel, of(path)) for folder, rel, path in self._code()],
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
@@ -445,7 +409,7 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None, f
     fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load. A Python catalog
     file in `kept` ({file: {"inputs", "declared"}}, inputs unchanged) is not run again; `ran` gets each one's."""
     from kforge.declare import python_catalog, records
-    from kforge.declare.spec import read_tables
+    from kforge.declare.spec import listed_name, read_tables
     if not files:
         raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
     found = []
@@ -458,7 +422,7 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None, f
                 raise SpecError(f"{rel}: not a regular file ({kind}); remove it from the catalog folder")
             if f.suffix == ".py":
                 declared = _catalog_file(f, root, read, (kept or {}).get(str(f)), ran, contents)
-                found += [Declared(tables, where, False, python_catalog.failed_name(name, f), where)
+                found += [Declared(tables, where, False, listed_name(name, f.stem), where)
                           for tables, where, name in declared]
             elif f.suffix == ".jsonl":
                 found += [Declared(tables, where, True, _family_name(f), rel)
@@ -520,6 +484,12 @@ def _plain_json(value) -> bool:
     return True
 
 
+def _ran_at(ran: dict, place) -> dict:
+    """A Python catalog file's inputs and declarations (_catalog_file) with each path as place() gives it."""
+    return {"inputs": [[place(p), digest] for p, digest in ran["inputs"]],
+            "declared": [[tables, place(where), name] for tables, where, name in ran["declared"]]}
+
+
 def _moved(family: Family, targets: list[Target], where: str) -> tuple[Family, list[Target]]:
     if family.path == where:
         return family, targets
@@ -577,16 +547,6 @@ def covers(held: list | None, wanted: tuple[str, ...] | None) -> bool:
 
 def _kept_name(content: str, archs) -> str:
     return f"{content}-{'-'.join(sorted(archs)) if archs is not None else 'all'}.json"
-
-
-def _found(module: str) -> str | None:
-    """Where an installed kernel module is found now: another copy first on the path (PYTHONPATH, another
-    environment) is another catalog, even when the files the saved one read are unchanged."""
-    from kforge.load import installed
-    try:
-        return str(installed.find(module).path)
-    except installed.NotInstalled:
-        return None
 
 
 def catalog_folders(root: Path) -> list[Path]:
@@ -649,20 +609,12 @@ def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
     return files
 
 
-def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None,
-               failed: list | None = None) -> list:
-    """Every family of the project's specs, checked; `read` collects what Python catalogs read. A file that
-    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load."""
+def load_specs(root: Path, files: list[Path] | None = None, read: set[Path] | None = None) -> list:
+    """Every family of the project's specs, checked (SpecError at the first that fails); `read` collects what
+    Python catalogs read."""
     from kforge.declare.spec import spec_from_tables
-    specs = []
-    for declared in declarations(root, catalog_files(root) if files is None else files, read, failed):
-        try:
-            specs.append(spec_from_tables(declared.tables, declared.where, root, recorded=declared.recorded))
-        except SpecError as e:
-            if failed is None:
-                raise
-            failed.append((declared.failed_name, declared.failed_where, str(e)))
-    return specs
+    return [spec_from_tables(d.tables, d.where, root, recorded=d.recorded)
+            for d in declarations(root, catalog_files(root) if files is None else files, read)]
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -672,13 +624,13 @@ def _rel(path: Path, root: Path) -> str:
 def _family_name(path: Path) -> str:
     """The name a spec file gives its family, read as plainly as possible (it did not load); else the file's."""
     import tomllib
-    from kforge.declare.spec import NAME_MAX, NAME_RE, SPEC_LIMIT
+    from kforge.declare.spec import SPEC_LIMIT, listed_name
     try:   # read as read_tables reads it: a FIFO, a device or a file of gigabytes never read whole
         data = read_user_file(path, SPEC_LIMIT, "a spec", "") if path.suffix == ".toml" else None
         name = tomllib.loads(data.decode("utf-8"))["kernel"]["name"] if data is not None else None
     except (SpecError, ValueError, KeyError, TypeError, RecursionError):   # RecursionError: a value nested too deeply
         name = None
-    return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else path.stem
+    return listed_name(name, path.stem)
 
 
 def _grouped(failed: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

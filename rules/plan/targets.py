@@ -21,28 +21,24 @@ from kforge_runtime.schema import COMPILE_TIME
 
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
-                  read: set[Path] | None = None, fails: Callable | None = None) -> list[Target]:
-    """Every target of the specs for the archs (None: all). `read`, if given, collects the kernel source files
-    the targets were computed from, and those an import looked for in vain (rules/plan/catalog.py stamps them).
-    A family that fails is a SpecError, or, given `fails`, fails(spec, error) and the others go on."""
+                  read: set[Path] | None = None) -> list[Target]:
+    """Every target of the specs for the archs (None: all), SpecError at the first family that fails. `read`, if
+    given, collects the kernel source files the targets were computed from, and those an import looked for in
+    vain (rules/plan/catalog.py stamps them)."""
     targets: list[Target] = []
     seen: dict[str, str] = {}
     for spec in specs:
+        if spec.name in seen:
+            raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
+                            f"target names must be unique: rename one [kernel] name")
         try:
-            if spec.name in seen:
-                raise SpecError(f"{spec.path}: kernel name {spec.name!r} is already used by {seen[spec.name]}; "
-                                f"target names must be unique: rename one [kernel] name")
             targets += spec_targets(spec, root, arch_filter, read)
-            seen[spec.name] = spec.path
-        except SpecError as e:
-            if fails is None:
-                raise
-            fails(spec, e)
-        except (OSError, ValueError) as e:   # its sources could not be read or named: this family only
-            if fails is None:
-                raise
-            fails(spec, SpecError(f"{spec.path}: reading the sources of kernel {spec.name} failed: "
-                                  f"{type(e).__name__}: {e}".splitlines()[0]))
+        except SpecError:
+            raise
+        except (OSError, ValueError) as e:   # its sources could not be read or named
+            raise SpecError(f"{spec.path}: reading the sources of kernel {spec.name} failed: "
+                            f"{type(e).__name__}: {e}".splitlines()[0]) from None
+        seen[spec.name] = spec.path
     return targets
 
 
