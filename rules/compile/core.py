@@ -1,15 +1,10 @@
-"""The compile core: a backend lowers one Target to a binary; this module checks it and makes the artifact's files.
+"""The compile core: compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate), in a
+context server below the build's tree of warm servers: backend.lower(target, scratch) -> Lowered, then checked().
 
-    compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate)
-        in a context server (one per import context) below a private package server of this process's, which
-        the build's hub forked for it (_route: the toolchain, each library and each package imported once per
-        build, not once per worker): backend.lower(target, scratch) -> Lowered, then checked(target, lowered)
-
-A backend (triton_backend.py, flydsl_backend.py) only lowers: it never checks or writes files; it registers
-itself in compile/lowering.py's table when imported, and backend_of(toolchain) imports it. The compile
-writes nothing in out/ either: the doit action installs the candidate (artifact.install, which checks its binary),
-as it installs one from a cache. Executors that compile elsewhere (share/dask_executor.py) are handed
-compile_into; none imports the doit action (action.py).
+A backend (triton_backend.py, flydsl_backend.py) only lowers, registering itself in compile/lowering.py's table
+when backend_of imports it. Neither writes in out/: the doit action installs the candidate (artifact.install,
+which checks its binary) as it installs one from a cache. Executors that compile elsewhere (share/
+dask_executor.py) are handed compile_into, and never import the doit action (action.py).
 """
 from __future__ import annotations
 
@@ -41,25 +36,18 @@ from kforge_runtime import schema
 if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run imports this module, not those
     from kforge.compile.lowering import Backend, Lowered
 
-# Compile servers form a tree per build, each forked from the one above, so that each import is paid once and
-# every process below holds it. The hub (one process per build: the doit master forks it before its workers,
-# start_hub; a process that compiles without one forks its own) imports the toolchain once. Below it, a library
-# server per (toolchain, environment, the library's top-level package, ...) imports the top-level package once;
-# below that, a package server per package on the way to the kernel's module, each importing its package on top
-# of its parent's, in the order a fresh import of the module runs them: `fla` -> `fla.ops` (whose __init__
-# imports every op and, through them, most of fla: 4.4 s on the dev machine, paid once for fla.ops.utils' and
-# fla.ops.common's families alike) -> `fla.ops.utils`; `liger_kernel` (1.25 s) -> `liger_kernel.ops` (every op:
-# 0.2 s more). The last forks, for each process that asks (a doit worker), a copy of itself of that process's own
-# (a private package server, answering it directly), which forks a context server per import context: it imports
-# the kernel's module on top and compiles. The hub thus serves a worker once per package, and the forks of context
-# servers, one per module, run in the workers' own servers side by side. Each level runs the same code in the
-# same order as a fresh import of the module (a package is imported in full before anything below it), so what
-# each target's record holds is what it would hold in a process of its own; two packages that import each other
-# (fla.modules and fla.ops) are each imported in their own branch, as a fresh process importing one or the other
-# would. On a 16-CPU GPU host, 16 workers each importing torch, Triton and liger-kernel with transformers at once
-# took 20-28 s before their first compile (docs/benchmarks.md): once per build, that is paid once. Every level
-# keeps its servers, least recently used first, within caps that bound memory (a context server is a warm
-# compiler: the first compile in a fresh one pays MLIR/LLVM set-up again).
+# Compile servers form a tree per build, each forked from the one above, so that each import is paid once: the
+# hub (one per build, forked by doit's master before its workers: start_hub) imports the toolchain; below it a
+# library server per (toolchain, environment, top-level package, ...) imports the top-level package; below that a
+# package server per package on the way to the kernel's module, each on top of its parent's, in the order a fresh
+# import runs them (`fla` -> `fla.ops`, whose __init__ imports most of fla: 4.4 s, paid once for all its
+# families -> `fla.ops.utils`). The last forks for each asking process (a doit worker) a private package server
+# of its own, which forks a context server per import context: it imports the kernel's module and compiles. Each
+# level runs the same code in the same order as a fresh import, so each target's record holds what it would hold
+# in a process of its own (packages that import each other get a branch each). 16 workers each importing torch,
+# Triton and liger-kernel with transformers took 20-28 s before their first compile (docs/benchmarks.md). Every
+# level keeps its servers, least recently used first, within caps that bound memory (a fresh context server
+# pays MLIR/LLVM set-up again at its first compile).
 MAX_SERVERS = 6    # library servers of the hub
 MAX_PACKAGES = 3   # package servers per library or package server
 MAX_PRIVATE = 3    # private package servers a process that compiles keeps
@@ -74,8 +62,7 @@ _private_lock = threading.Lock()
 
 
 def backend_of(toolchain: str) -> Backend:
-    """The toolchain's backend, its module imported here and only in a process that compiles: a build of Triton
-    targets alone never imports FlyDSL (one import per toolchain of spec.TOOLCHAINS)."""
+    """The toolchain's backend, imported only in a process that compiles (Triton targets never import FlyDSL)."""
     from kforge.compile import lowering
     if toolchain == "triton":
         from kforge.compile import triton_backend  # noqa: F401  (registers itself)
@@ -85,9 +72,8 @@ def backend_of(toolchain: str) -> Backend:
 
 
 def checked(target: Target, lowered: Lowered) -> Candidate:
-    """The compiler's verdict on what it lowered, in the compile server: it fits the target's shared memory (a
-    failure here is deterministic, kept with the compile's inputs); then the artifact as files with meta.json,
-    for the installer to check (the binary is real code for the target's arch) and write (artifact.install)."""
+    """In the compile server: what was lowered fits the target's shared memory (a deterministic failure, kept
+    with the compile's inputs); then the artifact's files with meta.json, for artifact.install to check and write."""
     if not schema.is_plain_name(lowered.binary_name):
         raise RuntimeError(f"the {target.toolchain} backend named the binary {lowered.binary_name!r}")
     meta = artifact.meta(target, binary_name=lowered.binary_name, binary=lowered.binary, symbol=lowered.symbol,
@@ -99,10 +85,9 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
-    """Compile in a context server below a private package server of this process's, which the build's hub forked
-    for it. With `cutoff` (the artifact in out/ differs from the target at most by inputs it read or its sources'
-    digests: artifact.cutoff) the server first tells whether a compile can give other code: if not, its result
-    is Unchanged (early cutoff) and nothing is compiled."""
+    """Compile in a context server below this process's private package server. With `cutoff` (artifact.cutoff:
+    out/'s artifact differs at most by inputs it read or its sources' digests) the server first tells whether a
+    compile can give other code: if not, the result is Unchanged (early cutoff) and nothing is compiled."""
     backend = backend_of(target.toolchain)
     scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
@@ -129,8 +114,7 @@ WAIT_SPAN_S = 0.01   # shorter: no span of its own
 
 def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
     """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable
-    with the hub's error (an import that failed, a toolchain that cannot load). The spans of what the hub did for
-    it go to `started`, after the time the request waited behind others' ("wait": imports they asked for)."""
+    with the hub's error. The spans of what the hub did go to `started`, after a "wait" behind others' requests."""
     asked = time.time()
     forked = _hub.start()   # this process has none (it compiles outside a doit run): its own, forked now
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
@@ -142,10 +126,9 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
 
 
 def _route(request: tuple, fd: int) -> dict:
-    """In the hub, once per private package server a process asks for: the toolchain imported here at the first
-    (every server below inherits it), then the library server of the target's package context asked to fork one
-    below for the asker's socket `fd`. What was done for it, as spans, and when it was taken up: {"spans": ...,
-    "taken": ...}, or the error."""
+    """In the hub, once per private package server a process asks for: the toolchain imported here at the first,
+    then the library server of the target's package context asked to fork one for the asker's socket `fd`.
+    {"spans": what was done, "taken": when it was taken up}, or the error."""
     if isinstance(request, kept_hub.Keep):   # the build has ended: its toolchain kept for the next one
         return kept_hub.fork_keeper(request, _route, _forget_build)
     target, root, timeout, scratch_dir = request
@@ -167,9 +150,11 @@ def _route(request: tuple, fd: int) -> dict:
         with contextlib.suppress(ImportError):
             import torch  # noqa: F401  (part of the toolchain: never an input)
     started = time.time()
-    levels = import_levels(target)
-    outcome = _server_for(target, backend, root, not in_hub).call(
-        (target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(levels), log_dir=scratch_dir, handle=fd)
+    setup = functools.partial(_server_setup, target, backend, root, not in_hub)
+    server = _kept(_servers, _library(target, backend), MAX_SERVERS,
+                   lambda: isolate.Server(functools.partial(in_context, backend), setup))
+    outcome = server.call((target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(import_levels(target)),
+                          log_dir=scratch_dir, handle=fd)
     _stop_precompiling(package)   # its library is imported (or failed to): no more use
     if not outcome.ok:
         return {"error": outcome.error, "traceback": outcome.traceback,
@@ -182,11 +167,10 @@ _precompiling: dict[str, int | None] = {}   # package -> the pid of the child co
 
 
 def _precompile_once(package: str) -> None:
-    """At the first request for a library, its sources compiled into the kept bytecode by a child (observe.
-    precompile) while the hub imports the toolchain and then the library: on a CPU the build leaves idle then.
-    The child holds none of the hub's files (a socket it kept open would hide a dead hub from its askers), stops
-    at the file it is on once the library is imported (_stop_precompiling: from then on it would take a CPU from
-    the compiles) and dies with the hub; the hub reaps it at a later request."""
+    """At the first request for a library, a child compiles its sources into the kept bytecode (observe.precompile)
+    on a CPU the build leaves idle while the hub imports it. The child holds none of the hub's files (a socket kept
+    open would hide a dead hub from its askers), stops once the library is imported (_stop_precompiling: then it
+    would take a CPU from the compiles) and dies with the hub, which reaps it at a later request."""
     for name, pid in _precompiling.items():
         if pid is not None and isolate.reaped(pid):
             _precompiling[name] = None
@@ -217,8 +201,8 @@ _hub = isolate.Hub(_route)   # this process's, or inherited from doit's master
 
 
 def start_hub(keep: bool = False) -> None:
-    """In doit's master, before it forks its workers: the build's hub, which they inherit and share. With `keep`,
-    one forked by the project's keeper where one holds this environment's toolchain (rules/load/kept_hub.py)."""
+    """In doit's master, before it forks its workers: the build's hub, which they share. With `keep`, one forked
+    by the project's keeper where one holds this environment's toolchain (rules/load/kept_hub.py)."""
     if not keep:
         _hub.start()
         return
@@ -248,8 +232,8 @@ def _forget_build() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _requires_torch(package: str) -> bool:
-    """Whether an installed distribution providing this top-level package requires torch (liger-kernel does), or
-    the package's own __init__ imports torch as it runs (flag_gems does, naming torch only under its extras)."""
+    """Whether a distribution of this package requires torch (liger-kernel), or its __init__ imports torch as it
+    runs (flag_gems, naming torch only under its extras)."""
     import importlib.metadata as metadata
     import re
     for dist in metadata.packages_distributions().get(package, ()):
@@ -263,8 +247,7 @@ def _requires_torch(package: str) -> bool:
 
 
 def _init_imports_torch(package: str) -> bool:
-    """Whether the package's __init__ imports torch in its own body (not in a function, nor under an `if`): read,
-    not run; found without importing the package."""
+    """Whether the package's __init__ imports torch at its top level (or in a try), read without importing it."""
     import ast
     import importlib.util
     try:   # a namespace package has no origin: TypeError
@@ -287,8 +270,8 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 def in_context(backend: Backend, request: tuple) -> tuple:
     """In a library or package server, once per private package server asked for: its package imported at the
-    first, then the asker's socket handed on below: to the package server of the next level (import_levels), or,
-    at the last, to a copy of this server forked for the asker (compile_below). The spans of what was done for it."""
+    first, then the asker's socket handed to the next level's server, or at the last level to a copy of this
+    server forked for the asker (compile_below). The spans of what was done for it."""
     (target, scratch_dir, timeout), fd = request
     try:
         spans = _enter_package(target, backend)
@@ -313,8 +296,7 @@ def in_context(backend: Backend, request: tuple) -> tuple:
 
 
 def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
-    """In a private package server, once per target: compiled in the context server of its import context (forked
-    from here: it holds the packages as imported above), the answer passed on."""
+    """In a private package server, once per target: compiled in the context server of its import context."""
     target, scratch_dir, timeout, _ = request
     _enter_package(target, backend)   # imported already: only checks the target is this server's
     starting = time.time()
@@ -339,8 +321,8 @@ def _forked_private() -> None:
 
 
 def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
-    """The server kept for `key`, now the most recently used; a new() one where none is, the least recently
-    used closed first while `cap` are kept."""
+    """The server kept for `key`, now the most recently used; else a new() one, closing the least recently used
+    past `cap`."""
     server = servers.pop(key, None)
     if server is None:
         server = new()
@@ -351,9 +333,8 @@ def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
 
 
 def import_levels(target: Target) -> tuple[str, ...]:
-    """The packages a target's servers import, one level each, in the order importing its module runs them: the
-    library's top-level package, then each package down to the one holding the module (`fla`, `fla.ops`,
-    `fla.ops.utils`). A top-level module is its own one level."""
+    """The packages a target's servers import, one level each, in the order importing its module runs them (`fla`,
+    `fla.ops`, `fla.ops.utils`); a top-level module is its own one level."""
     parts = target.module.split(".")
     return tuple(".".join(parts[:n]) for n in range(1, max(len(parts), 2)))
 
@@ -383,21 +364,18 @@ def _raise_failed_import() -> None:
 
 
 def _forked_below(level: int) -> None:
-    """A package server's set-up, after the fork: it imports the next level, and keeps servers of its own (the
-    ones it inherited are its siblings, its parent's to close)."""
+    """A package server's set-up, after the fork: it imports the next level, and keeps servers of its own."""
     _level[0], _package[0] = level, None
     _forked_private()
 
 
 def _enter_package(target: Target, backend: Backend) -> tuple:
     """At a server's first target: in a library server, start recording and prepare the device model and set-up
-    hooks; import its package. What fails here is not kept as the kernel's failure (a missing dependency or a
-    backend that cannot load is the environment's, and what the import failed to find is no file the record
-    holds), and the package, left half-imported, builds nothing: the server stays only to fail every later
-    target of its package with the same error at once (_failed_import), rather than import it again for each
-    (flag_gems's import, refused on a CPU, took 2.5 s a target). A transient failure (a full disk, memory) retires
-    the server instead: the next target imports the package again, in a fresh server forked from the level
-    above."""
+    hooks; import its package. A failure here is never kept as the kernel's (a missing dependency is the
+    environment's, and what the import failed to find is no file the record holds); the half-imported package
+    builds nothing, and the server fails every later target of it at once (_failed_import) rather than import
+    it again (flag_gems's failing import took 2.5 s a target). A transient one (a full disk, memory) retires the
+    server: a fresh one forked from the level above imports it again."""
     _raise_failed_import()
     level = _level[0]
     wanted = (package_context(target), import_levels(target)[:level + 1])
@@ -410,8 +388,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
         device_model.serving(target.kernel)
         if level == 0:
             observe.Recorder.installed.start()
-            # before the import: the model answers as this arch's reference GPU, the hooks run; their reads are
-            # every target's inputs too
+            # before the import, their reads every target's inputs too
             device_model.prepare(target.arch, target.device_model, target.setup)
         if backend.imports_module:
             importlib.import_module(wanted[1][-1])
@@ -422,8 +399,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
     _package[0] = wanted
     if not backend.imports_module:
         return ()
-    # what the package's import read, named and hashed once here: every server forked from here starts with it
-    # (each paid 0.1-0.2 s for it at its first target: _InputsMemo)
+    # hashed once here, every server forked below starts with it (each paid 0.1-0.2 s for it: _InputsMemo)
     recorder = observe.Recorder.installed
     recorder.skip_out(str(target.layout.out))
     _inputs(recorder)
@@ -447,12 +423,12 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             if _imported[0] is None and backend.source_key is not None:   # before this server compiles anything
                 _imported[0] = dict(_inputs(recorder))
             start = time.time()
-            named = (("inputs", imports_done, start),) if start - imports_done > WAIT_SPAN_S else ()
+            spans = (*((("import", importing, imports_done),) if imports else ()),
+                     *((("inputs", imports_done, start),) if start - imports_done > WAIT_SPAN_S else ()))
             if cutoff is not None and backend.source_key is not None:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
-                    spans = (("import", importing, imports_done),) if imports else ()
-                    return _spans_first(unchanged, (*spans, *named, ("early cutoff", start, time.time())))
+                    return _spans_first(unchanged, (*spans, ("early cutoff", start, time.time())))
             lowered = backend.lower(target, scratch_dir)
         inputs = _inputs(recorder)
         _learn(target)
@@ -460,23 +436,18 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
         lowered_at = time.time()
         candidate = checked(target, lowered)
     except Exception as e:
-        # the compiler's verdict on these inputs (a compile error, a resource check such as shared memory): the
-        # same key and inputs give it again, so it is kept with what the compile read (rules/compile/action.py). Not so
-        # the machine's state (transient): a full disk, memory that ran out, a tool killed by a signal.
+        # the compiler's verdict on these inputs (a compile error, shared memory) is kept with what the compile
+        # read (compile/action.py) and replayed; not the machine's state (transient)
         imported = not backend.imports_module or target.module in sys.modules
         if imported and not transient(e):
             e.kforge_facts = {"inputs": _inputs(recorder)}
             if isinstance(e, DoesNotFit):   # a library autotuner's config: skipped, not failed (compile/action.py)
                 e.kforge_facts["skipped"] = str(e)
         if not imported:
-            # the import failed partway: its module may stay half-imported here, and no later target may build
-            # against that (as in _enter_package: every later target of this context fails with this error). Nor
-            # is such a failure replayed: a missing dependency or a backend that cannot load is the environment's,
-            # and what the import failed to find is no file the record holds
+            # the import failed partway: as in _enter_package, never replayed, and every later target fails so
             _import_failed(e)
             shared_env.explain(e)
         raise
-    spans = (*((("import", importing, imports_done),) if imports else ()), *named)
     return _spans_first(candidate, (*spans, ("compile", start, lowered_at), ("check", lowered_at, time.time())))
 
 
@@ -489,13 +460,11 @@ _imported: list = [None]   # {name: sha256} of what this context server's import
 
 
 def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -> Unchanged | None:
-    """Early cutoff: Unchanged when compiling cannot give other code than the artifact's. That is so when every
-    input that changed was read by the imports (a file read by the compile itself could change the code in ways
-    no digest of the source covers: then it compiles) and the toolchain's digest of the kernel is the one the
-    artifact was built from (for Triton its JIT cache key: the entry's and every called @jit function's source
-    and line, the constexpr globals they read; the rest, signature, config, options, toolchain, is the target's
-    key, which did not change). The inputs recorded are the old ones with what the imports read now: a file
-    only the compile read is still watched."""
+    """Early cutoff: Unchanged when compiling cannot give other code than the artifact's: every input that changed
+    was read by the imports (one the compile itself read could change the code in ways no digest covers) and the
+    toolchain's digest of the kernel (Triton's JIT cache key) is the one it was built from; the rest is the
+    target's key, unchanged. The inputs kept are the old ones with the imports' now: a file only the compile read
+    is still watched."""
     if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.source_key:
         return None
     inputs = sorted({**dict(cutoff.inputs), **imported}.items())
@@ -504,10 +473,8 @@ def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -
 
 def transient(error: BaseException) -> bool:
     """Whether a compile's failure may say nothing of its inputs, so that it must not be kept and replayed: a file
-    that could not be written, memory that ran out, a tool the compiler ran that was killed by a signal (the
-    OOM killer's SIGKILL; the compiler's own error is raised while handling it). The same inputs need not give
-    these again. A tool killed behind a shell wrapper (a script standing in for ptxas, say) exits 128+N rather
-    than -N: that is a signal too. A tool that ran out of time (TimeoutExpired) says as little of its inputs."""
+    that could not be written, memory that ran out, a tool that ran out of time or was killed by a signal (the
+    OOM killer's SIGKILL; the compiler's own error is raised while handling it)."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -523,17 +490,14 @@ SIGNALS = 64   # signal numbers run 1..64 on Linux (SIGRTMAX)
 
 
 def _killed(returncode) -> bool:
-    """Whether a tool's exit status says a signal ended it: -N from Python's subprocess, or 128+N as a shell
-    reports a child it ran that a signal ended (137 for SIGKILL, 143 TERM, 130 INT, 129 HUP). Taking a tool's own
-    exit status in that range for a signal only costs a compile again, never a wrong replay."""
+    """Whether a tool's exit status says a signal ended it: -N, or 128+N from a shell wrapper (a script standing in
+    for ptxas). Taking a tool's own status in that range for a signal only costs a compile, never a wrong replay."""
     return isinstance(returncode, int) and (returncode < 0 or 128 < returncode <= 128 + SIGNALS)
 
 
 def _inputs(recorder: observe.Recorder) -> list[list[str]]:
-    """What the compile read, named from the project and the module path as the server started with them (what
-    every process of the project has; not a path entry a library added at import) and from the packages import
-    finders map (an editable install's, in every process too). The same as the last target's when nothing it
-    depends on changed (_InputsMemo)."""
+    """What the compile read, named from the project and the module path as the server started with them (not a
+    path entry a library added at import) and from the packages import finders map (an editable install's)."""
     if _memo.holds(recorder):
         return _memo.inputs
     files = recorder.files()
@@ -551,10 +515,9 @@ _hashed: dict = {}   # {resolved path: [identity, sha256]} hashed here, not yet 
 
 
 def _learned(stats: tuple, inputs: list, folders, written) -> dict:
-    """What _inputs hashed that the doit process's index may take (rules/store/inputs.py, learn): each file that
-    is the same by stat after hashing as before it, changed last more than RACY_S before it was stat'ed (a
-    change within the file system clock's tick would leave its stat as it was), and not written by the process
-    (its digest is what it wrote, as digests() records it)."""
+    """What _inputs hashed that the doit process's index may take (store/inputs.py's learn): each file the same by
+    stat after hashing as before, changed last more than RACY_S before (a change within the file system clock's
+    tick leaves its stat as it was), and not written by the process (its digest is what it wrote)."""
     digests, own = dict(inputs), {os.path.realpath(p) for p in written}
     recent = time.time_ns() - int(RACY_S * 1e9)   # the stats were taken before this: a stricter bound than theirs
     found = {}
@@ -584,17 +547,13 @@ def _learn(target: Target) -> None:
 
 
 class _InputsMemo:
-    """The last _inputs of this process: the targets of one compile server read the same files (its imports, the
-    compiler's own), and naming and hashing them again cost 12-16 ms a target (resolving every path, the module
-    path's folders; liger-kernel on the dev machine). It holds while everything _inputs is computed from is as
-    it was: the folders the recorder listed, the modules and the module path (which name the files), what it saw
-    read and written beyond what the recorder skips (each compile's own scratch files under out/) or names no
-    input of (the /proc/self/statm a server reads after its first call: every context server forked after that
-    hashed every input again, 1 s each with transformers on a GPU host), and each
-    input's identity and times by stat (a file changed since is hashed again, or is "changed-while-read", as
-    computed afresh). A file changed less than RACY_S before it was looked at may change again within the same
-    tick of the file system's clock, its stat unchanged: while one is, nothing is kept. Forked children inherit
-    it: a context server starts with what the imports of the servers above it read, named and hashed."""
+    """The last _inputs of this process: one server's targets read the same files, and naming and hashing them
+    again cost 12-16 ms a target (liger-kernel). It holds while all _inputs is computed from is as it was: the
+    folders listed, the modules and module path (which name the files), what was read and written beyond what
+    the recorder skips (a compile's scratch files) or names no input of (the /proc/self/statm a server reads
+    after its first call: else every context server hashed every input again, 1 s each with transformers), and
+    each input's stat. While a file changed less than RACY_S ago (a change within the clock's tick leaves its
+    stat as it was), nothing is kept. Forked children inherit it, with what the imports above them read."""
     fixed: tuple | None = None
     seen: frozenset = frozenset()
     written: frozenset = frozenset()
@@ -630,13 +589,11 @@ class _InputsMemo:
 
 def _fixed(recorder: observe.Recorder) -> tuple:
     return (frozenset(recorder.listed.items()), frozenset(recorder.variables), frozenset(sys.modules), recorder.skip,
-            recorder.since_ns,
-            tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
+            recorder.since_ns, tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
 
 
 def _stats(files) -> tuple[tuple, bool]:
-    """Each file's identity, size and times (or its absence), and whether every one changed last more than
-    RACY_S ago."""
+    """Each file's identity, size and times (or its absence), and whether all changed last over RACY_S ago."""
     found, settled = [], True
     recent = time.time_ns() - int(RACY_S * 1e9)
     for path in sorted(files):
@@ -661,19 +618,17 @@ _serving: list = [None]   # the import context this server was started for (impo
 
 
 def import_context(target: Target) -> tuple:
-    """What a compile server imports for the target: its module, the modules of its "function" arguments, and
-    its arch where the import sees one (the device model, set-up hooks). A server imports one context, once: a
-    library is never imported twice in a process (Python module state could be dropped and imported again;
-    C++ registries such as torch's operator library cannot), and a library imported under one arch's device
-    model never compiles for another."""
+    """What a compile server imports: the target's module, its "function" arguments' modules, and its arch where
+    the import sees one (device model, set-up hooks). A server imports one context, once: a library is never
+    imported twice in a process (C++ registries such as torch's operator library cannot be), nor one imported
+    under one arch's device model used for another."""
     functions = tuple(sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature))
     return target.module, functions, target.arch if target.device_model or target.setup else None
 
 
 def _observed(target: Target) -> observe.Recorder:
-    """The recorder of this context server, reading for this target. Its library server started it before
-    importing the library, so every target's record holds every file the imports read; the targets of one
-    context server share the imports (and the record)."""
+    """The recorder of this context server (started before the library's import: every target's record holds what
+    the imports read)."""
     wanted = import_context(target)
     if _serving[0] is None:
         _serving[0] = wanted
@@ -687,12 +642,6 @@ def _library(target: Target, backend: Backend) -> tuple:
     which change the process for good."""
     return (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
             target.setup, package_context(target))
-
-
-def _server_for(target: Target, backend: Backend, root: str, import_in_server: bool) -> isolate.Server:
-    setup = functools.partial(_server_setup, target, backend, root, import_in_server)
-    return _kept(_servers, _library(target, backend), MAX_SERVERS,
-                 lambda: isolate.Server(functools.partial(in_context, backend), setup))
 
 
 def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
