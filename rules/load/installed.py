@@ -41,6 +41,18 @@ def shared():
         _shared = outer
 
 
+def _once(kind: str, key, compute):
+    """compute(), or what it gave for `key` earlier in this shared(); a NotInstalled it raised is given, not raised."""
+    if _shared is None:
+        return compute()
+    if key not in _shared[kind]:
+        try:
+            _shared[kind][key] = compute()
+        except NotInstalled as e:
+            _shared[kind][key] = e
+    return _shared[kind][key]
+
+
 class NotInstalled(LookupError):
     """The module is not on sys.path; the message says where it was looked for."""
 
@@ -56,12 +68,7 @@ class Module:
 
     def closure(self) -> tuple[Path, ...]:
         """The files the module's import executes within its package (see the module docstring), sorted."""
-        if _shared is None:
-            return self._walk()
-        key = (self.path, self.base, self.package_dir)
-        if key not in _shared["closure"]:
-            _shared["closure"][key] = self._walk()
-        return _shared["closure"][key]
+        return _once("closure", (self.path, self.base, self.package_dir), self._walk)
 
     def _walk(self) -> tuple[Path, ...]:
         seen: set[Path] = set()
@@ -92,15 +99,7 @@ class Module:
 def find(name: str) -> Module:
     """The installed module `name`, found as Python's path finder would find it (first sys.path entry that has
     it; a package's __init__.py before a module file), without importing anything. NotInstalled if none."""
-    if _shared is None:
-        return _find(name)
-    key = (name, tuple(sys.path))
-    if key not in _shared["find"]:
-        try:
-            _shared["find"][key] = _find(name)
-        except NotInstalled as e:
-            _shared["find"][key] = e
-    found = _shared["find"][key]
+    found = _once("find", (name, tuple(sys.path)), lambda: _find(name))
     if isinstance(found, NotInstalled):
         raise NotInstalled(*found.args)
     return found

@@ -13,6 +13,7 @@ leaves its group (setsid) or ignores its parent's death is not followed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import resource
@@ -178,10 +179,8 @@ def _limit(parent: int, memory: int) -> None:
 
 
 def _own_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(OSError):   # the child set it already, or has exited
         os.setpgid(pid, pid or os.getpid())
-    except OSError:   # the child set it already, or has exited
-        pass
 
 
 def _end(pid: int) -> int:
@@ -194,10 +193,8 @@ def _end(pid: int) -> int:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _death(status: int) -> str:

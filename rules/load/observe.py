@@ -58,6 +58,7 @@ A package that a meta-path finder maps to a folder no module path entry holds (a
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -280,8 +281,7 @@ class Recorder:
             return
         if event == "open":
             path, mode, flags = args
-            if isinstance(path, bytes):
-                path = os.fsdecode(path)
+            path = os.fsdecode(path) if isinstance(path, bytes) else path
             if not isinstance(path, str):   # an open file descriptor: already opened by path
                 return
             if path.startswith(self._own):   # kforge's own bytecode (_from_source), as it opens it
@@ -293,16 +293,12 @@ class Recorder:
             # as opened: a link is named where it lies; relative to the folder it was opened from
             self.seen.add(_absolute(path))
         elif event in LISTINGS:
-            path = "." if args[0] is None else args[0]
-            if isinstance(path, bytes):
-                path = os.fsdecode(path)
+            path = "." if args[0] is None else os.fsdecode(args[0]) if isinstance(args[0], bytes) else args[0]
             # the import system's listing (FileFinder's cache) is how it finds a module, not what it read
             if isinstance(path, str) and not self._listing and sys._getframe(1).f_code.co_filename != IMPORT_SYSTEM:
                 self._list(_absolute(path))
         elif event == "os.rename":   # os.rename and os.replace: a file written beside and moved into place
-            destination = args[1]
-            if isinstance(destination, bytes):
-                destination = os.fsdecode(destination)
+            destination = os.fsdecode(args[1]) if isinstance(args[1], bytes) else args[1]
             if isinstance(destination, str) and not destination.startswith(self._own):
                 self.written.add(_absolute(destination))
         elif event == "ctypes.dlopen":
@@ -630,10 +626,8 @@ def _bytecode_key() -> bytes | None:
             except OSError:
                 return None
             finally:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(beside)
-                except OSError:
-                    pass
         except OSError:
             return None
     return None
@@ -735,10 +729,8 @@ class _KeptBytecode:
                 f.write(head + self._mac(head, body) + body)
             os.replace(beside, where)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(beside)
-            except OSError:
-                pass
 
     def _mac(self, head: bytes, body) -> bytes:
         mac = hmac.new(self.secret, head, hashlib.sha256)
@@ -756,15 +748,11 @@ class _KeptBytecode:
             return
         written = []
         for name in names:
-            try:
+            with contextlib.suppress(OSError):   # removed meanwhile
                 written.append((os.stat(os.path.join(self.folder, name)).st_mtime_ns, name))
-            except OSError:   # removed meanwhile
-                pass
         for _, name in sorted(written)[:len(written) - self.LIMIT * 3 // 4]:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
-            except OSError:
-                pass
 
 
 def _reader(frame):

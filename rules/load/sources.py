@@ -13,26 +13,27 @@ import hashlib
 from pathlib import Path
 
 
+def _per_version(fn):
+    """fn(path) computed once per process and file version: a file edited while the process runs (a test, a
+    long-lived tool) is read again, even one edited in place with its mtime put back (rules/base/stamps.py: the
+    ctime tells)."""
+    cached = functools.lru_cache(maxsize=None)(lambda path, *version: fn(path))
+
+    @functools.wraps(fn)
+    def per_version(path: Path):
+        st = path.stat()
+        return cached(path, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    return per_version
+
+
+@_per_version
 def parse(path: Path) -> ast.Module:
     """The file's AST, parsed once per process and file version."""
-    return _parse_version(path, *_version(path))
-
-
-@functools.lru_cache(maxsize=None)
-def _parse_version(path: Path, *version) -> ast.Module:
     tree = ast.parse(path.read_bytes(), filename=str(path))
     for node in module_level(tree.body):   # where each module-level def is: an entry's may lie in another module
         if isinstance(node, ast.FunctionDef):
             node.kforge_file = path
     return tree
-
-
-def _version(path: Path) -> tuple:
-    """What the per-process caches of file contents are keyed by besides the path: a file edited while the
-    process runs (a test, a long-lived tool) is read again, even one edited in place with its mtime put back
-    (rules/base/stamps.py: the ctime tells)."""
-    st = path.stat()
-    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 def function_names(path: Path) -> list[str]:
@@ -198,22 +199,14 @@ def _imported_module(path: Path, node: ast.ImportFrom, submodule: str | None = N
     """The file of the module a `from X import ...` in `path` names (with submodule: of X.submodule, when it is a
     module): relative to path's package, or absolute from the folder path's top-level package lies in
     (site-packages, the project root)."""
-    if node.level:
-        base = up(path.parent, node.level - 1)
-    else:
-        base = path.parent
-        while (base / "__init__.py").is_file():
-            base = base.parent
+    base = up(path.parent, node.level - 1) if node.level else _top_package(path).parent
     parts = [*(node.module.split(".") if node.module else ()), *((submodule,) if submodule else ())]
     return _resolve(base, parts) if parts else None
 
 
 def _absolute_module(path: Path, module: str) -> Path | None:
     """The file of the module `import module` in `path` names, from the folder path's top-level package lies in."""
-    base = path.parent
-    while (base / "__init__.py").is_file():
-        base = base.parent
-    return _resolve(base, module.split("."))
+    return _resolve(_top_package(path).parent, module.split("."))
 
 
 def _with_top(path: Path, source: Path, found: tuple) -> tuple:
@@ -417,14 +410,10 @@ def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> l
     return found
 
 
+@_per_version
 def import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
     """(level, dotted names) of each import statement of the file, 0 for absolute; each `from x import y` may name
-    a module x.y or a name in x, so both are given. Parsed and walked once per file version (parse's key)."""
-    return _import_names_version(path, *_version(path))
-
-
-@functools.lru_cache(maxsize=None)
-def _import_names_version(path: Path, *version) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    a module x.y or a name in x, so both are given."""
     found = []
     for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
@@ -467,10 +456,6 @@ def digest_files(paths: tuple[Path, ...], root: Path) -> tuple[tuple[str, str], 
     return tuple((str(p.relative_to(root.resolve())), _sha256(p)) for p in paths)
 
 
+@_per_version
 def _sha256(path: Path) -> str:
-    return _sha256_version(path, *_version(path))
-
-
-@functools.lru_cache(maxsize=None)
-def _sha256_version(path: Path, *version) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
