@@ -35,13 +35,11 @@ def pytest_addoption(parser):
 
 def _check_values(record: str | None, bundles: list[str]) -> None:
     """--kforge-record and --kforge-bundles as KFORGE_RECORD and KFORGE_SERVE check them: one usage error line."""
-    if record is not None:
-        from .record import record_problem
-        problem = record_problem(record)
-        if problem:
-            raise pytest.UsageError(problem.replace("KFORGE_RECORD", "--kforge-record", 2))
+    from .record import record_problem
+    from .startup import not_a_bundle
+    if record is not None and record_problem(record):
+        raise pytest.UsageError(record_problem(record).replace("KFORGE_RECORD", "--kforge-record", 2))
     if bundles:
-        from .startup import not_a_bundle
         problem = next(filter(None, (not_a_bundle(path or ".", flags=False) for path in bundles)), None)
         if problem is not None:   # before any test runs, not a warning at the first kernel
             raise pytest.UsageError(f"--kforge-bundles{problem}")

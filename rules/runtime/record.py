@@ -4,22 +4,13 @@
     with kforge_runtime.record.recording("records/app.jsonl"): ...
     KFORGE_RECORD=records/app.jsonl torchrun ... app.py     # every Python process of the app (startup.py)
 
-Each specialization Triton's JIT compiles (or loads from its cache) in the process becomes one line of the
-record file, whatever launched it: a plain `kernel[grid](...)`, an autotuner's chosen config, a heuristic's
-values. Every process appends to the one file, each line once (append_once). Recording never changes what runs: it only listens (Triton's jit_post_compile_hook, chained to any
-hook already set), and a line it cannot write is a warning, never an error. A project lists record files in
-its catalog (rules/declare/records.py turns each line into a target).
-
-The format (kforge_runtime.schema's RECORD_*), one JSON object per line, keys sorted (stable, reviewable in a
-pull request): the kernel, arch, signature, constexprs (a dtype or function argument's value: "bf16", "mod:fn"),
-the arguments Triton saw 16-divisible (pointers, integers), the compile options that are the kernel's, and the
-kernel's code as a digest (source_key: a build checks it compiles that code, not another version's).
-Arguments Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton
-compiles them. A kernel under @triton.autotune (with more than one config) is recorded once per autotuning key
-with the config the autotuner picked, and that key: "autotune": {"key": [<the key's argument values>, <the
-dtypes of its tensor arguments>] (Triton's own key), "config": {<the config's values and options>}}; the
-configs it only benchmarked are not recorded, and serving runs the recorded config for that key without
-benchmarking (rules/runtime/serve.py).
+Each specialization Triton's JIT compiles or loads, whatever launched it (a plain `kernel[grid](...)`, an
+autotuner's pick, a heuristic's values), is one line of the record file (schema.py's RECORD_*), appended once for
+all processes (append_once). Recording only listens (Triton's jit_post_compile_hook, chained to any hook already
+set, and around Autotuner.run): it never changes what runs, and a line it cannot write is a warning. Arguments
+Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton compiles them. An
+autotuner of more than one config is recorded once per autotuning key, with that key (Triton's) and the config it
+picked, never the ones it only benchmarked: serving runs that config without benchmarking (serve.py).
 """
 from __future__ import annotations
 
@@ -169,19 +160,17 @@ def arch_name(target) -> str:
 
 
 class Recorder:
-    """Appends one line per new specialization to `path` (unless the file holds it); installed as Triton's jit_post_compile_hook, and
-    around Triton's Autotuner.run to record the picked config (not the ones benchmarked). While an autotuner runs, only
-    its own kernel's compiles are candidates: any other kernel compiled meanwhile is a launch like any other (a
-    config's pre_hook zeroing a buffer with a kernel of its own, do_bench's cache flush when a library has put its
-    kernels under torch's ops: flag_gems's zeros_kernel with an int32 output), and runs again whenever that tuner
-    runs, served or not."""
+    """Appends each new specialization's line to `path`: Triton's jit_post_compile_hook, and around Autotuner.run
+    the config it picked (not those it benchmarked). While an autotuner runs, only its own kernel's compiles are
+    left to that pick: any other kernel compiled meanwhile (a pre_hook zeroing a buffer, do_bench's cache flush
+    through a library's torch ops: flag_gems's zeros_kernel) is recorded as the launch it is, run with every tune."""
 
     def __init__(self, path: str, arch: str | None = None):
         self.path, self.seen, self.lock = path, set(), threading.Lock()
         self.off = False   # the file turned out unwritable: warned once, records nothing more
         self.arch = arch   # None: the current device's, asked of Triton's driver at the first record
         self.previous = None
-        self.tuning = threading.local()   # .kernels: the functions of the autotuners running, whose compiles are candidates
+        self.tuning = threading.local()   # .kernels: the functions of this thread's running autotuners
 
     def install(self) -> None:
         from triton import knobs
@@ -267,14 +256,12 @@ class Unwritable(OSError):
 
 
 def append_once(path: str, text: str) -> bool:
-    """Append the line `text` to the record file unless the file holds it: every process of an application
-    (torchrun's ranks, a worker pool, a rerun) records into one file, each line once. The check and the append
-    happen under an exclusive lock on the file, and the line goes out in one write() on an O_APPEND descriptor,
-    so that writers at the same time neither interleave nor repeat a line. The file is opened without blocking
-    and must be a regular file (Unwritable otherwise: a FIFO would block, /dev/zero never end), and it is read a
-    chunk at a time, so memory stays bounded whatever its size. A link is not followed (a checkout's link at the
-    record's place would carry the appends into any file the user can write), and an error while reading or
-    writing (a full disk, EIO) is Unwritable too: the recorder says it once. True if appended."""
+    """Append the line `text` to the record file unless it holds it (every process of an application records
+    into one file, each line once); True if appended. Checked and appended under an exclusive lock on the file, in
+    one write() on an O_APPEND descriptor: writers at the same time neither interleave nor repeat a line; read a
+    chunk at a time: memory stays bounded. Unwritable for a file that is no regular one (opened without blocking:
+    a FIFO would block, /dev/zero never end), for a link (not followed: a checkout's link there would carry the
+    appends into any file the user can write), and for an error while reading or writing (a full disk)."""
     import errno
     import fcntl
     import stat
@@ -338,13 +325,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if record_problem(a.out) is not None:   # its Python children would refuse it (KFORGE_RECORD)
         ap.error(record_problem(a.out).replace("KFORGE_RECORD", "--out", 2))
-    sys.argv = [a.script, *a.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     # the script's Python children (worker pools, subprocesses) record into the same file: startup.py
     os.environ.setdefault("KFORGE_RECORD", os.path.abspath(a.out))
     with recording(os.path.abspath(a.out)):
-        runpy.run_path(a.script, run_name="__main__")
+        run_script(a.script, a.args)
     return 0
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run a script as `python script args` does (its folder first on sys.path); the record's and serve's mains."""
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -1,52 +1,35 @@
-"""Serve prebuilt kernels to unchanged `kernel[grid](...)` call sites: a Triton JIT function whose
-specialization a bundle holds launches the bundle's binary, with no compile and nothing written to Triton's
-cache.
+"""Serve prebuilt kernels to unchanged `kernel[grid](...)` call sites: a Triton JIT function whose specialization a
+bundle holds launches the bundle's binary, with no compile and nothing written to Triton's cache.
 
     from kforge_runtime.serve import serve
     serve("out/dist")                 # or a Library; strict=True: a miss raises instead of compiling
 
-How: Triton's JIT looks a call's specialization up in its per-device kernel cache and compiles on a miss
-(JITFunction._do_compile, given the specialization Triton computed: argument types, constexprs, 16-divisible
-arguments, options). serve() wraps that method (and Autotuner.run, below): on a miss it looks the
-specialization up in the bundles (the same canonical form as a record line: rules/runtime/record.py) and,
-when found, puts a served kernel in Triton's cache in place of a compiled one, so every later call takes
-Triton's own fast path to it. A served kernel launches through kforge's loader (the driver's launch call, on
-Triton's current stream), which a CUDA graph captures like any launch.
+serve() wraps JITFunction._do_compile, which Triton calls on a miss in its per-device kernel cache with the
+specialization it computed: one the bundles hold (looked up in a record line's canonical form, record.py) puts a
+Served in that cache in place of a CompiledKernel, so every later call takes Triton's own fast path to it (a CUDA
+graph captures its launch like any). An entry is served only to the code it was built from (its source key,
+source_key.py, equal to the calling function's: a library upgraded or patched since the build compiles) and under
+the same compiler variables; anything else compiles, or under strict stops (NotServed). serve() wraps Autotuner.run
+too: a config recorded for the call's autotuning key whose specialization the bundles hold goes into the
+autotuner's cache, so it benchmarks nothing (Server.choose). verify=True also compiles each served specialization
+once and compares the binaries (differences()). What serving guarantees: docs/libraries.md.
 
-A bundle entry is served only to the function it was built from: its source key (Triton's digest of the
-kernel's source, the @jit functions it calls, the constexpr globals it reads, made the same in every process,
-with the values Triton's leaves out that the code takes: rules/runtime/source_key.py) must equal the calling
-function's, so a library upgraded, patched or
-imported from another checkout after the build compiles (or, strict, stops) instead of launching a binary of
-other code. A bundle that cannot be read is one line: an error
-under strict, else a warning, and every call compiles. With verify=True the first launch of each served
-specialization is also compiled by Triton and the two binaries compared (rules/runtime/verify.py).
-
-An autotuned kernel (@triton.autotune) asks the bundles first: a config recorded for the call's autotuning
-key (the manifest's "autotune" table, from the record's "autotune" lines) whose specialization for this call
-the bundles hold goes into the autotuner's cache, so it benchmarks nothing. Processes that tuned apart (pytest-
-xdist workers) may have recorded several picks for one key, each with its own calls: then each call runs a
-held pick (the process's own so far, else the one most lines made). With no recorded choice, a config is taken
-when it is the only one the bundles hold for the call, and otherwise strict=True stops (strict=False lets the
-autotuner benchmark, as Triton does).
-
-On NVIDIA, serve() gives Triton a driver object that answers a call's device, stream and target from torch
-as Triton's own driver does, without building the C helper modules Triton's driver compiles into its cache
-when a process first touches it (most of a served process's start). Anything else (a compile on a miss,
-benchmarking) gets Triton's own driver, created then. serve() also readies Triton's argument specializer,
-whose first call would import Gluon and Triton's code generator, with two light modules of Triton's instead
-(rules/runtime/specializer.py): a served process imports no compiler it does not use.
+On NVIDIA, Triton gets a LightDriver, which answers a call's device, stream and target from torch without building
+the C helpers Triton's driver compiles when a process first touches it (most of a served process's start), and
+specializer.prime() spares the first call the import of Gluon and Triton's code generator: a served process
+imports no compiler it does not use.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 
 from . import specializer
-from .record import arch_name, autotune_key, check_options, record_line, tuned_line
+from .record import arch_name, autotune_key, check_options, record_line, run_script, tuned_line
 from .schema import COMPILE_TIME, NONE, code_environment, option_defaults, triton_environment
 from .source_key import source_key
 
@@ -89,7 +72,6 @@ def record_identity(line: dict) -> str:
 
 
 def miss_message(line: dict) -> str:
-    """strict=True's error: the kernel, the specialization the bundles lack, and how to get it built."""
     shown = {k: line[k] for k in ("signature", "constexprs", "divisible_by_16", "options")}
     return (f"kforge serve (strict): no prebuilt {line['kernel']} for {line['arch']} with {json.dumps(shown)}. "
             f"Record it (python -m kforge_runtime.record --out specs/app.jsonl app.py), build (doit) and package "
@@ -97,7 +79,6 @@ def miss_message(line: dict) -> str:
 
 
 def other_source_message(line: dict, entry: dict) -> str:
-    """strict=True's error for a specialization the bundles hold for another version of the kernel's source."""
     return (f"kforge serve (strict): the bundles' {line['kernel']} for {line['arch']} ({entry.get('target')}) was "
             f"built from other source than the one this process runs (Triton source key "
             f"{str(entry.get('triton_source_key'))[:12]}, this process's {line['source_key'][:12]}): the library or "
@@ -107,8 +88,7 @@ def other_source_message(line: dict, entry: dict) -> str:
             f"compile it")
 
 
-def ambiguous_message(line: dict) -> str:
-    """strict=True's error for a call the bundles hold several binaries of, all built from the calling code."""
+def ambiguous_message(line: dict) -> str:   # several binaries for the call, all built from the calling code
     return (f"kforge serve (strict): the bundles hold {len(line['ambiguous'])} different binaries of "
             f"{line['kernel']} for {line['arch']} built from this code for this call ({', '.join(line['ambiguous'])}): "
             f"they differ by a value neither the specialization nor kforge's source key holds, so kforge cannot "
@@ -117,7 +97,6 @@ def ambiguous_message(line: dict) -> str:
 
 
 def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
-    """strict=True's error for a specialization the bundles hold, built under other compiler variables."""
     theirs = triton_environment(entry.get("env") or {})
     shown = lambda env: ("unreadable" if env is None else ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
                          or "none")
@@ -128,9 +107,8 @@ def other_environment_message(line: dict, entry: dict, ours: dict) -> str:
 
 
 def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
-    """strict=True's error for an autotuned kernel whose choice for this key the bundles cannot serve."""
     what = ("has no recorded choice for its autotuning key" if recorded is None else
-            f"was recorded with config {json.dumps(recorded, sort_keys=True)} for its autotuning key")
+            f"was recorded with config {_text(recorded)} for its autotuning key")
     return (f"kforge serve (strict): autotuned {line['kernel']} {what} {json.dumps(key)} on {line['arch']} (the "
             f"bundles hold {held} of its configs for this call). Record the application (python -m "
             f"kforge_runtime.record --out specs/app.jsonl app.py), build (doit) and package (doit package) again, "
@@ -138,12 +116,10 @@ def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
 
 
 class Served:
-    """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel. Triton's launch
-    path calls run(); a JIT call also returns it to its caller, and libraries keep that object and launch it
-    again themselves, as a CompiledKernel: `kernel[grid](*args)` (flag_gems's libentry on every cache hit), or
-    read its `name`, `metadata`, `n_regs`, `n_spills` and `n_max_threads`. Those work alike here;
-    CompiledKernel's others (asm, hash, src, module) are AttributeErrors that say so. The binary is checked and
-    loaded at the first launch (`load` gives the kforge_runtime Kernel)."""
+    """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel: Triton's launch
+    path calls run(); a library may keep the object a JIT call returns and launch it again (`kernel[grid](*args)`:
+    flag_gems's libentry) or read its name, metadata, n_regs, n_spills and n_max_threads. CompiledKernel's other
+    attributes are AttributeErrors that say so. The binary is checked and loaded (`load`) at the first launch."""
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
                  vendor: str = "nvidia"):
@@ -321,6 +297,39 @@ def _uncached(fn):
             knobs.compilation.always_compile = before
 
 
+DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rel.debug")   # line info: names and times of files
+
+
+def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[str]:
+    """verify: what differs between the bundle's binary (and its manifest entry) and the JIT's (and its metadata),
+    one short phrase each. Identical bytes are usual only where the JIT's binary names no file: a kforge build names
+    sources relative to the project and gives ptxas a fixed timestamp, the JIT writes absolute paths and mtimes into
+    the line info. So every section but the debug info must be identical, and so must what the launch reads."""
+    found = []
+    launch = {"symbol": (entry.get("symbol"), getattr(metadata, "name", None)),
+              "shared": (entry.get("shared"), getattr(metadata, "shared", None)),
+              "threads_per_block": (entry.get("threads_per_block"),
+                                    getattr(metadata, "num_warps", 0) * getattr(metadata, "warp_size", 32)),
+              "global_scratch_size": (entry.get("global_scratch_size", 0),
+                                      getattr(metadata, "global_scratch_size", 0) or 0)}
+    found += [f"{field} {ours} in the bundle, {theirs} from the JIT" for field, (ours, theirs) in launch.items()
+              if ours != theirs]
+    if bundled == compiled:
+        return found
+    from .elf import SHT_NOBITS, ElfError, parse
+    try:
+        ours, theirs = ({s.name: b"" if s.type == SHT_NOBITS else data[s.offset:s.offset + s.size]
+                         for s in parse(data).sections if s.name} for data in (bundled, compiled))
+    except ElfError as e:
+        return found + [f"a binary is not a readable ELF file ({e})"]
+    code = sorted(n for n in ours.keys() | theirs.keys() if not n.startswith(DEBUG_SECTIONS)
+                  and ours.get(n) != theirs.get(n))
+    if code:
+        shown = ", ".join(code[:6]) + (f" and {len(code) - 6} more" if len(code) > 6 else "")
+        found.append(f"sections {shown} differ")
+    return found
+
+
 class Server:
     """The bundles' entries by identity, and Triton's JIT wrapped to use them."""
 
@@ -375,7 +384,6 @@ class Server:
                     self.tuned.clear()
                     self.broken = f"kforge serve: cannot serve from the bundles for {arch}: {_one_line(e)}"
                     if not self.strict:
-                        import sys
                         sys.stderr.write(f"{self.broken}; every kernel compiles instead\n")
                 self.indexed.append(arch)
                 self.index_seconds += time.perf_counter() - started
@@ -444,7 +452,6 @@ class Server:
     def compare(self, served: Served, compiled) -> None:
         """verify: the served binary against the one Triton's JIT compiled for the same call; a difference is
         one line on stderr and in self.differences (strict: NotServed)."""
-        from .verify import differences
         entry = served.entry
         binary = next((compiled.asm[k] for k in ("cubin", "hsaco") if k in compiled.asm), b"")
         try:
@@ -457,7 +464,6 @@ class Server:
                 line = f"kforge verify: {entry.get('target')} differs from Triton's JIT: {'; '.join(found)}"
                 self.differences.append(line)
         if found:
-            import sys
             sys.stderr.write(line + "\n")
             if self.strict:
                 raise NotServed(line)
@@ -476,13 +482,11 @@ class Server:
                 self.misses.append(line)
 
     def choose(self, tuner, args: tuple, kwargs: dict, current=None):
-        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark). Any config
-        its pruner keeps for the call computes the same result (Triton times only those and picks by timing alone;
-        a pruner may drop one that computes wrong for these arguments), so the pick is one of those whose
-        specialization for this call the bundles hold: `current` (the process's pick for this key so far), else
-        the recorded pick most lines made; with nothing recorded for the key, the one config held, if only one is.
-        Processes that tuned apart (pytest-xdist workers) picked differently and each recorded its own pick's
-        specializations: a served process runs, per call, whichever of those was recorded."""
+        """The config an autotuner runs for this call without benchmarking, or None (let it benchmark): of the
+        configs its pruner keeps (each computes the same result: Triton picks by timing alone) and whose
+        specialization for this call the bundles hold, `current` (the process's pick for this key so far), else
+        the recorded pick most lines made, else, with nothing recorded for the key, the only one held. Processes
+        that tuned apart (xdist workers) each recorded their own pick's calls: each call runs one so recorded."""
         self.index()
         if current is not None and self._held(tuner, args, kwargs, current)[2]:
             return current   # the cheap path of a call whose key has picks apart: one specialization computed
@@ -495,11 +499,10 @@ class Server:
             if line is None:
                 return None
             if found:
-                held[json.dumps(config.all_kwargs(), sort_keys=True)] = config
+                held[_text(config.all_kwargs())] = config
         if line is None:
             return None
-        recorded = [json.dumps(p["config"], sort_keys=True)
-                    for p in self.tuned.get((line["kernel"], json.dumps(key)), [])]
+        recorded = [_text(p["config"]) for p in self.tuned.get((line["kernel"], json.dumps(key)), [])]
         picked = next((held[c] for c in recorded if c in held), None)
         if picked is None and not recorded and len(held) == 1:
             picked = next(iter(held.values()))
@@ -538,8 +541,7 @@ class Server:
             fn = _jit_of(tuner)
             kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}" if isinstance(fn, JITFunction) else ""
             picks = self.tuned.get((kernel, json.dumps(list(key))), ())
-            verdict = len(picks) > 1 or len(picks) == 1 and \
-                json.dumps(current.all_kwargs(), sort_keys=True) != json.dumps(picks[0]["config"], sort_keys=True)
+            verdict = len(picks) > 1 or len(picks) == 1 and _text(current.all_kwargs()) != _text(picks[0]["config"])
             self.rechecks[asked] = verdict
         return verdict
 
@@ -559,9 +561,13 @@ def _ranked(picks: list[dict]) -> list[dict]:
     merged: dict[str, dict] = {}
     for p in picks:
         lines = p.get("lines") if isinstance(p.get("lines"), int) and p.get("lines") > 0 else 1
-        text = json.dumps(p["config"], sort_keys=True)
+        text = _text(p["config"])
         merged[text] = {**p, "lines": merged[text]["lines"] + lines if text in merged else lines}
-    return sorted(merged.values(), key=lambda p: (-p["lines"], json.dumps(p["config"], sort_keys=True)))
+    return sorted(merged.values(), key=lambda p: (-p["lines"], _text(p["config"])))
+
+
+def _text(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
 
 
 _active: list[Server] = []
@@ -576,7 +582,7 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
     """Make every Triton JIT function whose specialization the bundles hold launch the prebuilt binary.
     bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist).
     preload: load every binary for this device now (Server.preload), not at each kernel's first launch.
-    verify: also compile each served specialization with Triton once and compare the binaries (verify.py)."""
+    verify: also compile each served specialization with Triton once and compare the binaries (differences())."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
@@ -644,8 +650,6 @@ def main(argv: list[str] | None = None) -> int:
     Triton kernels served, unchanged; with --strict (CI, production) any specialization the bundles lack
     stops it with the message that says what to record. Prints how many were served and compiled."""
     import argparse
-    import runpy
-    import sys
     ap = argparse.ArgumentParser(prog="python -m kforge_runtime.serve")
     ap.add_argument("--bundles", required=True, action="append", help="a bundle wheel or directory, or out/dist")
     ap.add_argument("--strict", action="store_true", help="a specialization no bundle holds is an error")
@@ -666,15 +670,12 @@ def main(argv: list[str] | None = None) -> int:
     # the script's Python children (worker pools, subprocesses) are served too: kforge_runtime/startup.py
     flags = [f for f in ("strict", "preload", "verify") if getattr(a, f)]
     os.environ.setdefault("KFORGE_SERVE", ",".join([*map(os.path.abspath, a.bundles), *flags]))
-    sys.argv = [a.script, *a.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
     try:
-        runpy.run_path(a.script, run_name="__main__")
+        run_script(a.script, a.args)
     finally:
         sys.stderr.write(f"kforge serve: {server.summary()}\n")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main())

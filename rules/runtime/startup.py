@@ -3,29 +3,22 @@
     KFORGE_RECORD=specs/app.jsonl torchrun --nproc-per-node 2 app.py   # every rank's specializations, one file
     KFORGE_SERVE=out/dist,strict torchrun --nproc-per-node 2 app.py    # DIR[,DIR...][,strict][,preload][,report]
 
-Installing kforge puts kforge-runtime-env.pth in site-packages, and Python's site module runs its one line at
-every interpreter start (the way coverage.py reaches subprocesses). With neither variable set that line imports
-nothing. With one set it calls start(), which makes the variables' paths absolute (a child started in another
-directory finds the same files) and waits for the process to import Triton: a process that never does
-(torchrun's launcher, a build helper) pays for nothing more. Once `import triton` has run, the process is
-recorded as `python -m kforge_runtime.record` records (one de-duplicated file for all processes: record.py)
-and served as serve() serves. Children inherit the variables: multiprocessing's spawn and forkserver workers
-and subprocess Python children are recorded and served too (a forked child inherits its parent's hooks).
+Installing kforge puts kforge-runtime-env.pth in site-packages, whose one line Python's site module runs at every
+interpreter start (the way coverage.py reaches subprocesses): with neither variable set it imports nothing; with one
+set it calls start(), which makes the paths absolute (a child started elsewhere finds the same files) and waits for
+the import that runs Triton's module, whatever ran before it (torch's CUDA set-up, find_spec: after_import.py). A
+process that never imports Triton (torchrun's launcher) pays for nothing more. Children inherit the variables.
 
     strict    a specialization the bundles lack stops the process (NotServed) instead of compiling
-    preload   every binary for the GPU is loaded at the first kernel call, not at each kernel's first launch
-              (not at `import triton`: a torchrun rank picks its GPU after that)
+    preload   every binary for the GPU is loaded at the first kernel call (a torchrun rank picks its GPU after
+              `import triton`)
     report    at exit, one line on stderr: the process id and what was served and compiled
-    verify    the first launch of each served specialization is also compiled by Triton and the binaries
-              compared; each difference is one line on stderr (rules/runtime/verify.py)
+    verify    each served specialization is also compiled by Triton once and the binaries compared
 
-A value that cannot be applied stops the process at its `import triton` with one line saying what to fix (no
-traceback): serving that was asked for and silently not done would compile instead. That is a blank value, a
-word that is no flag (`strikt`), a path that is missing, a FIFO, a device or a file that is no wheel; an empty
-variable is an unset one. KFORGE_RECORD takes one file name (no options); a value that is none, or a file that
-cannot be appended to, is one warning per process and nothing recorded: recording never stops a process. Whatever ran before
-`import triton` (torch's CUDA set-up, importlib.util.find_spec("triton"), a library importing Triton lazily), the
-switches apply at the import that runs Triton's module (after_import.py).
+A KFORGE_SERVE value that cannot be applied (a blank, a word that is no flag, a path missing or no bundle) stops the
+process at its `import triton` with one line: serving asked for and silently not done would compile instead. A
+KFORGE_RECORD value that names no file, or a file that cannot be appended to, is one warning and nothing recorded:
+recording never stops a process. An empty variable is an unset one.
 """
 from __future__ import annotations
 
@@ -80,11 +73,10 @@ def _apply() -> None:
     if served:   # checked first: a bad value stops the process before anything is installed
         paths, flags = parse_serve(served)
     if record:
-        from .record import record_problem
+        from .record import Recorder, record_problem
     if record and record_problem(record) is not None:   # recording never stops a process: a warning
         sys.stderr.write(f"kforge record: {record_problem(record)}; nothing is recorded in this process\n")
     elif record:
-        from .record import Recorder
         Recorder(record).install()
     if served:
         from .bundle import BundleError
