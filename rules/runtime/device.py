@@ -34,12 +34,16 @@ def cuda_archs(major: int, minor: int) -> list[str]:
     return [f"sm_{major}{minor}a"] + [f"sm_{major}{m}" for m in range(minor, -1, -1)]
 
 
-def _cuda_capability(device: int) -> tuple[int, int]:
+def _libcuda(missing: str):
     try:
-        cu = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError:
-        raise DeviceError("no GPU runtime found (neither torch with a GPU nor libcuda.so.1); "
-                          "pass arch= to choose a bundle explicitly") from None
+        raise DeviceError(missing) from None
+
+
+def _cuda_capability(device: int) -> tuple[int, int]:
+    cu = _libcuda("no GPU runtime found (neither torch with a GPU nor libcuda.so.1); pass arch= to choose a bundle "
+                  "explicitly")
     dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     if (cu.cuInit(0) or cu.cuDeviceGet(ctypes.byref(dev), device)
             or cu.cuDeviceGetAttribute(ctypes.byref(major), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
@@ -50,16 +54,11 @@ def _cuda_capability(device: int) -> tuple[int, int]:
 
 def identity(device: int = 0) -> dict:
     """What a tuning result depends on: the GPU's vendor, name, arch and driver version (no torch, no compiler).
-
-    Run it in a child process (`python -m kforge_runtime.device`) from a process that must not create a GPU
-    context before it forks.
-    """
+    Run it in a child process (`python -m kforge_runtime.device`) from one that must not make a GPU context before
+    it forks."""
     if os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl"):
         return _amd_identity(device)
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        raise DeviceError("no GPU here: neither libcuda.so.1 nor /dev/kfd (tuning needs a GPU of the arch)") from None
+    cu = _libcuda("no GPU here: neither libcuda.so.1 nor /dev/kfd (tuning needs a GPU of the arch)")
     major, minor = _cuda_capability(device)
     dev, version, name = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(256)
     if cu.cuDeviceGet(ctypes.byref(dev), device) or cu.cuDeviceGetName(name, 256, dev) \

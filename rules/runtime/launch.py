@@ -130,10 +130,6 @@ class Driver:
             self.call("CtxSetCurrent", ctx)
         return ctx.value
 
-    def make_current(self, context: int) -> None:
-        """Make `context` this thread's current one (a thread that has none: its first launch of a kernel)."""
-        self.call("CtxSetCurrent", ctypes.c_void_p(context))
-
 
 def unlaunchable(entry: dict) -> str | None:
     """Why this loader cannot launch a Triton entry's kernel, whatever the arguments (serving then leaves it to
@@ -214,7 +210,7 @@ class Kernel:
         """_submit, in the kernel's own context where this thread has none yet (a first launch there)."""
         code = self._submit(gx, gy, gz, stream, params)
         if code == CUDA_ERROR_INVALID_CONTEXT and self._context:
-            self.driver.make_current(self._context)
+            self.driver.call("CtxSetCurrent", ctypes.c_void_p(self._context))
             code = self._submit(gx, gy, gz, stream, params)
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
@@ -253,16 +249,11 @@ def check_launch_fields(entry: dict) -> None:
 
 
 class Arguments:
-    """A kernel's launch arguments, laid out once: one 8-byte slot per kernel parameter (plus Triton's two
-    null scratch pointers) and a 128-byte, 128-aligned one per CUtensorMap, in one buffer, and the
-    kernelParams array pointing at the slots. A launch fills every 8-byte slot with one struct.pack_into call
-    (a descriptor argument first expanded into its parameters, its map encoded in place: tensordesc.py).
-    pack() first checks what the binary assumes: each tensor's dtype (once per dtype), that it is on the GPU,
-    the 16-divisibility promises, and each descriptor's element type and block shape. pack_trusted() skips
-    them, for a caller that has already matched the call to this binary (serving: Triton's specialization of
-    the same arguments names the dtypes, the block shapes and the 16-divisible ones).
-    (Building the ctypes objects on every call cost 44 us per launch of the 19-argument dispatch kernel on
-    the dev CPU: bench/launch_overhead.py.)"""
+    """A kernel's launch arguments, laid out once (building the ctypes objects at every call cost 44 us a launch of
+    a 19-argument kernel: bench/launch_overhead.py): in one buffer, an 8-byte slot per kernel parameter (and Triton's
+    two null scratch pointers) and a 128-aligned one per CUtensorMap, which the kernelParams array points at, filled
+    by one struct.pack_into. pack() first checks what the binary assumes (dtypes, GPU memory, 16-divisibility, each
+    descriptor's element type and block); pack_trusted() does not, for serving, whose Triton specialization did."""
 
     def __init__(self, entry: dict, vendor: str = "nvidia"):
         check_launch_fields(entry)

@@ -1,16 +1,11 @@
 """pytest plugin (installed with kforge): run a test suite with its Triton kernels served from kforge bundles.
 
-    pytest --kforge-bundles out/dist                  # served where the bundles hold the specialization
-    pytest --kforge-bundles out/dist --kforge-strict  # CI guard: fail the run, listing every specialization
-                                                      # the bundles lack, so none reaches production unbuilt
-    pytest --kforge-bundles out/dist --kforge-verify  # also compile each served specialization with Triton once
-                                                      # and fail the run if a bundle's binary differs from it
+    pytest --kforge-bundles out/dist [--kforge-strict] [--kforge-verify]
     pytest --kforge-record specs/tests.jsonl          # record what the suite compiles (kforge_runtime.record)
 
-A miss compiles as usual (the test keeps running, so one run lists every miss); with --kforge-strict the
-session then fails, the summary naming each missing kernel and specialization and how to record them. Under
-pytest-xdist each worker serves its own tests and hands its counts, misses and differences to the controller
-when it finishes (xdist's workeroutput), so the verdict and the summary cover every worker.
+A miss compiles as usual, so one run lists every miss; --kforge-strict (the CI guard) then fails the session, the
+summary naming each missing specialization and how to record it. Under pytest-xdist each worker serves its own
+tests and hands its counts, misses and differences to the controller (xdist's workeroutput), which judges the run.
 """
 from __future__ import annotations
 
@@ -35,11 +30,12 @@ def pytest_addoption(parser):
 
 def _check_values(record: str | None, bundles: list[str]) -> None:
     """--kforge-record and --kforge-bundles as KFORGE_RECORD and KFORGE_SERVE check them: one usage error line."""
-    from .record import record_problem
-    from .startup import not_a_bundle
-    if record is not None and record_problem(record):
-        raise pytest.UsageError(record_problem(record).replace("KFORGE_RECORD", "--kforge-record", 2))
+    if record is not None:
+        from .record import record_problem
+        if record_problem(record):
+            raise pytest.UsageError(record_problem(record).replace("KFORGE_RECORD", "--kforge-record", 2))
     if bundles:
+        from .startup import not_a_bundle
         problem = next(filter(None, (not_a_bundle(path or ".", flags=False) for path in bundles)), None)
         if problem is not None:   # before any test runs, not a warning at the first kernel
             raise pytest.UsageError(f"--kforge-bundles{problem}")
@@ -68,26 +64,22 @@ def pytest_configure(config):
         if bundles:
             _library(bundles)
     if bundles:
-        config.stash[TOTALS] = {"served": 0, "compiled": 0, "verified": 0, "misses": [], "differences": [],
-                                "broken": []}
+        config.stash[TOTALS] = {k: 0 if k in COUNTS else [] for k in COUNTS + LISTS}
 
 
 def _controller(config, options) -> bool:
-    """Whether this is pytest-xdist's controller, which runs no test: serving or recording there would only
-    import torch and Triton on the path before the first worker starts (seconds on a GPU host); it collects the
-    workers' counts instead. A worker parses the controller's `-n` too: it is told apart by _xdist_worker (early)
-    or its workerinput (from pytest_configure on)."""
+    """Whether this is pytest-xdist's controller, which runs no test (serving there would only import torch and
+    Triton before the first worker starts: seconds on a GPU host) and collects the workers' counts. A worker parses
+    the controller's `-n` too: it is told apart by _xdist_worker (early) or its workerinput (from configure on)."""
     if hasattr(config, "workerinput") or _xdist_worker():
         return False
     return getattr(options, "dist", "no") != "no" or getattr(options, "numprocesses", None) not in (None, 0)
 
 
 def _xdist_worker() -> bool:
-    """An xdist worker sets PYTEST_XDIST_TESTRUNUID (its run's own id) in its own process before pytest starts
-    there, so the environment the process was started with (Linux's /proc/self/environ) lacks it or holds another
-    run's (a worker of a pytest that a test of an xdist run started); a pytest that a test of an xdist run starts
-    inherits the outer run's id unchanged, and is no worker. Where that cannot be read: not known (the workers
-    then start at configure)."""
+    """An xdist worker sets PYTEST_XDIST_TESTRUNUID (its run's id) in its own process, so the environment it was
+    started with (/proc/self/environ) lacks it or holds another run's; a pytest that a test of an xdist run starts
+    inherits the outer run's id unchanged and is no worker. Unreadable: not known (workers start at configure)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return False
@@ -126,17 +118,17 @@ def _library(bundles: list[str]):
         raise pytest.UsageError(f"--kforge-bundles: {e}") from None
 
 
+COUNTS, LISTS = ("served", "compiled", "verified"), ("misses", "differences", "broken")
+
+
 def _own(server) -> dict:
-    return {"served": server.served, "compiled": server.compiled, "verified": server.verified,
-            "misses": server.misses, "differences": server.differences,
+    return {**{k: getattr(server, k) for k in COUNTS + ("misses", "differences")},
             "broken": [server.broken] if server.broken else []}
 
 
 def _add(totals: dict, part: dict) -> None:
-    for k in ("served", "compiled", "verified"):
-        totals[k] += part.get(k, 0)
-    for k in ("misses", "differences", "broken"):
-        totals[k] += [x for x in part.get(k, []) if x not in totals[k]]
+    for k in COUNTS + LISTS:
+        totals[k] += part.get(k, 0) if k in COUNTS else [x for x in part.get(k, []) if x not in totals[k]]
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,21 +1,15 @@
 """The digest of a Triton kernel's code that a build stores (meta.json's triton_source_key) and serving matches.
 
 It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the constexpr
-globals they read), made the same in every process, with what Triton's leaves out and the code still takes: a
-parameter's default given by a name (its value then; Triton hashes no default), a plain value read as a global's
-attribute (`cfg.NUM_SMS`: Triton records the read, not the value), every global a constexpr function reads, and
-every other value a global or a closure gives a kernel that Triton's code generator takes (a tl.dtype, a namedtuple,
-a plain value under TRITON_ALLOW_NON_CONSTEXPR_GLOBALS: Triton hashes only tl.constexpr ones). A kernel with none of
-those has Triton's key exactly. Triton writes a constexpr global into its key as str(value), and a constexpr that
-holds a function (`@tl.constexpr def get_int_t(...)`, a helper flag_gems's sort kernels call) prints as `<function
-get_int_t at 0x7f...>`: an address, another in every process. Such a kernel's key never matched from one process to
-the next, so a build's binary of it was never served ("built from other source": 244 of flag_gems's specializations)
-and never cut off early. Here such a function is written as its module, qualified name and the sha256 of its source
-text instead, so that its code, not where it lies in memory, decides the key. Any other value is written as Triton
-writes it (an object printed with its address still matches no other process: never served, never wrong;
-reproducible() tells such a key, which a build then does not compare with a record's). A callee's globals are not
-merged into its caller's list (_finder says why). A kernel hashed first in its process that reads no such function
-has exactly Triton's key, so bundles built before this match as they did.
+globals they read), made the same in every process, plus what Triton's leaves out and the code still takes: a
+parameter's default given by a name (its value: Triton hashes no default), a plain value read as a global's attribute
+(`cfg.NUM_SMS`: Triton records the read, not the value), every global a constexpr function reads, and any other value
+a global or a closure gives a kernel that Triton's code generator takes (a tl.dtype, a namedtuple, a plain value
+under TRITON_ALLOW_NON_CONSTEXPR_GLOBALS). A kernel with none of those has Triton's key exactly. A constexpr holding
+a function, which Triton writes as `<function f at 0x7f...>` (another key in every process: flag_gems's sort
+kernels were never served), is written as its module, qualified name and the sha256 of its source. Any other value
+is written as Triton writes it: one printed with its address matches no other process (never served, never wrong),
+and reproducible() tells such a key, which a build then does not compare with a record's.
 """
 from __future__ import annotations
 
@@ -95,11 +89,7 @@ def _digest(fn) -> str:
     used = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items()
             if isinstance(val, constexpr) or every and _value(val)]
     text = finder.ret + str(fn.starting_line_number) + "[" + ", ".join(f"({n!r}, {v})" for n, v in sorted(used)) + "]"
-    # what Triton's key leaves out and the code still takes: a default given by a name (its value at the def, not
-    # its text), a value read as a global's attribute (`cfg.NUM_SMS`, `cfg.settings.N`), and any other value a
-    # global or a closure gives the code (a tl.dtype, a namedtuple, a plain value under
-    # TRITON_ALLOW_NON_CONSTEXPR_GLOBALS: Triton's code generator takes them, its key holds only tl.constexpr
-    # ones); a kernel with none of them keeps Triton's key exactly
+    # what Triton's key leaves out and the code still takes (the module's docstring): with none, Triton's key exactly
     taken = [(name, shown(val)) for (name, _), (val, _) in finder.used_global_vals.items()
              if not isinstance(val, constexpr) and not every and _value(val)]
     beyond = [*_named_defaults(fn, tree), *getattr(finder, "attributes", ()), *taken]

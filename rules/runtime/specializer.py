@@ -1,21 +1,13 @@
 """Triton's argument specializer, ready for its first call without Triton's code generator.
 
-Every JIT function's binder calls Triton's native specializer (libtriton, specialize.cc), whose first call
-imports the classes it tells arguments apart by: Triton's TensorDescriptor (triton.tools.tensor_descriptor, a
-light module) and Gluon's for NVIDIA and for AMD's gfx1250 (triton.experimental.gluon.nvidia.hopper,
-triton.experimental.gluon.amd.gfx1250; triton 3.6). Imported the usual way, those run the __init__ of Gluon's
-packages: the whole Gluon language and, under it, triton.compiler.code_generator (35 ms on the dev CPU;
-140-174 ms on the H100 host, which compiles every module from source). A served call site never compiles and
-needs none of it: the two descriptor modules need only one more light module (Gluon's layouts).
-
-prime() loads those three from Triton's own files under their own names, without running their packages'
-__init__ files, so that the specializer finds them in sys.modules. They are Triton's modules, each executed
-once: a later `import triton.experimental.gluon` (an application's Gluon kernel, a compile on a miss) runs the
-packages' __init__ files, which take these same modules, so that a Gluon TensorDescriptor is the class the
-specializer knows; the package attribute that import would have set for each is set then (after_import.py).
-On another Triton (the files elsewhere, or failing to load so) prime() falls back to importing the descriptor
-modules the usual way: correct, and as slow as before. (A Triton whose specializer imports still other modules
-imports them at the first call, as before: bench/serve_setup.py lists what that call imports.)
+The native specializer's first call (libtriton's specialize.cc, triton 3.6) imports the classes it tells arguments
+apart by: triton.tools.tensor_descriptor's and Gluon's descriptors for NVIDIA and AMD gfx1250, whose packages'
+__init__ files import the whole Gluon language and triton.compiler.code_generator (35 ms on the dev CPU, 140-174 ms
+on the H100 host). A served call never compiles: prime() loads those two modules (and Gluon's layouts, which they
+need) from Triton's own files under their own names, without their packages' __init__, so that the specializer
+finds them in sys.modules. A later `import triton.experimental.gluon` runs the __init__ files, which take these same
+modules (one TensorDescriptor class); the attribute each import would have set on its package is set then
+(after_import.py). On another Triton (other files, or failing to load so) prime() imports them the usual way.
 """
 from __future__ import annotations
 
