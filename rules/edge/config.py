@@ -1,23 +1,15 @@
 """Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed explicitly
 by config() from dodo.py.
 
-Through doit's plugin points:
-  - the dependency file: doit's sqlite3 file through kforge's backend (edge/backend.py: read in one query, a
-    damaged file moved aside, a full disk one line, removals listed for `doit forget`);
-  - the reporter (report/reporter.py): progress, summary, out/build-report.json, the key index kept current, the local
-    cache trimmed to its limit;
-  - the commands forget/info/clean/prune/cache (edge/commands.py, declared in pyproject.toml);
-  - the task loader (Loader, declared in pyproject.toml): dodo.py loaded as doit loads it, and the command line
-    checked before doit's own parser reads it (check_arguments).
-Where doit 0.37 has no plugin point, its internals are replaced here and only here (DOIT_PATCHES, each checked
-against doit's code by tests/edge/test_config.py):
-  - the runner: PrefetchRunner / CappedThreadRunner for doit's MRunner / MThreadRunner (a queue kept ahead of
-    the workers, a cap on parallel compiles, workers that die with the master; see PrefetchRunner);
-  - tasks that run after failed dependencies (`doit package` ships what built, lists what failed).
-And in the process, not in doit:
-  - SIGTERM ends a run as Ctrl-C does, and an interrupt ends with one line, not a traceback;
-  - no cyclic garbage collection while the catalog and the task graph are built (pause_gc_until_tasks_run);
-  - one build at a time in one out/: a command that runs tasks waits for another one's end (store/run_lock.py).
+Through doit's plugin points: the dependency file (edge/backend.py), the reporter (report/reporter.py), the
+commands forget/info/clean/prune/cache (edge/commands.py) and the task loader (Loader: the command line checked
+before doit's own parser reads it), the last two declared in pyproject.toml. Where doit 0.37 has no plugin
+point, its internals are replaced here and only here (DOIT_PATCHES, each checked against doit's code by
+tests/edge/test_config.py): the runner (PrefetchRunner / CappedThreadRunner: a queue kept ahead of the workers,
+a cap on parallel compiles, workers that die with the master) and tasks that run after failed dependencies
+(`doit package` ships what built, lists what failed). In the process: SIGTERM ends a run as Ctrl-C does, an
+interrupt ends with one line, no cyclic garbage collection while the task graph is built, and one build at a
+time in one out/ (store/run_lock.py).
 """
 from __future__ import annotations
 
@@ -52,15 +44,10 @@ from kforge.share.local_cache import LocalCache
 
 
 def pause_gc_until_tasks_run() -> None:
-    """Called by dodo.py first: no cyclic garbage collection until doit starts running tasks.
-
-    What dodo.py and doit allocate until then (the catalog, thousands of task dicts, doit's Task objects and
-    task graph) lives until the process exits; Python's collector, triggered every 700 allocations, would
-    scan the growing heap again and again for garbage that is not there: measured, ~50 ms of a 1,152-target
-    no-op run, more than the rest of kforge's own code in it. The reporter's initialize() (doit calls it once
-    the tasks are loaded, before the first runs) freezes what was built, so that later collections skip it,
-    and resumes collection (_resume_gc). A command that runs no task (`doit list`) ends without collecting.
-    """
+    """Called by dodo.py first: no cyclic garbage collection until doit starts running tasks (the reporter's
+    initialize() then freezes what was built and resumes it: _resume_gc). What dodo.py and doit allocate until
+    then (the catalog, doit's tasks and graph) lives until exit, and the collector, triggered every 700
+    allocations, scanned it again and again: measured, ~50 ms of a 1,152-target no-op run."""
     gc.disable()
 
 
@@ -110,10 +97,9 @@ def config(root: Path, catalog) -> dict:
 
 
 def check_settings() -> None:
-    """Every setting parsed once, before the catalog loads (rules/base/settings.py, the one place they are read): a
-    malformed one, even one this run would not use, is one line naming it and exit code 2. A `name=value` kforge
-    has no setting for may be a project task's own (verify_dispatch_combine's world=): only a near miss of a
-    setting's name is said, as a warning (`arch=gfx942` built the default archs without a word)."""
+    """Every setting parsed once, before the catalog loads: a malformed one, even one this run would not use, is one
+    line naming it and exit code 2. A `name=value` kforge has no setting for may be a project task's own: only a
+    near miss of a setting's name is a warning (`arch=gfx942` built the default archs without a word)."""
     import difflib
     from doit import doit_cmd
     given = doit_cmd._CMDLINE_VARS or {}   # what doit took off the command line (doit.get_var reads it)
@@ -140,9 +126,7 @@ ADDED = ("prune", "cache")   # kforge's commands doit does not have
 def check_command(root: Path) -> None:
     """`doit forget|info|clean|prune|cache` running without kforge's command: one line and exit code 2, before
     anything is read or forgotten. doit takes plugin commands from the pyproject.toml of the folder it starts in,
-    so `doit -f PROJ/dodo.py forget T` from elsewhere ran doit's forget (the task forgotten, its artifact kept:
-    nothing rebuilds), `clean` did nothing of kforge's, and `prune` or `cache` were task names doit did not know
-    (its three lines named no fix)."""
+    so from elsewhere `forget` forgot the task but kept its artifact (nothing rebuilds)."""
     frame = run_lock.command_frame()
     command = frame.f_locals["self"] if frame is not None else None
     name = getattr(command, "name", "")
@@ -172,9 +156,8 @@ def _compile_cap() -> tuple[int | None, str]:
 
 
 def backend() -> str:
-    """DOIT_CONFIG's backend: kforge's (edge/backend.py), once it is sure doit has it. doit looks the name up in
-    its plugins and, missing, fails with a TypeError traceback; it is missing where kforge's installed metadata
-    is older than its code (an editable install from before the backend, not installed again)."""
+    """DOIT_CONFIG's backend: kforge's (edge/backend.py), once it is sure doit has it (missing from an editable
+    install's metadata older than the backend, doit failed with a TypeError traceback)."""
     try:
         registered = any(e.group == "doit.BACKEND" and e.name == doit_backend.NAME
                          for e in importlib.metadata.distribution("kforge").entry_points)
@@ -200,8 +183,8 @@ DOIT_PATCHES = {
 
 
 class Loader(DodoTaskLoader):
-    """doit's own dodo.py loader, named in pyproject.toml ([tool.doit] loader = "kforge"): a loader plugin is the one
-    part of kforge doit imports before it reads the command line, so making it installs check_arguments."""
+    """doit's own dodo.py loader, named in pyproject.toml: the one part of kforge doit imports before it reads the
+    command line, so making it installs check_arguments."""
 
     def __init__(self):
         super().__init__()
@@ -209,7 +192,7 @@ class Loader(DodoTaskLoader):
 
     def setup(self, opt_values):
         """doit's -f and -d, checked before doit imports: a blank one or a -f that names no .py file is one line
-        and exit code 3 (-f '' or a folder ran nothing and exited 0; a file not named .py was a traceback)."""
+        and exit code 3 (-f '' or a folder ran nothing and exited 0)."""
         dodo, folder = opt_values.get("dodoFile"), opt_values.get("cwdPath")
         problem = ("-d", folder, "names no folder") if folder is not None and not str(folder).strip() else \
             ("-f", dodo, "is blank") if not str(dodo).strip() else None
@@ -227,8 +210,7 @@ class Loader(DodoTaskLoader):
 
 def check_arguments() -> None:
     """Every argument of a doit command line checked before doit's parser reads it: an empty or blank one (a
-    script's unset variable: `doit info "$T"`) names no task, target or setting, and gets one line naming the fix
-    and doit's exit code for a command-line error (3), in every command, before anything is loaded or changed."""
+    script's unset variable: `doit info "$T"`) is one line and exit code 3, before anything is loaded or changed."""
     def process_args(doit_process_args, self, cmd_args):
         problem = blank_argument(cmd_args) or unusable_command(cmd_args) or missing_command(self.config, cmd_args)
         if problem is not None:
@@ -269,9 +251,6 @@ def unusable_command(args: list[str]) -> str | None:
     return None
 
 
-COMMAND_CLASSES = {"forget": "Forget", "info": "Info", "clean": "Clean", "prune": "Prune", "cache": "Cache"}
-
-
 def missing_command(config, args: list[str]) -> str | None:
     """The line for a command the project's pyproject.toml names at a place of kforge's where it is not, or None:
     doit imported it only to run it, and a module or a name not there was its 'Plugin COMMAND ...' traceback."""
@@ -286,7 +265,7 @@ def missing_command(config, args: list[str]) -> str | None:
         why = f"{module} has no {name}"
     except ImportError:
         why = f"kforge has no module {module}"
-    right = f"kforge.edge.commands:{COMMAND_CLASSES[words[0]]}" if words[0] in COMMAND_CLASSES else None
+    right = f"kforge.edge.commands:{words[0].capitalize()}" if words[0] in REPLACED + ADDED else None
     fix = f"write `{words[0]} = \"{right}\"`" if right else "remove the line"
     return (f"kforge: pyproject.toml's [tool.doit.plugins.command] {words[0]} = {location!r}: {why}; {fix}, as "
             f"kforge's own pyproject.toml does")
@@ -296,9 +275,9 @@ CONFIG_LIMIT = project_config.SIZE_LIMIT   # doit reads the whole file into memo
 
 
 def start_problem(args: list[str], folder: str = ".") -> str | None:
-    """What stops a doit command line before doit reads anything, in one line, or None: an empty argument (doit's
-    parser indexed its first character: an IndexError traceback), or a settings file doit would read that is no
-    file (a FIFO at pyproject.toml blocked doit for ever, a device never ends) or is far too large."""
+    """What stops a doit command line before doit reads anything, in one line, or None: an empty argument (an
+    IndexError in doit's parser), or a settings file doit would read that is no file (a FIFO blocked doit for
+    ever) or is far too large."""
     problem = blank_argument(args)
     for name in project_config.DOIT_FILES:   # what doit reads in the folder it starts in, first
         path = os.path.join(folder, name)
@@ -316,14 +295,9 @@ def start_problem(args: list[str], folder: str = ".") -> str | None:
 
 
 def refuse_at_start() -> None:
-    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth, which Python's
-    site module runs at every interpreter start: in a process that runs doit, by its script or python -m doit, a
-    test of a few string compares and two stat calls, and project_config.doit_settings_problem's read of the settings
-    files doit reads next, importing the rest of kforge only where it finds a problem) where that test saw an empty
-    argument, a settings file that is no file or one doit's own reader fails on (a pyproject.toml nested 600 levels
-    deep, a [tool.doit] that is no table: a traceback before any of kforge's code ran): such a command line stops
-    before doit or kforge's loader could check it (from a folder without kforge's pyproject.toml, `doit -f PROJ/dodo.py info ''`
-    met doit's parser first). One line and exit code 3."""
+    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth, run at every
+    interpreter start: in a doit process, a few string compares and stat calls) where it saw what start_problem
+    names: such a command line stops before doit, or kforge's loader, could read it. One line and exit code 3."""
     problem = start_problem(sys.argv[1:])
     if problem is not None:
         sys.stderr.write(problem + "\n")
@@ -343,12 +317,8 @@ def install_runner(prefetch: int | None = None, max_workers: int | None = None, 
 
 
 def _run_after_failed_deps() -> None:
-    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not.
-
-    doit never runs a task one of whose task_dep failed, and has no option for it: its ExecNode.parent_status
-    is wrapped. `doit package` must run anyway, to ship what was built and list what failed; it still waits
-    for every compile, and the run still exits non-zero.
-    """
+    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not: doit never
+    runs a task one of whose task_dep failed, and `doit package` must ship what built and list what failed."""
     def parent_status(doit_parent_status, self, parent_node):
         if not (parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps")):
             doit_parent_status(self, parent_node)
@@ -356,13 +326,9 @@ def _run_after_failed_deps() -> None:
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state.
-
-    Only in the doit master. A forked worker restores the default action as it starts (PrefetchRunner);
-    until then it inherits this handler, which must not raise there: the master stops its workers with
-    SIGTERM and stops reading their queue, so a worker that raised KeyboardInterrupt would block on that
-    queue at exit. A worker dies at once instead (its compile child follows, via PDEATHSIG).
-    """
+    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state. Only in the doit master: a
+    forked worker that inherits it before restoring the default (PrefetchRunner) dies at once instead, since one
+    that raised KeyboardInterrupt would block at exit on the queue the master stopped reading."""
     master = os.getpid()
 
     def handler(signum, frame):
@@ -487,8 +453,8 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             elif job.type is JobHold.type:
                 self.free_proc = 0   # doit's own bookkeeping for a hold; a later result asks again
                 break
-            elif self._has_nothing_to_run(job.name):   # a group task: done here, with no worker round trip,
-                node = self.task_dispatcher.nodes[job.name]   # so a run with nothing to build forks no worker
+            elif not (self.tasks[job.name].actions or self.tasks[job.name].teardown):   # a group task: done here,
+                node = self.task_dispatcher.nodes[job.name]   # no worker round trip: nothing to build forks none
                 self.execute_task(node.task)   # reports it; runs no action
                 self.process_task_result(node, None)
                 completed = node
@@ -497,11 +463,6 @@ class PrefetchRunner(_CappedWorkers, MRunner):
                 self.unfinished.add(job.name)
         if not self.unfinished and not self.dispatcher_done:
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
-
-    def _has_nothing_to_run(self, name: str) -> bool:
-        """A group task (no action, no teardown): finishing it needs no worker."""
-        task = self.tasks[name]
-        return not task.actions and not task.teardown
 
 
 class _DeadWorkerWatch:

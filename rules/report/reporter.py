@@ -130,7 +130,8 @@ class BuildReporter(ConsoleReporter):
             return
         self.records[task.name] = record
         self.failed += status == "failed"
-        detail = f"  error: {_short(record['cause'])}" if error else ""
+        cause = record.get("cause", "")
+        detail = f"  error: {cause if len(cause) <= ERROR_CHARS else cause[:ERROR_CHARS] + ' ...'}" if error else ""
         label = ORIGINS[record["origin"]] if "origin" in record else status
         self.write(f"[{len(self.records):>{len(str(self.total))}}/{self.total}] {label:<6} {task.name} "
                    f"{seconds:.2f}s  (failed so far: {self.failed}){detail}\n")
@@ -183,7 +184,9 @@ class BuildReporter(ConsoleReporter):
             summary += _trimming(self.local_cache)
         orphans = self.find_orphans() if self.find_orphans else []
         if orphans:
-            summary.append(f"kforge: {report_orphans(orphans)}")
+            verb = "belongs" if len(orphans) == 1 else "belong"
+            summary.append(f"kforge: {plural(len(orphans), 'artifact')} in out/ {verb} to no target: `doit prune` "
+                           f"removes them")
         packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
         failed = counts["failed"] + packages_failed
         also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
@@ -322,15 +325,6 @@ def error_line(message: str) -> str:
     elif found.startswith("compiler process") and own:   # none: what it was running, and the likely cause
         found += " " + own[-1]
     return found
-
-
-def _short(found: str) -> str:
-    return found if len(found) <= ERROR_CHARS else found[:ERROR_CHARS] + " ..."
-
-
-def report_orphans(orphans: list) -> str:
-    verb = "belongs" if len(orphans) == 1 else "belong"
-    return f"{plural(len(orphans), 'artifact')} in out/ {verb} to no target: `doit prune` removes them"
 
 
 def plural(n: int, noun: str) -> str:

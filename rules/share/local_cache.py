@@ -5,20 +5,16 @@ revert, a branch switch, `git bisect` or a second worktree installs it instead o
     <dir>/<key[:2]>/<key>-<inputs>   an earlier entry of the same key whose compile read other contents
     <dir>/<key[:2]>/.<key>.<pid>.<random>.tmp   an entry being written (files.atomic_write), then renamed
 
-<dir> is `local_cache=` (default $XDG_CACHE_HOME/kforge, else ~/.cache/kforge), shared by every checkout of the
-user: keys hold no path of the checkout (rules/plan/keys.py), so the same inputs anywhere name the same entry.
-One file per entry, written to a temp name beside it and renamed: two builds storing the same key at once
-each rename a whole entry, and a reader sees one whole entry or none. An entry is still untrusted input (a
-full disk, another tool, a hand edit): artifact.accept checks it as it checks a remote cache's (bound to the
-target, sha256, ELF for the target's arch) before anything is written to out/; a refused entry is deleted,
-the target compiles and its build takes the entry's place. Two targets of one key (a family copied under another
-name: the key holds no family name) store over each other's entry: that is said as what it is, not as damage.
+<dir> is `local_cache=`, shared by every checkout of the user: keys hold no path of the checkout, so the same inputs
+anywhere name the same entry. One file per entry, renamed into place: a reader sees one whole entry or none. An
+entry is still untrusted (a full disk, another tool, a hand edit): artifact.accept checks it as a remote cache's
+before anything is written to out/; a refused entry is deleted and the target's build takes its place. Two targets
+of one key (a family copied under another name) store over each other's entry: said as what it is, not as damage.
 
 One key, several entries: a key covers the kernel's source and what it imports, not what its compile read beside
-them (a config file a library reads at import, a helper it loads by path: its meta.json's "inputs"). An entry
-is taken only where every such file has the content it lists; storing an entry for other contents keeps the one
-it replaces as `<key>-<inputs>` (the first 16 hex digits of the sha256 of its list), so a revert of such a file
-installs instead of compiling too.
+them (meta.json's "inputs": a config file a library reads at import). An entry is taken only where every such
+file has the content it lists; storing one for other contents keeps the one it replaces as `<key>-<inputs>` (the
+first 16 hex digits of the sha256 of its list), so a revert of such a file installs instead of compiling too.
 
 Bounded: a hit sets the entry's mtime (the "last used" time: atime is not kept on most mounts); at the end of
 a run that stored entries, trim() deletes the least recently used ones until the whole is within the limit.
@@ -108,7 +104,10 @@ class Source(ArtifactCache):
                 f"replaces the entry)"]
 
     def took(self, target) -> None:
-        _touch(self.picked.get(target.key, entry_path(self.cache, target.key)))   # "last used": trim() keeps it
+        try:   # "last used": trim() keeps it
+            os.utime(self.picked.get(target.key, entry_path(self.cache, target.key)))
+        except OSError:   # evicted meanwhile, or a read-only cache: the hit stands
+            pass
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
@@ -147,7 +146,7 @@ def store(cache: LocalCache, target) -> list[str]:
             return []
         _store_failed.add(cache.root)
         return [f"local cache {cache.root} not writable ({e.strerror or e}); building without storing there "
-                f"({_fix(cache)})"]
+                f"({problem(cache) or 'free space, fix its permissions, or set local_cache=off'})"]
 
 
 def _folder_of_entries(folder: Path) -> None:
@@ -169,13 +168,10 @@ def problem(cache: LocalCache) -> str | None:
     return None
 
 
-def _fix(cache: LocalCache) -> str:
-    return problem(cache) or "free space, fix its permissions, or set local_cache=off"
-
-
 def _entries_of(cache: LocalCache, key: str) -> list[Path]:
     """The key's entries: `<key>` (the latest stored), then the others, the most recently used first."""
-    found = [(_mtime(p), p) for p in _scan_paths(entry_path(cache, key).parent) if p.name.startswith(key + "-")]
+    found = [(_mtime(e.path), Path(e.path)) for e in _scan(entry_path(cache, key).parent)
+             if e.name.startswith(key + "-")]
     return [entry_path(cache, key), *(p for _, p in sorted(found, reverse=True))]
 
 
@@ -323,30 +319,19 @@ def _entries(cache: LocalCache, remove_stale: bool = False) -> list[tuple[float,
     return found
 
 
-def _scan_paths(directory: Path) -> list[Path]:
-    return [Path(e.path) for e in _scan(str(directory))]
-
-
-def _mtime(path: Path) -> float:
+def _mtime(path: str) -> float:
     try:
-        return path.stat().st_mtime
+        return os.stat(path).st_mtime
     except OSError:
         return 0.0
 
 
-def _scan(directory: str) -> list[os.DirEntry]:
+def _scan(directory) -> list[os.DirEntry]:
     try:
         with os.scandir(directory) as entries:
             return list(entries)
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
-    except OSError:   # evicted meanwhile, or a read-only cache: the hit stands
-        pass
 
 
 def _discard(path) -> None:

@@ -1,21 +1,19 @@
-"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT / HEAD on /cas/<sha256> and /ac/<key>.
+"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT on /cas/<sha256> and /ac/<key>.
 
-Any server that speaks it works: bazel-remote (start it with --disable_http_ac_validation: kforge's /ac/
-entries are JSON, not ActionResult protos) or nginx with WebDAV PUT. A target's action key (the key that
-decides rebuilds) names its /ac/ entry, a small JSON list of the artifact's files by content sha256; the
-files themselves are /cas/ blobs. A hit is verified (artifact.accept: bound to its target, every sha256, the ELF checks) before
-it counts; anything else is a miss and the target compiles. A cache that is down or slow only warns (once
-per worker process, in the build's output and report) and the build goes on locally. Read-only mode never uploads (for untrusted runners).
+Any server that speaks it works: bazel-remote (with --disable_http_ac_validation: kforge's /ac/ entries are JSON,
+not ActionResult protos) or nginx with WebDAV PUT. A target's action key names its /ac/ entry, a small JSON list
+of the artifact's files by content sha256; the files themselves are /cas/ blobs. A hit is verified
+(artifact.accept) before it counts; anything else is a miss and the target compiles. A cache that is down or
+slow only warns (once per worker process) and the build goes on locally. Read-only mode never uploads.
 
-What a server can cost a build is bounded: each request by `cache_timeout`, the whole run's waiting on the cache
-by `cache_budget` (summed over every worker; past it the cache is off for the rest of the run, with one warning
-that the summary repeats), the warnings of a server whose every entry is refused by REFUSED_LIMIT (then it is off
-too), and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by the
-loader's limit on a binary), read a chunk at a time and never held beyond the limit.
+What a server can cost a build is bounded: each request by `cache_timeout`, the whole run's waiting on it by
+`cache_budget` (summed over every worker; past it the cache is off for the rest of the run), a server whose every
+entry is refused by REFUSED_LIMIT, and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by
+the loader's limit on a binary), read a chunk at a time and never held beyond the limit.
 
-With a shared secret (`cache_key=` / KFORGE_CACHE_KEY) writers sign each /ac/ entry and readers refuse one whose
-tag is missing or wrong before fetching a blob: whoever can write to the server but lacks the secret cannot make
-a reader take their binary for a key. Without a secret, entries are neither signed nor checked for a tag.
+With a shared secret (`cache_key=`) writers sign each /ac/ entry and readers refuse one whose tag is missing or
+wrong before fetching a blob: whoever can write to the server but lacks the secret cannot make a reader take their
+binary for a key. Without a secret, entries are neither signed nor checked for a tag.
 """
 from __future__ import annotations
 
@@ -60,9 +58,8 @@ def share_budget(build_report: Path | None = None) -> None:
 
 
 def last_compiles(build_report: Path) -> tuple[float, int]:
-    """(seconds, count) of the compiles build-report.json records (compile_seconds of the targets it compiled);
-    (0, 0) where there is none, or it cannot be read or is of another shape (it is untrusted: out/ may be
-    restored from elsewhere)."""
+    """(seconds, count) of the compiles build-report.json records; (0, 0) where there is none, or it cannot be read
+    or is of another shape (untrusted: out/ may be restored from elsewhere)."""
     import math
     from kforge.store import files
     try:
@@ -245,8 +242,7 @@ class RemoteCache(ArtifactCache):
         return True
 
     def _timed(self, *args, **kwargs):
-        """_request(*args), its time counted against the run's cache_budget: the request that crosses it turns
-        the cache off for the rest of the run, saying so once (a worker that asks later finds it off, silently)."""
+        """_request(*args), its time counted against the run's cache_budget (_add)."""
         start = time.monotonic()
         try:
             return _request(*args, **kwargs)
@@ -276,7 +272,7 @@ class RemoteCache(ArtifactCache):
             counts[OFF] = counts[OFF] or why is not None
         if why is not None:
             self.down = True
-            self._warn(f"remote cache {self.cfg.url} switched off for the rest of this run: {why}; building locally")
+            self.warnings.append(f"remote cache {self.cfg.url} switched off for the rest of this run: {why}; building locally")
 
     def _off(self) -> bool:
         """Whether this process stops asking: the cache failed here, or the run switched it off (any worker)."""
@@ -286,10 +282,7 @@ class RemoteCache(ArtifactCache):
 
     def _fail(self, what: str) -> None:
         self.down = True
-        self._warn(f"remote cache {self.cfg.url} unusable ({what}); building locally without it")
-
-    def _warn(self, message: str) -> None:
-        self.warnings.append(message)
+        self.warnings.append(f"remote cache {self.cfg.url} unusable ({what}); building locally without it")
 
 
 _caches: dict[CacheConfig, RemoteCache] = {}
@@ -297,20 +290,17 @@ _caches: dict[CacheConfig, RemoteCache] = {}
 
 def cache_for(cfg: CacheConfig | None) -> RemoteCache | None:
     """One RemoteCache per config per process, so that "down" is remembered across this worker's targets."""
-    if cfg is None:
-        return None
-    if cfg not in _caches:
+    if cfg is not None and cfg not in _caches:
         _caches[cfg] = RemoteCache(cfg)
-    return _caches[cfg]
+    return _caches.get(cfg)
 
 
 def _request(cfg: CacheConfig, method: str, path: str, data: bytes | None = None,
              limit: int = AC_LIMIT) -> tuple[int, bytes]:
-    """(status, body) of one request that takes at most cfg.timeout seconds in all: connecting, sending and
-    every read. A socket timeout alone bounds each read, so a server trickling a byte every few seconds
-    would hold a build forever; at the deadline a timer shuts the socket, and the read in progress fails.
-    OSError (TimeoutError included) for anything that is not an HTTP answer in time; TooLarge for a body
-    announced or found to be over `limit` bytes (read a chunk at a time: never more than that is held)."""
+    """(status, body) of one request that takes at most cfg.timeout seconds in all: a socket timeout alone bounds
+    each read, so a server trickling a byte every few seconds would hold a build forever; at the deadline a timer
+    shuts the socket. OSError (TimeoutError included) for anything that is not an HTTP answer in time; TooLarge
+    for a body announced or found to be over `limit` bytes."""
     import http.client   # here, not at the top: every doit start imports this module, few use a cache
     import threading
     import urllib.parse

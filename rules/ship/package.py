@@ -52,11 +52,9 @@ def bundle() -> Bundle:
 
 
 def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
-    """The doit action: the arch's wheel in out/dist/. A recent bundle made from the same inputs (a revert, a
-    switch back) is used as it is, found by the content of those inputs; else the manifest is made, and a
-    wheel that holds it (in out/dist/, or kept) is used as it is; else the wheel is written, every binary
-    read and checked again. A file that cannot be written (a full disk, a read-only out/) fails the task in one
-    line; the artifacts stay as built, and the wheel is only ever replaced by rename (write_wheel)."""
+    """The doit action: the arch's wheel in out/dist/: a recent one made from the same inputs (found by their
+    content), else one that holds the manifest made now, else written anew, every binary read and checked again.
+    A file that cannot be written (a full disk, a read-only out/) fails the task in one line."""
     try:
         return _build_bundle(arch, targets, root, tuned)
     except OSError as e:
@@ -111,10 +109,8 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
     layout = Layout(root)
     wheel = layout.dist / wheel_name(dist_name(arch), version)
     layout.dist.mkdir(parents=True, exist_ok=True)
-    # A wheel's every file is named by its manifest (each binary's and tuning table's sha256, the runtime's digest,
-    # the version) and written in a fixed way (write_wheel), so a wheel of kforge's that holds this very manifest
-    # is the one a build would write, byte for byte. One that holds another (damaged, or not kforge's) is not
-    # used: the bundle is built again, every binary checked.
+    # every file of a wheel is named by its manifest (sha256s, the runtime's digest, the version) and written in a
+    # fixed way, so an intact wheel holding this very manifest is the one a build would write, byte for byte
     if _wheel_holding(layout, arch, wheel.name, data.__eq__) is not None:
         return wheel, data
     (layout.kept_wheels / wheel.name).unlink(missing_ok=True)   # a kept file of this name that is not the wheel
@@ -229,13 +225,8 @@ def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
 
 def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
     """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is the file
-    written then (by its inode, times and size: one rewritten, damaged or replaced is packaged again).
-
-    Decided from stats, not by re-reading every meta.json: meta.json is only ever replaced by rename, so
-    an unchanged (inode, mtime, size) means unchanged content. A failed target's error.txt is read. A
-    restored out/ (fresh stats) re-packages, and the same inputs give the same wheel bytes, which are then
-    left as they are.
-    """
+    written then (by its identity). Decided from stats, not by re-reading every meta.json (only ever replaced by
+    rename); a failed target's error.txt is read. A restored out/ (fresh stats) re-packages the same bytes."""
     root_path, layout = Path(root), Layout.of(root)
     try:
         saved = read_state(layout.package_stamp(arch), _well_shaped) or {}
@@ -248,9 +239,8 @@ def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = 
 
 
 def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=()) -> str:
-    # the project's pyproject.toml by its bytes, not its parsed version: a no-op run need not parse TOML
-    # every part length-prefixed: parts of any bytes (a pyproject.toml, a table, an error.txt) joined by a
-    # separator they may hold would let two different inputs give one stamp
+    # pyproject.toml by its bytes: a no-op run need not parse TOML. Every part length-prefixed: parts of any
+    # bytes joined by a separator they may hold would let two different inputs give one stamp
     h = hashlib.sha256()
     part = lambda data: h.update(b"%d:" % len(data) + data)
     part(_content(root / "pyproject.toml"))

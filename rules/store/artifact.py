@@ -1,20 +1,11 @@
-"""The artifact, out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}: made, checked, installed, read back.
-
-    made       meta() and files(), in the compile server: meta.json's content, sealed into bytes once
-    installed  install(), the one way an artifact gets into out/. The doit action (rules/compile/action.py)
-               tries the sources in order and stops at the first whose candidate installs:
-                   arrive(target, cache)       an entry of the local or the remote cache (an ArtifactCache)
-                   install(target, candidate)  a compile's (here or on a Dask cluster), or its Unchanged
-    checked    accept(), inside install(): whatever its source, a candidate is untrusted until it passes, and
-               passes once (plain file names, exactly meta.json and its binary, bound to this target, sealed
-               right, sha256 and the ELF checks for the TARGET's arch); its meta.json is then written as it came,
-               or relabelled where it was made for the same kernel, arch and key under another config name
-    read back  is_current and KeyIndex (built from this key?), built_meta and cutoff (what an early cutoff
-               needs), load (the packager's and the tuner's), the failure kept in error.txt
+"""The artifact, out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}: made (meta, files: in the compile server),
+installed (install: the one way into out/, for a cache entry through arrive() or a compile's candidate), checked
+(accept, inside install: every candidate is untrusted until it passes, once), read back (is_current, KeyIndex,
+cutoff, load, the failure kept in error.txt). The doit action (rules/compile/action.py) tries its sources in order.
 
 meta.json is the "done" marker and is written last, by rename: a killed build leaves either no meta.json
 or the previous complete one, never a half artifact that counts as built. The outcome of the whole action is
-one CompileResult, from the compile server to the build report (rules/report/reporter.py: its report and trace).
+one CompileResult, from the compile server to the build report (rules/report/reporter.py).
 """
 from __future__ import annotations
 
@@ -257,13 +248,11 @@ def install(target, arrived: Candidate | Unchanged) -> dict:
 
 
 def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
-    """Check an artifact received as files (files_of's form) for `target`, from any source: every name is a
-    plain file name, the files are exactly meta.json and the binary it names, meta.json is bound to the target
-    (check_bound) and sealed right if it carries a seal, and the binary matches its sha256 and passes the ELF
-    checks for the TARGET's arch (never the arch meta.json claims). Nothing is written: (meta less its seal,
-    binary name, binary, meta.json's bytes to write), or ArtifactError saying why in one line (the caller names
-    where the files came from). meta.json is written as it came, sealed where it was made, unless it was made
-    for the same kernel, arch and key under another name: then relabelled for this target and sealed anew."""
+    """Check an artifact received as files (files_of's form) for `target`, from any source: plain file names,
+    exactly meta.json and the binary it names, meta.json bound to the target (check_bound) and sealed right, the
+    binary its sha256 and passing the ELF checks for the TARGET's arch (never the arch meta.json claims). Nothing
+    is written: (meta less its seal, binary name, binary, meta.json's bytes to write: as it came, or relabelled
+    and sealed anew), or ArtifactError saying why in one line (the caller names where the files came from)."""
     try:
         for name in files:
             plain_name(name)
@@ -365,17 +354,12 @@ def current_meta(meta_path: str, key: str) -> dict | None:
     return meta
 
 
-def built_meta(meta_path: str) -> dict | None:
-    """meta.json's content (less its seal) when it is sealed and its binary intact, whatever its key."""
-    found = _read_artifact(meta_path)   # (identity, key, binary name, the binary's identity if intact)
-    return current_meta(meta_path, found[1]) if found is not None and found[1] and found[3] is not None else None
-
-
 def cutoff(target) -> Cutoff | None:
     """What the compile server needs for an early cutoff (else None: it compiles): the artifact in out/ is intact
     and has the toolchain's source digest, and either its key is the target's (inputs it read changed) or only
     the key's sources differ (a source was edited: whether the kernel's code can change is the server's to say)."""
-    meta = built_meta(target.meta_path)
+    found = _read_artifact(target.meta_path)   # meta.json sealed and its binary intact, whatever its key
+    meta = current_meta(target.meta_path, found[1]) if found is not None and found[1] and found[3] else None
     if meta is None or not (meta["key"] == target.key or target.key_without_sources and
                             meta.get("key_without_sources") == target.key_without_sources):
         return None
