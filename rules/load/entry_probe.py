@@ -1,46 +1,28 @@
-"""What an entry wrapped in @triton.autotune or @triton.heuristics chooses, asked of the kernel's own module.
+"""What an entry wrapped in @triton.autotune or @triton.heuristics chooses, asked of its own module in a child
+process (`python -m kforge.load.entry_probe`): config lists built by comprehensions or helpers, and heuristics run
+per launch, cannot be read from the source, and importing a library runs its code (and usually torch), never in
+the process that loads the catalog. Only entries whose source shows such a decorator are asked about (is_wrapped),
+and only when the catalog is loaded from the specs.
 
-Those choices are Python values computed when the module is imported (autotune config lists are often built by
-comprehensions or helper functions) or per launch (heuristics are functions of the launch's arguments), so
-they cannot be read from the source. The module is imported in a child process (`python -m
-kforge.load.entry_probe`), never in the process that loads the catalog: importing a library runs its code and
-usually torch. The child lives while the catalog loads and imports each module once; only entries whose
-source shows such a decorator are asked about, and only when the catalog is loaded from the specs.
+A child imports as a target sees it: its one argument (JSON: arch, model, setup) has the device model answer as
+that arch's reference GPU and the set-up hooks run before any module is imported (rules/load/device_model.py), so
+there is one child per arch, family environment and set-up (one for all archs without model or hook). Each module
+is imported in a process of its own, forked from the child once that has imported the module's package (a library
+importing torch and every op in its __init__ pays that once per child): what that process read is the module's.
 
-The child imports as a target sees it: it is started for one arch (its JSON context is the one argument:
-arch, model, setup), and before any module is imported the device model answers as that arch's reference GPU
-and the set-up hooks run (rules/load/device_model.py), so there is one child per arch, family environment and
-set-up; a family with neither model nor hook has one child for all its archs.
-
-Protocol: one JSON request per line on the child's stdin, one JSON reply per line on its stdout (each request
-may name its "family": an error of the device model names it):
-  {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...],
-                                     "tuner": {fact: value}, "unspecialized": {argument: jit option}}
-      a config: the autotuner's kwargs plus num_warps, num_stages, and num_ctas / maxnreg where set; tuner:
-      how it prunes (applied at load), its perf_model / top_k (noted only), a library's own Autotuner class;
-      unspecialized: the arguments @triton.jit(do_not_specialize[_on_alignment]=...) names
+Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. A request may name its "family"
+(a device-model error names it); every reply carries "read": the files and listed folders its module's process
+read beyond the toolchain (rules/load/observe.py) and where an import looked for a module in vain (_Misses), kept
+with each family that asked (rules/plan/catalog.py); any failure is {"error": "one line"}.
+  {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...], "around_tuner":
+      [name, ...], "tuner": {fact: value}, "unspecialized": {argument: jit option}}; a config is the autotuner's
+      kwargs plus num_warps, num_stages, num_ctas / maxnreg where set
   {"heuristics": [module, entry], "args": [{name: value}, ...], "pointers": [{name: element type}, ...],
-   "pinned": [name, ...]} -> {"values": [{name: value}, ...]}
-      each heuristic evaluated on each argument dict, in the order Triton applies them, but those the spec
-      pins ([override]: their values are in the args); each pointer argument is a stand-in tensor of its
-      element type (_StandIn): a heuristic may test `is not None`, isinstance(..., torch.Tensor) or read its
-      dtype, as it would of the tensor passed at launch; reading its shape, strides, device, address or
-      values raises (LaunchOnly), since only a launch knows them: the reply is an error naming the read
-  {"prune": [module, entry], "groups": [{"configs": [config, ...], "args": {...}, "kwargs": {...},
-   "pointers": {...}}, ...]} -> {"kept": [[config, ...], ...]}
-      per group, the configs the autotuner's own prune_configs keeps (early_config_prune, or a library's
-      override), as it would for a launch with those arguments; a perf_model is not applied
-  any failure -> {"error": "one line"}: where the module's own code raised, it names that line
-  every reply also carries "read": all the files the module's process has read beyond the toolchain, the
-  folders it listed (rules/load/observe.py) and where an import looked for a module in vain (_Misses): the
-  catalog keeps them with each family that asked (rules/plan/catalog.py), so a changed heuristic or config
-  file, a file added to or removed from a listed folder, or a module created where an import looked for it,
-  computes that family again
-
-Each module is imported in a process of its own, forked from the child once it has prepared the arch and
-imported the module's package (a library that imports torch and every op in its __init__ files pays that once
-per child): what a module's process read is that module's (with the packages the child imported before it),
-whatever other families the child answered for before, and never less than all its answers could depend on.
+   "pinned": [name, ...]} -> {"values": [{name: value}, ...]}: each heuristic but the pinned on each argument dict,
+      in Triton's order; a pointer is a stand-in tensor whose dtype answers and whose shape, device, address or
+      values raise (LaunchOnly: only a launch knows them)
+  {"prune": [module, entry], "groups": [{"configs", "args", "kwargs", "pointers"}, ...]} -> {"kept": [[config,
+      ...], ...]}: per group, what the autotuner's own prune_configs keeps for such a launch (no perf_model)
 """
 from __future__ import annotations
 
@@ -79,8 +61,6 @@ def is_wrapped(path: Path, entry: str) -> bool:
     return False
 
 
-
-
 class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
@@ -115,9 +95,7 @@ class Probe:
         return {f for probe, module in cls.used.get(family, ()) for f in probe.module_read.get(module, ())}
 
     def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
-        Probe.used.setdefault(family, set()).add((self, module))
-        if (module, entry) not in self.described:
-            self.described[(module, entry)] = self._ask({"describe": [module, entry], "family": family}, where)
+        Probe.describe_together([self], module, entry, where, family)
         return self.described[(module, entry)]
 
     @staticmethod
@@ -137,9 +115,8 @@ class Probe:
                     probe._send(request, where)
                     owing.append(probe)
                 while owing:
-                    probe = owing[0]
+                    probe = owing.pop(0)   # one that fails to reply is stopped by _reply; an error reply is a reply
                     probe.described[(module, entry)] = probe._reply(request, where)
-                    owing.pop(0)
         except BaseException:   # a child that still owes its reply would give it to the next request: stop it
             for probe in owing:
                 probe.close()
@@ -228,7 +205,7 @@ def describe_per_arch(probes: dict[str, Probe], module: str, entry: str, where: 
     answer: every arch's autotune configs, in the order first listed, and the archs each config is not listed
     for (the spec excludes it there). Archs sharing a probe are asked once."""
     Probe.describe_together(probes.values(), module, entry, where, family)
-    answers = {arch: probe.describe(module, entry, where, family) for arch, probe in probes.items()}
+    answers = {arch: probe.described[(module, entry)] for arch, probe in probes.items()}
     (first_arch, first), *rest = answers.items()
     for arch, answer in rest:
         if answer["heuristics"] != first["heuristics"] or (answer["autotune"] is None) != (first["autotune"] is None):

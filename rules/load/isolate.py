@@ -1,28 +1,20 @@
 """Compiles run in a warm child process: a crash, abort, OOM kill or hang fails that compile, not the build.
 
-A Server is one forked child that runs fn(request) for each call, one call at a time. The caller imports
-the compiler once (warm) and forks the server from there: no Python start and no compiler import per
-kernel, and the compiler's lazily built state (MLIR context, LLVM target init) survives from one compile
-to the next inside the child, as in a process pool. Process-global compiler state (LLVM options, env
-overrides) stays in the child, which serves one toolchain, and one arch where the compiler fixes its arch
-per process. When a call crashes or times out, the child is gone; the next call forks a fresh one.
+A Server is one forked child that runs fn(request) for each call, one at a time. The caller imports the compiler
+once and forks from there: no Python start or compiler import per kernel, and the compiler's lazily built state
+(MLIR context, LLVM target init) lives on from call to call, while process-global state (LLVM options, env
+overrides) stays in the child. A call that crashes or times out takes the child; the next call forks a fresh one.
 
-The child runs without Python's cyclic garbage collector. Triton's MLIR contexts are freed only by that
-collector, and a process that has freed them compiles more slowly from then on: 100 Triton compiles in one
-process took 17.2 CPU s with the collector off and 17.7-17.8 s with it on but every context kept alive,
-against 19.5-19.9 s with it on (bench/compile_gc.py on the dev machine; the cause inside MLIR/LLVM was not
-found; on the 16-CPU H100 host a whole build gained about 5%: docs/benchmarks.md). Without the
-collector memory only grows (about 1 MB per Triton compile), so a child whose resident memory has grown by
-more than `retire_after_mb` since its first call is retired after the call that crossed the line: the next call
-forks a fresh one, from the same warm parent. The first call is not counted: it holds what a server does once (a
-package server imports its library there: fla-core's 2,800 modules grew a server past 512 MB on a GPU host, and a
-server retired after every call imported the library again for each target, 11 s each).
+The child runs without Python's cyclic garbage collector: Triton's MLIR contexts are freed only by it, and a
+process that has freed them compiles more slowly (100 Triton compiles: 17.2 CPU s with the collector off, 19.5-19.9
+s with it on: bench/compile_gc.py; a whole build on the 16-CPU H100 host gained about 5%). Memory then only grows
+(about 1 MB per compile), so a child grown by more than `retire_after_mb` since its first call (which holds what a
+server does once: a package server's import of its library) is replaced after the call that crossed the line.
 
-A server need not be the caller's child. A Hub is one process that forks servers for every process of a run
-(doit's workers): each asks it over one shared socket, sending a socket of its own with the request; the hub's
-handler forks (serve_on) a server that answers on that socket, and the asker talks to it directly (Attached),
-no process in between. Only a parent learns how its child ended, so each such server runs under a minder,
-its parent, that tells the asker the server's pid and, when it ends, its exit status.
+A Hub is one process that forks servers for every process of a run (doit's workers): each asks it over one shared
+socket, sending a socket of its own; the hub's handler forks a server that answers on it (serve_on) and the asker
+talks to it directly (Attached). Only a parent learns how its child ended, so each such server runs under a
+minder that tells the asker its pid and, when it ends, its exit status (docs/correctness.md: isolated compiles).
 """
 from __future__ import annotations
 
@@ -374,15 +366,11 @@ def _leave_hub() -> None:
 
 
 def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: int) -> None:
-    _hub_ends.append(sock)
     try:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)   # a process group of its own, which every server it forks joins: Hub.close
-        gc.freeze()
-        gc.disable()   # it imports toolchains and forks: the collector would only slow the imports down
-        die_with_parent(parent)
-        _name_process(HUB_NAME)
-        _default_signals()
+        _child_of(parent, HUB_NAME)   # it imports toolchains and forks: the collector would only slow the imports
+        _hub_ends.append(sock)
         while True:
             data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 1)
             if not data:   # no process holds the other end any more
@@ -403,9 +391,16 @@ def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: in
         os._exit(0)
 
 
-def _default_signals() -> None:
-    """Ctrl-C ends a hub or server with the run (the run reports it), unless the run ignores it (started in the
-    background, under nohup): then its servers ignore it too, or a compile would die with no interrupt at all."""
+def _child_of(parent: int, name: bytes) -> None:
+    """A hub's or server's start: named for ps, without the collector (the heap it inherited frozen out of its
+    walks and private pages), dying with `parent`; Ctrl-C ends it with the run (the run reports it), unless the run
+    ignores it (started in the background, under nohup): then it does too, or a compile would die with no
+    interrupt at all."""
+    _leave_hub()
+    _name_process(name)
+    gc.freeze()
+    gc.disable()
+    die_with_parent(parent)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -413,14 +408,9 @@ def _default_signals() -> None:
 
 def _serve(conn, fn, setup, retire_after_mb: float, parent: int) -> None:
     try:
-        _leave_hub()
-        _name_process(SERVER_NAME)
-        gc.freeze()   # the heap inherited from doit stays out of the collector's walks (and private pages)
-        gc.disable()   # see the module's docstring
-        die_with_parent(parent)
+        _child_of(parent, SERVER_NAME)
         no_input()
         faulthandler.disable()   # an inherited handler would print the caller's stack, not the compiler's error
-        _default_signals()
         # Python-level writes go to fd 2 too (doit and pytest replace sys.stdout/err with in-memory buffers)
         sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)
         setup_error = None

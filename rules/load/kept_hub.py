@@ -1,23 +1,15 @@
-"""A build's hub, kept for the project's next build: the toolchain is not imported again.
+"""A build's hub, kept for the project's next build: the toolchain is not imported again (Triton, and torch for a
+library that requires it: 1.0-1.7 s on the dev machine, however few targets the build has).
 
-Every build's hub (isolate.Hub) imports the toolchain before its first compile: Triton, and torch for a library
-that requires it (1.0-1.7 s on the dev machine), however few targets the build has. At the
-end of a build that forked its own hub (and keeps one: the keep_hub setting, by default only at a terminal),
-doit's master asks it for a keeper (Keep): a copy of the hub in a
-session of its own (no terminal's Ctrl-C or hang-up reaches it, its output goes nowhere), holding the toolchain
-and nothing of the build (no library or compile server, no file of the build's open). The next build of the
-project connects to it (attach) and it forks that build's hub, which serves the build as one forked from the
-master would and dies with it. The keeper ends after `idle_s` seconds with no build, or as soon as a build
-finds it stale.
-
-It is used only where nothing it imported could differ from what a fresh hub would import: the connecting
-build runs the same interpreter, command line, module path, working folder and environment (every variable but
-a shell's own bookkeeping) as the build that kept it, no folder on the module path outside the project changed (a
-package installed or removed), and no file it has imported changed (kforge's own, the toolchain's) since the
-build that kept it began (one that changed during that build keeps none); anything else and it is stale: it
-answers so and ends, the build says why and forks its own hub. Only the user who kept it can connect (SO_PEERCRED),
-and a build connects only to a keeper of its own user. Its address is in Linux's abstract socket namespace:
-nothing is written on disk, and the name goes with the process.
+At the end of a build that forked its own hub (and keeps one: the keep_hub setting), doit's master asks it for a
+keeper (Keep): a copy of the hub in a session of its own (no terminal's Ctrl-C or hang-up reaches it, its output
+goes nowhere), holding the toolchain and nothing of the build. The next build connects to it (attach) and it forks
+that build's hub, which dies with the build. The keeper ends after `idle_s` seconds with no build, or as soon as a
+build finds it stale: another interpreter, command line, module path, working folder or environment (but a
+shell's own bookkeeping), a changed folder on the module path outside the project, or a changed file it imported
+(one changed during the build that kept it keeps none); that build says why and forks its own hub
+(docs/correctness.md). Only its own user connects (SO_PEERCRED), at an address in Linux's abstract socket namespace:
+nothing on disk, and the name goes with the process.
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""Loading the catalog runs the project's code, bounded: a Python catalog file (rules/declare/python_catalog.py) and the import
-of a family's module by the probe (rules/load/entry_probe.py) each run in a child process that
-
-  - says what it is loading once it has taken a few seconds (a hang is otherwise a silent `doit list`),
-  - is stopped at catalog_timeout (rules/base/settings.py) with one line naming the file and the setting to raise,
-  - may allocate at most catalog_memory: RLIMIT_DATA, not RLIMIT_AS, which counts address space reserved and
-    never used (CUDA and torch map many GB of it at import),
-  - runs in a process group of its own that is killed when the load ends, however it ends: what it started
-    (a `sleep 600`, a server) outlives neither it nor the load; and it dies with its parent (PR_SET_PDEATHSIG).
-
-A catalog is trusted code (README's threat model); this is for diagnosis, not containment: a process that
-leaves its group (setsid) or ignores its parent's death is not followed.
+"""Loading the catalog runs the project's code, bounded: a Python catalog file (rules/declare/python_catalog.py) and
+the probe's imports (rules/load/entry_probe.py) each run in a child process that says what it loads once it has
+taken a few seconds (a hang is otherwise a silent `doit list`), is stopped at catalog_timeout with one line naming
+the file and the setting, may allocate at most catalog_memory (RLIMIT_DATA, not RLIMIT_AS: CUDA and torch reserve
+many GB of address space at import), and runs in a process group of its own, killed when the load ends however
+it ends, dying with its parent. A catalog is trusted code (README's threat model): this is for diagnosis, not
+containment; a process that leaves its group (setsid) or ignores its parent's death is not followed.
 """
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Pipe
 from typing import Callable
 
 from kforge.base import settings
@@ -42,18 +38,23 @@ def run(fn: Callable[[], object], shown: str) -> object:
     wait = Wait(shown, "the catalog file", f"python {shown}")
     sys.stdout.flush()
     sys.stderr.flush()   # or the child would write what is buffered a second time
-    read_end, write_end = os.pipe()
+    # its answer is framed by its length, not ended by the end of the pipe: a process the catalog forked may hold it
+    reader, writer = Pipe(duplex=False)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:   # never returns
-        os.close(read_end)
-        _child(fn, write_end, parent, memory, shown)
-    os.close(write_end)
+        reader.close()
+        _child(fn, writer, parent, memory, shown)
+    writer.close()
     _own_group(pid)   # set by both sides: a kill right after fork must find the group
     try:
-        data = _receive(read_end, wait)
+        if not wait.readable(reader.fileno()):
+            raise TooLong(wait.too_long())
+        data = reader.recv_bytes()
+    except (EOFError, OSError):   # it died first
+        data = None
     finally:
-        os.close(read_end)
+        reader.close()
         status = _end(pid)
     if data is None:
         raise SpecError(f"{shown}: the process loading it died ({_death(status)}) before it returned; run "
@@ -128,22 +129,7 @@ class Wait:
                 f"if it needs longer")
 
 
-def _receive(fd: int, wait: Wait) -> bytes | None:
-    """The child's pickled answer (8-byte length, then the data), or None if it died first; TooLong at the
-    time limit. The length, not the end of the pipe, ends the read: a process the catalog forked may hold the
-    pipe open."""
-    data = b""
-    while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
-        if not wait.readable(fd):
-            raise TooLong(wait.too_long())
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return None
-        data += chunk
-    return data[8:]
-
-
-def _child(fn: Callable[[], object], fd: int, parent: int, memory: int, shown: str) -> None:
+def _child(fn: Callable[[], object], writer, parent: int, memory: int, shown: str) -> None:
     try:
         _own_group(0)
         _limit(parent, memory)
@@ -165,8 +151,7 @@ def _child(fn: Callable[[], object], fd: int, parent: int, memory: int, shown: s
                                           f"booleans, lists and dicts of them): {type(e).__name__}: {e}"))
         sys.stdout.flush()
         sys.stderr.flush()
-        with open(fd, "wb") as f:
-            f.write(len(data).to_bytes(8, "little") + data)
+        writer.send_bytes(data)
     finally:
         os._exit(0)   # no atexit handler of the parent's (scratch.sweep) runs in the child
 

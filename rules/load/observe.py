@@ -1,60 +1,26 @@
-"""What a process reads beyond the toolchain, and the name each file goes by on any machine.
+"""What a process reads beyond the toolchain, and the name each file goes by on any machine: a compile's inputs
+are what its process read, as gcc -MD writes them into a depfile (reading a library's source to guess misses a
+module imported by a computed name, a data file read at import). The probe (rules/load/entry_probe.py) and the
+compile server (rules/compile/core.py) record themselves.
 
-A compile's inputs are what its process actually read, as gcc -MD writes them into a depfile: reading a
-library's source to guess (rules/load/sources.py, rules/load/installed.py) misses a module imported by a name computed
-at run time, a data file read at import, a helper reached through a module object. Two processes observe
-themselves: the probe that imports a family's module while the catalog loads (rules/load/entry_probe.py), and the
-compile server (rules/compile/core.py).
+How: one audit hook (sys.addaudithook, PEP 578): every way Python reads a file raises "open" first (open, io.open,
+io.open_code, which the import system uses for every source and .pyc, os.open), folder listings raise "os.listdir"
+/ "os.scandir", ctypes raises "ctypes.dlopen"; an extension module (dlopen raises no "open") is found by the
+__file__ of each module that appeared. An environment variable the library's own code reads is an input named
+`$NAME` (_ObservedEnviron). What is recorded and what is not (the toolchain, out/, metadata, files outside the
+project and the module path, the import system's own listings), and why: docs/observed_inputs.md.
 
-How: a Python audit hook (sys.addaudithook, PEP 578). Every way Python reads a file raises the "open" event
-before the read: open() and io.open, io.open_code (which the import system uses for every source and .pyc,
-whatever imported it: an import statement, importlib.import_module after a sys.path insert, __import__,
-runpy, spec_from_file_location, pkgutil.get_data), os.open, so nothing can read a file around it, and the
-hook sees the path as the library gave it. Alternatives were weighed: wrapping builtins.open and the
-import system misses io.open_code and os.open; strace-like tracing needs a tool per platform and cannot
-tell a process's own reads from its compiler's. The hook also checks, when recording stops, the __file__ of
-each module that appeared (an extension module is loaded by dlopen, which raises no "open"), and records the
-shared libraries ctypes loads by path ("ctypes.dlopen").
-
-Folder listings: os.listdir and os.scandir raise "os.listdir" / "os.scandir", and glob.glob, os.walk,
-pkgutil.iter_modules and pathlib's iterdir / glob / rglob all list through them. A listed folder is an input
-by its listing, the sorted names in it (a config added to a folder a library globs), named `<folder>/`.
-The import system's own listings (importlib's FileFinder filling its cache) are not: what an import found is
-recorded as the file it read. Python's __pycache__ folder is left out of a listing (the interpreter adds it).
-
-Environment variables: a variable the library's own code reads (os.environ[...], .get, `in`, os.getenv) while
-recording is an input too, named `$NAME`, its digest that of its value (or of its absence): the key of a kernel
-module that picks a block size from its environment does not name the variable, so the up-to-date check and a
-cache's arrival check compare its value. Reads by the toolchain and the standard library are not (Triton reads
-its knobs on every compile; those that decide code are in the key: rules/plan/keys.py), nor are
-whole-environment reads (a copy, an iteration) or C code's getenv.
-
-What runs is what was read: in a recording process, a module outside the toolchain runs the bytes its import read
-from the source, never a .pyc. Python takes a .pyc while the source's mtime (in seconds) and size match the ones
-it was written from, so a same-size edit within the same second, or a file restored with its old mtime (cp -p,
-tar, a CI cache), ran the old code while its new content was recorded: a wrong binary kept as up to date. Those
-bytes are compiled once: the code is kept in this user's cache (bytecode/ beside the local cache) by the sha256 of
-the bytes, the path they were read from and the interpreter's magic, and a later import of the same bytes, in any
-project, takes it, as Python takes a library's .pyc (compiling transformers' modules at every package server's
-import cost each ~5 s on an H200 host; flag_gems's import in a fresh project, 4.6 s with its sources compiled
-alongside, is 3.0 s with them kept).
-
-Not seen (docs/observed_inputs.md): files native code opens itself (a C extension's fopen, a shared library
-the dynamic linker loads as another's dependency), a stat or os.path.exists of a file that is not there, and
-listings of the project folder or of a module path entry itself.
-
-Not recorded: the toolchain (the standard library; torch, triton, flydsl, kforge and the distributions they
-require: the toolchain fingerprint and the catalog's stamp cover them), out/, package metadata (*.dist-info:
-the entry points a plugin lookup scans; an installed kernel module's distribution version is in its key),
-and files outside the project and the module path (a compiler's temporary files, /proc, /etc, the home
-directory).
+What runs is what was read: a module outside the toolchain runs the bytes its import read, never a .pyc (Python
+takes a .pyc by the source's mtime in seconds and size, so a same-size edit within a second, or a file restored
+with its old mtime, ran old code while the new content was recorded). Those bytes' code is kept in this user's
+cache by the sha256 of the bytes, path and magic (_KeptBytecode), and a later import of the same bytes takes it
+(transformers' modules compiled at each package server's import cost ~5 s on an H200 host; flag_gems's import in a
+fresh project, 4.6 s compiled, is 3.0 s kept).
 
 Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
-(`kfl/ops/scale.py`, `kernels/gemm.py`), the same on every machine and checkout; resolve() finds it again
-as Python would, in the first of them that has it. The path a file was opened by is named first: a link in the
-project that leads out of it (a shared config, a vendored helper) is an input under its name in the project.
-A package that a meta-path finder maps to a folder no module path entry holds (an editable install:
-`pip install -e` of a flat layout) is named `<package>/...`, and resolve() asks the finders for it.
+(`kfl/ops/scale.py`), the same on every machine; resolve() finds it again as Python would. The path a file was
+opened by is named first (a link in the project that leads out of it is named in the project); a package a meta-path
+finder maps to a folder of its own (an editable install) is named `<package>/...`.
 """
 from __future__ import annotations
 

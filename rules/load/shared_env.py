@@ -1,16 +1,9 @@
-"""What a library's import meets of the virtualenv it shares with kforge.
-
-kforge and the libraries it builds live in one environment, and kforge's requirements are pinned there
-(pyproject.toml): the Triton that compiles (its binaries must be what the GPU machines' Triton loads), the torch
-a library imports, FlyDSL for kforge's FlyDSL families, doit. Two consequences are handled here:
-
-- FlyDSL is kforge's, not the library's: where a module is imported under the device model (every Triton family
-  unless `device_model = false`) it is not importable, as on a machine without it. A library that uses FlyDSL
-  whenever it is importable then takes its other path, and its Triton kernels build whatever FlyDSL version it
-  was written for (hide_flydsl; a module that cannot import without it has a set-up hook call show_flydsl).
-- An import that fails on a package kforge pins (a name the pinned version lacks, FlyDSL kept away) is named in
-  one line: the library's line, the pin and what to do (explain); so is a dependency the library imports and the
-  environment lacks.
+"""What a library's import meets of the virtualenv it shares with kforge, whose requirements are pinned there
+(pyproject.toml: Triton, torch, FlyDSL, doit). FlyDSL is kforge's, not the library's: under the device model it is
+not importable (hide_flydsl), so a library that uses FlyDSL whenever it can takes its other path and its Triton
+kernels build whatever FlyDSL it was written for (a module that cannot import without it has a set-up hook call
+show_flydsl). An import that fails on a pinned package, on a dependency the environment lacks or on a native
+extension that cannot load here is said in one line naming the library's line and the fix (explain).
 """
 from __future__ import annotations
 
