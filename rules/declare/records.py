@@ -1,17 +1,11 @@
 """Record files (*.jsonl in a catalog folder, written by `python -m kforge_runtime.record`) -> families.
 
-Each line is one Triton specialization an application used (the format: rules/runtime/record.py). Lines of
-one kernel with the same argument types, hints and kinds of values become one family named
-`rec_<function>_<digest>`, each line one config of it (its id: the values that differ between the family's
-lines, or `r` for a family of one), built for the arch it was recorded on and for the archs
-`[tool.kforge] record_archs` adds (a record made on an H100 builds for gfx942 too, unless its options cannot
-run there: a line with one vendor's options only for that vendor). A line equal to another, or to a target
-the rest of the catalog already builds (the same kernel, arch, argument types, constexprs, hints and
-effective options), is dropped.
-A line with "autotune" (the config an autotuner picked for a key) builds as any other line, and
-`tuned_choices` lists it for the bundle's manifest, so that serving picks a recorded config for that key (every
-pick is kept with the number of lines that made it: processes that tuned apart may have picked differently).
-Every line is checked: a bad one is one SpecError naming the file and the line.
+Each line is one Triton specialization an application used (rules/runtime/record.py). Lines of one kernel with
+the same argument types, hints and kinds of values become one family `rec_<function>_<digest>`, a line a config
+(its id: the values that differ between its lines, or `r`), built for the arch it was recorded on and those
+`[tool.kforge] record_archs` adds, unless its options cannot run there. A line equal to another, or to a target
+the rest of the catalog builds, is dropped. A line with "autotune" (an autotuner's pick for a key) builds as any
+other, and `tuned_choices` lists it for the bundle's manifest. A bad line is one SpecError naming file and line.
 """
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def read(path: Path, where: str) -> list[dict]:
 
 def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
     """read()'s specializations, each as its first line holds it, with that line's number and every source_key its
-    lines hold (one specialization recorded on two GPUs of an arch whose import gave the code another value holds
-    two: the compile takes either)."""
+    lines hold (two GPUs of an arch whose import gave the code another value: the compile takes either)."""
     found: dict[str, tuple[int, dict, list[str]]] = {}
     for number, record in _lines(path, where):
         record = {k: v for k, v in record.items() if k != "autotune"}
@@ -56,16 +49,13 @@ def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
     return list(found.values())
 
 
-def tuned_choices(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
-    """The autotuners' picks the file records: {"kernel", "arch", "key", "config", "lines"} per kernel, arch,
+def tuned_choices(paths: list[Path], root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
+    """The autotuners' picks the files record: {"kernel", "arch", "key", "config", "lines"} per kernel, arch,
     autotuning key and config (for each arch the line is built for); "lines": how many lines picked it. Processes
-    that tuned one key apart (pytest-xdist workers, ranks) may each have picked another config, and each then
-    ran its own config for every call of that key: every pick is kept, so that serving can run, for each call,
-    a pick whose specialization was recorded (rules/runtime/serve.py)."""
+    that tuned one key apart (pytest-xdist workers, ranks) may each have picked another config: every pick is
+    kept, so that serving can run, for each call, a pick whose specialization was recorded (runtime/serve.py)."""
     picks: dict[tuple, dict] = {}
-    for _, record in _lines(path, shown_path(path, root)):
-        if "autotune" not in record:
-            continue
+    for record in (r for path in paths for _, r in _lines(path, shown_path(path, root)) if "autotune" in r):
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
             if arch == record["arch"] or not _unfit(record["options"], arch):
                 key, config = record["autotune"]["key"], record["autotune"]["config"]
@@ -188,12 +178,7 @@ def _unbuildable(record: dict, at: str) -> str | None:
     return None
 
 
-def _spelled(record: dict) -> bool:
-    """Whether a config id can spell each string the line gives ('fp32' can, 'ñ→✓' or 'a b' cannot)."""
-    return all(not isinstance(v, str) or ID_TEXT.fullmatch(v) for v in record["constexprs"].values())
-
-
-ID_TEXT = re.compile(r"[A-Za-z0-9_.+-]{0,64}")
+ID_TEXT = re.compile(r"[A-Za-z0-9_.+-]{0,64}")   # a string a config id can spell ('fp32'; not 'ñ→✓' or 'a b')
 
 
 def _check_value(value, at: str) -> None:
@@ -217,7 +202,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
         # a family of its own: it fails alone, or a string it holds spells no id (a family's ids spell its values)
-        shape += f"#{number}" if refused or not _spelled(record) else ""
+        spelled = all(not isinstance(v, str) or ID_TEXT.fullmatch(v) for v in record["constexprs"].values())
+        shape += f"#{number}" if refused or not spelled else ""
         groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys,   # every key its lines hold
                                                           **({"refused": refused} if refused else {})})
     found = []

@@ -18,7 +18,7 @@ from kforge.declare import sweep
 from kforge.base.dtypes import allowed_dtypes, canonical_arg_type
 from kforge.base.errors import SpecError
 from kforge.base.project_config import not_a_file, project_setup, read_user_file
-from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, shown,
+from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, nested, shown,
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
 from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
@@ -392,17 +392,8 @@ def _check_integers(raw: dict, where: str) -> None:
 
 
 def _big_int(value) -> int | None:
-    """An integer outside TOML's range anywhere in value (in lists and tables at any depth), or None."""
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, dict):
-            todo += v.values()
-        elif isinstance(v, list):
-            todo += v
-        elif isinstance(v, int) and v not in INT64:
-            return v
-    return None
+    """An integer outside TOML's range anywhere in value, or None."""
+    return next((v for v in nested(value) if isinstance(v, int) and v not in INT64), None)
 
 
 def _key(key: str) -> str:

@@ -26,6 +26,15 @@ def shown(value, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
+def nested(value) -> Iterator:
+    """value and every value in it, in lists, tuples and tables at any depth (iterative: no depth limit)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        yield v
+        todo += v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
+
+
 def shown_path(path: Path, root: Path) -> str:
     """A file as messages name it: relative to the project root when inside it."""
     try:

@@ -25,14 +25,11 @@ ID_MAX = 200
 
 def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], made_extras: int = 0,
            own_excludes: int | None = None) -> Spec:
-    """The spec with its Configs. Everything is checked per sweep value, not per config: a 50,000-config
-    family loads without making its configs (only when its ids cannot be shown unique that way).
-
-    What the spec itself lists twice is refused (a value of one [sweep] list, an [[extra]] the sweep or an earlier
-    [[extra]] gives, an [[exclude]] block or value): each would be the same target again, merged without a word.
-    What kforge made is merged instead: the first `made_extras` extras (the entry's @triton.autotune configs, which
-    a library may list twice, or a record file's lines), and the excludes after the first `own_excludes` (None: all
-    the spec's own)."""
+    """The spec with its Configs, checked per sweep value, not per config: a 50,000-config family loads without
+    making its configs (unless its ids cannot be shown unique that way). What the spec lists twice (a [sweep]
+    value, an [[extra]], an [[exclude]]) is refused: the same target again, merged without a word. What kforge
+    made is merged: the first `made_extras` extras (an entry's @triton.autotune configs, which a library may list
+    twice, or a record's lines), and the excludes after the first `own_excludes` (None: all the spec's own)."""
     where = spec.path
     params = tuple(sweep)
     _check_params(spec, params)
@@ -237,7 +234,11 @@ def _canon(spec: Spec, param: str, value: Scalar, table: str) -> Scalar:
     problem = _hint_problem(kind, value) if kind is not None and _is_scalar(kind) else None
     if problem:
         raise SpecError(f"{spec.path}: [{table}] {param}: {problem}")
-    value = canonical_value(param, value, spec.type_vars, spec.path, table)
+    if param in spec.type_vars:   # type variables' values become canonical dtype names
+        canon = canonical_dtype(value) if isinstance(value, str) else None
+        if canon is None:
+            raise SpecError(f"{spec.path}: [{table}] {param}: got {shown(value)}; allowed: {allowed_dtypes()}")
+        value = canon
     if spec.toolchain == "triton" and param in OPTIONS and param not in spec.constexprs:
         problem = value_problem(param, value)
         if problem:
@@ -275,14 +276,10 @@ def _check_id_template(spec: Spec, params) -> None:
 
 
 def _ids_unique_and_safe(spec: Spec, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...]) -> bool:
-    """True when the values alone show that every config's id is a safe name and no two are equal; False
-    when that takes formatting each config (check_config_id).
-
-    An id is the template's text with a value spelled at each placeholder. Ids are unique when each id can
-    be read back into its values: a parameter with one value is fixed text; one with several is in the id,
-    spells each value differently, and (where it first appears) ends the id or is followed by text whose
-    first character none of its spellings holds, so its value ends where that text begins.
-    """
+    """True when the values alone show every config's id safe and unique; False when that takes formatting each
+    config (check_config_id). Ids are unique when each reads back into its values: a parameter with several
+    values is in the id, spells each differently, and (where it first appears) ends the id or is followed by
+    text whose first character none of its spellings holds."""
     spellings = []   # per param: how its ids spell each of its distinct values, extras' values included
     functions = {i for i, p in enumerate(spec.configs.params) if (p, "function") in spec.signature}
     for i, vs in enumerate(values):
@@ -328,10 +325,9 @@ def _id_pieces(spec: Spec) -> list[str | int]:
 
 
 def check_config_id(spec: Spec, config: Config, ids: dict[str, Config], made_by: str = "[sweep]") -> None:
-    """The config's id is a safe name, and no other config's in `ids` (where it is added): it becomes a directory
-    under out/ and part of the target name <kernel>:<id>@<arch> (a value like '../x', 'a b' or 'x@y' would escape
-    out/ or break the name). `made_by`: where the config came from, for the message ([sweep], or the autotuner's
-    pruner, rules/plan/targets.py, which rewrites configs after the sweep was checked)."""
+    """The config's id is a safe name (a directory under out/ and part of <kernel>:<id>@<arch>: '../x' or 'x@y'
+    would escape out/ or break it), and no other's in `ids` (where it is added). `made_by` names where the config
+    came from: [sweep], or the autotuner's pruner (rules/plan/targets.py), which rewrites configs later."""
     cid = config_id(spec, config)
     if not CONFIG_ID.fullmatch(cid):
         raise SpecError(f"{spec.path}: config {shown(dict(config))} from {made_by} gets the id {shown(cid)}, which is "
@@ -347,13 +343,3 @@ def check_config_id(spec: Spec, config: Config, ids: dict[str, Config], made_by:
         raise SpecError(f"{spec.path}: configs {shown(apart(first))} and {shown(apart(second))}{same} from {made_by} "
                         f"both get id {shown(cid)}; add the differing parameter to [kernel] id")
     ids[cid] = config
-
-
-def canonical_value(param: str, value: Scalar, type_vars: tuple[str, ...], where: str, table: str = "sweep") -> Scalar:
-    """Type-variable values become canonical dtype names; the rest stay as TOML gave them."""
-    if param in type_vars:
-        canon = canonical_dtype(value) if isinstance(value, str) else None
-        if canon is None:
-            raise SpecError(f"{where}: [{table}] {param}: got {shown(value)}; allowed: {allowed_dtypes()}")
-        return canon
-    return value

@@ -470,18 +470,9 @@ def _declared_key(declared: Declared) -> str | None:
 def _plain_json(value) -> bool:
     """Whether JSON holds value as it is: tables with string keys, lists (tuples), strings, numbers, true/false,
     null, at any depth."""
-    todo = [value]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, dict):
-            if not all(isinstance(k, str) for k in v):
-                return False
-            todo += v.values()
-        elif isinstance(v, (list, tuple)):
-            todo += v
-        elif not (v is None or isinstance(v, (str, int, float))):   # bool is an int
-            return False
-    return True
+    from kforge.declare.spec_model import nested
+    return all(all(isinstance(k, str) for k in v) if isinstance(v, dict) else   # bool is an int
+               v is None or isinstance(v, (str, int, float, list, tuple)) for v in nested(value))
 
 
 def _ran_at(ran: dict, place) -> dict:
@@ -666,17 +657,10 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
 
 
 def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
-    """The autotuners' picks in the catalog's record files, for the archs built: one per kernel, arch, key and
-    config, its "lines" summed over the files."""
+    """The autotuners' picks in the catalog's record files, for the archs built."""
     from kforge.declare import records
-    extra, merged = record_archs(root), {}
-    for f in files:
-        if f.suffix == ".jsonl":
-            for t in records.tuned_choices(f, root, extra):
-                if archs is None or t["arch"] in archs:
-                    seen = merged.setdefault(json.dumps({**t, "lines": 0}, sort_keys=True), {**t, "lines": 0})
-                    seen["lines"] += t["lines"]
-    return list(merged.values())
+    return [t for t in records.tuned_choices([f for f in files if f.suffix == ".jsonl"], root, record_archs(root))
+            if archs is None or t["arch"] in archs]
 
 
 def record_archs(root: Path) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from kforge.base.archs import ARCHS
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.declare.spec_model import TYPE_VAR_RE, Spec
-from kforge.declare.triton_options import OPTIONS, arch_problem
+from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from kforge.base.dtypes import canonical_arg_type
 from kforge.declare.sweep import check_config_id, config_id
 from kforge.base.target import Target
@@ -161,20 +161,14 @@ def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
             config = tuple((p, merged[p]) for p in spec.configs.params)
             if config in found or any(ex.matches(config, arch) for ex in spec.excludes):
                 continue
-            _check_pruned(spec, arch, config, ids)
+            # values the spec's sweep was never checked with: an option's, an id that must stay safe and unique
+            for p, v in config:
+                problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
+                if problem:
+                    raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
+            check_config_id(spec, config, ids, f"the autotuner's pruner on {arch}")
             found[config] = None
     return list(found)
-
-
-def _check_pruned(spec: Spec, arch: str, config: tuple, ids: dict) -> None:
-    """A config the pruner rewrote has values the spec's sweep was never checked with: an option's value, and
-    an id that must stay a safe name, unique on the arch."""
-    from kforge.declare.triton_options import value_problem
-    for p, v in config:
-        problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
-        if problem:
-            raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
-    check_config_id(spec, config, ids, f"the autotuner's pruner on {arch}")
 
 
 def _pointer_types(spec, known: dict) -> dict:
@@ -188,11 +182,15 @@ def _pointer_types(spec, known: dict) -> dict:
     return found
 
 
-def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
-    """(closure, the base its paths are relative to, misses) of the module a "module:name" reference names:
-    a project module first (as the compile finds it: the project is first on its path), else an installed
-    one. SpecError when neither has it, or the module defines no such function."""
+def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
+                      what: str = "a @triton.jit function") -> tuple:
+    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key): a
+    project module first (the project is first on the compile's path), else an installed one; its files join
+    the catalog's stamp. `seen`: the references already resolved for this family."""
     from kforge.load import installed, sources
+    if ref in seen:
+        return seen[ref]
+    fix = f"fix the reference ('module:function', {what})"
     module, name = ref.split(":")
     parts = module.split(".")
     candidates = (root.joinpath(*parts) / "__init__.py", root.joinpath(*parts).with_suffix(".py"))
@@ -204,26 +202,13 @@ def _function_source_files(ref: str, root: Path) -> tuple[tuple, Path, tuple]:
         try:
             found = installed.find(module)
         except installed.NotInstalled as e:
-            raise SpecError(f"function {ref}: {e}") from None
+            raise SpecError(f"{where}: function {ref}: {e}; {fix}") from None
         closure, base, path, misses = found.closure(), found.base, found.path, set(found.misses)
     if name not in sources.function_names(path):
-        raise SpecError(f"function {ref}: {module} ({path}) defines no function {name}")
-    return tuple(closure), base, tuple(misses) + candidates
-
-
-def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
-                      what: str = "a @triton.jit function") -> tuple:
-    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key); its
-    files join the catalog's stamp. `seen`: the references already resolved for this family."""
-    from kforge.load import sources
-    if ref not in seen:
-        try:
-            closure, base, misses = _function_source_files(ref, root)
-        except SpecError as e:
-            raise SpecError(f"{where}: {e}; fix the reference ('module:function', {what})") from None
-        if read is not None:
-            read.update(closure, misses)
-        seen[ref] = sources.digest_files(closure, base)
+        raise SpecError(f"{where}: function {ref}: {module} ({path}) defines no function {name}; {fix}")
+    if read is not None:
+        read.update(closure, misses, candidates)
+    seen[ref] = sources.digest_files(tuple(closure), base)
     return seen[ref]
 
 

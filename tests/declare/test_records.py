@@ -181,7 +181,7 @@ def test_a_recorded_line_reads_back_as_written(project, tmp_path):
     for written in (plain, picked, plain):
         recorder.write(written)
     assert read(path, "specs/app.jsonl") == [plain, {k: v for k, v in picked.items() if k != "autotune"}]
-    assert tuned_choices(path, project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
+    assert tuned_choices([path], project) == [{"kernel": picked["kernel"], "arch": "sm_90a", "key": [1000, "torch.float16"],
                                             "config": {"BLOCK": 256, "num_warps": 4}, "lines": 1}]
     assert len(path.read_text().splitlines()) == 2   # the repeated line is written once
 
