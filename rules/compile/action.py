@@ -22,10 +22,9 @@ RETRY_HINT = "retry alone:"   # a replayed failure drops it: the retry would rep
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
                    cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None,
                    local: local_cache.LocalCache | None = None):
-    """doit python-action: the result's values on success, TaskFailed on failure. A verified hit in the local
-    cache, else in the remote cache, replaces the compile (the compiler is not even imported for it); what was
-    fetched or built goes into the local cache, and a fresh build is uploaded. With executor="dask://HOST:PORT"
-    the compile runs on that Dask cluster."""
+    """doit python-action: the result's values, or TaskFailed. A verified hit in the local cache, else the remote
+    one, replaces the compile (the compiler is not even imported); what was fetched or built goes into the caches
+    before it. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
     try:
         return _compile_target(target, root, timeout, cache_cfg, executor, local)
     except OutsideOut as e:   # a link out of out/: its message names the link and the fix
@@ -90,12 +89,9 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
 
 def _skip(target: Target, reason: str, inputs: list | None) -> dict:
     """A config of the library's autotuner that cannot run on the arch (base/archs.DoesNotFit): kept in error.txt
-    as skipped with what the compile read, so that it stays skipped, not compiled again, until those change; the
-    task succeeds (the reporter counts it, the bundle leaves it out)."""
-    try:
-        artifact.write_error(target, f"{artifact.SKIPPED}{reason}", inputs)
-    except OSError:   # a full disk: skipped all the same, compiled again next time
-        pass
+    as skipped with what the compile read, so that it stays skipped until those change; the task succeeds (the
+    reporter counts it, the bundle leaves it out)."""
+    _keep_error(target, f"{artifact.SKIPPED}{reason}", inputs)
     return {"skipped": reason}
 
 
@@ -104,9 +100,12 @@ def _fail(target: Target, error: str, traceback: str = "", inputs: list | None =
     next runs then report from there without compiling (artifact.saved_failure)."""
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
                f"  error: {error}\n  {RETRY_HINT} doit {target.name}")
-    kept = f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message
-    try:
-        artifact.write_error(target, kept, inputs)
-    except OSError:   # a full disk: the failure is still reported (and in build-report.json when space allows)
-        pass
+    _keep_error(target, f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message, inputs)
     return TaskFailed(message)
+
+
+def _keep_error(target: Target, text: str, inputs: list | None) -> None:
+    try:
+        artifact.write_error(target, text, inputs)
+    except OSError:   # a full disk: reported all the same, compiled again next time
+        pass

@@ -1,12 +1,9 @@
 """FlyDSL ahead-of-time compile of one Target, compile-only, no GPU. Imported only by processes that compile.
 
-A FlyDSL kernel is built by a factory in kernels/: factory(**compile_time_values[, arch]) returns
-(launcher, placeholders), the @flyc.jit launcher and the tensors/scalars to trace it with. The compile
-server of one arch sets COMPILE_ONLY, ARCH and FLYDSL_GPU_ARCH (FlyDSL reads the arch from the
-environment and fixes it per process: one arch per server), points FlyDSL at a linker, then for each
-target traces the launcher and takes the AMD code object out of the lowered module in memory. FlyDSL's
-own disk cache is off: its key ignores torch.dtype values captured in closures, and kforge never loads
-or ships its pickles.
+A factory in kernels/, factory(**compile_time_values[, arch]), returns (launcher, placeholders): the @flyc.jit
+launcher and the tensors/scalars to trace it with. FlyDSL reads the arch from the environment once per process,
+so each compile server serves one arch; it traces the launcher and takes the AMD code object out of the lowered
+module in memory. FlyDSL's disk cache is off: its key ignores torch.dtype values captured in closures.
 """
 from __future__ import annotations
 
@@ -97,7 +94,8 @@ def _build(target):
         raise TypeError(f"{target.entry}() gave {len(placeholders)} placeholders; [signature] declares "
                         f"{len(runtime)} runtime arguments {[a for a, _ in runtime]}")
     for (name, declared), value in zip(runtime, placeholders):
-        got = _arg_type(value)
+        dtype = getattr(value, "dtype", None)   # None: a scalar or an fx value, nothing to compare
+        got = None if dtype is None else canonical_arg_type("*" + str(dtype))
         if got is not None and got != declared:
             raise TypeError(f"placeholder for {name!r} is {got}, [signature] says {declared}")
     return launcher, placeholders
@@ -111,13 +109,6 @@ def _placeholder(kind: str, value):
     import torch
     name = {**TORCH_DTYPES, "u1": "torch.bool"}[kind]   # the loader's table, and u1 (it takes no bool pointer)
     return torch.empty(*value, dtype=getattr(torch, name.removeprefix("torch.")))
-
-
-def _arg_type(value) -> str | None:
-    dtype = getattr(value, "dtype", None)
-    if dtype is None:
-        return None   # a scalar or an fx value: nothing to compare
-    return canonical_arg_type("*" + str(dtype))
 
 
 def _capture_fd2(fn) -> str:

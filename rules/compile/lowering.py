@@ -1,9 +1,6 @@
-"""What a compile backend is and hands back, and the table of backends by toolchain: below the compile core
-(compile/core.py) and below every backend (compile/triton_backend.py, compile/flydsl_backend.py), so neither reaches up.
-
-A backend module registers itself here when it is imported; compile/core.py's backend_of(toolchain) imports the one
-a target needs (an import statement per toolchain, in the process that compiles), so a build of Triton targets
-alone never imports FlyDSL, and no process imports a compiler before it compiles.
+"""What a compile backend is and hands back, and the table of backends by toolchain, where a backend module
+registers itself when compile/core.py's backend_of imports it: below the core and every backend, so neither
+reaches up.
 """
 from __future__ import annotations
 

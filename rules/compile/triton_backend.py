@@ -32,11 +32,9 @@ def warm(root: str) -> None:
 
 
 def _private_cache_key() -> None:
-    """Triton names its on-disk cache entries by triton_key(), a sha256 of its sources and of libtriton (415 MB:
-    0.3 s in every doit worker on the dev machine). A compile here never shares that cache: TRITON_CACHE_DIR is
-    the compile's own scratch folder (lower()), so the name only tells one compile's entries apart, and the
-    toolchain is in the target's own key (rules/plan/keys.py). Triton's version and libtriton's identity by stat
-    name them here instead of their content; what is compiled does not depend on it."""
+    """Triton names its cache entries by triton_key(), a sha256 of its sources and libtriton (415 MB: 0.3 s in
+    every doit worker). A compile here never shares that cache (TRITON_CACHE_DIR is its scratch folder) and the
+    toolchain is in the target's key, so Triton's version and libtriton's stat name them instead."""
     import sysconfig
 
     import triton
@@ -52,18 +50,14 @@ def _private_cache_key() -> None:
 
 
 def _canonical_file_names(root: str) -> None:
-    """Make every binary independent of where things lie and when they were written.
+    """Make every binary independent of where things lie and when they were written (once per compile server).
 
-    Triton writes the source file of each function a kernel inlines into the binary's line info, and takes it
-    from one place, get_jit_fn_file_line, for the entry (however it is wrapped: Autotuner, Heuristics, a
-    library's own class), every @triton.jit function it calls (through a module object too), and Triton's own
-    library. Wrapped there, each name is relative to the project or the module path entry it lies in
-    (`kfl/ops/scale.py`, `triton/language/standard.py`), as rules/load/observe.py names inputs; a file outside all
-    of them keeps only its name. ptxas then stats the file a PTX `.file` directive names and writes its mtime
-    into .debug_line (triton-lang/triton#11091): each directive gets an explicit timestamp and size, which
-    PTX allows. Measured with triton 3.6's ptxas: `, 0, 0` reads as "unknown" and the file is still looked
-    up; `, 1, 0` (1 s after the epoch, size 0) is taken as it is, whatever the file's mtime and wherever
-    ptxas runs. Only in compile servers, once."""
+    Triton takes the source file it writes into line info from one place, get_jit_fn_file_line, for the entry
+    however wrapped, every @triton.jit function it calls, and its own library. Wrapped there, each name is
+    relative to the project or module path entry it lies in, as rules/load/observe.py names inputs (a file
+    outside all of them keeps only its name). ptxas writes the mtime of the file a PTX `.file` directive names
+    into .debug_line (triton-lang/triton#11091), so each directive gets an explicit timestamp and size; measured
+    with triton 3.6's ptxas, `, 0, 0` reads as "unknown" and the file is still looked up, `, 1, 0` is taken as is."""
     import triton.compiler.code_generator as code_generator
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -107,7 +101,7 @@ def lower(target, scratch: str):
     kinds = dict(target.signature)   # "dtype" and "function" arguments are constexprs of another kind of value
     signature = {a: "constexpr" if t in VALUE_KINDS else t for a, t in target.signature}
     constexprs = {a: triton.language.str_to_ty(v, None) if kinds[a] == "dtype" else
-                  _function(v, target) if kinds[a] == "function" else v for a, v in target.constexprs}
+                  _function(v) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     start = time.monotonic()
     kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
@@ -140,34 +134,26 @@ def lower(target, scratch: str):
 
 
 def _entry(target):
-    from triton.runtime.jit import JITFunction
-
     from kforge.load.entry_probe import entry_object, layers
     module = importlib.import_module(target.module)
-    # @triton.autotune, @triton.heuristics (and libraries' wrappers) wrap the @triton.jit function: the spec's
-    # config gives the values they would choose at launch, so the function itself is what is compiled. The
-    # entry is what the probe found under its name: Class.kernel, a lazily made one, a factory's by its name
+    # the @triton.jit function under its wrappers is compiled (the config gives what they would choose at launch),
+    # found as the probe found it: Class.kernel, a lazily made one, a factory's by its name
     try:
         held = entry_object(module, target.entry)
     except AttributeError:
         held = None
     wrapped = layers(held)
-    fn = wrapped[-1]
-    if not isinstance(fn, JITFunction):
-        raise TypeError(f"{target.module}.{target.entry} is not a @triton.jit function (got {type(fn).__name__})")
+    fn = _jit(wrapped[-1], f"{target.module}.{target.entry}")
     _as_imported(target, wrapped)
     return fn
 
 
 def _as_imported(target, wrapped: list) -> None:
-    """What the load read from the entry's source, checked against what the import holds (`wrapped`: the entry
-    as imported, outermost first, its @triton.jit function last: entry_probe.layers), where a launch reads
-    it: the defaults of the @triton.jit function's parameters (a name its default reads may be rebound as the
-    library is imported) and the @triton.heuristics around it (a kernel made at import, by a module __getattr__
-    or a factory, may carry some its source's def does not show); and for a record line, the code it was recorded
-    from (its source key: a kernel generated and exec'd at run time under its def's name, or another version
-    of the library, is other code). Where they differ, Triton would launch another binary than the one the load
-    asked for: none is built."""
+    """What the load read from the entry's source, checked against the import (`wrapped`: entry_probe.layers, the
+    @triton.jit function last): its parameters' defaults (a name one reads may be rebound at import), the
+    @triton.heuristics around it (a kernel made at import may carry some its def does not show), and for a record
+    line, the code it was recorded from (its source key). Where they differ, Triton would launch another binary
+    than the one the load asked for: none is built."""
     from triton.language import constexpr
     from triton.runtime.autotuner import Heuristics
 
@@ -213,13 +199,16 @@ def _as_imported(target, wrapped: list) -> None:
                              f"imported); give {arg} in [constants] or [sweep] ({target.spec_path})")
 
 
-def _function(ref: str, target):
+def _function(ref: str):
     """The @triton.jit function a "function" argument names ("module:name")."""
-    from triton.runtime.jit import JITFunction
     module, name = ref.split(":")
-    fn = getattr(importlib.import_module(module), name, None)
+    return _jit(getattr(importlib.import_module(module), name, None), ref)
+
+
+def _jit(fn, name: str):
+    from triton.runtime.jit import JITFunction
     if not isinstance(fn, JITFunction):
-        raise TypeError(f"{ref} is not a @triton.jit function (got {type(fn).__name__})")
+        raise TypeError(f"{name} is not a @triton.jit function (got {type(fn).__name__})")
     return fn
 
 
