@@ -103,7 +103,7 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     def artifact_dirs(self, archs) -> list[str]:
         """Every entry out/<arch>/<kernel>/<name> for the given archs, directories and links (an artifact
         directory or something in its place), as strings (a no-op run lists thousands: rules/store/guard.py's
-        orphaned): three levels of os.scandir, symlinked arch or kernel directories not entered."""
+        no_targets): three levels of os.scandir, symlinked arch or kernel directories not entered."""
         found = []
         for arch in archs:
             for family in _subdirs(self.arch_dir(arch)):

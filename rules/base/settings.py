@@ -47,10 +47,6 @@ def _seconds(text: str, where: str) -> float:
     return value
 
 
-def _archs(text: str, where: str) -> tuple[str, ...]:
-    return parse_arch_list(text, where)
-
-
 DASK = "dask://"   # executor=dask://HOST:PORT: rules/share/dask_executor.py connects to tcp://HOST:PORT
 
 
@@ -60,10 +56,6 @@ def _executor(text: str, where: str) -> str:
     url = _split_url(text, where)
     if url.port is None or url.path or url.query or url.fragment:
         raise ValueError(f"{where}: got {text!r}; expected {DASK}HOST:PORT (a Dask scheduler), nothing after the port")
-    return text
-
-
-def _text(text: str, where: str) -> str:
     return text
 
 
@@ -78,9 +70,8 @@ FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": 
 
 
 def _url(text: str, where: str) -> str:
-    """The remote cache's URL, checked once here: one kforge cannot use made every target fail (a port that is no
-    number, a bracket not closed), a newline split every warning naming it, a password showed in every one (kforge
-    sends no credentials)."""
+    """The remote cache's URL, checked once here: one kforge cannot use made every target fail, a newline split
+    every warning naming it, a password showed in every one (kforge sends no credentials)."""
     if not text.startswith(("http://", "https://")):
         raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
     _split_url(text, where)
@@ -124,9 +115,9 @@ def _local_cache(text: str, where: str) -> str | None:
 
 
 def _default_keep_hub() -> int:
-    """A keeper (rules/load/kept_hub.py) outlives the build: by default only for one run at a terminal, where a
-    developer builds again and again. A script, a CI job or a test harness that starts doit gets none unless it
-    asks: whatever waits for every process the build left, or counts them, sees none."""
+    """A keeper (rules/load/kept_hub.py) outlives the build: by default only for a run at a terminal, where a
+    developer builds again and again; a script, a CI job or a test harness that waits for every process the
+    build left gets none unless it asks."""
     try:
         at_terminal = sys.stderr.isatty()
     except (AttributeError, ValueError):   # no stderr (None), or one closed
@@ -192,7 +183,7 @@ def _key(text: str, where: str) -> str:
 
 
 SETTINGS = {s.name: s for s in (
-    Setting("archs", None, _archs, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
+    Setting("archs", None, parse_arch_list, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
     Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
     Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
@@ -217,7 +208,7 @@ SETTINGS = {s.name: s for s in (
     Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size(2**20), lambda: 8 * 2**30,
             "memory a Python catalog file, or the probe importing a family's module, may allocate, e.g. 8G"),
     # read where FlyDSL links (a compile server, maybe on a Dask worker) and in the key: the environment alone
-    Setting("ld_lld", "KFORGE_LD_LLD", _text, lambda: None,
+    Setting("ld_lld", "KFORGE_LD_LLD", lambda text, where: text, lambda: None,
             "FlyDSL's linker for AMD code objects: a path to ld.lld (>= 17), or triton (the LLD inside Triton)",
             command_line=False),
 )}

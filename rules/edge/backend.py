@@ -1,13 +1,8 @@
-"""kforge's dependency file for doit: doit's own sqlite3 backend (the same file, table and rows, so a file
-written by plain doit or an older kforge is read as it is), registered with doit as the backend NAME through
-pyproject.toml's [project.entry-points."doit.BACKEND"] and chosen by DOIT_CONFIG (rules/edge/config.py).
-
-What it changes, each for a reason edge/config.py's users see:
-  - the file is read in one query when it is opened, not one per task: ~30 ms of a 1,152-target no-op run;
-  - a damaged file is moved aside with one line and started afresh (it holds nothing a build needs: each
-    artifact's key is in its meta.json), not a traceback on every command;
-  - a failed final write (a full disk) is one line, and the run still ends with its summary;
-  - the tasks removed (`doit forget`, `doit clean --forget`) are listed, so `doit forget` knows what it forgot.
+"""kforge's dependency file for doit: doit's own sqlite3 backend (the same file, table and rows), registered as the
+backend NAME through pyproject.toml's [project.entry-points."doit.BACKEND"] and chosen by DOIT_CONFIG. It reads
+the file in one query, not one per task (~30 ms of a 1,152-target no-op run); moves a damaged file aside with one
+line (it holds nothing a build needs: each artifact's key is in its meta.json); says a failed final write (a full
+disk) in one line; and lists the tasks removed, so `doit forget` knows what it forgot.
 
 doit imports this module whenever it lists its backends (every command, in any doit project of an environment
 where kforge is installed): it imports nothing beyond doit and sqlite3.

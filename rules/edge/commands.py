@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 import os
 import sys
 from pathlib import Path
@@ -26,12 +27,9 @@ from kforge.share.local_cache import LocalCache
 
 
 class Forget(DoitForget):
-    """doit's forget, plus: a forgotten target's meta.json and error.txt go too, so the next run compiles it.
-
-    kforge decides "up to date" from the key in meta.json (it survives killed runs and restored caches),
-    and reports a compile that failed deterministically again from its error.txt, so forgetting doit's
-    record alone would change nothing.
-    """
+    """doit's forget, plus: a forgotten target's meta.json and error.txt go too, so the next run compiles it
+    (kforge decides "up to date" from meta.json's key and replays a deterministic failure from error.txt, so
+    forgetting doit's record alone would change nothing)."""
 
     def _execute(self, forget_sub, forget_disable_default, forget_all):
         backend = self.dep_manager.backend
@@ -42,9 +40,7 @@ class Forget(DoitForget):
         tasks = {t.name: t for t in self.task_list}
         for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
-            # the whole artifact directory: its meta.json says built, its error.txt is a failure reported again
-            # without compiling (rules/compile/action.py), and a binary left alone would be a folder of kforge's
-            # that clean and prune take for a user's (no meta.json)
+            # the whole artifact directory: a binary left alone would be a folder clean and prune take for a user's
             if target is not None and guard.written_by_kforge(Path(target.out_dir)):
                 try:
                     guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
@@ -54,8 +50,7 @@ class Forget(DoitForget):
 
 
 def compile_target_of(task):
-    """The Target a compile task builds (rules/edge/dodo_tasks.py puts it in the task's meta), or None for other
-    tasks."""
+    """The Target a compile task builds (in the task's meta: rules/edge/dodo_tasks.py), or None."""
     return (task.meta or {}).get("kforge_target")
 
 
@@ -146,8 +141,8 @@ def imported_as(target) -> str:
 
 
 def observed_lines(target) -> str:
-    """`doit info`'s list of the files the target's compile read (and `<folder>/`: folders it listed), each with
-    its digest then and a mark when its content is not that any more."""
+    """`doit info`'s list of the files (and `<folder>/`s) the target's compile read, each with its digest then and
+    a mark when its content changed since."""
     listed = listed_inputs(target.meta_path)
     if listed is None:
         return ""
@@ -190,11 +185,9 @@ class Info(DoitCmdBase):
         members = [compile_target_of(tasks[d]) for d in task.task_dep if d in tasks]
         if members and all(members):
             states = [(t.name, target_state(t)) for t in members]
-            counts: dict[str, int] = {}
             for name, state in states:
                 write(f"{name}  {state}\n")
-                key = state.split(":")[0]
-                counts[key] = counts.get(key, 0) + 1
+            counts = Counter(state.split(":")[0] for _, state in states)
             write(f"{task.name}: {report.plural(len(states), 'target')}: "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "\n")
             return 0
@@ -206,7 +199,7 @@ class Info(DoitCmdBase):
 
 class Clean(DoitClean):
     """doit's clean, with one summary line instead of a line per action: a compile target's artifact directory
-    goes (and the directories it leaves empty, never out/ itself); nothing outside out/ is ever deleted."""
+    goes (guard.remove_artifact_dir)."""
 
     def clean_tasks(self, tasks, dryrun, cleanforget):
         removed, refused, others = 0, [], 0
@@ -240,8 +233,8 @@ class Clean(DoitClean):
 
 
 def _clean(task, dryrun: bool) -> None:
-    """Run a task's clean actions. kforge's own are Python calls, run here so that a refusal (OutsideOut) reaches
-    the summary as one line (doit's Task.clean prints an action's exception as a traceback); others as doit does."""
+    """Run a task's clean actions: kforge's own (Python calls) here, so that a refusal (OutsideOut) reaches the
+    summary as one line, not doit's traceback; others as doit does."""
     if not all(isinstance(a, PythonAction) for a in task.clean_actions):
         task.clean(io.StringIO(), dryrun)
     elif not dryrun:
@@ -287,15 +280,15 @@ class Prune(DoitCmdBase):
 
 
 def no_names(command: str, names, what: str) -> None:
-    """A command that takes no name, given one: refused in one line (doit passes positional arguments to a command
-    that never reads them without a word: `doit prune scale` pruned every family)."""
+    """A command that takes no name, given one: refused in one line (doit passed them on without a word: `doit
+    prune scale` pruned every family)."""
     if names:
         raise InvalidCommand(f"kforge: doit {command} takes no target or family (given: "
                              f"{', '.join(map(shown, names[:3]))}{' ...' if len(names) > 3 else ''}): {what}")
 
 
 def shown(name: str) -> str:
-    """A name from the command line as a message quotes it: repr'd (a newline stays one line), at most 80 characters."""
+    """A name from the command line as a message quotes it: repr'd (one line), at most 80 characters."""
     return repr(name) if len(name) <= 80 else repr(name[:60]) + f" ... ({len(name)} characters)"
 
 

@@ -13,7 +13,6 @@ time in one out/ (store/run_lock.py).
 """
 from __future__ import annotations
 
-import functools
 import gc
 import importlib
 import importlib.metadata
@@ -80,8 +79,8 @@ def config(root: Path, catalog) -> dict:
         "saved_at_end": (keys.ToolVersions.of(layout.tool_versions), InputIndex.of(layout.observed_inputs), catalog),
         "before_first_task": staticmethod(_resume_gc),
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
-        "find_orphans": staticmethod(list if catalog.broken else functools.partial(
-            guard.orphaned, layout, [t.out_dir for t in catalog.targets], settings.get("archs")))})
+        "find_orphans": staticmethod(list if catalog.broken else lambda: guard.no_targets(
+            layout, [t.out_dir for t in catalog.targets], settings.get("archs"))[0])})
     max_workers, cap_reason = _compile_cap()
     install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason,
                    keep_hub_s=settings.get("keep_hub"))

@@ -76,8 +76,8 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
                  executor: str | None = None, local=None, read: InputIndex | None = None) -> dict:
     """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
     Up to date iff the artifact on disk was built from this exact key and every file its compile read still has
-    the content it read (rules/store/inputs.py). No file_dep: sources are content-hashed into the key, so a touch or a restored out/ with fresh mtimes rebuilds nothing, and a killed run's
-    finished artifacts count even though doit's DB was never written. No targets or clean actions either:
+    the content it read (rules/store/inputs.py). No file_dep: sources are content-hashed into the key, so a touch
+    or a restored out/ rebuilds nothing, and a killed run's finished artifacts count. No targets or clean actions:
     forget, clean and prune find the artifact through the Target in the task's meta (edge/commands.py)."""
     read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
     meta_path = t.meta_path

@@ -1,11 +1,10 @@
 """Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`.
 
 Each compile target's action sends its compile to the cluster as one task; the artifact that comes back is a
-candidate the action installs (rules/store/artifact.py), as it installs a local compile's; doit's up-to-date logic is
-unchanged, and so is local execution, the default. On a worker the compile runs in that worker's warm compile
-servers (rules/compile/core.py), with a private scratch project's out/ for its temp files. Dask reschedules the task of a worker that died (a crash, a kill); a compile
-that fails on its own is reported like a local failure. The workers need kforge, its toolchains and the
-project's kernels importable: the same checkout path, or the same code installed.
+candidate the action installs, as it installs a local compile's. On a worker the compile runs in that worker's
+warm compile servers, with a private scratch out/ for its temp files. Dask reschedules the task of a worker that
+died; a compile that fails on its own is reported like a local failure. The workers need kforge, its toolchains
+and the project's kernels importable: the same checkout path, or the same code installed.
 """
 from __future__ import annotations
 

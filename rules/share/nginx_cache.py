@@ -2,11 +2,10 @@
 
     python -m kforge.share.nginx_cache DIR [--port N]    # serves DIR/store until Ctrl-C; prints the cache= URL
 
-Bazel's HTTP cache protocol (rules/share/remote_cache.py) is plain GET and PUT under /ac/ and /cas/: any server that
-stores what is PUT and serves it back will do, and nginx's dav module is the smallest one (Debian's nginx-light
-has it). CONF is the whole configuration: for a shared server, keep its `location` block (and `client_max_body_size
-0`: binaries are megabytes) behind the access control your network needs (docs/caching.md). The tests' and the
-benchmarks' cache server is this one.
+Bazel's HTTP cache protocol is plain GET and PUT under /ac/ and /cas/: nginx's dav module (Debian's nginx-light)
+is the smallest server that stores what is PUT and serves it back. CONF is the whole configuration: for a shared
+server, keep its `location` block (and `client_max_body_size 0`) behind the access control your network needs
+(docs/caching.md). The tests' and the benchmarks' cache server is this one.
 """
 from __future__ import annotations
 

@@ -60,19 +60,10 @@ def atomic_symlink(path: Path, target: Path) -> None:
         os.symlink(target, tmp)
 
 
-def drop_state(path: Path, why: str) -> None:
-    """A state file of out/.kforge/ that cannot be used: one warning, and it goes now (a link as a link), so that
-    it is rebuilt and said once, not at every command until a build replaces it."""
-    sys.stderr.write(f"kforge: {path} {why}; it is dropped and rebuilt\n")
-    try:
-        remove_entry(guard(path.parents[1], path))
-    except (OSError, ValueError):   # read-only out/, or a link on the way out of it: the warning stands
-        pass
-
-
 def read_state(path: Path, well_shaped=lambda found: True) -> dict | None:
     """The JSON object a state file of out/.kforge/ holds, None when there is none; one that cannot be read, is not
-    JSON, or is not a JSON object of the shape this kforge writes (well_shaped) is dropped with one warning."""
+    JSON, or is not a JSON object of the shape this kforge writes (well_shaped) is dropped now with one warning (a
+    link as a link), so that it is rebuilt and said once, not at every command until a build replaces it."""
     try:
         found = json.loads(read_bytes(path))
         why = None if isinstance(found, dict) and well_shaped(found) else "is not in the shape this kforge writes"
@@ -85,16 +76,19 @@ def read_state(path: Path, well_shaped=lambda found: True) -> dict | None:
     except (ValueError, RecursionError):
         why = "is not JSON (cut short or damaged)"
     if why is not None:
-        drop_state(Path(path), why)
+        sys.stderr.write(f"kforge: {path} {why}; it is dropped and rebuilt\n")
+        try:
+            remove_entry(guard(Path(path).parents[1], Path(path)))
+        except (OSError, ValueError):   # read-only out/, or a link on the way out of it: the warning stands
+            pass
         return None
     return found
 
 
 class JsonState:
-    """A JSON object kept in out/.kforge/ across runs (the key index, tool versions): one instance per file
-    in a process, read once while tasks are generated, saved by the reporter at the end of a run if it changed.
-    Untrusted (another kforge's, a restored cache's): a file that cannot be read, is not JSON, or is not in the
-    shape this kforge writes (well_shaped) is dropped with one warning and counts as empty."""
+    """A JSON object kept in out/.kforge/ across runs (the key index, tool versions): one instance per file in a
+    process, read once while tasks are generated (read_state: untrusted, dropped unless well_shaped), saved by
+    the reporter at the end of a run if it changed."""
     _open: dict[tuple[type, Path], "JsonState"] = {}
 
     @classmethod

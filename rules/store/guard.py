@@ -227,16 +227,10 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     return True
 
 
-def orphaned(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> list[Path]:
-    """The artifact directories in out/ (layout.artifact_dirs) that are no current target's (configs dropped
-    from a sweep, deleted specs), for the given archs (default: every arch kforge knows); only those kforge
-    wrote (written_by_kforge): a folder a user keeps there is never an orphan (no_targets lists those too)."""
-    return no_targets(layout, current, archs)[0]
-
-
 def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:
-    """The entries at an artifact's place in out/ that no current target owns: (those kforge wrote, the others,
-    which prune keeps), each sorted."""
+    """The entries at an artifact's place in out/ (layout.artifact_dirs) that no current target owns (configs
+    dropped from a sweep, deleted specs), for the given archs (default: every arch kforge knows): (the orphans,
+    those kforge wrote; the others, which a user keeps there and prune keeps too), each sorted."""
     current = {os.path.normpath(p) for p in current}
     found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
     kforges, others = [], []

@@ -1,18 +1,15 @@
 """Is what a target's compile read still the same: the depfile check.
 
-Each artifact's meta.json lists the files its compile actually read beyond the toolchain, by name and sha256,
-and the folders it listed (`<folder>/`, the sha256 of the names in it) (rules/load/observe.py records them;
-rules/compile/core.py writes them). A target is up to date only while every
-one of them still has that content, besides its key matching (rules/store/artifact.py). The check is stat-first, as
-doit's own file_dep check is: out/.kforge/observed-inputs.json remembers, per file, where its name resolved
-and the identity (inode, mtime, ctime, size: rules/base/stamps.py) its content was hashed at, and per meta.json
-(by its identity) the set of inputs it lists, so a no-op run reads no meta.json and hashes nothing: it stats
-each distinct file once. The sets are shared (a family's targets usually read the same files).
+Each artifact's meta.json lists the files its compile read beyond the toolchain, by name and sha256, and the
+folders it listed (`<folder>/`: the sha256 of the names in it) (rules/load/observe.py records them). A target is
+up to date only while every one still has that content, besides its key matching. The check is stat-first, as
+doit's file_dep check is: out/.kforge/observed-inputs.json remembers, per file, where its name resolved and the
+identity its content was hashed at, and per meta.json (by its identity) the set of inputs it lists (shared: a
+family's targets usually read the same files), so a no-op run reads no meta.json and hashes nothing.
 
-The compile servers hash what a compile read in their own processes: each leaves what it hashed, by resolved path
-and identity, in out/.kforge/hashed/ (learn), and the index takes those digests for a file whose identity is
-still the one hashed, so the first no-op after a build stats an input it read instead of hashing it again (a
-2 GiB input cost that no-op 11.2 s).
+The compile servers leave what they hashed, by resolved path and identity, in out/.kforge/hashed/ (learn), and the
+index takes those digests for a file whose identity is still the one hashed, so the first no-op after a build
+stats an input instead of hashing it again (a 2 GiB input cost that no-op 11.2 s).
 """
 from __future__ import annotations
 

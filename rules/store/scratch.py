@@ -1,11 +1,10 @@
 """Scratch files live under out/.kforge/tmp/, never in the system's temp directory, and outlive no run.
 
-Each compile gets a folder there (rules/compile/core.py) holding its compile log (rules/load/isolate.py) and
-everything the compiler writes to its temp directory: the compile server's TMPDIR points there while it compiles
-(Triton's .ptx/.o/.log files, ptxas's own). A folder is named after the run's doit master, <pid>-<what>-<random>,
-and removed after its compile. What a killed compile leaves is removed when the master exits (atexit: the end of
-the run, a failure, Ctrl-C or SIGTERM), and what a run killed outright leaves (SIGKILL, a power cut) when the
-next run starts: every folder whose run is no longer alive goes.
+Each compile gets a folder there holding its compile log and everything the compiler writes to its temp
+directory (the compile server's TMPDIR points there while it compiles: Triton's .ptx/.o/.log files, ptxas's own),
+named after the run's doit master, <pid>-<what>-<random>, and removed after its compile. What a killed compile
+leaves goes when the master exits (atexit), and what a run killed outright leaves (SIGKILL, a power cut) when
+the next run starts: every folder whose run is no longer alive.
 """
 from __future__ import annotations
 

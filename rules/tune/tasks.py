@@ -1,9 +1,6 @@
 """`doit tune`: one task per (family with a [tune] table, arch), run on a GPU of that arch; not a default task.
-
 The task runs rules/tune/gpu_bench.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
-holds the current tuning key: a digest of the family's built artifacts (their sha256), the shape list,
-the harness and tuner code, and the GPU (name, arch, driver). Anything else (a touch, a rebuilt but
-identical binary, another checkout) keeps the table.
+holds the current tuning key (tuning_key): a touch, a rebuilt but identical binary or another checkout keeps it.
 """
 from __future__ import annotations
 
@@ -37,8 +34,8 @@ def local_vendors() -> set[str]:
 
 
 def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
-    """families: the catalog's (rules/plan/catalog.py). A tuned family's spec is loaded only by its task's actions
-    (when `doit tune` runs), never while tasks are made: a no-op build pays nothing for tuning."""
+    """The catalog's families' tuning tasks. A tuned family's spec is loaded only by its task's actions, never
+    while tasks are made: a no-op build pays nothing for tuning."""
     yield {"basename": "tune", "name": None,
            "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
     vendors = local_vendors()
@@ -70,8 +67,8 @@ def _spec(spec_path: str, root: str):
 
 
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
-    """What a tuning table depends on. The artifacts count by their binaries' sha256: a rebuild that gives
-    the same bytes keeps the table, any changed binary (or one more or one fewer config) re-tunes."""
+    """What a tuning table depends on: the family's built binaries by their sha256, the shape list, the harness and
+    tuner code, and the GPU (name, arch, driver)."""
     from kforge.load import sources   # (and ast) only where a tuning key is computed: never in a no-op build
     metas = ((t.config_id, artifact.current_meta(t.meta_path, t.key)) for t in targets)
     built = sorted((config_id, meta.get("sha256")) for config_id, meta in metas if meta is not None)
