@@ -15,12 +15,7 @@ from .elf import ElfError, check_binary as check_elf
 # One artifact: out/<arch>/<kernel>/<config_id>/{<binary>, meta.json} (rules/base/layout.py).
 # Bump ARTIFACT_SCHEMA when meta.json's fields or a binary's content rules change: it is part of every
 # action key, so every target rebuilds.
-ARTIFACT_SCHEMA = 8   # 2: AMD artifacts carry kernel_abi; 3: Triton binaries carry no checkout path or
-#                       mtime; 4: nor the path of the virtualenv Triton is installed in; 5: nor any other
-#                       path, for every function a kernel reaches, however wrapped; 6: Triton artifacts with
-#                       tensor descriptor arguments carry tensordesc_meta (the loader passes them with it);
-#                       7: Triton artifacts carry triton_source_key (serving matches it: rules/runtime/serve.py);
-#                       8: and triton_function, the def's module:qualname (serving matches a call's by it)
+ARTIFACT_SCHEMA = 8   # 7: Triton artifacts carry triton_source_key, 8: triton_function (serving matches by both)
 META = "meta.json"     # written last, by rename: its presence means "built"
 ERROR = "error.txt"    # a failed compile's message ("key: <key>" first), never counts as built
 # The file names an artifact may hold (and a cache entry or a bundle may name): no separator, no "..".
@@ -65,13 +60,11 @@ NONE = "none"
 RECORD_FORMAT = "kforge-record-1"
 RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
 RECORD_OPTIONAL = ("autotune", "source_key")   # source_key: the kernel's code as recorded (source_key.py)
-# The Triton compile options a record keeps: every option a launch (or the process's Triton knobs: TRITON_DEBUG,
-# TRITON_F32_DEFAULT) can change a binary by, num_warps and num_stages always, the rest where they differ from
-# triton 3.6's defaults (TRITON_DEFAULTS, and the vendor's: an AMD arch's name starts with gfx), so that a line
-# recorded on one vendor's GPU carries none of that vendor's options unless the kernel asked for one (and builds
-# for the other). A call is served only a binary compiled with its options: one that dropped `debug=True` or
-# `enable_reflect_ftz=False` would run other code than the JIT's. The last two are none a spec may set
-# (rules/declare/triton_options.py): a line that holds one is refused at build, so such a call is never served.
+# The Triton compile options a record keeps: every one a launch or Triton's knobs (TRITON_DEBUG, TRITON_F32_DEFAULT)
+# can change a binary by (a call is served only a binary compiled with its options), num_warps and num_stages always,
+# the rest where they differ from triton 3.6's defaults on the vendor (an AMD arch's name starts with gfx): a line
+# recorded on one vendor carries none of its options unless the kernel asked for one. A spec may set neither of the
+# last two (rules/declare/triton_options.py): a line holding one is refused at build, so such a call is never served.
 RECORD_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
                   "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint", "debug",
                   "sanitize_overflow", "enable_reflect_ftz", "default_dot_input_precision", "allow_flush_denorm",
@@ -114,7 +107,6 @@ def is_signature(value) -> bool:
     """A "signature" field: a list of {name, type} strings, one per runtime argument."""
     return isinstance(value, list) and all(isinstance(a, dict) and isinstance(a.get("name"), str)
                                            and isinstance(a.get("type"), str) for a in value)
-_WHEEL = re.compile(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$")
 
 
 SHOWN = 10   # names an error message lists before counting the rest
@@ -138,6 +130,9 @@ def dist_name(arch: str) -> str:
 
 def wheel_name(dist: str, version: str) -> str:
     return f"{dist}-{version}-py3-none-any.whl"
+
+
+_WHEEL = re.compile(r"kforge_kernels_([A-Za-z0-9_]+?)(-.*\.whl|)$")
 
 
 def arch_of_bundle_file(name: str) -> str | None:
@@ -165,11 +160,9 @@ def check_binary(data: bytes, sha256, arch: str, symbol) -> None:
 
 
 # The environment variables that change what a compiler emits: every one with these prefixes, and Triton's knobs
-# without one (triton 3.6's knobs.py and the list of cache-invalidating variables in its libtriton: each of these
-# changed binaries built here, ptxas's options included). Cache, dump and log settings don't change them. A
-# target's key holds the build's (and its meta.json, as "env", where any is set); serving a call compares the
-# serving process's Triton ones with the binary's (rules/runtime/serve.py): a binary built under
-# TRITON_F32_DEFAULT=ieee or DISABLE_LLVM_OPT is not the one the process's own JIT would run, nor the reverse.
+# without one (triton 3.6's knobs.py and libtriton's cache-invalidating list: each changed binaries here); not cache,
+# dump or log settings. A target's key holds the build's (meta.json's "env", where any is set), and serving compares
+# the process's Triton ones with the binary's: one built under TRITON_F32_DEFAULT=ieee is not what its JIT would run.
 CODE_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
 CODE_ENV_NAMES = {"DISABLE_LLVM_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "DISABLE_PTXAS_OPT", "PTXAS_OPTIONS",
                   "USE_IR_LOC", "ALLOW_LHS_TMEM_LAYOUT_CONVERSION"}

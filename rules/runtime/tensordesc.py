@@ -9,12 +9,9 @@ backends/nvidia/driver.py make_launcher / make_tensordesc_arg; backends/amd/driv
 - not lowered (`tensordesc_meta` empty: AMD gfx90a/gfx942/gfx950, NVIDIA sm_80): the base address, the shape
   and the strides as r i64 each, the padding flag (i1: "nan"), then the shape again as r i32 and the strides
   as r i64.
-The CUtensorMap is encoded at every launch with the driver's cuTensorMapEncodeTiled from the compile's
-metadata, as triton 3.6's fill_tma_descriptor does (backends/nvidia/driver.c): dimensions innermost first,
-byte strides of all but the innermost dimension (which must be contiguous), the box the compile chose (the
-metadata's block_size, which may be narrower than the descriptor's block: a box row is at most the swizzle
-width), element strides 1, no interleave, the compile's swizzle, L2 promotion of 128 B, and NaN filling of
-out-of-bounds loads when the descriptor's padding is "nan" (zeros otherwise). Stdlib only: shipped in bundles.
+The CUtensorMap is encoded at launch by the driver's cuTensorMapEncodeTiled from the compile's metadata, as triton
+3.6's fill_tma_descriptor does (backends/nvidia/driver.c; TensorMaps): its box is the metadata's block_size, which may
+be narrower than the descriptor's block (a box row is at most the swizzle width). Stdlib only: shipped in bundles.
 """
 from __future__ import annotations
 
