@@ -118,8 +118,9 @@ def _cstr(data: bytes, table: tuple[int, int], offset: int, what: str) -> str:
 
 def binary_arch(elf: Elf) -> str:
     """The arch name kforge uses ("sm_90a", "gfx942") for the code in this ELF file."""
-    if elf.machine == EM_CUDA:
-        sm, specific = cuda_sm(elf)
+    if elf.machine == EM_CUDA:   # CUDA 13's ELF ABI moved the SM to e_flags[15:8], the "a" flag to 0x8
+        v8 = elf.osabi == ELFOSABI_CUDA_V8
+        sm, specific = ((elf.flags >> 8) & 0xFF, elf.flags & 0x8) if v8 else (elf.flags & 0xFF, elf.flags & 0x800)
         return f"sm_{sm}{'a' if specific else ''}"
     if elf.machine == EM_AMDGPU:
         mach = elf.flags & EF_AMDGPU_MACH
@@ -139,9 +140,3 @@ def check_binary(data: bytes, arch: str, symbol: str) -> None:
         code = max((size for name, typ, size in elf.symbols if name == symbol and typ == STT_FUNC), default=0)
     if code < MIN_KERNEL_BYTES:
         raise ElfError(f"kernel {symbol!r} has {code} bytes of code (an empty or missing kernel)")
-
-
-def cuda_sm(elf: Elf) -> tuple[int, bool]:
-    if elf.osabi == ELFOSABI_CUDA_V8:
-        return (elf.flags >> 8) & 0xFF, bool(elf.flags & 0x8)
-    return elf.flags & 0xFF, bool(elf.flags & 0x800)

@@ -99,19 +99,6 @@ def _code(jit) -> str | None:
     return tagged(key) if reproducible(key) else None
 
 
-def under_heuristics(fn, args: tuple, kwargs: dict):
-    """(the JITFunction under @triton.heuristics wrappers, the kwargs they add), or (None, kwargs) for
-    anything else (a nested autotuner)."""
-    from triton.runtime.autotuner import Heuristics
-    from triton.runtime.jit import JITFunction
-    while isinstance(fn, Heuristics):
-        kwargs = dict(kwargs)
-        for name, heuristic in fn.values.items():
-            kwargs[name] = heuristic({**dict(zip(fn.arg_names, args)), **kwargs})
-        fn = fn.fn
-    return (fn, kwargs) if isinstance(fn, JITFunction) else (None, kwargs)
-
-
 def autotune_key(tuner, args: tuple, kwargs: dict) -> tuple:
     """The key Triton's Autotuner.run caches its choice under: the values of its `key` arguments, then the
     dtypes of the tensor arguments."""
@@ -123,9 +110,15 @@ def autotune_key(tuner, args: tuple, kwargs: dict) -> tuple:
 
 def tuned_line(tuner, args: tuple, kwargs: dict, config) -> dict:
     """The record line of the specialization an autotuner runs with `config`, marked with its key."""
+    from triton.runtime.autotuner import Heuristics
+    from triton.runtime.jit import JITFunction
     key, chosen = list(autotune_key(tuner, args, kwargs)), config.all_kwargs()
-    jit, kwargs = under_heuristics(tuner.fn, args, {**kwargs, **chosen})
-    if jit is None:
+    jit, kwargs = tuner.fn, {**kwargs, **chosen}
+    while isinstance(jit, Heuristics):   # @triton.heuristics wrappers: the values they add
+        for name, heuristic in jit.values.items():
+            kwargs[name] = heuristic({**dict(zip(jit.arg_names, args)), **kwargs})
+        jit = jit.fn
+    if not isinstance(jit, JITFunction):   # a nested autotuner
         raise ValueError(f"{tuner.base_fn.__name__}: an autotuner wrapping {type(tuner.fn).__name__} is not "
                          f"recorded")
     if not all(isinstance(v, (bool, int, float, str)) for v in key):

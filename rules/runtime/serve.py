@@ -122,12 +122,11 @@ class Served:
     attributes are AttributeErrors that say so. The binary is checked and loaded (`load`) at the first launch."""
 
     def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
-                 vendor: str = "nvidia"):
+                 vendor: str = "nvidia", bundle=None, fn=None):
         self.load, self.kernel = load, None
-        self.bundle, self.entry = None, entry   # where the binary comes from (verify reads it)
+        self.bundle, self.entry, self.fn = bundle, entry, fn   # the binary's bundle entry; the JIT function served
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = self._loaded_numbers = None
-        self.fn = None   # the JIT function it serves (its launch_metadata hook)
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
         self._skips_negative = vendor != "amd"
 
@@ -418,10 +417,8 @@ class Server:
             return None
         bundle, entry = found
         positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
-        served = Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
-                        [a["type"].startswith("*") for a in entry["signature"]], entry, bundle.vendor)
-        served.bundle, served.fn = bundle, fn
-        return served
+        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
+                      [a["type"].startswith("*") for a in entry["signature"]], entry, bundle.vendor, bundle, fn)
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
         """((bundle, entry) to serve, None), or (None, why not: strict's message). Of the entries held for the
