@@ -36,9 +36,8 @@ class Backend:
     # True when lower() imports the target's module by its name (both real backends): the compile core then
     # imports it first, timed as the server's "import", and knows a failed import when it sees one
     imports_module: bool = False
-    # (target) -> the toolchain's own digest of what the kernel compiles from (Triton's JIT cache key: its source,
-    # line, the @jit functions it calls, the constexpr globals it reads), in the compile server after the import:
-    # two builds of one key whose sources digest alike give the same code (rules/compile/core.py's early cutoff)
+    # (target) -> the toolchain's own digest of what the kernel compiles from (Triton's JIT cache key), after the
+    # import: two builds of one key whose sources digest alike give the same code (core.py's early cutoff)
     source_key: Callable | None = None
 
 

@@ -116,12 +116,10 @@ def lower(target, scratch: str):
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16),
-              # kforge's source key: Triton's digest of the kernel (its source, the @jit functions it calls, the
-              # constexpr globals it reads, its first line) and the values Triton's leaves out that the code takes
-              # (rules/runtime/source_key.py): serving launches this binary only for a function with the same key
+              # Triton's digest of the kernel with what it leaves out (runtime/source_key.py): serving launches
+              # this binary only for a function with the same key
               "triton_source_key": source_key_of(fn),
-              # the function as Triton's JIT names a call's (its def's module and qualified name), which a spec
-              # may name where the library re-exports it: serving matches a call by this
+              # as Triton's JIT names a call's (a spec may name a re-export): serving matches a call by this
               "triton_function": f"{fn.fn.__module__}:{fn.fn.__qualname__}"}
     if any(t.startswith("tensordesc") for _, t in target.signature):
         # how each host descriptor is passed (a TMA map and its box, or base/shape/strides): the loader
@@ -221,9 +219,7 @@ def source_key(target) -> str:
 lowering.register("triton", lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
-    # The build's hub imports Triton once and every compile server forks from it: a server imports one kernel
-    # module (compile/core.py's import_context), so a build starts one per module and worker, and each would
-    # otherwise pay that import again (docs/benchmarks.md, "A library imported once per process").
+    # once per build, in its hub: every compile server (one per module and worker) forks from it
     import_in="hub",
     imports_module=True,
     source_key=source_key))

@@ -8,13 +8,10 @@ kernel family, as a Pants BUILD file declares targets; loops, helper functions a
                signature={"x_ptr": "*{dtype}", "n": "i32", "BLOCK": "constexpr"},
                sweep={"dtype": ["bf16", "fp16"], "BLOCK": [1024, 4096], "num_warps": [4, 8]})
 
-family() takes the keys of a TOML spec's [kernel] table as arguments (name, source or module, entry, toolchain,
-archs, id, description) and its other tables by name (signature, constants, hints, sweep, extra, exclude, tune,
-arch, adapter, env: `arch={"gfx942": {"num_warps": 8}}`, `env={"MYLIB_FAST": "1"}`),
-and each family is checked exactly as a TOML spec is, with the same messages, naming the file and the line of
-the call. The file runs only when the catalog is loaded from the specs (never on a no-op run); every file it
-reads and every module it imports (outside the standard library) is remembered with the catalog, so that
-editing any of them loads the catalog again (rules/plan/catalog.py).
+family() takes the keys of a TOML spec's [kernel] table as arguments and its other tables by name
+(`arch={"gfx942": {"num_warps": 8}}`), checked as a TOML spec is, messages naming the file and line of the call.
+The file runs only when the catalog is loaded from the specs; every file it reads and module it imports (outside
+the standard library) is remembered with the catalog, so that editing one loads it again (rules/plan/catalog.py).
 """
 from __future__ import annotations
 
@@ -60,10 +57,8 @@ def family(**arguments) -> None:
 
 
 def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[tuple[dict, str, object]]:
-    """Run one catalog file: (tables, where, name) of each family() call, unchecked (SpecError when the file
-    itself fails or declares none). `read` collects what the file read and imported. The file runs in a
-    child process (rules/load/load_guard.py: a time and memory limit, its processes killed when it ends); the
-    families are checked by the caller, where the probe of their modules lives."""
+    """Run one catalog file in a bounded child (rules/load/load_guard.py): (tables, where, name) of each family()
+    call, unchecked (SpecError when the file fails or declares none). `read` collects what it read and imported."""
     from kforge.load import load_guard
     shown = shown_path(path, root)
     declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
@@ -98,9 +93,8 @@ def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
 
 
 def _plain(value, at: str):
-    """Python values as TOML gives them: tuples as lists, at any depth (the checks that follow expect lists), and
-    every key a string, as TOML's are (SpecError naming it: `sweep={1: [64]}` was an AttributeError traceback out
-    of the whole load, a tuple key a TypeError where the catalog keeps the declaration as JSON)."""
+    """Python values as TOML gives them: tuples as lists, at any depth, and every key a string (else SpecError
+    naming it: the checks that follow, and the catalog's JSON, take no other key)."""
     if isinstance(value, (list, tuple)):
         return [_plain(v, at) for v in value]
     if isinstance(value, dict):

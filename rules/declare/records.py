@@ -50,10 +50,9 @@ def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
 
 
 def tuned_choices(paths: list[Path], root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
-    """The autotuners' picks the files record: {"kernel", "arch", "key", "config", "lines"} per kernel, arch,
-    autotuning key and config (for each arch the line is built for); "lines": how many lines picked it. Processes
-    that tuned one key apart (pytest-xdist workers, ranks) may each have picked another config: every pick is
-    kept, so that serving can run, for each call, a pick whose specialization was recorded (runtime/serve.py)."""
+    """The autotuners' picks the files record: {"kernel", "arch", "key", "config", "lines"} per kernel, arch (each
+    the line is built for), autotuning key and config; "lines": how many lines picked it. Processes that tuned
+    apart (xdist workers, ranks) may have picked differently: every pick is kept for serving (runtime/serve.py)."""
     picks: dict[tuple, dict] = {}
     for record in (r for path in paths for _, r in _lines(path, shown_path(path, root)) if "autotune" in r):
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
@@ -224,8 +223,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
                   "sweep": {p: [configs[0][p]] for p in params}}
         if len(configs) > 1:
             tables["extra"] = configs[1:]
-        # the code each arch's lines were recorded from: the compile checks it builds one of them (triton_backend.py);
-        # two on one arch are two GPUs of it whose import gave the code another value (an SM count), or two versions
+        # the code each arch's lines were recorded from, which the compile checks (triton_backend.py); two on one
+        # arch: two GPUs whose import gave the code another value (an SM count), or two versions
         codes: dict[str, list[str]] = {}
         for r in records:
             codes.setdefault(r["arch"], []).extend(k for k in r["source_key"] if k not in codes[r["arch"]])
@@ -233,9 +232,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
             tables["kernel"]["source_keys"] = {a: sorted(keys) for a, keys in codes.items() if keys}
         if "refused" in first:   # a family of its own line, which fails alone (spec.py raises it)
             tables["kernel"]["refused"] = first["refused"]
-        # a line built for an arch it was not recorded on, with options that arch cannot take (32 warps of a
-        # Hopper record on wave64 AMD, one vendor's option on the other's GPU), is left out there: that arch
-        # runs another specialization of its own
+        # left out on another arch whose options it cannot take (32 warps of a Hopper record on wave64 AMD)
         skipped = [{"arch": a, **c} for a in archs for r, c in zip(records, configs)
                    if a != r["arch"] and _unfit(r["options"], a)]
         if skipped:

@@ -107,10 +107,9 @@ def read_tables(path: Path, root: Path) -> dict:
 
 
 def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) -> Spec:
-    """One family from its tables, as a TOML spec holds them or a Python catalog's family() call gives them
-    (rules/declare/python_catalog.py); where: how messages name it (the file, or the file and line of the call).
-    recorded: the configs are specializations as Triton compiled them (rules/declare/records.py), every value the
-    entry's @triton.autotune and @triton.heuristics chose included: those are not applied again."""
+    """One family from its tables (a TOML spec's, or a Python catalog's family() call's); `where` names it in
+    messages. recorded: the configs are specializations as Triton compiled them (rules/declare/records.py), the
+    values the entry's @triton.autotune and @triton.heuristics chose included: those are not applied again."""
     codes = {}
     if recorded:   # the code its lines were recorded from, by arch (rules/declare/records.py): not a spec's key
         codes = raw["kernel"].get("source_keys", {})
@@ -313,10 +312,9 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
 
 def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
                    entry: str) -> tuple[dict, list, int]:
-    """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first
-    autotune config joins the sweep as one value per key, the rest become extras, one per combination of the
-    spec's own swept values. The spec's [[exclude]] still filter them and its [[extra]] add to them (after those
-    made here, whose number is the third value: a config the library lists twice is one target)."""
+    """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first joins
+    the sweep, the rest become extras, one per combination of the spec's own swept values, before the spec's
+    [[extra]] (their number is the third value: a config the library lists twice is one target)."""
     if not configs:
         raise SpecError(f"{where}: {entry}'s @triton.autotune lists no configs; give it at least one")
     keys = list(configs[0])
@@ -335,9 +333,8 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
 
 
 def _tuner_notes(chosen: dict, hints: tuple, signature, where: str, entry: str) -> tuple[tuple[str, str], ...]:
-    """What `doit info` says of the entry's autotuner and @triton.jit options (rules/load/entry_probe.py describes
-    them); a 16-divisibility promise, or a value (an integer equal to 1 made a constexpr), for an argument Triton
-    never specializes is refused."""
+    """What `doit info` says of the entry's autotuner and @triton.jit options; a 16-divisibility promise, or a
+    value (an integer equal to 1 made a constexpr), for an argument Triton never specializes is refused."""
     unspecialized = chosen.get("unspecialized", {})
     for a, t in signature:
         if t == "constexpr" and unspecialized.get(a) == "do_not_specialize":
@@ -357,10 +354,9 @@ def _tuner_notes(chosen: dict, hints: tuple, signature, where: str, entry: str) 
 
 def _with_overrides(table: dict, derived: tuple, swept: dict, constants: tuple, per_arch: dict, signature,
                     where: str) -> tuple[dict, tuple]:
-    """[override]: values the spec pins in place of what the entry's @triton.heuristics compute (a heuristic
-    that reads the device cannot run on a build machine without it). One value is the family's (with the
-    constants), a list is swept (one config per value); [arch.<name>] may pin one per arch once [override]
-    names it. The heuristic itself is then never run (rules/plan/targets.py)."""
+    """[override]: values pinned in place of what the entry's @triton.heuristics compute (one reading the device
+    cannot run on a build machine), never run then (rules/plan/targets.py). One value is the family's, a list is
+    swept; [arch.<name>] may pin one per arch once [override] names it."""
     for name, value in table.items():
         if name not in derived:
             computed = f"it computes {', '.join(derived)}" if derived else "it has none"

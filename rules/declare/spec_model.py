@@ -1,6 +1,5 @@
-"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes, config values
-(its errors: SpecError in rules/base/errors.py). Loading: rules/declare/spec.py; sweeps and config ids: rules/declare/sweep.py (both
-build on this module, not on each other)."""
+"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes. spec.py (loading)
+and sweep.py (sweeps, config ids) both build on this module, not on each other."""
 from __future__ import annotations
 
 import itertools
@@ -57,9 +56,8 @@ class Exclude:
 
 @dataclass(frozen=True)
 class Configs:
-    """A family's configs, made on demand: every combination of the swept values (in the order listed), then
-    the extras outside it, less the configs excluded on every arch. Nothing is stored per config: a family
-    may have 50,000 (rules/declare/sweep.py checks them per value; rules/plan/targets.py makes each once per arch)."""
+    """A family's configs, made on demand: every combination of the swept values (in the order listed), then the
+    extras outside it, less those excluded on every arch. Nothing is stored per config: a family may have 50,000."""
     params: tuple[str, ...]
     values: tuple[tuple[Scalar, ...], ...]   # per param: its distinct canonical values
     extras: tuple[Config, ...]               # the [[extra]] configs that are not combinations of `values`
@@ -143,9 +141,8 @@ class Spec:
     device_model: bool = False   # the module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
     setup: tuple[str, ...] = ()  # set-up hooks "module:function" run before the module is imported (catalog's first)
     arch_env: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()   # [arch.<name>.env]: over [env] there
-    # what the compile checks against the imported entry, which the load read from its source (compile/
-    # triton_backend.py): constexprs valued by the def's defaults, and the heuristics the load ran or pinned (None
-    # for a record: its values are as Triton launched them)
+    # what the compile checks against the imported entry (triton_backend.py): constexprs valued by the def's
+    # defaults, the heuristics the load ran or pinned (None for a record: its values are as Triton launched them)
     defaulted: tuple[str, ...] = ()
     heuristics: tuple[str, ...] | None = None
     unread_defaults: tuple[tuple[str, str], ...] = ()   # constexprs whose default's text kforge does not read: said

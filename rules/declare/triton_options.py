@@ -20,10 +20,6 @@ def _int_in(low: int, high: int) -> Callable[[object], bool]:
     return lambda v: type(v) is int and low <= v <= high
 
 
-def _power_of_two(v) -> bool:
-    return type(v) is int and v > 0 and v & (v - 1) == 0
-
-
 def _flag(v) -> bool:
     return type(v) is bool
 
@@ -32,15 +28,12 @@ def _one_of(*values) -> Callable[[object], bool]:
     return lambda v: type(v) is type(values[0]) and v in values
 
 
-def _hints(v) -> bool:
-    return type(v) is str and all(h in SCHEDULE_HINTS for h in v.split(","))
-
-
 SCHEDULE_HINTS = ("none", "attention", "memory-bound-attention")
 PRECISIONS = {"nvidia": ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6"), "amd": ("ieee", "bf16x3", "bf16x6")}
 
 OPTIONS: dict[str, Option] = {
-    "num_warps": Option(None, _power_of_two, "a power of two, at most 1024 threads a block (checked per arch)"),
+    "num_warps": Option(None, lambda v: type(v) is int and v > 0 and v & (v - 1) == 0,
+                        "a power of two, at most 1024 threads a block (checked per arch)"),
     "num_stages": Option(None, _int_in(0, 8), "integers 0..8"),
     "num_ctas": Option(None, _int_in(1, 16), "integers 1..16 (above 1: NVIDIA sm_90 and later)"),
     "enable_fp_fusion": Option(None, _flag, "true or false"),
@@ -56,7 +49,8 @@ OPTIONS: dict[str, Option] = {
     "matrix_instr_nonkdim": Option("amd", _one_of(0, 4, 16, 32), "0, 4, 16 or 32"),
     "kpack": Option("amd", _one_of(1, 2), "1 or 2"),
     "allow_flush_denorm": Option("amd", _flag, "true or false"),
-    "schedule_hint": Option("amd", _hints, f"comma-separated: {', '.join(SCHEDULE_HINTS)}"),
+    "schedule_hint": Option("amd", lambda v: type(v) is str and all(h in SCHEDULE_HINTS for h in v.split(",")),
+                            f"comma-separated: {', '.join(SCHEDULE_HINTS)}"),
 }
 
 

@@ -294,7 +294,7 @@ class Catalog:
                               "installed": self._found(module) if module else None})
 
     def _fingerprints(self, toolchains: list) -> list:
-        return [keys.fingerprint_for(toolchain, arch, Layout(self.root).tool_versions) for toolchain, arch in toolchains]
+        return [keys.fingerprint_for(chain, arch, Layout(self.root).tool_versions) for chain, arch in toolchains]
 
     def _context(self) -> str:
         """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
@@ -408,7 +408,7 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None, f
     """Every family the spec files declare, unchecked; `read` collects what Python catalogs read. A file that
     fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load. A Python catalog
     file in `kept` ({file: {"inputs", "declared"}}, inputs unchanged) is not run again; `ran` gets each one's."""
-    from kforge.declare import python_catalog, records
+    from kforge.declare import records
     from kforge.declare.spec import listed_name, read_tables
     if not files:
         raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")

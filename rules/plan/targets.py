@@ -103,11 +103,9 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
             **({"setup": setup} if setup else {}),
             **({"distribution": distribution} if spec.module else {})}
         key = keys.action_key(payload)
-        # the same less the sources' digests: an edit of a source that leaves the kernel's Triton digest as it
-        # was may be cut off early (rules/compile/core.py), where everything else is this
+        # without the sources' digests: an edit leaving the kernel's Triton digest as it was is cut off early
         key_without_sources = keys.action_key({**payload, "sources": None})
-        # "tuned": its configs are the library's @triton.autotune list (a record's line or a spec of the user's values
-        # holds none), where one that does not fit the arch is skipped, not failed (rules/base/archs.py)
+        # "tuned": its configs are the library's @triton.autotune list: one not fitting the arch is skipped, not failed
         notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ()) + \
             ((("tuned", ", ".join(spec.tuned)),) if spec.tuned else ())
         shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, key_without_sources, layout, {},
