@@ -31,4 +31,5 @@ def task_package():
 
 def task_tune():
     """Not a default task: on a GPU, rank each [tune] family's configs per shape (out/tune/<arch>/)."""
-    yield from dodo_tasks.tuning_tasks(ROOT, CATALOG)
+    from kforge.tune.tasks import tune_tasks
+    yield from tune_tasks(CATALOG.families, CATALOG.targets, str(ROOT))

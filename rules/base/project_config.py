@@ -1,7 +1,6 @@
-"""The project's own settings in pyproject.toml: its [tool.kforge] table, read where a decision needs it (the
-catalog's folders and record archs in rules/plan/catalog.py, the project's set-up hook in rules/declare/spec.py);
-and what doit's own settings reader would fail on in the folder doit starts in (doit_settings_problem: asked by
-kforge's start-up line, before doit reads anything, so it imports nothing of kforge's but SpecError)."""
+"""The project's own settings in pyproject.toml: its [tool.kforge] table, read where a decision needs it; and what
+doit's own settings reader would fail on in the folder doit starts in (doit_settings_problem: asked by kforge's
+start-up line, before doit reads anything, so this module imports nothing of kforge's but SpecError)."""
 from __future__ import annotations
 
 import os
@@ -34,9 +33,8 @@ def not_a_file(mode: int) -> str:
 def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | None = None,
                    missing_ok: bool = False) -> bytes | None:
     """The bytes of a file the user gives kforge (pyproject.toml, a spec, a record), read as a file or not at all:
-    a FIFO blocked every command that opened it, a device (a link to /dev/zero) never ends, a folder is no file,
-    a file of gigabytes was read whole into memory; each is one SpecError naming the file (`where`, else the
-    path) and the fix (a link to a file is read as that file). None for a missing file when missing_ok."""
+    a FIFO (it blocked every command), a device (never ends), a folder or a file over `limit` is one SpecError
+    naming the file (`where`, else the path) and the fix. None for a missing file when missing_ok."""
     where = where or str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO's open never blocks
@@ -102,9 +100,8 @@ def project_setup(root: Path) -> tuple[str, ...]:
     return (hook,)
 
 
-# doit reads pyproject.toml's [tool.doit] and doit.cfg in the folder it starts in (doit 0.37's DoitConfig, in
-# DoitMain's constructor) before any plugin or dodo.py: none of kforge's code but the start-up line that kforge's
-# .pth runs in a doit process (rules/edge/config.py) comes before it, and what it cannot read is a traceback
+# doit reads pyproject.toml's [tool.doit] and doit.cfg in the folder it starts in before any plugin or dodo.py:
+# only kforge's start-up line (rules/edge/config.py's refuse_at_start) comes before it
 DOIT_FILES = ("pyproject.toml", "doit.cfg")
 DOIT_PLUGIN_KINDS = ("command", "loader", "backend", "reporter")   # DoitConfig.PLUGIN_TYPES: any other, an assert
 DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, far short of where tomllib's
@@ -112,9 +109,9 @@ DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, f
 
 
 def doit_settings_problem(folder: str = ".") -> str | None:
-    """What doit's own settings reader would fail on in the folder's pyproject.toml or doit.cfg (a traceback
-    before any of kforge's checks), as one line naming the file, the key and the fix; None when it reads both, or
-    when one is no regular file or too large (rules/edge/config.start_problem says that)."""
+    """What doit's own settings reader would fail on (a traceback) in the folder's pyproject.toml or doit.cfg, as
+    one line naming the file, the key and the fix; None when it reads both, or one is no regular file or too large
+    (edge/config.start_problem says that)."""
     for name in DOIT_FILES:
         path = os.path.join(folder, name)
         try:

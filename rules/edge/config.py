@@ -356,13 +356,10 @@ def _interrupt_without_traceback() -> None:
 
 
 # --- the runner ------------------------------------------------------------------------------------------------
-# doit's MRunner hands a worker its next task only after the master has taken in that worker's last result: each
-# task waits for a round trip through the master (unpickle, record, pick the next task, pickle), and on a machine
-# whose every core compiles, the master waits for a core too. Measured on the 16-CPU host, doit kept about 1.3%
-# fewer compiles running than a ProcessPoolExecutor, which keeps jobs queued ahead (bench/build_speed.py).
-# PrefetchRunner keeps up to `prefetch` tasks queued beyond those running, so a worker that finishes takes the
-# next one at once. Dependencies hold as in doit: a task is queued only once doit's dispatcher has released it.
-# An interrupted run never waits on a worker that outlived its SIGTERM (see _stop).
+# doit's MRunner hands a worker its next task only after the master has taken in that worker's last result (a round
+# trip through a master that, on a machine whose every core compiles, waits for a core too: measured on the 16-CPU
+# host, about 1.3% fewer compiles running than a ProcessPoolExecutor, bench/build_speed.py). PrefetchRunner keeps
+# up to `prefetch` tasks queued beyond those running; a task is queued only once doit's dispatcher released it.
 class _CappedWorkers:
     """No more workers than `max_workers`: each worker runs one compile at a time, so this caps the compiles that
     run at once (rules/base/cpus.py says why). The one-line notice says where the cap came from."""
@@ -431,8 +428,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
 
     def execute_task_subprocess(self, job_q, result_q, reporter_class):
-        # A SIGKILLed master (a CI runner cancelling the job) takes its workers with it, and they their compile
-        # servers; orphans would hold hundreds of MB each.
+        # a SIGKILLed master (a cancelled CI job) takes its workers with it: orphans would hold hundreds of MB each
         from kforge.load import isolate   # here: a no-op run forks no worker and never needs it
         isolate.die_with_parent(self.master_pid)
         # The kernel's default action: SIGTERM ends a worker whatever its threads are doing. A Python-level
@@ -465,11 +461,10 @@ class PrefetchRunner(_CappedWorkers, MRunner):
 
 
 class _DeadWorkerWatch:
-    """Reads the workers' results; when a worker died instead (killed from outside: doit's own runner then
-    waits forever), stops the run through doit's error path: doit saves what finished and the reporter writes
-    its summary and out/build-report.json. Liveness is checked before every read, not only when the queue is
-    idle, or the other workers' results would keep the run going to its end; the results already sent when
-    the death is seen are still taken in, for up to grace_s."""
+    """Reads the workers' results; when a worker died instead (killed from outside: doit's own runner then waits
+    forever), stops the run through doit's error path (what finished is saved and reported). Liveness is checked
+    before every read, or the other workers' results would keep the run going to its end; results already sent
+    when the death is seen are still taken in, for up to grace_s."""
 
     def __init__(self, result_q, workers, poll_s: float = 1.0, grace_s: float = 0.5):
         self.result_q, self.workers, self.poll_s, self.grace_s = result_q, workers, poll_s, grace_s

@@ -58,12 +58,6 @@ def compile_tasks(root: Path, catalog: Catalog):
         yield broken_task(broken.name, broken.path, broken.error)
 
 
-def tuning_tasks(root: Path, catalog: Catalog):
-    """`doit tune` (a generator for dodo.py); rules/tune/tasks.py says when a table is current."""
-    from kforge.tune.tasks import tune_tasks
-    yield from tune_tasks(catalog.families, catalog.targets, str(root))
-
-
 def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
                  built: artifact.KeyIndex, cache=None, executor: str | None = None, local=None) -> Iterator[dict]:
     yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}

@@ -254,25 +254,24 @@ class RemoteCache(ArtifactCache):
 
     def _count(self, slot: int) -> None:
         """Count an entry answered (ENTRIES) or refused (REFUSED) for the run."""
-        self._add(slot, 0.0, None)
+        self._add(slot, 1.0)
 
-    def _add(self, slot: int, amount: float, count: int | None) -> None:
+    def _add(self, slot: int, amount: float, count: int | None = None) -> None:
         """Count a request's wait (or a compile's time, or an entry) for the run; switch the cache off for the rest
         of it, with one warning, once it has cost more than cache_budget, answers more slowly than compiling here,
         or every entry it answered was refused (REFUSED_LIMIT of them)."""
         counts = self.counts if _shared is None else _shared
         lock = _shared.get_lock() if _shared is not None else contextlib.nullcontext()
         with lock:
-            if count is None:
-                counts[slot] += 1
-            else:
-                counts[slot] += amount
+            counts[slot] += amount
+            if count is not None:
                 counts[count] += 1
             why = None if counts[OFF] else _why_off(list(counts), self.cfg.budget, self.cfg.timeout)
             counts[OFF] = counts[OFF] or why is not None
         if why is not None:
             self.down = True
-            self.warnings.append(f"remote cache {self.cfg.url} switched off for the rest of this run: {why}; building locally")
+            self.warnings.append(f"remote cache {self.cfg.url} switched off for the rest of this run: {why}; "
+                                 f"building locally")
 
     def _off(self) -> bool:
         """Whether this process stops asking: the cache failed here, or the run switched it off (any worker)."""

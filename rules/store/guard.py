@@ -1,21 +1,15 @@
 """What kforge may read, write and delete under out/: out/ may come from another kforge, a restored CI cache or an
 archive, and a link planted in it must never carry a write or a delete outside it.
 
-Reading back: a file kforge wrote is opened as untrusted data (opened): never through a link, never blocking on a
-FIFO nor reading a device, bounded; text from it reaches a terminal without control characters (printable).
-
-Writing: guard(out, path) is the check every write or removal passes: a path is written or deleted only when its
-parent directories, links followed, lie inside out/ (out/ itself may be a link: the whole tree is then elsewhere,
-as the user chose). The entry itself is never followed: files are replaced by rename and links unlinked as links.
-
-Deleting: `doit clean`, `prune` and `forget` delete only what kforge wrote in an artifact folder
-out/<arch>/<kernel>/<config_id>/ (kforge_files): a meta.json sealed as kforge seals it (or, from a kforge before
-seals, one with every field kforge writes), the binary it names, an error.txt whose first line is "key: <the
-target's sha256 key>", and a killed write's temp file (".<name>.<pid>.<hex>.tmp"). A failure or a rebuild drops the
-binary the old meta.json named; a kforge before that kept it beside error.txt: in a folder holding kforge's
-error.txt and no meta.json of kforge's, an ELF named <symbol>.cubin or .hsaco is the binary that build left.
-Anything else there (a user's saved profile, notes, a subfolder, a meta.json or error.txt of their own) is theirs:
-a folder that then holds something is kept, said in one line; folders left empty go up to, never including, out/.
+Reading back (opened): never through a link, never blocking on a FIFO nor reading a device, bounded; text from it
+reaches a terminal without control characters (printable). Writing: guard(out, path), the check every write or
+removal passes: a path's parent directories, links followed, lie inside out/ (itself maybe a link, as the user
+chose); the entry itself is never followed (files replaced by rename, links unlinked as links). Deleting: `doit
+clean`, `prune` and `forget` delete only what kforge wrote in an artifact folder (kforge_files): a meta.json sealed
+as kforge seals it (or, before seals, one with every field kforge writes), the binary it names, an error.txt whose
+first line is "key: <sha256>", a killed write's temp file, and, beside kforge's error.txt with no meta.json of
+kforge's, an ELF <symbol>.cubin or .hsaco (an older kforge kept the binary on failure). Anything else there is a
+user's: its folder is kept, said in one line; folders left empty go up to, never including, out/.
 """
 from __future__ import annotations
 
