@@ -160,7 +160,8 @@ class Kernel:
         attributes = launch_attributes(options, vendor, self.name)
         self.driver = Driver.get(vendor)
         if self._arguments.maps:
-            self._arguments.encode = tensordesc.TensorMaps.of_driver(self.driver.lib, self.driver.error_name)
+            self._arguments.encode = tensordesc.TensorMaps(
+                tensordesc.ENCODE_TILED(("cuTensorMapEncodeTiled", self.driver.lib)), self.driver.error_name)
         # the module belongs to one context: a launch from a thread with none current makes it current there
         self._context = self.driver.context(device) if vendor == "nvidia" else None
         self._image = ctypes.create_string_buffer(binary, len(binary))   # kept alive with the module

@@ -151,10 +151,6 @@ class TensorMaps:
     def __init__(self, encode_tiled, error_name=str):
         self.encode_tiled, self.error_name = encode_tiled, error_name
 
-    @classmethod
-    def of_driver(cls, lib, error_name) -> "TensorMaps":
-        return cls(ENCODE_TILED(("cuTensorMapEncodeTiled", lib)), error_name)
-
     def __call__(self, map_address: int, meta: dict, address: int, shape: list, strides: list, nan: bool) -> None:
         rank, size = len(shape), meta["elem_size"]
         dims = (ctypes.c_uint64 * rank)(*reversed(shape))
