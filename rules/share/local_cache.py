@@ -115,9 +115,8 @@ class Source(ArtifactCache):
 
 def _other_targets(path: Path, target) -> str | None:
     """The target an entry the installer refused was stored by, where that is another target of this very key and
-    arch and the entry is whole (sealed right, its binary its sha256): two targets built under one key (the key
-    holds no family name), each build storing over the other's entry. None for anything else: damage, a foreign
-    or tampered entry, refused as such."""
+    arch and the entry is whole (sealed right, its binary its sha256); None for damage, a foreign or tampered
+    entry, refused as such."""
     try:
         files = unpack(_read(path), target.key)
         meta = json.loads(files[artifact.META])
@@ -150,12 +149,11 @@ def store(cache: LocalCache, target) -> list[str]:
 
 
 def _folder_of_entries(folder: Path) -> None:
-    """Make `<cache>/<key[:2]>` a folder. What lies there in its place (a file, a link) is damage to the cache's
-    own structure, as a corrupt entry is: it goes (a link as a link, never followed) and the folder is made."""
+    """Make `<cache>/<key[:2]>` a folder; a file or link in its place is damage, as a corrupt entry is, and goes."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         folder.unlink()
-    # the cache's own folder, where kforge makes it, is this user's alone whatever the umask (with 002 it was
-    # group-writable, and the kept bytecode beside the entries then keeps nothing: rules/load/observe.py)
+    # the cache's own folder, where kforge makes it, is this user's alone whatever the umask: the kept bytecode
+    # beside the entries keeps nothing in a group-writable one (rules/load/observe.py)
     os.makedirs(folder.parent, mode=0o700, exist_ok=True)
     folder.mkdir(exist_ok=True)
 
@@ -212,8 +210,7 @@ def _keep_other_inputs(path: Path, inputs: str) -> None:
 
 def _read(path: Path, limit: int | None = None) -> bytes:
     """An entry's bytes (its first `limit` only, if given): a regular file of at most ENTRY_LIMIT bytes, never
-    through a link (the open fails) nor from a FIFO or device (refused before a read that could block or never
-    end)."""
+    through a link nor from a FIFO or device (a read that could block or never end)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -274,8 +271,7 @@ def usage(cache: LocalCache) -> Usage:
 
 def trim(cache: LocalCache) -> Usage:
     """Delete the least recently used entries until the rest fit in the cache's limit, and temp files killed
-    writers left; what is left and what went. Safe beside running builds: an entry deleted under a reader is still
-    read whole (the open file), one deleted before it is opened is a miss."""
+    writers left: what is left and what went. Safe beside running builds (a reader keeps its open file)."""
     entries = sorted(_entries(cache, remove_stale=True))   # oldest use first
     total = sum(size for _, size, _ in entries)
     evicted = evicted_size = 0

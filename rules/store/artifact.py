@@ -151,9 +151,8 @@ class Candidate(NamedTuple):
 
 
 class Cutoff(NamedTuple):
-    """What a compile server needs to tell whether the target's artifact in out/ is still the one its inputs
-    give (cutoff()): that artifact's meta.json, sealed and with its binary intact (its triton_source_key and its
-    recorded inputs), and the names among those inputs whose content changed (the reason the target runs)."""
+    """What a compile server needs to tell whether the target's artifact in out/ is still the one its inputs give
+    (cutoff()): its meta.json, sealed and with its binary intact, and the names of the inputs that changed."""
     meta: dict
     changed: tuple
 
@@ -168,8 +167,7 @@ class Cutoff(NamedTuple):
 
 class Unchanged(NamedTuple):
     """A compile server's answer instead of a candidate (early cutoff): the kernel's source digest is the one the
-    artifact was built from and every changed input was read by the import, whose effect on the kernel that
-    digest covers. The artifact stays: its meta.json (the Cutoff's) with the inputs the server renewed."""
+    artifact was built from, and covers every changed input. Its meta.json: the Cutoff's, inputs renewed."""
     meta: dict
     result: CompileResult
 
@@ -282,10 +280,9 @@ BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names t
 
 
 def relabelled(target, meta: dict) -> dict:
-    """meta.json as this target's where it was made for the same kernel, arch and key under another name: a
-    record family's configs are named by what tells its lines apart (`r` alone, `item_dotrue` beside a line
-    with item_do false), so a record that gains or loses a line renames configs whose binaries stay the same,
-    and a cache entry keyed by that content is still this target's. Anything else is left for check_bound."""
+    """meta.json as this target's where it was made for the same kernel, arch and key under another name (a record
+    that gains or loses a line renames configs, named by what tells its lines apart, whose binaries stay the
+    same); anything else is left for check_bound."""
     if not isinstance(meta, dict) or any(meta.get(f) != getattr(target, f) for f in ("kernel", "arch", "key")):
         return meta
     labels = {"target": target.name, "config_id": target.config_id, "config": _config_as_json(target)}
@@ -400,7 +397,7 @@ class KeyIndex(JsonState):
         if meta_stamp is None:
             return False
         entry = self.entries.get(meta_path)
-        if isinstance(entry, list) and len(entry) == 4 and entry[0] == meta_stamp:
+        if entry is not None and entry[0] == meta_stamp:   # well_shaped, or _remember's
             if entry[1] != key:
                 return False
             if entry[3] is not None and stamps.identity(os.path.join(os.path.dirname(meta_path), entry[2])) == entry[3]:
@@ -501,8 +498,8 @@ class Failure(NamedTuple):
 
 
 def _drop_binary(directory: Path, keep: str | None = None) -> None:
-    """Delete the binary the folder's meta.json (kforge's) names, unless it is `keep`: a file kforge wrote and
-    no longer describes is left in no artifact folder (`doit clean` would take it for a user's)."""
+    """Delete the binary the folder's meta.json (kforge's) names, unless it is `keep`: one meta.json no longer
+    describes would be taken for a user's file by `doit clean`."""
     old = kforge_meta(directory / META)
     if old is not None and old["binary"] != keep:
         try:
@@ -512,8 +509,8 @@ def _drop_binary(directory: Path, keep: str | None = None) -> None:
 
 
 def write_error(target, message: str, inputs: list | None = None) -> None:
-    """Keep a failed compile's message beside where its artifact would be (it never counts as built). `inputs`
-    ([[name, sha256], ...] as meta.json lists them) marks a deterministic failure (saved_failure)."""
+    """Keep a failed compile's message beside where its artifact would be; `inputs` ([[name, sha256], ...])
+    marks a deterministic failure (saved_failure)."""
     try:
         directory = guard.guard(target.layout.out, Path(target.out_dir) / META).parent
     except guard.OutsideOut:
@@ -573,17 +570,15 @@ SKIPPED = "skipped: "   # error.txt's message of a target skipped, not failed (r
 
 
 def skipped(target) -> str | None:
-    """Why the target is skipped (a config of the library's autotuner that does not fit its arch) while its key
-    and what its compile read are those it was skipped from; else None."""
+    """Why the target is skipped (a library autotuner's config that does not fit its arch), as saved_failure."""
     saved = saved_failure(target)
     return saved.removeprefix(SKIPPED) if saved is not None and saved.startswith(SKIPPED) else None
 
 
 def saved_failure(target, failure: Failure | None = None) -> str | None:
     """The message of the target's deterministic failure (a compile error, a resource check) while its key and
-    every file its compile read are unchanged: the compile would fail the same way, so it is reported from
-    error.txt. None otherwise (no failure kept, another key, a crash or a timeout, an input changed). `failure`:
-    the error.txt the caller already read (read_error), so that it is read once."""
+    every file its compile read are unchanged, so the compile would fail the same way; else None. `failure`: the
+    error.txt the caller already read (read_error)."""
     failure = failure if failure is not None else read_error(target)
     if failure is None or failure.key != target.key or not isinstance(failure.inputs, list):
         return None

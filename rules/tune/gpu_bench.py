@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import gc
 import importlib
 import json
@@ -97,21 +98,19 @@ CONFIG_TRIES = 3         # a config whose timing stayed unsettled is timed again
 
 
 _queue_us = {"per_launch": 100.0}   # CPU time to queue one launch and its events, as last measured
-_clock_cycles_per_us: list[float] = []
 
 
+@functools.cache
 def _clock() -> float:
     """GPU clock cycles per microsecond as torch.cuda._sleep counts them, measured once."""
     import torch
-    if not _clock_cycles_per_us:
-        cycles = 20_000_000
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        torch.cuda.synchronize()
-        _clock_cycles_per_us.append(cycles / (begin.elapsed_time(end) * 1e3))
-    return _clock_cycles_per_us[0]
+    cycles = 20_000_000
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return cycles / (begin.elapsed_time(end) * 1e3)
 
 
 def copies_needed(problem: dict) -> int:

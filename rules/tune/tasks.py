@@ -27,10 +27,7 @@ TUNER_FILES = (HERE / "gpu_bench.py", RUNTIME / "launch.py", RUNTIME / "select.p
 def local_vendors() -> set[str]:
     """Vendors whose GPU driver is present, from device nodes alone: no driver call at task creation, so
     `doit tune` on an NVIDIA machine makes no tasks for AMD archs (and the other way round)."""
-    found = {"nvidia"} if os.path.exists("/dev/nvidiactl") else set()
-    if os.path.exists("/dev/kfd"):
-        found.add("amd")
-    return found
+    return {vendor for vendor, node in (("nvidia", "/dev/nvidiactl"), ("amd", "/dev/kfd")) if os.path.exists(node)}
 
 
 def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
