@@ -615,10 +615,8 @@ def _check_factory(signature, params, where, entry, arguments: dict | None = Non
     """A FlyDSL factory takes exactly the compile-time values: constexprs and type variables (+ arch), by the
     names [adapter] arguments gives them, if any."""
     _check_types(signature, where)
-    compile_time = {a for a, t in signature if t == "constexpr"}
-    for _, t in signature:
-        compile_time.update(TYPE_VAR_RE.findall(t))
-    compile_time = {(arguments or {}).get(p, p) for p in compile_time}
+    compile_time = {(arguments or {}).get(p, p) for p in {a for a, t in signature if t == "constexpr"} | {
+        v for _, t in signature for v in TYPE_VAR_RE.findall(t)}}
     given = set(params) - {"arch"}
     if given != compile_time:
         raise SpecError(f"{where}: {entry}(...) must take the compile-time values as keyword parameters "

@@ -176,19 +176,12 @@ class Spec:
     @cached_property
     def type_vars(self) -> tuple[str, ...]:
         """The swept element types the signature names ({dtype}), not a tensor descriptor's block sizes."""
-        found: list[str] = []
-        for _, t in self.signature:
-            found += [v for v in TYPE_VAR_RE.findall(t.split("[", 1)[0]) if v not in found]
-        return tuple(found)
+        return tuple(dict.fromkeys(v for _, t in self.signature for v in TYPE_VAR_RE.findall(t.split("[", 1)[0])))
 
     @cached_property
     def shape_vars(self) -> tuple[str, ...]:
         """The values a tensor descriptor's block shape names: tensordesc<{dtype}[1, {BLOCK_M}, {BLOCK_K}]>."""
-        found: list[str] = []
-        for _, t in self.signature:
-            if "[" in t:
-                found += [v for v in TYPE_VAR_RE.findall(t.split("[", 1)[1]) if v not in found]
-        return tuple(found)
+        return tuple(dict.fromkeys(v for _, t in self.signature for v in TYPE_VAR_RE.findall(t.partition("[")[2])))
 
 
 def merged_env(env: tuple, arch_env: tuple, arch: str) -> tuple[tuple[str, str], ...]:

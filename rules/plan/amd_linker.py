@@ -1,10 +1,7 @@
-"""Find an ld.lld that can link AMD code objects for FlyDSL, with or without a ROCm install.
-
-FlyDSL links with $ROCM_PATH/llvm/bin/ld.lld. A ROCm install's linker is used as is; otherwise a system lld
-(Debian's lld-19) or, on a machine with neither, the LLD inside Triton's libtriton (rules/plan/triton_lld.py;
-kforge pins Triton, so a pip install alone can build FlyDSL targets) is offered to FlyDSL through a small
-folder that looks like a ROCm tree. Code object v6 needs lld 17 or newer (Debian's lld 14 fails with
-"unknown abi version").
+"""Find an ld.lld that can link AMD code objects for FlyDSL (which runs $ROCM_PATH/llvm/bin/ld.lld), with or
+without ROCm: ROCm's own, else a system lld, else the LLD inside Triton's libtriton (rules/plan/triton_lld.py: a
+pip install alone builds FlyDSL targets), offered through a small folder that looks like a ROCm tree. Code object
+v6 needs lld 17 or newer (Debian's lld 14 fails with "unknown abi version").
 """
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ class LinkerMissing(RuntimeError):
 
 def candidates(chosen: str | None) -> list[Path]:
     """Where to look, best first: the ld_lld setting (KFORGE_LD_LLD) if set to a path (then only it), ROCm's own
-    linker, versioned system lld, plain ld.lld on PATH. Triton's own LLD (find's last resort) is not a file to
-    look for."""
+    linker, versioned system lld, plain ld.lld on PATH (Triton's LLD, find's last resort, is no file to look for)."""
     if chosen:
         return [] if chosen == TRITON else [Path(chosen)]
     found: list[Path] = []
@@ -72,7 +68,7 @@ def find(kforge_dir: Path) -> Path:
     path, tried = _system_linker(chosen)
     if path is not None:
         return path
-    if _triton_allowed(chosen):
+    if chosen in (None, TRITON):
         guard(kforge_dir.parent, kforge_dir / "triton-lld" / "ld.lld")   # kforge_dir: out/.kforge
         script = triton_lld_script(kforge_dir / "triton-lld")
         if script is not None:
@@ -90,12 +86,8 @@ def key_part(version_of) -> str:
     path, _ = _system_linker(chosen)
     if path is not None:
         return version_of(path)
-    label = _triton_label() if _triton_allowed(chosen) else None
+    label = _triton_label() if chosen in (None, TRITON) else None
     return triton_lld.version_line(label) if label else "missing"
-
-
-def _triton_allowed(chosen: str | None) -> bool:
-    return chosen in (None, TRITON)
 
 
 def _system_linker(chosen: str | None) -> tuple[Path | None, list[str]]:

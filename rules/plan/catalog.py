@@ -24,6 +24,7 @@ another checkout), or a second virtualenv, takes its catalog, whole or family by
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -107,8 +108,6 @@ class Catalog:
         self.tuned: list[dict] = []   # autotuners' recorded picks (rules/declare/records.py), for the bundles
         self.broken: list[Broken] = []   # families that did not load (never saved: the next load tries again)
         self._fresh: dict | None = None   # a catalog loaded from the specs or kept, not saved yet
-        self._context_digest: str | None = None   # _context(), once computed
-        self._code_files: list[tuple[int, str, str]] | None = None   # _code(), once listed
         self.places = Places(root)
         self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
@@ -201,7 +200,7 @@ class Catalog:
                        "content": self._stamp(folders, spec_files, files, toolchains, installed, stamps.content)
                        if whole else "",
                        "read": [self.places.saved(f) for f in files], "toolchains": toolchains,
-                       "installed": installed, "context": self._context(), "per_family": entries,
+                       "installed": installed, "context": self._context, "per_family": entries,
                        "catalog_files": {self.places.saved(f): _ran_at(r, self.places.saved) for f, r in ran.items()},
                        "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
                        "tuned": self.tuned, **_encode(self.targets, self.places)}
@@ -246,7 +245,7 @@ class Catalog:
         """{declaration key: (entry, Family, targets)} of the saved catalog's families that still hold: made in
         the same context, for these archs or more, every input with the content it had."""
         try:
-            if saved is None or saved.get("context") != self._context() or not covers(saved["archs"], archs):
+            if saved is None or saved.get("context") != self._context or not covers(saved["archs"], archs):
                 return {}
             families = {f[0]: self._family(f) for f in saved["families"]}
             found, targets = {}, None
@@ -270,7 +269,7 @@ class Catalog:
         """{Python catalog file: its inputs and declarations} of the saved catalog, made in the same context:
         a file whose inputs (itself, what it read and imported) are unchanged is not run again."""
         try:
-            if saved is None or saved.get("context") != self._context():
+            if saved is None or saved.get("context") != self._context:
                 return {}
             actual = self.places.actual
             files = {actual(f): _ran_at(ran, actual) for f, ran in saved["catalog_files"].items()}
@@ -296,22 +295,20 @@ class Catalog:
     def _fingerprints(self, toolchains: list) -> list:
         return [keys.fingerprint_for(chain, arch, Layout(self.root).tool_versions) for chain, arch in toolchains]
 
+    @functools.cached_property   # once per load: it hashes every file of kforge
     def _context(self) -> str:
         """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
         compiler environment (a family is reused only in the same; not where the project lies: Places)."""
-        if self._context_digest is None:   # once per load: it hashes every file of kforge
-            self._context_digest = stamps.digest({
-                "format": FORMAT, "python": sys.version, "max_configs": self.max_configs, "env": keys.compiler_env(),
-                "code": [(folder, rel, stamps.content(path)) for folder, rel, path in self._code()],
-                "pyproject": stamps.content(str(self.root / PYPROJECT))})
-        return self._context_digest
+        return stamps.digest({
+            "format": FORMAT, "python": sys.version, "max_configs": self.max_configs, "env": keys.compiler_env(),
+            "code": [(folder, rel, stamps.content(path)) for folder, rel, path in self._code],
+            "pyproject": stamps.content(str(self.root / PYPROJECT))})
 
+    @functools.cached_property
     def _code(self) -> list[tuple[int, str, str]]:
         """kforge's own modules: (which of its code folders, path in it, path), sorted."""
-        if self._code_files is None:
-            self._code_files = sorted({(i, str(p.relative_to(folder)), str(p))
-                                       for i, folder in enumerate(KFORGE_CODE) for p in folder.rglob("*.py")})
-        return self._code_files
+        return sorted({(i, str(p.relative_to(folder)), str(p))
+                       for i, folder in enumerate(KFORGE_CODE) for p in folder.rglob("*.py")})
 
     def _found(self, module: str) -> str | None:
         """Where an installed kernel module is found now, as saved: another copy first on the path (PYTHONPATH,
@@ -388,7 +385,7 @@ class Catalog:
             "format": FORMAT, "python": sys.version, "installed": [(m, self._found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": self._fingerprints(toolchains),
             "files": [(name(f), of(f)) for f in files],
-            "code": [(folder, rel, of(path)) for folder, rel, path in self._code()],
+            "code": [(folder, rel, of(path)) for folder, rel, path in self._code],
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
 
 

@@ -1,10 +1,7 @@
-"""`ld.lld` for FlyDSL on a machine with neither ROCm nor a system lld: the LLD that Triton links into libtriton.
-
-Triton links its own AMD code objects with an LLD built into libtriton (`amd.link_hsaco(in, out)`, the same
-`ld.lld -shared IN -o OUT` FlyDSL asks of $ROCM_PATH/llvm/bin/ld.lld), so every machine that has kforge's
-pinned Triton has a linker new enough for code object v6. rules/plan/amd_linker.py writes a two-line shell script
-that runs this file with the path of that libtriton; only libtriton is loaded (about 0.07 s), not the triton
-package. Standard library only: it runs under `python -I`, outside the build's process.
+"""`ld.lld` for FlyDSL on a machine with neither ROCm nor a system lld: the LLD that Triton links into libtriton
+(`amd.link_hsaco(in, out)`, the `ld.lld -shared IN -o OUT` FlyDSL asks for), new enough for code object v6.
+rules/plan/amd_linker.py writes a shell script running this file with that libtriton's path; only libtriton is
+loaded (about 0.07 s), not the triton package. Standard library only: it runs under `python -I`.
 """
 from __future__ import annotations
 
