@@ -208,9 +208,7 @@ class Recorder:
         return None
 
     def _tuned(self) -> list:
-        if not hasattr(self.tuning, "kernels"):
-            self.tuning.kernels = []
-        return self.tuning.kernels
+        return self.tuning.__dict__.setdefault("kernels", [])
 
     def _record(self, fn, compile: dict) -> None:
         if self.arch is None:

@@ -12,12 +12,8 @@ source_key.py, equal to the calling function's: a library upgraded or patched si
 the same compiler variables; anything else compiles, or under strict stops (NotServed). serve() wraps Autotuner.run
 too: a config recorded for the call's autotuning key whose specialization the bundles hold goes into the
 autotuner's cache, so it benchmarks nothing (Server.choose). verify=True also compiles each served specialization
-once and compares the binaries (differences()). What serving guarantees: docs/libraries.md.
-
-On NVIDIA, Triton gets a LightDriver, which answers a call's device, stream and target from torch without building
-the C helpers Triton's driver compiles when a process first touches it (most of a served process's start), and
-specializer.prime() spares the first call the import of Gluon and Triton's code generator: a served process
-imports no compiler it does not use.
+once and compares the binaries (differences()). What serving guarantees: docs/libraries.md. A served process
+imports no compiler it does not use (LightDriver, specializer.prime()).
 """
 from __future__ import annotations
 
@@ -227,9 +223,9 @@ Served.n_regs, Served.n_spills, Served.n_max_threads = _loaded(0), _loaded(1), _
 
 
 class LightDriver:
-    """Triton's CUDA driver for a served process: the device, stream and target a call asks for, answered by
-    torch as Triton's GPUDriver answers them. Every other attribute is Triton's own driver's, created at the
-    first use (its C helpers are compiled then, into Triton's cache)."""
+    """Triton's CUDA driver for a served process: the device, stream and target a call asks for, answered by torch as
+    Triton's GPUDriver answers them. Every other attribute is Triton's own driver's, created at the first use (its C
+    helpers are compiled then, into Triton's cache: most of a served process's start when done at its first call)."""
 
     def __init__(self, config):
         import torch
@@ -656,10 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
-    try:   # the script imports torch and Triton anyway: not part of serve()'s time
+    with contextlib.suppress(ImportError):   # the script imports torch and Triton anyway: not serve()'s time
         import torch  # noqa: F401
-    except ImportError:
-        pass
     import triton.runtime.jit  # noqa: F401
 
     from .library import Library
