@@ -224,7 +224,7 @@ def _wrap(owner, name: str, wrapper) -> None:
     own stays at the wrapper's `doit`."""
     doits = getattr(owner, name)
     if not getattr(doits, "kforge", False):
-        wrapped = lambda *args: wrapper(doits, *args)   # noqa: E731  (a function: bound as a method)
+        wrapped = lambda *args, **kwargs: wrapper(doits, *args, **kwargs)   # noqa: E731  (bound as a method)
         wrapped.kforge, wrapped.doit = True, doits
         setattr(owner, name, wrapped)
 
