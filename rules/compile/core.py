@@ -112,6 +112,10 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
 WAIT_SPAN_S = 0.01   # shorter: no span of its own
 
 
+def _span(phase: str, start: float, end: float) -> tuple:
+    return ((phase, start, end),) if end - start > WAIT_SPAN_S else ()
+
+
 def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
     """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable
     with the hub's error. The spans of what the hub did go to `started`, after a "wait" behind others' requests."""
@@ -120,8 +124,7 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
                                      timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
     taken = answer["taken"]   # when the hub took the request up: before, it started, or served others'
-    before = (("start" if forked else "wait", asked, taken),) if taken - asked > WAIT_SPAN_S else ()
-    started[:] = [*before, *map(tuple, answer["spans"])]
+    started[:] = [*_span("start" if forked else "wait", asked, taken), *map(tuple, answer["spans"])]
     return conn, pid
 
 
@@ -159,8 +162,7 @@ def _route(request: tuple, fd: int) -> dict:
     if not outcome.ok:
         return {"error": outcome.error, "traceback": outcome.traceback,
                 **({"facts": outcome.facts} if outcome.facts else {})}
-    spans = (("start", starting, started),) if started - starting > WAIT_SPAN_S else ()
-    return {"spans": (*spans, *outcome.result), "taken": starting}
+    return {"spans": (*_span("start", starting, started), *outcome.result), "taken": starting}
 
 
 _precompiling: dict[str, int | None] = {}   # package -> the pid of the child compiling its sources (None: reaped)
@@ -307,9 +309,7 @@ def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
     outcome = server.call(request, timeout, log_dir=scratch_dir)
     if not outcome.ok:
         raise isolate.Forwarded(outcome)
-    if started - starting < WAIT_SPAN_S:
-        return outcome.result
-    return _spans_first(outcome.result, (("start", starting, started),))   # its server forked for it
+    return _spans_first(outcome.result, _span("start", starting, started))   # its server forked for it
 
 
 def _forked_private() -> None:
@@ -351,6 +351,7 @@ _failed_import: list = []   # this server's import that failed: (the error, its 
 
 
 def _import_failed(error: Exception) -> None:
+    shared_env.explain(error)   # an import that failed on one of kforge's pins says so
     if transient(error):
         error.kforge_retire = True   # the machine's state, not the package's: a fresh server imports it again
     else:
@@ -394,7 +395,6 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
             importlib.import_module(wanted[1][-1])
     except Exception as e:
         _import_failed(e)
-        shared_env.explain(e)   # an import that failed on one of kforge's pins says so
         raise
     _package[0] = wanted
     if not backend.imports_module:
@@ -424,7 +424,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
                 _imported[0] = dict(_inputs(recorder))
             start = time.time()
             spans = (*((("import", importing, imports_done),) if imports else ()),
-                     *((("inputs", imports_done, start),) if start - imports_done > WAIT_SPAN_S else ()))
+                     *_span("inputs", imports_done, start))
             if cutoff is not None and backend.source_key is not None:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
@@ -446,7 +446,6 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
         if not imported:
             # the import failed partway: as in _enter_package, never replayed, and every later target fails so
             _import_failed(e)
-            shared_env.explain(e)
         raise
     return _spans_first(candidate, (*spans, ("compile", start, lowered_at), ("check", lowered_at, time.time())))
 
@@ -462,9 +461,8 @@ _imported: list = [None]   # {name: sha256} of what this context server's import
 def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -> Unchanged | None:
     """Early cutoff: Unchanged when compiling cannot give other code than the artifact's: every input that changed
     was read by the imports (one the compile itself read could change the code in ways no digest covers) and the
-    toolchain's digest of the kernel (Triton's JIT cache key) is the one it was built from; the rest is the
-    target's key, unchanged. The inputs kept are the old ones with the imports' now: a file only the compile read
-    is still watched."""
+    toolchain's digest of the kernel is the one it was built from. The inputs kept are the old ones with the
+    imports' now: a file only the compile read is still watched."""
     if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.source_key:
         return None
     inputs = sorted({**dict(cutoff.inputs), **imported}.items())
@@ -673,12 +671,10 @@ ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>
 
 
 def fixed_address_layout() -> bool:
-    """The programs this compile server runs (ptxas, ld.lld) start with one address-space layout instead of a
-    random one. ptxas for sm_100a allocates registers by something address-dependent: the same PTX gave two
-    different cubins from run to run under address randomization, one with it off (measured: docs/correctness.md).
-    The flag is inherited across fork and exec, and only a child's layout changes, never what it computes from
-    its inputs. False where it cannot be set (not Linux, or a seccomp filter refuses it): builds stay correct,
-    only such binaries' bytes may vary."""
+    """The programs this compile server runs (ptxas, ld.lld) start with one address-space layout, not a random one
+    (inherited across fork and exec): ptxas for sm_100a gave two different cubins of the same PTX from run to run
+    under randomization, one with it off (docs/correctness.md). False where it cannot be set (not Linux, a seccomp
+    filter): builds stay correct, only such binaries' bytes may vary."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes

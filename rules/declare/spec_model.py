@@ -167,7 +167,6 @@ class Spec:
         """How a process imports the module for one arch (entry_probe.Probe.of's arguments)."""
         return importing(arch, self.env_on(arch), self.device_model, self.setup)
 
-
     # cached: rules/plan/targets.py and config ids ask once per config
     @cached_property
     def constexprs(self) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ from kforge.declare.triton_options import OPTIONS, value_problem
 from kforge_runtime.schema import COMPILE_TIME, VALUE_KINDS
 
 
-
 CONFIG_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")   # a directory name and part of a target name
 ID_FIRST = frozenset(string.ascii_letters + string.digits + "_")   # CONFIG_ID's characters, for per-value checks
 ID_CHARS = ID_FIRST | frozenset(".+-")
@@ -97,8 +96,6 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], ma
         for c in configs:   # config by config: names the configs at fault, or finds none (excluded)
             check_config_id(spec, c, ids)
     return spec
-
-
 
 
 def exact(value: Scalar) -> tuple[type, Scalar]:

@@ -389,8 +389,6 @@ class Catalog:
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
 
 
-
-
 class Declared(NamedTuple):
     """One family as a spec file declares it, before it is checked: its tables and how messages name it."""
     tables: dict

@@ -85,7 +85,6 @@ def fingerprint_for(toolchain: str, arch: str, cache_file: Path) -> tuple[tuple[
 
 
 def action_key(payload: dict) -> str:
-    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py builds the payload),
-    with the way meta.json's triton_source_key is made: a target built before that changed is built again, not kept
-    (or taken from a cache) with a key serving no longer makes."""
+    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py's payload), with
+    the version of meta.json's triton_source_key: a target built before that changed is built again."""
     return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, "source_key": source_key.KEY_VERSION, **payload})
