@@ -9,11 +9,9 @@ from .schema import arch_of_bundle_file, few
 
 
 class Library:
-    """Bundles from wheel/zip files, bundle directories, or directories of wheels (such as out/dist/).
-
-    A bundle is opened (its manifest read and checked) only when a request needs its arch, as told by
-    its file name (kforge_kernels_<arch>-...): a process that loads one kernel reads one manifest.
-    """
+    """Bundles from wheel/zip files, bundle directories, or directories of wheels (such as out/dist/). A bundle is
+    opened (its manifest read and checked) only when a request needs its arch, as its file name tells
+    (kforge_kernels_<arch>-...): a process that loads one kernel reads one manifest."""
 
     def __init__(self, *paths):
         self._paths: list[Path] = []
@@ -49,13 +47,10 @@ class Library:
 
     def load(self, kernel: str, config: dict | str | None = None, *, device: int = 0, arch: str | None = None,
              jit_fallback: bool = False):
-        """The kernel for this device's arch (or `arch`), from the first bundle that can run there.
-
-        With jit_fallback=True, a kernel no bundle has for this device is JIT-compiled by Triton from its
-        source instead; never silently: it is opt-in. It needs triton, and the checkout the bundle was
-        built from on sys.path: the kernel's module is imported only once its files match the sha256
-        digests the bundle recorded (jit.import_checked), else LaunchError.
-        """
+        """The kernel for this device's arch (or `arch`), from the first bundle that can run there. jit_fallback=True
+        (opt-in, never silent): a kernel no bundle has for this device is JIT-compiled by Triton from its source, which
+        needs triton and the checkout the bundle was built from on sys.path; its module is imported only once its
+        files match the digests the bundle recorded (jit.import_checked), else LaunchError."""
         try:
             bundle, entry = self.select(kernel, config, device=device, arch=arch)
         except NoMatchingKernel:

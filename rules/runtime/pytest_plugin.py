@@ -43,10 +43,8 @@ def _check_values(record: str | None, bundles: list[str]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """Record and serve from before the suite's conftest files are imported: a library a conftest imports may
-    compile and launch kernels there, and pytest_configure runs only after them (what they ran was neither
-    recorded nor served, and a strict run did not name it). pytest-xdist's controller runs no test (its workers
-    start here too)."""
+    """Record and serve from before the suite's conftest files are imported (pytest_configure runs after them): a
+    library a conftest imports may compile and launch kernels there. xdist's controller runs no test (_controller)."""
     options = early_config.known_args_namespace
     if not _controller(early_config, options):
         _start(early_config, options)

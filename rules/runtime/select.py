@@ -84,11 +84,9 @@ def handles(entry: dict, shape: dict[str, int]) -> bool:
 
 def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
            where: dict | None = None) -> tuple[str, str]:
-    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id.
-
-    `where` gives the values the caller's data fixes (e.g. {"dtype": "bf16"}): a table ranks each
-    separately, and one kind is never handed another's config.
-    """
+    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id. `where`
+    gives the values the caller's data fixes (e.g. {"dtype": "bf16"}): a table ranks each separately, and one kind
+    is never handed another's config."""
     args = table["shape_args"]
     missing = [a for a in args if a not in shape]
     if missing:
