@@ -124,17 +124,14 @@ def needs_gpu(call: str) -> NeedsGPU:
 
 def _caller() -> str:
     """' at <file>:<line> (`<source line>`)': the innermost frame outside torch, Triton, kforge and importlib,
-    the file named as rules/load/observe.py names inputs (relative to the project or the module path)."""
-    from kforge.load import observe
+    the file named as inputs are."""
     skip = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep
                  for m in map(sys.modules.get, ("torch", "triton", "kforge")) if getattr(m, "__file__", None))
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith("<") and not os.path.realpath(name).startswith(skip):
-            line = linecache.getline(name, frame.f_lineno).strip()
-            shown = observe.name_of(name, observe.bases(os.getcwd()))
-            return f" at {shown}:{frame.f_lineno}" + (f" (`{line[:120]}`)" if line else "")
+            return " at " + shared_env.shown_line(name, frame.f_lineno, linecache.getline(name, frame.f_lineno).strip())
         frame = frame.f_back
     return ""
 

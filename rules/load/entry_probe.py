@@ -399,8 +399,7 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
             tuner.configs, tuner.perf_model, tuner.nargs = saved
         found = [_as_dict(c) for c in chosen or ()]
         for c in found:
-            for k, v in list(c.items()):   # numpy / torch scalars (a stand-in stays, and is refused below)
-                c[k] = v.item() if hasattr(v, "item") and not isinstance(v, _StandIn or ()) else v
+            c.update((k, _plain(v)) for k, v in list(c.items()))
             if not all(isinstance(v, SCALARS) for v in c.values()):
                 return {"error": f"the autotuner of {module}.{entry} pruned its configs into {c}; kforge sweeps "
                                  f"ints, floats, bools and strings"}
@@ -409,6 +408,11 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
                              f"would refuse that launch); give the spec shape hints it keeps configs for"}
         kept.append(found)
     return {"kept": kept}
+
+
+def _plain(value):
+    """A numpy / torch scalar as Python's (a stand-in stays: it is refused as no plain value)."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, _StandIn or ()) else value
 
 
 def _where(e: BaseException) -> str:
@@ -447,30 +451,15 @@ class _Arguments(dict):
     def get(self, name, default=None):
         return self[name] if name in self else default
 
-    # every view of the whole makes the stand-ins first (`{**args}` included: it iterates the keys)
-    def __iter__(self):
-        self._make()
-        return dict.__iter__(self)
+    def _whole(name: str):
+        """dict's `name`, a view of the whole: the stand-ins made first (`{**args}` too: it iterates the keys)."""
+        def made_first(self, *args):
+            self._make()
+            return getattr(dict, name)(self, *args)
+        return made_first
 
-    def __len__(self) -> int:
-        self._make()
-        return dict.__len__(self)
-
-    def keys(self):
-        self._make()
-        return dict.keys(self)
-
-    def items(self):
-        self._make()
-        return dict.items(self)
-
-    def values(self):
-        self._make()
-        return dict.values(self)
-
-    def copy(self) -> dict:
-        self._make()
-        return dict(dict.items(self))
+    __iter__, __len__, keys, items, values, copy = map(_whole, ("__iter__", "__len__", "keys", "items", "values",
+                                                                "copy"))
 
 
 class LaunchOnly(BaseException):
@@ -579,8 +568,7 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] 
                                      f"{type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
                                      + f"; if it needs what the build machine lacks (a GPU), pin its value: "
                                        f"[override] {name} = ..."}
-                if hasattr(value, "item") and not isinstance(value, _StandIn or ()):
-                    value = value.item()   # numpy / torch scalars
+                value = _plain(value)
                 if not isinstance(value, SCALARS):
                     return {"error": f"heuristic {name} of {module}.{entry} gave {value!r}; kforge compiles "
                                      f"ints, floats, bools and strings"}

@@ -74,12 +74,7 @@ def name_of(path: str, folders: tuple[Base, ...]) -> str:
 
 def search_path(root: str) -> tuple[str, ...]:
     """Where resolve() looks, in order: the project (first on every compile's path), then the module path."""
-    found: dict[str, None] = {}
-    for p in (root, *sys.path):
-        real = os.path.realpath(p or ".")
-        if os.path.isdir(real):
-            found.setdefault(real)
-    return tuple(found)
+    return tuple(dict.fromkeys(r for r in (os.path.realpath(p or ".") for p in (root, *sys.path)) if os.path.isdir(r)))
 
 
 def resolve(name: str, folders: tuple[str, ...]) -> str | None:
@@ -332,12 +327,9 @@ class Recorder:
     def folders(self) -> dict[str, str]:
         """{absolute real path: digest of its listing} of the folders listed since start(), filtered as files()
         are."""
-        found = {}
         within = self._within()
-        for path, digest in self.listed.items():
-            folder = self._folder(path, within)
-            if folder is not None:
-                found[folder] = digest
+        found = {self._folder(path, within): digest for path, digest in self.listed.items()}
+        found.pop(None, None)
         return found
 
     def _within(self) -> tuple[str, ...]:

@@ -135,12 +135,16 @@ def library_frame(e: BaseException) -> tuple[str, int] | None:
 def library_line(e: BaseException, code: bool = True) -> str:
     """'pkg/mod.py:12 (`from x import y`)': library_frame's line, named as inputs are (relative to the project or
     the module path entry), with its code unless code=False; "" when the traceback has none."""
-    from kforge.load import observe
     found = library_frame(e)
     if found is None:
         return ""
     filename, lineno = found
-    text = linecache.getline(filename, lineno).split("  #")[0].strip() if code else ""
+    return shown_line(filename, lineno, linecache.getline(filename, lineno).split("  #")[0].strip() if code else "")
+
+
+def shown_line(filename: str, lineno: int, text: str = "") -> str:
+    """'pkg/mod.py:12 (`text`)', the file named as inputs are (relative to the project or the module path entry)."""
+    from kforge.load import observe
     shown = observe.name_of(filename, observe.bases(os.getcwd()))
     return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
 
