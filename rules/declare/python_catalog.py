@@ -15,6 +15,7 @@ the standard library) is remembered with the catalog, so that editing one loads 
 """
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import sys
@@ -32,7 +33,6 @@ TABLES = tuple(t for t in SCHEMA if t != "kernel")
 _declared: list | None = None   # (tables, file, line, name) of each family() call, while a catalog file runs
 _opened: set[str] | None = None   # files opened while a catalog file runs
 _root: Path | None = None       # the project whose catalog file runs
-_hook_installed = False
 
 
 def family(**arguments) -> None:
@@ -106,18 +106,14 @@ def _plain(value, at: str):
     return value
 
 
+@functools.cache
 def _install_open_hook() -> None:
     """An audit hook (it cannot be removed; it does nothing while no catalog file runs) that records every file
     opened while one runs: the data files its families are computed from."""
-    global _hook_installed
-    if _hook_installed:
-        return
-
     def hook(event, args):
         if _opened is not None and event == "open" and isinstance(args[0], str):
             _opened.add(os.path.abspath(args[0]))
     sys.addaudithook(hook)
-    _hook_installed = True
 
 
 STDLIB = tuple(os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib"))

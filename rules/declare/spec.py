@@ -150,7 +150,11 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     if k["toolchain"] == "flydsl":
         _check_factory(signature, params, where, k["entry"], dict(dict(adapter).get("arguments", ())))
     else:
-        _check_signature(signature, params, where, k["entry"])
+        names = [a for a, _ in signature]
+        if names != list(params):
+            raise SpecError(f"{where}: [signature] must list the arguments of {k['entry']} in order; "
+                            f"got {shown(names)}, the source has {shown(list(params))}")
+        _check_types(signature, where)
     constants = tuple(raw.get("constants", {}).items())
     # an argument of type "none" is passed as None: Triton compiles it as a constexpr None (an optional bias,
     # an unused pointer), and the launch does not take it
@@ -176,7 +180,9 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     env = _check_env(raw.get("env", {}), where)
     arch_tables, arch_env = _arch_env(raw.get("arch", {}), where)   # arch_env: (arch, ((name, value), ...))
     model = k.get("device_model", True) and k["toolchain"] == "triton"   # FlyDSL traces with CPU tensors
-    setup = _check_setup(k.get("setup"), root, where)
+    if "setup" in k and not re.fullmatch(FUNCTION_REF, k["setup"]):
+        _fail(where, "kernel", "setup", k["setup"], "a function as 'module:function', e.g. 'mylib_kforge:setup'")
+    setup = (*project_setup(root), *([k["setup"]] if "setup" in k else []))   # the project's hooks, then its own
     swept, extras, derived, tuned, notes, chosen = raw["sweep"], raw.get("extra", []), (), (), (), None
     defaulted, unread = (), ()
     made = len(extras) if recorded else 0   # extras kforge made (a record's lines, the autotuner's configs): merged
@@ -273,13 +279,6 @@ def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
             body = {k: v for k, v in body.items() if k != "env"}
         rest[arch] = body
     return rest, tuple(found)
-
-
-def _check_setup(own: str | None, root: Path, where: str) -> tuple[str, ...]:
-    """The set-up hooks of a family: the project's ([tool.kforge] setup in pyproject.toml), then its own."""
-    if own is not None and not re.fullmatch(FUNCTION_REF, own):
-        _fail(where, "kernel", "setup", own, "a function as 'module:function', e.g. 'mylib_kforge:setup'")
-    return (*project_setup(root), *([own] if own is not None else []))
 
 
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
@@ -428,8 +427,9 @@ def _check_keys(body: dict, table: str, where: str) -> None:
         elif "*" in schema and not (key.isidentifier() and len(key) <= NAME_MAX):   # used in code and messages
             raise SpecError(f"{where}: [{table}] {shown(key)}: not a name; allowed: the kernel's argument and "
                             f"parameter names (letters, digits and _, not starting with a digit; at most {NAME_MAX})")
-        nested_ok = (table, key) in NESTED_LISTS
-        if not isinstance(value, types) or (isinstance(value, list) and not nested_ok and not _scalars(value)):
+        flat = not isinstance(value, list) or (table, key) in NESTED_LISTS or all(
+            isinstance(v, (int, float, bool, str)) for v in value)
+        if not isinstance(value, types) or not flat:
             raise SpecError(f"{where}: [{table}] {key}: expected {what}, got {shown(value)} "
                             f"({type(value).__name__})")
     for key, (_, required, what) in schema.items():
@@ -528,10 +528,6 @@ def _not_a_python_file(path: Path) -> str:
     return f"is not a regular file ({not_a_file(mode)})"
 
 
-def _scalars(values: list) -> bool:
-    return all(isinstance(v, (int, float, bool, str)) for v in values)
-
-
 # kforge's own tasks and doit's commands: a family's group task of that name would clash with them
 RESERVED_NAMES = ("kernels", "package", "tune", "run", "list", "clean", "forget", "info", "help", "auto",
                   "dumpdb", "ignore", "strace", "tabcompletion", "prune", "cache")
@@ -551,14 +547,6 @@ def _check_name(name: str, where: str) -> str:
 def listed_name(name, fallback: str) -> str:
     """The name a family that did not load is listed by: its own when it is a family name, else `fallback`."""
     return name if isinstance(name, str) and NAME_RE.match(name) and len(name) <= NAME_MAX else fallback
-
-
-def _check_signature(signature, params, where, entry) -> None:
-    names = [a for a, _ in signature]
-    if names != list(params):
-        raise SpecError(f"{where}: [signature] must list the arguments of {entry} in order; "
-                        f"got {shown(names)}, the source has {shown(list(params))}")
-    _check_types(signature, where)
 
 
 def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
