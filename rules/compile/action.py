@@ -4,6 +4,7 @@ writes whichever it is. What was fetched or built is then kept in the caches bef
 artifact.CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -105,7 +106,5 @@ def _fail(target: Target, error: str, traceback: str = "", inputs: list | None =
 
 
 def _keep_error(target: Target, text: str, inputs: list | None) -> None:
-    try:
+    with contextlib.suppress(OSError):   # a full disk: reported all the same, compiled again next time
         artifact.write_error(target, text, inputs)
-    except OSError:   # a full disk: reported all the same, compiled again next time
-        pass

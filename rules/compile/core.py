@@ -537,10 +537,8 @@ def _learned(stats: tuple, inputs: list, folders, written) -> dict:
 def _learn(target: Target) -> None:
     """Leave what this server hashed for the doit process's index (only a hint: a write that fails is dropped)."""
     if _hashed:
-        try:
+        with contextlib.suppress(OSError, ValueError):   # ValueError: OutsideOut, a link leading out of out/
             inputs_index.learn(target.layout, dict(_hashed))
-        except (OSError, ValueError):   # ValueError: OutsideOut, a link leading out of out/
-            pass
         _hashed.clear()
 
 
