@@ -591,8 +591,15 @@ def main() -> None:
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
     recorder.start()   # never again: every reply holds all that its module's process read (see _module_server)
-    misses = _Misses.install(recorder)
-    unusable = _prepare(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
+    misses = _Misses.installed = _Misses(recorder)
+    sys.meta_path.append(misses)
+    unusable = ""   # the device model and set-up hooks of the import context, before any family's module
+    if len(sys.argv) > 1:
+        context = json.loads(sys.argv[1])
+        try:
+            device_model.prepare(context["arch"], context["model"], tuple(context["setup"]))
+        except device_model.SetupFailed as e:
+            unusable = str(e)
     servers: dict[str, isolate.Server] = {}
     packages: dict[str, str] = {}   # a module's package -> why its import failed ("" when it did not)
     for line in requests:
@@ -707,12 +714,6 @@ class _Misses:
         self.recorder = recorder
         self.paths: set[str] = set()
 
-    @classmethod
-    def install(cls, recorder) -> "_Misses":
-        cls.installed = cls(recorder)
-        sys.meta_path.append(cls.installed)
-        return cls.installed
-
     def find_spec(self, name, path=None, target=None):
         if not self.recorder.active or self._by_toolchain():
             return None
@@ -741,19 +742,6 @@ class _Misses:
             return True
         real = os.path.realpath(frame.f_code.co_filename)
         return (real + os.sep).startswith(self.recorder.skip) or real.startswith(self.recorder.skip)
-
-
-def _prepare(context: dict | None) -> str:
-    """Before any family's module is imported: the device model for the probe's arch and the set-up hooks
-    (rules/load/device_model.py). What went wrong, in one line ("" if nothing did)."""
-    from kforge.load import device_model
-    if context is None:
-        return ""
-    try:
-        device_model.prepare(context["arch"], context["model"], tuple(context["setup"]))
-    except device_model.SetupFailed as e:
-        return str(e)
-    return ""
 
 
 if __name__ == "__main__":

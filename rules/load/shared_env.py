@@ -85,39 +85,34 @@ def explain(e: BaseException) -> bool:
 def explain_pin(e: BaseException) -> bool:
     """If `e` is an import that failed on a package kforge pins, its message becomes one line naming the library's
     line, the pin and the fix; True if it was such a failure."""
+    import importlib.metadata as metadata
     top = e.name.split(".")[0] if isinstance(e, ImportError) and e.name else None
     if top is None or not (top in HIDDEN or top.replace("_", "-") in pins()):
         return False
-    e.msg = message(e)
+    pin, where = pins().get(top.replace("_", "-"), top), library_line(e)
+    if top in HIDDEN and sys.modules.get(top, 0) is None:
+        e.msg = (f"{where or 'the module'} imports {top}, which an import under the device model does not see: "
+                 f"kforge's own {top} ({pin}) is for its FlyDSL families, so that a library using FlyDSL whenever "
+                 f"it is importable builds its Triton kernels whatever FlyDSL it was written for; a module that "
+                 f"cannot import without FlyDSL needs a set-up hook calling kforge.load.shared_env.show_flydsl() "
+                 f"(docs/libraries.md)")
+        return True
+    try:
+        version = metadata.version(top)
+    except metadata.PackageNotFoundError:
+        e.msg = f"{where + ': ' if where else ''}{top} is not installed; kforge requires {pin} (pip install kforge)"
+        return True
+    reason = str(e.msg or e).replace(f" ({e.path})", "") if e.path else str(e.msg or e)
+    e.msg = (f"{where + ': ' if where else ''}{reason}: this environment's {top} is {version}, the version kforge "
+             f"pins ({pin}), and the library was written for another; kforge builds with its pinned {top}, so "
+             f"use a release of the library that works with {top} {version} (docs/libraries.md)")
     return True
 
 
-def message(e: ImportError) -> str:
-    """The one line for an ImportError whose module is one kforge pins (see explain)."""
-    top = (e.name or "").split(".")[0]
-    pin = pins().get(top.replace("_", "-"), top)
-    where = library_line(e)
-    if top in HIDDEN and sys.modules.get(top, 0) is None:
-        return (f"{where or 'the module'} imports {top}, which an import under the device model does not see: "
-                f"kforge's own {top} ({pin}) is for its FlyDSL families, so that a library using FlyDSL whenever "
-                f"it is importable builds its Triton kernels whatever FlyDSL it was written for; a module that "
-                f"cannot import without FlyDSL needs a set-up hook calling kforge.load.shared_env.show_flydsl() "
-                f"(docs/libraries.md)")
-    version = _version(top)
-    if version is None:
-        return f"{where + ': ' if where else ''}{top} is not installed; kforge requires {pin} (pip install kforge)"
-    reason = str(e.msg or e)
-    if e.path:
-        reason = reason.replace(f" ({e.path})", "")
-    return (f"{where + ': ' if where else ''}{reason}: this environment's {top} is {version}, the version kforge "
-            f"pins ({pin}), and the library was written for another; kforge builds with its pinned {top}, so "
-            f"use a release of the library that works with {top} {version} (docs/libraries.md)")
-
-
-def library_frame(e: BaseException) -> tuple[str, int] | None:
-    """(file, line) of the innermost line of the exception's traceback outside the standard library and the
-    toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's); a SyntaxError's file that does not parse counts
-    as the innermost. None when there is none."""
+def library_line(e: BaseException, code: bool = True) -> str:
+    """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the standard
+    library and the toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's), with its code unless code=False;
+    a SyntaxError's file that does not parse counts as the innermost. "" when there is none."""
     from kforge.load import observe
     toolchain = observe.toolchain_dirs()
     skip = tuple(d + os.sep for d in toolchain)
@@ -129,13 +124,6 @@ def library_frame(e: BaseException) -> tuple[str, int] | None:
         real = os.path.realpath(filename)
         if not filename.startswith("<") and not real.startswith(skip) and real not in toolchain:
             found = (filename, line)
-    return found
-
-
-def library_line(e: BaseException, code: bool = True) -> str:
-    """'pkg/mod.py:12 (`from x import y`)': library_frame's line, named as inputs are (relative to the project or
-    the module path entry), with its code unless code=False; "" when the traceback has none."""
-    found = library_frame(e)
     if found is None:
         return ""
     filename, lineno = found
@@ -148,10 +136,3 @@ def shown_line(filename: str, lineno: int, text: str = "") -> str:
     shown = observe.name_of(filename, observe.bases(os.getcwd()))
     return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
 
-
-def _version(top: str) -> str | None:
-    import importlib.metadata as metadata
-    try:
-        return metadata.version(top)
-    except metadata.PackageNotFoundError:
-        return None
