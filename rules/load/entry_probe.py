@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import importlib
 import json
 import os
 import subprocess
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 from kforge.base import cpus
-from kforge.load import isolate, load_guard, shared_env
+from kforge.load import device_model, isolate, load_guard, observe, shared_env
 from kforge.base.errors import SpecError
 from kforge.load.sources import UNSPECIALIZED, entry_def, parse
 
@@ -260,8 +261,6 @@ def entry_object(module, entry: str):
 
 
 def _layers(module: str, entry: str) -> list:
-    import importlib
-    from kforge.load import device_model
     imported = importlib.import_module(module)
     try:
         return layers(entry_object(imported, entry))
@@ -587,7 +586,6 @@ def main() -> None:
     sys.stdout = sys.stderr
     requests = os.fdopen(os.dup(0), "r")
     isolate.no_input()
-    from kforge.load import device_model, observe
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
     recorder.start()   # never again: every reply holds all that its module's process read (see _module_server)
@@ -634,7 +632,6 @@ def main() -> None:
 
 def _answer(request: dict) -> dict:
     """One request, answered in the module's own process, with all that process read."""
-    from kforge.load import device_model, observe
     device_model.serving(request.get("family", ""))
     try:
         if "describe" in request:
@@ -678,7 +675,6 @@ def _import_package(package: str) -> str:
     """Import a family module's package here, once, so that each module's process (forked from here) has it: a
     library whose __init__ files import every op and torch pays that once per probe, not once per module. Why it
     failed, in one line ("" if it did not): every module of the package answers that."""
-    import importlib
     try:
         importlib.import_module(package)
     except Exception as e:
@@ -733,7 +729,6 @@ class _Misses:
     def _by_toolchain(self) -> bool:
         """Whether the import was made by the toolchain's code (torch's optional imports): the first frame
         outside the import system."""
-        import importlib
         system = os.path.dirname(importlib.__file__) + os.sep   # import_module, util.find_spec
         frame = sys._getframe(2)
         while frame is not None and (frame.f_code.co_filename.startswith(("<frozen", system))):

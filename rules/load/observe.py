@@ -28,10 +28,12 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import importlib.util
 import itertools
 import json
 import marshal
 import os
+import stat
 import sys
 import time
 import types
@@ -347,7 +349,6 @@ class Recorder:
 
     def _source(self, path: str, within: tuple[str, ...]) -> str | None:
         if "__pycache__" in path and path.endswith(".pyc"):   # a cached module: its source is the input
-            import importlib.util
             try:
                 path = importlib.util.source_from_cache(path)
             except ValueError:
@@ -462,7 +463,6 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
     import compiles whatever this did not reach; `stop()` true ends it before the next file. Imports nothing;
     returns how many it compiled."""
     import importlib.metadata
-    import importlib.util
     folder, secret = bytecode_folder(), _bytecode_key()
     try:
         spec = importlib.util.find_spec(package) if folder and secret and "." not in package else None
@@ -548,7 +548,6 @@ def _bytecode_key() -> bytes | None:
     neither read nor made, or is not this user's alone (then nothing is kept: every module compiles from source).
     A kept file is code: it runs only if its HMAC under this key holds, so bytecode that another machine or user
     wrote (a cache folder restored from a CI cache or an archive) is compiled again, never run."""
-    import stat
     folder = _user_folder()
     if folder is None:
         return None
@@ -593,7 +592,6 @@ def _bytecode_key() -> bytes | None:
 
 def _own_folder(path: str) -> bool:
     """Whether `path` is a folder (not a link) of this user's that no one else can write to."""
-    import stat
     try:
         st = os.lstat(path)
     except OSError:
@@ -616,7 +614,6 @@ class _KeptBytecode:
     LIMIT = 20_000
 
     def __init__(self, folder: str, secret: bytes):
-        import importlib.util
         self.folder, self.magic, self.made = folder, importlib.util.MAGIC_NUMBER, False
         self.secret = secret
         self.own: bool | None = None   # whether the folder is this user's own (asked once)

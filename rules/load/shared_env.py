@@ -14,6 +14,8 @@ import re
 import sys
 import traceback
 
+from kforge.load import observe
+
 HIDDEN = ("flydsl",)   # top-level packages a library's import does not see under the device model
 
 
@@ -75,7 +77,6 @@ def explain(e: BaseException) -> bool:
         e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
         return True
     if e.path and e.msg and place not in str(e.msg):   # a native extension that cannot load here (a CUDA build's)
-        from kforge.load import observe
         shown = observe.name_of(e.path, observe.bases(os.getcwd()))
         e.msg = f"{str(e.msg).replace(e.path, shown)} (in {place})"
         return True
@@ -113,7 +114,6 @@ def library_line(e: BaseException, code: bool = True) -> str:
     """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the standard
     library and the toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's), with its code unless code=False;
     a SyntaxError's file that does not parse counts as the innermost. "" when there is none."""
-    from kforge.load import observe
     toolchain = observe.toolchain_dirs()
     skip = tuple(d + os.sep for d in toolchain)
     frames = [(f.filename, f.lineno) for f in traceback.extract_tb(e.__traceback__)]
@@ -132,7 +132,6 @@ def library_line(e: BaseException, code: bool = True) -> str:
 
 def shown_line(filename: str, lineno: int, text: str = "") -> str:
     """'pkg/mod.py:12 (`text`)', the file named as inputs are (relative to the project or the module path entry)."""
-    from kforge.load import observe
     shown = observe.name_of(filename, observe.bases(os.getcwd()))
     return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
 
