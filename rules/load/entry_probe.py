@@ -157,8 +157,8 @@ class Probe:
     def _reply(self, request: dict, where: str) -> dict:
         try:
             named = _named(request)[0]
-            load_guard.await_reply(self.child.stdout, where, f"importing {named} to read the entry's autotune / "
-                                   f"heuristics", f"python -c 'import {named}'", self.sent_at)   # TooLong past it
+            load_guard.Wait(where, f"importing {named} to read the entry's autotune / heuristics",
+                            f"python -c 'import {named}'", self.sent_at).readable(self.child.stdout.fileno())
             line = self.child.stdout.readline()
             reply = json.loads(line)
             if "error" in reply:   # a MemoryError names the setting to raise

@@ -48,8 +48,7 @@ def run(fn: Callable[[], object], shown: str) -> object:
     writer.close()
     _own_group(pid)   # set by both sides: a kill right after fork must find the group
     try:
-        if not wait.readable(reader.fileno()):
-            raise TooLong(wait.too_long())
+        wait.readable(reader.fileno())
         data = reader.recv_bytes()
     except (EOFError, OSError):   # it died first
         data = None
@@ -81,14 +80,6 @@ def stop(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def await_reply(stream, where: str, doing: str, look: str, since: float | None = None) -> None:
-    """Wait until a popen() child's output `stream` has a line to read; TooLong past catalog_timeout, counted from
-    `since` (time.monotonic() when the child was given its work; default: now)."""
-    wait = Wait(where, doing, look, since)
-    if not wait.readable(stream.fileno()):
-        raise TooLong(wait.too_long())
-
-
 def memory_hint(error: str) -> str:
     """A child's one-line error, with the setting to raise when it ran out of memory."""
     if "MemoryError" not in error:
@@ -99,34 +90,32 @@ def memory_hint(error: str) -> str:
 
 
 class Wait:
-    """Waiting on a child that is `doing` something for `where` (the file, as messages show it): one notice once
-    it has taken a few seconds, a stop at catalog_timeout; `look` is the command that shows where it hangs."""
+    """Waiting on a child that is `doing` something for `where` (the file, as messages show it) since `started`
+    (time.monotonic() when it was given its work; default: now): one notice once it has taken a few seconds, a stop
+    at catalog_timeout; `look` is the command that shows where it hangs."""
 
     def __init__(self, where: str, doing: str, look: str, started: float | None = None):
         self.where, self.doing, self.look = where, doing, look
         self.limit = settings.get("catalog_timeout")
         self.started, self.noticed = time.monotonic() if started is None else started, False
 
-    def readable(self, fd: int) -> bool:
-        """True once fd has something to read; False at the time limit."""
+    def readable(self, fd: int) -> None:
+        """Return once fd has something to read; TooLong at the time limit."""
         notice_at = min(NOTICE_S, self.limit / 2)
         while True:
             elapsed = time.monotonic() - self.started
             if elapsed >= self.limit:
-                return False
+                raise TooLong(f"{self.where}: {self.doing} ran past catalog_timeout ({self.limit:g} s) and was "
+                              f"stopped; see where it hangs with `{self.look}`, or raise the limit (catalog_timeout="
+                              f"SECONDS or KFORGE_CATALOG_TIMEOUT) if it needs longer")
             until = self.limit if self.noticed else notice_at
             if select.select([fd], [], [], max(0.0, until - elapsed))[0]:
-                return True
+                return
             if not self.noticed and time.monotonic() - self.started >= notice_at:
                 took = time.monotonic() - self.started
                 sys.stderr.write(f"kforge: loading {self.where} ({self.doing}) for {took:.0f} s so far; stopped at "
                                  f"{self.limit:g} s (catalog_timeout)\n")
                 self.noticed = True
-
-    def too_long(self) -> str:
-        return (f"{self.where}: {self.doing} ran past catalog_timeout ({self.limit:g} s) and was stopped; see where "
-                f"it hangs with `{self.look}`, or raise the limit (catalog_timeout=SECONDS or KFORGE_CATALOG_TIMEOUT) "
-                f"if it needs longer")
 
 
 def _child(fn: Callable[[], object], writer, parent: int, memory: int, shown: str) -> None:
