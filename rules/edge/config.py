@@ -81,7 +81,9 @@ def config(root: Path, catalog) -> dict:
         # a family that did not load has no targets to tell its artifacts from orphans: none are named then
         "find_orphans": staticmethod(list if catalog.broken else lambda: guard.no_targets(
             layout, [t.out_dir for t in catalog.targets], settings.get("archs"))[0])})
-    max_workers, cap_reason = _compile_cap()
+    # the cap on workers: none where compiles run on a cluster, not on this machine's CPUs
+    max_workers = settings.get("max_compiles") if settings.get("executor") is None else None
+    cap_reason = settings.source("max_compiles") or f"the {report.plural(max_workers, 'CPU')} this process may use"
     install_runner(prefetch=settings.get("prefetch"), max_workers=max_workers, cap_reason=cap_reason,
                    keep_hub_s=settings.get("keep_hub"))
     _run_after_failed_deps()
@@ -144,14 +146,6 @@ def local_cache() -> LocalCache | None:
     """This run's local cache (rules/share/local_cache.py), or None with local_cache=off."""
     directory = settings.get("local_cache")
     return None if directory is None else LocalCache(directory, settings.get("local_cache_limit"))
-
-
-def _compile_cap() -> tuple[int | None, str]:
-    """(most workers, why) for this run: None when compiles run on a cluster, not on this machine's CPUs."""
-    if settings.get("executor") is not None:
-        return None, ""
-    cap = settings.get("max_compiles")
-    return cap, settings.source("max_compiles") or f"the {report.plural(cap, 'CPU')} this process may use"
 
 
 def backend() -> str:

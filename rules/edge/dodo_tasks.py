@@ -46,8 +46,8 @@ def compile_tasks(root: Path, catalog: Catalog):
     cache = None
     if url:
         from kforge.share import remote_cache   # http.client and hmac: only where a cache is used
-        from kforge.share.remote_cache import CacheConfig
-        cache = CacheConfig(url, *map(settings.get, ("cache_readonly", "cache_timeout", "cache_key", "cache_budget")))
+        cache = remote_cache.CacheConfig(url, *map(settings.get, ("cache_readonly", "cache_timeout", "cache_key",
+                                                                  "cache_budget")))
         remote_cache.share_budget()   # here, in doit's master: every worker it forks counts against one budget
     built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
     local = local_cache()   # None with local_cache=off
