@@ -106,7 +106,7 @@ def _end_stuck(pid: int) -> None:
 
 def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
     """In doit's master, before it closes the hub it forked: whether the hub forked a keeper. Sent on the hub's
-    socket as a request is; a hub that has gone is not replaced (Hub.ask would)."""
+    socket as a request is; a hub that has gone is not replaced."""
     if hub.sock is None:
         return False
     try:
