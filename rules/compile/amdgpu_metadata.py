@@ -1,8 +1,6 @@
-"""The kernel ABI an AMD code object declares: its NT_AMDGPU_METADATA note (msgpack), read without ROCm.
-
-A HIP loader needs per kernel: the kernarg layout (offset, size and kind of every argument), the kernarg
-segment size, LDS bytes, wavefront size and the work-group limits. The note is a msgpack map; the small
-decoder below handles the subset code objects use (maps, arrays, strings, ints, floats, bools, nil).
+"""The kernel ABI an AMD code object declares in its NT_AMDGPU_METADATA note, read without ROCm: what a HIP loader
+needs per kernel (kernarg layout and size, LDS bytes, wavefront size, work-group limits). The note is msgpack;
+the small decoder below handles the subset code objects use (maps, arrays, strings, numbers, bools, nil).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""specs/*.toml (and the families a Python catalog declares: rules/declare/python_catalog.py) -> validated, frozen Spec objects.
-
-Every check names the file, the table and key, the value received and what is allowed, and stops at the
-first problem with one SpecError. Checks that need the kernel source (entry exists, argument names) read it
-with `ast`; nothing here imports a compiler.
+"""specs/*.toml (and a Python catalog's families) -> validated, frozen Spec objects. Every check names the file,
+table and key, the value received and what is allowed, and stops at the first problem with one SpecError; the
+kernel source is read with `ast`, nothing here imports a compiler.
 """
 from __future__ import annotations
 

@@ -341,9 +341,8 @@ class Catalog:
         self._only(self.archs)
 
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
-        """Load the kept catalog made from inputs of the same content as now, for these archs or for all, if
-        there is one (see the module's docstring); it becomes the saved catalog, stamped by the identities of
-        now."""
+        """Load the kept catalog made from inputs of the same content as now, for these archs or all, if any: it
+        becomes the saved catalog, stamped by the identities of now."""
         lists = self._read_of(saved), saved["toolchains"], saved["installed"]
         content = self._stamp(folders, spec_files, *lists, stamps.content)
         for archs in dict.fromkeys((self.archs, None)):
@@ -454,9 +453,8 @@ def _catalog_file(path: Path, root: Path, read: set[Path] | None, kept: dict | N
 
 
 def _declared_key(declared: Declared) -> str | None:
-    """A family's declaration, as the saved catalog keeps it: its tables, not where they are (a line added above
-    a Python catalog's family() call moves it; its targets are taken with the new place: _moved). None for tables
-    JSON does not hold as they are (a Python catalog's set or object: a family that does not load, never kept)."""
+    """A family's declaration as the saved catalog keys it: its tables, not where they are (a line added above a
+    family() call moves it: _moved). None for tables JSON does not hold (a family that does not load)."""
     if not _plain_json(declared.tables):
         return None
     return stamps.digest({"tables": declared.tables, "recorded": declared.recorded})
@@ -584,9 +582,8 @@ def _catalog_package(entry: str) -> Path:
 
 
 def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
-    """Every spec of the project: *.toml specs, *.py catalogs (rules/declare/python_catalog.py) and *.jsonl record files
-    (rules/declare/records.py) in its catalog folders. A .py file whose name starts with `_` (`__init__.py`,
-    `_helpers.py`) is a helper, not a catalog."""
+    """Every spec of the project: *.toml specs, *.py catalogs and *.jsonl record files in its catalog folders (a .py
+    file whose name starts with `_`, `__init__.py` or `_helpers.py`, is a helper, not a catalog)."""
     files = []
     for folder in catalog_folders(root) if folders is None else folders:
         files += sorted(f for f in folder.glob("*.toml"))

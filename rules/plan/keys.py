@@ -1,7 +1,5 @@
-"""Action keys: one sha256 over everything a target's binary depends on.
-
-The same key decides doit's up-to-date check (it is compared with the key saved in the artifact's meta.json)
-and names the artifact's provenance: the remote cache looks artifacts up by it (rules/share/remote_cache.py).
+"""Action keys: one sha256 over everything a target's binary depends on. It decides doit's up-to-date check
+(against the key in the artifact's meta.json) and names the artifact in the caches (rules/share/remote_cache.py).
 """
 from __future__ import annotations
 
