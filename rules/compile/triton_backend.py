@@ -170,7 +170,8 @@ def _as_imported(target, wrapped: list) -> None:
         raise ValueError(f"{name}: the code found here (kforge's source key {key[:12]}...) is none of the code its "
                          f"record lines were recorded from ({', '.join(k[:15] + '...' for k in comparable[:3])}): "
                          f"another version of the library, a kernel made at run time from other source than its "
-                         f"def (generated and exec'd), or a value its import reads from the GPU (its SM count, say) "
+                         f"def (generated and exec'd), a global the application set after the import "
+                         f"(`config.SCALE = 3.0`), or a value its import reads from the GPU (its SM count, say) "
                          f"that kforge's model of the arch's reference GPU gives otherwise than the recording GPU "
                          f"did (docs/device_model.md); such a binary is never served: record again with the library "
                          f"built here, or drop its lines ({target.spec_path.split(': ', 1)[0]})")
