@@ -195,21 +195,16 @@ class Recorder:
         self.skip = self._skip = tuple(dict.fromkeys((out + os.sep, os.path.realpath(out) + os.sep,
                                                       *(d + os.sep for d in toolchain_dirs()))))
         self.skip_files = {d for d in toolchain_dirs() if d.endswith(".py")} | launchers()
-        self.seen: set[str] = set()
-        self.written: set[str] = set()   # what the process itself wrote (opened to write, or renamed onto)
-        self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
-        self.variables: set[str] = set()   # environment variables the library's code read
+        self.start()   # the records, empty
+        self.active, self.since_ns = False, 0
         self.given: set[str] = set()   # variables this process set itself (kforge, or the library): not inputs
         self._readers: dict[str, bool] = {}   # a reading frame's file -> whether it is the library's
         self._whole: set[tuple] = set()   # (code, line) where the whole environment was iterated
         self._listing = False   # the hook's own listdir raises the event too
-        self.modules: set[str] = set(sys.modules)
         # where this process keeps the bytecode of what it compiled from source (_from_source): its reads and
         # writes there are kforge's own, never recorded (None where the interpreter has no bytecode)
         self.bytecode = bytecode_folder()
         self._own = (self.bytecode + os.sep,) if self.bytecode else ()
-        self.active = False
-        self.since_ns = 0
         # what _source made of each path, for the folders and skips it was asked with: a server's targets share
         # most of what was read (the imports, the compiler's own files), and resolving each path again cost
         # 75 ms per target (1,700 paths' realpath, liger-kernel on the dev machine)
@@ -234,8 +229,11 @@ class Recorder:
 
     def start(self) -> None:
         """Forget what was recorded; record from now on."""
-        self.seen, self.written, self.listed, self.modules = set(), set(), {}, set(sys.modules)
-        self.variables = set()
+        self.seen: set[str] = set()
+        self.written: set[str] = set()   # what the process itself wrote (opened to write, or renamed onto)
+        self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
+        self.variables: set[str] = set()   # environment variables the library's code read
+        self.modules: set[str] = set(sys.modules)
         self.active, self.since_ns = True, time.time_ns()
 
     def _hook(self, event: str, args: tuple) -> None:
