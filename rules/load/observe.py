@@ -314,8 +314,10 @@ class Recorder:
 
     def _list(self, path: str) -> None:
         """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
-        is then a changed input on the next one). The toolchain's and out/'s folders are not listed again."""
-        if path not in self.listed and not (path + os.sep).startswith(self.skip):
+        is then a changed input on the next one). The toolchain's and out/'s folders are not listed again, nor the
+        kept bytecode's, which kforge lists to bound it (under a folder on sys.path, PYTHONPATH=$HOME, every build
+        that kept new bytecode made the next one rebuild)."""
+        if path not in self.listed and not (path + os.sep).startswith(self.skip + self._own):
             self._listing = True
             try:
                 self.listed[path] = listing_digest(path)

@@ -30,7 +30,7 @@ recorder.start()
 import pkg.mod
 print(json.dumps({{"compiled": sorted(compiled), "writes": writes, "x": pkg.mod.X,
                    "co_filename": pkg.mod.f.__code__.co_filename, "files": sorted(recorder.files()),
-                   "written": sorted(recorder.written)}}))
+                   "written": sorted(recorder.written), "folders": sorted(recorder.folders())}}))
 '''
 
 
@@ -347,3 +347,15 @@ def test_a_link_at_any_level_from_the_users_kforge_folder_down_keeps_nothing_whe
     (user / "bytecode").chmod(0o777)   # others can write to a folder above the store: they could swap it
     first, again = _import(lib, root), _import(lib, root)
     assert again["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and _kept(root) == []
+
+
+def test_kforges_own_cache_is_never_an_input_even_under_a_folder_on_sys_path(tmp_path):
+    # PYTHONPATH=$HOME holds ~/.cache: the kept bytecode's folder, listed to bound it, and this user's key for it
+    # were inputs, and every build after one that kept new bytecode rebuilt its targets
+    lib, root = _library(tmp_path)
+    cache = lib / "user-cache"
+    first = _import(lib, root, user_cache=cache)
+    assert first["compiled"] == ["pkg/__init__.py", "pkg/mod.py"] and _kept(root, cache)
+    for record in (first, _import(lib, root, user_cache=cache)):
+        assert record["files"] == [str(lib / "pkg" / "__init__.py"), str(lib / "pkg" / "mod.py")]
+        assert record["folders"] == []
