@@ -82,6 +82,42 @@ def _canonical_file_names(root: str) -> None:
     def make_cubin_without_mtimes(self, src, *args):
         return make_cubin(self, _PTX_FILE.sub(r'\g<0>, 1, 0', src), *args)
     CUDABackend.make_cubin = make_cubin_without_mtimes
+    _ptxas_in_a_room_of_its_own()
+
+
+def _ptxas_in_a_room_of_its_own() -> None:
+    """ptxas for sm_100a (triton 3.6's, CUDA 12.9) gives one of two cubins of one PTX, by where its memory lands:
+    the compile server turns address randomization off (compile/core.py), and what is left is what lies before
+    its heap: its file names, its environment. Triton runs it on a temp file in the compile's scratch folder, whose
+    path holds the project's, with the server's environment, so four of the example's sm_100a targets came out
+    one way in one checkout and the other in another (measured: the same PTX, the same cubin from every folder
+    once the names and the environment are fixed). So ptxas runs in a folder of its own, on kernel.ptx into
+    kernel.o, with TMPDIR=. as its whole environment (its temp files stay in that folder, under out/)."""
+    import shutil
+    import subprocess
+    import tempfile
+    import types
+
+    import triton.backends.nvidia.compiler as nvidia
+
+    def run(cmd, **kwargs):
+        if "-o" not in cmd:   # `ptxas --version`
+            return subprocess.run(cmd, **kwargs)
+        source, output = next(a for a in cmd if a.endswith(".ptx")), cmd[cmd.index("-o") + 1]
+        room = tempfile.mkdtemp(prefix="ptxas-", dir=os.path.dirname(output))
+        try:
+            shutil.copyfile(source, os.path.join(room, "kernel.ptx"))
+            fixed = ["kernel.ptx" if a == source else "kernel.o" if a == output else a for a in cmd]
+            done = subprocess.run(fixed, cwd=room, env={"TMPDIR": "."}, **kwargs)
+            os.replace(os.path.join(room, "kernel.o"), output)
+            return done
+        finally:
+            shutil.rmtree(room, ignore_errors=True)
+
+    shim = types.ModuleType("subprocess")   # Triton's nvidia compiler reaches ptxas through its `subprocess`
+    shim.__dict__.update(subprocess.__dict__)
+    shim.run = run
+    nvidia.subprocess = shim
 
 
 _PTX_FILE = re.compile(r'^\s*\.file\s+\d+\s+"[^"\n]*"(?=\s*$)', re.MULTILINE)   # no timestamp given

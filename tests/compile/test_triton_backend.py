@@ -1,6 +1,9 @@
 """rules/compile/triton_backend.py: what a Triton compile writes into meta.json beyond the binary."""
 import json
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from tests.support import doit, kernel_text, make_project, spec_text, statuses
 
@@ -206,3 +209,44 @@ def test_an_argument_declared_other_than_its_def_annotates_it_builds_nothing(tmp
     doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
     assert statuses(root, "built") == {"as_i64:w4@sm_90a"}
     assert "argument n is declared 'i32' but its def annotates it as 'i64'" in _failure(root, "as_i32:w4@sm_90a")
+
+
+PTXAS_WITNESS = """#!/bin/sh
+# records how a compile ran it (folder, arguments, environment, personality, files), then runs the real ptxas
+case "$*" in *" -o "*) {{ pwd; echo "$@"; env | sort | tr '\\n' ' '; echo; cat /proc/self/personality; ls; }} >> {log};; esac
+exec {ptxas} "$@"
+"""
+
+
+def test_ptxas_runs_on_fixed_names_in_a_folder_of_its_own_with_a_fixed_environment(tmp_path):
+    """ptxas for sm_100a gave one of two cubins of one PTX by where its memory landed: with address randomization
+    off, by the length of its file names and its environment, both of which held the checkout's path (four of the
+    example's sm_100a targets differed between two checkouts)."""
+    import sys
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a Linux personality flag")
+    import triton.backends.nvidia as nvidia
+    real = Path(nvidia.__file__).parent / "bin" / "ptxas"
+    log = tmp_path / "ptxas.log"
+    witness = tmp_path / "ptxas"
+    witness.write_text(PTXAS_WITNESS.format(log=log, ptxas=real))
+    witness.chmod(0o755)
+    logs = []
+    for where in ("a", "a-checkout-with-a-much-longer-path"):
+        root = make_project(tmp_path / where)
+        doit(root, "-n", "1", "local_cache=off", env={"TRITON_PTXAS_PATH": str(witness), "KFORGE_KEEP_HUB": "0"})
+        logs.append(log.read_text().splitlines())
+        log.unlink()
+        binary = next((root / "out" / "sm_90a").rglob("*.cubin")).read_bytes()
+        if where == "a":
+            first = binary
+    assert binary == first
+    seen = []
+    for folder, args, env, personality, listing in (log[:5] for log in logs):
+        assert Path(folder).name.startswith("ptxas-") and "out" in Path(folder).parts
+        # PWD is the witness's own shell's
+        seen.append((args, [v for v in env.split() if not v.startswith("PWD=")], personality, listing))
+    args, env, personality, listing = seen[0]
+    assert args.split()[-3:] == ["kernel.ptx", "-o", "kernel.o"] and env == ["TMPDIR=."]
+    assert int(personality, 16) & 0x0040000 and listing == "kernel.ptx"
+    assert seen[1] == seen[0]
