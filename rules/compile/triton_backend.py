@@ -91,8 +91,9 @@ def _ptxas_in_a_room_of_its_own() -> None:
     its heap: its file names, its environment. Triton runs it on a temp file in the compile's scratch folder, whose
     path holds the project's, with the server's environment, so four of the example's sm_100a targets came out
     one way in one checkout and the other in another (measured: the same PTX, the same cubin from every folder
-    once the names and the environment are fixed). So ptxas runs in a folder of its own, on kernel.ptx into
-    kernel.o, with TMPDIR=. as its whole environment (its temp files stay in that folder, under out/)."""
+    once the names and the environment are fixed). So ptxas runs in a folder of its own, through a link there (the
+    length of the path it is started by counts too: the virtualenv's), on kernel.ptx into kernel.o, with TMPDIR=.
+    as its whole environment (its temp files stay in that folder, under out/)."""
     import shutil
     import subprocess
     import tempfile
@@ -107,7 +108,10 @@ def _ptxas_in_a_room_of_its_own() -> None:
         room = tempfile.mkdtemp(prefix="ptxas-", dir=os.path.dirname(output))
         try:
             shutil.copyfile(source, os.path.join(room, "kernel.ptx"))
-            fixed = ["kernel.ptx" if a == source else "kernel.o" if a == output else a for a in cmd]
+            tool = os.path.basename(cmd[0])   # its name goes into the cubin's .note.nv.tkinfo: kept
+            os.symlink(cmd[0], os.path.join(room, tool))
+            fixed = ["./" + tool, *("kernel.ptx" if a == source else "kernel.o" if a == output else a
+                                    for a in cmd[1:])]
             done = subprocess.run(fixed, cwd=room, env={"TMPDIR": "."}, **kwargs)
             os.replace(os.path.join(room, "kernel.o"), output)
             return done

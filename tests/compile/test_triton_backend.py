@@ -213,7 +213,7 @@ def test_an_argument_declared_other_than_its_def_annotates_it_builds_nothing(tmp
 
 PTXAS_WITNESS = """#!/bin/sh
 # records how a compile ran it (folder, arguments, environment, personality, files), then runs the real ptxas
-case "$*" in *" -o "*) {{ pwd; echo "$@"; env | sort | tr '\\n' ' '; echo; cat /proc/self/personality; ls; }} >> {log};; esac
+case "$*" in *" -o "*) {{ pwd; echo "$0 $@"; env | sort | tr '\\n' ' '; echo; cat /proc/self/personality; ls | tr '\\n' ' '; }} >> {log};; esac
 exec {ptxas} "$@"
 """
 
@@ -247,6 +247,7 @@ def test_ptxas_runs_on_fixed_names_in_a_folder_of_its_own_with_a_fixed_environme
         # PWD is the witness's own shell's
         seen.append((args, [v for v in env.split() if not v.startswith("PWD=")], personality, listing))
     args, env, personality, listing = seen[0]
-    assert args.split()[-3:] == ["kernel.ptx", "-o", "kernel.o"] and env == ["TMPDIR=."]
-    assert int(personality, 16) & 0x0040000 and listing == "kernel.ptx"
+    assert args.split()[0] == "./ptxas" and args.split()[-3:] == ["kernel.ptx", "-o", "kernel.o"]
+    assert env == ["TMPDIR=."]
+    assert int(personality, 16) & 0x0040000 and listing.split() == ["kernel.ptx", "ptxas"]
     assert seen[1] == seen[0]
