@@ -26,6 +26,12 @@ def digest(payload) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def seal(meta: dict) -> str:
+    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
+    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
+    return digest({k: v for k, v in meta.items() if k != "seal"})
+
+
 def identity(path: str, fd: int | None = None) -> list | None:
     """[inode, mtime_ns, ctime_ns, size] of a file (or of the open file fd), None when it is not there."""
     try:

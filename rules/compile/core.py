@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import kforge
-from kforge.store import artifact, scratch
+from kforge.store import artifact, guard
 from kforge.store import inputs as inputs_index
 from kforge.load import device_model, isolate, kept_hub, observe, shared_env, sources
 from kforge.store.artifact import Candidate, CompileResult, Cutoff, Unchanged
@@ -89,7 +89,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     out/'s artifact differs at most by inputs it read or its sources' digests) the server first tells whether a
     compile can give other code: if not, the result is Unchanged (early cutoff) and nothing is compiled."""
     backend = backend_of(target.toolchain)
-    scratch_dir = scratch.folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
+    scratch_dir = guard.scratch_folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
     levels = import_levels(target)
     try:
@@ -415,7 +415,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
     recorder = _observed(target)
     recorder.skip_out(str(target.layout.out))   # where scratch_dir lies: the project's out/, or a private one
     try:
-        with scratch.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
+        with guard.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
             imports = backend.imports_module and target.module not in sys.modules   # the server's one import,
             if imports:                                                            # timed on its own
                 importlib.import_module(target.module)

@@ -32,7 +32,7 @@ from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
 
-from kforge.store import artifact, guard, run_lock, scratch
+from kforge.store import artifact, guard, run_lock
 from kforge.base import cpus, project_config, settings
 from kforge.edge import backend as doit_backend
 from kforge.plan import keys
@@ -71,7 +71,7 @@ def config(root: Path, catalog) -> dict:
     _interrupt_without_traceback()   # Ctrl-C while waiting for the lock: one line
     # before the tasks are generated: that is when what is up to date is decided
     run_lock.hold(layout, run_lock.command())
-    scratch.start(layout)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
+    guard.start_scratch(layout)   # what killed runs left in out/.kforge/tmp goes; this run's goes when it ends
     reporter = type("BuildReporter", (report.BuildReporter,), {
         "report_path": str(layout.build_report),
         "key_index": artifact.KeyIndex.of(layout.built_keys),

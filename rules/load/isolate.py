@@ -75,7 +75,7 @@ class Server:
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
 
     def call(self, request: Any, timeout: float, log_dir: str | None = None, handle: int | None = None) -> Outcome:
-        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/scratch.py).
+        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/guard.py).
         With `handle` (a file descriptor), fn gets (request, the child's own copy of it)."""
         try:
             self._ensure_alive()

@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 from kforge.base import stamps
 from kforge.base.archs import ARCHS
+from kforge.base.stamps import seal
 from kforge.store import guard
-from kforge.store.guard import kforge_meta, printable, seal
+from kforge.store.guard import kforge_meta, printable
 from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
 from kforge.store.inputs import InputIndex, well_formed
 from kforge_runtime import schema

@@ -10,20 +10,29 @@ as kforge seals it (or, before seals, one with every field kforge writes), the b
 first line is "key: <sha256>", a killed write's temp file, and, beside kforge's error.txt with no meta.json of
 kforge's, an ELF <symbol>.cubin or .hsaco (an older kforge kept the binary on failure). Anything else there is a
 user's: its folder is kept, said in one line; folders left empty go up to, never including, out/.
+
+Scratch: compilers' temp files live under out/.kforge/tmp/, never in the system's temp directory, and outlive no
+run. Each compile gets a folder there (its log, and what the compiler writes to TMPDIR: Triton's .ptx/.o/.log,
+ptxas's own), named <pid of the run's doit master>-<what>-<random> and removed after its compile; what a killed
+compile leaves goes when the master exits (atexit), what a run killed outright leaves when the next run starts.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
 import json
 import os
 import re
+import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from kforge.base.archs import ARCHS
-from kforge.base.stamps import digest
+from kforge.base.stamps import seal
 from kforge_runtime import schema
 from kforge_runtime.schema import ERROR, META
 
@@ -80,12 +89,6 @@ def printable(text: str, keep: str = "") -> str:
 
 
 # --- which files are kforge's -----------------------------------------------------------------------------------
-
-def seal(meta: dict) -> str:
-    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
-    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
-    return digest({k: v for k, v in meta.items() if k != "seal"})   # the sha256 of their canonical JSON
-
 
 def kforge_meta(path: Path) -> dict | None:
     """The meta.json at `path` when kforge wrote it, else None: a JSON object whose seal matches its fields (one
@@ -239,3 +242,67 @@ def written_by_kforge(directory: Path) -> bool:
     its own), is someone else's."""
     return not directory.is_symlink() and directory.is_dir() and \
         (kforge_meta(directory / META) is not None or kforge_error(directory / ERROR))
+
+
+# --- scratch --------------------------------------------------------------------------------------------------
+
+_run: int | None = None   # this run's doit master (forked workers inherit it); None: not in a doit run
+
+
+def start_scratch(layout) -> None:
+    """In the doit master, before any worker forks: sweep what dead runs left, remove this run's at exit."""
+    global _run
+    _run = os.getpid()
+    sweep_scratch(layout)
+    atexit.register(sweep_scratch, layout, _run)
+
+
+def scratch_folder(layout, what: str) -> str:
+    """A fresh scratch folder for one compile under out/.kforge/tmp/ (OutsideOut when a link leads out)."""
+    root = guard(layout.out, layout.scratch / "x").parent
+    root.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{_run or os.getpid()}-{what}-", dir=root)
+
+
+def sweep_scratch(layout, run: int | None = None) -> None:
+    """Remove the scratch folders of `run`, or (None) of every run that is no longer alive."""
+    root = layout.scratch
+    try:
+        guard(layout.out, root / "x")
+        entries = list(os.scandir(root))
+    except (OSError, ValueError):   # no scratch folder yet, or a link leading out of out/: nothing to remove there
+        return
+    for entry in entries:
+        owner = entry.name.split("-", 1)[0]
+        mine = owner == str(run) if run is not None else not (owner.isdigit() and _alive(int(owner)))
+        if mine:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+@contextlib.contextmanager
+def as_tmpdir(path: str):
+    """The process's temp directory is `path` for the block: Python's tempfile and the tools it starts (TMPDIR)."""
+    before_env, before_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before_tempdir
+        if before_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before_env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
