@@ -619,7 +619,7 @@ def main() -> None:
                 gc.freeze()   # what is here already is never collected in the module's process: no page copied for it
                 server = _module_server()
             servers[module] = server   # now the most recently asked
-            outcome = server.call(request, None)
+            outcome = server.call(request, None, log_dir=os.devnull)   # what the module prints: nowhere, no file
             reply = outcome.result
             if not outcome.ok:   # it died (a crash in the module's import): the next request forks another
                 servers.pop(module).close()

@@ -75,13 +75,15 @@ class Server:
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
 
     def call(self, request: Any, timeout: float, log_dir: str | None = None, handle: int | None = None) -> Outcome:
-        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/guard.py).
-        With `handle` (a file descriptor), fn gets (request, the child's own copy of it)."""
+        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/guard.py),
+        or nowhere with log_dir=os.devnull. With `handle` (a file descriptor), fn gets (request, the child's own
+        copy of it)."""
         try:
             self._ensure_alive()
         except Unavailable as e:
             return e.outcome
-        with tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log", dir=log_dir) as log:
+        with (open(os.devnull, "rb") if log_dir == os.devnull else
+              tempfile.NamedTemporaryFile(prefix="kforge-compile-", suffix=".log", dir=log_dir)) as log:
             start = time.monotonic()
             try:
                 self.conn.send((log.name, request, handle is not None))

@@ -179,6 +179,21 @@ def test_the_compile_log_is_kept_where_the_caller_says_and_removed_after_the_cal
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_call_whose_log_is_devnull_writes_no_file():
+    """The probe's module processes: what a module prints at import is nobody's, and no temp file (the system's
+    temp directory is outside out/) is made for it."""
+    server = isolate.Server(log_path)
+    made = []
+    real = isolate.tempfile.NamedTemporaryFile
+    isolate.tempfile.NamedTemporaryFile = lambda *a, **k: made.append(k) or real(*a, **k)
+    try:
+        out = server.call(None, 30, log_dir=os.devnull)
+    finally:
+        isolate.tempfile.NamedTemporaryFile = real
+        server.close()
+    assert out.ok and out.result["log"] == os.devnull and made == [], (out, made)
+
+
 def interrupted_by_sigint(_):
     """SIGINT sent to the child itself: whether it survived to answer."""
     os.kill(os.getpid(), signal.SIGINT)
