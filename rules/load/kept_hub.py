@@ -129,7 +129,9 @@ def fork_keeper(request: Keep, handle: Callable[[Any, int], dict], forget: Calla
             os._exit(0)
     os.close(told)
     with os.fdopen(ready, "rb") as f:
-        listening = f.read(1) == b"k"   # nothing: the keeper could not listen (another keeps the project)
+        # to its end: the keeper closes its end right after "k", so once read it holds nothing of the build's
+        # (nothing read: the keeper could not listen, another keeps the project)
+        listening = f.read() == b"k"
     if not listening:
         os.waitpid(pid, 0)
         return {"error": "no keeper: the project's address is taken"}
