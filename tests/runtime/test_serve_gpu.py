@@ -123,7 +123,8 @@ def test_an_application_recorded_built_and_served_computes_what_the_jit_computes
     (project / "pyproject.toml").write_text('[tool.kforge]\ncatalog = ["specs"]\n')
     record = project / "specs" / "app.jsonl"
     _run(tmp_path, "jit", KFORGE_RECORD=str(record))
-    kernels = sorted(json.loads(line)["kernel"].split(":")[1] for line in record.read_text().splitlines())
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    kernels = sorted(line["kernel"].split(":")[1] for line in lines)
     # row_sum once per autotuning key (each its own pick), scaled once per value of cfg.SCALE
     assert kernels == ["atomic_total", "row_sum", "row_sum", "scaled", "scaled", "softmax"]
 
@@ -135,8 +136,11 @@ def test_an_application_recorded_built_and_served_computes_what_the_jit_computes
     assert "is none of the code its record lines were recorded from" in build.stdout + build.stderr
 
     served = _run(tmp_path, "served", KFORGE_SERVE=f"{project / 'out' / 'dist'},report")
+    # each specialization the record holds is served but the refused one, which compiles (the autotuner may pick
+    # BLOCK 1024 for both rows: then the two row_sum picks are one specialization)
+    specializations = {json.dumps({k: v for k, v in line.items() if k != "autotune"}, sort_keys=True) for line in lines}
     counts = re.search(r"(\d+) specializations served, (\d+) compiled", served.stderr)
-    assert counts and counts.groups() == ("5", "1"), served.stderr   # row_sum twice, scaled, atomic_total, softmax
+    assert counts and counts.groups() == (str(len(specializations) - 1), "1"), served.stderr
     jit, ours = torch.load(tmp_path / "jit.pt"), torch.load(tmp_path / "served.pt")
     for name in ("row_sum_50", "row_sum_1000", "scaled", "scaled_3_fp16", "softmax"):
         assert torch.equal(jit[name], ours[name]), name
@@ -144,7 +148,8 @@ def test_an_application_recorded_built_and_served_computes_what_the_jit_computes
     for n_cols in (50, 1000):
         torch.testing.assert_close(ours[f"row_sum_{n_cols}"], ours[f"row_sum_{n_cols}_x"].sum(1))
     assert torch.equal(ours["scaled_3_fp16"], ours["scaled_3_fp16_x"] * 3)
-    torch.testing.assert_close(ours["atomic_total"], ours["atomic_total_x"].sum().reshape(1))   # atomics: any order
+    total = ours["atomic_total_x"].sum().reshape(1)   # 10 partial sums added by atomics in any order: not torch's
+    torch.testing.assert_close(ours["atomic_total"], total, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(ours["softmax"], torch.softmax(ours["softmax_x"], dim=1))
     assert ours["softmax_regs"] == jit["softmax_regs"] and ours["softmax_regs"][0] > 0
     assert ours["launch_hook_calls"] == 6   # one per launch the application made, served or compiled
