@@ -123,14 +123,15 @@ class Served:
         self.bundle, self.entry, self.fn = bundle, entry, fn   # the binary's bundle entry; the JIT function served
         self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
         self.function = self.packed_metadata = self._loaded_numbers = None
+        from triton import knobs   # held: launch_metadata runs on every launch, an import there cost 0.5 us
+        self._runtime_knobs = knobs.runtime
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
         self._skips_negative = vendor != "amd"
 
     def launch_metadata(self, grid, stream, *args):
         """What Triton's launch hooks (knobs.runtime.launch_enter_hook: proton, a tracer) are given, as a
         CompiledKernel gives it: None while no hook is set."""
-        from triton import knobs
-        hook = knobs.runtime.launch_enter_hook   # a HookChain in Triton 3.6: empty, it calls nothing
+        hook = self._runtime_knobs.launch_enter_hook   # a HookChain in Triton 3.6: empty, it calls nothing
         if hook is None or not getattr(hook, "calls", True):
             return None
         from triton.compiler.compiler import LazyDict
