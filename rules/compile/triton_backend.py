@@ -109,7 +109,8 @@ def _ptxas_in_a_room_of_its_own() -> None:
         try:
             shutil.copyfile(source, os.path.join(room, "kernel.ptx"))
             tool = os.path.basename(cmd[0])   # its name goes into the cubin's .note.nv.tkinfo: kept
-            os.symlink(cmd[0], os.path.join(room, tool))
+            # as Triton would start it: TRITON_PTXAS_PATH may be a name on PATH or relative to here
+            os.symlink(os.path.abspath(shutil.which(cmd[0]) or cmd[0]), os.path.join(room, tool))
             fixed = ["./" + tool, *("kernel.ptx" if a == source else "kernel.o" if a == output else a
                                     for a in cmd[1:])]
             done = subprocess.run(fixed, cwd=room, env={"TMPDIR": "."}, **kwargs)

@@ -251,3 +251,26 @@ def test_ptxas_runs_on_fixed_names_in_a_folder_of_its_own_with_a_fixed_environme
     assert env == ["TMPDIR=."]
     assert int(personality, 16) & 0x0040000 and listing.split() == ["kernel.ptx", "ptxas"]
     assert seen[1] == seen[0]
+
+
+def test_ptxas_named_on_path_or_relative_to_the_project_is_started_as_triton_would(tmp_path):
+    """TRITON_PTXAS_PATH as Triton takes it: a name found on PATH, or a path relative to where the build runs
+    (the link in ptxas's own folder pointed at that name there, and the compile failed)."""
+    import os
+    import triton.backends.nvidia as nvidia
+    real = Path(nvidia.__file__).parent / "bin" / "ptxas"
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "ptxas").symlink_to(real)
+    binaries = []
+    for where, named, env in (("default", None, {}),
+                              ("on-path", "ptxas", {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}),
+                              ("relative", "tools/ptxas", {})):
+        root = make_project(tmp_path / where)
+        if where == "relative":
+            (root / "tools").symlink_to(tools)
+        if named:
+            env["TRITON_PTXAS_PATH"] = named
+        doit(root, "-n", "1", "local_cache=off", env={**env, "KFORGE_KEEP_HUB": "0"})
+        binaries.append(next((root / "out" / "sm_90a").rglob("*.cubin")).read_bytes())
+    assert binaries[1] == binaries[0] and binaries[2] == binaries[0]
