@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -429,7 +430,10 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
                     return _spans_first(unchanged, (*spans, ("early cutoff", start, time.time())))
-            lowered = backend.lower(target, scratch_dir)
+            try:
+                lowered = backend.lower(target, scratch_dir)
+            except (SystemExit, KeyboardInterrupt) as e:   # isolate would word it as the import's
+                raise _exited(e) from None
         inputs = _inputs(recorder)
         _learn(target)
         lowered = dataclasses.replace(lowered, fields={**lowered.fields, "inputs": inputs})
@@ -448,6 +452,18 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
             _import_failed(e)
         raise
     return _spans_first(candidate, (*spans, ("compile", start, lowered_at), ("check", lowered_at, time.time())))
+
+
+def _exited(e: BaseException) -> RuntimeError:
+    """An exit raised by code the compile ran (a @triton.constexpr_function), as the compile's error; the server
+    retires (what the exit cut short may be half done)."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    what = f"called sys.exit({'' if e.code is None else repr(e.code)})" if isinstance(e, SystemExit) else \
+        f"raised {type(e).__name__}"
+    error = RuntimeError(f"the kernel's code {what} at {shared_env.shown_line(frame.filename, frame.lineno)} while "
+                         f"compiling; code a compile runs must raise an exception instead")
+    error.kforge_retire = True
+    return error
 
 
 def _spans_first(found: Candidate | Unchanged, spans) -> Candidate | Unchanged:

@@ -22,7 +22,7 @@ from kforge.store.artifact import CompileResult
 from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
-from tests.support import doit, fresh_servers, make_project, statuses, write_files
+from tests.support import doit, fresh_servers, make_project, spec_text, statuses, write_files
 
 # --- the backend table ------------------------------------------------------------------------------------------
 
@@ -375,6 +375,37 @@ def test_a_tool_killed_behind_a_shell_or_out_of_time_is_not_the_kernels_failure(
     assert compile_core.transient(subprocess.TimeoutExpired("ptxas", 30))
     for status in (1, 2, 128, 255):   # the tool's own verdict
         assert not compile_core.transient(subprocess.CalledProcessError(status, "ptxas")), status
+
+
+EXITS_IN_COMPILE = '''
+import triton
+import triton.language as tl
+
+
+@triton.constexpr_function
+def half(x):
+    {exits}
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * half(BLOCK) + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("exits, what", [("raise SystemExit(3)", "called sys.exit(3)"),
+                                         ("raise KeyboardInterrupt", "raised KeyboardInterrupt")])
+def test_code_that_exits_while_a_kernel_compiles_is_said_as_the_compiles_not_the_imports(tmp_path, exits, what):
+    """An exit raised by code the compile runs (a @triton.constexpr_function) is the compile's failure, after the
+    import: its line names the compile and the file, with no advice about the module's import."""
+    root = make_project(tmp_path / "p", specs={"bad": spec_text(name="bad", module="bad")},
+                        kernels={"bad": EXITS_IN_COMPILE.format(exits=exits)})
+    proc = doit(root, "-n", "1", check=False)
+    assert proc.returncode != 0 and len(statuses(root, "failed")) == 1
+    error = next(line for line in proc.stdout.splitlines() if "failed with:" in line)
+    assert f"{what} at tk/bad.py:8" in error and "while compiling" in error, error
+    assert "import" not in error.split("failed with:")[1], error
 
 
 def test_a_worker_names_tritons_private_cache_by_its_version_and_libtritons_identity_without_hashing_it(tmp_path):
