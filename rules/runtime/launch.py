@@ -1,15 +1,14 @@
 """Load a checked binary through the GPU driver (ctypes) and launch it: no compiler, no torch needed.
 
-NVIDIA: libcuda's cuModuleLoadData / cuLaunchKernel, or cuLaunchKernelEx for a binary compiled with launch
-options (launch_pdl, launch_cooperative_grid, num_ctas: the launch Triton's own launcher would make). AMD:
-libamdhip64's hipModuleLoadData / hipModuleLaunchKernel, which take the same kernelParams array. Arguments follow
-the manifest's launch signature; Triton 3.6 kernels also take two trailing scratch pointers (global, profile),
-passed as null: kforge refuses artifacts that say they need scratch memory. A host tensor descriptor argument is several
-kernel parameters, a CUtensorMap among them on NVIDIA sm_90 and up (rules/runtime/tensordesc.py).
+NVIDIA: libcuda's cuLaunchKernel, or cuLaunchKernelEx for a binary compiled with launch options (launch_pdl,
+launch_cooperative_grid, num_ctas), as Triton's launcher would; AMD: libamdhip64's hipModuleLaunchKernel. Arguments
+follow the manifest's signature, then Triton 3.6's two scratch pointers, passed as null: kforge refuses artifacts
+that need scratch memory. A tensor descriptor argument is several parameters (tensordesc.py).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 
@@ -82,8 +81,7 @@ def launch_attributes(options: dict, vendor: str, name: str) -> list[tuple[int, 
 
 
 class Driver:
-    """The vendor's driver library, loaded once per process."""
-    _loaded: dict[str, "Driver"] = {}
+    """The vendor's driver library, loaded once per process (get)."""
 
     def __init__(self, vendor: str):
         self.vendor = vendor
@@ -99,10 +97,9 @@ class Driver:
             self.context()
 
     @classmethod
+    @functools.cache
     def get(cls, vendor: str) -> "Driver":
-        if vendor not in cls._loaded:
-            cls._loaded[vendor] = cls(vendor)
-        return cls._loaded[vendor]
+        return cls(vendor)
 
     def call(self, name: str, *args) -> None:
         code = getattr(self.lib, self.prefix + name)(*args)
@@ -132,8 +129,7 @@ class Driver:
 
 
 def unlaunchable(entry: dict) -> str | None:
-    """Why this loader cannot launch a Triton entry's kernel, whatever the arguments (serving then leaves it to
-    Triton), or None."""
+    """Why this loader cannot launch a Triton entry's kernel, whatever the arguments, or None."""
     if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
         return "the kernel needs scratch memory, which this loader does not allocate"
     return None
@@ -143,7 +139,7 @@ class Kernel:
     """One bundle artifact loaded into the current context; call it with (grid, *args, stream=)."""
 
     def __init__(self, entry: dict, binary: bytes, vendor: str, device: int | None = None):
-        """device: where to load it when this thread has no current context (else the current one's)."""
+        """device: where to load it when this thread has no current context."""
         self.entry = entry
         check_launch_fields(entry)
         self.name = entry["target"]
@@ -196,9 +192,6 @@ class Kernel:
 
     def __call__(self, grid, *args, stream: int = 0) -> None:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        self.launch(gx, gy, gz, stream, args)
-
-    def launch(self, gx: int, gy: int, gz: int, stream: int, args) -> None:
         with self._lock:
             self._submit_in_context(gx, gy, gz, stream, self._arguments.pack(args))
 
@@ -208,7 +201,7 @@ class Kernel:
             self._submit_in_context(gx, gy, gz, stream, self._arguments.pack_trusted(values))
 
     def _submit_in_context(self, gx: int, gy: int, gz: int, stream: int, params) -> None:
-        """_submit, in the kernel's own context where this thread has none yet (a first launch there)."""
+        """_submit, in the kernel's own context where this thread has none yet."""
         code = self._submit(gx, gy, gz, stream, params)
         if code == CUDA_ERROR_INVALID_CONTEXT and self._context:
             self.driver.call("CtxSetCurrent", ctypes.c_void_p(self._context))
@@ -231,8 +224,8 @@ class Kernel:
 
 
 def check_launch_fields(entry: dict) -> None:
-    """The manifest fields a launch reads, checked before any reaches the driver (a bundle is untrusted):
-    LaunchError naming the field, never a TypeError or KeyError from deep inside a launch."""
+    """The manifest fields a launch reads (a bundle is untrusted): LaunchError naming the field, never a TypeError
+    or KeyError from inside a launch."""
     name = entry.get("target")
     if not (isinstance(name, str) and name.isprintable() and len(name) <= 512):   # it names the kernel in messages
         raise LaunchError("the manifest's 'target' must be the target's name on one line; rebuild the bundle with "
@@ -250,11 +243,10 @@ def check_launch_fields(entry: dict) -> None:
 
 
 class Arguments:
-    """A kernel's launch arguments, laid out once (building the ctypes objects at every call cost 44 us a launch of
-    a 19-argument kernel: bench/launch_overhead.py): in one buffer, an 8-byte slot per kernel parameter (and Triton's
-    two null scratch pointers) and a 128-aligned one per CUtensorMap, which the kernelParams array points at, filled
-    by one struct.pack_into. pack() first checks what the binary assumes (dtypes, GPU memory, 16-divisibility, each
-    descriptor's element type and block); pack_trusted() does not, for serving, whose Triton specialization did."""
+    """A kernel's launch arguments, laid out once (building ctypes objects per call cost 44 us a launch: bench/
+    launch_overhead.py): one buffer of 8-byte slots and 128-aligned CUtensorMaps, which the kernelParams array points
+    at, filled by one struct.pack_into. pack() first checks what the binary assumes; pack_trusted() does not (for
+    serving, whose Triton specialization did)."""
 
     def __init__(self, entry: dict, vendor: str = "nvidia"):
         check_launch_fields(entry)
@@ -307,8 +299,7 @@ class Arguments:
         return self.pack_trusted(values)
 
     def pack_trusted(self, values) -> ctypes.Array:
-        """Fill the slots with `values` (addresses for pointers, TensorDescriptors for descriptors), unchecked
-        but for what struct refuses and what a descriptor must be to be encoded at all."""
+        """Fill the slots with `values` (addresses for pointers, TensorDescriptors for descriptors), unchecked."""
         if self._descs:
             values = self._expand(values)
         try:
@@ -369,8 +360,7 @@ class Arguments:
         return value.data_ptr()
 
 
-# each argument's struct code, padded to its 8-byte slot (little-endian, as every GPU host kforge targets):
-# the scalar types this loader passes (u1: a bool, passed as uint8_t; i1: a descriptor's padding flag, int8_t), and
-# pointers ("*")
+# each scalar type's and a pointer's ("*") struct code, padded to its 8-byte slot (little-endian, as every GPU host
+# kforge targets; u1: a bool, passed as uint8_t; i1: a descriptor's padding flag, int8_t)
 _SLOT = {"*": "Q", "u1": "?7x", "i1": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x",
          "u16": "H6x", "u32": "I4x", "u64": "Q", "fp32": "f4x", "fp64": "d"}

@@ -1,19 +1,11 @@
-"""Serve prebuilt kernels to unchanged `kernel[grid](...)` call sites: a Triton JIT function whose specialization a
-bundle holds launches the bundle's binary, with no compile and nothing written to Triton's cache.
+"""Serve prebuilt kernels to unchanged `kernel[grid](...)` call sites: `serve("out/dist")` (strict=True: a miss raises).
 
-    from kforge_runtime.serve import serve
-    serve("out/dist")                 # or a Library; strict=True: a miss raises instead of compiling
-
-serve() wraps JITFunction._do_compile, which Triton calls on a miss in its per-device kernel cache with the
-specialization it computed: one the bundles hold (looked up in a record line's canonical form, record.py) puts a
-Served in that cache in place of a CompiledKernel, so every later call takes Triton's own fast path to it (a CUDA
-graph captures its launch like any). An entry is served only to the code it was built from (its source key,
-source_key.py, equal to the calling function's: a library upgraded or patched since the build compiles) and under
-the same compiler variables; anything else compiles, or under strict stops (NotServed). serve() wraps Autotuner.run
-too: a config recorded for the call's autotuning key whose specialization the bundles hold goes into the
-autotuner's cache, so it benchmarks nothing (Server.choose). verify=True also compiles each served specialization
-once and compares the binaries (differences()). What serving guarantees: docs/libraries.md. A served process
-imports no compiler it does not use (LightDriver, specializer.prime()).
+serve() wraps JITFunction._do_compile, which Triton calls on a miss in its per-device kernel cache: a specialization
+the bundles hold (as a record line, record.py), built from the calling code (source_key.py) under the same compiler
+variables, goes into that cache as a Served, so every later call takes Triton's own fast path to it; anything else
+compiles (strict: NotServed). It wraps Autotuner.run too: a recorded pick the bundles hold is cached without
+benchmarking (Server.choose). A served process imports no compiler it does not use (LightDriver, specializer.prime()).
+Guarantees: docs/libraries.md.
 """
 from __future__ import annotations
 
@@ -35,8 +27,7 @@ class NotServed(RuntimeError):
 
 
 def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible: list, options: dict) -> str:
-    """What decides a binary, in one canonical string: a recorded specialization and a bundle entry that
-    ask for the same compile give the same string."""
+    """What decides a binary, in one canonical string, the same for a record line and a bundle entry."""
     options = {k: v for k, v in {**option_defaults(arch), **options}.items() if v is not None}
     constexprs = {k: v for k, v in constexprs.items() if v is not None}   # None arguments: not given
     return json.dumps([kernel, arch, [list(p) for p in runtime], constexprs, sorted(divisible), options],
@@ -44,8 +35,7 @@ def identity(kernel: str, arch: str, runtime: list, constexprs: dict, divisible:
 
 
 def entry_identity(entry: dict) -> str | None:
-    """identity() of a bundle entry; None for one that is not a well-formed artifact (a bundle is untrusted: such an
-    entry is never served, and loading it by name is refused with the field that is wrong)."""
+    """identity() of a bundle entry; None for a malformed one (a bundle is untrusted: it is never served)."""
     try:
         source = entry.get("source") or {}
         if not isinstance(entry["arch"], str):
@@ -112,16 +102,15 @@ def tuned_miss_message(line: dict, key: list, held: int, recorded) -> str:
 
 
 class Served:
-    """What Triton's kernel cache holds for a served specialization, in place of a CompiledKernel: Triton's launch
-    path calls run(); a library may keep the object a JIT call returns and launch it again (`kernel[grid](*args)`:
-    flag_gems's libentry) or read its name, metadata, n_regs, n_spills and n_max_threads. CompiledKernel's other
-    attributes are AttributeErrors that say so. The binary is checked and loaded (`load`) at the first launch."""
+    """A CompiledKernel's stand-in in Triton's kernel cache: Triton's launch path calls run(); a library may launch
+    it again (`kernel[grid](*args)`: flag_gems's libentry) or read its name, metadata and n_regs. The binary is
+    checked and loaded (`load`) at the first launch."""
 
-    def __init__(self, load, runtime_positions: list[int], pointers: list[bool], entry: dict | None = None,
-                 vendor: str = "nvidia", bundle=None, fn=None):
+    def __init__(self, load, plan: list[tuple[int, bool]], entry: dict | None = None, vendor: str = "nvidia",
+                 bundle=None, fn=None):
         self.load, self.kernel = load, None
         self.bundle, self.entry, self.fn = bundle, entry, fn   # the binary's bundle entry; the JIT function served
-        self.plan = tuple(zip(runtime_positions, pointers))   # (argument position, is it a pointer)
+        self.plan = tuple(plan)   # (argument position, is it a pointer) per runtime argument
         self.function = self.packed_metadata = self._loaded_numbers = None
         from triton import knobs   # held: launch_metadata runs on every launch, an import there cost 0.5 us
         self._runtime_knobs = knobs.runtime
@@ -129,8 +118,7 @@ class Served:
         self._skips_negative = vendor != "amd"
 
     def launch_metadata(self, grid, stream, *args):
-        """What Triton's launch hooks (knobs.runtime.launch_enter_hook: proton, a tracer) are given, as a
-        CompiledKernel gives it: None while no hook is set."""
+        """What Triton's launch hooks (proton, a tracer) are given, as a CompiledKernel gives it; None without one."""
         hook = self._runtime_knobs.launch_enter_hook   # a HookChain in Triton 3.6: empty, it calls nothing
         if hook is None or not getattr(hook, "calls", True):
             return None
@@ -156,8 +144,7 @@ class Served:
             exit_hook(launch_metadata)
 
     def __getitem__(self, grid):
-        """CompiledKernel's launcher: runner(*every argument of the kernel, constexprs too, stream=None) on the
-        current device's current stream, as Triton's."""
+        """CompiledKernel's launcher: runner(*every argument, constexprs too, stream=None: the current one)."""
         grid = (*grid, 1, 1)
 
         def runner(*args, stream=None):
@@ -177,8 +164,7 @@ class Served:
 
     @property
     def metadata(self):
-        """The fields of Triton's metadata a caller reads of a launch: name, num_warps, num_stages, num_ctas,
-        shared (bytes of dynamic shared memory)."""
+        """The fields of Triton's metadata a caller reads of a launch."""
         from types import SimpleNamespace
         options = self._entry_field("options") or {}
         return SimpleNamespace(name=self.name, num_warps=options.get("num_warps"),
@@ -206,8 +192,8 @@ for _name in ("asm", "hash", "src", "module"):
 
 
 def _loaded(position: int) -> property:
-    """n_regs, n_spills, n_max_threads: what Triton's own driver reads of the bundle's binary as it loads it (the
-    fused-softmax tutorial sizes its grid by a warmed-up kernel's n_regs), read once."""
+    """n_regs, n_spills, n_max_threads as Triton's driver reads them loading the binary (the fused-softmax tutorial
+    sizes its grid by n_regs), read once."""
     def read(self):
         if self._loaded_numbers is None:
             if self.bundle is None or self.entry is None:
@@ -225,8 +211,8 @@ Served.n_regs, Served.n_spills, Served.n_max_threads = _loaded(0), _loaded(1), _
 
 class LightDriver:
     """Triton's CUDA driver for a served process: the device, stream and target a call asks for, answered by torch as
-    Triton's GPUDriver answers them. Every other attribute is Triton's own driver's, created at the first use (its C
-    helpers are compiled then, into Triton's cache: most of a served process's start when done at its first call)."""
+    Triton's GPUDriver does. Anything else is Triton's own driver's, created at its first use (it compiles its C
+    helpers: most of a served process's start)."""
 
     def __init__(self, config):
         import torch
@@ -255,10 +241,8 @@ class LightDriver:
 
 
 def light_driver() -> None:
-    """Give Triton the LightDriver, on NVIDIA, when no driver is active yet (else keep the one it has). Whether
-    a GPU is there is not asked here: that initializes CUDA (about 0.2 s), which the application pays at its
-    own first GPU call; a CUDA build of torch is enough, and without a GPU the first kernel call fails in torch
-    as it would in Triton's driver."""
+    """Give Triton the LightDriver, on NVIDIA, when no driver is active yet. Whether a GPU is there is not asked:
+    that initializes CUDA (0.2 s); without one the first kernel call fails in torch as it would in Triton's driver."""
     try:
         import torch
     except ImportError:   # Triton's own GPU drivers need torch too: nothing to lighten
@@ -277,9 +261,8 @@ _uncached_lock = threading.Lock()
 
 @contextlib.contextmanager
 def _uncached(fn):
-    """verify's compile of a kernel whose code Triton keys by less than kforge (a dtype a closure or a global
-    gives it: source_key.py), past Triton's disk cache: a binary cached under Triton's key may be another kernel's
-    (a factory's other dtype), and the served one, right, would be reported as differing."""
+    """verify's compile past Triton's disk cache where Triton keys the code by less than kforge (source_key.py): a
+    binary cached under Triton's key may be another kernel's (a factory's other dtype), not the served one's."""
     if source_key(fn) == fn.cache_key:
         yield
         return
@@ -297,19 +280,17 @@ DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rel.debug")   # line i
 
 
 def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[str]:
-    """verify: what differs between the bundle's binary (and its manifest entry) and the JIT's (and its metadata),
-    one short phrase each. Identical bytes are usual only where the JIT's binary names no file: a kforge build names
-    sources relative to the project and gives ptxas a fixed timestamp, the JIT writes absolute paths and mtimes into
-    the line info. So every section but the debug info must be identical, and so must what the launch reads."""
-    found = []
+    """verify: what differs between the bundle's binary and entry and the JIT's binary and metadata, a phrase each.
+    Every section but the debug info must be identical (the JIT writes absolute paths and mtimes into the line info,
+    a kforge build does not), and so must what the launch reads."""
     launch = {"symbol": (entry.get("symbol"), getattr(metadata, "name", None)),
               "shared": (entry.get("shared"), getattr(metadata, "shared", None)),
               "threads_per_block": (entry.get("threads_per_block"),
                                     getattr(metadata, "num_warps", 0) * getattr(metadata, "warp_size", 32)),
               "global_scratch_size": (entry.get("global_scratch_size", 0),
                                       getattr(metadata, "global_scratch_size", 0) or 0)}
-    found += [f"{field} {ours} in the bundle, {theirs} from the JIT" for field, (ours, theirs) in launch.items()
-              if ours != theirs]
+    found = [f"{field} {ours} in the bundle, {theirs} from the JIT" for field, (ours, theirs) in launch.items()
+             if ours != theirs]
     if bundled == compiled:
         return found
     from .elf import SHT_NOBITS, ElfError, parse
@@ -332,20 +313,17 @@ class Server:
     def __init__(self, library, strict: bool, verify: bool = False):
         self.library, self.strict, self.verify = library, strict, verify
         self.broken: str | None = None   # why the bundles could not be read (one line), once they were tried
-        self.verified = 0
+        self.served = self.compiled = self.tuned_configs = self.verified = 0
         self.differences: list[str] = []   # verify: one line per served specialization that differs from the JIT
         self.indexed: list[str] = []   # the arches whose bundles are indexed: each at its first call
         self.entries: dict[str, list[tuple]] = {}   # identity -> every (bundle, entry) held for it, bundles in order
-        # (kernel, autotuning key) -> the configs recorded for it, the one most lines picked first
-        self.tuned: dict[tuple, list[dict]] = {}
+        self.tuned: dict[tuple, list[dict]] = {}   # (kernel, autotuning key) -> its recorded picks, ranked
         self.rechecks: dict[tuple, bool] = {}   # (autotuner, key, its pick) -> rechoose's answer
-        self.served = self.compiled = self.tuned_configs = 0
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
         self.preload_at_first_call = False   # KFORGE_SERVE's preload: the process has picked its GPU by then
         self.lock = threading.Lock()
-        self.setup_seconds = 0.0   # serve()'s own time, and the bundles' indexing at the first call: what serving
-        self.index_seconds = 0.0   # adds to a process besides the launches (reported in the summary)
+        self.setup_seconds = self.index_seconds = 0.0   # what serving adds to a process besides the launches
 
     def summary(self) -> str:
         verified = (f"; verify: {self.verified} checked against Triton's JIT, {len(self.differences)} differ"
@@ -355,9 +333,8 @@ class Server:
                 f"indexed in {self.index_seconds * 1000:.0f} ms")
 
     def index(self, arch: str | None = None) -> str:
-        """An arch (the current device's where None); at its first call, the entries of the bundles for it, by
-        identity: a process driving GPUs of two arches serves each its own. Bundles that cannot be read serve
-        nothing: NotServed under strict, else one warning (every call then compiles)."""
+        """Index the bundles for `arch` (None: the current device's) at its first call. Bundles that cannot be read
+        serve nothing: NotServed under strict, else one warning (every call then compiles)."""
         with self.lock:
             if arch is None:
                 from triton.runtime import driver
@@ -413,14 +390,13 @@ class Server:
                 raise NotServed(refused)
             return None
         bundle, entry = found
-        positions = [list(fn.arg_names).index(a["name"]) for a in entry["signature"]]
-        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), positions,
-                      [a["type"].startswith("*") for a in entry["signature"]], entry, bundle.vendor, bundle, fn)
+        plan = [(list(fn.arg_names).index(a["name"]), a["type"].startswith("*")) for a in entry["signature"]]
+        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), plan, entry, bundle.vendor,
+                      bundle, fn)
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
-        """((bundle, entry) to serve, None), or (None, why not: strict's message). Of the entries held for the
-        call, the one built from the calling code (a factory's kernels per dtype share a name and differ by it);
-        an entry held but unfit is as good as not held, and the line notes why (the CI guard's list says so)."""
+        """((bundle, entry) to serve, None), or (None, strict's message). Of the entries held for the call, the one
+        built from the calling code (a factory's kernels per dtype share a name); the line notes why none fits."""
         if not held:
             return None, miss_message(line)
         same_code = [h for h in held if h[1].get("triton_source_key") == code_key]
@@ -444,8 +420,8 @@ class Server:
         return found, None
 
     def compare(self, served: Served, compiled) -> None:
-        """verify: the served binary against the one Triton's JIT compiled for the same call; a difference is
-        one line on stderr and in self.differences (strict: NotServed)."""
+        """verify: a difference from Triton's own compile is a line on stderr and in self.differences (strict:
+        NotServed)."""
         entry = served.entry
         binary = next((compiled.asm[k] for k in ("cubin", "hsaco") if k in compiled.asm), b"")
         try:
@@ -463,8 +439,7 @@ class Server:
                 raise NotServed(line)
 
     def preload(self) -> None:
-        """Check and load every binary the device's bundles hold now, not at each kernel's first launch: a
-        server's start-up pays for all of them, its first requests for none."""
+        """Check and load every binary the device's bundles hold now, not at each kernel's first launch."""
         self.index()
         for bundle, entry in (held for each in self.entries.values() for held in each):
             if id(entry) not in self.loaded:
@@ -477,10 +452,8 @@ class Server:
 
     def choose(self, tuner, args: tuple, kwargs: dict, current=None):
         """The config an autotuner runs for this call without benchmarking, or None (let it benchmark): of the
-        configs its pruner keeps (each computes the same result: Triton picks by timing alone) and whose
-        specialization for this call the bundles hold, `current` (the process's pick for this key so far), else
-        the recorded pick most lines made, else, with nothing recorded for the key, the only one held. Processes
-        that tuned apart (xdist workers) each recorded their own pick's calls: each call runs one so recorded."""
+        configs its pruner keeps whose specialization the bundles hold, `current` (the process's pick so far), else
+        the recorded pick most lines made, else, with nothing recorded for the key, the only one held."""
         self.index()
         if current is not None and self._held(tuner, args, kwargs, current)[2]:
             return current   # the cheap path of a call whose key has picks apart: one specialization computed
@@ -509,7 +482,7 @@ class Server:
 
     def _held(self, tuner, args: tuple, kwargs: dict, config) -> tuple:
         """(the record line of this call run with `config`, its autotuning key, whether the bundles hold it);
-        (None, None, False) for a kernel kforge does not record (an autotuner around another autotuner)."""
+        (None, None, False) for a kernel kforge does not record (a nested autotuner)."""
         try:
             line = tuned_line(tuner, args, kwargs, config)
         except ValueError as e:
@@ -523,10 +496,9 @@ class Server:
         return line, key, any(entry.get("triton_source_key") == code for _, entry in held)
 
     def rechoose(self, tuner, key: tuple, current) -> bool:
-        """Whether a call whose key the autotuner already has a pick for must be looked at again: where the record
-        holds several picks for the key, or one that is not the process's (a pick benchmarked before serve() started,
-        or one a library's own Autotuner subclass put in the cache). Elsewhere the pick stays, as in Triton. The
-        answer depends on the autotuner, the key and its pick alone: asked once, then one lookup per launch."""
+        """Whether a key the autotuner has a pick for must be chosen again: where the record holds several picks for
+        it, or one that is not the process's (benchmarked before serve(), or put there by a library's Autotuner
+        subclass). Asked once per (autotuner, key, pick), then one lookup per launch."""
         asked = (id(tuner), key, id(current))
         verdict = self.rechecks.get(asked)
         if verdict is None:
@@ -550,8 +522,8 @@ def _jit_of(tuner):
 
 
 def _ranked(picks: list[dict]) -> list[dict]:
-    """One per config, its lines summed over the bundles, the one most lines picked first (then by the config's
-    text: the same bundles rank the same way in every process). A bundle made before picks were counted: 1 each."""
+    """One per config, its lines summed over the bundles (1 where a bundle has no count), most first, then by the
+    config's text: the same bundles rank the same way in every process."""
     merged: dict[str, dict] = {}
     for p in picks:
         lines = p.get("lines") if isinstance(p.get("lines"), int) and p.get("lines") > 0 else 1
@@ -573,10 +545,8 @@ def _one_line(error: Exception) -> str:
 
 
 def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = False) -> Server:
-    """Make every Triton JIT function whose specialization the bundles hold launch the prebuilt binary.
-    bundles: a kforge_runtime.Library, or what Library takes (a wheel, a bundle directory, out/dist).
-    preload: load every binary for this device now (Server.preload), not at each kernel's first launch.
-    verify: also compile each served specialization with Triton once and compare the binaries (differences())."""
+    """Make every Triton JIT function whose specialization the bundles (a Library, or what Library takes) hold launch
+    the prebuilt binary. verify: also compile each served specialization once and compare (differences())."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
@@ -640,9 +610,8 @@ def stop() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kforge_runtime.serve --bundles out/dist [--strict] app.py [args]`: run a script with its
-    Triton kernels served, unchanged; with --strict (CI, production) any specialization the bundles lack
-    stops it with the message that says what to record. Prints how many were served and compiled."""
+    """`python -m kforge_runtime.serve --bundles out/dist [--strict] app.py [args]`: run a script with its Triton
+    kernels served; prints how many were served and compiled."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kforge_runtime.serve")
     ap.add_argument("--bundles", required=True, action="append", help="a bundle wheel or directory, or out/dist")

@@ -47,7 +47,7 @@ def test_a_strict_miss_names_the_kernel_the_specialization_and_how_to_record_it(
 
 def test_a_served_kernel_is_loaded_at_its_first_launch_and_gets_the_runtime_arguments_in_order():
     loads = []
-    served = serve.Served(lambda: loads.append(1) or Launched(), [0, 1, 2], [True, True, False])
+    served = serve.Served(lambda: loads.append(1) or Launched(), [(0, True), (1, True), (2, False)])
     Launched.calls = []
     x, y = tensors()
     for _ in range(2):
