@@ -56,14 +56,13 @@ def family(**arguments) -> None:
     _declared.append((tables, filename, line, arguments.get("name")))
 
 
-def declarations(path: Path, root: Path, read: set[Path] | None = None) -> list[tuple[dict, str, object]]:
+def declarations(path: Path, root: Path, read: set[Path]) -> list[tuple[dict, str, object]]:
     """Run one catalog file in a bounded child (rules/load/load_guard.py): (tables, where, name) of each family()
     call, unchecked (SpecError when the file fails or declares none). `read` collects what it read and imported."""
     from kforge.load import load_guard
     shown = shown_path(path, root)
     declared, files = load_guard.run(lambda: _run(path, root, shown), shown)
-    if read is not None:
-        read.update(map(Path, files))
+    read.update(map(Path, files))
     if not declared:
         raise SpecError(f"{shown}: declares no family; call kforge.declare.family(...) in it")
     return [(tables, f"{shown_path(Path(filename), root)}:{line}: family {spec_model.shown(name, 60)}", name)

@@ -1,26 +1,11 @@
 """The catalog (specs -> families and targets), kept in out/.kforge/catalog.json between runs.
 
-Loading the specs and computing 1,000+ targets (parsing and hashing every kernel source, a key per target) is most
-of a no-op run. The saved catalog is used while its stamp holds: one digest, files by identity (inode, mtime, ctime,
-size), of all it came from: the spec files and folders, the kernel sources and modules, what the probe of a
-family's module read and listed (rules/load/entry_probe.py) and the files an import looked for in vain, kforge's
-own code, the toolchain fingerprints, the compiler environment, Python, where each installed kernel module is found
-(which copy an import finds), the project's path and the settings. Anything else, a damaged file included, loads
-it again. It is saved as soon as it is loaded, whatever the command (`doit list`, `info` and `prune` find it too),
-and serves a run for the archs it was loaded for or fewer.
-
-When the stamp fails, the specs are loaded family by family: a family whose declaration (its tables) and every
-input (by content) are unchanged, computed in the same context (kforge, Python, settings, compiler environment,
-toolchains), is taken unprobed; an edit re-probes exactly the families that read the file (one probe process per
-module, so what one family's import read is never another's). A broken family is never saved, and the others are
-saved only family by family: what fixes it may lie outside any file the catalog reads (an installed package, the
-environment). A Python catalog file runs again only when what it read or imported changed.
-
-The last KEPT catalogs are also kept in out/.kforge/catalogs/, named by the digest of the same inputs by content:
-a revert or a switch back to a recent branch (the same bytes, new identities) finds its catalog there.
-
-Every path is saved by its place (Places), so a project restored at another path with its out/ (a CI cache in
-another checkout), or a second virtualenv, takes its catalog, whole or family by family, where the bytes hold.
+Loading the specs and computing 1,000+ targets is most of a no-op run, so the saved catalog is used while its stamp
+(one digest of every file it came from, by identity, and of kforge, Python, the settings and the toolchains) holds.
+Else a kept catalog of the same content (out/.kforge/catalogs/: a revert, a branch switched back) is taken, else the
+specs load family by family, each unchanged one taken unprobed. A broken family is never saved. Paths are saved by
+their place (Places), so a project or virtualenv at another path takes its catalog where the bytes hold.
+docs/caching.md says what each level compares.
 """
 from __future__ import annotations
 
@@ -49,10 +34,9 @@ KFORGE_CODE = (Path(kforge.__file__).resolve().parent, Path(kforge_runtime.__fil
 
 
 class Places:
-    """The catalog's paths as saved: one under the project, the Python environment (sys.prefix) or installation
-    (sys.base_prefix) by that folder's name and the rest, any other as it is; read back where it lies now. Nothing
-    the catalog computes holds absolute paths (keys are relative: bench/reproducible.py), so a family computed
-    here and one taken from a copy made elsewhere are the same."""
+    """The catalog's paths as saved: under the project, the Python environment or installation by that folder's
+    name and the rest, any other as it is. Keys hold no absolute path (bench/reproducible.py), so a family taken
+    from a copy made elsewhere is the one computed here."""
 
     MARK = "\0"   # no path holds a NUL: "\0project/specs/a.toml" is a saved place, never a file's name
 
@@ -89,8 +73,7 @@ class Family(NamedTuple):
 
 
 class Broken(NamedTuple):
-    """A family that did not load: its spec is wrong, its module cannot be imported, or the import (its
-    heuristics, its pruner) failed or ran past catalog_timeout. It is one failed task; the rest build."""
+    """A family that did not load (its spec, its import, its heuristics): one failed task; the rest build."""
     name: str    # the family's name, or the spec file's when it cannot be read (unique among the tasks)
     path: str    # the spec file (a Python catalog's: the file and line of the call)
     error: str   # one line: what failed, where (the library's file:line) and the fix if known
@@ -112,9 +95,7 @@ class Catalog:
         self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
     def load(self, keep_going: bool = False) -> "Catalog":
-        """From the saved catalog when its stamp still holds, else from a kept one made from the same content,
-        else from the specs (SpecError, ValueError). A family that does not load is a SpecError, or with
-        keep_going one entry of `broken` (the others load)."""
+        """A family that does not load is a SpecError, or with keep_going one entry of `broken`."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
         saved = read_state(self.path, _well_shaped)   # untrusted: one not of this format is dropped with a warning
@@ -136,8 +117,7 @@ class Catalog:
         return self if self._fresh is None else self._saved_now()
 
     def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool) -> None:
-        """Load the specs family by family, each unchanged one taken from the saved catalog (module docstring)."""
-        from kforge.declare.records import without_duplicates
+        from kforge.declare import records
         from kforge.load.entry_probe import Probe
         archs = self.archs if saved is None else _union(saved["archs"], self.archs)
         contents: dict[str, str | None] = {}
@@ -171,14 +151,16 @@ class Catalog:
                 failed.append((name, named[name], f"{named[name]}: kernel name {name!r} is also given by "
                                                   f"{', '.join(others)}; target names must be unique: rename one "
                                                   f"[kernel] name (neither builds until then)"))
-            bad_files = {f for f in spec_files if any(_rel(f, self.root) == path for _, path, _ in failed)}
-            self.tuned = tuned_choices(self.root, [f for f in spec_files if f not in bad_files], archs)
+            bad_files = {path for _, path, _ in failed}
+            record_files = [f for f in spec_files if f.suffix == ".jsonl" and _rel(f, self.root) not in bad_files]
+            self.tuned = [t for t in records.tuned_choices(record_files, self.root, record_archs(self.root))
+                          if archs is None or t["arch"] in archs]
             for name, files in computed.items():   # what importing its modules read: heuristics, data files
                 files.update(map(Path, Probe.reads_of(name)))
         finally:
             Probe.close_all()   # the children that answered for autotuned / heuristics entries, if any ran
         self.families = [family for family, _, _ in done]
-        self.targets = without_duplicates([t for _, targets, _ in done for t in targets])
+        self.targets = records.without_duplicates([t for _, targets, _ in done for t in targets])
         self.loaded_from = "specs"
         self.broken = _named_apart(_grouped(failed), {f.name for f in self.families})
         if self.broken and not keep_going:
@@ -204,7 +186,7 @@ class Catalog:
                        "catalog_files": {self.places.saved(f): _ran_at(r, self.places.saved) for f, r in ran.items()},
                        "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
                        "tuned": self.tuned, **_encode(self.targets, self.places)}
-        self._only(self.archs)
+        self._only()
 
     def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list,
                  clashes: dict[str, list[str]]) -> tuple | None:
@@ -233,8 +215,8 @@ class Catalog:
         return Family(spec.name, spec.description, spec.path, spec.tune is not None), targets, files
 
     def _entry(self, key: str, name: str, files: list[str], targets: list[Target], contents: dict) -> dict:
-        """What the next load needs to take this family unprobed: its declaration's key, every file it was
-        computed from by content (a file that was not there: None) and what else its targets' keys hold."""
+        """What the next load needs to take this family unprobed: its declaration's key, its inputs by content
+        (None: not there) and what else its targets' keys hold."""
         toolchains = sorted({(t.toolchain, t.arch) for t in targets})
         module = next((t.module for t in targets if t.module and not in_project(t.source, self.root)), "")
         return {"key": key, "name": name, "inputs": [[self.places.saved(f), _content(f, contents)] for f in files],
@@ -242,8 +224,7 @@ class Catalog:
                 "fingerprint": self._fingerprint(toolchains, module)}
 
     def _reusable(self, saved: dict | None, archs, contents: dict) -> dict:
-        """{declaration key: (entry, Family, targets)} of the saved catalog's families that still hold: made in
-        the same context, for these archs or more, every input with the content it had."""
+        """{declaration key: (entry, Family, targets)} of the saved catalog's families that still hold."""
         try:
             if saved is None or saved.get("context") != self._context or not covers(saved["archs"], archs):
                 return {}
@@ -258,16 +239,14 @@ class Catalog:
                     targets = {}
                     for t in _decode(saved["groups"], saved["signatures"], saved["targets"], self.places):
                         targets.setdefault(t.kernel, []).append(t)
-                wanted = set(archs) if archs is not None else None
                 found[entry["key"]] = (entry, families[entry["name"]],
-                                       [t for t in targets.get(entry["name"], ()) if wanted is None or t.arch in wanted])
+                                       [t for t in targets.get(entry["name"], ()) if archs is None or t.arch in archs])
             return found
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):   # a damaged file: every family is
             return {}                                                           # computed
 
     def _kept_files(self, saved: dict | None, contents: dict) -> dict:
-        """{Python catalog file: its inputs and declarations} of the saved catalog, made in the same context:
-        a file whose inputs (itself, what it read and imported) are unchanged is not run again."""
+        """{Python catalog file: its inputs and declarations} of the saved catalog, for those not to run again."""
         try:
             if saved is None or saved.get("context") != self._context:
                 return {}
@@ -319,11 +298,11 @@ class Catalog:
         except installed.NotInstalled:
             return None
 
-    def _only(self, archs) -> None:
-        """Keep the targets and tuned picks of these archs (None: all)."""
-        if archs is not None:
-            self.targets = [t for t in self.targets if t.arch in archs]
-            self.tuned = [t for t in self.tuned if t["arch"] in archs]
+    def _only(self) -> None:
+        """Keep the targets and tuned picks of the archs asked for."""
+        if self.archs is not None:
+            self.targets = [t for t in self.targets if t.arch in self.archs]
+            self.tuned = [t for t in self.tuned if t["arch"] in self.archs]
 
     def _saved_now(self) -> "Catalog":
         try:   # now, not only at the end of a build: `doit list`, `info` and `prune` find it next time too
@@ -338,7 +317,7 @@ class Catalog:
         self.families = [self._family(f) for f in saved["families"]]
         self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
         self.tuned = list(map(_tuned_pick, saved["tuned"]))
-        self._only(self.archs)
+        self._only()
 
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
         """Load the kept catalog made from inputs of the same content as now, for these archs or all, if any: it
@@ -444,10 +423,8 @@ def _catalog_file(path: Path, root: Path, read: set[Path] | None, kept: dict | N
         read.update(own)
     # kept (as JSON) only when JSON holds it as it is: a family() given a set or an object is a broken family,
     # and the catalog, saved with the others, would fail to write it (the file then runs again next time)
-    if ran is not None and (kept is not None or _plain_json(declared)):
-        seen = {} if contents is None else contents
-        ran[str(path)] = kept or {"inputs": [[str(p), _content(str(p), seen)] for p in sorted({*map(str, own),
-                                                                                              str(path)})],
+    if ran is not None and (kept is not None or _plain_json(declared)):   # ran and contents: given together
+        ran[str(path)] = kept or {"inputs": [[p, _content(p, contents)] for p in sorted({*map(str, own), str(path)})],
                                   "declared": [list(d) for d in declared]}
     return declared
 
@@ -550,15 +527,15 @@ def catalog_folders(root: Path) -> list[Path]:
                             f"name a folder of the project or an installed package")
         try:
             folder = (root / entry).resolve()
-            in_project = folder.is_dir() and (root.resolve() == folder or root.resolve() in folder.parents)
+            inside = folder.is_dir() and folder.is_relative_to(root.resolve())
         except OSError as e:   # a name too long for the file system
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]}: cannot look it up "
                             f"({e.strerror}); name a folder of the project or an installed package") from None
-        if in_project and folder == root.resolve():   # its dodo.py and pyproject.toml would load as catalogs
+        if inside and folder == root.resolve():   # its dodo.py and pyproject.toml would load as catalogs
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the project's own folder, "
                             f"whose dodo.py and pyproject.toml are no specs; keep the specs in a folder of their own "
                             f"(e.g. specs/) and name that")
-        if not in_project:
+        if not inside:
             folder = _catalog_package(entry)
         if folder in folders:   # "specs" and "./specs": read twice, each spec clashed with itself; once, a typo hid
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the folder "
@@ -586,7 +563,7 @@ def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:
     file whose name starts with `_`, `__init__.py` or `_helpers.py`, is a helper, not a catalog)."""
     files = []
     for folder in catalog_folders(root) if folders is None else folders:
-        files += sorted(f for f in folder.glob("*.toml"))
+        files += sorted(folder.glob("*.toml"))
         files += sorted(f for f in folder.glob("*.py") if not f.name.startswith("_"))
         files += sorted(folder.glob("*.jsonl"))   # record files (rules/declare/records.py)
     return files
@@ -646,13 +623,6 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
         taken.add(candidate)
         found.append(Broken(candidate, path, error if error.startswith(path) else f"{path}: {error}"))
     return found
-
-
-def tuned_choices(root: Path, files: list[Path], archs: tuple[str, ...] | None) -> list[dict]:
-    """The autotuners' picks in the catalog's record files, for the archs built."""
-    from kforge.declare import records
-    return [t for t in records.tuned_choices([f for f in files if f.suffix == ".jsonl"], root, record_archs(root))
-            if archs is None or t["arch"] in archs]
 
 
 def record_archs(root: Path) -> tuple[str, ...]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kforge.load import device_model
 from kforge.plan import keys
@@ -22,9 +22,8 @@ from kforge_runtime.schema import COMPILE_TIME
 
 def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | None,
                   read: set[Path] | None = None) -> list[Target]:
-    """Every target of the specs for the archs (None: all), SpecError at the first family that fails. `read`, if
-    given, collects the kernel source files the targets were computed from, and those an import looked for in
-    vain (rules/plan/catalog.py stamps them)."""
+    """Every target of the specs for the archs (None: all), SpecError at the first family that fails. `read`
+    collects the files the targets came from and those an import looked for in vain (the catalog stamps them)."""
     targets: list[Target] = []
     seen: dict[str, str] = {}
     for spec in specs:
@@ -42,22 +41,14 @@ def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | 
     return targets
 
 
-@dataclass(frozen=True)
-class _Shared:
+class _Shared(NamedTuple):
     """What every config of one (spec, arch) shares: computed once, not per target."""
     spec: Spec
-    arch: str
-    source: str
-    module: str
-    digests: tuple[tuple[str, str], ...]
-    versions: tuple[tuple[str, str], ...]
-    key: str   # the digest of all of the above that goes into each target's key
+    fields: dict      # the Target fields every config of it has
+    key: str          # the digest of the shared payload, which each target's key hashes with its own values
     key_without_sources: str   # the same without the sources' digests
-    layout: Layout    # the project's, which every target carries (its paths ask it)
     signatures: dict  # type-variable values -> the resolved signature, made once each
     function_sources: Callable[[str], tuple]   # a "function" argument's "module:name" -> its sources' digests
-    env: tuple        # the family's environment on this arch ([env], [arch.<arch>.env])
-    notes: tuple = ()   # what doit info says of the family on this arch: its autotuner, its overrides
 
 
 def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
@@ -108,9 +99,15 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         # "tuned": its configs are the library's @triton.autotune list: one not fitting the arch is skipped, not failed
         notes = spec.notes + ((("overrides", ", ".join(pinned)),) if pinned else ()) + \
             ((("tuned", ", ".join(spec.tuned)),) if spec.tuned else ())
-        shared = _Shared(spec, arch_name, str(source), module, digests, versions, key, key_without_sources, layout, {},
-                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}),
-                         family_env, notes)
+        fields = dict(kernel=spec.name, arch=arch_name, spec_path=spec.path, toolchain=spec.toolchain,
+                      source=str(source), module=module, entry=spec.entry, divisible_by_16=spec.divisible_by_16,
+                      source_digests=digests, toolchain_versions=versions, layout=layout, env=family_env, notes=notes,
+                      device_model=spec.device_model, setup=spec.setup, heuristics=spec.heuristics,
+                      # a value an [arch.<name>] table gives there is the spec's, not a default read
+                      defaulted=tuple(a for a in spec.defaulted if a not in spec.on_arch(arch_name)),
+                      recorded_code=dict(spec.source_keys).get(arch_name, ()))
+        shared = _Shared(spec, fields, key, key_without_sources, {},
+                         functools.partial(_function_sources, root=root, where=spec.path, read=read, seen={}))
         configs = spec.configs.on(arch_name)
         if spec.reads_args:   # the module's own code, asked in a child process (rules/load/entry_probe.py)
             from kforge.load.entry_probe import Probe
@@ -129,11 +126,8 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
 
 
 def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
-    """The configs of one arch as the entry's autotuner prunes them (rules/load/entry_probe.py): per group of configs
-    that share the spec's own values (everything but the autotuned parameters), the library's pruner is given
-    the group's autotune configs and the launch's arguments the spec knows (shape hints, pointers as empty
-    tensors; constexprs as keyword arguments). What it keeps, or rewrites (num_stages set from the shared
-    memory it computes, say), are the targets; the spec's [[exclude]] still apply to them."""
+    """The configs of one arch as the entry's autotuner prunes them (rules/load/entry_probe.py), per group that
+    shares the spec's own values; what it keeps or rewrites are the targets, less the spec's [[exclude]]."""
     groups: dict[tuple, list[dict]] = {}
     for c in configs:
         own = tuple((p, v) for p, v in c if p not in spec.tuned)
@@ -182,9 +176,8 @@ def _pointer_types(spec, known: dict) -> dict:
 
 def _function_sources(ref: str, root: Path, where: str, read: set | None, seen: dict,
                       what: str = "a @triton.jit function") -> tuple:
-    """The digests of what a "function" argument's (or set-up hook's) module executes (in the target's key): a
-    project module first (the project is first on the compile's path), else an installed one; its files join
-    the catalog's stamp. `seen`: the references already resolved for this family."""
+    """The digests of what a "function" argument's (or set-up hook's) module executes: a project module first
+    (the project is first on the compile's path), else an installed one. `seen`: those resolved for the family."""
     from kforge.load import installed, sources
     if ref in seen:
         return seen[ref]
@@ -225,7 +218,7 @@ def _adapted(spec: Spec, signature: tuple, constexprs: tuple, known: dict) -> tu
 
 
 def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
-    spec, arch = shared.spec, shared.arch
+    spec, arch = shared.spec, shared.fields["arch"]
     values = dict(config)
     known = {**dict(spec.constants), **spec.on_arch(arch), **values, **(derived or {})}   # derived: never pinned
     types = tuple(known.get(v) for v in spec.type_vars + spec.shape_vars)
@@ -258,12 +251,5 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
            **({"functions": functions} if functions else {}), **({"placeholders": placeholders} if placeholders else {})}
     key = keys.action_key({"shared": shared.key, **own})
     key_without_sources = keys.action_key({"shared": shared.key_without_sources, **own})
-    return Target(kernel=spec.name, config_id=cid, arch=arch, spec_path=spec.path, toolchain=spec.toolchain,
-                  source=shared.source, module=shared.module, entry=spec.entry, signature=signature,
-                  constexprs=constexprs, options=options, divisible_by_16=spec.divisible_by_16,
-                  config=config, source_digests=shared.digests, toolchain_versions=shared.versions,
-                  layout=shared.layout, key=key, key_without_sources=key_without_sources, env=shared.env,
-                  placeholders=placeholders, notes=shared.notes, device_model=spec.device_model, setup=spec.setup,
-                  # a value an [arch.<name>] table gives there is the spec's, not a default read
-                  defaulted=tuple(a for a in spec.defaulted if a not in spec.on_arch(arch)), heuristics=spec.heuristics,
-                  recorded_code=dict(spec.source_keys).get(arch, ()))
+    return Target(**shared.fields, config_id=cid, signature=signature, constexprs=constexprs, options=options,
+                  config=config, key=key, key_without_sources=key_without_sources, placeholders=placeholders)
