@@ -1,5 +1,5 @@
-"""Run a function once a module's import has run, without importing it (stdlib only, imports nothing itself:
-startup.py installs it at interpreter start)."""
+"""Run a function once a module's import has run, without importing it (stdlib only: startup.py installs it at
+interpreter start)."""
 from __future__ import annotations
 
 import sys
@@ -7,10 +7,9 @@ import threading
 
 
 class AfterImport:
-    """A sys.meta_path entry that runs `then` once `import <name>` has run: the module's own finder finds it
-    and its own loader runs it. A lookup that imports nothing (importlib.util.find_spec, which torch calls
-    at its first CUDA use) gets a spec too, and nothing happens until a spec is executed: this entry stays
-    on sys.meta_path until the module has run, then leaves it."""
+    """A sys.meta_path entry that runs `then` once `import <name>` has run, found and loaded by its own finder and
+    loader. It stays until the module has run: a lookup that runs nothing (importlib.util.find_spec, which torch
+    calls at its first CUDA use) gets a spec, and nothing happens until the spec is executed."""
 
     def __init__(self, name: str, then):
         self.name, self.then = name, then
@@ -37,17 +36,13 @@ class AfterImport:
 
 
 class ThenLoader:
-    """A module's loader, and the AfterImport told once the module has run; every other attribute is the
-    loader's."""
+    """A module's loader (every attribute but exec_module is its own), telling the AfterImport once it has run."""
 
     def __init__(self, loader, after: AfterImport):
         self.loader, self.after = loader, after
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)

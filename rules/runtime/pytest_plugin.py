@@ -1,11 +1,8 @@
-"""pytest plugin (installed with kforge): run a test suite with its Triton kernels served from kforge bundles.
+"""pytest plugin (installed with kforge): `pytest --kforge-bundles out/dist [--kforge-strict] [--kforge-verify]`
+serves a suite's Triton kernels from kforge bundles, `pytest --kforge-record FILE` records what it compiles.
 
-    pytest --kforge-bundles out/dist [--kforge-strict] [--kforge-verify]
-    pytest --kforge-record specs/tests.jsonl          # record what the suite compiles (kforge_runtime.record)
-
-A miss compiles as usual, so one run lists every miss; --kforge-strict (the CI guard) then fails the session, the
-summary naming each missing specialization and how to record it. Under pytest-xdist each worker serves its own
-tests and hands its counts, misses and differences to the controller (xdist's workeroutput), which judges the run.
+A miss compiles as usual, so one run lists every miss; --kforge-strict (the CI guard) then fails the session. Under
+pytest-xdist each worker hands its counts, misses and differences to the controller, which judges the run.
 """
 from __future__ import annotations
 
@@ -44,7 +41,7 @@ def _check_values(record: str | None, bundles: list[str]) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """Record and serve from before the suite's conftest files are imported (pytest_configure runs after them): a
-    library a conftest imports may compile and launch kernels there. xdist's controller runs no test (_controller)."""
+    library a conftest imports may compile and launch kernels there."""
     options = early_config.known_args_namespace
     if not _controller(early_config, options):
         _start(early_config, options)
@@ -67,17 +64,16 @@ def pytest_configure(config):
 
 def _controller(config, options) -> bool:
     """Whether this is pytest-xdist's controller, which runs no test (serving there would only import torch and
-    Triton before the first worker starts: seconds on a GPU host) and collects the workers' counts. A worker parses
-    the controller's `-n` too: it is told apart by _xdist_worker (early) or its workerinput (from configure on)."""
+    Triton: seconds on a GPU host). A worker parses the controller's `-n` too: told apart by _xdist_worker (early) or
+    its workerinput (from configure on)."""
     if hasattr(config, "workerinput") or _xdist_worker():
         return False
     return getattr(options, "dist", "no") != "no" or getattr(options, "numprocesses", None) not in (None, 0)
 
 
 def _xdist_worker() -> bool:
-    """An xdist worker sets PYTEST_XDIST_TESTRUNUID (its run's id) in its own process, so the environment it was
-    started with (/proc/self/environ) lacks it or holds another run's; a pytest that a test of an xdist run starts
-    inherits the outer run's id unchanged and is no worker. Unreadable: not known (workers start at configure)."""
+    """An xdist worker sets PYTEST_XDIST_TESTRUNUID in its own process, so the environment it was started with
+    (/proc/self/environ) lacks it or holds another run's; a pytest a test starts inherits it unchanged."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         return False

@@ -1,13 +1,9 @@
 """Triton's argument specializer, ready for its first call without Triton's code generator.
 
-The native specializer's first call (libtriton's specialize.cc, triton 3.6) imports the classes it tells arguments
-apart by: triton.tools.tensor_descriptor's and Gluon's descriptors for NVIDIA and AMD gfx1250, whose packages'
-__init__ files import the whole Gluon language and triton.compiler.code_generator (35 ms on the dev CPU, 140-174 ms
-on the H100 host). A served call never compiles: prime() loads those two modules (and Gluon's layouts, which they
-need) from Triton's own files under their own names, without their packages' __init__, so that the specializer
-finds them in sys.modules. A later `import triton.experimental.gluon` runs the __init__ files, which take these same
-modules (one TensorDescriptor class); the attribute each import would have set on its package is set then
-(after_import.py). On another Triton (other files, or failing to load so) prime() imports them the usual way.
+The native specializer's first call (triton 3.6) imports Gluon's descriptor classes, whose packages' __init__ files
+import the Gluon language and the code generator (35 ms here, 140-174 ms on the H100 host), which a served call never
+uses. prime() loads those modules from Triton's files without their packages' __init__; a later import of the package
+takes the same modules and gets their attributes then (after_import.py). On another Triton it imports them as usual.
 """
 from __future__ import annotations
 
@@ -17,9 +13,8 @@ import sys
 
 from .after_import import AfterImport
 
-# what the native specializer's first call imports, in the order a module needs the one before it: (module,
-# its file under Triton's package directory); the rest of its imports (triton.language, triton._utils,
-# triton.runtime.jit, torch) a process that serves has imported already
+# what the native specializer's first call imports, each after the one it needs: (module, its file under Triton's
+# package); the rest of its imports a serving process has imported already
 LIGHT = (("triton.experimental.gluon.language._layouts", "experimental/gluon/language/_layouts.py"),
          ("triton.experimental.gluon.nvidia.hopper", "experimental/gluon/nvidia/hopper.py"),
          ("triton.experimental.gluon.amd.gfx1250", "experimental/gluon/amd/gfx1250.py"))

@@ -1,24 +1,11 @@
-"""KFORGE_RECORD and KFORGE_SERVE: record or serve every Python process of an application, whatever starts it.
+"""KFORGE_RECORD=FILE and KFORGE_SERVE=DIR[,DIR...][,strict][,preload][,report][,verify]: record or serve every Python
+process of an application, whatever starts it (docs/libraries.md).
 
-    KFORGE_RECORD=specs/app.jsonl torchrun --nproc-per-node 2 app.py   # every rank's specializations, one file
-    KFORGE_SERVE=out/dist,strict torchrun --nproc-per-node 2 app.py    # DIR[,DIR...][,strict][,preload][,report]
-
-Installing kforge puts kforge-runtime-env.pth in site-packages, whose one line Python's site module runs at every
-interpreter start (the way coverage.py reaches subprocesses): with neither variable set it imports nothing; with one
-set it calls start(), which makes the paths absolute (a child started elsewhere finds the same files) and waits for
-the import that runs Triton's module, whatever ran before it (torch's CUDA set-up, find_spec: after_import.py). A
-process that never imports Triton (torchrun's launcher) pays for nothing more. Children inherit the variables.
-
-    strict    a specialization the bundles lack stops the process (NotServed) instead of compiling
-    preload   every binary for the GPU is loaded at the first kernel call (a torchrun rank picks its GPU after
-              `import triton`)
-    report    at exit, one line on stderr: the process id and what was served and compiled
-    verify    each served specialization is also compiled by Triton once and the binaries compared
-
-A KFORGE_SERVE value that cannot be applied (a blank, a word that is no flag, a path missing or no bundle) stops the
-process at its `import triton` with one line: serving asked for and silently not done would compile instead. A
-KFORGE_RECORD value that names no file, or a file that cannot be appended to, is one warning and nothing recorded:
-recording never stops a process. An empty variable is an unset one.
+kforge-runtime-env.pth, installed with kforge, calls start() at interpreter start where a variable is set: the paths
+are made absolute (a child started elsewhere finds the same files) and applied at the import that runs Triton's
+module (after_import.py), so a process that never imports Triton pays for nothing more. A KFORGE_SERVE value that
+cannot be applied stops the process there with one line (serving asked for and silently not done would compile); a
+bad KFORGE_RECORD is one warning (recording never stops a process). An empty variable is an unset one.
 """
 from __future__ import annotations
 
@@ -28,10 +15,6 @@ import sys
 from .after_import import AfterImport
 
 FLAGS = ("strict", "preload", "report", "verify")
-
-
-class SwitchError(RuntimeError):
-    """A KFORGE_SERVE or KFORGE_RECORD value that cannot be applied."""
 
 
 _started = False
@@ -58,17 +41,14 @@ def start() -> None:
         sys.meta_path.insert(0, AfterImport("triton", apply))
 
 
+def _stop(message: str):
+    """A KFORGE_SERVE value that cannot be applied ends the process with one line (SystemExit: no traceback)."""
+    sys.stderr.write(f"kforge: {message}\n")
+    raise SystemExit(2) from None
+
+
 def apply() -> None:
-    """Record and serve this process as the variables say; Triton is imported. A value that cannot be
-    applied ends the process with one line (SystemExit: no traceback)."""
-    try:
-        _apply()
-    except SwitchError as e:
-        sys.stderr.write(f"{e}\n")
-        raise SystemExit(2) from None
-
-
-def _apply() -> None:
+    """Record and serve this process as the variables say, once Triton is imported."""
     record, served = os.environ.get("KFORGE_RECORD"), os.environ.get("KFORGE_SERVE")
     if served:   # checked first: a bad value stops the process before anything is installed
         paths, flags = parse_serve(served)
@@ -85,7 +65,7 @@ def _apply() -> None:
         try:
             library = Library(*paths)
         except BundleError as e:
-            raise SwitchError(f"kforge: KFORGE_SERVE: {e}") from None
+            _stop(f"KFORGE_SERVE: {e}")
         server = serve(library, strict="strict" in flags, verify="verify" in flags)
         server.preload_at_first_call = "preload" in flags
         if "report" in flags:
@@ -98,19 +78,18 @@ def parse_serve(value: str) -> tuple[list[str], set[str]]:
     parts = _parts(value)
     paths, flags = [p for p in parts if p not in FLAGS], {p for p in parts if p in FLAGS}
     if not paths:
-        raise SwitchError(f"kforge: KFORGE_SERVE={value!r} names no bundle; set it to DIR[,strict][,preload] "
-                          f"(a bundle wheel or directory, or out/dist)")
+        _stop(f"KFORGE_SERVE={value!r} names no bundle; set it to DIR[,strict][,preload] (a bundle wheel or "
+              f"directory, or out/dist)")
     for path in paths:
         problem = not_a_bundle(path)
         if problem is not None:
-            raise SwitchError(f"kforge: KFORGE_SERVE{problem}")
+            _stop(f"KFORGE_SERVE{problem}")
     return paths, flags
 
 
 def not_a_bundle(path: str, flags: bool = True) -> str | None:
-    """What keeps `path` from being a bundle to serve (a message's tail), None when it may be one: a folder (its
-    manifest or wheels are read at the first call, as Library reads them) or a wheel or zip file. Only its kind
-    and first bytes are read: a FIFO never blocks the import, a device is never read."""
+    """What keeps `path` from being a bundle to serve (a message's tail), None for a folder or a zip file. Only its
+    kind and first bytes are read: a FIFO never blocks the import, a device is never read."""
     import stat
     try:
         mode = os.stat(path).st_mode
