@@ -1,9 +1,8 @@
 """Open kernel bundles (made by `doit package`), check them, and pick the artifact a caller asks for.
 
-A bundle is one arch's wheel (or its unpacked package directory): manifest.json plus the binaries it
-names. Nothing is trusted: the manifest is plain JSON (no pickle anywhere), each binary path must stay
-inside the bundle, and each binary must match its sha256 and be an ELF file for the bundle's arch before
-a driver sees it. Whatever a bundle holds, opening it and reading from it give a result, BundleError or
+A bundle is one arch's wheel (or its unpacked package directory): manifest.json and the binaries it names. Nothing
+is trusted: a binary path must stay inside the bundle, and a binary must match its sha256 and be an ELF file for the
+bundle's arch before a driver sees it. Whatever a bundle holds, reading it gives a result, BundleError or
 NoMatchingKernel, without waiting on anything: only regular files are read, and only up to a size limit.
 """
 from __future__ import annotations
@@ -122,7 +121,7 @@ class Bundle:
         return self.find(kernel, config_id), why
 
     def load(self, kernel: str, config: dict | str | None = None):
-        """The kernel, loaded into the current GPU context (the caller knows the device is this arch)."""
+        """The kernel, loaded into the current GPU context (which the caller knows is of this arch)."""
         return self.kernel(self.find(kernel, config))
 
     def kernel(self, entry: dict, device: int | None = None):
@@ -264,16 +263,15 @@ def read_regular(path, limit: int) -> bytes:
 
 
 def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, for a message: the one wording, the loader's, the recorder's and
-    KFORGE_SERVE's, and kforge's for a user's file or one under out/ (kforge imports kforge_runtime, never back)."""
+    """What a file that is not a regular one is, for a message: the one wording, the runtime's and kforge's."""
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a terminal or character device"), (stat.S_ISBLK, "a block device"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _show(value, quote: bool = True, limit: int = 80) -> str:
-    """A manifest value for a one-line message: scalars cut short, containers only named (the repr of a
-    deeply nested one would overflow the stack, and of a huge one flood the message)."""
+    """A manifest value for a one-line message: scalars cut short, containers only named (the repr of a deeply
+    nested one would overflow the stack)."""
     if isinstance(value, (dict, list)):
         return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
     text = value if not quote and isinstance(value, str) and value.isprintable() else repr(value)
@@ -281,7 +279,6 @@ def _show(value, quote: bool = True, limit: int = 80) -> str:
 
 
 def _first_line(text):
-    """A failed record's error as a listing shows it: its first line."""
     return (text.splitlines() or [""])[0] if isinstance(text, str) else text
 
 
@@ -291,10 +288,7 @@ def matches(entry: dict, config: dict | str | None) -> bool:
     if isinstance(config, str):
         return entry.get("config_id") == config
     values = entry.get("config")
-    return isinstance(values, dict) and all(values.get(k, _MISSING) == v for k, v in config.items())
-
-
-_MISSING = object()
+    return isinstance(values, dict) and all(k in values and values[k] == v for k, v in config.items())
 
 
 def safe_relative(name, bundle: Path) -> str:

@@ -1,8 +1,7 @@
 """The opt-in fallback: Triton JIT-compiles a kernel from its source when no bundle has it for this GPU.
 
-The recipe comes from a bundle, which is not trusted: the module it names is imported only after the
-files that import would run are found (without running anything, the way Python's path finder finds
-them) and match the sha256 digests the build recorded for the kernel's source.
+The recipe comes from a bundle, which is not trusted: the module it names is imported only after the files that
+import would run are found (as Python's path finder finds them, running nothing) and match the build's digests.
 """
 from __future__ import annotations
 
@@ -55,9 +54,9 @@ class JitKernel:
 
 
 def import_checked(source: dict, name: str):
-    """The module source["module"], imported only if every file source["digests"] records (paths relative
-    to the project root) matches, under the sys.path entry the import would load it from, and every
-    package __init__.py the import would run is recorded or runs nothing."""
+    """The module source["module"], imported only if every file source["digests"] records matches under the
+    sys.path entry the import would load it from, and every package __init__.py it would run is recorded or runs
+    nothing."""
     module, digests = source.get("module"), source.get("digests")
     if not isinstance(module, str) or not all(part.isidentifier() for part in module.split(".")):
         raise LaunchError(f"{name}: the bundle names no importable kernel module ({module!r:.80}); rebuild "
@@ -74,7 +73,7 @@ def import_checked(source: dict, name: str):
     if not found.replace(os.sep, "/").endswith("/" + own):   # a package whose __path__ was changed
         raise LaunchError(f"{name}: {module} is loaded from {found}, not from a {own} of a project; {FIX}")
     root = found[:-len(own)]
-    if _inside(root, _python_dirs()):   # anyone knows the digests of Python's own files
+    if _in_python(root):   # anyone knows the digests of Python's own files
         raise LaunchError(f"{name}: {module} would be imported from {root}, inside Python's installation, where "
                           f"no kforge project's source is; {FIX}")
     if own not in digests:
@@ -100,8 +99,8 @@ def import_checked(source: dict, name: str):
 
 
 def _locate(parts: list[str], name: str) -> tuple[str, list[str]]:
-    """(file that importing the dotted `parts` loads, package __init__ files it runs on the way), found
-    as Python's path finder would find them, without importing anything."""
+    """(file that importing the dotted `parts` loads, package __init__ files it runs on the way), found as
+    Python's path finder would, importing nothing."""
     dirs, runs = sys.path, []
     for i, part in enumerate(parts):
         dotted, last = ".".join(parts[:i + 1]), i == len(parts) - 1
@@ -147,18 +146,14 @@ def _find(part: str, dirs) -> tuple[str | None, object]:
     return ("namespace", portions) if portions else (None, None)
 
 
-def _python_dirs() -> list[str]:
-    """The stdlib's and the installed packages' directories (the build records no source from these)."""
+def _in_python(path: str) -> bool:
+    """Whether `path` lies in the stdlib's or the installed packages' directories (no project's source is there)."""
     import site
     import sysconfig
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")] + list(site.getsitepackages())
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
-    return dirs
-
-
-def _inside(path: str, dirs: list[str]) -> bool:
     path = os.path.realpath(path)
     return any(os.path.commonpath([path, d]) == d for d in map(os.path.realpath, dirs))
 

@@ -1,21 +1,16 @@
-"""Record the Triton specializations a process compiles or loads, for kforge to build ahead of time.
+"""Record the Triton specializations a process compiles or loads, for kforge to build ahead of time:
+`python -m kforge_runtime.record --out specs/app.jsonl app.py`, `with recording(path):`, or KFORGE_RECORD (startup.py).
 
-    python -m kforge_runtime.record --out records/app.jsonl app.py [args...]
-    with kforge_runtime.record.recording("records/app.jsonl"): ...
-    KFORGE_RECORD=records/app.jsonl torchrun ... app.py     # every Python process of the app (startup.py)
-
-Each specialization Triton's JIT compiles or loads, whatever launched it (a plain `kernel[grid](...)`, an
-autotuner's pick, a heuristic's values), is one line of the record file (schema.py's RECORD_*), appended once for
-all processes (append_once). Recording only listens (Triton's jit_post_compile_hook, chained to any hook already
-set, and around Autotuner.run): it never changes what runs, and a line it cannot write is a warning. Arguments
-Triton specialized to a constant (an integer equal to 1, None) are constexprs there, as Triton compiles them. An
-autotuner of more than one config is recorded once per autotuning key, with that key (Triton's) and the config it
-picked, never the ones it only benchmarked: serving runs that config without benchmarking (serve.py).
+Each one is a line of the record file (schema.py's RECORD_*), appended once for all processes (append_once).
+Recording only listens (Triton's jit_post_compile_hook, chained, and around Autotuner.run): it never changes what
+runs, and a line it cannot write is a warning. An autotuner is recorded once per key with the config it picked,
+never the ones it only benchmarked: serving runs that config without benchmarking (serve.py).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import runpy
@@ -28,9 +23,8 @@ from .source_key import reproducible, source_key, tagged
 
 def record_line(module: str, name: str, arg_names: list[str], signature: dict, constants: dict, attrs: dict,
                 options: dict, arch: str, code: str | None = None) -> dict:
-    """One record from what Triton's JIT hook is given (signature by argument name; constants and attrs by
-    argument path, a tuple of indices; options: the backend's options as a dict); code: the kernel's source key
-    (source_key.py), which a build checks it compiles the same code by."""
+    """One record from what Triton's JIT hook is given (constants and attrs by argument path, a tuple of indices;
+    options as a dict); code: the kernel's source key (source_key.py)."""
     values, kinds = {}, dict(signature)
     for path, value in constants.items():
         if len(path) != 1:
@@ -38,11 +32,10 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
                              f"records plain arguments")
         arg = arg_names[path[0]]
         kind, recorded = _constant(value)
-        values[arg] = recorded
         if kind != "constexpr":
             kinds[arg] = kind
-        if kind == "none":   # passed as None: nothing to give at build time
-            del values[arg]
+        if kind != NONE:   # passed as None: nothing to give at build time
+            values[arg] = recorded
     divisible = sorted(arg_names[path[0]] for path, found in attrs.items()
                        if len(path) == 1 and ["tt.divisibility", 16] in [list(a) for a in found])
     defaults = option_defaults(arch)
@@ -55,18 +48,17 @@ def record_line(module: str, name: str, arg_names: list[str], signature: dict, c
 
 
 def check_options(options: dict, backend) -> None:
-    """ValueError where the launch sets an option a record line does not hold (ptx_options, extern_libs): one that
-    differs from what the backend gives a launch setting none. A build never sets it, so no binary is this call's."""
-    defaults = _defaults.get(id(backend))
-    if defaults is None or defaults[0] is not backend:
-        defaults = _defaults[id(backend)] = (backend, _as_json(backend.parse_options({}).__dict__))
-    given = _as_json(options)
-    changed = sorted(k for k, v in given.items() if k not in RECORD_OPTIONS and v != defaults[1].get(k))
+    """ValueError where the launch sets an option a record line does not hold (ptx_options, extern_libs) to other
+    than the backend's default: a build never sets it, so no binary is this call's."""
+    defaults = _launch_defaults(backend)
+    changed = sorted(k for k, v in _as_json(options).items() if k not in RECORD_OPTIONS and v != defaults.get(k))
     if changed:
         raise ValueError(f"the launch sets {', '.join(changed)}, which kforge does not build with")
 
 
-_defaults: dict[int, tuple] = {}   # id(backend) -> (backend, its options for a launch that sets none)
+@functools.cache
+def _launch_defaults(backend) -> dict:
+    return _as_json(backend.parse_options({}).__dict__)
 
 
 def _as_json(options: dict) -> dict:
@@ -100,8 +92,7 @@ def _code(jit) -> str | None:
 
 
 def autotune_key(tuner, args: tuple, kwargs: dict) -> tuple:
-    """The key Triton's Autotuner.run caches its choice under: the values of its `key` arguments, then the
-    dtypes of the tensor arguments."""
+    """The key Triton's Autotuner.run caches its choice under."""
     given = {**dict(zip(tuner.arg_names, args)), **kwargs}
     given = {k: v for k, v in given.items() if k in tuner.arg_names}
     return tuple([given[k] for k in tuner.keys if k in given] + [str(v.dtype) for v in given.values()
@@ -153,10 +144,9 @@ def arch_name(target) -> str:
 
 
 class Recorder:
-    """Appends each new specialization's line to `path`: Triton's jit_post_compile_hook, and around Autotuner.run
-    the config it picked (not those it benchmarked). While an autotuner runs, only its own kernel's compiles are
-    left to that pick: any other kernel compiled meanwhile (a pre_hook zeroing a buffer, do_bench's cache flush
-    through a library's torch ops: flag_gems's zeros_kernel) is recorded as the launch it is, run with every tune."""
+    """Appends each new specialization's line to `path`. While an autotuner runs, only its own kernel's compiles are
+    left to its pick: any other kernel compiled meanwhile (a pre_hook zeroing a buffer, flag_gems's zeros_kernel in
+    do_bench's cache flush) is recorded as the launch it is, run with every tune."""
 
     def __init__(self, path: str, arch: str | None = None):
         self.path, self.seen, self.lock = path, set(), threading.Lock()
@@ -171,19 +161,18 @@ class Recorder:
         self.previous = knobs.runtime.jit_post_compile_hook
         knobs.runtime.jit_post_compile_hook = self.hook
         self.tuner_run = Autotuner.run
-        recorder = self
 
         def run(tuner, *args, **kwargs):
             if len(tuner.configs) <= 1:   # no choice made: the hook records the one config
-                return recorder.tuner_run(tuner, *args, **kwargs)
-            tuned = recorder._tuned()
+                return self.tuner_run(tuner, *args, **kwargs)
+            tuned = self._tuned()
             tuned.append(tuner.base_fn)   # the Python function under its JITFunction (and any Heuristics)
             try:
-                result = recorder.tuner_run(tuner, *args, **kwargs)
+                result = self.tuner_run(tuner, *args, **kwargs)
             finally:
                 tuned.pop()
             try:
-                recorder.write(tuned_line(tuner, args, kwargs, tuner.best_config))
+                self.write(tuned_line(tuner, args, kwargs, tuner.best_config))
             except Exception as e:   # recording never changes what runs
                 sys.stderr.write(f"kforge record: autotuned {tuner.base_fn.__name__} not recorded: {e}\n")
             return result
@@ -234,8 +223,8 @@ class Recorder:
 
 
 def record_problem(value: str) -> str | None:
-    """Why a KFORGE_RECORD value names no file to record into (None: it does). It takes one file name and no
-    options: a blank value would record into a file named ' ', `app.jsonl,report` into a file of that name."""
+    """Why a KFORGE_RECORD value names no file to record into (None: it does): a blank value would record into a
+    file named ' ', `app.jsonl,report` into a file of that name."""
     if not value.strip() or "," in value:
         return (f"KFORGE_RECORD={value!r}: KFORGE_RECORD takes one file name and no options; set it to a file such "
                 f"as specs/app.jsonl")
@@ -247,12 +236,11 @@ class Unwritable(OSError):
 
 
 def append_once(path: str, text: str) -> bool:
-    """Append the line `text` to the record file unless it holds it (every process of an application records
-    into one file, each line once); True if appended. Checked and appended under an exclusive lock on the file, in
-    one write() on an O_APPEND descriptor: writers at the same time neither interleave nor repeat a line; read a
-    chunk at a time: memory stays bounded. Unwritable for a file that is no regular one (opened without blocking:
-    a FIFO would block, /dev/zero never end), for a link (not followed: a checkout's link there would carry the
-    appends into any file the user can write), and for an error while reading or writing (a full disk)."""
+    """Append the line `text` to the record file unless it holds it; True if appended. Checked and appended under
+    an exclusive lock, in one write() on an O_APPEND descriptor: processes at the same time neither interleave nor
+    repeat a line. Unwritable for a file that is no regular one (opened without blocking: a FIFO would block,
+    /dev/zero never end), for a link (not followed: a checkout's link would carry the appends into any file the user
+    can write), and for an error while reading or writing (a full disk)."""
     import errno
     import fcntl
     import stat
@@ -324,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_script(script: str, args: list[str]) -> None:
-    """Run a script as `python script args` does (its folder first on sys.path); the record's and serve's mains."""
+    """Run a script as `python script args` does (its folder first on sys.path)."""
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")

@@ -1,7 +1,6 @@
-"""The data contract between the build and the loader: file names, every shipped format (artifact, bundle,
-record, tuning table) with its fields and version, and the check a binary passes before it is written, packed
-or loaded. Stdlib only: the build imports it as kforge_runtime.schema, and every bundle ships a copy with the
-loader.
+"""The data contract between the build and the loader: file names, every shipped format (artifact, bundle, record,
+tuning table) with its fields and version, and the check a binary passes before it is written, packed or loaded.
+Stdlib only: every bundle ships it with the loader.
 """
 from __future__ import annotations
 
@@ -28,23 +27,19 @@ BUNDLE_FORMAT = "kforge-bundle"
 BUNDLE_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
-# meta.json's fields, and so a manifest entry's: the one definition. ENTRY_FIELDS are those the loader reads,
-# checked when an entry is picked (bundle.py); ARTIFACT_FIELDS every artifact has, whatever compiled it
-# (rules/store/artifact.py's meta() builds them and checks its result against them). Some add more: the family's
-# "env", "device_model", "setup", and the toolchain's own ("inputs", Triton's "divisible_by_16", AMD's
-# "kernel_abi", "tensordesc_meta", ...).
+# meta.json's fields, and so a manifest entry's: ENTRY_FIELDS those the loader reads, checked when an entry is picked
+# (bundle.py); ARTIFACT_FIELDS every artifact has (rules/store/artifact.py's meta() checks its result against them).
+# Some add more ("env", "device_model", the toolchain's own: "divisible_by_16", "kernel_abi", "tensordesc_meta").
 ENTRY_FIELDS = {"target": str, "kernel": str, "config_id": str, "config": dict, "arch": str, "binary": str,
                 "sha256": str, "symbol": str, "signature": list, "threads_per_block": int, "shared": int,
                 "toolchain": str}
 
-# A kernel signature's compile-time kinds (a spec's [signature], a record's, a manifest entry's), none of them an
-# argument of the launch: "constexpr" (a value: int, float, bool, str, None), and the VALUE_KINDS, constexprs
-# whose value names something: "dtype" (a Triton element type as kforge names dtypes: X_dtype = "bf16" compiles
-# tl.bfloat16) and "function" (a @triton.jit function, "module:name": ACT = "kernels.acts:relu"). NONE: an
-# argument passed as None (a spec's type, a record's kind), compiled as a constexpr None.
+# A signature's compile-time kinds, none of them a launch argument: "constexpr" (int, float, bool, str, None), and
+# the VALUE_KINDS, whose value names something: "dtype" (X_dtype = "bf16" compiles tl.bfloat16) and "function" (a
+# @triton.jit function: ACT = "kernels.acts:relu"). NONE: an argument passed as None, compiled as a constexpr None.
 VALUE_KINDS = ("dtype", "function")
-# A "dtype" value in kforge's spelling (Triton's signature spelling, which keys and meta.json carry) where Triton's
-# own name of the type differs (str(tl.int32) is "int32"): a recorded or served call's dtype is spelled so.
+# A "dtype" value in kforge's (Triton's signature) spelling where Triton's name of the type differs (str(tl.int32)
+# is "int32"): a recorded or served call's dtype is spelled so.
 TRITON_DTYPE_NAMES = {"int1": "u1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
                       "uint16": "u16", "uint32": "u32", "uint64": "u64"}
 COMPILE_TIME = ("constexpr", *VALUE_KINDS)
@@ -60,11 +55,10 @@ NONE = "none"
 RECORD_FORMAT = "kforge-record-1"
 RECORD_FIELDS = ("format", "kernel", "arch", "signature", "constexprs", "divisible_by_16", "options")
 RECORD_OPTIONAL = ("autotune", "source_key")   # source_key: the kernel's code as recorded (source_key.py)
-# The Triton compile options a record keeps: every one a launch or Triton's knobs (TRITON_DEBUG, TRITON_F32_DEFAULT)
-# can change a binary by (a call is served only a binary compiled with its options), num_warps and num_stages always,
-# the rest where they differ from triton 3.6's defaults on the vendor (an AMD arch's name starts with gfx): a line
-# recorded on one vendor carries none of its options unless the kernel asked for one. A spec may set neither of the
-# last two (rules/declare/triton_options.py): a line holding one is refused at build, so such a call is never served.
+# The Triton compile options a record keeps: every one a launch or Triton's knobs can change a binary by,
+# RECORD_ALWAYS always, the rest where they differ from triton 3.6's defaults on the vendor (a line recorded on one
+# vendor then builds for the other). A spec may set neither of the last two (rules/declare/triton_options.py): a
+# line holding one is refused at build, so such a call is never served.
 RECORD_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
                   "launch_pdl", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint", "debug",
                   "sanitize_overflow", "enable_reflect_ftz", "default_dot_input_precision", "allow_flush_denorm",
@@ -80,8 +74,8 @@ _OPTION_DEFAULTS = {vendor: {**TRITON_DEFAULTS, **own} for vendor, own in TRITON
 
 
 def option_defaults(arch: str) -> dict:
-    """Triton's default of every option a record keeps, on the arch's vendor (an AMD arch's name starts with gfx;
-    an arch no table names, from an untrusted record or bundle, is taken by that rule too). Read-only."""
+    """Triton's default of every option a record keeps, on the arch's vendor (AMD's arches start with gfx; so is an
+    unknown arch from an untrusted record or bundle taken). Read-only."""
     return _OPTION_DEFAULTS["amd" if arch.startswith("gfx") else "nvidia"]
 
 # One tuning table: out/tune/<arch>/<kernel>.json, written by `doit tune` on a GPU (rules/tune/gpu_bench.py), shipped
@@ -112,12 +106,11 @@ def is_signature(value) -> bool:
 SHOWN = 10   # names an error message lists before counting the rest
 
 
-def few(names, shown: int = SHOWN, sep: str = ", ") -> str:
-    """Names for an error message: the first `shown`, the rest counted (a bundle of a million kernels must not
-    make a message of megabytes)."""
+def few(names, sep: str = ", ") -> str:
+    """Names for an error message: the first SHOWN, the rest counted (a million must not make megabytes)."""
     names = list(names)
-    more = f"{sep.rstrip()} and {len(names) - shown} more" if len(names) > shown else ""
-    return sep.join(map(str, names[:shown])) + more
+    more = f"{sep.rstrip()} and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return sep.join(map(str, names[:SHOWN])) + more
 
 
 class BinaryRefused(ValueError):
@@ -146,9 +139,8 @@ def is_plain_name(name) -> bool:
 
 
 def check_binary(data: bytes, sha256, arch: str, symbol) -> None:
-    """The binary has the recorded sha256, and is an ELF for `arch` whose kernel `symbol` has real code.
-    The build checks what it writes and installs with this, the packager what it packs, the loader what
-    it hands a driver."""
+    """The binary has the recorded sha256, and is an ELF for `arch` whose kernel `symbol` has real code (checked by
+    the build, the packager and the loader alike)."""
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         shown = sha256 if isinstance(sha256, str) and len(sha256) <= 64 else f"{str(sha256)[:64]!r}..."
@@ -160,9 +152,8 @@ def check_binary(data: bytes, sha256, arch: str, symbol) -> None:
 
 
 # The environment variables that change what a compiler emits: every one with these prefixes, and Triton's knobs
-# without one (triton 3.6's knobs.py and libtriton's cache-invalidating list: each changed binaries here); not cache,
-# dump or log settings. A target's key holds the build's (meta.json's "env", where any is set), and serving compares
-# the process's Triton ones with the binary's: one built under TRITON_F32_DEFAULT=ieee is not what its JIT would run.
+# without one (triton 3.6's knobs.py and libtriton's cache-invalidating list); not cache, dump or log settings. A
+# target's key holds the build's (meta.json's "env"), and serving compares the process's Triton ones with it.
 CODE_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "FLYDSL_")
 CODE_ENV_NAMES = {"DISABLE_LLVM_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "DISABLE_PTXAS_OPT", "PTXAS_OPTIONS",
                   "USE_IR_LOC", "ALLOW_LHS_TMEM_LAYOUT_CONVERSION"}
@@ -189,8 +180,8 @@ def code_environment() -> tuple[tuple[str, str], ...]:
 
 
 def triton_environment(env) -> dict[str, str] | None:
-    """Of a code environment (pairs, or a dict as meta.json holds it), what a Triton compile reads: FlyDSL's
-    variables are no part of it. None for anything else (a bundle is untrusted: such an entry matches no process)."""
+    """Of a code environment (pairs, or meta.json's dict), what a Triton compile reads (no FLYDSL_ one); None for
+    anything else (a bundle is untrusted: such an entry matches no process)."""
     try:
         env = dict(env)
     except (TypeError, ValueError):
@@ -201,8 +192,8 @@ def triton_environment(env) -> dict[str, str] | None:
 
 
 def _override() -> str | None:
-    """With TRITON_KERNEL_OVERRIDE on, Triton compiles the IR files of its override folder instead of its own:
-    the sha256 of their names and contents (None when it is off)."""
+    """With TRITON_KERNEL_OVERRIDE on, Triton compiles its override folder's IR files: the sha256 of their names and
+    contents (None when it is off)."""
     if os.environ.get("TRITON_KERNEL_OVERRIDE", "").strip().lower() not in ("1", "true", "on", "yes"):
         return None
     folder = Path(os.environ.get("TRITON_OVERRIDE_DIR") or

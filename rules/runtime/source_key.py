@@ -1,21 +1,18 @@
 """The digest of a Triton kernel's code that a build stores (meta.json's triton_source_key) and serving matches.
 
-It is Triton's own JITFunction.cache_key (the entry's source and line, each @jit function it calls, the constexpr
-globals they read), made the same in every process, plus what Triton's leaves out and the code still takes: a
-parameter's default given by a name (its value: Triton hashes no default), a plain value read as a global's attribute
-(`cfg.NUM_SMS`: Triton records the read, not the value), every global a constexpr function reads, and any other value
-a global or a closure gives a kernel that Triton's code generator takes (a tl.dtype, a namedtuple, a plain value
-under TRITON_ALLOW_NON_CONSTEXPR_GLOBALS). A kernel with none of those has Triton's key exactly. A constexpr holding
-a function, which Triton writes as `<function f at 0x7f...>` (another key in every process: flag_gems's sort
-kernels were never served), is written as its module, qualified name and the sha256 of its source. Any other value
-is written as Triton writes it: one printed with its address matches no other process (never served, never wrong),
-and reproducible() tells such a key, which a build then does not compare with a record's.
+It is Triton's own JITFunction.cache_key, made the same in every process, plus what Triton's leaves out and the code
+still takes: a default given by a name, a plain value read as a global's attribute (`cfg.NUM_SMS`), every global a
+constexpr function reads, and any other value a global or a closure gives that the code generator takes (a tl.dtype,
+a namedtuple). A kernel with none of those has Triton's key exactly. A constexpr holding a function, which Triton
+writes with its address (another key in every process: flag_gems's sort kernels were never served), is written as
+its module, name and source digest; any other value printed with its address makes a key reproducible() refuses.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
 import inspect
+import functools
 import re
 import threading
 import types
@@ -27,9 +24,8 @@ _computing: set[int] = set()
 
 
 def source_key(fn) -> str:
-    """The key of a JITCallable (a @jit function, a constexpr function): Triton's cache_key, address-free. A
-    process may change what a key read after it was made (`cfg.SCALE = 3.0`, a global or a closure's cell rebound, a
-    called function's source updated): its next compile takes the new value, so the key is made again."""
+    """The key of a JITCallable (a @jit or constexpr function). Made again once anything it read has changed
+    (`cfg.SCALE = 3.0`, a global or a closure's cell rebound, a callee's source): the next compile takes that."""
     with _lock:
         known = _known.get(id(fn))
         if known is not None and known[0] is fn and known[1] is fn.src and not any(map(_changed, known[3])):
@@ -68,8 +64,8 @@ def tagged(key: str) -> str:
 
 
 def reproducible(key: str) -> bool:
-    """Whether another process makes the same key for the same code: not for one computed here from a value
-    written with its memory address (an object's default repr), in the kernel or a function it calls."""
+    """Whether another process makes the same key for the same code: not for one holding a value written with its
+    memory address, in the kernel or a function it calls."""
     return key not in _unstable
 
 
@@ -116,9 +112,8 @@ def _value(value) -> bool:
 
 
 def _named_defaults(fn, tree) -> list[tuple[str, str]]:
-    """(parameter, its default's value) for each default the def gives by a name its text does not settle: one
-    that reads a name other than Triton's own (`UNROLL`, `cfg.BLOCK`, `min(W, 4)`; not `-1`, `2 * 64`,
-    `tl.float32` or `tl.constexpr(8)`, whose text is the value and already in the key)."""
+    """(parameter, its default's value) for each default that reads a name other than Triton's own (`UNROLL`,
+    `cfg.BLOCK`; not `-1` or `tl.float32`, whose text is the value and already in the key)."""
     node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
     if node is None:
         return []
@@ -137,8 +132,7 @@ TRITONS_NAMES = {"tl", "triton", "constexpr"}   # a default that reads only thes
 
 
 def shown(value) -> str:
-    """A constexpr global as the key writes it: repr(value), as Triton's str() of a list of tuples does, but for one
-    that holds a function."""
+    """A constexpr global as the key writes it: repr(value), as Triton does, but for one that holds a function."""
     inner = getattr(value, "value", None)
     if isinstance(inner, types.FunctionType):
         try:
@@ -150,38 +144,31 @@ def shown(value) -> str:
     return repr(value)
 
 
-_finder_class: list = []
-
-
+@functools.cache
 def _finder():
-    """Triton's DependenciesFinder, with a called function hashed by its source_key. Triton's own merges the
-    callee's globals into the caller's list first, but only those found when the callee's key was made: a kernel
-    hashed after another that called the same helper (the second target a compile server builds) got another
-    key than the same kernel hashed first (in a fresh serving process). Each function's list here holds its own
-    globals; a callee's are in its own key."""
-    if not _finder_class:
-        from triton.runtime.jit import DependenciesFinder
+    """Triton's DependenciesFinder, with a called function hashed by its source_key. Triton's own merges into the
+    caller's globals those found when the callee's key was made: a kernel hashed after another that called the same
+    helper got another key than hashed first. Each function's list here holds its own; a callee's are in its key."""
+    from triton.runtime.jit import DependenciesFinder
 
-        class Finder(DependenciesFinder):
-            def visit_Attribute(self, node):
-                # as Triton's (the value an attribute names, its reference recorded), and a plain value read so
-                # from a global (`cfg.NSM`, `cfg.settings.NSM`) noted with it: Triton records it without one. A
-                # default's is its value at the def (_named_defaults); a local's is no global's (owner None)
-                owner = self.visit(node.value)
-                while isinstance(owner, ast.Attribute):   # as Triton's visit_Attribute does, whatever it guards
-                    owner = self.visit(owner.value)
-                if owner is None or getattr(owner, "__name__", "") in self.supported_modules:
-                    return None
-                value = getattr(owner, node.attr)
-                self.__dict__.setdefault("attribute_reads", []).append((owner, node.attr, value))
-                self.record_reference(value)
-                if _value(value) and not self.visiting_arg_default_value:
-                    self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
-                return value
+    class Finder(DependenciesFinder):
+        def visit_Attribute(self, node):
+            # as Triton's, and a plain value read so from a global (`cfg.NSM`) noted with it: Triton records the read
+            # without it. A default's is its value at the def (_named_defaults); a local's is no global's (owner None)
+            owner = self.visit(node.value)
+            while isinstance(owner, ast.Attribute):   # as Triton's visit_Attribute does, whatever it guards
+                owner = self.visit(owner.value)
+            if owner is None or getattr(owner, "__name__", "") in self.supported_modules:
+                return None
+            value = getattr(owner, node.attr)
+            self.__dict__.setdefault("attribute_reads", []).append((owner, node.attr, value))
+            self.record_reference(value)
+            if _value(value) and not self.visiting_arg_default_value:
+                self.__dict__.setdefault("attributes", []).append((ast.unparse(node), shown(value)))
+            return value
 
-            def _update_hash(self, func):
-                key = source_key(func)
-                self.__dict__.setdefault("callees", []).append((func, key))
-                self.hasher.update((key + str(getattr(func, "noinline", False))).encode("utf-8"))
-        _finder_class.append(Finder)
-    return _finder_class[0]
+        def _update_hash(self, func):
+            key = source_key(func)
+            self.__dict__.setdefault("callees", []).append((func, key))
+            self.hasher.update((key + str(getattr(func, "noinline", False))).encode("utf-8"))
+    return Finder
