@@ -24,7 +24,8 @@ def runnable_archs(device: int = 0) -> tuple[str, list[str]]:
             gfx = props.gcnArchName.split(":")[0]   # "gfx942:sramecc+:xnack-" -> "gfx942"
             return f"{props.name} ({gfx})", [gfx]
         return f"{props.name} (sm_{props.major}{props.minor})", cuda_archs(props.major, props.minor)
-    major, minor = _cuda_capability(device)
+    _, _, (major, minor) = _cuda(device, "no GPU runtime found (neither torch with a GPU nor libcuda.so.1); pass "
+                                         "arch= to choose a bundle explicitly")
     return f"CUDA device {device} (sm_{major}{minor})", cuda_archs(major, minor)
 
 
@@ -34,35 +35,29 @@ def cuda_archs(major: int, minor: int) -> list[str]:
     return [f"sm_{major}{minor}a"] + [f"sm_{major}{m}" for m in range(minor, -1, -1)]
 
 
-def _libcuda(missing: str):
+def _cuda(device: int, missing: str) -> tuple:
+    """(libcuda, the device's handle, its compute capability); DeviceError `missing` without libcuda."""
     try:
-        return ctypes.CDLL("libcuda.so.1")
+        cu = ctypes.CDLL("libcuda.so.1")
     except OSError:
         raise DeviceError(missing) from None
-
-
-def _cuda_capability(device: int) -> tuple[int, int]:
-    cu = _libcuda("no GPU runtime found (neither torch with a GPU nor libcuda.so.1); pass arch= to choose a bundle "
-                  "explicitly")
     dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     if (cu.cuInit(0) or cu.cuDeviceGet(ctypes.byref(dev), device)
             or cu.cuDeviceGetAttribute(ctypes.byref(major), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
             or cu.cuDeviceGetAttribute(ctypes.byref(minor), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)):
         raise DeviceError(f"CUDA device {device} is not usable (cuInit/cuDeviceGet failed)")
-    return major.value, minor.value
+    return cu, dev, (major.value, minor.value)
 
 
 def identity(device: int = 0) -> dict:
-    """What a tuning result depends on: the GPU's vendor, name, arch and driver version (no torch, no compiler).
-    Run it in a child process (`python -m kforge_runtime.device`) from one that must not make a GPU context before
-    it forks."""
+    """What a tuning result depends on: the GPU's vendor, name, arch and driver version (no torch, no compiler); a
+    process that must not make a GPU context before it forks runs `python -m kforge_runtime.device`."""
     if os.path.exists("/dev/kfd") and not os.path.exists("/dev/nvidiactl"):
         return _amd_identity(device)
-    cu = _libcuda("no GPU here: neither libcuda.so.1 nor /dev/kfd (tuning needs a GPU of the arch)")
-    major, minor = _cuda_capability(device)
-    dev, version, name = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(256)
-    if cu.cuDeviceGet(ctypes.byref(dev), device) or cu.cuDeviceGetName(name, 256, dev) \
-            or cu.cuDriverGetVersion(ctypes.byref(version)):
+    cu, dev, (major, minor) = _cuda(device, "no GPU here: neither libcuda.so.1 nor /dev/kfd (tuning needs a GPU of "
+                                            "the arch)")
+    version, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    if cu.cuDeviceGetName(name, 256, dev) or cu.cuDriverGetVersion(ctypes.byref(version)):
         raise DeviceError(f"CUDA device {device}: cannot read its name or the driver version")
     return {"vendor": "nvidia", "name": name.value.decode(), "archs": cuda_archs(major, minor),
             # the kernel driver's release (580.159.04): finer than cuDriverGetVersion's CUDA API level

@@ -1,11 +1,8 @@
-"""Just enough ELF reading to check a GPU binary: which arch it is for, and that the kernel has real code.
+"""Just enough ELF reading to check a GPU binary: which arch it is for, and that the kernel has real code (the loader
+before a driver sees it, and the build for every binary it writes).
 
-Part of the runtime (no imports outside it): the loader checks a bundle's binaries with it before the
-driver sees them, and the build checks every binary it writes with the same code.
-
-The input is untrusted: every offset, size, index and count is checked against the file before it is
-used, so a malformed file gives ElfError (never IndexError or struct.error), and the work done is
-bounded by the file's size and the limits below, whatever its tables claim.
+The input is untrusted: every offset, size, index and count is checked against the file before it is used, so a
+malformed file gives ElfError, and the work is bounded by the file's size and the limits below.
 """
 from __future__ import annotations
 
@@ -74,8 +71,8 @@ def parse(data: bytes) -> Elf:
 
 
 def _string_table(raw, index: int, what: str) -> tuple[int, int]:
-    """(offset, size) of a string table: names are read from the file in place, as many tables as a file
-    may claim (each as large as the file) would take too long to copy."""
+    """(offset, size) of a string table: names are read in place (as many tables as a file may claim, each as large
+    as the file, would take too long to copy)."""
     if index >= len(raw) or raw[index][1] != SHT_STRTAB:
         raise ElfError(f"{what} is section {index}, which is not a string table")
     return raw[index][4], raw[index][5]

@@ -1,11 +1,8 @@
-"""Tuned selection: which prebuilt config to run for a problem shape, from a tuning table.
+"""Tuned selection: which prebuilt config to run for a problem shape, from a tuning table (schema.py's TUNE_FORMAT).
 
-A table (out/tune/<arch>/<kernel>.json, written by tuning on a GPU and shipped in the bundle) ranks the
-configs measured on each tuned shape. For a tuned shape the best config is chosen; for any other shape,
-the winner of the most similar tuned shape (L1 distance between log2 sizes, as PyTorch Inductor's
-size-hint selection does), going down its ranking and then to farther shapes while a config cannot handle
-the shape (its binary's divisibility promises). When several tuned shapes are equally near, the config
-closest to each one's best across them. Nothing that can: a clear error.
+For a tuned shape its best config; for another, the winner of the nearest tuned shape (L1 distance between log2
+sizes, as PyTorch Inductor's size hints), going down its ranking and then to farther shapes while a config cannot
+handle the shape (its divisibility promises). Between equally near tuned shapes, the config closest to each one's best.
 """
 from __future__ import annotations
 
@@ -84,9 +81,8 @@ def handles(entry: dict, shape: dict[str, int]) -> bool:
 
 def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
            where: dict | None = None) -> tuple[str, str]:
-    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id. `where`
-    gives the values the caller's data fixes (e.g. {"dtype": "bf16"}): a table ranks each separately, and one kind
-    is never handed another's config."""
+    """(config_id, why) for `shape` (arg name -> size); `entries`: the bundle's artifacts by config id; `where`: the
+    values the caller's data fixes (e.g. {"dtype": "bf16"}), each ranked apart."""
     args = table["shape_args"]
     missing = [a for a in args if a not in shape]
     if missing:
@@ -115,8 +111,7 @@ def choose(table: dict, shape: dict[str, int], entries: dict[str, dict],
 
 
 def _best_across(rows: list[dict], shape: dict[str, int], entries: dict[str, dict]) -> tuple[str, float] | None:
-    """Between equally near tuned shapes (a shape half-way in log2 between two tuned ones), neither's
-    specialist: the config ranked on all of them with the least geometric-mean slowdown to each one's best."""
+    """The config ranked on all the rows with the least geometric-mean slowdown to each one's best."""
     times = [{r["config_id"]: r["us"] for r in s["ranking"]} for s in rows if s["ranking"]]
     if len(times) < 2:   # a tuned shape where every config was rejected ranks nothing
         return None

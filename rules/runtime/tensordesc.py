@@ -1,17 +1,11 @@
-"""Host tensor descriptors (Triton's TensorDescriptor) as kernel arguments, passed as triton 3.6's launcher
-passes them, so that a binary built ahead of time gets from kforge's loader what Triton's JIT gives it.
-
-One `tensordesc<dtype[block]>` argument of rank r is several kernel parameters (triton 3.6,
-backends/nvidia/driver.py make_launcher / make_tensordesc_arg; backends/amd/driver.py alike):
-- lowered to TMA (the compile's `tensordesc_meta` has an entry per descriptor: NVIDIA sm_90 and up): a
-  128-byte CUtensorMap by value (PTX `.param .align 64 .b8 [128]`), then the shape as r i32 and the strides
-  (in elements) as r i64;
-- not lowered (`tensordesc_meta` empty: AMD gfx90a/gfx942/gfx950, NVIDIA sm_80): the base address, the shape
-  and the strides as r i64 each, the padding flag (i1: "nan"), then the shape again as r i32 and the strides
-  as r i64.
-The CUtensorMap is encoded at launch by the driver's cuTensorMapEncodeTiled from the compile's metadata, as triton
-3.6's fill_tma_descriptor does (backends/nvidia/driver.c; TensorMaps): its box is the metadata's block_size, which may
-be narrower than the descriptor's block (a box row is at most the swizzle width). Stdlib only: shipped in bundles.
+"""Host tensor descriptors (Triton's TensorDescriptor) as kernel arguments, passed as triton 3.6's launcher passes
+them (backends/nvidia/driver.py make_tensordesc_arg; AMD's alike). One of rank r is several kernel parameters:
+- lowered to TMA (the compile's `tensordesc_meta` has an entry per descriptor: NVIDIA sm_90 and up): a 128-byte
+  CUtensorMap by value, then the shape as r i32 and the strides (in elements) as r i64;
+- not lowered (`tensordesc_meta` empty): the base address, the shape and the strides as r i64 each, the padding flag
+  (i1: "nan"), then the shape as r i32 and the strides as r i64.
+The CUtensorMap is encoded at launch by cuTensorMapEncodeTiled as triton's fill_tma_descriptor does (TensorMaps): its
+box is the metadata's block_size, which may be narrower than the block (a box row is at most the swizzle width).
 """
 from __future__ import annotations
 
@@ -23,9 +17,8 @@ L2_PROMOTION_128B = 2             # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 OOB_FILL_NAN = 1                  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA (0: NONE, zeros)
 INTERLEAVE_NONE = 0
 MAPS_KEPT = 16   # encoded maps a descriptor argument keeps, by address, shape, strides and padding
-# The compile's metadata numbers element types as Triton's TMA lowering does, which differs from the driver's
-# CUtensorMapDataType for three of them: its 8, 9, 10 are the driver's 10 (FLOAT32_FTZ), 8 (FLOAT64) and
-# 9 (BFLOAT16); triton 3.6's launcher translates them the same way before fill_tma_descriptor
+# The compile's element type numbers (Triton's TMA lowering's) as the driver's CUtensorMapDataType: its 8, 9, 10 are
+# the driver's 10 (FLOAT32_FTZ), 8 (FLOAT64) and 9 (BFLOAT16), as triton 3.6's launcher translates them
 HOST_ELEM_TYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 TYPE = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[([0-9, ]+)\]>")
 
@@ -58,8 +51,8 @@ def parse(kind: str) -> tuple[str, list[int]] | None:
 
 
 class Descriptor:
-    """One descriptor argument of a binary: its kernel parameters and how a TensorDescriptor fills them.
-    `meta`: the compile's tensordesc_meta entry for it, or None where the compile did not lower it to TMA."""
+    """One descriptor argument of a binary: its kernel parameters and how a TensorDescriptor fills them. `meta`: the
+    compile's tensordesc_meta entry for it; None where not lowered to TMA."""
 
     def __init__(self, name: str, kind: str, meta: dict | None):
         self.name, self.kind, self.meta = name, kind, meta
@@ -71,8 +64,7 @@ class Descriptor:
         self._encoded: dict[tuple, bytes] = {}   # the last few maps, by what they encode
 
     def values(self, desc, map_address: int, encode) -> list:
-        """The scalar parameters' values for the TensorDescriptor `desc`; a TMA descriptor's map is encoded
-        into the slot at `map_address` by `encode` (a TensorMaps)."""
+        """The scalar parameters' values for `desc`; a TMA descriptor's map is encoded at `map_address` by `encode`."""
         shape, strides = list(desc.shape), list(desc.strides)
         if len(shape) != len(self.block) or len(strides) != len(self.block):
             raise DescriptorError(f"argument {self.name} is {self.kind}: a rank-{len(self.block)} descriptor, got "
@@ -86,9 +78,8 @@ class Descriptor:
             return [address, *shape, *strides, nan, *shape, *strides]
         if self.meta["fp4_padded"]:   # two fp4 values a byte, padded: Triton doubles the innermost size too
             shape[-1] *= 2
-        # A map depends only on these values (and this binary's metadata): a launch with the tensors of an
-        # earlier one copies its map instead of encoding it again (tma_matmul's three descriptors packed in
-        # 5 us so on the dev CPU, 30 us encoding each through ctypes to a stand-in for the driver's encode)
+        # A map depends only on these values (and this binary's metadata): a launch with an earlier one's tensors
+        # copies its map (tma_matmul's three descriptors: 5 us so, 30 us encoding each through ctypes)
         key = (address, nan, *shape, *strides)
         found = self._encoded.get(key)
         if found is None:
@@ -102,8 +93,7 @@ class Descriptor:
 
 
 def plan(entry: dict, vendor: str) -> dict[int, Descriptor]:
-    """The entry's descriptor arguments by position, with the compile's metadata checked (a bundle is
-    untrusted); {} for a kernel without any. DescriptorError names what is wrong."""
+    """The entry's descriptor arguments by position, the compile's metadata checked (a bundle is untrusted)."""
     at = [i for i, a in enumerate(entry["signature"]) if is_descriptor(a["type"])]
     if not at:
         return {}
@@ -145,8 +135,7 @@ def check_meta(meta, rank: int, where: str) -> None:
 
 
 class TensorMaps:
-    """Encodes CUtensorMaps with `encode_tiled` (libcuda's cuTensorMapEncodeTiled as an ENCODE_TILED) the way
-    triton 3.6's fill_tma_descriptor does; `error_name` spells a failing result code."""
+    """Encodes CUtensorMaps with `encode_tiled` (an ENCODE_TILED) as triton's fill_tma_descriptor does."""
 
     def __init__(self, encode_tiled, error_name=str):
         self.encode_tiled, self.error_name = encode_tiled, error_name
