@@ -26,7 +26,7 @@ def task_kernels():
 
 def task_package():
     """One wheel per arch in out/dist/: the built artifacts, their manifest, and the runtime loader."""
-    yield from dodo_tasks.package_tasks(CATALOG.targets, str(ROOT), CATALOG.tuned)
+    yield from dodo_tasks.package_tasks(CATALOG.targets, str(ROOT), CATALOG.tuned, CATALOG.broken)
 
 
 def task_tune():

@@ -112,10 +112,13 @@ def compile_action(*args):
     return compile_target(*args)
 
 
-def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> Iterator[dict]:
+def package_tasks(targets: list[Target], root: str, tuned: list[dict] = (), broken=()) -> Iterator[dict]:
     """`doit package`: one bundle per arch, after all of that arch's compile tasks, failed ones included;
-    `tuned`: the autotuners' recorded picks (catalog.tuned), each bundle gets its arch's."""
+    `tuned`: the autotuners' recorded picks (catalog.tuned), each bundle gets its arch's; `broken`: the families
+    that did not load (catalog.broken), listed failed in every bundle."""
     yield {"basename": "package", "name": None, "doc": "bundle every built artifact, one wheel per arch in out/dist/"}
+    lost = [{"target": b.name, "kernel": b.name, "spec": b.path, "status": "did not load", "error": b.error}
+            for b in broken]
     by_arch: dict[str, list[Target]] = {}
     for t in targets:
         by_arch.setdefault(t.arch, []).append(t)
@@ -126,9 +129,9 @@ def package_tasks(targets: list[Target], root: str, tuned: list[dict] = ()) -> I
             "basename": "package",
             "name": arch,
             "doc": f"out/dist/{dist_name(arch)}-*.whl: the {arch} artifacts and their manifest",
-            "actions": [(package.build_bundle, [arch, mine, root, picks])],
+            "actions": [(package.build_bundle, [arch, mine, root, picks, lost])],
             "task_dep": [t.name for t in mine],
-            "uptodate": [(package.is_current, [arch, mine, root, picks])],
+            "uptodate": [(package.is_current, [arch, mine, root, picks, lost])],
             "targets": [str(Layout.of(root).manifest_copy(arch))],
             "clean": [(package.remove, [arch, root])],
             # runs when some compiles failed, and lists them: see rules/edge/config.py, _run_after_failed_deps

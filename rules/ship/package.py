@@ -1,10 +1,9 @@
 """`doit package`: per arch, one deterministic wheel in out/dist/ holding every built artifact and a manifest.
 
-The wheel installs a package kforge_kernels_<arch> with manifest.json, the binaries, and kforge's runtime
-(rules/runtime, copied verbatim), so an application needs nothing else to load and launch the kernels.
-Targets that failed or were not built are listed in the manifest under "failed", never silently missing.
-The wheel a rebuild replaces is kept in out/.kforge/wheels/ (the last KEPT_WHEELS per arch): a revert or a
-switch back to a recent state renames it back instead of reading and compressing every binary again.
+The wheel installs a package kforge_kernels_<arch>: manifest.json, the binaries, and kforge's runtime (copied
+verbatim), all an application needs to load and launch the kernels. Targets that failed or were not built, and
+families that did not load, are listed under "failed". A wheel a rebuild replaced is kept (out/.kforge/wheels/),
+so that a revert renames it back instead of compressing every binary again.
 """
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
-KEPT_WHEELS = 4   # per arch, of the wheels rebuilds replaced (out/.kforge/wheels/): a revert, or a branch
-                  # switch or bisect step back to a recent state, renames its wheel back instead of re-zipping
+KEPT_WHEELS = 4   # per arch, of the wheels rebuilds replaced (out/.kforge/wheels/)
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)   # every wheel entry's timestamp: the earliest a zip can store
 PUBLIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")   # PEP 440, public
 INIT = '''"""Precompiled kforge kernels for {arch}: `bundle().load(kernel, config)` (made by `doit package`)."""
@@ -51,19 +49,19 @@ def bundle() -> Bundle:
 '''
 
 
-def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()):
-    """The doit action: the arch's wheel in out/dist/: a recent one made from the same inputs (found by their
-    content), else one that holds the manifest made now, else written anew, every binary read and checked again.
-    A file that cannot be written (a full disk, a read-only out/) fails the task in one line."""
+def build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict] = (), broken: list[dict] = ()):
+    """The doit action: the arch's wheel in out/dist/: a recent one made from the same inputs (by their content),
+    else one holding the manifest made now, else a new one, every binary checked again. A file that cannot be
+    written (a full disk, a read-only out/) fails the task in one line."""
     try:
-        return _build_bundle(arch, targets, root, tuned)
+        return _build_bundle(arch, targets, root, tuned, broken)
     except OSError as e:
         where = f" {e.filename}" if e.filename else ""
         return TaskFailed(f"package:{arch}: cannot write the bundle{where}: {e.strerror or e}; free space, make "
                           f"out/ writable (out/dist a folder), then run `doit package` (every built artifact is kept)")
 
 
-def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]):
+def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict], broken: list[dict]):
     root_path, layout = Path(root), Layout.of(root)
     try:
         tables = {t.name: check_tuning_table(t, arch) for t in tuning_tables(layout, arch)}
@@ -75,12 +73,12 @@ def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]
     except guard.OutsideOut as e:
         return TaskFailed(f"package:{arch}: {e}")
     # stamped before reading: a change while packaging re-packages next time
-    stamp = _stamp(arch, targets, root_path, tuned=tuned)
-    content = _stamp(arch, targets, root_path, _meta_content, tuned)   # the same inputs, meta.json by its bytes
+    stamp = _stamp(arch, targets, root_path, tuned=tuned, broken=broken)
+    content = _stamp(arch, targets, root_path, _meta_content, tuned, broken)   # the same inputs, meta.json by its bytes
     recent = _recent(layout, arch)
     found = _recent_wheel(layout, arch, recent.get(content))
     if found is None:
-        found = _make_wheel(arch, targets, root_path, tuned, tables)
+        found = _make_wheel(arch, targets, root_path, tuned, broken, tables)
         if isinstance(found, TaskFailed):
             return found
     wheel, data = found
@@ -96,11 +94,11 @@ def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]
                      f"{len(manifest['failed'])} failed or not built (listed in its {MANIFEST})\n")
 
 
-def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dict[str, bytes]):
-    """(the wheel in out/dist/, its manifest's bytes), the manifest made from every meta.json: a wheel that holds
-    it already is used, else it is written; or TaskFailed naming a binary that fails its checks."""
+def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, broken, tables: dict[str, bytes]):
+    """(the wheel in out/dist/, its manifest's bytes): one holding the manifest made now, else written anew; or
+    TaskFailed naming a binary that fails its checks."""
     built: list[tuple] = []   # (target, its meta.json as read) of each artifact the manifest lists, in its order
-    manifest = make_manifest(arch, targets, root, tuned, built)
+    manifest = make_manifest(arch, targets, root, tuned, built, broken)
     data = manifest_bytes(manifest)
     try:
         version = f"{project_version(root)}+{hashlib.sha256(data).hexdigest()[:12]}"
@@ -118,8 +116,8 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, tables: dic
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
     for (t, meta), entry in zip(built, manifest["artifacts"]):
-        try:   # meta.json was read (and its seal checked) for the manifest: on a GPU host each may hold
-            artifact.check_bound(t, meta)   # thousands of inputs, 280 KB, and reading it again cost 2 s of 5.8 s
+        try:   # meta.json as read (and sealed) for the manifest: on a GPU host reading it again cost 2 s of 5.8
+            artifact.check_bound(t, meta)
             binary = artifact.binary_of(Path(t.out_dir), meta)   # sha256 + ELF checked again
         except artifact.ArtifactError as e:   # changed on disk since its compile task ran, or another target's
             return TaskFailed(f"package:{arch}: {t.name}: {t.meta_path}: {e}; rebuild it: "
@@ -145,15 +143,14 @@ def _well_shaped(saved: dict) -> bool:
 
 
 def _recent(layout: Layout, arch: str) -> dict[str, str]:
-    """The last bundles' wheels by the content stamp of their inputs, from out/.kforge/package-<arch>.json."""
+    """The last bundles' wheels by the content stamp of their inputs."""
     recent = (read_state(layout.package_stamp(arch), _well_shaped) or {}).get("recent", {})
     return {k: v for k, v in recent.items() if isinstance(v, str)}
 
 
 def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
     """(the wheel named, its manifest) when it holds the manifest whose digest its version carries; else None.
-    The name comes from kforge's own record of what it made from these inputs (as is_current trusts the wheel
-    its stamp names); no binary is read."""
+    No binary is read: the name is kforge's own record of what these inputs made (as is_current trusts)."""
     found = re.fullmatch(re.escape(dist_name(arch)) + r"-[0-9a-z.]+\+([0-9a-f]{12})-py3-none-any\.whl", str(name))
     signed = lambda data: hashlib.sha256(data).hexdigest()[:12] == found[1]   # the digest in its version
     data = found and _wheel_holding(layout, arch, name, signed)
@@ -161,8 +158,8 @@ def _recent_wheel(layout: Layout, arch: str, name) -> tuple[Path, bytes] | None:
 
 
 def _wheel_holding(layout: Layout, arch: str, name: str, fits) -> bytes | None:
-    """The manifest of the wheel `name` when fits(manifest) and the wheel is intact: the wheel in out/dist/, or
-    the one kept in out/.kforge/wheels/, moved back to out/dist/ (a rename: nothing written); else None."""
+    """The manifest of the wheel `name` in out/dist/, or kept (then moved back), when fits(manifest) and the
+    wheel is intact; else None."""
     wheel, kept = layout.dist / name, layout.kept_wheels / name
     for place in (wheel, kept):
         data = _manifest_in(place, arch)
@@ -174,10 +171,9 @@ def _wheel_holding(layout: Layout, arch: str, name: str, fits) -> bytes | None:
 
 
 def _intact(wheel: Path, arch: str, data: bytes) -> bool:
-    """Whether the wheel holds what write_wheel writes for the manifest `data`, file for file: this kforge's
-    runtime, the manifest, each binary and tuning table the manifest names by their sha256, its dist-info, and
-    nothing else. Every file is read (a wheel is a few MB): one with a binary missing, swapped or altered, or a
-    byte changed anywhere, is written again rather than shipped."""
+    """Whether the wheel holds what write_wheel writes for the manifest `data`, file for file (the runtime, the
+    manifest, each binary and tuning table by its sha256, the dist-info, nothing else): a byte changed anywhere
+    and it is written again rather than shipped."""
     dist = dist_name(arch)
     suffix = "-py3-none-any.whl"
     version = wheel.name[len(dist) + 1:-len(suffix)]
@@ -209,8 +205,7 @@ def _manifest_in(wheel: Path, arch: str) -> bytes | None:
 
 
 def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
-    """The arch's other wheels in out/dist/ (the one this build replaced) move to out/.kforge/wheels/, where the
-    newest KEPT_WHEELS of the arch stay: out/dist/ holds one wheel per arch, and a revert finds its old one."""
+    """The arch's other wheels in out/dist/ move to out/.kforge/wheels/, where the newest KEPT_WHEELS stay."""
     kept = layout.kept_wheels
     for old in layout.dist.glob(f"{dist_name(arch)}-*.whl"):
         if old != wheel:
@@ -223,22 +218,21 @@ def _keep_replaced(layout: Layout, arch: str, wheel: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = ()) -> bool:
-    """doit uptodate: nothing that goes into the bundle changed since it was written, and the wheel is the file
-    written then (by its identity). Decided from stats, not by re-reading every meta.json (only ever replaced by
-    rename); a failed target's error.txt is read. A restored out/ (fresh stats) re-packages the same bytes."""
+def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = (), broken: list[dict] = ()) -> bool:
+    """doit uptodate: nothing that goes into the bundle changed, and the wheel is the file written then. From
+    stats (meta.json is only ever replaced by rename), not by re-reading every meta.json."""
     root_path, layout = Path(root), Layout.of(root)
     try:
         saved = read_state(layout.package_stamp(arch), _well_shaped) or {}
         # in doit's master, which stat'ed every meta.json while generating the compile tasks (artifact.KeyIndex)
         seen = artifact.KeyIndex.of(layout.built_keys).meta_identity
-        return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned)
+        return (saved["stamp"] == _stamp(arch, targets, root_path, seen, tuned, broken)
                 and saved.get("identity") == stamps.identity(str(layout.dist / saved["wheel"])))
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=()) -> str:
+def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=(), broken=()) -> str:
     # pyproject.toml by its bytes: a no-op run need not parse TOML. Every part length-prefixed: parts of any
     # bytes joined by a separator they may hold would let two different inputs give one stamp
     h = hashlib.sha256()
@@ -246,6 +240,8 @@ def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.id
     part(_content(root / "pyproject.toml"))
     part(runtime_digest(arch).encode())
     part(json.dumps(list(tuned), sort_keys=True).encode())
+    if broken:   # a "[...]" part: no target's name (next) starts so
+        part(json.dumps(list(broken), sort_keys=True).encode())
     for table in tuning_tables(Layout(root), arch):
         part(table.name.encode())
         part(table.read_bytes())
@@ -267,11 +263,10 @@ def _content(path: Path) -> bytes:
 
 
 def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict] = (),
-                  built: list[Target] | None = None) -> dict:
-    """Every target of the arch: its meta.json (binary path made bundle-relative) if built from its current
-    key, else a "failed" record with the start of its error and what a JIT fallback needs to build it; and
-    the autotuners' recorded picks (`tuned`: kernel, key, config), which serving reads. `built` collects
-    (target, its meta.json as read) of the artifacts listed, in the manifest's order."""
+                  built: list[Target] | None = None, broken: list[dict] = ()) -> dict:
+    """Every target of the arch: its meta.json (binary path bundle-relative) if built from its current key, else
+    a "failed" record (its error, what a JIT fallback needs); the autotuners' picks (`tuned`), which serving reads.
+    `built` collects (target, its meta.json as read) of the artifacts listed, in order."""
     artifacts, failed = [], []
     for t in sorted(targets, key=lambda t: t.name):
         meta = artifact.current_meta(t.meta_path, t.key)
@@ -279,13 +274,13 @@ def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict
             if built is not None:
                 built.append((t, dict(meta)))
             meta["binary"] = f"{t.kernel}/{t.config_id}/{meta.get('binary')}"
-            # what the compile read is the build's business (out/'s meta.json keeps it), and on a GPU host a
-            # library's import reads thousands of files: shipped, it made a manifest of 196 MB for 414 kernels
+            # what the compile read stays in out/: shipped, it made a manifest of 196 MB for 414 kernels
             meta.pop("inputs", None)
             meta["options"] = dict(t.options)
             artifacts.append(meta)
         elif artifact.skipped(t) is None:   # a library autotuner's config that does not fit the arch: never run there
             failed.append(_failure(t))
+    failed += [{**b, "arch": arch} for b in broken]   # families that did not load: no targets, listed by name
     tables = {f.stem: {"path": f"tune/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
               for f in tuning_tables(Layout(root), arch)}
     return {"format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION, "arch": arch, "vendor": ARCHS[arch].vendor,
@@ -295,7 +290,7 @@ def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict
 
 
 def tuning_tables(layout: Layout, arch: str) -> list[Path]:
-    """out/tune/<arch>/<kernel>.json: the tuning tables a GPU run wrote; each bundle ships its arch's."""
+    """out/tune/<arch>/<kernel>.json: the tuning tables each bundle ships."""
     return sorted(layout.tuning_table(arch, "*").parent.glob("*.json"))
 
 
@@ -347,8 +342,7 @@ def runtime_digest(arch: str) -> str:
 
 
 def project_version(root: Path) -> str:
-    """The project's own version (pyproject's [project] version), else "0": a project that only builds kernels
-    need not be a Python package. The bundle's version adds the manifest's digest either way."""
+    """pyproject's [project] version, else "0" (a project that only builds kernels need not be a package)."""
     import tomllib
     try:
         with open(root / "pyproject.toml", "rb") as f:
@@ -367,8 +361,7 @@ def _failure(t: Target) -> dict:
     status, error = "not built", ""
     failure = artifact.read_error(t)
     if failure is not None and failure.key == t.key:
-        # the message, not the compiler's traceback after it: its file paths are this machine's and virtualenv's,
-        # and a bundle is the same bytes from the same inputs wherever it is built
+        # not the traceback: its paths are this machine's, and a bundle is the same bytes wherever it is built
         message = failure.message.split(artifact.TRACEBACK.strip(), 1)[0]
         status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
     return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
@@ -379,8 +372,8 @@ def _failure(t: Target) -> dict:
 
 
 def write_wheel(path: Path, dist: str, version: str, summary: str, files: dict[str, bytes]) -> None:
-    """A pure-Python wheel, byte for byte the same from the same files (fixed order, timestamps and
-    permissions), holding `files` (archive name -> content) plus its dist-info, written atomically."""
+    """A pure-Python wheel of `files` (archive name -> content) and its dist-info, byte for byte the same from the
+    same files (fixed order, timestamps and permissions), written atomically."""
     payload = wheel_files(dist, version, summary, files)
     with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as zf:   # never half a wheel
         for name in sorted(payload):   # dist-info sorts before the package ('-' < '/'): pip reads it either way

@@ -137,8 +137,8 @@ def test_a_package_task_runs_after_failed_deps_and_targets_the_manifest_copy(tar
         mine = [t for t in targets if t.arch == arch]
         assert d["meta"] == {"after_failed_deps": True}
         assert d["targets"] == [str(Layout(project).manifest_copy(arch))]
-        assert d["actions"] == [(package.build_bundle, [arch, mine, str(project), []])]
-        assert d["uptodate"] == [(package.is_current, [arch, mine, str(project), []])]
+        assert d["actions"] == [(package.build_bundle, [arch, mine, str(project), [], []])]
+        assert d["uptodate"] == [(package.is_current, [arch, mine, str(project), [], []])]
         assert d["clean"] == [(package.remove, [arch, str(project)])]
 
 

@@ -95,6 +95,23 @@ def test_failed_targets_are_listed_with_their_error(packaged):
                                                                     "package:sm_90a": "built"}
 
 
+def test_a_family_that_did_not_load_is_listed_as_failed_in_every_bundle(tmp_path):
+    """A spec that cannot be read and a family whose source is missing: counted failed by the build, and listed
+    under "failed" in the manifest, so that a consumer of the wheel sees the family is missing."""
+    root = make_project(tmp_path, specs={"scale": spec_text(archs=ARCHS), "torn": "[kernel\nname = ",
+                                         "gone": spec_text(name="gone", module="gone")})
+    assert doit(root, "-n", "2", check=False).returncode != 0
+    for arch in ARCHS:
+        failed = {f["target"]: f for f in manifest(root, arch)["failed"]}
+        assert set(failed) == {"torn", "gone"}, failed
+        assert {(f["kernel"], f["arch"], f["status"]) for f in failed.values()} == \
+            {("torn", arch, "did not load"), ("gone", arch, "did not load")}
+        assert failed["torn"]["spec"] == "specs/torn.toml" and "specs/torn.toml" in failed["torn"]["error"]
+        assert "tk/gone.py" in failed["gone"]["error"]
+    report = json.loads((root / "out" / "build-report.json").read_text())
+    assert report["counts"]["failed"] == 2
+
+
 def test_the_package_stamp_is_unambiguous(tmp_path):
     """Two sets of tuning tables whose names and bytes, joined by a separator, give the same bytes stamp
     differently: {a.json: "\\0b.json\\0c"} against {a.json: "", b.json: "c"} was one stamp."""
