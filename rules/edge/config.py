@@ -1,15 +1,9 @@
-"""Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed explicitly
-by config() from dodo.py.
-
-Through doit's plugin points: the dependency file (edge/backend.py), the reporter (report/reporter.py), the
-commands forget/info/clean/prune/cache (edge/commands.py) and the task loader (Loader: the command line checked
-before doit's own parser reads it), the last two declared in pyproject.toml. Where doit 0.37 has no plugin
-point, its internals are replaced here and only here (DOIT_PATCHES, each checked against doit's code by
-tests/edge/test_config.py): the runner (PrefetchRunner / CappedThreadRunner: a queue kept ahead of the workers,
-a cap on parallel compiles, workers that die with the master) and tasks that run after failed dependencies
-(`doit package` ships what built, lists what failed). In the process: SIGTERM ends a run as Ctrl-C does, an
-interrupt ends with one line, no cyclic garbage collection while the task graph is built, and one build at a
-time in one out/ (store/run_lock.py).
+"""Where kforge meets doit: DOIT_CONFIG, and every change kforge makes to how doit runs, installed by config()
+from dodo.py. Through doit's plugin points: the backend (edge/backend.py), the reporter, the commands
+(edge/commands.py) and the task Loader; where doit 0.37 has none, its internals are replaced here only
+(DOIT_PATCHES): the runner (a queue kept ahead of the workers, a cap on compiles, workers that die with the master)
+and tasks that run after failed dependencies. Also: SIGTERM as Ctrl-C, an interrupt in one line, no cyclic GC while
+the task graph is built, one build at a time per out/ (store/run_lock.py).
 """
 from __future__ import annotations
 
@@ -43,10 +37,8 @@ from kforge.share.local_cache import LocalCache
 
 
 def pause_gc_until_tasks_run() -> None:
-    """Called by dodo.py first: no cyclic garbage collection until doit starts running tasks (the reporter's
-    initialize() then freezes what was built and resumes it: _resume_gc). What dodo.py and doit allocate until
-    then (the catalog, doit's tasks and graph) lives until exit, and the collector, triggered every 700
-    allocations, scanned it again and again: measured, ~50 ms of a 1,152-target no-op run."""
+    """No cyclic GC until tasks run (the reporter then calls _resume_gc): what dodo.py and doit allocate until
+    then lives until exit, and the collector scanned it again and again (~50 ms of a 1,152-target no-op run)."""
     gc.disable()
 
 
@@ -59,8 +51,7 @@ def config(root: Path, catalog) -> dict:
     """DOIT_CONFIG for dodo.py, after installing kforge's runner and hooks."""
     dependency_backend = backend()   # first: a missing one stops the run before it takes the lock
     layout = Layout(root)
-    # doit opens its sqlite3 file in out/ as soon as any command starts, before a task runs: the one
-    # directory created outside an action.
+    # doit opens its sqlite3 file in out/ before any task runs: the one directory made outside an action
     try:
         layout.out.mkdir(exist_ok=True)
     except FileExistsError:   # a file, or a link to nothing, of that name
@@ -98,9 +89,8 @@ def config(root: Path, catalog) -> dict:
 
 
 def check_settings() -> None:
-    """Every setting parsed once, before the catalog loads: a malformed one, even one this run would not use, is one
-    line naming it and exit code 2. A `name=value` kforge has no setting for may be a project task's own: only a
-    near miss of a setting's name is a warning (`arch=gfx942` built the default archs without a word)."""
+    """Every setting parsed before the catalog loads (a malformed one: one line, exit code 2). An unknown
+    `name=value` may be a project task's own: only a near miss is a warning (`arch=gfx942` built the defaults)."""
     import difflib
     from doit import doit_cmd
     given = doit_cmd._CMDLINE_VARS or {}   # what doit took off the command line (doit.get_var reads it)
@@ -108,8 +98,7 @@ def check_settings() -> None:
         sys.stderr.write(f"kforge: `={given['']}` on the command line sets no name: write name=value (archs=sm_90a)\n")
         raise SystemExit(2)
     for name, value in given.items():
-        near = difflib.get_close_matches(name, settings.SETTINGS, n=1, cutoff=0.75) if name not in settings.SETTINGS \
-            else []
+        near = name not in settings.SETTINGS and difflib.get_close_matches(name, settings.SETTINGS, n=1, cutoff=0.75)
         if near:
             sys.stderr.write(f"kforge: warning: {name}={value} is no setting of kforge's; did you mean {near[0]}=? (a "
                              f"task of the project may read it: then ignore this)\n")
@@ -125,9 +114,8 @@ ADDED = ("prune", "cache")   # kforge's commands doit does not have
 
 
 def check_command(root: Path) -> None:
-    """`doit forget|info|clean|prune|cache` running without kforge's command: one line and exit code 2, before
-    anything is read or forgotten. doit takes plugin commands from the pyproject.toml of the folder it starts in,
-    so from elsewhere `forget` forgot the task but kept its artifact (nothing rebuilds)."""
+    """`doit forget|info|clean|prune|cache` running without kforge's command (doit takes plugin commands from the
+    pyproject.toml where it starts: from elsewhere `forget` kept the artifact): one line, exit code 2."""
     frame = run_lock.command_frame()
     command = frame.f_locals["self"] if frame is not None else None
     name = getattr(command, "name", "")
@@ -149,8 +137,7 @@ def local_cache() -> LocalCache | None:
 
 
 def backend() -> str:
-    """DOIT_CONFIG's backend: kforge's (edge/backend.py), once it is sure doit has it (missing from an editable
-    install's metadata older than the backend, doit failed with a TypeError traceback)."""
+    """kforge's backend's name, once sure doit has it (an install's metadata older than it: a TypeError traceback)."""
     try:
         registered = any(e.group == "doit.BACKEND" and e.name == doit_backend.NAME
                          for e in importlib.metadata.distribution("kforge").entry_points)
@@ -176,8 +163,8 @@ DOIT_PATCHES = {
 
 
 class Loader(DodoTaskLoader):
-    """doit's own dodo.py loader, named in pyproject.toml: the one part of kforge doit imports before it reads the
-    command line, so making it installs check_arguments."""
+    """doit's dodo.py loader, named in pyproject.toml: imported before doit reads the command line, so it installs
+    check_arguments."""
 
     def __init__(self):
         super().__init__()
@@ -186,13 +173,14 @@ class Loader(DodoTaskLoader):
     def setup(self, opt_values):
         """doit's -f and -d, checked before doit imports: a blank one or a -f that names no .py file is one line
         and exit code 3 (-f '' or a folder ran nothing and exited 0)."""
-        dodo, folder = opt_values.get("dodoFile"), opt_values.get("cwdPath")
+        dodo, folder = str(opt_values.get("dodoFile")), opt_values.get("cwdPath")
+        seek = opt_values.get("seek_file")   # -k looks for the name in the parent folders
+        # -f is taken from the folder doit starts in, not from -d
         problem = ("-d", folder, "names no folder") if folder is not None and not str(folder).strip() else \
-            ("-f", dodo, "is blank") if not str(dodo).strip() else None
-        if problem is None and not opt_values.get("seek_file"):   # -k looks for the name in the parent folders
-            where = str(dodo)   # doit takes it from the folder it starts in, not from -d
-            if os.path.isdir(where) or (os.path.exists(where) and not str(dodo).endswith(".py")):
-                problem = ("-f", dodo, "is a folder" if os.path.isdir(where) else "is not a Python file")
+            ("-f", dodo, "is blank") if not dodo.strip() else \
+            ("-f", dodo, "is a folder") if not seek and os.path.isdir(dodo) else \
+            ("-f", dodo, "is not a Python file") if not seek and os.path.exists(dodo) and not dodo.endswith(".py") \
+            else None
         if problem is not None:
             flag, value, why = problem
             sys.stderr.write(f"kforge: doit {flag} {shlex.quote(str(value))} {why}: name the project's dodo.py "
@@ -202,10 +190,10 @@ class Loader(DodoTaskLoader):
 
 
 def check_arguments() -> None:
-    """Every argument of a doit command line checked before doit's parser reads it: an empty or blank one (a
-    script's unset variable: `doit info "$T"`) is one line and exit code 3, before anything is loaded or changed."""
+    """A doit command line checked before doit's parser reads it (a blank argument: a script's unset variable,
+    `doit info "$T"`): one line and exit code 3, before anything is loaded or changed."""
     def process_args(doit_process_args, self, cmd_args):
-        problem = blank_argument(cmd_args) or unusable_command(cmd_args) or missing_command(self.config, cmd_args)
+        problem = blank_argument(cmd_args) or command_problem(self.config, cmd_args)
         if problem is not None:
             sys.stderr.write(problem + "\n")
             raise SystemExit(3)
@@ -234,20 +222,14 @@ def blank_argument(args: list[str]) -> str | None:
             f"variable?); give a name, or leave the argument out (`doit list --all` lists the targets)")
 
 
-def unusable_command(args: list[str]) -> str | None:
-    """The line for a doit command that cannot work in a kforge project, or None: `doit dumpdb` opens doit's dbm
-    files, and kforge's dependency file is SQLite (edge/backend.py): it ended in a dbm.error traceback."""
+def command_problem(config, args: list[str]) -> str | None:
+    """The line for a command that cannot run, or None: `doit dumpdb` (it opens dbm files; kforge's are SQLite: a
+    dbm.error traceback), or one the pyproject.toml names at a place of kforge's where it is not (doit imported
+    it only to run it: a 'Plugin COMMAND ...' traceback)."""
     words = [arg for arg in args if not arg.startswith("-") and "=" not in arg]
     if words[:1] == ["dumpdb"]:
         return ("kforge: `doit dumpdb` reads doit's dbm files; kforge keeps doit's state in SQLite at out/.doit.sqlite3: "
                 "`sqlite3 out/.doit.sqlite3 .dump` shows it, `doit info NAME` a target's state")
-    return None
-
-
-def missing_command(config, args: list[str]) -> str | None:
-    """The line for a command the project's pyproject.toml names at a place of kforge's where it is not, or None:
-    doit imported it only to run it, and a module or a name not there was its 'Plugin COMMAND ...' traceback."""
-    words = [arg for arg in args if not arg.startswith("-") and "=" not in arg]
     location = (config.get("COMMAND") or {}).get(words[0]) if words else None
     if not (isinstance(location, str) and location.startswith("kforge.") and ":" in location):
         return None
@@ -268,29 +250,30 @@ CONFIG_LIMIT = project_config.SIZE_LIMIT   # doit reads the whole file into memo
 
 
 def start_problem(args: list[str], folder: str = ".") -> str | None:
-    """What stops a doit command line before doit reads anything, in one line, or None: an empty argument (an
-    IndexError in doit's parser), or a settings file doit would read that is no file (a FIFO blocked doit for
-    ever) or is far too large."""
+    """What stops a doit command line before doit reads anything, in one line, or None: a blank argument (an
+    IndexError in doit's parser), or a settings file doit reads first that is no file (a FIFO blocked doit for
+    ever), far too large, or one doit cannot read."""
     problem = blank_argument(args)
-    for name in project_config.DOIT_FILES:   # what doit reads in the folder it starts in, first
+    if problem is not None:
+        return problem
+    for name in project_config.DOIT_FILES:
         path = os.path.join(folder, name)
-        if problem is not None or not os.path.exists(path):   # a link to nothing: doit passes it by too
+        if not os.path.exists(path):   # a link to nothing: doit passes it by too
             continue
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            problem = (f"kforge: {os.path.abspath(path)}: not a file ({project_config.not_a_file(st.st_mode)}); "
-                       f"doit reads its settings there before anything else: put the project's {name} in its place, "
-                       f"or remove it")
-        elif st.st_size > CONFIG_LIMIT:
-            problem = (f"kforge: {os.path.abspath(path)}: too large for a settings file (over {CONFIG_LIMIT >> 20} "
-                       f"MiB), and doit reads it whole: put the project's {name} in its place")
-    return problem if problem is not None else project_config.doit_settings_problem(folder)   # one doit cannot read
+            return (f"kforge: {os.path.abspath(path)}: not a file ({project_config.not_a_file(st.st_mode)}); "
+                    f"doit reads its settings there before anything else: put the project's {name} in its place, "
+                    f"or remove it")
+        if st.st_size > CONFIG_LIMIT:
+            return (f"kforge: {os.path.abspath(path)}: too large for a settings file (over {CONFIG_LIMIT >> 20} "
+                    f"MiB), and doit reads it whole: put the project's {name} in its place")
+    return project_config.doit_settings_problem(folder)
 
 
 def refuse_at_start() -> None:
-    """Called by the line kforge installs in site-packages (rules/runtime/kforge-runtime-env.pth, run at every
-    interpreter start: in a doit process, a few string compares and stat calls) where it saw what start_problem
-    names: such a command line stops before doit, or kforge's loader, could read it. One line and exit code 3."""
+    """Called by kforge's line in site-packages (rules/runtime/kforge-runtime-env.pth, run at every interpreter
+    start) in a doit process: what start_problem names stops it before doit reads it. One line, exit code 3."""
     problem = start_problem(sys.argv[1:])
     if problem is not None:
         sys.stderr.write(problem + "\n")
@@ -300,9 +283,8 @@ def refuse_at_start() -> None:
 
 def install_runner(prefetch: int | None = None, max_workers: int | None = None, cap_reason: str = "",
                    keep_hub_s: int = 0) -> None:
-    """Make `doit -n N` use PrefetchRunner (process workers) or CappedThreadRunner (`-P thread`), both with at
-    most max_workers workers; `-n 0` keeps doit's serial runner. `prefetch`: the queue's depth beyond the running
-    tasks; `keep_hub_s`: how long the build's hub is kept for the next build (rules/load/kept_hub.py)."""
+    """`doit -n N` uses PrefetchRunner (processes) or CappedThreadRunner (`-P thread`), with at most max_workers
+    workers; `-n 0` keeps doit's serial runner."""
     PrefetchRunner.prefetch, PrefetchRunner.keep_hub_s = prefetch, keep_hub_s
     for runner in (PrefetchRunner, CappedThreadRunner):
         runner.max_workers, runner.cap_reason = max_workers, cap_reason
@@ -310,8 +292,8 @@ def install_runner(prefetch: int | None = None, max_workers: int | None = None, 
 
 
 def _run_after_failed_deps() -> None:
-    """Let tasks whose meta says after_failed_deps run once their dependencies ended, failed or not: doit never
-    runs a task one of whose task_dep failed, and `doit package` must ship what built and list what failed."""
+    """Tasks whose meta says after_failed_deps run after their dependencies, failed or not (doit never runs a task
+    whose task_dep failed, and `doit package` must ship what built and list what failed)."""
     def parent_status(doit_parent_status, self, parent_node):
         if not (parent_node.run_status == "failure" and (self.task.meta or {}).get("after_failed_deps")):
             doit_parent_status(self, parent_node)
@@ -319,9 +301,8 @@ def _run_after_failed_deps() -> None:
 
 
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM ends a build like Ctrl-C: doit stops its workers and saves its state. Only in the doit master: a
-    forked worker that inherits it before restoring the default (PrefetchRunner) dies at once instead, since one
-    that raised KeyboardInterrupt would block at exit on the queue the master stopped reading."""
+    """SIGTERM ends a build like Ctrl-C (doit saves its state). Only in the master: a forked worker that inherits
+    the handler dies at once, since a KeyboardInterrupt would block its exit on a queue no one reads."""
     master = os.getpid()
 
     def handler(signum, frame):
@@ -335,8 +316,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _interrupt_without_traceback() -> None:
-    """An interrupted build ends with one line, not a Python traceback from wherever doit was waiting. The
-    exit status stays Python's for an unhandled KeyboardInterrupt (killed by SIGINT: 130 in a shell)."""
+    """An interrupted build ends with one line, not a traceback; the exit status stays Python's (130 in a shell)."""
     default = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -350,13 +330,11 @@ def _interrupt_without_traceback() -> None:
 
 
 # --- the runner ------------------------------------------------------------------------------------------------
-# doit's MRunner hands a worker its next task only after the master has taken in that worker's last result (a round
-# trip through a master that, on a machine whose every core compiles, waits for a core too: measured on the 16-CPU
-# host, about 1.3% fewer compiles running than a ProcessPoolExecutor, bench/build_speed.py). PrefetchRunner keeps
-# up to `prefetch` tasks queued beyond those running; a task is queued only once doit's dispatcher released it.
+# doit's MRunner hands a worker its next task only after the master took in its last result (a round trip through
+# a master that waits for a core too: ~1.3% fewer compiles running, bench/build_speed.py). PrefetchRunner keeps up
+# to `prefetch` tasks queued beyond those running, each once doit's dispatcher released it.
 class _CappedWorkers:
-    """No more workers than `max_workers`: each worker runs one compile at a time, so this caps the compiles that
-    run at once (rules/base/cpus.py says why). The one-line notice says where the cap came from."""
+    """At most `max_workers` workers, so at most that many compiles at once (rules/base/cpus.py says why)."""
     max_workers: int | None = None   # None: no cap (compiles run elsewhere, e.g. on a Dask cluster)
     cap_reason = ""
 
@@ -389,8 +367,8 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         watch = _DeadWorkerWatch(result_q, workers)
         compile_core, kept_for = None, 0
         try:
-            if workers:   # the workers' compile servers come from one hub (rules/compile/core.py): it
-                from kforge.compile import core as compile_core   # imports each toolchain and library once per build
+            if workers:   # one hub per build serves the workers' compile servers (rules/compile/core.py)
+                from kforge.compile import core as compile_core
                 compile_core.start_hub(keep=self.keep_hub_s > 0)
             for worker in workers:
                 worker.start()
@@ -423,16 +401,16 @@ class PrefetchRunner(_CappedWorkers, MRunner):
 
     def execute_task_subprocess(self, job_q, result_q, reporter_class):
         # a SIGKILLed master (a cancelled CI job) takes its workers with it: orphans would hold hundreds of MB each
-        from kforge.load import isolate   # here: a no-op run forks no worker and never needs it
+        from kforge.load import isolate   # here: a no-op run forks no worker
         isolate.die_with_parent(self.master_pid)
-        # The kernel's default action: SIGTERM ends a worker whatever its threads are doing. A Python-level
-        # handler (the master's, inherited: _sigterm_as_interrupt) runs only once the main thread next runs Python.
+        # the kernel's default: SIGTERM ends a worker whatever its threads do (the master's inherited Python
+        # handler would run only once the main thread next runs Python)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         super().execute_task_subprocess(job_q, result_q, reporter_class)
 
     def _queue_ahead(self, job_q, completed) -> None:
-        """Tell the dispatcher that `completed` finished, then queue tasks until the queue is full, every task
-        is dispatched, or the rest wait on running ones ("hold on")."""
+        """Tell the dispatcher `completed` finished, then queue tasks until the queue is full, none is left, or the
+        rest wait on running ones ("hold on")."""
         depth = self.num_process + (self.num_process if self.prefetch is None else self.prefetch)
         while not self.dispatcher_done and len(self.unfinished) < depth:
             job = self.get_next_job(completed)
@@ -443,7 +421,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
                 self.free_proc = 0   # doit's own bookkeeping for a hold; a later result asks again
                 break
             elif not (self.tasks[job.name].actions or self.tasks[job.name].teardown):   # a group task: done here,
-                node = self.task_dispatcher.nodes[job.name]   # no worker round trip: nothing to build forks none
+                node = self.task_dispatcher.nodes[job.name]   # with no worker round trip
                 self.execute_task(node.task)   # reports it; runs no action
                 self.process_task_result(node, None)
                 completed = node
@@ -455,10 +433,9 @@ class PrefetchRunner(_CappedWorkers, MRunner):
 
 
 class _DeadWorkerWatch:
-    """Reads the workers' results; when a worker died instead (killed from outside: doit's own runner then waits
-    forever), stops the run through doit's error path (what finished is saved and reported). Liveness is checked
-    before every read, or the other workers' results would keep the run going to its end; results already sent
-    when the death is seen are still taken in, for up to grace_s."""
+    """The workers' results; a worker killed from outside (doit's runner then waits forever) stops the run through
+    doit's error path. Liveness is checked before every read (the others' results would keep the run going); results
+    sent before the death was seen are still taken in, for up to grace_s."""
 
     def __init__(self, result_q, workers, poll_s: float = 1.0, grace_s: float = 0.5):
         self.result_q, self.workers, self.poll_s, self.grace_s = result_q, workers, poll_s, grace_s
@@ -481,8 +458,8 @@ class _DeadWorkerWatch:
 
 
 def _stop(workers, grace_s: float = 3.0) -> None:
-    """SIGTERM every started worker; SIGKILL any still alive after grace_s. An interrupted master exits only once
-    multiprocessing has joined its workers, so one worker that outlived SIGTERM would hang the exit forever."""
+    """SIGTERM every started worker, SIGKILL any alive after grace_s: an interrupted master exits only once its
+    workers are joined, so one that outlived SIGTERM would hang the exit forever."""
     started = [w for w in workers if w.pid is not None]
     for worker in started:
         worker.terminate()
