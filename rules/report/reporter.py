@@ -15,7 +15,7 @@ from kforge.store.artifact import CompileResult
 from kforge.store.files import write_inside
 
 ERROR_LINES = 7   # of a failure message in build-report.json: through a crash's first output line (isolate._death is two)
-# C0 and C1 control characters (ESC, CR, BEL, DEL, CSI ...) but newline and tab -> U+FFFD, for str.translate
+# C0 and C1 control characters but newline and tab -> U+FFFD, for str.translate
 CONTROL = {c: "\ufffd" for c in [*range(0x20), *range(0x7f, 0xa0)] if chr(c) not in "\n\t"}
 ERROR_CHARS = 400   # of an error line in a progress line (the summary and build-report.json keep it whole)
 FIRST_SHOWN = 5   # targets named per group of identical failures in the summary
@@ -23,8 +23,7 @@ RETRY, COMPILER_OUTPUT = "retry alone:", "compiler output (last lines):"   # rul
 REPLAYED = "not compiled again:"   # how rules/compile/action.py says a kept failure is reported again
 CACHE_OFF = "remote cache "   # how rules/share/remote_cache.py begins a warning that the cache is off for the run
 REPORTED_VALUES = ("from_cache", "from_local_cache", "compiled_on", "compile_seconds")   # result -> its record
-# where a built target's artifact came from (artifact.CompileResult.origin): its record's "origin", the report's
-# "origins", the progress label
+# artifact.CompileResult.origin -> the progress label
 ORIGINS = {"compiled": "built", "local cache": "local", "remote cache": "remote", "unchanged": "same"}
 
 
@@ -55,9 +54,8 @@ class BuildReporter(ConsoleReporter):
         self.failed = 0
 
     def write(self, text: str) -> None:
-        """Everything the build writes, with each control character but newline and tab shown as U+FFFD: names and
-        messages reach it from outside (a checkout's spec file named with an escape sequence, a compiler's or a cache
-        server's message, an error.txt from a restored out/), and a terminal must not act on them."""
+        """Control characters but newline and tab shown as U+FFFD: names and messages come from outside (a spec file
+        named with an escape sequence, a compiler's or cache server's message, a restored error.txt)."""
         super().write(text.translate(CONTROL))
 
     def initialize(self, tasks, selected_tasks):
@@ -90,8 +88,7 @@ class BuildReporter(ConsoleReporter):
                 return self._finish(task, "skipped", "", {"reason": values["skipped"]})
             result = CompileResult.of(values)   # a compile's (rules/compile/action.py); of a package, only what it shares
             for message in result.cache_warnings:
-                # each worker process warns once that a cache is down, each with its own request in
-                # parentheses: the same warning about other details is shown once
+                # every worker warns once that a cache is down, each naming its own request in parentheses
                 gist = re.sub(r"\(.*\)", "", message)
                 if gist not in self.warned:
                     self.warned.add(gist)
@@ -155,8 +152,7 @@ class BuildReporter(ConsoleReporter):
         records = sorted(self.records.values(), key=lambda r: r["name"])
         counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "skipped", "failed")}
         wall = time.monotonic() - self.run_started
-        # by the compiler's own time where a target reports it: a worker's first target also pays for importing
-        # the compiler and the kernel's library, which is not that kernel's cost
+        # the compiler's own time where reported: a worker's first target also pays for importing the toolchain
         compile_time = lambda r: r["seconds"] if r.get("compile_seconds") is None else r["compile_seconds"]
         slowest = sorted((r for r in records if r.get("origin") == "compiled"), key=lambda r: -compile_time(r))[:5]
         origins = {o: sum(1 for r in records if r.get("origin") == o) for o in ORIGINS}
@@ -172,13 +168,13 @@ class BuildReporter(ConsoleReporter):
         if slowest:
             summary.append("slowest compiles: " + ", ".join(f"{r['name']} {compile_time(r):.2f}s" for r in slowest))
         before = self._before_first_target()
-        if origins["compiled"]:   # where the time went besides compiling: the next gap is seen by whoever hits it
+        if origins["compiled"]:   # where the time went besides compiling
             summary.append(_time_spent(self.trace.totals(), sum(r["seconds"] for r in records), before))
         if self.warnings:   # each was shown as it came; the first again here, where a terminal still shows it
             extra = len(self.warnings) - 1
             more = f" (and {extra} more above and in out/build-report.json)" if extra else ""
             summary.append(f"kforge: {plural(len(self.warnings), 'warning')}: {self.warnings[0]}{more}")
-            # and a cache switched off for the rest of the run, whatever came first: it is what made the run slow
+            # and a cache switched off for the rest of the run: it is what made the run slow
             summary += [f"kforge: warning: {w}" for w in self.warnings[1:] if w.startswith(CACHE_OFF)]
         if self.local_cache is not None and origins["compiled"] + origins["remote cache"]:   # it grew
             summary += _trimming(self.local_cache)
@@ -195,7 +191,7 @@ class BuildReporter(ConsoleReporter):
         skipped = f"skipped {counts['skipped']} (autotune configs their arch cannot run), " if counts["skipped"] else ""
         last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
                 f"up to date {counts['up-to-date']}, {skipped}failed {failed}{also}, wall {wall:.1f} s")
-        # what the next run reuses, then the reports: each may meet a full disk, which costs one line, not the summary
+        # what the next run reuses, then the reports: a full disk costs one line each, not the summary
         states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
         unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]
         unsaved.append(_saving(self._save, Path(self.report_path), {
@@ -208,9 +204,8 @@ class BuildReporter(ConsoleReporter):
         self.write("\n" + "\n".join([*summary, last]) + "\n")
 
     def _before_first_target(self) -> dict[str, float]:
-        """The run's time before it handed out its first target, traced on a row of its own: "load" (doit's
-        start, the catalog loaded or read back, its families' probes), then "up-to-date" (the first tasks'
-        up-to-date checks)."""
+        """The run's time before its first target: "load" (doit's start, the catalog, its probes), then "up-to-date"
+        (the first tasks' checks)."""
         if self.loaded is None or self.first_handed is None or not self.trace.slices:   # nothing ran
             return {}
         phases = {"load": (self.trace.started, self.loaded), "up-to-date": (self.loaded, self.first_handed)}
@@ -227,8 +222,8 @@ class BuildReporter(ConsoleReporter):
 
 
 def process_age() -> float:
-    """Seconds since this process started (Linux's /proc), so that a run's wall counts what doit did before the
-    reporter existed: loading the catalog, checking what is up to date (a no-op's whole time). 0 elsewhere."""
+    """Seconds since this process started (Linux's /proc; 0 elsewhere): a run's wall counts what doit did before
+    the reporter existed (a no-op's whole time)."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime, after the command's name
@@ -240,9 +235,8 @@ def process_age() -> float:
 
 
 def _time_spent(phases: dict[str, float], in_tasks: float, before: dict[str, float] | None = None) -> str:
-    """One line: the seconds the compile targets spent in each phase (summed over workers), and in none of them
-    (doit's own work in the worker); the time they were queued; and the run's time before its first target
-    (loading the catalog, up-to-date checks)."""
+    """One line: the compile targets' seconds per phase (summed over workers) and in none (doit's work in the
+    worker), queued, and the run's time before its first target."""
     order = ["compile", "import", "start", "wait", "check", "write", "local cache lookup", "cache lookup",
              "local cache store", "cache upload", "return"]
     shown = [p for p in order if phases.get(p)] + sorted(p for p in phases if p not in order and p != "queue")
@@ -279,8 +273,8 @@ def _saving(save, path, *args) -> str | None:
 
 
 def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
-    """Failed targets grouped by their error line, largest group first: one paragraph per distinct error,
-    naming how many targets failed with it and the first few, instead of a block per target."""
+    """Failed targets grouped by their error line, largest group first: one paragraph per distinct error, naming
+    how many failed with it and the first few."""
     groups: dict[tuple[str, bool], list[str]] = {}
     for r in failed:
         error = r.get("cause") or error_line(r.get("error", ""))
@@ -305,10 +299,9 @@ def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
 
 
 def error_line(message: str) -> str:
-    """What went wrong, in one line, from a target's failure message (rules/compile/action.py writes `error: ...`). An
-    error whose first line ends in ':' continues below (Triton's CompilationError quotes the source, then
-    names the cause): its last line is added. A crashed compiler's last output line is added to the crash, or where
-    it printed nothing, the crash message's own last line (isolate._death: the likely cause of a plain exit)."""
+    """What went wrong, in one line, from a target's failure message (`error: ...`, rules/compile/action.py). A
+    first line ending in ':' gets its message's last line (Triton's CompilationError quotes the source, then names
+    the cause); a crash, the compiler's last output line, else its own last line (isolate._death's likely cause)."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
     if start is None:
@@ -332,8 +325,8 @@ def plural(n: int, noun: str) -> str:
 
 
 def _record_json(record: dict) -> str:
-    """json.dumps(record), written directly for the common error-free record: json.dumps builds a new
-    encoder per call, which is most of a no-op run's report time at thousands of targets."""
+    """json.dumps(record), written directly for the common error-free record: json.dumps builds an encoder per
+    call, most of a no-op run's report time at thousands of targets."""
     if record.keys() - {"start"} != {"name", "status", "seconds"}:
         return json.dumps(record)
     start = f', "start": {float(record["start"])!r}' if "start" in record else ""
@@ -358,16 +351,11 @@ def tasks_to_run(tasks: dict, selected) -> list:
 
 
 class Trace:
-    """out/build-trace.json: a run's timeline in the Chrome trace event format (Perfetto and chrome://tracing open
-    it as it is), one row per doit worker process. Each compile target is a slice per phase: "queue" (from when
-    doit handed it out to when its worker began it), then what its action reports (rules/compile/action.py:
-    "local cache lookup", "cache lookup", "start" (a worker's or compile server's set-up), "import" (a server's one
-    import of the kernel's package), "compile", "check", "write", "local cache store", "cache upload", "wait" (a
-    request to the build's hub queued behind others')), then "return" (to doit's master taking its result in: a
-    master that cannot keep up with its workers shows there). The run's time before its first target is on the
-    row "doit" ("load", "up-to-date"). A failed target, a package task and any other task (a tuning, a verify
-    sweep) is one slice of the time doit saw it take, on a row of its own. Times are the wall clock (time.time(),
-    the same in every process on the machine), in microseconds from the run's start.
+    """out/build-trace.json: a run's timeline in the Chrome trace event format (Perfetto, chrome://tracing), a row
+    per doit worker. A compile target is a slice per phase: "queue" (handed out to begun), its action's spans
+    (rules/compile/action.py), then "return" (until doit's master took its result in). Any other task is one slice
+    of the time doit saw it take, on a row of its own. Times: the wall clock (one in every process), in
+    microseconds from the run's start.
     """
 
     def __init__(self, started: float):
@@ -375,11 +363,9 @@ class Trace:
         self.slices: list[dict] = []
         self.rows: dict[str, int] = {}   # row name -> tid, in order of first use
 
-    def _row(self, name: str) -> int:
-        return self.rows.setdefault(name, len(self.rows) + 1)
-
-    def _slice(self, row: str, name: str, phase: str, start: float, end: float, args: dict) -> None:
-        self.slices.append({"name": name, "cat": phase, "ph": "X", "pid": 1, "tid": self._row(row),
+    def slice(self, row: str, name: str, phase: str, start: float, end: float, args: dict) -> None:
+        tid = self.rows.setdefault(row, len(self.rows) + 1)
+        self.slices.append({"name": name, "cat": phase, "ph": "X", "pid": 1, "tid": tid,
                             "ts": round((start - self.started) * 1e6), "dur": max(round((end - start) * 1e6), 1),
                             "args": {"phase": phase, **args}})
 
@@ -391,14 +377,14 @@ class Trace:
         args = {"target": name, "family": family,
                 **{k: True for k in ("from_cache", "from_local_cache") if getattr(result, k)}}
         if not spans:   # an action that reported no phases: the time doit saw it take
-            self._slice(row, name, "run", handed, finished, args)
+            self.slice(row, name, "run", handed, finished, args)
             return
         if spans[0][1] > handed:
-            self._slice(row, name, "queue", handed, spans[0][1], args)
+            self.slice(row, name, "queue", handed, spans[0][1], args)
         for phase, start, end in spans:
-            self._slice(row, name, phase, start, end, args)
+            self.slice(row, name, phase, start, end, args)
         if finished > spans[-1][2]:   # the result on its way to doit's master, and waiting for it to take it in
-            self._slice(row, name, "return", spans[-1][2], finished, args)
+            self.slice(row, name, "return", spans[-1][2], finished, args)
 
     def totals(self) -> dict[str, float]:
         """Seconds per phase over the run's compile targets (queue, import, compile, cache lookups, ...)."""
@@ -410,12 +396,11 @@ class Trace:
 
     def task(self, row: str, name: str, phase: str, handed: float, finished: float, family: str = "") -> None:
         """A task seen only from doit's side (a failed compile, a package): one slice on `row`."""
-        self._slice(row, name, phase, handed, finished, {"target": name, "family": family})
+        self.slice(row, name, phase, handed, finished, {"target": name, "family": family})
 
     def run_phase(self, phase: str, start: float, end: float) -> None:
-        """A phase of the run itself, before any target ran (doit's start and the catalog, up-to-date checks):
-        a slice on the row "doit", counted in no target's totals."""
-        self._slice("doit", phase, phase, start, end, {})
+        """A phase of the run itself, before any target ran: on the row "doit", in no target's totals."""
+        self.slice("doit", phase, phase, start, end, {})
 
     def write(self, path: Path) -> None:
         names = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": row}}
