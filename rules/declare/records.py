@@ -20,6 +20,7 @@ from kforge.base.project_config import read_user_file
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.spec_model import shown, shown_path
+from kforge.declare.triton_options import OPTIONS, arch_problem
 from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
 from kforge_runtime.serve import identity as canonical
 
@@ -225,9 +226,9 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
             tables["extra"] = configs[1:]
         # the code each arch's lines were recorded from, which the compile checks (triton_backend.py); two on one
         # arch: two GPUs whose import gave the code another value (an SM count), or two versions
-        codes: dict[str, list[str]] = {}
+        codes: dict[str, set[str]] = {}
         for r in records:
-            codes.setdefault(r["arch"], []).extend(k for k in r["source_key"] if k not in codes[r["arch"]])
+            codes.setdefault(r["arch"], set()).update(r["source_key"])
         if any(codes.values()):
             tables["kernel"]["source_keys"] = {a: sorted(keys) for a, keys in codes.items() if keys}
         if "refused" in first:   # a family of its own line, which fails alone (spec.py raises it)
@@ -253,7 +254,6 @@ AT_LINES = re.compile(r"(?P<where>.+?\.jsonl):(?P<first>\d+)(?: \(and (?P<more>\
 
 
 def _unfit(options: dict, arch: str) -> bool:
-    from kforge.declare.triton_options import OPTIONS, arch_problem
     a = ARCHS[arch]
     return any(arch_problem(o, v, a.vendor, a.warp_size, a.target_arch) for o, v in options.items() if o in OPTIONS)
 

@@ -19,6 +19,7 @@ from kforge.base.project_config import not_a_file, project_setup, read_user_file
 from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, nested, shown,
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
+from kforge.declare.triton_options import OPTIONS, value_problem
 from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
 
 TOOLCHAINS = ("triton", "flydsl")
@@ -282,7 +283,6 @@ def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
     """[arch.<name>] tables: constexpr values and compile options for one arch (num_warps 32 on Hopper, 16 on
     AMD), over [constants]; a swept parameter may not be set there too."""
-    from kforge.declare.triton_options import OPTIONS, value_problem
     constexprs = {a for a, t in signature if t in COMPILE_TIME}
     options = set(OPTIONS) if toolchain == "triton" else set()
     found = []
@@ -378,15 +378,10 @@ def _check_integers(raw: dict, where: str) -> None:
     message or an id (past 4,300 digits), and no kernel argument takes one."""
     for table, body in raw.items():
         for key, value in body.items() if isinstance(body, dict) else [(None, body)]:
-            big = _big_int(value)
+            big = next((v for v in nested(value) if isinstance(v, int) and v not in INT64), None)
             if big is not None:
                 raise SpecError(f"{where}: [{_key(table)}]{'' if key is None else ' ' + _key(key)}: got an integer "
                                 f"of {big.bit_length()} bits; allowed: TOML's 64-bit integers, -2**63 .. 2**63-1")
-
-
-def _big_int(value) -> int | None:
-    """An integer outside TOML's range anywhere in value, or None."""
-    return next((v for v in nested(value) if isinstance(v, int) and v not in INT64), None)
 
 
 def _key(key: str) -> str:

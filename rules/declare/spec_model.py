@@ -1,5 +1,5 @@
-"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes. spec.py (loading)
-and sweep.py (sweeps, config ids) both build on this module, not on each other."""
+"""What a loaded spec is: the frozen Spec and Tune, its Configs (made on demand) and Excludes; spec.py (loading)
+and sweep.py (sweeps, config ids) build on it."""
 from __future__ import annotations
 
 import itertools
@@ -49,8 +49,7 @@ class Exclude:
     at: tuple[tuple[int, frozenset], ...]               # the swept keys: (position in a config, values)
     archs: frozenset | None                             # the arch values; None: every arch
 
-    def matches(self, config: Config, arch: str) -> bool:
-        """config: one of the family's configs (its values in the sweep's order, which `at` indexes)."""
+    def matches(self, config: Config, arch: str) -> bool:   # config: values in the sweep's order (`at` indexes it)
         return (self.archs is None or arch in self.archs) and all(config[i][1] in vs for i, vs in self.at)
 
 
@@ -95,15 +94,10 @@ class Configs:
         yield from (c for c in self.extras if kept(free[i] | given[i].get(v, 0) for i, (_, v) in enumerate(c)))
 
     def __len__(self) -> int:
-        return self.count
-
-    @cached_property
-    def count(self) -> int:
         return sum(1 for _ in self)
 
 
-def _bits(flags) -> int:
-    """An int whose bit e is set when flag e is true."""
+def _bits(flags) -> int:   # bit e set when flag e is true
     return sum(1 << e for e, flag in enumerate(flags) if flag)
 
 
@@ -150,21 +144,17 @@ class Spec:
 
     @property
     def reads_args(self) -> bool:
-        """Whether the module's own code reads the launch's arguments at load: @triton.heuristics, or an
-        autotuner that prunes its configs; scalar runtime arguments may then be given values (shape hints)."""
+        """Whether @triton.heuristics or a pruning autotuner read the launch's arguments (shape hints may be given)."""
         return bool(self.derived) or "prune" in dict(self.notes)
 
     def on_arch(self, arch: str) -> dict:
-        """The [arch.<arch>] values (constexprs and options), if the spec has that table."""
+        """The [arch.<arch>] values (constexprs and options)."""
         return dict(next((values for a, values in self.per_arch if a == arch), ()))
 
-    def env_on(self, arch: str) -> tuple[tuple[str, str], ...]:
-        """The environment the family's module is imported and compiled in for one arch: [env], then
-        [arch.<arch>.env] over it."""
+    def env_on(self, arch: str) -> tuple[tuple[str, str], ...]:   # where the module is imported and compiled
         return merged_env(self.env, self.arch_env, arch)
 
     def importing(self, arch: str) -> dict:
-        """How a process imports the module for one arch (entry_probe.Probe.of's arguments)."""
         return importing(arch, self.env_on(arch), self.device_model, self.setup)
 
     # cached: rules/plan/targets.py and config ids ask once per config

@@ -24,11 +24,9 @@ ID_MAX = 200
 
 def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], made_extras: int = 0,
            own_excludes: int | None = None) -> Spec:
-    """The spec with its Configs, checked per sweep value, not per config: a 50,000-config family loads without
-    making its configs (unless its ids cannot be shown unique that way). What the spec lists twice (a [sweep]
-    value, an [[extra]], an [[exclude]]) is refused: the same target again, merged without a word. What kforge
-    made is merged: the first `made_extras` extras (an entry's @triton.autotune configs, which a library may list
-    twice, or a record's lines), and the excludes after the first `own_excludes` (None: all the spec's own)."""
+    """The spec with its Configs, checked per sweep value, not per config (a 50,000-config family loads without
+    making them). What the spec lists twice is refused; what kforge made is merged: the first `made_extras`
+    extras (autotune configs, a record's lines) and the excludes after the first `own_excludes` (None: none)."""
     where = spec.path
     params = tuple(sweep)
     _check_params(spec, params)
@@ -99,14 +97,12 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], ma
 
 
 def exact(value: Scalar) -> tuple[type, Scalar]:
-    """A value as a key that tells 1, 1.0 and true apart: Python's == does not, and Triton compiles each of
-    them as a kernel of its own (serving matches a call to a bundle entry by the exact value)."""
+    """A value as a key that tells 1, 1.0 and true apart: Python's == does not, and Triton compiles each apart."""
     return type(value), value
 
 
 def _once(spec: Spec, param: str, canon: list[Scalar], given: list, table_key: str) -> tuple[Scalar, ...]:
-    """A list's canonical values, when none is listed twice (equal and of one type once made canonical: 'bfloat16'
-    is 'bf16'); else one SpecError naming the value (its configs would be the same targets twice)."""
+    """A list's canonical values, when none is listed twice once canonical ('bfloat16' is 'bf16'), else SpecError."""
     seen: dict[tuple, Scalar] = {}
     for value, raw in zip(canon, given):
         if exact(value) in seen:
@@ -120,7 +116,7 @@ def _once(spec: Spec, param: str, canon: list[Scalar], given: list, table_key: s
 
 def _matches_some(ex: Exclude, values: tuple[tuple[Scalar, ...], ...], outside: tuple[Config, ...],
                   archs: tuple[str, ...]) -> bool:
-    """Whether ex drops any config on any arch, from the values: the product holds every combination of them."""
+    """Whether ex drops any config on any arch (the product holds every combination of the values)."""
     if ex.archs is not None and not ex.archs.intersection(archs):
         return False
     return all(vs.intersection(values[i]) for i, vs in ex.at) or any(all(c[i][1] in vs for i, vs in ex.at) for c in outside)
@@ -136,8 +132,7 @@ def config_id(spec: Spec, config: Config) -> str:
 
 
 def _short(v: Scalar, function: bool = False) -> str:
-    """A value as ids spell it (what str.format writes, but true/false as TOML writes them, and the value of a
-    "function" argument, "module:name", by its name)."""
+    """A value as ids spell it: str(), but true/false as TOML writes them and a "function" by its name."""
     if function:
         return str(v).rsplit(":", 1)[-1]
     return str(v).lower() if isinstance(v, bool) else str(v)
@@ -323,8 +318,7 @@ def _id_pieces(spec: Spec) -> list[str | int]:
 
 def check_config_id(spec: Spec, config: Config, ids: dict[str, Config], made_by: str = "[sweep]") -> None:
     """The config's id is a safe name (a directory under out/ and part of <kernel>:<id>@<arch>: '../x' or 'x@y'
-    would escape out/ or break it), and no other's in `ids` (where it is added). `made_by` names where the config
-    came from: [sweep], or the autotuner's pruner (rules/plan/targets.py), which rewrites configs later."""
+    would escape out/ or break it) and no other's in `ids` (where it is added); `made_by`: where it came from."""
     cid = config_id(spec, config)
     if not CONFIG_ID.fullmatch(cid):
         raise SpecError(f"{spec.path}: config {shown(dict(config))} from {made_by} gets the id {shown(cid)}, which is "

@@ -37,18 +37,11 @@ def candidates(chosen: str | None) -> list[Path]:
     linker, versioned system lld, plain ld.lld on PATH (Triton's LLD, find's last resort, is no file to look for)."""
     if chosen:
         return [] if chosen == TRITON else [Path(chosen)]
-    found: list[Path] = []
-    for rocm in filter(None, (os.environ.get("ROCM_PATH"), "/opt/rocm")):
-        found.append(Path(rocm) / "llvm" / "bin" / "ld.lld")
+    found = [Path(rocm, "llvm", "bin", "ld.lld") for rocm in filter(None, (os.environ.get("ROCM_PATH"), "/opt/rocm"))]
     for major in range(NEWEST_GUESS, MIN_MAJOR - 1, -1):
-        found.append(Path(f"/usr/lib/llvm-{major}/bin/ld.lld"))
-        which = shutil.which(f"ld.lld-{major}")
-        if which:
-            found.append(Path(which))
-    which = shutil.which("ld.lld")
-    if which:
-        found.append(Path(which))
-    return list(dict.fromkeys(found))
+        found += [f"/usr/lib/llvm-{major}/bin/ld.lld", shutil.which(f"ld.lld-{major}")]
+    found.append(shutil.which("ld.lld"))
+    return list(dict.fromkeys(Path(p) for p in found if p))
 
 
 def version(path: Path) -> tuple[int, str] | None:
