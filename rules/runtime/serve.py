@@ -106,8 +106,7 @@ class Served:
     it again (`kernel[grid](*args)`: flag_gems's libentry) or read its name, metadata and n_regs. The binary is
     checked and loaded (`load`) at the first launch."""
 
-    def __init__(self, load, plan: list[tuple[int, bool]], entry: dict | None = None, vendor: str = "nvidia",
-                 bundle=None, fn=None):
+    def __init__(self, load, plan: list[tuple[int, bool]], bundle, entry: dict, fn=None):
         self.load, self.kernel = load, None
         self.bundle, self.entry, self.fn = bundle, entry, fn   # the binary's bundle entry; the JIT function served
         self.plan = tuple(plan)   # (argument position, is it a pointer) per runtime argument
@@ -115,7 +114,7 @@ class Served:
         from triton import knobs   # held: launch_metadata runs on every launch, an import there cost 0.5 us
         self._runtime_knobs = knobs.runtime
         # Triton's launchers skip an empty grid (an empty tensor's): CUDA's whenever x*y*z <= 0, HIP's when it is 0
-        self._skips_negative = vendor != "amd"
+        self._skips_negative = bundle.vendor != "amd"
 
     def launch_metadata(self, grid, stream, *args):
         """What Triton's launch hooks (proton, a tracer) are given, as a CompiledKernel gives it; None without one."""
@@ -123,7 +122,7 @@ class Served:
         if hook is None or not getattr(hook, "calls", True):
             return None
         from triton.compiler.compiler import LazyDict
-        found = LazyDict({"name": (self.entry or {}).get("symbol"), "function": None, "stream": stream})
+        found = LazyDict({"name": self.name, "function": None, "stream": stream})
         if getattr(self.fn, "launch_metadata", None) is not None:   # the kernel's own @jit(launch_metadata=...)
             found.add(self.fn.launch_metadata, (grid, self.metadata, dict(zip(self.fn.arg_names, args))))
         return found
@@ -160,21 +159,16 @@ class Served:
 
     @property
     def name(self) -> str:
-        return self._entry_field("symbol")
+        return self.entry.get("symbol")
 
     @property
     def metadata(self):
         """The fields of Triton's metadata a caller reads of a launch."""
         from types import SimpleNamespace
-        options = self._entry_field("options") or {}
+        options = self.entry.get("options") or {}
         return SimpleNamespace(name=self.name, num_warps=options.get("num_warps"),
                                num_stages=options.get("num_stages"), num_ctas=options.get("num_ctas", 1),
-                               shared=self._entry_field("shared"))
-
-    def _entry_field(self, field: str):
-        if self.entry is None:
-            raise AttributeError(f"kforge serve: this served kernel has no bundle entry to read {field!r} from")
-        return self.entry.get(field)
+                               shared=self.entry.get("shared"))
 
 
 def _not_served(name: str) -> property:
@@ -196,12 +190,10 @@ def _loaded(position: int) -> property:
     sizes its grid by n_regs), read once."""
     def read(self):
         if self._loaded_numbers is None:
-            if self.bundle is None or self.entry is None:
-                raise AttributeError("kforge serve: this served kernel has no bundle to read its registers from")
             from triton.runtime import driver
             device = driver.active.get_current_device()
             self._loaded_numbers = driver.active.utils.load_binary(
-                self.name, self.bundle.binary(self.entry), self._entry_field("shared") or 0, device)[2:]
+                self.name, self.bundle.binary(self.entry), self.entry.get("shared") or 0, device)[2:]
         return self._loaded_numbers[position]
     return property(read)
 
@@ -222,19 +214,13 @@ class LightDriver:
         self.set_current_device = torch.cuda.set_device
         self.get_current_stream = _cuda_getCurrentRawStream
         self.get_device_capability = torch.cuda.get_device_capability
+        self.get_device_interface = lambda: torch.cuda
+        self.get_active_torch_device = lambda: torch.device("cuda", self.get_current_device())
 
     def get_current_target(self):
         from triton.backends.compiler import GPUTarget
         major, minor = self.get_device_capability(self.get_current_device())
         return GPUTarget("cuda", major * 10 + minor, 32)
-
-    def get_active_torch_device(self):
-        import torch
-        return torch.device("cuda", self.get_current_device())
-
-    def get_device_interface(self):
-        import torch
-        return torch.cuda
 
     def __getattr__(self, name):
         return getattr(self._config.default, name)
@@ -364,7 +350,7 @@ class Server:
                 raise NotServed(self.broken)
         return arch
 
-    def lookup(self, fn, signature, constexprs, attrs, options, device: int | None = None):
+    def lookup(self, fn, signature, constexprs, attrs, options, device: int):
         if self.preload_at_first_call:
             self.preload_at_first_call = False
             self.preload()
@@ -376,23 +362,17 @@ class Server:
             check_options(options.__dict__, backend)
         except ValueError as e:   # a call no record line holds (a tuple constexpr, ptx_options): Triton compiles it
             kernel = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
-            self.missed({"kernel": kernel, "arch": arch, "unrecordable": str(e)})
-            if self.strict:
-                raise NotServed(f"kforge serve (strict): {kernel} on {arch}: {e}; no build holds such a "
-                                f"call: serve with strict=False to let Triton compile it") from None
-            return None
+            return self.missed({"kernel": kernel, "arch": arch, "unrecordable": str(e)},
+                               f"kforge serve (strict): {kernel} on {arch}: {e}; no build holds such a call: serve "
+                               f"with strict=False to let Triton compile it")
         fn.cache_key   # Triton's own key, made as its compile makes it: with it, its check that no global the
         # kernel read has changed since (RuntimeError at the launch) holds for a served kernel as for a compiled one
         found, refused = self._pick(line, self.entries.get(record_identity(line), []), source_key(fn))
         if refused is not None:
-            self.missed(line)
-            if self.strict:
-                raise NotServed(refused)
-            return None
+            return self.missed(line, refused)
         bundle, entry = found
         plan = [(list(fn.arg_names).index(a["name"]), a["type"].startswith("*")) for a in entry["signature"]]
-        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), plan, entry, bundle.vendor,
-                      bundle, fn)
+        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), plan, bundle, entry, fn)
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
         """((bundle, entry) to serve, None), or (None, strict's message). Of the entries held for the call, the one
@@ -445,10 +425,13 @@ class Server:
             if id(entry) not in self.loaded:
                 self.loaded[id(entry)] = bundle.kernel(entry)
 
-    def missed(self, line: dict) -> None:
+    def missed(self, line: dict, message: str) -> None:
+        """A specialization the bundles lack: on the CI guard's list, and NotServed(message) under strict."""
         with self.lock:
             if line not in self.misses:
                 self.misses.append(line)
+        if self.strict:
+            raise NotServed(message) from None
 
     def choose(self, tuner, args: tuple, kwargs: dict, current=None):
         """The config an autotuner runs for this call without benchmarking, or None (let it benchmark): of the
@@ -475,9 +458,8 @@ class Server:
             picked = next(iter(held.values()))
         if picked is None:
             first = json.loads(recorded[0]) if recorded else None
-            self.missed({**line, "autotune": {"key": key, "config": first}})
-            if self.strict:
-                raise NotServed(tuned_miss_message(line, key, len(held), first))
+            self.missed({**line, "autotune": {"key": key, "config": first}},
+                        tuned_miss_message(line, key, len(held), first))
         return picked
 
     def _held(self, tuner, args: tuple, kwargs: dict, config) -> tuple:

@@ -4,6 +4,7 @@ bench/zero_jit.py.)"""
 import json
 import os
 import re
+from types import SimpleNamespace
 
 from kforge_runtime import record, schema, serve
 from tests.runtime.test_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
@@ -47,7 +48,8 @@ def test_a_strict_miss_names_the_kernel_the_specialization_and_how_to_record_it(
 
 def test_a_served_kernel_is_loaded_at_its_first_launch_and_gets_the_runtime_arguments_in_order():
     loads = []
-    served = serve.Served(lambda: loads.append(1) or Launched(), [(0, True), (1, True), (2, False)])
+    served = serve.Served(lambda: loads.append(1) or Launched(), [(0, True), (1, True), (2, False)],
+                          SimpleNamespace(vendor="nvidia"), {})
     Launched.calls = []
     x, y = tensors()
     for _ in range(2):
