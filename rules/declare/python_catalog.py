@@ -10,8 +10,8 @@ kernel family, as a Pants BUILD file declares targets; loops, helper functions a
 
 family() takes the keys of a TOML spec's [kernel] table as arguments and its other tables by name
 (`arch={"gfx942": {"num_warps": 8}}`), checked as a TOML spec is, messages naming the file and line of the call.
-The file runs only when the catalog is loaded from the specs; every file it reads and module it imports (outside
-the standard library) is remembered with the catalog, so that editing one loads it again (rules/plan/catalog.py).
+Every file it reads and module it imports (outside the standard library) is kept with the catalog: editing one
+runs it again (rules/plan/catalog.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import os
 import runpy
 import sys
 import sysconfig
+import traceback
 from pathlib import Path
 
 from kforge.base.errors import SpecError
@@ -107,8 +108,7 @@ def _plain(value, at: str):
 
 @functools.cache
 def _install_open_hook() -> None:
-    """An audit hook (it cannot be removed; it does nothing while no catalog file runs) that records every file
-    opened while one runs: the data files its families are computed from."""
+    """An audit hook recording every file opened while a catalog file runs (it cannot be removed: idle otherwise)."""
     def hook(event, args):
         if _opened is not None and event == "open" and isinstance(args[0], str):
             _opened.add(os.path.abspath(args[0]))
@@ -133,19 +133,15 @@ def _imported_names(path: Path) -> set[str]:
 
 
 def _watched(path: str) -> bool:
-    """A file the catalog's stamp keeps: not the standard library (it changes with Python, which the stamp
-    holds already) and not bytecode (its source is kept instead)."""
+    """Not the standard library (the stamp holds Python's version) and not bytecode (its source is kept)."""
     if path.endswith(".pyc") or not os.path.isfile(path):
         return False
     return not (path.startswith(STDLIB) and "site-packages" not in path and "dist-packages" not in path)
 
 
-def _failing_line(error: Exception, path: Path) -> str:
-    tb, line = error.__traceback__, ""
-    while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
-            line = f":{tb.tb_lineno}"
-        tb = tb.tb_next
-    return line
+def _failing_line(error: BaseException, path: Path) -> str:
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) ==
+             os.path.abspath(path)]
+    return f":{lines[-1]}" if lines else ""
 
 

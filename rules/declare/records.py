@@ -32,14 +32,13 @@ RECORD_LIMIT = 256 << 20   # bytes: about 350,000 lines, far more targets than a
 LINE_LIMIT = 1 << 20       # characters of one line: a record is a few hundred (a 1,000-character value at most)
 
 def read(path: Path, where: str) -> list[dict]:
-    """The file's specializations, each checked, duplicates dropped (an autotuner's pick counts as its
-    specialization)."""
+    """The file's specializations, each checked, duplicates (an autotuner's pick: its specialization) dropped."""
     return [record for _, record, _ in _numbered(path, where)]
 
 
 def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
     """read()'s specializations, each as its first line holds it, with that line's number and every source_key its
-    lines hold (two GPUs of an arch whose import gave the code another value: the compile takes either)."""
+    lines hold (two GPUs whose import gave the code another value: the compile takes either)."""
     found: dict[str, tuple[int, dict, list[str]]] = {}
     for number, record in _lines(path, where):
         record = {k: v for k, v in record.items() if k != "autotune"}
@@ -51,9 +50,8 @@ def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
 
 
 def tuned_choices(paths: list[Path], root: Path, extra_archs: tuple[str, ...] = ()) -> list[dict]:
-    """The autotuners' picks the files record: {"kernel", "arch", "key", "config", "lines"} per kernel, arch (each
-    the line is built for), autotuning key and config; "lines": how many lines picked it. Processes that tuned
-    apart (xdist workers, ranks) may have picked differently: every pick is kept for serving (runtime/serve.py)."""
+    """The autotuners' picks the files record, one per kernel, arch built for, key and config, with how many lines
+    picked it: processes that tuned apart (xdist workers, ranks) may differ, and serving keeps every pick."""
     picks: dict[tuple, dict] = {}
     for record in (r for path in paths for _, r in _lines(path, shown_path(path, root)) if "autotune" in r):
         for arch in sorted({record["arch"], *extra_archs}, key=list(ARCHS).index):
@@ -100,7 +98,7 @@ def _lines(path: Path, where: str) -> list[tuple[int, dict]]:
 
 
 class _Twice(ValueError):
-    """A JSON object of a record line that gives one key twice (args: the key)."""
+    """A record line's object gives a key (args[0]) twice."""
 
 
 def _once(pairs: list[tuple[str, object]]) -> dict:
@@ -182,8 +180,7 @@ ID_TEXT = re.compile(r"[A-Za-z0-9_.+-]{0,64}")   # a string a config id can spel
 
 
 def _check_value(value, at: str) -> None:
-    """A value a line may give (a constexpr, an option, an autotuning key's part): true/false, a string, a 64-bit
-    integer or a finite number; NaN, 1e400 (read as infinity) and numbers no compiler option takes are refused."""
+    """A value a line may give: true/false, a string, a 64-bit integer or a finite number (not NaN, not 1e400)."""
     if isinstance(value, bool) or (isinstance(value, str) and len(value) <= 1000) \
             or (isinstance(value, int) and -2 ** 63 <= value < 2 ** 63) \
             or (isinstance(value, float) and math.isfinite(value)):
@@ -243,8 +240,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
 
 
 def at_lines(where: str, first: int, count: int) -> str:
-    """Where `count` lines of a record file are, the first of them named: `specs/app.jsonl:12 (and 15 more lines)`
-    (AT_LINES reads it back)."""
+    """`specs/app.jsonl:12 (and 15 more lines)`, which AT_LINES reads back."""
     more = count - 1
     return f"{where}:{first}" + (f" (and {more} more line{'s' if more > 1 else ''})" if more else "")
 
@@ -259,9 +255,8 @@ def _unfit(options: dict, arch: str) -> bool:
 
 
 def identity(target) -> str:
-    """What decides a target's binary: the canonical form serving matches bundle entries by (effective
-    options filled in; kforge_runtime.serve.identity), with the kinds of its compile-time arguments (a
-    "dtype" argument's "bf16" is not the string "bf16")."""
+    """What decides a target's binary: serving's canonical form (kforge_runtime.serve.identity) with the kinds of
+    its compile-time arguments (a "dtype" argument's "bf16" is not the string "bf16")."""
     runtime = [[a, t] for a, t in target.signature if t not in COMPILE_TIME]
     kinds = [[a, t] for a, t in target.signature if t in COMPILE_TIME]
     return json.dumps([canonical(f"{target.module}:{target.entry}", target.arch, runtime, dict(target.constexprs),
@@ -269,7 +264,7 @@ def identity(target) -> str:
 
 
 def is_recorded(target) -> bool:
-    """Whether the target comes from a record file (its spec_path is "<file>.jsonl: <kernel>")."""
+    """Whether its spec_path is "<file>.jsonl: <kernel>"."""
     return target.spec_path.split(":", 1)[0].endswith(".jsonl")
 
 

@@ -281,8 +281,7 @@ def _arch_env(tables: dict, where: str) -> tuple[dict, tuple]:
 
 
 def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchain: str, where: str) -> tuple:
-    """[arch.<name>] tables: constexpr values and compile options for one arch (num_warps 32 on Hopper, 16 on
-    AMD), over [constants]; a swept parameter may not be set there too."""
+    """[arch.<name>] tables: constexpr values and compile options for one arch, over [constants]."""
     constexprs = {a for a, t in signature if t in COMPILE_TIME}
     options = set(OPTIONS) if toolchain == "triton" else set()
     found = []
@@ -352,8 +351,7 @@ def _tuner_notes(chosen: dict, hints: tuple, signature, where: str, entry: str) 
 def _with_overrides(table: dict, derived: tuple, swept: dict, constants: tuple, per_arch: dict, signature,
                     where: str) -> tuple[dict, tuple]:
     """[override]: values pinned in place of what the entry's @triton.heuristics compute (one reading the device
-    cannot run on a build machine), never run then (rules/plan/targets.py). One value is the family's, a list is
-    swept; [arch.<name>] may pin one per arch once [override] names it."""
+    cannot run on a build machine): one value is the family's, a list is swept."""
     for name, value in table.items():
         if name not in derived:
             computed = f"it computes {', '.join(derived)}" if derived else "it has none"
@@ -464,7 +462,7 @@ RUN_TIME_MODULE = ("; a recorded kernel whose module no import finds may have be
                    "its calls compile under Triton's JIT (a strict serve names them): drop its lines")
 
 
-def _installed_python(module: str, where: str, recorded: bool = False) -> Path:
+def _installed_python(module: str, where: str, recorded: bool) -> Path:
     """The file of an installed module (found on sys.path, read, never imported, here)."""
     from kforge.load import installed
     try:
@@ -543,8 +541,8 @@ def listed_name(name, fallback: str) -> str:
 
 
 def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
-    """[adapter]: how to call a FlyDSL builder as a library writes it (it returns the launcher alone, names
-    its arguments and element types its own way); kforge makes the placeholders the launcher is traced with."""
+    """[adapter]: how to call a FlyDSL builder as a library writes it (its own argument and element type names,
+    the launcher alone returned, which kforge traces with placeholders)."""
     if toolchain != "flydsl":
         raise SpecError(f"{where}: [adapter] is for toolchain 'flydsl' builders; a Triton entry needs none")
     runtime = {a: t for a, t in signature if t not in (*COMPILE_TIME, NONE)}
@@ -592,11 +590,10 @@ def _check_adapter(table: dict, signature, toolchain: str, where: str) -> tuple:
                  for key in ("arguments", "dtype_names", "shapes", "scalars") if key in table)
 
 
-def _check_factory(signature, params, where, entry, arguments: dict | None = None) -> None:
-    """A FlyDSL factory takes exactly the compile-time values: constexprs and type variables (+ arch), by the
-    names [adapter] arguments gives them, if any."""
+def _check_factory(signature, params, where, entry, arguments: dict) -> None:
+    """A FlyDSL factory takes exactly the constexprs and type variables (+ arch), by their [adapter] names."""
     _check_types(signature, where)
-    compile_time = {(arguments or {}).get(p, p) for p in {a for a, t in signature if t == "constexpr"} | {
+    compile_time = {arguments.get(p, p) for p in {a for a, t in signature if t == "constexpr"} | {
         v for _, t in signature for v in TYPE_VAR_RE.findall(t)}}
     given = set(params) - {"arch"}
     if given != compile_time:

@@ -73,8 +73,7 @@ def find(kforge_dir: Path) -> Path:
 
 
 def key_part(version_of) -> str:
-    """The `--version` line of the linker find() would pick, for action keys, writing nothing: a system lld's
-    by version_of(path); Triton's LLD's from Triton's version alone; "missing" when there is none."""
+    """The `--version` line of the linker find() would pick, for action keys, writing nothing ("missing": none)."""
     chosen = settings.get("ld_lld")
     path, _ = _system_linker(chosen)
     if path is not None:
@@ -114,8 +113,8 @@ def _triton_label() -> str | None:
 
 
 def triton_lld_script(directory: Path) -> Path | None:
-    """directory/ld.lld: a shell script running rules/plan/triton_lld.py with this Python and Triton's libtriton,
-    or None without Triton. Rewritten (atomically) only when its text changes."""
+    """directory/ld.lld: a shell script running triton_lld.py with this Python and Triton's libtriton (None
+    without Triton), rewritten only when its text changes."""
     libtriton, label = _libtriton(), _triton_label()
     if libtriton is None:
         return None

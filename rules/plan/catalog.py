@@ -190,8 +190,7 @@ class Catalog:
 
     def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list,
                  clashes: dict[str, list[str]]) -> tuple | None:
-        """One family from its declaration: (Family, its targets, the files they came from), or None when it
-        did not load (one entry of `failed`; a name already given, one in `clashes` too)."""
+        """(Family, its targets, the files they came from), or None when it did not load (an entry of `failed`)."""
         from kforge.declare.spec import spec_from_tables
         from kforge.plan.targets import build_targets
         try:
@@ -266,8 +265,7 @@ class Catalog:
         return [self.places.actual(f) for f in saved["read"]]
 
     def _fingerprint(self, toolchains: list, module: str) -> str:
-        """What a family's targets' keys hold besides its files: the toolchains' fingerprints for its archs, and
-        where its installed module is found."""
+        """What a family's targets' keys hold besides its files."""
         return stamps.digest({"toolchains": self._fingerprints(toolchains),
                               "installed": self._found(module) if module else None})
 
@@ -276,8 +274,7 @@ class Catalog:
 
     @functools.cached_property   # once per load: it hashes every file of kforge
     def _context(self) -> str:
-        """What every family of a catalog was computed in: kforge's code, the project's settings, Python, the
-        compiler environment (a family is reused only in the same; not where the project lies: Places)."""
+        """What every family of a catalog was computed in (not where the project lies: Places)."""
         return stamps.digest({
             "format": FORMAT, "python": sys.version, "max_configs": self.max_configs, "env": keys.compiler_env(),
             "code": [(folder, rel, stamps.content(path)) for folder, rel, path in self._code],
@@ -312,16 +309,14 @@ class Catalog:
         return self
 
     def _take(self, saved: dict) -> None:
-        """The families and, for the archs asked for, the targets and tuned picks of a saved catalog (it may
-        hold more archs: one loaded for every arch serves a build for one)."""
+        """A saved catalog's families and, for the archs asked for, its targets and tuned picks."""
         self.families = [self._family(f) for f in saved["families"]]
         self.targets = _decode(saved["groups"], saved["signatures"], saved["targets"], self.places)
         self.tuned = list(map(_tuned_pick, saved["tuned"]))
         self._only()
 
     def _from_kept(self, folders: list[Path], spec_files: list[Path], saved: dict) -> bool:
-        """Load the kept catalog made from inputs of the same content as now, for these archs or all, if any: it
-        becomes the saved catalog, stamped by the identities of now."""
+        """Take the kept catalog of the inputs' content now, if any: saved, stamped by the identities of now."""
         lists = self._read_of(saved), saved["toolchains"], saved["installed"]
         content = self._stamp(folders, spec_files, *lists, stamps.content)
         for archs in dict.fromkeys((self.archs, None)):
@@ -339,8 +334,7 @@ class Catalog:
         return False
 
     def save(self) -> None:
-        """Keep a catalog loaded from the specs (or a kept one) for the next run, and among the kept ones
-        (right after it is loaded; the end of a run tries again if that failed)."""
+        """Keep a catalog loaded from the specs (or a kept one) for the next run, and among the kept ones."""
         if self._fresh is not None:
             out, kept = Layout(self.root).out, Layout(self.root).kept_catalogs
             data = json.dumps(self._fresh, separators=(",", ":")).encode()
@@ -353,8 +347,8 @@ class Catalog:
 
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
                installed: list[str], of=stamps.identity) -> str:
-        """The digest of everything the catalog came from, each file by `of`: its identity (and the project's
-        path: a copy elsewhere is another file), or its content (each file named by its place: Places)."""
+        """The digest of everything the catalog came from, each file by `of`: its identity (with the project's
+        path), or its content (each file named by its place)."""
         # the folders are in by identity too: a spec file added to one changes its mtime
         files = sorted({*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)})
         by_content = of is stamps.content
@@ -379,8 +373,8 @@ class Declared(NamedTuple):
 def declarations(root: Path, files: list[Path], read: set[Path] | None = None, failed: list | None = None,
                  kept: dict | None = None, ran: dict | None = None, contents: dict | None = None) -> list[Declared]:
     """Every family the spec files declare, unchecked; `read` collects what Python catalogs read. A file that
-    fails is a SpecError, or, given `failed`, one (name, file, error) there and the others load. A Python catalog
-    file in `kept` ({file: {"inputs", "declared"}}, inputs unchanged) is not run again; `ran` gets each one's."""
+    fails is a SpecError, or given `failed` one (name, file, error) there. A Python catalog file in `kept` is not
+    run again; `ran` gets each one's inputs and declarations."""
     from kforge.declare import records
     from kforge.declare.spec import listed_name, read_tables
     if not files:
@@ -438,8 +432,7 @@ def _declared_key(declared: Declared) -> str | None:
 
 
 def _plain_json(value) -> bool:
-    """Whether JSON holds value as it is: tables with string keys, lists (tuples), strings, numbers, true/false,
-    null, at any depth."""
+    """Whether JSON holds value as it is (string keys; lists or tuples, strings, numbers, bools, None)."""
     from kforge.declare.spec_model import nested
     return all(all(isinstance(k, str) for k in v) if isinstance(v, dict) else   # bool is an int
                v is None or isinstance(v, (str, int, float, list, tuple)) for v in nested(value))
@@ -458,14 +451,12 @@ def _moved(family: Family, targets: list[Target], where: str) -> tuple[Family, l
 
 
 def _union(held: list | None, wanted: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    """The archs a catalog loaded again is loaded for: those asked and those the saved one held (a build for one
-    arch after `doit list` keeps a catalog that serves both)."""
+    """The archs a catalog loaded again is loaded for: those asked and those the saved one held."""
     return None if held is None or wanted is None else tuple(sorted({*held, *wanted}))
 
 
 def _content(path: str, seen: dict) -> str | None:
-    """A file's sha256, a folder's listing's (without __pycache__, which imports change), None when neither is
-    there; once per path in a load."""
+    """A file's sha256, a folder's listing's (without __pycache__), None when neither is there; once per load."""
     if path not in seen:
         from kforge.load.observe import listing_digest
         try:

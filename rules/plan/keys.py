@@ -39,8 +39,8 @@ def ptxas_path(sm: int) -> Path | None:
 
 
 class ToolVersions(JsonState):
-    """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json because running
-    a tool costs ~25 ms. Read while tasks are generated; saved by the reporter at the end of a run."""
+    """`tool --version`'s last line, remembered by (path, size, mtime) in out/.kforge/tools.json (a run costs
+    ~25 ms); saved by the reporter at the end of a run."""
 
     @staticmethod
     def well_shaped(entries: dict) -> bool:   # a version of another type would go into every key
@@ -76,13 +76,12 @@ def toolchain_fingerprint(toolchain: str, vendor: str, sm: int, cache_file: Path
 
 
 def fingerprint_for(toolchain: str, arch: str, cache_file: Path) -> tuple[tuple[str, str], ...]:
-    """toolchain_fingerprint for a target's toolchain and arch name."""
     a = ARCHS[arch]
     return toolchain_fingerprint(toolchain, a.vendor, a.target_arch if isinstance(a.target_arch, int) else 0,
                                  cache_file)
 
 
 def action_key(payload: dict) -> str:
-    """sha256 of the canonical JSON of everything that goes into a build (rules/plan/targets.py's payload), with
-    the version of meta.json's triton_source_key: a target built before that changed is built again."""
+    """sha256 of a build's payload (rules/plan/targets.py) with the version of meta.json's triton_source_key: a
+    target built before that changed is built again."""
     return stamps.digest({"schema": schema.ARTIFACT_SCHEMA, "source_key": source_key.KEY_VERSION, **payload})
