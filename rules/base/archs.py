@@ -7,13 +7,13 @@ from kforge_runtime.archs import ARCHS, Arch  # noqa: F401  (the one table; kfor
 
 
 class DoesNotFit(RuntimeError):
-    """A config of the library's @triton.autotune list needing more shared memory than the arch has: on a GPU the
-    autotuner skips it (its benchmark scores it inf), so the build skips it too (rules/compile/action.py)."""
+    """A config of the library's @triton.autotune list needing more shared memory than the arch has: skipped, as
+    the autotuner on a GPU skips it."""
 
 
 def check_shared(arch: Arch, used: int, tuned: bool = False) -> None:
-    """A kernel needing more shared memory (LDS) than one block may use could never launch there: a value the
-    user chose fails; a config the library's autotuner lists (`tuned`) is DoesNotFit."""
+    """A kernel needing more shared memory (LDS) than a block may use never launches: a RuntimeError, or
+    DoesNotFit for a config of the library's autotuner (`tuned`)."""
     if used > arch.max_shared and tuned:
         raise DoesNotFit(f"does not fit {arch.name}: needs {used} bytes of shared memory (LDS), the arch has "
                          f"{arch.max_shared}; Triton's autotuner skips this config there too")

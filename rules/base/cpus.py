@@ -1,9 +1,7 @@
 """How many compiles may run at once: the CPUs this process may use, or what the user set.
 
-A compile keeps one CPU busy, and each doit worker imports its compiler: on the 2-core dev machine README's
-`doit -n 16` ran 16 workers that thrashed, 5.2x slower than `-n 2` (16 FlyDSL targets). So `-n` above the CPUs
-the process may use is lowered to that count, where CPUs are the scheduler affinity mask (taskset, cpusets) and
-a cgroup CPU quota (containers, CI runners: `docker --cpus=2` on a 64-core host is 2).
+A compile keeps one CPU busy: on the 2-core dev machine `doit -n 16` thrashed, 5.2x slower than `-n 2`. So `-n` is
+capped at the affinity mask lowered by a cgroup CPU quota (`docker --cpus=2` on a 64-core host is 2).
 """
 from __future__ import annotations
 

@@ -30,8 +30,7 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     @classmethod
     def holding(cls, path) -> "Layout":
-        """The layout whose out/ holds `path` (a state file, a tuning table): the nearest folder named out/ above
-        it."""
+        """The layout whose out/ holds `path`: the nearest folder named out/ above it."""
         found = next((p for p in Path(path).parents if p.name == OUT), None)
         if found is None:
             raise ValueError(f"{path} is not inside an {OUT}/ folder")
@@ -101,9 +100,8 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
         return f"{self.artifact_path(arch, kernel, config_id)}/{ERROR}"
 
     def artifact_dirs(self, archs) -> list[str]:
-        """Every entry out/<arch>/<kernel>/<name> for the given archs, directories and links (an artifact
-        directory or something in its place), as strings (a no-op run lists thousands: rules/store/guard.py's
-        no_targets): three levels of os.scandir, symlinked arch or kernel directories not entered."""
+        """Every directory or link out/<arch>/<kernel>/<name> of the archs, as strings (a no-op run lists thousands:
+        os.scandir); symlinked arch or kernel directories are not entered."""
         found = []
         for arch in archs:
             for family in _subdirs(self.arch_dir(arch)):
@@ -120,7 +118,7 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     @property
     def kept_catalogs(self) -> Path:
-        """The last catalogs loaded from the specs, each named by the content of what it came from (plan/catalog.py)."""
+        """The last catalogs loaded from the specs, named by the content they came from (plan/catalog.py)."""
         return self.state / "catalogs"
 
     @property

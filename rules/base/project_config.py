@@ -1,6 +1,5 @@
-"""The project's own settings in pyproject.toml: its [tool.kforge] table, read where a decision needs it; and what
-doit's own settings reader would fail on in the folder doit starts in (doit_settings_problem: asked by kforge's
-start-up line, before doit reads anything, so this module imports nothing of kforge's but SpecError)."""
+"""The project's [tool.kforge] table in pyproject.toml, and what doit's own settings reader would fail on where
+doit starts (asked by kforge's start-up line before doit reads anything: this module imports only SpecError)."""
 from __future__ import annotations
 
 import os
@@ -12,29 +11,20 @@ from kforge.base.errors import SpecError
 
 PYPROJECT = "pyproject.toml"
 SIZE_LIMIT = 16 << 20   # bytes: far past any project's pyproject.toml, and never a whole disk image read into memory
-# every key kforge reads from [tool.kforge]: one it does not know is a typo (`catalogue`) that would otherwise be
-# ignored without a word, the project silently built from specs/
+# every key kforge reads from [tool.kforge]: any other is a typo (`catalogue`) that would be ignored without a word
 KEYS = ("catalog", "record_archs", "setup")
 
 
-def read_pyproject(root: Path) -> bytes | None:
-    """The bytes of the project's pyproject.toml, None when there is none (read_user_file)."""
-    return read_user_file(root / PYPROJECT, SIZE_LIMIT, "a pyproject.toml", "put the project's pyproject.toml in "
-                          "its place", missing_ok=True)
-
-
 def not_a_file(mode: int) -> str:
-    """What a user's file that is no regular file is, for a message: the runtime's file_kind, the one wording
-    (kforge_runtime may import no kforge, so it lives there); the loader is imported on this error only."""
+    """What a user's file that is no regular file is, for a message (the runtime's wording, imported only here)."""
     from kforge_runtime.bundle import file_kind
     return file_kind(mode)
 
 
 def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | None = None,
                    missing_ok: bool = False) -> bytes | None:
-    """The bytes of a file the user gives kforge (pyproject.toml, a spec, a record), read as a file or not at all:
-    a FIFO (it blocked every command), a device (never ends), a folder or a file over `limit` is one SpecError
-    naming the file (`where`, else the path) and the fix. None for a missing file when missing_ok."""
+    """The bytes of a file the user gives kforge (pyproject.toml, a spec, a record); a FIFO (it blocked every
+    command), a device, a folder or a file over `limit` is a SpecError naming the file and the fix."""
     where = where or str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO's open never blocks
@@ -60,7 +50,8 @@ def read_user_file(path: Path, limit: int, what: str, fix: str, where: str | Non
 def kforge_table(root: Path):
     """pyproject.toml's [tool.kforge] table ({} when there is none)."""
     import tomllib
-    data = read_pyproject(root)
+    data = read_user_file(root / PYPROJECT, SIZE_LIMIT, "a pyproject.toml", "put the project's pyproject.toml in "
+                          "its place", missing_ok=True)
     if data is None:
         return {}
     try:
@@ -87,8 +78,7 @@ def kforge_table(root: Path):
 
 
 def project_setup(root: Path) -> tuple[str, ...]:
-    """`[tool.kforge] setup`: a set-up hook ("module:function") every family's importing processes run before
-    the family's own (docs/device_model.md)."""
+    """`[tool.kforge] setup`: a hook ("module:function") every family's importing processes run first."""
     config = kforge_table(root)
     hook = config.get("setup") if isinstance(config, dict) else None
     if hook is None:
@@ -100,8 +90,7 @@ def project_setup(root: Path) -> tuple[str, ...]:
     return (hook,)
 
 
-# doit reads pyproject.toml's [tool.doit] and doit.cfg in the folder it starts in before any plugin or dodo.py:
-# only kforge's start-up line (rules/edge/config.py's refuse_at_start) comes before it
+# doit reads these where it starts, before any plugin or dodo.py: only kforge's start-up line comes first
 DOIT_FILES = ("pyproject.toml", "doit.cfg")
 DOIT_PLUGIN_KINDS = ("command", "loader", "backend", "reporter")   # DoitConfig.PLUGIN_TYPES: any other, an assert
 DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, far short of where tomllib's
@@ -109,9 +98,8 @@ DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, f
 
 
 def doit_settings_problem(folder: str = ".") -> str | None:
-    """What doit's own settings reader would fail on (a traceback) in the folder's pyproject.toml or doit.cfg, as
-    one line naming the file, the key and the fix; None when it reads both, or one is no regular file or too large
-    (edge/config.start_problem says that)."""
+    """What doit's settings reader would fail on (a traceback) in the folder's pyproject.toml or doit.cfg, as one
+    line naming the file, the key and the fix; None also for a file no regular file or too large (start_problem)."""
     for name in DOIT_FILES:
         path = os.path.join(folder, name)
         try:

@@ -1,9 +1,8 @@
 """The build's settings: `doit name=value` on the command line, else its KFORGE_* twin, else a default.
 
-Each setting is declared once, with its type and what it is, and get(name) is the one way kforge reads one (a
-KFORGE_* variable read anywhere else is a bug: tests/base/test_settings.py). options() parses them all: each run
-does so first (rules/edge/config.py's check_settings), so a malformed value, a ValueError naming where it came from
-(command line or environment) and what is allowed, is one line and exit code 2 before the catalog loads.
+Each is declared once; get(name) is the one way kforge reads one (tests/base/test_settings.py holds this). Each
+run parses them all first (edge/config.py's check_settings): a malformed value is a ValueError naming where it
+came from and what is allowed, one line and exit code 2 before the catalog loads.
 """
 from __future__ import annotations
 
@@ -70,8 +69,8 @@ FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": 
 
 
 def _url(text: str, where: str) -> str:
-    """The remote cache's URL, checked once here: one kforge cannot use made every target fail, a newline split
-    every warning naming it, a password showed in every one (kforge sends no credentials)."""
+    """The remote cache's URL, checked once here: an unusable one made every target fail, a newline split every
+    warning naming it, a password showed in each."""
     if not text.startswith(("http://", "https://")):
         raise ValueError(f"{where}: got {text!r}; the remote cache must be an http:// or https:// URL")
     _split_url(text, where)
@@ -79,8 +78,7 @@ def _url(text: str, where: str) -> str:
 
 
 def _split_url(text: str, where: str):
-    """urllib's parts of a URL kforge connects to, or ValueError naming what it cannot use: a space or control
-    character, a port that is no number from 1 to 65535, a bracket not closed, no host, a user or password."""
+    """urllib's parts of a URL kforge connects to, or ValueError naming what it cannot use."""
     import urllib.parse
     if any(not c.isprintable() or c.isspace() for c in text):
         raise ValueError(f"{where}: got {text!r}; it holds a space or a control character: give the URL alone")
@@ -102,8 +100,8 @@ def _split_url(text: str, where: str):
 
 
 def _local_cache(text: str, where: str) -> str | None:
-    """A directory for the local cache (made absolute: every worker and checkout must name the same one), or
-    off (off / 0 / false / no: None; on / 1 / true / yes: the default directory)."""
+    """A directory for the local cache (absolute: every worker and checkout must name the same one), a flag's
+    off (None) or on (the default directory)."""
     flag = FLAGS.get(text.lower())
     if flag is not None:
         return _default_local_cache() if flag else None
@@ -115,9 +113,8 @@ def _local_cache(text: str, where: str) -> str | None:
 
 
 def _default_keep_hub() -> int:
-    """A keeper (rules/load/kept_hub.py) outlives the build: by default only for a run at a terminal, where a
-    developer builds again and again; a script, a CI job or a test harness that waits for every process the
-    build left gets none unless it asks."""
+    """A kept hub outlives the build: by default only at a terminal, where a developer builds again and again (a
+    script, CI or a test harness waiting for every process the build left gets none unless it asks)."""
     try:
         at_terminal = sys.stderr.isatty()
     except (AttributeError, ValueError):   # no stderr (None), or one closed
@@ -141,8 +138,8 @@ _NO_HOME: list = []   # said once per process
 
 
 def user_cache_dir() -> str:
-    """$XDG_CACHE_HOME/kforge (if absolute: the XDG spec ignores a relative one), else ~/.cache/kforge: the local
-    cache's default place, and where this user's key for kept bytecode lies (rules/load/observe.py)."""
+    """$XDG_CACHE_HOME/kforge (the XDG spec ignores a relative one), else ~/.cache/kforge: the local cache's
+    default place, and where this user's key for kept bytecode lies (rules/load/observe.py)."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     return str(Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "kforge")
 
@@ -239,11 +236,9 @@ def source(name: str) -> str | None:
 
 def _given(name: str) -> tuple[str, str, str] | None:
     """(variable, where, text) of the value the user gave, the command line first; None if neither gave one."""
-    setting = SETTINGS[name]
-    env = setting.env
-    for variable, where, text in ((name, f"{name}= on the command line",
-                                   get_var(name, None) if setting.command_line else None),
-                                  (env, f"{env} in the environment", os.environ.get(env) if env else None)):
-        if text:
-            return variable, where, text
+    env = SETTINGS[name].env
+    if SETTINGS[name].command_line and get_var(name, None):
+        return name, f"{name}= on the command line", get_var(name)
+    if env and os.environ.get(env):
+        return env, f"{env} in the environment", os.environ[env]
     return None

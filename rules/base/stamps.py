@@ -1,16 +1,10 @@
-"""How kforge decides "is it current", for every output it makes: a digest of the output's inputs is saved
-with the output, and the output is current while the same digest comes out now.
+"""How kforge decides "is it current": a digest of an output's inputs is saved with it (a target's key in its
+meta.json, a bundle's in out/.kforge/package-<arch>.json, a tuning table's in the table), and it is current while
+the same digest comes out now.
 
-Inputs enter a digest by content (sources, specs, tool versions, binaries' sha256). A file's identity (inode,
-mtime, ctime, size) may stand for its content only where a changed identity leads back to the content: the
-saved catalog (plan/catalog.py), reloaded from the specs on any change, and files that only kforge writes, and
-only ever by rename (meta.json, binaries, error.txt). ctime is what makes identity safe for files a user
-edits: any write or utime sets it to the current time, and nothing but the clock can set it back, so an
-in-place edit that keeps the size and restores the mtime still changes the identity. Where the digests are saved:
-  - a compile target: its action key, in its meta.json (rules/plan/keys.py), with the identities of meta.json
-    and its binary remembered in out/.kforge/built-keys.json so a no-op run need not re-hash (store/artifact.py);
-  - a bundle: out/.kforge/package-<arch>.json (ship/package.py);
-  - a tuning table: the table's own "key" (tune/tasks.py).
+Inputs enter a digest by content. A file's identity (inode, mtime, ctime, size) may stand for its content only
+where a changed identity leads back to the content: the saved catalog (reloaded from the specs on any change) and
+files only kforge writes, by rename. ctime makes it safe for files a user edits: no edit can set it back.
 """
 from __future__ import annotations
 
@@ -27,8 +21,8 @@ def digest(payload) -> str:
 
 
 def seal(meta: dict) -> str:
-    """The sha256 of meta.json's other fields, which kforge writes into it as "seal": a meta.json edited or
-    damaged after its build (a launch-relevant field changed, say) no longer matches and is never current."""
+    """The sha256 of meta.json's other fields, written into it as "seal": one edited or damaged since its build
+    is never current."""
     return digest({k: v for k, v in meta.items() if k != "seal"})
 
 
@@ -42,8 +36,7 @@ def identity(path: str, fd: int | None = None) -> list | None:
 
 
 def content(path: str) -> str | None:
-    """What a file holds, for a stamp by content (the catalog's kept copies, rules/plan/catalog.py): the sha256 of its
-    bytes, or of a folder's sorted entry names; None when it is neither there nor readable."""
+    """The sha256 of a file's bytes, or of a folder's sorted entry names; None when it is neither or unreadable."""
     try:
         if os.path.isdir(path):
             return digest(sorted(os.listdir(path)))

@@ -1,6 +1,5 @@
 """Target: one (kernel, config, arch), the record the catalog, the tasks, the compile and the bundle pass around.
-Computed from specs by rules/plan/targets.py; a no-op run only loads saved ones (rules/plan/catalog.py), so this module
-imports nothing of kforge's spec machinery."""
+Made by rules/plan/targets.py; a no-op run only loads saved ones, so this imports none of the spec machinery."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -34,9 +33,7 @@ class Target(NamedTuple):
     # FlyDSL [adapter]: what kforge traces the builder's launcher with, per runtime argument: (name, element
     # type, shape) for a tensor, (name, "scalar", value) otherwise. Empty: the factory returns its own.
     placeholders: tuple[tuple[str, str, object], ...] = ()
-    # what `doit info` says beyond the config, (fact, text) pairs: how the entry's autotuner prunes, its
-    # perf_model / top_k (noted, not applied), arguments its @triton.jit never specializes, the heuristics'
-    # values the spec overrides (those are in the key too)
+    # what `doit info` says beyond the config, (fact, text) pairs (rules/edge/commands.py's NOTES)
     notes: tuple[tuple[str, str], ...] = ()
     device_model: bool = False   # its module is imported as the arch's reference GPU sees it (rules/load/device_model.py)
     setup: tuple[str, ...] = ()  # set-up hooks ("module:function") run before its module is imported

@@ -27,9 +27,8 @@ from kforge.share.local_cache import LocalCache
 
 
 class Forget(DoitForget):
-    """doit's forget, plus: a forgotten target's meta.json and error.txt go too, so the next run compiles it
-    (kforge decides "up to date" from meta.json's key and replays a deterministic failure from error.txt, so
-    forgetting doit's record alone would change nothing)."""
+    """doit's forget, and a forgotten target's artifact directory goes too: kforge decides "up to date" from
+    meta.json and replays a failure from error.txt, so forgetting doit's record alone would change nothing."""
 
     def _execute(self, forget_sub, forget_disable_default, forget_all):
         backend = self.dep_manager.backend
@@ -55,8 +54,8 @@ def compile_target_of(task):
 
 
 def target_state(target) -> str:
-    """up to date | stale (and what changed) | skipped: <why> | failed: <cause> | not built; one line a terminal
-    shows as it is (printable: the names in it come from out/, untrusted)."""
+    """up to date | stale (and what changed) | skipped: <why> | failed: <cause> | not built; printable (its names
+    come from out/, untrusted)."""
     return printable(_state(target))
 
 
@@ -117,8 +116,8 @@ NOTES = {   # rules/load/entry_probe.py's facts about the entry, as `doit info` 
 
 
 def note_lines(target) -> str:
-    """What kforge knows of the target's entry beyond its config: its autotuner, and the heuristics' values
-    the spec pins ([override]: in the key too)."""
+    """What kforge knows of the target's entry beyond its config: its autotuner, the heuristics' values the spec
+    pins."""
     notes = dict(target.notes)
     lines = [f"    {NOTES[fact].format(text)}\n" for fact, text in target.notes if fact in NOTES]
     pinned = [n for n in notes.get("overrides", "").split(", ") if n]
@@ -141,8 +140,7 @@ def imported_as(target) -> str:
 
 
 def observed_lines(target) -> str:
-    """`doit info`'s list of the files (and `<folder>/`s) the target's compile read, each with its digest then and
-    a mark when its content changed since."""
+    """The files (and `<folder>/`s) the target's compile read, each with its digest then, marked if changed since."""
     listed = listed_inputs(target.meta_path)
     if listed is None:
         return ""
@@ -169,7 +167,7 @@ class Info(DoitCmdBase):
                                  f"`doit list --all` lists every target")
         task = tasks[pos_args[0]]
         target = compile_target_of(task)
-        # every line a terminal shows as it is: a spec's file name (a checkout's own) reaches a broken family's error
+        # printable: a spec's file name (a checkout's own) reaches a broken family's error
         write = lambda text: self.outstream.write(printable(text, keep="\n"))
         if target is not None:
             root = target.layout.root
@@ -198,8 +196,7 @@ class Info(DoitCmdBase):
 
 
 class Clean(DoitClean):
-    """doit's clean, with one summary line instead of a line per action: a compile target's artifact directory
-    goes (guard.remove_artifact_dir)."""
+    """doit's clean, with one summary line instead of a line per action."""
 
     def clean_tasks(self, tasks, dryrun, cleanforget):
         removed, refused, others = 0, [], 0
@@ -233,8 +230,8 @@ class Clean(DoitClean):
 
 
 def _clean(task, dryrun: bool) -> None:
-    """Run a task's clean actions: kforge's own (Python calls) here, so that a refusal (OutsideOut) reaches the
-    summary as one line, not doit's traceback; others as doit does."""
+    """Run a task's clean actions: kforge's own (Python calls) here, so that a refusal (OutsideOut) is one summary
+    line, not doit's traceback; others as doit does."""
     if not all(isinstance(a, PythonAction) for a in task.clean_actions):
         task.clean(io.StringIO(), dryrun)
     elif not dryrun:
@@ -280,8 +277,7 @@ class Prune(DoitCmdBase):
 
 
 def no_names(command: str, names, what: str) -> None:
-    """A command that takes no name, given one: refused in one line (doit passed them on without a word: `doit
-    prune scale` pruned every family)."""
+    """A command that takes no name, given one: refused (`doit prune scale` pruned every family)."""
     if names:
         raise InvalidCommand(f"kforge: doit {command} takes no target or family (given: "
                              f"{', '.join(map(shown, names[:3]))}{' ...' if len(names) > 3 else ''}): {what}")
@@ -293,8 +289,8 @@ def shown(name: str) -> str:
 
 
 class Cache(Command):
-    """`doit cache [--trim]`: the local cache's directory, entries, size and limit (rules/share/local_cache.py);
-    --trim deletes its least recently used entries until it fits its limit, as every build does at its end."""
+    """`doit cache [--trim]`: the local cache's directory, entries, size and limit; --trim evicts as every build's
+    end does."""
     name = "cache"
     doc_purpose = "show the local cache (directory, entries, size, limit); --trim: evict down to its limit"
     doc_usage = "[--trim] [local_cache=DIR] [local_cache_limit=SIZE]"

@@ -25,8 +25,8 @@ def load_specs(root: Path) -> list:
 
 
 def load_catalog(root: Path) -> Catalog:
-    """The catalog for the archs chosen on the command line, or one clear error and exit code 2 (a catalog
-    that cannot be found or read at all). A family that did not load is one line here and one failed task."""
+    """The catalog for the archs chosen, or one line and exit code 2 (a catalog that cannot be found or read). A
+    family that did not load is one line here and one failed task."""
     try:
         catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load(keep_going=True)
     except (SpecError, ValueError) as e:
@@ -68,11 +68,10 @@ def family_tasks(family: str, description: str, targets: list[Target], root: str
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
                  executor: str | None = None, local=None, read: InputIndex | None = None) -> dict:
-    """One target's task, with only what doit needs per task: a no-op run pays for every field of thousands.
-    Up to date iff the artifact on disk was built from this exact key and every file its compile read still has
-    the content it read (rules/store/inputs.py). No file_dep: sources are content-hashed into the key, so a touch
-    or a restored out/ rebuilds nothing, and a killed run's finished artifacts count. No targets or clean actions:
-    forget, clean and prune find the artifact through the Target in the task's meta (edge/commands.py)."""
+    """One target's task, with only what doit needs (a no-op run pays for every field of thousands). Up to date
+    iff the artifact was built from this key and every file its compile read still has that content. No file_dep:
+    sources are in the key by content, so a touch or a restored out/ rebuilds nothing. No targets or clean
+    actions: forget, clean and prune find the artifact through the Target in the task's meta."""
     read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
     meta_path = t.meta_path
     current = built.is_current(meta_path, t.key) and read.unchanged(meta_path, built.meta_identity(meta_path))
@@ -90,8 +89,8 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
 
 
 def broken_task(name: str, path: str, error: str) -> dict:
-    """A family that did not load (rules/plan/catalog.py's Broken): one task that fails with its error every time it
-    runs, so the run goes on, exits non-zero and lists it; `doit list` shows it marked."""
+    """A family that did not load: a task that fails with its error every run (the rest build); `doit list`
+    marks it."""
     return {
         "basename": name,   # a task of its own (no subtasks): `doit NAME` runs it
         "doc": f"BROKEN (did not load): {error}",
@@ -107,7 +106,7 @@ def did_not_load(name: str, path: str, error: str):
 
 
 def compile_action(*args):
-    """The doit action (rules/compile/action.py's, imported where a compile runs: a no-op run never imports it)."""
+    """The doit action (imported where a compile runs: a no-op run never imports it)."""
     from kforge.compile.action import compile_target
     return compile_target(*args)
 
