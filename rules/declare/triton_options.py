@@ -1,7 +1,5 @@
-"""The Triton compile options a spec may sweep or fix (triton==3.6.0's CUDAOptions and HIPOptions): which
-vendor's archs each applies to and which values it takes. Checked when a spec loads (the value) and when its
-targets are made (the arch); each option a target sets is part of its key, its meta.json and the manifest.
-
+"""The Triton compile options a spec may sweep or fix (triton==3.6.0's CUDAOptions and HIPOptions): the vendor
+each applies to and the values it takes, checked when a spec loads (the value) and its targets are made (the arch).
 Left out on purpose: options that name files or pass text to a tool (ir_override, extern_libs, ptx_options),
 and those Triton derives itself (arch, warp_size, backend_name, supported fp8 types).
 """

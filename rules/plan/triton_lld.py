@@ -12,8 +12,7 @@ USAGE = "usage: triton_lld.py LIBTRITON LABEL [--version | -shared INPUT.o -o OU
 
 
 def version_line(label: str) -> str:
-    """What `ld.lld --version` prints: no path in it, since the line is part of FlyDSL targets' keys (which
-    rules/plan/amd_linker.py computes from the label alone, without running or writing anything)."""
+    """What `ld.lld --version` prints: no path, since FlyDSL targets' keys hold it (computed from the label alone)."""
     return f"LLD in {label}'s libtriton (compatible with GNU linkers)"
 
 
