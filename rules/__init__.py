@@ -21,10 +21,8 @@ RETIRED = frozenset("""amd_linker amdgpu_metadata archs arrival artifact build c
 
 
 class _RetiredNames:
-    """The last finder on sys.meta_path: an import of a module an older kforge had at its top level (a dodo.py
-    written for it: `from kforge.doit_edge import *`) is one line naming the module and what a project imports
-    now, not doit's traceback (doit prints an InvalidDodoFile as one line); the commands' old module, named in a
-    pyproject.toml, is one line saying what to write instead, and exit code 2."""
+    """The last finder on sys.meta_path: importing a module an older kforge had at its top level (`from
+    kforge.doit_edge import *`) is one line saying what to import now, not doit's traceback."""
 
     @staticmethod
     def find_spec(fullname, path=None, target=None):

@@ -27,8 +27,7 @@ def pyplot():
 
 
 def by_where(shapes: list[dict]) -> dict[str, list[dict]]:
-    """The table's shapes grouped by their `where` values ("dtype=bf16"; "" when it has none): each value is
-    ranked over its own configs, so one grid of all of them would be mostly blank."""
+    """The table's shapes by their `where` values ("dtype=bf16"; "" for none): each is ranked over its own configs."""
     groups: dict[str, list[dict]] = {}
     for row in shapes:
         groups.setdefault(", ".join(f"{k}={v}" for k, v in row.get("where", {}).items()), []).append(row)
@@ -36,9 +35,8 @@ def by_where(shapes: list[dict]) -> dict[str, list[dict]]:
 
 
 def heat_grid(shapes: list[dict]) -> tuple[list[str], list[str], list[list[float]]]:
-    """(configs, shape labels, grid[config][shape] = time / the shape's best, NaN where not timed); configs
-    ordered best on average first (geometric mean of the slowdown; a shape it was not timed on counts e^5).
-    A shape whose every config was rejected is an empty column."""
+    """(configs, shape labels, grid[config][shape] = time / the shape's best, NaN where not timed), the best on
+    average first (geometric mean of the slowdown; a shape not timed counts e^5)."""
     import math
     labels = ["x".join(map(str, row["shape"])) for row in shapes]
     times = [{r["config_id"]: r["us"] for r in row["ranking"]} for row in shapes]

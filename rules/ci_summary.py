@@ -2,8 +2,8 @@
 
     python -m kforge.ci_summary [out/build-report.json]
 
-The counts, the packages' states and every failure grouped by its cause (the build's own summary,
-report.failure_groups), from out/build-report.json. Exits 0: the build step is what fails a job.
+The counts, the packages' states and the failures grouped by cause (as the build's summary). Exits 0: the build
+step is what fails a job.
 """
 from __future__ import annotations
 

@@ -2,10 +2,8 @@
 
     python -m kforge.timeline [out/build-trace.json] [-o out/build-timeline.svg]
 
-One row per worker (and one each for packages, failed targets and other tasks such as a tuning); each
-target's compile is a bar coloured by its family, its other phases (queue, cache lookup, write, upload) drawn
-lighter on the same row; a time axis in seconds; the legend names the families with the most compile time.
-Stdlib only: plain SVG text.
+A row per worker (and per other kind of task); a compile is a bar coloured by its family, its other phases drawn
+lighter; the legend names the families with the most compile time. Stdlib only.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The GPU half of `doit tune`: benchmark every built config of one family on its [tune] shapes, on the local GPU,
-and write the ranking to out/tune/<arch>/<kernel>.json. Runs as its own process (started by rules/tune/tasks.py),
-the only kforge process that imports torch for tuning. Kernels are launched from their checked artifacts through
-the runtime loader, as an application would run them; each config must reproduce torch's result on the shape
-before its time counts.
+"""The GPU half of `doit tune`, a process of its own (rules/tune/tasks.py starts it): benchmark every built config
+of one family on its [tune] shapes on the local GPU, launched from their checked artifacts through the runtime
+loader as an application would, and write the ranking to out/tune/<arch>/<kernel>.json. A config's time counts
+only once it reproduced torch's result on the shape.
 """
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ GIVE_UP_OVER_BEST = 3.0          # a config whose first run is 3x the best so fa
 
 
 def median_us(launch, copies: int, give_up_over_us: float = math.inf) -> tuple[float, int]:
-    """(median GPU time of launch(i) in microseconds, runs timed); launch(i) queues one run on copy i % copies,
-    so that consecutive runs read different memory. A first run slower than give_up_over_us is returned alone
-    (runs = 1): a config that slow cannot win."""
+    """(median GPU time of launch(i) in microseconds, runs timed), launch(i) on copy i % copies so that consecutive
+    runs read different memory. A first run slower than give_up_over_us is returned alone: it cannot win."""
     for i in range(WARMUP):
         launch(i % copies)
     first_us = _timed_batch(launch, copies, 0, 1)[0]
@@ -60,9 +58,8 @@ class TimingUnsettled(RuntimeError):
 
 
 def _timed_batch(launch, copies: int, first: int, n: int) -> list[float]:
-    """Per-launch GPU times of n launches queued behind one GPU sleep that outlasts queueing them, so no CPU launch
-    overhead is in the times. If the GPU woke first anyway (a slow moment on the CPU), the batch is redone behind
-    a sleep twice as long (up to SLEEP_CAP_US)."""
+    """Per-launch GPU times of n launches queued behind a GPU sleep that outlasts queueing them (no CPU launch
+    overhead in the times); if the GPU woke first anyway, redone behind a sleep twice as long."""
     import torch
     clock = _clock()
     margin = 2.0
@@ -133,8 +130,7 @@ def check_result(problem: dict, want) -> str | None:
 
 
 def make_launch(harness, kernel, shape: dict, problems: list[dict]):
-    """launch(i): one run of the loaded kernel on problems[i], after the harness's prepare (zeroing an output
-    split-K accumulates into), which is timed too, as callers pay it."""
+    """launch(i): one run of the kernel on problems[i], after the harness's prepare (timed too: callers pay it)."""
     config = kernel.entry["config"]
     grid = harness.grid(shape, config)
     order = [a["name"] for a in kernel.entry["signature"]]
@@ -193,8 +189,7 @@ def tune_shape(harness, shape: dict, where: dict, kernels: list, device) -> dict
 
 
 def _settled(time_it):
-    """time_it(), again after a pause when the CPU was too busy to time it (TimingUnsettled); after CONFIG_TRIES,
-    the reason as a string: the config is listed as rejected, the tuning goes on."""
+    """time_it(), again after a pause when it was TimingUnsettled; after CONFIG_TRIES, the reason (rejected)."""
     for attempt in range(CONFIG_TRIES):
         try:
             return time_it()
@@ -315,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _hold_gpu(directory: Path, index: int):
-    """An exclusive lock per GPU, held while measuring (until the returned file is closed): another tuning waits its
-    turn instead of timing kernels that share the GPU."""
+    """An exclusive lock per GPU, held until the returned file is closed: another tuning waits its turn."""
     lock = guard(directory.parent, directory / f".gpu{index}.lock")   # directory: out/tune
     directory.mkdir(parents=True, exist_ok=True)
     handle = open(lock, "w")

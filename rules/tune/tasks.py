@@ -1,6 +1,5 @@
-"""`doit tune`: one task per (family with a [tune] table, arch), run on a GPU of that arch; not a default task.
-The task runs rules/tune/gpu_bench.py in a child process and is up to date while out/tune/<arch>/<kernel>.json
-holds the current tuning key (tuning_key): a touch, a rebuilt but identical binary or another checkout keeps it.
+"""`doit tune` (not a default task): one task per ([tune] family, arch), run on a GPU of that arch by
+rules/tune/gpu_bench.py in a child process; up to date while its table holds the current tuning_key.
 """
 from __future__ import annotations
 
@@ -25,14 +24,12 @@ TUNER_FILES = (HERE / "gpu_bench.py", RUNTIME / "launch.py", RUNTIME / "select.p
 
 
 def local_vendors() -> set[str]:
-    """Vendors whose GPU driver is present, from device nodes alone: no driver call at task creation, so
-    `doit tune` on an NVIDIA machine makes no tasks for AMD archs (and the other way round)."""
+    """Vendors whose GPU driver is present, from device nodes alone (no driver call while tasks are made)."""
     return {vendor for vendor, node in (("nvidia", "/dev/nvidiactl"), ("amd", "/dev/kfd")) if os.path.exists(node)}
 
 
 def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dict]:
-    """The catalog's families' tuning tasks. A tuned family's spec is loaded only by its task's actions, never
-    while tasks are made: a no-op build pays nothing for tuning."""
+    """The catalog's families' tuning tasks; a spec is loaded only by the task's actions (a no-op pays nothing)."""
     yield {"basename": "tune", "name": None,
            "doc": "benchmark each [tune] family's built configs on the local GPU; write out/tune/<arch>/<kernel>.json"}
     vendors = local_vendors()
@@ -64,8 +61,7 @@ def _spec(spec_path: str, root: str):
 
 
 def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) -> str:
-    """What a tuning table depends on: the family's built binaries by their sha256, the shape list, the harness and
-    tuner code, and the GPU (name, arch, driver)."""
+    """What a tuning table depends on: the binaries' sha256, the shapes, the harness and tuner code, the GPU."""
     from kforge.load import sources   # (and ast) only where a tuning key is computed: never in a no-op build
     metas = ((t.config_id, artifact.current_meta(t.meta_path, t.key)) for t in targets)
     built = sorted((config_id, meta.get("sha256")) for config_id, meta in metas if meta is not None)
@@ -79,8 +75,8 @@ def tuning_key(spec, arch: str, targets: list[Target], root: Path, gpu: dict) ->
 
 @functools.lru_cache(maxsize=None)
 def gpu_identity(root: str) -> dict:
-    """The local GPU, asked in a child process: doit's own process must not create a GPU context before
-    it forks its workers. Raises RuntimeError with the child's message when there is no usable GPU."""
+    """The local GPU, asked in a child process (doit must not create a GPU context before it forks its workers);
+    RuntimeError with the child's message when there is none."""
     proc = subprocess.run([sys.executable, "-m", "kforge_runtime.device"], cwd=root, capture_output=True,
                           text=True, timeout=120)
     if proc.returncode != 0:
