@@ -51,9 +51,7 @@ def family(**arguments) -> None:
     called = f"{where}: family {spec_model.shown(arguments.get('name'), 60)}"
     tables = {"kernel": {k: _plain(arguments[k], f"{called}: [kernel] {k}") for k in KERNEL_KEYS
                          if arguments.get(k) is not None}}
-    for table in TABLES:
-        if arguments.get(table) is not None:
-            tables[table] = _plain(arguments[table], f"{called}: [{table}]")
+    tables.update({t: _plain(arguments[t], f"{called}: [{t}]") for t in TABLES if arguments.get(t) is not None})
     _declared.append((tables, filename, line, arguments.get("name")))
 
 

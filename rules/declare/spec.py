@@ -155,8 +155,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                             f"got {shown(names)}, the source has {shown(list(params))}")
         _check_types(signature, where)
     constants = tuple(raw.get("constants", {}).items())
-    # an argument of type "none" is passed as None: Triton compiles it as a constexpr None (an optional bias,
-    # an unused pointer), and the launch does not take it
+    # an argument of type "none" is passed as None: Triton compiles it as a constexpr None, the launch skips it
     nones = [a for a, t in signature if t == NONE]
     for a in nones:
         if k["toolchain"] != "triton":

@@ -143,9 +143,8 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     constexprs, type_vars = spec.constexprs, spec.type_vars
     constants = dict(spec.constants)
     options = tuple(OPTIONS) if spec.toolchain == "triton" else ()   # FlyDSL kernels set their own block size
-    # an entry with @triton.heuristics (or an autotuner that prunes) may be given scalar runtime arguments'
-    # values: shape hints its heuristics (pruner) read. Its pointer arguments are given to them as stand-in
-    # tensors that answer their dtype alone (rules/load/entry_probe.py), never as values.
+    # an entry whose heuristics (or pruner) read the arguments may be given scalar ones' values: shape hints.
+    # Its pointers are given to them as stand-ins answering their dtype alone (rules/load/entry_probe.py).
     hints = tuple(a for a, t in spec.signature if _is_scalar(t)) if spec.reads_args else ()
     if spec.reads_args:
         for p in (*params, *constants):

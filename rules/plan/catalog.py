@@ -28,8 +28,7 @@ from kforge.base.project_config import PYPROJECT, kforge_table, read_user_file
 
 FORMAT = "kforge-catalog-14"   # 14: paths under the project and the Python environment saved by place (Places)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
-# kforge's own code: the build system and the runtime (its schema and arch table shape targets too); one
-# folder in a checkout, two where kforge is installed
+# kforge's own code: the build system and the runtime (its schema and arch table shape targets too)
 KFORGE_CODE = (Path(kforge.__file__).resolve().parent, Path(kforge_runtime.__file__).resolve().parent)
 
 
@@ -168,8 +167,7 @@ class Catalog:
         entries = [entry if name not in computed else
                    self._entry(entry["key"], name, sorted(map(str, computed[name])), targets, contents)
                    for (name, _, _, _), targets, entry in done]
-        # a recorded target another family builds is not in the catalog: its family is computed again next time
-        # (it depends on the others), and so never taken with a target missing that may be its own again
+        # a family with a recorded target another family builds depends on the others: computed every time
         kept = {id(t) for t in self.targets}
         entries = [{**entry, "key": ""} if any(id(t) not in kept for t in targets) else entry
                    for entry, (_, targets, _) in zip(entries, done)]
@@ -631,8 +629,7 @@ def record_archs(root: Path) -> tuple[str, ...]:
     return tuple(archs)
 
 
-# A target's fields, stored once per (family, arch) group or once per target. Its layout is stored as the
-# project root; every path of the target is asked of it (rules/base/layout.py).
+# A target's fields, stored once per (family, arch) group or once per target; its layout as the project root.
 SHARED = ("kernel", "arch", "spec_path", "toolchain", "source", "module", "entry", "divisible_by_16",
           "source_digests", "toolchain_versions", "layout", "env", "notes", "device_model", "setup", "defaulted",
           "heuristics", "recorded_code")

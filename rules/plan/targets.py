@@ -77,14 +77,12 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if arch_filter is not None and arch_name not in arch_filter:
             continue
         versions = keys.fingerprint_for(spec.toolchain, arch_name, layout.tool_versions)
-        # a heuristic's value the spec gives ([override], rules/declare/spec.py) is pinned: its rule is never run.
-        # An autotune config's value is not: the heuristic under the autotuner reads it and overwrites it.
+        # an [override] value is pinned (its rule never runs); an autotune config's is not: the heuristic overwrites it
         fixed = {**dict(spec.constants), **spec.on_arch(arch_name),
                  **dict.fromkeys(p for p in spec.configs.params if p not in spec.tuned or p not in spec.derived)}
         pinned = tuple(d for d in spec.derived if d in fixed)
         family_env = spec.env_on(arch_name)
-        # What every config of this (spec, arch) shares is hashed once; each target's key hashes this
-        # digest with its own values (a 5,000-target no-op run pays one small hash per target).
+        # hashed once per (spec, arch): each target's key hashes this digest with its own values
         payload = {
             "toolchain": spec.toolchain, "versions": versions, "arch": arch_name, "entry": spec.entry,
             "module": module, "sources": digests, "divisible_by_16": spec.divisible_by_16, "env": env,
