@@ -1,10 +1,6 @@
-"""The compile core: compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate), in a
-context server below the build's tree of warm servers: backend.lower(target, scratch) -> Lowered, then checked().
-
-A backend (triton_backend.py, flydsl_backend.py) only lowers, registering itself in compile/lowering.py's table
-when backend_of imports it. Neither writes in out/: the doit action installs the candidate (artifact.install,
-which checks its binary) as it installs one from a cache. Executors that compile elsewhere (share/
-dask_executor.py) are handed compile_into, and never import the doit action (action.py).
+"""The compile core: compile_here(target, root, timeout) -> isolate.Outcome (result: artifact.Candidate), lowered by
+the target's backend in a context server below the build's tree of warm servers, then checked(). Nothing here writes
+in out/: the doit action installs the candidate as it installs a cache's (artifact.install checks its binary).
 """
 from __future__ import annotations
 
@@ -38,17 +34,15 @@ if TYPE_CHECKING:   # imported where a compile runs (backend_of): a no-op run im
     from kforge.compile.lowering import Backend, Lowered
 
 # Compile servers form a tree per build, each forked from the one above, so that each import is paid once: the
-# hub (one per build, forked by doit's master before its workers: start_hub) imports the toolchain; below it a
-# library server per (toolchain, environment, top-level package, ...) imports the top-level package; below that a
-# package server per package on the way to the kernel's module, each on top of its parent's, in the order a fresh
-# import runs them (`fla` -> `fla.ops`, whose __init__ imports most of fla: 4.4 s, paid once for all its
-# families -> `fla.ops.utils`). The last forks for each asking process (a doit worker) a private package server
-# of its own, which forks a context server per import context: it imports the kernel's module and compiles. Each
-# level runs the same code in the same order as a fresh import, so each target's record holds what it would hold
-# in a process of its own (packages that import each other get a branch each). 16 workers each importing torch,
-# Triton and liger-kernel with transformers took 20-28 s before their first compile (docs/benchmarks.md). Every
-# level keeps its servers, least recently used first, within caps that bound memory (a fresh context server
-# pays MLIR/LLVM set-up again at its first compile).
+# hub (forked by doit's master before its workers: start_hub) imports the toolchain; a library server per
+# (toolchain, environment, top-level package, ...) imports the package; a package server per package on the way to
+# the kernel's module imports it on top of its parent's, in a fresh import's order (`fla` -> `fla.ops`: 4.4 s, paid
+# once for all its families); the last forks a private package server per asking process (a doit worker), which
+# forks a context server per import context: it imports the kernel's module and compiles. Same code in the same
+# order as a fresh import: each target's record holds what a process of its own would read (packages that import
+# each other get a branch each). 16 workers each importing torch, Triton and liger-kernel took 20-28 s before their
+# first compile (docs/benchmarks.md). Each level keeps its servers, least recently used first, within caps that
+# bound memory (a fresh context server pays MLIR/LLVM set-up again at its first compile).
 MAX_SERVERS = 6    # library servers of the hub
 MAX_PACKAGES = 3   # package servers per library or package server
 MAX_PRIVATE = 3    # private package servers a process that compiles keeps
@@ -301,7 +295,6 @@ def in_context(backend: Backend, request: tuple) -> tuple:
 def compile_below(backend: Backend, request: tuple) -> Candidate | Unchanged:
     """In a private package server, once per target: compiled in the context server of its import context."""
     target, scratch_dir, timeout, _ = request
-    _enter_package(target, backend)   # imported already: only checks the target is this server's
     starting = time.time()
     server = _kept(_contexts, import_context(target), MAX_CONTEXTS,
                    lambda: isolate.Server(functools.partial(lower_and_check, backend)))
@@ -347,7 +340,7 @@ def package_context(target: Target) -> tuple:
 
 
 _level: list = [0]   # which of import_levels this server imports: 0 in a library server
-_package: list = [None]   # what this server and those above it imported (package_context, import_levels)
+_entered: list = [False]   # this server imported its level (_enter_package)
 _failed_import: list = []   # this server's import that failed: (the error, its traceback), raised for every target
 
 
@@ -367,7 +360,7 @@ def _raise_failed_import() -> None:
 
 def _forked_below(level: int) -> None:
     """A package server's set-up, after the fork: it imports the next level, and keeps servers of its own."""
-    _level[0], _package[0] = level, None
+    _level[0], _entered[0] = level, False
     _forked_private()
 
 
@@ -380,10 +373,7 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
     server: a fresh one forked from the level above imports it again."""
     _raise_failed_import()
     level = _level[0]
-    wanted = (package_context(target), import_levels(target)[:level + 1])
-    if _package[0] is not None:
-        if _package[0] != wanted:   # servers are kept by what they import: never reached, unless that changes
-            raise RuntimeError(f"a compile server of {_package[0]} was asked to compile {target.name}")
+    if _entered[0]:   # servers are kept by what they import: this target's
         return ()
     started = time.time()
     try:
@@ -393,11 +383,11 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
             # before the import, their reads every target's inputs too
             device_model.prepare(target.arch, target.device_model, target.setup)
         if backend.imports_module:
-            importlib.import_module(wanted[1][-1])
+            importlib.import_module(import_levels(target)[level])
     except Exception as e:
         _import_failed(e)
         raise
-    _package[0] = wanted
+    _entered[0] = True
     if not backend.imports_module:
         return ()
     # hashed once here, every server forked below starts with it (each paid 0.1-0.2 s for it: _InputsMemo)
@@ -413,7 +403,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
     target, scratch_dir, _, cutoff = request
     importing = time.time()
     device_model.serving(target.kernel)
-    recorder = _observed(target)
+    recorder = observe.Recorder.installed   # started before the imports: every target's record holds their reads
     recorder.skip_out(str(target.layout.out))   # where scratch_dir lies: the project's out/, or a private one
     try:
         with guard.as_tmpdir(scratch_dir):   # the compiler's temp files (Triton's, ptxas's) go with the folder
@@ -479,9 +469,9 @@ def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -
     was read by the imports (one the compile itself read could change the code in ways no digest covers) and the
     toolchain's digest of the kernel is the one it was built from. The inputs kept are the old ones with the
     imports' now: a file only the compile read is still watched."""
-    if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.source_key:
+    if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.meta["triton_source_key"]:
         return None
-    inputs = sorted({**dict(cutoff.inputs), **imported}.items())
+    inputs = sorted({**dict(cutoff.meta["inputs"]), **imported}.items())
     return Unchanged({**cutoff.meta, "inputs": [list(i) for i in inputs]}, CompileResult(unchanged=True))
 
 
@@ -626,7 +616,6 @@ _memo = _InputsMemo()
 
 
 _named_from: list = ["", ()]   # the project this server compiles for and its module path at start-up
-_serving: list = [None]   # the import context this server was started for (import_context)
 
 
 def import_context(target: Target) -> tuple:
@@ -636,17 +625,6 @@ def import_context(target: Target) -> tuple:
     under one arch's device model used for another."""
     functions = tuple(sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature))
     return target.module, functions, target.arch if target.device_model or target.setup else None
-
-
-def _observed(target: Target) -> observe.Recorder:
-    """The recorder of this context server (started before the library's import: every target's record holds what
-    the imports read)."""
-    wanted = import_context(target)
-    if _serving[0] is None:
-        _serving[0] = wanted
-    elif _serving[0] != wanted:   # in_context keys servers by context: never reached, unless that changes
-        raise RuntimeError(f"a compile server of {_serving[0]} was asked to compile {target.name}")
-    return observe.Recorder.installed
 
 
 def _library(target: Target, backend: Backend) -> tuple:

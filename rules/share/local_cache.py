@@ -5,35 +5,31 @@ revert, a branch switch, `git bisect` or a second worktree installs it instead o
     <dir>/<key[:2]>/<key>-<inputs>   an earlier entry of the same key whose compile read other contents
     <dir>/<key[:2]>/.<key>.<pid>.<random>.tmp   an entry being written (files.atomic_write), then renamed
 
-<dir> is `local_cache=`, shared by every checkout of the user: keys hold no path of the checkout, so the same inputs
-anywhere name the same entry. One file per entry, renamed into place: a reader sees one whole entry or none. An
-entry is still untrusted (a full disk, another tool, a hand edit): artifact.accept checks it as a remote cache's
-before anything is written to out/; a refused entry is deleted and the target's build takes its place. Two targets
-of one key (a family copied under another name) store over each other's entry: said as what it is, not as damage.
+<dir> (`local_cache=`) is shared by every checkout of the user: keys hold no path of a checkout. An entry is
+untrusted (a full disk, another tool, a hand edit): artifact.accept checks it before anything is written to out/,
+and a refused one is deleted. Two targets of one key (a family copied under another name) store over each other's
+entry: said as what it is, not as damage.
 
-One key, several entries: a key covers the kernel's source and what it imports, not what its compile read beside
-them (meta.json's "inputs": a config file a library reads at import). An entry is taken only where every such
-file has the content it lists; storing one for other contents keeps the one it replaces as `<key>-<inputs>` (the
-first 16 hex digits of the sha256 of its list), so a revert of such a file installs instead of compiling too.
-
-Bounded: a hit sets the entry's mtime (the "last used" time: atime is not kept on most mounts); at the end of
-a run that stored entries, trim() deletes the least recently used ones until the whole is within the limit.
+A key does not cover what the compile read beside the kernel's sources (meta.json's "inputs": a config file a
+library reads at import): an entry is taken only where every such file has the content it lists, and storing one
+for other contents keeps the one it replaces as `<key>-<inputs>` (the first 16 hex digits of the sha256 of its
+list), so a revert of such a file installs too. A hit sets the entry's mtime ("last used": atime is not kept on
+most mounts); trim() deletes the least recently used entries until the whole is within the limit.
 """
 from __future__ import annotations
 
-import errno
+import contextlib
 import hashlib
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 from kforge.store import artifact
 from kforge.store.artifact import ArtifactCache, Candidate, CompileResult
-from kforge.store.files import atomic_write
+from kforge.store.files import atomic_write, opened
 
 FORMAT = "kforge-local-1"
 HEADER_LIMIT = 64 << 10   # bytes of an entry's header line (a real one is ~150)
@@ -82,8 +78,8 @@ class Source(ArtifactCache):
                 files = unpack(_read(path), target.key)
             except (FileNotFoundError, NotADirectoryError):   # trimmed meanwhile; or the cache folder is a file
                 continue
-            except OSError as e:   # unreadable: a miss with a warning, as a refused entry is
-                raise ValueError(str(e)) from None
+            except OSError as e:   # unreadable, or no entry (a link, a FIFO): a miss with a warning, as a refused one
+                raise ValueError(e.strerror or str(e)) from None
             if _read_here(target, files):
                 return Candidate(files, CompileResult(from_local_cache=True))
         return None
@@ -104,10 +100,8 @@ class Source(ArtifactCache):
                 f"replaces the entry)"]
 
     def took(self, target) -> None:
-        try:   # "last used": trim() keeps it
-            os.utime(self.picked.get(target.key, entry_path(self.cache, target.key)))
-        except OSError:   # evicted meanwhile, or a read-only cache: the hit stands
-            pass
+        with contextlib.suppress(OSError):   # evicted meanwhile, or a read-only cache: the hit stands
+            os.utime(self.picked.get(target.key, entry_path(self.cache, target.key)))   # "last used": trim() keeps it
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
@@ -202,29 +196,15 @@ def _keep_other_inputs(path: Path, inputs: str) -> None:
     except (OSError, ValueError, AttributeError):   # none, or not ours to keep: replaced
         return
     if isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old) and old != inputs:
-        try:
+        with contextlib.suppress(OSError):   # another build moved it first
             os.replace(path, path.with_name(f"{path.name}-{old}"))
-        except OSError:   # another build moved it first
-            pass
 
 
-def _read(path: Path, limit: int | None = None) -> bytes:
-    """An entry's bytes (its first `limit` only, if given): a regular file of at most ENTRY_LIMIT bytes, never
-    through a link nor from a FIFO or device (a read that could block or never end)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ELOOP:   # what O_NOFOLLOW answers for a link
-            raise ValueError("it is a symbolic link, not an entry kforge wrote") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):   # before fdopen, which refuses a folder with its descriptor for a name
-        os.close(fd)
-        raise ValueError(f"it is {'a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > ENTRY_LIMIT:
-            raise ValueError(f"it is {st.st_size} bytes, over the limit of {ENTRY_LIMIT}")
-        return f.read(ENTRY_LIMIT + 1 if limit is None else limit)
+def _read(path: Path, limit: int = ENTRY_LIMIT + 1) -> bytes:
+    """An entry's first `limit` bytes: never through a link nor from a FIFO or device (a read that could block or
+    never end), nor past ENTRY_LIMIT (guard.opened's NotAFile says which)."""
+    with opened(path, ENTRY_LIMIT) as f:
+        return f.read(limit)
 
 
 def pack(key: str, files: dict[str, bytes], inputs: str | None = None) -> bytes:
@@ -331,7 +311,5 @@ def _scan(directory) -> list[os.DirEntry]:
 
 
 def _discard(path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

@@ -1,14 +1,13 @@
-"""The artifact, out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}: made (meta, files: in the compile server),
-installed (install: the one way into out/, for a cache entry through arrive() or a compile's candidate), checked
-(accept, inside install: every candidate is untrusted until it passes, once), read back (is_current, KeyIndex,
-cutoff, load, the failure kept in error.txt). The doit action (rules/compile/action.py) tries its sources in order.
+"""The artifact, out/<arch>/<kernel>/<config_id>/{<binary>, meta.json}: made in the compile server (meta, files),
+installed (install: the one way into out/, for a cache entry through arrive() or a compile's candidate, each checked
+once by accept: untrusted until it passes), read back (is_current, KeyIndex, cutoff, load, error.txt's failure).
 
-meta.json is the "done" marker and is written last, by rename: a killed build leaves either no meta.json
-or the previous complete one, never a half artifact that counts as built. The outcome of the whole action is
-one CompileResult, from the compile server to the build report (rules/report/reporter.py).
+meta.json is the "done" marker, written last by rename: a killed build leaves no meta.json or the previous complete
+one, never a half artifact that counts as built.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -106,9 +105,8 @@ def sha256(data: bytes) -> str:
 # --- checked and installed: the one installer -------------------------------------------------------------------
 
 class CompileResult(NamedTuple):
-    """One compile target's outcome: the compile fills what it knows (compile_seconds, sha256, spans, and
-    compiled_on on a cluster), the doit action the rest; doit keeps it as the task's values (values()), the
-    report reads it back (of())."""
+    """One compile target's outcome, filled by the compile and the doit action; doit keeps it as the task's values
+    (values()), the report reads it back (of())."""
     seconds: float = 0.0                   # the whole action: cache lookups, compile and write
     compile_seconds: float | None = None   # the compiler alone (None: fetched from a cache)
     sha256: str | None = None
@@ -138,52 +136,40 @@ class CompileResult(NamedTuple):
 
     @property
     def origin(self) -> str:
-        """Where the artifact came from: "compiled", "local cache", "remote cache" or "unchanged"
-        (rules/report/reporter.py's ORIGINS)."""
+        """Where the artifact came from (rules/report/reporter.py's ORIGINS)."""
         return ("local cache" if self.from_local_cache else "remote cache" if self.from_cache else
                 "unchanged" if self.unchanged else "compiled")
 
 
 class Candidate(NamedTuple):
-    """An artifact a source offers, not yet checked: its files as artifact.files_of gives them (meta.json and
-    the binary it names), and what the source knows of how it was made."""
+    """An artifact a source offers, not yet checked (files_of's form), and what the source knows of its making."""
     files: dict
     result: CompileResult = CompileResult()
 
 
 class Cutoff(NamedTuple):
-    """What a compile server needs to tell whether the target's artifact in out/ is still the one its inputs give
-    (cutoff()): its meta.json, sealed and with its binary intact, and the names of the inputs that changed."""
+    """What a compile server needs to tell whether out/'s artifact is still the one its inputs give (cutoff()): its
+    meta.json, sealed and with its binary intact, and the names of the inputs that changed."""
     meta: dict
     changed: tuple
 
-    @property
-    def source_key(self) -> str:
-        return self.meta["triton_source_key"]
-
-    @property
-    def inputs(self) -> list:
-        return self.meta["inputs"]
-
 
 class Unchanged(NamedTuple):
-    """A compile server's answer instead of a candidate (early cutoff): the kernel's source digest is the one the
-    artifact was built from, and covers every changed input. Its meta.json: the Cutoff's, inputs renewed."""
+    """A compile server's answer instead of a candidate (early cutoff): its meta.json is the Cutoff's, inputs
+    renewed."""
     meta: dict
     result: CompileResult
 
 
 class ArtifactCache(ABC):
-    """The interface every artifact cache implements (rules/share/: the local cache's Source, the remote cache's
-    RemoteCache), as a source arrive() takes artifacts from and a store the compile action keeps them in
-    (rules/compile/action.py). A new cache subclasses it and is checked by tests/store/test_artifact_cache.py."""
+    """What every artifact cache implements (rules/share/), as a source arrive() takes artifacts from and a store
+    the compile action keeps them in. A new cache is checked by tests/store/test_artifact_cache.py."""
     lookup_span: str   # the build trace's names for the cache's two phases
     keep_span: str
 
     @abstractmethod
     def lookup(self, target) -> Candidate | None:
-        """The target's entry, unchecked (the installer checks it); None on a miss; ValueError when an entry is
-        there but cannot be read."""
+        """The target's entry, unchecked; None on a miss; ValueError when one is there but cannot be read."""
 
     @abstractmethod
     def refused(self, target, error: Exception) -> list[str]:
@@ -203,9 +189,8 @@ class ArtifactCache(ABC):
 
 def arrive(target, source: ArtifactCache) -> tuple[Candidate | None, list[str]]:
     """Ask a cache for the target's artifact and install what it offers: (the installed candidate or None,
-    warnings). A miss is quiet; an unreadable or refused entry is a miss with the source's warning (the target
-    then compiles). An OSError writing out/ (or OutsideOut: a link leading out of it) is out/'s, not the
-    entry's: the caller's."""
+    warnings). An unreadable or refused entry is a miss with the source's warning. An OSError writing out/ (or
+    OutsideOut) is out/'s, not the entry's: raised."""
     try:
         candidate = source.lookup(target)
     except ValueError as e:   # an entry is there but cannot be read
@@ -225,10 +210,9 @@ def arrive(target, source: ArtifactCache) -> tuple[Candidate | None, list[str]]:
 
 
 def install(target, arrived: Candidate | Unchanged) -> dict:
-    """Put the target's artifact in place, as a build writes it: the binary, then meta.json, each by rename (an
-    error.txt goes). A Candidate is checked first (accept), and nothing is written when it fails: ArtifactError
-    saying why in one line. Unchanged (early cutoff) rewrites meta.json alone, renewed for the target's key and
-    sources. Returns meta.json's content."""
+    """Put the target's artifact in place: the binary, then meta.json, each by rename (an error.txt goes). A
+    Candidate is checked first (accept: nothing written when it fails); Unchanged rewrites meta.json alone, renewed
+    for the target's key and sources. Returns meta.json's content."""
     if isinstance(arrived, Unchanged):
         meta = {**arrived.meta, "key": target.key,
                 "source": {**arrived.meta["source"], "digests": dict(target.source_digests)}}
@@ -249,9 +233,9 @@ def install(target, arrived: Candidate | Unchanged) -> dict:
 def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
     """Check an artifact received as files (files_of's form) for `target`, from any source: plain file names,
     exactly meta.json and the binary it names, meta.json bound to the target (check_bound) and sealed right, the
-    binary its sha256 and passing the ELF checks for the TARGET's arch (never the arch meta.json claims). Nothing
-    is written: (meta less its seal, binary name, binary, meta.json's bytes to write: as it came, or relabelled
-    and sealed anew), or ArtifactError saying why in one line (the caller names where the files came from)."""
+    binary its sha256 and ELF code for the TARGET's arch (never the arch meta.json claims). Writes nothing: (meta
+    less its seal, binary name, binary, meta.json's bytes: as it came, or relabelled and sealed anew), or
+    ArtifactError in one line."""
     try:
         for name in files:
             plain_name(name)
@@ -277,7 +261,8 @@ def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
     return meta, binary_name, binary, files[META]
 
 
-BOUND_FIELDS = ("target", "kernel", "config_id", "arch", "key")   # what names the target a meta.json is for
+# what names the target a meta.json is for: its field -> the target's attribute
+BOUND_FIELDS = {"target": "name", "kernel": "kernel", "config_id": "config_id", "arch": "arch", "key": "key"}
 
 
 def relabelled(target, meta: dict) -> dict:
@@ -298,12 +283,10 @@ def check_bound(target, meta) -> None:
     binary under this target's key, say) must never stand in for this one."""
     if not isinstance(meta, dict):
         raise ArtifactError("its meta.json is not a JSON object")
-    wanted = {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
-              "key": target.key}
-    for field in BOUND_FIELDS:
-        if meta.get(field) != wanted[field]:
+    for field, attribute in BOUND_FIELDS.items():
+        if meta.get(field) != getattr(target, attribute):
             raise ArtifactError(f"its meta.json says {field} {_brief(meta.get(field))}, the target's is "
-                                f"{_brief(wanted[field])}")
+                                f"{_brief(getattr(target, attribute))}")
     if meta.get("config") != _config_as_json(target):
         raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
                             f"{dict(target.config)}")
@@ -372,13 +355,9 @@ def cutoff(target) -> Cutoff | None:
 
 class KeyIndex(JsonState):
     """For each meta.json: its key and whether the binary beside it is the one it names, remembered by the file
-    identities (inode, mtime, ctime, size) of both in out/.kforge/.
-
-    A no-op run over thousands of targets then stats two files per target instead of reading meta.json and
-    hashing its binary. meta.json and binaries are only ever replaced by rename (a new inode), so matching
-    identities mean unchanged content; anything else (a rebuilt, restored, edited, corrupted or deleted file)
-    is read and hashed again. Only a hint: the files on disk always decide.
-    """
+    identities (inode, mtime, ctime, size) of both, so that a no-op run stats two files a target instead of reading
+    meta.json and hashing its binary. Both are only ever replaced by rename (a new inode): matching identities mean
+    unchanged content; anything else is read and hashed again. Only a hint: the files on disk decide."""
 
     @staticmethod
     def well_shaped(entries: dict) -> bool:   # each entry as _read_artifact gives it
@@ -503,10 +482,8 @@ def _drop_binary(directory: Path, keep: str | None = None) -> None:
     describes would be taken for a user's file by `doit clean`."""
     old = kforge_meta(directory / META)
     if old is not None and old["binary"] != keep:
-        try:
+        with contextlib.suppress(IsADirectoryError):   # not a file kforge wrote
             (directory / old["binary"]).unlink(missing_ok=True)
-        except IsADirectoryError:   # not a file kforge wrote
-            pass
 
 
 def write_error(target, message: str, inputs: list | None = None) -> None:
@@ -542,29 +519,23 @@ def read_error(target) -> Failure | None:
             head = f.readline(4096).decode("utf-8", "replace").rstrip("\n")
             inputs_line = f.readline(INPUTS_LIMIT + 1) if f.peek(len(INPUTS)).startswith(INPUTS.encode()) else b""
             body = f.read(MESSAGE_LIMIT + 1)
-            size = st.st_size
     except OSError:
         return None
-    _last_error[:] = [identity, _failure(target, head, inputs_line, body, size)]
+    inputs = None
+    if inputs_line.endswith(b"\n"):   # whole: one cut short is no record of what the compile read
+        with contextlib.suppress(ValueError, RecursionError):
+            inputs = json.loads(inputs_line.removeprefix(INPUTS.encode()))
+    rest = body[:MESSAGE_LIMIT].decode("utf-8", "replace")
+    if len(body) > MESSAGE_LIMIT:
+        rest += (f"\n[... cut: {target.error_path} holds {st.st_size} bytes; the first {MESSAGE_LIMIT} of its message "
+                 f"are shown]\n")
+    # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
+    key = head.removeprefix("key: ") if head.startswith("key: ") else None
+    _last_error[:] = [identity, Failure(key, inputs, printable(rest, "\n\t"))]
     return _last_error[1]
 
 
 _last_error: list = [None, None]   # the last error.txt read_error read: (its path and identity, the Failure)
-
-
-def _failure(target, head: str, inputs_line: bytes, body: bytes, size: int) -> Failure:
-    inputs = None
-    if inputs_line.endswith(b"\n"):   # whole: one cut short is no record of what the compile read
-        try:
-            inputs = json.loads(inputs_line.removeprefix(INPUTS.encode()))
-        except (ValueError, RecursionError):
-            inputs = None
-    rest = body[:MESSAGE_LIMIT].decode("utf-8", "replace")
-    if len(body) > MESSAGE_LIMIT:
-        rest += (f"\n[... cut: {target.error_path} holds {size} bytes; the first {MESSAGE_LIMIT} of its message are "
-                 f"shown]\n")
-    # replayed in a build's summary and shown by doit info: a restored out/'s escape sequences never reach a terminal
-    return Failure(head.removeprefix("key: ") if head.startswith("key: ") else None, inputs, printable(rest, "\n\t"))
 
 
 SKIPPED = "skipped: "   # error.txt's message of a target skipped, not failed (rules/compile/action.py's _skip)

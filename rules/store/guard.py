@@ -2,19 +2,15 @@
 archive, and a link planted in it must never carry a write or a delete outside it.
 
 Reading back (opened): never through a link, never blocking on a FIFO nor reading a device, bounded; text from it
-reaches a terminal without control characters (printable). Writing: guard(out, path), the check every write or
-removal passes: a path's parent directories, links followed, lie inside out/ (itself maybe a link, as the user
-chose); the entry itself is never followed (files replaced by rename, links unlinked as links). Deleting: `doit
-clean`, `prune` and `forget` delete only what kforge wrote in an artifact folder (kforge_files): a meta.json sealed
-as kforge seals it (or, before seals, one with every field kforge writes), the binary it names, an error.txt whose
-first line is "key: <sha256>", a killed write's temp file, and, beside kforge's error.txt with no meta.json of
-kforge's, an ELF <symbol>.cubin or .hsaco (an older kforge kept the binary on failure). Anything else there is a
-user's: its folder is kept, said in one line; folders left empty go up to, never including, out/.
+reaches a terminal without control characters (printable). Writing: every write or removal passes guard(out, path):
+a path's parent directories, links followed, lie inside out/ (itself maybe a link, as the user chose); the entry
+itself is never followed (files replaced by rename, links unlinked as links). Deleting (`doit clean`, `prune`,
+`forget`): only what kforge wrote in an artifact folder (kforge_files); a folder holding anything else is kept, said
+in one line; folders left empty go up to, never including, out/.
 
-Scratch: compilers' temp files live under out/.kforge/tmp/, never in the system's temp directory, and outlive no
-run. Each compile gets a folder there (its log, and what the compiler writes to TMPDIR: Triton's .ptx/.o/.log,
-ptxas's own), named <pid of the run's doit master>-<what>-<random> and removed after its compile; what a killed
-compile leaves goes when the master exits (atexit), what a run killed outright leaves when the next run starts.
+Scratch: compilers' temp files live under out/.kforge/tmp/, never the system's temp directory: a folder per compile,
+<pid of the run's doit master>-<what>-<random>, removed after it; a killed compile's go when the master exits
+(atexit), a run killed outright's when the next run starts.
 """
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ class NotAFile(OSError):
 
 
 def opened(path, limit: int = READ_LIMIT):
-    """A file kforge wrote under out/, opened for reading as untrusted data: never through a link (a state file
-    leading out of out/), never blocking on a FIFO nor reading a device, never more than `limit` bytes: NotAFile
-    says which. FileNotFoundError as open's."""
+    """A file kforge wrote under out/, opened for reading as untrusted data (see the module's docstring): NotAFile
+    for a link, a FIFO, a device, a folder or more than `limit` bytes; FileNotFoundError as open's."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -80,9 +75,8 @@ def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
 
 
 def printable(text: str, keep: str = "") -> str:
-    """Text read back from out/ (an error.txt or a folder name from a restored cache) as it may reach a terminal:
-    each control character (an escape sequence's ESC, a carriage return) but those in `keep` is shown as U+FFFD.
-    A text with none (the usual case, a message of up to a MiB) is returned as it is, checked at C speed."""
+    """Text read back from out/ as it may reach a terminal: each control character (an escape sequence's ESC, a
+    carriage return) but those in `keep` shown as U+FFFD. A text with none is checked at C speed."""
     if text.translate(dict.fromkeys(map(ord, keep))).isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else "\ufffd" for c in text)
@@ -116,7 +110,9 @@ def kforge_error(path: Path) -> bool:
 
 
 def kforge_files(directory: Path) -> list[Path]:
-    """The files in `directory` that kforge wrote (see the module's docstring), links never among them."""
+    """The files in `directory` that kforge wrote, never a link: its meta.json and the binary it names, its error.txt,
+    a killed write's temp file, and beside kforge's error.txt with no meta.json of kforge's, an ELF .cubin or
+    .hsaco (an older kforge kept the binary on failure)."""
     found = []
     meta = kforge_meta(directory / META)
     if meta is not None:
@@ -187,10 +183,9 @@ def remove_file(out: Path, path: Path) -> None:
 
 
 def remove_artifact_dir(out: Path, directory: Path) -> bool:
-    """Delete one artifact directory's files that kforge wrote (kforge_files; a symlink or file standing in
-    the directory's place goes as an entry), then the directory and the parents it leaves empty. A directory that
-    still holds something (a user's file placed inside) is kept, said on stderr in one line. True if something
-    was deleted; OutsideOut if the path is not strictly inside out/."""
+    """Delete one artifact directory's files that kforge wrote (a link or file in its place goes as an entry), then
+    the directory and the parents it leaves empty; one holding a user's file is kept, said on stderr. True if
+    something was deleted; OutsideOut if the path is not strictly inside out/."""
     guard(out, directory)
     out = out.resolve()
     path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
@@ -225,9 +220,8 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
 
 
 def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:
-    """The entries at an artifact's place in out/ (layout.artifact_dirs) that no current target owns (configs
-    dropped from a sweep, deleted specs), for the given archs (default: every arch kforge knows): (the orphans,
-    those kforge wrote; the others, which a user keeps there and prune keeps too), each sorted."""
+    """The entries at an artifact's place in out/ that no current target owns (configs dropped from a sweep,
+    deleted specs), for the given archs (default: all): (those kforge wrote; a user's, which prune keeps), sorted."""
     current = {os.path.normpath(p) for p in current}
     found = layout.artifact_dirs(sorted(set(archs or ARCHS) & set(ARCHS)))
     kforges, others = [], []
@@ -237,9 +231,8 @@ def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = Non
 
 
 def written_by_kforge(directory: Path) -> bool:
-    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding its sealed meta.json or
-    a failure's error.txt. A link, or a folder without either (a user's, or one holding a meta.json or error.txt of
-    its own), is someone else's."""
+    """Whether an entry at an artifact's place is one kforge wrote: a real directory holding kforge's meta.json or
+    error.txt (a link, or a folder without either, is someone else's)."""
     return not directory.is_symlink() and directory.is_dir() and \
         (kforge_meta(directory / META) is not None or kforge_error(directory / ERROR))
 

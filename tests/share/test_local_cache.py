@@ -322,11 +322,11 @@ def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_
     path.parent.mkdir(parents=True)
     path.symlink_to("/dev/zero")
     assert fetch()[1] == [
-        f"local cache entry {path} for k:x@sm_90a refused (it is a symbolic link, not an entry kforge wrote); "
+        f"local cache entry {path} for k:x@sm_90a refused (is a symbolic link, not a file kforge wrote); "
         f"compiling it here (its build replaces the entry)"]
     assert not os.path.lexists(path)   # deleted: the build stores a real entry there
     os.mkfifo(path)   # a read would block forever
-    assert "it is not a regular file" in fetch()[1][0]
+    assert "refused (is a FIFO or pipe, not a file kforge wrote)" in fetch()[1][0]
     os.mkfifo(path)   # storing over it reads the header of what is there (to keep another inputs' entry): never this
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "meta.json").write_text(json.dumps({"binary": "k.bin", "inputs": []}))

@@ -351,7 +351,7 @@ def test_a_huge_error_txt_is_read_back_by_its_head_and_once(tmp_path, monkeypatc
     assert failure.key == "K1" and failure.inputs == inputs and failure.without_traceback == "k failed\n  error: boom"
     assert len(failure.message) < (1 << 20) + 1000 and f"{target.error_path} holds" in failure.message.splitlines()[-1]
     reads = []
-    monkeypatch.setattr(artifact, "_failure", lambda *args: reads.append(args) or failure)
+    monkeypatch.setattr(artifact, "Failure", lambda *args: reads.append(args) or failure)
     assert artifact.read_error(target) == failure and artifact.saved_failure(target) == "k failed\n  error: boom"
     assert reads == []   # doit info's state line, then saved_failure: the file is read once
     monkeypatch.setattr(artifact, "read_error", lambda target: pytest.fail("error.txt read a second time"))
