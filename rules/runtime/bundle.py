@@ -112,8 +112,7 @@ class Bundle:
         return table
 
     def find_for_shape(self, kernel: str, shape: dict[str, int], where: dict | None = None) -> tuple[dict, str]:
-        """(artifact, why) of the config the tuning table picks for `shape` (arg name -> size), among the
-        configs with the `where` values (e.g. {"dtype": "bf16"}) when the table ranks several kinds."""
+        """(artifact, why) of the config the tuning table picks for `shape` (select.choose)."""
         from .select import choose
         entries = {e["config_id"]: e for e in self.artifacts if isinstance(e, dict) and e.get("kernel") == kernel
                    and isinstance(e.get("config_id"), str)}   # any other is refused where find() picks it
@@ -125,8 +124,7 @@ class Bundle:
         return self.kernel(self.find(kernel, config))
 
     def kernel(self, entry: dict, device: int | None = None):
-        """A picked entry's binary, checked, loaded into the current GPU context (in a thread with none, the
-        primary context of `device`) and ready to launch."""
+        """A picked entry, checked and loaded (in a thread with no GPU context, into `device`'s primary one)."""
         from .launch import Kernel
         return Kernel(entry, self.binary(entry), self.vendor, device)
 

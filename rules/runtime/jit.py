@@ -127,9 +127,8 @@ def _locate(parts: list[str], name: str) -> tuple[str, list[str]]:
 
 
 def _find(part: str, dirs) -> tuple[str | None, object]:
-    """("package", its __init__ file) | ("module", its file) | ("namespace", [dirs]) | (None, None):
-    the first directory holding a regular package or a module wins; bare directories only add up to a
-    namespace package when none does."""
+    """("package", its __init__ file) | ("module", its file) | ("namespace", [dirs]) | (None, None): the first
+    directory holding a package or a module wins; bare directories are a namespace package where none does."""
     portions = []
     for d in dirs:
         if not isinstance(d, str):

@@ -58,9 +58,8 @@ DRIVERS = {"nvidia": ("libcuda.so.1", "cu"), "amd": ("libamdhip64.so", "hip")}  
 
 
 def launch_attributes(options: dict, vendor: str, name: str) -> list[tuple[int, tuple[int, ...]]]:
-    """(attribute id, value words) for each launch-changing compile option the binary was built with, as Triton's
-    launcher sets them; a LaunchError for one this loader cannot honour (launching without it would run the
-    kernel wrongly: a grid sync with no co-residency, a dependent launch with no overlap)."""
+    """(attribute id, value words) for each launch-changing compile option, as Triton's launcher sets them; a
+    LaunchError for one this loader cannot honour (launching without it would run the kernel wrongly)."""
     pdl, cooperative, ctas = (options.get("launch_pdl", False), options.get("launch_cooperative_grid", False),
                               options.get("num_ctas", 1))
     if not (pdl is False or pdl is True) or not (cooperative is False or cooperative is True) \
@@ -115,9 +114,8 @@ class Driver:
         return name.value.decode() if name.value else str(code)
 
     def context(self, device: int | None = None) -> int:
-        """The context this thread uses: the current one (torch's, say); in a thread with none, the primary
-        context of `device` (device 0 if not given), made current: what torch's own work in that thread uses.
-        PyTorch runs backward passes in threads of its own where no CUDA call has bound a context yet."""
+        """The context this thread uses: the current one; in a thread with none (PyTorch's backward threads), the
+        primary context of `device` (0 if not given) made current, as torch's own work there would."""
         ctx = ctypes.c_void_p()
         self.call("CtxGetCurrent", ctypes.byref(ctx))
         if not ctx.value:

@@ -10,8 +10,7 @@ from .schema import arch_of_bundle_file, few
 
 class Library:
     """Bundles from wheel/zip files, bundle directories, or directories of wheels (such as out/dist/). A bundle is
-    opened (its manifest read and checked) only when a request needs its arch, as its file name tells
-    (kforge_kernels_<arch>-...): a process that loads one kernel reads one manifest."""
+    opened only when a request needs its arch, as its file name tells: loading one kernel reads one manifest."""
 
     def __init__(self, *paths):
         self._paths: list[Path] = []
@@ -47,10 +46,9 @@ class Library:
 
     def load(self, kernel: str, config: dict | str | None = None, *, device: int = 0, arch: str | None = None,
              jit_fallback: bool = False):
-        """The kernel for this device's arch (or `arch`), from the first bundle that can run there. jit_fallback=True
-        (opt-in, never silent): a kernel no bundle has for this device is JIT-compiled by Triton from its source, which
-        needs triton and the checkout the bundle was built from on sys.path; its module is imported only once its
-        files match the digests the bundle recorded (jit.import_checked), else LaunchError."""
+        """The kernel for this device's arch (or `arch`), from the first bundle that can run there. jit_fallback=True:
+        a kernel no bundle has for this device is JIT-compiled by Triton from its source, which needs the checkout
+        the bundle was built from on sys.path and matching the digests the bundle recorded (jit.import_checked)."""
         try:
             bundle, entry = self.select(kernel, config, device=device, arch=arch)
         except NoMatchingKernel:

@@ -67,7 +67,7 @@ def _as_json(options: dict) -> dict:
 
 def specialize(jit, args: tuple, kwargs: dict) -> dict:
     """The record line of what Triton's JIT would compile for `jit[grid](*args, **kwargs)`, computed as
-    JITFunction.run computes it (its binder, then its argument packing), without compiling or launching."""
+    JITFunction.run does, compiling nothing."""
     from triton import knobs
     from triton.runtime import driver
     kwargs = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}

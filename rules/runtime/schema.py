@@ -171,8 +171,7 @@ OVERRIDE_CONTENT = "TRITON_OVERRIDE_DIR content"
 
 
 def code_environment() -> tuple[tuple[str, str], ...]:
-    """This process's variables that change what a compiler emits, sorted (TRITON_KERNEL_OVERRIDE on: the
-    override folder's content as one more)."""
+    """This process's variables that change what a compiler emits, sorted, and the override folder's content."""
     found = [(k, v) for k, v in os.environ.items()
              if (k.startswith(CODE_ENV_PREFIXES) or k in CODE_ENV_NAMES) and k not in CODE_ENV_IGNORED]
     override = _override()

@@ -400,8 +400,7 @@ class Server:
         return found, None
 
     def compare(self, served: Served, compiled) -> None:
-        """verify: a difference from Triton's own compile is a line on stderr and in self.differences (strict:
-        NotServed)."""
+        """verify: a difference from Triton's own compile is a line on stderr and in differences (strict: NotServed)."""
         entry = served.entry
         binary = next((compiled.asm[k] for k in ("cubin", "hsaco") if k in compiled.asm), b"")
         try:
@@ -568,8 +567,7 @@ def serve(bundles, strict: bool = False, preload: bool = False, verify: bool = F
                         with _uncached(self):
                             compiled = compile_it(self, key, signature, device, constexprs, options, attrs, warmup)
                         server.compare(served, compiled)
-                    kernel_cache = self.device_caches[device][0]
-                    kernel_cache[key] = served
+                    self.device_caches[device][0][key] = served   # Triton's kernel cache
                     with server.lock:
                         server.served += 1
                     return served
