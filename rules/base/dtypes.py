@@ -28,9 +28,7 @@ ALIASES: dict[str, str] = {
 def canonical_dtype(name: str) -> str | None:
     """The canonical spelling of a dtype name (torch's names accepted, "torch." prefix too), or None."""
     bare = name.removeprefix("torch.")
-    if bare in DTYPES:
-        return bare
-    return ALIASES.get(bare)
+    return bare if bare in DTYPES else ALIASES.get(bare)
 
 
 def allowed_dtypes() -> str:
@@ -52,8 +50,6 @@ def canonical_arg_type(text: str) -> str | None:
         if base is None or not all(0 < x <= 1 << 16 for x in shape):
             return None
         return f"tensordesc<{base}[{', '.join(map(str, shape))}]>"
-    pointer = text.startswith("*")
-    base = canonical_dtype(text[1:] if pointer else text)
-    if base is None:
-        return None
-    return ("*" if pointer else "") + base
+    pointer = "*" if text.startswith("*") else ""
+    base = canonical_dtype(text[len(pointer):])
+    return None if base is None else pointer + base

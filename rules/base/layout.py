@@ -21,6 +21,11 @@ OUT = "out"   # at the project root; the only directory of the project kforge wr
               # writes in the user's cache directory, outside every checkout)
 
 
+def _path(parent: str, name: str) -> property:
+    """A Layout property: `name` in the folder the property `parent` is."""
+    return property(lambda self: getattr(self, parent) / name)
+
+
 class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, and every run imports it
     root: Path   # the project: where dodo.py, specs/ and out/ are
 
@@ -36,50 +41,19 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
             raise ValueError(f"{path} is not inside an {OUT}/ folder")
         return cls(found.parent)
 
-    @property
-    def out(self) -> Path:
-        return self.root / OUT
-
-    @property
-    def state(self) -> Path:
-        return self.out / ".kforge"
-
-    @property
-    def scratch(self) -> Path:
-        """Compilers' private temp directories (one per compile, removed after it)."""
-        return self.state / "tmp"
-
-    @property
-    def built_keys(self) -> Path:
-        return self.state / "built-keys.json"
-
-    @property
-    def observed_inputs(self) -> Path:
-        return self.state / "observed-inputs.json"
-
-    @property
-    def tool_versions(self) -> Path:
-        return self.state / "tools.json"
-
-    @property
-    def doit_db(self) -> Path:
-        return self.out / ".doit.sqlite3"
-
-    @property
-    def build_report(self) -> Path:
-        return self.out / "build-report.json"
-
-    @property
-    def dist(self) -> Path:
-        return self.out / "dist"
-
-    @property
-    def tune(self) -> Path:
-        return self.out / "tune"
-
-    @property
-    def verify(self) -> Path:
-        return self.out / "verify"
+    out = _path("root", OUT)
+    state = _path("out", ".kforge")
+    scratch = _path("state", "tmp")   # compilers' private temp directories (one per compile, removed after it)
+    built_keys = _path("state", "built-keys.json")
+    observed_inputs = _path("state", "observed-inputs.json")
+    tool_versions = _path("state", "tools.json")
+    doit_db = _path("out", ".doit.sqlite3")
+    build_report = _path("out", "build-report.json")
+    dist = _path("out", "dist")
+    tune = _path("out", "tune")
+    verify = _path("out", "verify")
+    kept_catalogs = _path("state", "catalogs")   # the last catalogs loaded, named by their content (plan/catalog.py)
+    kept_wheels = _path("state", "wheels")   # the last wheels a rebuild replaced, by their names (ship/package.py)
 
     def arch_dir(self, arch: str) -> Path:
         return self.out / arch
@@ -115,16 +89,6 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
 
     def package_stamp(self, arch: str) -> Path:
         return self.state / f"package-{arch}.json"
-
-    @property
-    def kept_catalogs(self) -> Path:
-        """The last catalogs loaded from the specs, named by the content they came from (plan/catalog.py)."""
-        return self.state / "catalogs"
-
-    @property
-    def kept_wheels(self) -> Path:
-        """The last wheels out/dist/ held before a rebuild replaced them, under their own names (ship/package.py)."""
-        return self.state / "wheels"
 
     def tuning_table(self, arch: str, kernel: str) -> Path:
         return self.tune / arch / f"{kernel}.json"

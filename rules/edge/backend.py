@@ -1,11 +1,8 @@
-"""kforge's dependency file for doit: doit's own sqlite3 backend (the same file, table and rows), registered as the
-backend NAME through pyproject.toml's [project.entry-points."doit.BACKEND"] and chosen by DOIT_CONFIG. It reads
-the file in one query, not one per task (~30 ms of a 1,152-target no-op run); moves a damaged file aside with one
-line (it holds nothing a build needs: each artifact's key is in its meta.json); says a failed final write (a full
-disk) in one line; and lists the tasks removed, so `doit forget` knows what it forgot.
-
-doit imports this module whenever it lists its backends (every command, in any doit project of an environment
-where kforge is installed): it imports nothing beyond doit and sqlite3.
+"""kforge's dependency file for doit: doit's own sqlite3 backend (same file, table and rows), registered as NAME in
+pyproject.toml's [project.entry-points."doit.BACKEND"]. It reads the file in one query, not one per task (~30 ms of
+a 1,152-target no-op run); moves a damaged file aside (each artifact's key is in its meta.json); says a failed
+final write in one line; and lists the tasks removed, for `doit forget`. doit imports it in every command of any
+project where kforge is installed: it imports nothing beyond doit and sqlite3.
 """
 from __future__ import annotations
 
@@ -38,9 +35,8 @@ class KforgeSqliteDB(SqliteDB):
             self._rows = {}
 
     def _get_task_data(self, task_id):
-        """SqliteDB.get calls this the first time a task is looked at: decoded now, read when opened. A row that is
-        not a JSON object (another tool's file, a hand edit) is dropped with one warning for the file: the task is
-        checked afresh, as where it has no row (kforge decides up to date by meta.json)."""
+        """A task's row, read when the file was opened, decoded now. One that is not a JSON object (another tool's,
+        a hand edit) is dropped with one warning for the file: the task is checked afresh, by its meta.json."""
         data = self._rows.pop(task_id, None)
         if data is None:
             return {}
@@ -66,8 +62,7 @@ class KforgeSqliteDB(SqliteDB):
         super().remove_all()
 
     def dump(self):
-        """Written once, at the end of a run; sqlite3 rolls a failed commit back, so the file stays as the last
-        run left it, and the next run checks every target by its meta.json."""
+        """At the end of a run; a failed commit is rolled back (the next run checks every target by its meta.json)."""
         try:
             super().dump()
         except (sqlite3.Error, OSError) as e:

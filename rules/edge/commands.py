@@ -70,14 +70,14 @@ def _state(target) -> str:
     if os.path.exists(target.meta_path):
         return f"stale: built from another key ({_key_change(target)}); the next build rebuilds it"
     failure = artifact.read_error(target)
-    if failure is not None and artifact.skipped(target) is not None:
+    if failure is None:
+        return "not built"
+    if artifact.skipped(target) is not None:
         return failure.without_traceback
-    if failure is not None:
-        old = "" if failure.key == target.key else " (with other inputs than now)"
-        again = ("; reported again without compiling until its key or inputs change (`doit forget "
-                 f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
-        return f"failed{old}: {report.error_line(failure.message)}{again}"
-    return "not built"
+    old = "" if failure.key == target.key else " (with other inputs than now)"
+    again = ("; reported again without compiling until its key or inputs change (`doit forget "
+             f"{target.name}` retries it)") if artifact.saved_failure(target) is not None else ""
+    return f"failed{old}: {report.error_line(failure.message)}{again}"
 
 
 def _key_change(target) -> str:

@@ -81,23 +81,23 @@ class BuildReporter(ConsoleReporter):
             self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
 
     def add_success(self, task):
-        if task.actions:
-            values = getattr(task, "values", None) or {}
-            if "skipped" in values:   # a library autotuner's config that does not fit its arch (compile/action.py)
-                self._ran(task)
-                return self._finish(task, "skipped", "", {"reason": values["skipped"]})
-            result = CompileResult.of(values)   # a compile's (rules/compile/action.py); of a package, only what it shares
-            for message in result.cache_warnings:
-                # every worker warns once that a cache is down, each naming its own request in parentheses
-                gist = re.sub(r"\(.*\)", "", message)
-                if gist not in self.warned:
-                    self.warned.add(gist)
-                    self.warnings.append(message)
-                    self.write(f"kforge: warning: {message}\n")
-            extra = {} if _is_package(task) else {"origin": result.origin}
-            extra.update((k, getattr(result, k)) for k in REPORTED_VALUES if getattr(result, k))
-            self._finish(task, "built", "", extra, result)
-            self._ran(task)
+        if not task.actions:
+            return
+        self._ran(task)
+        values = getattr(task, "values", None) or {}
+        if "skipped" in values:   # a library autotuner's config that does not fit its arch (compile/action.py)
+            return self._finish(task, "skipped", "", {"reason": values["skipped"]})
+        result = CompileResult.of(values)   # a compile's (rules/compile/action.py); of a package, only what it shares
+        for message in result.cache_warnings:
+            # every worker warns once that a cache is down, each naming its own request in parentheses
+            gist = re.sub(r"\(.*\)", "", message)
+            if gist not in self.warned:
+                self.warned.add(gist)
+                self.warnings.append(message)
+                self.write(f"kforge: warning: {message}\n")
+        extra = {} if _is_package(task) else {"origin": result.origin}
+        extra.update((k, getattr(result, k)) for k in REPORTED_VALUES if getattr(result, k))
+        self._finish(task, "built", "", extra, result)
 
     def add_failure(self, task, fail):
         if not task.actions:   # a family group "fails" when one of its targets did: already reported

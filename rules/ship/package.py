@@ -175,8 +175,7 @@ def _intact(wheel: Path, arch: str, data: bytes) -> bool:
     manifest, each binary and tuning table by its sha256, the dist-info, nothing else): a byte changed anywhere
     and it is written again rather than shipped."""
     dist = dist_name(arch)
-    suffix = "-py3-none-any.whl"
-    version = wheel.name[len(dist) + 1:-len(suffix)]
+    version = wheel.name[len(dist) + 1:-len("-py3-none-any.whl")]
     try:
         manifest = json.loads(data)
         named = {f"{dist}/{a['binary']}": a["sha256"] for a in manifest["artifacts"]}

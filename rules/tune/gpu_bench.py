@@ -283,19 +283,16 @@ def main(argv: list[str] | None = None) -> int:
         shape = dict(zip(spec.tune.shape_args, values))
         for where, mine in sorted(groups.items()):
             sid = shape_id(shape, dict(where))
-            if sid in done:
-                shapes.append(done[sid])
-                continue
-            began = time.perf_counter()
-            result = tune_shape(harness, shape, dict(where), mine, device)
-            shapes.append(result)
-            done[sid] = result
-            save_progress(progress, args.key, done)
-            best = result["ranking"][0] if result["ranking"] else None
-            sys.stderr.write(f"kforge: tune {spec.name}@{args.arch} {shape} {dict(where)}: "
-                             + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
-                             + f" ({len(result['rejected'])} rejected, {time.perf_counter() - began:.1f} s)\n")
-            torch.cuda.empty_cache()
+            if sid not in done:
+                began = time.perf_counter()
+                done[sid] = result = tune_shape(harness, shape, dict(where), mine, device)
+                save_progress(progress, args.key, done)
+                best = result["ranking"][0] if result["ranking"] else None
+                sys.stderr.write(f"kforge: tune {spec.name}@{args.arch} {shape} {dict(where)}: "
+                                 + (f"best {best['config_id']} {best['us']:.1f} us" if best else "no config passed")
+                                 + f" ({len(result['rejected'])} rejected, {time.perf_counter() - began:.1f} s)\n")
+                torch.cuda.empty_cache()
+            shapes.append(done[sid])
     table = {"format": TUNE_FORMAT, "kernel": spec.name, "arch": args.arch, "key": args.key, "gpu": gpu,
              "torch": torch.__version__, "shape_args": list(spec.tune.shape_args), "where_args": list(spec.type_vars),
              "method": {"warmup": WARMUP, "budget_ms": BUDGET_MS, "runs": [MIN_RUNS, MAX_RUNS],
