@@ -1,6 +1,6 @@
 """The kernel ABI an AMD code object declares in its NT_AMDGPU_METADATA note, read without ROCm: what a HIP loader
-needs per kernel (kernarg layout and size, LDS bytes, wavefront size, work-group limits). The note is msgpack;
-the small decoder below handles the subset code objects use (maps, arrays, strings, numbers, bools, nil).
+needs per kernel (kernarg layout and size, LDS bytes, wavefront size, work-group limits). The note is msgpack, of
+which the decoder below reads what code objects use.
 """
 from __future__ import annotations
 
@@ -70,63 +70,45 @@ def _notes(blob: bytes):
         yield name, note_type, desc
 
 
+FIXED = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q",   # floats and ints
+         0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+SIZED = {0xD9: ("str", ">B"), 0xDA: ("str", ">H"), 0xDB: ("str", ">I"),   # the kind, then its length's format
+         0xC4: ("bin", ">B"), 0xC5: ("bin", ">H"), 0xC6: ("bin", ">I"), 0xDC: ("array", ">H"),
+         0xDD: ("array", ">I"), 0xDE: ("map", ">H"), 0xDF: ("map", ">I")}
+
+
 def _unpack(b: bytes, i: int):
     """One msgpack value at b[i:] -> (value, next index)."""
-    t = b[i]
+    t, i = b[i], i + 1
     if t <= 0x7F:
-        return t, i + 1
+        return t, i
     if t >= 0xE0:
-        return t - 0x100, i + 1
-    if 0x80 <= t <= 0x8F:
-        return _map(b, i + 1, t & 0x0F)
-    if 0x90 <= t <= 0x9F:
-        return _array(b, i + 1, t & 0x0F)
-    if 0xA0 <= t <= 0xBF:
-        n = t & 0x1F
-        return _take(b, i + 1, n).decode(), i + 1 + n
-    if t == 0xC0:
-        return None, i + 1
-    if t in (0xC2, 0xC3):
-        return t == 0xC3, i + 1
-    fixed = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q",
-             0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
-    if t in fixed:
-        fmt = fixed[t]
-        return struct.unpack_from(fmt, b, i + 1)[0], i + 1 + struct.calcsize(fmt)
-    sized = {0xD9: (">B", "str"), 0xDA: (">H", "str"), 0xDB: (">I", "str"),
-             0xC4: (">B", "bin"), 0xC5: (">H", "bin"), 0xC6: (">I", "bin"),
-             0xDC: (">H", "array"), 0xDD: (">I", "array"), 0xDE: (">H", "map"), 0xDF: (">I", "map")}
-    if t in sized:
-        fmt, kind = sized[t]
-        n = struct.unpack_from(fmt, b, i + 1)[0]
-        j = i + 1 + struct.calcsize(fmt)
-        if kind == "str":
-            return _take(b, j, n).decode(), j + n
-        if kind == "bin":
-            return _take(b, j, n), j + n
-        return (_array if kind == "array" else _map)(b, j, n)
-    raise MetadataError(f"unsupported msgpack type byte 0x{t:02x} in AMDGPU metadata")
-
-
-def _take(b: bytes, i: int, n: int) -> bytes:
-    """n bytes at b[i:], all of them: a string or blob cut short is an error, not a shorter value."""
-    if i + n > len(b):
+        return t - 0x100, i
+    if t in (0xC0, 0xC2, 0xC3):
+        return {0xC0: None, 0xC2: False, 0xC3: True}[t], i
+    if t in FIXED:
+        return struct.unpack_from(FIXED[t], b, i)[0], i + struct.calcsize(FIXED[t])
+    if t <= 0xBF:   # fixmap, fixarray, fixstr: the length in the type byte
+        kind, n = ("map", t & 0x0F) if t <= 0x8F else ("array", t & 0x0F) if t <= 0x9F else ("str", t & 0x1F)
+    elif t in SIZED:
+        kind, fmt = SIZED[t]
+        n, i = struct.unpack_from(fmt, b, i)[0], i + struct.calcsize(fmt)
+    else:
+        raise MetadataError(f"unsupported msgpack type byte 0x{t:02x} in AMDGPU metadata")
+    if kind == "array":
+        return _values(b, i, n)
+    if kind == "map":
+        values, i = _values(b, i, 2 * n)
+        return dict(zip(values[::2], values[1::2])), i
+    if i + n > len(b):   # a string or blob cut short is an error, not a shorter value
         raise IndexError("a string or blob runs past the end of the note")
-    return bytes(b[i:i + n])
+    data = bytes(b[i:i + n])
+    return (data.decode() if kind == "str" else data), i + n
 
 
-def _array(b: bytes, i: int, n: int):
+def _values(b: bytes, i: int, n: int):
     out = []
     for _ in range(n):
-        v, i = _unpack(b, i)
-        out.append(v)
-    return out, i
-
-
-def _map(b: bytes, i: int, n: int):
-    out = {}
-    for _ in range(n):
-        k, i = _unpack(b, i)
-        v, i = _unpack(b, i)
-        out[k] = v
+        value, i = _unpack(b, i)
+        out.append(value)
     return out, i

@@ -1,19 +1,16 @@
-"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT on /cas/<sha256> and /ac/<key>.
+"""A shared build cache over Bazel's HTTP cache protocol: GET / PUT on /cas/<sha256> and /ac/<key>, served by
+bazel-remote (with --disable_http_ac_validation: kforge's /ac/ entries are JSON, not ActionResult protos) or nginx
+with WebDAV PUT. A target's action key names its /ac/ entry, a JSON list of the artifact's files by sha256, each a
+/cas/ blob. A hit is checked (artifact.accept) before it counts; anything else is a miss and the target compiles. A
+cache that is down or slow only warns, once per worker, and the build goes on locally.
 
-Any server that speaks it works: bazel-remote (with --disable_http_ac_validation: kforge's /ac/ entries are JSON,
-not ActionResult protos) or nginx with WebDAV PUT. A target's action key names its /ac/ entry, a small JSON list
-of the artifact's files by content sha256; the files themselves are /cas/ blobs. A hit is verified
-(artifact.accept) before it counts; anything else is a miss and the target compiles. A cache that is down or
-slow only warns (once per worker process) and the build goes on locally. Read-only mode never uploads.
-
-What a server can cost a build is bounded: each request by `cache_timeout`, the whole run's waiting on it by
-`cache_budget` (summed over every worker; past it the cache is off for the rest of the run), a server whose every
-entry is refused by REFUSED_LIMIT, and each answer's size before it is read (an /ac/ entry by AC_LIMIT, a blob by
-the loader's limit on a binary), read a chunk at a time and never held beyond the limit.
+What a server can cost a build is bounded: each request by `cache_timeout`, the run's waiting on it by
+`cache_budget` (summed over every worker), a server whose every entry is refused by REFUSED_LIMIT, and each answer's
+size (AC_LIMIT, a blob by the loader's limit on a binary), read a chunk at a time, never held beyond the limit.
 
 With a shared secret (`cache_key=`) writers sign each /ac/ entry and readers refuse one whose tag is missing or
 wrong before fetching a blob: whoever can write to the server but lacks the secret cannot make a reader take their
-binary for a key. Without a secret, entries are neither signed nor checked for a tag.
+binary for a key.
 """
 from __future__ import annotations
 
@@ -45,9 +42,8 @@ REFUSED_LIMIT = 3   # entries refused in a row from the run's first: a server th
 
 
 def share_budget(build_report: Path | None = None) -> None:
-    """In doit's master, before its workers fork: one cache_budget for the whole run, not one per worker. What a
-    compile costs here starts from the last run's compiles (its build-report.json, in the project doit runs in): a
-    run whose every target the cache serves compiles nothing to compare a slow cache with."""
+    """In doit's master, before its workers fork: one cache_budget for the whole run. What a compile costs here
+    starts from the last run's build-report.json: a run the cache serves whole compiles nothing to compare with."""
     global _shared
     if _shared is None:
         import multiprocessing
@@ -58,8 +54,8 @@ def share_budget(build_report: Path | None = None) -> None:
 
 
 def last_compiles(build_report: Path) -> tuple[float, int]:
-    """(seconds, count) of the compiles build-report.json records; (0, 0) where there is none, or it cannot be read
-    or is of another shape (untrusted: out/ may be restored from elsewhere)."""
+    """(seconds, count) of the compiles build-report.json records; (0, 0) where it cannot be read or is of another
+    shape (untrusted: out/ may be restored from elsewhere)."""
     import math
     from kforge.store import files
     try:
@@ -105,18 +101,15 @@ class CacheConfig:
 
 
 def tag(secret: str, action_key: str, files: list[dict]) -> str:
-    """An /ac/ entry's tag: HMAC-SHA256, in hex, keyed by the secret's bytes (UTF-8; an environment value that
-    is not UTF-8 keeps its raw bytes, surrogateescape), over the canonical bytes
-    json.dumps([AC_FORMAT, action_key, [[name, sha256], ...]], separators=(",", ":")) (ASCII: json escapes
-    the rest), files in the entry's order. It binds the format, the /ac/ path's key and every file, so an entry
-    cannot be altered, nor moved to another key, by anyone without the secret."""
+    """An /ac/ entry's tag: HMAC-SHA256 in hex, keyed by the secret's bytes (UTF-8, surrogateescape: an environment
+    value's raw bytes), over json.dumps([AC_FORMAT, action_key, [[name, sha256], ...]], separators=(",", ":")),
+    files in the entry's order: an entry cannot be altered, nor moved to another key, without the secret."""
     message = json.dumps([AC_FORMAT, action_key, [[f["name"], f["sha256"]] for f in files]], separators=(",", ":"))
     return hmac.new(secret.encode("utf-8", "surrogateescape"), message.encode(), hashlib.sha256).hexdigest()
 
 
 class RemoteCache(ArtifactCache):
-    """The remote cache as an ArtifactCache: lookup, refused, keep (an upload), drain_warnings (a server gone
-    slow or down, said once)."""
+    """The remote cache as an ArtifactCache."""
 
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
@@ -133,75 +126,67 @@ class RemoteCache(ArtifactCache):
     keep_span = "cache upload"
 
     def lookup(self, target) -> Candidate | None:
-        """The target's entry and its blobs, unchecked but for the entry's own format, tag and blob digests
-        (the installer checks the artifact); None on a miss or a cache down, ValueError for a bad entry."""
-        try:
-            found = self._lookup(target)
-            if found is None and not self.down:
-                self.missed[target.key] = time.monotonic()
-            return found
-        # A malformed entry is a miss, never a failed build (RecursionError is JSON nested deeper than the
-        # parser goes)
-        except (KeyError, TypeError, RecursionError) as e:
-            raise ValueError(str(e)) from None
-
-    def refused(self, target, error: Exception) -> list[str]:
-        guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
-        lines = [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
-                 f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
-        self._count(REFUSED)
-        return lines
-
-    def keep(self, target) -> list[str]:
-        missed = self.missed.pop(target.key, None)
-        if missed is not None:   # from its miss to here: the compile the cache did not save (install included)
-            self._add(COMPILING, time.monotonic() - missed, COMPILES)
-        self.store(target)
-        return []   # a failed upload warns through drain_warnings
-
-    def _lookup(self, target) -> Candidate | None:
+        """The target's entry and its blobs, unchecked but for the entry's own format, tag and blob digests; None
+        on a miss or a cache down, ValueError for a bad entry."""
         try:
             entry = self._get(f"/ac/{target.key}", AC_LIMIT)
         except TooLarge:   # an answer all the same: refused() follows
-            self._count(ENTRIES)
+            self._add(ENTRIES, 1.0)
             raise
         if entry is None:
+            if not self.down:   # keep() times the compile the cache did not save from here
+                self.missed[target.key] = time.monotonic()
             return None
-        self._count(ENTRIES)
-        ac = json.loads(entry)
-        if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
-            raise ValueError(f"not a {AC_FORMAT} entry")
-        if self.cfg.key is not None:
-            self._check_tag(ac, target.key)
-        if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
-            raise ValueError("it does not list exactly two files (meta.json and one binary)")
-        files = {}
-        for f in ac["files"]:
-            if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
-                raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
-            artifact.plain_name(f["name"])   # before any request: the entry is untrusted
-            data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
-            if data is None and self.down:   # the cache failed or went off just now: said once already
-                return None
-            if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
-                raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
-            files[f["name"]] = data
+        self._add(ENTRIES, 1.0)
+        # a malformed entry is a miss, never a failed build (RecursionError: JSON nested deeper than the parser goes)
+        try:
+            ac = json.loads(entry)
+            if not isinstance(ac, dict) or ac.get("format") != AC_FORMAT:
+                raise ValueError(f"not a {AC_FORMAT} entry")
+            if self.cfg.key is not None:
+                self._check_tag(ac, target.key)
+            if not (isinstance(ac["files"], list) and len(ac["files"]) == 2):   # meta.json and its binary
+                raise ValueError("it does not list exactly two files (meta.json and one binary)")
+            files = {}
+            for f in ac["files"]:
+                if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
+                    raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
+                artifact.plain_name(f["name"])   # before any request: the entry is untrusted
+                data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
+                if data is None and self.down:   # the cache failed or went off just now: said once already
+                    return None
+                if data is None or hashlib.sha256(data).hexdigest() != f["sha256"]:
+                    raise ValueError(f"blob {f['sha256']} for {f['name']} is missing or does not match its sha256")
+                files[f["name"]] = data
+        except (KeyError, TypeError, RecursionError) as e:
+            raise ValueError(str(e)) from None
         return Candidate(files, CompileResult(from_cache=True))
 
-    def store(self, target) -> None:
-        """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them."""
+    def refused(self, target, error: Exception) -> list[str]:
+        guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
+        self._add(REFUSED, 1.0)
+        return [f"cache entry {self.cfg.url}/ac/{target.key} for {target.name} rejected ({error}); compiling it "
+                f"here (whoever can write to the cache put it there: check the server, or set cache_key=)"]
+
+    def keep(self, target) -> list[str]:
+        """Upload the freshly built artifact: blobs first, then the /ac/ entry that points at them. A failed upload
+        warns through drain_warnings."""
+        missed = self.missed.pop(target.key, None)
+        if missed is not None:   # from its miss to here: the compile the cache did not save (install included)
+            self._add(COMPILING, time.monotonic() - missed, COMPILES)
         if self.cfg.read_only or self.down:
-            return
+            return []
         files = []
         for name, data in artifact.files_of(Path(target.out_dir)).items():
             digest = hashlib.sha256(data).hexdigest()
             if not self._put(f"/cas/{digest}", data):
-                return
+                return []
             files.append({"name": name, "sha256": digest})
         entry = {"format": AC_FORMAT, "target": target.name, "files": files}
         if self.cfg.key is not None:
             entry[TAG] = tag(self.cfg.key, target.key, files)
         self._put(f"/ac/{target.key}", json.dumps(entry).encode())
+        return []
 
     def _check_tag(self, ac: dict, action_key: str) -> None:
         """ValueError unless the entry carries the tag this cache's secret makes for it (compared in constant time)."""
@@ -242,24 +227,16 @@ class RemoteCache(ArtifactCache):
         return True
 
     def _timed(self, *args, **kwargs):
-        """_request(*args), its time counted against the run's cache_budget (_add)."""
+        """_request(*args), its time counted against the run's cache_budget."""
         start = time.monotonic()
         try:
             return _request(*args, **kwargs)
         finally:
-            self._spend(time.monotonic() - start)
-
-    def _spend(self, seconds: float) -> None:
-        self._add(WAITED, seconds, REQUESTS)
-
-    def _count(self, slot: int) -> None:
-        """Count an entry answered (ENTRIES) or refused (REFUSED) for the run."""
-        self._add(slot, 1.0)
+            self._add(WAITED, time.monotonic() - start, REQUESTS)
 
     def _add(self, slot: int, amount: float, count: int | None = None) -> None:
-        """Count a request's wait (or a compile's time, or an entry) for the run; switch the cache off for the rest
-        of it, with one warning, once it has cost more than cache_budget, answers more slowly than compiling here,
-        or every entry it answered was refused (REFUSED_LIMIT of them)."""
+        """Add to the run's counts (and one to `count`'s); switch the cache off for the rest of the run, with one
+        warning, once _why_off says why."""
         counts = self.counts if _shared is None else _shared
         lock = _shared.get_lock() if _shared is not None else contextlib.nullcontext()
         with lock:
@@ -311,10 +288,8 @@ def _request(cfg: CacheConfig, method: str, path: str, data: bytes | None = None
     def expire():
         expired.set()
         if conn.sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
     timer = threading.Timer(cfg.timeout, expire)
     timer.start()
     try:
@@ -322,9 +297,8 @@ def _request(cfg: CacheConfig, method: str, path: str, data: bytes | None = None
         response = conn.getresponse()
         body = _read_at_most(response, limit, path)
     except (OSError, http.client.HTTPException) as e:
-        if expired.is_set():
-            raise TimeoutError(f"timed out: no complete answer within {cfg.timeout:g} s (cache_timeout=)") from None
-        raise OSError(str(e) or type(e).__name__) from None
+        if not expired.is_set():   # else the timeout below
+            raise OSError(str(e) or type(e).__name__) from None
     finally:
         timer.cancel()
         conn.close()

@@ -402,7 +402,7 @@ def test_the_budget_is_one_for_the_whole_run_across_forked_workers(monkeypatch):
     cfg = CacheConfig("http://slow.example:8080", budget=1.0)
     pid = os.fork()
     if pid == 0:   # a worker that spends the budget
-        remote_cache.RemoteCache(cfg)._spend(1.5)
+        remote_cache.RemoteCache(cfg)._add(remote_cache.WAITED, 1.5, remote_cache.REQUESTS)
         os._exit(0)
     os.waitpid(pid, 0)
     other = remote_cache.RemoteCache(cfg)   # another worker: off, without a warning of its own
@@ -502,9 +502,9 @@ def test_a_cache_that_gives_a_good_entry_among_refused_ones_stays_on(tmp_path, m
     monkeypatch.setattr(remote_cache, "_shared", None)
     cache = remote_cache.RemoteCache(CacheConfig("http://mixed.example:8080"))
     for _ in range(4):
-        cache._count(remote_cache.ENTRIES)
+        cache._add(remote_cache.ENTRIES, 1.0)
     for _ in range(3):
-        cache._count(remote_cache.REFUSED)   # 3 refused of 4 answered: one was taken
+        cache._add(remote_cache.REFUSED, 1.0)   # 3 refused of 4 answered: one was taken
     assert not cache._off() and cache.drain_warnings() == []
 
 
@@ -518,8 +518,8 @@ def test_a_cache_that_serves_every_target_slowly_is_compared_with_the_last_runs_
     monkeypatch.setattr(remote_cache, "_shared", None)
     remote_cache.share_budget(report)
     cache = remote_cache.RemoteCache(CacheConfig("http://slow.example:8080"))
-    cache._spend(3.0)
-    cache._spend(3.0)   # two slow requests: 6 s waited, past SLOW_FLOOR_S
+    cache._add(remote_cache.WAITED, 3.0, remote_cache.REQUESTS)
+    cache._add(remote_cache.WAITED, 3.0, remote_cache.REQUESTS)   # two slow requests: 6 s waited, past SLOW_FLOOR_S
     assert cache._off()
     [warning] = cache.drain_warnings()
     assert "it answers more slowly than compiling here (3.0 s a request on average, cache_timeout=10 s; 0.3 s a " \
