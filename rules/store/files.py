@@ -48,9 +48,7 @@ def remove_entry(path: Path) -> None:
     """Remove one of kforge's files if it is there (a link as a link); a directory found where the file belongs
     (a damaged out/) goes with what it holds."""
     try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+        path.unlink(missing_ok=True)
     except IsADirectoryError:
         shutil.rmtree(path)
 
@@ -77,10 +75,8 @@ def read_state(path: Path, well_shaped=lambda found: True) -> dict | None:
         why = "is not JSON (cut short or damaged)"
     if why is not None:
         sys.stderr.write(f"kforge: {path} {why}; it is dropped and rebuilt\n")
-        try:
+        with contextlib.suppress(OSError, ValueError):   # read-only out/, or a link on the way out of it
             remove_entry(guard(Path(path).parents[1], Path(path)))
-        except (OSError, ValueError):   # read-only out/, or a link on the way out of it: the warning stands
-            pass
         return None
     return found
 
@@ -94,8 +90,8 @@ class JsonState:
     @classmethod
     def of(cls, path: Path):
         if (cls, path) not in JsonState._open:
-            JsonState._open[(cls, path)] = cls(path)
-        return JsonState._open[(cls, path)]
+            JsonState._open[cls, path] = cls(path)
+        return JsonState._open[cls, path]
 
     def __init__(self, path: Path):
         self.path = path

@@ -1,11 +1,8 @@
 """One build at a time in one out/: a command that runs tasks holds out/.kforge/run.lock (fcntl.flock) from
-before its tasks are generated to its exit; a second one started meanwhile says so in one line and waits.
-
-Waiting, not sharing the work: what is up to date is decided when the tasks are generated (each target's
-meta.json), so two runs that generated theirs at once would both compile everything. Once the first ends,
-the second generates its tasks and finds the first one's work done. The OS releases the lock when its holder
-exits however it ends (killed outright included): no stale lock to remove by hand. Commands that only read
-(`doit list`, `doit info`) take no lock and never wait.
+before its tasks are generated to its exit; a second one says so in one line and waits. Waiting, not sharing the
+work: what is up to date is decided when the tasks are generated, so two runs that generated theirs at once would
+both compile everything. The OS releases the lock however its holder exits: no stale lock to remove by hand.
+Commands that only read (`doit list`, `doit info`) take no lock.
 """
 from __future__ import annotations
 
@@ -50,10 +47,12 @@ def hold(layout: Layout, command: str | None) -> None:
     except OSError as e:
         sys.stderr.write(f"kforge: {path}: cannot open the run lock ({e.strerror}); {_lock_fix(e.errno)}\n")
         raise SystemExit(2)
-    kind = _not_a_file(os.fstat(fd).st_mode)
-    if kind is not None:   # it would take the lock, then fail writing its holder (EINVAL) as a traceback
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):   # it would take the lock, then fail writing its holder (EINVAL) as a traceback
+        from kforge_runtime.bundle import file_kind   # the one wording
         os.close(fd)
-        sys.stderr.write(f"kforge: {path} is {kind}, not the run lock kforge writes; remove it and run again\n")
+        sys.stderr.write(f"kforge: {path} is {file_kind(mode)}, not the run lock kforge writes; remove it and run "
+                         f"again\n")
         raise SystemExit(2)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -67,14 +66,6 @@ def hold(layout: Layout, command: str | None) -> None:
     shown = " ".join(["doit", *map(_hide_secret, sys.argv[1:])])   # as typed; `command` is doit's name ("run")
     os.pwrite(fd, f"`{shown}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})".encode(), 0)
     _held.append(fd)
-
-
-def _not_a_file(mode: int) -> str | None:
-    """What a non-regular file found where the lock file belongs is, in words; None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    return "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
-        "a socket" if stat.S_ISSOCK(mode) else "no regular file"
 
 
 def _hide_secret(arg: str) -> str:

@@ -133,5 +133,5 @@ def test_a_fifo_where_the_run_lock_belongs_is_one_line_naming_it_and_the_fix(tmp
     with pytest.raises(SystemExit) as stopped:
         run_lock.hold(Layout(tmp_path), "run")
     assert stopped.value.code == 2 and not run_lock._held
-    assert capsys.readouterr().err == (f"kforge: {lock} is a FIFO, not the run lock kforge writes; remove it and run "
-                                       f"again\n")
+    assert capsys.readouterr().err == (f"kforge: {lock} is a FIFO or pipe, not the run lock kforge writes; remove it "
+                                       f"and run again\n")
