@@ -79,8 +79,7 @@ def kforge_table(root: Path):
 
 def project_setup(root: Path) -> tuple[str, ...]:
     """`[tool.kforge] setup`: a hook ("module:function") every family's importing processes run first."""
-    config = kforge_table(root)
-    hook = config.get("setup") if isinstance(config, dict) else None
+    hook = kforge_table(root).get("setup")
     if hook is None:
         return ()
     from kforge.base.target import FUNCTION_REF   # here: the start-up line imports this module (doit_settings_problem)

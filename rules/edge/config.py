@@ -117,9 +117,10 @@ def check_command(root: Path) -> None:
     """`doit forget|info|clean|prune|cache` running without kforge's command (doit takes plugin commands from the
     pyproject.toml where it starts: from elsewhere `forget` kept the artifact): one line, exit code 2."""
     frame = run_lock.command_frame()
-    command = frame.f_locals["self"] if frame is not None else None
+    if frame is None:
+        return
+    command, words = frame.f_locals["self"], frame.f_locals.get("args")   # doit's run: the tasks it was given
     name = getattr(command, "name", "")
-    words = frame.f_locals.get("args") if frame is not None else None   # doit's run: the tasks it was given
     if name == "run" and isinstance(words, list) and words and words[0] in ADDED:
         name = words[0]
     elif not (name in REPLACED and not type(command).__module__.startswith("kforge.")):
@@ -333,6 +334,9 @@ def _interrupt_without_traceback() -> None:
 # doit's MRunner hands a worker its next task only after the master took in its last result (a round trip through
 # a master that waits for a core too: ~1.3% fewer compiles running, bench/build_speed.py). PrefetchRunner keeps up
 # to `prefetch` tasks queued beyond those running, each once doit's dispatcher released it.
+DEATH_GRACE_S = 0.5   # a dead worker seen: how long results already sent are still taken in
+
+
 class _CappedWorkers:
     """At most `max_workers` workers, so at most that many compiles at once (rules/base/cpus.py says why)."""
     max_workers: int | None = None   # None: no cap (compiles run elsewhere, e.g. on a Dask cluster)
@@ -364,7 +368,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         self._queue_ahead(job_q, None)
         workers = [self.Child(target=self.execute_task_subprocess, args=(job_q, result_q, self.reporter.__class__))
                    for _ in range(min(self.num_process, len(self.unfinished)))]   # no more workers than tasks
-        watch = _DeadWorkerWatch(result_q, workers)
+        self.death_seen_at: float | None = None   # when a worker was first seen dead (_next_result)
         compile_core, kept_for = None, 0
         try:
             if workers:   # one hub per build serves the workers' compile servers (rules/compile/core.py)
@@ -373,7 +377,7 @@ class PrefetchRunner(_CappedWorkers, MRunner):
             for worker in workers:
                 worker.start()
             while self.unfinished:
-                result = watch.next_result(self.unfinished)
+                result = self._next_result(result_q, workers)
                 if "exit" in result:   # a worker itself broke (not a task): doit's own handling
                     raise result["exit"](result["exception"])
                 node = task_dispatcher.nodes[result["name"]]
@@ -408,6 +412,24 @@ class PrefetchRunner(_CappedWorkers, MRunner):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         super().execute_task_subprocess(job_q, result_q, reporter_class)
 
+    def _next_result(self, result_q, workers) -> dict:
+        """The workers' next result; a worker killed from outside (doit's runner then waits forever) stops the run
+        through doit's error path. Liveness is checked before every read (the others' results would keep the run
+        going); results sent before the death was seen are still taken in."""
+        while True:
+            dead = [w for w in workers if not w.is_alive()]
+            if dead and self.death_seen_at is None:
+                self.death_seen_at = time.monotonic()
+            timeout = 1.0 if not dead else max(0.0, self.death_seen_at + DEATH_GRACE_S - time.monotonic())
+            try:
+                return result_q.get(timeout=timeout)
+            except queue.Empty:
+                if dead:
+                    how = ", ".join(f"pid {w.pid}, exit code {w.exitcode}" for w in dead)
+                    raise InvalidTask(f"a doit worker process died ({how}) while running one of the tasks still "
+                                      f"queued or running: {', '.join(sorted(self.unfinished))}. The run stopped; "
+                                      f"everything finished is kept. Run the same command again to build the rest.")
+
     def _queue_ahead(self, job_q, completed) -> None:
         """Tell the dispatcher `completed` finished, then queue tasks until the queue is full, none is left, or the
         rest wait on running ones ("hold on")."""
@@ -430,31 +452,6 @@ class PrefetchRunner(_CappedWorkers, MRunner):
                 self.unfinished.add(job.name)
         if not self.unfinished and not self.dispatcher_done:
             raise RuntimeError("doit's dispatcher holds tasks while none runs (a dependency cycle?)")
-
-
-class _DeadWorkerWatch:
-    """The workers' results; a worker killed from outside (doit's runner then waits forever) stops the run through
-    doit's error path. Liveness is checked before every read (the others' results would keep the run going); results
-    sent before the death was seen are still taken in, for up to grace_s."""
-
-    def __init__(self, result_q, workers, poll_s: float = 1.0, grace_s: float = 0.5):
-        self.result_q, self.workers, self.poll_s, self.grace_s = result_q, workers, poll_s, grace_s
-        self.death_seen_at: float | None = None
-
-    def next_result(self, unfinished: set[str]) -> dict:
-        while True:
-            dead = [w for w in self.workers if not w.is_alive()]
-            if dead and self.death_seen_at is None:
-                self.death_seen_at = time.monotonic()
-            timeout = self.poll_s if not dead else max(0.0, self.death_seen_at + self.grace_s - time.monotonic())
-            try:
-                return self.result_q.get(timeout=timeout)
-            except queue.Empty:
-                if dead:
-                    how = ", ".join(f"pid {w.pid}, exit code {w.exitcode}" for w in dead)
-                    raise InvalidTask(f"a doit worker process died ({how}) while running one of the tasks still "
-                                      f"queued or running: {', '.join(sorted(unfinished))}. The run stopped; "
-                                      f"everything finished is kept. Run the same command again to build the rest.")
 
 
 def _stop(workers, grace_s: float = 3.0) -> None:
