@@ -158,9 +158,9 @@ class BuildReporter(ConsoleReporter):
         origins = {o: sum(1 for r in records if r.get("origin") == o) for o in ORIGINS}
         for line in failure_groups([r for r in records if r["status"] == "failed"]):
             self.write(line + "\n")
-        for r in self.packages.values():
-            if r["status"] == "failed":
-                self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
+        packages_failed = [r for r in self.packages.values() if r["status"] == "failed"]
+        for r in packages_failed:
+            self.write(f"\nFAILED {r['name']}:\n{r['error']}\n")
         for msg in self.runtime_errors:
             self.write(f"\ndoit: {msg}\n")
         # the summary comes last: with many failures it is what a terminal still shows
@@ -183,14 +183,13 @@ class BuildReporter(ConsoleReporter):
             verb = "belongs" if len(orphans) == 1 else "belong"
             summary.append(f"kforge: {plural(len(orphans), 'artifact')} in out/ {verb} to no target: `doit prune` "
                            f"removes them")
-        packages_failed = sum(1 for r in self.packages.values() if r["status"] == "failed")
-        failed = counts["failed"] + packages_failed
-        also = f" ({plural(packages_failed, 'package task')})" if packages_failed else ""
+        also = f" ({plural(len(packages_failed), 'package task')})" if packages_failed else ""
         fetched = ", ".join(f"{n} unchanged: early cutoff, not compiled" if o == "unchanged" else f"{n} from the {o}"
                             for o, n in origins.items() if n and o != "compiled")
         skipped = f"skipped {counts['skipped']} (autotune configs their arch cannot run), " if counts["skipped"] else ""
         last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
-                f"up to date {counts['up-to-date']}, {skipped}failed {failed}{also}, wall {wall:.1f} s")
+                f"up to date {counts['up-to-date']}, {skipped}failed {counts['failed'] + len(packages_failed)}{also}, "
+                f"wall {wall:.1f} s")
         # what the next run reuses, then the reports: a full disk costs one line each, not the summary
         states = [state for state in (self.key_index, *self.saved_at_end) if state is not None]
         unsaved = [_saving(state.save, getattr(state, "path", "kforge's state")) for state in states]

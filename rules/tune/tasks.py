@@ -36,8 +36,7 @@ def tune_tasks(families: list, targets: list[Target], root: str) -> Iterator[dic
     for family in families:
         if not family.tuned:
             continue
-        archs = sorted({t.arch for t in targets if t.kernel == family.name})
-        for arch in archs:
+        for arch in sorted({t.arch for t in targets if t.kernel == family.name}):
             if vendors and ARCHS[arch].vendor not in vendors:
                 continue
             mine = [t for t in targets if t.kernel == family.name and t.arch == arch]
