@@ -1,7 +1,6 @@
-"""The doit action of a compile target: the artifact arrives from the first source that has one: the local cache,
-the remote cache, else a compile (here, or on a Dask cluster); rules/store/artifact.py's one installer checks and
-writes whichever it is. What was fetched or built is then kept in the caches before it. The outcome as one
-artifact.CompileResult, or a TaskFailed naming the target, its spec and config."""
+"""The doit action of a compile target: the artifact arrives from the first source that has one (the local cache,
+the remote cache, else a compile here or on a Dask cluster), installed by artifact.install, then kept in the caches
+before it. The outcome as one artifact.CompileResult, or a TaskFailed naming the target, its spec and config."""
 from __future__ import annotations
 
 import contextlib
@@ -23,9 +22,8 @@ RETRY_HINT = "retry alone:"   # a replayed failure drops it: the retry would rep
 def compile_target(target: Target, root: str, timeout: float = DEFAULT_TIMEOUT_S,
                    cache_cfg: remote_cache.CacheConfig | None = None, executor: str | None = None,
                    local: local_cache.LocalCache | None = None):
-    """doit python-action: the result's values, or TaskFailed. A verified hit in the local cache, else the remote
-    one, replaces the compile (the compiler is not even imported); what was fetched or built goes into the caches
-    before it. With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
+    """doit python-action: the result's values, or TaskFailed. A cache hit replaces the compile (the compiler is
+    not even imported). With executor="dask://HOST:PORT" the compile runs on that Dask cluster."""
     try:
         return _compile_target(target, root, timeout, cache_cfg, executor, local)
     except OutsideOut as e:   # a link out of out/: its message names the link and the fix
@@ -89,9 +87,8 @@ def _compile_target(target: Target, root: str, timeout: float, cache_cfg, execut
 
 
 def _skip(target: Target, reason: str, inputs: list | None) -> dict:
-    """A config of the library's autotuner that cannot run on the arch (base/archs.DoesNotFit): kept in error.txt
-    as skipped with what the compile read, so that it stays skipped until those change; the task succeeds (the
-    reporter counts it, the bundle leaves it out)."""
+    """A library autotuner's config that cannot run on the arch (DoesNotFit): kept in error.txt as skipped with what
+    the compile read, so that it stays skipped until those change; the task succeeds."""
     _keep_error(target, f"{artifact.SKIPPED}{reason}", inputs)
     return {"skipped": reason}
 

@@ -67,8 +67,8 @@ def backend_of(toolchain: str) -> Backend:
 
 
 def checked(target: Target, lowered: Lowered) -> Candidate:
-    """In the compile server: what was lowered fits the target's shared memory (a deterministic failure, kept
-    with the compile's inputs); then the artifact's files with meta.json, for artifact.install to check and write."""
+    """In the compile server: the artifact's files with meta.json, once what was lowered fits the target's shared
+    memory (else DoesNotFit, a deterministic failure)."""
     if not schema.is_plain_name(lowered.binary_name):
         raise RuntimeError(f"the {target.toolchain} backend named the binary {lowered.binary_name!r}")
     meta = artifact.meta(target, binary_name=lowered.binary_name, binary=lowered.binary, symbol=lowered.symbol,
@@ -80,9 +80,8 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
 
 
 def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
-    """Compile in a context server below this process's private package server. With `cutoff` (artifact.cutoff:
-    out/'s artifact differs at most by inputs it read or its sources' digests) the server first tells whether a
-    compile can give other code: if not, the result is Unchanged (early cutoff) and nothing is compiled."""
+    """Compile in a context server below this process's private package server. With `cutoff` (artifact.cutoff)
+    the server first tells whether a compile can give other code: if not, the result is Unchanged."""
     backend = backend_of(target.toolchain)
     scratch_dir = guard.scratch_folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
@@ -112,8 +111,8 @@ def _span(phase: str, start: float, end: float) -> tuple:
 
 
 def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
-    """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable
-    with the hub's error. The spans of what the hub did go to `started`, after a "wait" behind others' requests."""
+    """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable.
+    The spans of what the hub did go to `started`, after a "wait" behind others' requests."""
     asked = time.time()
     forked = _hub.start()   # this process has none (it compiles outside a doit run): its own, forked now
     conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
@@ -124,9 +123,8 @@ def _connect(target: Target, root: str, timeout: float, scratch_dir: str, starte
 
 
 def _route(request: tuple, fd: int) -> dict:
-    """In the hub, once per private package server a process asks for: the toolchain imported here at the first,
-    then the library server of the target's package context asked to fork one for the asker's socket `fd`.
-    {"spans": what was done, "taken": when it was taken up}, or the error."""
+    """In the hub, once per private package server a process asks for: the library server of the target's package
+    context asked to fork one for the asker's socket `fd`. {"spans", "taken": when it was taken up}, or the error."""
     if isinstance(request, kept_hub.Keep):   # the build has ended: its toolchain kept for the next one
         return kept_hub.fork_keeper(request, _route, _forget_build)
     target, root, timeout, scratch_dir = request
@@ -198,8 +196,8 @@ _hub = isolate.Hub(_route)   # this process's, or inherited from doit's master
 
 
 def start_hub(keep: bool = False) -> None:
-    """In doit's master, before it forks its workers: the build's hub, which they share. With `keep`, one forked
-    by the project's keeper where one holds this environment's toolchain (rules/load/kept_hub.py)."""
+    """In doit's master, before it forks its workers: the build's hub. With `keep`, one forked by the project's
+    keeper where one holds this environment's toolchain (rules/load/kept_hub.py)."""
     if not keep:
         _hub.start()
         return
@@ -210,8 +208,8 @@ def start_hub(keep: bool = False) -> None:
 
 
 def close_hub(keep_s: float = 0) -> None:
-    """In doit's master, after its workers: with `keep_s`, a hub it forked itself is first asked to fork a keeper
-    for the project's next build, which ends after keep_s seconds without one."""
+    """In doit's master, after its workers: with `keep_s`, a hub it forked itself first forks a keeper for the
+    project's next build, which ends after keep_s seconds without one."""
     if keep_s and _kept_as and _hub.owner == os.getpid() and not _hub.attached:
         kept_hub.ask_to_keep(_hub, _kept_as[0]._replace(idle_s=keep_s))
     _kept_as.clear()
@@ -266,9 +264,8 @@ def compile_into(target: Target, private_root: Path, root: str, timeout: float) 
 
 
 def in_context(backend: Backend, request: tuple) -> tuple:
-    """In a library or package server, once per private package server asked for: its package imported at the
-    first, then the asker's socket handed to the next level's server, or at the last level to a copy of this
-    server forked for the asker (compile_below). The spans of what was done for it."""
+    """In a library or package server, once per private package server asked for: the asker's socket handed to the
+    next level's server, or at the last level to a copy of this server forked for it (compile_below). Its spans."""
     (target, scratch_dir, timeout), fd = request
     try:
         spans = _enter_package(target, backend)
@@ -315,8 +312,8 @@ def _forked_private() -> None:
 
 
 def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
-    """The server kept for `key`, now the most recently used; else a new() one, closing the least recently used
-    past `cap`."""
+    """The server kept for `key`, now the most recently used, else a new() one; the least recently used past `cap`
+    closed."""
     server = servers.pop(key, None)
     if server is None:
         server = new()
@@ -327,15 +324,14 @@ def _kept(servers: dict, key, cap: int, new) -> isolate.Server:
 
 
 def import_levels(target: Target) -> tuple[str, ...]:
-    """The packages a target's servers import, one level each, in the order importing its module runs them (`fla`,
-    `fla.ops`, `fla.ops.utils`); a top-level module is its own one level."""
+    """The packages a target's servers import, one level each (`fla`, `fla.ops`, `fla.ops.utils`); a top-level
+    module is its own one level."""
     parts = target.module.split(".")
     return tuple(".".join(parts[:n]) for n in range(1, max(len(parts), 2)))
 
 
 def package_context(target: Target) -> tuple:
-    """What a library server imports: the kernel's top-level package, and the arch where the import sees one
-    (the device model, set-up hooks)."""
+    """What a library server imports: the top-level package, and the arch where the import sees one."""
     return target.module.split(".")[0], target.arch if target.device_model or target.setup else None
 
 
@@ -367,10 +363,9 @@ def _forked_below(level: int) -> None:
 def _enter_package(target: Target, backend: Backend) -> tuple:
     """At a server's first target: in a library server, start recording and prepare the device model and set-up
     hooks; import its package. A failure here is never kept as the kernel's (a missing dependency is the
-    environment's, and what the import failed to find is no file the record holds); the half-imported package
-    builds nothing, and the server fails every later target of it at once (_failed_import) rather than import
-    it again (flag_gems's failing import took 2.5 s a target). A transient one (a full disk, memory) retires the
-    server: a fresh one forked from the level above imports it again."""
+    environment's, and what the import failed to find is no file the record holds); the server fails every later
+    target at once (_failed_import) rather than import it again (flag_gems's failing import took 2.5 s a target),
+    but a transient one (a full disk, memory) retires it: a fresh one imports it again."""
     _raise_failed_import()
     level = _level[0]
     if _entered[0]:   # servers are kept by what they import: this target's
@@ -457,7 +452,7 @@ def _exited(e: BaseException) -> RuntimeError:
 
 
 def _spans_first(found: Candidate | Unchanged, spans) -> Candidate | Unchanged:
-    """The candidate (or Unchanged) with these phases before those its result holds, for the build trace."""
+    """The candidate (or Unchanged) with these phases before its result's, for the build trace."""
     return found._replace(result=found.result._replace(spans=(*spans, *found.result.spans)))
 
 
@@ -477,8 +472,8 @@ def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -
 
 def transient(error: BaseException) -> bool:
     """Whether a compile's failure may say nothing of its inputs, so that it must not be kept and replayed: a file
-    that could not be written, memory that ran out, a tool that ran out of time or was killed by a signal (the
-    OOM killer's SIGKILL; the compiler's own error is raised while handling it)."""
+    that could not be written, memory that ran out, a tool out of time or killed by a signal (the OOM killer's
+    SIGKILL), in its chain of causes."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -500,8 +495,8 @@ def _killed(returncode) -> bool:
 
 
 def _inputs(recorder: observe.Recorder) -> list[list[str]]:
-    """What the compile read, named from the project and the module path as the server started with them (not a
-    path entry a library added at import) and from the packages import finders map (an editable install's)."""
+    """What the compile read, named from the project and the module path as the server started with them, and
+    from the packages import finders map (an editable install's)."""
     if _memo.holds(recorder):
         return _memo.inputs
     files = recorder.files()
@@ -541,7 +536,7 @@ def _learned(stats: tuple, inputs: list, folders, written) -> dict:
 
 
 def _learn(target: Target) -> None:
-    """Leave what this server hashed for the doit process's index (only a hint: a write that fails is dropped)."""
+    """Leave what this server hashed for the doit process's index (a hint: a write that fails is dropped)."""
     if _hashed:
         with contextlib.suppress(OSError, ValueError):   # ValueError: OutsideOut, a link leading out of out/
             inputs_index.learn(target.layout, dict(_hashed))
@@ -620,23 +615,21 @@ _named_from: list = ["", ()]   # the project this server compiles for and its mo
 
 def import_context(target: Target) -> tuple:
     """What a compile server imports: the target's module, its "function" arguments' modules, and its arch where
-    the import sees one (device model, set-up hooks). A server imports one context, once: a library is never
-    imported twice in a process (C++ registries such as torch's operator library cannot be), nor one imported
-    under one arch's device model used for another."""
+    the import sees one. A server imports one context, once: a library is never imported twice in a process (C++
+    registries such as torch's operator library cannot be), nor used under another arch's device model."""
     functions = tuple(sorted(str(v).split(":")[0] for a, v in target.constexprs if (a, "function") in target.signature))
     return target.module, functions, target.arch if target.device_model or target.setup else None
 
 
 def _library(target: Target, backend: Backend) -> tuple:
-    """What a library server is kept by: its package context, and the environment, device model and set-up hooks,
-    which change the process for good."""
+    """What a library server is kept by: its package context, and what changes the process for good."""
     return (target.toolchain, target.arch if backend.arch_per_process else None, target.env, target.device_model,
             target.setup, package_context(target))
 
 
 def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
     """Once in each fresh library server, after the fork: the family's [env] first (its module reads it when
-    imported), then the compiler (the device model and set-up hooks come before the import: _enter_package)."""
+    imported), then the compiler."""
     setting_up = time.time()
     inherited = dict(os.environ)
     os.environ.update(dict(target.env))

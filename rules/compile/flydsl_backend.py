@@ -1,9 +1,8 @@
-"""FlyDSL ahead-of-time compile of one Target, compile-only, no GPU. Imported only by processes that compile.
+"""FlyDSL ahead-of-time compile of one Target, no GPU. Imported only by processes that compile.
 
-A factory in kernels/, factory(**compile_time_values[, arch]), returns (launcher, placeholders): the @flyc.jit
-launcher and the tensors/scalars to trace it with. FlyDSL reads the arch from the environment once per process,
-so each compile server serves one arch; it traces the launcher and takes the AMD code object out of the lowered
-module in memory. FlyDSL's disk cache is off: its key ignores torch.dtype values captured in closures.
+A factory, factory(**compile_time_values[, arch]), returns (launcher, placeholders): the @flyc.jit launcher and the
+tensors/scalars to trace it with. FlyDSL reads the arch from the environment once per process (a compile server per
+arch). FlyDSL's disk cache is off: its key ignores torch.dtype values captured in closures.
 """
 from __future__ import annotations
 
@@ -151,8 +150,8 @@ def _code_object(launcher) -> bytes:
     return objects[0]
 
 
-lowering.register("flydsl", lowering.Backend(
+lowering.BACKENDS["flydsl"] = lowering.Backend(
     lower, warm, setup=setup,
     arch_per_process=True,   # FlyDSL reads ARCH from the environment: one server per arch
     import_in="hub",          # once per build (about 2 s), inherited by its servers, one per arch
-    imports_module=True))
+    imports_module=True)

@@ -1,6 +1,5 @@
-"""What a compile backend is and hands back, and the table of backends by toolchain, where a backend module
-registers itself when compile/core.py's backend_of imports it: below the core and every backend, so neither
-reaches up.
+"""What a compile backend is and hands back, and the table a backend's module enters it in when core.backend_of
+imports it: below the core and every backend, so neither reaches up.
 """
 from __future__ import annotations
 
@@ -41,10 +40,4 @@ class Backend:
     source_key: Callable | None = None
 
 
-BACKENDS: dict[str, Backend] = {}   # toolchain (as in specs) -> its backend, once its module is imported
-
-
-def register(toolchain: str, backend: Backend) -> Backend:
-    """Called by a backend module as it is imported."""
-    BACKENDS[toolchain] = backend
-    return backend
+BACKENDS: dict[str, Backend] = {}   # toolchain (as in specs) -> its backend, set by its module as it is imported

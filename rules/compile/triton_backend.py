@@ -51,13 +51,11 @@ def _private_cache_key() -> None:
 
 def _canonical_file_names(root: str) -> None:
     """Make every binary independent of where things lie and when they were written (once per compile server).
-
-    Triton takes the source file it writes into line info from one place, get_jit_fn_file_line, for the entry
-    however wrapped, every @triton.jit function it calls, and its own library. Wrapped there, each name is
-    relative to the project or module path entry it lies in, as rules/load/observe.py names inputs (a file
-    outside all of them keeps only its name). ptxas writes the mtime of the file a PTX `.file` directive names
-    into .debug_line (triton-lang/triton#11091), so each directive gets an explicit timestamp and size; measured
-    with triton 3.6's ptxas, `, 0, 0` reads as "unknown" and the file is still looked up, `, 1, 0` is taken as is."""
+    Triton takes every file name it writes into line info from get_jit_fn_file_line: wrapped, each is relative to
+    the project or module path entry it lies in, as rules/load/observe.py names inputs (one outside all keeps only
+    its name). ptxas writes the mtime of the file a PTX `.file` directive names into .debug_line
+    (triton-lang/triton#11091), so each directive gets an explicit timestamp and size; measured with triton 3.6's
+    ptxas, `, 0, 0` reads as "unknown" and the file is still looked up, `, 1, 0` is taken as is."""
     import triton.compiler.code_generator as code_generator
     from triton.backends.nvidia.compiler import CUDABackend
 
@@ -188,11 +186,10 @@ def _entry(target):
 
 
 def _as_imported(target, wrapped: list) -> None:
-    """What the load read from the entry's source, checked against the import (`wrapped`: entry_probe.layers, the
-    @triton.jit function last): its parameters' defaults (a name one reads may be rebound at import), the
-    @triton.heuristics around it (a kernel made at import may carry some its def does not show), and for a record
-    line, the code it was recorded from (its source key). Where they differ, Triton would launch another binary
-    than the one the load asked for: none is built."""
+    """What the load read from the entry's source, checked against the import (`wrapped`: entry_probe.layers):
+    its parameters' defaults (a name one reads may be rebound at import), the @triton.heuristics around it, and for
+    a record line the code it was recorded from (its source key). Where they differ, Triton would launch another
+    binary than the one the load asked for: none is built."""
     from triton.language import constexpr
     from triton.runtime.autotuner import Heuristics
 
@@ -253,15 +250,15 @@ def _jit(fn, name: str):
 
 
 def source_key(target) -> str:
-    """The digest of the entry's code that meta.json's triton_source_key holds and serving matches: Triton's own
-    (JITFunction.cache_key) with what it leaves out, the same in every process (kforge_runtime/source_key.py)."""
+    """The digest of the entry's code that meta.json's triton_source_key holds and serving matches
+    (kforge_runtime/source_key.py)."""
     return source_key_of(_entry(target))
 
 
-lowering.register("triton", lowering.Backend(
+lowering.BACKENDS["triton"] = lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
     # once per build, in its hub: every compile server (one per module and worker) forks from it
     import_in="hub",
     imports_module=True,
-    source_key=source_key))
+    source_key=source_key)
