@@ -48,7 +48,6 @@ class Target(NamedTuple):
 
     @property
     def out_dir(self) -> str:
-        """Its artifact directory, out/<arch>/<kernel>/<config_id> (rules/base/layout.py)."""
         return self.layout.artifact_path(self.arch, self.kernel, self.config_id)
 
     @property

@@ -49,7 +49,6 @@ class Forget(DoitForget):
 
 
 def compile_target_of(task):
-    """The Target a compile task builds (in the task's meta: rules/edge/dodo_tasks.py), or None."""
     return (task.meta or {}).get("kforge_target")
 
 

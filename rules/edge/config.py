@@ -132,7 +132,6 @@ def check_command(root: Path) -> None:
 
 
 def local_cache() -> LocalCache | None:
-    """This run's local cache (rules/share/local_cache.py), or None with local_cache=off."""
     directory = settings.get("local_cache")
     return None if directory is None else LocalCache(directory, settings.get("local_cache_limit"))
 
