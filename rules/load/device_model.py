@@ -2,16 +2,13 @@
 Triton answer device queries as the target arch's reference GPU would, on a CPU-only builder or on a machine
 whose own GPU is another (building gfx942 on an H100 must not see the H100).
 
-A library asks the device at import or in its heuristics (`torch.cuda.get_device_capability()`,
-`torch.cuda.get_device_properties(0).multi_processor_count`, `torch.version.hip`, Triton's
-`driver.active.get_current_target()` and `.utils.get_device_properties(0)["max_shared_mem"]`): its config
-lists and computed constexprs are then the target's own. Nothing is allocated or launched: what needs a real
-GPU (a tensor on "cuda", a stream, a synchronize, a kernel launch, a benchmark) raises NeedsGPU, one line
-naming the call, where the library made it and the family.
+A library asks the device at import or in its heuristics (`torch.cuda.get_device_capability()`, Triton's
+`driver.active.get_current_target()`, ...): its config lists and computed constexprs are then the target's own.
+Nothing is allocated or launched: what needs a real GPU (a tensor's values, a stream, a launch, a benchmark)
+raises NeedsGPU, one line naming the call, where the library made it and the family.
 
-DEVICES is the one table of reference GPUs (docs/device_model.md shows it, with where each value comes from).
-Installed by install(arch) before the family's module is imported; Triton's driver at once, torch when it is
-imported (most of kforge's processes never import it).
+DEVICES is the one table of reference GPUs (docs/device_model.md: where each value comes from). install(arch)
+patches Triton's driver at once, torch when it is imported (most of kforge's processes never import it).
 """
 from __future__ import annotations
 
@@ -93,7 +90,7 @@ def install(arch: str) -> None:
     if "torch" in sys.modules:
         _install_torch(sys.modules["torch"])
     elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterImport("torch", _torch_imported))
+        sys.meta_path.insert(0, AfterImport("torch", lambda: _install_torch(sys.modules["torch"])))
 
 
 def serving(family: str) -> None:
@@ -123,8 +120,7 @@ def needs_gpu(call: str) -> NeedsGPU:
 
 
 def _caller() -> str:
-    """' at <file>:<line> (`<source line>`)': the innermost frame outside torch, Triton, kforge and importlib,
-    the file named as inputs are."""
+    """' at <file>:<line> (`<source line>`)': the innermost frame outside torch, Triton and kforge."""
     skip = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep
                  for m in map(sys.modules.get, ("torch", "triton", "kforge")) if getattr(m, "__file__", None))
     frame = sys._getframe(2)
@@ -161,9 +157,7 @@ class _Utils:
 
 class ModelDriver:
     """Triton's active driver (runtime/driver.py's DriverConfig) for the modelled device."""
-
-    def __init__(self):
-        self.utils = _Utils()
+    utils = _Utils()
 
     @property
     def backend(self) -> str:
@@ -286,11 +280,9 @@ READS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index
 
 
 class _GpuTensors:
-    """Tensors made on the modelled GPU at import (a lookup table `torch.tensor([...], device="cuda:0")`,
-    scratch buffers, `.cuda()`, `.to("cuda")`): torch's fake tensors, which answer as tensors on that device
-    (device, dtype, shape, strides; arithmetic gives more of them) and hold no memory. Reading their values
-    (`.item()`, `.tolist()`, `if t:`) needs the GPU: NeedsGPU. A torch function mode, installed once per process
-    with the model; tensors elsewhere (CPU, meta) are untouched."""
+    """Tensors made on the modelled GPU at import (a lookup table, scratch buffers, `.cuda()`): torch's fake
+    tensors, which answer device, dtype, shape and strides and hold no memory; reading their values (`.item()`,
+    `if t:`) is NeedsGPU. A torch function mode, installed once per process; other tensors are untouched."""
     mode = None
 
     @classmethod
@@ -371,8 +363,8 @@ class _GpuTensors:
 
 
 def _cuda_only(name: str):
-    """torch._C's attributes a CUDA build of torch has and a CPU build lacks (`from torch._C import
-    _cuda_getCurrentRawStream`, a CUDA backend's import): there under the model; calling one needs the GPU."""
+    """torch._C's attributes a CUDA build has and a CPU build lacks (`from torch._C import
+    _cuda_getCurrentRawStream`): there under the model; calling one is NeedsGPU."""
     if name.startswith(("_cuda", "_nccl")):
         return functools.partial(_refuse, f"torch._C.{name}")
     raise AttributeError(f"module 'torch._C' has no attribute {name!r}")
@@ -384,8 +376,8 @@ GPU_RUNTIMES = ("libcuda.", "libcudart.", "libnvrtc.", "libnvJitLink.", "libamdh
 
 
 def _install_ctypes() -> None:
-    """ctypes.CDLL of a GPU runtime library (libcudart.so.12, libamdhip64.so) that this machine lacks loads a
-    stand-in under the model, as a CUDA backend does at import; calling one of its functions needs the GPU."""
+    """ctypes.CDLL of a GPU runtime library this machine lacks (libcudart.so.12) loads a stand-in under the
+    model; calling one of its functions is NeedsGPU."""
     import ctypes
     if getattr(ctypes.CDLL.__init__, "kforge_model", False):
         return
@@ -420,8 +412,8 @@ RAW_HANDLES = ("cuda_stream", "stream_id", "cuda_event", "event_id")
 
 
 def _handle(name: str, what: str, device) -> type:
-    """A class standing in for torch.cuda's Stream or Event: making one (a subclass's too) works and it answers
-    its device; any other use (synchronize(), record(), wait_stream(), its raw handle) is NeedsGPU naming it."""
+    """A class standing in for torch.cuda's Stream or Event: making one works and it answers its device; any
+    other use (synchronize(), record(), its raw handle) is NeedsGPU naming it."""
     def init(self, *args, **kwargs):
         pass
 
@@ -436,11 +428,6 @@ def _handle(name: str, what: str, device) -> type:
 
 def _refuse(what: str, *args, **kwargs):
     raise needs_gpu(what)
-
-
-def _torch_imported() -> None:
-    if _State.device is not None:
-        _install_torch(sys.modules["torch"])
 
 
 # ---- before a family's module is imported ----------------------------------------------------------------
@@ -468,9 +455,8 @@ else:
 
 
 def _install_vendor_tools() -> None:
-    """subprocess's programs named as a vendor's GPU tool run a stand-in under the model: the reference GPU's
-    vendor's answer as it (its name, compute capability, memory: `nvidia-smi -L`, `--query-gpu=...`), exit 0; the
-    other vendor's are not found (FileNotFoundError, as on a machine without them)."""
+    """Under the model, the reference GPU's vendor's tools run a stand-in that answers as it (`nvidia-smi -L`,
+    `--query-gpu=...`); the other vendor's are not found (FileNotFoundError, as on a machine without them)."""
     import inspect
     import subprocess
     if getattr(subprocess.Popen._execute_child, "kforge_model", False):
@@ -513,9 +499,8 @@ def _words(args, shell: bool) -> list:
 
 
 def prepare(arch: str, model: bool, setup: tuple[str, ...] = ()) -> None:
-    """What a process that imports a family's module for `arch` does first: the device model (unless the family
-    switched it off; under it kforge's FlyDSL is not importable, rules/load/shared_env.py), then the set-up hooks
-    ("module:function", the catalog's and the family's), each called with the arch name if it takes an argument."""
+    """What a process that imports a family's module for `arch` does first: the device model (unless switched
+    off), then the set-up hooks ("module:function"), each called with the arch name if it takes an argument."""
     if model:
         install(arch)
         shared_env.hide_flydsl()   # kforge's FlyDSL is no part of the target's environment (shared_env.py)

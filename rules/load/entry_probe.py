@@ -1,19 +1,17 @@
 """What an entry wrapped in @triton.autotune or @triton.heuristics chooses, asked of its own module in a child
-process (`python -m kforge.load.entry_probe`): config lists built by comprehensions or helpers, and heuristics run
-per launch, cannot be read from the source, and importing a library runs its code (and usually torch), never in
-the process that loads the catalog. Only entries whose source shows such a decorator are asked about (is_wrapped),
-and only when the catalog is loaded from the specs.
+process (`python -m kforge.load.entry_probe`): config lists built by code and heuristics run per launch cannot be
+read from the source, and importing a library runs its code (and usually torch), never in the catalog's process.
+Only entries whose source shows such a decorator are asked about (is_wrapped).
 
-A child imports as a target sees it: its one argument (JSON: arch, model, setup) has the device model answer as
-that arch's reference GPU and the set-up hooks run before any module is imported (rules/load/device_model.py), so
-there is one child per arch, family environment and set-up (one for all archs without model or hook). Each module
-is imported in a process of its own, forked from the child once that has imported the module's package (a library
-importing torch and every op in its __init__ pays that once per child): what that process read is the module's.
+A child imports as a target sees it: its one argument (JSON: arch, model, setup) sets up the device model and the
+set-up hooks before any module is imported (rules/load/device_model.py): one child per arch, family environment
+and set-up (one for all archs without model or hook). Each module is imported in a process of its own, forked
+once the child has imported the module's package: what that process read is the module's.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. A request may name its "family"
-(a device-model error names it); every reply carries "read": the files and listed folders its module's process
-read beyond the toolchain (rules/load/observe.py) and where an import looked for a module in vain (_Misses), kept
-with each family that asked (rules/plan/catalog.py); any failure is {"error": "one line"}.
+(a device-model error names it); every reply carries "read": the files and folders its module's process read
+beyond the toolchain (rules/load/observe.py) and where an import looked for a module in vain (_Misses); any
+failure is {"error": "one line"}.
   {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...], "around_tuner":
       [name, ...], "tuner": {fact: value}, "unspecialized": {argument: jit option}}; a config is the autotuner's
       kwargs plus num_warps, num_stages, num_ctas / maxnreg where set
@@ -65,15 +63,13 @@ def is_wrapped(path: Path, entry: str) -> bool:
 class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
-    read: set[str] = set()   # every file the children read, for the catalog's stamp
     used: dict[str, set] = {}   # family -> the (probe, module) pairs it asked about (reads_of)
 
     @classmethod
     def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
            setup: tuple = ()) -> "Probe":
-        """The child for this project, family environment ([env]: a library may read it at import) and import
-        context (Spec.importing): the arch whose reference GPU the device model answers as (model), and the
-        set-up hooks run first (rules/load/device_model.py). arch None: no model, no hook, one child for every arch."""
+        """The child for this project, family environment ([env]) and import context (Spec.importing: the arch the
+        device model answers as, and the set-up hooks). arch None: no model, no hook, one child for every arch."""
         key = (str(root), env, arch, model, setup)
         if key not in cls._open:
             cls._open[key] = cls(root, env, arch, model, setup)
@@ -90,9 +86,8 @@ class Probe:
 
     @classmethod
     def reads_of(cls, family: str) -> set[str]:
-        """What the processes of the modules a family asked about read, up to now (call it when the catalog's
-        last question is answered: a module's process may run another family's code after this one's, and
-        that code's reads may shape what it answers; more, never less)."""
+        """What the processes of the modules a family asked about read, up to now (call it after the catalog's last
+        question: a module's process may run another family's code later, whose reads may shape its answers)."""
         return {f for probe, module in cls.used.get(family, ()) for f in probe.module_read.get(module, ())}
 
     def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
@@ -102,8 +97,7 @@ class Probe:
     @staticmethod
     def describe_together(probes, module: str, entry: str, where: str, family: str = "") -> None:
         """describe() on each probe, as many children asked at once as there are CPUs, each batch asked before any
-        of its answers is read: the children import the module (and torch) side by side, not one after another,
-        and each import still has the CPU its catalog_timeout assumes."""
+        answer is read: the imports run side by side, and each still has the CPU its catalog_timeout assumes."""
         request = {"describe": [module, entry], "family": family}
         probes = list(dict.fromkeys(probes))
         Probe.used.setdefault(family, set()).update((probe, module) for probe in probes)
@@ -155,12 +149,11 @@ class Probe:
         self.sent_at = time.monotonic()   # catalog_timeout counts from here, however late the reply is read
 
     def _reply(self, request: dict, where: str) -> dict:
+        module = _named(request)[0]
         try:
-            named = _named(request)[0]
-            load_guard.Wait(where, f"importing {named} to read the entry's autotune / heuristics",
-                            f"python -c 'import {named}'", self.sent_at).readable(self.child.stdout.fileno())
-            line = self.child.stdout.readline()
-            reply = json.loads(line)
+            load_guard.Wait(where, f"importing {module} to read the entry's autotune / heuristics",
+                            f"python -c 'import {module}'", self.sent_at).readable(self.child.stdout.fileno())
+            reply = json.loads(self.child.stdout.readline())
             if "error" in reply:   # a MemoryError names the setting to raise
                 reply["error"] = load_guard.memory_hint(reply["error"])
         except load_guard.TooLong:
@@ -168,10 +161,7 @@ class Probe:
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
             raise self._crashed(request, where) from None
-        read = reply.pop("read", ())
-        Probe.read.update(read)
-        module = _named(request)[0]
-        self.module_read.setdefault(module, set()).update(read)
+        self.module_read.setdefault(module, set()).update(reply.pop("read", ()))
         Probe.used.setdefault(request.get("family", ""), set()).add((self, module))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
@@ -192,7 +182,7 @@ class Probe:
         for probe in cls._open.values():
             probe.close()
         cls._open.clear()
-        cls.read, cls.used = set(), {}
+        cls.used = {}
 
 
 def _named(request: dict) -> list:
@@ -202,9 +192,8 @@ def _named(request: dict) -> list:
 
 def describe_per_arch(probes: dict[str, Probe], module: str, entry: str, where: str,
                       family: str = "") -> tuple[dict, list[tuple[dict, list[str]]]]:
-    """What the entry chooses on each arch (each probe imports the module as that arch's target would), as one
-    answer: every arch's autotune configs, in the order first listed, and the archs each config is not listed
-    for (the spec excludes it there). Archs sharing a probe are asked once."""
+    """What the entry chooses on each arch, as one answer: every arch's autotune configs, in the order first
+    listed, and the archs each config is not listed for (the spec excludes it there)."""
     Probe.describe_together(probes.values(), module, entry, where, family)
     answers = {arch: probe.described[(module, entry)] for arch, probe in probes.items()}
     (first_arch, first), *rest = answers.items()
@@ -228,9 +217,8 @@ SCALARS = (bool, int, float, str)
 
 
 def layers(fn) -> list:
-    """A kernel object's wrappers, outermost first, then the @triton.jit function it wraps (last; the list ends
-    at the first object that is neither a JITFunction nor a wrapper). Triton's Autotuner and Heuristics and
-    libraries' own kernel wrappers keep what they wrap in `.fn`."""
+    """A kernel object's wrappers, outermost first, then the @triton.jit function it wraps (last): Triton's and
+    libraries' wrappers keep what they wrap in `.fn`."""
     from triton.runtime.jit import JITFunction
     found = [fn]
     while not isinstance(fn, JITFunction) and hasattr(fn, "fn") and len(found) < 16:
@@ -240,10 +228,9 @@ def layers(fn) -> list:
 
 
 def entry_object(module, entry: str):
-    """What the imported module holds under the entry's name: `Class.kernel` is an attribute of a module-level
-    class (a library that keeps its kernels on a class); a module's `__getattr__` answers a lazily made one. A
-    qualified name no attribute path reaches (`_make.<locals>._square`, as a record names a kernel a factory
-    made) is the module's kernel whose @triton.jit function has that name (AttributeError if none or several)."""
+    """What the imported module holds under the entry's name (`Class.kernel`: a module-level class's attribute).
+    A qualified name no attribute path reaches (`_make.<locals>._square`, a factory's kernel) is the module's
+    kernel whose @triton.jit function has that name (AttributeError if none or several)."""
     found = module
     try:
         for part in entry.split("."):
@@ -323,8 +310,7 @@ def _qualified(thing) -> str:
 
 def _tuner_facts(tuner) -> dict:
     """What the autotuner does beyond its configs: how it prunes them (kforge applies it), its perf_model and
-    top_k (noted: they rank configs by a timing estimate, which kforge does not make), and a library's own
-    Autotuner class with the constructor arguments it adds."""
+    top_k (noted, not applied), and a library's own Autotuner class with the constructor arguments it adds."""
     import inspect
 
     from triton.runtime.autotuner import Autotuner
@@ -360,9 +346,8 @@ def _unspecialized(fn) -> dict:
 
 
 def _prune(module: str, entry: str, groups: list[dict]) -> dict:
-    """Each group's configs as the entry's autotuner prunes them for a launch with the group's arguments: its
-    own prune_configs (Triton's applies early_config_prune; a library's subclass may do more), with no
-    perf_model (noted, not applied). An autotuner of one config keeps it, as Triton runs it unpruned."""
+    """Each group's configs as the entry's autotuner's own prune_configs keeps them for a launch with the group's
+    arguments, with no perf_model (noted, not applied)."""
     from triton.runtime.autotuner import Autotuner
     layers = _layers(module, entry)
     tuner = next((x for x in layers if isinstance(x, Autotuner)), None)
@@ -415,17 +400,15 @@ def _plain(value):
 
 
 def _where(e: BaseException) -> str:
-    """' (in pkg/ops/mod.py:12)': the innermost line of the library's own code (not Python's, torch's, Triton's
-    or kforge's) the exception passed through, as names go on every machine; "" when none did, or when the
-    message names that line already (a NeedsGPU's `at pkg/mod.py:12 (...)`)."""
+    """' (in pkg/ops/mod.py:12)': shared_env.library_line; "" when there is none, or when the message names that
+    line already (a NeedsGPU's `at pkg/mod.py:12 (...)`)."""
     place = shared_env.library_line(e, code=False)
     return "" if not place or place in str(e) else f" (in {place})"
 
 
 class _Arguments(dict):
     """The arguments a heuristic or pruner is given: the spec's values, and each pointer argument as a stand-in
-    tensor made on first use. Most rules read no pointer, and a probe that makes none never imports torch (about
-    1.3 s of CPU each time a catalog loads a family)."""
+    tensor made on first use (a probe that makes none never imports torch: about 1.3 s of CPU)."""
 
     def __init__(self, given: dict, pointers: dict):
         super().__init__(given)
@@ -482,9 +465,8 @@ _StandIn = None   # made with torch, on first use (_stand_in_class)
 
 
 def _stand_in_class():
-    """torch.Tensor's subclass the stand-ins are: every tensor method and property read on one reaches
-    __torch_function__ (a property as its getter, `Tensor.shape.__get__`), which answers DTYPE_ONLY and raises
-    LaunchOnly for the rest."""
+    """torch.Tensor's subclass the stand-ins are: every method and property read reaches __torch_function__,
+    which answers DTYPE_ONLY and raises LaunchOnly for the rest."""
     global _StandIn
     if _StandIn is not None:
         return _StandIn
@@ -523,9 +505,8 @@ def _stand_in_class():
 
 
 def _stand_ins(pointers: dict) -> dict:
-    """Each pointer argument as a stand-in tensor of its element type: an empty tensor on the "meta" device (no
-    memory) whose dtype answers, and whose shape, device, address and values raise LaunchOnly (known only at
-    launch: the spec gives a pointer argument's dtype, nothing more)."""
+    """Each pointer argument as a stand-in tensor of its element type: an empty tensor on the "meta" device whose
+    dtype answers, and whose shape, device, address and values raise LaunchOnly."""
     import torch
 
     from kforge_runtime.launch import TORCH_DTYPES
@@ -540,16 +521,15 @@ def _stand_ins(pointers: dict) -> dict:
     return found
 
 
-def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict] | None = None,
-                pinned: list | None = None) -> dict:
+def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict], pinned: list) -> dict:
     from triton.runtime.autotuner import Heuristics
     layers = [x for x in _layers(module, entry) if isinstance(x, Heuristics)]   # outermost first, as Triton runs them
     values = []
-    for i, given in enumerate(args):
-        seen, found = _Arguments(given, pointers[i] if pointers else {}), {}
+    for given, types in zip(args, pointers):
+        seen, found = _Arguments(given, types), {}
         for layer in layers:
             for name, rule in layer.values.items():
-                if name in (pinned or ()):   # the spec's value stands (in `given`): the rule is never run
+                if name in pinned:   # the spec's value stands (in `given`): the rule is never run
                     continue
                 try:
                     value = rule(seen)
@@ -588,7 +568,7 @@ def main() -> None:
     isolate.no_input()
     import triton  # noqa: F401  (the toolchain: imported before recording, never an input)
     recorder = observe.Recorder.install(os.getcwd())
-    recorder.start()   # never again: every reply holds all that its module's process read (see _module_server)
+    recorder.start()   # never again: every reply holds all that its module's process read (see _answer)
     misses = _Misses.installed = _Misses(recorder)
     sys.meta_path.append(misses)
     unusable = ""   # the device model and set-up hooks of the import context, before any family's module
@@ -617,7 +597,7 @@ def main() -> None:
                     servers.pop(next(iter(servers))).close()
                 recorder.files()   # each path read so far named here, once: the module's process inherits the names
                 gc.freeze()   # what is here already is never collected in the module's process: no page copied for it
-                server = _module_server()
+                server = isolate.Server(_answer, retire_after_mb=float("inf"))   # never retired: see _answer
             servers[module] = server   # now the most recently asked
             outcome = server.call(request, None, log_dir=os.devnull)   # what the module prints: nowhere, no file
             reply = outcome.result
@@ -631,7 +611,9 @@ def main() -> None:
 
 
 def _answer(request: dict) -> dict:
-    """One request, answered in the module's own process, with all that process read."""
+    """One request, answered in the module's own process (forked per module: what it read is that module's, never
+    another's, however the families' requests interleave), with all that process read so far: a family asked
+    after another of the same module gets the union (more, never less)."""
     device_model.serving(request.get("family", ""))
     try:
         if "describe" in request:
@@ -639,8 +621,7 @@ def _answer(request: dict) -> dict:
         elif "prune" in request:
             reply = _prune(*request["prune"], request["groups"])
         else:
-            reply = _heuristics(*request["heuristics"], request["args"], request.get("pointers"),
-                                request.get("pinned"))
+            reply = _heuristics(*request["heuristics"], request["args"], request["pointers"], request["pinned"])
     # importing the module failed, or the entry is not there; LaunchOnly too: a stand-in read where _heuristics
     # and _prune do not catch it (`chosen or ()` on a pruner returning a tensor) is an error, not a crash
     except (Exception, LaunchOnly) as e:
@@ -672,9 +653,8 @@ def _read(recorder, misses: "_Misses") -> list[str]:
 
 
 def _import_package(package: str) -> str:
-    """Import a family module's package here, once, so that each module's process (forked from here) has it: a
-    library whose __init__ files import every op and torch pays that once per probe, not once per module. Why it
-    failed, in one line ("" if it did not): every module of the package answers that."""
+    """Import a family module's package here, once, so that each module's process (forked from here) has it. Why
+    it failed, in one line ("" if it did not): every module of the package answers that."""
     try:
         importlib.import_module(package)
     except Exception as e:
@@ -683,27 +663,15 @@ def _import_package(package: str) -> str:
     return ""
 
 
-# module processes alive at once per child: each holds its module and the copy-on-write pages it touched (tens
-# of MB with torch); the catalog asks about one family at a time, so a module's questions come together, and one
-# asked about again after this many others is imported again in a fresh process (its reads are complete again)
+# module processes alive at once per child (each holds tens of MB with torch): the catalog asks about one family
+# at a time, and a module asked about after this many others is imported again in a fresh process
 MODULE_SERVERS = 4
 
 
-def _module_server() -> isolate.Server:
-    """One forked process per family module (isolate.Server, never retired): it imports that module and answers
-    every request about it. What it read is the module's own (its import, its heuristics and pruners run, and all
-    its parent read before the fork: the device model, set-up hooks, the package), never another module's, however
-    the requests of the catalog's families interleave; a module imported once in a process serves them all, so the
-    files its import read would be missing from every family asked after the first. Each reply carries all it read
-    so far: a family asked after another of the same module gets the union (more, never less)."""
-    return isolate.Server(_answer, retire_after_mb=float("inf"))
-
-
 class _Misses:
-    """A module finder placed last on sys.meta_path: it is asked only about a module no other finder found, and
-    keeps where that module would have been (each module path folder and suffix), when the import was made by
-    the library's code, not the toolchain's. A conditional import (`try: import fast_impl`, importlib.util.
-    find_spec) then has the file it did not find among the probe's inputs: one created there is a change."""
+    """A module finder placed last on sys.meta_path: asked only about a module no other finder found, it keeps where
+    that module would have been, when the library's code imported it: a conditional import (`try: import
+    fast_impl`) then has the file it did not find among the probe's inputs, and one created there is a change."""
     installed: "_Misses | None" = None
 
     def __init__(self, recorder):

@@ -23,16 +23,14 @@ DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 PART_MAX = 255
 
 
-# While a catalog load shares them (shared()): {"closure": {(module file, sys.path entry, top-level package): its
-# closure}, "find": {(name, sys.path): Module or NotInstalled}}; None outside one, where each is computed afresh
+# within shared(): {"closure": {key: closure}, "find": {(name, sys.path): Module or NotInstalled}}; else None
 _shared: dict | None = None
 
 
 @contextlib.contextmanager
 def shared():
-    """Within it, each module is found and its closure computed once (a catalog load: liger's 414-line record is
-    133 families of 18 modules, and each family asked for its module and its closure). Only within it: what they
-    resolve (the files an import finds on the path) can change between loads, and the next load looks again."""
+    """Within it, each module is found and its closure computed once (a catalog load: liger's 133 families are of
+    18 modules). Only within it: what an import finds on the path can change between loads."""
     global _shared
     outer, _shared = _shared, {"closure": {}, "find": {}} if _shared is None else _shared
     try:

@@ -1,15 +1,12 @@
 """A build's hub, kept for the project's next build: the toolchain is not imported again (Triton, and torch for a
 library that requires it: 1.0-1.7 s on the dev machine, however few targets the build has).
 
-At the end of a build that forked its own hub (and keeps one: the keep_hub setting), doit's master asks it for a
-keeper (Keep): a copy of the hub in a session of its own (no terminal's Ctrl-C or hang-up reaches it, its output
-goes nowhere), holding the toolchain and nothing of the build. The next build connects to it (attach) and it forks
-that build's hub, which dies with the build. The keeper ends after `idle_s` seconds with no build, or as soon as a
-build finds it stale: another interpreter, command line, module path, working folder or environment (but a
-shell's own bookkeeping), a changed folder on the module path outside the project, or a changed file it imported
-(one changed during the build that kept it keeps none); that build says why and forks its own hub
-(docs/correctness.md). Only its own user connects (SO_PEERCRED), at an address in Linux's abstract socket namespace:
-nothing on disk, and the name goes with the process.
+At the end of a build that forked its own hub (the keep_hub setting), doit's master asks it for a keeper (Keep): a
+copy of the hub in a session of its own, holding the toolchain and nothing of the build. The next build connects
+to it (attach) and it forks that build's hub, which dies with the build. The keeper ends after `idle_s` seconds
+with no build, or as soon as a build finds it stale (identity(), or a changed file it imported); that build says
+why and forks its own hub (docs/correctness.md). Only its own user connects (SO_PEERCRED), at an address in Linux's
+abstract socket namespace: nothing on disk, and the name goes with the process.
 """
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ SHELL_BOOKKEEPING = ("_", "OLDPWD", "SHLVL", "PWD")
 
 class Keep(NamedTuple):
     """The master's request to its hub, at the end of a build: fork a keeper for `root`'s next builds. `since`:
-    when the master first imported kforge (kforge.IMPORTED_NS): a file the keeper holds that changed after it may
-    be held as it was before the change, so then none is kept."""
+    when the master first imported kforge (kforge.IMPORTED_NS): a file changed after it keeps none (_become_keeper)."""
     root: str
     identity: dict
     idle_s: float
@@ -54,7 +50,8 @@ def address(root: str) -> bytes:
 
 
 def identity(root: str) -> dict:
-    """What a kept hub must share with the build that uses it (the module docstring), as JSON holds it."""
+    """What a kept hub must share with the build that uses it, as JSON holds it: interpreter, command line, module
+    path, working folder, environment (but a shell's bookkeeping), and the module path's folders outside the project."""
     project = os.path.realpath(root)
     folders = {}
     for entry in sys.path:
@@ -97,8 +94,8 @@ def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
 
 
 def _end_stuck(pid: int) -> None:
-    """SIGKILL the keeper `pid` that took the project's address and does not answer (SIGSTOPped, say), if it is
-    one: this user's (the caller checked) and named as one."""
+    """SIGKILL the keeper `pid` that does not answer (SIGSTOPped, say), if it is named as one (the caller checked
+    it is this user's)."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm", "rb") as f:
         if f.read().strip() == KEEPER_NAME:
             os.kill(pid, signal.SIGKILL)
@@ -169,8 +166,7 @@ def _become_keeper(request: Keep, handle, forget, told: int) -> None:
 
 def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
     """The keeper's loop: a hub forked for each build that connects and is not refused. Idle for request.idle_s,
-    stale, or told to end (SIGTERM): it listens no more, and ends once the hubs it forked have (each serves a
-    build in progress, and dies with its keeper)."""
+    stale, or told to end (SIGTERM): it listens no more, and ends once the hubs it forked (builds in progress) have."""
     hubs: set[int] = set()
     last = time.monotonic()
     ending: list = []
@@ -250,8 +246,8 @@ def _make_room() -> None:
 
 
 def _loaded_files() -> dict:
-    """Every file this process has imported (a module's source or extension), and its stat now: those named by an
-    absolute path (torch names two modules it makes `_ops.py` and `_classes.py`: no file of theirs is read)."""
+    """Every file this process has imported, by an absolute path (torch names two modules it makes `_ops.py`), and
+    its stat now."""
     files = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)

@@ -1,26 +1,21 @@
 """What a process reads beyond the toolchain, and the name each file goes by on any machine: a compile's inputs
 are what its process read, as gcc -MD writes them into a depfile (reading a library's source to guess misses a
-module imported by a computed name, a data file read at import). The probe (rules/load/entry_probe.py) and the
-compile server (rules/compile/core.py) record themselves.
+module imported by a computed name, a data file read at import).
 
-How: one audit hook (sys.addaudithook, PEP 578): every way Python reads a file raises "open" first (open, io.open,
-io.open_code, which the import system uses for every source and .pyc, os.open), folder listings raise "os.listdir"
-/ "os.scandir", ctypes raises "ctypes.dlopen"; an extension module (dlopen raises no "open") is found by the
-__file__ of each module that appeared. An environment variable the library's own code reads is an input named
-`$NAME` (_ObservedEnviron). What is recorded and what is not (the toolchain, out/, metadata, files outside the
-project and the module path, the import system's own listings), and why: docs/observed_inputs.md.
+How: one audit hook (PEP 578): every way Python reads a file raises "open" (the import system's io.open_code
+too), listings raise "os.listdir" / "os.scandir", ctypes "ctypes.dlopen"; an extension module is found by the
+__file__ of each module that appeared; an environment variable the library's code reads is an input `$NAME`
+(_ObservedEnviron). What is recorded and what is not, and why: docs/observed_inputs.md.
 
 What runs is what was read: a module outside the toolchain runs the bytes its import read, never a .pyc (Python
-takes a .pyc by the source's mtime in seconds and size, so a same-size edit within a second, or a file restored
-with its old mtime, ran old code while the new content was recorded). Those bytes' code is kept in this user's
-cache by the sha256 of the bytes, path and magic (_KeptBytecode), and a later import of the same bytes takes it
-(transformers' modules compiled at each package server's import cost ~5 s on an H200 host; flag_gems's import in a
-fresh project, 4.6 s compiled, is 3.0 s kept).
+takes a .pyc by the source's mtime in seconds and size: a same-size edit within a second ran old code while the
+new content was recorded). Their code is kept in this user's cache by the sha256 of bytes, path and magic
+(_KeptBytecode): flag_gems's import in a fresh project, 4.6 s compiled, is 3.0 s kept.
 
 Names: a file is named relative to the deepest of the project root and the module path's entries it lies in
-(`kfl/ops/scale.py`), the same on every machine; resolve() finds it again as Python would. The path a file was
-opened by is named first (a link in the project that leads out of it is named in the project); a package a meta-path
-finder maps to a folder of its own (an editable install) is named `<package>/...`.
+(`kfl/ops/scale.py`), first by the path it was opened by (a link in the project stays in the project); a package a
+meta-path finder maps to a folder of its own (an editable install) is named `<package>/...`; resolve() finds a
+name again as Python would.
 """
 from __future__ import annotations
 
@@ -47,16 +42,14 @@ TOOLCHAIN = ("triton", "torch", "flydsl", "kforge", "doit")
 
 class Base(NamedTuple):
     """A folder files are named relative to, and the prefix their names get there: "" for the project and the
-    module path's entries, "<package>/" for a package a meta-path finder maps to a folder of its own (an
-    editable install's redirect, which no sys.path entry holds)."""
+    module path's entries, "<package>/" for a package a meta-path finder maps to a folder of its own."""
     folder: str
     prefix: str = ""
 
 
 def bases(root: str, path: Iterable[str] | None = None) -> tuple[Base, ...]:
     """Where files are named from, deepest first: the project, the module path's entries and the packages
-    meta-path finders map (finder_packages), each folder as given and as resolved, so that a file is named by
-    the path it was opened by where that path lies in one (a link in the project that leads out of it)."""
+    meta-path finders map (finder_packages), each folder as given and as resolved."""
     found = {Base(form) for p in (root, *(sys.path if path is None else path))
              for form in (as_opened(_absolute(p or ".")), os.path.realpath(p or ".")) if form}
     found |= {Base(form, package + "/") for package, folder in finder_packages()
@@ -97,8 +90,8 @@ def resolve(name: str, folders: tuple[str, ...]) -> str | None:
 
 def finder_packages() -> list[tuple[str, str]]:
     """(name, folder) of each imported top-level package that no module path entry holds and a meta-path finder
-    other than the path finder maps to a folder: an editable install's (setuptools' and scikit-build-core's
-    redirecting finders). Only such modules are asked about: a finder's lookup may run code."""
+    other than the path finder maps to a folder (an editable install's). Only such modules are asked about: a
+    finder's lookup may run code."""
     given = tuple(os.path.abspath(p or ".") + os.sep for p in sys.path)
     real = tuple(os.path.realpath(p or ".") + os.sep for p in sys.path)
     found = []
@@ -135,9 +128,8 @@ def finder_folder(package: str) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def launchers() -> set[str]:
-    """The files that started this process, resolved: the interpreter and the script it runs (a virtualenv's
-    bin/doit, whose first line names the virtualenv's path). A kernel module that reads its import's stack
-    (traceback.format_stack, warnings, op registries) reads them; they are kforge's process, never an input."""
+    """The files that started this process, resolved: the interpreter and the script it runs (bin/doit). A module
+    that reads its import's stack (traceback.format_stack, warnings) reads them; they are never an input."""
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     return {os.path.realpath(p) for p in (sys.executable, sys.argv[0] if sys.argv else None, main)
             if isinstance(p, str) and p and os.path.isfile(p)}
@@ -156,9 +148,8 @@ def toolchain_dirs() -> tuple[str, ...]:
 
 
 def required_folders(distributions: Iterable[str]) -> set[str]:
-    """The folders of these installed distributions and of everything they require (not as an extra), as they
-    lie: each one's metadata folder, and each top-level package's folder and one-file module (both named; one
-    of them is there)."""
+    """The folders of these installed distributions and of everything they require (not as an extra): each one's
+    metadata folder, and each top-level package's folder and one-file module (both named; one of them is there)."""
     import importlib.metadata
     import re
     dirs: set[str] = set()
@@ -201,13 +192,10 @@ class Recorder:
         self._readers: dict[str, bool] = {}   # a reading frame's file -> whether it is the library's
         self._whole: set[tuple] = set()   # (code, line) where the whole environment was iterated
         self._listing = False   # the hook's own listdir raises the event too
-        # where this process keeps the bytecode of what it compiled from source (_from_source): its reads and
-        # writes there are kforge's own, never recorded (None where the interpreter has no bytecode)
-        self.bytecode = bytecode_folder()
+        self.bytecode = bytecode_folder()   # _from_source's reads and writes there are kforge's own: never recorded
         self._own = (self.bytecode + os.sep,) if self.bytecode else ()
         # what _source made of each path, for the folders and skips it was asked with: a server's targets share
-        # most of what was read (the imports, the compiler's own files), and resolving each path again cost
-        # 75 ms per target (1,700 paths' realpath, liger-kernel on the dev machine)
+        # most of what was read, and resolving each path again cost 75 ms per target (liger-kernel)
         self._named: dict[str, str | None] = {}
         self._named_for: tuple = ()
 
@@ -411,11 +399,10 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
 
 
 def _from_source(toolchain: tuple[str, ...], store: str | None) -> None:
-    """Modules outside `toolchain` (folders, each ending in a separator) run what was read from their source (the
-    module docstring says why), never a .pyc: the import system asks cache_from_source where a module's .pyc lies
-    and reads or writes none when it raises NotImplementedError, as it does where bytecode is not supported. It
-    then reads the source once and hands those bytes to source_to_code, which takes the bytecode compiled from the
-    same bytes at the same path from `store` (bytecode_folder(); None: compile every time)."""
+    """Modules outside `toolchain` (folders, each ending in a separator) run what was read from their source, never
+    a .pyc: the import system reads or writes none when cache_from_source raises NotImplementedError (as where
+    bytecode is not supported), then hands the source's bytes to source_to_code, which takes their code from
+    `store` (bytecode_folder(); None: compile every time)."""
     import importlib._bootstrap_external as external   # the import system's own module: its get_code looks it up
     cached, compile_source = external.cache_from_source, external.SourceLoader.source_to_code
     secret = _bytecode_key() if store is not None else None
@@ -455,13 +442,10 @@ PRECOMPILE_LIMIT = 10_000   # files one precompile() compiles at most (a package
 
 def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
     """An installed package's sources, and those of the distributions it requires outside the toolchain,
-    compiled into the kept bytecode ahead of its import, as _from_source would compile them there: run by a
-    child the build's hub forks when a package is first asked for, on a CPU that otherwise waits while the hub
-    imports the toolchain and the package (flag_gems's ~400 modules took 1.1 s of its 3.6 s import on the dev
-    machine, each compiled as the import reached it; then the 133 of sqlalchemy it imports, 0.5 s more). What the
-    store holds already, the toolchain's files, files over 1 MiB and files that do not compile are left; the
-    import compiles whatever this did not reach; `stop()` true ends it before the next file. Imports nothing;
-    returns how many it compiled."""
+    compiled into the kept bytecode ahead of its import, as _from_source would: run by a child the build's hub
+    forks, on a CPU that otherwise waits while the hub imports the toolchain (flag_gems's ~400 modules took 1.1 s of
+    its 3.6 s import). What the store holds, the toolchain's files, files over 1 MiB and files that do not compile
+    are left; `stop()` true ends it before the next file. Imports nothing; returns how many it compiled."""
     import importlib.metadata
     folder, secret = bytecode_folder(), _bytecode_key()
     try:
@@ -502,12 +486,10 @@ def _as_imported(paths: Iterable[str]) -> list[str]:
 
 
 def _package_files(places: list[str]) -> list[str]:
-    """The .py files under these folders (and those named themselves), shallowest first, then in the order of a
-    walk by name: an import reads a package's own modules more often than its subpackages' (flag_gems's reads
-    314 of its 417 files one or two folders deep, 54 of the 947 deeper: its vendors' backends), and with several
-    packages the shallow files of each come before any's deep ones. An order read from the files' import
-    statements cost more than it gained (flag_gems's import took 3.7-4.2 s with it, 3.2 s without). None of the
-    toolchain's; each file once."""
+    """The .py files under these folders (and those named themselves), none of the toolchain's, each once;
+    shallowest first, then as a walk by name finds them: an import reads a package's own modules more often than
+    its subpackages' (flag_gems: 314 of its 417 files one or two folders deep, 54 of 947 deeper). An order read from
+    the import statements cost more than it gained (flag_gems's import 3.7-4.2 s with it, 3.2 s without)."""
     toolchain = tuple(d + os.sep for d in toolchain_dirs())
     found: dict[str, None] = {}
     for place in places:
@@ -544,10 +526,9 @@ def _user_folder() -> str | None:
 
 
 def _bytecode_key() -> bytes | None:
-    """This user's key for kept bytecode, made at first use (owner-only, 32 random bytes), or None where it can be
-    neither read nor made, or is not this user's alone (then nothing is kept: every module compiles from source).
-    A kept file is code: it runs only if its HMAC under this key holds, so bytecode that another machine or user
-    wrote (a cache folder restored from a CI cache or an archive) is compiled again, never run."""
+    """This user's key for kept bytecode (owner-only, 32 random bytes, made at first use), or None where it can be
+    neither read nor made, or is not this user's alone (then nothing is kept). A kept file runs only if its HMAC
+    under this key holds: bytecode another machine or user wrote (a restored CI cache) is compiled again."""
     folder = _user_folder()
     if folder is None:
         return None
@@ -600,17 +581,14 @@ def _own_folder(path: str) -> bool:
 
 
 class _KeptBytecode:
-    """Bytecode kept by what it was compiled from: a file named by the sha256 of the interpreter's magic number,
-    the optimization level, the source's path as given (the code's co_filename) and the source's bytes, so that
-    an edit of any size at any mtime misses it, and the path a module was imported from is the one its code
-    names. Each file is the magic, that key, the HMAC-SHA256 under this user's key (_bytecode_key) of the head
-    and the marshalled code, then the code: one that does not hold together (truncated, another interpreter's,
-    garbage, another key's) is compiled again and replaced, never run. New files are written beside and renamed
-    into place: the servers of a build, and every build of this user's, share them."""
+    """Bytecode kept by what it was compiled from: a file named by the sha256 of the magic number, the optimization
+    level, the source's path as given (the code's co_filename) and its bytes, so an edit of any size at any mtime
+    misses it. Each file is the magic, that key, the HMAC-SHA256 (_bytecode_key) of the head and the marshalled
+    code, then the code: one that does not hold together is compiled again and replaced, never run. New files are
+    written beside and renamed into place: every server and build of this user's shares them."""
 
-    # files kept at most: several times the modules of the largest import measured (liger-kernel with transformers,
-    # 4,472 with the toolchain's); a process that writes one removes the oldest written beyond it, down to 3/4 of
-    # it (the files of sources since edited, or of paths no longer imported: each is compiled again if needed)
+    # files kept at most: several times the largest import measured (liger-kernel with transformers, 4,472); beyond
+    # it a process that writes one removes the oldest written, down to 3/4 of it
     LIMIT = 20_000
 
     def __init__(self, folder: str, secret: bytes):
@@ -627,9 +605,8 @@ class _KeptBytecode:
 
     def _own(self) -> bool:
         """Whether the folder, and each above it up to the user's kforge folder, is a folder (not a link) of this
-        user's that no one else can write to: a link put in the place of any would have this process write, and
-        _bound remove files, wherever it leads; a folder others can write to lets them remove or swap files (or
-        the folders below) under a reader. Otherwise nothing is kept, and every module compiles from its source."""
+        user's that no one else can write to: a link in the place of any would lead the writes and _bound's removals
+        wherever it leads; others' write access lets them swap files under a reader. Otherwise nothing is kept."""
         if self.own is None:
             self.own = all(_own_folder(f) for f in self.chain)
         return self.own

@@ -14,9 +14,8 @@ from pathlib import Path
 
 
 def _per_version(fn):
-    """fn(path) computed once per process and file version: a file edited while the process runs (a test, a
-    long-lived tool) is read again, even one edited in place with its mtime put back (rules/base/stamps.py: the
-    ctime tells)."""
+    """fn(path) computed once per process and file version: a file edited while the process runs is read again,
+    even with its mtime put back (the ctime tells)."""
     cached = functools.lru_cache(maxsize=None)(lambda path, *version: fn(path))
 
     @functools.wraps(fn)
@@ -56,19 +55,15 @@ def module_level(statements: list) -> list:
 
 def entry_def(path: Path, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
     """The def a module-level name holds after import, as Triton's JIT sees it, and the names of the calls that
-    wrap it where the name is assigned by calls (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`:
-    _k's def, ("autotune", "heuristics"); or a def the module wraps under its own name after it: `kernel =
-    triton.autotune(...)(kernel)`); a def guarded by a module-level if, try or with counts, and so do
-    - a name a module-level factory returns (`kernel = _make()`, `_make` ending `return _k` on a def of its own);
-    - a name imported from another module of the library (`from .impl import _k as kernel`, `from .impl import
-      *`), or reached through a module object (`from . import impl` or `import mylib.impl as impl`, then
-      `kernel = impl._k`), followed there (from another top-level package, ("?",) is among the calls: its file
-      is in no closure of the module, so the import is asked and what it read tells when it changes);
-    - `Class.name`, a def in a module-level class's body (the library keeps its kernels on a class), and a
-      def's qualified name as Triton's JIT and a record give it (`_make.<locals>._square`);
-    - failing all those, one def of that name anywhere in the module (made by a function the module calls
-      lazily, such as its `__getattr__`): ("?",) among the calls then says that only importing the module
-      tells what the name holds (entry_probe.is_wrapped asks the import).
+    wrap it (`kernel = triton.autotune(cfgs, key)(triton.heuristics(h)(_k))`: _k's def, ("autotune",
+    "heuristics"); `kernel = triton.autotune(...)(kernel)` after its def too); a guarded def counts, and so do
+    - a name a module-level factory returns (`kernel = _make()`, `_make` returning a def of its own);
+    - a name imported from another module of the library (`from .impl import _k as kernel`, `import *`), or
+      reached through a module object (`kernel = impl._k`), followed there; from another top-level package,
+      ("?",) is among the calls: the import is asked, and what it read tells when it changes;
+    - `Class.name`, a def in a module-level class, and a qualified name (`_make.<locals>._square`);
+    - failing all those, one def of that name anywhere in the module (made lazily, by its `__getattr__`, say),
+      with ("?",) among the calls: only importing the module tells what the name holds.
     (None, ()) when the source shows none."""
     return _entry_def(path, name, 0)
 
@@ -94,7 +89,7 @@ def _entry_def(path: Path, name: str, depth: int) -> tuple[ast.FunctionDef | Non
                 module = alias.name if alias.asname == owner else None
                 if alias.asname is None and name.startswith(alias.name + "."):
                     module, attribute = alias.name, name[len(alias.name) + 1:]
-                source = _absolute_module(path, module) if module else None
+                source = _resolve(_top_package(path).parent, module.split(".")) if module else None
                 if source is not None:
                     return _with_top(path, source, _entry_def(source, attribute, depth + 1))
         if isinstance(node, ast.ImportFrom):
@@ -138,8 +133,8 @@ def _rewrapped(statements: list, name: str) -> tuple[str, ...]:
 
 
 def _assigned(path: Path, statements: list, value, name: str, depth: int):
-    """The def behind `name = <value>` in a module: a factory's call returning a def of its own (`kernel =
-    _make(_relu)`: the def it returns, not its argument), or wrapping calls around a name."""
+    """The def behind `name = <value>`: a factory's call returning a def of its own (`kernel = _make(_relu)`: the
+    def it returns, not its argument), or wrapping calls around a name."""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):   # kernel = _make(...)
         factory = next((n for n in statements if isinstance(n, ast.FunctionDef) and n.name == value.func.id), None)
         if factory is not None:
@@ -156,8 +151,8 @@ def _assigned(path: Path, statements: list, value, name: str, depth: int):
 
 
 def _nested_def(node, parts: list[str]) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
-    """The def a qualified name names inside a class or function: `Kernels.add` (a class's attribute) or Python's
-    qualified name of a def a function made, `_make.<locals>._square` (as Triton's JIT and a record name it)."""
+    """The def a qualified name names inside a class or function: `Kernels.add` (a class's attribute), or
+    `_make.<locals>._square` (a def a function made)."""
     if parts[0] == "<locals>":
         if not isinstance(node, ast.FunctionDef) or len(parts) < 2:
             return None, ()
@@ -172,8 +167,7 @@ def _nested_def(node, parts: list[str]) -> tuple[ast.FunctionDef | None, tuple[s
 
 
 def _scope_def(body: list, name: str) -> tuple[ast.FunctionDef | None, tuple[str, ...]]:
-    """A def of `name` in a function's or class's body (under its if/try/with too), and the calls that wrap
-    it where the name is assigned by calls there."""
+    """A def of `name` in a function's or class's body, and the calls that wrap it there."""
     statements = module_level(body)
     for node in statements:
         if isinstance(node, ast.FunctionDef) and node.name == name:
@@ -196,23 +190,16 @@ def _top_package(path: Path) -> Path:
 
 
 def _imported_module(path: Path, node: ast.ImportFrom, submodule: str | None = None) -> Path | None:
-    """The file of the module a `from X import ...` in `path` names (with submodule: of X.submodule, when it is a
-    module): relative to path's package, or absolute from the folder path's top-level package lies in
-    (site-packages, the project root)."""
+    """The file of the module a `from X import ...` in `path` names (with submodule: of X.submodule): relative to
+    path's package, or absolute from the folder path's top-level package lies in."""
     base = up(path.parent, node.level - 1) if node.level else _top_package(path).parent
     parts = [*(node.module.split(".") if node.module else ()), *((submodule,) if submodule else ())]
     return _resolve(base, parts) if parts else None
 
 
-def _absolute_module(path: Path, module: str) -> Path | None:
-    """The file of the module `import module` in `path` names, from the folder path's top-level package lies in."""
-    return _resolve(_top_package(path).parent, module.split("."))
-
-
 def _with_top(path: Path, source: Path, found: tuple) -> tuple:
     """found (a def and its calls) as read from `source`, with ("?",) among the calls when `source` lies in another
-    top-level package than `path`: its file is in no closure of path's module (installed.py), so the import that
-    reads it tells the catalog when it changes."""
+    top-level package than `path`: no closure of path's module holds it, so the import tells when it changes."""
     node, calls = found
     if node is not None and _top_package(source) != _top_package(path):
         calls += ("?",)
@@ -224,8 +211,7 @@ UNSPECIALIZED = ("do_not_specialize", "do_not_specialize_on_alignment")   # @tri
 
 def _wrapped(expr) -> tuple[str | None, tuple[str, ...]]:
     """The name at the heart of nested calls (`a(x)(b(y)(name))` -> name), and the calls' names, outermost first;
-    a jit call given do_not_specialize (`triton.jit(_k, do_not_specialize=["n"])`, `triton.jit(do_not_specialize=
-    ["n"])(_k)`) is named "jit(do_not_specialize)": it changes how the entry is specialized."""
+    a jit call given do_not_specialize is named "jit(do_not_specialize)": it changes how the entry is specialized."""
     calls: list[str] = []
     while isinstance(expr, ast.Call) and expr.args:
         factory = expr.func.func if isinstance(expr.func, ast.Call) else expr.func
@@ -272,10 +258,9 @@ def _defaults(node: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
 
 
 def function_defaults(path: Path, name: str) -> dict:
-    """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`,
-    `bias=None`), and those given by a name the def's module binds once to a literal (`BLOCK: tl.constexpr =
-    DEFAULT_BLOCK`, `DEFAULT_BLOCK = 512` or `tl.constexpr(512)` at its top, or imported from a module of the same
-    top-level package: files its closure holds); any other default (`tl.float32`, a computed value) is left out."""
+    """The literal default values of the module-level function's parameters (`BLOCK: tl.constexpr = 128`), and
+    those given by a name the def's module binds once to a literal (`DEFAULT_BLOCK = 512` or `tl.constexpr(512)`
+    at its top, or imported from a module of the same top-level package); any other default is left out."""
     node, _ = entry_def(path, name)
     if node is None:
         return {}
@@ -307,8 +292,8 @@ def _literal(expr):
 
 
 def _module_constant(path: Path, name: str, depth: int):
-    """The literal a module binds `name` to, once and unconditionally at its top (or imports it as from a module
-    of its own top-level package); _NOT_LITERAL when it is bound otherwise, more than once, or not at all."""
+    """The literal a module binds `name` to, once and unconditionally at its top (or imports from a module of its
+    own top-level package); else _NOT_LITERAL."""
     if depth > 8:
         return _NOT_LITERAL
     body = parse(path).body
@@ -362,10 +347,9 @@ def _is_virtualenv(directory: Path) -> bool:
 
 
 def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tuple[Path, ...]:
-    """The source and every project module it imports, transitively, with the package __init__.py files that
-    importing any of them runs, sorted (the files its binary depends on). `misses`, if given, collects the
-    project files an import looked for and did not find (`import torch`: <root>/torch/__init__.py,
-    <root>/torch.py): a file created there would change the closure."""
+    """The source and every project module it imports, transitively, with the package __init__.py files importing
+    any of them runs, sorted. `misses`, if given, collects the project files an import looked for and did not find
+    (`import torch`: <root>/torch.py, ...): a file created there would change the closure."""
     seen: set[Path] = set()
     root = root.resolve()
     todo = [path.resolve()]
@@ -412,8 +396,8 @@ def _local_imports(path: Path, root: Path, misses: set[Path] | None = None) -> l
 
 @_per_version
 def import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    """(level, dotted names) of each import statement of the file, 0 for absolute; each `from x import y` may name
-    a module x.y or a name in x, so both are given."""
+    """(level, dotted names) of each import statement of the file, 0 for absolute; `from x import y` gives both x.y
+    and x (y may be a module or a name)."""
     found = []
     for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
@@ -426,8 +410,8 @@ def import_names(path: Path) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 
 def _package_files(path: Path, root: Path) -> list[Path]:
-    """Every project .py file of the top-level package `path` lies in (of the whole project for a module at
-    its root): the modules a run-time import in it could load."""
+    """Every project .py file of the top-level package `path` lies in (of the whole project for a module at its
+    root): what a run-time import in it could load."""
     rel = path.resolve().relative_to(root)
     top = root / rel.parts[0] if len(rel.parts) > 1 else root
     return sorted(f.resolve() for f in top.rglob("*.py") if project_source_problem(f, root) is None)
