@@ -6,6 +6,7 @@ project where kforge is installed: it imports nothing beyond doit and sqlite3.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
@@ -66,9 +67,7 @@ class KforgeSqliteDB(SqliteDB):
         try:
             super().dump()
         except (sqlite3.Error, OSError) as e:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
-            except sqlite3.Error:
-                pass
             sys.stderr.write(f"kforge: {self.name}: doit's state was not saved ({str(e).splitlines()[0]}); nothing "
                              f"built is lost: the next run checks every target by its meta.json\n")

@@ -6,6 +6,7 @@ only once it reproduced torch's result on the shape.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import functools
 import gc
@@ -207,12 +208,10 @@ def progress_path(out: Path) -> Path:
 
 def load_progress(path: Path, key: str) -> dict[str, dict]:
     """The rankings a stopped run of the same tuning key finished, by shape and where; {} for any other."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         saved = json.loads(path.read_bytes())
         if saved.get("key") == key and isinstance(saved.get("shapes"), dict):
             return saved["shapes"]
-    except (OSError, ValueError, AttributeError):
-        pass
     return {}
 
 
