@@ -655,19 +655,18 @@ _set_up: list = []   # a library server's set-up (start, end), reported with its
 ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>
 
 
-def fixed_address_layout() -> bool:
+def fixed_address_layout() -> None:
     """The programs this compile server runs (ptxas, ld.lld) start with one address-space layout, not a random one
     (inherited across fork and exec): ptxas for sm_100a gave two different cubins of the same PTX from run to run
-    under randomization, one with it off (docs/correctness.md). False where it cannot be set (not Linux, a seccomp
-    filter): builds stay correct, only such binaries' bytes may vary."""
+    under randomization, one with it off (docs/correctness.md). Where it cannot be set (not Linux, a seccomp
+    filter) builds stay correct, only such binaries' bytes may vary."""
     if not sys.platform.startswith("linux"):
-        return False
+        return
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     current = libc.personality(0xFFFFFFFF)   # query
-    if current == -1:
-        return False
-    return bool(current & ADDR_NO_RANDOMIZE) or libc.personality(current | ADDR_NO_RANDOMIZE) != -1
+    if current != -1 and not current & ADDR_NO_RANDOMIZE:
+        libc.personality(current | ADDR_NO_RANDOMIZE)
 
 
 def _unusable(target: Target, e: Exception) -> str:

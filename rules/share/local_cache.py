@@ -167,25 +167,25 @@ def _entries_of(cache: LocalCache, key: str) -> list[Path]:
     return [entry_path(cache, key), *(p for _, p in sorted(found, reverse=True))]
 
 
-def _read_here(target, files: dict[str, bytes]) -> bool:
-    """Whether the files an entry's compile read (its meta.json's "inputs") have the same content here; an entry
-    that lists none, or a meta.json the installer will refuse, is left to the installer."""
-    from kforge.store.inputs import InputIndex, well_formed
+def _listed(files: dict[str, bytes]):
+    """An artifact's "inputs" (what its compile read) as its meta.json lists them; None where it cannot be read."""
     try:
-        listed = json.loads(files.get(artifact.META, b"")).get("inputs")
-        index = InputIndex.of(target.layout.observed_inputs)
+        return json.loads(files.get(artifact.META, b"")).get("inputs")
     except (ValueError, AttributeError):
-        return True
-    return not well_formed(listed) or index.first_changed(listed) is None
+        return None
+
+
+def _read_here(target, files: dict[str, bytes]) -> bool:
+    """Whether the files an entry's compile read have the same content here; an entry that lists none, or a
+    meta.json the installer will refuse, is left to the installer."""
+    from kforge.store.inputs import InputIndex, well_formed
+    listed = _listed(files)
+    return not well_formed(listed) or InputIndex.of(target.layout.observed_inputs).first_changed(listed) is None
 
 
 def _inputs_id(files: dict[str, bytes]) -> str:
-    """The first 16 hex digits of the sha256 of an artifact's "inputs" list (what its compile read)."""
-    try:
-        listed = json.loads(files.get(artifact.META, b"")).get("inputs")
-    except (ValueError, AttributeError):
-        listed = None
-    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+    """The first 16 hex digits of the sha256 of an artifact's "inputs" list."""
+    return hashlib.sha256(json.dumps(_listed(files)).encode()).hexdigest()[:16]
 
 
 def _keep_other_inputs(path: Path, inputs: str) -> None:
