@@ -49,8 +49,7 @@ def share_budget(build_report: Path | None = None) -> None:
         import multiprocessing
         _shared = multiprocessing.Array("d", 7)
         from kforge.base.layout import Layout
-        seconds, compiles = last_compiles(build_report or Layout(Path.cwd()).build_report)
-        _shared[COMPILING], _shared[COMPILES] = seconds, compiles
+        _shared[COMPILING], _shared[COMPILES] = last_compiles(build_report or Layout(Path.cwd()).build_report)
 
 
 def last_compiles(build_report: Path) -> tuple[float, int]:
