@@ -49,21 +49,15 @@ def compile_tasks(root: Path, catalog: Catalog):
         cache = remote_cache.CacheConfig(url, *map(settings.get, ("cache_readonly", "cache_timeout", "cache_key",
                                                                   "cache_budget")))
         remote_cache.share_budget()   # here, in doit's master: every worker it forks counts against one budget
-    built = artifact.KeyIndex.of(Layout(root).built_keys)   # saved by the reporter at the end of a run
+    # what the last run's reporter saved: the keys built, the files each compile read
+    built, read = artifact.KeyIndex.of(Layout(root).built_keys), InputIndex.of(Layout(root).observed_inputs)
     local = local_cache()   # None with local_cache=off
-    for family in catalog.families:
-        yield from family_tasks(family.name, family.description, by_family[family.name], str(root), timeout,
-                                built, cache, executor, local)
+    for family in catalog.families:   # a group task per family, over its targets' tasks
+        yield {"basename": family.name, "name": None, "doc": family.description or f"all {family.name} targets"}
+        for t in by_family[family.name]:
+            yield compile_task(t, str(root), timeout, built, cache, executor, local, read)
     for broken in catalog.broken:
         yield broken_task(broken.name, broken.path, broken.error)
-
-
-def family_tasks(family: str, description: str, targets: list[Target], root: str, timeout: float,
-                 built: artifact.KeyIndex, cache=None, executor: str | None = None, local=None) -> Iterator[dict]:
-    yield {"basename": family, "name": None, "doc": description or f"all {family} targets"}
-    read = InputIndex.of(Layout.of(root).observed_inputs)   # saved by the reporter at the end of a run
-    for t in targets:
-        yield compile_task(t, root, timeout, built, cache, executor, local, read)
 
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,

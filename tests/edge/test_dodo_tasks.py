@@ -2,6 +2,7 @@
 without compiling."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from doit.loader import generate_tasks
@@ -103,9 +104,16 @@ def test_a_compile_tasks_meta_carries_the_target(targets, project, index):
     assert dodo_tasks.compile_task(t, str(project), 60.0, index)["meta"] == {"kforge_target": t}
 
 
-def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index):
+def catalog_of(targets, **descriptions):
+    """What compile_tasks reads of a Catalog: its families (name, description), targets and broken families."""
+    families = [SimpleNamespace(name=name, description=descriptions.get(name, ""))
+                for name in dict.fromkeys(t.kernel for t in targets)]
+    return SimpleNamespace(families=families, targets=targets, broken=[])
+
+
+def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project):
     scale = [t for t in targets if t.kernel == "scale"]
-    made = generate_tasks("scale", dodo_tasks.family_tasks("scale", "", scale, str(project), 60.0, index))
+    made = generate_tasks("scale", dodo_tasks.compile_tasks(project, catalog_of(scale)))
     group, *compiles = made
     assert group.name == "scale" and not group.actions and group.doc == "all scale targets"
     assert group.task_dep == [t.name for t in scale] == [c.name for c in compiles]
@@ -113,9 +121,9 @@ def test_a_family_is_a_group_task_over_its_compile_tasks(targets, project, index
     assert len(scale) == 4
 
 
-def test_a_familys_description_is_its_group_tasks_doc(targets, project, index):
+def test_a_familys_description_is_its_group_tasks_doc(targets, project):
     twice = [t for t in targets if t.kernel == "twice"]
-    first = next(dodo_tasks.family_tasks("twice", "doubles things", twice, str(project), 60.0, index))
+    first = next(dodo_tasks.compile_tasks(project, catalog_of(twice, twice="doubles things")))
     assert first == {"basename": "twice", "name": None, "doc": "doubles things"}
 
 
