@@ -524,6 +524,14 @@ def catalog_folders(root: Path) -> list[Path]:
             raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {repr(entry)[:100]} is the project's own folder, "
                             f"whose dodo.py and pyproject.toml are no specs; keep the specs in a folder of their own "
                             f"(e.g. specs/) and name that")
+        if not inside and folder.is_dir() and os.path.lexists(root / entry):   # kforge reads inside the project only
+            parts = Path(entry).parts
+            link = next((root.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)
+                         if root.joinpath(*parts[:i]).is_symlink()), None)
+            what = f"{_rel(link, root)}/ is a link to {folder}" if link else f"{entry} is {folder}"
+            raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {what}, outside the project, and kforge reads the "
+                            f"project's files only inside it; move that folder into the project (in place of the "
+                            f"link), or install it as a package and name the package")
         if not inside:
             folder = _catalog_package(entry)
         if folder in folders:   # "specs" and "./specs": read twice, each spec clashed with itself; once, a typo hid

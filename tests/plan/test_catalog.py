@@ -734,3 +734,24 @@ def test_record_archs_given_twice_or_not_as_names_are_one_line(tmp_path, archs, 
     with pytest.raises(SpecError) as e:
         catalog_module.record_archs(root)
     assert str(e.value).startswith(f"pyproject.toml: [tool.kforge] {said}") and "\n" not in str(e.value)
+
+
+def test_a_specs_folder_linked_inside_the_project_loads_and_one_linked_outside_is_refused_naming_the_link(tmp_path):
+    """specs/ as a link to a folder elsewhere was 'neither a folder of the project nor an installed package';
+    a link that stays inside the project is followed, one that leads out is refused in one line saying so."""
+    import shutil
+    from tests.support import doit
+    root = make_project(tmp_path / "p")
+    (root / "inner").mkdir()
+    (root / "specs").rename(root / "inner" / "specs")
+    (root / "specs").symlink_to("inner/specs")
+    assert catalog_module.catalog_folders(root) == [(root / "inner" / "specs").resolve()]
+    (root / "specs").unlink()
+    shutil.move(root / "inner" / "specs", tmp_path / "real")
+    (root / "specs").symlink_to(tmp_path / "real")
+    with pytest.raises(SpecError) as e:
+        catalog_module.catalog_folders(root)
+    assert str(e.value).startswith(f"pyproject.toml: [tool.kforge] catalog: specs/ is a link to {tmp_path / 'real'}, "
+                                   f"outside the project") and "move that folder into the project" in str(e.value)
+    proc = doit(root, "list", check=False)
+    assert proc.returncode == 2 and "specs/ is a link to" in proc.stderr and "neither" not in proc.stderr
