@@ -274,8 +274,7 @@ def in_context(backend: Backend, request: tuple) -> tuple:
             _set_up.clear()
         levels, below = import_levels(target), _level[0] + 1
         if below == len(levels):
-            for minder in [m for m in _minders if isolate.reaped(m)]:
-                _minders.remove(minder)
+            _minders[:] = [m for m in _minders if not isolate.reaped(m)]
             _minders.append(isolate.serve_on(os.dup(fd), functools.partial(compile_below, backend), _forked_private))
             return spans
         server = _kept(_packages, levels[below], MAX_PACKAGES, lambda: isolate.Server(
