@@ -1,10 +1,7 @@
-"""Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`.
-
-Each compile target's action sends its compile to the cluster as one task; the artifact that comes back is a
-candidate the action installs, as it installs a local compile's. On a worker the compile runs in that worker's
-warm compile servers, with a private scratch out/ for its temp files. Dask reschedules the task of a worker that
-died; a compile that fails on its own is reported like a local failure. The workers need kforge, its toolchains
-and the project's kernels importable: the same checkout path, or the same code installed.
+"""Distributed compiles on a Dask cluster: `doit -n 64 -P thread executor=dask://HOST:PORT`. A target's compile runs
+as one task, in a worker's warm compile servers with a private scratch out/; what comes back is a candidate the
+action installs as a local compile's. Dask reruns the task of a worker that died. The workers need kforge, its
+toolchains and the project's kernels importable: the same checkout path, or the same code installed.
 """
 from __future__ import annotations
 
@@ -28,9 +25,8 @@ def scheduler_address(executor: str) -> str:
 
 
 def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:
-    """compile_into(target, private_root, root, timeout) -> Outcome runs on a worker (the compile core's,
-    sent by reference); its result is the artifact.Candidate the worker sends back, untrusted (installed by the
-    caller, checked as a cache entry is)."""
+    """compile_into(target, private_root, root, timeout) -> Outcome (the compile core's) run on a worker; its result
+    is the artifact.Candidate the worker sends back, untrusted (checked by the installer as a cache entry is)."""
     start = time.monotonic()
     try:
         future = _client(executor).submit(run_on_worker, compile_into, target, root, timeout, pure=False,

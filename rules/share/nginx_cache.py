@@ -2,10 +2,9 @@
 
     python -m kforge.share.nginx_cache DIR [--port N]    # serves DIR/store until Ctrl-C; prints the cache= URL
 
-Bazel's HTTP cache protocol is plain GET and PUT under /ac/ and /cas/: nginx's dav module (Debian's nginx-light)
-is the smallest server that stores what is PUT and serves it back. CONF is the whole configuration: for a shared
-server, keep its `location` block (and `client_max_body_size 0`) behind the access control your network needs
-(docs/caching.md). The tests' and the benchmarks' cache server is this one.
+nginx's dav module (Debian's nginx-light) is the smallest server that stores what is PUT under /ac/ and /cas/ and
+serves it back. For a shared server, keep CONF's `location` block (and `client_max_body_size 0`) behind the access
+control your network needs (docs/caching.md). The tests' and the benchmarks' cache server is this one.
 """
 from __future__ import annotations
 
@@ -66,11 +65,8 @@ class CacheServer:
     access_log: Path
 
     def requests(self, timeout: float = 10.0) -> list[str]:
-        """Every request answered so far, as "METHOD /path" in the order served.
-
-        nginx writes a request's log line after the client has its answer, so a line can lag the answer. One worker
-        serves and logs in order: once a marker request of ours is logged, everything answered before it is too.
-        """
+        """Every request answered so far, as "METHOD /path" in the order served. nginx logs a request after its
+        answer; one worker serves and logs in order: once a marker request is logged, all answered before it are."""
         marker = f"{MARKER}{next(_markers)}"
         with contextlib.suppress(urllib.error.HTTPError):   # a 404 is the expected answer
             urllib.request.urlopen(f"{self.url}{marker}", timeout=timeout).close()
