@@ -62,17 +62,21 @@ def pins() -> dict[str, str]:
 
 def explain(e: BaseException) -> bool:
     """If `e` is an import that failed on a package kforge pins (explain_pin), on a module a library's line
-    imports and this environment lacks (a dependency of the library not installed: a compile's one line said only
-    `No module named ...`), or on a library's native extension that cannot load here, its message becomes one line
-    naming the library's line (and the fix where there is one; the extension by its name in the library, not its
-    absolute path), in the exception itself: its traceback stays. True if it was such a failure."""
+    imports and this environment lacks, on a library's native extension that cannot load here, or in a recursion
+    without end (whose message alone never says where), its message becomes one line naming the library's line
+    (and the fix where there is one; the extension by its name in the library), in the exception itself: its
+    traceback stays. True if it was such a failure."""
     if explain_pin(e):
         return True
-    if not isinstance(e, ImportError):
+    if not isinstance(e, (ImportError, RecursionError)):
         return False
     place = library_line(e, code=False)
     if not place:
         return False
+    if isinstance(e, RecursionError):
+        if place not in str(e):
+            e.args = (f"{e} (in {place})",)
+        return True
     if isinstance(e, ModuleNotFoundError) and e.name:
         e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
         return True

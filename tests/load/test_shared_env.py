@@ -212,3 +212,20 @@ def test_flydsl_imported_before_it_was_hidden_comes_back_as_it_was(envlib):
         print(json.dumps({"hidden": hidden, "same": sys.modules["flydsl.expr"] is before}))
         ''', envlib)
     assert found == {"hidden": True, "same": True}
+
+
+def test_a_librarys_import_that_recurses_without_end_names_the_librarys_line(tmp_path):
+    """Infinite recursion at a library's module level: a compile's one line said only `RecursionError: maximum
+    recursion depth exceeded`, where an ImportError named the library's line."""
+    (tmp_path / "recursing_lib.py").write_text("def down(n):\n    return down(n + 1)\n\n\ndown(0)\n")
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import recursing_lib
+        except RecursionError as e:
+            explained = shared_env.explain(e)
+            print(json.dumps({"explained": explained, "again": shared_env.explain(e), "message": str(e)}))
+        ''', {"PYTHONPATH": str(tmp_path)})
+    assert found == {"explained": True, "again": True,
+                     "message": "maximum recursion depth exceeded (in recursing_lib.py:2)"}
