@@ -17,6 +17,7 @@ from .schema import LAUNCH_RANGES, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
+POINTER_ATTRIBUTE_DEVICE_POINTER, ERROR_INVALID_VALUE = 3, 1   # cuda.h's and HIP's alike
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # clusters of 16 CTAs (H100, B200), as Triton sets it
 STATIC_SHARED_LIMIT = 48 * 1024   # CUDA: above this a kernel must opt in to dynamic shared memory
 # pointer element type -> torch dtype name, to catch a tensor of the wrong dtype before it is misread
@@ -192,6 +193,12 @@ class Kernel:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         with self._lock:
             self._submit_in_context(gx, gy, gz, stream, self._arguments.pack(args))
+
+    def reaches(self, address: int) -> bool:
+        """Whether the GPU can access `address` (a CPU tensor's cannot, unless pinned), as Triton's launcher asks."""
+        found = ctypes.c_uint64()
+        return not address or getattr(self.driver.lib, self.driver.prefix + "PointerGetAttribute")(
+            ctypes.byref(found), POINTER_ATTRIBUTE_DEVICE_POINTER, ctypes.c_uint64(address)) != ERROR_INVALID_VALUE
 
     def launch_trusted(self, gx: int, gy: int, gz: int, stream: int, values) -> None:
         """Launch with argument values already matched to this binary (Arguments.pack_trusted)."""

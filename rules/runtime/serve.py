@@ -110,6 +110,7 @@ class Served:
         self.load, self.kernel = load, None
         self.bundle, self.entry, self.fn = bundle, entry, fn   # the binary's bundle entry; the JIT function served
         self.plan = tuple(plan)   # (argument position, is it a pointer) per runtime argument
+        self._pointers = tuple(i for i, pointer in self.plan if pointer)
         self.function = self.packed_metadata = self._loaded_numbers = None
         from triton import knobs   # held: launch_metadata runs on every launch, an import there cost 0.5 us
         self._runtime_knobs = knobs.runtime
@@ -133,6 +134,9 @@ class Served:
             return
         if self.kernel is None:
             self.kernel = self.load()
+        for i in self._pointers:   # as Triton's launcher, memory the GPU cannot reach (a CPU tensor's) is refused
+            if getattr(args[i], "is_cuda", True) is False and not self.kernel.reaches(args[i].data_ptr()):
+                raise ValueError(f"Pointer argument (at {i}) cannot be accessed from Triton (cpu tensor?)")
         if launch_metadata is not None and enter_hook is not None:
             enter_hook(launch_metadata)
         # Triton matched these arguments' dtypes and 16-divisibility to the specialization this binary was

@@ -692,3 +692,24 @@ def test_a_kernel_loaded_or_launched_in_a_thread_with_no_cuda_context_uses_its_o
     launcher.start()
     launcher.join()
     assert lib.launched_in == [None, 1001]   # refused with no context, then launched in the kernel's own
+
+
+def test_a_kernel_asks_the_driver_whether_the_gpu_reaches_an_address_as_tritons_launcher_does(monkeypatch):
+    """Kernel.reaches: cuPointerGetAttribute(DEVICE_POINTER) refusing the address (CUDA_ERROR_INVALID_VALUE: pageable
+    host memory) is the one no; pinned memory and null (an empty tensor's) reach."""
+    from kforge_runtime import launch
+
+    class Pointers(ThreadContexts):
+        def cuPointerGetAttribute(self, data, attribute, address):
+            asked.append((attribute, address.value))
+            return 0 if address.value == 0x7000 else 1
+    asked, lib = [], Pointers()
+    driver = object.__new__(launch.Driver)
+    driver.vendor, driver.prefix, driver.lib = "nvidia", "cu", lib
+    monkeypatch.setattr(launch.Driver, "get", classmethod(lambda cls, vendor: driver))
+    lib.current.ctx = 1001
+    entry = {"target": "scale:x@sm_90a", "divisible_by_16": [], "threads_per_block": 128, "shared": 0,
+             "signature": [{"name": "x_ptr", "type": "*fp32"}], "toolchain": "triton", "symbol": "scale"}
+    kernel = launch.Kernel(entry, b"\x7fELF", "nvidia")
+    assert kernel.reaches(0x7000) and not kernel.reaches(0x5000) and kernel.reaches(0)
+    assert asked == [(3, 0x7000), (3, 0x5000)]

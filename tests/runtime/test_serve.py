@@ -101,6 +101,9 @@ class Launched:
     def launch_trusted(self, gx, gy, gz, stream, values):
         Launched.calls.append(((gx, gy, gz), stream, list(values)))
 
+    def reaches(self, address):   # the harness launches nothing: a CPU tensor stands for GPU memory
+        return True
+
 
 def entry(kernel: str, block: int, warps: int, divisible=("x_ptr", "y_ptr")) -> dict:
     fn = globals()[kernel]
@@ -211,6 +214,27 @@ def test_a_call_on_a_device_of_another_arch_is_served_that_arch_s_binary_or_none
     TwoArches.device = 1
     with pytest.raises(serve.NotServed, match=rf"no prebuilt {__name__}:copy for sm_80"):
         copy[(8,)](x, y, 1000, BLOCK=128)
+    assert len(Launched.calls) == 1
+
+
+def test_a_tensor_the_gpu_cannot_reach_is_refused_as_tritons_launcher_refuses_it(jit, tmp_path, monkeypatch):
+    """Triton's launcher asks the driver of every pointer and refuses a CPU tensor ("cannot be accessed from Triton
+    (cpu tensor?)"); a served launch passed its host address to the kernel. Pinned host memory the GPU reaches runs."""
+    class Unreachable(Launched):
+        def reaches(self, address):   # the driver's answer for pageable host memory
+            asked.append(address)
+            return False
+    from kforge_runtime.bundle import Bundle
+    asked = []
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Unreachable())
+    serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
+    x, y = tensors()
+    refused = r"^Pointer argument \(at 0\) cannot be accessed from Triton \(cpu tensor\?\)$"   # Triton's words
+    with pytest.raises(ValueError, match=refused):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert asked == [x.data_ptr()] and Launched.calls == []
+    monkeypatch.setattr(Unreachable, "reaches", lambda self, address: True)   # pinned: the driver maps it
+    copy[(8,)](x, y, 1000, BLOCK=128)
     assert len(Launched.calls) == 1
 
 
@@ -728,6 +752,9 @@ class Packed:
         self.arguments = Arguments(entry)
         self.arguments.encode = lambda slot, meta, address, shape, strides, nan: Packed.launches.append(
             (meta["block_size"], address, shape, strides, nan))
+
+    def reaches(self, address):   # as Launched's
+        return True
 
     def launch_trusted(self, gx, gy, gz, stream, values):
         import ctypes

@@ -2,7 +2,7 @@
 record built (doit), the application run again served from the bundle (KFORGE_SERVE), every output compared bit
 for bit with the JIT's. The cases are those tests/runtime/test_serve.py holds on a CPU with the launch stubbed: an
 autotuner's pruner deciding per call, reset_to_zero, a module global changed after the first call, a served
-kernel's registers, Triton's launch hooks."""
+kernel's registers, Triton's launch hooks; and a CPU tensor refused as Triton refuses it, pinned memory run."""
 import json
 import os
 import re
@@ -95,6 +95,14 @@ k = K.softmax[(16,)](out["softmax"], x, 781, BLOCK=1024)
 out["softmax_x"], out["softmax_regs"] = x, [k.n_regs, k.n_spills, k.n_max_threads]
 torch.cuda.synchronize()
 out["launch_hook_calls"] = len(launches)
+try:   # a CPU tensor: Triton's launcher refuses it, and so must a served launch
+    K.softmax[(16,)](torch.empty(16, 781), x.cpu(), 781, BLOCK=1024)
+except ValueError as e:
+    out["cpu_tensor"] = str(e)
+xp = x.cpu().pin_memory()   # pinned host memory, which the GPU reaches: it runs
+out["softmax_pinned"] = torch.empty_like(xp).pin_memory()
+K.softmax[(16,)](out["softmax_pinned"], xp, 781, BLOCK=1024)
+torch.cuda.synchronize()
 torch.save({k: (v.cpu() if torch.is_tensor(v) else v) for k, v in out.items()}, sys.argv[1])
 '''
 
@@ -153,3 +161,5 @@ def test_an_application_recorded_built_and_served_computes_what_the_jit_computes
     torch.testing.assert_close(ours["softmax"], torch.softmax(ours["softmax_x"], dim=1))
     assert ours["softmax_regs"] == jit["softmax_regs"] and ours["softmax_regs"][0] > 0
     assert ours["launch_hook_calls"] == 6   # one per launch the application made, served or compiled
+    assert ours["cpu_tensor"] == jit["cpu_tensor"] and "cpu tensor?" in ours["cpu_tensor"]   # refused alike
+    assert torch.equal(ours["softmax_pinned"], ours["softmax"])
