@@ -134,19 +134,17 @@ def _route(request: tuple, fd: int) -> dict:
     installed = backend.imports_module and not in_project(target.source, root)   # a library's, not the project's
     if installed:
         _precompile_once(package)
-    in_hub = backend.import_in == "hub"
-    if in_hub:
-        try:
-            backend.warm(root)
-        except Exception as e:   # a toolchain that cannot even import fails every target clearly
-            return {"error": _unusable(target, e)}
+    try:   # once per build: every server inherits the toolchain
+        backend.warm(root)
+    except Exception as e:   # a toolchain that cannot even import fails every target clearly
+        return {"error": f"the {target.toolchain} toolchain is not usable in this environment: {e}"}
     if installed and "torch" not in sys.modules and _requires_torch(package):
         # imported once here, every server forked from the hub has it (each imports one kernel module, and would
         # pay torch's 1.6-2 s import again); kernels that do not need torch do not pay for it
         with contextlib.suppress(ImportError):
             import torch  # noqa: F401  (part of the toolchain: never an input)
     started = time.time()
-    setup = functools.partial(_server_setup, target, backend, root, not in_hub)
+    setup = functools.partial(_server_setup, target, backend, root)
     server = _kept(_servers, _library(target, backend), MAX_SERVERS,
                    lambda: isolate.Server(functools.partial(in_context, backend), setup))
     outcome = server.call((target, scratch_dir, timeout), timeout + PACKAGE_SLACK_S * len(import_levels(target)),
@@ -626,18 +624,13 @@ def _library(target: Target, backend: Backend) -> tuple:
             target.setup, package_context(target))
 
 
-def _server_setup(target: Target, backend: Backend, root: str, import_here: bool) -> None:
-    """Once in each fresh library server, after the fork: the family's [env] first (its module reads it when
-    imported), then the compiler."""
+def _server_setup(target: Target, backend: Backend, root: str) -> None:
+    """Once in each fresh library server, after the fork: the family's [env] (its module reads it when imported),
+    the arch of an arch_per_process backend, and the recorder."""
     setting_up = time.time()
     inherited = dict(os.environ)
     os.environ.update(dict(target.env))
     fixed_address_layout()
-    if import_here:
-        try:
-            backend.warm(root)
-        except Exception as e:
-            raise RuntimeError(_unusable(target, e)) from None
     if backend.arch_per_process:
         backend.setup(target.arch)
     _named_from[:] = [root, tuple(sys.path)]
@@ -666,7 +659,3 @@ def fixed_address_layout() -> None:
     current = libc.personality(0xFFFFFFFF)   # query
     if current != -1 and not current & ADDR_NO_RANDOMIZE:
         libc.personality(current | ADDR_NO_RANDOMIZE)
-
-
-def _unusable(target: Target, e: Exception) -> str:
-    return f"the {target.toolchain} toolchain is not usable in this environment: {e}"

@@ -153,5 +153,4 @@ def _code_object(launcher) -> bytes:
 lowering.BACKENDS["flydsl"] = lowering.Backend(
     lower, warm, setup=setup,
     arch_per_process=True,   # FlyDSL reads ARCH from the environment: one server per arch
-    import_in="hub",          # once per build (about 2 s), inherited by its servers, one per arch
     imports_module=True)

@@ -24,13 +24,10 @@ class Lowered:
 class Backend:
     """One toolchain's lowering, as the compile core drives it."""
     lower: Callable[..., Lowered]   # (target, scratch dir) -> Lowered, in the compile server; writes no file
-    warm: Callable[[str], None]     # (root): import the compiler and pay its one-time set-up, once per process
+    warm: Callable[[str], None]     # (root): import the compiler and pay its one-time set-up, in the build's hub
     # True when the compiler fixes its arch per process (FlyDSL reads it from the environment): one server per
     # arch, set up with setup(arch); False (Triton): one server for every arch
     arch_per_process: bool
-    # "server": each library server imports the compiler after the fork; "hub": the build's hub imports it once
-    # and every server inherits it
-    import_in: str
     setup: Callable[[str], None] | None = None   # (arch): once in each server of an arch_per_process backend
     # True when lower() imports the target's module by its name (both real backends): the compile core then
     # imports it first, timed as the server's "import", and knows a failed import when it sees one

@@ -258,7 +258,5 @@ def source_key(target) -> str:
 lowering.BACKENDS["triton"] = lowering.Backend(
     lower, warm,
     arch_per_process=False,   # the arch is an argument of each compile: one warm server serves them all
-    # once per build, in its hub: every compile server (one per module and worker) forks from it
-    import_in="hub",
     imports_module=True,
     source_key=source_key)

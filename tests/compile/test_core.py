@@ -75,7 +75,7 @@ def fake_backend(monkeypatch, compiled):
                                             text=True).stdout.strip(),
                                         "lowered_in": os.getpid()})
     monkeypatch.setitem(lowering.BACKENDS, "fake",
-                        lowering.Backend(lower, lambda root: None, arch_per_process=False, import_in="worker"))
+                        lowering.Backend(lower, lambda root: None, arch_per_process=False))
     with fresh_servers(monkeypatch):
         yield fake
 
