@@ -60,9 +60,9 @@ def backend_of(toolchain: str) -> Backend:
     """The toolchain's backend, imported only in a process that compiles (Triton targets never import FlyDSL)."""
     from kforge.compile import lowering
     if toolchain == "triton":
-        from kforge.compile import triton_backend  # noqa: F401  (registers itself)
+        from kforge.compile import triton_backend  # noqa: F401  (enters itself in BACKENDS)
     elif toolchain == "flydsl":
-        from kforge.compile import flydsl_backend  # noqa: F401  (registers itself)
+        from kforge.compile import flydsl_backend  # noqa: F401  (enters itself in BACKENDS)
     return lowering.BACKENDS[toolchain]   # another name: a backend registered by hand (tests)
 
 

@@ -58,7 +58,7 @@ def atomic_symlink(path: Path, target: Path) -> None:
         os.symlink(target, tmp)
 
 
-def read_state(path: Path, well_shaped=lambda found: True) -> dict | None:
+def read_state(path: Path, well_shaped) -> dict | None:
     """The JSON object a state file of out/.kforge/ holds, None when there is none; one that cannot be read, is not
     JSON, or is not a JSON object of the shape this kforge writes (well_shaped) is dropped now with one warning (a
     link as a link), so that it is rebuilt and said once, not at every command until a build replaces it."""
