@@ -20,7 +20,7 @@ MAPS_KEPT = 16   # encoded maps a descriptor argument keeps, by address, shape, 
 # The compile's element type numbers (Triton's TMA lowering's) as the driver's CUtensorMapDataType: its 8, 9, 10 are
 # the driver's 10 (FLOAT32_FTZ), 8 (FLOAT64) and 9 (BFLOAT16), as triton 3.6's launcher translates them
 HOST_ELEM_TYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
-TYPE = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[([0-9, ]+)\]>")
+TYPE = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[( *[0-9]+ *(?:, *[0-9]+ *)*)\]>")
 
 # cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* globalAddress,
 #   const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
@@ -42,12 +42,7 @@ def is_descriptor(kind: str) -> bool:
 def parse(kind: str) -> tuple[str, list[int]] | None:
     """'tensordesc<bf16[64, 64]>' -> ('bf16', [64, 64]); None for anything else."""
     found = TYPE.fullmatch(kind)
-    if not found:
-        return None
-    try:
-        return found[1], [int(x) for x in found[2].split(",")]
-    except ValueError:
-        return None
+    return (found[1], [int(x) for x in found[2].split(",")]) if found else None
 
 
 class Descriptor:
