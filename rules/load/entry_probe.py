@@ -704,7 +704,7 @@ class _Misses:
         if frame is None:
             return True
         real = os.path.realpath(frame.f_code.co_filename)
-        return (real + os.sep).startswith(self.recorder.skip) or real.startswith(self.recorder.skip)
+        return (real + os.sep).startswith(self.recorder.skip)
 
 
 if __name__ == "__main__":

@@ -139,14 +139,12 @@ def _short(name: str) -> str:
 def _resolve(base: Path, parts: list[str]) -> Path | None:
     """base/a/b/c.py or base/a/b/c/__init__.py, every folder on the way a package (regular or namespace)."""
     folder = base.joinpath(*parts[:-1])
-    try:
+    with contextlib.suppress(OSError):   # a path too long for the file system (parts of 255 characters): no module
         if not folder.is_dir():
             return None
         for candidate in (folder / parts[-1] / "__init__.py", folder / f"{parts[-1]}.py"):
             if candidate.is_file():   # named as it lies under base, though a link on the way may lead elsewhere
                 return candidate
-    except OSError:   # a path too long for the file system (parts of 255 characters, many of them): no module
-        pass
     return None
 
 
@@ -185,13 +183,11 @@ def _distribution(base: str, top: str) -> tuple[str, str]:
 def _metadata(info: Path) -> dict[str, str]:
     """Name and Version from a dist-info METADATA file (its header lines: no email parser needed)."""
     found = {}
-    try:
+    with contextlib.suppress(OSError):
         for line in (info / "METADATA").read_text(errors="replace").splitlines():
             if not line.strip():
                 break
             key, _, value = line.partition(":")
             if key in ("Name", "Version"):
                 found[key] = value.strip()
-    except OSError:
-        pass
     return found

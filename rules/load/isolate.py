@@ -1,20 +1,17 @@
 """Compiles run in a warm child process: a crash, abort, OOM kill or hang fails that compile, not the build.
 
-A Server is one forked child that runs fn(request) for each call, one at a time. The caller imports the compiler
-once and forks from there: no Python start or compiler import per kernel, and the compiler's lazily built state
-(MLIR context, LLVM target init) lives on from call to call, while process-global state (LLVM options, env
+A Server is one forked child that runs fn(request) per call. The caller imports the compiler once and forks from
+there: the compiler's lazily built state lives on from call to call, process-global state (LLVM options, env
 overrides) stays in the child. A call that crashes or times out takes the child; the next call forks a fresh one.
 
-The child runs without Python's cyclic garbage collector: Triton's MLIR contexts are freed only by it, and a
-process that has freed them compiles more slowly (100 Triton compiles: 17.2 CPU s with the collector off, 19.5-19.9
-s with it on: bench/compile_gc.py; a whole build on the 16-CPU H100 host gained about 5%). Memory then only grows
-(about 1 MB per compile), so a child grown by more than `retire_after_mb` since its first call (which holds what a
-server does once: a package server's import of its library) is replaced after the call that crossed the line.
+The child runs without the cyclic garbage collector: freeing Triton's MLIR contexts slows later compiles (100
+compiles: 17.2 CPU s with it off, 19.5-19.9 s on: bench/compile_gc.py). Memory then only grows (about 1 MB per
+compile), so a child grown by more than `retire_after_mb` since its first call is replaced after that call.
 
-A Hub is one process that forks servers for every process of a run (doit's workers): each asks it over one shared
-socket, sending a socket of its own; the hub's handler forks a server that answers on it (serve_on) and the asker
-talks to it directly (Attached). Only a parent learns how its child ended, so each such server runs under a
-minder that tells the asker its pid and, when it ends, its exit status (docs/correctness.md: isolated compiles).
+A Hub is one process that forks servers for every process of a run (doit's workers): each sends it a socket of
+its own; the hub forks a server that answers on it (serve_on) and the asker talks to it directly (Attached). Only
+a parent learns how its child ended, so each such server runs under a minder that tells the asker its pid and,
+when it ends, its exit status (docs/correctness.md: isolated compiles).
 """
 from __future__ import annotations
 
@@ -49,8 +46,8 @@ class Outcome:
     error: str = ""
     traceback: str = ""   # the compiler's own, where it raised: kept in error.txt, not printed
     facts: dict | None = None   # what fn attached to the exception it raised (`kforge_facts`), for the caller
-    # a server forked elsewhere that ended with no word from its minder: the processes above it were killed (a
-    # hub killed from outside), not the call's own doing: asking again gets a fresh one
+    # a server forked elsewhere ended with no word from its minder (a hub killed from outside), not the call's own
+    # doing: asking again gets a fresh one
     vanished: bool = False
 
 
@@ -75,9 +72,8 @@ class Server:
         self.started = 0   # children forked so far (a retired or crashed child is replaced by a fresh one)
 
     def call(self, request: Any, timeout: float, log_dir: str | None = None, handle: int | None = None) -> Outcome:
-        """fn(request) in the child; its output goes to a log in log_dir (kforge's scratch: rules/store/guard.py),
-        or nowhere with log_dir=os.devnull. With `handle` (a file descriptor), fn gets (request, the child's own
-        copy of it)."""
+        """fn(request) in the child; its output goes to a log in log_dir, or nowhere with log_dir=os.devnull. With
+        `handle` (a file descriptor), fn gets (request, the child's own copy of it)."""
         try:
             self._ensure_alive()
         except Unavailable as e:
@@ -166,7 +162,7 @@ class Unavailable(Exception):
 
 class Attached(Server):
     """A server another process forked for this one (Hub, serve_on): connect() returns (connection, pid), or
-    raises Unavailable. Calls go to it directly; its minder says how it ended (the "died" message)."""
+    raises Unavailable; its minder says how it ended (the "died" message)."""
 
     def __init__(self, connect: Callable[[], tuple[Connection, int]]):
         super().__init__(fn=None)
@@ -187,9 +183,8 @@ class Attached(Server):
 
 
 def serve_on(fd: int, fn: Callable[[Any], dict], setup: Callable[[], None] | None = None) -> int:
-    """Fork a server for another process, answering calls on the socket `fd` (the other end is the asker's:
-    Attached), under a minder that sends the asker its pid first and its exit status last. Returns the minder's
-    pid (the caller reaps it); `fd` is closed here."""
+    """Fork a server answering calls on the socket `fd` (the asker's end: Attached), under a minder that sends the
+    asker its pid first and its exit status last. Returns the minder's pid (the caller reaps it); closes `fd`."""
     caller = os.getpid()
     minder = os.fork()
     if minder:
@@ -217,9 +212,9 @@ MAX_REQUEST = 1 << 20   # bytes of one pickled request to a Hub
 
 class Hub:
     """A process that forks servers for every process holding it (doit's workers, forked after it): ask(request)
-    sends the request with a fresh socket's other end; in the hub, handle(request, fd) hands a copy of fd on to a
-    server it forks (serve_on) and returns a dict, sent on the socket after it (an exception as {"error": ...});
-    connect() waits for both. Requests are taken one at a time, in the order they came."""
+    sends the request with a fresh socket's other end; in the hub, handle(request, fd) forks a server on it
+    (serve_on) and returns a dict, sent on the socket after it (an exception as {"error": ...}); connect() waits for
+    both. Requests are taken one at a time, in order."""
 
     def __init__(self, handle: Callable[[Any, int], dict]):
         self.handle = handle
@@ -233,7 +228,7 @@ class Hub:
         """The asker's end of the request's socket. A hub that has gone (killed) is replaced by one of this
         process's own, if `replace`."""
         data = pickle.dumps(request)
-        for attempt in (1, 2) if replace else (2,):
+        while True:
             self.start()
             mine, theirs = socket.socketpair()
             try:
@@ -241,46 +236,44 @@ class Hub:
                 return Connection(mine.detach())
             except OSError:
                 mine.close()
-                if attempt == 2:
+                if not replace:
                     raise
+                replace = False
                 self.close()
             finally:
                 theirs.close()
-        raise AssertionError("unreachable")
 
-    def connect(self, request: Any, timeout: float) -> tuple[Connection, int, dict]:
+    def connect(self, request: Any, timeout: float, retry: bool = True) -> tuple[Connection, int, dict]:
         """ask(request), for a handler that forks a server on the socket (serve_on): (the connection to that
-        server, its pid, what the handler answered). Unavailable when the handler answered {"error": ...} (or
-        raised) or none came within `timeout`. A hub that ended with the request in its queue (killed: it takes
-        requests until its process is gone) is replaced by one of this process's own, asked once more."""
-        for attempt in (1, 2):
-            conn, start, got = self.ask(request), time.monotonic(), {}
-            try:
-                while "pid" not in got or "answer" not in got:
-                    if not conn.poll(max(start + timeout - time.monotonic(), 0)):
-                        raise Unavailable(Outcome(False, time.monotonic() - start,
-                                                  error=f"no compile server within {timeout:.0f} s"))
-                    try:
-                        message = conn.recv()
-                    except (EOFError, OSError):
-                        message = {"died": None}
-                    if "error" in message or "died" in message:
-                        vanished = "died" in message and message["died"] is None
-                        if vanished and attempt == 1:
-                            break
-                        raise Unavailable(Outcome(
-                            False, time.monotonic() - start,
-                            error=message.get("error") or _death(message.get("died")),
-                            traceback=message.get("traceback", ""), facts=message.get("facts"), vanished=vanished))
-                    got.update(message if "pid" in message else {"answer": message})
-                else:
-                    return conn, got["pid"], got["answer"]
-            except BaseException:
-                conn.close()
-                raise
+        server, its pid, what the handler answered); Unavailable for an error or no answer within `timeout`. A
+        hub that ended with the request in its queue (killed) is replaced by one of this process's own, once."""
+        conn, start, got = self.ask(request), time.monotonic(), {}
+        try:
+            while "pid" not in got or "answer" not in got:
+                if not conn.poll(max(start + timeout - time.monotonic(), 0)):
+                    raise Unavailable(Outcome(False, time.monotonic() - start,
+                                              error=f"no compile server within {timeout:.0f} s"))
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    message = {"died": None}
+                if "error" in message or "died" in message:
+                    vanished = "died" in message and message["died"] is None
+                    if vanished and retry:
+                        break
+                    raise Unavailable(Outcome(
+                        False, time.monotonic() - start,
+                        error=message.get("error") or _death(message.get("died")),
+                        traceback=message.get("traceback", ""), facts=message.get("facts"), vanished=vanished))
+                got.update(message if "pid" in message else {"answer": message})
+            else:
+                return conn, got["pid"], got["answer"]
+        except BaseException:
             conn.close()
-            self.close()   # gone: the next ask forks one of this process's own
-        raise AssertionError("unreachable")
+            raise
+        conn.close()
+        self.close()   # gone: the next ask forks one of this process's own
+        return self.connect(request, timeout, retry=False)
 
     def close(self, grace_s: float = 5.0) -> None:
         """Kill the hub and every server below it, and wait (up to grace_s) until none is left: an interrupted
@@ -302,8 +295,8 @@ class Hub:
         self.attached = False
 
     def start(self, attach: Callable[[], tuple[socket.socket, int] | None] | None = None) -> bool:
-        """Start the hub now, if this process has none (a process forked later inherits this one): whether it did.
-        attach() may give one forked elsewhere for this process, (its socket, its pid); else it is forked here."""
+        """Start the hub now, if this process has none: whether it did. attach() may give one forked elsewhere for
+        this process, (its socket, its pid); else it is forked here."""
         with self.lock:
             if self.sock is not None:
                 return False
@@ -323,8 +316,7 @@ class Hub:
             ours.close()
             _run_hub(hubs, self.handle, parent)
         hubs.close()
-        with contextlib.suppress(OSError):   # as the child does: whichever runs first (close() kills the group)
-            os.setpgid(pid, pid)
+        own_group(pid)
         self.pid, self.owner, self.sock = pid, parent, ours
         # its own group hears no Ctrl-C: at this process's exit, before the scratch sweep registered earlier
         # (atexit runs the last registered first), its compiles in flight go
@@ -361,7 +353,7 @@ _hub_ends: list[socket.socket] = []   # in a hub: its end of the askers' socket,
 
 def _leave_hub() -> None:
     """In a process a hub forked: close its end of the askers' socket. While a server held it, a hub killed from
-    outside still took requests (queued, never read) instead of refusing them, so askers never started their own."""
+    outside still took requests (queued, never read), so askers never started their own."""
     for end in _hub_ends:
         end.close()
     _hub_ends.clear()
@@ -369,8 +361,7 @@ def _leave_hub() -> None:
 
 def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: int) -> None:
     try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)   # a process group of its own, which every server it forks joins: Hub.close
+        own_group(0)   # which every server it forks joins: Hub.close kills the group
         _child_of(parent, HUB_NAME)   # it imports toolchains and forks: the collector would only slow the imports
         _hub_ends.append(sock)
         while True:
@@ -384,20 +375,16 @@ def _run_hub(sock: socket.socket, handle: Callable[[Any, int], dict], parent: in
                 answer = handle(pickle.loads(data), fds[0])
             except Exception as e:
                 answer = _error_payload(e)
-            try:
+            with contextlib.suppress(OSError):   # the asker has gone
                 reply.send(answer)
-            except OSError:   # the asker has gone
-                pass
             reply.close()
     finally:
         os._exit(0)
 
 
 def _child_of(parent: int, name: bytes) -> None:
-    """A hub's or server's start: named for ps, without the collector (the heap it inherited frozen out of its
-    walks and private pages), dying with `parent`; Ctrl-C ends it with the run (the run reports it), unless the run
-    ignores it (started in the background, under nohup): then it does too, or a compile would die with no
-    interrupt at all."""
+    """A hub's or server's start: named for ps, without the collector (the inherited heap frozen out of its walks),
+    dying with `parent`; Ctrl-C ends it with the run, unless the run ignores it (under nohup): then it does too."""
     _leave_hub()
     _name_process(name)
     gc.freeze()
@@ -445,8 +432,7 @@ def _serve(conn, fn, setup, retire_after_mb: float, parent: int) -> None:
                     if getattr(e, "kforge_retire", False):   # fn says this process is no longer fit to serve
                         payload["retire"] = True
                 # the kernel's code exited (sys.exit at import) or raised a KeyboardInterrupt of its own (a Ctrl-C
-                # kills: SIGINT is default above): said as its error, not lost to the exit below; what it cut short
-                # may be half done, so a fresh child serves the next call
+                # kills: SIGINT is default): said as its error; what it cut short may be half done, so retired
                 except BaseException as e:
                     payload = _error_payload(e)
                     payload["retire"] = True
@@ -472,8 +458,7 @@ def _death(status: int | None) -> str:
         sig = os.WTERMSIG(status)
         why = "killed (out of memory?)" if sig == signal.SIGKILL else "crashed"
         return f"compiler process {why}: {signal.Signals(sig).name}"
-    # an exit no handler sees (os._exit; sys.exit is caught by _serve): the first line as before (a crash's summary
-    # adds the compiler's last output to it), the likely cause below it
+    # an exit no handler sees (os._exit; _serve catches sys.exit): the likely cause below the first line
     return (f"compiler process exited with code {os.WEXITSTATUS(status)} and no result\n"
             f"while running the kernel's code (importing its module or compiling): a module that calls sys.exit or "
             f"os._exit at import is a likely cause")
@@ -495,8 +480,8 @@ def _short_error(e: BaseException) -> str:
                 f"its module or compiling; a module must not {'exit' if exits else 'raise ' + type(e).__name__} at "
                 f"import (put such code under `if __name__ == \"__main__\":`)")
     elif text.endswith("^") and e.__cause__ is not None:
-        # Triton's CompilationError for a call into a failing @jit function says where (the call, a caret under it)
-        # and leaves why to the error it was raised from: the last line of the first cause, the innermost, added
+        # Triton's CompilationError for a call into a failing @jit function says only where: its innermost cause's
+        # last line says why
         cause = e.__cause__
         while cause.__cause__ is not None:
             cause = cause.__cause__
@@ -526,17 +511,24 @@ def _prctl(option: int, value) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
+def own_group(pid: int) -> None:
+    """A process group of its own for the child `pid` (0: this process), set on both sides of the fork: a kill
+    right after it must find the group, whichever side runs first."""
+    with contextlib.suppress(OSError):   # the other side set it already, or the child has exited
+        os.setpgid(pid, 0)
+
+
 def no_input() -> None:
-    """In a child that imports a library or runs a catalog: stdin is /dev/null. A module reading stdin as it is
-    imported waited on the build's (a terminal: the user's typing, taken) and stalled the build with no word."""
+    """In a child that imports a library or runs a catalog: stdin is /dev/null. A module reading stdin at import
+    stalled the build with no word, waiting on the terminal."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """In a forked child: be killed when the process that forked it dies (Linux prctl PR_SET_PDEATHSIG), so
-    that a SIGKILLed build leaves no worker or compile server behind; exit now if it has died already."""
+    """In a forked child: be killed when the process that forked it dies (PR_SET_PDEATHSIG), so that a SIGKILLed
+    build leaves no worker or server behind; exit now if it has died already."""
     _prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:   # it died between the fork and the prctl
         os._exit(1)

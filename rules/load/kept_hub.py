@@ -189,7 +189,7 @@ def _keep(listener: socket.socket, request: Keep, loaded: dict, handle) -> None:
 def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hubs: set, ending: list) -> None:
     """One build that connected: a hub forked for it, or why not."""
     conn, _ = listener.accept()
-    try:
+    with conn, contextlib.suppress(Exception):   # a build that went, or sent what no build sends: the keeper goes on
         conn.settimeout(ATTACH_TIMEOUT_S)
         if ending or _peer(conn)[1] != os.getuid():   # told to end (SIGTERM) since it last looked: it serves no more
             return
@@ -213,10 +213,6 @@ def _serve_one(listener: socket.socket, request: Keep, loaded: dict, handle, hub
             isolate._run_hub(conn, handle, keeper)
         hubs.add(pid)
         conn.send(json.dumps({"pid": pid}).encode())
-    except Exception:   # a build that went, or sent what no build sends: the keeper goes on
-        pass
-    finally:
-        conn.close()
 
 
 def _stale(kept: dict, asked: dict, loaded: dict) -> str:

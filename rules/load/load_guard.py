@@ -1,10 +1,9 @@
-"""Loading the catalog runs the project's code, bounded: a Python catalog file (rules/declare/python_catalog.py) and
-the probe's imports (rules/load/entry_probe.py) each run in a child process that says what it loads once it has
-taken a few seconds (a hang is otherwise a silent `doit list`), is stopped at catalog_timeout with one line naming
-the file and the setting, may allocate at most catalog_memory (RLIMIT_DATA, not RLIMIT_AS: CUDA and torch reserve
-many GB of address space at import), and runs in a process group of its own, killed when the load ends however
-it ends, dying with its parent. A catalog is trusted code (README's threat model): this is for diagnosis, not
-containment; a process that leaves its group (setsid) or ignores its parent's death is not followed.
+"""Loading the catalog runs the project's code, bounded: a Python catalog file and the probe's imports each run in
+a child process that says what it loads once it has taken a few seconds (a hang is otherwise a silent `doit
+list`), is stopped at catalog_timeout with one line naming the file and the setting, may allocate at most
+catalog_memory (RLIMIT_DATA, not RLIMIT_AS: CUDA and torch reserve many GB of address space at import), and runs
+in a process group of its own, killed when the load ends, dying with its parent. For diagnosis, not containment
+(a catalog is trusted code): a process that leaves its group or ignores its parent's death is not followed.
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from typing import Callable
 
 from kforge.base import settings
 from kforge.base.errors import SpecError
-from kforge.load.isolate import die_with_parent, no_input
+from kforge.load.isolate import die_with_parent, no_input, own_group
 
 NOTICE_S = 5.0   # a load taking longer says what it is loading (earlier under a smaller catalog_timeout)
 
@@ -46,7 +45,7 @@ def run(fn: Callable[[], object], shown: str) -> object:
         reader.close()
         _child(fn, writer, parent, memory, shown)
     writer.close()
-    _own_group(pid)   # set by both sides: a kill right after fork must find the group
+    own_group(pid)
     try:
         wait.readable(reader.fileno())
         data = reader.recv_bytes()
@@ -90,9 +89,8 @@ def memory_hint(error: str) -> str:
 
 
 class Wait:
-    """Waiting on a child that is `doing` something for `where` (the file, as messages show it) since `started`
-    (time.monotonic() when it was given its work; default: now): one notice once it has taken a few seconds, a stop
-    at catalog_timeout; `look` is the command that shows where it hangs."""
+    """Waiting on a child that is `doing` something for `where` (the file) since `started` (time.monotonic();
+    default: now): one notice after a few seconds, a stop at catalog_timeout; `look` shows where it hangs."""
 
     def __init__(self, where: str, doing: str, look: str, started: float | None = None):
         self.where, self.doing, self.look = where, doing, look
@@ -111,8 +109,8 @@ class Wait:
             until = self.limit if self.noticed else notice_at
             if select.select([fd], [], [], max(0.0, until - elapsed))[0]:
                 return
-            if not self.noticed and time.monotonic() - self.started >= notice_at:
-                took = time.monotonic() - self.started
+            took = time.monotonic() - self.started
+            if not self.noticed and took >= notice_at:
                 sys.stderr.write(f"kforge: loading {self.where} ({self.doing}) for {took:.0f} s so far; stopped at "
                                  f"{self.limit:g} s (catalog_timeout)\n")
                 self.noticed = True
@@ -120,7 +118,7 @@ class Wait:
 
 def _child(fn: Callable[[], object], writer, parent: int, memory: int, shown: str) -> None:
     try:
-        _own_group(0)
+        own_group(0)
         _limit(parent, memory)
         no_input()
         try:
@@ -150,11 +148,6 @@ def _limit(parent: int, memory: int) -> None:
     die_with_parent(parent)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
-
-
-def _own_group(pid: int) -> None:
-    with contextlib.suppress(OSError):   # the child set it already, or has exited
-        os.setpgid(pid, pid or os.getpid())
 
 
 def _end(pid: int) -> int:

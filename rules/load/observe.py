@@ -308,9 +308,8 @@ class Recorder:
         if path not in self.listed and not (path + os.sep).startswith(self.skip + self._own):
             self._listing = True
             try:
-                self.listed[path] = listing_digest(path)
-            except OSError:   # not a folder: the caller gets the error
-                pass
+                with contextlib.suppress(OSError):   # not a folder: the caller gets the error
+                    self.listed[path] = listing_digest(path)
             finally:
                 self._listing = False
 
@@ -533,31 +532,24 @@ def _bytecode_key() -> bytes | None:
     if folder is None:
         return None
     path = os.path.join(folder, BYTECODE_KEY)
-    try:   # made owner-only, and checked as _KeptBytecode checks its folders: a link there would take the key's writes
+    # made owner-only, and checked as _KeptBytecode checks its folders: a link there would take the key's writes
+    with contextlib.suppress(OSError):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    except OSError:
-        return None
     if not _own_folder(folder):
         return None
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                st = os.fstat(fd)
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
                     return None
-                key = os.read(fd, 33)
-            finally:
-                os.close(fd)
+                key = f.read(33)
             return key if len(key) == 32 else None
         except FileNotFoundError:
             beside = f"{path}.{os.getpid()}.tmp"
             try:
-                fd = os.open(beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                try:
-                    os.write(fd, os.urandom(32))
-                finally:
-                    os.close(fd)
+                with open(os.open(beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                    f.write(os.urandom(32))
                 os.link(beside, path)   # made whole or not at all; another process's, made first, is the one
             except FileExistsError:
                 pass
@@ -647,10 +639,8 @@ class _KeptBytecode:
             if not self.made:   # asked again, of the folders as they are now
                 for i, folder in enumerate(self.chain):   # each made only once the one above it passed: never
                     if not os.path.lexists(folder):        # through a link
-                        try:
+                        with contextlib.suppress(FileExistsError):   # another process's, made meanwhile
                             os.makedirs(folder, mode=0o700) if i == 0 else os.mkdir(folder, 0o700)
-                        except FileExistsError:   # another process's, made meanwhile
-                            pass
                     if not _own_folder(folder):
                         self.own = False
                         return
