@@ -67,6 +67,7 @@ def cpu_setup():
     import light_app
     import torch
     from kforge_runtime.bundle import Bundle
+    from kforge_runtime.source_key import source_key
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
@@ -79,8 +80,11 @@ def cpu_setup():
         def launch_trusted(self, *args):
             pass
 
+        def reaches(self, address):   # the CPU tensors stand in for the GPU's
+            return True
+
     driver.set_active(Stub())
-    Bundle.kernel = lambda self, e: Launch()
+    Bundle.kernel = lambda self, entry, device=None: Launch()
     dist = Path(tempfile.mkdtemp()) / "b"
     dist.mkdir()
     signature = [("x_ptr", "*bf16"), ("y_ptr", "*bf16"), ("N", "i32"), ("stride_x", "i32"), ("stride_y", "i32")]
@@ -89,7 +93,8 @@ def cpu_setup():
         "artifacts": [{"target": "softmax-bf16-n512-w4", "arch": "sm_90a",
                        "source": {"module": "kernels.softmax", "entry": "softmax_kernel"},
                        "signature": [{"name": n, "type": t} for n, t in signature], "constexprs": {"BLOCK_N": 512},
-                       "divisible_by_16": ["x_ptr", "y_ptr", "stride_x", "stride_y"], "options": {"num_warps": 4}}]}))
+                       "divisible_by_16": ["x_ptr", "y_ptr", "stride_x", "stride_y"], "options": {"num_warps": 4},
+                       "triton_source_key": source_key(light_app.softmax_kernel)}]}))
     x = torch.zeros(light_app.ROWS, 512, dtype=torch.bfloat16)
     y = torch.empty_like(x)
     return str(dist), lambda: light_app.call(x, y, 509, 512, 4)
