@@ -461,7 +461,8 @@ def _cut_off(target: Target, backend: Backend, imported: dict, cutoff: Cutoff) -
     was read by the imports (one the compile itself read could change the code in ways no digest covers) and the
     toolchain's digest of the kernel is the one it was built from. The inputs kept are the old ones with the
     imports' now: a file only the compile read is still watched."""
-    if any(name not in imported for name in cutoff.changed) or backend.source_key(target) != cutoff.meta["triton_source_key"]:
+    if any(name not in imported for name in cutoff.changed) or \
+            backend.source_key(target) != cutoff.meta["triton_source_key"]:
         return None
     inputs = sorted({**dict(cutoff.meta["inputs"]), **imported}.items())
     return Unchanged({**cutoff.meta, "inputs": [list(i) for i in inputs]}, CompileResult(unchanged=True))

@@ -94,7 +94,7 @@ class CacheConfig:
     url: str
     read_only: bool = False
     timeout: float = 10.0   # seconds per request (`cache_timeout=` / KFORGE_CACHE_TIMEOUT, rules/base/settings.py)
-    # The signing secret (`cache_key=`), kept out of repr: doit task actions carry this config, and a repr may be logged.
+    # the signing secret (`cache_key=`), kept out of repr: doit task actions carry this config, a repr may be logged
     key: str | None = field(default=None, repr=False)
     budget: float = 300.0   # seconds the run may wait on the cache in all (`cache_budget=`)
 
