@@ -8,6 +8,7 @@ once and the tensors by stand-ins with a GPU dtype and address, so what is timed
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 import threading
 import time
@@ -31,12 +32,25 @@ class GpuTensor:
 
 
 def driverless_kernel(entry: dict) -> launch.Kernel:
-    """A Kernel with what the driver would have set (module, function, launch call) stubbed."""
+    """A Kernel with what the driver would have set (module, function, launch call) stubbed; a binary compiled
+    with launch options (launch_pdl, ...) gets the LaunchConfig Kernel makes for it and a stubbed cuLaunchKernelEx."""
     kernel = object.__new__(launch.Kernel)
     kernel.entry, kernel.name, kernel._func = entry, entry["target"], None
     kernel._launch = lambda *args: 0
     kernel._threads, kernel._shared = entry["threads_per_block"], entry["shared"]
     kernel._arguments, kernel._lock = launch.Arguments(entry), threading.Lock()
+    kernel._context, kernel._ctas = None, (entry.get("options") or {}).get("num_ctas", 1)
+    kernel._config = None   # as Kernel sets it: a LaunchConfig for a binary that needs cuLaunchKernelEx
+    attributes = launch.launch_attributes(entry.get("options") or {}, "nvidia", kernel.name)
+    if attributes:
+        kernel._attributes = (launch.LaunchAttribute * len(attributes))()
+        for slot, (kind, words) in zip(kernel._attributes, attributes):
+            slot.id = kind
+            slot.value.words[:len(words)] = words
+        kernel._config = launch.LaunchConfig(
+            blockDimX=kernel._threads, blockDimY=1, blockDimZ=1, sharedMemBytes=kernel._shared,
+            attrs=ctypes.cast(kernel._attributes, ctypes.POINTER(launch.LaunchAttribute)), numAttrs=len(attributes))
+        kernel._launch_ex = lambda *args: 0
     return kernel
 
 
