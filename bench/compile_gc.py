@@ -32,11 +32,15 @@ MODES = ("on", "off", "contexts kept")
 
 def child(project: Path, mode: str, count: int) -> dict:
     from kforge.compile import core as compile_core
+    from kforge.compile.action import DEFAULT_TIMEOUT_S
     from kforge.edge.dodo_tasks import load_specs
     from kforge.plan.targets import build_targets
     targets = build_targets(load_specs(project), project, ("sm_90a", "gfx942"))[::4][:count]
     backend = compile_core.backend_of("triton")
     backend.warm(str(project))
+    from kforge.load import observe
+    observe.Recorder.install(str(project))   # as a compile server does after the compiler's import: each compile
+    # records the files it reads (lower_and_check reads the recorder)
     if mode == "off":
         gc.disable()
     if mode == "contexts kept":
@@ -54,7 +58,8 @@ def child(project: Path, mode: str, count: int) -> dict:
     compile_s = 0.0
     for target in targets:
         scratch = tempfile.mkdtemp()
-        compile_s += compile_core.lower_and_check(backend, (target, scratch)).result.compile_seconds
+        request = (target, scratch, DEFAULT_TIMEOUT_S, None)   # a server's request: no early cutoff
+        compile_s += compile_core.lower_and_check(backend, request).result.compile_seconds
         shutil.rmtree(scratch)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"mode": mode, "targets": len(targets), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
