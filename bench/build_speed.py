@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
 from kforge.base.archs import parse_arch_list  # noqa: E402
 from kforge.edge.dodo_tasks import load_specs  # noqa: E402
+from kforge.load import observe  # noqa: E402
 from kforge.store import artifact  # noqa: E402
 from kforge.compile import core as compile_core  # noqa: E402
 from kforge.compile.action import DEFAULT_TIMEOUT_S  # noqa: E402
@@ -61,6 +62,8 @@ def _pool_init(toolchain: str, arch: str | None, root: str, variant: str) -> Non
     backend.warm(root)
     if arch is not None and not server:
         backend.setup(arch)
+    if not server:   # lower_and_check reads the files a compile opens through the recorder a compile server has
+        observe.Recorder.install(root)
     _worker.update(backend=backend, root=root, server=server)
 
 
@@ -74,7 +77,7 @@ def pool_compile(target) -> tuple[bool, float, float]:
         return outcome.ok, time.perf_counter() - start, outcome.result.result.compile_seconds if outcome.ok else 0.0
     scratch = tempfile.mkdtemp()
     try:
-        candidate = compile_core.lower_and_check(_worker["backend"], (target, scratch))
+        candidate = compile_core.lower_and_check(_worker["backend"], (target, scratch, DEFAULT_TIMEOUT_S, None))
         artifact.install(target, candidate)
         return True, time.perf_counter() - start, candidate.result.compile_seconds
     except Exception:
@@ -191,7 +194,8 @@ def run_doit_mode(work: Path, mode: tuple[int, int | None, dict], a) -> dict:
     extra = ([f"archs={a.archs}"] if a.archs else []) + ([f"prefetch={prefetch}"] if prefetch is not None else [])
     families = sorted(p.stem for p in (project / "specs").glob("*.toml"))   # the compiles, not `package`
     started_at = time.time()
-    seconds = run_doit(project, "-n", str(n), *extra, *families, env=env)
+    # the local cache off: a cold build compiles (else it installs what the build before it compiled)
+    seconds = run_doit(project, "-n", str(n), *extra, *families, env={"KFORGE_LOCAL_CACHE": "off", **env})
     report = json.loads((project / "out" / "build-report.json").read_text())
     tasks = report["tasks"]
     label = f"doit -n {n}" + (f" prefetch={prefetch}" if prefetch is not None else "") + \
