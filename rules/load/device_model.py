@@ -256,9 +256,8 @@ def _install_torch(torch) -> None:
     for name, fn in answers.items():
         setattr(cuda, name, fn)
     _GpuTensors.install()
-    # made on a GPU without the lazy init a CPU torch never runs (its stand-ins fail with torch's own words). A
-    # stream or event a library keeps from its import (a side stream, a timing event) is a handle until used;
-    # a stream wrapping a real one, or a graph, is GPU work when made
+    # a stream or event a library keeps from its import (a side stream, a timing event) is a handle until used (a
+    # CPU torch's own fail with its words); a stream wrapping a real one, or a graph, is GPU work when made
     cuda.Stream = stream
     cuda.Event = _handle("Event", "a CUDA event (torch.cuda.Event)", torch.device("cuda", 0))
     for name, what in (("ExternalStream", "a CUDA stream (torch.cuda.ExternalStream)"),
@@ -437,8 +436,7 @@ class SetupFailed(RuntimeError):
 
 
 # A library may ask the vendor's command-line tool which GPU is there (flag_gems runs `nvidia-smi`, `rocm-smi` and
-# others at import and takes the vendor whose tool exits 0). Under the model the reference GPU's vendor's tools
-# answer, whatever this machine has, and the other vendor's are not there.
+# others at import and takes the vendor whose tool exits 0): _install_vendor_tools
 VENDOR_TOOLS = {"nvidia": ("nvidia-smi",), "amd": ("rocm-smi", "amd-smi")}
 _SMI = r"""
 import sys

@@ -274,9 +274,8 @@ def _describe(module: str, entry: str) -> dict:
             if bad:
                 return {"error": f"autotune config {c} of {module}.{entry}: {bad[0]} is not a plain value; kforge "
                                  f"sweeps ints, floats, bools and strings"}
-    # Triton runs the outermost @heuristics first (Heuristics.run sets its values, then runs what it wraps): an
-    # inner one sees the outer ones' values and overwrites a value they set, as it overwrites an autotune
-    # config's when the autotuner wraps it
+    # Triton runs the outermost @heuristics first: an inner one sees the outer ones' values and overwrites a value
+    # they set, as it overwrites an autotune config's when the autotuner wraps it
     names = list(dict.fromkeys(n for x in layers if isinstance(x, Heuristics) for n in x.values))
     around = [n for x in layers[:layers.index(tuner)] if isinstance(x, Heuristics) for n in x.values] if tuner else []
     return {"autotune": configs, "heuristics": names, "around_tuner": around,
