@@ -31,11 +31,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kforge-dask-bench-"))
     local = fresh_copy(work / "local", a.specs)
     remote = fresh_copy(work / "dask", a.specs)
-    local_s = run_doit(local, "-n", str(a.workers))
+    off = {"KFORGE_LOCAL_CACHE": "off"}   # each build compiles (else the second installs the first's from the cache)
+    local_s = run_doit(local, "-n", str(a.workers), env=off)
     with LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         with Client(cluster) as client:
             address = cluster.scheduler_address.replace("tcp://", "dask://")
-            dask_s = run_doit(remote, "-n", str(4 * a.workers), "-P", "thread", f"executor={address}")
+            dask_s = run_doit(remote, "-n", str(4 * a.workers), "-P", "thread", f"executor={address}", env=off)
             workers = set(client.scheduler_info()["workers"])
     records = json.loads((remote / "out" / "build-report.json").read_text())["tasks"]
     on_cluster = sum(1 for r in records if r.get("compiled_on") in workers)

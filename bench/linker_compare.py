@@ -42,7 +42,8 @@ def main() -> None:
     builds = {}
     for label, choice in (("system", args.system_lld), ("triton", "triton")):
         project = fresh_copy(work / label, args.specs)
-        seconds = run_doit(project, "-n", "2", env={"KFORGE_LD_LLD": choice})
+        # the local cache off: each linker links every code object (else the second build installs the first's)
+        seconds = run_doit(project, "-n", "2", env={"KFORGE_LD_LLD": choice, "KFORGE_LOCAL_CACHE": "off"})
         builds[label] = project / "out"
         print(f"{label:>6}: KFORGE_LD_LLD={choice}: built in {seconds:.1f} s")
     total, only_comment, differing = 0, 0, set()
