@@ -197,10 +197,11 @@ def main() -> None:
     load["end"] = os.getloadavg()
     print(f"\ndoit -n {a.jobs}, specs {a.specs!r}, cache {cache}, load average {load}, "
           + ", ".join(f"{s} {c} ({commit_of(c)})" for s, c in sides.items()) + "\n")
-    print("| checkout | run | wall s | compiled | local cache | remote cache | up to date | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| checkout | run | wall s | compiled | unchanged (early cutoff) | local cache | remote cache | up to date "
+          "| failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['side']} | {r['run']} | {r['seconds']:.2f} | {r['compiled']} | "
+        print(f"| {r['side']} | {r['run']} | {r['seconds']:.2f} | {r['compiled']} | {r.get('unchanged', 0)} | "
               f"{r['local cache']} | {r['remote cache']} | {r['up-to-date']} | {r['failed']} |")
     print("\n| checkout | round | revert wall s | before the run | installs (worker s) | packaging (worker s) | end |")
     print("|---|---|---|---|---|---|---|")
