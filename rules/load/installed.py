@@ -81,10 +81,6 @@ class Module:
             todo += [q for q in sources.package_inits(p, self.base) if q not in seen]
         return tuple(sorted(seen))
 
-    def digests(self) -> tuple[tuple[str, str], ...]:
-        """(path relative to the sys.path entry, sha256 of content) of each file of the closure."""
-        return sources.digest_files(self.closure(), self.base)
-
     def distribution(self) -> tuple[str, str]:
         """(name, version) of the installed distribution that holds the package, or ("", "") for a package
         that no distribution records (a folder put on PYTHONPATH): then only file contents key it."""

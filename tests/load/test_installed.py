@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from kforge.load import installed
+from kforge.load import installed, sources
 from kforge.base.errors import SpecError
 from tests.support import doit, make_project, redirected_package, spec_text, statuses
 
@@ -240,8 +240,8 @@ def test_a_package_linked_onto_the_path_is_found_and_named_where_it_lies(tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     module = installed.find(f"{PACKAGE}.ops.scale")
     assert module.path == tmp_path / "site" / PACKAGE / "ops" / "scale.py"
-    assert [n for n, _ in module.digests()] == [f"{PACKAGE}/__init__.py", f"{PACKAGE}/ops/__init__.py",
-                                                f"{PACKAGE}/ops/consts.py", f"{PACKAGE}/ops/scale.py"]
+    assert [n for n, _ in sources.digest_files(module.closure(), module.base)] == [
+        f"{PACKAGE}/__init__.py", f"{PACKAGE}/ops/__init__.py", f"{PACKAGE}/ops/consts.py", f"{PACKAGE}/ops/scale.py"]
 
 
 @pytest.fixture
