@@ -44,12 +44,16 @@ def run(mode: str, dist: str, cache: str, out: str, app: str = APP, app_args: tu
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    counts = re.search(r"(\d+) specializations served, (\d+) compiled, (\d+) autotuned.*serve\(\) took (\d+) ms",
-                       proc.stderr)
+    # kforge serve's summary line (Server.summary): its counts, serve()'s own set-up and the bundles' indexing
+    counts = re.search(r"(\d+) specializations served, (\d+) compiled, (\d+) autotuned.*; set-up (\d+) ms, "
+                       r"bundles indexed in (\d+) ms", proc.stderr)
+    if mode.startswith("served") and not counts:
+        raise SystemExit(f"{mode}: no 'kforge serve:' summary line in its stderr:\n{proc.stderr[-3000:]}")
     files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
     return {**found, "process_s": round(process, 3), "cache_files": files,
             **({"served": int(counts[1]), "compiled": int(counts[2]), "tuned_from_record": int(counts[3]),
-                "serve_setup_s": int(counts[4]) / 1000} if counts else {})}
+                "serve_setup_s": int(counts[4]) / 1000, "bundles_indexed_s": int(counts[5]) / 1000}
+               if counts else {})}
 
 
 def outputs(paths: list[str]) -> list[dict]:
@@ -91,7 +95,8 @@ def main() -> int:
                for mode, runs in rows.items()}
     served = rows["served"] + rows["served_preload"]
     for mode in ("served", "served_preload"):
-        summary[mode]["serve_setup_s"] = statistics.median(x["serve_setup_s"] for x in rows[mode])
+        for k in ("serve_setup_s", "bundles_indexed_s"):
+            summary[mode][k] = statistics.median(x[k] for x in rows[mode])
     summary["served_cache_files"] = sorted({f for x in served for f in x["cache_files"]})
     summary["served_counts"] = [(x.get("served"), x.get("compiled")) for x in served]
     summary["outputs"] = compared   # serving_differences must be empty; kernel_nondeterminism is the kernels'
