@@ -444,9 +444,8 @@ class _Arguments(dict):
 
 
 class LaunchOnly(BaseException):
-    """A heuristic or pruner read what a pointer argument's tensor has only at launch (its shape, strides, device,
-    address, values). A BaseException: a library's `except Exception` fallback around the read must not turn it
-    into a value built silently for every launch."""
+    """A heuristic or pruner read what a pointer argument's tensor has only at launch (its shape, device, values).
+    A BaseException: a library's `except Exception` fallback must not turn it into a value built for every launch."""
 
     def __init__(self, argument: str, read: str, what: str):
         self.argument, self.read, self.what = argument, read, what   # what: "shape is", "device is", ...
@@ -610,9 +609,8 @@ def main() -> None:
 
 
 def _answer(request: dict) -> dict:
-    """One request, answered in the module's own process (forked per module: what it read is that module's, never
-    another's, however the families' requests interleave), with all that process read so far: a family asked
-    after another of the same module gets the union (more, never less)."""
+    """One request, answered in the module's own process (forked per module: what it read is that module's alone),
+    with all that process read so far: a family asked after another of the same module gets the union."""
     device_model.serving(request.get("family", ""))
     try:
         if "describe" in request:

@@ -213,8 +213,7 @@ MAX_REQUEST = 1 << 20   # bytes of one pickled request to a Hub
 class Hub:
     """A process that forks servers for every process holding it (doit's workers, forked after it): ask(request)
     sends the request with a fresh socket's other end; in the hub, handle(request, fd) forks a server on it
-    (serve_on) and returns a dict, sent on the socket after it (an exception as {"error": ...}); connect() waits for
-    both. Requests are taken one at a time, in order."""
+    (serve_on) and returns a dict sent after it (an exception as {"error": ...}), one request at a time."""
 
     def __init__(self, handle: Callable[[Any, int], dict]):
         self.handle = handle

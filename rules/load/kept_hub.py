@@ -94,8 +94,7 @@ def attach(root: str, asked: dict) -> tuple[socket.socket, int] | None:
 
 
 def _end_stuck(pid: int) -> None:
-    """SIGKILL the keeper `pid` that does not answer (SIGSTOPped, say), if it is named as one (the caller checked
-    it is this user's)."""
+    """SIGKILL the keeper `pid` (this user's: the caller checked) that does not answer, if it is named as one."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm", "rb") as f:
         if f.read().strip() == KEEPER_NAME:
             os.kill(pid, signal.SIGKILL)
@@ -242,8 +241,8 @@ def _make_room() -> None:
 
 
 def _loaded_files() -> dict:
-    """Every file this process has imported, by an absolute path (torch names two modules it makes `_ops.py`), and
-    its stat now."""
+    """{file: its stat now} of each module this process imported by an absolute path (torch's made modules are
+    named `_ops.py` and `_classes.py`: no file of theirs is read)."""
     files = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)

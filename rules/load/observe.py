@@ -301,10 +301,8 @@ class Recorder:
         return named
 
     def _list(self, path: str) -> None:
-        """Keep what the caller is about to see: the listing's digest now (a folder changed later in the run
-        is then a changed input on the next one). The toolchain's and out/'s folders are not listed again, nor the
-        kept bytecode's, which kforge lists to bound it (under a folder on sys.path, PYTHONPATH=$HOME, every build
-        that kept new bytecode made the next one rebuild)."""
+        """Keep the listing's digest the caller is about to see. Not the toolchain's, out/'s, nor the kept bytecode's
+        folders (kforge lists that one to bound it: under PYTHONPATH=$HOME each build made the next one rebuild)."""
         if path not in self.listed and not (path + os.sep).startswith(self.skip + self._own):
             self._listing = True
             try:
@@ -323,8 +321,7 @@ class Recorder:
 
     def _within(self) -> tuple[str, ...]:
         """The folders (with a separator) whose files are inputs: the project, the module path as it is now (a
-        path entry a library added too: a file there is named by its absolute path if no other folder holds it)
-        and the packages import finders map."""
+        library may add to it) and the packages import finders map."""
         return tuple(b.folder + os.sep for b in bases(self.root))
 
     def _folder(self, path: str, within: tuple[str, ...]) -> str | None:
@@ -350,9 +347,8 @@ class Recorder:
 
 
 def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
-    """The path as opened when it names the file (as_opened) and lies strictly inside one of `within` (the
-    project, a module path entry: where names are the same on every machine), else the resolved one when that
-    does; None when neither does."""
+    """The path as opened when it names the file (as_opened) and lies strictly inside one of `within`, else the
+    resolved one when that does; None when neither does."""
     opened = as_opened(path)
     return opened if opened and opened.startswith(within) else real if real.startswith(within) else None
 
@@ -363,9 +359,8 @@ def _absolute(path: str) -> str:
 
 
 def as_opened(path: str) -> str | None:
-    """An absolute path as it was opened, without its empty and `.` steps, when that names the file opened: a
-    `..` step is taken by the kernel after the links before it, which no text can follow (None then: the
-    resolved path names it)."""
+    """An absolute path as it was opened, without its empty and `.` steps; None with a `..` step (the kernel takes it
+    after the links before it, which no text can follow)."""
     steps = [s for s in path.split(os.sep) if s not in ("", ".")]
     return os.sep + os.sep.join(steps) if path.startswith(os.sep) and ".." not in steps else None
 
@@ -374,11 +369,9 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
             listed: dict[str, str] | None = None, written: Iterable[str] = (),
             variables: Iterable[str] = ()) -> list[list[str]]:
     """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
-    (Recorder.folders) is `<name>/` with the sha256 of its listing as the process saw it. A file changed since
-    `since_ns` (while it was being read: its ctime says so) is recorded as "changed-while-read", which no
-    content matches, so the next run rebuilds; unless the process wrote it itself (`written`: a module that
-    generates a file and imports it), when what it wrote is the input: a generator that writes the same bytes
-    reaches a no-op. An environment variable read (Recorder.variables) is `$NAME` with variable_digest()."""
+    is `<name>/` with the sha256 of its listing, a variable `$NAME` with variable_digest(). A file changed since
+    `since_ns` (while it was read: its ctime says so) is "changed-while-read", which no content matches, unless the
+    process wrote it itself (`written`: a generated module), when what it wrote is the input."""
     found = {}
     own = {os.path.realpath(p) for p in written}
     for path in files:

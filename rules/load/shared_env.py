@@ -34,9 +34,8 @@ def hide_flydsl() -> None:
 
 
 def show_flydsl() -> None:
-    """For a module that cannot import without FlyDSL, called by a family's set-up hook (they run after the device
-    model is in place): kforge's FlyDSL is importable again, the model staying on; modules imported before it was
-    hidden come back as they were (a native extension is never loaded twice)."""
+    """Called by a family's set-up hook for a module that cannot import without FlyDSL: kforge's FlyDSL is
+    importable again, the model staying on; modules hidden come back as they were (an extension loads once)."""
     for name in HIDDEN:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
@@ -115,9 +114,8 @@ def explain_pin(e: BaseException) -> bool:
 
 
 def library_line(e: BaseException, code: bool = True) -> str:
-    """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the standard
-    library and the toolchain (Python's, torch's, Triton's, FlyDSL's, kforge's), with its code unless code=False;
-    a SyntaxError's file that does not parse counts as the innermost. "" when there is none."""
+    """'pkg/mod.py:12 (`from x import y`)': the innermost line of the exception's traceback outside the toolchain
+    (a SyntaxError's file counts), with its code unless code=False; "" when there is none."""
     toolchain = observe.toolchain_dirs()
     skip = tuple(d + os.sep for d in toolchain)
     frames = [(f.filename, f.lineno) for f in traceback.extract_tb(e.__traceback__)]

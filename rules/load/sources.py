@@ -348,8 +348,7 @@ def _is_virtualenv(directory: Path) -> bool:
 
 def local_closure(path: Path, root: Path, misses: set[Path] | None = None) -> tuple[Path, ...]:
     """The source and every project module it imports, transitively, with the package __init__.py files importing
-    any of them runs, sorted. `misses`, if given, collects the project files an import looked for and did not find
-    (`import torch`: <root>/torch.py, ...): a file created there would change the closure."""
+    them runs, sorted. `misses` collects the project files an import looked for in vain (<root>/torch.py, ...)."""
     seen: set[Path] = set()
     root = root.resolve()
     todo = [path.resolve()]
