@@ -81,8 +81,35 @@ def check_moe(k, c: dict):
     return rel_err(out, ref), 1e-2
 
 
+class Descriptor:
+    """A host tensor descriptor with the fields the loader reads (triton.tools.tensor_descriptor's), so that Triton
+    is not imported."""
+
+    def __init__(self, t, block: list[int], padding: str = "zero"):
+        self.base, self.shape, self.strides = t, list(t.shape), list(t.stride())
+        self.block_shape, self.padding = block, padding
+
+
+def check_tma_scale(k, c: dict):
+    M, N, BM, BN = 300, 264, c["BLOCK_M"], c["BLOCK_N"]   # no multiple of a block: stores clipped at the edges
+    x = torch.randn(M, N + 56, device="cuda", dtype=DT[c["dtype"]])[:, :N]   # a strided view
+    y = torch.full((M, N), -7.0, device="cuda", dtype=x.dtype)
+    k((cdiv(M, BM), cdiv(N, BN)), Descriptor(x, [BM, BN]), Descriptor(y, [BM, BN]), 0.75)
+    return rel_err(y, (x.float() * 0.75).to(x.dtype)), 1e-6   # exact, unless an element was not written
+
+
+def check_tma_matmul(k, c: dict):
+    M, N, K, BM, BN, BK = 300, 264, 208, c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]   # K's tail read as zeros
+    a = torch.randn(M, K, device="cuda", dtype=DT[c["dtype"]])
+    b = torch.randn(K, N, device="cuda", dtype=a.dtype)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=a.dtype)
+    k((cdiv(M, BM), cdiv(N, BN)), Descriptor(a, [BM, BK]), Descriptor(b, [BK, BN]), Descriptor(out, [BM, BN]), K)
+    return rel_err(out, a.double() @ b.double()), 1e-2
+
+
 CHECKS = {"gemm": check_gemm, "rmsnorm": lambda k, c: check_rowwise(k, c, True),
-          "softmax": lambda k, c: check_rowwise(k, c, False), "moe_gemm": check_moe}
+          "softmax": lambda k, c: check_rowwise(k, c, False), "moe_gemm": check_moe,
+          "tma_scale": check_tma_scale, "tma_matmul": check_tma_matmul}
 
 
 def main() -> int:
