@@ -28,7 +28,10 @@ def _per_version(fn):
 @_per_version
 def parse(path: Path) -> ast.Module:
     """The file's AST, parsed once per process and file version."""
-    tree = ast.parse(path.read_bytes(), filename=str(path))
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (RecursionError, MemoryError):   # an expression nested thousands deep: Python cannot compile it either
+        raise SyntaxError("nested too deeply for Python's parser", (str(path), None, None, None)) from None
     for node in module_level(tree.body):   # where each module-level def is: an entry's may lie in another module
         if isinstance(node, ast.FunctionDef):
             node.kforge_file = path

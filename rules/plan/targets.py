@@ -34,6 +34,12 @@ def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | 
             targets += spec_targets(spec, root, arch_filter, read)
         except SpecError:
             raise
+        except SyntaxError as e:   # a module the kernel's imports (its own parsed when the spec loaded)
+            name = Path(e.filename)
+            name = name.relative_to(root.resolve()) if name.is_relative_to(root.resolve()) else name
+            at = f"{name}:{e.lineno}" if e.lineno else name
+            raise SpecError(f"{spec.path}: kernel {spec.name}: {at}, a module its source imports, is not Python "
+                            f"kforge can read ({e.msg}); fix that file") from None
         except (OSError, ValueError) as e:   # its sources could not be read or named
             raise SpecError(f"{spec.path}: reading the sources of kernel {spec.name} failed: "
                             f"{type(e).__name__}: {e}".splitlines()[0]) from None

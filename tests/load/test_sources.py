@@ -84,3 +84,17 @@ def test_an_entry_is_what_the_module_holds_under_its_name_guarded_or_built_by_ca
     assert sources.entry_def(path, "plain")[1] == ("jit",)
     assert sources.entry_def(path, "missing") == (None, ())
     assert "guarded" in sources.function_names(path)
+
+
+def test_a_file_nested_too_deeply_to_parse_is_a_syntax_error_naming_it(tmp_path):
+    """`X = ----...1` thousands deep: ast.parse raised RecursionError (MemoryError deeper), a traceback from
+    `doit list`; every caller of parse handles SyntaxError."""
+    for depth in (3000, 8000):
+        f = tmp_path / f"deep{depth}.py"
+        f.write_text("X = " + "-" * depth + "1\n")
+        try:
+            sources.parse(f)
+        except SyntaxError as e:
+            assert e.filename == str(f) and "nested too deeply" in e.msg
+        else:
+            raise AssertionError("parsed")

@@ -152,3 +152,18 @@ def test_a_config_the_pruner_rewrites_gets_the_sweeps_id_checks_and_words(tmp_pa
     with pytest.raises(SpecError, match=rf"^specs/s.toml: {said}") as error:
         _pruned(spec, "sm_90a", list(spec.configs.on("sm_90a")), _Pruner(kept), "scale")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("helper, said", [("FACTOR = (\n", "tk/helper.py:1, a module its source imports, is not "
+                                                         "Python kforge can read ('(' was never closed)"),
+                                          ("FACTOR = " + "-" * 3000 + "1\n", "tk/helper.py, a module its source "
+                                           "imports, is not Python kforge can read (nested too deeply")])
+def test_a_module_the_kernel_imports_that_does_not_parse_is_one_line_naming_it(tmp_path, helper, said):
+    """A helper module the kernel imports that does not parse was a SyntaxError traceback from `doit list` (the
+    kernel's own source was checked when its spec loaded, its imports were not)."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()},
+                        kernels={"scale": kernel_text(factor="FACTOR", imports="from tk.helper import FACTOR"),
+                                 "helper": helper})
+    proc = doit(root, "list", check=False)
+    assert f"specs/scale.toml: kernel scale: {said}" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
