@@ -245,7 +245,7 @@ def _init_imports_torch(package: str) -> bool:
     import importlib.util
     try:   # a namespace package has no origin: TypeError
         body = sources.parse(Path(importlib.util.find_spec(package).origin)).body
-    except (ImportError, ValueError, TypeError, AttributeError, OSError, SyntaxError, RecursionError):
+    except (ImportError, ValueError, TypeError, AttributeError, OSError, SyntaxError):
         return False
     for node in body:
         for statement in [node, *(node.body if isinstance(node, ast.Try) else ())]:

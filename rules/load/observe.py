@@ -461,7 +461,7 @@ def precompile(package: str, stop: Callable[[], bool] = lambda: False) -> int:
             if kept.get(key) is None:
                 kept.keep(key, compile(data, path, "exec", dont_inherit=True))
                 done += 1
-        except (OSError, SyntaxError, ValueError):
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):   # nested too deep: not kept
             continue
     return done
 

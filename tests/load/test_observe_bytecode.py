@@ -252,6 +252,7 @@ def test_a_package_precompiled_ahead_is_what_its_import_takes_and_nothing_is_com
     (lib / "pkg" / "sub").mkdir()
     (lib / "pkg" / "sub" / "__init__.py").write_text("")
     (lib / "pkg" / "broken.py").write_text("def (:\n")   # not Python: left for an import to report
+    (lib / "pkg" / "deep.py").write_text("X = " + "-" * 3000 + "1\n")   # compile() recursed too deep: the same
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from kforge.load import observe; "
             "print(observe.precompile('pkg'), observe.precompile('pkg'))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
