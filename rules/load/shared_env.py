@@ -61,19 +61,18 @@ def pins() -> dict[str, str]:
 
 def explain(e: BaseException) -> bool:
     """If `e` is an import that failed on a package kforge pins (explain_pin), on a module a library's line
-    imports and this environment lacks, on a library's native extension that cannot load here, or in a recursion
-    without end (whose message alone never says where), its message becomes one line naming the library's line
-    (and the fix where there is one; the extension by its name in the library), in the exception itself: its
-    traceback stays. True if it was such a failure."""
+    imports and this environment lacks, on a library's native extension that cannot load here, or in any other
+    error the library's code raised (whose message alone rarely says where: `RuntimeError: boom`, a recursion
+    without end), its message becomes one line naming the library's line (and the fix where there is one; the
+    extension by its name in the library), in the exception itself: its traceback stays. True if it was such a
+    failure."""
     if explain_pin(e):
         return True
-    if not isinstance(e, (ImportError, RecursionError)):
-        return False
     place = library_line(e, code=False)
     if not place:
         return False
-    if isinstance(e, RecursionError):
-        if place not in str(e):
+    if not isinstance(e, ImportError):
+        if place not in str(e) and type(e).__str__ is BaseException.__str__:   # a message args make
             e.args = (f"{e} (in {place})",)
         return True
     if isinstance(e, ModuleNotFoundError) and e.name:

@@ -229,3 +229,19 @@ def test_a_librarys_import_that_recurses_without_end_names_the_librarys_line(tmp
         ''', {"PYTHONPATH": str(tmp_path)})
     assert found == {"explained": True, "again": True,
                      "message": "maximum recursion depth exceeded (in recursing_lib.py:2)"}
+
+
+def test_a_librarys_own_error_at_import_names_the_librarys_line(tmp_path):
+    """`raise RuntimeError('boom')` at a library's module level: a build's one line said only `RuntimeError: boom`
+    (the catalog's probe named the line)."""
+    (tmp_path / "booming_lib.py").write_text("def down(n):\n    raise RuntimeError('boom')\n\n\ndown(0)\n")
+    found = _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import booming_lib
+        except RuntimeError as e:
+            explained = shared_env.explain(e)
+            print(json.dumps({"explained": explained, "again": shared_env.explain(e), "message": str(e)}))
+        ''', {"PYTHONPATH": str(tmp_path)})
+    assert found == {"explained": True, "again": True, "message": "boom (in booming_lib.py:2)"}
