@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -639,7 +640,24 @@ def _server_setup(target: Target, backend: Backend, root: str) -> None:
     # what kforge set here (the family's [env], the arch a backend reads) is in the key, and is not what the
     # process that checks a target is up to date sees: never an observed input
     recorder.given |= {k for k, v in os.environ.items() if inherited.get(k) != v}
+    _forget_project_modules(recorder)
     _set_up[:] = [setting_up, time.time()]
+
+
+def _forget_project_modules(recorder: observe.Recorder) -> None:
+    """The project's own modules that doit's master imported before it forked the hub (a dodo.py importing the
+    kernels' package) forgotten: this server imports them again as a process of its own does (a Dask worker's),
+    so that what they read is in each target's record. Inherited, their __init__ and what it read were missing,
+    from the record of a local compile alone: meta.json differed from Dask's, and an edit of a file an __init__
+    reads left the binary stale. Source modules only, never the toolchain's (kforge's own checkout may be the
+    project)."""
+    project = recorder.root + os.sep
+    for name, module in list(sys.modules.items()):
+        where = vars(module).get("__file__") if isinstance(module, types.ModuleType) else None   # no __getattr__
+        if isinstance(where, str) and where.endswith(".py") and name != "__main__":
+            real = os.path.realpath(where)
+            if real.startswith(project) and not real.startswith(recorder.skip) and real not in recorder.skip_files:
+                del sys.modules[name]
 
 
 _set_up: list = []   # a library server's set-up (start, end), reported with its first target

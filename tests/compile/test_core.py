@@ -22,7 +22,7 @@ from kforge.store.artifact import CompileResult
 from kforge.base.layout import Layout
 from kforge.edge.dodo_tasks import load_specs
 from kforge.plan.targets import build_targets
-from tests.support import doit, fresh_servers, make_project, spec_text, statuses, write_files
+from tests.support import doit, fresh_servers, kernel_text, make_project, spec_text, statuses, write_files
 
 # --- the backend table ------------------------------------------------------------------------------------------
 
@@ -453,6 +453,30 @@ def test_a_servers_targets_share_what_their_reads_were_named_and_hashed_to_until
     assert [name for name, _ in compile_core._inputs(recorder)] == ["tk/a.py"]
     assert len(hashed) == 4
 
+
+def test_a_package_the_projects_dodo_imported_is_imported_afresh_and_what_it_read_is_an_input(tmp_path):
+    """doit's master runs dodo.py, which may import the project's kernel package, before it forks the build's hub:
+    the compile servers imported it again, as a process of their own would (a Dask worker's), so that its
+    __init__ and the data file it reads are in the record; the file edited, the target is built again. The
+    servers had inherited the master's import, recorded none of it, and left the binary stale."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()},
+                        kernels={"scale": kernel_text(factor="FACTOR", imports="from tk import FACTOR")})
+    write_files(root, {"tk/__init__.py": """
+        from pathlib import Path
+
+        import triton.language as tl
+
+        FACTOR = tl.constexpr(int((Path(__file__).parent / "factor.txt").read_text()))
+        """, "tk/factor.txt": "2\n"})
+    (root / "dodo.py").write_text((root / "dodo.py").read_text() + "\nimport tk  # noqa: E402,F401\n")
+    doit(root, "-n", "1")
+    meta = root / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json"
+    assert {"tk/__init__.py", "tk/factor.txt", "tk/scale.py"} <= set(dict(json.loads(meta.read_text())["inputs"]))
+    binary = (meta.parent / "scale_kernel.cubin").read_bytes()
+    (root / "tk" / "factor.txt").write_text("3\n")
+    doit(root, "-n", "1")
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+    assert (meta.parent / "scale_kernel.cubin").read_bytes() != binary
 
 def test_what_a_compile_read_is_hashed_again_while_one_of_its_files_changed_too_recently_to_trust_its_stat(
         tmp_path, monkeypatch):

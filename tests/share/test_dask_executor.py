@@ -55,6 +55,25 @@ def test_a_cluster_build_is_byte_identical_to_a_local_one(cluster, tmp_path):
     assert artifacts(remote) == artifacts(local) and artifacts(local)
 
 
+def test_meta_json_is_the_same_when_the_projects_dodo_imports_the_kernels_package(tmp_path):
+    # doit's master had run tk/__init__.py (dodo.py imports it) before it forked the hub: the local compile servers
+    # inherited it and recorded no read of it, where a Dask worker's import read it (meta.json and its seal differed).
+    # A cluster of its own: a worker keeps its compile servers across builds, and the module's cluster has imported
+    # the other tests' tk/__init__.py
+    import distributed
+    local, remote = project(tmp_path, "local"), project(tmp_path, "remote")
+    for root in (local, remote):
+        (root / "tk" / "__init__.py").write_text("FACTOR = 2\n")
+        (root / "dodo.py").write_text((root / "dodo.py").read_text() + "\nimport tk  # noqa: E402,F401\n")
+    doit(local, "-n", "1")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        doit(remote, "-n", "2", "-P", "thread", f"executor={c.scheduler_address.replace('tcp://', 'dask://')}")
+    assert set(r["status"] for r in records(remote).values()) == {"built"}
+    meta = remote / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json"
+    assert "tk/__init__.py" in dict(json.loads(meta.read_text())["inputs"])   # what the compile's import ran
+    assert artifacts(remote) == artifacts(local) and len(artifacts(local)) == 8
+
+
 def test_a_worker_killed_mid_build_is_replaced_and_the_run_stays_green(cluster, tmp_path):
     address, client = cluster
     root = project(tmp_path, "killed", blocks=(64, 128, 256, 512, 1024))
