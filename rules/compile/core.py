@@ -80,28 +80,67 @@ def checked(target: Target, lowered: Lowered) -> Candidate:
                      CompileResult(compile_seconds=round(lowered.compile_seconds, 4), sha256=meta["sha256"]))
 
 
-def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None) -> isolate.Outcome:
+def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | None = None,
+                 build: str | None = None) -> isolate.Outcome:
     """Compile in a context server below this process's private package server. With `cutoff` (artifact.cutoff)
-    the server first tells whether a compile can give other code: if not, the result is Unchanged."""
+    the server first tells whether a compile can give other code: if not, the result is Unchanged. With `build`
+    (a Dask worker's: compile_into), in that build's own servers."""
     backend = backend_of(target.toolchain)
     scratch_dir = guard.scratch_folder(target.layout, f"{target.arch}-{target.kernel}")   # log and temp files
     started: list = []   # _connect's spans, when this target's server is started for it
     levels = import_levels(target)
     try:
-        with _private_lock:   # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
-            server = _kept(_private, (threading.get_ident(), _library(target, backend), levels), MAX_PRIVATE,
-                           lambda: isolate.Attached(None))
-        server.connect = functools.partial(_connect, target, root, timeout, scratch_dir, started)
-        for _ in range(2):   # once more where the servers above this one were killed (the hub, from outside)
-            outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S,
-                                  log_dir=scratch_dir)
-            if not outcome.vanished:
-                break
+        with _hub_of(build) as hub:
+            # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
+            with _private_lock:
+                server = _kept(_private, (threading.get_ident(), build, _library(target, backend), levels),
+                               MAX_PRIVATE, lambda: isolate.Attached(None))
+            server.connect = functools.partial(_connect, hub, target, root, timeout, scratch_dir, started)
+            for _ in range(2):   # once more where the servers above this one were killed (the hub, from outside)
+                outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S,
+                                      log_dir=scratch_dir)
+                if not outcome.vanished:
+                    break
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started:   # the time its server's start took, in the target's trace
         outcome = dataclasses.replace(outcome, result=_spans_first(outcome.result, started))
     return outcome
+
+
+_builds: dict[str, isolate.Hub] = {}   # in a Dask worker: the hub of each build it compiles for, least recent first
+_compiling: dict[str, int] = {}   # in a Dask worker: each build's compiles in flight
+MAX_BUILDS = 2   # builds a Dask worker keeps a hub for, but for those with compiles in flight (each keeps its own)
+
+
+@contextlib.contextmanager
+def _hub_of(build: str | None):
+    """The hub a compile's servers come from: this process's, or with `build` that build's own (in a Dask worker,
+    whose servers outlive builds). A server imports a module once, and its servers are kept by package name:
+    shared across builds, an edited kernel was compiled as the last build had imported it, or another project's
+    package of the same name, while meta.json named the files as they are now. So a worker's build gets a hub of
+    its own, as a local build does; the least recently used beyond MAX_BUILDS go once none of their compiles runs."""
+    if build is None:
+        yield _hub
+        return
+    with _private_lock:
+        hub = _builds.pop(build, None) or isolate.Hub(_route)
+        _builds[build] = hub
+        _compiling[build] = _compiling.get(build, 0) + 1
+        idle = [b for b in _builds if b not in _compiling]
+        ended = idle[:max(0, len(_builds) - MAX_BUILDS)]
+        hubs = [_builds.pop(b) for b in ended]
+        for key in [k for k in _private if k[1] in ended]:
+            _private.pop(key).close()
+    for gone in hubs:   # the hub and every server below it
+        gone.close()
+    try:
+        yield hub
+    finally:
+        with _private_lock:
+            _compiling[build] -= 1
+            if not _compiling[build]:
+                del _compiling[build]
 
 
 WAIT_SPAN_S = 0.01   # shorter: no span of its own
@@ -111,13 +150,13 @@ def _span(phase: str, start: float, end: float) -> tuple:
     return ((phase, start, end),) if end - start > WAIT_SPAN_S else ()
 
 
-def _connect(target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
+def _connect(hub: isolate.Hub, target: Target, root: str, timeout: float, scratch_dir: str, started: list) -> tuple:
     """A private package server for the target, from the build's hub: (connection, pid), or isolate.Unavailable.
     The spans of what the hub did go to `started`, after a "wait" behind others' requests."""
     asked = time.time()
-    forked = _hub.start()   # this process has none (it compiles outside a doit run): its own, forked now
-    conn, pid, answer = _hub.connect((target, root, timeout, scratch_dir),
-                                     timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
+    forked = hub.start()   # none yet (a compile outside a doit run, a Dask worker's build): its own, forked now
+    conn, pid, answer = hub.connect((target, root, timeout, scratch_dir),
+                                    timeout + PACKAGE_SLACK_S * (len(import_levels(target)) + 1))
     taken = answer["taken"]   # when the hub took the request up: before, it started, or served others'
     started[:] = [*_span("start" if forked else "wait", asked, taken), *map(tuple, answer["spans"])]
     return conn, pid
@@ -257,9 +296,11 @@ def _init_imports_torch(package: str) -> bool:
     return False
 
 
-def compile_into(target: Target, private_root: Path, root: str, timeout: float) -> isolate.Outcome:
-    """compile_here with another project's out/ for its scratch files (a Dask worker's private one)."""
-    return compile_here(target._replace(layout=Layout(private_root)), root, timeout)
+def compile_into(target: Target, private_root: Path, root: str, timeout: float,
+                 build: str | None = None) -> isolate.Outcome:
+    """compile_here with another project's out/ for its scratch files (a Dask worker's private one); with `build`
+    (a Dask worker's: the doit process that sent it), in that build's own servers."""
+    return compile_here(target._replace(layout=Layout(private_root)), root, timeout, build=build)
 
 
 def in_context(backend: Backend, request: tuple) -> tuple:

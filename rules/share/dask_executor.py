@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from kforge.load import isolate
@@ -17,6 +18,9 @@ from kforge.base import settings
 RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
 _clients: dict[str, object] = {}
 _lock = threading.Lock()   # doit's thread workers share one client per scheduler
+# this process's build, as workers tell builds apart: each gets compile servers of its own there (the modules a
+# server imported are another build's sources: rules/compile/core.py, _hub_of)
+BUILD = uuid.uuid4().hex
 
 
 def scheduler_address(executor: str) -> str:
@@ -25,11 +29,12 @@ def scheduler_address(executor: str) -> str:
 
 
 def compile_remote(target, root: str, timeout: float, executor: str, compile_into) -> isolate.Outcome:
-    """compile_into(target, private_root, root, timeout) -> Outcome (the compile core's) run on a worker; its result
-    is the artifact.Candidate the worker sends back, untrusted (checked by the installer as a cache entry is)."""
+    """compile_into(target, private_root, root, timeout, build) -> Outcome (the compile core's) run on a worker, in
+    this build's compile servers there; its result is the artifact.Candidate the worker sends back, untrusted
+    (checked by the installer as a cache entry is)."""
     start = time.monotonic()
     try:
-        future = _client(executor).submit(run_on_worker, compile_into, target, root, timeout, pure=False,
+        future = _client(executor).submit(run_on_worker, compile_into, target, root, timeout, BUILD, pure=False,
                                           retries=RETRIES)
         ok, seconds, result = future.result()
     except Exception as e:   # the cluster is unreachable, or the task's workers kept dying
@@ -40,13 +45,13 @@ def compile_remote(target, root: str, timeout: float, executor: str, compile_int
     return isolate.Outcome(True, seconds, result=result)
 
 
-def run_on_worker(compile_into, target, root: str, timeout: float):
+def run_on_worker(compile_into, target, root: str, timeout: float, build: str):
     """On a Dask worker: compile with a private out/ for its scratch files; (ok, seconds, candidate | error)."""
     from distributed import get_worker
     # inside the worker's own folder: Dask purges a killed worker's, where a finally here never runs
     scratch = Path(tempfile.mkdtemp(prefix="kforge-", dir=get_worker().local_directory))
     try:
-        outcome = compile_into(target, scratch, root, timeout)
+        outcome = compile_into(target, scratch, root, timeout, build)
         if not outcome.ok:
             return False, outcome.seconds, outcome.error
         candidate = outcome.result

@@ -747,3 +747,35 @@ def test_a_library_whose_init_imports_torch_gets_torch_in_the_hub_though_its_met
         assert name not in sys.modules   # read, not imported
     finally:
         core._requires_torch.cache_clear()
+
+
+def test_a_dask_workers_builds_each_get_a_hub_and_one_with_a_compile_in_flight_is_never_closed(monkeypatch):
+    """A Dask worker keeps its servers across builds: each build's come from a hub of its own (_hub_of), those
+    of the least recent idle builds beyond MAX_BUILDS are closed with their private servers, and never a build's
+    whose compile runs (a concurrent build on the same cluster)."""
+    from kforge.load import isolate
+    closed = []
+
+    class Hub:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def close(self):
+            closed.append(self)
+
+    private = types.SimpleNamespace(close=lambda: closed.append("b's private server"))
+    monkeypatch.setattr(isolate, "Hub", Hub)
+    monkeypatch.setattr(compile_core, "_builds", {})
+    monkeypatch.setattr(compile_core, "_compiling", {})
+    monkeypatch.setattr(compile_core, "_private", {(1, "b", "library", ("tk",)): private})
+    monkeypatch.setattr(compile_core, "MAX_BUILDS", 2)
+    with compile_core._hub_of("a") as a:
+        with compile_core._hub_of("b") as b, compile_core._hub_of("c") as c:
+            assert len({id(a), id(b), id(c)}) == 3 and a.handle is compile_core._route and not closed
+        with compile_core._hub_of("a") as again:   # b and c idle, a compiling: b, the least recent, goes
+            assert again is a and closed == ["b's private server", b] and not compile_core._private
+        with compile_core._hub_of("d") as d:
+            assert closed[2:] == [c] and d not in (a, b, c)
+    assert list(compile_core._builds) == ["a", "d"] and not compile_core._compiling
+    with compile_core._hub_of(None) as local:   # outside a worker: this process's hub, as before
+        assert local is compile_core._hub and list(compile_core._builds) == ["a", "d"]

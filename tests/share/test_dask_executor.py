@@ -24,9 +24,9 @@ def cluster():
             yield c.scheduler_address.replace("tcp://", "dask://"), client
 
 
-def project(tmp_path, name, blocks=(256,), bad=False):
+def project(tmp_path, name, blocks=(256,), bad=False, factor="2"):
     specs = {"scale": spec_text(archs=("sm_90a", "gfx942"), dtypes=("fp16", "bf16"), blocks=blocks)}
-    kernels = {"scale": kernel_text()}
+    kernels = {"scale": kernel_text(factor=factor)}
     if bad:
         specs["bad"], kernels["bad"] = spec_text(name="bad", module="bad"), kernel_text(factor="no_such_name")
     return make_project(tmp_path / name, specs=specs, kernels=kernels)
@@ -72,6 +72,43 @@ def test_meta_json_is_the_same_when_the_projects_dodo_imports_the_kernels_packag
     meta = remote / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json"
     assert "tk/__init__.py" in dict(json.loads(meta.read_text())["inputs"])   # what the compile's import ran
     assert artifacts(remote) == artifacts(local) and len(artifacts(local)) == 8
+
+
+def own_cluster():
+    """A cluster of one worker, the test's own: a worker keeps its compile servers across builds, and the module's
+    cluster has compiled the other tests' tk package."""
+    import distributed
+    return distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+
+
+def on(cluster, root):
+    doit(root, "-n", "2", "-P", "thread", f"executor={cluster.scheduler_address.replace('tcp://', 'dask://')}")
+    assert set(build_report(root).values()) == {"built"}
+
+
+def test_a_rebuild_on_the_cluster_after_an_edit_compiles_the_edit(tmp_path):
+    # the worker's servers had imported tk.scale in the first build, and compiled the second with it: the old
+    # binary, under a meta.json naming the edited file's digest
+    edited, fresh = project(tmp_path, "edited"), project(tmp_path, "fresh", factor="3")
+    doit(fresh, "-n", "1")
+    with own_cluster() as c:
+        on(c, edited)
+        before = artifacts(edited)
+        (edited / "tk" / "scale.py").write_text(kernel_text(factor="3"))
+        on(c, edited)
+    assert artifacts(edited) == artifacts(fresh) != before and len(before) == 8
+
+
+def test_two_projects_with_one_package_name_on_one_cluster_each_compile_their_own(tmp_path):
+    # the second project's targets were compiled in the servers that had imported the first's tk package
+    first, second, fresh = project(tmp_path, "first"), project(tmp_path, "second", factor="3"), \
+        project(tmp_path, "fresh", factor="3")
+    (first / "tk" / "__init__.py").write_text("FIRST = 1\n")
+    doit(fresh, "-n", "1")
+    with own_cluster() as c:
+        on(c, first)
+        on(c, second)
+    assert artifacts(second) == artifacts(fresh) and len(artifacts(fresh)) == 8
 
 
 def test_a_worker_killed_mid_build_is_replaced_and_the_run_stays_green(cluster, tmp_path):
