@@ -242,7 +242,9 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
         constexprs += tuple((v, values[v]) for v in spec.type_vars)
         if spec.adapter:
             constexprs, placeholders = _adapted(spec, signature, constexprs, known)
-    options = tuple((o, known[o]) for o in OPTIONS if o in known and o not in spec.constexprs)
+    # a constexpr named as an option (`num_warps: tl.constexpr`) is the option too: Triton's JIT compiles with
+    # every keyword of the call as an option, the kernel's parameters' included
+    options = tuple((o, known[o]) for o in OPTIONS if o in known)
     cid = config_id(spec, config)
     for o, v in options:
         a = ARCHS[arch]

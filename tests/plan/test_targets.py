@@ -1,4 +1,5 @@
 """Action keys: each input that changes a binary changes exactly the keys of the targets it feeds."""
+import json
 import os
 import shutil
 
@@ -167,3 +168,31 @@ def test_a_module_the_kernel_imports_that_does_not_parse_is_one_line_naming_it(t
     proc = doit(root, "list", check=False)
     assert f"specs/scale.toml: kernel scale: {said}" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+WARPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def warps_kernel(x_ptr, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * num_warps, mask=i < n)
+'''
+
+
+def test_a_constexpr_named_as_a_compile_option_is_the_option_too(tmp_path):
+    """kernel[grid](..., num_warps=32) on a kernel with a `num_warps: tl.constexpr` parameter (liger's sparsemax):
+    Triton's JIT binds the value to the parameter and compiles with it as the option (parse_options takes every
+    keyword); the build gave the constexpr alone and compiled 4 warps (found on an H200: the served suite missed
+    it, the JIT's binary ran 32 warps)."""
+    spec = (spec_text().replace("scale_kernel", "warps_kernel").replace('y_ptr = "*{dtype}"\n', "")
+            .replace('BLOCK = "constexpr"', 'BLOCK = "constexpr"\nnum_warps = "constexpr"')
+            .replace('["x_ptr", "y_ptr"]', '["x_ptr"]').replace("num_warps = [4]", "num_warps = [8]"))
+    root = make_project(tmp_path / "p", specs={"scale": spec}, kernels={"scale": WARPS_KERNEL})
+    [target] = build_targets([load_spec(root / "specs" / "scale.toml", root)], root, None)
+    assert dict(target.options)["num_warps"] == 8 and dict(target.constexprs)["num_warps"] == 8
+    doit(root, "-n", "1")
+    meta = json.loads((root / "out" / "sm_90a" / "scale" / target.config_id / "meta.json").read_text())
+    assert meta["num_warps"] == 8 and meta["threads_per_block"] == 256
