@@ -98,10 +98,12 @@ def test_failed_targets_are_listed_with_their_error(packaged):
 def test_a_family_that_did_not_load_is_listed_as_failed_in_every_bundle(tmp_path):
     """A spec that cannot be read and a family whose source is missing: counted failed by the build, and listed
     under "failed" in the manifest, so that a consumer of the wheel sees the family is missing."""
-    root = make_project(tmp_path, specs={"scale": spec_text(archs=ARCHS), "torn": "[kernel\nname = ",
-                                         "gone": spec_text(name="gone", module="gone")})
-    assert doit(root, "-n", "2", check=False).returncode != 0
-    for arch in ARCHS:
+    specs = {"scale": spec_text(archs=ARCHS), "torn": "[kernel\nname = ", "gone": spec_text(name="gone", module="gone")}
+    root, elsewhere = make_project(tmp_path / "a", specs=specs), make_project(tmp_path / "other" / "b", specs=specs)
+    for project in (root, elsewhere):
+        assert doit(project, "-n", "2", check=False).returncode != 0
+    for arch in ARCHS:   # the same bytes wherever the project lies (an error named the folder it was in)
+        assert manifest(root, arch)["failed"] == manifest(elsewhere, arch)["failed"]
         failed = {f["target"]: f for f in manifest(root, arch)["failed"]}
         assert set(failed) == {"torn", "gone"}, failed
         assert {(f["kernel"], f["arch"], f["status"]) for f in failed.values()} == \
