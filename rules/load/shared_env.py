@@ -73,7 +73,7 @@ def explain(e: BaseException) -> bool:
         return False
     if not isinstance(e, ImportError):
         if place not in str(e) and type(e).__str__ is BaseException.__str__:   # a message args make
-            e.args = (f"{e} (in {place})",)
+            e.args = (f"{e} (in {place})" if str(e) else f"(in {place})",)
         return True
     if isinstance(e, ModuleNotFoundError) and e.name:
         e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"

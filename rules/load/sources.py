@@ -30,8 +30,9 @@ def parse(path: Path) -> ast.Module:
     """The file's AST, parsed once per process and file version."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (RecursionError, MemoryError):   # an expression nested thousands deep: Python cannot compile it either
-        raise SyntaxError("nested too deeply for Python's parser", (str(path), None, None, None)) from None
+    except (RecursionError, MemoryError) as e:   # an expression nested thousands deep: Python cannot compile it either
+        said = "nested too deeply for Python's parser" + ("" if isinstance(e, RecursionError) else " (out of memory)")
+        raise SyntaxError(said, (str(path), None, None, None)) from None
     for node in module_level(tree.body):   # where each module-level def is: an entry's may lie in another module
         if isinstance(node, ast.FunctionDef):
             node.kforge_file = path

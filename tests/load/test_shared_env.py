@@ -245,3 +245,13 @@ def test_a_librarys_own_error_at_import_names_the_librarys_line(tmp_path):
             print(json.dumps({"explained": explained, "again": shared_env.explain(e), "message": str(e)}))
         ''', {"PYTHONPATH": str(tmp_path)})
     assert found == {"explained": True, "again": True, "message": "boom (in booming_lib.py:2)"}
+    (tmp_path / "booming_lib.py").write_text("def down(n):\n    raise RuntimeError()\n\n\ndown(0)\n")
+    assert _python('''
+        import json
+        from kforge.load import shared_env
+        try:
+            import booming_lib
+        except RuntimeError as e:
+            shared_env.explain(e)
+            print(json.dumps(str(e)))
+        ''', {"PYTHONPATH": str(tmp_path)}) == "(in booming_lib.py:2)"   # no empty message before it
