@@ -173,6 +173,13 @@ def _unbuildable(record: dict, at: str) -> str | None:
                 _check_value(value, f"{at}: {field} {name}")
     except SpecError as e:
         return f"{e}; the line is not built (served, such a call compiles with Triton): remove it to build clean"
+    # a kernel parameter named as an option (`num_warps: tl.constexpr`) given positionally: the parameter has one
+    # value, the compile option its default; a config holds one value per name
+    clash = next((n for n, v in record["constexprs"].items() if record["options"].get(n, v) != v), None)
+    if clash is not None:
+        return (f"{at}: {clash} is the kernel's parameter ({shown(record['constexprs'][clash])}) and, otherwise, its "
+                f"compile option ({shown(record['options'][clash])}), which kforge builds as one value; the line is not "
+                f"built (served, such a call compiles with Triton): pass {clash} by keyword, or remove the line")
     return None
 
 

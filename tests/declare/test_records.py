@@ -450,3 +450,36 @@ def test_one_specialization_recorded_with_two_keys_keeps_both(project):
     assert found.recorded_code == tuple(sorted([tagged("c" * 64), mine]))
     doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
     assert len(statuses(project, "built")) == 1
+
+
+WARPS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def warps_kernel(x_ptr, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * num_warps, mask=i < n)
+'''
+
+
+def test_a_parameter_named_as_an_option_builds_from_a_keyword_call_and_a_positional_one_fails_alone(project):
+    """`num_warps: tl.constexpr` passed by keyword is the parameter and the option (32 warps); passed by position,
+    the parameter's value and the option's default differ: a config holds one value per name, so that line was
+    built with the option's value as the parameter's too, a binary no call matches. It fails alone, saying why."""
+    (project / "tk" / "warps.py").write_text(WARPS)
+    def warps_line(param, option):
+        return json.dumps({"format": "kforge-record-1", "kernel": "tk.warps:warps_kernel", "arch": "sm_90a",
+                           "signature": [["x_ptr", "*fp32"], ["n", "i32"], ["BLOCK", "constexpr"],
+                                         ["num_warps", "constexpr"]],
+                           "constexprs": {"BLOCK": 128, "num_warps": param}, "divisible_by_16": ["x_ptr"],
+                           "options": {"num_warps": option, "num_stages": 3}})
+    (project / "specs" / "app.jsonl").write_text("\n".join([warps_line(8, 8), warps_line(2, 4), ""]))
+    doit(project, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    [meta] = [json.loads(m.read_text()) for m in (project / "out" / "sm_90a").glob("rec_*/*/meta.json")]
+    assert meta["constexprs"]["num_warps"] == 8 and meta["num_warps"] == 8
+    report = json.loads((project / "out" / "build-report.json").read_text())
+    [failed] = [t for t in report["tasks"] if t["status"] == "failed"]
+    assert "specs/app.jsonl:2: num_warps is the kernel's parameter (2) and, otherwise, its compile option (4)" \
+        in failed["error"] and "the line is not built" in failed["error"]
