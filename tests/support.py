@@ -263,6 +263,7 @@ def fresh_servers(monkeypatch):
     try:
         yield compile_core
     finally:
-        for server in compile_core._private.values():
-            server.close()
+        for servers in compile_core._private.values():   # per (thread, build)
+            for server in servers.values():
+                server.close()
         compile_core._hub.close()

@@ -53,7 +53,9 @@ _servers: dict[tuple, isolate.Server] = {}    # in the hub: its library servers
 _packages: dict[str, isolate.Server] = {}     # in a library or package server: the package servers below it
 _minders: list[int] = []                      # in the last package server: its private copies' minders
 _contexts: dict[tuple, isolate.Server] = {}   # in a private package server: its context servers
-_private: dict[tuple, isolate.Attached] = {}  # in a process that compiles: its private package servers
+# in a process that compiles: its private package servers, per (thread, build) (doit -P thread, a Dask worker's
+# threads): one thread taking a server never closes another's, which may be compiling
+_private: dict[tuple, dict[tuple, isolate.Attached]] = {}
 _private_lock = threading.Lock()
 
 
@@ -91,10 +93,9 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
     levels = import_levels(target)
     try:
         with _hub_of(build) as hub:
-            # a process's threads (doit -P thread, a Dask worker's) each have servers of their own
             with _private_lock:
-                server = _kept(_private, (threading.get_ident(), build, _library(target, backend), levels),
-                               MAX_PRIVATE, lambda: isolate.Attached(None))
+                mine = _private.setdefault((threading.get_ident(), build), {})
+                server = _kept(mine, (_library(target, backend), levels), MAX_PRIVATE, lambda: isolate.Attached(None))
             server.connect = functools.partial(_connect, hub, target, root, timeout, scratch_dir, started)
             for _ in range(2):   # once more where the servers above this one were killed (the hub, from outside)
                 outcome = server.call((target, scratch_dir, timeout, cutoff), timeout + PACKAGE_SLACK_S,
@@ -129,12 +130,11 @@ def _hub_of(build: str | None):
         _compiling[build] = _compiling.get(build, 0) + 1
         idle = [b for b in _builds if b not in _compiling]
         ended = idle[:max(0, len(_builds) - MAX_BUILDS)]
-        hubs = [_builds.pop(b) for b in ended]
-        for key in [k for k in _private if k[1] in ended]:
-            _private.pop(key).close()
-    for gone in hubs:   # the hub and every server below it
-        gone.close()
+        gone = [s for key in [k for k in _private if k[1] in ended] for s in _private.pop(key).values()]
+        gone += [_builds.pop(b) for b in ended]
     try:
+        for server in gone:   # the ended builds' private servers, their hubs and every server below those
+            server.close()
         yield hub
     finally:
         with _private_lock:
@@ -690,14 +690,16 @@ def _forget_project_modules(recorder: observe.Recorder) -> None:
     kernels' package) forgotten: this server imports them again as a process of its own does (a Dask worker's),
     so that what they read is in each target's record. Inherited, their __init__ and what it read were missing,
     from the record of a local compile alone: meta.json differed from Dask's, and an edit of a file an __init__
-    reads left the binary stale. Source modules only, never the toolchain's (kforge's own checkout may be the
-    project)."""
-    project = recorder.root + os.sep
+    reads left the binary stale. Project source only (sources.project_source_problem): never a virtualenv's or
+    a hidden folder's inside the project (a Dask worker's distributed, doit's own), nor the toolchain's (kforge's
+    own checkout may be the project)."""
+    project, root = recorder.root + os.sep, Path(recorder.root)
     for name, module in list(sys.modules.items()):
         where = vars(module).get("__file__") if isinstance(module, types.ModuleType) else None   # no __getattr__
         if isinstance(where, str) and where.endswith(".py") and name != "__main__":
             real = os.path.realpath(where)
-            if real.startswith(project) and not real.startswith(recorder.skip) and real not in recorder.skip_files:
+            if real.startswith(project) and not real.startswith(recorder.skip) and real not in recorder.skip_files \
+                    and sources.project_source_problem(Path(real), root) is None:
                 del sys.modules[name]
 
 

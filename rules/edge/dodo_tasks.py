@@ -44,6 +44,8 @@ def compile_tasks(root: Path, catalog: Catalog):
     for t in catalog.targets:
         by_family[t.kernel].append(t)
     timeout, executor, url = settings.get("timeout"), settings.get("executor"), settings.get("cache")
+    if executor is not None:   # its build id made here, before doit forks its workers: one build, one id on a worker
+        from kforge.share import dask_executor  # noqa: F401
     cache = None
     if url:
         from kforge.share import remote_cache   # http.client and hmac: only where a cache is used

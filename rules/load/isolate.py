@@ -292,6 +292,7 @@ class Hub:
             self.sock.close()
         self.pid = self.owner = self.sock = None
         self.attached = False
+        atexit.unregister(self.close)   # a Dask worker closes a hub per build: none is kept until its exit
 
     def start(self, attach: Callable[[], tuple[socket.socket, int] | None] | None = None) -> bool:
         """Start the hub now, if this process has none: whether it did. attach() may give one forked elsewhere for

@@ -134,8 +134,9 @@ class Served:
             return
         if self.kernel is None:
             self.kernel = self.load()
-        for i in self._pointers:   # as Triton's launcher, memory the GPU cannot reach (a CPU tensor's) is refused
-            if getattr(args[i], "is_cuda", True) is False and not self.kernel.reaches(args[i].data_ptr()):
+        for i in self._pointers:   # as Triton's launcher, memory the GPU cannot reach is refused (a CPU tensor,
+            # or one in a wrapper with no is_cuda: triton.reinterpret's)
+            if getattr(args[i], "is_cuda", None) is not True and not self.kernel.reaches(args[i].data_ptr()):
                 raise ValueError(f"Pointer argument (at {i}) cannot be accessed from Triton (cpu tensor?)")
         if launch_metadata is not None and enter_hook is not None:
             enter_hook(launch_metadata)

@@ -18,8 +18,9 @@ from kforge.base import settings
 RETRIES = 2   # a task whose worker dies is run again on another one, up to this many times
 _clients: dict[str, object] = {}
 _lock = threading.Lock()   # doit's thread workers share one client per scheduler
-# this process's build, as workers tell builds apart: each gets compile servers of its own there (the modules a
-# server imported are another build's sources: rules/compile/core.py, _hub_of)
+# this build's id, as workers tell builds apart: each gets compile servers of its own there (the modules a server
+# imported are another build's sources: rules/compile/core.py, _hub_of); made in doit's process before it forks
+# its workers (edge/dodo_tasks.py), so that every worker of one build sends the same
 BUILD = uuid.uuid4().hex
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import types
 from pathlib import Path
 
@@ -767,7 +768,7 @@ def test_a_dask_workers_builds_each_get_a_hub_and_one_with_a_compile_in_flight_i
     monkeypatch.setattr(isolate, "Hub", Hub)
     monkeypatch.setattr(compile_core, "_builds", {})
     monkeypatch.setattr(compile_core, "_compiling", {})
-    monkeypatch.setattr(compile_core, "_private", {(1, "b", "library", ("tk",)): private})
+    monkeypatch.setattr(compile_core, "_private", {(1, "b"): {("library", ("tk",)): private}})
     monkeypatch.setattr(compile_core, "MAX_BUILDS", 2)
     with compile_core._hub_of("a") as a:
         with compile_core._hub_of("b") as b, compile_core._hub_of("c") as c:
@@ -779,3 +780,55 @@ def test_a_dask_workers_builds_each_get_a_hub_and_one_with_a_compile_in_flight_i
     assert list(compile_core._builds) == ["a", "d"] and not compile_core._compiling
     with compile_core._hub_of(None) as local:   # outside a worker: this process's hub, as before
         assert local is compile_core._hub and list(compile_core._builds) == ["a", "d"]
+
+
+def test_only_the_projects_own_sources_are_forgotten_not_a_virtualenv_inside_it(tmp_path, monkeypatch):
+    """The compile servers import the project's modules doit's process had imported again; a virtualenv inside the
+    project (the checkout's .venv: doit, dask, yaml...) was under its root too, and its modules ran a second time."""
+    (tmp_path / "tk").mkdir()
+    (tmp_path / "tk" / "__init__.py").write_text("")
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (site / "vendored_lib_for_test.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("tk", "vendored_lib_for_test"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import tk  # noqa: F401
+    import vendored_lib_for_test  # noqa: F401
+    recorder = types.SimpleNamespace(root=str(tmp_path.resolve()), skip=(), skip_files=set())
+    compile_core._forget_project_modules(recorder)
+    assert "tk" not in sys.modules and "vendored_lib_for_test" in sys.modules
+
+
+def test_one_threads_private_server_never_closes_anothers(monkeypatch):
+    """The private servers were one list for every thread, MAX_PRIVATE long: a fourth thread taking one closed the
+    least recent, another thread's, while it compiled (its call then failed with a TypeError)."""
+    closed = []
+
+    class Attached:
+        def __init__(self, sock):
+            self.connect = None
+
+        def call(self, request, timeout, log_dir=None):   # every thread compiling at once
+            everyone.wait(timeout=30)
+            return types.SimpleNamespace(vanished=False, ok=False)
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(compile_core.isolate, "Attached", Attached)
+    monkeypatch.setattr(compile_core, "_private", {})
+    monkeypatch.setattr(compile_core, "backend_of", lambda toolchain: None)
+    monkeypatch.setattr(compile_core, "_library", lambda target, backend: "library")
+    monkeypatch.setattr(compile_core.guard, "scratch_folder", lambda layout, name: "/nonexistent-kforge-scratch")
+    target = types.SimpleNamespace(toolchain="triton", module="tk.scale", layout=None, arch="sm_90a", kernel="k")
+    threads = [threading.Thread(target=compile_core.compile_here, args=(target, "/", 1.0))
+               for _ in range(compile_core.MAX_PRIVATE + 2)]
+    everyone = threading.Barrier(len(threads))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert closed == [] and len(compile_core._private) == len(threads)

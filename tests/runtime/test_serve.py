@@ -236,6 +236,12 @@ def test_a_tensor_the_gpu_cannot_reach_is_refused_as_tritons_launcher_refuses_it
     monkeypatch.setattr(Unreachable, "reaches", lambda self, address: True)   # pinned: the driver maps it
     copy[(8,)](x, y, 1000, BLOCK=128)
     assert len(Launched.calls) == 1
+    import triton
+    import triton.language as tl
+    monkeypatch.setattr(Unreachable, "reaches", lambda self, address: False)
+    with pytest.raises(ValueError, match=refused):   # a wrapper has no is_cuda: asked too, not taken for the GPU's
+        copy[(8,)](triton.reinterpret(x, tl.float16), y, 1000, BLOCK=128)
+    assert len(Launched.calls) == 1
 
 
 def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):

@@ -138,3 +138,26 @@ def test_the_scheduler_address_is_the_checked_setting_with_dasks_own_scheme():
     from kforge.share import dask_executor
     from kforge.base import settings
     assert dask_executor.scheduler_address(settings.SETTINGS["executor"].parse("dask://h:8786", "x")) == "tcp://h:8786"
+
+
+def test_every_doit_worker_process_of_one_build_sends_one_build_id(tmp_path):
+    """`doit -n 8 executor=dask://...` without -P thread: each doit worker process imported dask_executor itself and
+    made a build id of its own, so one build was several on a worker, each with a hub of its own, evicting each
+    other's. The id is made where the tasks are, in doit's process, before it forks its workers."""
+    root = make_project(tmp_path / "p")
+    script = ("import os, sys, json\n"
+              "os.environ['KFORGE_EXECUTOR'] = 'dask://127.0.0.1:8786'\n"
+              "from kforge.edge import dodo_tasks\n"
+              "root = dodo_tasks.Path(sys.argv[1])\n"
+              "list(dodo_tasks.compile_tasks(root, dodo_tasks.load_catalog(root)))\n"
+              "r, w = os.pipe()\n"
+              "if os.fork() == 0:\n"
+              "    from kforge.share import dask_executor\n"
+              "    os.write(w, dask_executor.BUILD.encode()); os._exit(0)\n"
+              "os.wait()\n"
+              "from kforge.share import dask_executor\n"
+              "print(json.dumps([dask_executor.BUILD, os.read(r, 64).decode()]))\n")
+    out = subprocess.run([sys.executable, "-c", script, str(root)], cwd=root, capture_output=True, text=True,
+                         check=True, timeout=120).stdout.splitlines()[-1]
+    parent, child = json.loads(out)
+    assert parent == child and len(parent) == 32
