@@ -131,6 +131,19 @@ def kernel_text(factor: str = "2", imports: str = "") -> str:
     return ADD_KERNEL.format(factor=factor, imports=imports)
 
 
+# a kernel whose own parameter is named as a compile option (liger's sparsemax): tk/<name>.py
+WARPS_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def warps_kernel(x_ptr, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * num_warps, mask=i < n)
+'''
+
+
 def doit(project: Path, *args: str, timeout: float = 600, check: bool = True,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env or {}))

@@ -6,7 +6,7 @@ import triton.language as tl
 
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
-from tests.support import REPO, doit, make_project, spec_text, statuses
+from tests.support import REPO, WARPS_KERNEL, doit, make_project, spec_text, statuses
 
 
 def line(block, arch="sm_90a", warps=4, **changes):
@@ -452,23 +452,12 @@ def test_one_specialization_recorded_with_two_keys_keeps_both(project):
     assert len(statuses(project, "built")) == 1
 
 
-WARPS = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def warps_kernel(x_ptr, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * num_warps, mask=i < n)
-'''
-
 
 def test_a_parameter_named_as_an_option_builds_from_a_keyword_call_and_a_positional_one_fails_alone(project):
     """`num_warps: tl.constexpr` passed by keyword is the parameter and the option (32 warps); passed by position,
     the parameter's value and the option's default differ: a config holds one value per name, so that line was
     built with the option's value as the parameter's too, a binary no call matches. It fails alone, saying why."""
-    (project / "tk" / "warps.py").write_text(WARPS)
+    (project / "tk" / "warps.py").write_text(WARPS_KERNEL)
     def warps_line(param, option):
         return json.dumps({"format": "kforge-record-1", "kernel": "tk.warps:warps_kernel", "arch": "sm_90a",
                            "signature": [["x_ptr", "*fp32"], ["n", "i32"], ["BLOCK", "constexpr"],

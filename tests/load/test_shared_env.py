@@ -214,44 +214,32 @@ def test_flydsl_imported_before_it_was_hidden_comes_back_as_it_was(envlib):
     assert found == {"hidden": True, "same": True}
 
 
-def test_a_librarys_import_that_recurses_without_end_names_the_librarys_line(tmp_path):
-    """Infinite recursion at a library's module level: a compile's one line said only `RecursionError: maximum
-    recursion depth exceeded`, where an ImportError named the library's line."""
-    (tmp_path / "recursing_lib.py").write_text("def down(n):\n    return down(n + 1)\n\n\ndown(0)\n")
-    found = _python('''
+def _explained(tmp_path, module: str, body: str) -> dict:
+    """A library whose import runs `body` and fails: explain()'s answer, its answer again on the same exception,
+    and the exception's message."""
+    (tmp_path / f"{module}.py").write_text(f"def down(n):\n    {body}\n\n\ndown(0)\n")
+    return _python(f'''
         import json
         from kforge.load import shared_env
         try:
-            import recursing_lib
-        except RecursionError as e:
+            import {module}
+        except Exception as e:
             explained = shared_env.explain(e)
-            print(json.dumps({"explained": explained, "again": shared_env.explain(e), "message": str(e)}))
+            print(json.dumps({{"explained": explained, "again": shared_env.explain(e), "message": str(e)}}))
         ''', {"PYTHONPATH": str(tmp_path)})
-    assert found == {"explained": True, "again": True,
-                     "message": "maximum recursion depth exceeded (in recursing_lib.py:2)"}
+
+
+def test_a_librarys_import_that_recurses_without_end_names_the_librarys_line(tmp_path):
+    """Infinite recursion at a library's module level: a compile's one line said only `RecursionError: maximum
+    recursion depth exceeded`, where an ImportError named the library's line."""
+    assert _explained(tmp_path, "recursing_lib", "return down(n + 1)") == {
+        "explained": True, "again": True, "message": "maximum recursion depth exceeded (in recursing_lib.py:2)"}
 
 
 def test_a_librarys_own_error_at_import_names_the_librarys_line(tmp_path):
     """`raise RuntimeError('boom')` at a library's module level: a build's one line said only `RuntimeError: boom`
     (the catalog's probe named the line)."""
-    (tmp_path / "booming_lib.py").write_text("def down(n):\n    raise RuntimeError('boom')\n\n\ndown(0)\n")
-    found = _python('''
-        import json
-        from kforge.load import shared_env
-        try:
-            import booming_lib
-        except RuntimeError as e:
-            explained = shared_env.explain(e)
-            print(json.dumps({"explained": explained, "again": shared_env.explain(e), "message": str(e)}))
-        ''', {"PYTHONPATH": str(tmp_path)})
-    assert found == {"explained": True, "again": True, "message": "boom (in booming_lib.py:2)"}
-    (tmp_path / "booming_lib.py").write_text("def down(n):\n    raise RuntimeError()\n\n\ndown(0)\n")
-    assert _python('''
-        import json
-        from kforge.load import shared_env
-        try:
-            import booming_lib
-        except RuntimeError as e:
-            shared_env.explain(e)
-            print(json.dumps(str(e)))
-        ''', {"PYTHONPATH": str(tmp_path)}) == "(in booming_lib.py:2)"   # no empty message before it
+    assert _explained(tmp_path, "booming_lib", "raise RuntimeError('boom')") == {
+        "explained": True, "again": True, "message": "boom (in booming_lib.py:2)"}
+    assert _explained(tmp_path, "silent_lib", "raise RuntimeError()") == {   # no empty message before it
+        "explained": True, "again": True, "message": "(in silent_lib.py:2)"}

@@ -9,7 +9,7 @@ from kforge.plan import keys
 from kforge_runtime import schema
 from kforge.declare.spec import load_spec
 from kforge.plan.targets import build_targets
-from tests.support import REPO, doit, kernel_text, make_project, spec_text
+from tests.support import REPO, WARPS_KERNEL, doit, kernel_text, make_project, spec_text
 
 
 def keys_of(root) -> dict[str, str]:
@@ -169,17 +169,6 @@ def test_a_module_the_kernel_imports_that_does_not_parse_is_one_line_naming_it(t
     assert f"specs/scale.toml: kernel scale: {said}" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
 
-
-WARPS_KERNEL = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def warps_kernel(x_ptr, n, BLOCK: tl.constexpr, num_warps: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * num_warps, mask=i < n)
-'''
 
 
 def test_a_constexpr_named_as_a_compile_option_is_the_option_too(tmp_path):
