@@ -12,7 +12,7 @@ from kforge.plan import keys
 from kforge.base.archs import ARCHS
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
-from kforge.declare.spec_model import TYPE_VAR_RE, Spec
+from kforge.declare.spec_model import TYPE_VAR_RE, Spec, shown_path
 from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from kforge.base.dtypes import canonical_arg_type
 from kforge.declare.sweep import check_config_id, config_id
@@ -34,9 +34,8 @@ def build_targets(specs: list[Spec], root: Path, arch_filter: tuple[str, ...] | 
             targets += spec_targets(spec, root, arch_filter, read)
         except SpecError:
             raise
-        except SyntaxError as e:   # a module the kernel's imports (its own parsed when the spec loaded)
-            name = Path(e.filename)
-            name = name.relative_to(root.resolve()) if name.is_relative_to(root.resolve()) else name
+        except SyntaxError as e:   # a module the kernel imports (its own source was parsed when the spec loaded)
+            name = shown_path(Path(e.filename), root)
             at = f"{name}:{e.lineno}" if e.lineno else name
             raise SpecError(f"{spec.path}: kernel {spec.name}: {at}, a module its source imports, is not Python "
                             f"kforge can read ({e.msg}); fix that file") from None
