@@ -2,7 +2,6 @@
 per kernel family, one bundle per arch. Generating tasks writes nothing."""
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,10 +112,7 @@ def package_tasks(targets: list[Target], root: str, tuned: list[dict] = (), brok
     `tuned`: the autotuners' recorded picks (catalog.tuned), each bundle gets its arch's; `broken`: the families
     that did not load (catalog.broken), listed failed in every bundle."""
     yield {"basename": "package", "name": None, "doc": "bundle every built artifact, one wheel per arch in out/dist/"}
-    here = str(Path(root).resolve())   # a bundle is the same bytes wherever the project lies: its errors name no root
-    lost = sorted(({"target": b.name, "kernel": b.name, "spec": b.path, "status": "did not load",
-                    "error": b.error.replace(here + os.sep, "").replace(here, ".")} for b in broken),
-                  key=lambda f: f["target"])
+    lost = package.did_not_load(broken, root)
     by_arch: dict[str, list[Target]] = {}
     for t in targets:
         by_arch.setdefault(t.arch, []).append(t)

@@ -356,6 +356,14 @@ def project_version(root: Path) -> str:
     return version
 
 
+def did_not_load(broken, root: str) -> list[dict]:
+    """The manifest's records of the families that did not load (catalog.broken), by name."""
+    here = str(Path(root).resolve())   # a bundle is the same bytes wherever the project lies: its errors name no root
+    return sorted(({"target": b.name, "kernel": b.name, "spec": b.path, "status": "did not load",
+                    "error": b.error.replace(here + os.sep, "").replace(here, ".")} for b in broken),
+                  key=lambda f: f["target"])
+
+
 def _failure(t: Target) -> dict:
     status, error = "not built", ""
     failure = artifact.read_error(t)
