@@ -278,7 +278,7 @@ def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict
             meta["options"] = dict(t.options)
             artifacts.append(meta)
         elif artifact.skipped(t) is None:   # a library autotuner's config that does not fit the arch: never run there
-            failed.append(_failure(t))
+            failed.append(_failure(t, root))
     failed += [{**b, "arch": arch} for b in broken]   # families that did not load: no targets, listed by name
     tables = {f.stem: {"path": f"tune/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
               for f in tuning_tables(Layout(root), arch)}
@@ -358,19 +358,24 @@ def project_version(root: Path) -> str:
 
 def did_not_load(broken, root: str) -> list[dict]:
     """The manifest's records of the families that did not load (catalog.broken), by name."""
-    here = str(Path(root).resolve())   # a bundle is the same bytes wherever the project lies: its errors name no root
     return sorted(({"target": b.name, "kernel": b.name, "spec": b.path, "status": "did not load",
-                    "error": b.error.replace(here + os.sep, "").replace(here, ".")} for b in broken),
-                  key=lambda f: f["target"])
+                    "error": _rootless(b.error, root)} for b in broken), key=lambda f: f["target"])
 
 
-def _failure(t: Target) -> dict:
+def _rootless(error: str, root) -> str:
+    """error with the project's folder left out: a bundle is the same bytes wherever the project lies (a
+    library's own message may name the file it raised in)."""
+    here = str(Path(root).resolve())
+    return error.replace(here + os.sep, "").replace(here, ".")
+
+
+def _failure(t: Target, root) -> dict:
     status, error = "not built", ""
     failure = artifact.read_error(t)
     if failure is not None and failure.key == t.key:
-        # not the traceback: its paths are this machine's, and a bundle is the same bytes wherever it is built
+        # not the traceback: its paths are this machine's
         message = failure.message.split(artifact.TRACEBACK.strip(), 1)[0]
-        status, error = "failed", "\n".join(message.strip().splitlines()[:ERROR_LINES])
+        status, error = "failed", _rootless("\n".join(message.strip().splitlines()[:ERROR_LINES]), root)
     return {"target": t.name, "kernel": t.kernel, "config_id": t.config_id, "config": dict(t.config),
             "arch": t.arch, "status": status, "error": error, "toolchain": t.toolchain,
             "source": {"module": t.module, "entry": t.entry, "digests": dict(t.source_digests)},

@@ -97,21 +97,28 @@ def test_failed_targets_are_listed_with_their_error(packaged):
 
 def test_a_family_that_did_not_load_is_listed_as_failed_in_every_bundle(tmp_path):
     """A spec that cannot be read and a family whose source is missing: counted failed by the build, and listed
-    under "failed" in the manifest, so that a consumer of the wheel sees the family is missing."""
-    specs = {"scale": spec_text(archs=ARCHS), "torn": "[kernel\nname = ", "gone": spec_text(name="gone", module="gone")}
-    root, elsewhere = make_project(tmp_path / "a", specs=specs), make_project(tmp_path / "other" / "b", specs=specs)
+    under "failed" in the manifest, so that a consumer of the wheel sees the family is missing. Those, and a
+    target whose compile failed on a library's message naming its own file, are the same bytes wherever the
+    project lies."""
+    specs = {"scale": spec_text(archs=ARCHS), "torn": "[kernel\nname = ", "gone": spec_text(name="gone", module="gone"),
+             "raises": spec_text(name="raises", module="raises")}
+    kernels = {"scale": kernel_text(), "raises": kernel_text() + 'raise RuntimeError(f"no backend for {__file__}")\n'}
+    root, elsewhere = (make_project(tmp_path / "a", specs=specs, kernels=kernels),
+                       make_project(tmp_path / "other" / "b", specs=specs, kernels=kernels))
     for project in (root, elsewhere):
         assert doit(project, "-n", "2", check=False).returncode != 0
+    raised = manifest(root, "sm_90a")["failed"]
+    assert [f["error"] for f in raised if f["kernel"] == "raises"][0].count("no backend for tk/raises.py") == 1
     for arch in ARCHS:   # the same bytes wherever the project lies (an error named the folder it was in)
         assert manifest(root, arch)["failed"] == manifest(elsewhere, arch)["failed"]
-        failed = {f["target"]: f for f in manifest(root, arch)["failed"]}
+        failed = {f["target"]: f for f in manifest(root, arch)["failed"] if f["kernel"] != "raises"}
         assert set(failed) == {"torn", "gone"}, failed
         assert {(f["kernel"], f["arch"], f["status"]) for f in failed.values()} == \
             {("torn", arch, "did not load"), ("gone", arch, "did not load")}
         assert failed["torn"]["spec"] == "specs/torn.toml" and "specs/torn.toml" in failed["torn"]["error"]
         assert "tk/gone.py" in failed["gone"]["error"]
     report = json.loads((root / "out" / "build-report.json").read_text())
-    assert report["counts"]["failed"] == 2
+    assert report["counts"]["failed"] == 3   # torn, gone and raises' one target
 
 
 def test_the_package_stamp_is_unambiguous(tmp_path):
