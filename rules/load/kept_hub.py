@@ -103,8 +103,6 @@ def _end_stuck(pid: int) -> None:
 def ask_to_keep(hub: isolate.Hub, request: Keep, timeout: float = 10.0) -> bool:
     """In doit's master, before it closes the hub it forked: whether the hub forked a keeper. Sent on the hub's
     socket as a request is; a hub that has gone is not replaced."""
-    if hub.sock is None:
-        return False
     try:
         with hub.ask(request, replace=False) as conn:   # the hub holds the only other end: its death ends the wait
             return conn.poll(timeout) and "kept" in conn.recv()
