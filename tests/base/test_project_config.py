@@ -169,3 +169,22 @@ def test_a_setup_hook_of_thousands_of_characters_is_one_short_line(tmp_path):
         project_setup(tmp_path)
     assert str(e.value).startswith("pyproject.toml: [tool.kforge] setup: expected a function as 'module:function'")
     assert len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize("data, said", [(b"[tool.kforge\n", "Expected ']'"), (b"\xff = 1\n", "can't decode byte 0xff")])
+def test_a_pyproject_that_is_not_toml_or_not_utf8_is_one_line(tmp_path, data, said):
+    (tmp_path / "pyproject.toml").write_bytes(data)
+    with pytest.raises(SpecError) as e:
+        kforge_table(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'pyproject.toml'}: cannot read it (") and said in str(e.value)
+    assert str(e.value).endswith("; fix the file") and "\n" not in str(e.value)
+
+
+def test_a_user_file_that_is_gone_or_cannot_be_opened_is_one_line_naming_it(tmp_path):
+    from kforge.base.project_config import read_user_file
+    with pytest.raises(SpecError, match=r"^specs/x\.toml: no such file; put it back$"):
+        read_user_file(tmp_path / "x.toml", 1024, "a spec", "put it back", "specs/x.toml")
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(SpecError, match=r"/plain/x\.toml: cannot read it \(\[Errno 20\] Not a directory.*\); fix the "
+                                         r"file$"):
+        read_user_file(tmp_path / "plain" / "x.toml", 1024, "a spec", "")
