@@ -472,3 +472,16 @@ def test_a_parameter_named_as_an_option_builds_from_a_keyword_call_and_a_positio
     [failed] = [t for t in report["tasks"] if t["status"] == "failed"]
     assert "specs/app.jsonl:2: num_warps is the kernel's parameter (2) and, otherwise, its compile option (4)" \
         in failed["error"] and "the line is not built" in failed["error"]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"\xff\n", r"^specs/app\.jsonl: cannot read it \(.*\); a record file is UTF-8 JSON lines$"),
+    (b"\n  \n", r"^specs/app\.jsonl: holds no record; record one with `python -m kforge_runtime\.record --out"),
+    (line(64, constexprs=[64]).encode(), r"^specs/app\.jsonl:1: constexprs and options must be objects"),
+])
+def test_a_record_file_that_is_not_utf8_holds_no_record_or_a_list_for_an_object_is_one_error(tmp_path, data,
+                                                                                               message):
+    from kforge.declare import records
+    (tmp_path / "app.jsonl").write_bytes(data)
+    with pytest.raises(SpecError, match=message):
+        records._lines(tmp_path / "app.jsonl", "specs/app.jsonl")
