@@ -755,3 +755,11 @@ def test_a_specs_folder_linked_inside_the_project_loads_and_one_linked_outside_i
                                    f"outside the project") and "move that folder into the project" in str(e.value)
     proc = doit(root, "list", check=False)
     assert proc.returncode == 2 and "specs/ is a link to" in proc.stderr and "neither" not in proc.stderr
+
+
+def test_a_catalog_folder_holding_no_spec_is_one_line_naming_it(tmp_path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "_helpers.py").write_text("")   # a helper, not a catalog
+    with pytest.raises(SpecError) as e:
+        catalog_module.Catalog(tmp_path, None, 50_000).load()
+    assert str(e.value) == f"{tmp_path / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)"
