@@ -499,3 +499,9 @@ def test_only_the_installer_writes_an_artifact():
                     and any(isinstance(n, ast.Name) and n.id == "META" for n in ast.walk(node.args[0]))):
                 writers.add(path.relative_to(rules).as_posix())
     assert writers == {"store/artifact.py"}
+
+
+def test_an_artifact_from_outside_whose_meta_json_is_not_an_object_is_refused_in_one_line(tmp_path):
+    target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
+    with pytest.raises(artifact.ArtifactError, match=r"^its meta\.json is not a JSON object$"):
+        artifact.accept(target, {artifact.META: b"[1]", "scale_kernel.cubin": b"\x7fELF"})
