@@ -97,13 +97,14 @@ def _build_bundle(arch: str, targets: list[Target], root: str, tuned: list[dict]
 def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, broken, tables: dict[str, bytes]):
     """(the wheel in out/dist/, its manifest's bytes): one holding the manifest made now, else written anew; or
     TaskFailed naming a binary that fails its checks."""
+    try:
+        project = project_version(root)   # before the manifest, which names it too
+    except ValueError as e:
+        return TaskFailed(str(e))
     built: list[tuple] = []   # (target, its meta.json as read) of each artifact the manifest lists, in its order
     manifest = make_manifest(arch, targets, root, tuned, built, broken)
     data = manifest_bytes(manifest)
-    try:
-        version = f"{project_version(root)}+{hashlib.sha256(data).hexdigest()[:12]}"
-    except ValueError as e:
-        return TaskFailed(str(e))
+    version = f"{project}+{hashlib.sha256(data).hexdigest()[:12]}"
     layout = Layout(root)
     wheel = layout.dist / wheel_name(dist_name(arch), version)
     layout.dist.mkdir(parents=True, exist_ok=True)

@@ -447,6 +447,15 @@ def test_the_bundle_version_is_the_projects_public_version_or_0(tmp_path, pyproj
         assert package.project_version(tmp_path) == expected
 
 
+def test_a_version_that_is_not_public_fails_the_package_task_in_one_line(tmp_path):
+    """The manifest names the version too: it was read there first, and raised past the package task's one line."""
+    from doit.exceptions import TaskFailed
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'k'\nversion = '../../x'\n")
+    failed = package._make_wheel("sm_90a", [], tmp_path, [], [], {})
+    assert isinstance(failed, TaskFailed) and "[project] version '../../x' is not a public version" in str(failed)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_foreign_meta_json_fails_the_package_task_in_one_line_naming_the_target(built, tmp_path):
     """gfx942's meta.json and binary in gfx950's artifact directory, its key set to the gfx950 target's and its
     seal recomputed (a poisoned out/ from an older kforge, or a hand copy): one line naming the target and the fix,
