@@ -432,3 +432,101 @@ def test_a_constexpr_whose_default_kforge_does_not_read_says_so(tmp_path, defaul
         return
     with pytest.raises(SpecError, match="constexpr BLOCK has no value: " + said.replace("*", r"\*")):
         load_spec(root / "specs" / "s.toml", root)
+
+
+@pytest.mark.parametrize("old, new, said", [
+    ('archs = ["sm_90a"]', 'archs = []', "[kernel] archs: got []; allowed: a non-empty list of sm_80"),
+    ('num_warps = [4]\n', 'num_warps = [4]\n\n[env]\nFOO = "a\\u0000b"\n',
+     "[env] FOO: a value may not hold a NUL character"),
+    ('num_warps = [4]\n', 'num_warps = [4]\n\n[arch.sm_90a.env]\nFOO = "a\\u0000b"\n',
+     "[arch.sm_90a.env] FOO: a value may not hold a NUL character"),
+    ('num_warps = [4]\n', 'num_warps = [4]\n\n[adapter]\narguments = {}\n',
+     "[adapter] is for toolchain 'flydsl' builders; a Triton entry needs none"),
+])
+def test_an_empty_archs_a_nul_in_env_or_an_adapter_on_triton_is_one_line(tmp_path, old, new, said):
+    """spec.py's checks of archs = [], a NUL in an [env] value and [adapter] on a Triton entry (reachable from a
+    spec, never run in the whole suite's coverage)."""
+    text = spec_text()
+    assert old in text
+    assert error(tmp_path, text.replace(old, new, 1)).startswith(f"specs/s.toml: {said}")
+
+
+@pytest.mark.parametrize("old, new, said", [
+    ('ELEMS = "constexpr"', 'ELEMS = "constexpr"\nZ = "none"',
+     "[signature] Z: got 'none'; allowed: types of a FlyDSL launcher's arguments ('none' is Triton's)"),
+    ('arguments = {dtype = "dtype_str"}', 'arguments = {dtype = "dtype_str", X = "x"}',
+     "[adapter] arguments: got {'X': 'x'}; allowed: a compile-time parameter of the spec"),
+    ('fp16 = "f16",', 'fp17 = "f16",', "[adapter] dtype_names: got {'fp17': 'f16'}; allowed: element types ("),
+    ('fp16 = "f16",', 'fp16 = 3,', "[adapter] dtype_names: got {'fp16': 3}; allowed: element types ("),
+    ('shapes = {X = [1024]}', 'shapes = {}', "[adapter] shapes: got {'X': None}; allowed: for each tensor argument (X)"),
+    ('shapes = {X = [1024]}', 'shapes = {X = [0]}', "[adapter] shapes: got {'X': [0]}; allowed: for each tensor"),
+    ('shapes = {X = [1024]}', 'shapes = {X = [1024], S = [1]}\n\n[signature]\nS = "i32"',
+     "[adapter] shapes: got {'S': [1]}; allowed: shapes only for tensor (pointer) arguments"),
+    ('shapes = {X = [1024]}', 'shapes = {X = [1024]}\nscalars = {X = 1}',
+     "[adapter] scalars: got {'X': 1}; allowed: scalar runtime arguments mapped to a number"),
+    ('shapes = {X = [1024]}', 'shapes = {X = [1024], Q = [1]}', "[adapter] shapes: got 'Q'; allowed: runtime arguments: "),
+    ('[adapter]', '[tune]\nharness = "tk/scale.py"\nshape_args = ["X"]\nshapes = [[1]]\n\n[adapter]',
+     "[tune] needs toolchain 'triton'"),
+])
+def test_a_bad_flydsl_signature_adapter_or_tune_is_one_line(tmp_path, old, new, said):
+    """spec.py's checks of a 'none' argument, [tune] and each [adapter] key of a FlyDSL builder (reachable from a
+    spec, never run in the whole suite's coverage)."""
+    assert old in FLY_SPEC
+    text = FLY_SPEC.replace(old, new, 1)
+    if "S = " in new:   # a second [signature] table is not TOML: S goes into the one there is
+        text = FLY_SPEC.replace('X = "*{dtype}"', 'X = "*{dtype}"\nS = "i32"').replace(old, new.split("\n\n")[0], 1)
+    assert error(tmp_path, text, FLY_FACTORY).startswith(f"specs/s.toml: {said}")
+
+
+@pytest.mark.parametrize("module, text, said", [
+    ("ops_nul", "x = 1\0\n", "(source code string cannot contain null bytes)"),
+    ("ops_syntax", "def (:\n", "(invalid syntax (ops_syntax.py, line 1))"),
+])
+def test_an_installed_module_or_a_source_that_is_not_python_is_one_line(tmp_path, monkeypatch, module, text, said):
+    """spec.py's _installed_python and _project_python on a file Python does not parse (a NUL in it): reachable
+    from a broken install or a project file, never run in the whole suite's coverage."""
+    site = tmp_path / "site"
+    (site / "nulpkg").mkdir(parents=True)
+    (site / "nulpkg" / "__init__.py").write_text("")
+    (site / f"nulpkg/{module}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(site))
+    spec = spec_text().replace('source = "tk/scale.py"', f'module = "nulpkg.{module}"')
+    message = error(tmp_path / "a", spec)
+    assert message.startswith(f"specs/s.toml: [kernel] module: nulpkg.{module} ({site}/nulpkg/{module}.py) is not "
+                              f"Python kforge can read {said}; reinstall the package"), message
+    if "\0" in text:
+        message = error(tmp_path / "b", spec_text(), text)
+        assert message.startswith("specs/s.toml: [kernel] source: 'tk/scale.py' is not Python kforge can read "
+                                  "(source code string cannot contain null bytes); fix the file"), message
+
+
+AUTOTUNED = '''
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), CONFIG], key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("config, more, said", [
+    ('triton.Config({"BLOCK": 128})', "BLOCK = [64]\n",
+     "[sweep] BLOCK: chosen by tk.scale.tuned_kernel's @triton.autotune configs; remove it from [sweep] (an "
+     "[[exclude]] filters the autotune configs)"),
+    ('triton.Config({"BLOCK": 128, "n": 3})', "",
+     "tk.scale.tuned_kernel's @triton.autotune configs set different parameters (['BLOCK', 'num_stages', "
+     "'num_warps'] and ['BLOCK', 'n', 'num_stages', 'num_warps']); kforge sweeps configs that set the same ones"),
+    ('triton.Config({"BLOCK": 128})\ntuned_kernel.configs = []', "",
+     "tk.scale.tuned_kernel's @triton.autotune lists no configs; give it at least one"),
+])
+def test_autotune_configs_kforge_cannot_sweep_are_one_line(tmp_path, config, more, said):
+    """spec.py's _with_autotune checks (reachable from a library's @triton.autotune, never run in the whole suite's
+    coverage). Triton itself fills an empty configs= with one default: a list emptied after the decorator is the
+    one way to none."""
+    kernel = AUTOTUNED.replace("CONFIG], key", config.split("\n")[0] + "], key") + "\n".join(
+        [""] + config.split("\n")[1:]) + "\n"
+    assert error(tmp_path, wrapped_spec("tuned_kernel", more), kernel) == f"specs/s.toml: {said}"
