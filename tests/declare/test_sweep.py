@@ -333,3 +333,42 @@ def test_configs_sharing_an_id_are_shown_by_what_tells_them_apart(tmp_path):
     said = str(e.value)
     assert "configs {'BLOCK': 256} and {'BLOCK': 512} (the rest of each alike: 3 values) from [sweep] both get id" \
         in said and "xxxx" not in said, said
+
+
+HEURISTIC_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"BLOCK": lambda args: 64})
+@triton.jit
+def h_kernel(x_ptr, y_ptr, n, s, D: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * s, mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("constants, said", [
+    ("n = 'big'", "[constants] n: a shape hint for a i32 argument must be an integer, got 'big'"),
+    ("s = 'big'", "[constants] s: a shape hint for a fp32 argument must be a number, got 'big'"),
+    ("D = 'fp17'", "[constants] D: got 'fp17'; a 'dtype' argument takes an element type: fp64, fp32, "),
+])
+def test_a_shape_hint_or_dtype_constant_of_the_wrong_kind_is_one_line(tmp_path, constants, said):
+    """sweep.py 158, 198 and 217 (a [constants] shape hint that is no number for an entry whose heuristics read the
+    arguments; a 'dtype' argument given no element type): reachable from a spec, never run in the whole suite's
+    coverage."""
+    text = spec_text().replace("scale_kernel", "h_kernel").replace('n = "i32"', 'n = "i32"\ns = "fp32"\nD = "dtype"')
+    text = text.replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "").split("BLOCK = [")[0]
+    given = constants if constants.startswith("D ") else f"D = 'fp16'\n{constants}"
+    root = make_project(tmp_path, specs={"s": text + f"\n[constants]\n{given}\n"},
+                        kernels={"scale": HEURISTIC_KERNEL})
+    with pytest.raises(SpecError) as e:
+        load_spec(root / "specs" / "s.toml", root)
+    assert str(e.value).startswith(f"specs/s.toml: {said}") and "\n" not in str(e.value), str(e.value)
+
+
+def test_one_name_in_constants_and_in_sweep_is_one_line(tmp_path):
+    """sweep.py 171: reachable from a spec, never run in the whole suite's coverage."""
+    with pytest.raises(SpecError) as e:
+        load(tmp_path, spec_text().replace("[sweep]", "[constants]\nBLOCK = 64\n\n[sweep]"))
+    assert str(e.value) == "specs/s.toml: BLOCK is both in [constants] and in [sweep]; keep one"
