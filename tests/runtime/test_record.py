@@ -304,3 +304,56 @@ def test_a_kernel_whose_key_no_other_process_makes_is_recorded_without_one(tmp_p
                               {(1,): 64}, {}, {"num_warps": 4, "num_stages": 3}, "sm_90a", record._code(moded_kernel))
     assert "source_key" not in line
     assert record._code(scale_kernel) == tagged(source_key(scale_kernel))
+
+
+def test_a_tuple_arguments_specialized_element_is_one_warning_and_the_launch_goes_on(tmp_path, capsys):
+    """record.py 31 (Triton specializes an element of a tuple argument): reachable from a kernel taking a tuple,
+    never run in the whole suite's coverage."""
+    recorder = record.Recorder(str(tmp_path / "app.jsonl"), arch="sm_90a")
+    recorder.previous = lambda **kw: "theirs"
+    fn = types.SimpleNamespace(module="tk.scale", name="scale_kernel", jit_function=scale_kernel)
+    compile = {"signature": SIGNATURE, "constants": {(0, 1): 3}, "configs": [ATTRS],
+               "specialization_data": json.dumps({"options": OPTIONS})}
+    assert recorder.hook(key="k", repr="r", fn=fn, compile=compile, is_manual_warmup=False,
+                         already_compiled=False) == "theirs"
+    assert capsys.readouterr().err == ("kforge record: not recorded (tk.scale.scale_kernel): tk.scale.scale_kernel: "
+                                       "a tuple argument's element is specialized ((0, 1)); kforge records plain "
+                                       "arguments\n")
+    assert not (tmp_path / "app.jsonl").exists()
+
+
+@pytest.mark.parametrize("inner, key, chosen, said", [
+    ("tuner", 7, {"BLOCK": 64}, "tuned: an autotuner wrapping SimpleNamespace is not recorded"),
+    ("jit", (1, 2), {"BLOCK": 64}, "autotuning key [(1, 2)] holds a value that is not a number or a string"),
+    ("jit", 7, {"BLOCK": [64]}, "config {'BLOCK': [64]} holds a value that is not a number or a string"),
+])
+def test_an_autotuned_launch_kforge_cannot_record_is_one_warning_and_the_launch_goes_on(tmp_path, capsys, monkeypatch,
+                                                                                        inner, key, chosen, said):
+    """record.py 113-118 (an autotuner around another, a key or config value that is no number or string):
+    reachable from a library's autotuner, never run in the whole suite's coverage. Triton's own run is stubbed:
+    no GPU."""
+    from triton.runtime.autotuner import Autotuner
+    config = types.SimpleNamespace(all_kwargs=lambda: chosen)
+    tuner = types.SimpleNamespace(configs=[config, config], base_fn=types.SimpleNamespace(__name__="tuned"),
+                                  best_config=config, arg_names=["n"], keys=["n"],
+                                  fn=scale_kernel if inner == "jit" else types.SimpleNamespace())
+    stub = lambda tuner, *args, **kwargs: "ran"   # Triton's own run, as the recorder finds and restores it
+    monkeypatch.setattr(Autotuner, "run", stub)
+    with record.recording(str(tmp_path / "app.jsonl")):
+        assert Autotuner.run(tuner, key) == "ran"
+    assert Autotuner.run is stub
+    assert capsys.readouterr().err == f"kforge record: autotuned tuned not recorded: {said}\n"
+    assert not (tmp_path / "app.jsonl").exists()
+
+
+def test_a_record_file_that_is_a_folder_is_one_warning_naming_it(tmp_path, capsys):
+    """record.py 262 (an open error other than a link or a missing folder): KFORGE_RECORD naming a folder."""
+    (tmp_path / "app.jsonl").mkdir()
+    with pytest.raises(record.Unwritable, match=r"^cannot open it \(Is a directory\)$"):
+        record.append_once(str(tmp_path / "app.jsonl"), '{"a": 1}')
+    recorder = record.Recorder(str(tmp_path / "app.jsonl"), arch="sm_90a")
+    recorder.write({"a": 1})
+    recorder.write({"a": 2})
+    assert capsys.readouterr().err == (f"kforge record: {tmp_path / 'app.jsonl'}: cannot open it (Is a directory); "
+                                       f"nothing is recorded in this process. Record into a file "
+                                       f"(KFORGE_RECORD=specs/app.jsonl)\n")
