@@ -227,6 +227,8 @@ def unpack(data: bytes, key: str) -> dict[str, bytes]:
         given_key, given_format = header["key"], header["format"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"its header is unreadable ({e})") from None
+    except RecursionError:   # a hostile entry's "[[[[...": past arrive()'s ValueError, a traceback
+        raise ValueError("its header is unreadable (nested too deeply to read)") from None
     if given_format != FORMAT:
         raise ValueError(f"its format is {given_format!r}, not {FORMAT}")
     if given_key != key:

@@ -399,3 +399,30 @@ def test_the_cache_folder_kforge_makes_is_the_users_alone_under_any_umask(tmp_pa
     finally:
         os.umask(old)
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("header, said", [
+    (b'[1]', "its header is unreadable (list indices must be integers or slices, not str)"),
+    (b'{"files": [["a"]]}', "its header is unreadable (not enough values to unpack (expected 2, got 1))"),
+    (b'{"files": []}', "its header is unreadable ('key')"),
+    (b'{"files": [[1, 2]], "key": "KEY", "format": "kforge-local-1"}',
+     "its header's file list is not [name, size] pairs"),
+    (b'[' * 50_000, "its header is unreadable (nested too deeply to read)"),
+])
+def test_an_entry_whose_header_is_damaged_is_refused_in_one_line_and_deleted(tmp_path, header, said):
+    """local_cache.py 228-235 (a header line that is JSON but not the header's shape): reachable from a damaged or
+    hostile entry, never run in the whole suite's coverage. One nested 50,000 deep raised RecursionError past
+    arrive()'s ValueError: a traceback out of the compile task."""
+    key = "ab" * 32
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    entry = local_cache.entry_path(cache, key)
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(header.replace(b"KEY", key.encode()) + b"\n")
+    with pytest.raises(ValueError) as e:
+        local_cache.unpack(entry.read_bytes(), key)
+    assert str(e.value) == said
+    target = types.SimpleNamespace(key=key, name="scale:fp16@sm_90a", arch="sm_90a")
+    assert artifact.arrive(target, local_cache.Source(cache)) == (None, [
+        f"local cache entry {entry} for scale:fp16@sm_90a refused ({said}); compiling it here (its build replaces "
+        f"the entry)"])
+    assert not entry.exists()
