@@ -149,7 +149,7 @@ class RemoteCache(ArtifactCache):
             files = {}
             for f in ac["files"]:
                 if not (isinstance(f["sha256"], str) and SHA256.fullmatch(f["sha256"])):
-                    raise ValueError(f"entry names a blob {f['sha256']!r} that is not a sha256")
+                    raise ValueError(f"entry names a blob {artifact._brief(f['sha256'])} that is not a sha256")
                 artifact.plain_name(f["name"])   # before any request: the entry is untrusted
                 data = self._get(f"/cas/{f['sha256']}", MAX_BINARY_BYTES)
                 if data is None and self.down:   # the cache failed or went off just now: said once already

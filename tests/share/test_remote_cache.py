@@ -533,3 +533,67 @@ def test_a_last_report_that_says_nothing_usable_leaves_no_compile_time(tmp_path,
     (tmp_path / "out" / "build-report.json").write_text(text)
     assert remote_cache.last_compiles(tmp_path / "out" / "build-report.json") == (0.0, 0)
     assert remote_cache.last_compiles(tmp_path / "missing.json") == (0.0, 0)
+
+
+@pytest.mark.parametrize("sha256", ["../../etc/passwd", "x" * 60_000])
+def test_an_entry_naming_a_blob_that_is_not_a_sha256_is_refused_in_one_short_line(tmp_path, monkeypatch, sha256):
+    """remote_cache.py 152 (an /ac/ entry whose file names no sha256): reachable from whoever writes to the cache,
+    never run in the whole suite's coverage. No /cas/ request is made for it."""
+    target = fake_target(tmp_path, 1)
+    entry = json.dumps({"format": "kforge-ac-1", "files": [{"name": "meta.json", "sha256": sha256},
+                                                           {"name": "k.cubin", "sha256": "0" * 64}]}).encode()
+    asked = served(monkeypatch, {f"/ac/{target.key}": entry})
+    hit, [warning] = artifact.arrive(target, remote_cache.RemoteCache(CacheConfig("http://cache.example:8080")))
+    assert hit is None and asked == [f"GET /ac/{target.key}"]
+    assert warning.startswith(f"cache entry http://cache.example:8080/ac/{target.key} for scale:c1@sm_90a rejected "
+                              f"(entry names a blob '{sha256[:20]}")
+    assert "\n" not in warning and len(warning) < 600, warning[:300]
+
+
+def test_a_cache_answering_an_http_error_is_one_warning_and_asked_no_more(tmp_path, monkeypatch):
+    """remote_cache.py 212 (a GET answered neither 200 nor 404): never run in the whole suite's coverage."""
+    asked = []
+
+    def request(cfg, method, path, data=None, **_):
+        asked.append(path)
+        return 500, b"oops"
+    monkeypatch.setattr(remote_cache, "_request", request)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
+    assert [artifact.arrive(fake_target(tmp_path, i), cache) for i in range(3)] == [(None, [])] * 3
+    assert asked == [f"/ac/{fake_target(tmp_path, 0).key}"]
+    assert cache.drain_warnings() == [f"remote cache http://cache.example:8080 unusable (GET /ac/{0:064x}: HTTP 500); "
+                                      f"building locally without it"]
+
+
+@pytest.mark.parametrize("answer, said", [
+    ((403, b""), "HTTP 403"),
+    (OSError("Connection reset by peer"), "Connection reset by peer"),
+    (remote_cache.TooLarge("the answer is over 65536 bytes"), "the answer is over 65536 bytes"),
+])
+def test_an_upload_the_cache_refuses_or_breaks_is_one_warning_and_uploads_no_more(tmp_path, monkeypatch, answer,
+                                                                                  said):
+    """remote_cache.py 220-225 (a PUT failing or answered other than 2xx): never run in the whole suite's
+    coverage. The build keeps its artifact; the cache is asked nothing more."""
+    from pathlib import Path
+    asked = []
+
+    def request(cfg, method, path, data=None, **_):
+        asked.append(f"{method} {path}")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(remote_cache, "_request", request)
+    monkeypatch.setattr(remote_cache, "_shared", None)
+    targets = [fake_target(tmp_path, i) for i in range(2)]
+    for target in targets:
+        Path(target.out_dir).mkdir(parents=True)
+        (Path(target.out_dir) / "k.cubin").write_bytes(b"\x7fELF")
+        (Path(target.out_dir) / "meta.json").write_text('{"binary": "k.cubin"}')
+    cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
+    assert [cache.keep(t) for t in targets] == [[], []]
+    [put] = asked
+    assert put.startswith("PUT /cas/")
+    assert cache.drain_warnings() == [f"remote cache http://cache.example:8080 unusable ({put}: {said}); building "
+                                      f"locally without it"]
+    assert all((Path(t.out_dir) / "k.cubin").exists() for t in targets)
