@@ -43,3 +43,25 @@ def test_the_command_line_says_the_url_to_give_cache_and_stops_nginx_when_killed
     assert line.startswith(f"serving {tmp_path / 'store'}: doit cache=http://127.0.0.1:")
     with pytest.raises(OSError):   # nginx is gone with it
         urllib.request.urlopen(line.split("cache=")[1].split()[0], timeout=5)
+
+
+@pytest.mark.parametrize("nginx, said", [
+    (None, "kforge: nginx is not installed (Debian: apt-get install nginx-light)"),
+    ("#!/bin/sh\necho 'nginx: [emerg] bind() to 127.0.0.1:1 failed (98: Address already in use)' >&2\nexit 1\n",
+     "kforge: nginx did not start: nginx: [emerg] bind() to 127.0.0.1:1 failed (98: Address already in use)"),
+    ("#!/bin/sh\nexit 1\n", "kforge: nginx did not start: it said nothing"),
+])
+def test_the_command_line_without_nginx_or_with_one_that_fails_to_start_says_so_in_one_line(tmp_path, monkeypatch,
+                                                                                            nginx, said):
+    """nginx_cache.py 94 and 110-111 (no nginx; an nginx that exits at once): reachable by `python -m
+    kforge.share.nginx_cache DIR` on a machine without nginx or with its port taken, never run in the whole suite's
+    coverage. A stand-in script for nginx: no server is started."""
+    if nginx is not None:
+        (tmp_path / "nginx").write_text(nginx)
+        (tmp_path / "nginx").chmod(0o755)
+        nginx = str(tmp_path / "nginx")
+    monkeypatch.setattr(nginx_cache, "NGINX", nginx)
+    monkeypatch.setattr(nginx_cache.signal, "signal", lambda *args: None)   # main's SIGTERM handler: not pytest's
+    with pytest.raises(SystemExit) as e:
+        nginx_cache.main([str(tmp_path / "cache"), "--port", "1"])
+    assert str(e.value) == said
