@@ -93,6 +93,14 @@ def serve(root: Path, port: int | None = None):
     if NGINX is None:
         raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light)")
     root = Path(root).absolute()
+    if port:   # another server listening there would answer the wait below: "serving" while nginx had exited
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as nginx binds it
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise RuntimeError(f"port {port} on 127.0.0.1 is taken ({e.strerror}); give another --port, or none "
+                                   f"for a free one") from None
     (root / "store").mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     conf = root / "nginx.conf"

@@ -65,3 +65,23 @@ def test_the_command_line_without_nginx_or_with_one_that_fails_to_start_says_so_
     with pytest.raises(SystemExit) as e:
         nginx_cache.main([str(tmp_path / "cache"), "--port", "1"])
     assert str(e.value) == said
+
+
+def test_a_port_another_server_listens_on_is_refused_not_served_as_the_cache(tmp_path, monkeypatch):
+    """`--port N` where another server listens: nginx could not bind and exited, but the wait for the port got that
+    server's answer, and the command printed `serving ... cache=http://127.0.0.1:N`: a cache= URL to a stranger.
+    Refused before nginx starts (a stand-in script for nginx; nothing is written)."""
+    import socket
+    (tmp_path / "nginx").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "nginx").chmod(0o755)
+    monkeypatch.setattr(nginx_cache, "NGINX", str(tmp_path / "nginx"))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(RuntimeError) as e:
+            with nginx_cache.serve(tmp_path / "cache", port):
+                pass
+    assert str(e.value) == (f"port {port} on 127.0.0.1 is taken (Address already in use); give another --port, or "
+                            f"none for a free one")
+    assert not (tmp_path / "cache").exists()
