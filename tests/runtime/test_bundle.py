@@ -713,3 +713,47 @@ def test_a_kernel_asks_the_driver_whether_the_gpu_reaches_an_address_as_tritons_
     kernel = launch.Kernel(entry, b"\x7fELF", "nvidia")
     assert kernel.reaches(0x7000) and not kernel.reaches(0x5000) and kernel.reaches(0)
     assert asked == [(3, 0x7000), (3, 0x5000)]
+
+
+def hand_bundle(folder, **more):
+    """A bundle directory whose manifest.json holds no artifact, and `more`: no build."""
+    folder.mkdir(parents=True)
+    manifest = {"format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia",
+                "artifacts": [], "failed": [], **more}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.mark.parametrize("autotune", [[1], [{"kernel": "scale", "key": [1]}], {"kernel": "scale"}])
+def test_an_autotune_list_of_the_wrong_shape_is_one_bundle_error_naming_the_manifest(tmp_path, autotune):
+    """bundle.py 201: reachable from an altered or foreign wheel, never run in the whole suite's coverage."""
+    d = hand_bundle(tmp_path / "b", autotune=autotune)
+    with pytest.raises(BundleError) as e:
+        Bundle(d)
+    assert str(e.value) == (f"{d}: manifest.json: 'autotune' must be a list of {{kernel, key, config}}; rebuild it "
+                            f"with `doit package`")
+
+
+def test_a_tuning_table_that_does_not_match_its_sha256_is_one_bundle_error_naming_it(tmp_path):
+    """bundle.py 108: reachable from an altered wheel, never run in the whole suite's coverage."""
+    d = hand_bundle(tmp_path / "b", tuned={"scale": {"path": "tune/scale.json", "sha256": "0" * 64}})
+    (d / "tune").mkdir()
+    (d / "tune" / "scale.json").write_text("{}")
+    with pytest.raises(BundleError) as e:
+        Bundle(d).tuned("scale")
+    assert str(e.value) == (f"{d}: tune/scale.json does not match its sha256 in the manifest; reinstall or rebuild "
+                            f"the bundle")
+
+
+def test_a_renamed_wheel_is_one_bundle_error_naming_the_file_and_the_fix(tmp_path):
+    """library.py 83 (a wheel whose file name names another arch than its manifest): reachable by renaming or
+    hand-copying a wheel, never run in the whole suite's coverage. (Library's tests live here, beside Bundle's.)"""
+    d = hand_bundle(tmp_path / "b" / "kforge_kernels_sm_90a")
+    renamed = tmp_path / "dist" / "kforge_kernels_sm_80-0.1.0-py3-none-any.whl"
+    renamed.parent.mkdir()
+    with zipfile.ZipFile(renamed, "w") as zf:
+        zf.write(d / "manifest.json", "kforge_kernels_sm_90a/manifest.json")
+    with pytest.raises(BundleError) as e:
+        Library(tmp_path / "dist").bundles_for(["sm_80"])
+    assert str(e.value) == (f"{renamed}: the name says sm_80, its manifest says sm_90a; was it renamed? Use the file "
+                            f"`doit package` wrote")
