@@ -98,13 +98,16 @@ DEPTH_LIMIT = 100   # levels of arrays and tables: far past any settings file, f
 
 def doit_settings_problem(folder: str = ".") -> str | None:
     """What doit's settings reader would fail on (a traceback) in the folder's pyproject.toml or doit.cfg, as one
-    line naming the file, the key and the fix; None also for a file no regular file or too large (start_problem)."""
+    line naming the file, the key and the fix: also a file that cannot be opened (doit's open() raised), no regular
+    file or too large (start_problem says those two first)."""
     for name in DOIT_FILES:
         path = os.path.join(folder, name)
         try:
-            data = read_user_file(Path(path), SIZE_LIMIT, "a settings file", "", missing_ok=True)
-        except SpecError:
-            continue
+            data = read_user_file(Path(path), SIZE_LIMIT, "a settings file", f"doit reads its settings there before "
+                                  f"anything else: put the project's {name} in its place", os.path.abspath(path),
+                                  missing_ok=True)
+        except SpecError as e:
+            return f"kforge: {e}"
         if data is not None:
             problem = (_toml_problem if name.endswith(".toml") else _ini_problem)(data)
             if problem is not None:

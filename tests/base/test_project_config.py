@@ -188,3 +188,53 @@ def test_a_user_file_that_is_gone_or_cannot_be_opened_is_one_line_naming_it(tmp_
     with pytest.raises(SpecError, match=r"/plain/x\.toml: cannot read it \(\[Errno 20\] Not a directory.*\); fix the "
                                          r"file$"):
         read_user_file(tmp_path / "plain" / "x.toml", 1024, "a spec", "")
+
+
+@pytest.mark.parametrize("name", ["pyproject.toml", "doit.cfg"])
+def test_a_settings_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path, monkeypatch, name):
+    """project_config.py 106-107: a pyproject.toml kforge could not open (another user's, mode 600) was passed by
+    as if absent, and doit's own open() then raised PermissionError: a traceback before any command. Root opens
+    any file: the open is refused by a stand-in."""
+    import errno
+    from kforge.base import project_config
+    path = tmp_path / name
+    path.write_text("[GLOBAL]\n" if name == "doit.cfg" else "[tool.doit]\n")
+    real_open = os.open
+
+    def refused(file, *args, **kwargs):
+        if str(file).endswith(name):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(project_config.os, "open", refused)
+    assert project_config.doit_settings_problem(str(tmp_path)) == (
+        f"kforge: {path}: cannot read it ([Errno 13] Permission denied: '{path}'); fix the file")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_settings_file_that_is_a_fifo_or_folder_is_one_line_naming_it_and_the_fix(tmp_path, kind):
+    """project_config.py 106-107 as called by start_problem's stat (which says it first; a FIFO made between the
+    two is read without blocking)."""
+    from kforge.base.project_config import doit_settings_problem
+    path = tmp_path / "doit.cfg"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    what = "a FIFO or pipe" if kind == "fifo" else "a folder"
+    assert doit_settings_problem(str(tmp_path)) == (
+        f"kforge: {path}: not a file ({what}); doit reads its settings there before anything else: put the "
+        f"project's doit.cfg in its place, or remove it")
+
+
+def test_a_doit_cfg_in_another_encoding_than_the_locales_is_one_line_naming_it(tmp_path):
+    """project_config.py 176-177: doit reads doit.cfg with open()'s default encoding (a UnicodeDecodeError traceback
+    on a Latin-1 file under a UTF-8 locale); never run in the whole suite's coverage."""
+    import locale
+    from kforge.base.project_config import doit_settings_problem
+    encoding = locale.getpreferredencoding(False)
+    data = "[GLOBAL]\n# café\n".encode("latin-1")
+    try:
+        data.decode(encoding)
+        pytest.skip(f"the locale's encoding {encoding} reads Latin-1")
+    except UnicodeDecodeError as e:
+        why = str(e)
+    (tmp_path / "doit.cfg").write_bytes(data)
+    assert doit_settings_problem(str(tmp_path)) == (f"kforge: {tmp_path / 'doit.cfg'}: not text doit can read ({why}); "
+                                                    f"save it as {encoding}")
