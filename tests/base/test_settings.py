@@ -215,3 +215,16 @@ def test_a_hub_is_kept_by_default_only_for_a_build_at_a_terminal_outside_ci(monk
     assert settings.get("keep_hub") == kept
     monkeypatch.setenv("KFORGE_KEEP_HUB", "30")
     assert settings.get("keep_hub") == 30   # asked for: kept, wherever it runs
+
+
+@pytest.mark.parametrize("stderr", ["none", "closed"])
+def test_no_hub_is_kept_by_default_where_stderr_is_none_or_closed(monkeypatch, stderr):
+    """settings.py 120-121 (pythonw, or a daemon that closed its stderr: isatty() cannot be asked): never run in the
+    whole suite's coverage."""
+    import io
+    monkeypatch.delenv("KFORGE_KEEP_HUB", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(settings.sys, "stderr", None if stderr == "none" else closed)
+    assert settings.get("keep_hub") == 0
