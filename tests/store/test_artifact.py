@@ -505,3 +505,54 @@ def test_an_artifact_from_outside_whose_meta_json_is_not_an_object_is_refused_in
     target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
     with pytest.raises(artifact.ArtifactError, match=r"^its meta\.json is not a JSON object$"):
         artifact.accept(target, {artifact.META: b"[1]", "scale_kernel.cubin": b"\x7fELF"})
+
+
+def bound_meta(target, **more) -> dict:
+    """A meta.json bound to `target` (check_bound's fields), naming the binary k.cubin."""
+    return {"target": target.name, "kernel": target.kernel, "config_id": target.config_id, "arch": target.arch,
+            "key": target.key, "config": dict(target.config), "binary": "k.cubin", **more}
+
+
+def test_an_artifact_from_outside_with_a_file_more_or_a_wrong_seal_is_refused_in_one_line(tmp_path):
+    """artifact.py 248 and 251 (a cache entry holding a file besides meta.json and its binary; one whose seal does
+    not match its fields): reachable from a remote or local cache entry, never run in the whole suite's coverage."""
+    target = target_at(tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4", name="scale:fp16-b256-w4@sm_90a",
+                       kernel="scale", config_id="fp16-b256-w4", arch="sm_90a", key="ab" * 32,
+                       config=(("dtype", "fp16"),))
+    meta = json.dumps(bound_meta(target)).encode()
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.accept(target, {artifact.META: meta, "k.cubin": b"\x7fELF", "extra.txt": b""})
+    assert str(e.value) == ("it holds ['extra.txt', 'k.cubin', 'meta.json'], not exactly meta.json and the binary it "
+                            "names ('k.cubin')")
+    meta = json.dumps(bound_meta(target, seal="0" * 64)).encode()
+    with pytest.raises(artifact.ArtifactError, match=r"^its meta\.json's seal does not match its fields$"):
+        artifact.accept(target, {artifact.META: meta, "k.cubin": b"\x7fELF"})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("binary, said", [
+    ("k.cubin", "unreadable artifact ([Errno 2] No such file or directory: "),
+    ("../k.cubin", "unreadable artifact (file name '../k.cubin' is not a plain file name"),
+    (None, "unreadable artifact ('binary'); delete the directory and build again"),
+])
+def test_an_artifact_whose_binary_is_gone_or_misnamed_is_one_line_naming_its_folder(tmp_path, binary, said):
+    """artifact.py 444-445 (binary_of: the binary deleted since its compile, or meta.json naming no plain file):
+    reachable from `doit package` over an out/ changed by hand, never run in the whole suite's coverage."""
+    directory = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
+    directory.mkdir(parents=True)
+    meta = {"arch": "sm_90a", **({"binary": binary} if binary else {})}
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.binary_of(directory, meta)
+    assert str(e.value).startswith(f"{directory}: {said}") and "\n" not in str(e.value), str(e.value)
+    assert str(e.value).endswith("; delete the directory and build again")
+
+
+def test_an_artifact_of_an_arch_kforge_does_not_know_is_one_line_naming_its_meta_json(tmp_path):
+    """artifact.py 447: package checks meta.json bound to its target first (its arch is the target's, a known one):
+    reached by artifact.load alone, which only the GPU benchmark calls."""
+    directory = tmp_path / "out" / "sm_99" / "scale" / "c"
+    directory.mkdir(parents=True)
+    (directory / "k.cubin").write_bytes(b"\x7fELF")
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.binary_of(directory, {"arch": "sm_99", "binary": "k.cubin"})
+    assert str(e.value) == f"{directory / 'meta.json'}: unknown arch 'sm_99'"
