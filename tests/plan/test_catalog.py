@@ -763,3 +763,32 @@ def test_a_catalog_folder_holding_no_spec_is_one_line_naming_it(tmp_path):
     with pytest.raises(SpecError) as e:
         catalog_module.Catalog(tmp_path, None, 50_000).load()
     assert str(e.value) == f"{tmp_path / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)"
+
+
+def test_a_catalog_entry_naming_a_module_not_a_package_is_one_line_naming_it(tmp_path, monkeypatch):
+    """catalog.py 552-555 (`catalog = ["mylib.specs"]` where specs is a .py module): reachable from a project's
+    pyproject.toml, never run in the whole suite's coverage."""
+    site = tmp_path / "site"
+    (site / "mylib").mkdir(parents=True)
+    (site / "mylib" / "__init__.py").write_text("")
+    (site / "mylib" / "specs.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["mylib.specs"]')
+    with pytest.raises(SpecError) as e:
+        catalog_module.catalog_folders(root)
+    assert str(e.value) == ("pyproject.toml: [tool.kforge] catalog: mylib.specs is a module, not a package; name the "
+                            "package whose folder holds the spec files")
+    root = with_catalog(make_project(tmp_path / "q"), 'catalog = ["mylib"]')
+    assert catalog_module.catalog_folders(root) == [site / "mylib"]
+
+
+def test_a_broken_family_whose_file_name_is_no_task_name_is_listed_under_one_made_of_it():
+    """catalog.py 615 (a spec that did not load, named by its file: `Scale-v2.toml`, `2024.toml`): reachable from
+    any spec file name, never run in the whole suite's coverage."""
+    failed = [("Scale-v2", "specs/Scale-v2.toml", "not valid TOML"), ("2024", "specs/2024.toml", "x"),
+              ("_2024", "specs/_2024.toml", "y"), ("scale_v2", "specs/scale_v2.toml", "specs/scale_v2.toml: z")]
+    assert catalog_module._named_apart(failed, set()) == [
+        catalog_module.Broken("scale_v2", "specs/Scale-v2.toml", "specs/Scale-v2.toml: not valid TOML"),
+        catalog_module.Broken("family", "specs/2024.toml", "specs/2024.toml: x"),
+        catalog_module.Broken("family_broken", "specs/_2024.toml", "specs/_2024.toml: y"),
+        catalog_module.Broken("scale_v2_broken", "specs/scale_v2.toml", "specs/scale_v2.toml: z")]
