@@ -33,6 +33,9 @@ def parse(path: Path) -> ast.Module:
     except (RecursionError, MemoryError) as e:   # an expression nested thousands deep: Python cannot compile it either
         said = "nested too deeply for Python's parser" + ("" if isinstance(e, RecursionError) else " (out of memory)")
         raise SyntaxError(said, (str(path), None, None, None)) from None
+    except SyntaxError as e:   # a NUL byte: Python's error names no file
+        e.filename = e.filename or str(path)
+        raise
     for node in module_level(tree.body):   # where each module-level def is: an entry's may lie in another module
         if isinstance(node, ast.FunctionDef):
             node.kforge_file = path

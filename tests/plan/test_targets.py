@@ -185,3 +185,29 @@ def test_a_constexpr_named_as_a_compile_option_is_the_option_too(tmp_path):
     doit(root, "-n", "1")
     meta = json.loads((root / "out" / "sm_90a" / "scale" / target.config_id / "meta.json").read_text())
     assert meta["num_warps"] == 8 and meta["threads_per_block"] == 256
+
+
+def test_two_families_of_one_name_are_one_line_naming_both_files(tmp_path):
+    """targets.py 31: reachable from two spec files, never run in the whole suite's coverage."""
+    from kforge.declare.spec import SpecError
+    root = make_project(tmp_path, specs={"a": spec_text(), "b": spec_text(module="other")},
+                        kernels={"scale": kernel_text(), "other": kernel_text()})
+    specs = [load_spec(root / "specs" / f"{n}.toml", root) for n in ("a", "b")]
+    with pytest.raises(SpecError) as e:
+        build_targets(specs, root, None)
+    assert str(e.value) == ("specs/b.toml: kernel name 'scale' is already used by specs/a.toml; target names must be "
+                            "unique: rename one [kernel] name")
+
+
+def test_a_module_the_kernel_imports_holding_a_nul_is_one_line_naming_it(tmp_path):
+    """targets.py 37-44: a module the kernel's source imports with a NUL byte in it. Python's parser raises a
+    SyntaxError naming no file there, and Path(None) raised TypeError: a traceback out of the task loader; now the
+    line names the module."""
+    from kforge.declare.spec import SpecError
+    root = make_project(tmp_path, specs={"s": spec_text()},
+                        kernels={"scale": kernel_text(imports="from tk import helper"), "helper": "x = 1\0\n"})
+    spec = load_spec(root / "specs" / "s.toml", root)
+    with pytest.raises(SpecError) as e:
+        build_targets([spec], root, None)
+    assert str(e.value) == ("specs/s.toml: kernel scale: tk/helper.py, a module its source imports, is not Python "
+                            "kforge can read (source code string cannot contain null bytes); fix that file")
