@@ -112,3 +112,26 @@ def test_a_table_whose_names_would_make_a_message_of_pages_is_refused_in_a_short
     with pytest.raises(NoTunedConfig, match=why) as raised:
         check_table(table, "t.json")
     assert len(str(raised.value)) < 300 and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("table", [[], {"format": "kforge-tune-0"}, {"shape_args": ["M"]}])
+def test_a_tuning_table_that_is_not_one_is_refused_in_one_line_naming_it(table):
+    """select.py 27 (a bundle's tune/<kernel>.json that is no kforge-tune-1 object): reachable from an altered or
+    foreign bundle, never run in the whole suite's coverage."""
+    with pytest.raises(NoTunedConfig) as e:
+        check_table(table, "b.whl: tune/gemm.json")
+    assert str(e.value) == f"b.whl: tune/gemm.json: not a {TUNE_FORMAT} tuning table"
+
+
+def test_between_equally_near_tuned_shapes_sharing_no_config_the_nearer_rows_best_wins():
+    """select.py 120: tied shapes (1024 and 4096 around 2048) whose rankings share no config: no config good on
+    both, so the first tied row's best that can run is chosen; never run in the whole suite's coverage."""
+    table = {"format": TUNE_FORMAT, "kernel": "k", "shape_args": ["M"], "shapes": [
+        {"shape": [1024], "ranking": [{"config_id": "a", "us": 1.0}]},
+        {"shape": [4096], "ranking": [{"config_id": "b", "us": 2.0}]}]}
+    check_table(table, "t")
+    entries = {"a": {}, "b": {}}
+    config_id, why = choose(table, {"M": 2048}, entries)
+    assert config_id == "a" and why == "nearest tuned shape [1024] (log2 L1 distance 1.00), rank 1 there"
+    config_id, why = choose(table, {"M": 2048}, {"b": {}})
+    assert config_id == "b" and why == "nearest tuned shape [4096] (log2 L1 distance 1.00), rank 1 there"
