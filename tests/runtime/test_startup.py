@@ -225,3 +225,23 @@ def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(insta
     run = json.loads(python("import json; from tests.runtime.test_startup import launch; print(json.dumps("
                             "launch()))", {"KFORGE_SERVE": repeated}).stdout.splitlines()[-1])
     assert (run["served"], run["compiled"], run["strict"]) == (1, 0, True), run
+
+
+def test_kforge_serve_naming_a_folder_without_a_bundle_stops_the_process_in_one_line(tmp_path, monkeypatch, capsys):
+    """startup.py 67-68 (a folder passes not_a_bundle's check; Library finds no manifest.json and no wheel in it):
+    reachable by KFORGE_SERVE=<an empty out/dist>, never run in the whole suite's coverage. Nothing is installed."""
+    from kforge_runtime import startup
+    monkeypatch.setenv("KFORGE_SERVE", str(tmp_path))
+    monkeypatch.delenv("KFORGE_RECORD", raising=False)
+    with pytest.raises(SystemExit) as e:
+        startup.apply()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"kforge: KFORGE_SERVE: {tmp_path}: no bundle here (no manifest.json, no "
+                                       f"*.whl); run `doit package`\n")
+
+
+def test_kforge_serve_naming_a_file_that_cannot_be_read_says_so(tmp_path):
+    """startup.py 110-111: a regular file whose read fails (/proc/self/mem: EIO at offset 0; root opens any file,
+    so no mode 000 file stands in)."""
+    from kforge_runtime import startup
+    assert startup.not_a_bundle("/proc/self/mem") == " names /proc/self/mem, which cannot be read (Input/output error)"
