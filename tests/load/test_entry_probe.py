@@ -664,3 +664,56 @@ def test_a_heuristic_reading_a_tensors_dtype_isinstance_or_none_still_answers_as
     broken, built = launch_only_loaded
     assert "specs/dtype.toml" not in broken
     assert built["dtype"] == [{"A": 4 * 32 + 4, "B": True}]
+
+
+CRASHING = '''
+import os
+import signal
+import triton
+import triton.language as tl
+CRASH
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64})], key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("crash", ["os.kill(os.getpid(), signal.SIGSEGV)"])   # os._exit: the test above
+def test_a_module_whose_import_kills_the_probe_is_one_line_naming_it_and_how_to_see_why(tmp_path, crash):
+    """entry_probe.py 162-163 and 172-173 (the probe child killed by a signal importing the module, as a segfault
+    in a native extension: no reply): load_spec directly, one probe child, no build."""
+    from kforge.declare.spec import load_spec
+    from kforge.load.entry_probe import Probe
+    from tests.support import spec_text
+    text = spec_text().replace("scale_kernel", "tuned_kernel").replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "")
+    root = make_project(tmp_path, specs={"s": text.split("BLOCK = [")[0]},
+                        kernels={"scale": CRASHING.replace("CRASH", crash)})
+    try:
+        with pytest.raises(SpecError) as e:
+            load_spec(root / "specs" / "s.toml", root)
+    finally:
+        Probe.close_all()
+    assert str(e.value) == ("specs/s.toml: importing tk.scale to read the entry's autotune / heuristics crashed the "
+                            "probe process; run `python -c 'import tk.scale'` to see why")
+
+
+def test_a_probe_child_gone_before_it_reads_the_request_is_the_same_one_line(tmp_path):
+    """entry_probe.py 147-148: the child died between the liveness check and the write (a race no input forces:
+    a stand-in child whose pipe is broken)."""
+    from types import SimpleNamespace
+    from kforge.load.entry_probe import Probe
+
+    def broken(text):
+        raise BrokenPipeError(32, "Broken pipe")
+    probe = Probe(tmp_path)
+    probe.child = SimpleNamespace(poll=lambda: None, stdin=SimpleNamespace(write=broken))
+    probe.close = lambda: setattr(probe, "child", None)   # nothing was started: nothing to stop
+    with pytest.raises(SpecError) as e:
+        probe.describe("tk.scale", "tuned_kernel", "specs/s.toml")
+    assert str(e.value) == ("specs/s.toml: importing tk.scale to read the entry's autotune / heuristics crashed the "
+                            "probe process; run `python -c 'import tk.scale'` to see why")
+    assert probe.child is None
