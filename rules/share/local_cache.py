@@ -30,6 +30,7 @@ from typing import NamedTuple
 from kforge.store import artifact
 from kforge.store.artifact import ArtifactCache, Candidate, CompileResult
 from kforge.store.files import atomic_write, opened
+from kforge.store.guard import json_of
 
 FORMAT = "kforge-local-1"
 HEADER_LIMIT = 64 << 10   # bytes of an entry's header line (a real one is ~150)
@@ -170,7 +171,7 @@ def _entries_of(cache: LocalCache, key: str) -> list[Path]:
 def _listed(files: dict[str, bytes]):
     """An artifact's "inputs" (what its compile read) as its meta.json lists them; None where it cannot be read."""
     try:
-        return json.loads(files.get(artifact.META, b"")).get("inputs")
+        return json_of(files.get(artifact.META, b"")).get("inputs")
     except (ValueError, AttributeError):
         return None
 
@@ -192,7 +193,7 @@ def _keep_other_inputs(path: Path, inputs: str) -> None:
     """Before an entry for other inputs takes `path`'s place: the one there moves beside it, named by its own."""
     try:
         data = _read(path, HEADER_LIMIT)   # never through a link, nor blocking on a FIFO planted there
-        old = json.loads(data[:data.find(b"\n")]).get("inputs")
+        old = json_of(data[:data.find(b"\n")]).get("inputs")
     except (OSError, ValueError, AttributeError):   # none, or not ours to keep: replaced
         return
     if isinstance(old, str) and re.fullmatch(r"[0-9a-f]{16}", old) and old != inputs:
@@ -222,13 +223,11 @@ def unpack(data: bytes, key: str) -> dict[str, bytes]:
     if end < 0:
         raise ValueError(f"no {FORMAT} header line")
     try:
-        header = json.loads(data[:end])
+        header = json_of(data[:end])
         names_sizes = [(n, s) for n, s in header["files"]]
         given_key, given_format = header["key"], header["format"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"its header is unreadable ({e})") from None
-    except RecursionError:   # a hostile entry's "[[[[...": past arrive()'s ValueError, a traceback
-        raise ValueError("its header is unreadable (nested too deeply to read)") from None
     if given_format != FORMAT:
         raise ValueError(f"its format is {given_format!r}, not {FORMAT}")
     if given_key != key:

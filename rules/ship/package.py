@@ -178,7 +178,7 @@ def _intact(wheel: Path, arch: str, data: bytes) -> bool:
     dist = dist_name(arch)
     version = wheel.name[len(dist) + 1:-len("-py3-none-any.whl")]
     try:
-        manifest = json.loads(data)
+        manifest = guard.json_of(data)
         named = {f"{dist}/{a['binary']}": a["sha256"] for a in manifest["artifacts"]}
         named.update({f"{dist}/{t['path']}": t["sha256"] for t in manifest["tuned"].values()})
         with zipfile.ZipFile(wheel) as zf:
@@ -298,7 +298,7 @@ def check_tuning_table(path: Path, arch: str) -> bytes:
     from kforge_runtime.select import NoTunedConfig, check_table
     data = path.read_bytes()
     try:
-        table = json.loads(data)
+        table = guard.json_of(data)
         check_table(table, str(path))
     except (ValueError, NoTunedConfig) as e:
         raise ValueError(f"{path}: not a usable tuning table ({e}); re-run the tuning or delete the file") from None

@@ -239,7 +239,7 @@ def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
     try:
         for name in files:
             plain_name(name)
-        made = json.loads(files[META])
+        made = guard.json_of(files[META])
         sealed_right = not _unsealed(made)
         meta = relabelled(target, made) if sealed_right else made
         check_bound(target, meta)
@@ -326,7 +326,7 @@ def _built_from(found: tuple | None, key: str) -> bool:
 def current_meta(meta_path: str, key: str) -> dict | None:
     """meta.json's content (less its seal) when that artifact was built from exactly this key, else None."""
     try:
-        meta = json.loads(read_bytes(meta_path))
+        meta = guard.json_of(read_bytes(meta_path))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("key") != key or _unsealed(meta):
@@ -407,7 +407,7 @@ def _read_artifact(meta_path: str) -> tuple | None:
     else None), or None when meta.json is unreadable. Each identity comes from the open file that was read."""
     try:
         with opened(meta_path) as f:
-            meta_stamp, meta = stamps.identity(meta_path, f.fileno()), json.loads(f.read())
+            meta_stamp, meta = stamps.identity(meta_path, f.fileno()), guard.json_of(f.read())
         if _unsealed(meta):
             return None
         key, name = meta.get("key"), plain_name(meta.get("binary"))
@@ -426,7 +426,7 @@ def load(directory: Path) -> tuple[dict, bytes]:
     kernel code."""
     meta_path = directory / META
     try:
-        meta = json.loads(read_bytes(meta_path))
+        meta = guard.json_of(read_bytes(meta_path))
         meta["binary"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
@@ -456,7 +456,7 @@ def binary_of(directory: Path, meta: dict) -> bytes:
 def files_of(directory: Path) -> dict[str, bytes]:
     """meta.json and the binary it names, as bytes: what a remote cache or a remote worker moves."""
     meta_bytes = read_bytes(directory / META)
-    binary = plain_name(json.loads(meta_bytes)["binary"])
+    binary = plain_name(guard.json_of(meta_bytes)["binary"])
     return {META: meta_bytes, binary: read_bytes(directory / binary)}
 
 

@@ -74,6 +74,15 @@ def read_bytes(path, limit: int = READ_LIMIT) -> bytes:
         return f.read(limit + 1)
 
 
+def json_of(data):
+    """json.loads of bytes read back from out/ or a cache, which anyone may have written: JSON nested deeper than
+    the parser recurses is a ValueError like any other damage, not a RecursionError past every caller's handler."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
 def printable(text: str, keep: str = "") -> str:
     """Text read back from out/ as it may reach a terminal: each control character (an escape sequence's ESC, a
     carriage return) but those in `keep` shown as U+FFFD. A text with none is checked at C speed."""

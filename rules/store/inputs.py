@@ -20,7 +20,7 @@ from kforge.load import observe
 from kforge.base import stamps
 from kforge.base.layout import Layout
 from kforge.store.files import JsonState, opened, read_state, remove_entry, write_inside
-from kforge.store.guard import guard
+from kforge.store.guard import guard, json_of
 
 LEARNED = "hashed"        # out/.kforge/hashed/<pid>-<hex>.json: {real path: [identity, sha256]} a server hashed
 LEARNED_LIMIT = 200_000   # entries kept for files no target's check has asked about yet (the oldest go first)
@@ -151,7 +151,7 @@ def listed_inputs(meta_path: str) -> list | None:
     """meta.json's "inputs" ([[name, sha256], ...]), None when it has none or cannot be read."""
     try:
         with opened(meta_path) as f:
-            found = json.loads(f.read()).get("inputs")
+            found = json_of(f.read()).get("inputs")
     except (OSError, ValueError, AttributeError):
         return None
     return found if well_formed(found) else None

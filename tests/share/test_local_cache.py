@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.base.layout import Layout
 from kforge.store import artifact
 from kforge.share import local_cache
 from kforge.base import settings
@@ -407,7 +408,7 @@ def test_the_cache_folder_kforge_makes_is_the_users_alone_under_any_umask(tmp_pa
     (b'{"files": []}', "its header is unreadable ('key')"),
     (b'{"files": [[1, 2]], "key": "KEY", "format": "kforge-local-1"}',
      "its header's file list is not [name, size] pairs"),
-    (b'[' * 50_000, "its header is unreadable (nested too deeply to read)"),
+    (b'[' * 50_000, "its header is unreadable (JSON nested too deeply to read)"),
 ])
 def test_an_entry_whose_header_is_damaged_is_refused_in_one_line_and_deleted(tmp_path, header, said):
     """local_cache.py 228-235 (a header line that is JSON but not the header's shape): reachable from a damaged or
@@ -425,4 +426,21 @@ def test_an_entry_whose_header_is_damaged_is_refused_in_one_line_and_deleted(tmp
     assert artifact.arrive(target, local_cache.Source(cache)) == (None, [
         f"local cache entry {entry} for scale:fp16@sm_90a refused ({said}); compiling it here (its build replaces "
         f"the entry)"])
+    assert not entry.exists()
+
+
+def test_an_entry_whose_meta_json_is_nested_too_deeply_is_refused_in_one_line_and_deleted(tmp_path):
+    """Its header whole, its meta.json JSON nested 100,000 deep: the check of what its compile read raised
+    RecursionError out of the compile task."""
+    key = "ab" * 32
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    entry = local_cache.entry_path(cache, key)
+    entry.parent.mkdir(parents=True)
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    entry.write_bytes(local_cache.pack(key, {"meta.json": deep, "k.cubin": b"x"}, inputs="0" * 16))
+    target = types.SimpleNamespace(key=key, name="scale:fp16@sm_90a", arch="sm_90a",
+                                   layout=Layout(tmp_path / "p"))
+    assert artifact.arrive(target, local_cache.Source(cache)) == (None, [
+        f"local cache entry {entry} for scale:fp16@sm_90a refused (its meta.json is unreadable (JSON nested too "
+        f"deeply to read)); compiling it here (its build replaces the entry)"])
     assert not entry.exists()

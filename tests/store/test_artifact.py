@@ -12,6 +12,7 @@ import pytest
 from kforge.store import artifact
 from kforge.store.guard import OutsideOut
 from kforge.store.artifact import Candidate, CompileResult, install
+from kforge.store.inputs import listed_inputs
 from kforge.base.layout import Layout
 from kforge.report import reporter as report
 from tests.support import REPO
@@ -84,11 +85,19 @@ def test_kill_before_meta_leaves_target_unbuilt(art, monkeypatch):
     assert not artifact.is_current(str(art / "meta.json"), meta["key"])
 
 
-def test_corrupt_meta_is_not_current(art):
-    (art / "meta.json").write_text("{not json")
-    assert not artifact.is_current(str(art / "meta.json"), "anything")
+@pytest.mark.parametrize("content", [b"{not json", b'{"key": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"],
+                         ids=["cut-short", "nested-too-deep"])
+def test_corrupt_meta_is_not_current(art, content):
+    """JSON nested deeper than Python's parser recurses raised RecursionError past every reader's ValueError: a
+    traceback from every doit command, `doit info` and `doit clean` included."""
+    (art / "meta.json").write_bytes(content)
+    meta_path = str(art / "meta.json")
+    assert not artifact.is_current(meta_path, "anything") and artifact.current_meta(meta_path, "anything") is None
+    assert listed_inputs(meta_path) is None
     with pytest.raises(artifact.ArtifactError, match="unreadable artifact"):
         artifact.load(art)
+    with pytest.raises(ValueError):
+        artifact.files_of(art)
 
 
 def test_key_index_remembers_keys_and_notices_a_replaced_meta(art, tmp_path):
