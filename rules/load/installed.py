@@ -165,8 +165,10 @@ def _distribution(base: str, top: str) -> tuple[str, str]:
     """The dist-info folder in base whose top_level.txt or RECORD names the package `top`."""
     for info in sorted(Path(base).glob("*.dist-info")):
         try:
-            names = (info / "top_level.txt").read_text().split() if (info / "top_level.txt").is_file() else [
-                line.split("/", 1)[0] for line in (info / "RECORD").read_text().splitlines() if "/" in line]
+            # errors="replace", as _metadata reads METADATA: another package's file that is not UTF-8 broke the family
+            top_level, record = info / "top_level.txt", info / "RECORD"
+            names = (top_level.read_text(errors="replace").split() if top_level.is_file() else
+                     [line.split("/", 1)[0] for line in record.read_text(errors="replace").splitlines() if "/" in line])
         except OSError:
             continue
         if top in names:

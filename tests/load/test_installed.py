@@ -738,3 +738,19 @@ def test_a_spec_naming_a_module_of_thousands_of_characters_is_one_line(site, tmp
         load_specs(root)
     assert str(e.value).startswith("specs/bad.toml: [kernel] module: 'aaa")
     assert "is not a module name: a part of it is longer than a file's name may be (255 characters)" in str(e.value)
+
+
+def test_a_dist_info_kforge_cannot_read_or_decode_is_passed_by_and_the_packages_own_is_found(tmp_path):
+    """installed.py 170-171 (a dist-info with neither top_level.txt nor RECORD: passed by), and another package's
+    top_level.txt or RECORD that is not UTF-8: it raised UnicodeDecodeError, and every family of a module in that
+    site-packages was BROKEN with 'reading the sources of kernel ... failed: UnicodeDecodeError: ...', naming no
+    file. Read as METADATA is now (errors="replace")."""
+    for name, files in {"aaa-1.dist-info": {}, "bbb-1.dist-info": {"top_level.txt": b"caf\xe9\n"},
+                        "ccc-1.dist-info": {"RECORD": b"\xff/x.py,,\n"},
+                        "mypkg-2.0.dist-info": {"top_level.txt": b"mypkg\n",
+                                                "METADATA": b"Name: mypkg\nVersion: 2.0\n"}}.items():
+        (tmp_path / name).mkdir()
+        for file, data in files.items():
+            (tmp_path / name / file).write_bytes(data)
+    assert installed._distribution(str(tmp_path), "mypkg") == ("mypkg", "2.0")
+    assert installed._distribution(str(tmp_path), "other") == ("", "")
