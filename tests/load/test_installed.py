@@ -754,3 +754,28 @@ def test_a_dist_info_kforge_cannot_read_or_decode_is_passed_by_and_the_packages_
             (tmp_path / name / file).write_bytes(data)
     assert installed._distribution(str(tmp_path), "mypkg") == ("mypkg", "2.0")
     assert installed._distribution(str(tmp_path), "other") == ("", "")
+
+
+def test_a_package_an_editable_finder_maps_to_a_folder_of_another_name_is_one_line_with_the_fix(tmp_path,
+                                                                                                monkeypatch):
+    """installed.py 123 (setuptools' editable finder mapping `edpkg` to src/edpkg_impl/): reachable from any
+    `pip install -e` of such a layout, never run in the whole suite's coverage. A finder in this process."""
+    import importlib.util
+    folder = tmp_path / "src" / "edpkg_impl"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "ops.py").write_text("")
+
+    class Editable:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "edpkg":
+                return importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                              submodule_search_locations=[str(folder)])
+            return None
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Editable])
+    with pytest.raises(installed.NotInstalled) as e:
+        installed._find("edpkg.ops")
+    assert str(e.value) == (f"edpkg.ops: its package edpkg is mapped by an import finder to {folder}, where kforge "
+                            f"does not find the module (a folder of another name than the package's is not followed); "
+                            f"install the package without -e, or fix the name")
