@@ -153,3 +153,23 @@ def test_a_catalog_that_ends_its_process_outright_is_one_line_not_the_end_of_the
     with pytest.raises(SpecError, match=r"^specs/lib.py: the process loading it died \(exit code 3\) before it "
                                         r"returned; run `python specs/lib.py` to see why$"):
         load_specs(root)
+
+
+def test_a_catalog_child_killed_by_a_signal_is_one_line_naming_the_signal_and_how_to_see_why():
+    """load_guard.py 169 (a Python catalog whose run is killed, as a segfault in a native extension is): never run
+    in the whole suite's coverage. load_guard.run directly: one fork."""
+    import signal
+    from kforge.load import load_guard
+    with pytest.raises(SpecError) as e:
+        load_guard.run(lambda: os.kill(os.getpid(), signal.SIGKILL), "specs/cat.py")
+    assert str(e.value) == ("specs/cat.py: the process loading it died (signal SIGKILL) before it returned; run "
+                            "`python specs/cat.py` to see why")
+
+
+def test_a_catalog_memory_of_no_whole_kilobytes_is_said_in_bytes(monkeypatch):
+    """load_guard.py 177 (catalog_memory=1048577): never run in the whole suite's coverage."""
+    from kforge.load import load_guard
+    monkeypatch.setenv("KFORGE_CATALOG_MEMORY", "1048577")
+    assert load_guard.memory_hint("specs/cat.py: loading it failed: MemoryError: ") == (
+        "specs/cat.py: loading it failed: MemoryError (at catalog_memory=1048577; raise it: catalog_memory=SIZE or "
+        "KFORGE_CATALOG_MEMORY, e.g. 16G)")
