@@ -309,3 +309,13 @@ def test_an_exit_with_no_result_and_no_output_carries_its_likely_cause_in_the_er
     printed = exited + "\ncompiler output (last lines):\n  LLVM ERROR: out of registers"
     assert error_line(MESSAGE.format(name="x:a@sm_90a", error=printed)) == \
         "compiler process exited with code 0 and no result ... LLVM ERROR: out of registers"
+
+
+def test_a_local_cache_that_cannot_be_listed_is_one_line_at_the_end_of_the_build(tmp_path):
+    """reporter.py 256-257 (trim's scandir fails other than 'missing' or 'not a folder': a link loop as the cache
+    folder; EACCES for a user who cannot list it): never run in the whole suite's coverage."""
+    from kforge.share.local_cache import LocalCache
+    (tmp_path / "cache").symlink_to("cache")
+    assert report._trimming(LocalCache(str(tmp_path / "cache"), 1)) == [
+        f"kforge: local cache {tmp_path / 'cache'} not trimmed ([Errno 40] Too many levels of symbolic links: "
+        f"'{tmp_path / 'cache'}'); `doit cache --trim` retries"]
