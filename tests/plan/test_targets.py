@@ -211,3 +211,81 @@ def test_a_module_the_kernel_imports_holding_a_nul_is_one_line_naming_it(tmp_pat
         build_targets([spec], root, None)
     assert str(e.value) == ("specs/s.toml: kernel scale: tk/helper.py, a module its source imports, is not Python "
                             "kforge can read (source code string cannot contain null bytes); fix that file")
+
+
+PRUNED = '''
+import triton
+import triton.language as tl
+
+
+def prune(configs, named_args, **kwargs):
+    return [RETURN]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"], prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("kept, said", [
+    ('triton.Config({"BLOCK": 64, "EXTRA": 1}, num_warps=4)',
+     "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets ['BLOCK', 'EXTRA', 'num_stages', "
+     "'num_warps'], not ['BLOCK', 'num_stages', 'num_warps']; kforge sweeps configs that set the same parameters"),
+    ('triton.Config({"BLOCK": 64}, num_warps=3)',
+     "the autotuner's pruner set num_warps: got 3; allowed: a power of two, at most 1024 threads a block"),
+])
+def test_a_pruner_returning_a_config_kforge_cannot_build_is_one_line(tmp_path, kept, said):
+    """targets.py 152 and 163 (a library's early_config_prune returning a config of other parameters, or an option
+    value no binary can have): reachable from any library's autotuner, never run in the whole suite's coverage.
+    build_targets directly: one probe child, no build."""
+    from kforge.declare.spec import SpecError
+    from kforge.load.entry_probe import Probe
+    text = spec_text().replace("scale_kernel", "tuned_kernel").replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "")
+    root = make_project(tmp_path, specs={"s": text.split("BLOCK = [")[0] + "n = [1024]\n"},
+                        kernels={"scale": PRUNED.replace("RETURN", kept)})
+    try:
+        spec = load_spec(root / "specs" / "s.toml", root)
+        with pytest.raises(SpecError) as e:
+            build_targets([spec], root, None)
+    finally:
+        Probe.close_all()
+    assert str(e.value).startswith(f"specs/s.toml: {said}") and "\n" not in str(e.value), str(e.value)
+
+
+DESC_SPEC = '''
+[kernel]
+name = "desc"
+source = "tk/scale.py"
+entry = "desc_kernel"
+toolchain = "triton"
+archs = ["sm_90a"]
+
+[signature]
+d = "tensordesc<{dtype}[{BM}, 64]>"
+n = "i32"
+BM = "constexpr"
+
+[sweep]
+dtype = ["fp16"]
+BM = [VALUE]
+'''
+
+
+@pytest.mark.parametrize("value", ["0", "-64", "1.5", '"x"', "1048576"])
+def test_a_descriptor_block_size_no_binary_can_have_is_one_line_with_what_is_allowed(tmp_path, value):
+    """targets.py 235 (a shape variable's swept value making no descriptor type): reachable from a spec, never run
+    in the whole suite's coverage; the line said 'is not a known type' and not what is allowed."""
+    from kforge.declare.spec import SpecError
+    kernel = "import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef desc_kernel(d, n, BM: tl.constexpr):\n" \
+             "    pass\n"
+    root = make_project(tmp_path, specs={"s": DESC_SPEC.replace("VALUE", value)}, kernels={"scale": kernel})
+    spec = load_spec(root / "specs" / "s.toml", root)
+    with pytest.raises(SpecError) as e:
+        build_targets([spec], root, None)
+    assert str(e.value).startswith("specs/s.toml: [signature] d: type 'tensordesc<{dtype}[{BM}, 64]>' with config {")
+    assert str(e.value).endswith("is not a known type; allowed: a descriptor's block sizes are integers 1 to 65536, "
+                                 "fix the values the spec gives")
