@@ -289,3 +289,25 @@ def test_a_descriptor_block_size_no_binary_can_have_is_one_line_with_what_is_all
     assert str(e.value).startswith("specs/s.toml: [signature] d: type 'tensordesc<{dtype}[{BM}, 64]>' with config {")
     assert str(e.value).endswith("is not a known type; allowed: a descriptor's block sizes are integers 1 to 65536, "
                                  "fix the values the spec gives")
+
+
+def test_a_module_the_kernel_imports_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch):
+    """targets.py 42-44 (OSError reading the sources: another user's module of mode 600). Root reads any file: the
+    read is refused by a stand-in."""
+    import errno
+    from pathlib import Path
+    from kforge.declare.spec import SpecError
+    root = make_project(tmp_path, specs={"s": spec_text()},
+                        kernels={"scale": kernel_text(imports="from tk import helper"), "helper": "x = 1\n"})
+    spec = load_spec(root / "specs" / "s.toml", root)
+    real = Path.read_bytes
+
+    def refused(path):
+        if path.name == "helper.py":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(SpecError) as e:
+        build_targets([spec], root, None)
+    assert str(e.value) == (f"specs/s.toml: reading the sources of kernel scale failed: PermissionError: [Errno 13] "
+                            f"Permission denied: '{root / 'tk' / 'helper.py'}'")
