@@ -306,7 +306,7 @@ def _brief(value, limit: int = 80) -> str:
 def plain_name(name) -> str:
     """A file name that stays inside its artifact directory: no separator, no '..', no absolute path."""
     if not schema.is_plain_name(name):
-        raise ArtifactError(f"file name {name!r} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
+        raise ArtifactError(f"file name {_brief(name)} is not a plain file name (letters, digits, '_', '.', '+', '-'; "
                             f"no '/' and not starting with '.')")
     return name
 

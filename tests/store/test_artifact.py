@@ -565,3 +565,10 @@ def test_an_artifact_of_an_arch_kforge_does_not_know_is_one_line_naming_its_meta
     with pytest.raises(artifact.ArtifactError) as e:
         artifact.binary_of(directory, {"arch": "sm_99", "binary": "k.cubin"})
     assert str(e.value) == f"{directory / 'meta.json'}: unknown arch 'sm_99'"
+
+
+def test_a_file_name_from_outside_is_cut_short_in_its_one_line():
+    """A hostile entry's 60,000-character binary name was written whole into the build's warning."""
+    with pytest.raises(artifact.ArtifactError) as e:
+        artifact.plain_name("../" + "k" * 60_000)
+    assert str(e.value).startswith("file name '../kkk") and "..." in str(e.value) and len(str(e.value)) < 250
