@@ -258,6 +258,16 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     return folder
 
 
+def computed_once(tmp_path_factory, name: str, compute):
+    """compute(folder)'s value (plain JSON: dicts, lists, strings, numbers), computed once for the whole pytest run
+    (built_once: the first xdist worker to ask computes it, the others wait for it and read it). For a module-scoped
+    fixture whose tests only read what it found: under worksteal a module's tests may run on several workers,
+    and each of them paid the fixture again."""
+    def build(folder: Path) -> None:
+        (folder / "value.json").write_text(json.dumps(compute(folder)))
+    return json.loads((built_once(tmp_path_factory, name, build) / "value.json").read_text())
+
+
 def copy_built(folder: Path, to: Path) -> Path:
     """A copy of a built_once folder for one test to change (copying is far cheaper than compiling again;
     kforge finds a moved project's artifacts up to date, tests/compile/test_action.py holds that)."""

@@ -13,7 +13,7 @@ import pytest
 from kforge.base.archs import ARCHS
 from kforge.load.device_model import DEVICES
 from tests import device_library
-from tests.support import REPO, doit, make_project, statuses
+from tests.support import REPO, computed_once, doit, make_project, statuses
 
 SCALE_TARGETS = {   # DEVLIB_BLOCKS per arch, less what the reference GPU's shared memory drops (2048 on gfx942)
     "devlib_scale:fp32-block512-num_warps8-num_stages3@sm_90a", "devlib_scale:fp32-block2048-num_warps8-num_stages3@sm_90a",
@@ -178,8 +178,12 @@ AT_IMPORT = {**{f"gpu_{work}": source for work, (source, _) in GPU_WORK.items()}
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, str]:
     """AT_IMPORT's modules, each imported in a process of its own under the model: module -> the line its import
-    printed. The processes are forked from one that imported torch (2 s of CPU) once for all of them."""
-    folder = tmp_path_factory.mktemp("at_import")
+    printed. The processes are forked from one that imported torch (2 s of CPU) once for all of them, and once
+    for the run: the xdist workers that run this module's tests share it (computed_once)."""
+    return computed_once(tmp_path_factory, "device-model-at-import", _imported)
+
+
+def _imported(folder: Path) -> dict[str, str]:
     for name, source in AT_IMPORT.items():
         (folder / f"{name}.py").write_text(source)
     proc = _python(NEEDS_GPU, str(folder), *AT_IMPORT, cwd=folder)

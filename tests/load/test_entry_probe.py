@@ -4,6 +4,7 @@ pinned by the spec ([override]). The library is tests/tune_library.py."""
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from kforge.base import cpus
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
 from tests import observed_library, tune_library
-from tests.support import doit, make_project, statuses, write_files
+from tests.support import computed_once, doit, make_project, statuses, write_files
 
 SM90_TARGETS = {   # what the library's pruner keeps with H100's shared memory (tests/tune_library.py prune)
     "tune_gemm:m64n64k32-w4s2-K64@sm_90a",      # num_stages 3 rewritten to 2: K=64 has two 32-wide blocks
@@ -140,8 +141,12 @@ WRONG = {   # a spec's edit -> what loading it says (after specs/<file>.toml: )
 def wrong_loaded(tmp_path_factory) -> dict[str, str]:
     """Every WRONG spec, one family each, loaded in one catalog (keep_going: each is one broken entry, as in a
     build): the probe imports the library (and torch) once for all of them, not once per case. Spec file ->
-    the error its family did not load with."""
-    folder = tmp_path_factory.mktemp("wrong")
+    the error its family did not load with. Once for the run: the xdist workers that run these tests share it
+    (computed_once)."""
+    return computed_once(tmp_path_factory, "entry-probe-wrong", _wrong_loaded)
+
+
+def _wrong_loaded(folder: Path) -> dict[str, str]:
     site = tune_library.install(folder / "site")
     root = make_project(folder / "p", kernels={}, specs={
         f"tune_gemm_{case}": tune_library.spec(f"tune_gemm_{case.replace('-', '_')}").replace(*edit)
@@ -613,11 +618,15 @@ LAUNCH_ONLY_LIB = {
 
 
 @pytest.fixture(scope="module")
-def launch_only_loaded(tmp_path_factory) -> tuple[dict, dict]:
+def launch_only_loaded(tmp_path_factory) -> list[dict]:
     """Each LAUNCH_ONLY_LIB kernel as one family, loaded in one catalog (keep_going; the probe imports the library
-    once): ({broken spec file: its error}, {family: the constexprs of its targets})."""
+    once): [{broken spec file: its error}, {family: the constexprs of its targets}]. Once for the run: the xdist
+    workers that run these tests share it (computed_once)."""
+    return computed_once(tmp_path_factory, "entry-probe-launch-only", _launch_only_loaded)
+
+
+def _launch_only_loaded(folder: Path) -> list[dict]:
     from tests.support import write_site_package
-    folder = tmp_path_factory.mktemp("launch_only")
     site = write_site_package(folder / "site", "kforge_launchlib", LAUNCH_ONLY_LIB)
     specs = {name: _heuristics_spec(f"{name}_kernel", 'A = "constexpr"\nB = "constexpr"').replace(
         "kforge_heurlib.ops", "kforge_launchlib.ops") for name in ("shape", "numel", "swallowed", "dtype", "pruned")}
@@ -628,7 +637,7 @@ def launch_only_loaded(tmp_path_factory) -> tuple[dict, dict]:
     built: dict[str, list] = {}
     for t in catalog.targets:
         built.setdefault(t.kernel, []).append(dict(t.constexprs))
-    return {b.path: b.error for b in catalog.broken}, built
+    return [{b.path: b.error for b in catalog.broken}, built]
 
 
 HEURISTIC_LAUNCH_ONLY = (": a tensor's shape is known only at launch, and kforge builds before it (a spec gives a "
