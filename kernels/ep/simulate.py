@@ -32,7 +32,12 @@ import time
 import types
 from dataclasses import replace
 
-from kernels.ep.cases import Case, matrix
+if __name__ == "__main__" and os.environ.get("TRITON_INTERPRET") != "1":
+    # the interpreter is chosen when Triton is imported: start again with it, before torch and Triton are imported
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.execv(sys.executable, [sys.executable, "-m", "kernels.ep.simulate", *sys.argv[1:]])
+
+from kernels.ep.cases import Case, matrix  # noqa: E402
 
 
 def interpreter_patches() -> None:
@@ -339,7 +344,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":   # the interpreter is chosen when Triton is imported
-        os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable, [sys.executable, "-m", "kernels.ep.simulate", *sys.argv[1:]])
     sys.exit(main())
