@@ -479,7 +479,7 @@ def test_a_bad_flydsl_signature_adapter_or_tune_is_one_line(tmp_path, old, new, 
 
 
 @pytest.mark.parametrize("module, text, said", [
-    ("ops_nul", "x = 1\0\n", "(source code string cannot contain null bytes)"),
+    ("ops_nul", "x = 1\0\n", "(source code string cannot contain null bytes (ops_nul.py))"),
     ("ops_syntax", "def (:\n", "(invalid syntax (ops_syntax.py, line 1))"),
 ])
 def test_an_installed_module_or_a_source_that_is_not_python_is_one_line(tmp_path, monkeypatch, module, text, said):
