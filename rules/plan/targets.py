@@ -232,9 +232,10 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
                           for a, t in spec.signature)
         for a, t in signature:
             if t is None:
-                raise SpecError(f"{spec.path}: [signature] {a}: type {dict(spec.signature)[a]!r} with config "
-                                f"{values} is not a known type; allowed: a descriptor's block sizes are integers 1 "
-                                f"to 65536, fix the values the spec gives")
+                given = dict(spec.signature)[a]
+                allowed = "a descriptor's block sizes are integers 1 to 65536; " if "tensordesc" in given else ""
+                raise SpecError(f"{spec.path}: [signature] {a}: type {given!r} with config {values} is not a known "
+                                f"type; {allowed}fix the values the spec gives")
         shared.signatures[types] = signature
     constexprs = tuple((c, known.get(c)) for c in spec.constexprs)
     placeholders = ()
