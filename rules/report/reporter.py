@@ -254,7 +254,8 @@ def _trimming(cache) -> list[str]:
     try:
         left = local_cache.trim(cache)
     except OSError as e:
-        return [f"kforge: local cache {cache.root} not trimmed ({e}); `doit cache --trim` retries"]
+        return [f"kforge: local cache {cache.root} not trimmed ({e}); make its folder a readable folder of yours "
+                f"(or set local_cache= elsewhere), then `doit cache --trim`"]
     if not left.evicted:
         return []
     return [f"kforge: local cache: evicted the {local_cache.entries(left.evicted)} least recently used "

@@ -32,7 +32,8 @@ class JitKernel:
         fit = isinstance(target, str) and target.isprintable() and len(target) <= 200
         self.name = target if fit else str(recipe.get("kernel"))
         if recipe.get("toolchain") != "triton":
-            raise LaunchError(f"{self.name}: only Triton kernels can fall back to a JIT compile")
+            raise LaunchError(f"{self.name}: only Triton kernels can fall back to a JIT compile; build it (doit) "
+                              f"and package it (doit package) for this GPU's arch")
         source, constexprs, options = (recipe.get(k, {}) for k in ("source", "constexprs", "options"))
         if not all(isinstance(v, dict) for v in (source, constexprs, options)):
             raise LaunchError(f"{self.name}: the bundle's recipe needs 'source', 'constexprs' and 'options' "

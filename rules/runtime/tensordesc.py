@@ -109,7 +109,7 @@ def plan(entry: dict, vendor: str) -> dict[int, Descriptor]:
         parsed = parse(arg["type"])
         if parsed is None or not 1 <= len(parsed[1]) <= 5:
             raise DescriptorError(f"{name}: argument {arg['name']} has type {arg['type']}, not "
-                                  f"tensordesc<dtype[block]> of rank 1 to 5")
+                                  f"tensordesc<dtype[block]> of rank 1 to 5; rebuild the bundle")
         meta = metas[n] if metas else None
         if meta is not None:
             check_meta(meta, len(parsed[1]), f"{name}: argument {arg['name']}'s tensordesc_meta")

@@ -444,7 +444,8 @@ def binary_of(directory: Path, meta: dict) -> bytes:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ArtifactError(f"{directory}: unreadable artifact ({e}); delete the directory and build again")
     if meta.get("arch") not in ARCHS:
-        raise ArtifactError(f"{directory / META}: unknown arch {meta.get('arch')!r}")
+        raise ArtifactError(f"{directory / META}: unknown arch {_brief(meta.get('arch'))} (kforge's: "
+                            f"{', '.join(ARCHS)}); delete {directory} and build again")
     try:   # the binary is the one meta.json describes (sha256) and real code for its arch (ELF checks)
         schema.check_binary(binary, meta.get("sha256"), meta["arch"], meta.get("symbol"))
     except schema.BinaryRefused as e:

@@ -318,4 +318,5 @@ def test_a_local_cache_that_cannot_be_listed_is_one_line_at_the_end_of_the_build
     (tmp_path / "cache").symlink_to("cache")
     assert report._trimming(LocalCache(str(tmp_path / "cache"), 1)) == [
         f"kforge: local cache {tmp_path / 'cache'} not trimmed ([Errno 40] Too many levels of symbolic links: "
-        f"'{tmp_path / 'cache'}'); `doit cache --trim` retries"]
+        f"'{tmp_path / 'cache'}'); make its folder a readable folder of yours (or set local_cache= elsewhere), then "
+        f"`doit cache --trim`"]

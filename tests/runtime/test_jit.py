@@ -38,7 +38,8 @@ def recipe(project, **more) -> dict:
 
 
 @pytest.mark.parametrize("change, said", [
-    ({"toolchain": "flydsl"}, "k:c@sm_90a: only Triton kernels can fall back to a JIT compile"),
+    ({"toolchain": "flydsl"}, "k:c@sm_90a: only Triton kernels can fall back to a JIT compile; build it (doit) and "
+                              "package it (doit package) for this GPU's arch"),
     ({"source": []}, "k:c@sm_90a: the bundle's recipe needs 'source', 'constexprs' and 'options' objects; rebuild "
                      "the bundle with `doit package`"),
     ({"options": "x"}, "k:c@sm_90a: the bundle's recipe needs 'source', 'constexprs' and 'options' objects"),

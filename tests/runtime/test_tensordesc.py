@@ -260,7 +260,8 @@ def test_a_descriptor_type_of_no_rank_1_to_5_is_one_line_naming_the_target_and_a
     entry = {"target": "k:c@sm_90a", "signature": [{"name": "d", "type": kind}], "tensordesc_meta": []}
     with pytest.raises(tensordesc.DescriptorError) as e:
         tensordesc.plan(entry, "nvidia")
-    assert str(e.value) == f"k:c@sm_90a: argument d has type {kind}, not tensordesc<dtype[block]> of rank 1 to 5"
+    assert str(e.value) == (f"k:c@sm_90a: argument d has type {kind}, not tensordesc<dtype[block]> of rank 1 to 5; "
+                            f"rebuild the bundle")
 
 
 def test_a_descriptor_of_another_rank_than_the_kernels_is_one_line_naming_the_argument():

@@ -564,7 +564,8 @@ def test_an_artifact_of_an_arch_kforge_does_not_know_is_one_line_naming_its_meta
     (directory / "k.cubin").write_bytes(b"\x7fELF")
     with pytest.raises(artifact.ArtifactError) as e:
         artifact.binary_of(directory, {"arch": "sm_99", "binary": "k.cubin"})
-    assert str(e.value) == f"{directory / 'meta.json'}: unknown arch 'sm_99'"
+    assert str(e.value).startswith(f"{directory / 'meta.json'}: unknown arch 'sm_99' (kforge's: sm_80, ")
+    assert str(e.value).endswith(f"); delete {directory} and build again")
 
 
 def test_a_file_name_from_outside_is_cut_short_in_its_one_line():
