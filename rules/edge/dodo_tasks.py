@@ -34,6 +34,14 @@ def load_catalog(root: Path) -> Catalog:
         raise SystemExit(2)
     for broken in catalog.broken:
         sys.stderr.write(f"kforge: {broken.line()}\n")
+    given = settings.source("archs")
+    if given is not None and not catalog.broken:   # a family that did not load may be the one for it
+        built = {t.arch for t in catalog.targets}
+        unbuilt = [a for a in settings.get("archs") if a not in built]
+        if unbuilt:   # else it builds nothing for them, says nothing and exits 0: a CI job ships no bundle
+            sys.stderr.write(f"kforge: {given}: no family builds {', '.join(unbuilt)}; add it to a spec's archs "
+                             f"(`doit list --all` without archs= shows each target's arch), or leave it out\n")
+            raise SystemExit(2)
     return catalog
 
 

@@ -13,7 +13,7 @@ from kforge.edge import dodo_tasks
 from kforge.store.inputs import InputIndex
 from kforge.base.layout import Layout
 from kforge.plan.targets import build_targets
-from tests.support import make_project, spec_text
+from tests.support import doit, make_project, spec_text
 
 ARCHS = ("sm_90a", "gfx942")
 
@@ -177,3 +177,17 @@ def test_an_input_index_of_another_shape_is_dropped_with_one_warning(targets, pr
     assert dodo_tasks.compile_task(t, str(project), 60.0, index, read=read)["uptodate"] == [True]
     warned = capsys.readouterr().err.strip().splitlines()
     assert len(warned) == 1 and "is not in the shape this kforge writes; it is dropped and rebuilt" in warned[0]
+
+
+def test_an_arch_asked_for_that_no_family_builds_is_one_line_and_exit_2(tmp_path):
+    """`doit archs=sm_100a` on a catalog whose families build sm_90a and gfx942 selected 0 targets, said nothing
+    and exited 0: a CI job asking for an arch shipped no bundle for it (an outside review with torchao)."""
+    root = make_project(tmp_path, specs={"scale": spec_text(archs=("sm_90a", "gfx942"))})
+    for args in (("archs=sm_100a",), ("archs=sm_90a,sm_100a", "list")):
+        refused = doit(root, *args, check=False)
+        assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+            f"kforge: {args[0]}: no family builds sm_100a; add it to a spec's archs (`doit list --all` without "
+            f"archs= shows each target's arch), or leave it out"), refused.stderr
+    assert not (root / "out" / "sm_90a").exists()
+    doit(root, "archs=gfx942")   # an arch a family builds: built
+    assert (root / "out" / "gfx942").is_dir()
