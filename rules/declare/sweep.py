@@ -181,6 +181,11 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
         if c not in constants and c not in params and c not in spec.derived and not all(
                 c in spec.on_arch(a) for a in spec.archs):
             unread = dict(spec.unread_defaults).get(c)
+            dtype = _dtype_default(unread)
+            if dtype is not None:   # a string in [constants] would reach Triton as a string: no .to_ir at compile
+                raise SpecError(f"{where}: constexpr {c} has no value: its default in the source, {shown(unread, 80)}, "
+                                f"is a dtype; declare `{c} = \"dtype\"` in [signature] and give it in [constants] or "
+                                f"[sweep] (`{c} = \"{dtype}\"`)")
             why = (f": its default in the source, {shown(unread, 80)}, is not one kforge reads (a literal, or a name "
                    f"bound once to a literal at the top of its module or of a module of its package, a package with "
                    f"an __init__.py)" if unread else "")
@@ -188,6 +193,12 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
     for v in type_vars:
         if v not in params:
             raise SpecError(f"{where}: [signature] uses {{{v}}} but [sweep] has no {v}; add `{v} = [\"bf16\"]`")
+
+
+def _dtype_default(text) -> str | None:
+    """The canonical dtype a default's source text names (`tl.int32`, `triton.language.bfloat16`), else None."""
+    found = isinstance(text, str) and re.fullmatch(r"(?:tl|triton\.language|torch)\.(\w+)", text)
+    return canonical_dtype(found[1]) if found else None
 
 
 def typed_value(kind: str, value, where: str):
