@@ -37,7 +37,7 @@ from pathlib import Path
 from kforge.base import cpus
 from kforge.load import device_model, isolate, load_guard, observe, shared_env
 from kforge.base.errors import SpecError
-from kforge.load.sources import UNSPECIALIZED, entry_def, parse
+from kforge.load.sources import UNSPECIALIZED, entry_def, module_level, parse
 
 def is_wrapped(path: Path, entry: str) -> bool:
     """Whether the source shows a decorator other than @triton.jit on the entry (read, not imported): Triton's
@@ -252,6 +252,11 @@ def _layers(module: str, entry: str) -> list:
     try:
         return layers(entry_object(imported, entry))
     except AttributeError as e:
+        inside = _defined_inside(imported, entry)
+        if inside is not None:   # torchao's blockwise_fp8_gemm_kernel, made by a call: no arch would have it
+            raise AttributeError(f"{e}: its source defines {entry} inside {inside}, so only a call makes it, not the "
+                                 f"import; kforge builds the kernels a module holds once imported: name one of "
+                                 f"those (a kernel a call makes is compiled by Triton when the call runs)") from None
         # a library may define a kernel only on some archs (torchao's to_mxfp8_dim0_kernel: sm_100+ or gfx950): the
         # module imported fine, as the model's GPU, and lacks it there; say which arch that was and the way out
         d = device_model.current()
@@ -260,6 +265,23 @@ def _layers(module: str, entry: str) -> list:
         raise AttributeError(f"{e} when imported as {d.arch} (kforge's model of its reference GPU, {d.name}); a "
                              f"library may define a kernel only on some archs: drop {d.arch} from the spec's archs, "
                              f"or give {d.arch} a spec of its own") from None
+
+
+def _defined_inside(module, entry: str) -> str | None:
+    """`outer()` (line N) when the module's source defines `entry` only inside a function's or class's body."""
+    try:
+        tree = parse(Path(module.__file__))
+    except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
+        return None
+    if any(isinstance(n, ast.FunctionDef) and n.name == entry for n in module_level(tree.body)):
+        return None
+    for outer in ast.walk(tree):   # outermost first
+        if isinstance(outer, (ast.FunctionDef, ast.ClassDef)):
+            inner = next((n for n in ast.walk(outer) if n is not outer and isinstance(n, ast.FunctionDef)
+                          and n.name == entry), None)
+            if inner is not None:
+                return f"`{outer.name}{'()' if isinstance(outer, ast.FunctionDef) else ''}` (line {inner.lineno})"
+    return None
 
 
 def _describe(module: str, entry: str) -> dict:

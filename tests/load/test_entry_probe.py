@@ -573,6 +573,25 @@ def test_an_entry_the_library_defines_only_on_other_archs_names_the_arch_it_was_
     assert "drop sm_90a from the spec's archs, or give sm_90a a spec of its own" in broken.error, broken.error
 
 
+def test_an_entry_defined_inside_a_function_says_so_not_that_an_arch_lacks_it(tmp_path, monkeypatch):
+    """torchao's blockwise_fp8_gemm_kernel is a def inside _build_triton_impls(): no import holds it, on any arch,
+    and the message told the user to drop the arch (an outside review with torchao 0.18.0)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "made.py").write_text(FLAKY.replace(
+        "@triton.autotune", "def _build():\n  @triton.autotune").replace(
+        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
+        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store") + "  return copy_kernel\n")
+    line = (tmp_path / "site" / "made.py").read_text().splitlines().index("  def copy_kernel(x_ptr, y_ptr, n, "
+                                                                          "BLOCK: tl.constexpr):") + 1
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    root = make_project(tmp_path / "p", kernels={}, specs={"made": probed_spec("made", "made", '["sm_90a"]')})
+    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
+    assert "\n" not in broken.error and "when imported as" not in broken.error, broken.error
+    assert ("AttributeError: module 'made' has no attribute 'copy_kernel': its source defines copy_kernel inside "
+            f"`_build()` (line {line}), so only a call makes it, not the import; kforge builds the kernels a module holds "
+            "once imported") in broken.error, broken.error
+
+
 # --- a heuristic or pruner reading what only a launch knows (found by an outside review on xformers) -----------
 
 LAUNCH_ONLY_LIB = {
