@@ -49,7 +49,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
     "signature": {"*": (str, True, "argument type ('*{dtype}', 'i32', 'fp32'), 'constexpr', 'dtype' (a "
                                    "constexpr element type), or 'none' (passed as None)")},
     "constants": {"*": ((int, float, bool, str, type(None)), False,
-                        "fixed constexpr value (None only from a Python catalog)")},
+                        "a fixed constexpr value: a number, a bool or a string (a dtype by its name, 'fp32', its "
+                        "argument declared 'dtype' in [signature]), None only from a Python catalog")},
     "hints": {"divisible_by_16": (list, False, "arguments promised 16-divisible (pointers, strides)")},
     "arch": {"*": (dict, False, "values for one arch: [arch.gfx942] with constexprs or compile options, "
                                 "e.g. num_warps = 16, and [arch.gfx942.env], its environment over [env]")},

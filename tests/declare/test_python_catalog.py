@@ -216,3 +216,18 @@ def test_a_catalog_file_runs_again_only_when_what_it_read_changed_and_its_famili
     assert (ran, families) == (1, []) and targets == ["scale_bf16:b64@sm_90a", "scale_fp16:b512@sm_90a"]
     spec_paths = {t.spec_path for t in catalog_module.Catalog(root, None, 50_000).load().targets}
     assert spec_paths == {"specs/lib.py:10: family 'scale_bf16'", "specs/lib.py:10: family 'scale_fp16'"}
+
+
+def test_a_dtype_object_in_constants_is_told_to_give_the_dtypes_name(tmp_path):
+    """`constants={"x": torch.float32}` said only 'expected fixed constexpr value' (an outside review with torchao)."""
+    root = python_project(tmp_path, CATALOG.replace("from kforge.declare import family\n",
+                                                    "from kforge.declare import family\nimport triton.language as tl\n")
+                          .replace('"BLOCK": "constexpr"}', '"BLOCK": "constexpr", "D": "constexpr"}, '
+                                                           'constants={"D": tl.float32}'))
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert str(e.value).startswith("specs/lib.py:10: family 'scale_fp16': [constants] D: expected a fixed constexpr "
+                                   "value: a number, a bool or a string (a dtype by its name, 'fp32', its argument "
+                                   "declared 'dtype' in [signature]), None only from a Python catalog, got "
+                                   "triton.language.float32 (dtype)"), \
+        str(e.value)
