@@ -92,7 +92,7 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], ma
     if not _ids_unique_and_safe(spec, values, outside):
         ids: dict[str, Config] = {}
         for c in configs:   # config by config: names the configs at fault, or finds none (excluded)
-            check_config_id(spec, c, ids)
+            check_config_id(spec, c, ids, "[sweep] and the entry's autotune configs" if spec.tuned else "[sweep]")
     return spec
 
 

@@ -592,6 +592,20 @@ def test_an_entry_defined_inside_a_function_says_so_not_that_an_arch_lacks_it(tm
             "once imported") in broken.error, broken.error
 
 
+def test_autotune_configs_that_share_an_id_are_said_to_come_from_the_autotuner(tmp_path, monkeypatch):
+    """The two configs of copy_kernel's @triton.autotune under `id = "{dtype}"` were said to come from [sweep] (an
+    outside review with torchao)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "tuned.py").write_text(FLAKY)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spec = probed_spec("tuned", "tuned", '["sm_90a"]').replace('toolchain = "triton"\n',
+                                                               'toolchain = "triton"\nid = "{dtype}"\n')
+    root = make_project(tmp_path / "p", kernels={}, specs={"tuned": spec})
+    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
+    assert "configs {'BLOCK': 32} and {'BLOCK': 4096}" in broken.error and \
+        "from [sweep] and the entry's autotune configs both get id 'fp32'" in broken.error, broken.error
+
+
 # --- a heuristic or pruner reading what only a launch knows (found by an outside review on xformers) -----------
 
 LAUNCH_ONLY_LIB = {
