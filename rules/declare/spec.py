@@ -152,7 +152,10 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     else:
         names = [a for a, _ in signature]
         if names != list(params):
-            raise SpecError(f"{where}: [signature] must list the arguments of {k['entry']} in order; "
+            extra, missing = [a for a in names if a not in params], [p for p in params if p not in names]
+            first = (f"{shown(extra[0])} is no argument of it" if extra else f"{shown(missing[0])} is missing" if
+                     missing else "the order differs")   # the one to fix, before the two lists (16 names each)
+            raise SpecError(f"{where}: [signature] must list the arguments of {k['entry']} in order: {first}; "
                             f"got {shown(names)}, the source has {shown(list(params))}")
         _check_types(signature, where)
     constants = tuple(raw.get("constants", {}).items())

@@ -535,3 +535,16 @@ def test_autotune_configs_kforge_cannot_sweep_are_one_line(tmp_path, config, mor
     kernel = AUTOTUNED.replace("CONFIG], key", config.split("\n")[0] + "], key") + "\n".join(
         [""] + config.split("\n")[1:]) + "\n"
     assert error(tmp_path, wrapped_spec("tuned_kernel", more), kernel) == f"specs/s.toml: {said}"
+
+
+@pytest.mark.parametrize("old, new, said", [
+    ('n = "i32"', 'nn = "i32"', "'nn' is no argument of it"),
+    ('n = "i32"\n', '', "'n' is missing"),
+    ('x_ptr = "*{dtype}"\ny_ptr = "*{dtype}"', 'y_ptr = "*{dtype}"\nx_ptr = "*{dtype}"', "the order differs"),
+])
+def test_a_signature_that_differs_from_the_source_names_the_argument_to_fix(tmp_path, old, new, said):
+    """A typo in one of 16 names printed both lists and left the user to find it (an outside review with torchao)."""
+    text = spec_text()
+    assert old in text
+    assert error(tmp_path, text.replace(old, new, 1)).startswith(
+        f"specs/s.toml: [signature] must list the arguments of scale_kernel in order: {said}; got [")
