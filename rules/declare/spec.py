@@ -38,7 +38,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool, str]]] = {
                                "(or `source`)"),
         "entry": (str, True, "the @triton.jit function (triton) or the kernel factory (flydsl) in the source"),
         "toolchain": (str, True, f"one of: {', '.join(TOOLCHAINS)}"),
-        "archs": (list, False, "archs to build for (default: sm_90a, gfx942, gfx950)"),
+        "archs": (list, False, "a list of archs to build for, e.g. [\"sm_90a\"] (default: sm_90a, gfx942, gfx950)"),
         "id": (str, False, "config id template, e.g. '{dtype}-m{BLOCK_M}'"),
         "description": (str, False, "one line for `doit list`"),
         "device_model": (bool, False, "false: import the module as this machine is, not as the arch's reference "

@@ -548,3 +548,10 @@ def test_a_signature_that_differs_from_the_source_names_the_argument_to_fix(tmp_
     assert old in text
     assert error(tmp_path, text.replace(old, new, 1)).startswith(
         f"specs/s.toml: [signature] must list the arguments of scale_kernel in order: {said}; got [")
+
+
+def test_archs_given_as_one_string_is_told_to_be_a_list(tmp_path):
+    """`archs = "sm_90a"` said 'expected archs to build for' (an outside review with torchao)."""
+    text = spec_text().replace('archs = ["sm_90a"]', 'archs = "sm_90a"')
+    assert error(tmp_path, text).startswith("specs/s.toml: [kernel] archs: expected a list of archs to build for, e.g. "
+                                            "[\"sm_90a\"]")
