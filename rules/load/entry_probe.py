@@ -253,10 +253,14 @@ def _layers(module: str, entry: str) -> list:
         return layers(entry_object(imported, entry))
     except AttributeError as e:
         inside = _defined_inside(imported, entry)
+        if inside is not None and inside[0] == "class":   # kforge names a class's kernel by both names
+            raise AttributeError(f"{e}: its source defines {entry} in class {inside[1]} (line {inside[2]}); name "
+                                 f"the entry {inside[1]}.{entry}") from None
         if inside is not None:   # torchao's blockwise_fp8_gemm_kernel, made by a call: no arch would have it
-            raise AttributeError(f"{e}: its source defines {entry} inside {inside}, so only a call makes it, not the "
-                                 f"import; kforge builds the kernels a module holds once imported: name one of "
-                                 f"those (a kernel a call makes is compiled by Triton when the call runs)") from None
+            raise AttributeError(f"{e}: its source defines {entry} inside `{inside[1]}()` (line {inside[2]}), so only "
+                                 f"a call makes it, not the import; kforge builds the kernels a module holds once "
+                                 f"imported: name one of those (a kernel a call makes is compiled by Triton when the "
+                                 f"call runs)") from None
         # a library may define a kernel only on some archs (torchao's to_mxfp8_dim0_kernel: sm_100+ or gfx950): the
         # module imported fine, as the model's GPU, and lacks it there; say which arch that was and the way out
         d = device_model.current()
@@ -267,20 +271,21 @@ def _layers(module: str, entry: str) -> list:
                              f"or give {d.arch} a spec of its own") from None
 
 
-def _defined_inside(module, entry: str) -> str | None:
-    """`outer()` (line N) when the module's source defines `entry` only inside a function's or class's body."""
+def _defined_inside(module, entry: str) -> tuple[str, str, int] | None:
+    """("function" or "class", its name, the def's line) when the module's source defines `entry` only inside a
+    function's or a class's body."""
     try:
         tree = parse(Path(module.__file__))
     except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
         return None
     if any(isinstance(n, ast.FunctionDef) and n.name == entry for n in module_level(tree.body)):
         return None
-    for outer in ast.walk(tree):   # outermost first
-        if isinstance(outer, (ast.FunctionDef, ast.ClassDef)):
+    for outer in ast.walk(tree):   # outermost first; a module's __getattr__ makes its kernel at the import's ask
+        if isinstance(outer, (ast.FunctionDef, ast.ClassDef)) and outer.name != "__getattr__":
             inner = next((n for n in ast.walk(outer) if n is not outer and isinstance(n, ast.FunctionDef)
                           and n.name == entry), None)
             if inner is not None:
-                return f"`{outer.name}{'()' if isinstance(outer, ast.FunctionDef) else ''}` (line {inner.lineno})"
+                return "class" if isinstance(outer, ast.ClassDef) else "function", outer.name, inner.lineno
     return None
 
 

@@ -592,6 +592,19 @@ def test_an_entry_defined_inside_a_function_says_so_not_that_an_arch_lacks_it(tm
             "once imported") in broken.error, broken.error
 
 
+def test_an_entry_defined_in_a_class_is_told_its_dotted_name(tmp_path, monkeypatch):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "held.py").write_text(FLAKY.replace(
+        "@triton.autotune", "class Ops:\n  @triton.autotune").replace(
+        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
+        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    root = make_project(tmp_path / "p", kernels={}, specs={"held": probed_spec("held", "held", '["sm_90a"]')})
+    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
+    assert "its source defines copy_kernel in class Ops (line " in broken.error and \
+        broken.error.endswith("; name the entry Ops.copy_kernel"), broken.error
+
+
 def test_autotune_configs_that_share_an_id_are_said_to_come_from_the_autotuner(tmp_path, monkeypatch):
     """The two configs of copy_kernel's @triton.autotune under `id = "{dtype}"` were said to come from [sweep] (an
     outside review with torchao)."""
