@@ -201,10 +201,12 @@ simulate.interpreter_patches()
 # there), e or e + 1 (there, one a barrier ahead): flags or a comparison of 32 bits would wait forever at e = 2^31
 # (whose low 32 bits are negative as an int32) or at e = 2^32 (0), or pass e - 1 there
 W = 3
+KEPT = []   # a waiter left spinning reads its flags by address (the table): they must outlive barrier()'s call
 
 
 def barrier(e, peers, wait):
     flags = torch.tensor([0] + [e + d for d in peers], dtype=torch.int64)
+    KEPT.append(flags)   # freed, the next call's tensors took their memory and the old waiter read and wrote them
     epoch = torch.tensor([e - 1], dtype=torch.int64)
     table = torch.tensor([flags.data_ptr()] * W)   # every signal lands in this rank's own slot 0
     run = threading.Thread(daemon=True, target=lambda: tk.barrier_kernel[(1,)](table, epoch, 0, W=W,
