@@ -253,7 +253,7 @@ def accept(target, files: dict[str, bytes]) -> tuple[dict, str, bytes, bytes]:
         schema.check_binary(binary, meta.get("sha256"), target.arch, meta.get("symbol"))
     except schema.BinaryRefused as e:
         raise BinaryRefused(str(e)) from None
-    except (ValueError, KeyError, TypeError, RecursionError) as e:   # ArtifactError is a ValueError
+    except (ValueError, KeyError, TypeError) as e:   # ArtifactError is a ValueError; json_of: nesting too deep is one
         raise ArtifactError(str(e) if isinstance(e, ArtifactError) else f"its {META} is unreadable ({e})") from None
     if meta is not made:
         return meta, binary_name, binary, meta_bytes(meta)
