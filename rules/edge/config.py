@@ -7,6 +7,7 @@ the task graph is built, one build at a time per out/ (store/run_lock.py).
 """
 from __future__ import annotations
 
+import difflib
 import gc
 import importlib
 import importlib.metadata
@@ -21,9 +22,9 @@ from pathlib import Path
 
 from doit import cmd_run
 from doit.cmd_base import DodoTaskLoader
-from doit.control import ExecNode
+from doit.control import ExecNode, TaskControl
 from doit.doit_cmd import DoitMain
-from doit.exceptions import InvalidTask
+from doit.exceptions import InvalidCommand, InvalidTask
 from doit.runner import JobHold, MRunner, MThreadRunner
 
 from kforge.store import artifact, guard, run_lock
@@ -91,7 +92,6 @@ def config(root: Path, catalog) -> dict:
 def check_settings() -> None:
     """Every setting parsed before the catalog loads (a malformed one: one line, exit code 2). An unknown
     `name=value` may be a project task's own: only a near miss is a warning (`arch=gfx942` built the defaults)."""
-    import difflib
     from doit import doit_cmd
     given = doit_cmd._CMDLINE_VARS or {}   # what doit took off the command line (doit.get_var reads it)
     if "" in given:
@@ -159,6 +159,10 @@ DOIT_PATCHES = {
     "doit.doit_cmd.DoitMain.process_args": "doit takes `name=value` settings off the command line there, before any "
                                            "command or dodo.py runs, reading each argument's first character: an "
                                            "empty one was an IndexError traceback (check_arguments)",
+    "doit.control.TaskControl._filter_tasks": "a name no task has is doit's three-line 'Invalid parameter' there, "
+                                              "naming none that is close (check_arguments)",
+    **{f"doit.{command}.check_tasks_exist": "and `'NAME' is not a task.` in each command that checks names itself"
+       for command in ("cmd_clean", "cmd_forget", "cmd_ignore", "cmd_list", "cmd_resetdep")},
 }
 
 
@@ -191,14 +195,42 @@ class Loader(DodoTaskLoader):
 
 def check_arguments() -> None:
     """A doit command line checked before doit's parser reads it (a blank argument: a script's unset variable,
-    `doit info "$T"`): one line and exit code 3, before anything is loaded or changed."""
+    `doit info "$T"`): one line and exit code 3, before anything is loaded or changed. A name that selects no task
+    (a typo in a target's arch or config id) is one line naming the closest, once the tasks are known."""
     def process_args(doit_process_args, self, cmd_args):
         problem = blank_argument(cmd_args) or command_problem(self.config, cmd_args)
         if problem is not None:
             sys.stderr.write(problem + "\n")
             raise SystemExit(3)
         return doit_process_args(self, cmd_args)
+
+    def filter_tasks(doit_filter_tasks, self, selection):
+        try:
+            return doit_filter_tasks(self, selection)
+        except InvalidCommand as e:
+            if e.not_found is None:
+                raise
+            raise InvalidCommand(unknown_name(str(e.not_found), list(self.tasks), command=True)) from None
+    def tasks_exist(doit_tasks_exist, tasks, names, skip_wildcard=False):
+        try:
+            return doit_tasks_exist(tasks, names, skip_wildcard)
+        except InvalidCommand:
+            unknown = next(n for n in names if n not in tasks and not (skip_wildcard and "*" in n))
+            raise InvalidCommand(unknown_name(unknown, list(tasks))) from None
     _wrap(DoitMain, "process_args", process_args)
+    _wrap(TaskControl, "_filter_tasks", filter_tasks)
+    for command in ("cmd_clean", "cmd_forget", "cmd_ignore", "cmd_list", "cmd_resetdep"):
+        _wrap(importlib.import_module(f"doit.{command}"), "check_tasks_exist", tasks_exist)
+
+
+def unknown_name(name: str, tasks: list[str], command: bool = False) -> str:
+    """The line for a command-line name that is no task, family or target of the project (nor a doit command,
+    where one may stand: `doit NAME`)."""
+    shown = name if len(name) <= 120 else name[:117] + "..."
+    close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"kforge: {shown!r} names no {'command, ' if command else ''}task, family or target of this project{hint} " \
+           f"(`doit list --all` lists every target)"
 
 
 def _wrap(owner, name: str, wrapper) -> None:

@@ -145,6 +145,25 @@ def test_a_file_where_out_belongs_is_one_line_in_every_command(tmp_path):
     assert (root / "out").read_text() == "mine"
 
 
+def test_a_name_that_selects_no_task_is_one_line_naming_the_closest(tmp_path):
+    """A target typed with its arch or config id a little off, to a build or to doit's own commands that check
+    names: one line, exit code 3, naming the target meant; a name close to none says how to list them."""
+    from tests.support import doit, make_project, spec_text
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(archs=("sm_90a", "gfx942"))})
+    meant = "scale:fp16-b256-w4@sm_90a"
+    for args in (["scale:fp16-b256-w4@sm_90"], ["clean", "scale:fp16-b256-w4@sm90a"],
+                 ["forget", "scale:fp16-b265-w4@sm_90a"], ["list", "scael"]):
+        proc = doit(root, *args, check=False)
+        assert proc.returncode == 3 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"names no {'command, ' if len(args) == 1 else ''}task, family or target of this project; did you " \
+               f"mean {'scale' if args[-1] == 'scael' else meant}" in proc.stderr, proc.stderr
+    proc = doit(root, "qqqq", check=False)
+    assert proc.returncode == 3 and proc.stderr.strip() == (
+        "ERROR: kforge: 'qqqq' names no command, task, family or target of this project (`doit list --all` lists "
+        "every target)"), proc.stderr
+    assert not (root / "out" / "sm_90a").exists()   # nothing built, nothing cleaned
+
+
 def test_a_doit_command_line_that_stops_before_doit_reads_it_is_one_line():
     """An empty argument, a settings file that is no file or far too large: one line each (start_problem)."""
     assert doit_edge.start_problem(["info", "x"]) is None
