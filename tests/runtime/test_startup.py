@@ -64,47 +64,61 @@ def launch(block: int = 128) -> dict:
             "strict": server.strict, "pid": os.getpid()}
 
 
+# What ran before `import triton` never turns the switches off: torch's first CUDA use asks
+# importlib.util.find_spec("triton") (torch.cuda._register_triton_kernels), and so may any library.
+BEFORE = "import importlib.util; importlib.util.find_spec('triton'); importlib.util.find_spec('triton')\n"
+
+# A parent that starts `workers` spawn workers (fn(0), fn(1), ...) and then a subprocess child (fn(workers)) that
+# looks Triton up twice before importing it (BEFORE); prints the list of what they returned.
 PARENT = """
 import json, multiprocessing, subprocess, sys
 from tests.runtime.test_startup import {fn}
 if __name__ == "__main__":
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        spawned = pool.map({fn}, [0, 1])
-    child = subprocess.run([sys.executable, "-c", "import json; from tests.runtime.test_startup import {fn}; "
-                            "print(json.dumps({fn}(2)))"], capture_output=True, text=True, check=True)
+    with multiprocessing.get_context("spawn").Pool({workers}) as pool:
+        spawned = pool.map({fn}, range({workers}))
+    child = subprocess.run([sys.executable, "-c", {before!r} + "import json; from tests.runtime.test_startup import "
+                            "{fn}; print(json.dumps({fn}({workers})))"], capture_output=True, text=True, check=True)
     print(json.dumps(spawned + [json.loads(child.stdout)]))
 """
+
+
+def parent(fn: str, workers: int) -> str:
+    return "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn=fn, workers=workers, before=BEFORE)
 
 
 def served_child(_) -> dict:
     return launch()
 
 
-def test_spawn_workers_and_subprocess_children_are_served(installed, tmp_path):
+def test_spawn_workers_and_subprocess_children_are_served_though_triton_was_looked_up_before_its_import(
+        installed, tmp_path):
+    """One spawn worker (a pool's workers are alike; test_every_process_records... keeps two, whose appends
+    meet) and a subprocess child that asks find_spec('triton') before importing it, each a server of its own."""
     held = held_copy(tmp_path / "b")
-    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="served_child")
-    runs = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
+    runs = json.loads(python(parent("served_child", 1), {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
     assert [{k: r[k] for k in ("served", "compiled", "launches", "strict")} for r in runs] == [
-        {"served": 1, "compiled": 0, "launches": 1, "strict": True}] * 3
-    assert len({r["pid"] for r in runs}) == 3
+        {"served": 1, "compiled": 0, "launches": 1, "strict": True}] * 2
+    assert len({r["pid"] for r in runs}) == 2
 
 
-def test_a_hook_run_twice_serves_the_process_once(installed, tmp_path):
+def test_a_hook_run_twice_and_a_bundle_and_flag_named_twice_serve_the_process_once_and_strict_stops_it_at_a_miss(
+        installed, tmp_path):
     """The .pth in two site directories runs its line twice: one server, one report (seen on an H100 under
-    torchrun: two reports per rank, the second counting 0 served)."""
+    torchrun: two reports per rank, the second counting 0 served). A value naming its path and a flag twice, a space
+    after a comma, is as meant: the bundle serves, and strict stops the process at the launch it lacks."""
     held = held_copy(tmp_path / "b")
+    repeated = f"{held}, strict,{held},strict,report"
     proc = python("import kforge_runtime.startup as s; s.start()\n"
-                  "from tests.runtime.test_startup import launch; launch(128)",
-                  {"KFORGE_SERVE": f"{held},strict,report"})
+                  "import json; from tests.runtime.test_startup import launch; print(json.dumps(launch(128)))\n"
+                  "launch(256)", {"KFORGE_SERVE": repeated}, check=False)
+    run = json.loads(proc.stdout.splitlines()[-1])
+    assert (run["served"], run["compiled"], run["launches"], run["strict"]) == (1, 0, 1, True), run
+    assert proc.returncode == 1 and "kforge serve (strict): no prebuilt tests.runtime.test_serve:copy" in proc.stderr
     assert proc.stderr.count("kforge serve (pid") == 1, proc.stderr[-2000:]
     assert "1 specializations served" in proc.stderr or "1 specialization served" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_strict_stops_a_served_child_at_a_miss_and_a_bad_value_at_import_triton(installed, tmp_path):
-    held = held_copy(tmp_path / "b")
-    miss = python("from tests.runtime.test_startup import launch; launch(256)",
-                  {"KFORGE_SERVE": f"{held},strict"}, check=False)
-    assert miss.returncode == 1 and "kforge serve (strict): no prebuilt tests.runtime.test_serve:copy" in miss.stderr
+def test_a_serve_value_naming_no_bundle_stops_the_process_at_import_triton_and_only_there(installed):
     for value, said in (("nowhere/dist,strict", f"kforge: KFORGE_SERVE names {REPO}/nowhere/dist, which does "
                                                 f"not exist"),
                         ("strict,preload", "kforge: KFORGE_SERVE='strict,preload' names no bundle")):
@@ -128,35 +142,19 @@ def recorded_child(i) -> int:
     return os.getpid()
 
 
-def test_every_process_records_into_one_file_each_specialization_once(installed, tmp_path):
+def test_every_process_records_into_one_file_each_specialization_once_though_triton_was_looked_up_before_its_import(
+        installed, tmp_path):
+    """Two spawn workers (their appends meet: one line each) and a subprocess child that asks find_spec('triton')
+    before importing it."""
     out = tmp_path / "records" / "app.jsonl"
     out.parent.mkdir()
-    code = "import sys; sys.argv[0] = 'parent'\n" + PARENT.format(fn="recorded_child")
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, timeout=300,
+    subprocess.run([sys.executable, "-c", parent("recorded_child", 2)], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=300,
                    env={**{k: v for k, v in os.environ.items() if not k.startswith("KFORGE_")},
                         "PYTHONPATH": str(REPO), "KFORGE_RECORD": "records/app.jsonl"})   # relative: made absolute
     lines = out.read_text().splitlines()
     blocks = sorted(json.loads(t)["constexprs"]["BLOCK"] for t in lines)
     assert blocks == [128, 256, 384, 512] and len(set(lines)) == len(lines)
-
-
-# What ran before `import triton` never turns the switches off: torch's first CUDA use asks
-# importlib.util.find_spec("triton") (torch.cuda._register_triton_kernels), and so may any library.
-BEFORE = "import importlib.util; importlib.util.find_spec('triton'); importlib.util.find_spec('triton')\n"
-
-
-def test_a_lookup_of_triton_before_its_import_still_serves_the_process(installed, tmp_path):
-    held = held_copy(tmp_path / "b")
-    code = BEFORE + "import json; from tests.runtime.test_startup import launch; print(json.dumps(launch()))"
-    run = json.loads(python(code, {"KFORGE_SERVE": f"{held},strict"}).stdout.splitlines()[-1])
-    assert (run["served"], run["compiled"], run["launches"]) == (1, 0, 1)
-
-
-def test_a_lookup_of_triton_before_its_import_still_records_the_process(installed, tmp_path):
-    out = tmp_path / "app.jsonl"
-    python(BEFORE + "from tests.runtime.test_startup import recorded_child; recorded_child(0)",
-           {"KFORGE_RECORD": str(out)})
-    assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256]
 
 
 @pytest.mark.parametrize("where", ["fifo", "/dev/zero", "/dev/stdout"])
@@ -221,10 +219,6 @@ def test_a_serve_value_that_cannot_be_applied_is_one_line_at_import_triton(insta
         bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()], (value, bad.stderr)
         assert said in bad.stderr, (value, bad.stderr)
-    repeated = f"{held}, strict,{held},strict"   # a path and a flag repeated, a space after a comma: as meant
-    run = json.loads(python("import json; from tests.runtime.test_startup import launch; print(json.dumps("
-                            "launch()))", {"KFORGE_SERVE": repeated}).stdout.splitlines()[-1])
-    assert (run["served"], run["compiled"], run["strict"]) == (1, 0, True), run
 
 
 def test_kforge_serve_naming_a_folder_without_a_bundle_stops_the_process_in_one_line(tmp_path, monkeypatch, capsys):
