@@ -19,6 +19,7 @@ SCALE_TARGETS = {   # DEVLIB_BLOCKS per arch, less what the reference GPU's shar
     "devlib_scale:fp32-block512-num_warps8-num_stages3@sm_90a", "devlib_scale:fp32-block2048-num_warps8-num_stages3@sm_90a",
     "devlib_scale:fp32-block256-num_warps4-num_stages3@gfx942", "devlib_scale:fp32-block1024-num_warps4-num_stages3@gfx942"}
 HOOKED_TARGETS = {"devlib_hooked:block128@sm_90a", "devlib_hooked:block128@gfx942"}
+TABLES_TARGETS = {"devlib_tables:block128@sm_90a", "devlib_tables:block128@gfx942"}
 
 
 def test_every_arch_has_a_reference_gpu_that_agrees_with_the_arch_table():
@@ -50,7 +51,7 @@ ANSWERS = '''
 import json, sys
 from kforge.load import device_model
 answers = {}
-for arch in sys.argv[1:]:
+for arch in sys.argv[2:]:
     device_model.install(arch)
     import torch, triton   # the first install patches torch when it is imported
     from triton.runtime import driver
@@ -67,7 +68,26 @@ for arch in sys.argv[1:]:
         "triton": driver.active.utils.get_device_properties(0),
         "meta": str(torch.empty(4, device="meta").device),
     }
-print(json.dumps(answers))
+# then prepare(), for an arch other than the last one installed above: the hooks see it only if it installs first
+sys.path.insert(0, sys.argv[1])
+device_model.prepare("sm_100a", True, ("hooks_a:with_arch", "hooks_a:without"))
+import hooks_a
+prepared = [repr(hooks_a.SEEN)]
+try:
+    device_model.prepare("sm_100a", True, ("hooks_a:broken",))
+except device_model.SetupFailed as e:
+    prepared.append(str(e))
+print(json.dumps({"answers": answers, "prepared": prepared}))
+'''
+HOOKS_A = '''
+import torch
+SEEN = []
+def with_arch(arch):
+    SEEN.append((arch, torch.cuda.get_device_name()))
+def without():
+    SEEN.append("no argument")
+def broken(arch):
+    raise ValueError("no such\\nthing")
 '''
 
 
@@ -79,10 +99,23 @@ def _python(code: str, *args: str, cwd: Path | None = None, env: dict | None = N
                           timeout=300)
 
 
-def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu():
-    proc = _python(ANSWERS, *DEVICES)
+@pytest.fixture(scope="module")
+def modelled(tmp_path_factory) -> dict:
+    """What ANSWERS printed: the model installed before torch was imported (each arch in turn), then prepare()
+    with set-up hooks. One child for both tests (each import of torch is about 2 s of CPU), once for the run."""
+    return computed_once(tmp_path_factory, "device-model-modelled", _modelled)
+
+
+def _modelled(folder: Path) -> dict:
+    (folder / "hooks_a.py").write_text(HOOKS_A)
+    assert list(DEVICES)[-1] != "sm_100a"
+    proc = _python(ANSWERS, str(folder), *DEVICES, cwd=folder)
     assert proc.returncode == 0, proc.stderr
-    answers = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu(modelled):
+    answers = modelled["answers"]
     for name, d in DEVICES.items():
         a, vendor = answers[name], ARCHS[name].vendor
         assert a["torch"] == [True, 1, list(d.capability), d.name, vendor == "nvidia", vendor == "amd"]
@@ -103,6 +136,9 @@ from kforge.load import device_model
 device_model.install("gfx942")
 device_model.serving("fam")
 import torch, triton   # what each module imports first: once here, then a process of its own per module
+# and a first tensor on the modelled GPU: the model's fake tensors start torch._dynamo (about 1 s of CPU), which
+# each module's process that makes a tensor paid again
+assert torch.empty(4, device="cuda").device == torch.device("cuda", 0)
 sys.path.insert(0, sys.argv[1])
 for module in sys.argv[2:]:
     sys.stdout.flush()
@@ -178,8 +214,9 @@ AT_IMPORT = {**{f"gpu_{work}": source for work, (source, _) in GPU_WORK.items()}
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, str]:
     """AT_IMPORT's modules, each imported in a process of its own under the model: module -> the line its import
-    printed. The processes are forked from one that imported torch (2 s of CPU) once for all of them, and once
-    for the run: the xdist workers that run this module's tests share it (computed_once)."""
+    printed. The processes are forked from one that imported torch (2 s of CPU) and made a first tensor on the
+    GPU (1 s) once for all of them, and once for the run: the xdist workers that run this module's tests share
+    it (computed_once)."""
     return computed_once(tmp_path_factory, "device-model-at-import", _imported)
 
 
@@ -193,9 +230,14 @@ def _imported(folder: Path) -> dict[str, str]:
     return said
 
 
-MISSING = '''
-import torch, triton
+# torch imported before the model: first prepare() with the model off (it only runs the hooks), then install()
+TORCH_FIRST = '''
+import sys; sys.path.insert(0, sys.argv[1])
 from kforge.load import device_model
+device_model.prepare('gfx950', False, ('hooks_b:hook',))
+import hooks_b, torch
+print(hooks_b.SEEN, device_model.current(), torch.cuda.is_available())
+import triton
 device_model.install("sm_90a")
 for read in (lambda: torch.cuda.get_device_properties(0).L2_cache_size,
              lambda: triton.runtime.driver.active.utils.get_device_properties(0)["mem_clock_rate"]):
@@ -207,10 +249,23 @@ print(hasattr(torch.cuda.get_device_properties(0), "L2_cache_size"))
 '''
 
 
-def test_a_property_the_model_lacks_says_so_and_the_fix_and_hasattr_is_false(tmp_path):
-    proc = _python(MISSING, cwd=tmp_path)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == 3, proc.stdout + proc.stderr
+@pytest.fixture(scope="module")
+def torch_first(tmp_path_factory) -> dict:
+    """TORCH_FIRST's exit status and output: one child for the two tests of a process that imported torch before
+    any model was installed, once for the run."""
+    return computed_once(tmp_path_factory, "device-model-torch-first", _torch_first)
+
+
+def _torch_first(folder: Path) -> dict:
+    (folder / "hooks_b.py").write_text("import torch\nSEEN = []\ndef hook(arch):\n"
+                                       "    SEEN.append((arch, torch.cuda.is_available()))\n")
+    proc = _python(TORCH_FIRST, str(folder), cwd=folder)
+    return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def test_a_property_the_model_lacks_says_so_and_the_fix_and_hasattr_is_false(torch_first):
+    lines = torch_first["stdout"].strip().splitlines()[1:]   # the first is the test below's
+    assert torch_first["rc"] == 0 and len(lines) == 3, torch_first["stdout"] + torch_first["stderr"]
     assert lines[0].startswith("NotModelled: torch.cuda.get_device_properties().L2_cache_size: kforge's device model")
     assert lines[1].startswith("KeyError: \"'mem_clock_rate': kforge's device model of sm_90a does not give it")
     assert all("read it with a default" in line and "device_model = false" in line for line in lines[:2]), lines
@@ -284,46 +339,16 @@ def test_the_vendors_gpu_tool_answers_as_the_reference_gpu_and_the_other_vendors
         f"0 GPU[0]\t\t: Card Series: \t\t{mi300x.name}", f"0 GPU[0]\t\t: Card Series: \t\t{mi300x.name}"]
 
 
-def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(tmp_path):
-    (tmp_path / "hooks_a.py").write_text(textwrap.dedent('''
-        import torch
-        SEEN = []
-        def with_arch(arch):
-            SEEN.append((arch, torch.cuda.get_device_name()))
-        def without():
-            SEEN.append("no argument")
-        def broken(arch):
-            raise ValueError("no such\\nthing")
-        '''))
-    code = textwrap.dedent('''
-        import sys
-        sys.path.insert(0, sys.argv[1])
-        from kforge.load import device_model
-        device_model.prepare("sm_100a", True, ("hooks_a:with_arch", "hooks_a:without"))
-        import hooks_a
-        print(hooks_a.SEEN)
-        try:
-            device_model.prepare("sm_100a", True, ("hooks_a:broken",))
-        except device_model.SetupFailed as e:
-            print(e)
-        ''')
-    proc = _python(code, str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[('sm_100a', 'NVIDIA B200'), 'no argument']",
-                                        "setup hook hooks_a:broken failed for sm_100a: ValueError: no such"]
+def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(modelled):
+    assert modelled["prepared"] == ["[('sm_100a', 'NVIDIA B200'), 'no argument']",
+                                    "setup hook hooks_a:broken failed for sm_100a: ValueError: no such"]
 
 
-def test_without_the_model_prepare_only_runs_the_hooks(tmp_path):
-    (tmp_path / "hooks_b.py").write_text("import torch\nSEEN = []\ndef hook(arch):\n"
-                                         "    SEEN.append((arch, torch.cuda.is_available()))\n")
-    code = ("import sys; sys.path.insert(0, sys.argv[1])\nfrom kforge.load import device_model\n"
-            "device_model.prepare('gfx950', False, ('hooks_b:hook',))\nimport hooks_b, torch\n"
-            "print(hooks_b.SEEN, device_model.current(), torch.cuda.is_available())")
-    proc = _python(code, str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
+def test_without_the_model_prepare_only_runs_the_hooks(torch_first):
+    assert torch_first["rc"] == 0, torch_first["stderr"]
     import torch
     here = torch.cuda.is_available()   # this machine, as it is
-    assert proc.stdout.strip() == f"[('gfx950', {here})] None {here}"
+    assert torch_first["stdout"].splitlines()[0] == f"[('gfx950', {here})] None {here}"
 
 
 # ---- the library built with kforge ----------------------------------------------------------------------
@@ -341,16 +366,22 @@ def _meta(root: Path, target: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_own_configs_and_heuristics(
+def test_a_library_that_asserts_a_gpu_and_makes_tensors_on_it_at_import_builds_on_a_cpu_with_each_archs_own_configs(
         tmp_path, devlib):
+    """devlib_scale builds with each arch's own autotune configs and heuristics, devlib_hooked after its set-up
+    hook ran with the arch, and devlib_tables, whose module makes a lookup table per GPU and a scratch buffer at
+    import: under the model they are tensors that answer as the GPU's (device, dtype, shape) and hold no memory.
+    All three in one build: tables shares scale's processes per arch (no set-up hook), where a build of its own
+    imported torch again."""
     site, env = devlib
     root = make_project(tmp_path / "p", specs={"devlib_scale": device_library.scale_spec(),
-                                               "devlib_hooked": device_library.HOOKED},
+                                               "devlib_hooked": device_library.HOOKED,
+                                               "devlib_tables": device_library.TABLES},
                         kernels={"hooks": device_library.HOOKS})
     doit(root, "-n", "1", env=env)   # one worker: each more imports torch and the library again
     # listed after the build: the catalog it saved, not a second load of every family's module per arch
     listed = {t for t in doit(root, "list", "--all", "--quiet", env=env).stdout.split() if "@" in t}
-    assert listed == SCALE_TARGETS | HOOKED_TARGETS
+    assert listed == SCALE_TARGETS | HOOKED_TARGETS | TABLES_TARGETS
     assert statuses(root, "built") == listed
     for target in SCALE_TARGETS:   # the heuristic's value is the reference GPU's SM / CU count
         arch = target.split("@")[1]
@@ -364,28 +395,34 @@ def test_a_library_that_asserts_a_gpu_at_import_builds_on_a_cpu_with_each_archs_
     hooks = root / "tk" / "hooks.py"   # the hook's module is in the key: editing it rebuilds its family only
     hooks.write_text(hooks.read_text() + "\n# edited\n")
     doit(root, "-n", "1", env=env)
-    assert statuses(root, "built") == HOOKED_TARGETS and statuses(root, "up-to-date") == SCALE_TARGETS
+    assert statuses(root, "built") == HOOKED_TARGETS and statuses(root, "up-to-date") == SCALE_TARGETS | TABLES_TARGETS
 
 
-def test_a_library_that_makes_tensors_on_the_gpu_at_import_builds_on_a_cpu(tmp_path, devlib):
-    """A lookup table per GPU and a scratch buffer made at import: under the model they are tensors that answer
-    as the GPU's (device, dtype, shape) and hold no memory; the family builds for both vendors."""
+def test_gpu_memory_read_at_import_a_missing_set_up_hook_and_a_broken_one_each_break_one_family_in_one_line(
+        tmp_path, devlib):
+    """Three families of devlib that cannot load, listed together (rules/plan/catalog.py keeps going at load): one
+    whose module reads GPU memory at import (devlib_alloc), one without the set-up hook its module needs
+    (devlib_hooked) and one whose hook raises (devlib_badhook). Each is BROKEN with its cause in one line. On
+    sm_90a alone: what is asserted is one arch's message (each more arch is one more import of torch)."""
     site, env = devlib
-    root = make_project(tmp_path / "p", specs={"devlib_tables": device_library.TABLES}, kernels={})
-    doit(root, "-n", "1", env=env)
-    assert statuses(root, "built") == {"devlib_tables:block128@sm_90a", "devlib_tables:block128@gfx942"}
-
-
-def test_a_library_that_reads_gpu_memory_at_import_is_one_broken_family_named_in_one_line(tmp_path, devlib):
-    site, env = devlib
-    root = make_project(tmp_path / "p", specs={"devlib_alloc": device_library.ALLOC}, kernels={})
-    proc = doit(root, "list", env=env, check=False)   # listed as broken (rules/plan/catalog.py keeps going at load)
+    hooked = device_library.HOOKED.replace('archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]')
+    without = hooked.replace('setup = "tk.hooks:configure"\n', "")
+    bad_hook = hooked.replace('name = "devlib_hooked"', 'name = "devlib_badhook"')
+    root = make_project(tmp_path / "p", specs={"devlib_alloc": device_library.ALLOC, "devlib_hooked": without,
+                                               "devlib_badhook": bad_hook},
+                        kernels={"hooks": "def configure(arch):\n    raise OSError('no licence file')\n"})
+    proc = doit(root, "list", env=env, check=False)
     broken = [line for line in proc.stderr.splitlines() if "did not load" in line]
-    assert proc.returncode == 0 and len(broken) == 1, proc.stderr
-    assert "devlib_alloc" in proc.stdout and "BROKEN" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and len(broken) == 3, proc.stderr
+    for family in ("devlib_alloc", "devlib_hooked", "devlib_badhook"):
+        assert len([line for line in broken if f"family {family} did not load" in line]) == 1, proc.stderr
+        assert any(line.startswith(f"{family} ") and "BROKEN" in line for line in proc.stdout.splitlines()), \
+            proc.stdout
     assert re.search(r"specs/devlib_alloc\.toml: .*NeedsGPU: reading a tensor's values on the GPU \(\w+\) at "
                      r"devlib/alloc\.py:6 \(`LIMIT = int\(SCRATCH\.sum\(\)\)`\) needs a real GPU \(family "
                      r"devlib_alloc\)", proc.stderr), proc.stderr
+    assert "ImportError: call devlib.configure(arch)" in proc.stderr
+    assert "setup hook tk.hooks:configure failed for sm_90a: OSError: no licence file" in proc.stderr
 
 
 def test_a_family_with_device_model_false_imports_as_this_machine_is(tmp_path, devlib):
@@ -393,25 +430,12 @@ def test_a_family_with_device_model_false_imports_as_this_machine_is(tmp_path, d
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the library would import with the model off too")
     site, env = devlib
-    root = make_project(tmp_path / "p", specs={"devlib_scale": device_library.scale_spec("device_model = false")},
-                        kernels={})
+    # on sm_90a alone: what is asserted is the message (each more arch is one more import of torch)
+    spec = device_library.scale_spec("device_model = false").replace('archs = ["sm_90a", "gfx942"]',
+                                                                      'archs = ["sm_90a"]')
+    root = make_project(tmp_path / "p", specs={"devlib_scale": spec}, kernels={})
     proc = doit(root, "list", env=env, check=False)
     assert "BROKEN" in proc.stdout and "AssertionError: devlib needs a GPU" in proc.stderr, proc.stderr
-
-
-def test_a_family_without_its_set_up_hook_fails_to_import_and_a_broken_hook_is_named(tmp_path, devlib):
-    site, env = devlib
-    # on sm_90a alone: what is asserted is one arch's message (each more arch is one more import of torch)
-    hooked = device_library.HOOKED.replace('archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]')
-    without = hooked.replace('setup = "tk.hooks:configure"\n', "")
-    root = make_project(tmp_path / "p", specs={"devlib_hooked": without}, kernels={})
-    proc = doit(root, "list", env=env, check=False)
-    assert "BROKEN" in proc.stdout and "ImportError: call devlib.configure(arch)" in proc.stderr, proc.stderr
-    root = make_project(tmp_path / "q", specs={"devlib_hooked": hooked},
-                        kernels={"hooks": "def configure(arch):\n    raise OSError('no licence file')\n"})
-    proc = doit(root, "list", env=env, check=False)
-    assert "BROKEN" in proc.stdout, proc.stdout + proc.stderr
-    assert "setup hook tk.hooks:configure failed for sm_90a: OSError: no licence file" in proc.stderr
 
 
 @pytest.mark.gpu
