@@ -4,12 +4,14 @@ import json
 import os
 import shutil
 import textwrap
+from pathlib import Path
+
 import pytest
 
 from kforge.compile import amdgpu_metadata
 from kforge.plan import amd_linker
 from kforge.store import artifact
-from tests.support import REPO, build_report, doit, kernel_text, make_project, spec_text, statuses
+from tests.support import REPO, build_report, built_once, doit, kernel_text, make_project, spec_text, statuses
 
 FLY_ARCHS = ("gfx90a", "gfx942", "gfx950")
 
@@ -76,21 +78,53 @@ def fly_spec(name="copy", module="copy", archs=("gfx942",)):
     return textwrap.dedent(SPEC.format(name=name, module=module, archs=json.dumps(list(archs))))
 
 
-def test_every_flydsl_kernel_compiles_for_every_arch(tmp_path):
-    """The catalog's own FlyDSL families, one config each per arch, with ELF and metadata checks."""
-    root = make_project(tmp_path / "p", specs={}, kernels={})
+COPY_TARGETS = {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+LIBCOPY_TARGETS = {"libcopy:fp16-v8@gfx942", "libcopy:bf16-v8@gfx942"}
+
+
+@pytest.fixture(scope="module")
+def fly_built(tmp_path_factory) -> Path:
+    """One project built once for the run, which the tests below only read: the catalog's own FlyDSL families
+    (one config each per arch; picks.json: which), copy (a dtype only in a closure) and libcopy (a library
+    builder called through its spec's [adapter]), linked by Triton's LLD. One build: each imports torch and
+    FlyDSL again."""
+    return built_once(tmp_path_factory, "flydsl-backend", _build_fly)
+
+
+def _build_fly(root: Path) -> None:
+    spec = ADAPTED_SPEC.replace("[sweep]", "[constants]\nELEMS = 1024\n\n[sweep]").replace(
+        'VEC = "constexpr"', 'VEC = "constexpr"\nELEMS = "constexpr"')   # a size may be a parameter of the config
+    builder = LIBRARY_BUILDER.replace("def build_copy_module(dtype_str, VEC)",
+                                      "def build_copy_module(dtype_str, VEC, ELEMS)")
+    make_project(root, specs={"copy": fly_spec(), "libcopy": spec},
+                 kernels={"copy": fly_kernel(), "libcopy": builder})
     shutil.copytree(REPO / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     names = []
     for spec in sorted((REPO / "specs").glob("fly_*.toml")):
         (root / "specs" / spec.name).write_text(spec.read_text())
         names.append(spec.stem)
-    assert {"fly_gemm", "fly_fp8_gemm", "fly_rmsnorm", "fly_softmax"} <= set(names)
     listed = doit(root, "list", "--all", "--quiet").stdout.split()
     picks = [next(t for t in listed if t.startswith(f"{n}:") and t.endswith(f"@{a}"))
              for n in names for a in FLY_ARCHS if any(t.startswith(f"{n}:") and t.endswith(f"@{a}") for t in listed)]
+    (root / "picks.json").write_text(json.dumps({"names": names, "picks": picks}))
+    # one worker: one compile server compiles copy's two dtypes, one after the other; KFORGE_LD_LLD=triton asks for
+    # Triton's LLD even where a system lld exists (test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is)
+    doit(root, "-n", "1", *picks, "copy", "libcopy", env={"KFORGE_LD_LLD": "triton"})
+
+
+def _every_target(root: Path) -> set[str]:
+    """What fly_built's build was asked for: each of it must have built."""
+    return set(json.loads((root / "picks.json").read_text())["picks"]) | COPY_TARGETS | LIBCOPY_TARGETS
+
+
+def test_every_flydsl_kernel_compiles_for_every_arch(fly_built):
+    """The catalog's own FlyDSL families, one config each per arch, with ELF and metadata checks."""
+    root = fly_built
+    chosen = json.loads((root / "picks.json").read_text())
+    names, picks = chosen["names"], chosen["picks"]
+    assert {"fly_gemm", "fly_fp8_gemm", "fly_rmsnorm", "fly_softmax"} <= set(names)
     assert len(picks) >= 11   # 4 families x 3 archs, minus fp8 on gfx90a
-    doit(root, "-n", "1", *picks)   # one worker: each imports torch and FlyDSL
-    assert statuses(root, "built") == set(picks)
+    assert statuses(root, "built") == _every_target(root) == set(picks) | COPY_TARGETS | LIBCOPY_TARGETS
     for name in picks:
         kernel, rest = name.split(":")
         cid, arch = rest.split("@")
@@ -102,10 +136,9 @@ def test_every_flydsl_kernel_compiles_for_every_arch(tmp_path):
     assert not list(root.rglob("*.pkl"))   # FlyDSL's pickle cache stays off: nothing to ship or load
 
 
-def test_dtype_only_in_a_closure_still_gives_two_binaries(tmp_path):
-    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": fly_kernel()})
-    doit(root, "-n", "1")   # one compile server compiles both, one after the other
-    assert statuses(root, "built") == {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+def test_dtype_only_in_a_closure_still_gives_two_binaries(fly_built):
+    root = fly_built
+    assert statuses(root, "built") == _every_target(root)
     fp16 = json.loads((root / "out/gfx942/copy/fp16-v8/meta.json").read_text())
     bf16 = json.loads((root / "out/gfx942/copy/bf16-v8/meta.json").read_text())
     assert fp16["key"] != bf16["key"] and fp16["sha256"] != bf16["sha256"]
@@ -171,12 +204,11 @@ def test_a_bad_arch_fails_only_its_target(tmp_path):
     assert "gfx9999" in failed[0]["error"] and "gfx9999" in (root / "out/gfx942/copy/bf16-v8/error.txt").read_text()
 
 
-def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(tmp_path):
+def test_tritons_own_lld_links_flydsl_targets_where_no_other_linker_is(fly_built):
     """A machine with only `pip install` (no ROCm, no system lld) still builds FlyDSL targets: the LLD linked into
     Triton's libtriton does the link (KFORGE_LD_LLD=triton asks for it even where a system lld exists)."""
-    root = make_project(tmp_path / "p", specs={"copy": fly_spec()}, kernels={"copy": fly_kernel()})
-    doit(root, "-n", "1", env={"KFORGE_LD_LLD": "triton"})
-    assert statuses(root, "built") == {"copy:fp16-v8@gfx942", "copy:bf16-v8@gfx942"}
+    root = fly_built
+    assert statuses(root, "built") == _every_target(root)
     meta, _ = artifact.load(root / "out/gfx942/copy/fp16-v8")   # sha256, ELF machine and flags, kernel code
     assert meta["toolchain_versions"]["ld.lld"].startswith("LLD in triton==")
     assert "/" not in meta["toolchain_versions"]["ld.lld"]   # keyed without a path: another checkout hits
@@ -247,16 +279,11 @@ shapes = {X = [1024], Y = ["ELEMS"]}
 '''
 
 
-def test_a_library_builder_compiles_through_the_specs_adapter(tmp_path):
+def test_a_library_builder_compiles_through_the_specs_adapter(fly_built):
     """The builder returns only the launcher and names its dtypes its own way: [adapter] says how to call it
     and which placeholders to trace the launcher with (a size may be a parameter of the config)."""
-    spec = ADAPTED_SPEC.replace("[sweep]", "[constants]\nELEMS = 1024\n\n[sweep]").replace(
-        'VEC = "constexpr"', 'VEC = "constexpr"\nELEMS = "constexpr"')
-    root = make_project(tmp_path / "p", specs={"libcopy": spec},
-                        kernels={"libcopy": LIBRARY_BUILDER.replace("def build_copy_module(dtype_str, VEC)",
-                                                                    "def build_copy_module(dtype_str, VEC, ELEMS)")})
-    doit(root, "-n", "1")
-    assert statuses(root, "built") == {"libcopy:fp16-v8@gfx942", "libcopy:bf16-v8@gfx942"}
+    root = fly_built
+    assert statuses(root, "built") == _every_target(root)
     fp16 = json.loads((root / "out/gfx942/libcopy/fp16-v8/meta.json").read_text())
     bf16 = json.loads((root / "out/gfx942/libcopy/bf16-v8/meta.json").read_text())
     assert fp16["sha256"] != bf16["sha256"]
