@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests import env_library
-from tests.support import REPO, doit, make_project, statuses
+from tests.support import REPO, computed_once, doit, make_project, statuses
 
 
 @pytest.fixture
@@ -30,8 +31,19 @@ def _python(code: str, env: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_under_the_device_model_flydsl_is_not_importable_and_without_it_it_is(envlib):
-    found = _python('''
+@pytest.fixture(scope="module")
+def under_the_model(tmp_path_factory) -> dict:
+    """What one process saw of FlyDSL: before the model, with it off, with it on (and envlib imported there), then
+    prepared again with a set-up hook that calls show_flydsl(). One child for the two tests below (each import of
+    torch is about 2 s of CPU), once for the run."""
+    return computed_once(tmp_path_factory, "shared-env-under-the-model", _under_the_model)
+
+
+def _under_the_model(folder: Path) -> dict:
+    site = env_library.write(folder / "site")
+    (folder / "hooks_for_fly.py").write_text("from kforge.load import shared_env\n\n\ndef with_flydsl():\n"
+                                            "    shared_env.show_flydsl()\n")
+    return _python('''
         import importlib.util, json
         from kforge.load import device_model
         seen = {"before": importlib.util.find_spec("flydsl") is not None}
@@ -46,38 +58,56 @@ def test_under_the_device_model_flydsl_is_not_importable_and_without_it_it_is(en
             seen["import"] = type(e).__name__
         import envlib
         seen["envlib took its path without FlyDSL"] = envlib.fly.HAS_FLYDSL is False
-        print(json.dumps(seen))
-        ''', envlib)
-    assert found == {"before": True, "model off": True, "model on": False, "import": "ModuleNotFoundError",
-                     "envlib took its path without FlyDSL": True}
-
-
-def test_a_set_up_hook_calling_show_flydsl_makes_it_importable_under_the_model(tmp_path, envlib):
-    (tmp_path / "hooks_for_fly.py").write_text("from kforge.load import shared_env\n\n\ndef with_flydsl():\n"
-                                              "    shared_env.show_flydsl()\n")
-    found = _python('''
-        import importlib.util, json
-        from kforge.load import device_model
+        # then a set-up hook that shows FlyDSL, for another arch (the model is installed again)
         device_model.prepare("sm_90a", True, ("hooks_for_fly:with_flydsl",))
         import torch
-        print(json.dumps({"flydsl": importlib.util.find_spec("flydsl") is not None,
-                          "model": torch.cuda.get_device_name()}))
-        ''', {"PYTHONPATH": f"{tmp_path}{os.pathsep}{envlib['PYTHONPATH']}"})
-    assert found == {"flydsl": True, "model": "NVIDIA H100 80GB HBM3"}
+        hooked = {"flydsl": importlib.util.find_spec("flydsl") is not None, "model": torch.cuda.get_device_name()}
+        print(json.dumps({"seen": seen, "hooked": hooked}))
+        ''', {"PYTHONPATH": f"{folder}{os.pathsep}{site}"})
 
 
-def test_an_import_failing_on_kforges_flydsl_names_the_librarys_line_and_the_pin(envlib):
-    """Where FlyDSL is seen (a FlyDSL family, `device_model = false`), a library written for another FlyDSL fails
-    its import in one line that says both."""
-    found = _python('''
-        import json
+def test_under_the_device_model_flydsl_is_not_importable_and_without_it_it_is(under_the_model):
+    assert under_the_model["seen"] == {"before": True, "model off": True, "model on": False,
+                                       "import": "ModuleNotFoundError", "envlib took its path without FlyDSL": True}
+
+
+def test_a_set_up_hook_calling_show_flydsl_makes_it_importable_under_the_model(under_the_model):
+    assert under_the_model["hooked"] == {"flydsl": True, "model": "NVIDIA H100 80GB HBM3"}
+
+
+@pytest.fixture(scope="module")
+def flydsl_seen(tmp_path_factory) -> dict:
+    """What one process saw with kforge's FlyDSL imported (as in a compile server forked from a worker that built
+    FlyDSL targets): hidden and shown again, then envlib imported. One child for the two tests that need FlyDSL
+    imported (torch and FlyDSL's native extension: about 2 s of CPU), once for the run."""
+    return computed_once(tmp_path_factory, "shared-env-flydsl-seen", _flydsl_seen)
+
+
+def _flydsl_seen(folder: Path) -> dict:
+    site = env_library.write(folder / "site")
+    return _python('''
+        import importlib.util, json, sys
+        import flydsl.expr
+        before = sys.modules["flydsl.expr"]
         from kforge.load import shared_env
+        shared_env.hide_flydsl()
+        hidden = importlib.util.find_spec("flydsl") is None and "flydsl.expr" not in sys.modules
+        shared_env.show_flydsl()
+        import flydsl.expr
+        found = {"shown again": {"hidden": hidden, "same": sys.modules["flydsl.expr"] is before}}
         try:
             import envlib
         except ImportError as e:
             explained = shared_env.explain(e)
-            print(json.dumps({"explained": explained, "message": str(e)}))
-        ''', envlib)
+            found["envlib"] = {"explained": explained, "message": str(e)}
+        print(json.dumps(found))
+        ''', {"PYTHONPATH": str(site)})
+
+
+def test_an_import_failing_on_kforges_flydsl_names_the_librarys_line_and_the_pin(flydsl_seen):
+    """Where FlyDSL is seen (a FlyDSL family, `device_model = false`), a library written for another FlyDSL fails
+    its import in one line that says both."""
+    found = flydsl_seen["envlib"]
     assert found["explained"]
     assert found["message"] == (
         f"envlib/fly.py:6 (`from flydsl.expr import {env_library.ENVLIB_FLY_API}`): cannot import name "
@@ -139,37 +169,36 @@ def test_a_native_extension_that_cannot_load_here_names_the_librarys_line(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_library_using_flydsl_whenever_importable_builds_its_triton_kernels_for_both_vendors(tmp_path, envlib):
+def test_a_library_using_flydsl_whenever_importable_builds_for_both_vendors_and_a_module_failing_on_a_pin_is_named(
+        tmp_path, envlib):
     """envlib's __init__ imports its FlyDSL path, written for another FlyDSL than kforge's: under the device model
     it sees no FlyDSL, so its guarded kernels and its autotuned one built by calls (read by the probe) build for
-    sm_90a and gfx942, with GPU tables and a torch operator made at import."""
-    specs = {name: text.replace('dtype = ["fp32", "fp16"]', 'dtype = ["fp32"]').replace(
+    sm_90a and gfx942, with GPU tables and a torch operator made at import.
+
+    In the same build (the library's processes per arch are shared: a build of their own imported torch and the
+    library again), two families whose module fails on a pin: one needing a Triton name kforge's triton lacks, one
+    that cannot import without FlyDSL. Each target's error is one line naming the library's line, the pin and the
+    fix."""
+    one_config = lambda text: text.replace('dtype = ["fp32", "fp16"]', 'dtype = ["fp32"]').replace(
         'dtype = ["fp32", "bf16"]', 'dtype = ["fp32"]').replace("BLOCK = [128, 1024]", "BLOCK = [128]").replace(
-        "n = [4096, 1000]", "n = [4096]") for name, text in env_library.SPECS.items()}
+        "n = [4096, 1000]", "n = [4096]")
+    on_sm_90a = lambda text: one_config(text).replace('archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]')
+    specs = {name: one_config(text) for name, text in env_library.SPECS.items()}
+    specs["newer"] = on_sm_90a(env_library.elementwise("newer", "envlib.newer", "copy_kernel"))
+    specs["needs_fly"] = on_sm_90a(env_library.elementwise("needs_fly", "envlib.needs_fly", "copy_kernel"))
     root = make_project(tmp_path / "p", specs=specs, kernels={})
-    doit(root, "-n", "1", env=envlib)   # one worker: each more imports torch and the library again
+    proc = doit(root, "-n", "1", env=envlib, check=False)   # one worker: each more imports torch and the library again
+    assert proc.returncode != 0
     built = statuses(root, "built")
     families = {t.split(":")[0] for t in built if "@" in t}
     assert families == {"envlib_add", "envlib_neg", "envlib_scale"}, built
     assert {t.split("@")[1] for t in built if "@" in t} == {"sm_90a", "gfx942"}
-    assert not statuses(root, "failed")
+    assert statuses(root, "failed") == {"newer:fp32-block128@sm_90a", "needs_fly:fp32-block128@sm_90a"}, proc.stdout
 
-
-def test_a_triton_familys_import_failing_on_a_pin_names_the_librarys_line_and_the_pin(tmp_path, envlib):
-    """A module needing a Triton name kforge's triton lacks, and one that cannot import without FlyDSL: each
-    target's error is one line naming the library's line, the pin and the fix."""
-    root = make_project(tmp_path / "p", kernels={}, specs={
-        "newer": env_library.elementwise("newer", "envlib.newer", "copy_kernel").replace(
-            'archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]').replace('["fp32", "fp16"]', '["fp32"]').replace(
-            "[128, 1024]", "[128]"),
-        "needs_fly": env_library.elementwise("needs_fly", "envlib.needs_fly", "copy_kernel").replace(
-            'archs = ["sm_90a", "gfx942"]', 'archs = ["sm_90a"]').replace('["fp32", "fp16"]', '["fp32"]').replace(
-            "[128, 1024]", "[128]")})
-    proc = doit(root, "-n", "1", env=envlib, check=False)
-    assert proc.returncode != 0
     errors = {t["name"]: next(line.strip().removeprefix("error: ") for line in t["error"].splitlines()
                               if line.strip().startswith("error: "))
-              for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if "@" in t["name"]}
+              for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"]
+              if "@" in t["name"] and t["status"] == "failed"}
     assert errors["newer:fp32-block128@sm_90a"].startswith(
         f"ImportError: envlib/newer.py:3 (`from triton.language import {env_library.TRITON_API}`): cannot import "
         f"name '{env_library.TRITON_API}' from 'triton.language': this environment's triton is 3.6.0, the version "
@@ -197,21 +226,10 @@ def test_the_probe_names_the_librarys_line_and_the_pin_where_flydsl_is_seen(tmp_
         f"0.4.2 (docs/libraries.md)"), line
 
 
-def test_flydsl_imported_before_it_was_hidden_comes_back_as_it_was(envlib):
+def test_flydsl_imported_before_it_was_hidden_comes_back_as_it_was(flydsl_seen):
     """A compile server forked from a worker that built FlyDSL targets has FlyDSL imported: hidden, and shown again
     by a set-up hook, it is the same module objects (its native extension is not loaded a second time)."""
-    found = _python('''
-        import importlib.util, json, sys
-        import flydsl.expr
-        before = sys.modules["flydsl.expr"]
-        from kforge.load import shared_env
-        shared_env.hide_flydsl()
-        hidden = importlib.util.find_spec("flydsl") is None and "flydsl.expr" not in sys.modules
-        shared_env.show_flydsl()
-        import flydsl.expr
-        print(json.dumps({"hidden": hidden, "same": sys.modules["flydsl.expr"] is before}))
-        ''', envlib)
-    assert found == {"hidden": True, "same": True}
+    assert flydsl_seen["shown again"] == {"hidden": True, "same": True}
 
 
 def _explained(tmp_path, module: str, body: str) -> dict:
