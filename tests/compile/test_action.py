@@ -40,10 +40,33 @@ def project(tmp_path_factory, tmp_path):
     return copy_built(built_once(tmp_path_factory, "two-targets", _build_two), tmp_path / "p")
 
 
-def test_second_run_builds_nothing(cold_project):
+def test_second_run_builds_nothing_and_an_in_place_edit_keeping_size_and_mtime_is_noticed(cold_project):
+    """The saved catalog and the source caches go by file identity: only the ctime tells an in-place edit apart (in
+    the project where it was built: in a copy every file's identity differs anyway). The spec's edit, then the
+    kernel source's, each on the project as the run before left it."""
     project = cold_project
     doit(project)
     assert statuses(project, "up-to-date") == set(TWO)
+    spec = project / "specs" / "scale.toml"
+    edited_in_place(spec, "[128, 256]", "[128, 512]")
+    doit(project)
+    assert statuses(project, "built") == {"scale:fp16-b512-w4@sm_90a"}
+    edited_in_place(project / "tk" / "scale.py", "* 2)", "* 3)")
+    doit(project)
+    assert statuses(project, "built") == {"scale:fp16-b128-w4@sm_90a", "scale:fp16-b512-w4@sm_90a"}   # every target
+
+
+def edited_in_place(path: Path, old: str, new: str) -> None:
+    """old replaced by new (of its length) in the file's own inode, its size and mtime kept: only the ctime moves."""
+    st = path.stat()
+    time.sleep(0.01)
+    with open(path, "r+") as f:
+        text = f.read()
+        assert old in text and len(old) == len(new)
+        f.seek(0)
+        f.write(text.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
 def test_touch_rebuilds_nothing(project):
@@ -65,26 +88,6 @@ def test_source_edit_rebuilds_its_targets(project):
     (project / "tk" / "scale.py").write_text(kernel_text(factor="3"))
     doit(project)
     assert statuses(project, "built") == set(TWO)
-
-
-@pytest.mark.parametrize("edited", ["kernel source", "spec"])
-def test_an_in_place_edit_keeping_size_and_mtime_is_noticed(cold_project, edited):
-    """The saved catalog and the source caches go by file identity: only the ctime tells this edit apart (in the
-    project where it was built: in a copy every file's identity differs anyway)."""
-    project = cold_project
-    path, old, new = ((project / "tk" / "scale.py", "* 2)", "* 3)") if edited == "kernel source" else
-                      (project / "specs" / "scale.toml", "[128, 256]", "[128, 512]"))
-    st = path.stat()
-    time.sleep(0.01)
-    with open(path, "r+") as f:
-        text = f.read()
-        assert old in text and len(old) == len(new)
-        f.seek(0)
-        f.write(text.replace(old, new))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-    doit(project)
-    assert statuses(project, "built") == (set(TWO) if edited == "kernel source" else {"scale:fp16-b512-w4@sm_90a"})
 
 
 def test_restored_out_on_another_checkout_rebuilds_nothing(project, tmp_path):
@@ -180,7 +183,9 @@ def test_bad_spec_is_one_clear_line_for_every_command_and_fails_the_build(tmp_pa
 ASSERTING = (REPO / "kernels" / "static_assert.py").read_text()
 
 
-def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgotten(tmp_path):
+def test_a_deterministic_compile_failure_is_replayed_saying_how_to_retry_it_until_forgotten(tmp_path):
+    """Reported again from its record, not compiled (no compile server imports the kernel), in a line that says how
+    to compile it again (`doit forget`) and offers no retry, which would only replay it; forgotten, it compiles."""
     root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))}, kernels={"scale": ASSERTING})
     imports = tmp_path / "imports.txt"
     env = {"COUNT_IMPORTS_IN": str(imports)}
@@ -195,8 +200,12 @@ def test_a_deterministic_compile_failure_is_reported_from_its_record_until_forgo
     assert again.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "up-to-date") == {good}
     assert imports.read_text() == compiled   # no compile server imported the kernel: nothing was compiled
     assert f"kforge: {bad} failed with: " in again.stdout and "BLOCK too large for this kernel" in again.stdout
+    assert (f"  replayed, not compiled: it failed so before from the same key and inputs; `doit forget {bad}` "
+            "compiles it again") in again.stdout.splitlines()
+    assert "retry" not in again.stdout
     record = next(t for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if t["name"] == bad)
     assert "not compiled again: it failed so from this key and these inputs" in record["error"]
+    assert "retry alone" not in record["error"]
     assert "reported again without compiling" in doit(root, "info", bad, env=env).stdout
 
     doit(root, "forget", bad, env=env)
@@ -228,17 +237,6 @@ def test_a_tool_killed_by_a_signal_is_no_failure_of_the_kernel_and_is_not_replay
     flag.unlink()
     again = doit(root, env=env)
     assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"} and "not compiled again" not in again.stdout
-
-
-def test_a_replayed_failure_says_how_to_retry_it_and_offers_no_retry_that_would_replay_it(tmp_path):
-    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(512,))}, kernels={"scale": ASSERTING})
-    doit(root, check=False)
-    again = doit(root, check=False)
-    assert ("  replayed, not compiled: it failed so before from the same key and inputs; `doit forget "
-            "scale:fp16-b512-w4@sm_90a` compiles it again") in again.stdout.splitlines()
-    assert "retry" not in again.stdout
-    record = json.loads((root / "out" / "build-report.json").read_text())["tasks"][0]
-    assert "not compiled again" in record["error"] and "retry alone" not in record["error"]
 
 
 CRASHING = {
