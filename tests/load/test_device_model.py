@@ -371,8 +371,7 @@ def test_a_library_that_asserts_a_gpu_and_makes_tensors_on_it_at_import_builds_o
     """devlib_scale builds with each arch's own autotune configs and heuristics, devlib_hooked after its set-up
     hook ran with the arch, and devlib_tables, whose module makes a lookup table per GPU and a scratch buffer at
     import: under the model they are tensors that answer as the GPU's (device, dtype, shape) and hold no memory.
-    All three in one build: tables shares scale's processes per arch (no set-up hook), where a build of its own
-    imported torch again."""
+    The three in one build: a build of each started the compile servers and imported torch and the library again."""
     site, env = devlib
     root = make_project(tmp_path / "p", specs={"devlib_scale": device_library.scale_spec(),
                                                "devlib_hooked": device_library.HOOKED,

@@ -175,8 +175,8 @@ def test_a_library_using_flydsl_whenever_importable_builds_for_both_vendors_and_
     it sees no FlyDSL, so its guarded kernels and its autotuned one built by calls (read by the probe) build for
     sm_90a and gfx942, with GPU tables and a torch operator made at import.
 
-    In the same build (the library's processes per arch are shared: a build of their own imported torch and the
-    library again), two families whose module fails on a pin: one needing a Triton name kforge's triton lacks, one
+    In the same build (a build of their own started the compile servers and imported torch and the library
+    again), two families whose module fails on a pin: one needing a Triton name kforge's triton lacks, one
     that cannot import without FlyDSL. Each target's error is one line naming the library's line, the pin and the
     fix."""
     one_config = lambda text: text.replace('dtype = ["fp32", "fp16"]', 'dtype = ["fp32"]').replace(
