@@ -2,6 +2,7 @@
 --kforge-strict fails listing every specialization they lack (the CI guard)."""
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,29 @@ def source_key(path, name: str) -> str:
     return getattr(module, name).cache_key
 
 
-def test_the_strict_guard_fails_the_run_listing_every_missing_specialization(suite):
+STUBS, TESTS = SUITE.replace("import copy", "import copy_app as copy").split("def x():")
+TESTS = "import torch\nfrom app_kernels import copy_app as copy\n\n\ndef x():" + TESTS
+LAUNCH = ("\ncopy[(8,)](torch.zeros(1000, dtype=torch.float16), torch.zeros(1000, dtype=torch.float16), 1000, "
+          "BLOCK=1024)\n")
+
+
+def launching_conftest(pytester, conftest: str | None = None) -> None:
+    """The suite with its stubs in its conftest.py, which launches copy_app with BLOCK 1024 at import (the text of
+    `conftest` if given). pytest imports the suite's conftest files before any plugin's pytest_configure: a library a
+    conftest imports may compile and launch kernels then, and those were neither recorded nor served (a strict run
+    named none)."""
+    pytester.makeconftest(STUBS + LAUNCH if conftest is None else conftest)
+    pytester.makepyfile(test_app=TESTS)
+
+
+def test_the_strict_guard_fails_the_run_listing_every_missing_specialization_a_conftests_launch_included(suite):
+    """Every miss: the tests' and what the suite's conftest launched at import (launching_conftest)."""
     pytester, bundle = suite
+    launching_conftest(pytester)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*",
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 3 compiled, 3 missing from the bundles*",
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 1024*',
                                  'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 256*',
                                  'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 512*"num_warps": 8*',
                                  "record them (pytest --kforge-record*"])
@@ -111,25 +130,13 @@ def test_a_suite_the_bundles_cover_passes_the_guard(suite, tmp_path):
     result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 0 compiled, 0 missing from the bundles*"])
 
 
-@pytest.mark.parametrize("workers, compiled", [((), 1), (("-n", "2"), 2)])   # each xdist worker imports it
-def test_what_a_conftest_launches_at_import_is_recorded_and_served_too(suite, tmp_path, workers, compiled):
-    """pytest imports the suite's conftest files before any plugin's pytest_configure: a library a conftest imports
-    may compile and launch kernels then, and those were neither recorded nor served (a strict run named none).
-    Recording a suite writes what its tests compile too: the recording run is the whole suite's."""
-    pytester, bundle = suite
-    stubs, tests = SUITE.replace("import copy", "import copy_app as copy").split("def x():")
-    pytester.makeconftest(stubs + "\ncopy[(8,)](torch.zeros(1000, dtype=torch.float16), "
-                                  "torch.zeros(1000, dtype=torch.float16), 1000, BLOCK=1024)\n")
-    pytester.makepyfile(test_app="import torch\nfrom app_kernels import copy_app as copy\n\n\ndef x():" + tests)
-    strict = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-bundles", bundle, "--kforge-strict",
-                                           "-k", "held", *workers)
-    assert strict.ret == pytest.ExitCode.TESTS_FAILED
-    strict.stdout.fnmatch_lines([f"*kforge: 1 specializations served, {compiled} compiled, 1 missing from the "
-                                 f"bundles*", 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 1024*'])
-    if workers:
-        return
+def test_recording_a_suite_writes_what_its_tests_compile_and_what_its_conftest_launches(suite, tmp_path):
+    """What the tests compile and what the suite's conftest launched at import (launching_conftest)."""
+    pytester, _ = suite
+    launching_conftest(pytester)
     out = tmp_path / "tests.jsonl"
-    assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out)).ret == 0
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out))
+    assert result.ret == pytest.ExitCode.OK
     assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256, 512, 1024]
 
 
@@ -141,12 +148,18 @@ def test_strict_without_bundles_is_a_usage_error(pytester):
 
 def test_under_xdist_the_strict_guard_still_fails_the_run_with_every_workers_misses_and_the_controller_serves_nothing(
         suite, tmp_path):
+    """Each worker imports the suite's conftest, which launches BLOCK 1024 there (launching_conftest): compiled in
+    each, one miss in the verdict. The controller imports it too, where the launch would import torch and Triton
+    itself: it launches only in a process this test did not start (the workers)."""
     # the controller runs no test: serving or recording there imported torch and Triton before the first worker
     # started (seconds of a GPU host's wall time for nothing); its verdict covers every worker's misses
     pytester, bundle = suite
     seen = tmp_path / "controller.json"
-    pytester.makeconftest(f'''
-import json, sys
+    launching_conftest(pytester, f'''
+import json, os, sys
+if os.getppid() != {os.getpid()}:
+{textwrap.indent(STUBS + LAUNCH, "    ")}
+
 def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput"):
         open({str(seen)!r}, "w").write(json.dumps(sorted(m for m in ("torch", "triton") if m in sys.modules)))
@@ -154,7 +167,8 @@ def pytest_sessionfinish(session):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--kforge-bundles", bundle,
                                            "--kforge-strict", "--kforge-record", str(tmp_path / "r.jsonl"))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 2 compiled, 2 missing from the bundles*"])
+    result.stdout.fnmatch_lines(["*kforge: 1 specializations served, 4 compiled, 3 missing from the bundles*",
+                                 'missing: app_kernels:copy_app (sm_90a) *"BLOCK": 1024*'])
     assert json.loads(seen.read_text()) == []
 
 
