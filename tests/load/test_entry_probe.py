@@ -34,41 +34,79 @@ def load(root):
     return {t.name: t for t in Catalog(root, None, 50_000).load().targets}
 
 
-def test_a_config_the_librarys_pruner_drops_is_no_target_and_one_it_rewrites_is_built_as_rewritten(site, tmp_path):
-    root = make_project(tmp_path / "p", kernels={}, specs={
-        "tune_gemm": tune_library.spec(),
-        "tune_gemm_mi300": tune_library.spec("tune_gemm_mi300", "gfx942", tune_library.MI300X_SHARED)})
-    targets = load(root)
+TUNED = {   # the library's entry as each test below declares it: spec file -> its text (the family's name: the file's)
+    "tune_gemm": tune_library.spec(),
+    "tune_gemm_mi300": tune_library.spec("tune_gemm_mi300", "gfx942", tune_library.MI300X_SHARED),
+    "tune_gemm_excluded": tune_library.spec("tune_gemm_excluded") + '\n[[exclude]]\nnum_stages = 1\n',
+    "tune_gemm_no_k": tune_library.spec("tune_gemm_no_k").replace("K = [64, 256]", "").replace("-K{K}", ""),
+    "tune_gemm_swept": (tune_library.spec("tune_gemm_swept").replace("NUM_SMS = 132", "NUM_SMS = [114, 132]")
+                        .replace('-K{K}"', '-K{K}-sm{NUM_SMS}"')),
+    "tune_gemm_per_arch": (tune_library.spec("tune_gemm_per_arch")
+                           .replace('archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]')
+                           .replace("[env]", "[arch.gfx942]\nNUM_SMS = 304\n\n[env]")),
+    # with the device model off (imported as this CPU-only machine is)
+    "tune_gemm_unpinned": tune_library.spec("tune_gemm_unpinned").replace("[override]\nNUM_SMS = 132\n", "").replace(
+        "[kernel]\n", "[kernel]\ndevice_model = false\n", 1),
+}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> dict:
+    """Every TUNED spec, one family each, loaded in one catalog (keep_going: a family that does not load is one
+    broken entry, as in a build): the probe children import the library once per arch and environment, not once
+    per test. {"targets": {family: {target: {arch, options, constexprs, notes}}}, "broken": {spec file: error},
+    "imported_here": whether the loading process imported the library}. Once for the run (computed_once)."""
+    return computed_once(tmp_path_factory, "entry-probe-tuned", _tuned)
+
+
+def _tuned(folder: Path) -> dict:
+    site = tune_library.install(folder / "site")
+    root = make_project(folder / "p", kernels={}, specs=TUNED)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))
+        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    targets: dict[str, dict] = {}
+    for t in catalog.targets:
+        targets.setdefault(t.kernel, {})[t.name] = {"arch": t.arch, "options": dict(t.options),
+                                                     "constexprs": dict(t.constexprs), "notes": dict(t.notes)}
+    return {"targets": targets, "broken": {b.path: b.error for b in catalog.broken},
+            "imported_here": tune_library.PACKAGE in sys.modules}
+
+
+def renamed(names, family: str) -> set[str]:
+    return {n.replace("tune_gemm:", f"{family}:") for n in names}
+
+
+def test_a_config_the_librarys_pruner_drops_is_no_target_and_one_it_rewrites_is_built_as_rewritten(tuned):
+    targets = {**tuned["targets"]["tune_gemm"], **tuned["targets"]["tune_gemm_mi300"]}
     assert {n for n in targets if n.startswith("tune_gemm:")} == SM90_TARGETS
     assert {n for n in targets if n.startswith("tune_gemm_mi300:")} == {   # 64 KiB of LDS drops more
         "tune_gemm_mi300:m64n64k32-w4s2-K64@gfx942", "tune_gemm_mi300:m128n128k64-w4s1-K64@gfx942",
         "tune_gemm_mi300:m64n64k32-w4s3-K256@gfx942"}
     rewritten = targets["tune_gemm:m64n64k32-w4s2-K64@sm_90a"]
-    assert dict(rewritten.options) == {"num_warps": 4, "num_stages": 2}
-    assert dict(rewritten.constexprs) == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "NUM_SMS": 132, "EVEN_K": True}
-    assert dict(targets["tune_gemm:m256n256k128-w8s1-K64@sm_90a"].constexprs)["EVEN_K"] is False   # 64 % 128
-    notes = dict(rewritten.notes)
+    assert rewritten["options"] == {"num_warps": 4, "num_stages": 2}
+    assert rewritten["constexprs"] == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "NUM_SMS": 132, "EVEN_K": True}
+    assert targets["tune_gemm:m256n256k128-w8s1-K64@sm_90a"]["constexprs"]["EVEN_K"] is False   # 64 % 128
+    notes = rewritten["notes"]
     assert notes["prune"] == "kforge_tunelib.ops.gemm.prune"
     assert (notes["perf_model"], notes["top_k"]) == ("kforge_tunelib.ops.gemm.estimate", "2")
     assert notes["autotuner"] == "kforge_tunelib.ops.gemm.LibTuner(max_warps)"
     assert notes["unspecialized"] == "M (do_not_specialize)"
-    assert tune_library.PACKAGE not in sys.modules   # asked of a child process, never imported here
+    assert not tuned["imported_here"]   # asked of a child process, never imported in the catalog's
 
 
-def test_the_spec_excludes_apply_to_what_the_pruner_keeps(site, tmp_path):
-    spec = tune_library.spec() + '\n[[exclude]]\nnum_stages = 1\n'
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
-    assert set(load(root)) == SM90_TARGETS - {"tune_gemm:m128n128k64-w4s1-K64@sm_90a",
-                                              "tune_gemm:m256n256k128-w8s1-K64@sm_90a"}
+def test_the_spec_excludes_apply_to_what_the_pruner_keeps(tuned):
+    assert set(tuned["targets"]["tune_gemm_excluded"]) == renamed(
+        SM90_TARGETS - {"tune_gemm:m128n128k64-w4s1-K64@sm_90a", "tune_gemm:m256n256k128-w8s1-K64@sm_90a"},
+        "tune_gemm_excluded")
 
 
-def test_a_pruner_reading_a_shape_the_spec_does_not_give_is_refused_naming_it(site, tmp_path):
-    spec = tune_library.spec().replace("K = [64, 256]", "").replace("-K{K}", "")
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
-    with pytest.raises(SpecError, match=r"^specs/tune_gemm.toml: the autotuner of kforge_tunelib.ops.gemm.gemm_kernel "
-                                        r"prunes its configs by 'K', which the spec does not give \(in kforge_tunelib/"
-                                        r"ops/gemm.py:\d+\); add it to \[constants\] or \[sweep\]"):
-        load(root)
+def test_a_pruner_reading_a_shape_the_spec_does_not_give_is_refused_naming_it(tuned):
+    assert "tune_gemm_no_k" not in tuned["targets"]
+    error = tuned["broken"]["specs/tune_gemm_no_k.toml"]
+    assert re.match(r"^specs/tune_gemm_no_k.toml: the autotuner of kforge_tunelib.ops.gemm.gemm_kernel prunes its "
+                    r"configs by 'K', which the spec does not give \(in kforge_tunelib/ops/gemm.py:\d+\); add it to "
+                    r"\[constants\] or \[sweep\]", error), error
 
 
 def test_a_heuristic_the_spec_overrides_is_never_run_and_its_value_is_in_the_key(site, tmp_path):
@@ -82,32 +120,26 @@ def test_a_heuristic_the_spec_overrides_is_never_run_and_its_value_is_in_the_key
     assert set(after) == set(before) and all(after[n].key != before[n].key for n in before)
 
 
-def test_an_override_list_sweeps_the_value_one_config_each(site, tmp_path):
-    spec = (tune_library.spec().replace("NUM_SMS = 132", "NUM_SMS = [114, 132]")
-            .replace('-K{K}"', '-K{K}-sm{NUM_SMS}"'))
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
-    targets = load(root)
-    assert set(targets) == {n.replace("@", f"-sm{s}@") for n in SM90_TARGETS for s in (114, 132)}
-    assert dict(targets["tune_gemm:m64n64k32-w4s3-K256-sm114@sm_90a"].constexprs)["NUM_SMS"] == 114
+def test_an_override_list_sweeps_the_value_one_config_each(tuned):
+    targets = tuned["targets"]["tune_gemm_swept"]
+    assert set(targets) == {n.replace("@", f"-sm{s}@") for n in renamed(SM90_TARGETS, "tune_gemm_swept")
+                            for s in (114, 132)}
+    assert targets["tune_gemm_swept:m64n64k32-w4s3-K256-sm114@sm_90a"]["constexprs"]["NUM_SMS"] == 114
 
 
-def test_an_override_may_differ_per_arch(site, tmp_path):
-    spec = (tune_library.spec().replace('archs = ["sm_90a"]', 'archs = ["sm_90a", "gfx942"]')
-            .replace("[env]", "[arch.gfx942]\nNUM_SMS = 304\n\n[env]"))
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
-    sms = {t.arch: dict(t.constexprs)["NUM_SMS"] for t in load(root).values()}
+def test_an_override_may_differ_per_arch(tuned):
+    sms = {t["arch"]: t["constexprs"]["NUM_SMS"] for t in tuned["targets"]["tune_gemm_per_arch"].values()}
     assert sms == {"sm_90a": 132, "gfx942": 304}
 
 
-def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(site, tmp_path):
+def test_a_heuristic_nobody_pins_that_needs_a_gpu_names_the_line_of_the_library(tuned):
     """With the device model off (imported as this CPU-only machine is), the heuristic's torch.cuda call fails."""
-    spec = tune_library.spec().replace("[override]\nNUM_SMS = 132\n", "").replace("[kernel]\n", "[kernel]\ndevice_model = false\n", 1)
-    root = make_project(tmp_path / "p", kernels={}, specs={"tune_gemm": spec})
-    with pytest.raises(SpecError, match=r"specs/tune_gemm.toml: heuristic NUM_SMS of kforge_tunelib.ops.gemm."
-                                        r"gemm_kernel failed on .*: AssertionError: Torch not compiled with CUDA "
-                                        r"enabled \(in kforge_tunelib/ops/gemm.py:\d+\); if it needs what the build "
-                                        r"machine lacks \(a GPU\), pin its value: \[override\] NUM_SMS = ...$"):
-        load(root)
+    assert "tune_gemm_unpinned" not in tuned["targets"]
+    error = tuned["broken"]["specs/tune_gemm_unpinned.toml"]
+    assert re.match(r"specs/tune_gemm_unpinned.toml: heuristic NUM_SMS of kforge_tunelib.ops.gemm.gemm_kernel "
+                    r"failed on .*: AssertionError: Torch not compiled with CUDA enabled \(in "
+                    r"kforge_tunelib/ops/gemm.py:\d+\); if it needs what the build machine lacks \(a GPU\), pin its "
+                    r"value: \[override\] NUM_SMS = ...$", error), error
 
 
 WRONG = {   # a spec's edit -> what loading it says (after specs/<file>.toml: )
