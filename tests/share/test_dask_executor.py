@@ -55,25 +55,6 @@ def test_a_cluster_build_is_byte_identical_to_a_local_one(cluster, tmp_path):
     assert artifacts(remote) == artifacts(local) and artifacts(local)
 
 
-def test_meta_json_is_the_same_when_the_projects_dodo_imports_the_kernels_package(tmp_path):
-    # doit's master had run tk/__init__.py (dodo.py imports it) before it forked the hub: the local compile servers
-    # inherited it and recorded no read of it, where a Dask worker's import read it (meta.json and its seal differed).
-    # A cluster of its own: a worker keeps its compile servers across builds, and the module's cluster has imported
-    # the other tests' tk/__init__.py
-    import distributed
-    local, remote = project(tmp_path, "local"), project(tmp_path, "remote")
-    for root in (local, remote):
-        (root / "tk" / "__init__.py").write_text("FACTOR = 2\n")
-        (root / "dodo.py").write_text((root / "dodo.py").read_text() + "\nimport tk  # noqa: E402,F401\n")
-    doit(local, "-n", "1")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as c:
-        doit(remote, "-n", "2", "-P", "thread", f"executor={c.scheduler_address.replace('tcp://', 'dask://')}")
-    assert set(r["status"] for r in records(remote).values()) == {"built"}
-    meta = remote / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json"
-    assert "tk/__init__.py" in dict(json.loads(meta.read_text())["inputs"])   # what the compile's import ran
-    assert artifacts(remote) == artifacts(local) and len(artifacts(local)) == 8
-
-
 def own_cluster():
     """A cluster of one worker, the test's own: a worker keeps its compile servers across builds, and the module's
     cluster has compiled the other tests' tk package."""
@@ -86,28 +67,38 @@ def on(cluster, root):
     assert set(build_report(root).values()) == {"built"}
 
 
-def test_a_rebuild_on_the_cluster_after_an_edit_compiles_the_edit(tmp_path):
-    # the worker's servers had imported tk.scale in the first build, and compiled the second with it: the old
-    # binary, under a meta.json naming the edited file's digest
-    edited, fresh = project(tmp_path, "edited"), project(tmp_path, "fresh", factor="3")
-    doit(fresh, "-n", "1")
+def test_one_worker_compiles_each_build_from_its_own_sources(tmp_path):
+    """Builds one after another on one worker (it keeps its compile servers across builds), each compared with a
+    local build of the same sources; one cluster for the three, started once:
+    - a project whose dodo.py imports its kernels' package (first, on a worker that has imported no tk): doit's
+      master had run tk/__init__.py before it forked the hub, the local compile servers inherited it and recorded
+      no read of it, where a Dask worker's import read it (meta.json and its seal differed);
+    - a rebuild after an edit compiles the edit: the worker's servers had imported tk.scale in the first build,
+      and compiled the second with it (the old binary, under a meta.json naming the edited file's digest);
+    - a second project with the first's package name compiles its own: its targets were compiled in the servers
+      that had imported the first's tk package."""
+    dodo_local, dodo_remote = project(tmp_path, "dodo-local"), project(tmp_path, "dodo-remote")
+    for root in (dodo_local, dodo_remote):
+        (root / "tk" / "__init__.py").write_text("FACTOR = 2\n")
+        (root / "dodo.py").write_text((root / "dodo.py").read_text() + "\nimport tk  # noqa: E402,F401\n")
+    edited, first, second = project(tmp_path, "edited"), project(tmp_path, "first"), \
+        project(tmp_path, "second", factor="3")
+    (first / "tk" / "__init__.py").write_text("FIRST = 1\n")
+    fresh = project(tmp_path, "fresh", factor="3")   # what edited becomes, and second is
+    for root in (dodo_local, fresh):
+        doit(root, "-n", "1")
     with own_cluster() as c:
+        on(c, dodo_remote)
         on(c, edited)
         before = artifacts(edited)
         (edited / "tk" / "scale.py").write_text(kernel_text(factor="3"))
         on(c, edited)
-    assert artifacts(edited) == artifacts(fresh) != before and len(before) == 8
-
-
-def test_two_projects_with_one_package_name_on_one_cluster_each_compile_their_own(tmp_path):
-    # the second project's targets were compiled in the servers that had imported the first's tk package
-    first, second, fresh = project(tmp_path, "first"), project(tmp_path, "second", factor="3"), \
-        project(tmp_path, "fresh", factor="3")
-    (first / "tk" / "__init__.py").write_text("FIRST = 1\n")
-    doit(fresh, "-n", "1")
-    with own_cluster() as c:
-        on(c, first)
+        on(c, first)   # a package named tk other than second's, imported last before it
         on(c, second)
+    meta = dodo_remote / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "meta.json"
+    assert "tk/__init__.py" in dict(json.loads(meta.read_text())["inputs"])   # what the compile's import ran
+    assert artifacts(dodo_remote) == artifacts(dodo_local) and len(artifacts(dodo_local)) == 8
+    assert artifacts(edited) == artifacts(fresh) != before and len(before) == 8
     assert artifacts(second) == artifacts(fresh) and len(artifacts(fresh)) == 8
 
 
