@@ -582,7 +582,7 @@ def binaries(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in (root / "out").rglob("*.cubin")}
 
 
-def test_an_edit_that_cannot_change_a_kernels_code_compiles_nothing_and_one_through_what_its_import_read_is_never_cut_off(
+def test_an_edit_that_cannot_change_a_kernels_code_compiles_nothing_one_through_what_its_import_read_is_never_cut_off(
         tmp_path):
     """First a comment at the end of one.py: one's targets' key changed (their source's digest is in it),
     nothing else in it did, and Triton's digest of one_kernel is the same; two's targets only read it. Every
