@@ -110,20 +110,35 @@ def test_prune_and_clean_never_follow_a_symlink_out_of_out(project, tmp_path):
     assert (outside / "keep.txt").exists()
 
 
-def test_forget_with_another_backend_is_one_clear_error_and_forgets_nothing(project):
+def test_forget_refuses_another_backend_in_one_line_and_leaves_nothing_that_clean_or_prune_take_for_a_users_folder(
+        project):
+    """`doit forget --backend sqlite3` is one clear error and forgets nothing. forget deleted meta.json and error.txt
+    and kept the binary: the folder then held kforge's file alone, and clean refused it as 'kforge did not write it'
+    (prune, once its config was dropped, kept and named it)."""
     bad = doit(project, "forget", "--backend", "sqlite3", "scale:fp16-b64-w4@sm_90a", check=False)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "doit forget needs the backend 'kforge-sqlite' (dodo.py's DOIT_CONFIG), not SqliteDB" in bad.stderr
     assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
     doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
-    assert not (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    assert not (project / "out/sm_90a/scale/fp16-b64-w4").exists()
     assert (project / "out/sm_90a/scale/fp16-b128-w4/meta.json").exists()
+    out = doit(project, "clean", "scale").stdout
+    assert out.strip() == "kforge: removed 2 artifacts from out/", out
+    doit(project)
+    doit(project, "forget", "scale")
+    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
+    assert doit(project, "prune").stdout.strip() == "kforge: nothing to prune: every artifact in out/ belongs to a target"
+    assert not (project / "out/sm_90a").exists()
 
 
-def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_nothing(project, tmp_path):
+def test_kforges_commands_from_another_folder_or_with_an_empty_argument_refuse_in_one_line_and_change_nothing(
+        project, tmp_path):
     """doit reads plugin commands from the pyproject.toml where it starts: `doit -f PROJ/dodo.py forget T` from
     another folder was doit's own forget (nothing rebuilt after it) and clean did nothing; prune and cache were
-    task names doit did not know, three lines naming no fix."""
+    task names doit did not know, three lines naming no fix. doit reads `name=value` settings off the command line
+    before any command runs, indexing each argument's first character: `doit info ''` (a script's unset variable)
+    was an IndexError traceback from doit's parser. Neither changes anything: one build after all of them finds
+    every target up to date."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = "scale:fp16-b64-w4@sm_90a"
@@ -134,7 +149,13 @@ def test_kforges_commands_run_from_another_folder_refuse_in_one_line_and_change_
                                        f"kforge's commands from [tool.doit.plugins.command] in the pyproject.toml of "
                                        f"the folder it starts in; start it in {project.resolve()}, or name them in "
                                        f"that pyproject.toml as README shows"), proc.stderr
-    assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
+    for args in (["info", ""], ["forget", ""], ["clean", ""], ["list", ""], ["prune", ""], ["cache", ""], [""],
+                 ["info", "scale", ""], ["clean", " "], ["forget", "\t"], ["-n", "2", ""]):
+        proc = doit(project, *args, check=False)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("kforge: `doit "), (args, proc.stderr)
+        assert "is empty: it names no task, target or setting" in proc.stderr, proc.stderr
+    assert all((project / f"out/sm_90a/scale/fp16-b{b}-w4/meta.json").exists() for b in BLOCKS)
     assert "up to date 3" in doit(project).stdout
 
 
@@ -146,33 +167,6 @@ def test_a_pyproject_naming_the_commands_old_module_gets_one_line_with_the_fix(p
     assert proc.stderr.startswith("kforge: pyproject.toml's [tool.doit.plugins.command] names kforge.doit_commands, "
                                   "which is now kforge.edge.commands")
     assert (project / "out/sm_90a/scale/fp16-b64-w4/meta.json").exists()
-
-
-def test_an_empty_or_blank_argument_to_any_command_is_one_line_with_the_fix_and_changes_nothing(project):
-    """doit reads `name=value` settings off the command line before any command runs, indexing each argument's
-    first character: `doit info ''` (a script's unset variable) was an IndexError traceback from doit's parser."""
-    for args in (["info", ""], ["forget", ""], ["clean", ""], ["list", ""], ["prune", ""], ["cache", ""], [""],
-                 ["info", "scale", ""], ["clean", " "], ["forget", "\t"], ["-n", "2", ""]):
-        proc = doit(project, *args, check=False)
-        assert proc.returncode == 3 and "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
-        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("kforge: `doit "), (args, proc.stderr)
-        assert "is empty: it names no task, target or setting" in proc.stderr, proc.stderr
-    assert all((project / f"out/sm_90a/scale/fp16-b{b}-w4/meta.json").exists() for b in BLOCKS)
-    assert "up to date 3" in doit(project).stdout
-
-
-def test_a_forgotten_target_leaves_nothing_that_clean_or_prune_take_for_a_users_folder(project):
-    """forget deleted meta.json and error.txt and kept the binary: the folder then held kforge's file alone, and
-    clean refused it as 'kforge did not write it' (prune, once its config was dropped, kept and named it)."""
-    doit(project, "forget", "scale:fp16-b64-w4@sm_90a")
-    assert not (project / "out/sm_90a/scale/fp16-b64-w4").exists()
-    out = doit(project, "clean", "scale").stdout
-    assert out.strip() == "kforge: removed 2 artifacts from out/", out
-    doit(project)
-    doit(project, "forget", "scale")
-    (project / "specs" / "scale.toml").write_text(spec_text(blocks=(128,)))
-    assert doit(project, "prune").stdout.strip() == "kforge: nothing to prune: every artifact in out/ belongs to a target"
-    assert not (project / "out/sm_90a").exists()
 
 
 @pytest.mark.parametrize("command", ["prune", "cache"])
