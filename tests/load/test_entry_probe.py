@@ -585,70 +585,88 @@ def test_a_heuristic_over_the_autotuner_setting_a_tuned_value_is_refused_as_trit
         load(root)
 
 
-def test_an_entry_the_library_defines_only_on_other_archs_names_the_arch_it_was_imported_as(tmp_path, monkeypatch):
+def indented_under(head: str) -> str:
+    """FLAKY with its kernel under `head` (a line ending in a colon), indented one step (two spaces)."""
+    return FLAKY.replace("@triton.autotune", head + "\n  @triton.autotune").replace(
+        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
+        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store")
+
+
+ELSEWHERE = {   # modules whose copy_kernel no import holds as the spec names it: module -> its source
+    # torchao defines to_mxfp8_dim0_kernel only under sm_100+ (or gfx950)
+    "newer": indented_under("from triton.runtime import driver\n\n"
+                            "if driver.active.get_current_target().arch >= 100:"),
+    # torchao's blockwise_fp8_gemm_kernel is a def inside _build_triton_impls()
+    "made": indented_under("def _build():") + "  return copy_kernel\n",
+    "held": indented_under("class Ops:"),
+    "tuned": FLAKY,   # the two autotune configs under one id
+}
+
+
+@pytest.fixture(scope="module")
+def elsewhere_loaded(tmp_path_factory) -> dict:
+    """The families of ELSEWHERE's modules loaded in one catalog (keep_going): {"targets": {family: [arch, ...]},
+    "broken": {family: error}}. Once for the run (computed_once)."""
+    return computed_once(tmp_path_factory, "entry-probe-elsewhere", _elsewhere_loaded)
+
+
+def _elsewhere_loaded(folder: Path) -> dict:
+    (folder / "site").mkdir()
+    for module, text in ELSEWHERE.items():
+        (folder / "site" / f"{module}.py").write_text(text)
+    specs = {"newer": probed_spec("newer", "newer", '["sm_100a"]'),
+             "older": probed_spec("older", "newer", '["sm_90a"]'),   # the same module, imported as sm_90a
+             "made": probed_spec("made", "made", '["sm_90a"]'), "held": probed_spec("held", "held", '["sm_90a"]'),
+             "tuned": probed_spec("tuned", "tuned", '["sm_90a"]').replace('toolchain = "triton"\n',
+                                                                          'toolchain = "triton"\nid = "{dtype}"\n')}
+    root = make_project(folder / "p", kernels={}, specs=specs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(folder / "site"))
+        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    targets: dict[str, list] = {}
+    for t in catalog.targets:
+        targets.setdefault(t.kernel, []).append(t.arch)
+    return {"targets": targets, "broken": {b.name: b.error for b in catalog.broken}}
+
+
+def test_an_entry_the_library_defines_only_on_other_archs_names_the_arch_it_was_imported_as(elsewhere_loaded):
     """torchao defines to_mxfp8_dim0_kernel only under sm_100+ (or gfx950): on sm_90a's model the module has no such
     attribute. The message names the arch the module was imported as, and the two fixes."""
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "newer.py").write_text(FLAKY.replace(
-        "@triton.autotune", "from triton.runtime import driver\n\n"
-        "if driver.active.get_current_target().arch >= 100:\n  @triton.autotune").replace(
-        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
-        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store"))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    root = make_project(tmp_path / "p", kernels={}, specs={
-        "newer": probed_spec("newer", "newer", '["sm_100a"]'), "older": probed_spec("older", "newer", '["sm_90a"]')})
-    catalog = Catalog(root, None, 50_000).load(keep_going=True)
-    assert sorted(t.arch for t in catalog.targets) == ["sm_100a", "sm_100a"]
-    [broken] = catalog.broken
-    assert broken.name == "older" and "\n" not in broken.error, broken.error
-    assert "AttributeError: module 'newer' has no attribute 'copy_kernel' when imported as sm_90a (" in broken.error
-    assert "drop sm_90a from the spec's archs, or give sm_90a a spec of its own" in broken.error, broken.error
+    assert sorted(elsewhere_loaded["targets"]["newer"]) == ["sm_100a", "sm_100a"]
+    assert "newer" not in elsewhere_loaded["broken"] and "older" not in elsewhere_loaded["targets"]
+    error = elsewhere_loaded["broken"]["older"]
+    assert "\n" not in error, error
+    assert "AttributeError: module 'newer' has no attribute 'copy_kernel' when imported as sm_90a (" in error
+    assert "drop sm_90a from the spec's archs, or give sm_90a a spec of its own" in error, error
 
 
-def test_an_entry_defined_inside_a_function_says_so_not_that_an_arch_lacks_it(tmp_path, monkeypatch):
+def test_an_entry_defined_inside_a_function_says_so_not_that_an_arch_lacks_it(elsewhere_loaded):
     """torchao's blockwise_fp8_gemm_kernel is a def inside _build_triton_impls(): no import holds it, on any arch,
     and the message told the user to drop the arch (an outside review with torchao 0.18.0)."""
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "made.py").write_text(FLAKY.replace(
-        "@triton.autotune", "def _build():\n  @triton.autotune").replace(
-        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
-        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store") + "  return copy_kernel\n")
-    line = (tmp_path / "site" / "made.py").read_text().splitlines().index("  def copy_kernel(x_ptr, y_ptr, n, "
-                                                                          "BLOCK: tl.constexpr):") + 1
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    root = make_project(tmp_path / "p", kernels={}, specs={"made": probed_spec("made", "made", '["sm_90a"]')})
-    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
-    assert "\n" not in broken.error and "when imported as" not in broken.error, broken.error
+    line = ELSEWHERE["made"].splitlines().index("  def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):") + 1
+    assert "made" not in elsewhere_loaded["targets"]
+    error = elsewhere_loaded["broken"]["made"]
+    assert "\n" not in error and "when imported as" not in error, error
     assert ("AttributeError: module 'made' has no attribute 'copy_kernel': its source defines copy_kernel inside "
             f"`_build()` (line {line}), so only a call makes it, not the import; kforge builds the kernels a module holds "
-            "once imported") in broken.error, broken.error
+            "once imported") in error, error
 
 
-def test_an_entry_defined_in_a_class_is_told_its_dotted_name(tmp_path, monkeypatch):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "held.py").write_text(FLAKY.replace(
-        "@triton.autotune", "class Ops:\n  @triton.autotune").replace(
-        "\n@triton.jit\ndef copy_kernel", "\n  @triton.jit\n  def copy_kernel").replace(
-        "\n    offs", "\n      offs").replace("\n    tl.store", "\n      tl.store"))
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    root = make_project(tmp_path / "p", kernels={}, specs={"held": probed_spec("held", "held", '["sm_90a"]')})
-    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
-    assert "its source defines copy_kernel in class Ops (line " in broken.error and \
-        broken.error.endswith("; name the entry Ops.copy_kernel"), broken.error
+def test_an_entry_defined_in_a_class_is_told_its_dotted_name(elsewhere_loaded):
+    assert "held" not in elsewhere_loaded["targets"]
+    error = elsewhere_loaded["broken"]["held"]
+    assert "its source defines copy_kernel in class Ops (line " in error and \
+        error.endswith("; name the entry Ops.copy_kernel"), error
 
 
-def test_autotune_configs_that_share_an_id_are_said_to_come_from_the_autotuner(tmp_path, monkeypatch):
+def test_autotune_configs_that_share_an_id_are_said_to_come_from_the_autotuner(elsewhere_loaded):
     """The two configs of copy_kernel's @triton.autotune under `id = "{dtype}"` were said to come from [sweep] (an
     outside review with torchao)."""
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "tuned.py").write_text(FLAKY)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    spec = probed_spec("tuned", "tuned", '["sm_90a"]').replace('toolchain = "triton"\n',
-                                                               'toolchain = "triton"\nid = "{dtype}"\n')
-    root = make_project(tmp_path / "p", kernels={}, specs={"tuned": spec})
-    [broken] = Catalog(root, None, 50_000).load(keep_going=True).broken
-    assert "configs {'BLOCK': 32} and {'BLOCK': 4096}" in broken.error and \
-        "from [sweep] and the entry's autotune configs both get id 'fp32'" in broken.error, broken.error
+    assert "tuned" not in elsewhere_loaded["targets"]
+    error = elsewhere_loaded["broken"]["tuned"]
+    assert "configs {'BLOCK': 32} and {'BLOCK': 4096}" in error and \
+        "from [sweep] and the entry's autotune configs both get id 'fp32'" in error, error
+    assert sorted(elsewhere_loaded["broken"]) == ["held", "made", "older", "tuned"]   # and nothing else broke
 
 
 # --- a heuristic or pruner reading what only a launch knows (found by an outside review on xformers) -----------
