@@ -150,6 +150,9 @@ def backend() -> str:
     return doit_backend.NAME
 
 
+# the modules of doit's commands that check the names they are given with a check_tasks_exist of their own
+NAME_CHECKING_COMMANDS = ("cmd_clean", "cmd_forget", "cmd_ignore", "cmd_list", "cmd_resetdep")
+
 # doit's internals kforge replaces, for want of a plugin point in doit 0.37.0, and why: only here, each checked
 # against doit's code by tests/edge/test_config.py, so that a doit that moved them fails a test, not a build.
 DOIT_PATCHES = {
@@ -162,7 +165,7 @@ DOIT_PATCHES = {
     "doit.control.TaskControl._filter_tasks": "a name no task has is doit's three-line 'Invalid parameter' there, "
                                               "naming none that is close (check_arguments)",
     **{f"doit.{command}.check_tasks_exist": "and `'NAME' is not a task.` in each command that checks names itself"
-       for command in ("cmd_clean", "cmd_forget", "cmd_ignore", "cmd_list", "cmd_resetdep")},
+       for command in NAME_CHECKING_COMMANDS},
 }
 
 
@@ -211,15 +214,19 @@ def check_arguments() -> None:
             if e.not_found is None:
                 raise
             raise InvalidCommand(unknown_name(str(e.not_found), list(self.tasks), command=True)) from None
+
     def tasks_exist(doit_tasks_exist, tasks, names, skip_wildcard=False):
         try:
             return doit_tasks_exist(tasks, names, skip_wildcard)
         except InvalidCommand:
-            unknown = next(n for n in names if n not in tasks and not (skip_wildcard and "*" in n))
+            unknown = next((n for n in names if n not in tasks and not (skip_wildcard and "*" in n)), None)
+            if unknown is None:
+                raise
             raise InvalidCommand(unknown_name(unknown, list(tasks))) from None
+
     _wrap(DoitMain, "process_args", process_args)
     _wrap(TaskControl, "_filter_tasks", filter_tasks)
-    for command in ("cmd_clean", "cmd_forget", "cmd_ignore", "cmd_list", "cmd_resetdep"):
+    for command in NAME_CHECKING_COMMANDS:
         _wrap(importlib.import_module(f"doit.{command}"), "check_tasks_exist", tasks_exist)
 
 
