@@ -50,6 +50,13 @@ TUNED = {   # the library's entry as each test below declares it: spec file -> i
 }
 
 
+def _loaded_with(site: Path, root: Path) -> Catalog:
+    """The project at root's catalog, loaded here as a build loads it (keep_going) with the library's site folder
+    on sys.path for the load only: the computed_once loads run outside any test's monkeypatch."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(site))
+        return Catalog(root, None, 50_000).load(keep_going=True)
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> dict:
     """Every TUNED spec, one family each, loaded in one catalog (keep_going: a family that does not load is one
@@ -62,9 +69,7 @@ def tuned(tmp_path_factory) -> dict:
 def _tuned(folder: Path) -> dict:
     site = tune_library.install(folder / "site")
     root = make_project(folder / "p", kernels={}, specs=TUNED)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(site))
-        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    catalog = _loaded_with(site, root)
     targets: dict[str, dict] = {}
     for t in catalog.targets:
         targets.setdefault(t.kernel, {})[t.name] = {"arch": t.arch, "options": dict(t.options),
@@ -183,9 +188,7 @@ def _wrong_loaded(folder: Path) -> dict[str, str]:
     root = make_project(folder / "p", kernels={}, specs={
         f"tune_gemm_{case}": tune_library.spec(f"tune_gemm_{case.replace('-', '_')}").replace(*edit)
         for case, (edit, _) in WRONG.items()})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(site))
-        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    catalog = _loaded_with(site, root)
     return {b.path: b.error for b in catalog.broken}
 
 
@@ -620,9 +623,7 @@ def _elsewhere_loaded(folder: Path) -> dict:
              "tuned": probed_spec("tuned", "tuned", '["sm_90a"]').replace('toolchain = "triton"\n',
                                                                           'toolchain = "triton"\nid = "{dtype}"\n')}
     root = make_project(folder / "p", kernels={}, specs=specs)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(folder / "site"))
-        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    catalog = _loaded_with(folder / "site", root)
     targets: dict[str, list] = {}
     for t in catalog.targets:
         targets.setdefault(t.kernel, []).append(t.arch)
@@ -727,9 +728,7 @@ def _launch_only_loaded(folder: Path) -> list[dict]:
     specs = {name: _heuristics_spec(f"{name}_kernel", 'A = "constexpr"\nB = "constexpr"').replace(
         "kforge_heurlib.ops", "kforge_launchlib.ops") for name in ("shape", "numel", "swallowed", "dtype", "pruned")}
     root = make_project(folder / "p", kernels={}, specs=specs)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(site))
-        catalog = Catalog(root, None, 50_000).load(keep_going=True)
+    catalog = _loaded_with(site, root)
     built: dict[str, list] = {}
     for t in catalog.targets:
         built.setdefault(t.kernel, []).append(dict(t.constexprs))
