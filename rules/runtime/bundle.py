@@ -123,10 +123,11 @@ class Bundle:
         """The kernel, loaded into the current GPU context (which the caller knows is of this arch)."""
         return self.kernel(self.find(kernel, config))
 
-    def kernel(self, entry: dict, device: int | None = None):
-        """A picked entry, checked and loaded (in a thread with no GPU context, into `device`'s primary one)."""
+    def kernel(self, entry: dict, device: int | None = None, binary: bytes | None = None):
+        """A picked entry, checked (unless its checked `binary` is given) and loaded (in a thread with no GPU context,
+        into `device`'s primary one)."""
         from .launch import Kernel
-        return Kernel(entry, self.binary(entry), self.vendor, device)
+        return Kernel(entry, self.binary(entry) if binary is None else binary, self.vendor, device)
 
     def _failed_note(self, kernel: str, config=None) -> str:
         bad = [f for f in self.failed if isinstance(f, dict) and f.get("kernel") == kernel and matches(f, config)]

@@ -167,7 +167,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                " (held, but built under other compiler variables)" if "env" in line else
                " (held twice, as two different binaries)" if "ambiguous" in line else
                f" ({line['unrecordable']})" if "unrecordable" in line else
-               f" (held, but {line['unlaunchable']})" if "unlaunchable" in line else "")
+               f" (held, but {line['unlaunchable']})" if "unlaunchable" in line else
+               f" (held, but its binary was refused: {line['refused']})" if "refused" in line else "")
         terminalreporter.write_line(f"missing: {line['kernel']} ({line['arch']}){why} {json.dumps(shown)}")
     if totals["misses"]:
         terminalreporter.write_line("record them (pytest --kforge-record specs/tests.jsonl, or python -m "

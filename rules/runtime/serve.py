@@ -133,7 +133,7 @@ class Served:
         if blocks == 0 or blocks < 0 and self._skips_negative:
             return
         if self.kernel is None:
-            self.kernel = self.load()
+            self._init_handles()
         for i in self._pointers:   # as Triton's launcher, memory the GPU cannot reach is refused (a CPU tensor,
             # or one in a wrapper with no is_cuda: triton.reinterpret's)
             if getattr(args[i], "is_cuda", None) is not True and not self.kernel.reaches(args[i].data_ptr()):
@@ -159,8 +159,8 @@ class Served:
         return runner
 
     def _init_handles(self) -> None:
-        if self.kernel is None:
-            self.kernel = self.load()
+        if self.kernel is None:   # load is dropped once used: it holds the checked binary's bytes
+            self.kernel, self.load = self.load(), None
 
     @property
     def name(self) -> str:
@@ -376,8 +376,31 @@ class Server:
         if refused is not None:
             return self.missed(line, refused)
         bundle, entry = found
+        preloaded = id(entry) in self.loaded
+        binary = None if preloaded else self._proven(bundle, entry, line)
+        if binary is None and not preloaded:
+            return None
         plan = [(list(fn.arg_names).index(a["name"]), a["type"].startswith("*")) for a in entry["signature"]]
-        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device), plan, bundle, entry, fn)
+        return Served(lambda: self.loaded.get(id(entry)) or bundle.kernel(entry, device, binary), plan, bundle,
+                      entry, fn)
+
+    def _proven(self, bundle, entry: dict, line: dict | None = None) -> bytes | None:
+        """The entry's binary once it is proven the manifest's (read and checked before the call counts as served), or
+        None: the entry is dropped, the call is a miss, and Triton compiles it (strict: NotServed)."""
+        from .bundle import BundleError
+        try:
+            return bundle.binary(entry)
+        except (BundleError, OSError) as e:
+            with self.lock:
+                for held in self.entries.values():
+                    held[:] = [h for h in held if h[1] is not entry]
+            miss = line if line is not None else {"kernel": entry.get("kernel"), "arch": bundle.arch}
+            miss["refused"] = _one_line(e)
+            message = f"kforge serve: {entry.get('target')}: {miss['refused']}"
+            if not self.strict:
+                sys.stderr.write(f"{message}; Triton compiles this kernel instead\n")
+            self.missed(miss, message)
+            return None
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
         """((bundle, entry) to serve, None), or (None, strict's message). Of the entries held for the call, the one
@@ -425,9 +448,11 @@ class Server:
     def preload(self) -> None:
         """Check and load every binary the device's bundles hold now, not at each kernel's first launch."""
         self.index()
-        for bundle, entry in (held for each in self.entries.values() for held in each):
+        for bundle, entry in [held for each in self.entries.values() for held in each]:
             if id(entry) not in self.loaded:
-                self.loaded[id(entry)] = bundle.kernel(entry)
+                binary = self._proven(bundle, entry)
+                if binary is not None:
+                    self.loaded[id(entry)] = bundle.kernel(entry, binary=binary)
 
     def missed(self, line: dict, message: str) -> None:
         """A specialization the bundles lack: on the CI guard's list, and NotServed(message) under strict."""

@@ -41,7 +41,8 @@ class Launched:
 
 
 driver.set_active(Stub())
-Bundle.kernel = lambda self, entry, device=None: Launched()
+Bundle.kernel = lambda self, entry, device=None, binary=None: Launched()
+Bundle.binary = lambda self, entry: b"the binary"
 
 
 from app_kernels import copy

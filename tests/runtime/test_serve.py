@@ -135,7 +135,8 @@ def jit(monkeypatch):
     monkeypatch.setattr(Autotuner, "run", Autotuner.run)
     monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: pytest.fail("the autotuner benchmarked"))
     from kforge_runtime.bundle import Bundle
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Launched())
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Launched())
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"the binary")   # proven before a call is served
     for fn in (copy, copy_tuned.fn):
         fn.device_caches.clear()
         fn.device_caches[0]   # made now: its compile is then replaced
@@ -226,7 +227,7 @@ def test_a_tensor_the_gpu_cannot_reach_is_refused_as_tritons_launcher_refuses_it
             return False
     from kforge_runtime.bundle import Bundle
     asked = []
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Unreachable())
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Unreachable())
     serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)])))
     x, y = tensors()
     refused = r"^Pointer argument \(at 0\) cannot be accessed from Triton \(cpu tensor\?\)$"   # Triton's words
@@ -477,6 +478,40 @@ def test_bundles_that_cannot_be_read_serve_nothing_and_say_why_in_one_line(jit, 
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 
+def test_a_binary_the_bundle_cannot_prove_is_one_line_and_the_call_compiles(jit, tmp_path, monkeypatch, capsys):
+    """A bundle whose binary was altered (its sha256 not the manifest's) crashed the application at the kernel's
+    first launch with a traceback, after the call had counted as served (an outside review): the binary is proven
+    before the call is served; not strict, one line and Triton compiles the call; strict, NotServed naming it."""
+    from kforge_runtime.bundle import Bundle, BundleError
+
+    def altered(self, entry):
+        raise BundleError(f"{self.path}: {entry['target']}.cubin refused: sha256 15f9 does not match the recorded "
+                          f"be89; the bundle was altered or corrupted: reinstall or rebuild it")
+    monkeypatch.setattr(Bundle, "binary", altered)
+    held = str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4)]))
+    server = serve.serve(held)
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    warned = capsys.readouterr().err.strip().splitlines()
+    assert warned == ["kforge serve: copy-128: " + f"{held}: copy-128.cubin refused: sha256 15f9 does not match the "
+                      "recorded be89; the bundle was altered or corrupted: reinstall or rebuild it; Triton compiles "
+                      "this kernel instead"]
+    assert (server.served, server.compiled, Launched.calls) == (0, 1, [])
+    assert [m["refused"] for m in server.misses] == [warned[0][len("kforge serve: copy-128: "):].split("; Triton")[0]]
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # the entry is dropped: said once, a plain miss
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert capsys.readouterr().err == "" and server.compiled == 2
+    serve.stop()
+    copy.device_caches[0][0].clear()
+    strict = serve.serve(held, strict=True)
+    with pytest.raises(serve.NotServed, match=r"^kforge serve: copy-128: .*copy-128.cubin refused: .*rebuild it$"):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    with pytest.raises(serve.NotServed, match=r"^kforge serve: copy-128: .*refused"):   # preload proves them too
+        serve.serve(held, strict=True, preload=True)
+    assert strict.served == 0 and Launched.calls == []
+
+
 def test_verify_compiles_each_served_specialization_once_and_reports_a_difference(jit, tmp_path, monkeypatch,
                                                                                    capsys):
     from types import SimpleNamespace
@@ -718,7 +753,7 @@ def test_an_autotuned_call_runs_only_a_config_its_pruner_keeps(jit, tmp_path, mo
 def test_preload_loads_every_binary_for_the_device_before_any_call(jit, tmp_path, monkeypatch):
     from kforge_runtime.bundle import Bundle
     loads = []
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: loads.append(entry["target"]) or Launched())
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: loads.append(entry["target"]) or Launched())
     server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4), entry("copy", 256, 8)])),
                          preload=True)
     assert sorted(loads) == ["copy-128", "copy-256"] and len(server.loaded) == 2
@@ -772,7 +807,7 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from kforge_runtime.bundle import Bundle
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None: Packed(entry))
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Packed(entry))
     Packed.launches = []
     desc_scale.device_caches.clear()
     desc_scale.device_caches[0]

@@ -54,7 +54,8 @@ def launch(block: int = 128) -> dict:
     from tests.runtime.test_serve import Launched, StubDriver, copy, tensors
     from triton.runtime import driver
     driver.set_active(StubDriver())
-    Bundle.kernel = lambda self, entry, device=None: Launched()
+    Bundle.kernel = lambda self, entry, device=None, binary=None: Launched()
+    Bundle.binary = lambda self, entry: b"the binary"
     copy.device_caches[0]
     copy.compile = lambda *a, **k: sys.exit("compiled")
     x, y = tensors()
