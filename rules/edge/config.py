@@ -201,7 +201,7 @@ def check_arguments() -> None:
     `doit info "$T"`): one line and exit code 3, before anything is loaded or changed. A name that selects no task
     (a typo in a target's arch or config id) is one line naming the closest, once the tasks are known."""
     def process_args(doit_process_args, self, cmd_args):
-        problem = blank_argument(cmd_args) or command_problem(self.config, cmd_args)
+        problem = blank_argument(cmd_args) or command_problem(self.config, cmd_args) or runner_problem(self, cmd_args)
         if problem is not None:
             sys.stderr.write(problem + "\n")
             raise SystemExit(3)
@@ -283,6 +283,59 @@ def command_problem(config, args: list[str]) -> str | None:
     fix = f"write `{words[0]} = \"{right}\"`" if right else "remove the line"
     return (f"kforge: pyproject.toml's [tool.doit.plugins.command] {words[0]} = {location!r}: {why}; {fix}, as "
             f"kforge's own pyproject.toml does")
+
+
+# what -n (--process) and -P (--parallel-type) take: doit 0.37 ran `-n -1` into kforge's runner (a RuntimeError
+# traceback after a summary of nothing; with -P thread nothing ran and the exit code was 0); `-n abc` was doit's
+# two-line parse error and `-P Thread` a line naming no choice
+PROCESS_RULE = ("-n (--process) takes a whole number: 0 runs one task at a time in doit's own process, N >= 1 runs N "
+                "worker processes (at most one per CPU this process may use); leave it out for one per CPU")
+PARALLEL_TYPES = ("process", "thread")
+
+
+def process_problem(value) -> str | None:
+    """Why a -n / num_process value cannot be used (doit reads it with int()), or None."""
+    try:
+        n = int(value) if isinstance(value, str) else value
+    except ValueError:
+        return "not a whole number"
+    if isinstance(n, bool) or not isinstance(n, int):
+        return f"not a whole number ({type(value).__name__})"
+    return "below 0" if n < 0 else None
+
+
+def runner_problem(main, args: list[str]) -> str | None:
+    """The line for a -n or -P value doit's `run` cannot use, or None: the options read as doit's parser reads
+    them (getopt over the command's own options: `-n -1`, `-n-1`, `--process=-1`, `-an-1` alike)."""
+    import getopt
+    from doit.cmdparse import CmdOption, CmdParse
+    words = [arg for arg in args if arg.startswith("-") or "=" not in arg]   # doit takes name=value out first
+    try:
+        commands = main.get_cmds()
+        explicit = bool(words) and words[0] in commands   # else doit runs `run`, the words its options and names
+        command = commands.get_plugin(words[0] if explicit else "run")
+    except Exception:   # a command that cannot be imported: doit says so itself
+        return None
+    options = list(command.cmd_options)
+    if hasattr(command, "base_options"):   # a command that loads dodo.py: the loader's options and doit's own too
+        options += [*command.base_options, *Loader.cmd_options]
+    if not any(o["name"] in ("num_process", "par_type") for o in options):
+        return None
+    parser = CmdParse([CmdOption(o) for o in options])
+    try:
+        given, _ = getopt.getopt(words[explicit:], parser.get_short(), parser.get_long())
+    except getopt.GetoptError:   # an option the command has not: doit's own line
+        return None
+    for flag, value in given:
+        option = parser.get_option(flag)[0]
+        shown = shlex.join([flag, value])
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        if option.name == "num_process" and process_problem(value):
+            return f"kforge: doit {shown}: {process_problem(value)}; {PROCESS_RULE}"
+        if option.name == "par_type" and value not in PARALLEL_TYPES:
+            return (f"kforge: doit {shown}: no parallel type of doit's; -P (--parallel-type) takes process (the "
+                    f"default) or thread")
+    return None
 
 
 CONFIG_LIMIT = project_config.SIZE_LIMIT   # doit reads the whole file into memory

@@ -223,3 +223,29 @@ def test_the_pth_kforge_installs_runs_the_start_up_line():
     `import` only, so every line of it must."""
     lines = (REPO / "rules" / "runtime" / "kforge-runtime-env.pth").read_text().splitlines()
     assert PTH_LINE.startswith("import ") and all(line.startswith("import ") for line in lines)
+
+
+RUNNER_RULE = ("-n (--process) takes a whole number: 0 runs one task at a time in doit's own process, N >= 1 runs N "
+               "worker processes (at most one per CPU this process may use); leave it out for one per CPU")
+
+
+def test_a_number_of_tasks_at_once_or_a_parallel_type_doit_cannot_use_is_one_line_and_exit_3(tmp_path):
+    """`doit -n -1 T` printed a summary of nothing, then a RuntimeError traceback from kforge's runner; with
+    `-P thread` it built nothing and exited 0; `-n abc` was doit's two-line parse error. Every way getopt reads
+    the option is refused before anything is loaded; 0 (doit's own serial runner) and N >= 1 build."""
+    from tests.support import doit, make_project
+    root = make_project(tmp_path / "p")
+    target = "scale:fp16-b256-w4@sm_90a"
+    for args, shown, why in ((["-n", "-1"], "-n -1", "below 0"), (["--process=-2"], "--process -2", "below 0"),
+                             (["-n-1", "-P", "thread"], "-n -1", "below 0"), (["-an-1"], "-n -1", "below 0"),
+                             (["-n", "abc"], "-n abc", "not a whole number"),
+                             (["-n", "1.5", "archs=sm_90a"], "-n 1.5", "not a whole number")):
+        proc = doit(root, *args, target, check=False)
+        assert proc.returncode == 3 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr == f"kforge: doit {shown}: {why}; {RUNNER_RULE}\n", proc.stderr
+    proc = doit(root, "-n", "1", "-P", "Thread", target, check=False)
+    assert proc.returncode == 3 and proc.stderr == ("kforge: doit -P Thread: no parallel type of doit's; -P "
+                                                    "(--parallel-type) takes process (the default) or thread\n")
+    assert not (root / "out" / "sm_90a").exists()   # nothing built
+    doit(root, "-n", "0", target)   # one at a time, in doit's own process
+    assert (root / "out" / "sm_90a" / "scale").is_dir()
