@@ -375,8 +375,10 @@ def declarations(root: Path, files: list[Path], read: set[Path] | None = None, f
     run again; `ran` gets each one's inputs and declarations."""
     from kforge.declare import records
     from kforge.declare.spec import listed_name, read_tables
-    if not files:
-        raise SpecError(f"{root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)")
+    if not files:   # the folders as configured: `catalog = ["docs"]` was reported as specs/
+        raise SpecError(f"{', '.join(map(str, catalog_folders(root)))}: no specs found (*.toml spec files, *.py "
+                        f"catalogs or *.jsonl records); add one there, or name the folder holding them in "
+                        f"{PYPROJECT}'s [tool.kforge] catalog")
     found = []
     extra = record_archs(root)
     for f in files:

@@ -762,7 +762,23 @@ def test_a_catalog_folder_holding_no_spec_is_one_line_naming_it(tmp_path):
     (tmp_path / "specs" / "_helpers.py").write_text("")   # a helper, not a catalog
     with pytest.raises(SpecError) as e:
         catalog_module.Catalog(tmp_path, None, 50_000).load()
-    assert str(e.value) == f"{tmp_path / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl records)"
+    assert str(e.value) == (f"{tmp_path / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl "
+                            f"records); add one there, or name the folder holding them in pyproject.toml's "
+                            f"[tool.kforge] catalog")
+
+
+def test_a_configured_catalog_folder_holding_no_spec_is_named_not_specs(tmp_path):
+    """`[tool.kforge] catalog = ["docs"]`, a folder with no specs, was reported as specs/: a folder the project
+    had not named."""
+    from tests.support import doit
+    root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["docs", "specs"]')
+    (root / "docs").mkdir()
+    (root / "specs" / "scale.toml").unlink()
+    proc = doit(root, "list", check=False)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"kforge: {root / 'docs'}, {root / 'specs'}: no specs found (*.toml spec files, *.py catalogs or *.jsonl "
+        f"records); add one there, or name the folder holding them in pyproject.toml's [tool.kforge] catalog\n")
+    assert not (root / "out" / "sm_90a").exists()
 
 
 def test_a_catalog_entry_naming_a_module_not_a_package_is_one_line_naming_it(tmp_path, monkeypatch):
