@@ -105,6 +105,8 @@ def _local_cache(text: str, where: str) -> str | None:
     flag = FLAGS.get(text.lower())
     if flag is not None:
         return _default_local_cache() if flag else None
+    if not text:   # Path("") is the folder the build runs in
+        raise ValueError(f"{where}: got ''; expected a directory (it is created if missing) or off")
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{where}: got {text!r}, which is not a directory; give a directory (it is created if "
@@ -237,7 +239,9 @@ def source(name: str) -> str | None:
 def _given(name: str) -> tuple[str, str, str] | None:
     """(variable, where, text) of the value the user gave, the command line first; None if neither gave one."""
     env = SETTINGS[name].env
-    if SETTINGS[name].command_line and get_var(name, None):
+    # `archs=` given empty (a script's unset variable) is a value its parse refuses, never the default in silence;
+    # an empty variable in the environment is as unset
+    if SETTINGS[name].command_line and get_var(name, None) is not None:
         return name, f"{name}= on the command line", get_var(name)
     if env and os.environ.get(env):
         return env, f"{env} in the environment", os.environ[env]

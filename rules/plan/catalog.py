@@ -506,11 +506,7 @@ def catalog_folders(root: Path) -> list[Path]:
     lists, each a folder relative to the project or an installed package by import name
     (`catalog = ["specs", "mylib.kforge_specs"]`). SpecError for an entry that is neither, that is the project's
     own folder (its dodo.py and pyproject.toml are no catalogs), or that names a folder an earlier one names."""
-    config = kforge_table(root)
-    entries = config.get("catalog", ["specs"]) if isinstance(config, dict) else None
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e for e in entries):
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: expected a non-empty list of folders (relative to "
-                        f"the project) or installed packages (by import name), got {repr(entries)[:200]}")
+    entries = kforge_table(root).get("catalog", ["specs"])   # a list of names: kforge_table checks each key's type
     folders: dict[Path, str] = {}   # folder -> the entry that named it
     for entry in entries:
         if "\0" in entry:   # no path holds one: the OS call would fail naming no file and no key
@@ -626,17 +622,7 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
 
 def record_archs(root: Path) -> tuple[str, ...]:
     """`[tool.kforge] record_archs`: archs every record is built for besides the one it was recorded on."""
-    from kforge.base.archs import ARCHS
-    config = kforge_table(root)
-    archs = config.get("record_archs", []) if isinstance(config, dict) else []
-    if not isinstance(archs, list) or not all(isinstance(a, str) and a in ARCHS for a in archs):   # [..] in ARCHS:
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: expected a list of archs ({', '.join(ARCHS)}), "
-                        f"got {repr(archs)[:200]}")                                           # a TypeError
-    twice = next((a for i, a in enumerate(archs) if a in archs[:i]), None)
-    if twice is not None:
-        raise SpecError(f"{PYPROJECT}: [tool.kforge] record_archs: got {twice!r}; allowed: each arch once (this one "
-                        f"is listed twice)")
-    return tuple(archs)
+    return tuple(kforge_table(root).get("record_archs", []))   # archs, each once: kforge_table checks them
 
 
 # A target's fields, stored once per (family, arch) group or once per target; its layout as the project root.

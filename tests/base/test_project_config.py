@@ -7,6 +7,7 @@ import pytest
 from kforge.base.errors import SpecError
 from kforge.base.project_config import kforge_table
 from kforge_runtime.bundle import file_kind
+from tests.support import spec_text
 
 
 def test_table_read(tmp_path):
@@ -238,3 +239,31 @@ def test_a_doit_cfg_in_another_encoding_than_the_locales_is_one_line_naming_it(t
     (tmp_path / "doit.cfg").write_bytes(data)
     assert doit_settings_problem(str(tmp_path)) == (f"kforge: {tmp_path / 'doit.cfg'}: not text doit can read ({why}); "
                                                     f"save it as {encoding}")
+
+
+@pytest.mark.parametrize("line, said", [
+    ("setup = 3", "setup: expected a function as 'module:function', e.g. 'mylib_kforge:setup', got 3"),
+    ('setup = ["a:b"]', "setup: expected a function as 'module:function'"),
+    ("catalog = 3", "catalog: expected a non-empty list of folders (relative to the project) or installed packages"),
+    ("catalog = []", "catalog: expected a non-empty list of folders"),
+    ('record_archs = "gfx942"', "record_archs: expected a list of archs (sm_80, sm_90a, sm_100a, gfx90a, gfx942, "
+                                "gfx950), got 'gfx942'"),
+    ('record_archs = ["gfx942", "gfx942"]', "record_archs: got 'gfx942'; allowed: each arch once"),
+], ids=["setup-int", "setup-list", "catalog-int", "catalog-empty", "record_archs-str", "record_archs-twice"])
+def test_every_keys_value_of_another_type_is_one_line_when_the_table_is_read(tmp_path, line, said):
+    """Every [tool.kforge] key checked alike, where the table is read: `setup = 3` passed the read and failed
+    once per family that loaded (33 lines from `doit list` in this repository, exit code 1; each a failed target
+    in a build), where a wrong catalog or record_archs was one line and exit code 2."""
+    from tests.support import doit, make_project
+    (tmp_path / "pyproject.toml").write_text(f"[tool.kforge]\n{line}\n")
+    with pytest.raises(SpecError) as e:
+        kforge_table(tmp_path)
+    assert str(e.value).startswith(f"pyproject.toml: [tool.kforge] {said}") and "\n" not in str(e.value)
+    root = make_project(tmp_path / "p", specs={"a": spec_text(name="a"), "b": spec_text(name="b")})
+    with open(root / "pyproject.toml", "a") as f:
+        f.write(f"\n[tool.kforge]\n{line}\n")
+    for args in (("list",), ("-n", "1")):
+        proc = doit(root, *args, check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"kforge: pyproject.toml: [tool.kforge] {said}"), \
+            proc.stderr
+        assert proc.stderr.count("\n") == 1 and not (root / "out" / "sm_90a").exists()

@@ -228,3 +228,27 @@ def test_no_hub_is_kept_by_default_where_stderr_is_none_or_closed(monkeypatch, s
     closed.close()
     monkeypatch.setattr(settings.sys, "stderr", None if stderr == "none" else closed)
     assert settings.get("keep_hub") == 0
+
+
+@pytest.mark.parametrize("name", [n for n, s in settings.SETTINGS.items() if s.command_line])
+def test_a_setting_given_empty_on_the_command_line_is_refused_naming_it_never_the_default(monkeypatch, tmp_path,
+                                                                                          name):
+    """`doit archs=` (a script's unset variable) built every arch, in silence, as if archs= were not there;
+    `local_cache=` kept the cache in the folder the build ran in. An empty KFORGE_* variable stays as unset."""
+    from doit import doit_cmd
+    monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {name: ""})
+    with pytest.raises(ValueError) as refused:
+        settings.get(name)
+    assert str(refused.value).startswith(f"{name}= on the command line: ") and "\n" not in str(refused.value)
+    env = settings.SETTINGS[name].env
+    if env:
+        monkeypatch.setattr(doit_cmd, "_CMDLINE_VARS", {})
+        monkeypatch.setenv(env, "")
+        assert settings.source(name) is None
+
+
+def test_doit_archs_empty_is_one_line_naming_the_archs_and_exit_2(tmp_path):
+    proc = doit(make_project(tmp_path / "p"), "-n", "1", "archs=", check=False)
+    assert proc.returncode == 2 and proc.stderr == ("kforge: archs= on the command line: unknown arch ''; allowed: "
+                                                    "sm_80, sm_90a, sm_100a, gfx90a, gfx942, gfx950\n")
+    assert not (tmp_path / "p" / "out" / "sm_90a").exists()
