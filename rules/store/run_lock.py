@@ -37,6 +37,10 @@ def hold(layout: Layout, command: str | None) -> None:
     if command is None or command in READ_ONLY or _held:
         return
     path = layout.state / "run.lock"
+    problem = _not_a_folder(layout)
+    if problem is not None:
+        sys.stderr.write(f"kforge: {problem}\n")
+        raise SystemExit(2)
     try:
         guard(layout.out, path).parent.mkdir(parents=True, exist_ok=True)   # never through a link leading outside out/
         # O_NONBLOCK: a FIFO or a device where the lock belongs is refused below, never waited on
@@ -66,6 +70,21 @@ def hold(layout: Layout, command: str | None) -> None:
     shown = " ".join(["doit", *map(_hide_secret, sys.argv[1:])])   # as typed; `command` is doit's name ("run")
     os.pwrite(fd, f"`{shown}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})".encode(), 0)
     _held.append(fd)
+
+
+def _not_a_folder(layout: Layout) -> str | None:
+    """The line for what stands where a build keeps a folder, out/.kforge (the lock's) or out/<arch>, when it is no
+    folder (a file, a link to one or to nothing): the lock's line named out/.kforge/run.lock, a path that cannot
+    be, as the thing to remove; each target of an arch failed with `Not a directory`, naming no culprit."""
+    from kforge.base.archs import ARCHS
+    for place in (layout.state, *map(layout.arch_dir, ARCHS)):
+        if os.path.lexists(place) and not os.path.isdir(place):
+            what = "its state (the run lock, indexes, the catalog)" if place == layout.state else \
+                f"the {place.name} builds"
+            kind = "a file" if not os.path.islink(place) else f"a link to {os.path.realpath(place)}" \
+                if os.path.exists(place) else "a link to nothing"
+            return f"{place} is {kind}, not a folder: kforge keeps {what} there; remove it and run again"
+    return None
 
 
 def _hide_secret(arg: str) -> str:

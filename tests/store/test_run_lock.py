@@ -135,3 +135,28 @@ def test_a_fifo_where_the_run_lock_belongs_is_one_line_naming_it_and_the_fix(tmp
     assert stopped.value.code == 2 and not run_lock._held
     assert capsys.readouterr().err == (f"kforge: {lock} is a FIFO or pipe, not the run lock kforge writes; remove it "
                                        f"and run again\n")
+
+
+def test_a_file_where_out_kforge_or_an_arch_folder_belongs_is_one_line_naming_it(tmp_path):
+    """out/.kforge a file: the line said `remove out/.kforge/run.lock`, a path that cannot be (Not a directory);
+    out/<arch> a file: each target of that arch failed with `Not a directory`, naming no culprit. A link to a
+    file, or to nothing, is named as one; the lock is never taken, nothing is built, nothing built is lost."""
+    root = make_project(tmp_path / "p")
+    out = root / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("a user's file")
+    state = "its state (the run lock, indexes, the catalog)"
+    cases = [(".kforge", lambda p: p.write_text("x"), "a file", state),
+             (".kforge", lambda p: p.symlink_to("kept.txt"), f"a link to {out / 'kept.txt'}", state),
+             (".kforge", lambda p: p.symlink_to("nothing"), "a link to nothing", state),
+             ("sm_90a", lambda p: p.write_text("x"), "a file", "the sm_90a builds")]
+    for name, make, kind, what in cases:
+        make(out / name)
+        proc = doit(root, "-n", "1", check=False, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines()[-1] == (f"kforge: {out / name} is {kind}, not a folder: kforge keeps {what} "
+                                                f"there; remove it and run again")
+        assert "Traceback" not in proc.stderr and not (out / "sm_90a").is_dir()
+        (out / name).unlink()
+    assert (out / "kept.txt").read_text() == "a user's file"
+    assert doit(root, "-n", "1", timeout=300).returncode == 0 and (out / "sm_90a").is_dir()
