@@ -186,6 +186,16 @@ class Catalog:
                        "tuned": self.tuned, **_encode(self.targets, self.places)}
         self._only()
 
+    def refuse(self, why: dict[str, str], taken: set[str]) -> None:
+        """The families named in `why` (name -> one line: why that name cannot be) listed broken, not built; the
+        broken entries take no name of `taken` (the project's own tasks)."""
+        refused = [(f.name, f.path, why[f.name]) for f in self.families if f.name in why]
+        if refused:
+            self.families = [f for f in self.families if f.name not in why]
+            self.targets = [t for t in self.targets if t.kernel not in why]
+            self.broken += _named_apart(refused, {*taken, *(f.name for f in self.families),
+                                                  *(b.name for b in self.broken)})
+
     def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list,
                  clashes: dict[str, list[str]]) -> tuple | None:
         """(Family, its targets, the files they came from), or None when it did not load (an entry of `failed`)."""

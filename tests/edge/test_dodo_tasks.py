@@ -191,3 +191,24 @@ def test_an_arch_asked_for_that_no_family_builds_is_one_line_and_exit_2(tmp_path
     assert not (root / "out" / "sm_90a").exists()
     doit(root, "archs=gfx942")   # an arch a family builds: built
     assert (root / "out" / "gfx942").is_dir()
+
+
+def test_a_family_named_as_a_task_of_the_projects_dodo_py_is_one_line_and_the_rest_builds(tmp_path):
+    """`name = "verify_dispatch_combine"` (this repository's dodo.py task) loaded: `doit list` showed the name twice
+    and every doit run stopped at doit's `ERROR: Task names must be unique`, exit code 3, naming neither the spec
+    nor the fix. Now that family is one broken entry naming its spec and the clash; the project's task and the
+    rest of the catalog are as they were."""
+    root = make_project(tmp_path, specs={"scale": spec_text(), "hello": spec_text(name="hello")})
+    with open(root / "dodo.py", "a") as f:
+        f.write("\n\ndef task_hello():\n    return {'actions': ['echo hello from the project'], 'verbosity': 2}\n")
+    line = ("family hello_broken did not load: specs/hello.toml: [kernel] name: 'hello' is the name of a task the "
+            "project's dodo.py defines (task_hello); choose another, e.g. 'hello_kernel'")
+    listed = doit(root, "list", check=False)
+    assert listed.returncode == 0 and listed.stderr == f"kforge: {line}\n", listed.stderr
+    assert [row.split()[0] for row in listed.stdout.splitlines()] == ["hello", "hello_broken", "package", "scale",
+                                                                         "tune"]
+    built = doit(root, "-n", "1", "scale", check=False, timeout=300)
+    assert built.returncode == 0 and (root / "out" / "sm_90a" / "scale").is_dir(), built.stderr
+    assert "hello from the project" in doit(root, "hello").stdout
+    every = doit(root, "-n", "1", check=False, timeout=300)   # the broken family fails, the rest is up to date
+    assert every.returncode == 1 and "ERROR" not in every.stderr and "hello_broken failed with: specs/hello.toml" in every.stdout
