@@ -20,7 +20,7 @@ from kforge.base.project_config import read_user_file
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.spec_model import shown, shown_path
-from kforge.declare.triton_options import OPTIONS, arch_problem
+from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
 from kforge_runtime.serve import identity as canonical
 
@@ -173,6 +173,13 @@ def _unbuildable(record: dict, at: str) -> str | None:
                 _check_value(value, f"{at}: {field} {name}")
     except SpecError as e:
         return f"{e}; the line is not built (served, such a call compiles with Triton): remove it to build clean"
+    # an option's value no arch takes (num_warps 3): its line alone, named (in its kernel's family, the spec's
+    # check named the family's first line and its [extra] table, and the kernel's good lines failed with it)
+    for name, value in record["options"].items():
+        problem = value_problem(name, value) if name in OPTIONS and name not in record["constexprs"] else None
+        if problem:
+            return (f"{at}: options {name}: {problem.replace(repr(value), shown(value), 1)}; the line is not built "
+                    f"(served, such a call compiles with Triton): remove it to build clean")
     # a kernel parameter named as an option (`num_warps: tl.constexpr`) given positionally: the parameter has one
     # value, the compile option its default; a config holds one value per name
     clash = next((n for n, v in record["constexprs"].items() if record["options"].get(n, v) != v), None)

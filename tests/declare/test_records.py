@@ -485,3 +485,15 @@ def test_a_record_file_that_is_not_utf8_holds_no_record_or_a_list_for_an_object_
     (tmp_path / "app.jsonl").write_bytes(data)
     with pytest.raises(SpecError, match=message):
         records._lines(tmp_path / "app.jsonl", "specs/app.jsonl")
+
+
+def test_a_line_whose_option_no_arch_takes_fails_alone_named_by_its_line_and_the_kernels_others_load(project):
+    """A 4th line with num_warps 3 was `specs/app.jsonl:1 (and 3 more lines): ...: [extra] num_warps: got 3`: the
+    kernel's first line and a spec table no record file has, and its three good lines failed with it. The line is
+    a family of its own now, as a value kforge cannot build is (_unbuildable): named, in the record's terms."""
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), line(256), line(512), line(1024, warps=3), ""]))
+    catalog = Catalog(project, None, 50_000).load(keep_going=True)
+    assert sorted(dict(t.constexprs)["BLOCK"] for t in catalog.targets) == [128, 256, 512]
+    assert [b.error for b in catalog.broken] == [
+        "specs/app.jsonl:4: options num_warps: got 3; allowed: a power of two, at most 1024 threads a block (checked "
+        "per arch); the line is not built (served, such a call compiles with Triton): remove it to build clean"]
