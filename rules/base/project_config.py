@@ -176,8 +176,9 @@ def _value_problem(settings: dict) -> str | None:
         if section.isupper() and section != "GLOBAL" or section.startswith("task:"):   # plugins; a task's params
             continue
         for key, (value, path, heading) in values.items():
-            why, takes = _option_problem(key, value, settings) if key in DOIT_OPTIONS or key in \
-                DOIT_PLUGIN_CHOICES and section == "GLOBAL" else (None, None)
+            if key not in DOIT_OPTIONS and not (key == "loader" and section == "GLOBAL"):   # doit reads no other
+                continue
+            why, takes = _option_problem(key, value, settings)
             if why is not None:
                 return f"kforge: {path}: {heading} {key} = {_shown(value)}: {why}; doit's {key} takes {takes}: " \
                        f"fix the value, or remove the line"

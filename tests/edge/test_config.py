@@ -249,3 +249,60 @@ def test_a_number_of_tasks_at_once_or_a_parallel_type_doit_cannot_use_is_one_lin
     assert not (root / "out" / "sm_90a").exists()   # nothing built
     doit(root, "-n", "0", target)   # one at a time, in doit's own process
     assert (root / "out" / "sm_90a" / "scale").is_dir()
+
+
+def test_kforges_table_of_doits_options_is_doits_own_and_kforges_commands():
+    """project_config.DOIT_OPTIONS (what the start-up line checks [tool.doit] against) is every option of doit's
+    commands, its dodo.py loader and kforge's commands, by name and type; the fixed choices are doit's."""
+    import tomllib
+    from doit.cmd_base import DoitCmdBase, DodoTaskLoader
+    from doit.dependency import CHECKERS
+    from doit.doit_cmd import DoitMain
+    from kforge.base import project_config
+    plugins = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["doit"]["plugins"]["command"]
+    commands = [*DoitMain.DOIT_CMDS, *(getattr(importlib.import_module(location.split(":")[0]), location.split(":")[1])
+                                       for location in plugins.values())]
+    options = {}
+    for command in commands:
+        extra = [*command.base_options, *DodoTaskLoader.cmd_options] if issubclass(command, DoitCmdBase) else []
+        for option in [*extra, *command.cmd_options]:
+            assert options.setdefault(option["name"], option["type"]) is option["type"], option["name"]
+            if option.get("choices"):
+                assert project_config.DOIT_CHOICES[option["name"]] == tuple(c for c, _ in option["choices"])
+    assert options == project_config.DOIT_OPTIONS
+    assert project_config.DOIT_CHOICES["check_file_uptodate"] == tuple(CHECKERS)
+
+
+@pytest.mark.parametrize("setting, said", [
+    ('verbosity = "x"', "[tool.doit] verbosity = 'x': not a whole number; doit's verbosity takes a whole number"),
+    ('num_process = "x"', "[tool.doit] num_process = 'x': not a whole number; doit's num_process takes a whole "
+                          "number 0 or over (0: one task at a time)"),
+    ("num_process = -1", "[tool.doit] num_process = -1: below 0; doit's num_process takes a whole number 0 or over "
+                         "(0: one task at a time)"),
+    ('loader = "nope"', "[tool.doit] loader = 'nope': no loader doit has; doit's loader takes one of 'kforge'"),
+    ("dep_file = 5", "[tool.doit] dep_file = 5: is an integer; doit's dep_file takes a string"),
+    ('[tool.doit.commands.run]\ncontinue = "maybe"', "[tool.doit.commands.run] continue = 'maybe': not true or "
+                                                     "false; doit's continue takes true or false"),
+    ('[tool.doit.plugins.reporter]\nmine = "mine"', "[tool.doit.plugins.reporter] mine = 'mine': not where a plugin "
+                                                   "is; doit takes \"module:attribute\" there"),
+    ("doit.cfg", "[GLOBAL] verbosity = 'x': not a whole number; doit's verbosity takes a whole number"),
+])
+def test_a_doit_setting_of_another_type_or_no_choice_of_doits_is_one_line_and_exit_3(tmp_path, setting, said):
+    """[tool.doit] verbosity = "x" was a CmdParseError traceback, loader = "nope" a KeyError one (exit code 1):
+    every value doit's option parser or plugin lookup takes from pyproject.toml or doit.cfg is checked by the
+    start-up line, before doit reads it; nothing is built."""
+    from tests.support import make_project
+    root = make_project(tmp_path / "p")
+    pyproject = root / "pyproject.toml"
+    if setting == "doit.cfg":
+        (root / "doit.cfg").write_text("[GLOBAL]\nverbosity = x\n")
+    elif setting.startswith("loader"):
+        pyproject.write_text(pyproject.read_text().replace('loader = "kforge"', setting))
+    else:
+        pyproject.write_text(pyproject.read_text().replace('loader = "kforge"\n', f'loader = "kforge"\n{setting}\n'))
+    proc = _doit_at_start(root, "scale:fp16-b256-w4@sm_90a")
+    where = root / ("doit.cfg" if setting == "doit.cfg" else "pyproject.toml")
+    assert proc.returncode == 3 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"kforge: {where}: {said}"), proc.stderr
+    assert proc.stderr.rstrip().endswith("fix the value, or remove the line"), proc.stderr
+    assert not (root / "out" / "sm_90a").exists()
