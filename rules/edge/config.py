@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from doit import cmd_run
-from doit.cmd_base import DodoTaskLoader
+from doit.cmd_base import Command, DodoTaskLoader
 from doit.control import ExecNode, TaskControl
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidTask
@@ -166,7 +166,13 @@ DOIT_PATCHES = {
                                               "naming none that is close (check_arguments)",
     **{f"doit.{command}.check_tasks_exist": "and `'NAME' is not a task.` in each command that checks names itself"
        for command in NAME_CHECKING_COMMANDS},
+    "doit.cmd_base.Command.parse_execute": "every command runs there, inside doit's catch-all: output to a reader "
+                                           "that went away (`doit list | head -1`) was a BrokenPipeError traceback "
+                                           "(check_arguments)",
 }
+# how a command other than a build ends once the reader of its output went away: the exit code a shell shows for
+# a tool SIGPIPE stopped (`seq 1000000 | head -1`), with nothing said (a build goes on: report.reader_gone)
+READER_GONE_EXIT = 128 + signal.SIGPIPE
 
 
 class Loader(DodoTaskLoader):
@@ -199,7 +205,8 @@ class Loader(DodoTaskLoader):
 def check_arguments() -> None:
     """A doit command line checked before doit's parser reads it (a blank argument: a script's unset variable,
     `doit info "$T"`): one line and exit code 3, before anything is loaded or changed. A name that selects no task
-    (a typo in a target's arch or config id) is one line naming the closest, once the tasks are known."""
+    (a typo in a target's arch or config id) is one line naming the closest, once the tasks are known. A command
+    whose output's reader went away (`doit list --all | head -1`) stops there, quietly (READER_GONE_EXIT)."""
     def process_args(doit_process_args, self, cmd_args):
         problem = blank_argument(cmd_args) or command_problem(self.config, cmd_args) or runner_problem(self, cmd_args)
         if problem is not None:
@@ -224,7 +231,17 @@ def check_arguments() -> None:
                 raise
             raise InvalidCommand(unknown_name(unknown, list(tasks))) from None
 
+    def parse_execute(doit_parse_execute, self, in_args):
+        try:
+            result = doit_parse_execute(self, in_args)
+            sys.stdout.flush()   # what is still buffered fails here, not in Python's flush at exit
+            return result
+        except BrokenPipeError:
+            report.to_devnull(sys.stdout)   # Python's flush at exit writes what is left there
+            raise SystemExit(READER_GONE_EXIT) from None
+
     _wrap(DoitMain, "process_args", process_args)
+    _wrap(Command, "parse_execute", parse_execute)
     _wrap(TaskControl, "_filter_tasks", filter_tasks)
     for command in NAME_CHECKING_COMMANDS:
         _wrap(importlib.import_module(f"doit.{command}"), "check_tasks_exist", tasks_exist)

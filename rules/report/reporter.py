@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from json.encoder import encode_basestring_ascii
 import time
 from pathlib import Path
@@ -55,8 +56,18 @@ class BuildReporter(ConsoleReporter):
 
     def write(self, text: str) -> None:
         """Control characters but newline and tab shown as U+FFFD: names and messages come from outside (a spec file
-        named with an escape sequence, a compiler's or cache server's message, a restored error.txt)."""
-        super().write(text.translate(CONTROL))
+        named with an escape sequence, a compiler's or cache server's message, a restored error.txt). Once the
+        output's reader went away (`doit | head -1`), nothing more is written (reader_gone)."""
+        if self.output_gone:
+            return
+        try:
+            super().write(text.translate(CONTROL))
+            self.outstream.flush()   # a progress line is seen as its target ends, and a closed pipe fails here
+        except BrokenPipeError:
+            self.output_gone = True
+            reader_gone(self.outstream)
+
+    output_gone = False
 
     def initialize(self, tasks, selected_tasks):
         self.loaded = time.time()
@@ -218,6 +229,35 @@ class BuildReporter(ConsoleReporter):
         head = json.dumps({k: v for k, v in report.items() if k != "tasks"})[:-1]
         tasks = ",\n  ".join(map(_record_json, report["tasks"]))
         write_inside(path.parent, path, f'{head}, "tasks": [\n  {tasks}\n]}}\n'.encode())   # out/build-report.json
+
+
+READER_GONE = ("kforge: the reader of this build's output went away (a closed pipe: `doit | head`?): the build goes "
+               "on to its end without progress lines; out/build-report.json has every target's result")
+
+
+def reader_gone(stream) -> None:
+    """The build's output stream is a pipe no one reads any more: what is still written to it (and Python's flush at
+    exit) goes to /dev/null, and one line says so on stderr where that is still read. The build itself goes on: its
+    compiles, doit's state and out/build-report.json do not depend on its progress lines, and stopping would kill
+    the compiles running."""
+    to_devnull(stream)
+    try:
+        sys.stderr.write(READER_GONE + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):   # stderr went to the same reader (`doit 2>&1 | head`)
+        to_devnull(sys.stderr)
+
+
+def to_devnull(stream) -> None:
+    """The stream's file descriptor made /dev/null's: a write, or the flush of what is buffered, fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # no file descriptor (a StringIO, a closed stream)
+        pass
 
 
 def process_age() -> float:

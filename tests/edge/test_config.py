@@ -306,3 +306,21 @@ def test_a_doit_setting_of_another_type_or_no_choice_of_doits_is_one_line_and_ex
     assert proc.stderr.startswith(f"kforge: {where}: {said}"), proc.stderr
     assert proc.stderr.rstrip().endswith("fix the value, or remove the line"), proc.stderr
     assert not (root / "out" / "sm_90a").exists()
+
+
+def test_a_command_whose_output_reader_went_away_stops_quietly_with_sigpipes_exit_code(tmp_path):
+    """`doit list --all | head -1`, `doit info FAMILY | head -1`: a BrokenPipeError traceback from doit's catch-all
+    (exit code 3). Now nothing is said and the exit code is a shell's for a tool SIGPIPE stopped (141)."""
+    from tests.support import doit, make_project
+    root = make_project(tmp_path / "p")
+    read, write = os.pipe()
+    os.close(read)   # a reader that went away before the first line
+    try:
+        for args in (["list", "--all"], ["info", "scale"], ["info", "scale:fp16-b256-w4@sm_90a"]):
+            env = dict(os.environ, PYTHONPATH=str(REPO))
+            proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=root, env=env, stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)
+            assert (proc.returncode, proc.stderr) == (141, ""), (args, proc.stderr[-2000:])   # 128 + SIGPIPE
+    finally:
+        os.close(write)
+    assert "scale:fp16-b256-w4@sm_90a" in doit(root, "list", "--all").stdout   # a reader that stays reads it all

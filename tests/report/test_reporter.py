@@ -320,3 +320,23 @@ def test_a_local_cache_that_cannot_be_listed_is_one_line_at_the_end_of_the_build
         f"kforge: local cache {tmp_path / 'cache'} not trimmed ([Errno 40] Too many levels of symbolic links: "
         f"'{tmp_path / 'cache'}'); make its folder a readable folder of yours (or set local_cache= elsewhere), then "
         f"`doit cache --trim`"]
+
+
+def test_a_build_whose_output_reader_went_away_builds_to_the_end_and_says_so_once(tmp_path):
+    """`doit | head -1`: the progress line after the first was a BrokenPipeError traceback (a second one chained from
+    the summary), the run stopped with the rest unbuilt. Now the build goes on with its output discarded: every
+    target built and installed, out/build-report.json written, one line on stderr, the build's own exit code."""
+    import os
+    from tests.support import REPO
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(dtypes=("fp16", "fp32"), blocks=(64, 128, 256))})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "1", "scale"], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "kforge: 6 targets selected\n"
+    proc.stdout.close()   # the reader goes away, as `head -1` does
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=600) == 0 and stderr == report.READER_GONE + "\n", stderr
+    names = {f"scale:{d}-b{b}-w4@sm_90a" for d in ("fp16", "fp32") for b in (64, 128, 256)}
+    assert statuses(root, "built") == names
+    assert all((root / "out/sm_90a/scale" / n.split(":")[1].split("@")[0] / "meta.json").is_file() for n in names)
+    assert "built 0, up to date 6" in doit(root, "scale").stdout   # what was built is kept, and known to be
