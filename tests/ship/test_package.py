@@ -633,3 +633,48 @@ def test_a_payload_that_is_not_bytes_is_refused_and_writes_nothing(tmp_path):
         write(target, files={**FILES, f"{DIST}/bad.bin": None})
     assert [p.name for p in tmp_path.iterdir()] == ["neighbour.txt"]
     assert (tmp_path / "neighbour.txt").read_text() == "kept"
+
+
+@pytest.mark.parametrize("altered", [True, False], ids=["binary-altered", "copied-as-is"])
+def test_an_artifact_folder_linked_outside_out_is_never_read_and_is_listed_failed_as_the_build_says(
+        built, tmp_path, monkeypatch, altered):
+    """An artifact folder replaced by a link to a copy outside out/: the target failed ("leads outside out/"), yet
+    package kept the wheel listing it built (failed: []); without out/dist it hashed the binary through the link.
+    A copy as it was built passed the compile task's check through the link: the build said nothing failed."""
+    from kforge.edge.dodo_tasks import load_catalog
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    doit(root, "package", "archs=sm_90a")
+    folder = root / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
+    outside = shutil.copytree(folder, tmp_path / "outside")
+    shutil.rmtree(folder)
+    folder.symlink_to(outside)
+    if altered:
+        binary = next(outside.glob("*.cubin"))
+        data = bytearray(binary.read_bytes())
+        data[2000] ^= 0xff
+        binary.write_bytes(bytes(data))
+    proc = doit(root, "-n", "1", "archs=sm_90a", check=False)
+    assert proc.returncode != 0 and "kforge: built 0, up to date 1, failed 1" in proc.stdout, proc.stdout
+    assert f"scale:fp16-b256-w4@sm_90a failed with: cannot write in out/: {folder} (a symbolic link) leads outside " \
+           f"out/" in proc.stdout
+
+    def listed(m):
+        return [a["config_id"] for a in m["artifacts"]], [(f["target"], f["status"]) for f in m["failed"]]
+    expected = (["bf16-b256-w4"], [("scale:fp16-b256-w4@sm_90a", "failed")])
+    assert listed(manifest(root, "sm_90a")) == expected
+    assert "cannot write in out/: out/sm_90a/scale/fp16-b256-w4 (a symbolic link) leads outside out/" in \
+        manifest(root, "sm_90a")["failed"][0]["error"]
+    shutil.rmtree(root / "out" / "dist")   # a bundle made anew: nothing of the folder is read
+
+    def refuse(real):
+        def read(*args, **kwargs):
+            assert not any(str(folder) in str(a) for a in (*args, *kwargs.values())), args
+            return real(*args, **kwargs)
+        return read
+    for name in ("current_meta", "read_error", "binary_of", "skipped"):
+        monkeypatch.setattr(package.artifact, name, refuse(getattr(package.artifact, name)))
+    monkeypatch.setattr(package.stamps, "content", refuse(package.stamps.content))
+    monkeypatch.setattr(package.stamps, "identity", refuse(package.stamps.identity))
+    targets = [t for t in load_catalog(root).targets if t.arch == "sm_90a"]
+    assert package.build_bundle("sm_90a", targets, str(root)) is None
+    assert listed(manifest(root, "sm_90a")) == expected
