@@ -386,7 +386,11 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
             continue
         saved = tuner.configs, getattr(tuner, "perf_model", None), getattr(tuner, "nargs", None)
         tuner.configs = [_as_config(c) for c in group["configs"]]
-        tuner.perf_model, tuner.nargs = None, _Arguments(group["args"], group["pointers"])
+        # as Autotuner.run: its nargs are the launch's positional arguments, a constexpr too where the library's
+        # launch passes it so (gemlite's pruners read nargs["N"]); its kwargs the keyword ones: both are unknown
+        # here, so the spec's constexprs are in both
+        tuner.perf_model = None
+        tuner.nargs = _Arguments({**group["args"], **group["kwargs"]}, group["pointers"])
         try:
             chosen = tuner.prune_configs(dict(group["kwargs"]))
         except KeyError as e:

@@ -821,3 +821,36 @@ def test_a_probe_child_gone_before_it_reads_the_request_is_the_same_one_line(tmp
     assert str(e.value) == ("specs/s.toml: importing tk.scale to read the entry's autotune / heuristics crashed the "
                             "probe process; run `python -c 'import tk.scale'` to see why")
     assert probe.child is None
+
+
+# --- what a pruner is given (an outside review on gemlite) ---------------------------------------------------------
+
+POSITIONAL = '''
+import triton
+import triton.language as tl
+
+
+def by_n(configs, nargs, **kwargs):   # gemlite's pruners: N read from nargs, as its launch passes it positionally
+    return [c for c in configs if c.kwargs["BLOCK"] <= nargs["N"] and c.kwargs["BLOCK"] <= kwargs["N"]]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 8192})], key=["N"],
+                 prune_configs_by={"early_config_prune": by_n})
+@triton.jit
+def kernel(x_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.arange(0, BLOCK))
+'''
+
+
+def test_a_pruner_finds_the_specs_constexprs_in_nargs_and_in_kwargs_as_either_launch_would_give_them(tmp_path,
+                                                                                                      monkeypatch):
+    """A launch passes a constexpr positionally (Triton's nargs) or by name (kwargs); which, only the library's code
+    says. The spec's N was given in kwargs alone, and gemlite's nine matmul kernels, whose pruners read nargs["N"],
+    were refused as pruning by a value the spec does not give."""
+    from kforge.load import entry_probe
+    write_files(tmp_path, {"positional_lib.py": POSITIONAL})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    configs = [{"BLOCK": 64, "num_warps": 4, "num_stages": 3}, {"BLOCK": 8192, "num_warps": 4, "num_stages": 3}]
+    assert entry_probe._prune("positional_lib", "kernel", [
+        {"configs": configs, "args": {}, "kwargs": {"N": 4096}, "pointers": {"x_ptr": "fp32"}}]) == {
+        "kept": [[configs[0]]]}
