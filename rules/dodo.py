@@ -5,17 +5,32 @@
 The project is the folder doit runs in (by default the dodo.py's own folder; `doit -d DIR` picks another): its
 specs (specs/, or `[tool.kforge] catalog` in its pyproject.toml) are the catalog, and its out/ gets the builds.
 """
+import sys
 from pathlib import Path
 
 from kforge.edge import config, dodo_tasks
 
 __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 
+
+
+def _importers_tasks() -> set[str]:
+    """The tasks the project's dodo.py defines itself (`def task_x`, `from m import task_x`, under an `if` too): the
+    task_* names its module code binds, read off that code while it runs this import (the rest of it has not run
+    yet). Empty where no module's top level imports this one (a test, a script)."""
+    frame = sys._getframe(2)   # below this module's own code: the import system, then the importer
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "<module>":
+        return set()
+    return {name[5:] for name in frame.f_code.co_names if name.startswith("task_") and len(name) > 5}
+
+
 ROOT = Path.cwd().resolve()
 config.pause_gc_until_tasks_run()   # what is loaded now lives until exit: see rules/edge/config.py
 config.check_settings()   # a malformed setting: one line and exit code 2, before anything is read
 config.check_command(ROOT)   # doit's own forget/info/clean where kforge's were meant: one line, exit code 2
-CATALOG = dodo_tasks.load_catalog(ROOT)   # specs -> families and targets (rules/plan/catalog.py)
+CATALOG = dodo_tasks.load_catalog(ROOT, _importers_tasks())   # specs -> families, targets (rules/plan/catalog.py)
 DOIT_CONFIG = config.config(ROOT, CATALOG)
 
 

@@ -24,17 +24,18 @@ def load_specs(root: Path) -> list:
     return load_specs(root)
 
 
-def load_catalog(root: Path) -> Catalog:
+def load_catalog(root: Path, project_tasks: set[str] = frozenset()) -> Catalog:
     """The catalog for the archs chosen, or one line and exit code 2 (a catalog that cannot be found or read). A
-    family that did not load is one line here and one failed task."""
+    family that did not load is one line here and one failed task; so is one named as a task the project's dodo.py
+    defines (`project_tasks`: doit stopped every run on it, "Task names must be unique")."""
     try:
         catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load(keep_going=True)
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)
-    tasks = project_tasks()   # doit stopped every run on a family named so: "Task names must be unique"
     catalog.refuse({name: f"[kernel] name: {name!r} is the name of a task the project's dodo.py defines "
-                          f"(task_{name}); choose another, e.g. {name + '_kernel'!r}" for name in tasks}, tasks)
+                          f"(task_{name}); choose another, e.g. {name + '_kernel'!r}" for name in project_tasks},
+                   project_tasks)
     for broken in catalog.broken:
         sys.stderr.write(f"kforge: {broken.line()}\n")
     given = settings.source("archs")
@@ -46,21 +47,6 @@ def load_catalog(root: Path) -> Catalog:
                              f"(`doit list --all` without archs= shows each target's arch), or leave it out\n")
             raise SystemExit(2)
     return catalog
-
-
-def project_tasks() -> set[str]:
-    """The tasks the project's dodo.py defines itself (`def task_x`, `from m import task_x`, under an `if` too): the
-    task_* names its module code binds, read off that code, as the catalog loads while dodo.py is still at its
-    `from kforge.dodo import *`. Empty where no dodo.py's top level imports kforge.dodo (a test, a script)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") != "kforge.dodo":
-        frame = frame.f_back
-    frame = frame and frame.f_back
-    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        frame = frame.f_back
-    if frame is None or frame.f_code.co_name != "<module>":
-        return set()
-    return {name[5:] for name in frame.f_code.co_names if name.startswith("task_") and len(name) > 5}
 
 
 def compile_tasks(root: Path, catalog: Catalog):
