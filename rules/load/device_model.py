@@ -252,9 +252,11 @@ def _install_torch(torch) -> None:
         "current_stream": lambda device=None: stream(),
         "default_stream": lambda device=None: stream(),
         "set_stream": lambda stream: None,
+        "is_current_stream_capturing": lambda: False,   # no CUDA graph is captured: nothing runs here
     }
     for name, fn in answers.items():
         setattr(cuda, name, fn)
+    cuda.graphs.is_current_stream_capturing = answers["is_current_stream_capturing"]   # the same, by its home
     _GpuTensors.install()
     # a stream or event a library keeps from its import (a side stream, a timing event) is a handle until used (a
     # CPU torch's own fail with its words); a stream wrapping a real one, or a graph, is GPU work when made
