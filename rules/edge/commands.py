@@ -2,6 +2,7 @@
 [tool.doit.plugins.command] (the rest of kforge's doit integration: edge/config.py)."""
 from __future__ import annotations
 
+import difflib
 import io
 import json
 from collections import Counter
@@ -160,10 +161,12 @@ class Info(DoitCmdBase):
     def _execute(self, pos_args):
         tasks = {t.name: t for t in self.task_list}
         if len(pos_args) != 1 or pos_args[0] not in tasks:
+            close = difflib.get_close_matches(pos_args[0], list(tasks), n=3, cutoff=0.6) if len(pos_args) == 1 else []
             families = sorted({t.kernel for t in map(compile_target_of, tasks.values()) if t})
+            listed = f"did you mean {' or '.join(close)}?" if close else \
+                f"families: {', '.join(families[:20])}{f' and {len(families) - 20} more' if len(families) > 20 else ''}"
             got = f"no target or family named {shown(pos_args[0])}" if len(pos_args) == 1 else "give one name"
-            raise InvalidCommand(f"kforge: doit info: {got}; families: {', '.join(families)}; "
-                                 f"`doit list --all` lists every target")
+            raise InvalidCommand(f"kforge: doit info: {got}; {listed}; `doit list --all` lists every target")
         task = tasks[pos_args[0]]
         target = compile_target_of(task)
         # printable: a spec's file name (a checkout's own) reaches a broken family's error
