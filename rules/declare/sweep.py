@@ -177,22 +177,33 @@ def _check_params(spec: Spec, params: tuple[str, ...]) -> None:
         if c not in constexprs and c not in hints:
             raise SpecError(f"{where}: [constants] {c}: not a constexpr of {spec.entry}; "
                             f"constexprs: {list(constexprs)}")
-    for c in constexprs:
-        if c not in constants and c not in params and c not in spec.derived and not all(
-                c in spec.on_arch(a) for a in spec.archs):
-            unread = dict(spec.unread_defaults).get(c)
-            dtype = _dtype_default(unread)
-            if dtype is not None:   # a string in [constants] would reach Triton as a string: no .to_ir at compile
-                raise SpecError(f"{where}: constexpr {c} has no value: its default in the source, {shown(unread, 80)}, "
-                                f"is a dtype; declare `{c} = \"dtype\"` in [signature] and give it in [constants] or "
-                                f"[sweep] (`{c} = \"{dtype}\"`)")
-            why = (f": its default in the source, {shown(unread, 80)}, is not one kforge reads (a literal, or a name "
-                   f"bound once to a literal at the top of its module or of a module of its package, a package with "
-                   f"an __init__.py)" if unread else "")
-            raise SpecError(f"{where}: constexpr {c} has no value{why}; add it to [constants] or [sweep]")
+    for c in without_value(spec, params):
+        if "prune" not in dict(spec.notes):   # else the autotuner's pruner may set it: checked once it has pruned
+            raise SpecError(no_value(spec, c))   # (rules/plan/targets.py _pruned)
     for v in type_vars:
         if v not in params:
             raise SpecError(f"{where}: [signature] uses {{{v}}} but [sweep] has no {v}; add `{v} = [\"bf16\"]`")
+
+
+def without_value(spec: Spec, params: tuple[str, ...], arch: str | None = None) -> list[str]:
+    """The constexprs the spec gives no value on `arch` (None: on some arch of its own)."""
+    constants = dict(spec.constants)
+    return [c for c in spec.constexprs if c not in constants and c not in params and c not in spec.derived
+            and not (c in spec.on_arch(arch) if arch else all(c in spec.on_arch(a) for a in spec.archs))]
+
+
+def no_value(spec: Spec, c: str, pruned: str = "") -> str:
+    """The line saying constexpr c has no value; `pruned`: the words saying the pruner did not set it either."""
+    unread = dict(spec.unread_defaults).get(c)
+    dtype = _dtype_default(unread)
+    if dtype is not None:   # a string in [constants] would reach Triton as a string: no .to_ir at compile
+        return (f"{spec.path}: constexpr {c} has no value: its default in the source, {shown(unread, 80)}, is a "
+                f"dtype{pruned}; declare `{c} = \"dtype\"` in [signature] and give it in [constants] or [sweep] "
+                f"(`{c} = \"{dtype}\"`)")
+    why = (f": its default in the source, {shown(unread, 80)}, is not one kforge reads (a literal, or a name "
+           f"bound once to a literal at the top of its module or of a module of its package, a package with "
+           f"an __init__.py)" if unread else "")
+    return f"{spec.path}: constexpr {c} has no value{why}{pruned}; add it to [constants] or [sweep]"
 
 
 def _dtype_default(text) -> str | None:

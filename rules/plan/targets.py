@@ -15,7 +15,7 @@ from kforge.base.errors import SpecError
 from kforge.declare.spec_model import TYPE_VAR_RE, Spec, shown_path
 from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from kforge.base.dtypes import canonical_arg_type
-from kforge.declare.sweep import check_config_id, config_id
+from kforge.declare.sweep import check_config_id, config_id, no_value, without_value
 from kforge.base.target import Target
 from kforge_runtime.schema import COMPILE_TIME
 
@@ -115,22 +115,28 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if spec.reads_args:   # the module's own code, asked in a child process (rules/load/entry_probe.py)
             from kforge.load.entry_probe import Probe
             probe = Probe.of(root, **spec.importing(arch_name))
-            configs = list(configs)
+            configs, added = list(configs), [{} for _ in configs]
             if "prune" in dict(spec.notes):   # the configs its autotuner would try, as it prunes them
-                configs = _pruned(spec, arch_name, configs, probe, module)
+                configs, added = _pruned(spec, arch_name, configs, probe, module)
             if len(pinned) < len(spec.derived):   # the entry's @triton.heuristics, on each config
-                given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c)} for c in configs]
+                # as at a launch, they see what the pruned config adds (Autotuner.run passes its kwargs)
+                given = [{**dict(spec.constants), **spec.on_arch(arch_name), **dict(c), **a}
+                         for c, a in zip(configs, added)]
                 pointers = [_pointer_types(spec, known) for known in given]
                 derived = probe.heuristics(module, spec.entry, given, pointers, spec.path, pinned, spec.name)
-                result += [_target(shared, c, d) for c, d in zip(configs, derived)]
+                result += [_target(shared, c, {**a, **d}) for c, a, d in zip(configs, added, derived)]
                 continue
+            result += [_target(shared, c, a) for c, a in zip(configs, added)]
+            continue
         result += [_target(shared, config) for config in configs]
     return result
 
 
-def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
+def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> tuple[list, list[dict]]:
     """The configs of one arch as the entry's autotuner prunes them (rules/load/entry_probe.py), per group that
-    shares the spec's own values; what it keeps or rewrites are the targets, less the spec's [[exclude]]."""
+    shares the spec's own values; what it keeps or rewrites are the targets, less the spec's [[exclude]]. Second:
+    per config, the values the pruned config sets beyond the autotuned parameters (constexprs the spec leaves
+    without value, options), carried as a heuristic's are: Triton's launch passes them with the config's."""
     groups: dict[tuple, list[dict]] = {}
     for c in configs:
         own = tuple((p, v) for p, v in c if p not in spec.tuned)
@@ -144,26 +150,50 @@ def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> list:
             "args": {a: v for a, v in known.items() if a in kinds and kinds[a] not in COMPILE_TIME},
             "kwargs": {a: v for a, v in known.items() if kinds.get(a) in COMPILE_TIME and a not in spec.tuned}})
     kept = probe.prune(module, spec.entry, requests, spec.path, spec.name)
-    found: dict[tuple, None] = {}
+    tuner = f"the autotuner of {module}.{spec.entry}"
+    given = {**{p: "[sweep]" for p in spec.configs.params if p not in spec.tuned},
+             **{c: "[constants]" for c, _ in spec.constants if c not in spec.defaulted},
+             **{c: f"[arch.{arch}]" for c in spec.on_arch(arch)}}
+    unset = without_value(spec, spec.configs.params, arch)   # constexprs only the pruner may set
+    found: dict[tuple, dict] = {}
     ids: dict[str, tuple] = {}
     for own, chosen in zip(groups, kept):
         for values in chosen:
-            if set(values) != set(spec.tuned):
-                raise SpecError(f"{spec.path}: the autotuner of {module}.{spec.entry} pruned its configs into one "
-                                f"that sets {sorted(values)}, not {sorted(spec.tuned)}; kforge sweeps configs that "
-                                f"set the same parameters")
+            if not set(spec.tuned) <= set(values):
+                raise SpecError(f"{spec.path}: {tuner} pruned its configs into one that sets {sorted(values)}, not "
+                                f"{sorted(spec.tuned)}; kforge sweeps configs that set the same parameters")
+            # what it adds: a heuristic's value stands over it (Triton runs those after the autotuner)
+            added = {p: v for p, v in values.items() if p not in spec.tuned and p not in spec.derived}
+            for p, v in added.items():
+                if p in given:   # the launch would pass it and the config would: Triton refuses the conflict
+                    raise SpecError(f"{spec.path}: {tuner} prunes its configs into ones that set {p} (to {v!r}), which "
+                                    f"the spec gives in {given[p]}; leave {p} out of the spec: a launch giving it "
+                                    f"fails in Triton (\"Conflicting meta-parameters\"), the pruner sets it")
+                if p not in spec.constexprs and p not in OPTIONS:
+                    raise SpecError(f"{spec.path}: {tuner} pruned its configs into one that sets {p}, neither a "
+                                    f"constexpr of {spec.entry} nor a compile option (Triton refuses that launch); "
+                                    f"fix the pruner")
             merged = {**dict(own), **values}
             config = tuple((p, merged[p]) for p in spec.configs.params)
             if config in found or any(ex.matches(config, arch) for ex in spec.excludes):
+                if config in found and found[config] != added:
+                    raise SpecError(f"{spec.path}: {tuner} pruned its configs into two that differ only in what "
+                                    f"it adds ({found[config]} and {added}, with {dict(config)}); kforge builds "
+                                    f"one target per config: make the difference a swept parameter")
                 continue
             # values the spec's sweep was never checked with: an option's, an id that must stay safe and unique
-            for p, v in config:
+            for p, v in (*config, *added.items()):
                 problem = value_problem(p, v) if p in OPTIONS and p not in spec.constexprs else None
                 if problem:
                     raise SpecError(f"{spec.path}: the autotuner's pruner set {p}: {problem}")
             check_config_id(spec, config, ids, f"the autotuner's pruner on {arch}")
-            found[config] = None
-    return list(found)
+            missing = [c for c in unset if c not in added]
+            if missing:
+                raise SpecError(no_value(spec, missing[0], f", and the autotuner's pruner "
+                                f"({dict(spec.notes)['prune']}) did not set it in config {config_id(spec, config)} "
+                                f"on {arch}"))
+            found[config] = added
+    return list(found), list(found.values())
 
 
 def _pointer_types(spec, known: dict) -> dict:
@@ -258,5 +288,8 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
            **({"functions": functions} if functions else {}), **({"placeholders": placeholders} if placeholders else {})}
     key = keys.action_key({"shared": shared.key, **own})
     key_without_sources = keys.action_key({"shared": shared.key_without_sources, **own})
-    return Target(**shared.fields, config_id=cid, signature=signature, constexprs=constexprs, options=options,
+    fields = shared.fields
+    if derived and set(derived) & set(fields["defaulted"]):   # a pruner's value, not the source's default
+        fields = {**fields, "defaulted": tuple(a for a in fields["defaulted"] if a not in derived)}
+    return Target(**fields, config_id=cid, signature=signature, constexprs=constexprs, options=options,
                   config=config, key=key, key_without_sources=key_without_sources, placeholders=placeholders)

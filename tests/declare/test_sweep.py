@@ -372,3 +372,16 @@ def test_one_name_in_constants_and_in_sweep_is_one_line(tmp_path):
     with pytest.raises(SpecError) as e:
         load(tmp_path, spec_text().replace("[sweep]", "[constants]\nBLOCK = 64\n\n[sweep]"))
     assert str(e.value) == "specs/s.toml: BLOCK is both in [constants] and in [sweep]; keep one"
+
+
+def test_a_constexpr_without_value_waits_for_the_pruner_only_where_the_autotuner_prunes(tmp_path):
+    """gemlite's pruners add NUM_STAGES to the configs they return: a constexpr the spec leaves without value is
+    refused at load unless the entry's autotuner prunes (its notes carry "prune"), whose configs may set it
+    (rules/plan/targets.py checks each pruned config)."""
+    import dataclasses
+    from kforge.declare.sweep import _check_params
+    spec = load(tmp_path, spec_text())
+    spec = dataclasses.replace(spec, signature=spec.signature + (("NS", "constexpr"),))
+    with pytest.raises(SpecError, match=r"^specs/s.toml: constexpr NS has no value; add it to \[constants\] or "):
+        _check_params(spec, spec.configs.params)
+    _check_params(dataclasses.replace(spec, notes=(("prune", "tk.scale.prune"),)), spec.configs.params)

@@ -233,8 +233,11 @@ def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 @pytest.mark.parametrize("kept, said", [
     ('triton.Config({"BLOCK": 64, "EXTRA": 1}, num_warps=4)',
-     "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets ['BLOCK', 'EXTRA', 'num_stages', "
-     "'num_warps'], not ['BLOCK', 'num_stages', 'num_warps']; kforge sweeps configs that set the same parameters"),
+     "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets EXTRA, neither a constexpr of "
+     "tuned_kernel nor a compile option (Triton refuses that launch); fix the pruner"),
+    ('triton.Config({}, num_warps=4)',
+     "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets ['num_stages', 'num_warps'], not "
+     "['BLOCK', 'num_stages', 'num_warps']; kforge sweeps configs that set the same parameters"),
     ('triton.Config({"BLOCK": 64}, num_warps=3)',
      "the autotuner's pruner set num_warps: got 3; allowed: a power of two, at most 1024 threads a block"),
 ])
@@ -311,3 +314,63 @@ def test_a_module_the_kernel_imports_that_cannot_be_read_is_one_line_naming_it(t
         build_targets([spec], root, None)
     assert str(e.value) == (f"specs/s.toml: reading the sources of kernel scale failed: PermissionError: [Errno 13] "
                             f"Permission denied: '{root / 'tk' / 'helper.py'}'")
+
+
+ADDING = '''
+import triton
+import triton.language as tl
+
+
+def prune(configs, named_args, **kwargs):
+    return [triton.Config({**c.kwargs, ADDS}, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"], prune_configs_by={"early_config_prune": prune})
+@triton.heuristics({"TWICE": lambda args: args["NS"] * 2})
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, NS: tl.constexpr, TWICE: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("adds, constants, said", [
+    ('"NS": c.kwargs["BLOCK"] // 64', "", None),
+    ('"NS": 1', "[constants]\nNS = 1\n",
+     "the autotuner of tk.scale.tuned_kernel prunes its configs into ones that set NS (to 1), which the spec gives "
+     "in [constants]; leave NS out of the spec: a launch giving it fails in Triton (\"Conflicting "
+     "meta-parameters\"), the pruner sets it"),
+    ('"BLOCK": c.kwargs["BLOCK"]', "",
+     "constexpr NS has no value, and the autotuner's pruner (tk.scale.prune) did not set it in config "
+     "fp16-n1024-block64-num_warps4-num_stages3 on sm_90a; add it to [constants] or [sweep]"),
+    ('"NS": 1, "OTHER": 1', "",
+     "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets OTHER, neither a constexpr of "
+     "tuned_kernel nor a compile option (Triton refuses that launch); fix the pruner"),
+])
+def test_a_constexpr_the_pruner_adds_takes_its_value_from_each_pruned_config(tmp_path, adds, constants, said):
+    """gemlite's pruners add NUM_STAGES (EVEN_K, ...) to the configs they return, and Triton's launch passes them:
+    no spec built such a family (without NS: 'has no value'; with it: 'pruned into one that sets [BLOCK, NS]').
+    Now a constexpr the spec leaves without value takes each pruned config's, in its constexprs and key, and a
+    heuristic under the autotuner sees it, as at a launch; one the spec gives, or none sets, is one line."""
+    from kforge.declare.spec import SpecError
+    from kforge.load.entry_probe import Probe
+    text = (spec_text().replace("scale_kernel", "tuned_kernel").replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "")
+            .replace('BLOCK = "constexpr"', 'BLOCK = "constexpr"\nNS = "constexpr"\nTWICE = "constexpr"'))
+    root = make_project(tmp_path, specs={"s": constants + text.split("BLOCK = [")[0] + "n = [1024]\n"},
+                        kernels={"scale": ADDING.replace("ADDS", adds)})
+    try:
+        spec = load_spec(root / "specs" / "s.toml", root)
+        if said is None:
+            targets = build_targets([spec], root, None)
+        else:
+            with pytest.raises(SpecError) as e:
+                build_targets([spec], root, None)
+    finally:
+        Probe.close_all()
+    if said is not None:
+        assert str(e.value) == f"specs/s.toml: {said}"
+        return
+    assert [(dict(t.config)["BLOCK"], dict(t.constexprs)["NS"], dict(t.constexprs)["TWICE"]) for t in targets] == [
+        (64, 1, 2), (128, 2, 4)]
+    assert len({t.key for t in targets}) == 2 and all("NS" not in dict(t.config) for t in targets)
