@@ -560,7 +560,24 @@ def _catalog_package(entry: str) -> Path:
     if found.path.name != "__init__.py":
         raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry[:100]} is a module, not a package; name the "
                         f"package whose folder holds the spec files")
-    return found.path.parent
+    folder = found.path.parent
+    # a library's own modules would each run as a catalog file (its imports, its side effects) and fail as one
+    if not any(f.suffix != ".py" or _imports_kforge(f) for f in catalog_files(folder, [folder])) and \
+            not any(map(_imports_kforge, folder.glob("_*.py"))):   # or a helper its catalogs import kforge by
+        raise SpecError(f"{PYPROJECT}: [tool.kforge] catalog: {entry[:100]} is an installed package that holds no "
+                        f"spec (no .toml or .jsonl, no .py importing kforge): a library, not a catalog; build its "
+                        f"kernels from specs of your own that name them (`module = \"{entry[:60]}.<module>\"`, "
+                        f"docs/libraries.md)")
+    return folder
+
+
+def _imports_kforge(path: Path) -> bool:
+    """Whether a .py file of an installed package imports kforge (a catalog, or a helper of catalogs)."""
+    import re
+    try:
+        return re.search(rb"^\s*(from|import)\s+kforge\b", path.read_bytes(), re.MULTILINE) is not None
+    except OSError:
+        return True   # read where it loads: its error names it there
 
 
 def catalog_files(root: Path, folders: list[Path] | None = None) -> list[Path]:

@@ -787,7 +787,7 @@ def test_a_catalog_entry_naming_a_module_not_a_package_is_one_line_naming_it(tmp
     site = tmp_path / "site"
     (site / "mylib").mkdir(parents=True)
     (site / "mylib" / "__init__.py").write_text("")
-    (site / "mylib" / "specs.py").write_text("")
+    (site / "mylib" / "specs.py").write_text("from kforge.declare import family\n")
     monkeypatch.syspath_prepend(str(site))
     root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["mylib.specs"]')
     with pytest.raises(SpecError) as e:
@@ -808,3 +808,27 @@ def test_a_broken_family_whose_file_name_is_no_task_name_is_listed_under_one_mad
         catalog_module.Broken("family", "specs/2024.toml", "specs/2024.toml: x"),
         catalog_module.Broken("family_broken", "specs/_2024.toml", "specs/_2024.toml: y"),
         catalog_module.Broken("scale_v2_broken", "specs/scale_v2.toml", "specs/scale_v2.toml: z")]
+
+
+def test_an_installed_library_named_as_a_catalog_is_one_line_and_none_of_its_modules_runs(tmp_path, monkeypatch):
+    """`catalog = ["cut_cross_entropy"]` ran each of the library's modules as a catalog file (a module writing a
+    file at import wrote it) and said, per module, to call kforge.declare.family in site-packages (two outside
+    reviews: cut-cross-entropy, gemlite). A package holding specs still loads as a catalog."""
+    site = tmp_path / "site"
+    (site / "plainlib").mkdir(parents=True)
+    (site / "plainlib" / "__init__.py").write_text("")
+    (site / "plainlib" / "ops.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (site / "speclib").mkdir()
+    (site / "speclib" / "__init__.py").write_text("")
+    (site / "speclib" / "fams.py").write_text("from kforge.declare import family\n")
+    monkeypatch.syspath_prepend(str(site))
+    root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["plainlib"]')
+    with pytest.raises(SpecError) as e:
+        catalog_module.catalog_folders(root)
+    assert str(e.value) == (
+        "pyproject.toml: [tool.kforge] catalog: plainlib is an installed package that holds no spec (no .toml or "
+        ".jsonl, no .py importing kforge): a library, not a catalog; build its kernels from specs of your own that "
+        "name them (`module = \"plainlib.<module>\"`, docs/libraries.md)")
+    assert not (tmp_path / "ran").exists()
+    root = with_catalog(make_project(tmp_path / "q"), 'catalog = ["speclib"]')
+    assert catalog_module.catalog_folders(root) == [site / "speclib"]
