@@ -115,7 +115,8 @@ def spec_targets(spec: Spec, root: Path, arch_filter: tuple[str, ...] | None,
         if spec.reads_args:   # the module's own code, asked in a child process (rules/load/entry_probe.py)
             from kforge.load.entry_probe import Probe
             probe = Probe.of(root, **spec.importing(arch_name))
-            configs, added = list(configs), [{} for _ in configs]
+            configs = list(configs)   # an iterator: listed before `added` counts it
+            added = [{} for _ in configs]
             if "prune" in dict(spec.notes):   # the configs its autotuner would try, as it prunes them
                 configs, added = _pruned(spec, arch_name, configs, probe, module)
             if len(pinned) < len(spec.derived):   # the entry's @triton.heuristics, on each config
