@@ -5,6 +5,7 @@ kernel source is read with `ast`, nothing here imports a compiler.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import stat
 import tomllib
@@ -210,7 +211,9 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                 raise SpecError(f"{where}: {module}.{k['entry']}: @triton.heuristics around @triton.autotune sets "
                                 f"{clash[0]}, which the autotune configs set too: Triton fails at launch with both; "
                                 f"put the heuristic under the autotuner, or drop {clash[0]} from one of them")
-            swept, extras, made = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}")
+            listed_on = lambda c: [a for a in arch_names if not any(c == e and a in on for e, on in elsewhere)]
+            swept, extras, made = _with_autotune(swept, extras, chosen["autotune"], where, f"{module}.{k['entry']}",
+                                                 listed_on)
             tuned = tuple(chosen["autotune"][0])
         notes = _tuner_notes(chosen, hints, signature, where, f"{module}.{k['entry']}")
     if k["toolchain"] == "triton":   # a constexpr the spec gives no value takes its default in the source
@@ -310,15 +313,26 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
 
 
 def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
-                   entry: str) -> tuple[dict, list, int]:
+                   entry: str, listed_on=None) -> tuple[dict, list, int]:
     """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first joins
     the sweep, the rest become extras, one per combination of the spec's own swept values, before the spec's
-    [[extra]] (their number is the third value: a config the library lists twice is one target)."""
+    [[extra]] (their number is the third value: a config the library lists twice is one target). listed_on:
+    a config -> the archs whose autotuner lists it."""
     if not configs:
         raise SpecError(f"{where}: {entry}'s @triton.autotune lists no configs; give it at least one")
     keys = list(configs[0])
     for c in configs:
         if set(c) != set(keys):
+            sides: dict[tuple, list] = {}   # each set of parameters -> the archs listing a config that sets it
+            for d in configs:
+                sides.setdefault(tuple(sorted(d)), []).extend(listed_on(d) if listed_on else ())
+            archs = [list(dict.fromkeys(on)) for on in sides.values()]
+            if listed_on and len({a for on in archs for a in on}) == sum(map(len, archs)):   # no arch on two sides
+                raise SpecError(f"{where}: {entry}'s @triton.autotune configs set different parameters on different "
+                                f"archs (" + "; ".join(f"{list(s)} on {', '.join(on)}" for s, on in zip(sides, archs))
+                                + f"); kforge sweeps configs that set the same ones: give each side a spec of its "
+                                  f"own, {_per_vendor(archs)}(" + " and ".join(f"archs = {json.dumps(on)}" for on in
+                                                                              archs) + ")")
             raise SpecError(f"{where}: {entry}'s @triton.autotune configs set different parameters ({sorted(keys)} "
                             f"and {sorted(c)}); kforge sweeps configs that set the same ones")
     clash = [key for key in keys if key in swept]
@@ -329,6 +343,12 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
     grown = {**swept, **{key: [configs[0][key]] for key in keys}}
     added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
     return grown, [*added, *extras], len(added)
+
+
+def _per_vendor(sides: list[list[str]]) -> str:
+    """'one per vendor ' where each side's archs are one vendor's, a vendor of its own; else ''."""
+    vendors = [{archs_mod.ARCHS[a].vendor for a in on} for on in sides]
+    return "one per vendor " if all(len(v) == 1 for v in vendors) and len(set().union(*vendors)) == len(sides) else ""
 
 
 def _tuner_notes(chosen: dict, hints: tuple, signature, where: str, entry: str) -> tuple[tuple[str, str], ...]:

@@ -854,3 +854,39 @@ def test_a_pruner_finds_the_specs_constexprs_in_nargs_and_in_kwargs_as_either_la
     assert entry_probe._prune("positional_lib", "kernel", [
         {"configs": configs, "args": {}, "kwargs": {"N": 4096}, "pointers": {"x_ptr": "fp32"}}]) == {
         "kept": [[configs[0]]]}
+
+
+VENDOR_CONFIGS = '''
+import triton
+import triton.language as tl
+IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
+CONFIGS = [triton.Config({"BLOCK": 64, "waves_per_eu": 2})] if IS_HIP else [triton.Config({"BLOCK": 64})]
+
+
+@triton.autotune(configs=CONFIGS + [triton.Config({**c.kwargs, "BLOCK": 128}) for c in CONFIGS], key=["n"])
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+'''
+
+
+def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_and_one_spec_per_vendor(tmp_path):
+    """gemlite's AMD configs add waves_per_eu: a family for sm_90a and gfx942 was refused naming two parameter
+    lists, neither the archs each came from nor the fix (a spec per vendor)."""
+    from kforge.declare.spec import load_spec
+    from kforge.load.entry_probe import Probe
+    spec = ('[kernel]\nname = "copy"\nsource = "tk/vk.py"\nentry = "copy_kernel"\ntoolchain = "triton"\n'
+            'archs = ["sm_80", "sm_90a", "gfx942"]\n\n[signature]\nx_ptr = "*{dtype}"\ny_ptr = "*{dtype}"\n'
+            'n = "i32"\nBLOCK = "constexpr"\n\n[sweep]\ndtype = ["fp32"]\n')
+    root = make_project(tmp_path, specs={"copy": spec}, kernels={"vk": VENDOR_CONFIGS})
+    try:
+        with pytest.raises(SpecError) as e:
+            load_spec(root / "specs" / "copy.toml", root)
+    finally:
+        Probe.close_all()
+    assert str(e.value) == (
+        "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs set different parameters on different archs "
+        "(['BLOCK', 'num_stages', 'num_warps'] on sm_80, sm_90a; ['BLOCK', 'num_stages', 'num_warps', "
+        "'waves_per_eu'] on gfx942); kforge sweeps configs that set the same ones: give each side a spec of its "
+        'own, one per vendor (archs = ["sm_80", "sm_90a"] and archs = ["gfx942"])')
