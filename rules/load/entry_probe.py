@@ -388,11 +388,12 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
         tuner.configs = [_as_config(c) for c in group["configs"]]
         # as Autotuner.run: its nargs are the launch's positional arguments, a constexpr too where the library's
         # launch passes it so (gemlite's pruners read nargs["N"]); its kwargs the keyword ones: both are unknown
-        # here, so the spec's constexprs are in both
+        # here, so the spec's constexprs are in both, and so are its shape hints (gemlite's pruners read
+        # kwargs["load_scales_as_block"], a runtime argument its launch passes by keyword)
         tuner.perf_model = None
         tuner.nargs = _Arguments({**group["args"], **group["kwargs"]}, group["pointers"])
         try:
-            chosen = tuner.prune_configs(dict(group["kwargs"]))
+            chosen = tuner.prune_configs({**group["args"], **group["kwargs"]})
         except KeyError as e:
             if e.args and e.args[0] in getattr(layers[-1], "arg_names", ()):
                 return {"error": f"the autotuner of {module}.{entry} prunes its configs by {e.args[0]!r}, which the "

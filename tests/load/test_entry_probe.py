@@ -890,3 +890,39 @@ def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_an
         "(['BLOCK', 'num_stages', 'num_warps'] on sm_80, sm_90a; ['BLOCK', 'num_stages', 'num_warps', "
         "'waves_per_eu'] on gfx942); kforge sweeps configs that set the same ones: give each side a spec of its "
         'own, one per vendor (archs = ["sm_80", "sm_90a"] and archs = ["gfx942"])')
+
+
+KEYWORD_PRUNER = '''
+import triton
+import triton.language as tl
+
+
+def prune(configs, nargs, **kwargs):
+    return [c for c in configs if c.kwargs["BLOCK"] <= 64 or kwargs["big"]]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"],
+                 prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, big, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+'''
+
+
+def test_a_pruner_reading_a_runtime_argument_from_its_kwargs_gets_the_specs_shape_hint(tmp_path):
+    """gemlite's pruners read kwargs['load_scales_as_block'], a runtime argument its launch passes by keyword:
+    given as a shape hint, the pruner found it only in nargs, and the family was refused as pruning by a value
+    'the spec does not give' (which launch passes it by keyword, only the library's launch says)."""
+    from kforge.declare.spec import load_spec
+    from kforge.load.entry_probe import Probe
+    from kforge.plan.targets import build_targets
+    spec = ('[kernel]\nname = "copy"\nsource = "tk/kp.py"\nentry = "copy_kernel"\ntoolchain = "triton"\n'
+            'archs = ["sm_90a"]\n\n[signature]\nx_ptr = "*{dtype}"\ny_ptr = "*{dtype}"\nn = "i32"\nbig = "i32"\n'
+            'BLOCK = "constexpr"\n\n[constants]\nbig = 0\n\n[sweep]\ndtype = ["fp32"]\n')
+    root = make_project(tmp_path, specs={"copy": spec}, kernels={"kp": KEYWORD_PRUNER})
+    try:
+        targets = build_targets([load_spec(root / "specs" / "copy.toml", root)], root, None)
+    finally:
+        Probe.close_all()
+    assert [dict(t.constexprs)["BLOCK"] for t in targets] == [64]
