@@ -564,9 +564,14 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict],
                 try:
                     value = rule(seen)
                 except KeyError as e:
-                    return {"error": f"heuristic {name} of {module}.{entry} reads {e.args[0]!r}, which the spec "
-                                     f"does not give; add it to [constants] or [sweep] (a runtime argument "
-                                     f"counts as a shape hint there)"}
+                    read = e.args[0] if e.args else ""
+                    # a value the launch passes and a heuristic keeps (`"GRAD": lambda a: a["GRAD"]`) is a
+                    # heuristic's name: [constants] and [sweep] refuse those, [override] pins it
+                    fix = (f"give it in [override] ({read} = [...]): a heuristic computes it, so [constants] and "
+                           f"[sweep] cannot" if any(read in layer.values for layer in layers) else
+                           "add it to [constants] or [sweep] (a runtime argument counts as a shape hint there)")
+                    return {"error": f"heuristic {name} of {module}.{entry} reads {read!r}, which the spec does not "
+                                     f"give; {fix}"}
                 except LaunchOnly as e:   # a pointer argument's shape, device, address or values
                     return {"error": f"heuristic {name} of {module}.{entry} reads {e.argument}.{e.read}{_where(e)}: "
                                      f"a tensor's {e.what} known only at launch, and kforge builds before it (a "

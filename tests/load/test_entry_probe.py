@@ -926,3 +926,30 @@ def test_a_pruner_reading_a_runtime_argument_from_its_kwargs_gets_the_specs_shap
     finally:
         Probe.close_all()
     assert [dict(t.constexprs)["BLOCK"] for t in targets] == [64]
+
+
+ECHO = '''
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"GRAD": lambda args: args["GRAD"], "EVEN": lambda args: args["n"] % 64 == 0})
+@triton.jit
+def kernel(x_ptr, n, GRAD: tl.constexpr, EVEN: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, 64), tl.arange(0, 64))
+'''
+
+
+def test_a_heuristic_keeping_a_value_the_launch_passes_names_override_as_the_fix(tmp_path, monkeypatch):
+    """cut-cross-entropy's `"REQUIRES_GRAD": lambda args: args["REQUIRES_GRAD"]`: the line said to add it to
+    [constants] or [sweep], and each of those refuses a heuristic's name; [override] is the one that builds (an
+    outside review). A value no heuristic computes keeps the old fix."""
+    from kforge.load import entry_probe
+    write_files(tmp_path, {"echo_lib.py": ECHO})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kept = entry_probe._heuristics("echo_lib", "kernel", [{"n": 128}], [{}], [])["error"]
+    assert kept == ("heuristic GRAD of echo_lib.kernel reads 'GRAD', which the spec does not give; give it in "
+                    "[override] (GRAD = [...]): a heuristic computes it, so [constants] and [sweep] cannot")
+    shape = entry_probe._heuristics("echo_lib", "kernel", [{}], [{}], ["GRAD"])["error"]
+    assert shape.endswith("reads 'n', which the spec does not give; add it to [constants] or [sweep] (a runtime "
+                          "argument counts as a shape hint there)")
