@@ -96,8 +96,10 @@ def _skip(target: Target, reason: str, inputs: list | None) -> dict:
 def _fail(target: Target, error: str, traceback: str = "", inputs: list | None = None) -> TaskFailed:
     """The failure, kept in error.txt; `inputs` (what the compile read) only for a deterministic one, which the
     next runs then report from there without compiling (artifact.saved_failure)."""
+    retry = f"doit {target.name}" if inputs is None else \
+        f"doit forget {target.name} && doit {target.name} (a plain retry replays it: it fails so from these inputs)"
     message = (f"{target.name} failed\n  spec: {target.spec_path}\n  config: {dict(target.config)}\n"
-               f"  error: {error}\n  {RETRY_HINT} doit {target.name}")
+               f"  error: {error}\n  {RETRY_HINT} {retry}")
     _keep_error(target, f"{message}{artifact.TRACEBACK}{traceback}" if traceback else message, inputs)
     return TaskFailed(message)
 

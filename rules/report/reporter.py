@@ -130,7 +130,9 @@ class BuildReporter(ConsoleReporter):
         record = {"name": task.name, "status": status, "seconds": round(seconds, 3), **(extra or {}),
                   "start": round(begun - self.started_at, 3)}   # a timeline of the run: when it was handed out
         if error:
-            record["error"] = "\n".join(error.strip().splitlines()[:ERROR_LINES])
+            lines = error.strip().splitlines()
+            retry = [line for line in lines[ERROR_LINES:] if line.strip().startswith(RETRY)]   # kept: the summary's
+            record["error"] = "\n".join(lines[:ERROR_LINES] + retry[:1])
             record["cause"] = error_line(error)   # one line; what the summary groups failures by
         if _is_package(task):
             self.packages[task.name] = record
@@ -316,9 +318,13 @@ def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
     """Failed targets grouped by their error line, largest group first: one paragraph per distinct error, naming
     how many failed with it and the first few."""
     groups: dict[tuple[str, bool], list[str]] = {}
+    retries: dict[tuple[str, bool], str] = {}   # the first target's own retry line (a deterministic one forgets)
     for r in failed:
         error = r.get("cause") or error_line(r.get("error", ""))
-        groups.setdefault((error, REPLAYED in r.get("error", "")), []).append(r["name"])
+        group = (error, REPLAYED in r.get("error", ""))
+        groups.setdefault(group, []).append(r["name"])
+        retries.setdefault(group, next((line.strip()[len(RETRY):].strip() for line in r.get("error", "").splitlines()
+                                        if line.strip().startswith(RETRY)), f"doit {r['name']}"))
     lines = []
     for (error, replayed), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         head = (f"{plural(len(names), 'target')} failed with" if len(names) > 1 else f"{names[0]} failed with")
@@ -331,7 +337,7 @@ def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
             lines.append(f"  replayed, not compiled: it failed so before from the same key and inputs; "
                          f"`doit forget {names[0]}` compiles it again")
         else:
-            lines.append(f"  retry one alone: doit {names[0]}")
+            lines.append(f"  retry one alone: {retries[error, replayed]}")
     if failed:
         lines.append("Each failed target's full message and traceback is in its error.txt "
                      "(out/<arch>/<kernel>/<config_id>/); every failure is in out/build-report.json.")

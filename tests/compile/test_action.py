@@ -198,6 +198,9 @@ def test_a_deterministic_compile_failure_is_replayed_saying_how_to_retry_it_unti
     assert first.returncode != 0 and statuses(root, "failed") == {bad} and statuses(root, "built") == {good}
     error = root / "out" / "sm_90a" / "scale" / "fp16-b512-w4" / "error.txt"
     assert error.read_text().splitlines()[1].startswith("inputs: [[")   # what the failing compile read
+    # a plain retry would replay it: the hint forgets it first (an outside review: `retry alone` replayed)
+    assert (f"  retry one alone: doit forget {bad} && doit {bad} (a plain retry replays it: it fails so from these "
+            f"inputs)") in first.stdout.splitlines()
     compiled = imports.read_text()
 
     again = doit(root, env=env, check=False)
