@@ -510,8 +510,10 @@ INPUTS_LIMIT = 16 << 20   # its inputs line (~100 bytes a file the compile read)
 def read_error(target) -> Failure | None:
     """The target's error.txt, or None when there is none (or it cannot be read): its key and inputs lines and at
     most MESSAGE_LIMIT bytes of its message, which then ends in a line saying where the rest is. The same file
-    asked for again (doit info's state, then saved_failure) is not read again while its identity is the same."""
+    asked for again (doit info's state, then saved_failure) is not read again while its identity is the same.
+    None too where a link on its way leads outside out/: what lies there is no failure of this build's."""
     try:
+        guard.guard(target.layout.out, Path(target.error_path))
         with opened(target.error_path, limit=1 << 62) as f:   # any size: only its head is read
             st = os.fstat(f.fileno())
             identity = (target.error_path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -520,7 +522,7 @@ def read_error(target) -> Failure | None:
             head = f.readline(4096).decode("utf-8", "replace").rstrip("\n")
             inputs_line = f.readline(INPUTS_LIMIT + 1) if f.peek(len(INPUTS)).startswith(INPUTS.encode()) else b""
             body = f.read(MESSAGE_LIMIT + 1)
-    except OSError:
+    except (OSError, guard.OutsideOut):
         return None
     inputs = None
     if inputs_line.endswith(b"\n"):   # whole: one cut short is no record of what the compile read

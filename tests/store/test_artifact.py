@@ -196,6 +196,12 @@ def test_a_link_under_out_never_carries_a_write_outside_it(art, tmp_path):
         install(target_at(target, meta), Candidate(files))
     artifact.write_error(target_at(target, meta), "boom")
     assert list(elsewhere.iterdir()) == []
+    # nor is a failure read from there: an error.txt planted behind the link is no failure of this build's (it would
+    # be replayed as the target's, and doit info would show it)
+    (elsewhere / "fp16-b256-w4").mkdir()
+    (elsewhere / "fp16-b256-w4" / "error.txt").write_text(f"key: {meta['key']}\ninputs: []\nplanted\n")
+    assert artifact.read_error(target_at(target, meta)) is None
+    assert artifact.saved_failure(target_at(target, meta)) is None
 
 
 def test_a_directory_where_meta_json_belongs_is_replaced_by_the_build(art):
