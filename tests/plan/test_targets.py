@@ -374,3 +374,89 @@ def test_a_constexpr_the_pruner_adds_takes_its_value_from_each_pruned_config(tmp
     assert [(dict(t.config)["BLOCK"], dict(t.constexprs)["NS"], dict(t.constexprs)["TWICE"]) for t in targets] == [
         (64, 1, 2), (128, 2, 4)]
     assert len({t.key for t in targets}) == 2 and all("NS" not in dict(t.config) for t in targets)
+
+
+OPTION_ADDING = '''
+import triton
+import triton.language as tl
+
+
+def prune(configs, named_args, **kwargs):
+    return [triton.Config({**c.kwargs, ADDS}, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"], prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("option, value", [("matrix_instr_nonkdim", 16), ("waves_per_eu", 2)])
+def test_a_compile_option_the_pruner_adds_is_each_target_s_option_and_in_its_key(tmp_path, option, value):
+    """A pruner adding an AMD compile option to the configs it returns (targets.py _pruned: 'an added option is the
+    target's option'): the target on gfx942 carries it in its options, not in its config or constexprs, and its key
+    is not the key of the same config built without it (a pruner adding nothing)."""
+    from kforge.load.entry_probe import Probe
+    text = (spec_text(archs=("gfx942",)).replace("scale_kernel", "tuned_kernel")
+            .replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', ""))
+    spec_body = text.split("BLOCK = [")[0] + "n = [1024]\n"
+
+    def targets_of(folder, adds):
+        root = make_project(tmp_path / folder, specs={"s": spec_body},
+                            kernels={"scale": OPTION_ADDING.replace("ADDS", adds)})
+        try:
+            return build_targets([load_spec(root / "specs" / "s.toml", root)], root, None)
+        finally:
+            Probe.close_all()
+    added = targets_of("added", f'"{option}": {value}')
+    plain = targets_of("plain", '"BLOCK": c.kwargs["BLOCK"]')
+    assert [dict(t.config)["BLOCK"] for t in added] == [64, 128] == [dict(t.config)["BLOCK"] for t in plain]
+    assert all(dict(t.options).get(option) == value for t in added), [t.options for t in added]
+    assert all(option not in dict(t.options) for t in plain)
+    assert all(option not in dict(t.config) and option not in dict(t.constexprs) for t in added)
+    assert [t.config_id for t in added] == [t.config_id for t in plain]
+    assert all(a.key != p.key for a, p in zip(added, plain))
+
+
+DEFAULT_SET = '''
+import triton
+import triton.language as tl
+
+
+def prune(configs, named_args, **kwargs):
+    return [triton.Config({**c.kwargs, "NS": 2}, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"], prune_configs_by={"early_config_prune": prune})
+@triton.jit
+def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, NS: tl.constexpr = 1):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * NS, mask=i < n)
+'''
+
+
+def test_a_source_default_the_pruner_sets_is_replaced_and_builds(tmp_path):
+    """`NS: tl.constexpr = 1` in the def, and the pruner sets NS=2 (targets.py _target: 'a source default it sets is
+    replaced'): each target's constexprs hold 2, NS is no longer among its defaulted values, and a real build
+    compiles it (the compile checks a defaulted value against the imported def's default: 2 is not 1, and would
+    be refused)."""
+    from kforge.load.entry_probe import Probe
+    from tests.support import build_report, statuses
+    text = (spec_text().replace("scale_kernel", "tuned_kernel").replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "")
+            .replace('BLOCK = "constexpr"', 'BLOCK = "constexpr"\nNS = "constexpr"'))
+    root = make_project(tmp_path, specs={"s": text.split("BLOCK = [")[0] + "n = [1024]\n"},
+                        kernels={"scale": DEFAULT_SET})
+    try:
+        spec = load_spec(root / "specs" / "s.toml", root)
+        assert spec.defaulted == ("NS",)   # the spec gives NS no value: the source's default would be read
+        targets = build_targets([spec], root, None)
+    finally:
+        Probe.close_all()
+    assert [(dict(t.config)["BLOCK"], dict(t.constexprs)["NS"]) for t in targets] == [(64, 2), (128, 2)]
+    assert all("NS" not in t.defaulted for t in targets)
+    doit(root, "-n", "1")
+    assert statuses(root, "built") == {t.name for t in targets}, build_report(root)
