@@ -65,7 +65,7 @@ def read_state(path: Path, well_shaped) -> dict | None:
     try:
         found = json.loads(read_bytes(path))
         why = None if isinstance(found, dict) and well_shaped(found) else "is not in the shape this kforge writes"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # NotADirectoryError: out/.kforge a file (run_lock says so)
         return None
     except NotAFile as e:
         why = e.strerror
