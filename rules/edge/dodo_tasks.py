@@ -116,7 +116,10 @@ def broken_task(name: str, path: str, error: str) -> dict:
 
 def did_not_load(name: str, path: str, error: str):
     from doit.exceptions import TaskFailed
-    return TaskFailed(f"{name} did not load\n  spec: {path}\n  error: {error}\n  retry alone: doit {name}")
+    # a plain retry loads the same spec and fails the same way: the hint names the fix. Its 'retry alone:' prefix
+    # is the reporter's (rules/report/reporter.py): error_line stops above it, the summary takes what follows
+    return TaskFailed(f"{name} did not load\n  spec: {path}\n  error: {error}\n  retry alone: edit {path} (or the "
+                      f"file the error names) to fix it, then run doit {name} again; unchanged, it fails the same way")
 
 
 def compile_action(*args):

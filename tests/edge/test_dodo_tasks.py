@@ -212,3 +212,23 @@ def test_a_family_named_as_a_task_of_the_projects_dodo_py_is_one_line_and_the_re
     assert "hello from the project" in doit(root, "hello").stdout
     every = doit(root, "-n", "1", check=False, timeout=300)   # the broken family fails, the rest is up to date
     assert every.returncode == 1 and "ERROR" not in every.stderr and "hello_broken failed with: specs/hello.toml" in every.stdout
+
+
+def test_a_family_that_did_not_load_names_the_fix_not_a_retry_that_fails_the_same_way(tmp_path):
+    """A broken family's failure said `retry alone: doit bad` and the summary `retry one alone: doit bad`: that run
+    loads the same spec and fails the same way. Now the hint says to edit the spec named above it (or the file its
+    error names), then run again; the line keeps the reporter's 'retry alone:' prefix, so the error line stops
+    above it and the summary takes the hint as the failure's own."""
+    from tests.support import build_report
+    root = make_project(tmp_path, specs={"scale": spec_text(), "bad": "[kernel\nname = 'x'\n"})
+    cause = "specs/bad.toml: not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 8)"
+    hint = ("edit specs/bad.toml (or the file the error names) to fix it, then run doit bad again; unchanged, it "
+            "fails the same way")
+    failed = dodo_tasks.did_not_load("bad", "specs/bad.toml", cause)
+    assert failed.get_msg().splitlines()[-1] == f"  retry alone: {hint}"
+    run = doit(root, "-n", "1", check=False, timeout=300)
+    assert run.returncode == 1 and build_report(root)["bad"] == "failed", run.stdout
+    [record] = [t for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if t["name"] == "bad"]
+    assert record["cause"] == cause and record["error"].endswith(f"\n  retry alone: {hint}")
+    assert f"kforge: bad failed with: {cause}\n  retry one alone: {hint}\n" in run.stdout, run.stdout
+    assert "doit bad\n" not in run.stdout
