@@ -233,8 +233,10 @@ def _is_scalar(kind: str) -> bool:
 
 def _hint_problem(kind: str, value) -> str | None:
     """Why a shape hint cannot be a value its runtime argument receives at launch (None: it can)."""
-    if kind.startswith(("i", "u")):
-        ok, want = isinstance(value, int) and (kind == "u1" or not isinstance(value, bool)), "an integer"
+    if canonical_dtype(kind) == "u1":   # i1, bool: Triton passes a bool argument as a bool (0 and 1 work too)
+        ok, want = isinstance(value, int), "an integer or true/false"
+    elif kind.startswith(("i", "u")):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
     else:
         ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
     return None if ok else f"a shape hint for a {kind} argument must be {want}, got {shown(value)}"

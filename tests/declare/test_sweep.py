@@ -385,3 +385,48 @@ def test_a_constexpr_without_value_waits_for_the_pruner_only_where_the_autotuner
     with pytest.raises(SpecError, match=r"^specs/s.toml: constexpr NS has no value; add it to \[constants\] or "):
         _check_params(spec, spec.configs.params)
     _check_params(dataclasses.replace(spec, notes=(("prune", "tk.scale.prune"),)), spec.configs.params)
+
+
+FLAG_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"BLOCK": lambda args: 128 if args["flag"] else 64})
+@triton.jit
+def f_kernel(x_ptr, y_ptr, n, flag, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+'''
+
+
+@pytest.mark.parametrize("kind, value, block, said", [
+    ("i1", "false", 64, None), ("i1", "true", 128, None), ("i1", "0", 64, None), ("bool", "true", 128, None),
+    ("i1", "'yes'", None, "[constants] flag: a shape hint for a i1 argument must be an integer or true/false, got "
+                          "'yes'"),
+    ("i1", "0.5", None, "[constants] flag: a shape hint for a i1 argument must be an integer or true/false, got 0.5"),
+    ("i32", "false", None, "[constants] flag: a shape hint for a i32 argument must be an integer, got False"),
+])
+def test_a_shape_hint_for_a_bool_argument_takes_true_or_false(tmp_path, kind, value, block, said):
+    """gemlite's `load_scales_as_block = false` in [constants] for an i1 argument was refused ('a shape hint for a
+    i1 argument must be an integer, got False'; 0 worked): Triton passes a bool argument as a bool, so a 1-bit
+    argument's hint takes true/false, and the heuristic sees it; other values, and a bool for a wider integer,
+    stay one line."""
+    from kforge.load.entry_probe import Probe
+    from kforge.plan.targets import build_targets
+    text = (spec_text().replace("scale_kernel", "f_kernel").replace('n = "i32"', f'n = "i32"\nflag = "{kind}"')
+            .replace('id = "{dtype}-b{BLOCK}-w{num_warps}"\n', "").split("BLOCK = [")[0])
+    root = make_project(tmp_path, specs={"s": text + f"\n[constants]\nflag = {value}\n"},
+                        kernels={"scale": FLAG_KERNEL})
+    if said is not None:
+        with pytest.raises(SpecError) as e:
+            load_spec(root / "specs" / "s.toml", root)
+        assert str(e.value) == f"specs/s.toml: {said}"
+        return
+    try:
+        spec = load_spec(root / "specs" / "s.toml", root)
+        [target] = build_targets([spec], root, None)
+    finally:
+        Probe.close_all()
+    assert dict(spec.constants)["flag"] == (value == "true" if value != "0" else 0)
+    assert dict(target.constexprs)["BLOCK"] == block
