@@ -393,7 +393,8 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
         tuner.perf_model = None
         tuner.nargs = _Arguments({**group["args"], **group["kwargs"]}, group["pointers"])
         try:
-            chosen = tuner.prune_configs({**group["args"], **group["kwargs"]})
+            chosen = tuner.prune_configs(_taken(getattr(tuner, "early_config_prune", None),
+                                                {**group["args"], **group["kwargs"]}))
         except KeyError as e:
             if e.args and e.args[0] in getattr(layers[-1], "arg_names", ()):
                 return {"error": f"the autotuner of {module}.{entry} prunes its configs by {e.args[0]!r}, which the "
@@ -423,6 +424,19 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
                              f"would refuse that launch); give the spec shape hints it keeps configs for"}
         kept.append(found)
     return {"kept": kept}
+
+
+def _taken(pruner, kwargs: dict) -> dict:
+    """Of the values a launch may pass by name, those the pruner takes: all where it takes **kwargs, else the ones it
+    names (a launch passing another by name fails in Triton, so the library's passes none)."""
+    import inspect
+    try:
+        params = list(inspect.signature(pruner).parameters.values())[2:]   # after (configs, nargs)
+    except (TypeError, ValueError):   # none, or a builtin: Triton's call decides
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if any(p.name == k and p.kind is not p.VAR_POSITIONAL for p in params)}
 
 
 def _plain(value):

@@ -953,3 +953,20 @@ def test_a_heuristic_keeping_a_value_the_launch_passes_names_override_as_the_fix
     shape = entry_probe._heuristics("echo_lib", "kernel", [{}], [{}], ["GRAD"])["error"]
     assert shape.endswith("reads 'n', which the spec does not give; add it to [constants] or [sweep] (a runtime "
                           "argument counts as a shape hint there)")
+
+
+NAMED_ONLY = POSITIONAL.replace("def by_n(configs, nargs, **kwargs):", "def by_n(configs, nargs, N=None):").replace(
+    'and c.kwargs["BLOCK"] <= kwargs["N"]', 'and c.kwargs["BLOCK"] <= N')
+
+
+def test_a_pruner_taking_no_kwargs_gets_only_the_names_it_takes(tmp_path, monkeypatch):
+    """A pruner without **kwargs works in Triton when the library's launch passes by name only what it names; kforge
+    gave it every value the spec gives, and it failed on one it does not take (TypeError)."""
+    from kforge.load import entry_probe
+    assert "**kwargs" not in NAMED_ONLY
+    write_files(tmp_path, {"named_only_lib.py": NAMED_ONLY})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    configs = [{"BLOCK": 64, "num_warps": 4, "num_stages": 3}, {"BLOCK": 8192, "num_warps": 4, "num_stages": 3}]
+    assert entry_probe._prune("named_only_lib", "kernel", [
+        {"configs": configs, "args": {"m": 7}, "kwargs": {"N": 4096, "OTHER": 1}, "pointers": {"x_ptr": "fp32"}}]) == {
+        "kept": [[configs[0]]]}
