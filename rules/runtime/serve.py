@@ -159,8 +159,9 @@ class Served:
         return runner
 
     def _init_handles(self) -> None:
-        if self.kernel is None:   # load is dropped once used: it holds the checked binary's bytes
-            self.kernel, self.load = self.load(), None
+        load = self.load   # dropped once used (it holds the checked binary's bytes); read once: another thread may
+        if self.kernel is None and load is not None:   # have loaded it since (then it loads twice, harmlessly)
+            self.kernel, self.load = load(), None
 
     @property
     def name(self) -> str:
@@ -312,6 +313,7 @@ class Server:
         self.rechecks: dict[tuple, bool] = {}   # (autotuner, key, its pick) -> rechoose's answer
         self.misses: list[dict] = []   # every specialization the bundles lacked, in order (the CI guard's list)
         self.loaded: dict[int, object] = {}   # id(entry) -> its loaded Kernel (preload)
+        self.refused: dict[int, str] = {}   # id(entry) -> why its binary was refused (_proven)
         self.preload_at_first_call = False   # KFORGE_SERVE's preload: the process has picked its GPU by then
         self.lock = threading.Lock()
         self.setup_seconds = self.index_seconds = 0.0   # what serving adds to a process besides the launches
@@ -386,21 +388,22 @@ class Server:
 
     def _proven(self, bundle, entry: dict, line: dict | None = None) -> bytes | None:
         """The entry's binary once it is proven the manifest's (read and checked before the call counts as served), or
-        None: the entry is dropped, the call is a miss, and Triton compiles it (strict: NotServed)."""
+        None: the call is a miss, said once per entry, and Triton compiles it (strict: NotServed). A refused entry
+        stays indexed, so that two binaries for one call stay ambiguous (_pick) whether or not one was refused."""
         from .bundle import BundleError
-        try:
-            return bundle.binary(entry)
-        except (BundleError, OSError) as e:
-            with self.lock:
-                for held in self.entries.values():
-                    held[:] = [h for h in held if h[1] is not entry]
-            miss = line if line is not None else {"kernel": entry.get("kernel"), "arch": bundle.arch}
-            miss["refused"] = _one_line(e)
-            message = f"kforge serve: {entry.get('target')}: {miss['refused']}"
-            if not self.strict:
-                sys.stderr.write(f"{message}; Triton compiles this kernel instead\n")
-            self.missed(miss, message)
-            return None
+        why = self.refused.get(id(entry))
+        if why is None:
+            try:
+                return bundle.binary(entry)
+            except (BundleError, OSError) as e:
+                why = self.refused[id(entry)] = _one_line(e)
+                if not self.strict:
+                    sys.stderr.write(f"kforge serve: {entry.get('target')}: {why}; Triton compiles this kernel "
+                                     f"instead\n")
+        miss = line if line is not None else {"kernel": entry.get("kernel"), "arch": bundle.arch}
+        miss["refused"] = why
+        self.missed(miss, f"kforge serve: {entry.get('target')}: {why}")
+        return None
 
     def _pick(self, line: dict, held: list[tuple], code_key: str) -> tuple[tuple | None, str | None]:
         """((bundle, entry) to serve, None), or (None, strict's message). Of the entries held for the call, the one
@@ -449,7 +452,7 @@ class Server:
         """Check and load every binary the device's bundles hold now, not at each kernel's first launch."""
         self.index()
         for bundle, entry in [held for each in self.entries.values() for held in each]:
-            if id(entry) not in self.loaded:
+            if id(entry) not in self.loaded and id(entry) not in self.refused:
                 binary = self._proven(bundle, entry)
                 if binary is not None:
                     self.loaded[id(entry)] = bundle.kernel(entry, binary=binary)

@@ -135,8 +135,10 @@ def jit(monkeypatch):
     monkeypatch.setattr(Autotuner, "run", Autotuner.run)
     monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: pytest.fail("the autotuner benchmarked"))
     from kforge_runtime.bundle import Bundle
-    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Launched())
-    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"the binary")   # proven before a call is served
+    # the binary is proven before a call is served, and the loader gets those very bytes (never a second read)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"the binary")
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None:
+                        Launched() if binary == self.binary(entry) else pytest.fail(f"loaded unproven bytes {binary!r}"))
     for fn in (copy, copy_tuned.fn):
         fn.device_caches.clear()
         fn.device_caches[0]   # made now: its compile is then replaced
@@ -377,6 +379,29 @@ def test_two_binaries_for_one_call_of_one_code_serve_neither(jit, tmp_path):
     server = serve.serve(str(bundle_dir(tmp_path / "same", same)), strict=True)
     copy[(8,)](x, y, 1000, BLOCK=128)
     assert server.served == 1
+
+
+def test_a_refused_binary_leaves_two_binaries_for_one_call_ambiguous_with_or_without_preload(jit, tmp_path,
+                                                                                             monkeypatch):
+    """A review: with preload, one of two binaries for one call refused (corrupt) was dropped from the index, the
+    ambiguity went with it, and the other was served; without preload the call was refused as ambiguous."""
+    from kforge_runtime.bundle import Bundle, BundleError
+
+    def binary(self, entry):
+        if entry["target"] == "copy-a":
+            raise BundleError("copy-a.cubin refused: sha256 does not match")
+        return b"the binary"
+    monkeypatch.setattr(Bundle, "binary", binary)
+    held = str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "target": f"copy-{n}", "sha256": n * 64}
+                                           for n in "ab"]))
+    x, y = tensors()
+    for preload in (False, True):
+        copy.device_caches[0][0].clear()
+        server = serve.serve(held, preload=preload)
+        with pytest.raises(pytest.fail.Exception, match="compiled"):   # neither served: Triton compiles
+            copy[(8,)](x, y, 1000, BLOCK=128)
+        assert (server.served, server.compiled, Launched.calls) == (0, 1, []), preload
+        serve.stop()
 
 
 @pytest.mark.parametrize("option", [{"ptx_options": "-O0"}, {"extern_libs": {"libdevice": "/elsewhere.bc"}}])
