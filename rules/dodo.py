@@ -16,14 +16,17 @@ __all__ = ["DOIT_CONFIG", "task_kernels", "task_package", "task_tune"]
 
 def _importers_tasks() -> set[str]:
     """The tasks the project's dodo.py defines itself (`def task_x`, `from m import task_x`, under an `if` too): the
-    task_* names its module code binds, read off that code while it runs this import (the rest of it has not run
-    yet). Empty where no module's top level imports this one (a test, a script)."""
+    task_* names its module code binds (stores: an attribute `helpers.task_x` is none), read off that code while it
+    runs this import (the rest of it has not run yet). Empty where no module's top level imports this one (a test,
+    a script)."""
+    import dis
     frame = sys._getframe(2)   # below this module's own code: the import system, then the importer
     while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
         frame = frame.f_back
     if frame is None or frame.f_code.co_name != "<module>":
         return set()
-    return {name[5:] for name in frame.f_code.co_names if name.startswith("task_") and len(name) > 5}
+    bound = {i.argval for i in dis.get_instructions(frame.f_code) if i.opname in ("STORE_NAME", "STORE_GLOBAL")}
+    return {name[5:] for name in bound if name.startswith("task_") and len(name) > 5}
 
 
 ROOT = Path.cwd().resolve()

@@ -201,6 +201,8 @@ def test_a_family_named_as_a_task_of_the_projects_dodo_py_is_one_line_and_the_re
     root = make_project(tmp_path, specs={"scale": spec_text(), "hello": spec_text(name="hello")})
     with open(root / "dodo.py", "a") as f:
         f.write("\n\ndef task_hello():\n    return {'actions': ['echo hello from the project'], 'verbosity': 2}\n")
+        # an attribute named like a task binds no task: the family `scale` still loads (a review)
+        f.write("\nimport types\nif False:\n    types.task_scale\n")
     line = ("family hello_broken did not load: specs/hello.toml: [kernel] name: 'hello' is the name of a task the "
             "project's dodo.py defines (task_hello); choose another, e.g. 'hello_kernel'")
     listed = doit(root, "list", check=False)
