@@ -194,12 +194,12 @@ def _option_problem(key: str, value, settings: dict) -> tuple[str | None, str | 
             number = int(value) if isinstance(value, str) else value
         except ValueError:
             return "not a whole number", takes
-        if isinstance(number, bool) or not isinstance(number, int):
+        if not isinstance(number, int):   # a boolean is one (true: 1), as doit takes it
             return f"is {_kind(value)}", takes
         return ("below 0", takes) if key == "num_process" and number < 0 else (None, None)
     if kind is bool:
         takes = "true or false"
-        if isinstance(value, bool) or isinstance(value, str) and value.lower() in BOOLEAN_WORDS:
+        if isinstance(value, int) or isinstance(value, str) and value.lower() in BOOLEAN_WORDS:   # 1: true, as doit
             return None, None
         return ("not true or false" if isinstance(value, str) else f"is {_kind(value)}"), takes
     choices = DOIT_CHOICES.get(key)

@@ -267,3 +267,13 @@ def test_every_keys_value_of_another_type_is_one_line_when_the_table_is_read(tmp
         assert proc.returncode == 2 and proc.stderr.startswith(f"kforge: pyproject.toml: [tool.kforge] {said}"), \
             proc.stderr
         assert proc.stderr.count("\n") == 1 and not (root / "out" / "sm_90a").exists()
+
+
+def test_a_doit_setting_doit_takes_as_it_is_given_is_no_problem(tmp_path):
+    from kforge.base import project_config
+    """doit keeps a value that is no string as it is: `continue = 1` runs on, `failure_verbosity = true` is 1 (a
+    review: both were refused as of another type)."""
+    (tmp_path / "pyproject.toml").write_text("[tool.doit]\ncontinue = 1\nfailure_verbosity = true\nverbosity = 2\n")
+    assert project_config.doit_settings_problem(str(tmp_path)) is None
+    (tmp_path / "pyproject.toml").write_text("[tool.doit]\ncontinue = 1.5\n")
+    assert "continue = 1.5: is a float" in project_config.doit_settings_problem(str(tmp_path))
