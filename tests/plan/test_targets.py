@@ -347,6 +347,11 @@ def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, NS: tl.constexpr, TWICE: 
     ('"NS": 1, "OTHER": 1', "",
      "the autotuner of tk.scale.tuned_kernel pruned its configs into one that sets OTHER, neither a constexpr of "
      "tuned_kernel nor a compile option (Triton refuses that launch); fix the pruner"),
+    # one config twice, apart only in what the pruner adds: one target per config would leave one unbuilt (a review)
+    ('"BLOCK": 64, "NS": c.kwargs["BLOCK"] // 64', "",
+     "the autotuner of tk.scale.tuned_kernel pruned its configs into two that differ only in what it adds ({'NS': "
+     "1} and {'NS': 2}, with {'dtype': 'fp16', 'n': 1024, 'BLOCK': 64, 'num_warps': 4, 'num_stages': 3}); kforge "
+     "builds one target per config: make the difference a swept parameter"),
 ])
 def test_a_constexpr_the_pruner_adds_takes_its_value_from_each_pruned_config(tmp_path, adds, constants, said):
     """gemlite's pruners add NUM_STAGES (EVEN_K, ...) to the configs they return, and Triton's launch passes them:
