@@ -386,10 +386,10 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
             continue
         saved = tuner.configs, getattr(tuner, "perf_model", None), getattr(tuner, "nargs", None)
         tuner.configs = [_as_config(c) for c in group["configs"]]
-        # as Autotuner.run: its nargs are the launch's positional arguments, a constexpr too where the library's
-        # launch passes it so (gemlite's pruners read nargs["N"]); its kwargs the keyword ones: both are unknown
-        # here, so the spec's constexprs are in both, and so are its shape hints (gemlite's pruners read
-        # kwargs["load_scales_as_block"], a runtime argument its launch passes by keyword)
+        # Autotuner.run's nargs are the launch's positional arguments, its kwargs the keyword ones; which way the
+        # library's launch passes each, only its code says (gemlite's pruners read nargs["N"], a constexpr, and
+        # kwargs["load_scales_as_block"], a runtime argument): the spec's values go in both, the union of what
+        # either launch gives (docs/library_loading.md: where a pruner's defaults make that differ)
         tuner.perf_model = None
         tuner.nargs = _Arguments({**group["args"], **group["kwargs"]}, group["pointers"])
         try:

@@ -846,7 +846,8 @@ def test_a_pruner_finds_the_specs_constexprs_in_nargs_and_in_kwargs_as_either_la
                                                                                                       monkeypatch):
     """A launch passes a constexpr positionally (Triton's nargs) or by name (kwargs); which, only the library's code
     says. The spec's N was given in kwargs alone, and gemlite's nine matmul kernels, whose pruners read nargs["N"],
-    were refused as pruning by a value the spec does not give."""
+    were refused as pruning by a value the spec does not give. kforge gives both (this pruner reads both to show
+    it; no one launch would give it both)."""
     from kforge.load import entry_probe
     write_files(tmp_path, {"positional_lib.py": POSITIONAL})
     monkeypatch.syspath_prepend(str(tmp_path))
