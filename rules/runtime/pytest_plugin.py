@@ -60,6 +60,9 @@ def pytest_configure(config):
             _library(bundles)
     if bundles:
         config.stash[TOTALS] = {k: 0 if k in COUNTS else [] for k in COUNTS + LISTS}
+    record = config.getoption("kforge_record")
+    if record and not hasattr(config, "workerinput"):   # what it held before: the summary says if the run added none
+        config.stash[RECORD_SIZE] = os.path.getsize(record) if os.path.isfile(record) else 0
 
 
 def _controller(config, options) -> bool:
@@ -151,6 +154,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    record, before = config.getoption("kforge_record"), config.stash.get(RECORD_SIZE, None)
+    if before is not None and (os.path.getsize(record) if os.path.isfile(record) else 0) == before:
+        terminalreporter.write_line(f"kforge: nothing new recorded into {record}: no test compiled a Triton kernel it "
+                                    f"did not hold (tests that skip without a GPU record nothing; record on one)")
     totals = config.stash.get(TOTALS, None)
     if totals is None or hasattr(config, "workeroutput"):
         return
@@ -178,4 +185,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 SERVER = pytest.StashKey()
 TOTALS = pytest.StashKey()
+RECORD_SIZE = pytest.StashKey()
 STARTED = pytest.StashKey()

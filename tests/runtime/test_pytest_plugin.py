@@ -139,6 +139,12 @@ def test_recording_a_suite_writes_what_its_tests_compile_and_what_its_conftest_l
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out))
     assert result.ret == pytest.ExitCode.OK
     assert sorted(json.loads(t)["constexprs"]["BLOCK"] for t in out.read_text().splitlines()) == [128, 256, 512, 1024]
+    assert "nothing new recorded" not in result.stdout.str()
+    # a run that compiles nothing new (here: every test deselected; on a CPU: every GPU test skipped) said nothing and
+    # left no file (an outside review, recording cut-cross-entropy's suite on a CPU); now one line says so
+    again = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kforge-record", str(out), "-k", "nothing_named_so")
+    again.stdout.fnmatch_lines([f"kforge: nothing new recorded into {out}: no test compiled a Triton kernel it did not "
+                                f"hold (tests that skip without a GPU record nothing; record on one)"])
 
 
 def test_strict_without_bundles_is_a_usage_error(pytester):
