@@ -336,8 +336,9 @@ def failure_groups(failed: list[dict], shown: int = FIRST_SHOWN) -> list[str]:
         if replayed:   # a retry would replay it too
             lines.append(f"  replayed, not compiled: it failed so before from the same key and inputs; "
                          f"`doit forget {names[0]}` compiles it again")
-        else:
-            lines.append(f"  retry one alone: {retries[error, replayed]}")
+        else:   # a command, or what to do first (a family that did not load: edit its spec)
+            hint = retries[error, replayed]
+            lines.append(f"  {'retry one alone' if hint.startswith('doit ') else 'to retry'}: {hint}")
     if failed:
         lines.append("Each failed target's full message and traceback is in its error.txt "
                      "(out/<arch>/<kernel>/<config_id>/); every failure is in out/build-report.json.")

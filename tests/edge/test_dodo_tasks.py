@@ -232,5 +232,5 @@ def test_a_family_that_did_not_load_names_the_fix_not_a_retry_that_fails_the_sam
     assert run.returncode == 1 and build_report(root)["bad"] == "failed", run.stdout
     [record] = [t for t in json.loads((root / "out" / "build-report.json").read_text())["tasks"] if t["name"] == "bad"]
     assert record["cause"] == cause and record["error"].endswith(f"\n  retry alone: {hint}")
-    assert f"kforge: bad failed with: {cause}\n  retry one alone: {hint}\n" in run.stdout, run.stdout
+    assert f"kforge: bad failed with: {cause}\n  to retry: {hint}\n" in run.stdout, run.stdout
     assert "doit bad\n" not in run.stdout
