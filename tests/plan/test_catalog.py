@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 from kforge.plan import catalog as catalog_module  # noqa: E402
 from kforge.base.errors import SpecError  # noqa: E402
-from tests.support import kernel_text, make_project, spec_text  # noqa: E402
+from tests.support import kernel_text, make_project, spec_text, write_files  # noqa: E402
 
 HELPER = "FACTOR = 3\n"
 
@@ -496,7 +496,6 @@ def mfl_spec(name: str, module: str, entry: str, probed: bool) -> str:
 
 @pytest.fixture
 def mfl_project(tmp_path, monkeypatch):
-    from tests.support import write_files
     site = write_files(tmp_path / "site", MFL)
     monkeypatch.syspath_prepend(str(site))
     specs = {f"f{x}": mfl_spec(f"f{x}", f"mfl.ops.{x}", f"{x}_kernel", x != "d") for x in "abcde"}
@@ -609,7 +608,6 @@ def test_a_project_and_its_environment_copied_elsewhere_take_the_catalog_by_cont
     where the copies lie)."""
     import shutil
     import sys
-    from tests.support import write_files
     site = write_files(tmp_path / "env_a" / "site", MFL)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "env_a"))
@@ -784,10 +782,8 @@ def test_a_configured_catalog_folder_holding_no_spec_is_named_not_specs(tmp_path
 def test_a_catalog_entry_naming_a_module_not_a_package_is_one_line_naming_it(tmp_path, monkeypatch):
     """catalog.py 552-555 (`catalog = ["mylib.specs"]` where specs is a .py module): reachable from a project's
     pyproject.toml, never run in the whole suite's coverage."""
-    site = tmp_path / "site"
-    (site / "mylib").mkdir(parents=True)
-    (site / "mylib" / "__init__.py").write_text("")
-    (site / "mylib" / "specs.py").write_text("from kforge.declare import family\n")
+    site = write_files(tmp_path / "site", {"mylib/__init__.py": "",
+                                           "mylib/specs.py": "from kforge.declare import family\n"})
     monkeypatch.syspath_prepend(str(site))
     root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["mylib.specs"]')
     with pytest.raises(SpecError) as e:
@@ -814,13 +810,10 @@ def test_an_installed_library_named_as_a_catalog_is_one_line_and_none_of_its_mod
     """`catalog = ["cut_cross_entropy"]` ran each of the library's modules as a catalog file (a module writing a
     file at import wrote it) and said, per module, to call kforge.declare.family in site-packages (two outside
     reviews: cut-cross-entropy, gemlite). A package holding specs still loads as a catalog."""
-    site = tmp_path / "site"
-    (site / "plainlib").mkdir(parents=True)
-    (site / "plainlib" / "__init__.py").write_text("")
-    (site / "plainlib" / "ops.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
-    (site / "speclib").mkdir()
-    (site / "speclib" / "__init__.py").write_text("")
-    (site / "speclib" / "fams.py").write_text("from kforge.declare import family\n")
+    site = write_files(tmp_path / "site", {"plainlib/__init__.py": "",
+                                           "plainlib/ops.py": f"open({str(tmp_path / 'ran')!r}, 'w').close()\n",
+                                           "speclib/__init__.py": "",
+                                           "speclib/fams.py": "from kforge.declare import family\n"})
     monkeypatch.syspath_prepend(str(site))
     root = with_catalog(make_project(tmp_path / "p"), 'catalog = ["plainlib"]')
     with pytest.raises(SpecError) as e:

@@ -381,22 +381,9 @@ def test_a_constexpr_the_pruner_adds_takes_its_value_from_each_pruned_config(tmp
     assert len({t.key for t in targets}) == 2 and all("NS" not in dict(t.config) for t in targets)
 
 
-OPTION_ADDING = '''
-import triton
-import triton.language as tl
-
-
-def prune(configs, named_args, **kwargs):
-    return [triton.Config({**c.kwargs, ADDS}, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
-
-
-@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=4)],
-                 key=["n"], prune_configs_by={"early_config_prune": prune})
-@triton.jit
-def tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
-'''
+# a pruner adding ADDS to each config it keeps
+OPTION_ADDING = PRUNED.replace(
+    "RETURN", 'triton.Config({**c.kwargs, ADDS}, num_warps=c.num_warps, num_stages=c.num_stages) for c in configs')
 
 
 @pytest.mark.parametrize("option, value", [("matrix_instr_nonkdim", 16), ("waves_per_eu", 2)])
