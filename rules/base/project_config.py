@@ -205,7 +205,9 @@ def _option_problem(key: str, value, settings: dict) -> tuple[str | None, str | 
     choices = DOIT_CHOICES.get(key)
     if key in DOIT_PLUGIN_CHOICES:
         plugin_kind, builtin = DOIT_PLUGIN_CHOICES[key]
-        choices = (*builtin, *settings.get(plugin_kind, {}), *_entry_point_names(plugin_kind))
+        choices = (*builtin, *settings.get(plugin_kind, {}))
+        if value not in choices:   # installed plugins: scanned only then (every doit run names kforge's loader)
+            choices += tuple(_entry_point_names(plugin_kind))
     takes = "a string" if choices is None else \
         "one of " + ", ".join(map(repr, dict.fromkeys(choices))) if choices else \
         f"the name of a loader under [tool.doit.plugins.loader] (there is none)"
