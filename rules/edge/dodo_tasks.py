@@ -6,7 +6,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kforge.store import artifact
+from kforge.store import artifact, guard
 from kforge.ship import package
 from kforge.base import settings
 from kforge.edge.config import local_cache
@@ -66,7 +66,7 @@ def compile_tasks(root: Path, catalog: Catalog):
     # what the last run's reporter saved: the keys built, the files each compile read
     built, read = artifact.KeyIndex.of(Layout(root).built_keys), InputIndex.of(Layout(root).observed_inputs)
     local = local_cache()   # None with local_cache=off
-    outside = package.Outside(Layout(root).out)
+    outside = guard.Outside(Layout(root).out)
     for family in catalog.families:   # a group task per family, over its targets' tasks
         yield {"basename": family.name, "name": None, "doc": family.description or f"all {family.name} targets"}
         for t in by_family[family.name]:
@@ -77,7 +77,7 @@ def compile_tasks(root: Path, catalog: Catalog):
 
 def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex, cache=None,
                  executor: str | None = None, local=None, read: InputIndex | None = None,
-                 outside: package.Outside | None = None) -> dict:
+                 outside: guard.Outside | None = None) -> dict:
     """One target's task, with only what doit needs (a no-op run pays for every field of thousands). Up to date
     iff the artifact was built from this key and every file its compile read still has that content. No file_dep:
     sources are in the key by content, so a touch or a restored out/ rebuilds nothing. No targets or clean
@@ -86,7 +86,7 @@ def compile_task(t: Target, root: str, timeout: float, built: artifact.KeyIndex,
     bundle lists it failed."""
     read = read if read is not None else InputIndex.of(Layout.of(root).observed_inputs)
     meta_path = t.meta_path
-    away = (outside or package.Outside(Layout.of(root).out)).why(t)
+    away = (outside or guard.Outside(Layout.of(root).out)).why(t)
     current = not away and built.is_current(meta_path, t.key) and \
         read.unchanged(meta_path, built.meta_identity(meta_path))
     # a config of the library's autotuner skipped from this key and these inputs is up to date as it is

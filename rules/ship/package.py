@@ -232,41 +232,6 @@ def is_current(arch: str, targets: list[Target], root: str, tuned: list[dict] = 
         return False
 
 
-class Outside:
-    """Which targets' artifact folders lead outside out/ through a link (out/<arch>, its kernel folder or the folder
-    itself a link): never read through, the target failed (its compile refuses to write there). One scan a folder
-    for links, a set lookup a target: a no-op run asks for thousands."""
-
-    def __init__(self, out: Path):
-        self.out = str(out)
-        self._kernels: dict[tuple[str, str], set[str] | None] = {}   # the links in a kernel folder; None: one on
-        self._links: dict[str, set[str]] = {}                        # the way to it
-
-    def why(self, t: Target) -> str | None:
-        """The line naming the link that leads the target's folder out, or None."""
-        linked = self._kernels.get((t.arch, t.kernel), ())
-        if linked == ():
-            linked = self._kernels[t.arch, t.kernel] = None if t.arch in self._in(self.out) or \
-                t.kernel in self._in(os.path.join(self.out, t.arch)) else \
-                self._in(os.path.join(self.out, t.arch, t.kernel))
-        if linked is None or t.config_id in linked:
-            try:
-                guard.guard(Path(self.out), Path(t.meta_path))   # every link on the way followed
-            except guard.OutsideOut as e:
-                return str(e)
-        return None
-
-    def _in(self, folder: str) -> set[str]:
-        """The names of the links in folder (none where it is not there)."""
-        if folder not in self._links:
-            try:
-                with os.scandir(folder) as entries:
-                    self._links[folder] = {e.name for e in entries if e.is_symlink()}
-            except OSError:
-                self._links[folder] = set()
-        return self._links[folder]
-
-
 def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.identity, tuned=(), broken=()) -> str:
     # pyproject.toml by its bytes: a no-op run need not parse TOML. Every part length-prefixed: parts of any
     # bytes joined by a separator they may hold would let two different inputs give one stamp
@@ -280,7 +245,7 @@ def _stamp(arch: str, targets: list[Target], root: Path, meta_identity=stamps.id
     for table in tuning_tables(Layout(root), arch):
         part(table.name.encode())
         part(table.read_bytes())
-    outside = Outside(Layout(root).out)
+    outside = guard.Outside(Layout(root).out)
     for t in sorted(targets, key=lambda t: t.name):
         away = outside.why(t)   # nothing read through a link out of out/
         found = None if away else meta_identity(t.meta_path)
@@ -305,7 +270,7 @@ def make_manifest(arch: str, targets: list[Target], root: Path, tuned: list[dict
     a "failed" record (its error, what a JIT fallback needs); the autotuners' picks (`tuned`), which serving reads.
     `built` collects (target, its meta.json as read) of the artifacts listed, in order."""
     artifacts, failed = [], []
-    outside = Outside(Layout(root).out)
+    outside = guard.Outside(Layout(root).out)
     for t in sorted(targets, key=lambda t: t.name):
         away = outside.why(t)
         if away:   # its compile failed so: listed failed, nothing read through the link
@@ -415,7 +380,7 @@ def _rootless(error: str, root) -> str:
 def _failure(t: Target, root, outside: str | None = None) -> dict:
     status, error = "not built", ""
     failure = artifact.read_error(t) if outside is None else None
-    if outside is not None:   # its folder leads outside out/ (Outside): as its compile failed
+    if outside is not None:   # its folder leads outside out/ (guard.Outside): as its compile failed
         status, error = "failed", _rootless(f"cannot write in out/: {outside}", root)
     elif failure is not None and failure.key == t.key:
         # not the traceback: its paths are this machine's

@@ -186,6 +186,41 @@ def _leading_link(out: Path, path: Path) -> str:
     return str(path)
 
 
+class Outside:
+    """Which targets' artifact folders lead outside out/ through a link (out/<arch>, its kernel folder or the folder
+    itself a link): never read through, the target failed (its compile refuses to write there); the compile tasks
+    and the package ask. One scan a folder for links, a set lookup a target: a no-op run asks for thousands."""
+
+    def __init__(self, out: Path):
+        self.out = str(out)
+        self._kernels: dict[tuple[str, str], set[str] | None] = {}   # the links in a kernel folder; None: one on
+        self._links: dict[str, set[str]] = {}                        # the way to it
+
+    def why(self, t) -> str | None:
+        """The line naming the link that leads the target's folder out, or None."""
+        linked = self._kernels.get((t.arch, t.kernel), ())
+        if linked == ():
+            linked = self._kernels[t.arch, t.kernel] = None if t.arch in self._in(self.out) or \
+                t.kernel in self._in(os.path.join(self.out, t.arch)) else \
+                self._in(os.path.join(self.out, t.arch, t.kernel))
+        if linked is None or t.config_id in linked:
+            try:
+                guard(Path(self.out), Path(t.meta_path))   # every link on the way followed
+            except OutsideOut as e:
+                return str(e)
+        return None
+
+    def _in(self, folder: str) -> set[str]:
+        """The names of the links in folder (none where it is not there)."""
+        if folder not in self._links:
+            try:
+                with os.scandir(folder) as entries:
+                    self._links[folder] = {e.name for e in entries if e.is_symlink()}
+            except OSError:
+                self._links[folder] = set()
+        return self._links[folder]
+
+
 def remove_file(out: Path, path: Path) -> None:
     """Delete a file of kforge's under out/ if it is there (a link is removed as a link): guarded."""
     guard(out, path).unlink(missing_ok=True)
