@@ -21,7 +21,7 @@ from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, import
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.triton_options import OPTIONS, value_problem
-from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
+from kforge_runtime.schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, VALUE_KINDS   # NONE: a [signature] type (passed as None)
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -195,6 +195,10 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
         probes = {a: entry_probe.Probe.of(root, **importing(a, merged_env(env, arch_env, a), model, setup))
                   for a in arch_names}
         chosen, elsewhere = entry_probe.describe_per_arch(probes, module, k["entry"], where, name)
+        if chosen["autotune"]:
+            listed = chosen["autotune"]
+            chosen = {**chosen, "autotune": [_options_filled(c, listed, signature) for c in listed]}
+            elsewhere = [(_options_filled(c, listed, signature), archs) for c, archs in elsewhere]
         excludes = [*excludes, *({**c, "arch": archs} for c, archs in elsewhere)]   # configs of other archs
         derived = tuple(chosen["heuristics"])
         for d in derived:
@@ -310,6 +314,15 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
         found.append((arch, tuple((key, _typed_value(signature, key, v, where, f"arch.{arch}"))
                                   for key, v in body.items())))
     return tuple(found)
+
+
+def _options_filled(config: dict, configs: list[dict], signature: tuple) -> dict:
+    """An autotune config with each Triton option that another of `configs` sets and this one leaves unset at
+    Triton's default (maxnreg=None beside maxnreg=128, AMD's configs adding waves_per_eu): what Triton compiles it
+    with. Another vendor's option is dropped per arch where the targets are made (plan/targets.py)."""
+    params = {a for a, _ in signature}
+    unset = {o for c in configs for o in c if o in OPTIONS and o in TRITON_DEFAULTS and o not in params} - set(config)
+    return {**config, **{o: TRITON_DEFAULTS[o] for o in sorted(unset)}}
 
 
 def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,

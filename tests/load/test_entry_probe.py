@@ -861,25 +861,26 @@ VENDOR_CONFIGS = '''
 import triton
 import triton.language as tl
 IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
-CONFIGS = [triton.Config({"BLOCK": 64, "waves_per_eu": 2})] if IS_HIP else [triton.Config({"BLOCK": 64})]
+CONFIGS = [triton.Config({"BLOCK": 64, "WIDE": 1})] if IS_HIP else [triton.Config({"BLOCK": 64})]
 
 
 @triton.autotune(configs=CONFIGS + [triton.Config({**c.kwargs, "BLOCK": 128}) for c in CONFIGS], key=["n"])
 @triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, WIDE: tl.constexpr = 0):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n) * (WIDE + 1), mask=o < n)
 '''
+COPY_SPEC = ('[kernel]\nname = "copy"\nsource = "tk/vk.py"\nentry = "copy_kernel"\ntoolchain = "triton"\n'
+             'archs = ["sm_80", "sm_90a", "gfx942"]\n\n[signature]\nx_ptr = "*{dtype}"\ny_ptr = "*{dtype}"\n'
+             'n = "i32"\nBLOCK = "constexpr"\n\n[sweep]\ndtype = ["fp32"]\n')
 
 
 def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_and_one_spec_per_vendor(tmp_path):
-    """gemlite's AMD configs add waves_per_eu: a family for sm_90a and gfx942 was refused naming two parameter
-    lists, neither the archs each came from nor the fix (a spec per vendor)."""
+    """AMD's configs set a constexpr NVIDIA's leave to its default: refused naming the two parameter lists, the
+    archs each came from and the fix (a spec per vendor)."""
     from kforge.declare.spec import load_spec
     from kforge.load.entry_probe import Probe
-    spec = ('[kernel]\nname = "copy"\nsource = "tk/vk.py"\nentry = "copy_kernel"\ntoolchain = "triton"\n'
-            'archs = ["sm_80", "sm_90a", "gfx942"]\n\n[signature]\nx_ptr = "*{dtype}"\ny_ptr = "*{dtype}"\n'
-            'n = "i32"\nBLOCK = "constexpr"\n\n[sweep]\ndtype = ["fp32"]\n')
+    spec = COPY_SPEC.replace('BLOCK = "constexpr"\n', 'BLOCK = "constexpr"\nWIDE = "constexpr"\n')
     root = make_project(tmp_path, specs={"copy": spec}, kernels={"vk": VENDOR_CONFIGS})
     try:
         with pytest.raises(SpecError) as e:
@@ -888,9 +889,44 @@ def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_an
         Probe.close_all()
     assert str(e.value) == (
         "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs set different parameters on different archs "
-        "(['BLOCK', 'num_stages', 'num_warps'] on sm_80, sm_90a; ['BLOCK', 'num_stages', 'num_warps', "
-        "'waves_per_eu'] on gfx942); kforge sweeps configs that set the same ones: give each side a spec of its "
+        "(['BLOCK', 'num_stages', 'num_warps'] on sm_80, sm_90a; ['BLOCK', 'WIDE', 'num_stages', "
+        "'num_warps'] on gfx942); kforge sweeps configs that set the same ones: give each side a spec of its "
         'own, one per vendor (archs = ["sm_80", "sm_90a"] and archs = ["gfx942"])')
+
+
+OPTION_CONFIGS = '''
+import triton
+import triton.language as tl
+IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
+CONFIGS = ([triton.Config({"BLOCK": b, "waves_per_eu": 2}) for b in (64, 128)] if IS_HIP else
+           [triton.Config({"BLOCK": b}, num_warps=4, maxnreg=r) for b in (64, 128) for r in (None, 128)])
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+'''
+
+
+def test_autotune_configs_leaving_a_triton_option_unset_take_its_default_and_each_vendor_drops_the_others(tmp_path):
+    """mamba-ssm's configs sweep maxnreg over [None, 128, 256] (None: not set), gemlite's AMD configs add
+    waves_per_eu: each was a family refused for configs setting different parameters. A config leaving an option
+    unset has Triton's default for it; another vendor's option is dropped on an arch, as Triton's backend drops it
+    (an AMD config's maxnreg, NVIDIA's waves_per_eu), so that two configs differing only there are one binary."""
+    root = make_project(tmp_path, specs={"copy": COPY_SPEC}, kernels={"vk": OPTION_CONFIGS})
+    targets = load(root)
+    options = {name: dict(t.options) for name, t in targets.items()}
+    nvidia = {n: o for n, o in options.items() if not n.endswith("@gfx942")}
+    assert len(nvidia) == 8 and {n.split("@")[0] for n in nvidia} == {
+        f"copy:fp32-block{b}-num_warps4-num_stages3-maxnreg{r}-waves_per_eu0" for b in (64, 128) for r in ("None", 128)}
+    assert all(o == {"num_warps": 4, "num_stages": 3, **({"maxnreg": 128} if "maxnreg128" in n else {})}
+               for n, o in nvidia.items())
+    amd = {n: o for n, o in options.items() if n.endswith("@gfx942")}
+    assert set(amd) == {f"copy:fp32-block{b}-num_warps4-num_stages3-maxnregNone-waves_per_eu2@gfx942" for b in (64, 128)}
+    assert all(o == {"num_warps": 4, "num_stages": 3, "waves_per_eu": 2} for o in amd.values())
+    assert len({t.key for t in targets.values()}) == len(targets)
 
 
 KEYWORD_PRUNER = '''
