@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -85,6 +86,14 @@ class Redirect:   # what an editable install (setuptools' flat layout) puts on s
         return None
 sys.meta_path.append(Redirect)
 '''
+
+
+def write_manifest(folder: Path, data: bytes | str) -> None:
+    """A bundle folder's manifest.json and the digest `doit package` writes beside it (a manifest a test makes or
+    edits stands for one whose builder wrote both: what the loader checks past the digest)."""
+    data = data.encode() if isinstance(data, str) else data
+    (folder / "manifest.json").write_bytes(data)
+    (folder / "manifest.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
 
 
 def write_files(folder: Path, files: dict[str, str]) -> Path:

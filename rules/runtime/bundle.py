@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from . import schema
-from .schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ENTRY_FIELDS, MANIFEST, few
+from .schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, ENTRY_FIELDS, MANIFEST, MANIFEST_DIGEST, few
 
 MAX_JSON_BYTES = 64 << 20     # a manifest or tuning table (a real manifest is ~1 MB)
 MAX_BINARY_BYTES = 256 << 20  # one kernel binary
@@ -56,7 +56,9 @@ class Bundle:
                 raise BundleError(f"{self.path}: not a bundle ({e}); expected a .whl/.zip file or a directory "
                                   f"with {MANIFEST}") from None
             self._prefix = self._find_manifest_dir()
-        self.manifest = _parse_json(self._read(MANIFEST, MAX_JSON_BYTES), f"{self.path}: unreadable {MANIFEST}")
+        data = self._read(MANIFEST, MAX_JSON_BYTES)
+        self._check_digest(data)
+        self.manifest = _parse_json(data, f"{self.path}: unreadable {MANIFEST}")
         self._check_manifest()
         self.arch: str = self.manifest["arch"]
         self.vendor: str = self.manifest["vendor"]
@@ -183,6 +185,19 @@ class Bundle:
         except _ZIP_ERRORS as e:
             raise BundleError(f"{self.path}: cannot read {relative} from the archive ({e}); reinstall or rebuild "
                               f"it") from None
+
+    def _check_digest(self, data: bytes) -> None:
+        """The manifest is the one `doit package` wrote: each binary is proven by the sha256 the manifest gives
+        it, and the manifest by the digest written beside it."""
+        try:
+            digest = self._read(MANIFEST_DIGEST, 100)
+        except BundleError:
+            digest = None
+        if digest is None or digest.strip() != hashlib.sha256(data).hexdigest().encode():
+            why = "has no" if digest is None else "does not match its"
+            raise BundleError(f"{self.path}: {MANIFEST} {why} {MANIFEST_DIGEST}: the bundle was altered after "
+                              f"`doit package` wrote it, or by a kforge before the digest; refused: package it "
+                              f"again (`doit package`)")
 
     def _check_manifest(self) -> None:
         m = self.manifest

@@ -19,6 +19,15 @@ class Library:
                 wheels = sorted(p.glob("*.whl"))
                 if not wheels:
                     raise BundleError(f"{p}: no bundle here (no manifest.json, no *.whl); run `doit package`")
+                by_arch: dict[str | None, list[str]] = {}
+                for w in wheels:
+                    by_arch.setdefault(arch_of_bundle_file(w.name), []).append(w.name)
+                twice = {a: names for a, names in by_arch.items() if a is not None and len(names) > 1}
+                if twice:   # which one a request gets would be the order of their digests: never a silent pick
+                    arch, names = next(iter(twice.items()))
+                    raise BundleError(f"{p}: {len(names)} bundles for {arch} ({', '.join(names)}); a folder of "
+                                      f"wheels holds one per arch, as `doit package` leaves out/dist: remove the "
+                                      f"others, or name the wheel to load")
                 self._paths += wheels
             else:
                 self._paths.append(p)

@@ -26,6 +26,9 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 BUNDLE_FORMAT = "kforge-bundle"
 BUNDLE_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# the manifest's sha256 (hex), beside it: a manifest edited after `doit package` (an entry pointed at another of
+# the bundle's binaries, its launch fields changed) no longer matches, and the bundle is refused
+MANIFEST_DIGEST = "manifest.sha256"
 
 # meta.json's fields, and so a manifest entry's: ENTRY_FIELDS those the loader reads, checked when an entry is picked
 # (bundle.py); ARTIFACT_FIELDS every artifact has (rules/store/artifact.py's meta() checks its result against them).

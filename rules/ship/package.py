@@ -29,7 +29,7 @@ from kforge.base.archs import ARCHS
 from kforge.store.files import read_state, replacing, write_inside
 from kforge.base.layout import Layout
 from kforge.base.target import Target
-from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, dist_name, wheel_name
+from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, MANIFEST_DIGEST, dist_name, wheel_name
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
 ERROR_LINES = 40   # of a failed target's message, kept in the manifest
@@ -113,7 +113,9 @@ def _make_wheel(arch: str, targets: list[Target], root: Path, tuned, broken, tab
     if _wheel_holding(layout, arch, wheel.name, data.__eq__) is not None:
         return wheel, data
     (layout.kept_wheels / wheel.name).unlink(missing_ok=True)   # a kept file of this name that is not the wheel
-    files = {**runtime_files(arch), f"{dist_name(arch)}/{MANIFEST}": data}
+    for f in _temp_wheels(layout, arch):
+        guard.remove_file(layout.out, f)
+    files = {**runtime_files(arch), **manifest_files(dist_name(arch), data)}
     for name, table in tables.items():
         files[f"{dist_name(arch)}/tune/{name}"] = table
     for (t, meta), entry in zip(built, manifest["artifacts"]):
@@ -185,7 +187,7 @@ def _intact(wheel: Path, arch: str, data: bytes) -> bool:
             held = {info.filename: zf.read(info) for info in zf.infolist()}
     except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile, EOFError, zlib.error):
         return False
-    files = {**runtime_files(arch), f"{dist}/{MANIFEST}": data}
+    files = {**runtime_files(arch), **manifest_files(dist, data)}
     for name, sha in named.items():
         if name not in held or hashlib.sha256(held[name]).hexdigest() != sha:
             return False
@@ -315,6 +317,11 @@ def check_tuning_table(path: Path, arch: str) -> bytes:
     return data
 
 
+def manifest_files(dist: str, data: bytes) -> dict[str, bytes]:
+    """The manifest and its digest, as the wheel holds them (the loader refuses a manifest its digest does not fit)."""
+    return {f"{dist}/{MANIFEST}": data, f"{dist}/{MANIFEST_DIGEST}": hashlib.sha256(data).hexdigest().encode() + b"\n"}
+
+
 def manifest_bytes(manifest: dict) -> bytes:
     """Compact JSON (the runtime parses it at every cold start), one artifact per line (diffable)."""
     dump = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -330,8 +337,14 @@ def remove(arch: str, root: str) -> None:
     for place in (layout.manifest_copy(arch), layout.kept_wheels / dist_name(arch)):   # before the globs, which
         guard.guard(layout.out, place)                                                # would list a link's target
     for f in [*layout.dist.glob(f"{dist_name(arch)}-*.whl"), *layout.kept_wheels.glob(f"{dist_name(arch)}-*.whl"),
-              layout.manifest_copy(arch)]:
+              layout.manifest_copy(arch), *_temp_wheels(layout, arch)]:
         guard.remove_file(layout.out, f)
+
+
+def _temp_wheels(layout: Layout, arch: str) -> list[Path]:
+    """The arch's wheels a killed `doit package` left half-written in out/dist (files.replacing's temp names): a
+    task runs under the run lock, so no other run is writing one now."""
+    return [f for f in layout.dist.glob(f".{dist_name(arch)}-*.whl.*.tmp") if guard.TEMP_NAME.fullmatch(f.name)]
 
 
 def runtime_files(arch: str) -> dict[str, bytes]:

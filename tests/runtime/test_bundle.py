@@ -14,7 +14,7 @@ from kforge_runtime import Bundle, BundleError, Library, NoMatchingKernel
 from kforge_runtime import library as library_module
 from kforge_runtime.device import cuda_archs
 from kforge_runtime.launch import LaunchError
-from tests.support import doit, make_project, spec_text, time_limit
+from tests.support import doit, make_project, spec_text, time_limit, write_manifest
 
 ARCHS = ("sm_80", "sm_90a", "gfx942")
 
@@ -42,10 +42,9 @@ def edit_entry(bundle_dir, config_id, change):
 
 
 def edit_manifest(bundle_dir, change):
-    path = bundle_dir / "manifest.json"
-    m = json.loads(path.read_text())
+    m = json.loads((bundle_dir / "manifest.json").read_text())
     change(m)
-    path.write_text(json.dumps(m))
+    write_manifest(bundle_dir, json.dumps(m))
 
 
 def test_a_wheel_and_its_unpacked_directory_give_the_same_checked_binary(dist, tmp_path):
@@ -122,7 +121,7 @@ def test_malformed_manifests_are_refused_clearly(dist, tmp_path):
     with pytest.raises(BundleError, match="artifact 'scale:fp16-b512-w4@sm_90a' needs 'sha256'"):
         Bundle(d).find("scale", "fp16-b512-w4")
     assert Bundle(d).find("scale", "bf16-b512-w4")   # the other entries still load
-    (d / "manifest.json").write_text("{not json")
+    write_manifest(d, "{not json")
     with pytest.raises(BundleError, match="unreadable manifest.json"):
         Bundle(d)
     with pytest.raises(BundleError, match="not a bundle"):
@@ -245,7 +244,7 @@ def test_a_symlink_loop_is_refused(dist, tmp_path):
                          ids=["deep-array", "deep-object", "huge-int", "truncated", "not-utf8", "empty"])
 def test_a_manifest_that_is_not_usable_json_is_a_bundle_error_naming_it(dist, tmp_path, text):
     d = unpacked(dist, "sm_90a", tmp_path)
-    (d / "manifest.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    write_manifest(d, text)
     with pytest.raises(BundleError, match=f"{d}: unreadable manifest.json"):
         Bundle(d)
 
@@ -352,7 +351,7 @@ def jit_setup(tmp_path, files, record=None, module="kern", digests=None):
               "status": "failed", "error": "", "toolchain": "triton", "constexprs": {"BLOCK": 64},
               "options": {"num_warps": 4}, "source": {"module": f"{package}.{module}", "entry": "kernel",
                                                      "digests": digests}}
-    (bundle / "manifest.json").write_text(json.dumps({
+    write_manifest(bundle, json.dumps({
         "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia", "artifacts": [],
         "failed": [record]}))
     sys.path.insert(0, str(project))
@@ -720,7 +719,7 @@ def hand_bundle(folder, **more):
     folder.mkdir(parents=True)
     manifest = {"format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia",
                 "artifacts": [], "failed": [], **more}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(folder, json.dumps(manifest))
     return folder
 
 
@@ -753,7 +752,52 @@ def test_a_renamed_wheel_is_one_bundle_error_naming_the_file_and_the_fix(tmp_pat
     renamed.parent.mkdir()
     with zipfile.ZipFile(renamed, "w") as zf:
         zf.write(d / "manifest.json", "kforge_kernels_sm_90a/manifest.json")
+        zf.write(d / "manifest.sha256", "kforge_kernels_sm_90a/manifest.sha256")
     with pytest.raises(BundleError) as e:
         Library(tmp_path / "dist").bundles_for(["sm_80"])
     assert str(e.value) == (f"{renamed}: the name says sm_80, its manifest says sm_90a; was it renamed? Use the file "
                             f"`doit package` wrote")
+
+
+def test_a_manifest_edited_after_packaging_is_refused_before_any_entry_is_read(dist, tmp_path):
+    """Hostile review, round three: an entry pointed at another of the bundle's binaries (its sha256 and size with
+    it) passed every binary check and was served for the first entry's calls; a wheel whose manifest was so edited
+    likewise. The manifest is proven by its digest, which `doit package` writes beside it."""
+    d = unpacked(dist, "sm_90a", tmp_path / "u")
+    m = json.loads((d / "manifest.json").read_text())
+    first, other = m["artifacts"][:2]
+    first.update(binary=other["binary"], sha256=other["sha256"], size=other["size"])
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError) as e:
+        Bundle(d)
+    assert str(e.value) == (f"{d}: manifest.json does not match its manifest.sha256: the bundle was altered after "
+                            f"`doit package` wrote it, or by a kforge before the digest; refused: package it again "
+                            f"(`doit package`)")
+    altered = tmp_path / "w" / wheel(dist, "sm_90a").name
+    altered.parent.mkdir()
+    with zipfile.ZipFile(wheel(dist, "sm_90a")) as zi, zipfile.ZipFile(altered, "w") as zo:
+        for info in zi.infolist():
+            zo.writestr(info, (d / "manifest.json").read_bytes() if info.filename.endswith("/manifest.json")
+                        else zi.read(info))
+    with pytest.raises(BundleError, match="manifest.json does not match its manifest.sha256"):
+        Library(altered.parent).select("scale", first["config_id"], arch="sm_90a")
+    (d / "manifest.sha256").unlink()
+    with pytest.raises(BundleError, match=r"manifest.json has no manifest.sha256: the bundle was altered"):
+        Bundle(d)
+
+
+def test_a_folder_holding_two_wheels_for_one_arch_is_refused_naming_both(dist, tmp_path):
+    """Hostile review, round three: Library(folder) with this build's wheel and an older one for the same arch
+    silently picked by the order of their digests (the older code, here and there)."""
+    folder = tmp_path / "two"
+    folder.mkdir()
+    shutil.copy(wheel(dist, "sm_90a"), folder)
+    older = folder / "kforge_kernels_sm_90a-0.1.0+000000000000-py3-none-any.whl"
+    shutil.copy(wheel(dist, "sm_90a"), older)
+    shutil.copy(wheel(dist, "gfx942"), folder)
+    with pytest.raises(BundleError) as e:
+        Library(folder)
+    names = ", ".join(sorted(w.name for w in folder.glob("kforge_kernels_sm_90a-*.whl")))
+    assert str(e.value) == (f"{folder}: 2 bundles for sm_90a ({names}); a folder of wheels holds one per arch, as "
+                            f"`doit package` leaves out/dist: remove the others, or name the wheel to load")
+    assert Library(wheel(dist, "sm_90a"), older).select("scale", "bf16-b256-w4", arch="sm_90a")   # named: first

@@ -16,7 +16,7 @@ import pytest
 
 from kforge_runtime import Bundle, BundleError, NoMatchingKernel, elf
 from kforge_runtime.select import NoTunedConfig
-from tests.support import time_limit
+from tests.support import time_limit, write_manifest
 
 CASE_SECONDS = 2
 KERNEL, CONFIG_ID, SYMBOL = "scale", "fp16-b256-w4", "scale_kernel"
@@ -79,7 +79,7 @@ def write_bundle(root, arch: str, manifest_bytes: bytes | None = None, binary: b
     (root / KERNEL / CONFIG_ID / name).write_bytes(binary)
     if manifest_bytes is None:
         manifest_bytes = json.dumps(manifest(arch, binary)).encode()
-    (root / "manifest.json").write_bytes(manifest_bytes)
+    write_manifest(root, manifest_bytes)
     return root
 
 
@@ -137,7 +137,7 @@ def test_byte_mutations_of_the_manifest(tmp_path, arch):
     outcomes = set()
     for case in range(150):
         data, how = mutate_bytes(rng, good)
-        (tmp_path / "manifest.json").write_bytes(data)
+        write_manifest(tmp_path, data)
         outcomes.add(load(tmp_path, f"{arch} manifest case {case}: {how}"))
     assert {"ok", "BundleError"} <= outcomes   # damage that JSON survives, and damage that it does not
 
@@ -188,7 +188,7 @@ def test_structural_mutations_of_the_manifest(tmp_path, arch):
     outcomes = set()
     for case in range(150):
         data, how = mutate_structure(rng, good)
-        (tmp_path / "manifest.json").write_bytes(data)
+        write_manifest(tmp_path, data)
         outcomes.add(load(tmp_path, f"{arch} structure case {case}: {how}"))
     assert {"ok", "BundleError", "NoMatchingKernel"} <= outcomes
 

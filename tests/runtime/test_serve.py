@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from kforge_runtime import record, schema, serve
 from tests.runtime.test_record import ARGS, ATTRS, CONSTANTS, OPTIONS, SIGNATURE
+from tests.support import write_manifest
 
 LINE = record.record_line("tk.scale", "scale_kernel", ARGS, SIGNATURE, CONSTANTS, ATTRS, OPTIONS, "sm_90a")
 ENTRY = {"arch": "sm_90a", "source": {"module": "tk.scale", "entry": "scale_kernel"},
@@ -118,7 +119,7 @@ def entry(kernel: str, block: int, warps: int, divisible=("x_ptr", "y_ptr")) -> 
 
 def bundle_dir(path, entries, autotune=()):
     path.mkdir()
-    (path / "manifest.json").write_text(json.dumps({
+    write_manifest(path, json.dumps({
         "format": "kforge-bundle", "format_version": 1, "arch": "sm_90a", "vendor": "nvidia",
         "artifacts": entries, "failed": [], "autotune": list(autotune)}))
     return path

@@ -208,6 +208,23 @@ def test_clean_removes_the_bundles_and_the_kept_wheels(tmp_path):
     assert not list((root / "out" / "dist").glob("*")) and not list(kept(root))
 
 
+def test_a_wheel_a_killed_package_left_half_written_goes_with_the_next_wheel_and_with_clean(tmp_path):
+    """Hostile review, round three: `doit package` killed with SIGKILL left .kforge_kernels_<arch>-*.whl.<pid>.<hex>.tmp
+    in out/dist, one a kill, which neither the next package nor `doit clean` removed."""
+    root = make_project(tmp_path, specs={"scale": spec_text()})
+    doit(root)
+    dist = root / "out" / "dist"
+    left = [dist / f".{w.name}.4194304.0badcafe.tmp" for w in dist.glob("*.whl")]
+    for f in left:
+        f.write_bytes(b"PK half a wheel")
+    other = dist / ".notes.txt.1.0badcafe.tmp"   # no wheel's: left alone
+    other.write_text("a user's")
+    assert rebundle(root, "sm_90a", PICK) is None   # another manifest: a wheel is written
+    assert not left[0].exists() and other.exists()
+    doit(root, "clean", "package")
+    assert not any(f.exists() for f in left) and other.exists()
+
+
 PICK = [{"kernel": "scale", "key": ["4096"], "config": {"BLOCK": 256}}]   # an autotuner's pick: a new manifest
 
 
