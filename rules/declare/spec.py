@@ -644,6 +644,10 @@ def _check_types(signature, where) -> None:
             continue
         element, *block = t.split("[", 1)   # type vars are checked per config later; block sizes too
         probe = TYPE_VAR_RE.sub("fp32", element) + "".join("[" + TYPE_VAR_RE.sub("16", b) for b in block)
+        if t.lstrip().startswith(("(", "[")):   # a tuple argument (`x.stride()` passed whole, indexed in the kernel)
+            raise SpecError(f"{where}: [signature] {arg}: got {shown(t)}: kforge does not build kernels taking a "
+                            f"tuple argument; leave this kernel to Triton's JIT, or give the kernel one argument "
+                            f"per element (docs/spec_format.md)")
         if canonical_arg_type(probe) is None:
             _fail(where, "signature", arg, t, "'constexpr', 'dtype', 'none', or a type such as '*bf16', 'i32', "
                   f"'fp32', '*{{dtype}}', 'tensordesc<{{dtype}}[64, 64]>'; element types: {allowed_dtypes()}")

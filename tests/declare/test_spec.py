@@ -550,6 +550,16 @@ def test_a_signature_that_differs_from_the_source_names_the_argument_to_fix(tmp_
         f"specs/s.toml: [signature] must list the arguments of scale_kernel in order: {said}; got [")
 
 
+@pytest.mark.parametrize("given", ["(i32, i32, i32, i32)", "[i32,i32]"])
+def test_a_tuple_argument_is_refused_in_one_line_saying_kforge_does_not_build_it(tmp_path, given):
+    """mamba-ssm's rotary kernel indexes stride_q[0] of a tuple it is launched with: its type was refused with the
+    list of scalar types, and "i32" loaded, then failed inside Triton with `unsupported tensor index`."""
+    text = spec_text()
+    assert error(tmp_path, text.replace('n = "i32"', f'n = "{given}"', 1)) == (
+        f"specs/s.toml: [signature] n: got '{given}': kforge does not build kernels taking a tuple argument; leave "
+        f"this kernel to Triton's JIT, or give the kernel one argument per element (docs/spec_format.md)")
+
+
 def test_archs_given_as_one_string_is_told_to_be_a_list(tmp_path):
     """`archs = "sm_90a"` said 'expected archs to build for' (an outside review with torchao)."""
     text = spec_text().replace('archs = ["sm_90a"]', 'archs = "sm_90a"')
