@@ -38,6 +38,7 @@ class Forget(DoitForget):
                                  f"{type(backend).__name__}: drop --backend from the command line")
         result = super()._execute(forget_sub, forget_disable_default, forget_all)
         tasks = {t.name: t for t in self.task_list}
+        failed = False
         for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
             # the whole artifact directory: a binary left alone would be a folder clean and prune take for a user's
@@ -46,7 +47,10 @@ class Forget(DoitForget):
                     guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
                 except guard.OutsideOut as e:
                     self.outstream.write(f"kforge: refused: {printable(str(e))}\n")
-        return result
+                except guard.NotRemoved as e:   # an unwritable folder: the others go on, the exit code says it
+                    self.outstream.write(f"kforge: {e}\n")
+                    failed = True
+        return 1 if failed else result
 
 
 def compile_target_of(task):
@@ -198,10 +202,16 @@ class Info(DoitCmdBase):
 
 
 class Clean(DoitClean):
-    """doit's clean, with one summary line instead of a line per action."""
+    """doit's clean, with one summary line instead of a line per action; exit code 1 where something could not be
+    deleted (NotRemoved: an unwritable folder)."""
+    not_removed: list[str] | tuple = ()   # clean_tasks' list
+
+    def _execute(self, dryrun, cleandep, cleanall, cleanforget, pos_args=None):   # doit passes by these names
+        super()._execute(dryrun, cleandep, cleanall, cleanforget, pos_args)   # it drops clean_tasks' result
+        return 1 if self.not_removed else 0
 
     def clean_tasks(self, tasks, dryrun, cleanforget):
-        removed, refused, others = 0, [], 0
+        removed, refused, others, self.not_removed = 0, [], 0, []
         for task in {t.name: t for t in tasks}.values():
             target = compile_target_of(task)
             if target is None:
@@ -211,6 +221,8 @@ class Clean(DoitClean):
                         others += 1
                     except guard.OutsideOut as e:   # out/dist or out/tune is a link out of out/
                         refused.append(str(e))
+                    except guard.NotRemoved as e:
+                        self.not_removed.append(str(e))
             elif Path(target.out_dir).exists() and not guard.written_by_kforge(Path(target.out_dir)):
                 refused.append(f"kept {os.path.relpath(target.out_dir, target.layout.root)}: kforge did not write "
                                f"it (no meta.json or error.txt); delete it yourself if it is not yours")
@@ -221,6 +233,8 @@ class Clean(DoitClean):
                     removed += guard.remove_artifact_dir(target.layout.out, Path(target.out_dir))
                 except guard.OutsideOut as e:
                     refused.append(str(e))
+                except guard.NotRemoved as e:
+                    self.not_removed.append(str(e))
             if cleanforget and not dryrun:
                 self.dep_manager.remove(task.name)
         self.dep_manager.close()
@@ -229,6 +243,8 @@ class Clean(DoitClean):
         self.outstream.write(f"kforge: {verb} {report.plural(removed, 'artifact')} from out/{extra}\n")
         for message in dict.fromkeys(refused):   # each once: every arch's package task meets the same link
             self.outstream.write(f"kforge: refused: {printable(message)}\n")
+        for message in dict.fromkeys(self.not_removed):
+            self.outstream.write(f"kforge: {message}\n")
 
 
 def _clean(task, dryrun: bool) -> None:
@@ -259,15 +275,19 @@ class Prune(DoitCmdBase):
             return 1
         current = [t.out_dir for t in map(compile_target_of, self.task_list) if t]
         layout = Layout.of(Path.cwd())   # doit runs in dodo.py's directory
-        removed, refused = 0, []
+        removed, refused, not_removed = 0, [], []
         orphans, kept = guard.no_targets(layout, current, settings.get("archs"))
         for path in orphans:
             try:
                 removed += guard.remove_artifact_dir(layout.out, path)
             except guard.OutsideOut as e:
                 refused.append(str(e))
-        self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
-                             if removed else "kforge: nothing to prune: every artifact in out/ belongs to a target\n")
+            except guard.NotRemoved as e:   # an unwritable folder: the others go on, the exit code says it
+                not_removed.append(str(e))
+        if removed or not not_removed:
+            self.outstream.write(f"kforge: pruned {report.plural(removed, 'artifact')} that belonged to no target\n"
+                                 if removed else "kforge: nothing to prune: every artifact in out/ belongs to a "
+                                                 "target\n")
         if kept:
             shown = ", ".join(printable(os.path.relpath(p, layout.root)) for p in kept[:3]) + (" ..." if len(kept) > 3
                                                                                              else "")
@@ -275,7 +295,9 @@ class Prune(DoitCmdBase):
                                  f"that kforge did not write (no meta.json or error.txt): {shown}\n")
         for message in refused:
             self.outstream.write(f"kforge: refused: {printable(message)}\n")
-        return 0
+        for message in not_removed:
+            self.outstream.write(f"kforge: {message}\n")
+        return 1 if not_removed else 0
 
 
 def no_names(command: str, names, what: str) -> None:

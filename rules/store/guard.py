@@ -6,7 +6,8 @@ reaches a terminal without control characters (printable). Writing: every write 
 a path's parent directories, links followed, lie inside out/ (itself maybe a link, as the user chose); the entry
 itself is never followed (files replaced by rename, links unlinked as links). Deleting (`doit clean`, `prune`,
 `forget`): only what kforge wrote in an artifact folder (kforge_files); a folder holding anything else is kept, said
-in one line; folders left empty go up to, never including, out/.
+in one line; folders left empty go up to, never including, out/; one that cannot be deleted (immutable, another
+owner's) is one line too (NotRemoved), never a traceback.
 
 Scratch: compilers' temp files live under out/.kforge/tmp/, never the system's temp directory: a folder per compile,
 <pid of the run's doit master>-<what>-<random>, removed after it; a killed compile's go when the master exits
@@ -160,6 +161,12 @@ class OutsideOut(ValueError):
     pass
 
 
+class NotRemoved(OSError):
+    """What kforge would delete under out/ cannot be deleted (an immutable folder, a read-only mount, a root-owned
+    out/ that Docker left): an OSError as the failed unlink was (a compile's handler of OSError says it), in one
+    line naming the folder and the fix."""
+
+
 def guard(out: Path, path: Path) -> Path:
     """`path` itself, when writing or deleting it stays inside out/ (see the module's docstring); else OutsideOut
     in one line naming the link that leads out and the fix."""
@@ -222,30 +229,39 @@ class Outside:
 
 
 def remove_file(out: Path, path: Path) -> None:
-    """Delete a file of kforge's under out/ if it is there (a link is removed as a link): guarded."""
-    guard(out, path).unlink(missing_ok=True)
+    """Delete a file of kforge's under out/ if it is there (a link is removed as a link): guarded; NotRemoved (one
+    line) where it cannot be."""
+    _delete(guard(out, path))
 
 
 def remove_artifact_dir(out: Path, directory: Path) -> bool:
     """Delete one artifact directory's files that kforge wrote (a link or file in its place goes as an entry), then
     the directory and the parents it leaves empty; one holding a user's file is kept, said on stderr. True if
-    something was deleted; OutsideOut if the path is not strictly inside out/."""
+    something was deleted; OutsideOut if the path is not strictly inside out/; NotRemoved (one line) where a file
+    or the folder cannot be deleted, with what could be deleted gone and meta.json or error.txt kept."""
     guard(out, directory)
     out = out.resolve()
     path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
     if out not in path.parents:   # out/ itself
         raise OutsideOut(f"{directory} is not inside {out}: kforge deletes nothing outside out/")
     if path.is_symlink() or path.is_file():
-        path.unlink()
+        _delete(path)
     elif path.is_dir():
         mine = kforge_files(path)
         if not mine:
             return False
-        for file in mine:
-            file.unlink(missing_ok=True)
+        # meta.json and error.txt last: a folder left half deleted still says it is kforge's (clean and prune
+        # take it again, once it is writable), and a meta.json whose binary went is a stale target, rebuilt
+        for file in sorted(mine, key=lambda f: f.name in (META, ERROR)):
+            _delete(file)
         try:
             path.rmdir()
-        except OSError:   # not empty: what is left is not kforge's
+        except FileNotFoundError:   # another clean took it meanwhile
+            pass
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):   # its parent cannot be written
+                raise _not_removed(e, path) from None
+            # not empty: what is left is not kforge's
             left = sorted(os.listdir(path)) if path.is_dir() else []
             shown = ", ".join(printable(str(n)) for n in left[:3]) + (" ..." if len(left) > 3 else "")
             sys.stderr.write(f"kforge: kept {printable(str(directory))}: it holds files kforge did not write "
@@ -261,6 +277,24 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
         except OSError:
             break
     return True
+
+
+def _delete(path: Path) -> None:
+    """Unlink `path` (a file, or a link as a link): any OSError but "not there" as NotRemoved."""
+    try:
+        path.unlink()
+    except FileNotFoundError:   # another clean took it meanwhile
+        pass
+    except OSError as e:
+        raise _not_removed(e, path) from None
+
+
+def _not_removed(e: OSError, path: Path) -> NotRemoved:
+    """The one line for `path` that could not be deleted: the folder it is in (whose write permission an unlink
+    needs) and the fix; the command goes on with the other targets."""
+    return NotRemoved(f"cannot delete {printable(str(path))} ({e.strerror or e}): make {printable(str(path.parent))} "
+                      f"writable (`chattr -i` it, or `chown` it to you: a root-owned out/ that Docker left, say) or "
+                      f"delete it as its owner, then run again")
 
 
 def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:

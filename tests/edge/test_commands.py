@@ -1,6 +1,7 @@
 """kforge's doit commands as a user types them: info, clean, prune (forget: tests/compile/test_action.py)."""
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -371,6 +372,72 @@ def test_clean_and_forget_through_a_link_out_of_out_refuse_in_one_line_and_prune
     # swapped for a link between its listing and its removal
     assert prune.outstream.getvalue() == "kforge: nothing to prune: every artifact in out/ belongs to a target\n"
     assert planted.exists()
+
+
+def test_forget_clean_and_prune_of_an_unwritable_artifact_folder_are_one_line_each_and_exit_1(tmp_path, monkeypatch):
+    """An artifact folder nothing in which can be deleted (`chattr +i`, or a root-owned out/ that Docker left, for a
+    non-root user) was a 20-line traceback ending in PermissionError, exit code 3, from all three commands: now one
+    line naming the folder and the fix, the other target deleted, exit code 1. The commands' own methods on
+    stand-in tasks; chattr monkeypatched (it needs root and a file system that has it)."""
+    import io
+    import shutil
+    from kforge.base.layout import Layout
+    from kforge.edge.backend import KforgeSqliteDB
+    from kforge.store import artifact
+    arch_dir = tmp_path / "out" / "sm_90a" / "scale"
+
+    def built(config):
+        folder = arch_dir / config
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_bytes(artifact.meta_bytes({"key": "K", "binary": "k.cubin", "sha256": "0"}))
+        (folder / "k.cubin").write_bytes(b"\x7fELF")
+        return folder
+
+    def refuse(real):   # as `chattr +i out/sm_90a/scale/locked` refuses
+        def call(path, *args, **kwargs):
+            if arch_dir / "locked" in (Path(path), Path(path).parent):
+                raise PermissionError(1, "Operation not permitted", str(path))
+            return real(path, *args, **kwargs)
+        return call
+    monkeypatch.setattr(os, "unlink", refuse(os.unlink))
+    monkeypatch.setattr(os, "rmdir", refuse(os.rmdir))
+
+    def targets():
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        return [SimpleNamespace(name=f"scale:{c}@sm_90a", clean_actions=[], meta={"kforge_target": SimpleNamespace(
+            out_dir=str(built(c)), layout=Layout(tmp_path))}) for c in ("locked", "free")]
+
+    def kept_and_said(outstream, head=""):
+        locked = arch_dir / "locked"
+        assert outstream.getvalue() == (
+            f"{head}kforge: cannot delete {locked}/k.cubin (Operation not permitted): make {locked} writable "
+            f"(`chattr -i` it, or `chown` it to you: a root-owned out/ that Docker left, say) or delete it as its "
+            f"owner, then run again\n")
+        assert sorted(p.name for p in locked.iterdir()) == ["k.cubin", "meta.json"]   # nothing of it lost
+        assert not (arch_dir / "free").exists()   # the other target's went
+
+    tasks = targets()
+    clean = object.__new__(commands.Clean)
+    clean.dep_manager, clean.outstream = SimpleNamespace(close=lambda: None), io.StringIO()
+    monkeypatch.setattr(commands.DoitClean, "_execute", lambda self, *args: self.clean_tasks(tasks, False, False))
+    assert clean._execute(False, False, False, False) == 1
+    kept_and_said(clean.outstream, "kforge: removed 1 artifact from out/\n")
+
+    tasks = targets()
+    forget = object.__new__(commands.Forget)
+    forget.dep_manager = SimpleNamespace(backend=object.__new__(KforgeSqliteDB))
+    forget.task_list, forget.outstream = tasks, io.StringIO()
+    monkeypatch.setattr(commands.DoitForget, "_execute", lambda self, *args: None)   # doit's own part: its db
+    assert forget._execute([], False, True) == 1
+    kept_and_said(forget.outstream)
+
+    built("free")   # both orphans: no target owns them
+    monkeypatch.chdir(tmp_path)
+    for head in ("kforge: pruned 1 artifact that belonged to no target\n", ""):   # not "nothing to prune" then
+        prune = object.__new__(commands.Prune)
+        prune.task_list, prune.outstream = [], io.StringIO()
+        assert prune._execute() == 1
+        kept_and_said(prune.outstream, head)
 
 
 def test_doit_cache_with_a_bad_setting_is_one_line_and_exit_code_2(monkeypatch, capsys):

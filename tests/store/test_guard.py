@@ -115,6 +115,55 @@ def test_a_failure_after_a_build_leaves_only_error_txt_which_forget_deletes_with
         assert guard.written_by_kforge(folder) and guard.remove_artifact_dir(out, folder) and not folder.exists()
 
 
+def refusing(monkeypatch, *paths):
+    """Unlinking or removing `paths` fails as `chattr +i` (or another owner's folder, for a non-root user) makes it
+    fail; monkeypatched: chattr needs root and a file system that has it."""
+    def refuse(real):
+        def call(path, *args, **kwargs):
+            if Path(path) in paths:
+                raise PermissionError(1, "Operation not permitted", str(path))
+            return real(path, *args, **kwargs)
+        return call
+    monkeypatch.setattr(os, "unlink", refuse(os.unlink))
+    monkeypatch.setattr(os, "rmdir", refuse(os.rmdir))
+
+
+def test_an_artifact_folder_that_cannot_be_written_is_one_line_naming_it_and_the_fix_and_loses_nothing(out, monkeypatch):
+    """An immutable folder (or a root-owned out/ that Docker left) made forget, clean and prune a 20-line
+    traceback ending in PermissionError; its meta.json is deleted last, so a folder half deleted stays kforge's."""
+    folder = kforge_artifact(out / "sm_90a" / "k" / "c1")
+    refusing(monkeypatch, folder, folder / "meta.json", folder / "k.cubin")   # the folder immutable
+    with pytest.raises(guard.NotRemoved) as refused:
+        guard.remove_artifact_dir(out, folder)
+    said = str(refused.value)
+    assert said.startswith(f"cannot delete {folder}/k.cubin (Operation not permitted): make {folder} writable "
+                           f"(`chattr -i` it, or `chown` it to you") and said.endswith("run again"), said
+    assert "\n" not in said and isinstance(refused.value, OSError)   # a compile's OSError handler says it too
+    assert sorted(p.name for p in folder.iterdir()) == ["k.cubin", "meta.json"]
+    monkeypatch.undo()
+    refusing(monkeypatch, folder / "meta.json")   # meta.json alone immutable: it stays, and says the folder is kforge's
+    with pytest.raises(guard.NotRemoved):
+        guard.remove_artifact_dir(out, folder)
+    assert [p.name for p in folder.iterdir()] == ["meta.json"] and guard.written_by_kforge(folder)
+    monkeypatch.undo()
+    other = kforge_artifact(out / "sm_90a" / "k" / "c2")
+    refusing(monkeypatch, other)   # its parent immutable: its files go, the folder stays, named (not "a user's")
+    with pytest.raises(guard.NotRemoved) as refused:
+        guard.remove_artifact_dir(out, other)
+    assert str(refused.value).startswith(f"cannot delete {other} (Operation not permitted): make {other.parent} ")
+    assert other.is_dir() and not any(other.iterdir())
+
+
+def test_a_file_kforge_would_delete_that_cannot_be_is_one_line(out, monkeypatch):
+    """remove_file (`doit clean` of a package's wheel, a tuning table): NotRemoved, not a bare PermissionError."""
+    (out / "dist").mkdir()
+    (out / "dist" / "k.whl").write_bytes(b"wheel")
+    refusing(monkeypatch, out / "dist" / "k.whl")
+    with pytest.raises(guard.NotRemoved, match=f"make {out / 'dist'} writable"):
+        guard.remove_file(out, out / "dist" / "k.whl")
+    assert (out / "dist" / "k.whl").exists()
+
+
 # --- a file kforge wrote, read back as untrusted data ---------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
