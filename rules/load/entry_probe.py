@@ -10,8 +10,8 @@ once the child has imported the module's package: what that process read is the 
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. A request may name its "family"
 (a device-model error names it); every reply carries "read": the files and folders its module's process read
-beyond the toolchain (rules/load/observe.py) and where an import looked for a module in vain (_Misses); any
-failure is {"error": "one line"}.
+beyond the toolchain (rules/load/observe.py), where an import looked for a module in vain (_Misses) and the
+environment variables the library's code read (`$NAME`); any failure is {"error": "one line"}.
   {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...], "around_tuner":
       [name, ...], "tuner": {fact: value}, "unspecialized": {argument: jit option}}; a config is the autotuner's
       kwargs plus num_warps, num_stages, num_ctas / maxnreg where set
@@ -161,7 +161,10 @@ class Probe:
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
             raise self._crashed(request, where) from None
-        self.module_read.setdefault(module, set()).update(reply.pop("read", ()))
+        # a variable this process set for the child (the family's [env], in its declaration; PYTHONPATH) is not
+        # what the catalog's process sees, as a compile's is not (rules/compile/core.py): never an input
+        given = {observe.VARIABLE + name for name in (*dict(self.env), "PYTHONPATH")}
+        self.module_read.setdefault(module, set()).update(set(reply.pop("read", ())) - given)
         Probe.used.setdefault(request.get("family", ""), set()).add((self, module))
         if "error" in reply:
             raise SpecError(f"{where}: {reply['error']}")
@@ -695,9 +698,12 @@ def _crash_message(module: str) -> str:
 
 
 def _read(recorder, misses: "_Misses") -> list[str]:
-    """Every file and folder this process read since it started recording, and the paths where an import
-    looked for a module in vain (one created there would be found): the family's probe inputs."""
-    return sorted(recorder.files() | set(recorder.folders()) | misses.paths)
+    """Every file and folder this process read since it started recording, the paths where an import looked for a
+    module in vain (one created there would be found), and `$NAME` for each environment variable the library's code
+    read, set or not (mamba-ssm's autotune_configs() keeps one config under MAMBA_DETERMINISTIC=1): the family's
+    probe inputs. Paths are absolute, so a `$` starts only a variable."""
+    variables = {observe.VARIABLE + name for name in recorder.variables}
+    return sorted(recorder.files() | set(recorder.folders()) | misses.paths | variables)
 
 
 def _import_package(package: str) -> str:

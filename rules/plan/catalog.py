@@ -1,7 +1,8 @@
 """The catalog (specs -> families and targets), kept in out/.kforge/catalog.json between runs.
 
 Loading the specs and computing 1,000+ targets is most of a no-op run, so the saved catalog is used while its stamp
-(one digest of every file it came from, by identity, and of kforge, Python, the settings and the toolchains) holds.
+(one digest of every file it came from, by identity, of each environment variable its probes' imports read, by
+value, and of kforge, Python, the settings and the toolchains) holds.
 Else a kept catalog of the same content (out/.kforge/catalogs/: a revert, a branch switched back) is taken, else the
 specs load family by family, each unchanged one taken unprobed. A broken family is never saved. Paths are saved by
 their place (Places), so a project or virtualenv at another path takes its catalog where the bytes hold.
@@ -25,6 +26,7 @@ from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.base.target import Target
 from kforge.base.project_config import PYPROJECT, kforge_table, read_user_file
+from kforge.load.observe import VARIABLE, variable_digest
 
 FORMAT = "kforge-catalog-14"   # 14: paths under the project and the Python environment saved by place (Places)
 KEPT = 4   # catalogs by content in out/.kforge/catalogs/
@@ -154,8 +156,9 @@ class Catalog:
             record_files = [f for f in spec_files if f.suffix == ".jsonl" and _rel(f, self.root) not in bad_files]
             self.tuned = [t for t in records.tuned_choices(record_files, self.root, record_archs(self.root))
                           if archs is None or t["arch"] in archs]
-            for name, files in computed.items():   # what importing its modules read: heuristics, data files
-                files.update(map(Path, Probe.reads_of(name)))
+            for name, files in computed.items():   # what importing its modules read: heuristics, data files,
+                # and `$NAME`, a variable they read (kept a name: a Path would fold a "/" in it)
+                files.update(f if f.startswith(VARIABLE) else Path(f) for f in Probe.reads_of(name))
         finally:
             Probe.close_all()   # the children that answered for autotuned / heuristics entries, if any ran
         self.families = [family for family, _, _ in done]
@@ -356,7 +359,8 @@ class Catalog:
     def _stamp(self, folders: list[Path], spec_files: list[Path], read: list[str], toolchains: list,
                installed: list[str], of=stamps.identity) -> str:
         """The digest of everything the catalog came from, each file by `of`: its identity (with the project's
-        path), or its content (each file named by its place)."""
+        path), or its content (each file named by its place); each variable a probe read (`$NAME`) by its value,
+        as a compile's record holds it: os.environ is read, nothing is stat'ed."""
         # the folders are in by identity too: a spec file added to one changes its mtime
         files = sorted({*map(str, spec_files), *read, str(self.root / PYPROJECT), *map(str, folders)})
         by_content = of is stamps.content
@@ -364,7 +368,8 @@ class Catalog:
         return stamps.digest({   # not the archs: a catalog says which it holds, and serves any of them
             "format": FORMAT, "python": sys.version, "installed": [(m, self._found(m)) for m in installed],
             "max_configs": self.max_configs, "env": keys.compiler_env(), "toolchains": self._fingerprints(toolchains),
-            "files": [(name(f), of(f)) for f in files],
+            "files": [(name(f), variable_digest(f[len(VARIABLE):]) if f.startswith(VARIABLE) else of(f))
+                      for f in files],
             "code": [(folder, rel, of(path)) for folder, rel, path in self._code],
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
 
@@ -466,7 +471,10 @@ def _union(held: list | None, wanted: tuple[str, ...] | None) -> tuple[str, ...]
 
 
 def _content(path: str, seen: dict) -> str | None:
-    """A file's sha256, a folder's listing's (without __pycache__), None when neither is there; once per load."""
+    """A file's sha256, a folder's listing's (without __pycache__), None when neither is there; once per load. For
+    `$NAME` (a probe's import read that environment variable: no file's path starts with `$`), its value's."""
+    if path.startswith(VARIABLE):
+        return variable_digest(path[len(VARIABLE):])
     if path not in seen:
         from kforge.load.observe import listing_digest
         try:

@@ -825,3 +825,103 @@ def test_an_installed_library_named_as_a_catalog_is_one_line_and_none_of_its_mod
     assert not (tmp_path / "ran").exists()
     root = with_catalog(make_project(tmp_path / "q"), 'catalog = ["speclib"]')
     assert catalog_module.catalog_folders(root) == [site / "speclib"]
+
+
+# A variable that a family's module reads while the probe imports it (mamba-ssm's autotune_configs() keeps one config
+# under MAMBA_DETERMINISTIC=1), or while the probe runs its pruner or a heuristic, is one of the saved catalog's
+# inputs, as a file read there is and as it is of a compile: the targets follow the environment (an outside review:
+# the first load's list was kept whatever the variable said later).
+
+ENV_KERNEL = '''
+import os
+
+import triton
+import triton.language as tl
+
+CONFIGS = [triton.Config({"BLOCK": b}) for b in (256, 512, 1024)]
+if os.environ.get("KFT_DETERMINISTIC") == "1":   # as mamba_ssm.utils.determinism.autotune_configs
+    CONFIGS = CONFIGS[:2]   # (mamba's keeps one; two are pruned as three are, so both read the same variables)
+SEARCH = os.environ.get("PYTHONPATH")   # kforge sets it for the probe: not an input
+
+
+def prune(configs, named_args, **kwargs):
+    return configs[-1:] if os.getenv("KFT_PRUNE") == "big" else configs
+
+
+@triton.autotune(configs=CONFIGS, key=["n"], prune_configs_by={"early_config_prune": prune})
+@triton.heuristics({"EVEN": lambda args: "KFT_EVEN" in os.environ})
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+'''
+ENV_SPEC = '''
+[kernel]
+name = "{name}"
+source = "tk/det.py"
+entry = "scale_kernel"
+toolchain = "triton"
+archs = ["sm_90a"]
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+EVEN = "constexpr"
+
+[sweep]
+{env}'''
+ENV_READ = ("KFT_DETERMINISTIC", "KFT_PRUNE", "KFT_EVEN")
+
+
+@pytest.fixture
+def env_project(tmp_path, monkeypatch):
+    for name in ENV_READ:
+        monkeypatch.delenv(name, raising=False)
+    return make_project(tmp_path / "p", specs={"det": ENV_SPEC.format(name="det", env="")},
+                        kernels={"det": ENV_KERNEL})
+
+
+def test_a_variable_the_probes_import_reads_decides_the_targets_and_an_unchanged_one_takes_them_unprobed(
+        env_project, monkeypatch):
+    from kforge.load import entry_probe
+    asked = []
+    send = entry_probe.Probe._send
+    monkeypatch.setattr(entry_probe.Probe, "_send", lambda self, *a: asked.append(1) or send(self, *a))
+
+    def now() -> tuple[str, list[int], bool]:
+        """(where the load found the catalog, the targets' BLOCKs, whether a probe was asked)"""
+        before = len(asked)
+        found = loaded(env_project)
+        return found.loaded_from, sorted(dict(t.config)["BLOCK"] for t in found.targets), len(asked) > before
+
+    assert now() == ("specs", [256, 512, 1024], True)
+    assert now() == ("saved", [256, 512, 1024], False)
+    monkeypatch.setenv("KFT_DETERMINISTIC", "1")   # unset -> set
+    assert now() == ("specs", [256, 512], True)
+    assert now() == ("saved", [256, 512], False)
+    monkeypatch.delenv("KFT_DETERMINISTIC")   # set -> unset: the catalog of that environment, kept, unprobed
+    assert now() == ("kept", [256, 512, 1024], False)
+    assert now() == ("saved", [256, 512, 1024], False)
+    monkeypatch.setenv("KFT_DETERMINISTIC", "")   # set, and empty: not what unset is
+    assert now() == ("specs", [256, 512, 1024], True)
+    assert now() == ("saved", [256, 512, 1024], False)
+
+
+def test_a_variable_the_probes_pruner_or_heuristic_reads_is_an_input_and_one_the_familys_env_sets_is_not(
+        env_project, monkeypatch):
+    pinned = ENV_SPEC.format(name="pinned", env='\n[env]\nKFT_PRUNE = "big"\n')
+    (env_project / "specs" / "pinned.toml").write_text(pinned)
+    even = lambda family: {dict(t.constexprs)["EVEN"] for t in loaded(env_project).targets if t.kernel == family}
+    names, targets = computed_families(env_project, monkeypatch)
+    assert names == {"det", "pinned"} and even("det") == even("pinned") == {False}
+    assert blocks(targets, "det") == {256, 512, 1024} and blocks(targets, "pinned") == {1024}
+    monkeypatch.setenv("KFT_PRUNE", "big")   # read by det's pruner; pinned's [env] gives its probe its own
+    names, targets = computed_families(env_project, monkeypatch)
+    assert names == {"det"} and blocks(targets, "det") == {1024} and blocks(targets, "pinned") == {1024}
+    monkeypatch.setenv("KFT_EVEN", "")   # read by both families' heuristic: unset -> set
+    names, targets = computed_families(env_project, monkeypatch)
+    assert names == {"det", "pinned"} and even("det") == even("pinned") == {True}
+    names, _ = computed_families(env_project, monkeypatch)   # nothing changed (PYTHONPATH read too)
+    assert names == set() and loaded(env_project).loaded_from == "saved"
