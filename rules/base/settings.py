@@ -6,7 +6,9 @@ came from and what is allowed, one line and exit code 2 before the catalog loads
 """
 from __future__ import annotations
 
+import math
 import os
+import stat
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -28,11 +30,21 @@ class Setting(NamedTuple):   # NamedTuples here, not dataclasses: imported by ev
     command_line: bool = True            # False: the environment alone (a value every process, Dask's too, sees)
 
 
-def _whole(minimum: int):
+WEEK_S = 7 * 24 * 3600   # the most any time setting may be: more is no limit anyone means, and inf overflowed poll()
+
+
+def _digits(text: str) -> int | None:
+    """int(text) for plain ASCII digits, else None. str.isdigit() passes '²', which int() refuses with a message
+    naming no setting; int() also refuses more than 4,300 digits (30 are past every maximum here)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 30 else None
+
+
+def _whole(minimum: int, maximum: int, unit: str = ""):
     def parse(text: str, where: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
-            raise ValueError(f"{where}: got {text!r}; expected a whole number >= {minimum}")
-        return int(text)
+        value = _digits(text)
+        if value is None or not minimum <= value <= maximum:
+            raise ValueError(f"{where}: got {text!r}; expected a whole number from {minimum} to {maximum}{unit}")
+        return value
     return parse
 
 
@@ -40,9 +52,10 @@ def _seconds(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{where}: got {text!r}; expected a number of seconds > 0, e.g. 120")
+        value = math.nan
+    if not 0 < value <= WEEK_S:   # nan fails it too
+        raise ValueError(f"{where}: got {text!r}; expected a number of seconds > 0 and at most {WEEK_S} (a week), "
+                         f"e.g. 120")
     return value
 
 
@@ -107,11 +120,19 @@ def _local_cache(text: str, where: str) -> str | None:
         return _default_local_cache() if flag else None
     if not text:   # Path("") is the folder the build runs in
         raise ValueError(f"{where}: got ''; expected a directory (it is created if missing) or off")
-    path = Path(text).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{where}: got {text!r}, which is not a directory; give a directory (it is created if "
-                         f"missing) or off")
-    return str(path.absolute())
+    try:
+        path = Path(text).expanduser()
+    except (RuntimeError, KeyError):   # ~nouser, or ~ with no HOME and no passwd entry
+        raise ValueError(f"{where}: got {text!r}; its ~ names no home directory here (no such user, or no HOME): "
+                         f"give the directory's absolute path, or off") from None
+    try:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{where}: got {text!r}, which is not a directory; give a directory (it is created if "
+                             f"missing) or off")
+        return str(path.absolute())
+    except OSError as e:   # exists() raises all but a missing file: a name too long, a folder not searchable
+        raise ValueError(f"{where}: got {text!r}; cannot use it ({e.strerror}): give a directory (it is created if "
+                         f"missing) or off") from None
 
 
 def _default_keep_hub() -> int:
@@ -147,6 +168,7 @@ def user_cache_dir() -> str:
 
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = 1 << 50   # 1024T: past any disk or memory, and below setrlimit's 2**63 (catalog_memory)
 
 
 def _size(minimum: int = 0):
@@ -154,38 +176,61 @@ def _size(minimum: int = 0):
     def parse(text: str, where: str) -> int:
         number = text.strip().upper().removesuffix("IB").removesuffix("B")
         unit = number[-1:] if number[-1:] in SIZE_UNITS else ""
-        digits = number[:len(number) - len(unit)]
-        if not digits.isdigit() or int(digits) * SIZE_UNITS[unit] < minimum:
-            least = f" of at least {minimum >> 20}M" if minimum else ""
-            raise ValueError(f"{where}: got {text!r}; expected a size in bytes{least}, e.g. 2G, 500M or 1048576")
-        return int(digits) * SIZE_UNITS[unit]
+        digits = _digits(number[:len(number) - len(unit)])
+        if digits is None or not minimum <= digits * SIZE_UNITS[unit] <= MAX_SIZE:
+            least = f"at least {minimum >> 20}M and " if minimum else ""
+            raise ValueError(f"{where}: got {text!r}; expected a size in bytes of {least}at most {MAX_SIZE >> 40}T, "
+                             f"e.g. 2G, 500M or 1048576")
+        return digits * SIZE_UNITS[unit]
     return parse
 
 
 MIN_KEY_CHARS = 16
+MAX_KEY_FILE = 4096   # bytes: a key is a line (`openssl rand -hex 32` is 65 bytes); @/dev/zero read until OOM
 
 
 def _key(text: str, where: str) -> str:
     """A shared secret, or `@PATH` of a file holding it (one line). Never quoted back: a message may be logged."""
     if text.startswith("@"):
-        path = text[1:]
-        try:
-            text = Path(path).read_text().strip()   # the newline `openssl rand -hex 32 > FILE` leaves is not key
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{where}: cannot read the key file {path} ({getattr(e, 'strerror', None) or e}); "
-                             f"give a readable file holding the key") from None
-        where = f"{where}: the key file {path}"
+        shown = text[1:] if text[1:].isprintable() else repr(text[1:])   # as messages show it: one line
+        text = _key_file(text[1:], where, shown)
+        where = f"{where}: the key file {shown}"
     if len(text) < MIN_KEY_CHARS:
         raise ValueError(f"{where}: the key must be at least {MIN_KEY_CHARS} characters (not shown here); "
                          f"make one with `openssl rand -hex 32`")
     return text
 
 
+def _key_file(path: str, where: str, shown: str) -> str:
+    """The key in a regular file of at most MAX_KEY_FILE bytes: read on every run (every setting is parsed), a
+    FIFO hung `doit list` and /dev/zero filled memory."""
+    give = "give a readable file holding the key alone (e.g. `openssl rand -hex 32 > FILE`)"
+    not_regular = f"{where}: the key file {shown} is not a regular file (a FIFO, a device or a folder); {give}"
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # stat, not open: opening a FIFO waits for a writer
+            raise ValueError(not_regular)
+        # O_NONBLOCK: were it swapped for a FIFO since the stat, open would wait; the fstat refuses it then
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError(not_regular)
+            data = file.read(MAX_KEY_FILE + 1)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read the key file {shown} ({e.strerror or e}); {give}") from None
+    if len(data) > MAX_KEY_FILE:
+        raise ValueError(f"{where}: the key file {shown} is larger than {MAX_KEY_FILE} bytes, too large for a key; "
+                         f"{give}")
+    try:
+        return data.decode().strip()   # the newline `openssl rand -hex 32 > FILE` leaves is not key
+    except UnicodeDecodeError:   # its message quotes a byte of the secret
+        raise ValueError(f"{where}: the key file {shown} is not UTF-8 text; {give}") from None
+
+
 SETTINGS = {s.name: s for s in (
     Setting("archs", None, parse_arch_list, lambda: None, "only these archs, e.g. sm_90a,gfx942"),
     Setting("timeout", "KFORGE_COMPILE_TIMEOUT", _seconds, lambda: 600.0, "per-compile time limit, seconds"),
-    Setting("max_compiles", cpus.ENV, _whole(1), cpus.available, "most compiles at once (default: the CPUs)"),
-    Setting("prefetch", None, _whole(0), lambda: None, "tasks queued beyond the running ones"),
+    # the maxima of whole numbers: past any machine's CPUs, any catalog's tasks, any sweep kforge could hold
+    Setting("max_compiles", cpus.ENV, _whole(1, 4096), cpus.available, "most compiles at once (default: the CPUs)"),
+    Setting("prefetch", None, _whole(0, 1_000_000), lambda: None, "tasks queued beyond the running ones"),
     Setting("executor", "KFORGE_EXECUTOR", _executor, lambda: None, f"compile on a Dask cluster: {DASK}HOST:PORT"),
     Setting("cache", "KFORGE_CACHE", _url, lambda: None, "remote cache URL (Bazel's HTTP cache protocol)"),
     Setting("cache_readonly", "KFORGE_CACHE_READONLY", _flag, lambda: False, "never upload to the remote cache"),
@@ -198,10 +243,11 @@ SETTINGS = {s.name: s for s in (
             "the local cache directory every checkout of this user shares, or off"),
     Setting("local_cache_limit", "KFORGE_LOCAL_CACHE_LIMIT", _size(), lambda: 2 << 30,
             "most bytes the local cache keeps (least recently used entries go first), e.g. 2G"),
-    Setting("keep_hub", "KFORGE_KEEP_HUB", _whole(0), _default_keep_hub,
+    Setting("keep_hub", "KFORGE_KEEP_HUB", _whole(0, WEEK_S, " (seconds: a week)"), _default_keep_hub,
             "seconds a build's toolchain process is kept for the project's next build (0: never; by default 600 "
             "for a build run at a terminal, else 0)"),
-    Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1), lambda: 50_000, "most configs one family may sweep"),
+    Setting("max_configs", "KFORGE_MAX_CONFIGS", _whole(1, 10_000_000), lambda: 50_000,
+            "most configs one family may sweep"),
     Setting("catalog_timeout", "KFORGE_CATALOG_TIMEOUT", _seconds, lambda: 300.0,
             "seconds one Python catalog file, or one import of a family's module to probe it, may run"),
     Setting("catalog_memory", "KFORGE_CATALOG_MEMORY", _size(2**20), lambda: 8 * 2**30,

@@ -12,8 +12,8 @@ from tests.support import doit, make_project
 @pytest.mark.parametrize("args, env, message", [
     (("timeout=abc",), {}, "timeout= on the command line: got 'abc'; expected a number of seconds > 0"),
     ((), {"KFORGE_COMPILE_TIMEOUT": "-5"}, "KFORGE_COMPILE_TIMEOUT in the environment: got '-5'"),
-    (("prefetch=x",), {}, "prefetch= on the command line: got 'x'; expected a whole number >= 0"),
-    (("max_compiles=0",), {}, "max_compiles= on the command line: got '0'; expected a whole number >= 1"),
+    (("prefetch=x",), {}, "prefetch= on the command line: got 'x'; expected a whole number from 0 to 1000000"),
+    (("max_compiles=0",), {}, "max_compiles= on the command line: got '0'; expected a whole number from 1 to 4096"),
     (("executor=tcp://h:1",), {}, "executor= on the command line: got 'tcp://h:1'; expected dask://HOST:PORT"),
     (("archs=sm_91",), {}, "archs= on the command line: unknown arch sm_91"),
     (("archs=sm_90a,sm_90a",), {}, "archs= on the command line: sm_90a is listed twice; give each arch once"),
@@ -29,9 +29,20 @@ from tests.support import doit, make_project
     ((), {"KFORGE_LOCAL_CACHE": "/dev/null"}, "KFORGE_LOCAL_CACHE in the environment: got '/dev/null', which is "
                                               "not a directory"),
     (("catalog_memory=lots",), {}, "catalog_memory= on the command line: got 'lots'; expected a size in bytes of "
-                                   "at least 1M, e.g. 2G"),
+                                   "at least 1M and at most 1024T, e.g. 2G"),
+    (("local_cache=~kforge-no-such-user/x",), {}, "local_cache= on the command line: got '~kforge-no-such-user/x'; "
+                                                  "its ~ names no home directory here"),
+    ((), {"KFORGE_COMPILE_TIMEOUT": "inf"}, "KFORGE_COMPILE_TIMEOUT in the environment: got 'inf'; expected a number "
+                                            "of seconds > 0 and at most 604800 (a week)"),
+    ((), {"KFORGE_MAX_COMPILES": "\u00b2"}, "KFORGE_MAX_COMPILES in the environment: got '\u00b2'; expected a whole "
+                                             "number from 1 to 4096"),
+    ((), {"KFORGE_KEEP_HUB": "99999999999999999999999"}, "KFORGE_KEEP_HUB in the environment: got "
+                                                         "'99999999999999999999999'; expected a whole number from 0"),
+    ((), {"KFORGE_CACHE_KEY": "@/dev/zero"}, "KFORGE_CACHE_KEY in the environment: the key file /dev/zero is not a "
+                                             "regular file"),
 ], ids=["timeout", "timeout-env", "prefetch", "max_compiles", "executor", "archs", "archs-twice", "cache", "cache-port", "cache_readonly",
-        "cache-timeout-env", "cache-key-file", "local-cache-limit", "local-cache-env", "catalog-memory"])
+        "cache-timeout-env", "cache-key-file", "local-cache-limit", "local-cache-env", "catalog-memory",
+        "local-cache-nouser", "timeout-inf", "max-compiles-superscript", "keep-hub-huge", "cache-key-device"])
 def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, args, env, message):
     proc = doit(make_project(tmp_path / "p"), *args, env=env, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -252,3 +263,97 @@ def test_doit_archs_empty_is_one_line_naming_the_archs_and_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr == ("kforge: archs= on the command line: unknown arch ''; allowed: "
                                                     "sm_80, sm_90a, sm_100a, gfx90a, gfx942, gfx950\n")
     assert not (tmp_path / "p" / "out" / "sm_90a").exists()
+
+
+def test_a_cache_key_file_that_is_a_fifo_is_refused_at_once_even_without_a_cache(tmp_path):
+    """Every setting is parsed on every run: `KFORGE_CACHE_KEY=@FIFO doit list` waited for a writer for ever, and
+    @/dev/zero read until the OOM killer came."""
+    import os
+    os.mkfifo(tmp_path / "key.fifo")
+    proc = doit(make_project(tmp_path / "p"), "list", env={"KFORGE_CACHE_KEY": f"@{tmp_path / 'key.fifo'}"},
+                check=False, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [f"kforge: KFORGE_CACHE_KEY in the environment: the key file "
+                                        f"{tmp_path / 'key.fifo'} is not a regular file (a FIFO, a device or a "
+                                        f"folder); give a readable file holding the key alone (e.g. `openssl rand "
+                                        f"-hex 32 > FILE`)"]
+
+
+@pytest.mark.parametrize("content, refused", [
+    (b"k" * 4097, "is larger than 4096 bytes"),
+    (b"\xff" * 32, "is not UTF-8 text"),
+    (None, "is not a regular file"),   # a folder
+])
+def test_a_key_file_kforge_cannot_use_is_refused_in_one_line_without_showing_it(tmp_path, content, refused):
+    path = tmp_path / "key"
+    path.mkdir() if content is None else path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        settings._key(f"@{path}", "cache_key=")
+    message = str(error.value)
+    assert message.startswith(f"cache_key=: the key file {path} {refused}") and "\n" not in message
+    assert "kkkk" not in message and "xff" not in message
+
+
+def test_a_key_file_is_read_as_before_and_its_odd_name_shown_on_one_line(tmp_path):
+    (tmp_path / "key").write_text("kforge-test-secret-7f3a9c51\n")
+    assert settings._key(f"@{tmp_path / 'key'}", "cache_key=") == "kforge-test-secret-7f3a9c51"
+    odd = tmp_path / "k\ney"
+    odd.write_text("short\n")
+    with pytest.raises(ValueError) as error:
+        settings._key(f"@{odd}", "cache_key=")
+    assert str(error.value).startswith(f"cache_key=: the key file {str(odd)!r}: the key must be at least 16 characters")
+
+
+def test_a_home_directory_that_cannot_be_found_is_the_local_cache_settings_error(monkeypatch):
+    """Path.expanduser raised RuntimeError: a 25-line traceback, exit code 3, for `~nouser` or `~` with no HOME
+    and no passwd entry (a container's user)."""
+    import pwd
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    for text in ("~/x", "~", "~kforge-no-such-user"):
+        with pytest.raises(ValueError, match=f"^local_cache=: got '{text}'; its ~ names no home directory here"):
+            settings._local_cache(text, "local_cache=")
+
+
+def test_a_local_cache_path_the_system_refuses_is_the_settings_error():
+    with pytest.raises(ValueError, match=r"^local_cache=: got '/a+'; cannot use it \(File name too long\)"):
+        settings._local_cache("/" + "a" * 300, "local_cache=")
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e300", "604801", "infinity", "0", "-1", "x", ""])
+@pytest.mark.parametrize("name", [n for n, s in settings.SETTINGS.items() if s.parse is settings._seconds])
+def test_a_time_setting_is_finite_and_at_most_a_week(name, text):
+    """timeout=inf was taken, and every compile then failed (conn.poll(inf) overflows) with no error.txt."""
+    with pytest.raises(ValueError, match=r"expected a number of seconds > 0 and at most 604800 \(a week\)"):
+        settings.SETTINGS[name].parse(text, f"{name}=")
+
+
+def test_every_time_setting_is_checked_by_the_same_parse():
+    assert {n for n, s in settings.SETTINGS.items() if s.parse is settings._seconds} == {
+        "timeout", "cache_timeout", "cache_budget", "catalog_timeout"}
+    assert settings._seconds("604800", "timeout=") == 604800.0 and settings._seconds("0.5", "timeout=") == 0.5
+
+
+WHOLE = {"max_compiles": (1, 4096), "prefetch": (0, 1_000_000), "keep_hub": (0, 604800), "max_configs": (1, 10_000_000)}
+
+
+@pytest.mark.parametrize("name", WHOLE)
+def test_a_whole_number_setting_takes_ascii_digits_in_its_range_alone(name):
+    """str.isdigit() passed '²' (then int() refused it in a message naming no setting); a keep_hub of 10**22
+    seconds kept a process running for good; int() refuses more than 4,300 digits, again naming nothing."""
+    least, most = WHOLE[name]
+    parse = settings.SETTINGS[name].parse
+    assert parse(str(least), f"{name}=") == least and parse(str(most), f"{name}=") == most
+    for text in ("\u00b2", "1\u00b2", "\u0663", str(most + 1), "9" * 5000, "99999999999999999999999", "+1", " 1"):
+        with pytest.raises(ValueError) as refused:
+            parse(text, f"{name}=")
+        assert str(refused.value).startswith(f"{name}=: got ") and f"from {least} to {most}" in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["local_cache_limit", "catalog_memory"])
+def test_a_size_setting_takes_ascii_digits_up_to_1024t(name):
+    parse = settings.SETTINGS[name].parse
+    assert parse("1024T", f"{name}=") == 1 << 50 and parse("2G", f"{name}=") == 2 << 30
+    for text in ("1\u00b2", "\u00b2G", "\u0663G", "1025T", "9" * 5000, "99999999999999999999T"):
+        with pytest.raises(ValueError, match=f"^{name}=: got .*; expected a size in bytes of .*at most 1024T"):
+            parse(text, f"{name}=")
