@@ -38,7 +38,18 @@ ENTRY_LIMIT = (256 << 20) + (1 << 20)   # the loader's limit on a binary (runtim
 STALE_TMP_S = 3600   # a temp file this old was left by a killed writer (a live one renames within seconds)
 KEY = re.compile(r"[0-9a-f]{64}(-[0-9a-f]{16})?")   # only names like these are ever deleted: a cache at a wrong
 TEMP = re.compile(r"\.[0-9a-f]{64}\.\d+\.[0-9a-f]+\.tmp")   # directory (home, say) loses nothing else
-_store_failed: set[str] = set()   # cache directories this process could not write: warned once, not per target
+_store_failed: set[str] = set()   # cache directories this process could not write, and places holding what the
+#                                   cache did not write (NotOurs): warned once, not per target
+
+
+class NotOurs(OSError):
+    """What lies where the cache would make a folder of entries or an entry is not the cache's (a user's file named
+    79 in a local_cache=~/documents, a link): left as it is, that entry not stored, one warning naming it."""
+
+    def __init__(self, path: Path, what: str, stored: str):
+        self.path = str(path)
+        super().__init__(f"local cache {path} is {what}, which kforge did not write: it is left as it is, and {stored} "
+                         f"not stored there; point local_cache= at a folder of its own (or set local_cache=off)")
 
 
 class LocalCache(NamedTuple):   # a NamedTuple: in every compile task's action arguments
@@ -101,8 +112,9 @@ class Source(ArtifactCache):
                 f"replaces the entry)"]
 
     def took(self, target) -> None:
+        # "last used": trim() keeps it; the entry itself, never what a link put in its place leads to
         with contextlib.suppress(OSError):   # evicted meanwhile, or a read-only cache: the hit stands
-            os.utime(self.picked.get(target.key, entry_path(self.cache, target.key)))   # "last used": trim() keeps it
+            os.utime(self.picked.get(target.key, entry_path(self.cache, target.key)), follow_symlinks=False)
 
     def keep(self, target) -> list[str]:
         return store(self.cache, target)
@@ -132,9 +144,16 @@ def store(cache: LocalCache, target) -> list[str]:
         inputs = _inputs_id(files)
         data = pack(target.key, files, inputs)
         _folder_of_entries(path.parent)
+        if path.is_dir() and not path.is_symlink():   # atomic_write would delete a folder there (files.replacing)
+            raise NotOurs(path, "a folder", "this key's entry is")
         _keep_other_inputs(path, inputs)
         atomic_write(path, data)
         return []
+    except NotOurs as e:
+        if e.path in _store_failed:
+            return []
+        _store_failed.add(e.path)
+        return [str(e)]
     except OSError as e:
         if cache.root in _store_failed:
             return []
@@ -144,13 +163,17 @@ def store(cache: LocalCache, target) -> list[str]:
 
 
 def _folder_of_entries(folder: Path) -> None:
-    """Make `<cache>/<key[:2]>` a folder; a file or link in its place is damage, as a corrupt entry is, and goes."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        folder.unlink()
+    """Make `<cache>/<key[:2]>` a folder; anything else in its place (a file, a link) is NotOurs, never removed nor
+    followed: two hex digits are a plausible name of a user's file (local_cache= at a wrong folder, home say)."""
     # the cache's own folder, where kforge makes it, is this user's alone whatever the umask: the kept bytecode
     # beside the entries keeps nothing in a group-writable one (rules/load/observe.py)
     os.makedirs(folder.parent, mode=0o700, exist_ok=True)
-    folder.mkdir(exist_ok=True)
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        if folder.is_symlink() or not folder.is_dir():
+            raise NotOurs(folder, "a symbolic link" if folder.is_symlink() else "a file, not a folder",
+                          f"every entry whose key starts with {folder.name} is") from None
 
 
 def problem(cache: LocalCache) -> str | None:
@@ -162,9 +185,12 @@ def problem(cache: LocalCache) -> str | None:
 
 
 def _entries_of(cache: LocalCache, key: str) -> list[Path]:
-    """The key's entries: `<key>` (the latest stored), then the others, the most recently used first."""
+    """The key's entries: `<key>` (the latest stored), then the others, the most recently used first; none where
+    its folder is a link (never read nor deleted through: not the cache's, store() says so)."""
+    if entry_path(cache, key).parent.is_symlink():
+        return []
     found = [(_mtime(e.path), Path(e.path)) for e in _scan(entry_path(cache, key).parent)
-             if e.name.startswith(key + "-")]
+             if e.name.startswith(key + "-") and KEY.fullmatch(e.name)]   # a refused one is deleted: only ours
     return [entry_path(cache, key), *(p for _, p in sorted(found, reverse=True))]
 
 

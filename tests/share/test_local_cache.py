@@ -339,24 +339,60 @@ def test_a_link_or_fifo_in_place_of_an_entry_is_refused_without_reading_through_
     assert not storing.is_alive() and path.is_file()
 
 
+def built_artifact(out: Path) -> Path:
+    out.mkdir()
+    (out / "meta.json").write_text(json.dumps({"binary": "k.bin"}))
+    (out / "k.bin").write_bytes(b"\x7fELF")
+    return out
+
+
 @pytest.mark.parametrize("what", ["file", "link"])
-def test_a_file_or_link_where_a_folder_of_entries_belongs_is_replaced_by_the_folder(tmp_path, what):
-    """A file (or a link) at `<cache>/<key[:2]>` kept every entry of that prefix from being stored, with a warning
-    whose fix (free space, permissions) was not the one; the cache's own structure is kforge's, as a corrupt entry
-    is: it is replaced, never followed."""
-    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
-    target = types.SimpleNamespace(key="e" * 64, out_dir=str(tmp_path / "out"))
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "meta.json").write_text(json.dumps({"binary": "k.bin"}))
-    (tmp_path / "out" / "k.bin").write_bytes(b"\x7fELF")
+def test_a_file_or_link_where_a_folder_of_entries_belongs_is_left_as_it_is_with_one_warning(tmp_path, what):
+    """local_cache=~/my_documents holding a note named 79 (a key's first two hex digits): the build deleted it to
+    make the cache's folder of entries there, silently; a link there was unlinked the same way. What the cache did
+    not write is never removed nor followed: the entries of that prefix are not stored, said once, with the fix."""
+    cache = LocalCache(str(tmp_path / "my_documents"), 1 << 30)
+    target = types.SimpleNamespace(key="e" * 64, name="k:x@sm_90a", out_dir=str(built_artifact(tmp_path / "out")))
     folder = local_cache.entry_path(cache, target.key).parent
     folder.parent.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    folder.write_text("x") if what == "file" else folder.symlink_to(elsewhere)
-    assert local_cache.store(cache, target) == []
-    assert local_cache.entry_path(cache, target.key).is_file() and not folder.is_symlink()
-    assert list(elsewhere.iterdir()) == []
+    folder.write_text("my notes") if what == "file" else folder.symlink_to(elsewhere)
+    said = local_cache.store(cache, target)
+    kind = "a file, not a folder" if what == "file" else "a symbolic link"
+    assert said == [f"local cache {folder} is {kind}, which kforge did not write: it is left as it is, and every "
+                    f"entry whose key starts with ee is not stored there; point local_cache= at a folder of its own "
+                    f"(or set local_cache=off)"]
+    assert local_cache.store(cache, target) == []   # once, not per target
+    if what == "file":
+        assert folder.read_text() == "my notes"
+    else:
+        assert folder.is_symlink() and list(elsewhere.iterdir()) == []
+        # nothing read, nor deleted, through it either: an entry-shaped file there is not the cache's
+        (elsewhere / target.key).write_bytes(b"not an entry")
+        assert artifact.arrive(target, local_cache.Source(cache)) == (None, [])
+        assert (elsewhere / target.key).read_bytes() == b"not an entry"
+    assert local_cache.trim(LocalCache(cache.root, 0)).evicted == 0 and folder.is_symlink() == (what == "link")
+
+
+def test_the_cache_removes_and_replaces_only_what_it_wrote(tmp_path):
+    """Siblings of the note named 79: a folder at an entry's place (files.atomic_write removes a folder where it
+    writes) and a user's file named after a key (`<key>-notes`, taken for another inputs' entry, refused and
+    deleted) are left as they are."""
+    cache = LocalCache(str(tmp_path / "cache"), 1 << 30)
+    target = types.SimpleNamespace(key="f" * 64, name="k:x@sm_90a", arch="sm_90a",
+                                   out_dir=str(built_artifact(tmp_path / "out")), layout=Layout(tmp_path / "p"))
+    entry = local_cache.entry_path(cache, target.key)
+    (entry / "inside").mkdir(parents=True)
+    assert local_cache.store(cache, target) == [
+        f"local cache {entry} is a folder, which kforge did not write: it is left as it is, and this key's entry is "
+        f"not stored there; point local_cache= at a folder of its own (or set local_cache=off)"]
+    assert (entry / "inside").is_dir()
+    shutil.rmtree(entry)
+    notes = entry.with_name(f"{target.key}-notes")
+    notes.write_text("my notes")
+    assert artifact.arrive(target, local_cache.Source(cache)) == (None, [])   # a miss: no entry of this key
+    assert notes.read_text() == "my notes"
 
 
 def test_two_targets_of_one_key_say_so_plainly_not_as_a_refused_entry_and_keep_the_others_entry(tmp_path):
