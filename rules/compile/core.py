@@ -8,7 +8,9 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -102,6 +104,7 @@ def compile_here(target: Target, root: str, timeout: float, cutoff: Cutoff | Non
                                       log_dir=scratch_dir)
                 if not outcome.vanished:
                     break
+        outcome = _exited_compiling(target, outcome, scratch_dir)
     finally:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     if outcome.ok and started:   # the time its server's start took, in the target's trace
@@ -141,6 +144,51 @@ def _hub_of(build: str | None):
             _compiling[build] -= 1
             if not _compiling[build]:
                 del _compiling[build]
+
+
+COMPILING = "compiling.json"   # in a compile's scratch folder: its compile began, having read these inputs
+EXITED = re.compile(r"compiler process exited with code (\d+) and no result\n")   # isolate._death's first line
+OUTPUT = "\ncompiler output (last lines):\n"   # isolate._tail's heading
+# words of a machine out of memory, disk or processes, not of the kernel: such an exit is compiled again
+SCARCE = re.compile(r"out of memory|bad_alloc|cannot allocate memory|no space left|resource temporarily "
+                    r"unavailable|too many open files", re.IGNORECASE)
+
+
+def _mark_compiling(scratch_dir: str, inputs: list) -> None:
+    """In the context server, as the compile begins: what it has read so far (its imports, this server's earlier
+    compiles), left for the asking process in case this one exits mid-compile with no answer (_exited_compiling).
+    A compile's own reads die with it: these are the inputs its failure is replayed from."""
+    with open(os.path.join(scratch_dir, COMPILING), "w") as f:
+        json.dump(inputs, f)
+
+
+def _exited_compiling(target: Target, outcome: isolate.Outcome, scratch_dir: str) -> isolate.Outcome:
+    """A context server that exited by itself during the compile. LLVM ends the process on some errors (its fatal
+    errors, an inline asm constraint the arch lacks: the message printed, then exit(1)): an exit of its own with a
+    code below a shell's for a signal (128+N), an error printed and no word of the machine's scarcity is the
+    compiler's verdict on these inputs, said in its words and kept with what the compile read until it began, to be
+    replayed (compile/action.py). A signal (the OOM killer's SIGKILL) is isolate's to say; an exit before the compile
+    began (importing: no mark) keeps isolate's hint on sys.exit at import."""
+    exited = None if outcome.ok else EXITED.match(outcome.error)
+    if exited is None:
+        return outcome
+    try:
+        with open(os.path.join(scratch_dir, COMPILING)) as f:
+            inputs = json.load(f)
+    except (OSError, ValueError):   # no mark, or one cut short: it died before the compile began
+        return outcome
+    code, printed = int(exited[1]), outcome.error.partition(OUTPUT)[2]
+    lines = [line.strip() for line in printed.split(OUTPUT)[0].splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    said = (errors or lines or ["nothing printed"])[-1]
+    verdict = code != 0 and not _killed(code) and bool(errors) and not SCARCE.search(printed)
+    why = (f"a compiler error for this kernel on {target.arch}: if it cannot target {target.arch}, an [[exclude]] "
+           f'with arch = "{target.arch}" in {target.spec_path} leaves it out' if verdict else
+           "no verdict on the kernel (no error printed, or a sign of the machine's: memory, disk, a signal's code): "
+           "the next run compiles it again")
+    error = f"the compiler exited with code {code} while compiling for {target.arch}: {said}\n{why}"
+    return dataclasses.replace(outcome, error=error + (OUTPUT + printed if printed else ""),
+                               facts={"inputs": inputs} if verdict else None)
 
 
 WAIT_SPAN_S = 0.01   # shorter: no span of its own
@@ -268,7 +316,6 @@ def _requires_torch(package: str) -> bool:
     """Whether a distribution of this package requires torch (liger-kernel), or its __init__ imports torch as it
     runs (flag_gems, naming torch only under its extras)."""
     import importlib.metadata as metadata
-    import re
     for dist in metadata.packages_distributions().get(package, ()):
         try:
             requires = metadata.requires(dist) or []
@@ -454,6 +501,7 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
                 unchanged = _cut_off(target, backend, _imported[0], cutoff)
                 if unchanged is not None:
                     return _spans_first(unchanged, (*spans, ("early cutoff", start, time.time())))
+            _mark_compiling(scratch_dir, _inputs(recorder))
             try:
                 lowered = backend.lower(target, scratch_dir)
             except (SystemExit, KeyboardInterrupt) as e:   # isolate would word it as the import's

@@ -222,6 +222,87 @@ def test_a_deterministic_compile_failure_is_replayed_saying_how_to_retry_it_unti
     assert "not compiled again" not in retried.stdout
 
 
+# A compile that ends its process as LLVM does on some errors (mamba-ssm's NVIDIA-only inline asm for gfx942: the
+# error printed, then exit(1)), in the compile of BLOCK 512 alone. `{die}` says how; `{at_import}` may end it sooner.
+DYING = '''
+import os
+import signal
+
+import triton
+import triton.language as tl
+
+if os.environ.get("COUNT_IMPORTS_IN"):
+    with open(os.environ["COUNT_IMPORTS_IN"], "a") as f:
+        f.write("imported\\n")
+
+
+def die(said):
+    os.write(2, b"loc(callsite(...)): warning: something first\\n" + said + b"\\n")
+    {die}
+
+
+class Lowering:   # a class: the only callable a constexpr_function may name that Triton's hash does not follow
+    def __init__(self, block):
+        if block > 256:
+            die(b"error: couldn't allocate output register for constraint 'f'")
+
+
+@triton.constexpr_function
+def fitting(block):
+    Lowering(block)
+    return block
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * fitting(BLOCK) + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=m) * 2, mask=m)
+{at_import}
+'''
+EXITS = "os._exit(1)"
+
+
+@pytest.mark.parametrize("die, at_import, says", [
+    (EXITS, "", "a compiler error for this kernel on sm_90a: if it cannot target sm_90a, an [[exclude]] with "
+                'arch = "sm_90a" in specs/scale.toml leaves it out'),
+    ("os.write(2, b'LLVM ERROR: out of memory'); os._exit(1)", "", "the next run compiles it again"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "", "compiler process killed (out of memory?): SIGKILL"),
+    (EXITS, "die(b'error: no GPU')", "a module that calls sys.exit or os._exit at import is a likely cause"),
+], ids=["exit", "out-of-memory", "killed", "at-import"])
+def test_a_compile_that_exits_its_process_printing_an_error_is_said_in_its_words_and_replayed_but_no_other_death(
+        tmp_path, die, at_import, says):
+    """An exit of its own with an error printed, once the compile began, is the compiler's verdict on the kernel
+    for the arch: one line naming the error, and what to do (not the hint for a module exiting at import), kept
+    and replayed from its record. One that names memory running out, a SIGKILL (the OOM killer's), or an exit
+    before the compile (importing) is said so and compiled again by the next run."""
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))},
+                        kernels={"scale": DYING.format(die=die, at_import=at_import)})
+    imports = tmp_path / "imports.txt"
+    env = {"COUNT_IMPORTS_IN": str(imports)}
+    bad = "scale:fp16-b512-w4@sm_90a"
+    first = doit(root, env=env, check=False)
+    failed = {bad, "scale:fp16-b256-w4@sm_90a"} if at_import else {bad}
+    assert first.returncode != 0 and statuses(root, "failed") == failed, first.stdout[-3000:]
+    message = (root / "out" / "sm_90a" / "scale" / "fp16-b512-w4" / "error.txt").read_text()
+    assert says in message
+    compiled = imports.read_text()
+    again = doit(root, env=env, check=False)
+    assert again.returncode != 0 and statuses(root, "failed") == failed
+    if (die, at_import) != (EXITS, ""):
+        assert not message.splitlines()[1].startswith("inputs: ")   # nothing to replay it from
+        assert imports.read_text() != compiled and "not compiled again" not in again.stdout   # compiled again
+        return
+    cause = ("the compiler exited with code 1 while compiling for sm_90a: error: couldn't allocate output register "
+             "for constraint 'f'")
+    assert f"kforge: {bad} failed with: {cause}" in first.stdout
+    assert message.splitlines()[1].startswith("inputs: [[")   # what the compile had read when it died
+    assert "sys.exit" not in message
+    assert imports.read_text() == compiled   # replayed: no compile server imported the kernel again
+    assert f"kforge: {bad} failed with: {cause}" in again.stdout
+    assert "replayed, not compiled: it failed so before from the same key and inputs" in again.stdout
+
+
 def test_a_tool_killed_by_a_signal_is_no_failure_of_the_kernel_and_is_not_replayed(tmp_path):
     """ptxas killed by SIGKILL (what the OOM killer does) says nothing of the kernel's inputs: the failure is
     reported, not kept, and once the cause is gone the next run compiles the target instead of replaying it."""
