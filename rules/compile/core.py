@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import importlib
 import json
@@ -149,9 +150,15 @@ def _hub_of(build: str | None):
 COMPILING = "compiling.json"   # in a compile's scratch folder: its compile began, having read these inputs
 EXITED = re.compile(r"compiler process exited with code (\d+) and no result\n")   # isolate._death's first line
 OUTPUT = "\ncompiler output (last lines):\n"   # isolate._tail's heading
-# words of a machine out of memory, disk or processes, not of the kernel: such an exit is compiled again
-SCARCE = re.compile(r"out of memory|bad_alloc|cannot allocate memory|no space left|resource temporarily "
-                    r"unavailable|too many open files", re.IGNORECASE)
+# words of the machine's state, not of the kernel (memory, disk or processes running out, a quota, a read-only or
+# failing disk, a folder it may not write): such an exit is compiled again. The system's own words for these errnos
+# (os.strerror: what a compiler's "cannot open ...: <reason>" prints), with the runtime's words for memory.
+SCARCE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "EMFILE", "ENFILE", "ENOMEM", "EAGAIN")
+SCARCE = re.compile("|".join(map(re.escape, sorted({
+    *(os.strerror(getattr(errno, name)).lower() for name in SCARCE_ERRNOS if hasattr(errno, name)),
+    "out of memory", "bad_alloc", "cannot allocate memory", "no space left", "resource temporarily unavailable",
+    "too many open files", "disk quota exceeded", "read-only file system", "permission denied",
+    "operation not permitted", "input/output error"}))), re.IGNORECASE)
 
 
 def _mark_compiling(scratch_dir: str, inputs: list) -> None:
@@ -184,8 +191,8 @@ def _exited_compiling(target: Target, outcome: isolate.Outcome, scratch_dir: str
     verdict = code != 0 and not _killed(code) and bool(errors) and not SCARCE.search(printed)
     why = (f"a compiler error for this kernel on {target.arch}: if it cannot target {target.arch}, an [[exclude]] "
            f'with arch = "{target.arch}" in {target.spec_path} leaves it out' if verdict else
-           "no verdict on the kernel (no error printed, or a sign of the machine's: memory, disk, a signal's code): "
-           "the next run compiles it again")
+           "no verdict on the kernel (no error printed, or a sign of the machine's: memory, disk, permission, a "
+           "signal's code): the next run compiles it again")
     error = f"the compiler exited with code {code} while compiling for {target.arch}: {said}\n{why}"
     return dataclasses.replace(outcome, error=error + (OUTPUT + printed if printed else ""),
                                facts={"inputs": inputs} if verdict else None)

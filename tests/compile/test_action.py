@@ -267,15 +267,20 @@ EXITS = "os._exit(1)"
     (EXITS, "", "a compiler error for this kernel on sm_90a: if it cannot target sm_90a, an [[exclude]] with "
                 'arch = "sm_90a" in specs/scale.toml leaves it out'),
     ("os.write(2, b'LLVM ERROR: out of memory'); os._exit(1)", "", "the next run compiles it again"),
+    *[(f"os.write(2, b'error: cannot write /tmp/x.o: {said}'); os._exit(1)", "", "the next run compiles it again")
+      for said in ("Disk quota exceeded", "Read-only file system", "Permission denied", "Operation not permitted",
+                   "Input/output error", "Too many open files in system")],
     ("os.kill(os.getpid(), signal.SIGKILL)", "", "compiler process killed (out of memory?): SIGKILL"),
     (EXITS, "die(b'error: no GPU')", "a module that calls sys.exit or os._exit at import is a likely cause"),
-], ids=["exit", "out-of-memory", "killed", "at-import"])
+], ids=["exit", "out-of-memory", "disk-quota", "read-only", "permission", "not-permitted", "io-error",
+      "open-files", "killed", "at-import"])
 def test_a_compile_that_exits_its_process_printing_an_error_is_said_in_its_words_and_replayed_but_no_other_death(
         tmp_path, die, at_import, says):
     """An exit of its own with an error printed, once the compile began, is the compiler's verdict on the kernel
     for the arch: one line naming the error, and what to do (not the hint for a module exiting at import), kept
-    and replayed from its record. One that names memory running out, a SIGKILL (the OOM killer's), or an exit
-    before the compile (importing) is said so and compiled again by the next run."""
+    and replayed from its record. One that names the machine's state (memory or disk running out, a quota, a
+    read-only or failing disk, a permission), a SIGKILL (the OOM killer's), or an exit before the compile
+    (importing) is said so and compiled again by the next run."""
     root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(256, 512))},
                         kernels={"scale": DYING.format(die=die, at_import=at_import)})
     imports = tmp_path / "imports.txt"
