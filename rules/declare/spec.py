@@ -196,9 +196,8 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
                   for a in arch_names}
         chosen, elsewhere = entry_probe.describe_per_arch(probes, module, k["entry"], where, name)
         if chosen["autotune"]:
-            listed = chosen["autotune"]
-            chosen = {**chosen, "autotune": [_options_filled(c, listed, signature) for c in listed]}
-            elsewhere = [(_options_filled(c, listed, signature), archs) for c, archs in elsewhere]
+            chosen, elsewhere = _options_filled(chosen, elsewhere, signature, arch_names,
+                                                f"{where}: {module}.{k['entry']}'s @triton.autotune configs")
         excludes = [*excludes, *({**c, "arch": archs} for c, archs in elsewhere)]   # configs of other archs
         derived = tuple(chosen["heuristics"])
         for d in derived:
@@ -316,13 +315,38 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
     return tuple(found)
 
 
-def _options_filled(config: dict, configs: list[dict], signature: tuple) -> dict:
-    """An autotune config with each Triton option that another of `configs` sets and this one leaves unset at
-    Triton's default (maxnreg=None beside maxnreg=128, AMD's configs adding waves_per_eu): what Triton compiles it
-    with. Another vendor's option is dropped per arch where the targets are made (plan/targets.py)."""
+def _options_filled(chosen: dict, elsewhere: list, signature: tuple, archs: tuple, said: str) -> tuple[dict, list]:
+    """The autotune configs (and (config, archs not listing it)) with each Triton option that another config sets
+    and one leaves unset at Triton's default, what Triton compiles that one with (mamba-ssm's maxnreg=None beside
+    maxnreg=128; gemlite's AMD configs adding waves_per_eu). A config that sets another vendor's option is no
+    target on that vendor's archs: Triton's launch refuses the keyword there. Configs equal once filled are one."""
     params = {a for a, _ in signature}
-    unset = {o for c in configs for o in c if o in OPTIONS and o in TRITON_DEFAULTS and o not in params} - set(config)
-    return {**config, **{o: TRITON_DEFAULTS[o] for o in sorted(unset)}}
+    listed = chosen["autotune"]
+    unset = {o for c in listed for o in c if o in OPTIONS and o in TRITON_DEFAULTS and o not in params}
+    absent = {_frozen(c): set(on) for c, on in elsewhere}
+    runs_on: dict[tuple, tuple[dict, set]] = {}   # each filled config -> (it, the archs some config of it runs on)
+    foreign: dict[str, str] = {}   # an arch -> an option of another vendor that a config listed there sets
+    for c in listed:
+        filled = {**c, **{o: TRITON_DEFAULTS[o] for o in sorted(unset - set(c))}}
+        runs = set()
+        for a in (a for a in archs if a not in absent.get(_frozen(c), ())):
+            other = [o for o in c if o in OPTIONS and OPTIONS[o].vendor not in (None, archs_mod.ARCHS[a].vendor)]
+            if other:
+                foreign.setdefault(a, other[0])
+            else:
+                runs.add(a)
+        runs_on.setdefault(_frozen(filled), (filled, set()))[1].update(runs)
+    for a, option in foreign.items():
+        if not any(a in runs for _, runs in runs_on.values()):
+            raise SpecError(f"{said} each set {option} on {a}, an option Triton's launch refuses there (no config "
+                            f"runs on {a}): drop {a} from archs, or give that vendor a spec of its own")
+    configs = [filled for filled, _ in runs_on.values()]
+    return ({**chosen, "autotune": configs},
+            [(filled, [a for a in archs if a not in runs]) for filled, runs in runs_on.values() if set(archs) - runs])
+
+
+def _frozen(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
 
 
 def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,

@@ -276,12 +276,11 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
             constexprs, placeholders = _adapted(spec, signature, constexprs, known)
     # a constexpr named as an option (`num_warps: tl.constexpr`) is the option too: Triton's JIT compiles with
     # every keyword of the call as an option, the kernel's parameters' included
-    # None is Triton's "not set" (a Config's maxnreg=None); another vendor's option from the library's own configs
-    # (autotune, pruner, heuristics) is dropped on this arch, as Triton's backend drops it when it compiles them
+    # None is Triton's "not set" (a Config's maxnreg=None); another vendor's option in an autotune config is one
+    # the library's config left unset here (declare/spec.py _options_filled): Triton's backend has no such option
     a = ARCHS[arch]
-    library = {*spec.tuned, *spec.derived, *(derived or {})}
     options = tuple((o, known[o]) for o in OPTIONS if known.get(o) is not None and not
-                    (o in library and OPTIONS[o].vendor not in (None, a.vendor)))
+                    (o in spec.tuned and OPTIONS[o].vendor not in (None, a.vendor)))
     cid = config_id(spec, config)
     for o, v in options:
         problem = arch_problem(o, v, a.vendor, a.warp_size, a.target_arch)

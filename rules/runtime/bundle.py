@@ -1,7 +1,7 @@
 """Open kernel bundles (made by `doit package`), check them, and pick the artifact a caller asks for.
 
-A bundle is one arch's wheel (or its unpacked package directory): manifest.json and the binaries it names. Nothing
-is trusted: a binary path must stay inside the bundle, and a binary must match its sha256 and be an ELF file for the
+A bundle is one arch's wheel (or its unpacked package directory): manifest.json, its sha256 (manifest.sha256) and
+the binaries it names. Nothing is trusted: the manifest must match its digest, a binary path must stay inside the bundle, and a binary must match its sha256 and be an ELF file for the
 bundle's arch before a driver sees it. Whatever a bundle holds, reading it gives a result, BundleError or
 NoMatchingKernel, without waiting on anything: only regular files are read, and only up to a size limit.
 """
@@ -191,7 +191,7 @@ class Bundle:
         it, and the manifest by the digest written beside it."""
         try:
             digest = self._read(MANIFEST_DIGEST, 100)
-        except BundleError:
+        except BundleError:   # not there, not a file, or longer than a digest: none to prove the manifest by
             digest = None
         if digest is None or digest.strip() != hashlib.sha256(data).hexdigest().encode():
             why = "has no" if digest is None else "does not match its"

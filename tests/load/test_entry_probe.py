@@ -929,6 +929,33 @@ def test_autotune_configs_leaving_a_triton_option_unset_take_its_default_and_eac
     assert len({t.key for t in targets.values()}) == len(targets)
 
 
+SPELLED_CONFIGS = '''
+import triton
+import triton.language as tl
+IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
+CONFIGS = ([triton.Config({"BLOCK": 64, "waves_per_eu": w}) for w in (0, 2)] if IS_HIP else
+           [triton.Config({"BLOCK": 64})]) + [triton.Config({"BLOCK": 128}, maxnreg=128)]
+
+
+@triton.autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+'''
+
+
+def test_a_config_one_vendor_spells_with_the_default_is_the_others_and_a_foreign_option_runs_only_at_home(tmp_path):
+    """AMD's configs spell waves_per_eu=0 where NVIDIA's leave it out: once filled they are one config, built on
+    every arch that lists either (every target of each vendor was lost: each was excluded on the other's archs).
+    maxnreg=128, listed on both, is no target on gfx942, where Triton's launch refuses the keyword."""
+    targets = load(make_project(tmp_path, specs={"copy": COPY_SPEC}, kernels={"vk": SPELLED_CONFIGS}))
+    built = {(t.arch, dict(t.config)["BLOCK"], dict(t.config)["waves_per_eu"], dict(t.config)["maxnreg"])
+             for t in targets.values()}
+    assert built == {*((a, 64, 0, None) for a in ("sm_80", "sm_90a", "gfx942")), ("gfx942", 64, 2, None),
+                     *((a, 128, 0, 128) for a in ("sm_80", "sm_90a"))}
+
+
 KEYWORD_PRUNER = '''
 import triton
 import triton.language as tl
