@@ -21,7 +21,7 @@ from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, import
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.triton_options import OPTIONS, value_problem
-from kforge_runtime.schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, VALUE_KINDS   # NONE: a [signature] type (passed as None)
+from kforge_runtime.schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, VALUE_KINDS   # NONE: a [signature] type
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

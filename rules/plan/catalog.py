@@ -126,7 +126,7 @@ class Catalog:
         failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
         read: set[Path] = set()   # what the Python catalog files read
         done: list[tuple[Family, list[Target], dict | None]] = []   # per family: a reused one's entry, else None
-        computed: dict[str, set] = {}   # a computed family's name -> the files (Paths) and variables ($NAME) its targets came from
+        computed: dict[str, set] = {}   # a computed family's name -> the files and variables ($NAME) it read
         try:
             named: dict[str, str] = {}
             clashes: dict[str, list[str]] = {}   # a name given again -> the other files that give it
