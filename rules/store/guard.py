@@ -238,7 +238,8 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     """Delete one artifact directory's files that kforge wrote (a link or file in its place goes as an entry), then
     the directory and the parents it leaves empty; one holding a user's file is kept, said on stderr. True if
     something was deleted; OutsideOut if the path is not strictly inside out/; NotRemoved (one line) where a file
-    or the folder cannot be deleted, with what could be deleted gone and meta.json or error.txt kept."""
+    or the folder cannot be deleted, with what could be deleted gone and meta.json or error.txt kept; nothing is
+    deleted where the folder's parent cannot be written (the folder would be left empty, no longer kforge's)."""
     guard(out, directory)
     out = out.resolve()
     path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
@@ -250,6 +251,11 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
         mine = kforge_files(path)
         if not mine:
             return False
+        if not _writable(path.parent):   # the folder could be emptied but not removed: an empty folder left at an
+            raise NotRemoved(               # artifact's place would be taken for a user's; so nothing is deleted
+                f"cannot delete {printable(str(path))}: the folder it is in cannot be written, so nothing in it was "
+                f"deleted: make {printable(str(path.parent))} writable (`chattr -i` it, or `chown` it to you: a "
+                f"root-owned out/ that Docker left, say) or delete it as its owner, then run again")
         # meta.json and error.txt last: a folder left half deleted still says it is kforge's (clean and prune
         # take it again, once it is writable), and a meta.json whose binary went is a stale target, rebuilt
         for file in sorted(mine, key=lambda f: f.name in (META, ERROR)):
@@ -289,12 +295,24 @@ def _delete(path: Path) -> None:
         raise _not_removed(e, path) from None
 
 
+def _writable(folder: Path) -> bool:
+    """Whether entries in `folder` may be deleted, as the kernel asks before an unlink or rmdir (write and search
+    permission, with the effective ids): false for an immutable folder, a read-only mount, another owner's."""
+    ids = os.access in os.supports_effective_ids
+    return os.access(folder, os.W_OK | os.X_OK, effective_ids=ids)
+
+
 def _not_removed(e: OSError, path: Path) -> NotRemoved:
-    """The one line for `path` that could not be deleted: the folder it is in (whose write permission an unlink
-    needs) and the fix; the command goes on with the other targets."""
-    return NotRemoved(f"cannot delete {printable(str(path))} ({e.strerror or e}): make {printable(str(path.parent))} "
-                      f"writable (`chattr -i` it, or `chown` it to you: a root-owned out/ that Docker left, say) or "
-                      f"delete it as its owner, then run again")
+    """The one line for `path` that could not be deleted and the fix: the folder it is in, whose write permission an
+    unlink needs, or where that folder can be written, the file itself (`chattr +i` on the file, another owner's in
+    a sticky folder); the command goes on with the other targets."""
+    said = f"cannot delete {printable(str(path))} ({e.strerror or e}): "
+    if path.is_dir() and not path.is_symlink() or not _writable(path.parent):
+        return NotRemoved(said + f"make {printable(str(path.parent))} writable (`chattr -i` it, or `chown` it to "
+                                 f"you: a root-owned out/ that Docker left, say) or delete it as its owner, then run "
+                                 f"again")
+    return NotRemoved(said + f"the file itself refuses it, though its folder can be written: `chattr -i` it (an "
+                             f"immutable file) or delete it as its owner, then run again")
 
 
 def no_targets(layout, current: Iterable[str], archs: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:

@@ -126,6 +126,9 @@ def refusing(monkeypatch, *paths):
         return call
     monkeypatch.setattr(os, "unlink", refuse(os.unlink))
     monkeypatch.setattr(os, "rmdir", refuse(os.rmdir))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: (   # what access(2) says of an immutable entry
+        not (mode & os.W_OK and Path(path) in paths) and real_access(path, mode, **kwargs)))
 
 
 def test_an_artifact_folder_that_cannot_be_written_is_one_line_naming_it_and_the_fix_and_loses_nothing(out, monkeypatch):
@@ -147,18 +150,34 @@ def test_an_artifact_folder_that_cannot_be_written_is_one_line_naming_it_and_the
     assert [p.name for p in folder.iterdir()] == ["meta.json"] and guard.written_by_kforge(folder)
     monkeypatch.undo()
     other = kforge_artifact(out / "sm_90a" / "k" / "c2")
-    refusing(monkeypatch, other)   # its parent immutable: its files go, the folder stays, named (not "a user's")
+    refusing(monkeypatch, other.parent, other)   # its parent immutable: the folder could be emptied, not removed
     with pytest.raises(guard.NotRemoved) as refused:
         guard.remove_artifact_dir(out, other)
-    assert str(refused.value).startswith(f"cannot delete {other} (Operation not permitted): make {other.parent} ")
-    assert other.is_dir() and not any(other.iterdir())
+    said = str(refused.value)
+    assert said.startswith(f"cannot delete {other}: the folder it is in cannot be written, so nothing in it was "
+                           f"deleted: make {other.parent} writable (`chattr -i` it") and "\n" not in said, said
+    # nothing deleted: not an empty folder that the next clean or prune would call a user's
+    assert sorted(p.name for p in other.iterdir()) == ["k.cubin", "meta.json"] and guard.written_by_kforge(other)
+
+
+def test_an_immutable_file_in_a_writable_artifact_folder_is_named_itself_not_its_folder(out, monkeypatch):
+    """`chattr +i` on the binary alone: `chattr -i` of the folder would not help; the line names the file."""
+    folder = kforge_artifact(out / "sm_90a" / "k" / "c1")
+    refusing(monkeypatch, folder / "k.cubin")
+    with pytest.raises(guard.NotRemoved) as refused:
+        guard.remove_artifact_dir(out, folder)
+    said = str(refused.value)
+    assert said.startswith(f"cannot delete {folder / 'k.cubin'} (Operation not permitted): the file itself refuses "
+                           f"it, though its folder can be written: `chattr -i` it"), said
+    assert f"make {folder} writable" not in said and "\n" not in said
+    assert sorted(p.name for p in folder.iterdir()) == ["k.cubin", "meta.json"]   # meta.json kept: still kforge's
 
 
 def test_a_file_kforge_would_delete_that_cannot_be_is_one_line(out, monkeypatch):
     """remove_file (`doit clean` of a package's wheel, a tuning table): NotRemoved, not a bare PermissionError."""
     (out / "dist").mkdir()
     (out / "dist" / "k.whl").write_bytes(b"wheel")
-    refusing(monkeypatch, out / "dist" / "k.whl")
+    refusing(monkeypatch, out / "dist", out / "dist" / "k.whl")   # out/dist immutable
     with pytest.raises(guard.NotRemoved, match=f"make {out / 'dist'} writable"):
         guard.remove_file(out, out / "dist" / "k.whl")
     assert (out / "dist" / "k.whl").exists()
