@@ -46,11 +46,18 @@ def test_the_options_a_record_keeps_are_options_a_spec_may_set_and_their_default
 
 
 @pytest.mark.parametrize("name, value", [("num_warps", 3), ("num_warps", True), ("num_stages", 9), ("kpack", 3),
-                                         ("waves_per_eu", -1), ("matrix_instr_nonkdim", 8), ("maxnreg", 8),
+                                         ("waves_per_eu", -1), ("matrix_instr_nonkdim", 8), ("maxnreg", 0),
                                          ("schedule_hint", "fast"), ("enable_fp_fusion", 1),
                                          ("default_dot_input_precision", "fp64")])
 def test_a_bad_value_says_what_is_allowed(name, value):
     assert "allowed:" in value_problem(name, value)
+
+
+@pytest.mark.parametrize("value", [None, 1, 256, 65535])
+def test_maxnreg_takes_what_ptxas_takes(value):
+    """mamba-ssm's Mamba-3 configs say maxnreg=256 (ptxas takes any positive value, at most 255 registers used): its
+    five largest families were refused for 16..255; None is a Config's "not set"."""
+    assert value_problem("maxnreg", value) is None
 
 
 def test_per_arch_checks():
