@@ -20,8 +20,8 @@ from kforge.base.project_config import not_a_file, project_setup, read_user_file
 from kforge.declare.spec_model import (NAME_MAX, TYPE_VAR_RE, Spec, Tune, importing, merged_env, nested, shown,
                                        shown_path)
 from kforge.base.target import FUNCTION_REF
-from kforge.declare.triton_options import OPTIONS, value_problem
-from kforge_runtime.schema import COMPILE_TIME, NONE, TRITON_DEFAULTS, VALUE_KINDS   # NONE: a [signature] type
+from kforge.declare.triton_options import FILLED_OPTIONS, OPTIONS, value_problem
+from kforge_runtime.schema import COMPILE_TIME, NONE, VALUE_KINDS   # NONE: a [signature] type (passed as None)
 
 TOOLCHAINS = ("triton", "flydsl")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -318,28 +318,31 @@ def _check_per_arch(tables: dict, archs: tuple, signature, swept: dict, toolchai
 def _options_filled(chosen: dict, elsewhere: list, signature: tuple, archs: tuple, said: str) -> tuple[dict, list]:
     """The autotune configs (and (config, archs not listing it)) with each Triton option that another config sets
     and one leaves unset at Triton's default, what Triton compiles that one with (mamba-ssm's maxnreg=None beside
-    maxnreg=128; gemlite's AMD configs adding waves_per_eu). A config that sets another vendor's option is no
-    target on that vendor's archs: Triton's launch refuses the keyword there. Configs equal once filled are one."""
+    maxnreg=128; gemlite's AMD configs adding waves_per_eu). Configs equal once filled are one. Triton's launch
+    refuses another vendor's option (an unknown keyword): with a pruner, a config setting one is no target on that
+    vendor's archs (the pruner may drop it there); without one, every call fails there, and so does the family."""
     params = {a for a, _ in signature}
     listed = chosen["autotune"]
-    unset = {o for c in listed for o in c if o in OPTIONS and o in TRITON_DEFAULTS and o not in params}
+    unset = {o for c in listed for o in c if o in FILLED_OPTIONS and o not in params}
     absent = {_frozen(c): set(on) for c, on in elsewhere}
     runs_on: dict[tuple, tuple[dict, set]] = {}   # each filled config -> (it, the archs some config of it runs on)
     foreign: dict[str, str] = {}   # an arch -> an option of another vendor that a config listed there sets
     for c in listed:
-        filled = {**c, **{o: TRITON_DEFAULTS[o] for o in sorted(unset - set(c))}}
+        filled = {**c, **{o: FILLED_OPTIONS[o] for o in sorted(unset - set(c))}}
         runs = set()
         for a in (a for a in archs if a not in absent.get(_frozen(c), ())):
-            other = [o for o in c if o in OPTIONS and OPTIONS[o].vendor not in (None, archs_mod.ARCHS[a].vendor)]
+            other = [o for o in c if o in OPTIONS and o not in params
+                     and OPTIONS[o].vendor not in (None, archs_mod.ARCHS[a].vendor)]
             if other:
                 foreign.setdefault(a, other[0])
             else:
                 runs.add(a)
         runs_on.setdefault(_frozen(filled), (filled, set()))[1].update(runs)
     for a, option in foreign.items():
-        if not any(a in runs for _, runs in runs_on.values()):
-            raise SpecError(f"{said} each set {option} on {a}, an option Triton's launch refuses there (no config "
-                            f"runs on {a}): drop {a} from archs, or give that vendor a spec of its own")
+        if "prune" not in chosen["tuner"] or not any(a in runs for _, runs in runs_on.values()):
+            raise SpecError(f"{said} listed on {a} set {option}, an option of another vendor that Triton's launch "
+                            f"refuses there (the kernel's every call on {a} fails): drop {a} from archs, or give "
+                            f"that vendor a spec of its own")
     configs = [filled for filled, _ in runs_on.values()]
     return ({**chosen, "autotune": configs},
             [(filled, [a for a in archs if a not in runs]) for filled, runs in runs_on.values() if set(archs) - runs])

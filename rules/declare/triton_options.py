@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from kforge_runtime.schema import TRITON_DEFAULTS
+
 
 class Option(NamedTuple):
     vendor: str | None            # "nvidia" or "amd": only on that vendor's archs; None: both
@@ -51,6 +53,13 @@ OPTIONS: dict[str, Option] = {
     "schedule_hint": Option("amd", lambda v: type(v) is str and all(h in SCHEDULE_HINTS for h in v.split(",")),
                             f"comma-separated: {', '.join(SCHEDULE_HINTS)}"),
 }
+
+
+# the options an autotune config may leave unset where another sets them: Triton's default for each holds whatever
+# the kernel's @jit or Triton's knobs say (not debug, enable_fp_fusion or sanitize_overflow, which those change)
+FILLED_OPTIONS = {o: TRITON_DEFAULTS[o] for o in ("num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
+                                                   "kpack", "schedule_hint", "allow_flush_denorm",
+                                                   "enable_reflect_ftz", "launch_pdl")}
 
 
 def value_problem(name: str, value) -> str | None:

@@ -13,7 +13,7 @@ from kforge.base.archs import ARCHS
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
 from kforge.declare.spec_model import TYPE_VAR_RE, Spec, shown_path
-from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
+from kforge.declare.triton_options import FILLED_OPTIONS, OPTIONS, arch_problem, value_problem
 from kforge.base.dtypes import canonical_arg_type
 from kforge.declare.sweep import check_config_id, config_id, no_value, without_value
 from kforge.base.target import Target
@@ -160,6 +160,8 @@ def _pruned(spec: Spec, arch: str, configs: list, probe, module: str) -> tuple[l
     ids: dict[str, tuple] = {}
     for own, chosen in zip(groups, kept):
         for values in chosen:
+            # options a config leaves unset come back unset (maxnreg=None): at Triton's default, as the spec has them
+            values = {**{o: d for o, d in FILLED_OPTIONS.items() if o in spec.tuned and o not in values}, **values}
             if not set(spec.tuned) <= set(values):
                 raise SpecError(f"{spec.path}: {tuner} pruned its configs into one that sets {sorted(values)}, not "
                                 f"{sorted(spec.tuned)}; kforge sweeps configs that set the same parameters")
@@ -276,11 +278,12 @@ def _target(shared: _Shared, config, derived: dict | None = None) -> Target:
             constexprs, placeholders = _adapted(spec, signature, constexprs, known)
     # a constexpr named as an option (`num_warps: tl.constexpr`) is the option too: Triton's JIT compiles with
     # every keyword of the call as an option, the kernel's parameters' included
-    # None is Triton's "not set" (a Config's maxnreg=None); another vendor's option in an autotune config is one
-    # the library's config left unset here (declare/spec.py _options_filled): Triton's backend has no such option
+    # None is Triton's "not set" (a Config's maxnreg=None); another vendor's option at its default in an autotune
+    # config is one the library's config left unset (declare/spec.py _options_filled): this vendor has no such option
     a = ARCHS[arch]
-    options = tuple((o, known[o]) for o in OPTIONS if known.get(o) is not None and not
-                    (o in spec.tuned and OPTIONS[o].vendor not in (None, a.vendor)))
+    options = tuple((o, known[o]) for o in OPTIONS if known.get(o) is not None and not (
+        o in spec.tuned and o not in (derived or {}) and OPTIONS[o].vendor not in (None, a.vendor)
+        and known[o] == FILLED_OPTIONS.get(o, object())))
     cid = config_id(spec, config)
     for o, v in options:
         problem = arch_problem(o, v, a.vendor, a.warp_size, a.target_arch)

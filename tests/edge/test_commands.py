@@ -401,6 +401,9 @@ def test_forget_clean_and_prune_of_an_unwritable_artifact_folder_are_one_line_ea
         return call
     monkeypatch.setattr(os, "unlink", refuse(os.unlink))
     monkeypatch.setattr(os, "rmdir", refuse(os.rmdir))
+    real_access = os.access   # an immutable folder: the system says so when asked whether it can be written
+    monkeypatch.setattr(os, "access", lambda path, mode, *args, **kwargs: Path(path) != arch_dir / "locked" and
+                        real_access(path, mode, *args, **kwargs))
 
     def targets():
         shutil.rmtree(tmp_path / "out", ignore_errors=True)

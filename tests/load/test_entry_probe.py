@@ -924,7 +924,8 @@ def test_autotune_configs_leaving_a_triton_option_unset_take_its_default_and_eac
     assert all(o == {"num_warps": 4, "num_stages": 3, **({"maxnreg": 128} if "maxnreg128" in n else {})}
                for n, o in nvidia.items())
     amd = {n: o for n, o in options.items() if n.endswith("@gfx942")}
-    assert set(amd) == {f"copy:fp32-block{b}-num_warps4-num_stages3-maxnregNone-waves_per_eu2@gfx942" for b in (64, 128)}
+    assert set(amd) == {f"copy:fp32-block{b}-num_warps4-num_stages3-maxnregNone-waves_per_eu2@gfx942"
+                        for b in (64, 128)}
     assert all(o == {"num_warps": 4, "num_stages": 3, "waves_per_eu": 2} for o in amd.values())
     assert len({t.key for t in targets.values()}) == len(targets)
 
@@ -934,7 +935,7 @@ import triton
 import triton.language as tl
 IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
 CONFIGS = ([triton.Config({"BLOCK": 64, "waves_per_eu": w}) for w in (0, 2)] if IS_HIP else
-           [triton.Config({"BLOCK": 64})]) + [triton.Config({"BLOCK": 128}, maxnreg=128)]
+           [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)])
 
 
 @triton.autotune(configs=CONFIGS, key=["n"])
@@ -945,15 +946,54 @@ def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 '''
 
 
-def test_a_config_one_vendor_spells_with_the_default_is_the_others_and_a_foreign_option_runs_only_at_home(tmp_path):
+def test_a_config_one_vendor_spells_with_the_default_and_the_other_leaves_unset_is_one_built_for_both(tmp_path):
     """AMD's configs spell waves_per_eu=0 where NVIDIA's leave it out: once filled they are one config, built on
-    every arch that lists either (every target of each vendor was lost: each was excluded on the other's archs).
-    maxnreg=128, listed on both, is no target on gfx942, where Triton's launch refuses the keyword."""
+    every arch that lists either (every target of each vendor was lost: each was excluded on the other's archs)."""
     targets = load(make_project(tmp_path, specs={"copy": COPY_SPEC}, kernels={"vk": SPELLED_CONFIGS}))
     built = {(t.arch, dict(t.config)["BLOCK"], dict(t.config)["waves_per_eu"], dict(t.config)["maxnreg"])
              for t in targets.values()}
     assert built == {*((a, 64, 0, None) for a in ("sm_80", "sm_90a", "gfx942")), ("gfx942", 64, 2, None),
                      *((a, 128, 0, 128) for a in ("sm_80", "sm_90a"))}
+
+
+FOREIGN_CONFIGS = '''
+import triton
+import triton.language as tl
+
+
+def keep(configs, named_args, **kwargs):
+    return configs
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)], key=["n"]{pruner})
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
+'''
+
+
+def test_a_config_setting_another_vendors_option_fails_the_family_there_unless_a_pruner_may_drop_it(tmp_path):
+    """mamba-ssm lists maxnreg=128 on every vendor: Triton's launch on gfx942 refuses the keyword (KeyError in
+    JITFunction._pack_args), so every call there fails and the family is refused naming the arch; with a pruner,
+    which may drop that config there, the config is no target on gfx942 and the others are."""
+    from kforge.declare.spec import load_spec
+    from kforge.load.entry_probe import Probe
+    spec = COPY_SPEC.replace('"sm_80", "sm_90a", "gfx942"', '"sm_90a", "gfx942"')
+    root = make_project(tmp_path / "a", specs={"copy": spec}, kernels={"vk": FOREIGN_CONFIGS.replace("{pruner}", "")})
+    try:
+        with pytest.raises(SpecError) as e:
+            load_spec(root / "specs" / "copy.toml", root)
+    finally:
+        Probe.close_all()
+    assert str(e.value) == (
+        "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs listed on gfx942 set maxnreg, an option of "
+        "another vendor that Triton's launch refuses there (the kernel's every call on gfx942 fails): drop gfx942 "
+        "from archs, or give that vendor a spec of its own")
+    pruned = FOREIGN_CONFIGS.replace("{pruner}", ', prune_configs_by={"early_config_prune": keep}')
+    targets = load(make_project(tmp_path / "b", specs={"copy": spec}, kernels={"vk": pruned}))
+    assert {(t.arch, dict(t.config)["BLOCK"], dict(t.options).get("maxnreg")) for t in targets.values()} == {
+        ("sm_90a", 64, None), ("sm_90a", 128, 128), ("gfx942", 64, None)}
 
 
 KEYWORD_PRUNER = '''
