@@ -956,6 +956,15 @@ def test_a_config_one_vendor_spells_with_the_default_and_the_other_leaves_unset_
                      *((a, 128, 0, 128) for a in ("sm_80", "sm_90a"))}
 
 
+def test_an_extra_config_giving_another_vendors_option_is_refused_not_dropped(tmp_path):
+    """The review of the fix: an [[extra]] giving waves_per_eu=2 for sm_90a was dropped silently (a binary Triton's
+    launch never makes there, under its own id); only a default the library's config left unset is dropped."""
+    spec = (COPY_SPEC + '\n[[extra]]\ndtype = "fp32"\nBLOCK = 256\nnum_warps = 4\nnum_stages = 3\nmaxnreg = 128\n'
+            'waves_per_eu = 2\n\n[[exclude]]\nBLOCK = 256\narch = ["gfx942"]\n')
+    with pytest.raises(SpecError, match=r"config fp32-block256\S* for sm_80: waves_per_eu is an AMD option"):
+        load(make_project(tmp_path, specs={"copy": spec}, kernels={"vk": SPELLED_CONFIGS}))
+
+
 FOREIGN_CONFIGS = '''
 import triton
 import triton.language as tl
