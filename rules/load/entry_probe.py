@@ -688,7 +688,8 @@ def _failed(doing: str, e: BaseException, install: bool = False) -> str:
     (shared_env.explain_pin names both), and with `install`, the fix for a module not found."""
     pinned = shared_env.explain_pin(e)
     return (f"{doing}: {type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + ("" if pinned else _where(e))
-            + ("; install it in the environment that runs doit"
+            + ("; install it in the environment that runs doit, or where it cannot be (a GPU extension this build "
+               "lacks), stand in for it in a set-up hook (setup = \"module:function\", docs/device_model.md)"
                if install and isinstance(e, ModuleNotFoundError) and not pinned else ""))
 
 

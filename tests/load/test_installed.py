@@ -422,7 +422,9 @@ def test_a_module_whose_import_fails_in_the_probe_is_one_line_naming_it_and_the_
     assert str(e.value) == (
         "specs/lib_needs.toml: reading kforge_testlib.ops.needs.needs_kernel's autotune / heuristics (the module "
         "is imported in a child process): ModuleNotFoundError: No module named 'kforge_no_such_dependency' "
-        "(in kforge_testlib/ops/needs.py:5); install it in the environment that runs doit")
+        "(in kforge_testlib/ops/needs.py:5); install it in the environment that runs doit, or where it cannot be (a "
+        "GPU extension this build lacks), stand in for it in a set-up hook (setup = \"module:function\", "
+        "docs/device_model.md)")
 
 
 def test_an_amd_autotune_option_on_an_nvidia_arch_is_refused_at_load(site, tmp_path):
