@@ -122,6 +122,7 @@ def test_a_hook_run_twice_and_a_bundle_and_flag_named_twice_serve_the_process_on
 def test_a_serve_value_naming_no_bundle_stops_the_process_at_import_triton_and_only_there(installed):
     for value, said in (("nowhere/dist,strict", f"kforge: KFORGE_SERVE names {REPO}/nowhere/dist, which does "
                                                 f"not exist"),
+                        ("/no/such\ndist", "kforge: KFORGE_SERVE names /no/such\\ndist, which does not exist"),
                         ("strict,preload", "kforge: KFORGE_SERVE='strict,preload' names no bundle")):
         bad = python("import triton", {"KFORGE_SERVE": value}, check=False)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]   # one line
