@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import kforge
 import kforge_runtime
+from kforge_runtime.schema import one_line
 from kforge.plan import keys
 from kforge.base import stamps
 from kforge.store.files import read_bytes, read_state, write_inside
@@ -651,7 +652,7 @@ def _named_apart(failed: list[tuple[str, str, str]], taken: set[str]) -> list[Br
             n += 1
             candidate = f"{name}_broken" + (str(n - 1) if n > 2 else "")
         taken.add(candidate)
-        found.append(Broken(candidate, path, error if error.startswith(path) else f"{path}: {error}"))
+        found.append(Broken(candidate, path, one_line(error if error.startswith(path) else f"{path}: {error}")))
     return found
 
 

@@ -116,6 +116,12 @@ def few(names, sep: str = ", ") -> str:
     return sep.join(map(str, names[:SHOWN])) + more
 
 
+def one_line(text: str) -> str:
+    """A message as one line whatever it quotes: each character a terminal would act on (a line break in a file
+    name or an environment value, an escape) written as Python writes it in a string."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class BinaryRefused(ValueError):
     """A binary that is not the one its record describes, or not real code for its arch."""
 

@@ -43,14 +43,9 @@ def start() -> None:
 
 def _stop(message: str):
     """A KFORGE_SERVE value that cannot be applied ends the process with one line (SystemExit: no traceback)."""
-    sys.stderr.write(f"kforge: {_one_line(message)}\n")
+    from .schema import one_line
+    sys.stderr.write(f"kforge: {one_line(message)}\n")
     raise SystemExit(2) from None
-
-
-def _one_line(text: str) -> str:
-    """The text with each character a terminal would act on (a line break in a path, an escape) written as Python
-    writes it in a string: a value from the environment never breaks the message's one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def apply() -> None:
@@ -61,7 +56,8 @@ def apply() -> None:
     if record:
         from .record import Recorder, record_problem
     if record and record_problem(record) is not None:   # recording never stops a process: a warning
-        sys.stderr.write(f"kforge record: {_one_line(record_problem(record))}; nothing is recorded in this process\n")
+        from .schema import one_line
+        sys.stderr.write(f"kforge record: {one_line(record_problem(record))}; nothing is recorded in this process\n")
     elif record:
         Recorder(record).install()
     if served:

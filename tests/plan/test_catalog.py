@@ -925,3 +925,12 @@ def test_a_variable_the_probes_pruner_or_heuristic_reads_is_an_input_and_one_the
     assert names == {"det", "pinned"} and even("det") == even("pinned") == {True}
     names, _ = computed_families(env_project, monkeypatch)   # nothing changed (PYTHONPATH read too)
     assert names == set() and loaded(env_project).loaded_from == "saved"
+
+
+def test_a_broken_familys_line_stays_one_line_whatever_its_file_is_named(tmp_path):
+    """The hostile review, round three: a spec file whose name holds a line break printed its family's error, in the
+    build's warning and in `doit list`, over two lines."""
+    root = make_project(tmp_path, specs={})
+    (root / "specs" / "a\nb.toml").write_text('[kernel]\nname = "x"\n')
+    catalog = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert [b.line() for b in catalog.broken] == ["family x did not load: specs/a\\nb.toml: missing table [signature]"]
