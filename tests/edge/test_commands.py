@@ -316,7 +316,7 @@ def test_info_of_a_broken_family_shows_its_spec_file_name_without_its_escape_seq
     """A checkout's spec file named with an escape sequence reached the terminal through `doit info`'s line."""
     root = make_project(tmp_path / "p", specs={"esc\x1b[31mred": '[kernel]\nname = "bad"\n'})
     out = doit(root, "info", "bad").stdout
-    assert "\x1b" not in out and "specs/esc\ufffd[31mred.toml" in out, out
+    assert "\x1b" not in out and "specs/esc\\x1b[31mred.toml" in out, out   # written as Python writes it
 
 
 def test_prune_names_a_folder_it_keeps_without_its_escape_sequence(tmp_path):
