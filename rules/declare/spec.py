@@ -456,7 +456,9 @@ def _check_schema(raw: dict, where: str) -> None:
             raise SpecError(f"{where}: unknown table [{_key(table)}]; allowed: {', '.join(SCHEMA)}")
     for table in REQUIRED_TABLES:
         if table not in raw:
-            raise SpecError(f"{where}: missing table [{table}]")
+            why = ("; add it: the values swept, one config each combination (empty where the entry's "
+                   "@triton.autotune configs are all the configs)" if table == "sweep" else "")
+            raise SpecError(f"{where}: missing table [{table}]{why}")
     for table, body in raw.items():
         if table in LIST_TABLES:
             if not isinstance(body, list) or not all(isinstance(b, dict) for b in body):

@@ -97,7 +97,9 @@ def test_constexpr_without_value(tmp_path):
 
 
 def test_missing_required_table_and_key(tmp_path):
-    assert "missing table [sweep]" in error(tmp_path, spec_text().split("[sweep]")[0])
+    assert error(tmp_path, spec_text().split("[sweep]")[0]) == (   # said what to put there (mamba-ssm's review)
+        "specs/s.toml: missing table [sweep]; add it: the values swept, one config each combination (empty where the "
+        "entry's @triton.autotune configs are all the configs)")
     assert "missing key 'entry'" in error(tmp_path, spec_text().replace('entry = "scale_kernel"\n', ""))
 
 
