@@ -156,9 +156,7 @@ OUTPUT = "\ncompiler output (last lines):\n"   # isolate._tail's heading
 SCARCE_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "EMFILE", "ENFILE", "ENOMEM", "EAGAIN")
 SCARCE = re.compile("|".join(map(re.escape, sorted({
     *(os.strerror(getattr(errno, name)).lower() for name in SCARCE_ERRNOS if hasattr(errno, name)),
-    "out of memory", "bad_alloc", "cannot allocate memory", "no space left", "resource temporarily unavailable",
-    "too many open files", "disk quota exceeded", "read-only file system", "permission denied",
-    "operation not permitted", "input/output error"}))), re.IGNORECASE)
+    "out of memory", "bad_alloc", "no space left"}))), re.IGNORECASE)
 
 
 def _mark_compiling(scratch_dir: str, inputs: list) -> None:

@@ -894,20 +894,20 @@ def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_an
         'own, one per vendor (archs = ["sm_80", "sm_90a"] and archs = ["gfx942"])')
 
 
-OPTION_CONFIGS = '''
-import triton
-import triton.language as tl
-IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
+def copy_library(configs: str, pruner: str = "") -> str:
+    """A test library's autotuned copy kernel: `configs` (Python) defines CONFIGS, `pruner` the autotuner's
+    prune_configs_by argument, if any."""
+    return (f"import triton\nimport triton.language as tl\n{configs}\n\n\n"
+            f"@triton.autotune(configs=CONFIGS, key=[\"n\"]{', prune_configs_by=' + pruner if pruner else ''})\n"
+            "@triton.jit\ndef copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n"
+            "    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+            "    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)\n")
+
+
+IS_HIP = 'IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"\n'
+OPTION_CONFIGS = copy_library(IS_HIP + '''
 CONFIGS = ([triton.Config({"BLOCK": b, "waves_per_eu": 2}) for b in (64, 128)] if IS_HIP else
-           [triton.Config({"BLOCK": b}, num_warps=4, maxnreg=r) for b in (64, 128) for r in (None, 128)])
-
-
-@triton.autotune(configs=CONFIGS, key=["n"])
-@triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
-'''
+           [triton.Config({"BLOCK": b}, num_warps=4, maxnreg=r) for b in (64, 128) for r in (None, 128)])''')
 
 
 def test_autotune_configs_leaving_a_triton_option_unset_take_its_default_and_each_vendor_drops_the_others(tmp_path):
@@ -930,20 +930,9 @@ def test_autotune_configs_leaving_a_triton_option_unset_take_its_default_and_eac
     assert len({t.key for t in targets.values()}) == len(targets)
 
 
-SPELLED_CONFIGS = '''
-import triton
-import triton.language as tl
-IS_HIP = triton.runtime.driver.active.get_current_target().backend == "hip"
+SPELLED_CONFIGS = copy_library(IS_HIP + '''
 CONFIGS = ([triton.Config({"BLOCK": 64, "waves_per_eu": w}) for w in (0, 2)] if IS_HIP else
-           [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)])
-
-
-@triton.autotune(configs=CONFIGS, key=["n"])
-@triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
-'''
+           [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)])''')
 
 
 def test_a_config_one_vendor_spells_with_the_default_and_the_other_leaves_unset_is_one_built_for_both(tmp_path):
@@ -966,20 +955,11 @@ def test_an_extra_config_giving_another_vendors_option_is_refused_not_dropped(tm
 
 
 FOREIGN_CONFIGS = '''
-import triton
-import triton.language as tl
-
-
 def keep(configs, named_args, **kwargs):
     return configs
 
 
-@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)], key=["n"]{pruner})
-@triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < n), mask=o < n)
-'''
+CONFIGS = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128}, maxnreg=128)]'''
 
 
 def test_a_config_setting_another_vendors_option_fails_the_family_there_unless_a_pruner_may_drop_it(tmp_path):
@@ -989,7 +969,7 @@ def test_a_config_setting_another_vendors_option_fails_the_family_there_unless_a
     from kforge.declare.spec import load_spec
     from kforge.load.entry_probe import Probe
     spec = COPY_SPEC.replace('"sm_80", "sm_90a", "gfx942"', '"sm_90a", "gfx942"')
-    root = make_project(tmp_path / "a", specs={"copy": spec}, kernels={"vk": FOREIGN_CONFIGS.replace("{pruner}", "")})
+    root = make_project(tmp_path / "a", specs={"copy": spec}, kernels={"vk": copy_library(FOREIGN_CONFIGS)})
     try:
         with pytest.raises(SpecError) as e:
             load_spec(root / "specs" / "copy.toml", root)
@@ -999,7 +979,7 @@ def test_a_config_setting_another_vendors_option_fails_the_family_there_unless_a
         "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs listed on gfx942 set maxnreg, an option of "
         "another vendor that Triton's launch refuses there (the kernel's every call on gfx942 fails): drop gfx942 "
         "from archs, or give that vendor a spec of its own")
-    pruned = FOREIGN_CONFIGS.replace("{pruner}", ', prune_configs_by={"early_config_prune": keep}')
+    pruned = copy_library(FOREIGN_CONFIGS, pruner='{"early_config_prune": keep}')
     targets = load(make_project(tmp_path / "b", specs={"copy": spec}, kernels={"vk": pruned}))
     assert {(t.arch, dict(t.config)["BLOCK"], dict(t.options).get("maxnreg")) for t in targets.values()} == {
         ("sm_90a", 64, None), ("sm_90a", 128, 128), ("gfx942", 64, None)}
