@@ -875,19 +875,24 @@ COPY_SPEC = ('[kernel]\nname = "copy"\nsource = "tk/vk.py"\nentry = "copy_kernel
              'n = "i32"\nBLOCK = "constexpr"\n\n[sweep]\ndtype = ["fp32"]\n')
 
 
-def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_and_one_spec_per_vendor(tmp_path):
-    """AMD's configs set a constexpr NVIDIA's leave to its default: refused naming the two parameter lists, the
-    archs each came from and the fix (a spec per vendor)."""
+def refusal(root) -> str:
+    """The one line loading the project's specs/copy.toml is refused with (its probes closed after)."""
     from kforge.declare.spec import load_spec
     from kforge.load.entry_probe import Probe
-    spec = COPY_SPEC.replace('BLOCK = "constexpr"\n', 'BLOCK = "constexpr"\nWIDE = "constexpr"\n')
-    root = make_project(tmp_path, specs={"copy": spec}, kernels={"vk": VENDOR_CONFIGS})
     try:
         with pytest.raises(SpecError) as e:
             load_spec(root / "specs" / "copy.toml", root)
     finally:
         Probe.close_all()
-    assert str(e.value) == (
+    return str(e.value)
+
+
+def test_autotune_configs_that_set_other_parameters_per_vendor_name_the_archs_and_one_spec_per_vendor(tmp_path):
+    """AMD's configs set a constexpr NVIDIA's leave to its default: refused naming the two parameter lists, the
+    archs each came from and the fix (a spec per vendor)."""
+    spec = COPY_SPEC.replace('BLOCK = "constexpr"\n', 'BLOCK = "constexpr"\nWIDE = "constexpr"\n')
+    root = make_project(tmp_path, specs={"copy": spec}, kernels={"vk": VENDOR_CONFIGS})
+    assert refusal(root) == (
         "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs set different parameters on different archs "
         "(['BLOCK', 'num_stages', 'num_warps'] on sm_80, sm_90a; ['BLOCK', 'WIDE', 'num_stages', "
         "'num_warps'] on gfx942); kforge sweeps configs that set the same ones: give each side a spec of its "
@@ -966,16 +971,9 @@ def test_a_config_setting_another_vendors_option_fails_the_family_there_unless_a
     """mamba-ssm lists maxnreg=128 on every vendor: Triton's launch on gfx942 refuses the keyword (KeyError in
     JITFunction._pack_args), so every call there fails and the family is refused naming the arch; with a pruner,
     which may drop that config there, the config is no target on gfx942 and the others are."""
-    from kforge.declare.spec import load_spec
-    from kforge.load.entry_probe import Probe
     spec = COPY_SPEC.replace('"sm_80", "sm_90a", "gfx942"', '"sm_90a", "gfx942"')
     root = make_project(tmp_path / "a", specs={"copy": spec}, kernels={"vk": copy_library(FOREIGN_CONFIGS)})
-    try:
-        with pytest.raises(SpecError) as e:
-            load_spec(root / "specs" / "copy.toml", root)
-    finally:
-        Probe.close_all()
-    assert str(e.value) == (
+    assert refusal(root) == (
         "specs/copy.toml: tk.vk.copy_kernel's @triton.autotune configs listed on gfx942 set maxnreg, an option of "
         "another vendor that Triton's launch refuses there (the kernel's every call on gfx942 fails): drop gfx942 "
         "from archs, or give that vendor a spec of its own")
