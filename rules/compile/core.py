@@ -148,8 +148,6 @@ def _hub_of(build: str | None):
 
 
 COMPILING = "compiling.json"   # in a compile's scratch folder: its compile began, having read these inputs
-EXITED = re.compile(r"compiler process exited with code (\d+) and no result\n")   # isolate._death's first line
-OUTPUT = "\ncompiler output (last lines):\n"   # isolate._tail's heading
 # words of the machine's state, not of the kernel (memory, disk or processes running out, a quota, a read-only or
 # failing disk, a folder it may not write): such an exit is compiled again. The system's own words for these errnos
 # (os.strerror: what a compiler's "cannot open ...: <reason>" prints), with the runtime's words for memory.
@@ -174,16 +172,15 @@ def _exited_compiling(target: Target, outcome: isolate.Outcome, scratch_dir: str
     compiler's verdict on these inputs, said in its words and kept with what the compile read until it began, to be
     replayed (compile/action.py). A signal (the OOM killer's SIGKILL) is isolate's to say; an exit before the compile
     began (importing: no mark) keeps isolate's hint on sys.exit at import."""
-    exited = None if outcome.ok else EXITED.match(outcome.error)
-    if exited is None:
+    if outcome.ok or outcome.exit_code is None:
         return outcome
     try:
         with open(os.path.join(scratch_dir, COMPILING)) as f:
             inputs = json.load(f)
     except (OSError, ValueError):   # no mark, or one cut short: it died before the compile began
         return outcome
-    code, printed = int(exited[1]), outcome.error.partition(OUTPUT)[2]
-    lines = [line.strip() for line in printed.split(OUTPUT)[0].splitlines() if line.strip()]
+    code, printed = outcome.exit_code, outcome.output
+    lines = [line.strip() for line in printed.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
     said = (errors or lines or ["nothing printed"])[-1]
     verdict = code != 0 and not _killed(code) and bool(errors) and not SCARCE.search(printed)
@@ -192,7 +189,7 @@ def _exited_compiling(target: Target, outcome: isolate.Outcome, scratch_dir: str
            "no verdict on the kernel (no error printed, or a sign of the machine's: memory, disk, permission, a "
            "signal's code): the next run compiles it again")
     error = f"the compiler exited with code {code} while compiling for {target.arch}: {said}\n{why}"
-    return dataclasses.replace(outcome, error=error + (OUTPUT + printed if printed else ""),
+    return dataclasses.replace(outcome, error=error + isolate.headed(printed),
                                facts={"inputs": inputs} if verdict else None)
 
 

@@ -49,16 +49,18 @@ class Outcome:
     # a server forked elsewhere ended with no word from its minder (a hub killed from outside), not the call's own
     # doing: asking again gets a fresh one
     vanished: bool = False
+    exit_code: int | None = None   # the server exited by itself (os._exit, LLVM's exit(1)) with this code, no answer
+    output: str = ""   # the last lines it printed during the call
 
 
 class Forwarded(Exception):
     """Raised by fn with the failed Outcome of a server of its own (a server that forks servers): sent on to the
-    caller as that server's answer, its error, traceback and facts unchanged."""
+    caller as that server's answer, its error, traceback, facts, exit code and output unchanged."""
 
     def __init__(self, outcome: Outcome):
         super().__init__(outcome.error)
-        self.payload = {"error": outcome.error, "traceback": outcome.traceback,
-                        **({"facts": outcome.facts} if outcome.facts else {})}
+        self.payload = {"error": outcome.error, "traceback": outcome.traceback, "exit_code": outcome.exit_code,
+                        "output": outcome.output, **({"facts": outcome.facts} if outcome.facts else {})}
 
 
 class Server:
@@ -90,8 +92,9 @@ class Server:
             answered = self.conn.poll(timeout)   # also true at EOF, when the child died
             if not answered:
                 self._kill()
-                return Outcome(False, time.monotonic() - start,
-                               error=f"timed out after {timeout:.0f} s and was killed{_tail(log)}")
+                output = _tail(log)
+                return Outcome(False, time.monotonic() - start, output=output,
+                               error=f"timed out after {timeout:.0f} s and was killed{headed(output)}")
             try:
                 payload = self.conn.recv()
             except (EOFError, OSError):
@@ -102,13 +105,17 @@ class Server:
             if payload.get("retire"):   # grown past its memory bound, or unfit: the next call forks a fresh child
                 self._kill()
             if "error" in payload:
-                return Outcome(False, seconds, error=payload["error"] + _tail(log),
-                               traceback=payload.get("traceback", ""), facts=payload.get("facts"))
+                output = _tail(log)
+                return Outcome(False, seconds, error=payload["error"] + headed(output), traceback=payload.get(
+                    "traceback", ""), facts=payload.get("facts"), exit_code=payload.get("exit_code"),
+                    output=payload.get("output") or output)   # a forwarded one's: its server's own
             return Outcome(True, seconds, result=payload["result"])
 
     def _ended(self, payload: dict | None, start: float, log) -> Outcome:
-        status = self._reap(payload)
-        return Outcome(False, time.monotonic() - start, error=_death(status) + _tail(log), vanished=status is None)
+        status, output = self._reap(payload), _tail(log)
+        exited = status is not None and os.WIFEXITED(status)
+        return Outcome(False, time.monotonic() - start, error=_death(status) + headed(output), output=output,
+                       vanished=status is None, exit_code=os.WEXITSTATUS(status) if exited else None)
 
     def start(self) -> None:
         """Fork the child now, if none is alive (else the next call does)."""
@@ -490,12 +497,14 @@ def _short_error(e: BaseException) -> str:
 
 
 def _tail(log) -> str:
+    """The last lines a call printed."""
     log.seek(0)
-    text = log.read().decode("utf-8", "replace").strip()
-    if not text:
-        return ""
-    lines = text.splitlines()[-STDERR_TAIL_LINES:]
-    return "\ncompiler output (last lines):\n  " + "\n  ".join(lines)
+    return "\n".join(log.read().decode("utf-8", "replace").strip().splitlines()[-STDERR_TAIL_LINES:])
+
+
+def headed(output: str) -> str:
+    """A call's last printed lines below its error."""
+    return "\ncompiler output (last lines):\n  " + output.replace("\n", "\n  ") if output else ""
 
 
 HUB_NAME = b"kforge-hub"   # what ps and /proc/PID/comm show for a hub

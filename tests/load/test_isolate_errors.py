@@ -63,6 +63,29 @@ def test_a_process_that_exits_uncaught_says_it_was_running_the_kernels_code_and_
     assert not out.ok and out.error.splitlines()[0] == "compiler process exited with code 0 and no result"
     assert ("while running the kernel's code (importing its module or compiling): a module that calls sys.exit or "
             "os._exit at import is a likely cause") in out.error
+    assert out.exit_code == 0 and out.output == ""
+
+
+def prints_and_exits(_):
+    os.write(2, b"warning: first\nerror: last\n")
+    os._exit(3)
+
+
+def forwards(_):
+    """A server of its own's failed outcome, forwarded as this server's answer."""
+    raise isolate.Forwarded(one_call(prints_and_exits, 30))
+
+
+def test_an_exit_and_what_was_printed_reach_the_caller_as_fields_through_a_server_of_servers():
+    """The exit code and the printed lines are fields of the outcome (compile/core.py tells a compiler's exit(1)
+    by them), the same when a server forwards its own server's death."""
+    direct, forwarded = one_call(prints_and_exits, 30), one_call(forwards, 60)
+    for out in direct, forwarded:
+        assert not out.ok and out.exit_code == 3 and out.output == "warning: first\nerror: last", out
+        assert out.error.startswith("compiler process exited with code 3 and no result\n")
+        assert "compiler output (last lines):\n  warning: first\n  error: last" in out.error
+    crashed = one_call(lambda _: os.abort(), 30)
+    assert crashed.exit_code is None and "SIGABRT" in crashed.error   # a signal is no exit of its own
 
 
 SOURCE = 'def kernel(BLOCK):\n    z = helper(BLOCK)\n\ndef helper(BLOCK):\n    return tl.full([BLOCK], 0, dtype="fp32")\n'
