@@ -107,9 +107,20 @@ def check_tma_matmul(k, c: dict):
     return rel_err(out, a.double() @ b.double()), 1e-2
 
 
+def check_tma_device_scale(k, c: dict):
+    """Descriptors made in the kernel: the loader asks its allocator (Triton is not imported) for scratch memory."""
+    from kforge_runtime import launch
+    launch.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    M, N, BM, BN = 300, 264, c["BLOCK_M"], c["BLOCK_N"]
+    x = torch.randn(M, N + 56, device="cuda", dtype=DT[c["dtype"]])[:, :N]   # rows 320 apart
+    y = torch.full((M, N), -7.0, device="cuda", dtype=x.dtype)
+    k((cdiv(M, BM), cdiv(N, BN)), x, y, M, N, x.stride(0), 0.75)
+    return rel_err(y, (x.float() * 0.75).to(x.dtype)), 1e-6
+
+
 CHECKS = {"gemm": check_gemm, "rmsnorm": lambda k, c: check_rowwise(k, c, True),
           "softmax": lambda k, c: check_rowwise(k, c, False), "moe_gemm": check_moe,
-          "tma_scale": check_tma_scale, "tma_matmul": check_tma_matmul}
+          "tma_scale": check_tma_scale, "tma_matmul": check_tma_matmul, "tma_device_scale": check_tma_device_scale}
 
 
 def main() -> int:

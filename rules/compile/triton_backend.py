@@ -153,6 +153,7 @@ def lower(target, scratch: str):
                            f"(report it with the kernel's source)")
     md = kernel.metadata
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
+              "global_scratch_align": getattr(md, "global_scratch_align", 1),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16),
               # Triton's digest of the kernel with what it leaves out (runtime/source_key.py): serving launches

@@ -2,18 +2,21 @@
 
 NVIDIA: libcuda's cuLaunchKernel, or cuLaunchKernelEx for a binary compiled with launch options (launch_pdl,
 launch_cooperative_grid, num_ctas), as Triton's launcher would; AMD: libamdhip64's hipModuleLaunchKernel. Arguments
-follow the manifest's signature, then Triton 3.6's two scratch pointers, passed as null: kforge refuses artifacts
-that need scratch memory. A tensor descriptor argument is several parameters (tensordesc.py).
+follow the manifest's signature, then Triton 3.6's two scratch pointers: the global one, for a kernel that needs
+it (one that makes tensor descriptors on the GPU writes them there), from the allocator set with
+triton.set_allocator as Triton's launcher asks it (or set_allocator's, without Triton); the profiler's, null (kforge refuses artifacts that need it). A
+tensor descriptor argument is several parameters (tensordesc.py).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import struct
+import sys
 import threading
 
 from . import tensordesc
-from .schema import LAUNCH_RANGES, is_signature
+from .schema import LAUNCH_RANGES, OPTIONAL_LAUNCH_RANGES, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
@@ -127,10 +130,24 @@ class Driver:
         return ctx.value
 
 
+_allocator = None   # set_allocator's
+
+
+def set_allocator(allocator) -> None:
+    """Where launches get global scratch memory without Triton imported (with it, triton.set_allocator's is asked
+    unless this is set): allocator(size, alignment, stream) -> an object with data_ptr(), as Triton's protocol;
+    None unsets it."""
+    global _allocator
+    _allocator = allocator
+
+
 def unlaunchable(entry: dict) -> str | None:
     """Why this loader cannot launch a Triton entry's kernel, whatever the arguments, or None."""
-    if entry.get("global_scratch_size") or entry.get("profile_scratch_size"):
-        return "the kernel needs scratch memory, which this loader does not allocate"
+    if entry.get("profile_scratch_size"):
+        return "the kernel was compiled with Triton's profiler's instrumentation, whose memory this loader does not " \
+               "allocate"
+    if entry.get("global_scratch_size") and entry.get("vendor") == "amd":   # Triton 3.6's AMD launcher passes none
+        return "the kernel needs global scratch memory, which this loader allocates on NVIDIA GPUs only"
     return None
 
 
@@ -207,10 +224,12 @@ class Kernel:
 
     def _submit_in_context(self, gx: int, gy: int, gz: int, stream: int, params) -> None:
         """_submit, in the kernel's own context where this thread has none yet."""
+        scratch = self._arguments.scratch(gx * gy * gz * self._ctas, stream)   # alive until the launch is queued
         code = self._submit(gx, gy, gz, stream, params)
         if code == CUDA_ERROR_INVALID_CONTEXT and self._context:
             self.driver.call("CtxSetCurrent", ctypes.c_void_p(self._context))
             code = self._submit(gx, gy, gz, stream, params)
+        del scratch
         if code != 0:
             raise LaunchError(f"launching {self.name} failed: {self.driver.error_name(code)}")
 
@@ -241,7 +260,8 @@ def check_launch_fields(entry: dict) -> None:
     promised = entry.get("divisible_by_16") or []
     if not (isinstance(promised, list) and all(isinstance(a, str) for a in promised)):
         raise LaunchError(f"{name}: the manifest's 'divisible_by_16' must be a list of argument names")
-    for field, (low, high) in LAUNCH_RANGES.items():
+    given = [(f, r) for f, r in OPTIONAL_LAUNCH_RANGES.items() if entry.get(f) is not None]
+    for field, (low, high) in [*LAUNCH_RANGES.items(), *given]:
         value = entry.get(field)
         if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
             raise LaunchError(f"{name}: the manifest's {field!r} must be a whole number in [{low}, {high}]")
@@ -271,7 +291,7 @@ class Arguments:
         self.maps = params.count("map")
         slots = [p for p in params if p != "map"]
         self._buffer = ctypes.create_string_buffer(tensordesc.MAP_ALIGN + tensordesc.MAP_BYTES * self.maps
-                                                   + 8 * (len(slots) + 2))   # the scratch slots stay zero (null)
+                                                   + 8 * (len(slots) + 2))   # the scratch slots: zero (null)
         maps_at = ctypes.addressof(self._buffer) + (-ctypes.addressof(self._buffer) % tensordesc.MAP_ALIGN)
         self._offset = maps_at - ctypes.addressof(self._buffer) + tensordesc.MAP_BYTES * self.maps
         slots_at = ctypes.addressof(self._buffer) + self._offset
@@ -279,6 +299,8 @@ class Arguments:
         scalar_slots = iter(range(slots_at, slots_at + 8 * (len(slots) + 2), 8))
         self.params = (ctypes.c_void_p * (len(params) + 2))(*[next(map_slots if p == "map" else scalar_slots)
                                                                for p in params + ["*", "*"]])
+        self._scratch_slot = self.params[len(params)]
+        self._scratch = entry.get("global_scratch_size") or 0, entry.get("global_scratch_align") or 128
         self._format = struct.Struct("<" + "".join(_SLOT[p] for p in slots))
         # descriptor position -> its map's slot (the maps lie in the order of the arguments)
         lowered = [i for i in sorted(self._descs) if self._descs[i].meta is not None]
@@ -313,6 +335,24 @@ class Arguments:
             raise TypeError(f"{self.name}: an argument does not fit its type "
                             f"({', '.join(a['name'] + ': ' + a['type'] for a in self.signature)}): {e}") from None
         return self.params
+
+    def scratch(self, programs: int, stream: int):
+        """Global scratch memory for a launch of `programs` CTAs (None if the kernel needs none), its address put in
+        its slot: asked, as Triton's launcher asks it, of set_allocator's allocator or else triton.set_allocator's
+        (Triton's error if none is set). The caller keeps it until the launch is queued (a stream-ordered allocator, as torch's,
+        reuses it only after the kernel)."""
+        size, align = self._scratch
+        if not size:
+            return None
+        allocation = sys.modules.get("triton.runtime._allocation")
+        allocate = _allocator or (allocation._allocator.get() if allocation is not None else None)
+        if allocate is None:
+            raise LaunchError(f"{self.name}: the kernel needs {size} bytes of global scratch memory a program: set "
+                              f"an allocator with triton.set_allocator, or without Triton with "
+                              f"kforge_runtime.launch.set_allocator")
+        buffer = allocate(programs * size, align, stream)
+        ctypes.c_uint64.from_address(self._scratch_slot).value = buffer.data_ptr()
+        return buffer
 
     def _expand(self, values) -> list:
         if self.encode is None and self._map_slot:

@@ -93,6 +93,9 @@ ARTIFACT_FIELDS = {**ENTRY_FIELDS, "schema": int, "vendor": str, "size": int, "n
                    "constexprs": dict, "source": dict, "toolchain_versions": dict, "key": str}
 # the values a launch accepts (launch.py): a block of at most 1024 threads, at most 1 MiB of shared memory
 LAUNCH_RANGES = {"threads_per_block": (1, 1024), "shared": (0, 1 << 20)}
+# the same, where a manifest entry has them: Triton's global scratch memory a program (a tensor descriptor made on
+# the GPU takes 128 bytes) and its alignment
+OPTIONAL_LAUNCH_RANGES = {"global_scratch_size": (0, 1 << 20), "global_scratch_align": (1, 4096)}
 
 
 def wrong_field(record: dict, fields: dict) -> str | None:

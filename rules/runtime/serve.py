@@ -420,7 +420,7 @@ class Server:
         found = same_code[0]
         from .launch import unlaunchable
         refused = unlaunchable(found[1])
-        if refused:   # a kernel that builds a tensor descriptor on the GPU needs scratch memory: Triton runs it
+        if refused:   # memory the loader does not allocate (the profiler's, scratch on AMD): Triton runs it
             line["unlaunchable"] = refused
             return None, f"kforge serve (strict): {line['kernel']} on {line['arch']} ({found[1].get('target')}): " \
                          f"{refused}; serve with strict=False to let Triton compile and run it"

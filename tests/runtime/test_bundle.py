@@ -479,6 +479,40 @@ def test_launch_arguments_fill_the_kernel_params_array():
     assert ctypes.c_int32.from_address(params[1]).value == 32
 
 
+def test_global_scratch_memory_is_asked_of_tritons_allocator_for_every_program_and_passed_in_its_slot():
+    """A kernel that makes tensor descriptors on the GPU writes them into global scratch memory: each launch asks
+    the allocator set with triton.set_allocator for size x programs at the kernel's alignment on the launch's
+    stream, as Triton's launcher does, and passes its address as the first scratch pointer (the profiler's stays
+    null); with no allocator set, Triton's own error."""
+    import ctypes
+
+    import triton
+    args = _arguments(global_scratch_size=256, global_scratch_align=64)
+    params = args.pack((FakeTensor(4096), 64, 0.5))
+    asked = []
+    triton.set_allocator(lambda size, align, stream: asked.append((size, align, stream)) or FakeTensor(1 << 20))
+    try:
+        buffer = args.scratch(12, stream=77)
+    finally:
+        triton.set_allocator(triton.runtime._allocation.NullAllocator())
+    assert asked == [(12 * 256, 64, 77)] and buffer.data_ptr() == 1 << 20
+    assert ctypes.c_void_p.from_address(params[3]).value == 1 << 20
+    assert ctypes.c_void_p.from_address(params[4]).value is None
+    assert _arguments().scratch(12, stream=77) is None   # a kernel that needs none asks for none
+    with pytest.raises(RuntimeError, match="no allocator was set. Use triton.set_allocator"):
+        args.scratch(12, stream=77)
+    from kforge_runtime import launch   # without Triton (bench/gpu_check.py): the loader's own, asked first
+    launch.set_allocator(lambda size, align, stream: asked.append((size, align, stream)) or FakeTensor(8 << 20))
+    try:
+        args.scratch(3, stream=0)
+    finally:
+        launch.set_allocator(None)
+    assert asked[-1] == (3 * 256, 64, 0) and ctypes.c_void_p.from_address(params[3]).value == 8 << 20
+    from kforge_runtime.launch import LaunchError
+    with pytest.raises(LaunchError, match="'global_scratch_align' must be a whole number in"):
+        _arguments(global_scratch_size=256, global_scratch_align=0)   # a bundle is untrusted
+
+
 def test_a_bool_argument_and_a_bool_tensor_are_passed_as_tritons_u1():
     """Triton types a bool argument "u1" (a uint8_t parameter) and a torch.bool tensor "*u1"."""
     import ctypes

@@ -248,18 +248,25 @@ def test_a_tensor_the_gpu_cannot_reach_is_refused_as_tritons_launcher_refuses_it
     assert len(Launched.calls) == 1
 
 
-def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
-    """A kernel that makes a tensor descriptor on the GPU needs scratch memory, which kforge's loader does not
-    allocate: it was served, and every launch raised LaunchError where Triton runs it (an outside review)."""
-    scratch = {**entry("copy", 128, 4), "global_scratch_size": 256}
-    server = serve.serve(str(bundle_dir(tmp_path / "b", [scratch])))
+@pytest.mark.parametrize("field,said", [
+    ("profile_scratch_size", "the kernel was compiled with Triton's profiler"),
+    ("amd", "the kernel needs global scratch memory, which this loader allocates on NVIDIA")])
+def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path, field, said):
+    """Memory for Triton's profiler's instrumentation, or global scratch memory on AMD (Triton 3.6's AMD launcher
+    passes none), kforge's loader does not allocate: such an entry was served, and every launch raised LaunchError
+    where Triton runs it (an outside review). Global scratch on NVIDIA is allocated (test_bundle.py)."""
+    refused = {**entry("copy", 128, 4), **({"vendor": "amd", "global_scratch_size": 256} if field == "amd" else
+                                           {field: 256})}
+    from kforge_runtime.launch import unlaunchable
+    assert unlaunchable({**entry("copy", 128, 4), "vendor": "nvidia", "global_scratch_size": 256}) is None
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [refused])))
     x, y = tensors()
     with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
         copy[(8,)](x, y, 1000, BLOCK=128)
-    assert server.served == 0 and "scratch memory" in server.misses[0]["unlaunchable"]
+    assert server.served == 0 and said in server.misses[0]["unlaunchable"]
     serve.stop()
-    serve.serve(str(bundle_dir(tmp_path / "strict", [scratch])), strict=True)
-    with pytest.raises(serve.NotServed, match=r"\(copy-128\): the kernel needs scratch memory"):
+    serve.serve(str(bundle_dir(tmp_path / "strict", [refused])), strict=True)
+    with pytest.raises(serve.NotServed, match=re.escape(f"(copy-128): {said}")):
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 

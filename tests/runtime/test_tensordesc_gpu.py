@@ -1,7 +1,8 @@
 """Descriptor kernels on a GPU (pytest -m gpu, on an H100/H200/B200 with the catalog built and packaged:
 `python -m doit -n 16 archs=sm_90a`): kernels/tma.py's tma_scale and tma_matmul, taking host
-TensorDescriptors, launched from the bundle by kforge's loader and through serve(), each output compared bit
-for bit with Triton's JIT on the same inputs. Builds nothing. Skipped only on a machine without a CUDA GPU
+TensorDescriptors, and tma_device_scale, which makes its descriptors on the GPU in global scratch memory,
+launched from the bundle by kforge's loader and through serve(), each output compared bit for bit with
+Triton's JIT on the same inputs. Builds nothing. Skipped only on a machine without a CUDA GPU
 that has TMA (sm_90 and up); a missing bundle, kernel or config fails."""
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 import triton  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from kernels.tma import tma_matmul_kernel, tma_scale_kernel  # noqa: E402
+from kernels.tma import tma_device_scale_kernel, tma_matmul_kernel, tma_scale_kernel  # noqa: E402
 from kforge_runtime import Library, serve  # noqa: E402
 
 DIST = Path(os.environ.get("KFORGE_DIST", REPO / "out" / "dist"))
@@ -128,3 +129,52 @@ def test_descriptor_kernels_are_served_to_unchanged_call_sites(lib):
     assert len(held) == 5 and all(isinstance(k, serve.Served) for k in held)
     assert all(same_bits(got[k], expected[k]) for k in expected), [k for k in expected
                                                                    if not same_bits(got[k], expected[k])]
+
+
+def run_device_scale(launch, dtype, jit: bool):
+    """tma_device_scale over a strided x (rows 320 apart) into a contiguous y, 64 x 64 blocks."""
+    x, y = scale_inputs(dtype)
+    y = y.contiguous()
+    grid = (triton.cdiv(M, 64), triton.cdiv(N, 64))
+    args = (x, y, M, N, x.stride(0), 0.75)
+    if jit:
+        launch[grid](*args, BLOCK_M=64, BLOCK_N=64, num_warps=4)
+    else:
+        launch(grid, *args)
+    torch.cuda.synchronize()
+    return x, y
+
+
+@pytest.fixture
+def allocator():
+    """The global scratch memory a launch asks for, from torch (as a library sets it); the sizes asked."""
+    asked = []
+
+    def allocate(size, align, stream):
+        asked.append((size, align))
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+    triton.set_allocator(allocate)
+    yield asked
+    triton.set_allocator(triton.runtime._allocation.NullAllocator())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_kernel_making_descriptors_on_the_gpu_gets_its_scratch_memory_from_the_bundle_and_served(lib, dtype,
+                                                                                                 allocator):
+    """The loader asks triton.set_allocator's allocator for the scratch memory, as Triton's launcher does: the
+    bundle's launch and a strict serve() of the unchanged call give the JIT's bits."""
+    programs = triton.cdiv(M, 64) * triton.cdiv(N, 64)
+    x, y = run_device_scale(lib.load("tma_device_scale", f"{dtype}-m64n64-w4"), dtype, jit=False)
+    assert allocator and allocator[-1][0] == programs * 256, allocator   # 128 bytes a descriptor, two a program
+    _, y_jit = run_device_scale(tma_device_scale_kernel, dtype, jit=True)
+    assert same_bits(y, y_jit) and torch.equal(y, (x.float() * 0.75).to(x.dtype))
+    tma_device_scale_kernel.device_caches.clear()
+    server = serve.serve(Library(DIST), strict=True)
+    try:
+        _, y_served = run_device_scale(tma_device_scale_kernel, dtype, jit=True)
+        held = list(tma_device_scale_kernel.device_caches[0][0].values())
+    finally:
+        serve.stop()
+        tma_device_scale_kernel.device_caches.clear()
+    assert (server.served, server.compiled, server.misses) == (1, 0, [])
+    assert len(held) == 1 and isinstance(held[0], serve.Served) and same_bits(y_served, y_jit)
