@@ -478,7 +478,9 @@ def _error_payload(e: BaseException) -> dict:
 
 def _short_error(e: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
-    if not isinstance(e, Exception):   # an exit or interrupt raised by the kernel's code: what it did, and where
+    if isinstance(e, SyntaxError) and e.filename:   # Python's form begins with the file and quotes the line: one line
+        text = f"{type(e).__name__}: {e.msg} ({e.filename}, line {e.lineno}): fix that file"
+    elif not isinstance(e, Exception):   # an exit or interrupt raised by the kernel's code: what it did, and where
         frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         exits = isinstance(e, SystemExit)
         what = (f"called sys.exit({'' if e.code is None else repr(e.code)})" if exits

@@ -111,3 +111,15 @@ def test_a_compilation_error_that_says_only_where_gets_the_last_line_of_its_inne
     assert lines[0] == "triton.compiler.errors.CompilationError: at 2:8:" and lines[-2].strip() == "^", out.error
     assert lines[-1] == "AttributeError: 'str' object has no attribute 'to_ir'"
     assert "Traceback" in out.traceback
+
+
+def imports_a_broken_file(_):
+    compile("A = 1\nKEYS = (\n", "/site/lib/extra.py", "exec")
+
+
+def test_a_syntax_error_in_a_file_the_kernels_import_reads_is_one_line_naming_the_file_and_line():
+    """Python's own form begins with the file and quotes the line under it: the first line, which every summary
+    takes, named no error (an outside review with gemlite)."""
+    out = one_call(imports_a_broken_file, 30)
+    assert out.error == "SyntaxError: '(' was never closed (/site/lib/extra.py, line 2): fix that file", out.error
+    assert "Traceback" in out.traceback
