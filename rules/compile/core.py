@@ -675,8 +675,8 @@ class _InputsMemo:
 
 
 def _fixed(recorder: observe.Recorder) -> tuple:
-    return (frozenset(recorder.listed.items()), frozenset(recorder.variables), frozenset(sys.modules), recorder.skip,
-            recorder.since_ns, tuple(sys.path), tuple(map(id, sys.meta_path)), _named_from[0], _named_from[1])
+    return (frozenset(recorder.listed.items()), frozenset(recorder.variables.items()), frozenset(sys.modules),
+            recorder.skip, recorder.since_ns, tuple(sys.path), tuple(map(id, sys.meta_path)), *_named_from)
 
 
 def _stats(files) -> tuple[tuple, bool]:

@@ -220,7 +220,10 @@ class Recorder:
         self.seen: set[str] = set()
         self.written: set[str] = set()   # what the process itself wrote (opened to write, or renamed onto)
         self.listed: dict[str, str] = {}   # folder -> the digest of its listing when first listed
-        self.variables: set[str] = set()   # environment variables the library's code read
+        # environment variables the library's code read -> variable_digest() as first read: a library that sets one
+        # after reading it (os.environ.setdefault), or a variable kforge sets later in the process, is what the
+        # build's own environment holds, which the check of a target compares
+        self.variables: dict[str, str] = {}
         self.modules: set[str] = set(sys.modules)
         self.active, self.since_ns = True, time.time_ns()
 
@@ -266,8 +269,8 @@ class Recorder:
         if where not in self._readers:
             self._readers[where] = False   # while it is decided: a read on the way (naming the folders) is no input
             self._readers[where] = os.path.isabs(where) and self._source(where, self._within()) is not None
-        if self._readers[where]:
-            self.variables.add(name)
+        if self._readers[where] and name not in self.variables:
+            self.variables[name] = variable_digest(name)
 
     def read_whole(self, frame) -> None:
         """The environment iterated at `frame`: the reads at the same line are of all of it, not of a variable."""
@@ -367,9 +370,9 @@ def as_opened(path: str) -> str | None:
 
 def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
             listed: dict[str, str] | None = None, written: Iterable[str] = (),
-            variables: Iterable[str] = ()) -> list[list[str]]:
+            variables: Mapping[str, str] | None = None) -> list[list[str]]:
     """[[name, sha256 of its content], ...] sorted: what a process read, as a depfile records it; a listed folder
-    is `<name>/` with the sha256 of its listing, a variable `$NAME` with variable_digest(). A file changed since
+    is `<name>/` with the sha256 of its listing, a variable `$NAME` with its variable_digest(). A file changed since
     `since_ns` (while it was read: its ctime says so) is "changed-while-read", which no content matches, unless the
     process wrote it itself (`written`: a generated module), when what it wrote is the input."""
     found = {}
@@ -385,8 +388,8 @@ def digests(files: Iterable[str], folders: tuple[Base, ...], since_ns: int = 0,
         found[file_input_name(name_of(path, folders))] = digest
     for path, digest in (listed or {}).items():
         found[file_input_name(name_of(path, folders)) + "/"] = digest
-    for variable in variables:
-        found[VARIABLE + variable] = variable_digest(variable)
+    for variable, digest in (variables or {}).items():
+        found[VARIABLE + variable] = digest
     return [[n, found[n]] for n in sorted(found)]
 
 
@@ -683,8 +686,13 @@ def file_input_name(name: str) -> str:
 
 
 def variable_digest(name: str) -> str:
-    """sha256 of an environment variable's value as this process sees it; unset is not the empty string."""
-    return hashlib.sha256(json.dumps(os.environ.get(name)).encode()).hexdigest()
+    """sha256 of an environment variable's value as this process sees it; unset is not the empty string. Read past
+    _ObservedEnviron: asking it would tell the recorder of the read again."""
+    try:
+        value = os._Environ.__getitem__(os.environ, name)
+    except KeyError:
+        value = None
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()
 
 
 def listing_digest(folder: str) -> str:

@@ -1,6 +1,7 @@
 """rules/load/observe.py: what a process's audit hook records. Each case runs in a fresh interpreter (a process has
 one hook, installed for good), with a library folder on sys.path and a project folder as the root."""
 import _json
+import hashlib
 import json
 import os
 import shutil
@@ -278,6 +279,32 @@ def test_a_kernel_module_that_reads_a_variable_rebuilds_when_it_changes_and_a_fa
         doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"})
         assert statuses(root, status) == target, status
     assert "$TK_FACTOR" not in dict(json.loads(meta.read_text())["inputs"])
+
+
+# a library that sets a variable it reads (DeepSpeed's os.environ.setdefault) and reads one kforge sets in the
+# compile server after the import (Triton's cache folder)
+SETS_ITS_OWN = ('import os\nos.environ.setdefault("TK_SET_BY_LIB", "1")\n'
+                'CACHE = os.environ.get("TRITON_CACHE_DIR", "~/.triton")\n')
+
+
+def test_a_variable_is_an_input_as_first_read_not_as_the_library_or_kforge_set_it_after(tmp_path):
+    """Recorded as the compile ended, the library's own value of a variable it set with setdefault, and kforge's
+    scratch folder as Triton's cache, were inputs no build's environment holds: stale on every run, each target
+    checked again (an outside review with DeepSpeed). As first read, the build's own value (here unset)."""
+    from kforge.load.observe import VARIABLE
+    from tests.support import doit, kernel_text, make_project, spec_text, statuses
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(blocks=(128, 256))},
+                        kernels={"scale": SETS_ITS_OWN + kernel_text()})
+    env = {"KFORGE_LOCAL_CACHE": "off", "TRITON_CACHE_DIR": ""}
+    doit(root, "-n", "1", env=env)
+    targets = {f"scale:fp16-b{b}-w4@sm_90a" for b in (128, 256)}
+    assert statuses(root, "built") == targets
+    inputs = dict(json.loads((root / "out/sm_90a/scale/fp16-b256-w4/meta.json").read_text())["inputs"])
+    unset = hashlib.sha256(b"null").hexdigest()
+    assert inputs[VARIABLE + "TK_SET_BY_LIB"] == unset and inputs[VARIABLE + "TRITON_CACHE_DIR"] == \
+        hashlib.sha256(b'""').hexdigest()
+    again = doit(root, "-n", "1", env=env)
+    assert statuses(root, "up-to-date") == targets, again.stdout[-2000:]
 
 
 def test_a_stale_pyc_never_runs_in_place_of_the_source_read(tmp_path):
