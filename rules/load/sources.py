@@ -304,9 +304,7 @@ def _module_constant(path: Path, name: str, depth: int):
     if depth > 8:
         return _NOT_LITERAL
     body = parse(path).body
-    bindings = [n for n in module_level(body) if _assigns(n, name) or isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                and n.name == name or isinstance(n, (ast.Import, ast.ImportFrom))
-                and any((a.asname or a.name.split(".")[0]) == name or a.name == "*" for a in n.names)]
+    bindings = [n for n in module_level(body) if _binds(n, name) or _star_binds(path, n, name, depth)]
     if len(bindings) != 1 or bindings[0] not in body:   # rebound, or bound under an if / try
         return _NOT_LITERAL
     node = bindings[0]
@@ -318,6 +316,43 @@ def _module_constant(path: Path, name: str, depth: int):
         if source is not None and _top_package(source) == _top_package(path):
             return _module_constant(source, name if alias.name == "*" else alias.name, depth + 1)
     return _NOT_LITERAL
+
+
+def _binds(node, name: str) -> bool:
+    """Whether a module-level statement binds `name` by its own words (a star import aside)."""
+    return _assigns(node, name) or isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name or \
+        isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name
+                                                               for a in node.names if a.name != "*")
+
+
+def _star_binds(path: Path, node, name: str, depth: int) -> bool:
+    """Whether `from X import *` may bind `name`: unless X is a module of path's own top-level package that exports
+    no such name (its __all__ lacks it, or it binds it nowhere at its top, a private name without __all__)."""
+    if not (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
+        return False
+    source = _imported_module(path, node)
+    if source is None or _top_package(source) != _top_package(path) or depth > 8:
+        return True   # another package's: anything
+    try:
+        statements = module_level(parse(source).body)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    if any(isinstance(n, ast.AugAssign) and getattr(n.target, "id", None) == "__all__" for n in statements):
+        return True   # an __all__ extended: whatever it may hold
+    listed = next((_names(n.value) for n in statements if _assigns(n, "__all__")), None)
+    if listed is not None:
+        return name in listed
+    return not name.startswith("_") and any(_binds(n, name) or _star_binds(source, n, name, depth + 1)
+                                            for n in statements)
+
+
+def _names(expr) -> list | None:
+    """A literal list or tuple of strings (an __all__), else None."""
+    try:
+        value = ast.literal_eval(expr)
+    except ValueError:
+        return None
+    return list(value) if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) else None
 
 
 def module_name(path: Path, root: Path) -> str:

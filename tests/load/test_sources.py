@@ -86,6 +86,28 @@ def test_an_entry_is_what_the_module_holds_under_its_name_guarded_or_built_by_ca
     assert "guarded" in sources.function_names(path)
 
 
+def test_a_default_named_from_a_module_of_the_package_is_read_past_star_imports_that_cannot_rebind_it(tmp_path):
+    """`from .util import *` beside `from .consts import BLOCK` counted as a second binding of BLOCK, so the default
+    was refused (gemlite's GEMM modules, an outside review): a star import of the package's own module rebinds
+    only what that module exports; one of another package's may rebind anything."""
+    pkg = tmp_path / "lib"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "consts.py").write_text("BLOCK = 128\n")
+    (pkg / "util.py").write_text("HELPER = 1\n_BLOCK = 2\nfrom .more import *\n")
+    (pkg / "more.py").write_text("OTHER = 3\n")
+    (pkg / "listed.py").write_text("__all__ = ['BLOCK']\nBLOCK = 64\n")
+    (pkg / "extended.py").write_text("__all__ = []\n__all__ += ['BLOCK']\nBLOCK = 64\n")
+    kernel = "\ndef k(x, BLOCK=BLOCK):\n    pass\n"
+    defaults = {}
+    for name, star in (("star", "from .util import *"), ("rebinds", "from .listed import *"),
+                       ("extends", "from .extended import *"), ("foreign", "from os.path import *"),
+                       ("again", "from .consts import *")):
+        (pkg / f"{name}.py").write_text(f"from .consts import BLOCK\n{star}\n{kernel}")
+        defaults[name] = sources.function_defaults(pkg / f"{name}.py", "k")
+    assert defaults == {"star": {"BLOCK": 128}, "rebinds": {}, "extends": {}, "foreign": {}, "again": {}}
+
+
 def test_a_file_nested_too_deeply_to_parse_is_a_syntax_error_naming_it(tmp_path):
     """`X = ----...1` thousands deep: ast.parse raised RecursionError (MemoryError deeper), a traceback from
     `doit list`; every caller of parse handles SyntaxError."""
