@@ -125,9 +125,10 @@ def check_command(root: Path) -> None:
         name = words[0]
     elif not (name in REPLACED and not type(command).__module__.startswith("kforge.")):
         return
+    where = shlex.quote(guard.printable(str(root)))   # a path with a space pasted into cd as it is
     sys.stderr.write(f"kforge: `doit {name}` ran doit's own command, not kforge's: doit takes kforge's commands "
                      f"from [tool.doit.plugins.command] in the pyproject.toml of the folder it starts in; start "
-                     f"it in {root}, or name them in that pyproject.toml as README shows\n")
+                     f"it in {where}, or name them in that pyproject.toml as README shows\n")
     raise SystemExit(2)
 
 

@@ -148,13 +148,15 @@ def test_kforges_commands_from_another_folder_or_with_an_empty_argument_refuse_i
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     target = "scale:fp16-b64-w4@sm_90a"
+    spaced = project.rename(project.with_name("my project"))   # the folder as `cd` takes it: quoted
     for command, *names in (["forget", target], ["clean", target], ["info", target], ["prune"], ["cache"]):
-        proc = doit(elsewhere, "-f", str(project / "dodo.py"), command, *names, check=False)
+        proc = doit(elsewhere, "-f", str(spaced / "dodo.py"), command, *names, check=False)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip() == (f"kforge: `doit {command}` ran doit's own command, not kforge's: doit takes "
                                        f"kforge's commands from [tool.doit.plugins.command] in the pyproject.toml of "
-                                       f"the folder it starts in; start it in {project.resolve()}, or name them in "
+                                       f"the folder it starts in; start it in '{spaced.resolve()}', or name them in "
                                        f"that pyproject.toml as README shows"), proc.stderr
+    project = spaced.rename(project)
     for args in (["info", ""], ["forget", ""], ["clean", ""], ["list", ""], ["prune", ""], ["cache", ""], [""],
                  ["info", "scale", ""], ["clean", " "], ["forget", "\t"], ["-n", "2", ""]):
         proc = doit(project, *args, check=False)
