@@ -303,12 +303,14 @@ def _module_constant(path: Path, name: str, depth: int):
     own top-level package); else _NOT_LITERAL."""
     if depth > 8:
         return _NOT_LITERAL
-    body = parse(path).body
-    bindings = [n for n in module_level(body) if _binds(n, name) or _star_binds(path, n, name, depth)]
-    if len(bindings) != 1 or bindings[0] not in body:   # rebound, or bound under an if / try
+    tree = parse(path)
+    if _rebinds_any(tree, name):
+        return _NOT_LITERAL
+    bindings = [n for n in module_level(tree.body) if _binds(n, name) or _star_binds(path, n, name, frozenset())]
+    if len(bindings) != 1 or bindings[0] not in tree.body:   # rebound, or bound under an if / try
         return _NOT_LITERAL
     node = bindings[0]
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and _assigns(node, name):
         return _literal(node.value)
     if isinstance(node, ast.ImportFrom):
         alias = next(a for a in node.names if (a.asname or a.name) == name or a.name == "*")
@@ -319,31 +321,64 @@ def _module_constant(path: Path, name: str, depth: int):
 
 
 def _binds(node, name: str) -> bool:
-    """Whether a module-level statement binds `name` by its own words (a star import aside)."""
-    return _assigns(node, name) or isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name or \
-        isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name
-                                                               for a in node.names if a.name != "*")
+    """Whether a module-level statement binds `name` by its own words (a star import aside): an assignment in any
+    form (a tuple, a for or with target, `:=`), a def or class, an import of that name."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((a.asname or a.name.split(".")[0]) == name for a in node.names if a.name != "*")
+    if isinstance(node, ast.AnnAssign) and node.value is None:   # an annotation alone binds nothing
+        return False
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in _own_nodes(node))
 
 
-def _star_binds(path: Path, node, name: str, depth: int) -> bool:
-    """Whether `from X import *` may bind `name`: unless X is a module of path's own top-level package that exports
-    no such name (its __all__ lacks it, or it binds it nowhere at its top, a private name without __all__)."""
+def _own_nodes(node):
+    """node and what lies under it, but not inside the functions, classes and lambdas it holds (their own scope)."""
+    todo = [node]
+    while todo:
+        found = todo.pop()
+        yield found
+        if found is node or not isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(found))
+
+
+DYNAMIC_BINDERS = ("globals", "vars", "setattr", "exec")   # called at a module's top, they may bind any name
+
+
+def _rebinds_any(tree: ast.Module, name: str) -> bool:
+    """Whether a module may bind `name` in ways no statement names: `global name` in a function (which its import
+    may call), or globals() / vars() / setattr / exec at its top."""
+    if any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(tree)):
+        return True
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in DYNAMIC_BINDERS
+               for statement in tree.body for n in _own_nodes(statement))
+
+
+def _star_binds(path: Path, node, name: str, seen: frozenset) -> bool:
+    """Whether `from X import *` may bind `name`: unless X is a module of path's own top-level package that surely
+    exports no such name (one literal __all__ without it; without __all__, no binding of it at its top or through
+    its own star imports, or a private name). A module met again on a loop of star imports adds nothing."""
     if not (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
         return False
     source = _imported_module(path, node)
-    if source is None or _top_package(source) != _top_package(path) or depth > 8:
+    if source is None or _top_package(source) != _top_package(path) or len(seen) > 8:
         return True   # another package's: anything
+    if source in seen:
+        return False
     try:
-        statements = module_level(parse(source).body)
+        tree = parse(source)
     except (OSError, SyntaxError, ValueError):
         return True
-    if any(isinstance(n, ast.AugAssign) and getattr(n.target, "id", None) == "__all__" for n in statements):
-        return True   # an __all__ extended: whatever it may hold
-    listed = next((_names(n.value) for n in statements if _assigns(n, "__all__")), None)
-    if listed is not None:
-        return name in listed
-    return not name.startswith("_") and any(_binds(n, name) or _star_binds(source, n, name, depth + 1)
-                                            for n in statements)
+    statements = module_level(tree.body)
+    named_all = [n for n in statements if any(isinstance(x, ast.Name) and x.id == "__all__" for x in ast.walk(n))]
+    if named_all:   # trusted only as one literal list or tuple at the top, never changed after
+        listed = _names(named_all[0].value) if len(named_all) == 1 and _assigns(named_all[0], "__all__") and \
+            named_all[0] in tree.body else None
+        return listed is None or name in listed
+    if name.startswith("_"):
+        return False
+    return _rebinds_any(tree, name) or any(_binds(n, name) or _star_binds(source, n, name, seen | {source})
+                                           for n in statements)
 
 
 def _names(expr) -> list | None:

@@ -98,14 +98,27 @@ def test_a_default_named_from_a_module_of_the_package_is_read_past_star_imports_
     (pkg / "more.py").write_text("OTHER = 3\n")
     (pkg / "listed.py").write_text("__all__ = ['BLOCK']\nBLOCK = 64\n")
     (pkg / "extended.py").write_text("__all__ = []\n__all__ += ['BLOCK']\nBLOCK = 64\n")
+    # what Python binds BLOCK to through these modules' star imports: each another value, so never read as 128
+    for name, text in (("tuple", "BLOCK, OTHER = 256, 1\n"), ("loop", "for BLOCK in (32, 64):\n    pass\n"),
+                       ("appended", "__all__ = ['X']\nX = 1\nBLOCK = 256\n__all__.append('BLOCK')\n"),
+                       ("dynamic", "globals()['BLOCK'] = 256\n"),
+                       ("in_function", "def f():\n    global BLOCK\n    BLOCK = 256\nf()\n"),
+                       ("cycle", "from .cycle2 import *\n"), ("cycle2", "from .cycle import *\nOTHER = 1\n")):
+        (pkg / f"{name}.py").write_text(text)
     kernel = "\ndef k(x, BLOCK=BLOCK):\n    pass\n"
     defaults = {}
     for name, star in (("star", "from .util import *"), ("rebinds", "from .listed import *"),
                        ("extends", "from .extended import *"), ("foreign", "from os.path import *"),
-                       ("again", "from .consts import *")):
-        (pkg / f"{name}.py").write_text(f"from .consts import BLOCK\n{star}\n{kernel}")
-        defaults[name] = sources.function_defaults(pkg / f"{name}.py", "k")
-    assert defaults == {"star": {"BLOCK": 128}, "rebinds": {}, "extends": {}, "foreign": {}, "again": {}}
+                       ("again", "from .consts import *"), ("tuple", "from .tuple import *"),
+                       ("loop", "from .loop import *"), ("appended", "from .appended import *"),
+                       ("dynamic", "from .dynamic import *"), ("in_function", "from .in_function import *"),
+                       ("cycle", "from .cycle import *")):
+        (pkg / f"k_{name}.py").write_text(f"from .consts import BLOCK\n{star}\n{kernel}")
+        defaults[name] = sources.function_defaults(pkg / f"k_{name}.py", "k")
+    bound = {name: {} for name in defaults}
+    assert defaults == {**bound, "star": {"BLOCK": 128}, "cycle": {"BLOCK": 128}}   # a loop of stars: no BLOCK
+    (pkg / "own.py").write_text("BLOCK, OTHER = 256, 1\nBLOCK = 128\n" + kernel)   # the module's own rebinding
+    assert sources.function_defaults(pkg / "own.py", "k") == {}
 
 
 def test_a_file_nested_too_deeply_to_parse_is_a_syntax_error_naming_it(tmp_path):
