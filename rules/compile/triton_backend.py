@@ -11,7 +11,7 @@ import time
 from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
-from kforge_runtime.schema import NONE, VALUE_KINDS
+from kforge_runtime.schema import NONE, SCRATCH_ALIGN, VALUE_KINDS
 from kforge_runtime.source_key import reproducible, source_key as source_key_of, tagged
 
 _root = ""
@@ -153,7 +153,7 @@ def lower(target, scratch: str):
                            f"(report it with the kernel's source)")
     md = kernel.metadata
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
-              "global_scratch_align": getattr(md, "global_scratch_align", 1),
+              "global_scratch_align": getattr(md, "global_scratch_align", SCRATCH_ALIGN),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16),
               # Triton's digest of the kernel with what it leaves out (runtime/source_key.py): serving launches

@@ -4,8 +4,8 @@ NVIDIA: libcuda's cuLaunchKernel, or cuLaunchKernelEx for a binary compiled with
 launch_cooperative_grid, num_ctas), as Triton's launcher would; AMD: libamdhip64's hipModuleLaunchKernel. Arguments
 follow the manifest's signature, then Triton 3.6's two scratch pointers: the global one, for a kernel that needs
 it (one that makes tensor descriptors on the GPU writes them there), from the allocator set with
-triton.set_allocator as Triton's launcher asks it (or set_allocator's, without Triton); the profiler's, null (kforge refuses artifacts that need it). A
-tensor descriptor argument is several parameters (tensordesc.py).
+triton.set_allocator as Triton's launcher asks it (or set_allocator's, without Triton); the profiler's, null
+(kforge refuses artifacts that need it). A tensor descriptor argument is several parameters (tensordesc.py).
 """
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import functools
 import struct
 import sys
 import threading
+from typing import Callable
 
 from . import tensordesc
-from .schema import LAUNCH_RANGES, OPTIONAL_LAUNCH_RANGES, is_signature
+from .schema import LAUNCH_RANGES, OPTIONAL_LAUNCH_RANGES, SCRATCH_ALIGN, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
@@ -141,12 +142,13 @@ def set_allocator(allocator) -> None:
     _allocator = allocator
 
 
-def unlaunchable(entry: dict) -> str | None:
-    """Why this loader cannot launch a Triton entry's kernel, whatever the arguments, or None."""
+def unlaunchable(entry: dict, vendor: str) -> str | None:
+    """Why this loader cannot launch a Triton entry's kernel on its bundle's vendor, whatever the arguments, or
+    None."""
     if entry.get("profile_scratch_size"):
         return "the kernel was compiled with Triton's profiler's instrumentation, whose memory this loader does not " \
                "allocate"
-    if entry.get("global_scratch_size") and entry.get("vendor") == "amd":   # Triton 3.6's AMD launcher passes none
+    if entry.get("global_scratch_size") and vendor != "nvidia":   # Triton 3.6's AMD launcher passes none
         return "the kernel needs global scratch memory, which this loader allocates on NVIDIA GPUs only"
     return None
 
@@ -162,7 +164,7 @@ class Kernel:
         if entry.get("toolchain") != "triton":
             raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
                               f"(their kernarg layout is in the manifest's kernel_abi)")
-        refused = unlaunchable(entry)
+        refused = unlaunchable(entry, vendor)
         if refused:
             raise LaunchError(f"{self.name}: {refused}")
         self._arguments = Arguments(entry, vendor)   # an argument type it cannot pass fails here, before the driver
@@ -224,7 +226,7 @@ class Kernel:
 
     def _submit_in_context(self, gx: int, gy: int, gz: int, stream: int, params) -> None:
         """_submit, in the kernel's own context where this thread has none yet."""
-        scratch = self._arguments.scratch(gx * gy * gz * self._ctas, stream)   # alive until the launch is queued
+        scratch = self._arguments.scratch(gx * gy * gz * self._ctas, stream, self.reaches)   # alive until queued
         code = self._submit(gx, gy, gz, stream, params)
         if code == CUDA_ERROR_INVALID_CONTEXT and self._context:
             self.driver.call("CtxSetCurrent", ctypes.c_void_p(self._context))
@@ -300,7 +302,7 @@ class Arguments:
         self.params = (ctypes.c_void_p * (len(params) + 2))(*[next(map_slots if p == "map" else scalar_slots)
                                                                for p in params + ["*", "*"]])
         self._scratch_slot = self.params[len(params)]
-        self._scratch = entry.get("global_scratch_size") or 0, entry.get("global_scratch_align") or 128
+        self._scratch = entry.get("global_scratch_size") or 0, entry.get("global_scratch_align") or SCRATCH_ALIGN
         self._format = struct.Struct("<" + "".join(_SLOT[p] for p in slots))
         # descriptor position -> its map's slot (the maps lie in the order of the arguments)
         lowered = [i for i in sorted(self._descs) if self._descs[i].meta is not None]
@@ -336,11 +338,13 @@ class Arguments:
                             f"({', '.join(a['name'] + ': ' + a['type'] for a in self.signature)}): {e}") from None
         return self.params
 
-    def scratch(self, programs: int, stream: int):
+    def scratch(self, programs: int, stream: int, reaches: Callable[[int], bool] | None = None):
         """Global scratch memory for a launch of `programs` CTAs (None if the kernel needs none), its address put in
         its slot: asked, as Triton's launcher asks it, of set_allocator's allocator or else triton.set_allocator's
-        (Triton's error if none is set). The caller keeps it until the launch is queued (a stream-ordered allocator, as torch's,
-        reuses it only after the kernel)."""
+        (Triton's error if none is set), and refused, as Triton's launcher refuses it, where its address is no
+        whole number or not memory the GPU can reach (`reaches`: an allocator that made a CPU tensor). The caller
+        keeps it until the launch is queued: an allocator must hand it on only in stream order, as torch's does
+        on the stream it is given."""
         size, align = self._scratch
         if not size:
             return None
@@ -351,7 +355,12 @@ class Arguments:
                               f"an allocator with triton.set_allocator, or without Triton with "
                               f"kforge_runtime.launch.set_allocator")
         buffer = allocate(programs * size, align, stream)
-        ctypes.c_uint64.from_address(self._scratch_slot).value = buffer.data_ptr()
+        address = buffer.data_ptr()
+        if not (isinstance(address, int) and 0 <= address < 1 << 64) or (reaches is not None and not reaches(address)):
+            raise LaunchError(f"{self.name}: the allocator's scratch memory (address {address!r}) cannot be accessed "
+                              f"by the GPU: it must return GPU memory, e.g. torch.empty(size, dtype=torch.int8, "
+                              f"device='cuda')")
+        ctypes.c_uint64.from_address(self._scratch_slot).value = address
         return buffer
 
     def _expand(self, values) -> list:

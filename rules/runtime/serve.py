@@ -18,7 +18,7 @@ import time
 
 from . import specializer
 from .record import arch_name, autotune_key, check_options, record_line, run_script, tuned_line
-from .schema import COMPILE_TIME, NONE, code_environment, option_defaults, triton_environment
+from .schema import COMPILE_TIME, NONE, SCRATCH_ALIGN, code_environment, option_defaults, triton_environment
 from .source_key import source_key
 
 
@@ -281,6 +281,9 @@ def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[
                                     getattr(metadata, "num_warps", 0) * getattr(metadata, "warp_size", 32)),
               "global_scratch_size": (entry.get("global_scratch_size", 0),
                                       getattr(metadata, "global_scratch_size", 0) or 0)}
+    if entry.get("global_scratch_size"):   # what a launch asks of the allocator with it
+        launch["global_scratch_align"] = (entry.get("global_scratch_align", SCRATCH_ALIGN),
+                                          getattr(metadata, "global_scratch_align", SCRATCH_ALIGN))
     found = [f"{field} {ours} in the bundle, {theirs} from the JIT" for field, (ours, theirs) in launch.items()
              if ours != theirs]
     if bundled == compiled:
@@ -419,7 +422,7 @@ class Server:
             return None, ambiguous_message(line)
         found = same_code[0]
         from .launch import unlaunchable
-        refused = unlaunchable(found[1])
+        refused = unlaunchable(found[1], found[0].vendor)
         if refused:   # memory the loader does not allocate (the profiler's, scratch on AMD): Triton runs it
             line["unlaunchable"] = refused
             return None, f"kforge serve (strict): {line['kernel']} on {line['arch']} ({found[1].get('target')}): " \

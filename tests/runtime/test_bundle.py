@@ -508,7 +508,14 @@ def test_global_scratch_memory_is_asked_of_tritons_allocator_for_every_program_a
     finally:
         launch.set_allocator(None)
     assert asked[-1] == (3 * 256, 64, 0) and ctypes.c_void_p.from_address(params[3]).value == 8 << 20
-    from kforge_runtime.launch import LaunchError
+    # memory the GPU cannot reach (an allocator that made a CPU tensor), or no address: refused as Triton refuses it
+    for address, reaches in ((8 << 20, lambda a: False), (-1, None), (None, None)):
+        launch.set_allocator(lambda size, align, stream: FakeTensor(address))
+        try:
+            with pytest.raises(LaunchError, match="scratch memory .* cannot be accessed by the GPU"):
+                args.scratch(3, stream=0, reaches=reaches)
+        finally:
+            launch.set_allocator(None)
     with pytest.raises(LaunchError, match="'global_scratch_align' must be a whole number in"):
         _arguments(global_scratch_size=256, global_scratch_align=0)   # a bundle is untrusted
 

@@ -248,17 +248,18 @@ def test_a_tensor_the_gpu_cannot_reach_is_refused_as_tritons_launcher_refuses_it
     assert len(Launched.calls) == 1
 
 
-@pytest.mark.parametrize("field,said", [
-    ("profile_scratch_size", "the kernel was compiled with Triton's profiler"),
-    ("amd", "the kernel needs global scratch memory, which this loader allocates on NVIDIA")])
-def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path, field, said):
+def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
     """Memory for Triton's profiler's instrumentation, or global scratch memory on AMD (Triton 3.6's AMD launcher
-    passes none), kforge's loader does not allocate: such an entry was served, and every launch raised LaunchError
-    where Triton runs it (an outside review). Global scratch on NVIDIA is allocated (test_bundle.py)."""
-    refused = {**entry("copy", 128, 4), **({"vendor": "amd", "global_scratch_size": 256} if field == "amd" else
-                                           {field: 256})}
+    passes none; the bundle's vendor decides, not a field of the entry), kforge's loader does not allocate: such an
+    entry was served, and every launch raised LaunchError where Triton runs it (an outside review). Global scratch
+    on NVIDIA is allocated (test_bundle.py)."""
     from kforge_runtime.launch import unlaunchable
-    assert unlaunchable({**entry("copy", 128, 4), "vendor": "nvidia", "global_scratch_size": 256}) is None
+    scratch = {**entry("copy", 128, 4), "global_scratch_size": 256}
+    assert unlaunchable(scratch, "nvidia") is None
+    assert "needs global scratch memory, which this loader allocates on NVIDIA" in unlaunchable(
+        {**scratch, "vendor": "nvidia"}, "amd")
+    said = "the kernel was compiled with Triton's profiler's instrumentation"
+    refused = {**entry("copy", 128, 4), "profile_scratch_size": 256}
     server = serve.serve(str(bundle_dir(tmp_path / "b", [refused])))
     x, y = tensors()
     with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
