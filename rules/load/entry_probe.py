@@ -151,8 +151,8 @@ class Probe:
     def _reply(self, request: dict, where: str) -> dict:
         module = _named(request)[0]
         try:
-            imported_as = f" as {self.context['arch']}" if self.context else ""   # a child per arch: which one
-            load_guard.Wait(where, f"importing {module}{imported_as} to read the entry's autotune / heuristics",
+            for_arch = f" for {self.context['arch']}" if self.context else ""   # a child per arch: which one
+            load_guard.Wait(where, f"importing {module}{for_arch} to read the entry's autotune / heuristics",
                             f"python -c 'import {module}'", self.sent_at).readable(self.child.stdout.fileno())
             reply = json.loads(self.child.stdout.readline())
             if "error" in reply:   # a MemoryError names the setting to raise

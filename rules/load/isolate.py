@@ -108,7 +108,7 @@ class Server:
                 output = _tail(log)
                 return Outcome(False, seconds, error=payload["error"] + headed(output), traceback=payload.get(
                     "traceback", ""), facts=payload.get("facts"), exit_code=payload.get("exit_code"),
-                    output=payload.get("output") or output)   # a forwarded one's: its server's own
+                    output=payload.get("output", output))   # a forwarded one's: its server's own, even none
             return Outcome(True, seconds, result=payload["result"])
 
     def _ended(self, payload: dict | None, start: float, log) -> Outcome:
@@ -479,7 +479,9 @@ def _error_payload(e: BaseException) -> dict:
 def _short_error(e: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
     if isinstance(e, SyntaxError) and e.filename:   # Python's form begins with the file and quotes the line: one line
-        text = f"{type(e).__name__}: {e.msg} ({e.filename}, line {e.lineno}): fix that file"
+        line = f", line {e.lineno}" if e.lineno else ""
+        fix = ": fix that file" if os.path.isabs(e.filename) else ""   # not "<string>": code made at run time
+        text = f"{type(e).__name__}: {e.msg} ({e.filename}{line}){fix}"
     elif not isinstance(e, Exception):   # an exit or interrupt raised by the kernel's code: what it did, and where
         frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         exits = isinstance(e, SystemExit)

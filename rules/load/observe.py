@@ -688,8 +688,9 @@ def file_input_name(name: str) -> str:
 def variable_digest(name: str) -> str:
     """sha256 of an environment variable's value as this process sees it; unset is not the empty string. Read past
     _ObservedEnviron: asking it would tell the recorder of the read again."""
-    try:
-        value = os._Environ.__getitem__(os.environ, name)
+    environ = os.environ
+    try:   # a dodo.py may have put another mapping in its place, which records nothing
+        value = os._Environ.__getitem__(environ, name) if isinstance(environ, os._Environ) else environ[name]
     except KeyError:
         value = None
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()

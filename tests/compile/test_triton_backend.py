@@ -98,7 +98,8 @@ def test_a_default_the_source_reads_from_a_name_rebound_at_import_builds_nothing
     """The load reads `BLOCK: tl.constexpr = BLOCK_DEFAULT` from the source (256); the import rebinds the name
     (the package's __init__ setting it on its module, or a function the module calls) and Triton launches with
     128. It built BLOCK=256 without a word (found by an outside review); the compile now checks the imported
-    function's default against the load's value and builds nothing where they differ."""
+    function's default against the load's value and builds nothing where they differ, and a name the module's own
+    code may rebind (`global` in a function) is not read at load at all."""
     kernels = {"consts": "BLOCK_DEFAULT = 256\n", "__init__": "from tk import consts\nconsts.BLOCK_DEFAULT = 128\n",
                "in_package": REBOUND_IN_PACKAGE, "by_function": REBOUND_BY_A_FUNCTION}
     specs = {name: DEFAULTED_SPEC.format(name=name, module=name, entry="copy_kernel", extra="")
@@ -108,9 +109,11 @@ def test_a_default_the_source_reads_from_a_name_rebound_at_import_builds_nothing
     root = make_project(tmp_path / "p", specs=specs, kernels=kernels)
     doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
     assert statuses(root, "built") == {"given:w4@sm_90a"}   # a value the spec gives is the spec's
-    for name in ("in_package", "by_function"):
-        error = _failure(root, f"{name}:w4@sm_90a")
-        assert "constexpr BLOCK: the source's default gives 256 but the imported function's default is 128" in error
+    error = _failure(root, "in_package:w4@sm_90a")
+    assert "constexpr BLOCK: the source's default gives 256 but the imported function's default is 128" in error
+    # `global WIDTH` in a function its import may call: no value is read from the source, the family says so
+    assert "constexpr BLOCK has no value: its default in the source, 'WIDTH', is not one kforge reads" in \
+        _failure(root, "by_function")
 
 
 EVEN_COPY = """

@@ -123,3 +123,16 @@ def test_a_syntax_error_in_a_file_the_kernels_import_reads_is_one_line_naming_th
     out = one_call(imports_a_broken_file, 30)
     assert out.error == "SyntaxError: '(' was never closed (/site/lib/extra.py, line 2): fix that file", out.error
     assert "Traceback" in out.traceback
+    made = one_call(lambda _: compile("A = (\n", "<string>", "exec"), 30)   # code made at run time: no file to fix
+    assert made.error == "SyntaxError: '(' was never closed (<string>, line 1)", made.error
+
+
+def forwards_a_quiet_death(_):
+    """This server prints a line with "error" in it, then forwards its own server's silent exit."""
+    os.write(2, b"a deprecation error-prone warning\n")
+    raise isolate.Forwarded(one_call(lambda _: os._exit(1), 30))
+
+
+def test_a_forwarded_death_keeps_its_own_servers_output_even_when_it_printed_nothing():
+    out = one_call(forwards_a_quiet_death, 60)
+    assert out.exit_code == 1 and out.output == "", out   # not the forwarding server's line

@@ -100,8 +100,9 @@ def slow_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 @pytest.mark.parametrize("body, timeout, message", [
     ("while True:\n    pass", "3",
-     "specs/lib_slow.toml: importing kforge_testlib.ops.slow as sm_90a to read the entry's autotune / heuristics ran past "
-     "catalog_timeout (3 s) and was stopped; see where it hangs with `python -c 'import kforge_testlib.ops.slow'`, "
+     "specs/lib_slow.toml: importing kforge_testlib.ops.slow for sm_90a to read the entry's autotune / heuristics "
+     "ran past catalog_timeout (3 s) and was stopped; see where it hangs with `python -c 'import "
+     "kforge_testlib.ops.slow'`, "
      "or raise the limit (catalog_timeout=SECONDS or KFORGE_CATALOG_TIMEOUT) if it needs longer"),
     ("chunks = [bytes(2**28) for _ in range(256)]", "120",
      "specs/lib_slow.toml: reading kforge_testlib.ops.slow.slow_kernel's autotune / heuristics (the module is "

@@ -313,7 +313,7 @@ def test_a_family_that_does_not_load_is_one_failed_entry_and_the_others_build(tm
     assert rows["scale"] == "all scale targets"
     assert rows["lib_nodevice"] == f"BROKEN (did not load): {NODEVICE}"
     assert rows["lib_hangs"].startswith("BROKEN (did not load): specs/lib_hangs.toml: importing kforge_tunelib.ops."
-                                        "hangs as sm_90a to read the entry's autotune / heuristics ran past "
+                                        "hangs for sm_90a to read the entry's autotune / heuristics ran past "
                                         "catalog_timeout (3 s)")
     assert rows["malformed"].startswith("BROKEN (did not load): specs/malformed.toml: not valid TOML")
     # which of the two was meant? neither builds (the first to load took the name, the other's artifacts were
