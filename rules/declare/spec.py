@@ -191,6 +191,7 @@ def spec_from_tables(raw: dict, where: str, root: Path, recorded: bool = False) 
     made = len(extras) if recorded else 0   # extras kforge made (a record's lines, the autotuner's configs): merged
     excludes = raw.get("exclude", [])
     if k["toolchain"] == "triton" and not recorded and entry_probe.is_wrapped(source_path, k["entry"]):
+        sweep.check_values(where, signature, k["toolchain"], swept)
         module = k.get("module") or sources.module_name(source_path, root)
         probes = {a: entry_probe.Probe.of(root, **importing(a, merged_env(env, arch_env, a), model, setup))
                   for a in arch_names}

@@ -6,6 +6,7 @@ import json
 import math
 import re
 import string
+import types
 
 from kforge.base import settings
 from kforge.base.dtypes import allowed_dtypes, canonical_dtype
@@ -94,6 +95,16 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], ma
         for c in configs:   # config by config: names the configs at fault, or finds none (excluded)
             check_config_id(spec, c, ids, "[sweep] and the entry's autotune configs" if spec.tuned else "[sweep]")
     return spec
+
+
+def check_values(where: str, signature: tuple, toolchain: str, swept: dict) -> None:
+    """Each [sweep] value as expand() checks it, before the family's module is imported for its autotune configs or
+    heuristics: a dtype typo then fails at once, not after a probe per arch (seconds each for a large library)."""
+    early = types.SimpleNamespace(path=where, signature=signature, toolchain=toolchain)
+    early.type_vars, early.constexprs = Spec.type_vars.func(early), Spec.constexprs.func(early)
+    for param, values in swept.items():
+        for value in values if isinstance(values, list) else ():
+            _canon(early, param, value, "sweep")
 
 
 def exact(value: Scalar) -> tuple[type, Scalar]:

@@ -567,3 +567,13 @@ def test_archs_given_as_one_string_is_told_to_be_a_list(tmp_path):
     text = spec_text().replace('archs = ["sm_90a"]', 'archs = "sm_90a"')
     assert error(tmp_path, text).startswith("specs/s.toml: [kernel] archs: expected a list of archs to build for, e.g. "
                                             "[\"sm_90a\"]")
+
+
+def test_a_swept_value_typo_fails_before_the_module_is_imported_for_its_autotune_configs(tmp_path):
+    """A probe per arch imports an autotuned family's module (seconds each for a large library): a dtype or an
+    option value that cannot be fails first, with the message the sweep's own check gives (an outside review:
+    9.8 s for a `bf17`)."""
+    kernel = "raise RuntimeError('imported')\n" + TUNED_KERNEL
+    message = error(tmp_path / "a", wrapped_spec("tuned_kernel").replace('"fp16"', '"bf17"'), kernel)
+    assert message.startswith("specs/s.toml: [sweep] dtype: got 'bf17'; allowed: "), message
+    assert "imported" in error(tmp_path / "b", wrapped_spec("tuned_kernel"), kernel)   # else the import runs
