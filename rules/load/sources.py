@@ -342,16 +342,22 @@ def _own_nodes(node):
             todo.extend(ast.iter_child_nodes(found))
 
 
-DYNAMIC_BINDERS = ("globals", "vars", "setattr", "exec")   # called at a module's top, they may bind any name
-
-
 def _rebinds_any(tree: ast.Module, name: str) -> bool:
     """Whether a module may bind `name` in ways no statement names: `global name` in a function (which its import
-    may call), or globals() / vars() / setattr / exec at its top."""
+    may call), or at its top globals(), vars(), exec, or setattr on sys.modules[__name__]."""
     if any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(tree)):
         return True
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in DYNAMIC_BINDERS
-               for statement in tree.body for n in _own_nodes(statement))
+    return any(isinstance(n, ast.Call) and _binds_by_call(n) for statement in tree.body for n in _own_nodes(statement))
+
+
+def _binds_by_call(call: ast.Call) -> bool:
+    """A call that may bind any name of the module it runs in (vars and setattr only of that module)."""
+    called = call.func.id if isinstance(call.func, ast.Name) else None
+    if called == "vars":
+        return not call.args
+    if called == "setattr":   # of this very module: sys.modules[__name__], never another object's attribute
+        return bool(call.args) and any(isinstance(x, ast.Name) and x.id == "__name__" for x in ast.walk(call.args[0]))
+    return called in ("globals", "exec")
 
 
 def _star_binds(path: Path, node, name: str, seen: frozenset) -> bool:

@@ -102,6 +102,8 @@ def test_a_default_named_from_a_module_of_the_package_is_read_past_star_imports_
     for name, text in (("tuple", "BLOCK, OTHER = 256, 1\n"), ("loop", "for BLOCK in (32, 64):\n    pass\n"),
                        ("appended", "__all__ = ['X']\nX = 1\nBLOCK = 256\n__all__.append('BLOCK')\n"),
                        ("dynamic", "globals()['BLOCK'] = 256\n"),
+                       ("by_setattr", "import sys\nsetattr(sys.modules[__name__], 'BLOCK', 256)\n"),
+                       ("other_setattr", "class C:\n    pass\nsetattr(C, 'BLOCK', 256)\nOTHER = vars(C)\n"),
                        ("in_function", "def f():\n    global BLOCK\n    BLOCK = 256\nf()\n"),
                        ("cycle", "from .cycle2 import *\n"), ("cycle2", "from .cycle import *\nOTHER = 1\n")):
         (pkg / f"{name}.py").write_text(text)
@@ -112,11 +114,13 @@ def test_a_default_named_from_a_module_of_the_package_is_read_past_star_imports_
                        ("again", "from .consts import *"), ("tuple", "from .tuple import *"),
                        ("loop", "from .loop import *"), ("appended", "from .appended import *"),
                        ("dynamic", "from .dynamic import *"), ("in_function", "from .in_function import *"),
-                       ("cycle", "from .cycle import *")):
+                       ("cycle", "from .cycle import *"), ("by_setattr", "from .by_setattr import *"),
+                       ("other_setattr", "from .other_setattr import *")):
         (pkg / f"k_{name}.py").write_text(f"from .consts import BLOCK\n{star}\n{kernel}")
         defaults[name] = sources.function_defaults(pkg / f"k_{name}.py", "k")
     bound = {name: {} for name in defaults}
-    assert defaults == {**bound, "star": {"BLOCK": 128}, "cycle": {"BLOCK": 128}}   # a loop of stars: no BLOCK
+    # a loop of stars binds no BLOCK, nor an attribute set on a class
+    assert defaults == {**bound, "star": {"BLOCK": 128}, "cycle": {"BLOCK": 128}, "other_setattr": {"BLOCK": 128}}
     (pkg / "own.py").write_text("BLOCK, OTHER = 256, 1\nBLOCK = 128\n" + kernel)   # the module's own rebinding
     assert sources.function_defaults(pkg / "own.py", "k") == {}
 
