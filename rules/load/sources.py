@@ -306,7 +306,8 @@ def _module_constant(path: Path, name: str, depth: int):
     tree = parse(path)
     if _rebinds_any(tree, name):
         return _NOT_LITERAL
-    bindings = [n for n in module_level(tree.body) if _binds(n, name) or _star_binds(path, n, name, frozenset())]
+    visited: set[Path] = set()   # the star-imported modules asked already, for all of this module's star imports
+    bindings = [n for n in module_level(tree.body) if _binds(n, name) or _star_binds(path, n, name, visited)]
     if len(bindings) != 1 or bindings[0] not in tree.body:   # rebound, or bound under an if / try
         return _NOT_LITERAL
     node = bindings[0]
@@ -329,7 +330,9 @@ def _binds(node, name: str) -> bool:
         return any((a.asname or a.name.split(".")[0]) == name for a in node.names if a.name != "*")
     if isinstance(node, ast.AnnAssign) and node.value is None:   # an annotation alone binds nothing
         return False
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in _own_nodes(node))
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) or   # a match's captures:
+               isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name == name or   # names, not ast.Name
+               isinstance(n, ast.MatchMapping) and n.rest == name for n in _own_nodes(node))
 
 
 def _own_nodes(node):
@@ -360,17 +363,23 @@ def _binds_by_call(call: ast.Call) -> bool:
     return called in ("globals", "exec")
 
 
-def _star_binds(path: Path, node, name: str, seen: frozenset) -> bool:
+STAR_MODULES = 64   # star-imported modules one lookup reads at most; past them, a name is taken as rebound
+
+
+def _star_binds(path: Path, node, name: str, visited: set) -> bool:
     """Whether `from X import *` may bind `name`: unless X is a module of path's own top-level package that surely
     exports no such name (one literal __all__ without it; without __all__, no binding of it at its top or through
-    its own star imports, or a private name). A module met again on a loop of star imports adds nothing."""
+    its own star imports, or a private name). Each module is read once (`visited`): met again, on a loop of star
+    imports or another way to it, it adds nothing (modules that each star-import every one of the next layer made
+    the paths, not the modules, exponential)."""
     if not (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
         return False
     source = _imported_module(path, node)
-    if source is None or _top_package(source) != _top_package(path) or len(seen) > 8:
+    if source is None or _top_package(source) != _top_package(path) or len(visited) >= STAR_MODULES:
         return True   # another package's: anything
-    if source in seen:
+    if source in visited:
         return False
+    visited.add(source)
     try:
         tree = parse(source)
     except (OSError, SyntaxError, ValueError):
@@ -383,7 +392,7 @@ def _star_binds(path: Path, node, name: str, seen: frozenset) -> bool:
         return listed is None or name in listed
     if name.startswith("_"):
         return False
-    return _rebinds_any(tree, name) or any(_binds(n, name) or _star_binds(source, n, name, seen | {source})
+    return _rebinds_any(tree, name) or any(_binds(n, name) or _star_binds(source, n, name, visited)
                                            for n in statements)
 
 
