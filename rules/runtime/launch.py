@@ -341,8 +341,8 @@ class Arguments:
     def scratch(self, programs: int, stream: int, reaches: Callable[[int], bool] | None = None):
         """Global scratch memory for a launch of `programs` CTAs (None if the kernel needs none), its address put in
         its slot: asked, as Triton's launcher asks it, of set_allocator's allocator or else triton.set_allocator's
-        (Triton's error if none is set), and refused, as Triton's launcher refuses it, where its address is no
-        whole number or not memory the GPU can reach (`reaches`: an allocator that made a CPU tensor). The caller
+        (Triton's error if none is set, as a LaunchError), and refused, as Triton's launcher refuses it, where its
+        address is no whole number, null or not memory the GPU can reach (`reaches`: a CPU tensor). The caller
         keeps it until the launch is queued: an allocator must hand it on only in stream order, as torch's does
         on the stream it is given."""
         size, align = self._scratch
@@ -354,9 +354,14 @@ class Arguments:
             raise LaunchError(f"{self.name}: the kernel needs {size} bytes of global scratch memory a program: set "
                               f"an allocator with triton.set_allocator, or without Triton with "
                               f"kforge_runtime.launch.set_allocator")
-        buffer = allocate(programs * size, align, stream)
-        address = buffer.data_ptr()
-        if not (isinstance(address, int) and 0 <= address < 1 << 64) or (reaches is not None and not reaches(address)):
+        try:
+            buffer = allocate(programs * size, align, stream)
+            address = buffer.data_ptr()
+        except Exception as e:   # the application's allocator (Triton's own when none is set says so)
+            raise LaunchError(f"{self.name}: the allocator failed to give {programs * size} bytes of global scratch "
+                              f"memory: {type(e).__name__}: {e}".splitlines()[0]) from None
+        if not (isinstance(address, int) and not isinstance(address, bool) and 0 < address < 1 << 64) or \
+                (reaches is not None and not reaches(address)):
             raise LaunchError(f"{self.name}: the allocator's scratch memory (address {address!r}) cannot be accessed "
                               f"by the GPU: it must return GPU memory, e.g. torch.empty(size, dtype=torch.int8, "
                               f"device='cuda')")

@@ -95,7 +95,8 @@ ARTIFACT_FIELDS = {**ENTRY_FIELDS, "schema": int, "vendor": str, "size": int, "n
 LAUNCH_RANGES = {"threads_per_block": (1, 1024), "shared": (0, 1 << 20)}
 # the same, where a manifest entry has them: Triton's global scratch memory a program (a tensor descriptor made on
 # the GPU takes 128 bytes) and its alignment
-OPTIONAL_LAUNCH_RANGES = {"global_scratch_size": (0, 1 << 20), "global_scratch_align": (1, 4096)}
+OPTIONAL_LAUNCH_RANGES = {"global_scratch_size": (0, 1 << 20), "global_scratch_align": (1, 4096),
+                          "profile_scratch_size": (0, 1 << 20)}
 SCRATCH_ALIGN = 128   # where an entry gives no alignment (made before it was recorded): a TMA descriptor's
 
 

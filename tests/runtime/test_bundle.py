@@ -499,7 +499,7 @@ def test_global_scratch_memory_is_asked_of_tritons_allocator_for_every_program_a
     assert ctypes.c_void_p.from_address(params[3]).value == 1 << 20
     assert ctypes.c_void_p.from_address(params[4]).value is None
     assert _arguments().scratch(12, stream=77) is None   # a kernel that needs none asks for none
-    with pytest.raises(RuntimeError, match="no allocator was set. Use triton.set_allocator"):
+    with pytest.raises(LaunchError, match="the allocator failed .* no allocator was set. Use triton.set_allocator"):
         args.scratch(12, stream=77)
     from kforge_runtime import launch   # without Triton (bench/gpu_check.py): the loader's own, asked first
     launch.set_allocator(lambda size, align, stream: asked.append((size, align, stream)) or FakeTensor(8 << 20))
@@ -509,15 +509,24 @@ def test_global_scratch_memory_is_asked_of_tritons_allocator_for_every_program_a
         launch.set_allocator(None)
     assert asked[-1] == (3 * 256, 64, 0) and ctypes.c_void_p.from_address(params[3]).value == 8 << 20
     # memory the GPU cannot reach (an allocator that made a CPU tensor), or no address: refused as Triton refuses it
-    for address, reaches in ((8 << 20, lambda a: False), (-1, None), (None, None)):
+    for address, reaches in ((8 << 20, lambda a: False), (-1, None), (None, None), (0, None), (True, None)):
         launch.set_allocator(lambda size, align, stream: FakeTensor(address))
         try:
             with pytest.raises(LaunchError, match="scratch memory .* cannot be accessed by the GPU"):
                 args.scratch(3, stream=0, reaches=reaches)
         finally:
             launch.set_allocator(None)
+    for allocator in (lambda size, align, stream: None, lambda size: FakeTensor(1 << 20)):   # no data_ptr, a TypeError
+        launch.set_allocator(allocator)
+        try:
+            with pytest.raises(LaunchError, match="the allocator failed to give 768 bytes of global scratch memory"):
+                args.scratch(3, stream=0)
+        finally:
+            launch.set_allocator(None)
     with pytest.raises(LaunchError, match="'global_scratch_align' must be a whole number in"):
         _arguments(global_scratch_size=256, global_scratch_align=0)   # a bundle is untrusted
+    with pytest.raises(LaunchError, match="'profile_scratch_size' must be a whole number in"):
+        _arguments(profile_scratch_size="0")
 
 
 def test_a_bool_argument_and_a_bool_tensor_are_passed_as_tritons_u1():
