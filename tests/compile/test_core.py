@@ -813,7 +813,7 @@ def test_one_threads_private_server_never_closes_anothers(monkeypatch):
 
         def call(self, request, timeout, log_dir=None):   # every thread compiling at once
             everyone.wait(timeout=30)
-            return types.SimpleNamespace(vanished=False, ok=False, error="no compile server")
+            return compile_core.isolate.Outcome(False, 0.0, error="no compile server")
 
         def close(self):
             closed.append(self)
