@@ -421,9 +421,13 @@ class Server:
             line["ambiguous"] = [h[1].get("target") for h in same_code]
             return None, ambiguous_message(line)
         found = same_code[0]
-        from .launch import unlaunchable
-        refused = unlaunchable(found[1], found[0].vendor)
-        if refused:   # memory the loader does not allocate (the profiler's, scratch on AMD): Triton runs it
+        from .launch import LaunchError, check_launch_fields, unlaunchable
+        try:   # fields the launch would refuse, or memory it does not allocate (the profiler's, scratch on AMD):
+            check_launch_fields(found[1])   # a miss before the call counts as served, and Triton runs it
+            refused = unlaunchable(found[1], found[0].vendor)
+        except LaunchError as e:
+            refused = str(e)
+        if refused:
             line["unlaunchable"] = refused
             return None, f"kforge serve (strict): {line['kernel']} on {line['arch']} ({found[1].get('target')}): " \
                          f"{refused}; serve with strict=False to let Triton compile and run it"

@@ -114,7 +114,7 @@ def entry(kernel: str, block: int, warps: int, divisible=("x_ptr", "y_ptr")) -> 
             "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
                           {"name": "n", "type": "i32"}],
             "constexprs": {"BLOCK": block}, "divisible_by_16": list(divisible),
-            "options": {"num_warps": warps, "num_stages": 3}}
+            "options": {"num_warps": warps, "num_stages": 3}, "threads_per_block": 32 * warps, "shared": 0}
 
 
 def bundle_dir(path, entries, autotune=()):
@@ -268,6 +268,24 @@ def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
     serve.stop()
     serve.serve(str(bundle_dir(tmp_path / "strict", [refused])), strict=True)
     with pytest.raises(serve.NotServed, match=re.escape(f"(copy-128): {said}")):
+        copy[(8,)](x, y, 1000, BLOCK=128)
+
+
+@pytest.mark.parametrize("field,value", [("global_scratch_size", -1), ("global_scratch_align", 3 << 40),
+                                         ("profile_scratch_size", "256"), ("threads_per_block", None)])
+def test_an_entry_whose_launch_fields_are_out_of_range_is_a_miss_before_it_counts_as_served(jit, tmp_path, field,
+                                                                                            value):
+    """A bundle is untrusted: an entry whose launch fields the loader refuses (LaunchError at the first launch) was
+    counted served first, and not strict the call raised where Triton compiles it (an outside review)."""
+    bad = {**entry("copy", 128, 4), field: value}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [bad])))
+    x, y = tensors()
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # not strict: Triton compiles it
+        copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 0 and Launched.calls == [] and field in server.misses[0]["unlaunchable"]
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [bad])), strict=True)
+    with pytest.raises(serve.NotServed, match=f"(copy-128).*'{field}' must be"):
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 
