@@ -178,3 +178,26 @@ def test_a_kernel_making_descriptors_on_the_gpu_gets_its_scratch_memory_from_the
         tma_device_scale_kernel.device_caches.clear()
     assert (server.served, server.compiled, server.misses) == (1, 0, [])
     assert len(held) == 1 and isinstance(held[0], serve.Served) and same_bits(y_served, y_jit)
+
+
+def test_an_allocator_that_fails_is_one_launch_error_and_the_next_good_one_gives_the_jits_bits(lib):
+    """An allocator that raises, returns None, or a CPU tensor: one line of LaunchError naming the scratch memory;
+    then a good one on the same Kernel gives the kernel's result."""
+    from kforge_runtime.launch import LaunchError
+    kernel = lib.load("tma_device_scale", "fp16-m64n64-w4")
+
+    def raising(size, align, stream):
+        raise MemoryError("out of scratch")
+    failing = {"raises": raising, "None": lambda size, align, stream: None,
+               "a CPU tensor": lambda size, align, stream: torch.empty(size, dtype=torch.int8)}
+    try:
+        for what, allocate in failing.items():
+            triton.set_allocator(allocate)
+            with pytest.raises(LaunchError, match="scratch memory") as refused:
+                run_device_scale(kernel, "fp16", jit=False)
+            assert "\n" not in str(refused.value), (what, str(refused.value))
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        x, y = run_device_scale(kernel, "fp16", jit=False)
+    finally:
+        triton.set_allocator(triton.runtime._allocation.NullAllocator())
+    assert torch.equal(y, (x.float() * 0.75).to(x.dtype))
