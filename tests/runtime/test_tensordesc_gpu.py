@@ -184,7 +184,7 @@ def test_an_allocator_that_fails_is_one_launch_error_and_the_next_good_one_gives
     """An allocator that raises, returns None, or a CPU tensor: one line of LaunchError naming the scratch memory;
     then a good one on the same Kernel gives the kernel's result."""
     from kforge_runtime.launch import LaunchError
-    kernel = lib.load("tma_device_scale", "fp16-m64n64-w4")
+    kernel = lib.load("tma_device_scale", "bf16-m64n64-w4")
 
     def raising(size, align, stream):
         raise MemoryError("out of scratch")
@@ -194,10 +194,10 @@ def test_an_allocator_that_fails_is_one_launch_error_and_the_next_good_one_gives
         for what, allocate in failing.items():
             triton.set_allocator(allocate)
             with pytest.raises(LaunchError, match="scratch memory") as refused:
-                run_device_scale(kernel, "fp16", jit=False)
+                run_device_scale(kernel, "bf16", jit=False)
             assert "\n" not in str(refused.value), (what, str(refused.value))
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        x, y = run_device_scale(kernel, "fp16", jit=False)
+        x, y = run_device_scale(kernel, "bf16", jit=False)
     finally:
         triton.set_allocator(triton.runtime._allocation.NullAllocator())
     assert torch.equal(y, (x.float() * 0.75).to(x.dtype))
