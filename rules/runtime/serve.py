@@ -10,6 +10,7 @@ Guarantees: docs/libraries.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -268,7 +269,8 @@ def _uncached(fn):
             knobs.compilation.always_compile = before
 
 
-DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rel.debug")   # line info: names and times of files
+DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rel.debug", ".rela.nv_debug", ".rel.nv_debug")   # line
+# info and its relocations: names and times of files
 
 
 def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[str]:
@@ -298,8 +300,37 @@ def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[
                   and ours.get(n) != theirs.get(n))
     if code:
         shown = ", ".join(code[:6]) + (f" and {len(code) - 6} more" if len(code) > 6 else "")
-        found.append(f"sections {shown} differ")
+        same_text = not any(n == ".text" or n.startswith(".text.") for n in code)   # the machine code itself
+        found.append(f"sections {shown} differ" + (" (the machine code, .text, is the same)" if same_text else ""))
     return found
+
+
+def other_ptxas(entry: dict) -> str | None:
+    """verify: the ptxas this process's JIT runs, where its version line is not the one the entry was built with
+    (torch.compile points TRITON_PTXAS_PATH at torch's own): another ptxas makes another binary of the same PTX."""
+    built = entry.get("toolchain_versions")
+    built = built.get("ptxas") if isinstance(built, dict) else None
+    arch = str(entry.get("arch", ""))
+    if not (isinstance(built, str) and arch.startswith("sm_")):
+        return None
+    from triton import knobs
+    tool = knobs.nvidia.ptxas_blackwell if int("".join(filter(str.isdigit, arch)) or 0) >= 100 else knobs.nvidia.ptxas
+    runs = _version_line(tool.path)
+    if runs == built:
+        return None
+    return f"this process's JIT runs {tool.path} ({runs}), the bundle's binary was built by ptxas {built} " \
+           f"(TRITON_PTXAS_PATH chooses it: torch.compile sets it to torch's own ptxas)"
+
+
+@functools.lru_cache(maxsize=8)
+def _version_line(path: str) -> str:
+    """`path --version`'s last line, as a target's key holds it (rules/plan/keys.py)."""
+    import subprocess
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"its version unknown: {_one_line(e)}"
+    return next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "no version line")
 
 
 class Server:
@@ -445,6 +476,8 @@ class Server:
             found = differences(served.bundle.binary(entry), binary, entry, compiled.metadata)
         except Exception as e:   # the bundle's binary cannot be read: that is a difference too
             found = [_one_line(e)]
+        if found and binary:   # why, where the JIT ran another ptxas than the build
+            found += [why for why in [other_ptxas(entry)] if why]
         with self.lock:
             self.verified += 1
             if found:

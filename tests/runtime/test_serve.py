@@ -902,3 +902,57 @@ def test_serve_picks_the_light_driver_without_initializing_cuda(monkeypatch):
     monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
     serve.light_driver()   # a torch without the accessor keeps Triton's own driver, and says nothing
     assert driver._active is None
+
+
+def _with_byte_flipped(data: bytes, section: str) -> bytes:
+    from kforge_runtime.elf import parse
+    found = next(s for s in parse(data).sections if s.name == section)
+    changed = bytearray(data)
+    changed[found.offset] ^= 0xFF
+    return bytes(changed)
+
+
+def test_verify_says_whether_the_machine_code_differs_and_ignores_line_info_and_its_relocations(built):
+    """Another ptxas (torch.compile's) wrote notes and attributes of its own around the same machine code: verify
+    listed those sections as differing and left the reader to guess whether the code did (an outside suite's run);
+    the line info's relocations (.rela.nv_debug_line_sass) differ with the line info itself, which is ignored."""
+    from kforge_runtime.elf import parse
+    cubin = (built / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "scale_kernel.cubin").read_bytes()
+    names = {s.name for s in parse(cubin).sections}
+    metadata = SimpleNamespace(name="scale_kernel", shared=0, num_warps=4, warp_size=32, global_scratch_size=0)
+    held = {"symbol": "scale_kernel", "shared": 0, "threads_per_block": 128}
+    info = next(n for n in sorted(names) if n.startswith(".nv.info"))
+    assert serve.differences(cubin, _with_byte_flipped(cubin, info), held, metadata) == [
+        f"sections {info} differ (the machine code, .text, is the same)"]
+    assert serve.differences(cubin, _with_byte_flipped(cubin, ".text.scale_kernel"), held, metadata) == [
+        "sections .text.scale_kernel differ"]
+    for debug in [n for n in names if n.startswith((".nv_debug", ".rela.nv_debug", ".debug"))]:
+        assert serve.differences(cubin, _with_byte_flipped(cubin, debug), held, metadata) == [], debug
+
+
+def test_verify_names_the_ptxas_the_jit_ran_where_it_is_not_the_builds(jit, tmp_path, monkeypatch):
+    """torch.compile sets TRITON_PTXAS_PATH to torch's own ptxas (CUDA 13.0 on the H200s) for the rest of the
+    process: Triton's JIT then makes other bytes of the same PTX than the bundle's ptxas (CUDA 12.8)."""
+    fake = tmp_path / "ptxas"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+                    "echo 'Build cuda_13.0.r13.0/compiler.36424714_0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(fake))
+    built_by = {"arch": "sm_90a", "toolchain_versions": {"ptxas": "Build cuda_12.8.r12.8/compiler.35583870_0"}}
+    said = serve.other_ptxas(built_by)
+    assert said.startswith(f"this process's JIT runs {fake} (Build cuda_13.0.r13.0/compiler.36424714_0), the "
+                           f"bundle's binary was built by ptxas Build cuda_12.8.r12.8/compiler.35583870_0"), said
+    same = {**built_by, "toolchain_versions": {"ptxas": "Build cuda_13.0.r13.0/compiler.36424714_0"}}
+    assert serve.other_ptxas(same) is None
+    assert serve.other_ptxas({**built_by, "arch": "gfx942"}) is None and serve.other_ptxas({"arch": "sm_90a"}) is None
+
+    from kforge_runtime.bundle import Bundle   # and a difference verify finds says so
+    compiled = SimpleNamespace(asm={"cubin": b"jit"}, metadata=SimpleNamespace(
+        name="copy", shared=0, num_warps=4, warp_size=32, global_scratch_size=0))
+    monkeypatch.setattr(copy, "compile", lambda *a, **k: compiled, raising=False)
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"not the jit's")
+    held = {**entry("copy", 128, 4), "symbol": "copy", **built_by}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [held])), verify=True)
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert len(server.differences) == 1 and server.differences[0].endswith(f"; {said}"), server.differences
