@@ -19,7 +19,8 @@ import time
 
 from . import specializer
 from .record import arch_name, autotune_key, check_options, record_line, run_script, tuned_line
-from .schema import COMPILE_TIME, NONE, SCRATCH_ALIGN, code_environment, option_defaults, triton_environment
+from .schema import (COMPILE_TIME, NONE, SCRATCH_ALIGN, code_environment, one_line, option_defaults,
+                     triton_environment)
 from .source_key import source_key
 
 
@@ -305,31 +306,47 @@ def differences(bundled: bytes, compiled: bytes, entry: dict, metadata) -> list[
     return found
 
 
-def other_ptxas(entry: dict) -> str | None:
-    """verify: the ptxas this process's JIT runs, where its version line is not the one the entry was built with
-    (torch.compile points TRITON_PTXAS_PATH at torch's own): another ptxas makes another binary of the same PTX."""
+def other_ptxas(entry: dict, compiled: bytes) -> str | None:
+    """verify: which ptxas made the JIT's binary, where it is not the one that built the entry's (torch.compile points
+    TRITON_PTXAS_PATH at torch's own): another ptxas makes other bytes of the same kernel. The JIT binary's
+    .note.nv.tkinfo names the ptxas build that wrote it (CUDA 13's do); else the ptxas the JIT runs now."""
     built = entry.get("toolchain_versions")
     built = built.get("ptxas") if isinstance(built, dict) else None
     arch = str(entry.get("arch", ""))
     if not (isinstance(built, str) and arch.startswith("sm_")):
         return None
-    from triton import knobs
-    tool = knobs.nvidia.ptxas_blackwell if int("".join(filter(str.isdigit, arch)) or 0) >= 100 else knobs.nvidia.ptxas
-    runs = _version_line(tool.path)
-    if runs == built:
+    blackwell = int("".join(filter(str.isdigit, arch)) or 0) >= 100   # as Triton's get_ptxas picks
+    variable = "TRITON_PTXAS_BLACKWELL_PATH" if blackwell else "TRITON_PTXAS_PATH"
+    try:
+        made_by = _tkinfo_build(compiled)
+        if made_by is None:
+            from triton import knobs
+            path = (knobs.nvidia.ptxas_blackwell if blackwell else knobs.nvidia.ptxas).path
+            made_by = f"{_version_line(path, os.stat(path).st_mtime_ns)} at {path}"
+    except Exception:   # no ptxas to ask (Triton's cache made the binary): nothing to add to the difference
         return None
-    return f"this process's JIT runs {tool.path} ({runs}), the bundle's binary was built by ptxas {built} " \
-           f"(TRITON_PTXAS_PATH chooses it: torch.compile sets it to torch's own ptxas)"
+    if made_by.startswith(built):
+        return None
+    return one_line(f"the JIT's binary was made by ptxas {made_by[:200]}, the bundle's by {built[:200]} ({variable} "
+                    f"chooses the JIT's; torch.compile sets TRITON_PTXAS_PATH to torch's own ptxas)")
+
+
+def _tkinfo_build(binary: bytes) -> str | None:
+    """The `Build cuda_...` line of the ptxas that wrote a cubin, from its .note.nv.tkinfo, or None."""
+    from .elf import ElfError, parse
+    try:
+        note = next((binary[s.offset:s.offset + s.size] for s in parse(binary).sections
+                     if s.name == ".note.nv.tkinfo"), b"")
+    except ElfError:
+        return None
+    return next((w.decode("ascii", "replace") for w in note.split(b"\0") if w.startswith(b"Build cuda_")), None)
 
 
 @functools.lru_cache(maxsize=8)
-def _version_line(path: str) -> str:
-    """`path --version`'s last line, as a target's key holds it (rules/plan/keys.py)."""
+def _version_line(path: str, mtime_ns: int) -> str:
+    """`path --version`'s last line, as a target's key holds it (rules/plan/keys.py); by the file's mtime too."""
     import subprocess
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"its version unknown: {_one_line(e)}"
+    out = subprocess.run([path, "--version"], capture_output=True, timeout=60).stdout.decode("utf-8", "replace")
     return next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "no version line")
 
 
@@ -460,8 +477,9 @@ class Server:
             refused = str(e)
         if refused:
             line["unlaunchable"] = refused
-            return None, f"kforge serve (strict): {line['kernel']} on {line['arch']} ({found[1].get('target')}): " \
-                         f"{refused}; serve with strict=False to let Triton compile and run it"
+            return None, one_line(f"kforge serve (strict): {line['kernel']} on {line['arch']} "
+                                  f"({str(found[1].get('target'))[:200]}): {refused}; serve with strict=False to let "
+                                  f"Triton compile and run it")
         ours = triton_environment(code_environment())   # read at each call: a process may set one after its first
         if triton_environment(found[1].get("env") or {}) != ours:   # built under other compiler variables
             line["env"] = ours
@@ -473,11 +491,12 @@ class Server:
         entry = served.entry
         binary = next((compiled.asm[k] for k in ("cubin", "hsaco") if k in compiled.asm), b"")
         try:
-            found = differences(served.bundle.binary(entry), binary, entry, compiled.metadata)
+            bundled = served.bundle.binary(entry)
+            found = differences(bundled, binary, entry, compiled.metadata)
+            if bundled != binary:   # why, where another ptxas made the JIT's
+                found += [why for why in [other_ptxas(entry, binary)] if why]
         except Exception as e:   # the bundle's binary cannot be read: that is a difference too
             found = [_one_line(e)]
-        if found and binary:   # why, where the JIT ran another ptxas than the build
-            found += [why for why in [other_ptxas(entry)] if why]
         with self.lock:
             self.verified += 1
             if found:
@@ -490,12 +509,16 @@ class Server:
 
     def preload(self) -> None:
         """Check and load every binary the device's bundles hold now, not at each kernel's first launch."""
+        from .launch import LaunchError
         self.index()
         for bundle, entry in [held for each in self.entries.values() for held in each]:
             if id(entry) not in self.loaded and id(entry) not in self.refused:
                 binary = self._proven(bundle, entry)
                 if binary is not None:
-                    self.loaded[id(entry)] = bundle.kernel(entry, binary=binary)
+                    try:
+                        self.loaded[id(entry)] = bundle.kernel(entry, binary=binary)
+                    except LaunchError as e:   # _pick makes its calls misses (Triton compiles them), as unloaded
+                        self.refused[id(entry)] = _one_line(e)
 
     def missed(self, line: dict, message: str) -> None:
         """A specialization the bundles lack: on the CI guard's list, and NotServed(message) under strict."""

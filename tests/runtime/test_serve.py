@@ -930,29 +930,84 @@ def test_verify_says_whether_the_machine_code_differs_and_ignores_line_info_and_
         assert serve.differences(cubin, _with_byte_flipped(cubin, debug), held, metadata) == [], debug
 
 
-def test_verify_names_the_ptxas_the_jit_ran_where_it_is_not_the_builds(jit, tmp_path, monkeypatch):
+def _with_tkinfo(cubin: bytes, build: bytes) -> bytes:
+    """The cubin with a .note.nv.tkinfo naming the ptxas build, as CUDA 13's ptxas writes one (its PTX text section
+    renamed and overwritten: the same length)."""
+    from kforge_runtime.elf import parse
+    ptx = next(s for s in parse(cubin).sections if s.name == ".nv_debug_ptx_txt")
+    note = b"\x00ptxas\x00Cuda compilation tools, release 13.0, V13.0.88\x00" + build + b"\x00-v  -lineinfo \x00"
+    changed = bytearray(cubin.replace(b".nv_debug_ptx_txt\x00", b".note.nv.tkinfo\x00\x00\x00", 1))
+    changed[ptx.offset:ptx.offset + len(note)] = note
+    return bytes(changed)
+
+
+def test_verify_names_the_ptxas_that_made_the_jits_binary_where_it_is_not_the_builds(built, jit, tmp_path,
+                                                                                     monkeypatch):
     """torch.compile sets TRITON_PTXAS_PATH to torch's own ptxas (CUDA 13.0 on the H200s) for the rest of the
-    process: Triton's JIT then makes other bytes of the same PTX than the bundle's ptxas (CUDA 12.8)."""
-    fake = tmp_path / "ptxas"
+    process: Triton's JIT there makes other bytes of the same kernel than the bundle's ptxas (CUDA 12.8). The JIT
+    binary's .note.nv.tkinfo says which ptxas wrote it; without one, the ptxas the JIT runs now is asked."""
+    built_by = {"arch": "sm_90a", "toolchain_versions": {"ptxas": "Build cuda_12.8.r12.8/compiler.35583870_0"}}
+    cubin = (built / "out" / "sm_90a" / "scale" / "fp16-b256-w4" / "scale_kernel.cubin").read_bytes()
+    by_13 = _with_tkinfo(cubin, b"Build cuda_13.0.r13.0/compiler.36424714_0")
+    assert serve.other_ptxas(built_by, by_13) == (
+        "the JIT's binary was made by ptxas Build cuda_13.0.r13.0/compiler.36424714_0, the bundle's by Build "
+        "cuda_12.8.r12.8/compiler.35583870_0 (TRITON_PTXAS_PATH chooses the JIT's; torch.compile sets "
+        "TRITON_PTXAS_PATH to torch's own ptxas)")
+    same = {**built_by, "toolchain_versions": {"ptxas": "Build cuda_13.0.r13.0/compiler.36424714_0"}}
+    assert serve.other_ptxas(same, by_13) is None
+    assert serve.other_ptxas({**built_by, "arch": "gfx942"}, by_13) is None
+    assert serve.other_ptxas({"arch": "sm_90a"}, by_13) is None
+    assert "(TRITON_PTXAS_BLACKWELL_PATH chooses" in serve.other_ptxas({**built_by, "arch": "sm_100a"}, by_13)
+    hostile = {**built_by, "toolchain_versions": {"ptxas": "12.8\nkforge verify: all fine" + "x" * 100_000}}
+    said = serve.other_ptxas(hostile, by_13)
+    assert "\n" not in said and len(said) < 600, said[:300]
+
+    fake = tmp_path / "ptxas"   # no note: the ptxas TRITON_PTXAS_PATH names now, by its version line
     fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
                     "echo 'Build cuda_13.0.r13.0/compiler.36424714_0'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(fake))
-    built_by = {"arch": "sm_90a", "toolchain_versions": {"ptxas": "Build cuda_12.8.r12.8/compiler.35583870_0"}}
-    said = serve.other_ptxas(built_by)
-    assert said.startswith(f"this process's JIT runs {fake} (Build cuda_13.0.r13.0/compiler.36424714_0), the "
-                           f"bundle's binary was built by ptxas Build cuda_12.8.r12.8/compiler.35583870_0"), said
-    same = {**built_by, "toolchain_versions": {"ptxas": "Build cuda_13.0.r13.0/compiler.36424714_0"}}
-    assert serve.other_ptxas(same) is None
-    assert serve.other_ptxas({**built_by, "arch": "gfx942"}) is None and serve.other_ptxas({"arch": "sm_90a"}) is None
+    said = serve.other_ptxas(built_by, cubin)
+    assert said.startswith(f"the JIT's binary was made by ptxas Build cuda_13.0.r13.0/compiler.36424714_0 at "
+                           f"{fake}, the bundle's by Build cuda_12.8"), said
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n"
+                    "echo 'Build cuda_12.8.r12.8/compiler.35583870_0'\n")   # replaced in place: asked again
+    os.utime(fake, ns=(1, 10**18))
+    assert serve.other_ptxas(built_by, cubin) is None
+    fake.chmod(0o644)   # a ptxas that cannot be run adds nothing, and raises nothing
+    os.utime(fake, ns=(1, 2 * 10**18))
+    assert serve.other_ptxas(built_by, cubin) is None
 
     from kforge_runtime.bundle import Bundle   # and a difference verify finds says so
-    compiled = SimpleNamespace(asm={"cubin": b"jit"}, metadata=SimpleNamespace(
+    compiled = SimpleNamespace(asm={"cubin": by_13}, metadata=SimpleNamespace(
         name="copy", shared=0, num_warps=4, warp_size=32, global_scratch_size=0))
     monkeypatch.setattr(copy, "compile", lambda *a, **k: compiled, raising=False)
-    monkeypatch.setattr(Bundle, "binary", lambda self, entry: b"not the jit's")
+    monkeypatch.setattr(Bundle, "binary", lambda self, entry: cubin)
     held = {**entry("copy", 128, 4), "symbol": "copy", **built_by}
     server = serve.serve(str(bundle_dir(tmp_path / "b", [held])), verify=True)
     x, y = tensors()
     copy[(8,)](x, y, 1000, BLOCK=128)
-    assert len(server.differences) == 1 and server.differences[0].endswith(f"; {said}"), server.differences
+    assert len(server.differences) == 1, server.differences
+    assert server.differences[0].endswith("; " + serve.other_ptxas(built_by, by_13)), server.differences
+
+
+def test_preload_leaves_an_entry_the_loader_refuses_to_triton_and_loads_the_others(jit, tmp_path, monkeypatch):
+    """preload loads every entry at once: one whose launch fields the loader refuses raised LaunchError out of the
+    process's first call, where a call of it is a miss (Triton compiles it) and the others are served."""
+    from kforge_runtime import launch
+    from kforge_runtime.bundle import Bundle
+
+    def kernel(self, entry, device=None, binary=None):   # what the loader refuses, as kforge_runtime.launch.Kernel
+        launch.check_launch_fields(entry)
+        if launch.unlaunchable(entry, "nvidia"):
+            raise launch.LaunchError(f"{entry['target']}: {launch.unlaunchable(entry, 'nvidia')}")
+        return Launched()
+    monkeypatch.setattr(Bundle, "kernel", kernel)
+    bad = {**entry("copy", 256, 4), "target": "copy-256", "profile_scratch_size": 256}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [entry("copy", 128, 4), bad])), preload=True)
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)
+    assert server.served == 1
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # Triton compiles it
+        copy[(4,)](x, y, 1000, BLOCK=256)
+    assert server.served == 1 and "profiler" in server.misses[0]["unlaunchable"]
