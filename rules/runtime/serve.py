@@ -493,7 +493,7 @@ class Server:
         try:
             bundled = served.bundle.binary(entry)
             found = differences(bundled, binary, entry, compiled.metadata)
-            if bundled != binary:   # why, where another ptxas made the JIT's
+            if found and bundled != binary:   # why, where another ptxas made the JIT's
                 found += [why for why in [other_ptxas(entry, binary)] if why]
         except Exception as e:   # the bundle's binary cannot be read: that is a difference too
             found = [_one_line(e)]
@@ -517,7 +517,7 @@ class Server:
                 if binary is not None:
                     try:
                         self.loaded[id(entry)] = bundle.kernel(entry, binary=binary)
-                    except LaunchError as e:   # _pick makes its calls misses (Triton compiles them), as unloaded
+                    except LaunchError as e:   # its calls are misses (_proven), as a refused binary's are
                         self.refused[id(entry)] = _one_line(e)
 
     def missed(self, line: dict, message: str) -> None:

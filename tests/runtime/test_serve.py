@@ -989,6 +989,16 @@ def test_verify_names_the_ptxas_that_made_the_jits_binary_where_it_is_not_the_bu
     copy[(8,)](x, y, 1000, BLOCK=128)
     assert len(server.differences) == 1, server.differences
     assert server.differences[0].endswith("; " + serve.other_ptxas(built_by, by_13)), server.differences
+    serve.stop()   # binaries apart in their line info alone: no difference, whichever ptxas made them
+    fake.write_text(fake.read_text().replace("12.8", "13.0"))   # the JIT runs a CUDA 13.0 ptxas again
+    fake.chmod(0o755)
+    os.utime(fake, ns=(1, 3 * 10**18))
+    assert serve.other_ptxas(built_by, cubin) is not None
+    server = serve.Server(None, strict=False, verify=True)
+    served = SimpleNamespace(entry=held, bundle=SimpleNamespace(binary=lambda entry: cubin))
+    server.compare(served, SimpleNamespace(asm={"cubin": _with_byte_flipped(cubin, ".debug_line")},
+                                           metadata=SimpleNamespace(name="copy", shared=0, num_warps=4, warp_size=32)))
+    assert (server.verified, server.differences) == (1, []), server.differences
 
 
 def test_preload_leaves_an_entry_the_loader_refuses_to_triton_and_loads_the_others(jit, tmp_path, monkeypatch):
