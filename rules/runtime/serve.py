@@ -310,12 +310,13 @@ def other_ptxas(entry: dict, compiled: bytes) -> str | None:
     """verify: which ptxas made the JIT's binary, where it is not the one that built the entry's (torch.compile points
     TRITON_PTXAS_PATH at torch's own): another ptxas makes other bytes of the same kernel. The JIT binary's
     .note.nv.tkinfo names the ptxas build that wrote it (CUDA 13's do); else the ptxas the JIT runs now."""
+    from .archs import ARCHS
     built = entry.get("toolchain_versions")
     built = built.get("ptxas") if isinstance(built, dict) else None
-    arch = str(entry.get("arch", ""))
-    if not (isinstance(built, str) and arch.startswith("sm_")):
+    arch = ARCHS.get(entry.get("arch")) if isinstance(entry.get("arch"), str) else None
+    if not (isinstance(built, str) and arch is not None and arch.vendor == "nvidia"):
         return None
-    blackwell = int("".join(filter(str.isdigit, arch)) or 0) >= 100   # as Triton's get_ptxas picks
+    blackwell = arch.target_arch >= 100   # as Triton's get_ptxas picks
     variable = "TRITON_PTXAS_BLACKWELL_PATH" if blackwell else "TRITON_PTXAS_PATH"
     try:
         made_by = _tkinfo_build(compiled)
