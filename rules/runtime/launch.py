@@ -142,15 +142,26 @@ def set_allocator(allocator) -> None:
     _allocator = allocator
 
 
-def unlaunchable(entry: dict, vendor: str) -> str | None:
-    """Why this loader cannot launch a Triton entry's kernel on its bundle's vendor, whatever the arguments, or
-    None."""
+def launch_plan(entry: dict, vendor: str) -> tuple["Arguments", dict, list[tuple[int, tuple[int, ...]]]]:
+    """What launching a Triton entry on its bundle's vendor needs, known before any driver sees its binary: its
+    arguments' layout, its options and launch attributes; LaunchError naming the field this loader refuses,
+    whatever the arguments (serve asks it before a call counts as served, the Kernel before it loads)."""
+    check_launch_fields(entry)
+    name = entry["target"]
+    if entry.get("toolchain") != "triton":
+        raise LaunchError(f"{name}: launching {str(entry.get('toolchain'))[:40]} artifacts is not supported yet "
+                          f"(their kernarg layout is in the manifest's kernel_abi)")
     if entry.get("profile_scratch_size"):
-        return "the kernel was compiled with Triton's profiler's instrumentation, whose memory this loader does not " \
-               "allocate"
+        raise LaunchError(f"{name}: the kernel was compiled with Triton's profiler's instrumentation, whose memory "
+                          f"this loader does not allocate")
     if entry.get("global_scratch_size") and vendor != "nvidia":   # Triton 3.6's AMD launcher passes none
-        return "the kernel needs global scratch memory, which this loader allocates on NVIDIA GPUs only"
-    return None
+        raise LaunchError(f"{name}: the kernel needs global scratch memory, which this loader allocates on NVIDIA "
+                          f"GPUs only")
+    arguments = Arguments(entry, vendor)   # an argument type it cannot pass
+    options = entry.get("options") or {}
+    if not isinstance(options, dict):
+        raise LaunchError(f"{name}: the manifest's 'options' must be a table; rebuild the bundle")
+    return arguments, options, launch_attributes(options, vendor, name)
 
 
 class Kernel:
@@ -159,19 +170,8 @@ class Kernel:
     def __init__(self, entry: dict, binary: bytes, vendor: str, device: int | None = None):
         """device: where to load it when this thread has no current context."""
         self.entry = entry
-        check_launch_fields(entry)
+        self._arguments, options, attributes = launch_plan(entry, vendor)
         self.name = entry["target"]
-        if entry.get("toolchain") != "triton":
-            raise LaunchError(f"{self.name}: launching {entry.get('toolchain')} artifacts is not supported yet "
-                              f"(their kernarg layout is in the manifest's kernel_abi)")
-        refused = unlaunchable(entry, vendor)
-        if refused:
-            raise LaunchError(f"{self.name}: {refused}")
-        self._arguments = Arguments(entry, vendor)   # an argument type it cannot pass fails here, before the driver
-        options = entry.get("options") or {}   # and so do the launch options, before the driver sees the binary
-        if not isinstance(options, dict):
-            raise LaunchError(f"{self.name}: the manifest's 'options' must be a table; rebuild the bundle")
-        attributes = launch_attributes(options, vendor, self.name)
         self.driver = Driver.get(vendor)
         if self._arguments.maps:
             self._arguments.encode = tensordesc.TensorMaps(

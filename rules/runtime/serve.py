@@ -470,17 +470,13 @@ class Server:
             line["ambiguous"] = [h[1].get("target") for h in same_code]
             return None, ambiguous_message(line)
         found = same_code[0]
-        from .launch import LaunchError, check_launch_fields, unlaunchable
-        try:   # fields the launch would refuse, or memory it does not allocate (the profiler's, scratch on AMD):
-            check_launch_fields(found[1])   # a miss before the call counts as served, and Triton runs it
-            refused = unlaunchable(found[1], found[0].vendor)
+        from .launch import LaunchError, launch_plan
+        try:   # what the loader refuses before its driver sees the binary is a miss before the call counts as
+            launch_plan(found[1], found[0].vendor)   # served, and Triton compiles and runs it
         except LaunchError as e:
-            refused = str(e)
-        if refused:
-            line["unlaunchable"] = refused
-            return None, one_line(f"kforge serve (strict): {line['kernel']} on {line['arch']} "
-                                  f"({str(found[1].get('target'))[:200]}): {refused}; serve with strict=False to let "
-                                  f"Triton compile and run it")
+            line["unlaunchable"] = _one_line(e)
+            return None, one_line(f"kforge serve (strict): {line['kernel']} on {line['arch']}: {e}; serve with "
+                                  f"strict=False to let Triton compile and run it")
         ours = triton_environment(code_environment())   # read at each call: a process may set one after its first
         if triton_environment(found[1].get("env") or {}) != ours:   # built under other compiler variables
             line["env"] = ours

@@ -109,7 +109,8 @@ class Launched:
 def entry(kernel: str, block: int, warps: int, divisible=("x_ptr", "y_ptr")) -> dict:
     fn = globals()[kernel]
     fn = fn if isinstance(fn, triton.runtime.JITFunction) else fn.fn   # an autotuner's JIT function
-    return {"target": f"{kernel}-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": kernel},
+    return {"target": f"{kernel}-{block}", "arch": "sm_90a", "toolchain": "triton",
+            "source": {"module": __name__, "entry": kernel},
             "triton_source_key": fn.cache_key,
             "signature": [{"name": "x_ptr", "type": "*fp16"}, {"name": "y_ptr", "type": "*fp16"},
                           {"name": "n", "type": "i32"}],
@@ -253,11 +254,11 @@ def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
     passes none; the bundle's vendor decides, not a field of the entry), kforge's loader does not allocate: such an
     entry was served, and every launch raised LaunchError where Triton runs it (an outside review). Global scratch
     on NVIDIA is allocated (test_bundle.py)."""
-    from kforge_runtime.launch import unlaunchable
+    from kforge_runtime.launch import LaunchError, launch_plan
     scratch = {**entry("copy", 128, 4), "global_scratch_size": 256}
-    assert unlaunchable(scratch, "nvidia") is None
-    assert "needs global scratch memory, which this loader allocates on NVIDIA" in unlaunchable(
-        {**scratch, "vendor": "nvidia"}, "amd")
+    launch_plan(scratch, "nvidia")
+    with pytest.raises(LaunchError, match="needs global scratch memory, which this loader allocates on NVIDIA"):
+        launch_plan({**scratch, "vendor": "nvidia"}, "amd")
     said = "the kernel was compiled with Triton's profiler's instrumentation"
     refused = {**entry("copy", 128, 4), "profile_scratch_size": 256}
     server = serve.serve(str(bundle_dir(tmp_path / "b", [refused])))
@@ -267,7 +268,7 @@ def test_an_entry_the_loader_cannot_launch_is_left_to_triton(jit, tmp_path):
     assert server.served == 0 and said in server.misses[0]["unlaunchable"]
     serve.stop()
     serve.serve(str(bundle_dir(tmp_path / "strict", [refused])), strict=True)
-    with pytest.raises(serve.NotServed, match=re.escape(f"(copy-128): {said}")):
+    with pytest.raises(serve.NotServed, match=re.escape(f"copy-128: {said}")):
         copy[(8,)](x, y, 1000, BLOCK=128)
 
 
@@ -826,7 +827,8 @@ DESC_META = {"block_size": [64, 64], "elem_size": 2, "elem_type": 6, "fp4_padded
 
 
 def desc_entry(block: int) -> dict:
-    return {"target": f"desc-{block}", "arch": "sm_90a", "source": {"module": __name__, "entry": "desc_scale"},
+    return {"target": f"desc-{block}", "arch": "sm_90a", "toolchain": "triton",
+            "source": {"module": __name__, "entry": "desc_scale"},
             "triton_source_key": desc_scale.cache_key,
             "signature": [{"name": "x_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
                           {"name": "y_desc", "type": f"tensordesc<fp16[{block}, 64]>"},
@@ -876,6 +878,38 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
     with pytest.raises(serve.NotServed, match=r'"tensordesc<fp16\[32, 64\]>"'):   # another block: not built
         desc_scale[(8,)](TensorDescriptor.from_tensor(x, [32, 64]), TensorDescriptor.from_tensor(y, [32, 64]), 0.5,
                          BLOCK=32)
+
+
+@pytest.mark.parametrize("kernel", ["copy", "desc_scale"])
+def test_an_entry_the_loaders_launch_plan_refuses_is_a_miss_before_it_counts_as_served(jit, tmp_path, monkeypatch,
+                                                                                      kernel):
+    """Every refusal the loader makes before the driver sees the binary (a toolchain it does not launch, a
+    descriptor's compile metadata it cannot lay out) is made when the entry is picked: such an entry was counted
+    served, and the loader raised LaunchError at the first launch (the last session's critical read)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Packed(entry))
+    if kernel == "copy":
+        bad, said, fn = {**entry("copy", 128, 4), "toolchain": "flydsl"}, "launching flydsl artifacts", copy
+        x, y = tensors()
+        args = (x, y, 1000)
+    else:
+        bad, said, fn = {**desc_entry(64), "tensordesc_meta": "x"}, "desc-64: ", desc_scale
+        x = torch.zeros(256, 64, dtype=torch.float16)
+        args = (TensorDescriptor.from_tensor(x, [64, 64]), TensorDescriptor.from_tensor(x, [64, 64]), 0.5)
+    block = bad["constexprs"]["BLOCK"]
+    fn.device_caches.clear()
+    fn.device_caches[0]   # made now: its compile is then replaced (as the jit fixture does)
+    monkeypatch.setattr(fn, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [bad])))
+    with pytest.raises(pytest.fail.Exception, match="compiled"):   # not strict: Triton compiles it
+        fn[(8,)](*args, BLOCK=block)
+    assert server.served == 0 and said in server.misses[0]["unlaunchable"], server.misses
+    serve.stop()
+    serve.serve(str(bundle_dir(tmp_path / "strict", [bad])), strict=True)
+    with pytest.raises(serve.NotServed, match=re.escape(said)):
+        fn[(8,)](*args, BLOCK=block)
 
 
 def test_the_summary_says_what_serving_cost_the_process(jit, tmp_path):
@@ -1008,9 +1042,7 @@ def test_preload_leaves_an_entry_the_loader_refuses_to_triton_and_loads_the_othe
     from kforge_runtime.bundle import Bundle
 
     def kernel(self, entry, device=None, binary=None):   # what the loader refuses, as kforge_runtime.launch.Kernel
-        launch.check_launch_fields(entry)
-        if launch.unlaunchable(entry, "nvidia"):
-            raise launch.LaunchError(f"{entry['target']}: {launch.unlaunchable(entry, 'nvidia')}")
+        launch.launch_plan(entry, "nvidia")
         return Launched()
     monkeypatch.setattr(Bundle, "kernel", kernel)
     bad = {**entry("copy", 256, 4), "target": "copy-256", "profile_scratch_size": 256}
