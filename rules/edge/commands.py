@@ -17,6 +17,7 @@ from doit.action import PythonAction
 from doit.exceptions import InvalidCommand
 
 from kforge.store import artifact, files, guard
+from kforge.plan import catalog
 from kforge.share import local_cache
 from kforge.report import reporter as report
 from kforge.base import settings, stamps
@@ -39,6 +40,11 @@ class Forget(DoitForget):
         result = super()._execute(forget_sub, forget_disable_default, forget_all)
         tasks = {t.name: t for t in self.task_list}
         failed = False
+        try:   # a family whose load failure is replayed: loaded again
+            catalog.forget_unloaded(Path.cwd(), None if forget_all else set(backend.removed))
+        except (OSError, ValueError) as e:   # a read-only out/, a link out of it (OutsideOut)
+            self.outstream.write(f"kforge: {printable(str(e))}: its broken families' failures are replayed still\n")
+            failed = True
         for name in tasks if forget_all else backend.removed:
             target = compile_target_of(tasks[name]) if name in tasks else None
             # the whole artifact directory: a binary left alone would be a folder clean and prune take for a user's

@@ -64,6 +64,9 @@ class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
     used: dict[str, set] = {}   # family -> the (probe, module) pairs it asked about (reads_of)
+    # families whose answer may not follow from what the probe read (a crash, a timeout, memory or the OS): a
+    # failure of theirs is never replayed (rules/plan/catalog.py)
+    unsteady: set[str] = set()
 
     @classmethod
     def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
@@ -158,6 +161,7 @@ class Probe:
             if "error" in reply:   # a MemoryError names the setting to raise
                 reply["error"] = load_guard.memory_hint(reply["error"])
         except load_guard.TooLong:
+            Probe.unsteady.add(request.get("family", ""))
             self.close()
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
@@ -168,11 +172,14 @@ class Probe:
         self.module_read.setdefault(module, set()).update(set(reply.pop("read", ())) - given)
         Probe.used.setdefault(request.get("family", ""), set()).add((self, module))
         if "error" in reply:
+            if reply.get("unsteady"):
+                Probe.unsteady.add(request.get("family", ""))
             raise SpecError(f"{where}: {reply['error']}")
         return reply
 
     def _crashed(self, request: dict, where: str) -> SpecError:
         """The error to raise for a child that died: it is stopped (a later request starts another)."""
+        Probe.unsteady.add(request.get("family", ""))
         self.close()
         return SpecError(f"{where}: {_crash_message(_named(request)[0])}")
 
@@ -186,7 +193,7 @@ class Probe:
         for probe in cls._open.values():
             probe.close()
         cls._open.clear()
-        cls.used = {}
+        cls.used, cls.unsteady = {}, set()
 
 
 def _named(request: dict) -> list:
@@ -632,17 +639,18 @@ def main() -> None:
         except device_model.SetupFailed as e:
             unusable = str(e)
     servers: dict[str, isolate.Server] = {}
-    packages: dict[str, str] = {}   # a module's package -> why its import failed ("" when it did not)
+    packages: dict[str, tuple[str, bool]] = {}   # a module's package -> why its import failed ("": it did not)
     for line in requests:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
         device_model.serving(request.get("family", ""))   # the package's import may need the GPU too
+        if package and not unusable and package not in packages:
+            packages[package] = _import_package(package)
         if unusable:
-            reply = {"error": unusable}
-        elif package and (packages[package] if package in packages else
-                          packages.setdefault(package, _import_package(package))):
-            reply = {"error": packages[package]}
+            reply = {"error": unusable, "unsteady": True}   # a set-up hook: what it depends on is not watched
+        elif package and packages[package][0]:
+            reply = {"error": packages[package][0], "unsteady": packages[package][1]}
         else:
             server = servers.pop(module, None)
             if server is None:
@@ -656,7 +664,7 @@ def main() -> None:
             reply = outcome.result
             if not outcome.ok:   # it died (a crash in the module's import): the next request forks another
                 servers.pop(module).close()
-                reply = {"error": _crash_message(module)}
+                reply = {"error": _crash_message(module), "unsteady": True}
         if "read" not in reply:   # what this process read (the device model, set-up hooks, packages)
             reply["read"] = _read(recorder, misses)
         replies.write(json.dumps(reply) + "\n")
@@ -679,7 +687,7 @@ def _answer(request: dict) -> dict:
     except (Exception, LaunchOnly) as e:
         module, entry = _named(request)
         reply = {"error": _failed(f"reading {module}.{entry}'s autotune / heuristics (the module is imported in a "
-                                  f"child process)", e, install=True)}
+                                  f"child process)", e, install=True), "unsteady": unsteady(e)}
     reply["read"] = _read(observe.Recorder.installed, _Misses.installed)
     return reply
 
@@ -708,15 +716,29 @@ def _read(recorder, misses: "_Misses") -> list[str]:
     return sorted(recorder.files() | set(recorder.folders()) | misses.paths | variables)
 
 
-def _import_package(package: str) -> str:
+def _import_package(package: str) -> tuple[str, bool]:
     """Import a family module's package here, once, so that each module's process (forked from here) has it. Why
-    it failed, in one line ("" if it did not): every module of the package answers that."""
+    it failed, in one line ("" if it did not), and whether that is unsteady: every module of the package answers
+    that."""
     try:
         importlib.import_module(package)
     except Exception as e:
         return _failed(f"reading the autotune / heuristics of a module of {package} (imported in a child process): "
-                       f"importing {package} failed", e)
-    return ""
+                       f"importing {package} failed", e), unsteady(e)
+    return "", False
+
+
+def unsteady(error: BaseException) -> bool:
+    """Whether a failure may come from what the probe does not watch, so that the catalog must not replay it:
+    memory, the OS (a file, a socket, a library ctypes loads), a native extension whose own libraries did not load
+    (an ImportError with a path), anywhere in its chain of causes."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (MemoryError, OSError)) or (isinstance(error, ImportError) and error.path):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # module processes alive at once per child (each holds tens of MB with torch): the catalog asks about one family

@@ -4,8 +4,10 @@ Loading the specs and computing 1,000+ targets is most of a no-op run, so the sa
 (one digest of every file it came from, by identity, of each environment variable its probes' imports read, by
 value, and of kforge, Python, the settings and the toolchains) holds.
 Else a kept catalog of the same content (out/.kforge/catalogs/: a revert, a branch switched back) is taken, else the
-specs load family by family, each unchanged one taken unprobed. A broken family is never saved. Paths are saved by
-their place (Places), so a project or virtualenv at another path takes its catalog where the bytes hold.
+specs load family by family, each unchanged one taken unprobed. A catalog with a broken family is never taken whole;
+a family whose probe failed on what it read is saved with that error, which the next loads replay unprobed while
+what it read holds (never a crash, a timeout, memory or the OS: entry_probe.unsteady). Paths are saved by their place
+(Places), so a project or virtualenv at another path takes its catalog where the bytes hold.
 docs/caching.md says what each level compares.
 """
 from __future__ import annotations
@@ -74,6 +76,32 @@ class Family(NamedTuple):
     tuned: bool     # has a [tune] table (`doit tune` loads the spec itself)
 
 
+class Unloaded(NamedTuple):
+    """A family its probe's answer failed: replayed while what the probe read holds (Catalog._replays)."""
+    name: str       # as `failed` lists it
+    asked: str      # the family's name as it asked the probe (Probe.reads_of)
+    claims: bool    # its name was taken (a failure after its spec loaded): another family of that name clashes
+    files: set      # what its targets' sources read before the failure (the probe's reads are added later)
+    error: str      # as `failed` holds it: its place first
+
+
+def _unloaded(name: str, where: str, error: str, asked: set[str], claims: bool, files: set) -> "Unloaded | None":
+    """Unloaded when one family asked the probe, no answer of which was unsteady, and the error names its place
+    first (to be named anew when it moves); else None: loaded again next time."""
+    from kforge.load.entry_probe import Probe
+    if len(asked) != 1 or asked & Probe.unsteady or not error.startswith(f"{where}: "):
+        return None
+    return Unloaded(name, next(iter(asked)), claims, files, error)
+
+
+def _unloaded_fingerprint(archs) -> str:
+    """What a probe's failure may hang on besides what it read: the toolchain's versions (torch and triton are not
+    inputs), the module path (a folder added to it may hold what was missing) and the archs it was asked for."""
+    from kforge.load.observe import TOOLCHAIN
+    return stamps.digest({"toolchain": [keys.package_version(d) for d in TOOLCHAIN], "path": sys.path,
+                          "archs": archs})
+
+
 class Broken(NamedTuple):
     """A family that did not load (its spec, its import, its heuristics): one failed task; the rest build."""
     name: str    # the family's name, or the spec file's when it cannot be read (unique among the tasks)
@@ -124,6 +152,8 @@ class Catalog:
         archs = self.archs if saved is None else _union(saved["archs"], self.archs)
         contents: dict[str, str | None] = {}
         reusable = self._reusable(saved, archs, contents)
+        replays = self._replays(saved, archs, contents)
+        unloaded: dict[str, tuple[str, str, set, str]] = {}   # name -> (key, where, files, error): failed on its reads
         failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
         read: set[Path] = set()   # what the Python catalog files read
         done: list[tuple[Family, list[Target], dict | None]] = []   # per family: a reused one's entry, else None
@@ -142,14 +172,27 @@ class Catalog:
                         named[family.name] = family.path
                         done.append((family, targets, entry))
                         continue
+                replay = replays.pop(key, None)
+                if replay is not None and not (replay["claims"] and replay["name"] in named):   # failed so before
+                    if replay["claims"]:
+                        named[replay["name"]] = declared.where
+                    failed.append((replay["name"], declared.where, f"{declared.where}: {replay['error']} (replayed: "
+                                   f"it failed so from these inputs before; `doit forget {replay['name']}` loads it "
+                                   f"again)"))
+                    unloaded[replay["name"]] = replay
+                    continue
                 found = self._compute(declared, archs, named, failed, clashes)
-                if found is not None:
+                if isinstance(found, Unloaded):
+                    if key is not None:
+                        unloaded[found.name] = {"key": key, "where": declared.where, "found": found}
+                elif found is not None:
                     family, targets, files = found
                     computed[family.name] = files
                     done.append((family, targets, {"key": key}))
             for name, others in clashes.items():   # which of them was meant? neither is built: the first fails too
                 done = [d for d in done if d[0].name != name]
                 computed.pop(name, None)
+                unloaded.pop(name, None)
                 failed.append((name, named[name], f"{named[name]}: kernel name {name!r} is also given by "
                                                   f"{', '.join(others)}; target names must be unique: rename one "
                                                   f"[kernel] name (neither builds until then)"))
@@ -157,8 +200,9 @@ class Catalog:
             record_files = [f for f in spec_files if f.suffix == ".jsonl" and _rel(f, self.root) not in bad_files]
             self.tuned = [t for t in records.tuned_choices(record_files, self.root, record_archs(self.root))
                           if archs is None or t["arch"] in archs]
-            for name, files in computed.items():   # what importing its modules read: heuristics, data files,
-                # and `$NAME`, a variable they read (kept a name: a Path would fold a "/" in it)
+            fresh = [(u["found"].asked, u["found"].files) for u in unloaded.values() if "found" in u]
+            for name, files in [*computed.items(), *fresh]:   # what importing its modules read: heuristics, data
+                # files, and `$NAME`, a variable they read (kept a name: a Path would fold a "/" in it)
                 files.update(f if f.startswith(VARIABLE) else Path(f) for f in Probe.reads_of(name))
         finally:
             Probe.close_all()   # the children that answered for autotuned / heuristics entries, if any ran
@@ -187,7 +231,8 @@ class Catalog:
                        "installed": installed, "context": self._context, "per_family": entries,
                        "catalog_files": {self.places.saved(f): _ran_at(r, self.places.saved) for f, r in ran.items()},
                        "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
-                       "tuned": self.tuned, **_encode(self.targets, self.places)}
+                       "tuned": self.tuned, **_encode(self.targets, self.places),
+                       "unloaded": [self._unloaded_entry(u, archs, contents) for u in unloaded.values()]}
         self._only()
 
     def refuse(self, why: dict[str, str], taken: set[str]) -> None:
@@ -202,14 +247,18 @@ class Catalog:
 
     def _compute(self, declared: "Declared", archs, named: dict[str, str], failed: list,
                  clashes: dict[str, list[str]]) -> tuple | None:
-        """(Family, its targets, the files they came from), or None when it did not load (an entry of `failed`)."""
+        """(Family, its targets, the files they came from), or when it did not load (an entry of `failed`), None, or
+        Unloaded where its probe's answer failed it, as it will while what the probe read holds."""
         from kforge.declare.spec import spec_from_tables
+        from kforge.load.entry_probe import Probe
         from kforge.plan.targets import build_targets
+        asked_before = set(Probe.used)
         try:
             spec = spec_from_tables(declared.tables, declared.where, self.root, recorded=declared.recorded)
         except SpecError as e:
             failed.append((declared.failed_name, declared.failed_where, str(e)))
-            return None
+            return _unloaded(declared.failed_name, declared.where, str(e), set(Probe.used) - asked_before, False,
+                             set())
         if spec.name in named:
             clashes.setdefault(spec.name, []).append(spec.path)
             failed.append((spec.name, spec.path, f"{spec.path}: kernel name {spec.name!r} is already used by "
@@ -222,7 +271,7 @@ class Catalog:
             targets = build_targets([spec], self.root, archs, files)
         except SpecError as e:
             failed.append((spec.name, spec.path, str(e)))
-            return None
+            return _unloaded(spec.name, declared.where, str(e), set(Probe.used) - asked_before, True, files)
         return Family(spec.name, spec.description, spec.path, spec.tune is not None), targets, files
 
     def _entry(self, key: str, name: str, files: list[str], targets: list[Target], contents: dict) -> dict:
@@ -267,6 +316,30 @@ class Catalog:
                     if all(_content(p, contents) == digest for p, digest in ran["inputs"])}
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
+
+    def _replays(self, saved: dict | None, archs, contents: dict) -> dict:
+        """{declaration key: saved entry} of the families whose probe failed them last time, while all they read
+        and _unloaded_fingerprint hold: their error is replayed, their modules not imported again."""
+        try:
+            if saved is None or not saved.get("unloaded") or saved.get("context") != self._context:
+                return {}
+            fingerprint = _unloaded_fingerprint(archs)
+            return {e["key"]: e for e in saved["unloaded"] if isinstance(e["key"], str)
+                    and isinstance(e["name"], str) and isinstance(e["error"], str) and isinstance(e["claims"], bool)
+                    and e["fingerprint"] == fingerprint
+                    and all(_content(self.places.actual(f), contents) == digest for f, digest in e["inputs"])}
+        except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every such family loads again
+            return {}
+
+    def _unloaded_entry(self, unloaded: dict, archs, contents: dict) -> dict:
+        """What the next load needs to replay a family's failure: the error without its place (a line added above
+        its family() call moves it), what it read by content, and the fingerprint (a replayed one: as saved)."""
+        if "found" not in unloaded:
+            return unloaded
+        found, where = unloaded["found"], unloaded["where"]
+        return {"key": unloaded["key"], "name": found.name, "claims": found.claims,
+                "error": found.error[len(where) + 2:], "fingerprint": _unloaded_fingerprint(archs),
+                "inputs": [[self.places.saved(f), _content(f, contents)] for f in sorted(map(str, found.files))]}
 
     def _family(self, saved: list) -> Family:
         name, description, path, tuned = saved
@@ -373,6 +446,18 @@ class Catalog:
                       for f in files],
             "code": [(folder, rel, of(path)) for folder, rel, path in self._code],
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
+
+
+def forget_unloaded(root: Path, names: set[str] | None) -> None:
+    """Drop the replayed failures of these families (None: every one): the next load imports their modules again
+    (`doit forget NAME`)."""
+    path = Layout(root).state / "catalog.json"
+    saved = read_state(path, _well_shaped)
+    if saved is None or not isinstance(saved.get("unloaded"), list):
+        return
+    kept = [e for e in saved["unloaded"] if names is not None and not (isinstance(e, dict) and e.get("name") in names)]
+    if kept != saved["unloaded"]:
+        write_inside(Layout(root).out, path, json.dumps({**saved, "unloaded": kept}, separators=(",", ":")).encode())
 
 
 class Declared(NamedTuple):

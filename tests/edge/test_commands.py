@@ -137,6 +137,24 @@ def test_forget_refuses_another_backend_in_one_line_and_leaves_nothing_that_clea
     assert not (project / "out/sm_90a").exists()
 
 
+def test_forget_of_a_broken_family_loads_it_again_where_its_failure_was_replayed(tmp_path):
+    """A family whose module's import failed is replayed unprobed while what the import read holds; `doit forget
+    NAME` is the way to load it again, as the replayed line says (a fix the import never read: a system library)."""
+    from tests import tune_library
+    from tests.plan.test_catalog import BROKEN_MODULES, library_spec
+    site = tune_library.install(tmp_path / "site", {"nodevice": BROKEN_MODULES["nodevice"]})
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), "lib": library_spec("lib", "nodevice")})
+    env = {"PYTHONPATH": str(site)}
+    said = [[line for line in doit(root, "list", env=env).stderr.splitlines() if "did not load" in line]
+            for _ in range(2)]
+    assert [len(s) for s in said] == [1, 1] and said[1][0] == said[0][0] + (
+        " (replayed: it failed so from these inputs before; `doit forget lib` loads it again)")
+    assert doit(root, "forget", "scale", env=env).returncode == 0   # another family's forget keeps it
+    assert "(replayed" in doit(root, "list", env=env).stderr
+    assert doit(root, "forget", "lib", env=env).returncode == 0
+    assert [line for line in doit(root, "list", env=env).stderr.splitlines() if "did not load" in line] == said[0]
+
+
 def test_kforges_commands_from_another_folder_or_with_an_empty_argument_refuse_in_one_line_and_change_nothing(
         project, tmp_path):
     """doit reads plugin commands from the pyproject.toml where it starts: `doit -f PROJ/dodo.py forget T` from

@@ -330,10 +330,12 @@ def test_a_family_that_does_not_load_is_one_failed_entry_and_the_others_build(tm
     assert built.returncode != 0
     assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
     assert statuses(root, "failed") == {"lib_nodevice", "lib_hangs", "malformed", "dup", "dup_broken"}
-    assert f"kforge: lib_nodevice failed with: {NODEVICE}\n" in built.stdout
+    replayed = (f"{NODEVICE} (replayed: it failed so from these inputs before; `doit forget lib_nodevice` loads it "
+                f"again)")
+    assert f"kforge: lib_nodevice failed with: {replayed}\n" in built.stdout   # `list` imported it: what it read holds
     assert "Traceback" not in built.stdout + built.stderr
     info = doit(root, "info", "lib_nodevice", env=env).stdout
-    assert info == f"lib_nodevice\n  state: did not load: {NODEVICE}\n"
+    assert info == f"lib_nodevice\n  state: did not load: {replayed}\n"
     pruned = doit(root, "prune", env=env, check=False)   # its artifacts cannot be told from orphans
     assert pruned.returncode != 0 and "nothing pruned: families did not load" in pruned.stdout
 
@@ -378,6 +380,98 @@ def test_a_broken_family_keeps_the_others_saved_and_is_itself_loaded_again_each_
     assert catalog_module.Catalog(project, None, 50_000).load(keep_going=True).loaded_from == "saved"
     later(bad, spec_text(name="bad").replace('toolchain = "triton"', 'toolchain = "cuda"'))   # broken again:
     assert [b.name for b in catalog_module.Catalog(project, None, 50_000).load(keep_going=True).broken] == ["bad"]
+
+
+def probes_started(monkeypatch) -> list:
+    """The probe children the loads start from now on, as (family) names asked."""
+    from kforge.load.entry_probe import Probe
+    started, real = [], Probe._send
+    monkeypatch.setattr(Probe, "_send", lambda self, request, where: started.append(request.get("family"))
+                        or real(self, request, where))
+    return started
+
+
+def test_a_family_its_probe_failed_is_replayed_unprobed_while_what_it_read_holds(tmp_path, monkeypatch):
+    """A family whose module's import fails was imported again at every load (mamba-ssm's broken family: a no-op
+    of 0.5 s took 5-10 s); its failure is replayed while the files and variables the import read, the toolchain's
+    versions, the module path and the archs hold, and `doit forget` (forget_unloaded) loads it again."""
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(),
+                                               "lib_nodevice": library_spec("lib_nodevice", "nodevice")})
+    started = probes_started(monkeypatch)
+
+    def broken(archs=None) -> str:
+        found = catalog_module.Catalog(root, archs, 50_000).load(keep_going=True)
+        assert [b.name for b in found.broken] == ["lib_nodevice"]
+        return found.broken[0].error
+
+    assert broken() == NODEVICE and started == ["lib_nodevice"]
+    replayed = (f"{NODEVICE} (replayed: it failed so from these inputs before; `doit forget lib_nodevice` loads it "
+                f"again)")
+    started.clear()
+    assert broken() == replayed and started == []
+    assert broken(("sm_90a",)) == replayed and started == []   # the archs the catalog holds: the same
+    monkeypatch.syspath_prepend(str(tmp_path))   # a folder added to the module path may hold what was missing
+    assert broken() == NODEVICE and started == ["lib_nodevice"]
+    assert broken() == replayed
+    module = site / "kforge_tunelib" / "ops" / "nodevice.py"
+    later(module, module.read_text().replace("No device were detected", "No GPU"))   # a file the import read
+    started.clear()
+    assert broken() == NODEVICE.replace("No device were detected", "No GPU") and started == ["lib_nodevice"]
+    started.clear()
+    assert broken().endswith("(replayed: it failed so from these inputs before; `doit forget lib_nodevice` loads "
+                             "it again)") and started == []
+    catalog_module.forget_unloaded(root, {"scale"})   # another family's name: kept
+    assert broken().endswith("loads it again)") and started == []
+    catalog_module.forget_unloaded(root, {"lib_nodevice"})
+    assert "(replayed" not in broken() and started == ["lib_nodevice"]
+
+
+UNSTEADY_MODULES = {   # failures that may not follow from what the import read: never replayed
+    "crashes": "import os\nos._exit(3)\n",
+    "oserror": "open('/nonexistent-kforge-test/libfoo.so')\n",
+    "memory": "raise MemoryError()\n",
+    "hangs": "import time\ntime.sleep(3600)\n",
+    "native": "from kforge_tunelib import native_ext\n",   # an extension whose own libraries do not load
+}
+
+
+@pytest.mark.parametrize("module", sorted(UNSTEADY_MODULES))
+def test_a_probe_failure_that_may_not_follow_from_what_it_read_is_never_replayed(tmp_path, monkeypatch, module):
+    source = textwrap.dedent(BROKEN_MODULES["nodevice"]).replace('raise RuntimeError("No device were detected")\n',
+                                                                 UNSTEADY_MODULES[module])
+    site = tune_library.install(tmp_path / "site", {module: source})
+    import sysconfig
+    (site / "kforge_tunelib" / f"native_ext{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not ELF")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("KFORGE_CATALOG_TIMEOUT", "2")
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", module)})
+    started = probes_started(monkeypatch)
+    for _ in range(2):
+        found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+        assert [b.name for b in found.broken] == ["lib"] and "(replayed" not in found.broken[0].error
+    assert started == ["lib", "lib"]
+
+
+def test_a_replayed_failure_names_the_line_its_python_catalog_declares_it_on_now(tmp_path, monkeypatch):
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    monkeypatch.syspath_prepend(str(site))
+    call = ('from kforge.declare import family\n'
+            'family(name="lib", module="kforge_tunelib.ops.nodevice", entry="lib_kernel", toolchain="triton", '
+            'archs=["sm_90a"], signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, '
+            'sweep={})\n')
+    root = make_project(tmp_path / "p", specs={}, kernels={})
+    catalog_file = root / "specs" / "lib.py"
+    catalog_file.write_text(call)
+    error = catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken[0].error
+    assert error.startswith("specs/lib.py:2: family 'lib': reading kforge_tunelib.ops.nodevice.lib_kernel's")
+    later(catalog_file, "# a line above it\n" + call)
+    started = probes_started(monkeypatch)
+    error = catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken[0].error
+    assert error.startswith("specs/lib.py:3: family 'lib': reading kforge_tunelib.ops.nodevice.lib_kernel's")
+    assert started == []
+    assert "(replayed" in error
 
 
 def test_the_archs_asked_for_hold_when_a_broken_family_joins_a_catalog_saved_for_every_arch(project):
