@@ -257,6 +257,17 @@ def _install_torch(torch) -> None:
     for name, fn in answers.items():
         setattr(cuda, name, fn)
     cuda.graphs.is_current_stream_capturing = answers["is_current_stream_capturing"]   # the same, by its home
+    # torch's device-generic API (torch 2.6 on), which answers for CUDA and ROCm alike as "cuda": bitsandbytes asks
+    # `torch.accelerator.current_accelerator().type` at import
+    accelerator = {"is_available": lambda: True,
+                   "current_accelerator": lambda check_available=False: torch.device("cuda"), "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
+                   "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
+                   "current_stream": answers["current_stream"], "set_stream": lambda stream: None,
+                   "get_memory_info": answers["mem_get_info"],
+                   "synchronize": functools.partial(_refuse, "a synchronize (torch.accelerator.synchronize)")}
+    for name, fn in accelerator.items() if hasattr(torch, "accelerator") else ():
+        if hasattr(torch.accelerator, name):
+            setattr(torch.accelerator, name, fn)
     _GpuTensors.install()
     # a stream or event a library keeps from its import (a side stream, a timing event) is a handle until used (a
     # CPU torch's own fail with its words); a stream wrapping a real one, or a graph, is GPU work when made

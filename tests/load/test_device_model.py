@@ -62,7 +62,10 @@ for arch in sys.argv[2:]:
         "torch": [torch.cuda.is_available(), torch.cuda.device_count(), list(torch.cuda.get_device_capability()),
                   torch.cuda.get_device_name(), torch.version.cuda is not None, torch.version.hip is not None,
                   # gemlite asks at import: a CPU torch raised its "dummy base class" error, naming no fix
-                  torch.cuda.is_current_stream_capturing(), torch.cuda.graphs.is_current_stream_capturing()],
+                  torch.cuda.is_current_stream_capturing(), torch.cuda.graphs.is_current_stream_capturing(),
+                  # torch's device-generic API (bitsandbytes asks `current_accelerator().type` at import)
+                  torch.accelerator.is_available(), str(torch.accelerator.current_accelerator()),
+                  torch.accelerator.device_count(), torch.accelerator.current_device_index()],
         "properties": [p.name, p.major, p.minor, p.gcnArchName, p.total_memory, p.multi_processor_count, p.warp_size,
                        p.shared_memory_per_block, p.shared_memory_per_block_optin, p.shared_memory_per_multiprocessor,
                        p.regs_per_multiprocessor, hasattr(p, "L2_cache_size")],
@@ -120,7 +123,8 @@ def test_torch_and_tritons_driver_answer_as_each_archs_reference_gpu(modelled):
     answers = modelled["answers"]
     for name, d in DEVICES.items():
         a, vendor = answers[name], ARCHS[name].vendor
-        assert a["torch"] == [True, 1, list(d.capability), d.name, vendor == "nvidia", vendor == "amd", False, False]
+        assert a["torch"] == [True, 1, list(d.capability), d.name, vendor == "nvidia", vendor == "amd", False, False,
+                              True, "cuda", 1, 0]
         assert a["properties"] == [d.name, *d.capability, d.gcn_arch_name, d.total_memory, d.multi_processor_count,
                                    d.warp_size, d.shared_memory_per_block, d.shared_memory_per_block_optin,
                                    d.shared_memory_per_multiprocessor, d.regs_per_multiprocessor, False]
