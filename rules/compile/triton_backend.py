@@ -181,7 +181,8 @@ def _entry(target):
     except AttributeError:
         held = None
     wrapped = layers(held)
-    fn = _jit(wrapped[-1], f"{target.module}.{target.entry}")
+    fn = _jit(wrapped[-1], f"{target.module}.{target.entry}",
+              f"; name the @triton.jit kernel in [kernel] entry ({target.spec_path})")
     _as_imported(target, wrapped)
     return fn
 
@@ -243,10 +244,10 @@ def _function(ref: str):
     return _jit(getattr(importlib.import_module(module), name, None), ref)
 
 
-def _jit(fn, name: str):
+def _jit(fn, name: str, fix: str = ""):
     from triton.runtime.jit import JITFunction
     if not isinstance(fn, JITFunction):
-        raise TypeError(f"{name} is not a @triton.jit function (got {type(fn).__name__})")
+        raise TypeError(f"{name} is not a @triton.jit function (got {type(fn).__name__}){fix}")
     return fn
 
 

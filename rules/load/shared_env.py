@@ -72,8 +72,11 @@ def explain(e: BaseException) -> bool:
     if not place:
         return False
     if not isinstance(e, ImportError):
-        if place not in str(e) and type(e).__str__ is BaseException.__str__:   # a message args make
-            e.args = (f"{e} (in {place})" if str(e) else f"(in {place})",)
+        if place not in str(e):
+            before, shown = e.args, str(e)
+            e.args = (f"{shown} (in {place})" if shown else f"(in {place})",)
+            if str(e) != e.args[0]:   # a message its type makes another way (KeyError's repr, OSError's errno)
+                e.args = before
         return True
     if isinstance(e, ModuleNotFoundError) and e.name:
         e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"

@@ -116,6 +116,24 @@ def test_a_default_the_source_reads_from_a_name_rebound_at_import_builds_nothing
         _failure(root, "by_function")
 
 
+def test_an_entry_that_is_no_jit_function_and_an_import_error_of_the_librarys_name_the_spec_and_the_line(tmp_path):
+    """A plain function named as the entry passes the load (its source's def gives the signature) and failed at
+    compile naming no spec; an AttributeError at the kernel module's import (bitsandbytes' `torch.accelerator.
+    current_accelerator().type`) was a bare `AttributeError: ...` naming no line (an outside review)."""
+    kernels = {"plain": "def copy_kernel(x_ptr, y_ptr, n, BLOCK=128):\n    return x_ptr\n",
+               "attr": "import triton\nimport triton.language as tl\nKIND = None\nKIND.type\n\n\n@triton.jit\n"
+                       "def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr = 128):" + COPY_BODY}
+    specs = {name: DEFAULTED_SPEC.format(name=name, module=name, entry="copy_kernel", extra="")
+             for name in ("plain", "attr")}
+    root = make_project(tmp_path / "p", specs=specs, kernels=kernels)
+    doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    assert (
+        "TypeError: tk.plain.copy_kernel is not a @triton.jit function (got function); name the @triton.jit kernel "
+        "in [kernel] entry (specs/plain.toml)") in _failure(root, "plain:w4@sm_90a")
+    said = "AttributeError: 'NoneType' object has no attribute 'type' (in tk/attr.py:4)"
+    assert said in _failure(root, "attr:w4@sm_90a")
+
+
 EVEN_COPY = """
 @triton.jit
 def {name}(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):

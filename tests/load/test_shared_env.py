@@ -261,3 +261,17 @@ def test_a_librarys_own_error_at_import_names_the_librarys_line(tmp_path):
         "explained": True, "again": True, "message": "boom (in booming_lib.py:2)"}
     assert _explained(tmp_path, "silent_lib", "raise RuntimeError()") == {   # no empty message before it
         "explained": True, "again": True, "message": "(in silent_lib.py:2)"}
+
+
+def test_a_librarys_error_whose_type_words_its_own_message_names_the_librarys_line_where_its_message_can(tmp_path):
+    """An AttributeError at import (bitsandbytes' `torch.accelerator.current_accelerator().type` where it answers
+    None) was a compile's bare `AttributeError: 'NoneType' object has no attribute 'type'` (an outside review): its
+    type has a __str__ of its own, which was taken to ignore the message. One whose message is made otherwise
+    (KeyError's repr, OSError's errno) keeps its message as it was."""
+    assert _explained(tmp_path, "attr_lib", "return None.type") == {
+        "explained": True, "again": True, "message": "'NoneType' object has no attribute 'type' (in attr_lib.py:2)"}
+    assert _explained(tmp_path, "key_lib", "return {}['gpu']") == {
+        "explained": True, "again": True, "message": "'gpu'"}
+    assert _explained(tmp_path, "os_lib", "return open('/nonexistent-kforge/x')") == {
+        "explained": True, "again": True,
+        "message": "[Errno 2] No such file or directory: '/nonexistent-kforge/x'"}
