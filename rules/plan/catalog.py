@@ -533,10 +533,12 @@ def _declared_key(declared: Declared) -> str | None:
 
 
 def _plain_json(value) -> bool:
-    """Whether JSON holds value as it is (string keys; lists or tuples, strings, numbers, bools, None)."""
+    """Whether JSON holds value as it is (string keys; lists or tuples, strings, numbers, bools, None; no integer
+    past the digits Python writes: json.dumps raises on 10**5000)."""
     from kforge.declare.spec_model import nested
     return all(all(isinstance(k, str) for k in v) if isinstance(v, dict) else   # bool is an int
-               v is None or isinstance(v, (str, int, float, list, tuple)) for v in nested(value))
+               v is None or isinstance(v, (str, float, list, tuple)) or isinstance(v, int) and -2**63 <= v < 2**63
+               for v in nested(value))
 
 
 def _ran_at(ran: dict, place) -> dict:

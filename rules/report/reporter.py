@@ -91,6 +91,13 @@ class BuildReporter(ConsoleReporter):
         elif task.actions:
             self.records[task.name] = {"name": task.name, "status": "up-to-date", "seconds": 0.0}
 
+    def skip_ignore(self, task):
+        """`doit ignore NAME`: not built, and said so in the summary and the report (a run that built nothing else
+        exited 0 with "built 0, failed 0", and a CI shipping out/ shipped nothing)."""
+        super().skip_ignore(task)
+        if task.actions and not _is_package(task):
+            self.records[task.name] = {"name": task.name, "status": "ignored", "seconds": 0.0}
+
     def add_success(self, task):
         if not task.actions:
             return
@@ -163,7 +170,8 @@ class BuildReporter(ConsoleReporter):
 
     def complete_run(self):
         records = sorted(self.records.values(), key=lambda r: r["name"])
-        counts = {s: sum(1 for r in records if r["status"] == s) for s in ("built", "up-to-date", "skipped", "failed")}
+        counts = {s: sum(1 for r in records if r["status"] == s)
+                  for s in ("built", "up-to-date", "skipped", "failed", "ignored")}
         wall = time.monotonic() - self.run_started
         # the compiler's own time where reported: a worker's first target also pays for importing the toolchain
         compile_time = lambda r: r["seconds"] if r.get("compile_seconds") is None else r["compile_seconds"]
@@ -200,6 +208,9 @@ class BuildReporter(ConsoleReporter):
         fetched = ", ".join(f"{n} unchanged: early cutoff, not compiled" if o == "unchanged" else f"{n} from the {o}"
                             for o, n in origins.items() if n and o != "compiled")
         skipped = f"skipped {counts['skipped']} (autotune configs their arch cannot run), " if counts["skipped"] else ""
+        if counts["ignored"]:
+            first = next(r["name"] for r in records if r["status"] == "ignored")
+            skipped += f"ignored {counts['ignored']} (`doit ignore`: not built; `doit forget {first}` ends it), "
         last = (f"kforge: built {counts['built']}{f' ({fetched})' if fetched else ''}, "
                 f"up to date {counts['up-to-date']}, {skipped}failed {counts['failed'] + len(packages_failed)}{also}, "
                 f"wall {wall:.1f} s")

@@ -466,7 +466,7 @@ class Server:
         if not same_code:   # built from other code
             line["source_key"] = code_key
             return None, other_source_message(line, held[0][1])
-        if len({h[1].get("sha256") for h in same_code}) > 1:
+        if len({str(h[1].get("sha256")) for h in same_code}) > 1:   # str: a hostile value may be a list
             line["ambiguous"] = [h[1].get("target") for h in same_code]
             return None, ambiguous_message(line)
         found = same_code[0]

@@ -170,12 +170,21 @@ class NotRemoved(OSError):
 def guard(out: Path, path: Path) -> Path:
     """`path` itself, when writing or deleting it stays inside out/ (see the module's docstring); else OutsideOut
     in one line naming the link that leads out and the fix."""
-    root = Path(out).resolve()
-    parent = Path(path).parent.resolve()
+    root = _resolved(Path(out))
+    parent = _resolved(Path(path).parent)
     if parent == root or root in parent.parents:
         return Path(path)
     raise OutsideOut(f"{_leading_link(Path(out), Path(path))} leads outside out/ ({parent}); kforge writes and "
                      f"deletes nothing outside out/: remove the link and run again")
+
+
+def _resolved(path: Path) -> Path:
+    """path.resolve(); OutsideOut where symbolic links on the way form a loop (Python's RuntimeError, or ELOOP)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as e:
+        raise OutsideOut(f"{path}: symbolic links on the way to it form a loop ({e}); kforge writes and deletes "
+                         f"nothing there: remove the link and run again") from None
 
 
 def _leading_link(out: Path, path: Path) -> str:
@@ -241,8 +250,8 @@ def remove_artifact_dir(out: Path, directory: Path) -> bool:
     or the folder cannot be deleted, with what could be deleted gone and meta.json or error.txt kept; nothing is
     deleted where the folder's parent cannot be written (the folder would be left empty, no longer kforge's)."""
     guard(out, directory)
-    out = out.resolve()
-    path = directory.parent.resolve() / directory.name   # the parents resolved, the entry itself not followed
+    out = _resolved(out)
+    path = _resolved(directory.parent) / directory.name   # the parents resolved, the entry itself not followed
     if out not in path.parents:   # out/ itself
         raise OutsideOut(f"{directory} is not inside {out}: kforge deletes nothing outside out/")
     if path.is_symlink() or path.is_file():

@@ -507,6 +507,23 @@ def test_a_python_catalog_family_given_what_json_cannot_hold_is_broken_and_the_r
         assert (root / "out" / ".kforge" / "catalog.json").is_file()
 
 
+@pytest.mark.parametrize("where,said", [("description=10**5000", "[kernel] description: got an integer of 16610 bits"),
+                                        ('sweep={"BLOCK": [10**5000]}', "[sweep] BLOCK: got an integer of 16610 bits")])
+def test_a_python_catalog_family_given_an_integer_of_thousands_of_digits_is_one_broken_family(tmp_path, where, said):
+    """Digesting 10**5000 (its declaration's key) raised Python's int-to-string limit out of the whole load, every
+    family lost and neither the file nor the key named (a hostile-input review)."""
+    root = make_project(tmp_path / "p")
+    extra = "" if where.startswith("sweep") else ', sweep={"BLOCK": [128]}'
+    (root / "specs" / "lib.py").write_text(
+        'from kforge.declare import family\n'
+        'family(name="huge", source="tk/scale.py", entry="scale_kernel", toolchain="triton", archs=["sm_90a"], '
+        f'signature={{"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "BLOCK": "constexpr"}}, {where}{extra})\n')
+    found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert [b.name for b in found.broken] == ["huge"] and found.broken[0].error.startswith(
+        f"specs/lib.py:2: family 'huge': {said}"), found.broken
+    assert {t.kernel for t in found.targets} == {"scale"}
+
+
 @pytest.mark.parametrize("value", ["1979-05-27", "07:32:00", "1979-05-27T07:32:00Z"])
 def test_a_toml_date_or_time_in_a_spec_is_one_broken_family_not_a_traceback(tmp_path, value):
     """TOML has dates and times, which no kernel argument takes: digesting the spec's tables for the saved catalog

@@ -105,6 +105,9 @@ class FakeTask:
         self.name, self.actions, self.values, self.meta = name, ["run"] if actions else [], values or {}, meta
         self.task_dep, self.setup_tasks = list(task_dep), []
 
+    def title(self):
+        return self.name
+
 
 class Saved:
     def __init__(self):
@@ -173,7 +176,8 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
 
     text = (tmp_path / "out" / "build-report.json").read_text()
     saved = json.loads(text)
-    assert saved["counts"] == {"built": 2, "up-to-date": 1, "skipped": 0, "failed": 1} and saved["wall_seconds"] == 16.0
+    assert saved["counts"] == {"built": 2, "up-to-date": 1, "skipped": 0, "failed": 1, "ignored": 0}
+    assert saved["wall_seconds"] == 16.0
     assert saved["origins"] == {"compiled": 1, "local cache": 0, "remote cache": 1, "unchanged": 0}
     assert saved["warnings"] == ["remote cache down (GET http://c/1)", "remote cache full"]
     assert [r["name"] for r in saved["tasks"]] == sorted([built.name, cached.name, failing.name, odd])
@@ -188,6 +192,25 @@ def test_the_reporter_writes_progress_summary_and_report_without_doit(tmp_path, 
     assert failed["error"].splitlines() == message.splitlines()[:report.ERROR_LINES]
     assert [p["name"] for p in saved["packages"]] == ["package:sm_90a"] and saved["packages"][0]["status"] == "failed"
     assert len(text.splitlines()) == len(saved["tasks"]) + 2   # one line per task between the head and the end
+
+
+def test_a_target_doit_ignore_skips_is_counted_and_named_in_the_summary_and_the_report(tmp_path):
+    """`doit ignore NAME` made every later build "built 0, up to date 0, failed 0", exit 0, with nothing built
+    (a hostile-input review): a CI shipping out/ shipped nothing and passed."""
+    out = io.StringIO()
+    reporter = report.BuildReporter(out, {})
+    reporter.report_path = str(tmp_path / "out" / "build-report.json")
+    ignored, group = FakeTask("k:a@sm_90a"), FakeTask("k", actions=False, task_dep=["k:a@sm_90a"])
+    reporter.initialize({t.name: t for t in (ignored, group)}, ["k"])
+    reporter.skip_ignore(group)
+    reporter.skip_ignore(ignored)
+    reporter.complete_run()
+    assert out.getvalue().splitlines()[-1].startswith(
+        "kforge: built 0, up to date 0, ignored 1 (`doit ignore`: not built; `doit forget k:a@sm_90a` ends it), "
+        "failed 0, wall ")
+    saved = json.loads((tmp_path / "out" / "build-report.json").read_text())
+    assert saved["counts"]["ignored"] == 1 and saved["tasks"] == [
+        {"name": "k:a@sm_90a", "status": "ignored", "seconds": 0.0}]
 
 
 def test_the_reporter_traces_what_ran(tmp_path):

@@ -880,6 +880,16 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
                          BLOCK=32)
 
 
+@pytest.mark.parametrize("sha256", [["x"], {}])
+def test_an_entry_whose_sha256_is_no_string_is_no_traceback_in_the_applications_call(jit, tmp_path, sha256):
+    """_pick's set of the entries' digests raised `TypeError: unhashable type: 'list'` inside the application's
+    kernel call, strict or not (a hostile-input review); the digest check refuses such a binary (check_binary)."""
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [{**entry("copy", 128, 4), "sha256": sha256}])))
+    x, y = tensors()
+    copy[(8,)](x, y, 1000, BLOCK=128)   # the jit fixture's Bundle.binary stands in for the check
+    assert server.served == 1
+
+
 @pytest.mark.parametrize("kernel", ["copy", "desc_scale"])
 def test_an_entry_the_loaders_launch_plan_refuses_is_a_miss_before_it_counts_as_served(jit, tmp_path, monkeypatch,
                                                                                       kernel):

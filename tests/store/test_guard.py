@@ -32,6 +32,24 @@ def test_a_path_under_a_link_leading_outside_out_is_refused_naming_the_link(out,
         assert "remove the link" in message
 
 
+@pytest.mark.parametrize("looped", ["sm_90a/k", ".kforge", "."])
+def test_a_path_through_a_symbolic_link_loop_is_refused_in_one_line_not_a_traceback(out, looped):
+    """Python's resolve() raises RuntimeError on a loop of links: a loop under out/ (or out/ itself linked to
+    itself) was a traceback from every command (a hostile-input review)."""
+    loop = out / looped if looped != "." else out
+    if looped == ".":
+        out.rmdir()
+    else:
+        loop.parent.mkdir(parents=True, exist_ok=True)
+    loop.symlink_to(loop.name)
+    with pytest.raises(guard.OutsideOut) as refused:
+        guard.guard(out, loop / "a" / "meta.json")
+    assert "symbolic links on the way to it form a loop" in str(refused.value) and "\n" not in str(refused.value)
+    if looped != ".":
+        with pytest.raises(guard.OutsideOut):
+            guard.remove_artifact_dir(out, loop / "a")
+
+
 def test_paths_inside_out_pass_links_included(out, tmp_path):
     (out / "real").mkdir()
     (out / "alias").symlink_to(out / "real")   # a link that stays inside out/
