@@ -175,8 +175,11 @@ def _unbuildable(record: dict, at: str) -> str | None:
         return f"{e}; the line is not built (served, such a call compiles with Triton): remove it to build clean"
     # an option's value no arch takes (num_warps 3): its line alone, named (in its kernel's family, the spec's
     # check named the family's first line and its [extra] table, and the kernel's good lines failed with it)
+    a = ARCHS.get(record["arch"])
     for name, value in record["options"].items():
         problem = value_problem(name, value) if name in OPTIONS and name not in record["constexprs"] else None
+        if problem is None and a is not None and name in OPTIONS and name not in record["constexprs"]:
+            problem = arch_problem(name, value, a.vendor, a.warp_size, a.target_arch)   # no such launch ran there
         if problem:
             return (f"{at}: options {name}: {problem.replace(repr(value), shown(value), 1)}; the line is not built "
                     f"(served, such a call compiles with Triton): remove it to build clean")

@@ -487,6 +487,18 @@ def test_a_record_file_that_is_not_utf8_holds_no_record_or_a_list_for_an_object_
         records._lines(tmp_path / "app.jsonl", "specs/app.jsonl")
 
 
+def test_a_line_whose_option_its_own_arch_cannot_take_fails_alone_and_the_kernels_others_load(project):
+    """num_warps 64 on sm_90a (2,048 threads a block: no such launch ran there) failed the kernel's whole family,
+    named by its first line with an [[exclude]] a record file cannot hold, and its built lines left the bundle (a
+    hostile-input review)."""
+    (project / "specs" / "app.jsonl").write_text("\n".join([line(128), line(256), line(1024, warps=64), ""]))
+    catalog = Catalog(project, None, 50_000).load(keep_going=True)
+    assert sorted(dict(t.constexprs)["BLOCK"] for t in catalog.targets) == [128, 256]
+    assert [b.error for b in catalog.broken] == [
+        "specs/app.jsonl:3: options num_warps: num_warps 64 x 32 threads is more than 1024 threads a block; the line "
+        "is not built (served, such a call compiles with Triton): remove it to build clean"]
+
+
 def test_a_line_whose_option_no_arch_takes_fails_alone_named_by_its_line_and_the_kernels_others_load(project):
     """A 4th line with num_warps 3 was `specs/app.jsonl:1 (and 3 more lines): ...: [extra] num_warps: got 3`: the
     kernel's first line and a spec table no record file has, and its three good lines failed with it. The line is
