@@ -167,21 +167,11 @@ class Bundle:
         if info.file_size > limit:   # a member that says it is too big is refused unread
             raise BundleError(f"{self.path}: {relative} is {info.file_size} bytes, over the loader's limit of "
                               f"{limit}; refused")
-        # Inflated a chunk at a time, never past the size its headers give (zipfile's read() of a whole member
-        # inflates the whole stream before it cuts it there: a member claiming 12 kB that inflates to 1 GiB
-        # took 2 GB and 5 s before its CRC failed); the CRC is then checked on what was read.
         try:
-            chunks, size = [], 0
-            with self._zip.open(info) as member:
-                while chunk := member.read(CHUNK):
-                    size += len(chunk)
-                    if size > limit:
-                        raise BundleError(f"{self.path}: {relative} inflates past the loader's limit of {limit} "
-                                          f"bytes; refused")
-                    chunks.append(chunk)
-            return b"".join(chunks)
-        except BundleError:
-            raise
+            return read_member(self._zip, info, limit)
+        except OverLimit:
+            raise BundleError(f"{self.path}: {relative} inflates past the loader's limit of {limit} bytes; "
+                              f"refused") from None
         except _ZIP_ERRORS as e:
             raise BundleError(f"{self.path}: cannot read {relative} from the archive ({e}); reinstall or rebuild "
                               f"it") from None
@@ -236,6 +226,27 @@ class Bundle:
         if e["arch"] != self.arch:
             raise BundleError(f"{where} is for {_show(e['arch'], quote=False)}, the bundle is for {self.arch}; refused")
         safe_relative(e["binary"], self.path)
+
+
+class OverLimit(ValueError):
+    """An archive member that inflates past the limit its reader sets."""
+
+
+def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
+    """An archive member's bytes, inflated a chunk at a time and never past `limit` (OverLimit) nor the size its
+    headers give: zipfile's read() of a whole member inflates the whole stream before it cuts it there (a member
+    claiming 12 kB that inflates to 1 GiB took 2 GB and 5 s before its CRC failed); the CRC is checked on what
+    was read. Shared with `doit package`, which reads the wheels it finds in out/dist/ (untrusted too)."""
+    if info.file_size > limit:
+        raise OverLimit(info.filename)
+    chunks, size = [], 0
+    with archive.open(info) as member:
+        while chunk := member.read(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise OverLimit(info.filename)
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_json(data: bytes, unreadable: str):

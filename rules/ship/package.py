@@ -29,6 +29,7 @@ from kforge.base.archs import ARCHS
 from kforge.store.files import read_state, replacing, write_inside
 from kforge.base.layout import Layout
 from kforge.base.target import Target
+from kforge_runtime.bundle import MAX_BINARY_BYTES, MAX_JSON_BYTES, read_member
 from kforge_runtime.schema import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST, MANIFEST_DIGEST, dist_name, wheel_name
 
 RUNTIME_DIR = Path(kforge_runtime.__file__).resolve().parent   # rules/runtime/ in a checkout, wherever installed
@@ -173,6 +174,9 @@ def _wheel_holding(layout: Layout, arch: str, name: str, fits) -> bytes | None:
     return None
 
 
+INFLATION = 32   # what a wheel found in out/dist/ may inflate to, times its size (a cubin deflates to ~1/4)
+
+
 def _intact(wheel: Path, arch: str, data: bytes) -> bool:
     """Whether the wheel holds what write_wheel writes for the manifest `data`, file for file (the runtime, the
     manifest, each binary and tuning table by its sha256, the dist-info, nothing else): a byte changed anywhere
@@ -184,7 +188,11 @@ def _intact(wheel: Path, arch: str, data: bytes) -> bool:
         named = {f"{dist}/{a['binary']}": a["sha256"] for a in manifest["artifacts"]}
         named.update({f"{dist}/{t['path']}": t["sha256"] for t in manifest["tuned"].values()})
         with zipfile.ZipFile(wheel) as zf:
-            held = {info.filename: zf.read(info) for info in zf.infolist()}
+            budget = INFLATION * wheel.stat().st_size + MAX_JSON_BYTES   # a zip bomb is no wheel this wrote
+            held = {}
+            for info in zf.infolist():
+                held[info.filename] = read_member(zf, info, min(budget, MAX_BINARY_BYTES))
+                budget -= len(held[info.filename])
     except (OSError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile, EOFError, zlib.error):
         return False
     files = {**runtime_files(arch), **manifest_files(dist, data)}
@@ -201,7 +209,7 @@ def _manifest_in(wheel: Path, arch: str) -> bytes | None:
         if not stat.S_ISREG(os.lstat(wheel).st_mode):   # never a link, nor a FIFO that would block the read
             return None
         with zipfile.ZipFile(wheel) as zf:
-            return zf.read(f"{dist_name(arch)}/{MANIFEST}")
+            return read_member(zf, zf.getinfo(f"{dist_name(arch)}/{MANIFEST}"), MAX_JSON_BYTES)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, zlib.error):
         return None
 

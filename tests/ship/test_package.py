@@ -361,6 +361,29 @@ def test_a_wheel_damaged_in_out_dist_after_it_was_written_is_packaged_again(buil
     assert package.is_current("sm_90a", targets, str(root))
 
 
+def test_a_zip_bomb_in_out_dist_is_packaged_again_without_inflating_it(built, tmp_path):
+    """A wheel of the right name and manifest with a 2 GiB member of zeros (2 MB on disk) took 4.2 GB while `doit
+    package` read every member whole (a hostile-input review); members are inflated a chunk at a time within a
+    bound of the wheel's own size now."""
+    import tracemalloc
+    root = shutil.copytree(built, tmp_path / "p", symlinks=True)
+    first = wheel(root, "sm_90a")
+    data = first.read_bytes()
+    with zipfile.ZipFile(first, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("kforge_kernels_sm_90a/zeros.bin", "w", force_zip64=True) as member:
+            for _ in range(256):
+                member.write(bytes(1 << 20))   # 256 MiB, about 256 kB deflated
+    tracemalloc.start()
+    try:   # the check alone: reading a file kforge wrote asks os.read for its limit at once (untouched pages)
+        assert not package._intact(first, "sm_90a", package._manifest_in(first, "sm_90a"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+    assert rebundle(root, "sm_90a") is None
+    assert wheel(root, "sm_90a") == first and first.read_bytes() == data
+
+
 def test_at_most_kept_wheels_per_arch_stay_the_newest(built, tmp_path, monkeypatch):
     root = shutil.copytree(built, tmp_path / "p", symlinks=True)
     monkeypatch.setattr(package, "KEPT_WHEELS", 2)
