@@ -152,13 +152,16 @@ def lower(target, scratch: str):
         raise RuntimeError(f"the binary holds the absolute path {named}; kforge ships no machine's paths "
                            f"(report it with the kernel's source)")
     md = kernel.metadata
+    code_key = source_key_of(fn)
     fields = {"num_stages": md.num_stages, "global_scratch_size": getattr(md, "global_scratch_size", 0),
               "global_scratch_align": getattr(md, "global_scratch_align", SCRATCH_ALIGN),
               "profile_scratch_size": getattr(md, "profile_scratch_size", 0),
               "divisible_by_16": list(target.divisible_by_16),
               # Triton's digest of the kernel with what it leaves out (runtime/source_key.py): serving launches
               # this binary only for a function with the same key
-              "triton_source_key": source_key_of(fn),
+              "triton_source_key": code_key,
+              # a key holding a memory address, which no other process makes: record lines are not checked against it
+              **({} if reproducible(code_key) else {"source_key_unstable": True}),
               # as Triton's JIT names a call's (a spec may name a re-export): serving matches a call by this
               "triton_function": f"{fn.fn.__module__}:{fn.fn.__qualname__}"}
     if any(t.startswith("tensordesc") for _, t in target.signature):

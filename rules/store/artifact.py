@@ -22,7 +22,7 @@ from kforge.store import guard
 from kforge.store.guard import kforge_meta, printable
 from kforge.store.files import JsonState, atomic_write, opened, read_bytes, remove_entry
 from kforge.store.inputs import InputIndex, well_formed
-from kforge_runtime import schema
+from kforge_runtime import schema, source_key
 from kforge_runtime.schema import COMPILE_TIME, ERROR, META
 
 
@@ -290,6 +290,13 @@ def check_bound(target, meta) -> None:
     if meta.get("config") != _config_as_json(target):
         raise ArtifactError(f"its meta.json's config {_brief(meta.get('config'))} is not the target's "
                             f"{dict(target.config)}")
+    # a record line's target: built from the code its lines were recorded from, as its compile checks (a cache's
+    # entry of the same key from other code was installed where the compile fails, triton_backend.py)
+    made_by = source_key.tagged(str(meta.get("triton_source_key")))
+    comparable = [k for k in target.recorded_code if k.partition(":")[0] == made_by.partition(":")[0]]
+    if comparable and made_by not in comparable and meta.get("source_key_unstable") is not True:
+        raise ArtifactError(f"it was built from other code (source key {_brief(meta.get('triton_source_key'), 12)}) "
+                            f"than its record lines were recorded from")
 
 
 def _config_as_json(target) -> dict:

@@ -333,7 +333,7 @@ def test_an_entry_holding_another_archs_build_is_a_miss_naming_the_entry_not_a_f
     layout = Layout(tmp_path)
     target = SimpleNamespace(name=wanted["target"], kernel="scale", config_id="fp16-b256-w4", arch="gfx950",
                              key=wanted["key"], config=tuple(wanted["config"].items()), layout=layout,
-                             out_dir=layout.artifact_path("gfx950", "scale", "fp16-b256-w4"))
+                             out_dir=layout.artifact_path("gfx950", "scale", "fp16-b256-w4"), recorded_code=())
     cache = remote_cache.RemoteCache(CacheConfig("http://cache.example:8080"))
     hit, [warning] = artifact.arrive(target, cache)
     assert hit is None and not out_dir.exists() and cache.drain_warnings() == []

@@ -32,7 +32,8 @@ def target_at(directory, meta=None, **fields):
     assert layout.artifact_dir(arch, kernel, config_id) == directory
     named = {} if meta is None else dict(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
                                          arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()))
-    return SimpleNamespace(**{**named, **fields}, layout=layout, out_dir=layout.artifact_path(arch, kernel, config_id),
+    return SimpleNamespace(**{"recorded_code": (), **named, **fields}, layout=layout,
+                           out_dir=layout.artifact_path(arch, kernel, config_id),
                            meta_path=layout.meta_path(arch, kernel, config_id),
                            error_path=layout.error_path(arch, kernel, config_id))
 
@@ -287,6 +288,28 @@ def test_a_meta_json_of_this_kernel_arch_and_key_under_another_name_is_installed
         install(target, Candidate(files))
 
 
+def test_a_record_lines_target_takes_no_artifact_built_from_other_code_than_its_lines_were_recorded_from(art,
+                                                                                                      tmp_path):
+    """A record line whose code is not the code here fails its compile (triton_backend.py); a cache's artifact of
+    the same key, built from the code here, was installed ("built", a hostile-input review): the verdict hung on
+    the cache. A key no other process makes (source_key_unstable) is not compared, as the compile does not."""
+    from kforge_runtime.source_key import tagged
+    files = artifact.files_of(art)
+    meta = json.loads(files[artifact.META])
+    at = tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4"
+    recorded = target_at(at, meta, recorded_code=(tagged("0" * 64),))
+    with pytest.raises(artifact.ArtifactError, match="built from other code .* than its record lines were recorded"):
+        artifact.accept(recorded, files)
+    same = target_at(at, meta, recorded_code=(tagged("0" * 64), tagged(meta["triton_source_key"])))
+    assert artifact.accept(same, files)[0]["key"] == meta["key"]
+    older = target_at(at, meta, recorded_code=("v2:" + "0" * 64,))   # made another way: not compared
+    assert artifact.accept(older, files)[0]["key"] == meta["key"]
+    unstable = {**meta, "source_key_unstable": True}
+    unstable.pop("seal")
+    files[artifact.META] = json.dumps({**unstable, "seal": artifact.seal(unstable)}).encode()
+    assert artifact.accept(recorded, files)[0]["key"] == meta["key"]
+
+
 def test_a_deterministic_failure_stands_while_its_key_and_every_input_its_compile_read_do(tmp_path, monkeypatch):
     """error.txt with the inputs of the failed compile (rules/compile/action.py) is reported again instead of compiling;
     another key, a changed input, or a failure kept without inputs (a crash, a timeout) compiles again."""
@@ -445,7 +468,7 @@ def target_for(built, tmp_path, arch="sm_90a"):
     meta = json.loads((built / "out" / arch / "scale" / "fp16-b256-w4" / "meta.json").read_text())
     layout = Layout(tmp_path)
     return SimpleNamespace(name=meta["target"], kernel="scale", config_id="fp16-b256-w4", arch=arch,
-                           key=meta["key"], config=tuple(meta["config"].items()), layout=layout,
+                           key=meta["key"], config=tuple(meta["config"].items()), layout=layout, recorded_code=(),
                            out_dir=layout.artifact_path(arch, "scale", "fp16-b256-w4"),
                            meta_path=layout.meta_path(arch, "scale", "fp16-b256-w4"))
 
