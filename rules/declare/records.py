@@ -21,7 +21,7 @@ from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.spec_model import shown, shown_path
 from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
-from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL
+from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL, TRITON_VENDOR_DEFAULTS
 from kforge_runtime.serve import identity as canonical
 
 KEYS = set(RECORD_FIELDS)
@@ -33,19 +33,23 @@ LINE_LIMIT = 1 << 20       # characters of one line: a record is a few hundred (
 
 def read(path: Path, where: str) -> list[dict]:
     """The file's specializations, each checked, duplicates (an autotuner's pick: its specialization) dropped."""
-    return [record for _, record, _ in _numbered(path, where)]
+    return [record for _, record, _, _ in _numbered(path, where)]
 
 
-def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str]]]:
-    """read()'s specializations, each as its first line holds it, with that line's number and every source_key its
-    lines hold (two GPUs whose import gave the code another value: the compile takes either)."""
-    found: dict[str, tuple[int, dict, list[str]]] = {}
+def _numbered(path: Path, where: str) -> list[tuple[int, dict, list[str], set]]:
+    """read()'s specializations, each as its first line holds it, with that line's number, every source_key its
+    lines hold (two GPUs whose import gave the code another value: the compile takes either) and, as a set holding
+    True, whether an autotuner's pick is among its lines (its config gave the options)."""
+    found: dict[str, tuple[int, dict, list[str], set]] = {}
     for number, record in _lines(path, where):
+        picked = "autotune" in record
         record = {k: v for k, v in record.items() if k != "autotune"}
-        _, _, keys = found.setdefault(json.dumps({k: v for k, v in record.items() if k != "source_key"},
-                                                 sort_keys=True), (number, record, []))
+        _, _, keys, tuned = found.setdefault(json.dumps({k: v for k, v in record.items() if k != "source_key"},
+                                                        sort_keys=True), (number, record, [], set()))
         if "source_key" in record and record["source_key"] not in keys:
             keys.append(record["source_key"])
+        if picked:
+            tuned.add(True)
     return list(found.values())
 
 
@@ -211,7 +215,7 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
     """(spec tables, where) per family of the file's records, for spec.spec_from_tables."""
     where = shown_path(path, root)
     groups: dict[str, tuple[int, list[dict]]] = {}   # shape -> (its first line: messages name it, its records)
-    for number, record, keys in _numbered(path, where):
+    for number, record, keys, tuned in _numbered(path, where):
         refused = _unbuildable(record, f"{where}:{number}")
         shape = json.dumps([record["kernel"], record["signature"], sorted(record["divisible_by_16"]),
                             sorted(record["constexprs"]), sorted(record["options"])])
@@ -219,7 +223,8 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         spelled = all(not isinstance(v, str) or ID_TEXT.fullmatch(v) for v in record["constexprs"].values())
         shape += f"#{number}" if refused or not spelled else ""
         groups.setdefault(shape, (number, []))[1].append({**record, "source_key": keys,   # every key its lines hold
-                                                          **({"refused": refused} if refused else {})})
+                                                          **({"refused": refused} if refused else {}),
+                                                          **({"autotune": True} if tuned else {})})
     found = []
     for shape, (first_line, records) in groups.items():
         first = records[0]
@@ -228,6 +233,15 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         params = [*first["constexprs"], *first["options"]]
         configs = [{**r["constexprs"], **r["options"]} for r in records]
         archs = sorted({r["arch"] for r in records} | set(extra_archs), key=list(ARCHS).index)
+        lines = len(records)
+        vendors: list[str | None] = [None] * lines   # the vendor a config is built for alone (None: every arch)
+        recorded_on = {ARCHS[r["arch"]].vendor for r in records}   # a vendor's own lines are what it launches
+        for r, c in list(zip(records, configs)):
+            added = _other_vendors_stages(r, c, [a for a in archs if ARCHS[a].vendor not in recorded_on])
+            if added is not None and added[1] not in configs:
+                records.append(r)
+                configs.append(added[1])
+                vendors.append(added[0])
         # ids spell only what tells the family's configs apart (a record holds every value Triton fixed)
         varying = [p for p in params if len({json.dumps(c[p]) for c in configs}) > 1]
         tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
@@ -248,12 +262,26 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
         if "refused" in first:   # a family of its own line, which fails alone (spec.py raises it)
             tables["kernel"]["refused"] = first["refused"]
         # left out on another arch whose options it cannot take (32 warps of a Hopper record on wave64 AMD)
-        skipped = [{"arch": a, **c} for a in archs for r, c in zip(records, configs)
-                   if a != r["arch"] and _unfit(r["options"], a)]
+        skipped = [{"arch": a, **c} for a in archs for r, c, only in zip(records, configs, vendors)
+                   if (a != r["arch"] and _unfit(r["options"], a)) or (only is not None and ARCHS[a].vendor != only)]
         if skipped:
             tables["exclude"] = skipped
-        found.append((tables, f"{at_lines(where, first_line, len(records))}: {first['kernel']}"))
+        found.append((tables, f"{at_lines(where, first_line, lines)}: {first['kernel']}"))
     return found
+
+
+def _other_vendors_stages(record: dict, config: dict, archs: list[str]) -> tuple[str, dict] | None:
+    """A plain launch leaves num_stages at its vendor's default (3 on NVIDIA, 2 on AMD), which a line keeps (it
+    cannot tell a default from a value the call gave): for the other vendor's archs the line is built with that
+    vendor's default too, which the same call there compiles with (an autotuner's config gives its own), as
+    (vendor, config); None where there is none to add."""
+    own = ARCHS[record["arch"]].vendor
+    others = {ARCHS[a].vendor for a in archs} - {own}   # the archs of vendors none of the family's lines ran on
+    if not others or "autotune" in record or "num_stages" in record["constexprs"] \
+            or config.get("num_stages") != TRITON_VENDOR_DEFAULTS[own]["num_stages"]:
+        return None
+    other = others.pop()
+    return other, {**config, "num_stages": TRITON_VENDOR_DEFAULTS[other]["num_stages"]}
 
 
 def at_lines(where: str, first: int, count: int) -> str:

@@ -45,10 +45,23 @@ def test_a_config_recorded_on_two_archs_is_one_target_on_each(project):
 
 
 def test_record_archs_build_a_record_for_more_archs(project):
-    (project / "specs" / "app.jsonl").write_text(line(128) + "\n")
+    """A plain launch leaves num_stages at its vendor's default, 3 on NVIDIA and 2 on AMD, and a line holds 3
+    whether the call gave it or not: the same call on an MI300X compiles with 2 unless it gives 3, and only 3 was
+    built there, so the default launch was never served on AMD (an outside review). Both are built on the other
+    vendor's archs; an autotuner's pick gives its own, and a vendor a line was recorded on launches what it holds."""
+    (project / "specs" / "app.jsonl").write_text(line(128) + "\n" + tuned(256, [7, "torch.float16"]) + "\n")
     pyproject = project / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942"]\n')
-    assert sorted(t.arch for t in targets(project).values()) == ["gfx942", "sm_90a"]
+    pyproject.write_text(pyproject.read_text() + '\n[tool.kforge]\nrecord_archs = ["gfx942", "sm_100a"]\n')
+    built = sorted((t.arch, dict(t.constexprs)["BLOCK"], dict(t.options)["num_stages"])
+                   for t in targets(project).values())
+    assert built == [("gfx942", 128, 2), ("gfx942", 128, 3), ("gfx942", 256, 3), ("sm_100a", 128, 3),
+                     ("sm_100a", 256, 3), ("sm_90a", 128, 3), ("sm_90a", 256, 3)]
+    from kforge_runtime.serve import identity   # what the MI300X's default call is matched by: one of them
+    from kforge.declare.records import identity as target_identity
+    call = json.loads(line(128, arch="gfx942", options={"num_warps": 4, "num_stages": 2}))
+    runtime = [[a, t] for a, t in call["signature"] if t != "constexpr"]
+    wanted = identity(call["kernel"], "gfx942", runtime, call["constexprs"], call["divisible_by_16"], call["options"])
+    assert wanted in {json.loads(target_identity(t))[0] for t in targets(project).values()}
 
 
 def test_a_record_the_catalog_already_builds_is_dropped(project):
