@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import stat
 import tomllib
@@ -255,7 +256,9 @@ def _typed_value(signature, key: str, value, where: str, table: str):
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # what kforge itself sets where it compiles, or what decides which code runs at all
-ENV_RESERVED = ("TRITON_CACHE_DIR", "TRITON_HOME", "FLYDSL_GPU_ARCH", "ARCH", "COMPILE_ONLY", "PATH", "HOME")
+# (XDG_CACHE_HOME: where kforge keeps its local cache and bytecode, as HOME decides it)
+ENV_RESERVED = ("TRITON_CACHE_DIR", "TRITON_HOME", "FLYDSL_GPU_ARCH", "ARCH", "COMPILE_ONLY", "PATH", "HOME",
+                "XDG_CACHE_HOME")
 ENV_RESERVED_PREFIXES = ("LD_", "PYTHON", "KFORGE_")
 
 
@@ -437,13 +440,18 @@ def _with_overrides(table: dict, derived: tuple, swept: dict, constants: tuple, 
 
 def _check_integers(raw: dict, where: str) -> None:
     """TOML integers are 64-bit, but tomllib reads longer ones (in hex): too long for Python to print in a
-    message or an id (past 4,300 digits), and no kernel argument takes one."""
+    message or an id (past 4,300 digits), and no kernel argument takes one. TOML's nan and inf (a record line
+    refuses them) are no value a config is built for: NaN equals no launch's value, and JSON has neither."""
     for table, body in raw.items():
         for key, value in body.items() if isinstance(body, dict) else [(None, body)]:
             big = next((v for v in nested(value) if isinstance(v, int) and v not in INT64), None)
             if big is not None:
                 raise SpecError(f"{where}: [{_key(table)}]{'' if key is None else ' ' + _key(key)}: got an integer "
                                 f"of {big.bit_length()} bits; allowed: TOML's 64-bit integers, -2**63 .. 2**63-1")
+            odd = next((v for v in nested(value) if isinstance(v, float) and not math.isfinite(v)), None)
+            if odd is not None:
+                raise SpecError(f"{where}: [{_key(table)}]{'' if key is None else ' ' + _key(key)}: got {odd}; "
+                                f"allowed: a finite number")
 
 
 def _key(key: str) -> str:

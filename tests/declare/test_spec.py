@@ -332,13 +332,23 @@ def test_a_source_that_is_no_regular_file_says_what_it_is(tmp_path, kind, said):
     assert f"[kernel] source: file 'tk/odd.py' {said} (looked for" in str(e.value)
 
 
-@pytest.mark.parametrize("key", ['""', '"A=B"', '"A\\u0000B"', '"lower"'])
+@pytest.mark.parametrize("key", ['""', '"A=B"', '"A\\u0000B"', '"lower"', "HOME", "XDG_CACHE_HOME"])
 def test_a_bad_env_name_says_what_a_variable_name_must_be(tmp_path, key):
-    """[env] keys were refused as "the kernel's argument and parameter names", which [env] has none of."""
+    """[env] keys were refused as "the kernel's argument and parameter names", which [env] has none of. HOME and
+    XDG_CACHE_HOME decide where kforge keeps its local cache and bytecode: a family's [env] set the second and kforge
+    wrote there (a hostile-input review)."""
     message = error(tmp_path, spec_text() + f'\n[env]\n{key} = "x"\n')
     assert "[env] " in message and "not a variable a family may set; allowed: an environment variable's name " \
         "(upper-case letters, digits and _, not starting with a digit)" in message
     assert "argument and parameter names" not in message
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "[1.0, nan]"])
+def test_a_toml_nan_or_inf_is_refused_naming_the_key(tmp_path, value):
+    """TOML's nan and inf were taken as swept values (a record line refuses them): NaN equals no launch's value,
+    and the bundle's manifest held a bare NaN, which is no JSON (a hostile-input review)."""
+    message = error(tmp_path, spec_text() + f"\n[constants]\nn = {value}\n")
+    assert "[constants] n: got " in message and "allowed: a finite number" in message
 
 
 @pytest.mark.parametrize("description", ["ok\x1b]0;pwned\x07", "two\nlines", "tab\there", "x" * 301])
