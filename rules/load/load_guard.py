@@ -121,6 +121,8 @@ def _child(fn: Callable[[], object], writer, parent: int, memory: int, shown: st
         own_group(0)
         _limit(parent, memory)
         no_input()
+        os.dup2(2, 1)   # what a catalog prints goes to stderr: stdout is the command's (`doit list`, read by scripts)
+        sys.stdout = sys.stderr
         try:
             answer = ("ok", fn())
         except MemoryError:

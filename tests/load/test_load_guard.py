@@ -10,6 +10,7 @@ import pytest
 
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
+from kforge.load import load_guard
 from kforge.edge.dodo_tasks import load_specs
 from tests.support import doit, make_project, time_limit
 from tests.declare.test_python_catalog import CATALOG, python_project
@@ -174,3 +175,11 @@ def test_a_catalog_memory_of_no_whole_kilobytes_is_said_in_bytes(monkeypatch):
     assert load_guard.memory_hint("specs/cat.py: loading it failed: MemoryError: ") == (
         "specs/cat.py: loading it failed: MemoryError (at catalog_memory=1048577; raise it: catalog_memory=SIZE or "
         "KFORGE_CATALOG_MEMORY, e.g. 16G)")
+
+
+def test_what_a_catalog_prints_goes_to_stderr_not_the_commands_output(capfd):
+    """A Python catalog's print() landed in `doit list --all`'s stdout, which scripts read (a hostile-input
+    review)."""
+    assert load_guard.run(lambda: (print("from the catalog", flush=True), os.write(1, b"raw\n"), 7)[2], "c.py") == 7
+    out, err = capfd.readouterr()
+    assert out == "" and "from the catalog" in err and "raw" in err
