@@ -17,7 +17,8 @@ import threading
 from typing import Callable
 
 from . import tensordesc
-from .schema import LAUNCH_RANGES, OPTIONAL_LAUNCH_RANGES, SCRATCH_ALIGN, is_signature
+from .archs import ARCHS
+from .schema import LAUNCH_RANGES, OPTIONAL_LAUNCH_RANGES, SCRATCH_ALIGN, TRITON_VENDOR_DEFAULTS, is_signature
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CUDA_ERROR_INVALID_CONTEXT = 201   # the call's thread has no current context
@@ -161,7 +162,19 @@ def launch_plan(entry: dict, vendor: str) -> tuple["Arguments", dict, list[tuple
     options = entry.get("options") or {}
     if not isinstance(options, dict):
         raise LaunchError(f"{name}: the manifest's 'options' must be a table; rebuild the bundle")
-    return arguments, options, launch_attributes(options, vendor, name)
+    attributes = launch_attributes(options, vendor, name)
+    # the block is as many threads as the binary was compiled for: the compile's warps (more than the call's with
+    # warp specialization: ttg.total-num-warps) times the arch's threads a warp (never the manifest's warp_size)
+    arch = ARCHS.get(entry.get("arch")) if isinstance(entry.get("arch"), str) else None
+    warp = arch.warp_size if arch is not None else 32 if vendor == "nvidia" else None
+    asked = options.get("num_warps", TRITON_VENDOR_DEFAULTS.get(vendor, {}).get("num_warps"))
+    warps = entry.get("num_warps", asked)
+    if warp is None or type(asked) is not int or type(warps) is not int or warps < asked \
+            or entry["threads_per_block"] != warps * warp:
+        raise LaunchError(f"{name}: the manifest's threads_per_block {entry['threads_per_block']} is not its num_warps "
+                          f"{str(warps)[:20]} times the {warp or 'unknown'} threads a warp of its arch; rebuild the "
+                          f"bundle with `doit package`")
+    return arguments, options, attributes
 
 
 class Kernel:

@@ -880,6 +880,20 @@ def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(j
                          BLOCK=32)
 
 
+def test_a_blocks_threads_are_the_compiles_warps_times_the_archs_warp_and_warp_specialization_adds_warps():
+    """Triton's metadata num_warps is ttg.total-num-warps for a warp-specialized kernel (more than the call's
+    num_warps) and its launcher gives that many warps: a block of other threads than those is refused."""
+    from kforge_runtime.launch import LaunchError, launch_plan
+    base = {**entry("copy", 128, 4), "arch": "sm_90a"}
+    launch_plan({**base, "num_warps": 4}, "nvidia")
+    launch_plan({**base, "num_warps": 8, "threads_per_block": 256}, "nvidia")   # 4 warps more, as specialized
+    for bad in ({"num_warps": 2, "threads_per_block": 64}, {"num_warps": 4, "threads_per_block": 256},
+                {"num_warps": "4"}, {"arch": "gfx942"}):   # gfx942: 64 threads a warp, 4 warps: 256
+        with pytest.raises(LaunchError, match="threads_per_block .* is not its num_warps"):
+            launch_plan({**base, **bad}, "nvidia")
+    launch_plan({**base, "arch": "gfx942", "threads_per_block": 256}, "amd")
+
+
 @pytest.mark.parametrize("sha256", [["x"], {}])
 def test_an_entry_whose_sha256_is_no_string_is_no_traceback_in_the_applications_call(jit, tmp_path, sha256):
     """_pick's set of the entries' digests raised `TypeError: unhashable type: 'list'` inside the application's
@@ -890,18 +904,22 @@ def test_an_entry_whose_sha256_is_no_string_is_no_traceback_in_the_applications_
     assert server.served == 1
 
 
-@pytest.mark.parametrize("kernel", ["copy", "desc_scale"])
+@pytest.mark.parametrize("kernel", ["copy", "desc_scale", "threads"])
 def test_an_entry_the_loaders_launch_plan_refuses_is_a_miss_before_it_counts_as_served(jit, tmp_path, monkeypatch,
                                                                                       kernel):
     """Every refusal the loader makes before the driver sees the binary (a toolchain it does not launch, a
-    descriptor's compile metadata it cannot lay out) is made when the entry is picked: such an entry was counted
-    served, and the loader raised LaunchError at the first launch (the last session's critical read)."""
+    descriptor's compile metadata it cannot lay out, a block of other threads than its warps: served, it ran with
+    32 threads where the binary was compiled for 128, a hostile-input review) is made when the entry is picked:
+    such an entry was counted served, and the loader raised LaunchError at the first launch, or launched it."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from kforge_runtime.bundle import Bundle
     monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Packed(entry))
-    if kernel == "copy":
+    if kernel in ("copy", "threads"):
         bad, said, fn = {**entry("copy", 128, 4), "toolchain": "flydsl"}, "launching flydsl artifacts", copy
+        if kernel == "threads":   # the block the launch would get is not the one the binary was compiled for
+            bad = {**entry("copy", 128, 4), "threads_per_block": 32}
+            said = "threads_per_block 32 is not its num_warps 4"
         x, y = tensors()
         args = (x, y, 1000)
     else:
