@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import fresh_copy, run_doit  # noqa: E402
 from kforge.base.archs import parse_arch_list  # noqa: E402
-from kforge.edge.dodo_tasks import load_specs  # noqa: E402
+from kforge.plan.catalog import load_specs  # noqa: E402
 from kforge.load import observe  # noqa: E402
 from kforge.store import artifact  # noqa: E402
 from kforge.compile import core as compile_core  # noqa: E402

@@ -28,7 +28,7 @@ family(name="scale", source="tk/scale.py", entry="scale_kernel", toolchain="trit
 LOAD = '''import sys, time
 from pathlib import Path
 start = time.perf_counter()
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 root = Path(sys.argv[1])
 n = len(build_targets(load_specs(root), root, None))

@@ -33,7 +33,7 @@ MODES = ("on", "off", "contexts kept")
 def child(project: Path, mode: str, count: int) -> dict:
     from kforge.compile import core as compile_core
     from kforge.compile.action import DEFAULT_TIMEOUT_S
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     from kforge.plan.targets import build_targets
     targets = build_targets(load_specs(project), project, ("sm_90a", "gfx942"))[::4][:count]
     backend = compile_core.backend_of("triton")

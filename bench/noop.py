@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import REPO, run_doit, scale_project  # noqa: E402
 from kforge.store.artifact import seal  # noqa: E402
-from kforge.edge.dodo_tasks import load_specs  # noqa: E402
+from kforge.plan.catalog import load_specs  # noqa: E402
 from kforge.plan.targets import build_targets  # noqa: E402
 
 BARE_DODO = '''N = {n}

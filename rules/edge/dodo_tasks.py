@@ -18,12 +18,6 @@ from kforge.plan.catalog import Catalog
 from kforge_runtime.schema import dist_name
 
 
-def load_specs(root: Path) -> list:
-    """Every family of the project's specs (rules/plan/catalog.py says where they are)."""
-    from kforge.plan.catalog import load_specs
-    return load_specs(root)
-
-
 def load_catalog(root: Path, project_tasks: set[str] = frozenset()) -> Catalog:
     """The catalog for the archs chosen, or one line and exit code 2 (a catalog that cannot be found or read). A
     family that did not load is one line here and one failed task; so is one named as a task the project's dodo.py

@@ -508,7 +508,7 @@ def test_a_lowered_binary_that_is_no_code_for_the_arch_is_refused_once_by_the_in
     nothing of it is written."""
     import dataclasses
     from kforge.compile import action, core as compile_core, lowering
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     from kforge.load import isolate
     from kforge.plan.targets import build_targets
     targets = {t.name: t for t in build_targets(load_specs(built), built, None)}

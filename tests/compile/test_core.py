@@ -21,7 +21,7 @@ from kforge.compile import core as compile_core, lowering
 from kforge.base import stamps
 from kforge.store.artifact import CompileResult
 from kforge.base.layout import Layout
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import doit, fresh_servers, kernel_text, make_project, spec_text, statuses, write_files
 

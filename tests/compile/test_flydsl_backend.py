@@ -296,7 +296,7 @@ def test_a_library_builder_compiles_through_the_specs_adapter(fly_built):
 ])
 def test_a_bad_adapter_is_refused_at_load(tmp_path, change, message):
     from kforge.base.errors import SpecError
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     replacement = "shapes = {X = [1024]}" if change.startswith("shapes") else ""
     spec = ADAPTED_SPEC.replace('Y = ["ELEMS"]', "Y = [1024]") if not change.startswith("shapes") else ADAPTED_SPEC
     root = make_project(tmp_path / "p", specs={"libcopy": spec.replace(change, replacement)},

@@ -9,7 +9,7 @@ import pytest
 
 from kforge.plan import catalog as catalog_module
 from kforge.base.errors import SpecError
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import doit, make_project, spec_text, statuses
 

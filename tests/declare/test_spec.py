@@ -248,7 +248,7 @@ def test_a_family_named_like_a_kforge_task_or_a_doit_command_is_refused(tmp_path
 
 def test_a_spec_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path):
     import os
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     (tmp_path / "specs").mkdir()
     os.mkfifo(tmp_path / "specs" / "pipe.toml")   # reading it would block forever
     with pytest.raises(SpecError, match=r"^specs/pipe.toml: not a regular file \(a pipe, a device or a broken link"):

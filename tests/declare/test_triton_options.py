@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kforge.base.errors import SpecError
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from tests.support import doit, make_project, spec_text

@@ -10,6 +10,7 @@ from doit.loader import generate_tasks
 from kforge.store import artifact
 from kforge.ship import package
 from kforge.edge import dodo_tasks
+from kforge.plan.catalog import load_specs
 from kforge.store.inputs import InputIndex
 from kforge.base.layout import Layout
 from kforge.plan.targets import build_targets
@@ -27,7 +28,7 @@ def project(tmp_path):
 
 @pytest.fixture
 def targets(project):
-    return build_targets(dodo_tasks.load_specs(project), project, None)
+    return build_targets(load_specs(project), project, None)
 
 
 @pytest.fixture

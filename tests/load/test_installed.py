@@ -503,7 +503,7 @@ def test_a_none_argument_and_constexpr_defaults_from_the_source_build(site, tmp_
 
 
 def test_a_none_argument_given_a_value_is_refused(site, tmp_path):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC + "\n[constants]\nbias_ptr = 1\n"}, kernels={})
     with pytest.raises(SpecError, match=r"bias_ptr is None \(its \[signature\] type is 'none'\); remove it from "
                                         r"\[constants\]"):
@@ -550,7 +550,7 @@ def test_tensor_descriptor_arguments_build_with_their_block_shape_and_the_compil
 @pytest.mark.parametrize("bad", ["tensordesc<bf16[64, 64],NVMMASharedLayout()>", "tensordesc<bf16[]>",
                                  "tensordesc<f17[64]>", "tensordesc<bf16[0, 64]>"])
 def test_a_bad_tensor_descriptor_type_is_refused_at_load(site, tmp_path, bad):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     root = make_project(tmp_path / "p", specs={"lib_desc": DESC_SPEC.replace(
         'in_desc = "tensordesc<{dtype}[{BLOCK}, 64]>"', f'in_desc = "{bad}"')}, kernels={})
     with pytest.raises(SpecError, match=r"\[signature\] in_desc"):
@@ -613,7 +613,7 @@ def test_function_valued_constexprs_build_from_the_library_and_the_project_and_k
     ("tk.mine:nothing", r"function tk.mine:nothing: tk.mine .* defines no function nothing"),
 ])
 def test_a_bad_function_reference_is_refused_at_load(site, tmp_path, ref, message):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     from kforge.plan.targets import build_targets
     spec = ACT_SPEC.replace('id = "{ACT}"', "").replace(
         f'["{PACKAGE}.ops.acts:double", "{PACKAGE}.ops.acts:square", "tk.mine:cube"]', f'["{ref}"]')
@@ -661,7 +661,7 @@ def test_a_family_environment_is_set_where_its_module_is_read_and_compiled_and_i
 
 @pytest.mark.parametrize("name", ["PATH", "LD_PRELOAD", "PYTHONPATH", "KFORGE_CACHE", "lower", "TRITON_CACHE_DIR"])
 def test_a_reserved_or_malformed_environment_name_is_refused(site, tmp_path, name):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     root = make_project(tmp_path / "p", specs={"lib_env": ENV_SPEC.replace("KTL_FACTOR", name)}, kernels={})
     with pytest.raises(SpecError, match=r"\[env\] .*not a variable a family may set"):
         load_specs(root)
@@ -740,7 +740,7 @@ def test_a_module_name_no_file_system_can_hold_is_not_installed(site, name):
 
 
 def test_a_spec_naming_a_module_of_thousands_of_characters_is_one_line(site, tmp_path):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     root = make_project(tmp_path / "p", specs={"bad": spec("bad", "a" * 5000, "scale_kernel")}, kernels={})
     with pytest.raises(SpecError) as e:
         load_specs(root)

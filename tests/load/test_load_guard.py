@@ -11,7 +11,7 @@ import pytest
 from kforge.plan.catalog import Catalog
 from kforge.base.errors import SpecError
 from kforge.load import load_guard
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from tests.support import doit, make_project, time_limit
 from tests.declare.test_python_catalog import CATALOG, python_project
 from tests.load.test_installed import install, spec

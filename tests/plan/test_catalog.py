@@ -2,7 +2,7 @@
 Building it is README's main command, which CI runs once before the tests (.ci/run checks its report);
 the tests never build it again."""
 from kforge.base.layout import Layout
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import REPO
 

@@ -140,7 +140,7 @@ def test_the_package_stamp_is_unambiguous(tmp_path):
 
 
 def test_a_target_never_built_is_listed_as_not_built(packaged, tmp_path):
-    from kforge.edge.dodo_tasks import load_specs
+    from kforge.plan.catalog import load_specs
     from kforge.plan.targets import build_targets
     copy = shutil.copytree(packaged, tmp_path / "p")
     shutil.rmtree(copy / "out" / "sm_90a" / "scale" / "fp16-b256-w4")

@@ -1,7 +1,7 @@
 """The op's kernels are ordinary kforge targets: specs/ep_*.toml name the functions the op launches, and their
 [constants], and the compile options their sweeps fix, are what its JIT path uses (read from the specs)."""
 from kernels.ep import launch
-from kforge.edge.dodo_tasks import load_specs
+from kforge.plan.catalog import load_specs
 from tests.support import REPO
 
 
