@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import shutil
 import signal
@@ -26,11 +25,8 @@ from pathlib import Path
 # /usr/sbin is often not on a non-root user's PATH
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
-MARKER = "/.kforge-log-marker/"   # requests() asks for these (a 404) to know the log has caught up
-_markers = itertools.count()
-
 # Every temp path inside `root`: nginx's compiled-in defaults lie under /var/lib/nginx, often not writable. One worker:
-# CacheServer.requests() relies on requests being logged in the order they were answered.
+# the access log lists requests in the order they were answered.
 CONF = """
 {user}
 daemon off;
@@ -63,22 +59,6 @@ class CacheServer:
     url: str           # what `cache=` takes
     store: Path        # what the server serves: store/ac/<key>, store/cas/<sha256>
     access_log: Path
-
-    def requests(self, timeout: float = 10.0) -> list[str]:
-        """Every request answered so far, as "METHOD /path" in the order served. nginx logs a request after its
-        answer; one worker serves and logs in order: once a marker request is logged, all answered before it are."""
-        marker = f"{MARKER}{next(_markers)}"
-        with contextlib.suppress(urllib.error.HTTPError):   # a 404 is the expected answer
-            urllib.request.urlopen(f"{self.url}{marker}", timeout=timeout).close()
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = self.access_log.read_text().splitlines() if self.access_log.exists() else []
-            served = [" ".join(line.split('"')[1].split()[:2]) for line in lines]
-            if f"GET {marker}" in served:
-                return [r for r in served if not r.startswith(f"GET {MARKER}")]
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nginx did not log {marker} within {timeout:g} s ({self.access_log})")
-            time.sleep(0.01)
 
 
 def free_port() -> int:

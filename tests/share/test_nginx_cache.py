@@ -1,13 +1,38 @@
 """rules/share/nginx_cache.py: the loopback nginx cache serves back what is PUT, logs each request, and keeps all its
 files (temp paths included) in its own folder. The remote cache's protocol against it: tests/share/test_remote_cache.py."""
+import contextlib
+import itertools
 import re
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 
 from kforge.share import nginx_cache
+
+MARKER = "/.kforge-log-marker/"   # served() asks for these (a 404) to know the log has caught up
+_markers = itertools.count()
+
+
+def served(server, timeout: float = 10.0) -> list[str]:
+    """Every request the server answered so far, as "METHOD /path" in the order served. nginx logs a request after
+    its answer; its one worker serves and logs in order: once a marker request is logged, all answered before it
+    are."""
+    marker = f"{MARKER}{next(_markers)}"
+    with contextlib.suppress(urllib.error.HTTPError):   # a 404 is the expected answer
+        urllib.request.urlopen(f"{server.url}{marker}", timeout=timeout).close()
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = server.access_log.read_text().splitlines() if server.access_log.exists() else []
+        answered = [" ".join(line.split('"')[1].split()[:2]) for line in lines]
+        if f"GET {marker}" in answered:
+            return [r for r in answered if not r.startswith(f"GET {MARKER}")]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nginx did not log {marker} within {timeout:g} s ({server.access_log})")
+        time.sleep(0.01)
 
 needs_nginx = pytest.mark.skipif(nginx_cache.NGINX is None, reason="needs nginx (Debian's nginx-light)")
 
@@ -27,8 +52,8 @@ def test_what_is_put_is_served_back_and_each_request_is_logged(tmp_path):
         with urllib.request.urlopen(f"{server.url}/cas/abc", timeout=10) as got:
             assert got.read() == b"blob"
         assert (server.store / "cas" / "abc").read_bytes() == b"blob"
-        assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]
-        assert server.requests() == ["PUT /cas/abc", "GET /cas/abc"]   # its own log-marker requests are not listed
+        assert served(server) == ["PUT /cas/abc", "GET /cas/abc"]
+        assert served(server) == ["PUT /cas/abc", "GET /cas/abc"]   # its own log-marker requests are not listed
 
 
 @needs_nginx

@@ -15,6 +15,7 @@ from kforge.share import remote_cache
 from kforge.share.nginx_cache import NGINX, free_port, serve
 from kforge.base.layout import Layout
 from kforge.share.remote_cache import CacheConfig
+from tests.share.test_nginx_cache import served as answered
 from tests.support import build_report, doit, kernel_text, make_project, spec_text
 
 needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian's nginx-light; .ci/run installs it)")
@@ -254,11 +255,11 @@ def test_a_signed_reader_refuses_an_entry_whose_tag_is_wrong_or_missing_before_f
     entry, other = (json.loads((server.store / "ac" / k).read_text()) for k in (fp16, bf16))
     (server.store / "ac" / fp16).write_text(json.dumps(tamper(entry, fp16, other)))
     second = two_configs(tmp_path, "second", factor)
-    served = len(server.requests())
+    served = len(answered(server))
     out = doit(second, FP16, f"cache={server.url}", env={"KFORGE_CACHE_KEY": SECRET})
     assert f"/ac/{fp16} for {FP16} rejected ({why}" in out.stdout and "kforge: 1 warning: cache entry" in out.stdout
     assert [bool(r.get("from_cache")) for r in records(second)] == [False] and build_report(second) == {FP16: "built"}
-    assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
+    assert [r for r in answered(server)[served:] if r.startswith("GET /cas/")] == []
     assert_secret_nowhere(second, out)
 
 
@@ -291,11 +292,11 @@ def test_an_unsigned_entry_listing_more_files_than_an_artifact_has_is_refused_be
     entry["files"] = entry["files"] + [{"name": f"x{i}.cubin", "sha256": "0" * 64} for i in range(500)]
     path.write_text(json.dumps(entry))
     second = make_project(tmp_path / "second", kernels={"scale": kernel_text(factor="17")})
-    served = len(server.requests())
+    served = len(answered(server))
     out = doit(second, f"cache={server.url}")
     assert f"/ac/{path.name} for {FP16} rejected (it does not list exactly two files" in out.stdout
     assert build_report(second) == {FP16: "built"}
-    assert [r for r in server.requests()[served:] if r.startswith("GET /cas/")] == []
+    assert [r for r in answered(server)[served:] if r.startswith("GET /cas/")] == []
 
 
 # Requests answered in memory (no server): what an entry holds, and what the cache makes of it.
