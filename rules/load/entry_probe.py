@@ -93,10 +93,6 @@ class Probe:
         question: a module's process may run another family's code later, whose reads may shape its answers)."""
         return {f for probe, module in cls.used.get(family, ()) for f in probe.module_read.get(module, ())}
 
-    def describe(self, module: str, entry: str, where: str, family: str = "") -> dict:
-        Probe.describe_together([self], module, entry, where, family)
-        return self.described[(module, entry)]
-
     @staticmethod
     def describe_together(probes, module: str, entry: str, where: str, family: str = "") -> None:
         """describe() on each probe, as many children asked at once as there are CPUs, each batch asked before any

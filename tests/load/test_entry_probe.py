@@ -23,6 +23,12 @@ SM90_TARGETS = {   # what the library's pruner keeps with H100's shared memory (
 }   # not m256n256k128-w8s2-K256 (262,144 bytes of shared memory), nor any 16-warp config (LibTuner's max_warps)
 
 
+def described(probe, module: str, entry: str, where: str, family: str = "") -> dict:
+    """One probe's answer for an entry, as the catalog asks it (describe_together, one probe)."""
+    type(probe).describe_together([probe], module, entry, where, family)
+    return probe.described[(module, entry)]
+
+
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     found = tune_library.install(tmp_path / "site")
@@ -461,13 +467,13 @@ def test_each_module_is_probed_in_its_own_process_and_its_family_gets_all_that_p
     root = make_project(tmp_path / "p", kernels={}, specs={})
     probe = Probe.of(root)
     try:
-        assert probe.describe("twin.one", "kernel", "one", "f_one")["autotune"] == [
+        assert described(probe, "twin.one", "kernel", "one", "f_one")["autotune"] == [
             {"BLOCK": 64, "num_warps": 4, "num_stages": 3}]
         with pytest.raises(SpecError, match="importing twin.crash to read .* crashed the probe process"):
-            probe.describe("twin.crash", "kernel", "crash", "f_crash")
-        assert probe.describe("twin.two", "kernel", "two", "f_two")["autotune"][0]["BLOCK"] == 128
+            described(probe, "twin.crash", "kernel", "crash", "f_crash")
+        assert described(probe, "twin.two", "kernel", "two", "f_two")["autotune"][0]["BLOCK"] == 128
         for n in range(4):   # more modules than a child keeps processes for: twin.one's is ended
-            probe.describe(f"twin.more{n}", "kernel", "more", f"f_more{n}")
+            described(probe, f"twin.more{n}", "kernel", "more", f"f_more{n}")
         config = {"BLOCK": 64, "num_warps": 4, "num_stages": 3}   # twin.one again, in a fresh process
         assert probe.prune("twin.one", "kernel", [{"configs": [config], "args": {}, "kwargs": {}, "pointers": {}}],
                            "one", "f_one") == [[config]]
@@ -817,7 +823,7 @@ def test_a_probe_child_gone_before_it_reads_the_request_is_the_same_one_line(tmp
     probe.child = SimpleNamespace(poll=lambda: None, stdin=SimpleNamespace(write=broken))
     probe.close = lambda: setattr(probe, "child", None)   # nothing was started: nothing to stop
     with pytest.raises(SpecError) as e:
-        probe.describe("tk.scale", "tuned_kernel", "specs/s.toml")
+        described(probe, "tk.scale", "tuned_kernel", "specs/s.toml")
     assert str(e.value) == ("specs/s.toml: importing tk.scale to read the entry's autotune / heuristics crashed the "
                             "probe process; run `python -c 'import tk.scale'` to see why")
     assert probe.child is None
