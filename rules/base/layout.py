@@ -58,9 +58,6 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     def arch_dir(self, arch: str) -> Path:
         return self.out / arch
 
-    def artifact_dir(self, arch: str, kernel: str, config_id: str) -> Path:
-        return Path(self.artifact_path(arch, kernel, config_id))
-
     # A Target asks these for its paths (rules/base/target.py) as strings: a no-op run looks up thousands of them in
     # the key and input indexes, which are keyed by meta.json's path as a string.
     def artifact_path(self, arch: str, kernel: str, config_id: str) -> str:

@@ -51,7 +51,7 @@ def test_kforge_private_state_is_in_out_dot_kforge(tmp_path):
 
 
 def test_artifact_dir_is_arch_then_kernel_then_config_id(tmp_path):
-    assert (Layout(tmp_path).artifact_dir("sm_90a", "scale", "fp16-b256-w4")
+    assert (Path(Layout(tmp_path).artifact_path("sm_90a", "scale", "fp16-b256-w4"))
             == tmp_path / "out" / "sm_90a" / "scale" / "fp16-b256-w4")
 
 
@@ -92,7 +92,8 @@ def test_package_stamp_and_tuning_table_are_one_file_per_arch_and_per_kernel(tmp
 def test_the_layout_holding_a_file_is_found_from_its_nearest_out_folder(tmp_path):
     project = tmp_path / "out" / "proj"   # a project inside a folder named out: the nearest one counts
     layout = Layout.of(project)
-    for path in (layout.observed_inputs, layout.tuning_table("sm_90a", "gemm"), layout.artifact_dir("gfx942", "k", "c")):
+    for path in (layout.observed_inputs, layout.tuning_table("sm_90a", "gemm"),
+                 Path(layout.artifact_path("gfx942", "k", "c"))):
         assert Layout.holding(path) == layout
     with pytest.raises(ValueError, match="not inside an out/ folder"):
         Layout.holding(tmp_path / "elsewhere" / "x.json")
@@ -174,6 +175,6 @@ def test_a_target_asks_its_layout_for_every_path():
     assert "layout" in Target._fields and not {"out", "out_dir"} & set(Target._fields)
     target = Target(*([""] * Target._fields.index("layout")), Layout.of("/p"), key="k")._replace(
         arch="sm_90a", kernel="scale", config_id="c1")
-    assert Path(target.out_dir) == Layout.of("/p").artifact_dir("sm_90a", "scale", "c1")
+    assert Path(target.out_dir) == Path(Layout.of("/p").artifact_path("sm_90a", "scale", "c1"))
     assert Path(target.meta_path) == Path(target.out_dir) / schema.META
     assert Path(target.error_path) == Path(target.out_dir) / schema.ERROR

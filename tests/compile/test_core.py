@@ -111,7 +111,7 @@ def test_compile_into_hands_back_the_artifact_as_a_candidate_and_writes_none(com
     meta, _, on_disk, _ = artifact.accept(target, outcome.result.files)   # what the installer checks
     assert on_disk == binary
     assert meta["key"] == target.key and meta["target"] == target.name and meta["sha256"] == outcome.result.result.sha256
-    directory = Layout(private).artifact_dir(target.arch, target.kernel, target.config_id)
+    directory = Path(Layout(private).artifact_path(target.arch, target.kernel, target.config_id))
     assert directory == private / "out" / "sm_90a" / "scale" / target.config_id and not directory.exists()
     # the backend was handed the private paths, and lowered in the forked compile server
     assert (meta["seen_out"], meta["seen_out_dir"]) == (str(private / "out"), str(directory))
@@ -158,7 +158,7 @@ def test_a_backend_error_in_compile_into_fails_and_writes_no_artifact(compiled, 
     outcome = into(compiled, private)
     assert not outcome.ok and "out of registers" in outcome.error and outcome.result is None
     _, target, _ = compiled
-    assert not Layout(private).artifact_dir(target.arch, target.kernel, target.config_id).exists()
+    assert not Path(Layout(private).artifact_path(target.arch, target.kernel, target.config_id)).exists()
 
 
 def test_the_compilers_temp_files_go_to_the_compiles_scratch_folder(compiled, fake_backend, tmp_path):

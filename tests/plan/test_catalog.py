@@ -2,6 +2,7 @@
 Building it is README's main command, which CI runs once before the tests (.ci/run checks its report);
 the tests never build it again."""
 from kforge.base.layout import Layout
+from pathlib import Path
 from kforge.plan.catalog import load_specs
 from kforge.plan.targets import build_targets
 from tests.support import REPO
@@ -15,7 +16,7 @@ def test_the_catalog_loads_into_unique_targets_inside_out():
     assert {"gemm", "rmsnorm", "softmax", "moe_gemm", "fly_gemm", "fly_fp8_gemm", "fly_rmsnorm",
             "fly_softmax", "ep_dispatch", "ep_combine"} <= {t.kernel for t in targets}
     out = Layout(REPO).out
-    assert all(out in Layout(REPO).artifact_dir(t.arch, t.kernel, t.config_id).parents for t in targets)
+    assert all(out in Path(Layout(REPO).artifact_path(t.arch, t.kernel, t.config_id)).parents for t in targets)
     assert {t.toolchain for t in targets} == {"triton", "flydsl"}
 
 

@@ -29,7 +29,7 @@ def target_at(directory, meta=None, **fields):
     """The Target fields the artifact module reads (rules/base/target.py), for the target `meta` names, with its
     artifact directory at `directory` (<root>/out/<arch>/<kernel>/<config_id>, as rules/base/layout.py puts it)."""
     layout, (arch, kernel, config_id) = Layout(directory.parents[3]), directory.parts[-3:]
-    assert layout.artifact_dir(arch, kernel, config_id) == directory
+    assert Path(layout.artifact_path(arch, kernel, config_id)) == directory
     named = {} if meta is None else dict(name=meta["target"], kernel=meta["kernel"], config_id=meta["config_id"],
                                          arch=meta["arch"], key=meta["key"], config=tuple(meta["config"].items()))
     return SimpleNamespace(**{"recorded_code": (), **named, **fields}, layout=layout,
