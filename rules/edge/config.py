@@ -251,6 +251,10 @@ def check_arguments() -> None:
 def unknown_name(name: str, tasks: list[str], command: bool = False) -> str:
     """The line for a command-line name that is no task, family or target of the project (nor a doit command,
     where one may stand: `doit NAME`)."""
+    from doit.doit_cmd import DoitMain
+    if command and name in {c.get_name() for c in DoitMain.DOIT_CMDS} | set(ADDED):   # after a build's options
+        return (f"kforge: {name!r} is a doit command, not a task: after a build's options (`doit -n 2 {name}`) "
+                f"doit reads a name as a task; give the command first, `doit {name} ...`")
     shown = name if len(name) <= 120 else name[:117] + "..."
     close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""

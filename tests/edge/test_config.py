@@ -161,6 +161,11 @@ def test_a_name_that_selects_no_task_is_one_line_naming_the_closest(tmp_path):
     assert proc.returncode == 3 and proc.stderr.strip() == (
         "ERROR: kforge: 'qqqq' names no command, task, family or target of this project (`doit list --all` lists "
         "every target)"), proc.stderr
+    # a command after a build's options is a task name to doit: it "named no command" (a hostile-input review)
+    proc = doit(root, "-n", "0", "list", check=False)
+    assert proc.returncode == 3 and proc.stderr.strip() == (
+        "ERROR: kforge: 'list' is a doit command, not a task: after a build's options (`doit -n 2 list`) doit reads a "
+        "name as a task; give the command first, `doit list ...`"), proc.stderr
     assert not (root / "out" / "sm_90a").exists()   # nothing built, nothing cleaned
 
 
