@@ -260,7 +260,8 @@ def _install_torch(torch) -> None:
     # torch's device-generic API (torch 2.6 on), which answers for CUDA and ROCm alike as "cuda": bitsandbytes asks
     # `torch.accelerator.current_accelerator().type` at import
     accelerator = {"is_available": lambda: True,
-                   "current_accelerator": lambda check_available=False: torch.device("cuda"), "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
+                   "current_accelerator": lambda check_available=False: torch.device("cuda"),
+                   "device_count": lambda: 1, "current_device_index": lambda: 0, "current_device_idx": lambda: 0,
                    "set_device_index": lambda device: None, "set_device_idx": lambda device: None,
                    "current_stream": answers["current_stream"], "set_stream": lambda stream: None,
                    "get_memory_info": answers["mem_get_info"],

@@ -60,13 +60,20 @@ def is_wrapped(path: Path, entry: str) -> bool:
     return False
 
 
+class ProbeFailed(SpecError):
+    """A child's answer that the entry fails (its module's import, a heuristic or the pruner raised): `steady` when
+    it follows from what the child read, so that the catalog may replay it while that holds (never a crash, a
+    timeout, memory or the OS: unsteady)."""
+
+    def __init__(self, message: str, steady: bool = False):
+        super().__init__(message)
+        self.steady = steady
+
+
 class Probe:
     """The parent's side: one child per project root, started on the first question."""
     _open: dict[str, "Probe"] = {}
     used: dict[str, set] = {}   # family -> the (probe, module) pairs it asked about (reads_of)
-    # families whose answer may not follow from what the probe read (a crash, a timeout, memory or the OS): a
-    # failure of theirs is never replayed (rules/plan/catalog.py)
-    unsteady: set[str] = set()
 
     @classmethod
     def of(cls, root: Path, env: tuple = (), arch: str | None = None, model: bool = False,
@@ -157,7 +164,6 @@ class Probe:
             if "error" in reply:   # a MemoryError names the setting to raise
                 reply["error"] = load_guard.memory_hint(reply["error"])
         except load_guard.TooLong:
-            Probe.unsteady.add(request.get("family", ""))
             self.close()
             raise
         except (OSError, ValueError):   # the child died (a crash in the module's import): no reply
@@ -168,14 +174,11 @@ class Probe:
         self.module_read.setdefault(module, set()).update(set(reply.pop("read", ())) - given)
         Probe.used.setdefault(request.get("family", ""), set()).add((self, module))
         if "error" in reply:
-            if reply.get("unsteady"):
-                Probe.unsteady.add(request.get("family", ""))
-            raise SpecError(f"{where}: {reply['error']}")
+            raise ProbeFailed(f"{where}: {reply['error']}", steady=not reply.get("unsteady"))
         return reply
 
     def _crashed(self, request: dict, where: str) -> SpecError:
         """The error to raise for a child that died: it is stopped (a later request starts another)."""
-        Probe.unsteady.add(request.get("family", ""))
         self.close()
         return SpecError(f"{where}: {_crash_message(_named(request)[0])}")
 
@@ -189,7 +192,7 @@ class Probe:
         for probe in cls._open.values():
             probe.close()
         cls._open.clear()
-        cls.used, cls.unsteady = {}, set()
+        cls.used = {}
 
 
 def _named(request: dict) -> list:
@@ -417,7 +420,7 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
                              f"these configs as a launch would"}
         except Exception as e:   # the library's pruner: one line naming where it failed
             return {"error": f"pruning the autotune configs of {module}.{entry} failed on {group['args']}: "
-                             f"{type(e).__name__}: {e}".splitlines()[0] + _where(e)}
+                             f"{type(e).__name__}: {e}".splitlines()[0] + _where(e), "unsteady": unsteady(e)}
         finally:
             tuner.configs, tuner.perf_model, tuner.nargs = saved
         found = [_as_dict(c) for c in chosen or ()]
@@ -602,7 +605,7 @@ def _heuristics(module: str, entry: str, args: list[dict], pointers: list[dict],
                     return {"error": f"heuristic {name} of {module}.{entry} failed on {given}: "
                                      f"{type(e).__name__}: {e}".splitlines()[0].rstrip(": ") + _where(e)
                                      + f"; if it needs what the build machine lacks (a GPU), pin its value: "
-                                       f"[override] {name} = ..."}
+                                       f"[override] {name} = ...", "unsteady": unsteady(e)}
                 value = _plain(value)
                 if not isinstance(value, SCALARS):
                     return {"error": f"heuristic {name} of {module}.{entry} gave {value!r}; kforge compiles "
@@ -726,8 +729,8 @@ def _import_package(package: str) -> tuple[str, bool]:
 
 def unsteady(error: BaseException) -> bool:
     """Whether a failure may come from what the probe does not watch, so that the catalog must not replay it:
-    memory, the OS (a file, a socket, a library ctypes loads), a native extension whose own libraries did not load
-    (an ImportError with a path), anywhere in its chain of causes."""
+    memory, the OS (a file, a socket, a library ctypes loads), an ImportError naming a file (a native extension
+    whose own libraries did not load; a name a module lacks, conservatively), anywhere in its chain of causes."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

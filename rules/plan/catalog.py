@@ -85,21 +85,34 @@ class Unloaded(NamedTuple):
     error: str      # as `failed` holds it: its place first
 
 
-def _unloaded(name: str, where: str, error: str, asked: set[str], claims: bool, files: set) -> "Unloaded | None":
-    """Unloaded when one family asked the probe, no answer of which was unsteady, and the error names its place
-    first (to be named anew when it moves); else None: loaded again next time."""
-    from kforge.load.entry_probe import Probe
-    if len(asked) != 1 or asked & Probe.unsteady or not error.startswith(f"{where}: "):
+def _unloaded(name: str, where: str, error: SpecError, asked: set[str], claims: bool, files: set) -> Unloaded | None:
+    """Unloaded when the error is a probe's steady answer (not kforge's own reading of a file that may be fixed, nor
+    a crash, a timeout, memory or the OS), the family asked that probe alone, and the error names its place first
+    (to be named anew when it moves); else None: loaded again next time."""
+    from kforge.load.entry_probe import ProbeFailed
+    if not (isinstance(error, ProbeFailed) and error.steady) or len(asked) != 1 or \
+            not str(error).startswith(f"{where}: "):
         return None
-    return Unloaded(name, next(iter(asked)), claims, files, error)
+    return Unloaded(name, next(iter(asked)), claims, files, str(error))
 
 
-def _unloaded_fingerprint(archs) -> str:
+def _unloaded_fingerprint(archs, root: Path) -> str:
     """What a probe's failure may hang on besides what it read: the toolchain's versions (torch and triton are not
-    inputs), the module path (a folder added to it may hold what was missing) and the archs it was asked for."""
-    from kforge.load.observe import TOOLCHAIN
-    return stamps.digest({"toolchain": [keys.package_version(d) for d in TOOLCHAIN], "path": sys.path,
-                          "archs": archs})
+    inputs), the module path and the listing of each of its folders outside the project (a folder added to it, or
+    a package, a dist-info, a .pth or an import finder installed in one, may hold what was missing; a module the
+    project gains is where the probe's import looked in vain, one of what it read) and the archs it was asked
+    for."""
+    from kforge.load.observe import TOOLCHAIN, listing_digest
+    project = os.path.realpath(root) + os.sep
+
+    def listing(folder: str) -> str | None:
+        try:
+            inside = (os.path.realpath(folder or ".") + os.sep).startswith(project)
+            return None if inside else listing_digest(folder or ".")
+        except OSError:   # not there, or not a folder
+            return None
+    return stamps.digest({"toolchain": [keys.package_version(d) for d in TOOLCHAIN], "archs": archs,
+                          "path": [(folder, listing(folder)) for folder in sys.path]})
 
 
 class Broken(NamedTuple):
@@ -153,7 +166,7 @@ class Catalog:
         contents: dict[str, str | None] = {}
         reusable = self._reusable(saved, archs, contents)
         replays = self._replays(saved, archs, contents)
-        unloaded: dict[str, tuple[str, str, set, str]] = {}   # name -> (key, where, files, error): failed on its reads
+        unloaded: dict[str, dict] = {}   # a family its probe's answer failed: name -> its saved entry, or what makes it
         failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
         read: set[Path] = set()   # what the Python catalog files read
         done: list[tuple[Family, list[Target], dict | None]] = []   # per family: a reused one's entry, else None
@@ -176,10 +189,8 @@ class Catalog:
                 if replay is not None and not (replay["claims"] and replay["name"] in named):   # failed so before
                     if replay["claims"]:
                         named[replay["name"]] = declared.where
-                    failed.append((replay["name"], declared.where, f"{declared.where}: {replay['error']} (replayed: "
-                                   f"it failed so from these inputs before; `doit forget {replay['name']}` loads it "
-                                   f"again)"))
-                    unloaded[replay["name"]] = replay
+                    failed.append((replay["name"], declared.where, f"{declared.where}: {replay['error']}"))
+                    unloaded[replay["name"]] = {**replay, "replayed": True}
                     continue
                 found = self._compute(declared, archs, named, failed, clashes)
                 if isinstance(found, Unloaded):
@@ -209,7 +220,14 @@ class Catalog:
         self.families = [family for family, _, _ in done]
         self.targets = records.without_duplicates([t for _, targets, _ in done for t in targets])
         self.loaded_from = "specs"
-        self.broken = _named_apart(_grouped(failed), {f.name for f in self.families})
+        grouped = _grouped(failed)
+        self.broken = _named_apart(grouped, {f.name for f in self.families})
+        for i, ((name, _, _), broken) in enumerate(zip(grouped, self.broken)):   # by the name its task has
+            if name in unloaded:
+                unloaded[name]["task"] = broken.name
+                if unloaded[name].get("replayed"):
+                    self.broken[i] = broken._replace(error=f"{broken.error} (replayed: it failed so from these inputs "
+                                                           f"before; `doit forget {broken.name}` loads it again)")
         if self.broken and not keep_going:
             raise SpecError(self.broken[0].error)
         entries = [entry if name not in computed else
@@ -257,8 +275,7 @@ class Catalog:
             spec = spec_from_tables(declared.tables, declared.where, self.root, recorded=declared.recorded)
         except SpecError as e:
             failed.append((declared.failed_name, declared.failed_where, str(e)))
-            return _unloaded(declared.failed_name, declared.where, str(e), set(Probe.used) - asked_before, False,
-                             set())
+            return _unloaded(declared.failed_name, declared.where, e, set(Probe.used) - asked_before, False, set())
         if spec.name in named:
             clashes.setdefault(spec.name, []).append(spec.path)
             failed.append((spec.name, spec.path, f"{spec.path}: kernel name {spec.name!r} is already used by "
@@ -271,7 +288,7 @@ class Catalog:
             targets = build_targets([spec], self.root, archs, files)
         except SpecError as e:
             failed.append((spec.name, spec.path, str(e)))
-            return _unloaded(spec.name, declared.where, str(e), set(Probe.used) - asked_before, True, files)
+            return _unloaded(spec.name, declared.where, e, set(Probe.used) - asked_before, True, files)
         return Family(spec.name, spec.description, spec.path, spec.tune is not None), targets, files
 
     def _entry(self, key: str, name: str, files: list[str], targets: list[Target], contents: dict) -> dict:
@@ -323,7 +340,7 @@ class Catalog:
         try:
             if saved is None or not saved.get("unloaded") or saved.get("context") != self._context:
                 return {}
-            fingerprint = _unloaded_fingerprint(archs)
+            fingerprint = _unloaded_fingerprint(archs, self.root)
             return {e["key"]: e for e in saved["unloaded"] if isinstance(e["key"], str)
                     and isinstance(e["name"], str) and isinstance(e["error"], str) and isinstance(e["claims"], bool)
                     and e["fingerprint"] == fingerprint
@@ -335,10 +352,11 @@ class Catalog:
         """What the next load needs to replay a family's failure: the error without its place (a line added above
         its family() call moves it), what it read by content, and the fingerprint (a replayed one: as saved)."""
         if "found" not in unloaded:
-            return unloaded
+            return {k: v for k, v in unloaded.items() if k != "replayed"}
         found, where = unloaded["found"], unloaded["where"]
-        return {"key": unloaded["key"], "name": found.name, "claims": found.claims,
-                "error": found.error[len(where) + 2:], "fingerprint": _unloaded_fingerprint(archs),
+        return {"key": unloaded["key"], "name": found.name, "task": unloaded.get("task", found.name),
+                "claims": found.claims,
+                "error": found.error[len(where) + 2:], "fingerprint": _unloaded_fingerprint(archs, self.root),
                 "inputs": [[self.places.saved(f), _content(f, contents)] for f in sorted(map(str, found.files))]}
 
     def _family(self, saved: list) -> Family:
@@ -455,7 +473,7 @@ def forget_unloaded(root: Path, names: set[str] | None) -> None:
     saved = read_state(path, _well_shaped)
     if saved is None or not isinstance(saved.get("unloaded"), list):
         return
-    kept = [e for e in saved["unloaded"] if names is not None and not (isinstance(e, dict) and e.get("name") in names)]
+    kept = [e for e in saved["unloaded"] if names is not None and not (isinstance(e, dict) and e.get("task") in names)]
     if kept != saved["unloaded"]:
         write_inside(Layout(root).out, path, json.dumps({**saved, "unloaded": kept}, separators=(",", ":")).encode())
 

@@ -438,21 +438,107 @@ UNSTEADY_MODULES = {   # failures that may not follow from what the import read:
 }
 
 
-@pytest.mark.parametrize("module", sorted(UNSTEADY_MODULES))
+HEURISTIC_MODULE = """
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"BLOCK": lambda args: REASON})
+@triton.jit
+def lib_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    pass
+"""
+
+
+@pytest.mark.parametrize("module", sorted(UNSTEADY_MODULES) + ["heuristic"])
 def test_a_probe_failure_that_may_not_follow_from_what_it_read_is_never_replayed(tmp_path, monkeypatch, module):
+    """A heuristic or pruner that failed on the OS was replayed too (a critical read): only module imports were."""
     source = textwrap.dedent(BROKEN_MODULES["nodevice"]).replace('raise RuntimeError("No device were detected")\n',
-                                                                 UNSTEADY_MODULES[module])
+                                                                 UNSTEADY_MODULES.get(module, ""))
+    if module == "heuristic":
+        source = HEURISTIC_MODULE.replace("REASON", "len(open('/nonexistent-kforge-test/table').read())")
     site = tune_library.install(tmp_path / "site", {module: source})
     import sysconfig
     (site / "kforge_tunelib" / f"native_ext{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not ELF")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("KFORGE_CATALOG_TIMEOUT", "2")
-    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", module)})
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", module) + "num_warps = [4]\n"})
     started = probes_started(monkeypatch)
+    asked = []   # the questions each load asked (a heuristic's family: its import, then its heuristics)
     for _ in range(2):
         found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
         assert [b.name for b in found.broken] == ["lib"] and "(replayed" not in found.broken[0].error
-    assert started == ["lib", "lib"]
+        asked.append(len(started) - sum(asked))
+    assert asked[0] == asked[1] > 0 and set(started) == {"lib"}
+    if module == "heuristic":
+        assert "heuristic BLOCK of kforge_tunelib.ops.heuristic.lib_kernel failed" in found.broken[0].error
+
+
+def test_a_heuristics_failure_on_what_it_read_is_replayed_and_one_of_kforges_own_reading_never_is(tmp_path,
+                                                                                                   monkeypatch):
+    """What the probe's answer failed is replayed; an error kforge's own reading of the sources raised after the
+    probe answered (a module the kernel's source imports that is not Python) names a file the probe never read:
+    it was replayed after that file was fixed (a critical read)."""
+    site = tune_library.install(tmp_path / "site", {
+        "heur": HEURISTIC_MODULE.replace("REASON", "int('x')"),
+        "badimport": BROKEN_MODULES["nodevice"].replace(
+            'raise RuntimeError("No device were detected")', "def _unused():\n            from kforge_tunelib import helper")})
+    (site / "kforge_tunelib" / "helper.py").write_text("def broken(:\n")
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"heur": library_spec("heur", "heur") + "num_warps = [4]\n",
+                                               "badimport": library_spec("badimport", "badimport")}, kernels={})
+    started = probes_started(monkeypatch)
+
+    def errors() -> dict:
+        return {b.name: b.error for b in catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken}
+    first = errors()
+    assert "heuristic BLOCK of kforge_tunelib.ops.heur.lib_kernel failed" in first["heur"]
+    assert "kforge_tunelib/helper.py:1, a module its source imports, is not Python" in first["badimport"]
+    started.clear()
+    again = errors()
+    assert again["heur"].endswith("`doit forget heur` loads it again)") and "(replayed" not in again["badimport"]
+    assert started == ["badimport"]
+    (site / "kforge_tunelib" / "helper.py").write_text("def fixed():\n    pass\n")
+    assert "badimport" not in errors()
+
+
+def test_a_dist_info_installed_on_the_module_path_loads_a_replayed_family_again(tmp_path, monkeypatch):
+    """importlib.metadata.version() of a package not installed fails the same way until one is, in a folder of
+    the module path whose listing the probe's reads do not hold (a critical read)."""
+    site = tune_library.install(tmp_path / "site", {"versioned": BROKEN_MODULES["nodevice"].replace(
+        'raise RuntimeError("No device were detected")', 'import importlib.metadata\n'
+        '        importlib.metadata.version("kforge-test-dependency")')})
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", "versioned")}, kernels={})
+    started = probes_started(monkeypatch)
+    for _ in range(2):
+        catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert started == ["lib"]   # the second load replayed it
+    info = site / "kforge_test_dependency-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kforge-test-dependency\nVersion: 1.0\n")
+    found = catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert started == ["lib", "lib"] and found.broken == [], found.broken
+
+
+def test_a_replayed_family_renamed_apart_is_forgotten_and_named_by_its_tasks_name(tmp_path, monkeypatch):
+    """A broken family whose name a loading family has is listed as NAME_broken; the replayed line told to `doit
+    forget NAME`, the other family's task, and forgetting NAME_broken kept the replay (a critical read)."""
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"a_good": spec_text(name="lib"),
+                                               "z_bad": library_spec("lib", "nodevice")})
+    started = probes_started(monkeypatch)
+
+    def broken():
+        return catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken
+    assert [b.name for b in broken()] == ["lib_broken"]
+    again = broken()
+    assert again[0].error.endswith("`doit forget lib_broken` loads it again)") and started == ["lib"]
+    catalog_module.forget_unloaded(root, {"lib"})   # the other family's task: kept
+    assert "(replayed" in broken()[0].error
+    catalog_module.forget_unloaded(root, {"lib_broken"})
+    assert "(replayed" not in broken()[0].error and started == ["lib", "lib"]
 
 
 def test_a_replayed_failure_names_the_line_its_python_catalog_declares_it_on_now(tmp_path, monkeypatch):
