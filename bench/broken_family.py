@@ -2,9 +2,9 @@
 without that family: what a broken family costs every run that follows.
 
 Usage: python bench/broken_family.py [--targets 12] [--repeat 7] [--json out.json]
-The project: one small kernel swept to --targets targets (powers of 2 blocks for sm_90a and gfx942, built once), and a family whose module imports torch and
-then raises, as a library needing what the build machine lacks does (mamba-ssm's broken family imports
-transformers too). Both sides are timed as whole `python -m doit` processes that exit 1 (the broken side) or 0,
+The project: one small kernel swept to --targets targets (power-of-2 blocks for sm_90a and gfx942, built once),
+and a family whose module imports torch and then raises, as a library needing what the build machine lacks does
+(mamba-ssm's broken family imports transformers too). Both sides are timed as whole `python -m doit` processes that exit 1 (the broken side) or 0,
 alternating, median of --repeat runs, after one untimed run each.
 """
 from __future__ import annotations

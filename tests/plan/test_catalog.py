@@ -481,8 +481,9 @@ def test_a_heuristics_failure_on_what_it_read_is_replayed_and_one_of_kforges_own
     it was replayed after that file was fixed (a critical read)."""
     site = tune_library.install(tmp_path / "site", {
         "heur": HEURISTIC_MODULE.replace("REASON", "int('x')"),
-        "badimport": BROKEN_MODULES["nodevice"].replace(
-            'raise RuntimeError("No device were detected")', "def _unused():\n            from kforge_tunelib import helper")})
+        "badimport": BROKEN_MODULES["nodevice"].replace('raise RuntimeError("No device were detected")',
+                                                         "def _unused():\n"
+                                                         "            from kforge_tunelib import helper")})
     (site / "kforge_tunelib" / "helper.py").write_text("def broken(:\n")
     monkeypatch.syspath_prepend(str(site))
     root = make_project(tmp_path / "p", specs={"heur": library_spec("heur", "heur") + "num_warps = [4]\n",
