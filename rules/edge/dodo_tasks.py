@@ -23,7 +23,8 @@ def load_catalog(root: Path, project_tasks: set[str] = frozenset()) -> Catalog:
     family that did not load is one line here and one failed task; so is one named as a task the project's dodo.py
     defines (`project_tasks`: doit stopped every run on it, "Task names must be unique")."""
     try:
-        catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load(keep_going=True)
+        catalog = Catalog(root, settings.get("archs"), settings.get("max_configs")).load(keep_going=True,
+                                                                                        taken=frozenset(project_tasks))
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"kforge: {e}\n")
         raise SystemExit(2)

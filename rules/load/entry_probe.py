@@ -388,7 +388,7 @@ def _prune(module: str, entry: str, groups: list[dict]) -> dict:
     layers = _layers(module, entry)
     tuner = next((x for x in layers if isinstance(x, Autotuner)), None)
     if tuner is None:
-        return {"error": f"{module}.{entry} has no autotuner now; load the catalog again"}
+        return {"error": f"{module}.{entry} has no autotuner now; load the catalog again", "unsteady": True}
     kept = []
     for group in groups:
         if len(tuner.configs) < 2:   # Triton runs a lone config without pruning it

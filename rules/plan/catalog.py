@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -96,23 +97,29 @@ def _unloaded(name: str, where: str, error: SpecError, asked: set[str], claims: 
     return Unloaded(name, next(iter(asked)), claims, files, str(error))
 
 
+# how long a probe's failure is replayed: what it may hang on beyond what the probe watches (a library found through
+# a .pth or an import finder elsewhere, a tool it runs, a file it tests for) is seen this long after, at the latest
+REPLAY_SECONDS = 600
+
+
 def _unloaded_fingerprint(archs, root: Path) -> str:
     """What a probe's failure may hang on besides what it read: the toolchain's versions (torch and triton are not
-    inputs), the module path and the listing of each of its folders outside the project (a folder added to it, or
-    a package, a dist-info, a .pth or an import finder installed in one, may hold what was missing; a module the
-    project gains is where the probe's import looked in vain, one of what it read) and the archs it was asked
-    for."""
+    inputs), the module path and the listing of each of its folders (a folder added to it, or a package, a
+    dist-info, a .pth or an import finder installed in one, may hold what was missing) but the project's own
+    folder and the running script's (a module the project gains is where the probe's import looked in vain: one
+    of what it read) and the archs it was asked for."""
     from kforge.load.observe import TOOLCHAIN, listing_digest
-    project = os.path.realpath(root) + os.sep
+    script = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    skipped = {os.path.realpath(root), script}   # `doit` puts its script's folder first, `python -m doit` the cwd
+    folders = [os.path.realpath(folder or ".") for folder in sys.path]
 
     def listing(folder: str) -> str | None:
         try:
-            inside = (os.path.realpath(folder or ".") + os.sep).startswith(project)
-            return None if inside else listing_digest(folder or ".")
+            return None if folder in skipped else listing_digest(folder)
         except OSError:   # not there, or not a folder
             return None
     return stamps.digest({"toolchain": [keys.package_version(d) for d in TOOLCHAIN], "archs": archs,
-                          "path": [(folder, listing(folder)) for folder in sys.path]})
+                          "path": [(folder, listing(folder)) for folder in folders if folder not in skipped]})
 
 
 class Broken(NamedTuple):
@@ -137,8 +144,9 @@ class Catalog:
         self.places = Places(root)
         self.loaded_from = ""   # "saved", "kept" or "specs": where load() found it
 
-    def load(self, keep_going: bool = False) -> "Catalog":
-        """A family that does not load is a SpecError, or with keep_going one entry of `broken`."""
+    def load(self, keep_going: bool = False, taken: frozenset[str] = frozenset()) -> "Catalog":
+        """A family that does not load is a SpecError, or with keep_going one entry of `broken`, named apart from
+        the families and from `taken` (the project's own tasks)."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
         saved = read_state(self.path, _well_shaped)   # untrusted: one not of this format is dropped with a warning
@@ -156,17 +164,19 @@ class Catalog:
             self.families, self.targets, self.tuned = [], [], []                # number...): load the specs instead
         from kforge.load import installed
         with installed.shared():   # an installed module's closure walked once, not once per family of it
-            self._from_specs(folders, spec_files, saved, keep_going)
+            self._from_specs(folders, spec_files, saved, keep_going, taken)
         return self if self._fresh is None else self._saved_now()
 
-    def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool) -> None:
+    def _from_specs(self, folders: list[Path], spec_files: list[Path], saved: dict | None, keep_going: bool,
+                    taken: frozenset[str]) -> None:
         from kforge.declare import records
         from kforge.load.entry_probe import Probe
         archs = self.archs if saved is None else _union(saved["archs"], self.archs)
         contents: dict[str, str | None] = {}
         reusable = self._reusable(saved, archs, contents)
         replays = self._replays(saved, archs, contents)
-        unloaded: dict[str, dict] = {}   # a family its probe's answer failed: name -> its saved entry, or what makes it
+        unloaded: dict[tuple[str, str], dict] = {}   # a family its probe's answer failed, by (name, where): its saved
+        # entry, or what makes it
         failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
         read: set[Path] = set()   # what the Python catalog files read
         done: list[tuple[Family, list[Target], dict | None]] = []   # per family: a reused one's entry, else None
@@ -185,17 +195,17 @@ class Catalog:
                         named[family.name] = family.path
                         done.append((family, targets, entry))
                         continue
-                replay = replays.pop(key, None)
+                replay = replays[key].pop(0) if replays.get(key) else None
                 if replay is not None and not (replay["claims"] and replay["name"] in named):   # failed so before
                     if replay["claims"]:
                         named[replay["name"]] = declared.where
                     failed.append((replay["name"], declared.where, f"{declared.where}: {replay['error']}"))
-                    unloaded[replay["name"]] = {**replay, "replayed": True}
+                    unloaded[replay["name"], declared.where] = {**replay, "replayed": True}
                     continue
                 found = self._compute(declared, archs, named, failed, clashes)
                 if isinstance(found, Unloaded):
                     if key is not None:
-                        unloaded[found.name] = {"key": key, "where": declared.where, "found": found}
+                        unloaded[found.name, declared.where] = {"key": key, "where": declared.where, "found": found}
                 elif found is not None:
                     family, targets, files = found
                     computed[family.name] = files
@@ -203,7 +213,7 @@ class Catalog:
             for name, others in clashes.items():   # which of them was meant? neither is built: the first fails too
                 done = [d for d in done if d[0].name != name]
                 computed.pop(name, None)
-                unloaded.pop(name, None)
+                unloaded = {at: u for at, u in unloaded.items() if at[0] != name}
                 failed.append((name, named[name], f"{named[name]}: kernel name {name!r} is also given by "
                                                   f"{', '.join(others)}; target names must be unique: rename one "
                                                   f"[kernel] name (neither builds until then)"))
@@ -221,11 +231,11 @@ class Catalog:
         self.targets = records.without_duplicates([t for _, targets, _ in done for t in targets])
         self.loaded_from = "specs"
         grouped = _grouped(failed)
-        self.broken = _named_apart(grouped, {f.name for f in self.families})
-        for i, ((name, _, _), broken) in enumerate(zip(grouped, self.broken)):   # by the name its task has
-            if name in unloaded:
-                unloaded[name]["task"] = broken.name
-                if unloaded[name].get("replayed"):
+        self.broken = _named_apart(grouped, {f.name for f in self.families} | set(taken))
+        for i, ((name, path, _), broken) in enumerate(zip(grouped, self.broken)):   # by the name its task has
+            if (name, path) in unloaded:
+                unloaded[name, path]["task"] = broken.name
+                if unloaded[name, path].get("replayed"):
                     self.broken[i] = broken._replace(error=f"{broken.error} (replayed: it failed so from these inputs "
                                                            f"before; `doit forget {broken.name}` loads it again)")
         if self.broken and not keep_going:
@@ -334,17 +344,21 @@ class Catalog:
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
 
-    def _replays(self, saved: dict | None, archs, contents: dict) -> dict:
-        """{declaration key: saved entry} of the families whose probe failed them last time, while all they read
-        and _unloaded_fingerprint hold: their error is replayed, their modules not imported again."""
+    def _replays(self, saved: dict | None, archs, contents: dict) -> dict[str, list[dict]]:
+        """{declaration key: its saved entries} of the families whose probe failed them last time (one per
+        declaration of those tables), while all they read and _unloaded_fingerprint hold, for REPLAY_SECONDS: their
+        error is replayed, their modules not imported again."""
         try:
             if saved is None or not saved.get("unloaded") or saved.get("context") != self._context:
                 return {}
-            fingerprint = _unloaded_fingerprint(archs, self.root)
-            return {e["key"]: e for e in saved["unloaded"] if isinstance(e["key"], str)
-                    and isinstance(e["name"], str) and isinstance(e["error"], str) and isinstance(e["claims"], bool)
-                    and e["fingerprint"] == fingerprint
-                    and all(_content(self.places.actual(f), contents) == digest for f, digest in e["inputs"])}
+            fingerprint, now, found = _unloaded_fingerprint(archs, self.root), time.time(), {}
+            for e in saved["unloaded"]:
+                if isinstance(e["key"], str) and isinstance(e["name"], str) and isinstance(e["error"], str) \
+                        and isinstance(e["claims"], bool) and isinstance(e["since"], (int, float)) \
+                        and 0 <= now - e["since"] < REPLAY_SECONDS and e["fingerprint"] == fingerprint \
+                        and all(_content(self.places.actual(f), contents) == digest for f, digest in e["inputs"]):
+                    found.setdefault(e["key"], []).append(e)
+            return found
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every such family loads again
             return {}
 
@@ -355,7 +369,7 @@ class Catalog:
             return {k: v for k, v in unloaded.items() if k != "replayed"}
         found, where = unloaded["found"], unloaded["where"]
         return {"key": unloaded["key"], "name": found.name, "task": unloaded.get("task", found.name),
-                "claims": found.claims,
+                "claims": found.claims, "since": int(time.time()),
                 "error": found.error[len(where) + 2:], "fingerprint": _unloaded_fingerprint(archs, self.root),
                 "inputs": [[self.places.saved(f), _content(f, contents)] for f in sorted(map(str, found.files))]}
 

@@ -217,6 +217,22 @@ def test_a_family_named_as_a_task_of_the_projects_dodo_py_is_one_line_and_the_re
     assert every.returncode == 1 and "ERROR" not in every.stderr and "hello_broken failed with: specs/hello.toml" in every.stdout
 
 
+def test_a_family_that_did_not_load_is_named_apart_from_the_projects_own_tasks(tmp_path):
+    """A broken family named as a task of the project's dodo.py was listed under that name: two tasks of one name,
+    and every doit run stopped at doit's "Task names must be unique" (a critical read)."""
+    from tests import tune_library
+    from tests.plan.test_catalog import BROKEN_MODULES, library_spec
+    site = tune_library.install(tmp_path / "site", {"nodevice": BROKEN_MODULES["nodevice"]})
+    root = make_project(tmp_path / "p", specs={"scale": spec_text(), "lint": library_spec("lint", "nodevice")})
+    with open(root / "dodo.py", "a") as f:
+        f.write("\n\ndef task_lint():\n    return {'actions': ['echo lint from the project'], 'verbosity': 2}\n")
+    listed = doit(root, "list", env={"PYTHONPATH": str(site)}, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert [row.split()[0] for row in listed.stdout.splitlines()] == ["lint", "lint_broken", "package", "scale",
+                                                                         "tune"]
+    assert "lint from the project" in doit(root, "lint", env={"PYTHONPATH": str(site)}).stdout
+
+
 def test_a_family_that_did_not_load_names_the_fix_not_a_retry_that_fails_the_same_way(tmp_path):
     """A broken family's failure said `retry alone: doit bad` and the summary `retry one alone: doit bad`: that run
     loads the same spec and fails the same way. Now the hint says to edit the spec named above it (or the file its

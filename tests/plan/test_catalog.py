@@ -542,6 +542,68 @@ def test_a_replayed_family_renamed_apart_is_forgotten_and_named_by_its_tasks_nam
     assert "(replayed" not in broken()[0].error and started == ["lib", "lib"]
 
 
+def test_a_replay_lasts_replay_seconds_so_a_fix_the_probe_cannot_watch_is_seen_then(tmp_path, monkeypatch):
+    """What a module's import may hang on is not all watched (a library a .pth or an import finder elsewhere maps,
+    a tool it runs, a file it tests for: a critical read found five): a failure is replayed REPLAY_SECONDS at
+    most, then the module is imported again; `doit forget` does it at once."""
+    import time as clock
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", "nodevice")}, kernels={})
+    started = probes_started(monkeypatch)
+    for _ in range(2):
+        catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert started == ["lib"]
+    now = clock.time()
+    monkeypatch.setattr(catalog_module.time, "time", lambda: now + catalog_module.REPLAY_SECONDS)
+    assert "(replayed" not in catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken[0].error
+    assert started == ["lib", "lib"]
+
+
+def test_two_broken_families_of_one_name_each_keep_their_own_replay_and_task(tmp_path, monkeypatch):
+    """Replays were kept by the family's name: of two broken files naming one kernel, one was imported at every
+    load and both lines said replayed, naming a task neither had (a critical read)."""
+    site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
+    monkeypatch.syspath_prepend(str(site))
+    other = library_spec("lib", "nodevice").replace("[kernel]\n", '[kernel]\ndescription = "b"\n')
+    root = make_project(tmp_path / "p", specs={"a": library_spec("lib", "nodevice"), "b": other, "c": "[kernel\n"},
+                        kernels={})
+    (root / "specs" / "c.toml").rename(root / "specs" / "lib.toml")   # a malformed spec listed by its file: lib
+    started = probes_started(monkeypatch)
+
+    def broken() -> dict:
+        return {b.name: b.error for b in catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken}
+    first = broken()
+    broken()   # the second of one name asked the probe under a name the first had asked with: saved this time
+    asked = len(started)
+    again = broken()
+    assert len(started) == asked and sorted(again) == sorted(first)
+    replayed = {name for name, error in again.items() if "(replayed" in error}
+    assert len(replayed) == 2 and all(again[n].endswith(f"`doit forget {n}` loads it again)") for n in replayed)
+    assert "not valid TOML" in next(e for n, e in again.items() if n not in replayed)
+    gone = sorted(replayed)[0]
+    catalog_module.forget_unloaded(root, {gone})
+    assert {n for n, e in broken().items() if "(replayed" in e} == replayed - {gone}
+
+
+def test_a_module_path_folder_inside_the_project_is_watched_for_a_dist_info(tmp_path, monkeypatch):
+    """A virtualenv inside the project (uv's default) or `pip install --target ./deps`: a dist-info installed there
+    was not seen, every folder under the project being left out (a critical read)."""
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", "versioned")}, kernels={})
+    site = tune_library.install(root / ".venv-site", {"versioned": BROKEN_MODULES["nodevice"].replace(
+        'raise RuntimeError("No device were detected")', 'import importlib.metadata\n'
+        '        importlib.metadata.version("kforge-test-dependency")')})
+    monkeypatch.syspath_prepend(str(site))
+    started = probes_started(monkeypatch)
+    for _ in range(2):
+        catalog_module.Catalog(root, None, 50_000).load(keep_going=True)
+    assert started == ["lib"]
+    info = site / "kforge_test_dependency-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kforge-test-dependency\nVersion: 1.0\n")
+    assert catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken == []
+
+
 def test_a_replayed_failure_names_the_line_its_python_catalog_declares_it_on_now(tmp_path, monkeypatch):
     site = tune_library.install(tmp_path / "site", BROKEN_MODULES)
     monkeypatch.syspath_prepend(str(site))
