@@ -6,8 +6,9 @@ value, and of kforge, Python, the settings and the toolchains) holds.
 Else a kept catalog of the same content (out/.kforge/catalogs/: a revert, a branch switched back) is taken, else the
 specs load family by family, each unchanged one taken unprobed. A catalog with a broken family is never taken whole;
 a family whose probe failed on what it read is saved with that error, which the next loads replay unprobed while
-what it read holds (never a crash, a timeout, memory or the OS: entry_probe.unsteady). Paths are saved by their place
-(Places), so a project or virtualenv at another path takes its catalog where the bytes hold.
+what it read holds, for REPLAY_SECONDS at most (never a crash, a timeout, memory or the OS: entry_probe.unsteady).
+Paths are saved by their place (Places), so a project or virtualenv at another path takes its catalog where the bytes
+hold.
 docs/caching.md says what each level compares.
 """
 from __future__ import annotations
