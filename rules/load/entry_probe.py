@@ -729,12 +729,15 @@ def _import_package(package: str) -> tuple[str, bool]:
 
 def unsteady(error: BaseException) -> bool:
     """Whether a failure may come from what the probe does not watch, so that the catalog must not replay it:
-    memory, the OS (a file, a socket, a library ctypes loads), an ImportError naming a file (a native extension
-    whose own libraries did not load; a name a module lacks, conservatively), anywhere in its chain of causes."""
+    memory, the OS (a file, a socket, a library ctypes loads), a native extension that did not load (its own
+    libraries are no file the probe read), anywhere in its chain of causes. A name a Python module lacks (`cannot
+    import name`, a library built for another Triton) is steady: that module's source is one of what it read."""
+    from importlib.machinery import EXTENSION_SUFFIXES
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (MemoryError, OSError)) or (isinstance(error, ImportError) and error.path):
+        if isinstance(error, (MemoryError, OSError)) or (isinstance(error, ImportError) and isinstance(error.path, str)
+                                                         and error.path.endswith(tuple(EXTENSION_SUFFIXES))):
             return True
         error = error.__cause__ or error.__context__
     return False

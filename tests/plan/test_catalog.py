@@ -503,6 +503,22 @@ def test_a_heuristics_failure_on_what_it_read_is_replayed_and_one_of_kforges_own
     assert "badimport" not in errors()
 
 
+def test_a_name_a_python_module_lacks_is_replayed_until_that_module_changes(tmp_path, monkeypatch):
+    """`cannot import name` (a library built for another Triton, say) carries the module's path and was taken for a
+    native extension that did not load: imported again at every load (a critical read). The module's source is one
+    of what the probe read."""
+    site = tune_library.install(tmp_path / "site", {"lacking": BROKEN_MODULES["nodevice"].replace(
+        'raise RuntimeError("No device were detected")', "from kforge_tunelib.ops.gemm import no_such_name")})
+    monkeypatch.syspath_prepend(str(site))
+    root = make_project(tmp_path / "p", specs={"lib": library_spec("lib", "lacking")}, kernels={})
+    started = probes_started(monkeypatch)
+    errors = [catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken[0].error for _ in range(2)]
+    assert "cannot import name 'no_such_name'" in errors[0] and "(replayed" in errors[1] and started == ["lib"]
+    gemm = site / "kforge_tunelib" / "ops" / "gemm.py"
+    later(gemm, gemm.read_text() + "\nno_such_name = 1\n")
+    assert catalog_module.Catalog(root, None, 50_000).load(keep_going=True).broken == []
+
+
 def test_a_dist_info_installed_on_the_module_path_loads_a_replayed_family_again(tmp_path, monkeypatch):
     """importlib.metadata.version() of a package not installed fails the same way until one is, in a folder of
     the module path whose listing the probe's reads do not hold (a critical read)."""
