@@ -12,7 +12,7 @@ from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
 from kforge_runtime.schema import NONE, SCRATCH_ALIGN, VALUE_KINDS
-from kforge_runtime.source_key import reproducible, source_key as source_key_of, tagged
+from kforge_runtime.source_key import comparable, reproducible, source_key as source_key_of, tagged
 
 _root = ""
 _folders: tuple = ()   # observe.Base: the project and the module path: no binary may name them
@@ -207,11 +207,10 @@ def _as_imported(target, wrapped: list) -> None:
                              f"which the def kforge read in its source does not show, so the load never ran it; "
                              f"put the decorators on that def (or name the def that carries them) and load again")
     key = source_key_of(fn)
-    # only keys made as this kforge makes them compare (an older recorder's, or none: not checked)
-    comparable = [k for k in target.recorded_code if k.partition(":")[0] == tagged(key).partition(":")[0]]
-    if comparable and tagged(key) not in comparable and reproducible(key):
+    recorded = comparable(target.recorded_code)   # none (an older recorder's, or no key): not checked
+    if recorded and tagged(key) not in recorded and reproducible(key):
         raise ValueError(f"{name}: the code found here (kforge's source key {key[:12]}...) is none of the code its "
-                         f"record lines were recorded from ({', '.join(k[:15] + '...' for k in comparable[:3])}): "
+                         f"record lines were recorded from ({', '.join(k[:15] + '...' for k in recorded[:3])}): "
                          f"another version of the library, a kernel made at run time from other source than its "
                          f"def (generated and exec'd), a global the application set after the import "
                          f"(`config.SCALE = 3.0`), or a value its import reads from the GPU (its SM count, say) "

@@ -63,6 +63,11 @@ def tagged(key: str) -> str:
     return f"v{KEY_VERSION}:{key}"
 
 
+def comparable(recorded) -> list[str]:
+    """Of the keys record lines hold, those made as this module makes them: an older recorder's compare with none."""
+    return [k for k in recorded if k.partition(":")[0] == f"v{KEY_VERSION}"]
+
+
 def reproducible(key: str) -> bool:
     """Whether another process makes the same key for the same code: not for one holding a value written with its
     memory address, in the kernel or a function it calls."""

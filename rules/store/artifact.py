@@ -292,9 +292,9 @@ def check_bound(target, meta) -> None:
                             f"{dict(target.config)}")
     # a record line's target: built from the code its lines were recorded from, as its compile checks (a cache's
     # entry of the same key from other code was installed where the compile fails, triton_backend.py)
-    made_by = source_key.tagged(str(meta.get("triton_source_key")))
-    comparable = [k for k in target.recorded_code if k.partition(":")[0] == made_by.partition(":")[0]]
-    if comparable and made_by not in comparable and meta.get("source_key_unstable") is not True:
+    recorded = source_key.comparable(target.recorded_code)
+    if recorded and source_key.tagged(str(meta.get("triton_source_key"))) not in recorded \
+            and meta.get("source_key_unstable") is not True:
         raise ArtifactError(f"it was built from other code (source key {_brief(meta.get('triton_source_key'), 12)}) "
                             f"than its record lines were recorded from")
 
