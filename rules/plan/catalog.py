@@ -175,7 +175,8 @@ class Catalog:
         archs = self.archs if saved is None else _union(saved["archs"], self.archs)
         contents: dict[str, str | None] = {}
         reusable = self._reusable(saved, archs, contents)
-        replays = self._replays(saved, archs, contents)
+        fingerprint = functools.cache(lambda: _unloaded_fingerprint(archs, self.root))   # once a load, if asked
+        replays = self._replays(saved, fingerprint, contents)
         unloaded: dict[tuple[str, str], dict] = {}   # a family its probe's answer failed, by (name, where): its saved
         # entry, or what makes it
         failed: list[tuple[str, str, str]] = []   # (name, spec file, error) of each family that did not load
@@ -261,7 +262,7 @@ class Catalog:
                        "catalog_files": {self.places.saved(f): _ran_at(r, self.places.saved) for f, r in ran.items()},
                        "families": [[*f[:2], self.places.saved(f.path), f.tuned] for f in self.families],
                        "tuned": self.tuned, **_encode(self.targets, self.places),
-                       "unloaded": [self._unloaded_entry(u, archs, contents) for u in unloaded.values()]}
+                       "unloaded": [self._unloaded_entry(u, fingerprint, contents) for u in unloaded.values()]}
         self._only()
 
     def refuse(self, why: dict[str, str], taken: set[str]) -> None:
@@ -345,25 +346,25 @@ class Catalog:
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every catalog file runs
             return {}
 
-    def _replays(self, saved: dict | None, archs, contents: dict) -> dict[str, list[dict]]:
+    def _replays(self, saved: dict | None, fingerprint, contents: dict) -> dict[str, list[dict]]:
         """{declaration key: its saved entries} of the families whose probe failed them last time (one per
         declaration of those tables), while all they read and _unloaded_fingerprint hold, for REPLAY_SECONDS: their
         error is replayed, their modules not imported again."""
         try:
             if saved is None or not saved.get("unloaded") or saved.get("context") != self._context:
                 return {}
-            fingerprint, now, found = _unloaded_fingerprint(archs, self.root), time.time(), {}
+            now, found = time.time(), {}
             for e in saved["unloaded"]:
                 if isinstance(e["key"], str) and isinstance(e["name"], str) and isinstance(e["error"], str) \
                         and isinstance(e["claims"], bool) and isinstance(e["since"], (int, float)) \
-                        and 0 <= now - e["since"] < REPLAY_SECONDS and e["fingerprint"] == fingerprint \
+                        and 0 <= now - e["since"] < REPLAY_SECONDS and e["fingerprint"] == fingerprint() \
                         and all(_content(self.places.actual(f), contents) == digest for f, digest in e["inputs"]):
                     found.setdefault(e["key"], []).append(e)
             return found
         except (KeyError, TypeError, ValueError, AttributeError):   # a damaged file: every such family loads again
             return {}
 
-    def _unloaded_entry(self, unloaded: dict, archs, contents: dict) -> dict:
+    def _unloaded_entry(self, unloaded: dict, fingerprint, contents: dict) -> dict:
         """What the next load needs to replay a family's failure: the error without its place (a line added above
         its family() call moves it), what it read by content, and the fingerprint (a replayed one: as saved)."""
         if "found" not in unloaded:
@@ -371,7 +372,7 @@ class Catalog:
         found, where = unloaded["found"], unloaded["where"]
         return {"key": unloaded["key"], "name": found.name, "task": unloaded.get("task", found.name),
                 "claims": found.claims, "since": int(time.time()),
-                "error": found.error[len(where) + 2:], "fingerprint": _unloaded_fingerprint(archs, self.root),
+                "error": found.error[len(where) + 2:], "fingerprint": fingerprint(),
                 "inputs": [[self.places.saved(f), _content(f, contents)] for f in sorted(map(str, found.files))]}
 
     def _family(self, saved: list) -> Family:
