@@ -8,6 +8,7 @@
                                                                        scratch, tool versions, linker shims)
     out/.kforge/wheels/                                                wheels a rebuild replaced (ship/package.py)
     out/.kforge/catalogs/                                              recent catalogs by content (plan/catalog.py)
+    out/.kforge/work/                                                  where a library's import runs (store/guard.py)
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class Layout(NamedTuple):   # a NamedTuple, not a dataclass: cheaper to import, 
     out = _path("root", OUT)
     state = _path("out", ".kforge")
     scratch = _path("state", "tmp")   # compilers' private temp directories (one per compile, removed after it)
+    work = _path("state", "work")   # the working folder of the processes importing a family's module (guard.py)
     built_keys = _path("state", "built-keys.json")
     observed_inputs = _path("state", "observed-inputs.json")
     tool_versions = _path("state", "tools.json")

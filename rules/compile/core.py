@@ -460,7 +460,6 @@ def _enter_package(target: Target, backend: Backend) -> tuple:
         return ()
     started = time.time()
     try:
-        device_model.serving(target.kernel)
         if level == 0:
             observe.Recorder.installed.start()
             # before the import, their reads every target's inputs too
@@ -485,7 +484,6 @@ def lower_and_check(backend: Backend, request: tuple) -> Candidate | Unchanged:
     _raise_failed_import()
     target, scratch_dir, _, cutoff = request
     importing = time.time()
-    device_model.serving(target.kernel)
     recorder = observe.Recorder.installed   # started before the imports: every target's record holds their reads
     recorder.skip_out(str(target.layout.out))   # where scratch_dir lies: the project's out/, or a private one
     try:
@@ -719,13 +717,17 @@ def _library(target: Target, backend: Backend) -> tuple:
 
 def _server_setup(target: Target, backend: Backend, root: str) -> None:
     """Once in each fresh library server, after the fork: the family's [env] (its module reads it when imported),
-    the arch of an arch_per_process backend, and the recorder."""
+    the arch of an arch_per_process backend, the working folder (out/.kforge/work/) and the recorder."""
     setting_up = time.time()
     inherited = dict(os.environ)
     os.environ.update(dict(target.env))
     fixed_address_layout()
     if backend.arch_per_process:
         backend.setup(target.arch)
+    # a Dask worker's compile has a private out/ per target, and runs in the worker's own folder already
+    if os.path.realpath(target.layout.root) == os.path.realpath(root):
+        with contextlib.suppress(OSError, ValueError):   # a link out of out/: its artifacts' install says so
+            observe.run_in(guard.work_folder(target.layout))
     _named_from[:] = [root, tuple(sys.path)]
     recorder = observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input
     # what kforge set here (the family's [env], the arch a backend reads) is in the key, and is not what the

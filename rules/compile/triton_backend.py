@@ -143,8 +143,12 @@ def lower(target, scratch: str):
                   _function(v) if kinds[a] == "function" else v for a, v in target.constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     start = time.monotonic()
-    kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
-                            options=dict(target.options))
+    try:
+        kernel = triton.compile(src, target=GPUTarget(arch.backend, arch.target_arch, arch.warp_size),
+                                options=dict(target.options))
+    except triton.CompilationError as e:
+        _located(e, fn)
+        raise
     seconds = time.monotonic() - start
     binary = kernel.asm[arch.binary_ext]
     named = next((b.folder for b in _folders if len(b.folder) > 1 and b.folder.encode() in binary), None)
@@ -172,6 +176,32 @@ def lower(target, scratch: str):
         fields["kernel_abi"] = amdgpu_metadata.kernel_abi(binary, md.name)
     return Lowered(binary, f"{md.name}.{arch.binary_ext}", md.name, md.num_warps, md.warp_size, md.shared,
                    seconds, fields)
+
+
+def _located(error, fn) -> None:
+    """Triton's CompilationError says "at 39:8:", a line of the failing @jit function's own source: each such error
+    of the chain is made to name the library's file and line (`lmdeploy/.../w8a8.py:123`), found among the entry
+    and the @jit functions its module and theirs hold."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.jit import JITCallable
+    from kforge.load.shared_env import shown_line
+    functions, seen = [fn], {id(fn)}
+    for f in functions:   # breadth first, each module's globals once per function: only on a failure
+        for value in list(getattr(f.fn, "__globals__", {}).values()):
+            if isinstance(value, JITCallable) and id(value) not in seen:
+                seen.add(id(value))
+                functions.append(value)
+    while isinstance(error, CompilationError):
+        line, column = getattr(error.node, "lineno", None), getattr(error.node, "col_offset", None)
+        owner = next((f for f in functions if getattr(f, "src", None) == error.src), None)
+        said = f"at {line}:{column}:"
+        if owner is not None and error.message.startswith(said):
+            start = owner.starting_line_number + next(
+                (i for i, text in enumerate(owner.raw_src) if text.strip().startswith("def ")), 0)
+            where = shown_line(owner.fn.__code__.co_filename, start + line - 1)
+            error.message = f"at {where}, column {column} (line {line} of {owner.fn.__name__}):" + \
+                error.message[len(said):]
+        error = error.__cause__
 
 
 def _entry(target):

@@ -34,12 +34,12 @@ TABLES = tuple(t for t in SCHEMA if t != "kernel")
 _declared: list | None = None   # (tables, file, line, name) of each family() call, while a catalog file runs
 _opened: set[str] | None = None   # files opened while a catalog file runs
 _root: Path | None = None       # the project whose catalog file runs
+_running: str | None = None     # the catalog file that runs, as its code names it
 
 
 def family(**arguments) -> None:
     """Declare one kernel family (see the module docstring)."""
-    caller = sys._getframe(1)
-    filename, line = caller.f_code.co_filename, caller.f_lineno
+    filename, line = _call_site(sys._getframe(1))
     where = f"{shown_path(Path(filename), _root) if _root else filename}:{line}"
     if _declared is None:
         raise SpecError(f"{where}: family() is called by a catalog file while kforge loads it "
@@ -53,6 +53,18 @@ def family(**arguments) -> None:
                          if arguments.get(k) is not None}}
     tables.update({t: _plain(arguments[t], f"{called}: [{t}]") for t in TABLES if arguments.get(t) is not None})
     _declared.append((tables, filename, line, arguments.get("name")))
+
+
+def _call_site(caller) -> tuple[str, int]:
+    """Where a family() call is named: the outermost line of the running catalog file on the stack, so that a
+    wrapper of the file's own (`def family(**kw): _family(env=ENV, **kw)`) names the line that declared each family,
+    not its own line; else (a helper module's call, no catalog running) the caller's."""
+    found, frame = caller, caller
+    while frame is not None:
+        if _running is not None and frame.f_code.co_filename == _running:
+            found = frame
+        frame = frame.f_back
+    return found.f_code.co_filename, found.f_lineno
 
 
 def declarations(path: Path, root: Path, read: set[Path]) -> list[tuple[dict, str, object]]:
@@ -70,10 +82,10 @@ def declarations(path: Path, root: Path, read: set[Path]) -> list[tuple[dict, st
 
 def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
     """In load()'s child: run the file; (each family() call's arguments, the files it read and imported)."""
-    global _declared, _opened, _root
+    global _declared, _opened, _root, _running
     _install_open_hook()
     before = set(sys.modules)
-    _declared, _opened, _root = [], set(), root
+    _declared, _opened, _root, _running = [], set(), root, str(path)
     try:
         runpy.run_path(str(path), run_name="kforge_catalog")
     except (SpecError, MemoryError):   # MemoryError: load_guard names the setting to raise
@@ -83,7 +95,7 @@ def _run(path: Path, root: Path, shown: str) -> tuple[list, list[str]]:
                         f"fix it, or run `python {shown}` to see the traceback") from None
     finally:
         declared, opened = _declared, _opened
-        _declared = _opened = _root = None
+        _declared = _opened = _root = _running = None
     # what it imported now, and what it imports that an earlier import had loaded
     names = (set(sys.modules) - before) | _imported_names(path)
     modules = (getattr(sys.modules.get(name), "__file__", None) for name in names)

@@ -360,8 +360,9 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
                    entry: str, listed_on=None) -> tuple[dict, list, int]:
     """The spec's sweep times the entry's own @triton.autotune configs (a list, not a product): the first joins
     the sweep, the rest become extras, one per combination of the spec's own swept values, before the spec's
-    [[extra]] (their number is the third value: a config the library lists twice is one target). listed_on:
-    a config -> the archs whose autotuner lists it."""
+    [[extra]] (their number is the third value: a config the library lists twice is one target); [[extra]] blocks
+    giving the spec's own swept parameters alone are crossed with the configs too. listed_on: a config -> the
+    archs whose autotuner lists it."""
     if not configs:
         raise SpecError(f"{where}: {entry}'s @triton.autotune lists no configs; give it at least one")
     keys = list(configs[0])
@@ -386,6 +387,9 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
     own = list(itertools.product(*swept.values()))
     grown = {**swept, **{key: [configs[0][key]] for key in keys}}
     added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
+    if extras and all(set(e) == set(swept) for e in extras):   # pairings of the spec's own values: each is built
+        added += [{**e, **c} for e in extras for c in configs]   # with every autotune config, as the sweep is
+        extras = []
     return grown, [*added, *extras], len(added)
 
 

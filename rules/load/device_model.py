@@ -5,7 +5,8 @@ whose own GPU is another (building gfx942 on an H100 must not see the H100).
 A library asks the device at import or in its heuristics (`torch.cuda.get_device_capability()`, Triton's
 `driver.active.get_current_target()`, ...): its config lists and computed constexprs are then the target's own.
 Nothing is allocated or launched: what needs a real GPU (a tensor's values, a stream, a launch, a benchmark)
-raises NeedsGPU, one line naming the call, where the library made it and the family.
+raises NeedsGPU, one line naming the call and where the library made it (the family or target is named
+by whoever reports it).
 
 DEVICES is the one table of reference GPUs (docs/device_model.md: where each value comes from). install(arch)
 patches Triton's driver at once, torch when it is imported (most of kforge's processes never import it).
@@ -77,7 +78,6 @@ READ_WITH_A_DEFAULT = ("read it with a default where the library can, give the v
 
 class _State:
     device: Device | None = None
-    family = ""
 
 
 def install(arch: str) -> None:
@@ -91,11 +91,6 @@ def install(arch: str) -> None:
         _install_torch(sys.modules["torch"])
     elif not any(isinstance(f, AfterImport) and f.name == "torch" for f in sys.meta_path):
         sys.meta_path.insert(0, AfterImport("torch", lambda: _install_torch(sys.modules["torch"])))
-
-
-def serving(family: str) -> None:
-    """The family whose module this process imports now (NeedsGPU names it)."""
-    _State.family = family
 
 
 def current() -> Device | None:
@@ -112,8 +107,7 @@ def row(arch: str) -> list:
 
 def needs_gpu(call: str) -> NeedsGPU:
     d = _State.device
-    family = f" (family {_State.family})" if _State.family else ""
-    return NeedsGPU(f"{call}{_caller()} needs a real GPU{family}: kforge imports the module with a model of "
+    return NeedsGPU(f"{call}{_caller()} needs a real GPU: kforge imports the module with a model of "
                     f"{d.arch}'s reference GPU ({d.name}), which answers device queries only; keep device work "
                     f"out of the module's import and heuristics, or set `device_model = false` "
                     f"(docs/device_model.md)")
@@ -452,6 +446,11 @@ class SetupFailed(RuntimeError):
 # A library may ask the vendor's command-line tool which GPU is there (flag_gems runs `nvidia-smi`, `rocm-smi` and
 # others at import and takes the vendor whose tool exits 0): _install_vendor_tools
 VENDOR_TOOLS = {"nvidia": ("nvidia-smi",), "amd": ("rocm-smi", "amd-smi")}
+# What a library runs to set a GPU machine up once it believes one is there: unsloth, as root, runs `ldconfig
+# /usr/local/cuda-X` when libcuda is not found. On the builder that would rewrite the system's linker cache for a GPU
+# the model only pretends: these are not found under the model (ldconfig's queries, -p, still run: ctypes'
+# find_library reads the cache with them)
+SETUP_TOOLS = ("ldconfig", "modprobe", "nvidia-modprobe", "nvidia-persistenced")
 _SMI = r"""
 import sys
 name, cap, mib, tool, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
@@ -468,22 +467,23 @@ else:
 
 def _install_vendor_tools() -> None:
     """Under the model, the reference GPU's vendor's tools run a stand-in that answers as it (`nvidia-smi -L`,
-    `--query-gpu=...`); the other vendor's are not found (FileNotFoundError, as on a machine without them)."""
+    `--query-gpu=...`); the other vendor's, and the set-up tools (SETUP_TOOLS), are not found (FileNotFoundError,
+    or a shell's exit 127, as on a machine without them), through subprocess or os.system."""
     import inspect
     import subprocess
     if getattr(subprocess.Popen._execute_child, "kforge_model", False):
         return
-    real = subprocess.Popen._execute_child
+    real, real_system = subprocess.Popen._execute_child, os.system
     shell_at = list(inspect.signature(real).parameters).index("shell") - 3   # its place after (args, executable)
 
     def execute_child(self, args, executable, *rest):
         device, shell = _State.device, rest[shell_at]
         argv = _words(args, shell)
         program = os.path.basename(os.fsdecode(executable or argv[0])) if argv else ""
-        vendor = next((v for v, tools in VENDOR_TOOLS.items() if program in tools), None)
-        if device is not None and vendor is not None:
+        answer = _answered(program, argv)
+        if answer:
             rest = (*rest[:shell_at], False, *rest[shell_at + 1:])
-            if vendor == ARCHS[device.arch].vendor:
+            if answer == "model":
                 cap = f"{device.capability[0]}.{device.capability[1]}"
                 args = [sys.executable, "-c", _SMI, device.name, cap, str(device.total_memory >> 20), program,
                         *map(os.fsdecode, argv[1:])]
@@ -492,11 +492,32 @@ def _install_vendor_tools() -> None:
                                               f"sys.exit(127)"]
             else:
                 raise FileNotFoundError(2, f"No such file or directory: {program!r} (kforge's device model: "
-                                           f"{device.name} is no {vendor} GPU)", program)
+                                           f"{answer})", program)
             executable = None
         return real(self, args, executable, *rest)
+
+    def system(command):   # a shell runs it: what execute_child answers, answered through subprocess
+        argv = _words(command, True)
+        if not _answered(os.path.basename(os.fsdecode(argv[0])) if argv else "", argv):
+            return real_system(command)
+        code = subprocess.call(command, shell=True)
+        return code << 8 if code >= 0 else -code   # os.system's wait status
     execute_child.kforge_model = True
     subprocess.Popen._execute_child = execute_child
+    os.system = system
+
+
+def _answered(program: str, argv: list) -> str:
+    """How the model answers a program run: "model" (the reference GPU's tool's stand-in), why it is not found
+    (another vendor's tool, a set-up tool), or "" (it runs)."""
+    device = _State.device
+    vendor = next((v for v, tools in VENDOR_TOOLS.items() if program in tools), None)
+    if device is None:
+        return ""
+    if vendor is not None:
+        return "model" if vendor == ARCHS[device.arch].vendor else f"{device.name} is no {vendor} GPU"
+    queries = program == "ldconfig" and any(a in ("-p", "--print-cache") for a in map(os.fsdecode, argv[1:]))
+    return f"{program} sets a GPU machine up, which this is not" if program in SETUP_TOOLS and not queries else ""
 
 
 def _words(args, shell: bool) -> list:

@@ -9,7 +9,7 @@ and set-up (one for all archs without model or hook). Each module is imported in
 once the child has imported the module's package: what that process read is the module's.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. A request may name its "family"
-(a device-model error names it); every reply carries "read": the files and folders its module's process read
+(for the parent's Probe.used); every reply carries "read": the files and folders its module's process read
 beyond the toolchain (rules/load/observe.py), where an import looked for a module in vain (_Misses) and the
 environment variables the library's code read (`$NAME`); any failure is {"error": "one line"}.
   {"describe": [module, entry]} -> {"autotune": [config, ...] | null, "heuristics": [name, ...], "around_tuner":
@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from kforge.base import cpus
+from kforge.base.layout import Layout
 from kforge.load import device_model, isolate, load_guard, observe, shared_env
 from kforge.base.errors import SpecError
 from kforge.load.sources import UNSPECIALIZED, entry_def, module_level, parse
@@ -141,9 +142,11 @@ class Probe:
         if self.child is None or self.child.poll() is not None:
             env = dict(os.environ, **dict(self.env),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
-            context = [json.dumps(self.context)] if self.context else []
+            work = Layout(self.root).work   # made by the catalog's load (guard.work_folder): the imports run there
+            context = {**(self.context or {}), **({"work": str(work)} if work.is_dir() else {})}
             # rules/load/load_guard.py: catalog_memory, and a process group killed with it (close())
-            self.child = load_guard.popen([sys.executable, "-m", "kforge.load.entry_probe", *context], cwd=self.root,
+            self.child = load_guard.popen([sys.executable, "-m", "kforge.load.entry_probe", json.dumps(context)],
+                                          cwd=self.root,
                                           env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True)
@@ -630,9 +633,11 @@ def main() -> None:
     recorder.start()   # never again: every reply holds all that its module's process read (see _answer)
     misses = _Misses.installed = _Misses(recorder)
     sys.meta_path.append(misses)
+    context = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    if context.get("work"):
+        observe.run_in(context["work"])
     unusable = ""   # the device model and set-up hooks of the import context, before any family's module
-    if len(sys.argv) > 1:
-        context = json.loads(sys.argv[1])
+    if "arch" in context:
         try:
             device_model.prepare(context["arch"], context["model"], tuple(context["setup"]))
         except device_model.SetupFailed as e:
@@ -643,7 +648,6 @@ def main() -> None:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
-        device_model.serving(request.get("family", ""))   # the package's import may need the GPU too
         if package and not unusable and package not in packages:
             packages[package] = _import_package(package)
         if unusable:
@@ -673,7 +677,6 @@ def main() -> None:
 def _answer(request: dict) -> dict:
     """One request, answered in the module's own process (forked per module: what it read is that module's alone),
     with all that process read so far: a family asked after another of the same module gets the union."""
-    device_model.serving(request.get("family", ""))
     try:
         if "describe" in request:
             reply = _describe(*request["describe"])

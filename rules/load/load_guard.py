@@ -111,8 +111,8 @@ class Wait:
                 return
             took = time.monotonic() - self.started
             if not self.noticed and took >= notice_at:
-                sys.stderr.write(f"kforge: loading {self.where} ({self.doing}) for {took:.0f} s so far; stopped at "
-                                 f"{self.limit:g} s (catalog_timeout)\n")
+                sys.stderr.write(f"kforge: loading {self.where} ({self.doing}) for {took:.0f} s so far; it is "
+                                 f"stopped at {self.limit:g} s (catalog_timeout)\n")
                 self.noticed = True
 
 

@@ -263,7 +263,7 @@ class Recorder:
         is an input where it lies, and the read is of that one variable (not at a line that went through every
         variable: a copy, dict(os.environ), a loop over its items)."""
         frame = _reader(frame)
-        if frame is None or name in self.given or (frame.f_code, frame.f_lineno) in self._whole:
+        if frame is None or name in self.given or name in SESSION or (frame.f_code, frame.f_lineno) in self._whole:
             return
         where = frame.f_code.co_filename
         if where not in self._readers:
@@ -354,6 +354,20 @@ def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
     resolved one when that does; None when neither does."""
     opened = as_opened(path)
     return opened if opened and opened.startswith(within) else real if real.startswith(within) else None
+
+
+def run_in(folder: str) -> None:
+    """Make `folder` this process's working folder (a library server's, the probe's: out/.kforge/work/, where what a
+    library writes into its working folder at import goes), the module path's "" kept as the folder it meant."""
+    here = os.getcwd()
+    sys.path[:] = [p or here for p in sys.path]
+    os.chdir(folder)
+
+
+def project_root() -> str:
+    """The project this process reads for: the installed Recorder's root (its working folder may be out/'s work
+    folder: run_in), else the working folder."""
+    return Recorder.installed.root if Recorder.installed is not None else os.getcwd()
 
 
 def _absolute(path: str) -> str:
@@ -726,6 +740,17 @@ class _ObservedEnviron(os._Environ):
         super().__setitem__(key, value)
 
 
+# The session a build runs in, which libraries read for how they print (termcolor's TERM) or where they keep their
+# own files (platformdirs' HOME), or to tell a CI runner: never inputs (the user's folders are not recorded either),
+# so an out/ restored on a CI runner or built from another terminal stays current. A value that decides a kernel's
+# code is given in the family's [env], which its key holds.
+SESSION = frozenset((
+    "TERM", "COLORTERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
+    "CLICOLOR", "CLICOLOR_FORCE", "ANSI_COLORS_DISABLED", "PY_COLORS", "DISPLAY",
+    "HOME", "USER", "LOGNAME", "USERNAME", "SHELL", "PWD", "OLDPWD", "SHLVL",
+    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
+    "CI", "CONTINUOUS_INTEGRATION", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "TRAVIS", "JENKINS_URL",
+    "TF_BUILD", "TEAMCITY_VERSION"))
 CHANGED = "changed-while-read"
 VARIABLE = "$"   # an input named $NAME is the environment variable NAME
 # the frames of a read itself, as their code names its file (a frozen module's is "<frozen os>")

@@ -82,7 +82,7 @@ def explain(e: BaseException) -> bool:
         e.msg = f"No module named {e.name!r} (in {place}); install it in the environment that runs doit"
         return True
     if e.path and e.msg and place not in str(e.msg):   # a native extension that cannot load here (a CUDA build's)
-        shown = observe.name_of(e.path, observe.bases(os.getcwd()))
+        shown = observe.name_of(e.path, observe.bases(observe.project_root()))
         e.msg = f"{str(e.msg).replace(e.path, shown)} (in {place})"
         return True
     return False
@@ -136,6 +136,6 @@ def library_line(e: BaseException, code: bool = True) -> str:
 
 def shown_line(filename: str, lineno: int, text: str = "") -> str:
     """'pkg/mod.py:12 (`text`)', the file named as inputs are (relative to the project or the module path entry)."""
-    shown = observe.name_of(filename, observe.bases(os.getcwd()))
+    shown = observe.name_of(filename, observe.bases(observe.project_root()))
     return f"{shown}:{lineno}" + (f" (`{text[:120]}`)" if text else "")
 

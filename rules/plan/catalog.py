@@ -13,6 +13,7 @@ docs/caching.md says what each level compares.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -26,6 +27,7 @@ import kforge_runtime
 from kforge_runtime.schema import one_line
 from kforge.plan import keys
 from kforge.base import stamps
+from kforge.store import guard
 from kforge.store.files import read_bytes, read_state, write_inside
 from kforge.base.layout import Layout
 from kforge.base.errors import SpecError
@@ -164,6 +166,8 @@ class Catalog:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):   # a damaged file (a path that is a
             self.families, self.targets, self.tuned = [], [], []                # number...): load the specs instead
         from kforge.load import installed
+        with contextlib.suppress(OSError, ValueError):   # where the probes import (else in the project: a link out)
+            guard.work_folder(Layout(self.root))
         with installed.shared():   # an installed module's closure walked once, not once per family of it
             self._from_specs(folders, spec_files, saved, keep_going, taken)
         return self if self._fresh is None else self._saved_now()

@@ -362,6 +362,16 @@ def scratch_folder(layout, what: str) -> str:
     return tempfile.mkdtemp(prefix=f"{_run or os.getpid()}-{what}-", dir=root)
 
 
+def work_folder(layout) -> str:
+    """out/.kforge/work/, made: the working folder of the processes that import a family's module (the catalog's
+    probe, a compile's library server). A library writing into its working folder at import (unsloth_zoo's
+    ./unsloth_compiled_cache/, rewritten by every import) writes inside out/, never into the project, and what it
+    reads back there is no input. OutsideOut when a link leads out."""
+    folder = guard(layout.out, layout.work / "x").parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
 def sweep_scratch(layout, run: int | None = None) -> None:
     """Remove the scratch folders of `run`, or (None) of every run that is no longer alive."""
     root = layout.scratch

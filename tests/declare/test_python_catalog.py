@@ -58,6 +58,32 @@ def test_a_bad_family_gets_the_toml_message_naming_the_file_and_line(tmp_path):
         load_specs(root)
 
 
+WRAPPED = '''
+from kforge.declare import family as declare
+
+
+def family(**arguments):   # the catalog's own wrapper, adding what every family shares
+    declare(toolchain="triton", archs=["sm_90a"], **arguments)
+
+
+def scale(dtype):
+    family(name=f"scale_{dtype}", source="tk/scale.py", entry="scale_kernel", id="b{BLOCK}",
+           signature={"x_ptr": "*{dtype}", "y_ptr": "*{dtype}", "n": "i32", "BLOCK": "constexpr"},
+           sweep={"dtype": [dtype], "BLOCK": [128], "num_warps": [4]})
+
+
+scale("fp16")
+scale("int33")
+'''
+
+
+def test_a_family_declared_through_the_catalogs_own_wrapper_is_named_by_the_line_that_declared_it(tmp_path):
+    """The outermost line of the catalog file: each call of a wrapper, not the wrapper's one line for all."""
+    root = python_project(tmp_path, WRAPPED)
+    with pytest.raises(SpecError, match=r"^specs/lib.py:16: family 'scale_int33': \[sweep\] dtype: got 'int33'"):
+        load_specs(root)
+
+
 def test_a_value_a_loop_gives_twice_is_refused_naming_the_call(tmp_path):
     """A catalog that computes its sweep may give a value twice (`min(b, 1024) for b in ...`): refused as a TOML
     spec's is, not merged."""

@@ -9,7 +9,7 @@ import pytest
 
 from kforge.load import installed, sources
 from kforge.base.errors import SpecError
-from tests.support import doit, make_project, redirected_package, spec_text, statuses
+from tests.support import doit, make_project, redirected_package, spec_text, statuses, write_site_package
 
 PACKAGE = "kforge_testlib"
 
@@ -502,6 +502,23 @@ def test_a_none_argument_and_constexpr_defaults_from_the_source_build(site, tmp_
     assert [a["name"] for a in meta["signature"]] == ["x_ptr", "y_ptr", "n"]
 
 
+def test_an_extra_pairing_the_specs_own_values_is_built_with_every_autotune_config(site, tmp_path):
+    """lmdeploy's fused_moe pairs shapes ([[extra]] giving the spec's own swept values, as libraries.md shows) and
+    is autotuned: each such extra was refused for not giving the autotuner's parameters too."""
+    from kforge.plan.catalog import load_specs
+    from kforge.plan.targets import build_targets
+    extras = '\n[[extra]]\nn = 4096\n\n[[extra]]\nn = 8192\n'
+    root = make_project(tmp_path / "p", specs={"lib_scale": SCALE_SPEC + extras}, kernels={})
+    made = {(dict(t.constexprs)["n"] if "n" in dict(t.constexprs) else dict(t.config)["n"], dict(t.config)["BLOCK"])
+            for t in build_targets(load_specs(root), root, ("sm_90a",))}
+    assert made == {(n, b) for n in (1000, 1024, 4096, 8192) for b in (128, 256)}, made
+    partial = SCALE_SPEC + '\n[[extra]]\nn = 4096\nBLOCK = 128\n'
+    root = make_project(tmp_path / "q", specs={"lib_scale": partial}, kernels={})
+    with pytest.raises(SpecError, match=r"\[\[extra\]\] #1 must give exactly the swept parameters .*, or those of "
+                                        r"\[sweep\] alone \(\['n'\]\) in every \[\[extra\]\]"):
+        load_specs(root)
+
+
 def test_a_none_argument_given_a_value_is_refused(site, tmp_path):
     from kforge.plan.catalog import load_specs
     root = make_project(tmp_path / "p", specs={"lib_bias": BIAS_SPEC + "\n[constants]\nbias_ptr = 1\n"}, kernels={})
@@ -787,3 +804,65 @@ def test_a_package_an_editable_finder_maps_to_a_folder_of_another_name_is_one_li
     assert str(e.value) == (f"edpkg.ops: its package edpkg is mapped by an import finder to {folder}, where kforge "
                             f"does not find the module (a folder of another name than the package's is not followed); "
                             f"install the package without -e, or fix the name")
+
+
+GENERATING = {
+    # unsloth_zoo's import writes ./unsloth_compiled_cache/*.py into its working folder, then imports them: each
+    # import writes them anew (here with the time in them)
+    "genlib/__init__.py": '''
+        import os
+        import sys
+        import time
+
+        os.makedirs("genlib_cache", exist_ok=True)
+        with open(os.path.join("genlib_cache", "made.py"), "w") as f:
+            f.write(f"MADE = {time.time_ns()}\\n")
+        sys.path.insert(0, os.path.abspath("genlib_cache"))
+        import made  # noqa: E402,F401
+        ''',
+    "genlib/ops.py": '''
+        import triton
+        import triton.language as tl
+
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4)], key=["n"])
+        @triton.jit
+        def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+        ''',
+}
+
+GENERATING_SPEC = '''
+[kernel]
+name = "gen_copy"
+module = "genlib.ops"
+entry = "copy_kernel"
+toolchain = "triton"
+archs = ["sm_90a"]
+
+[signature]
+x_ptr = "*fp32"
+y_ptr = "*fp32"
+n = "i32"
+BLOCK = "constexpr"
+
+[sweep]
+'''
+
+
+def test_a_library_writing_modules_into_its_working_folder_at_import_writes_inside_out_and_a_rebuild_is_a_no_op(
+        tmp_path):
+    """The probe and the compile servers import a family's module in out/.kforge/work/: a library writing into its
+    working folder (unsloth_zoo's compiled cache) wrote into the project, and what it wrote anew at every import was
+    an input of the catalog and of every target: no build was ever a no-op."""
+    site = write_site_package(tmp_path / "site", "genlib", GENERATING)
+    root = make_project(tmp_path / "p", specs={"gen_copy": GENERATING_SPEC}, kernels={})
+    env = {"PYTHONPATH": str(site)}
+    doit(root, "-n", "1", env=env)
+    assert len(statuses(root, "built")) == 1
+    assert not (root / "genlib_cache").exists() and (root / "out" / ".kforge" / "work" / "genlib_cache").is_dir()
+    proc = doit(root, env=env)
+    assert statuses(root, "built") == set() and "loading" not in proc.stderr, proc.stderr
+    inputs = [n for m in (root / "out").glob("*/*/*/meta.json") for n, _ in json.loads(m.read_text())["inputs"]]
+    assert "genlib/__init__.py" in inputs and not any("made" in n for n in inputs), inputs

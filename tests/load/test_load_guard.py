@@ -50,7 +50,7 @@ def test_a_catalog_in_an_endless_loop_is_named_then_stopped_at_the_limit_and_its
     proc = doit(root, "list", env={"KFORGE_CATALOG_TIMEOUT": "2"}, check=False, timeout=60)
     assert proc.returncode == 0 and time.monotonic() - started < 30, proc.stderr   # listed, marked broken
     notice, stop = proc.stderr.strip().splitlines()
-    assert notice.startswith("kforge: loading specs/lib.py (the catalog file) for 1 s so far; stopped at 2 s")
+    assert notice.startswith("kforge: loading specs/lib.py (the catalog file) for 1 s so far; it is stopped at 2 s")
     assert stop == ("kforge: family lib did not load: specs/lib.py: the catalog file ran past catalog_timeout (2 s) "
                     "and was stopped; see "
                     "where it hangs with `python specs/lib.py`, or raise the limit (catalog_timeout=SECONDS or "

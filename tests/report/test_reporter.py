@@ -49,6 +49,8 @@ def test_a_failing_build_ends_with_grouped_errors_then_the_summary_and_keeps_eac
     assert proc.returncode != 0 and statuses(root, "failed") == {f"scale:fp16-b{b}-w4@sm_90a" for b in (64, 128, 256)}
     assert "kforge: 4 targets selected" in proc.stdout
     assert "kforge: 3 targets failed with: triton.compiler.errors.CompilationError: " in proc.stdout
+    # Triton says "at 4:...", a line of the kernel's own source: the summary names the file's line
+    assert "CompilationError: at tk/scale.py:10, column " in proc.stdout and "(line 4 of scale_kernel)" in proc.stdout
     assert "NameError('undefined_name is not defined')" in proc.stdout
     assert "\nFAILED " not in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("kforge: built 1, up to date 0, failed 3, wall ")
