@@ -20,6 +20,7 @@ from kforge.base.project_config import read_user_file
 from kforge.base.errors import SpecError
 from kforge.base.target import FUNCTION_REF
 from kforge.declare.spec_model import shown, shown_path
+from kforge.declare.sweep import ID_MAX
 from kforge.declare.triton_options import OPTIONS, arch_problem, value_problem
 from kforge_runtime.schema import COMPILE_TIME, RECORD_FIELDS, RECORD_FORMAT, RECORD_OPTIONAL, TRITON_VENDOR_DEFAULTS
 from kforge_runtime.serve import identity as canonical
@@ -242,11 +243,9 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
                 records.append(r)
                 configs.append(added[1])
                 vendors.append(added[0])
-        # ids spell only what tells the family's configs apart (a record holds every value Triton fixed)
-        varying = [p for p in params if len({json.dumps(c[p]) for c in configs}) > 1]
         tables = {"kernel": {"name": name, "module": module, "entry": entry, "toolchain": "triton",
                              "archs": archs, "description": f"recorded: {first['kernel']}",
-                             "id": "-".join(f"{p.lower()}{{{p}}}" for p in varying) or "r"},
+                             "id": _id_template(params, configs)},
                   "signature": dict(first["signature"]),
                   "hints": {"divisible_by_16": sorted(first["divisible_by_16"])},
                   "sweep": {p: [configs[0][p]] for p in params}}
@@ -268,6 +267,22 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
             tables["exclude"] = skipped
         found.append((tables, f"{at_lines(where, first_line, lines)}: {first['kernel']}"))
     return found
+
+
+def _id_template(params: list[str], configs: list[dict]) -> str:
+    """The family's id template: what tells its configs apart (a record holds every value Triton fixed). Where
+    spelling every value that varies would pass ID_MAX (lmdeploy's fill_kv_cache lines differ in 20 strides, all
+    following the head size), only the values that first tell them apart, most varied first, in their order."""
+    spelled = {p: {json.dumps(c[p]): len(str(c[p])) for c in configs} for p in params}
+    varying = [p for p in params if len(spelled[p]) > 1]
+    if sum(len(p) + max(spelled[p].values()) + 1 for p in varying) > ID_MAX:
+        told, kept = {()}, set()
+        for p in sorted(varying, key=lambda p: -len(spelled[p])):
+            apart = {tuple(json.dumps(c[q]) for q in (*kept, p)) for c in configs}
+            if len(apart) > len(told):
+                told, kept = apart, kept | {p}
+        varying = [p for p in varying if p in kept]
+    return "-".join(f"{p.lower()}{{{p}}}" for p in varying) or "r"
 
 
 def _other_vendors_stages(record: dict, config: dict, archs: list[str]) -> tuple[str, dict] | None:

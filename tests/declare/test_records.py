@@ -274,6 +274,36 @@ def test_lines_whose_strings_no_id_can_spell_are_families_of_their_own(project):
     assert sorted(map(str, (dict(t.constexprs)["BLOCK"] for t in found.values()))) == ["128", "256", "a b", "ñ→✓"]
 
 
+WIDE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wide_kernel(x_ptr, {params}):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros((16,), tl.float32))
+"""
+STRIDES = [f"stride_of_the_cache_dimension_{i}" for i in range(8)]
+
+
+def test_lines_differing_in_many_long_named_values_get_short_ids_that_tell_them_apart(project):
+    """lmdeploy's fill_kv_cache lines differ in 20 strides (all following the head size): the id spelling every
+    varying value passed 200 characters, and the recorded family failed with 'not a safe name ... change [kernel]
+    id', which a record cannot."""
+    (project / "tk" / "wide.py").write_text(WIDE.format(params=", ".join(f"{s}: tl.constexpr" for s in STRIDES)))
+    def wide(head, decoding):
+        constexprs = {s: head << i for i, s in enumerate(STRIDES)}
+        constexprs[STRIDES[0]] += decoding   # what tells two lines of one head size apart
+        return json.dumps({"format": "kforge-record-1", "kernel": "tk.wide:wide_kernel", "arch": "sm_90a",
+                           "signature": [["x_ptr", "*fp32"], *([s, "constexpr"] for s in STRIDES)],
+                           "constexprs": constexprs, "divisible_by_16": [],
+                           "options": {"num_warps": 4, "num_stages": 3}})
+    (project / "specs" / "app.jsonl").write_text("\n".join([wide(h, d) for h in (64, 96, 128) for d in (0, 1)]) + "\n")
+    found = targets(project)
+    assert len(found) == 6 and all(len(n.split(":")[1].split("@")[0]) <= 200 for n in found), list(found)
+    assert {dict(t.constexprs)[STRIDES[1]] for t in found.values()} == {128, 192, 256}
+
+
 def test_a_line_with_a_value_kforge_cannot_build_fails_alone_and_the_file_s_other_lines_build(project):
     """A string constexpr of thousands of characters, -inf, an integer past 64 bits: Triton compiles them and the
     recorder writes them; one such line failed the whole file, so none of an application's kernels was built (an
