@@ -550,13 +550,18 @@ class Server:
             picked = next(iter(held.values()))
         if picked is None:
             first = json.loads(recorded[0]) if recorded else None
+            line.pop("source_key", None)   # what a record line holds: here it would read "held, other source"
             self.missed({**line, "autotune": {"key": key, "config": first}},
                         tuned_miss_message(line, key, len(held), first))
         return picked
 
     def _held(self, tuner, args: tuple, kwargs: dict, config) -> tuple:
         """(the record line of this call run with `config`, its autotuning key, whether the bundles hold it);
-        (None, None, False) for a kernel kforge does not record (a nested autotuner)."""
+        (None, None, False) for a kernel kforge does not record (a nested autotuner). The config's own pre_hook runs
+        first, as Autotuner.run runs it before every launch with that config: lmdeploy's TMA GEMM makes its
+        descriptors with a (1, 1) block and its pre_hook gives them the config's, which the specialization holds."""
+        if config.pre_hook is not None:
+            config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
         try:
             line = tuned_line(tuner, args, kwargs, config)
         except ValueError as e:

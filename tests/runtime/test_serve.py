@@ -679,6 +679,7 @@ def test_an_autotuned_kernel_runs_the_recorded_choice_for_its_key_without_benchm
     with pytest.raises(serve.NotServed, match=r'was recorded with config \{"BLOCK": 256, .*"num_warps": 8\} for '
                                               r'its autotuning key \[10, .* \(the bundles hold 0 of its configs'):
         copy_tuned[grid](x[1:], y, 10)   # the recorded pick, but this call's specialization was not built
+    assert "source_key" not in server.misses[-1]   # the CI guard's list: not "held, but built from other source"
 
 
 def test_an_autotuned_call_picks_among_configs_built_from_its_code(jit, tmp_path):
@@ -855,6 +856,38 @@ class Packed:
         import ctypes
         params = self.arguments.pack_trusted(values)
         Packed.launches.append(ctypes.c_float.from_address(params[len(params) - 3]).value)   # scale, before scratch
+
+
+def _desc_blocks(nargs):   # lmdeploy's TMA GEMM: descriptors made with a (1, 1) block, each config gives its own
+    nargs["x_desc"].block_shape = [nargs["BLOCK"], 64]
+    nargs["y_desc"].block_shape = [nargs["BLOCK"], 64]
+
+
+desc_tuned = triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=4, num_stages=3, pre_hook=_desc_blocks)
+                                      for b in (64, 128)], key=["scale"])(desc_scale)
+
+
+def test_an_autotuned_descriptor_kernel_whose_config_pre_hook_sets_the_blocks_is_served_its_recorded_pick(
+        jit, tmp_path, monkeypatch):
+    """The specialization of a call run with a config is the one after that config's pre_hook, as Autotuner.run
+    runs it before every launch: the pick was looked up with the caller's (1, 1) blocks, missed (and was named as
+    'held, but built from other source'), and the autotuner benchmarked both configs (lmdeploy's own tests, H200)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kforge_runtime.bundle import Bundle
+    monkeypatch.setattr(Bundle, "kernel", lambda self, entry, device=None, binary=None: Packed(entry))
+    Packed.launches = []
+    desc_scale.device_caches.clear()
+    desc_scale.device_caches[0]
+    desc_tuned.cache.clear()
+    monkeypatch.setattr(desc_scale, "compile", lambda *a, **k: pytest.fail("compiled"), raising=False)
+    pick = {"kernel": f"{__name__}:desc_scale", "key": [0.5],   # descriptors add no dtype to the key
+            "config": {"BLOCK": 128, "num_warps": 4, "num_ctas": 1, "num_stages": 3}}
+    server = serve.serve(str(bundle_dir(tmp_path / "b", [desc_entry(64), desc_entry(128)], [pick])), strict=True)
+    x, y = torch.zeros(256, 64, dtype=torch.float16), torch.zeros(256, 64, dtype=torch.float16)
+    desc_tuned[(2,)](TensorDescriptor.from_tensor(x, [1, 1]), TensorDescriptor.from_tensor(y, [1, 1]), 0.5)
+    assert (server.tuned_configs, server.served, server.compiled, server.misses) == (1, 1, 0, [])
+    assert [launch[0] for launch in Packed.launches[:2]] == [[128, 64], [128, 64]]
 
 
 def test_a_call_with_tensor_descriptors_is_served_and_launched_from_the_bundle(jit, tmp_path, monkeypatch):
