@@ -724,9 +724,11 @@ def _server_setup(target: Target, backend: Backend, root: str) -> None:
     fixed_address_layout()
     if backend.arch_per_process:
         backend.setup(target.arch)
-    # a Dask worker's compile has a private out/ per target, and runs in the worker's own folder already
-    if os.path.realpath(target.layout.root) == os.path.realpath(root):
-        with contextlib.suppress(OSError, ValueError):   # a link out of out/: its artifacts' install says so
+    # an installed library's import runs in out/.kforge/work/ (guard.work_folder), the project's own modules in the
+    # project (they may read a file by a path relative to it); a Dask worker's compile runs in the worker's folder
+    if os.path.realpath(target.layout.root) == os.path.realpath(root) and \
+            sources.project_source_problem(Path(target.source), Path(root)) is not None:
+        with contextlib.suppress(OSError, ValueError):   # a link out of out/: the catalog's load warned of it
             observe.run_in(guard.work_folder(target.layout))
     _named_from[:] = [root, tuple(sys.path)]
     recorder = observe.Recorder.install(root)   # after the compiler's import: the toolchain is no input

@@ -7,11 +7,12 @@ import os
 import re
 import sys
 import time
+import types
 
 from kforge.compile import amdgpu_metadata, lowering
 from kforge.base.archs import ARCHS
 from kforge.compile.lowering import Lowered
-from kforge_runtime.schema import NONE, SCRATCH_ALIGN, VALUE_KINDS
+from kforge_runtime.schema import COMPILE_TIME, NONE, SCRATCH_ALIGN, VALUE_KINDS
 from kforge_runtime.source_key import comparable, reproducible, source_key as source_key_of, tagged
 
 _root = ""
@@ -186,14 +187,15 @@ def _located(error, fn) -> None:
     from triton.runtime.jit import JITCallable
     from kforge.load.shared_env import shown_line
     functions, seen = [fn], {id(fn)}
-    for f in functions:   # breadth first, each module's globals once per function: only on a failure
-        for value in list(getattr(f.fn, "__globals__", {}).values()):
+    for f in functions:   # breadth first, through each module's globals and the modules they hold: only on a failure
+        found = list(getattr(f.fn, "__globals__", {}).values())
+        for value in [*found, *(v for m in found if isinstance(m, types.ModuleType) for v in vars(m).values())]:
             if isinstance(value, JITCallable) and id(value) not in seen:
                 seen.add(id(value))
                 functions.append(value)
     while isinstance(error, CompilationError):
         line, column = getattr(error.node, "lineno", None), getattr(error.node, "col_offset", None)
-        owner = next((f for f in functions if getattr(f, "src", None) == error.src), None)
+        owner = next((f for f in functions if getattr(f, "src", None) is error.src), None)   # the very text
         said = f"at {line}:{column}:"
         if owner is not None and error.message.startswith(said):
             start = owner.starting_line_number + next(
@@ -249,6 +251,10 @@ def _as_imported(target, wrapped: list) -> None:
                          f"built here, or drop its lines ({target.spec_path.split(': ', 1)[0]})")
     declared = dict(target.signature)
     for p in fn.params:   # Triton launches an annotated argument as its annotation's type, whatever the value
+        if p.is_constexpr and declared.get(p.name, "constexpr") not in (*COMPILE_TIME, NONE):
+            raise ValueError(f"{name}: argument {p.name} is declared {declared[p.name]!r} but its def annotates it "
+                             f"tl.constexpr, which Triton passes as a compile-time value: a binary built so is never "
+                             f"served; declare it \"constexpr\" in [signature] ({target.spec_path})")
         kind = p.annotation_type
         if kind and not kind.startswith("*k") and declared.get(p.name, kind) not in (kind, NONE):
             raise ValueError(f"{name}: argument {p.name} is declared {declared[p.name]!r} but its def annotates it "

@@ -57,10 +57,11 @@ def family(**arguments) -> None:
 
 def _call_site(caller) -> tuple[str, int]:
     """Where a family() call is named: the outermost line of the running catalog file on the stack, so that a
-    wrapper of the file's own (`def family(**kw): _family(env=ENV, **kw)`) names the line that declared each family,
-    not its own line; else (a helper module's call, no catalog running) the caller's."""
+    wrapper (`def family(**kw): _family(env=ENV, **kw)`, in the file or a helper module) names the line that
+    declared each family, not its own line; else (a helper module declaring families as it is imported, no catalog
+    running) the caller's."""
     found, frame = caller, caller
-    while frame is not None:
+    while frame is not None and not frame.f_code.co_filename.startswith("<frozen importlib"):
         if _running is not None and frame.f_code.co_filename == _running:
             found = frame
         frame = frame.f_back

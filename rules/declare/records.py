@@ -272,9 +272,11 @@ def families(path: Path, root: Path, extra_archs: tuple[str, ...] = ()) -> list[
 def _id_template(params: list[str], configs: list[dict]) -> str:
     """The family's id template: what tells its configs apart (a record holds every value Triton fixed). Where
     spelling every value that varies would pass ID_MAX (lmdeploy's fill_kv_cache lines differ in 20 strides, all
-    following the head size), only the values that first tell them apart, most varied first, in their order."""
+    following the head size), only the values that first tell them apart, most varied first, in their order, each
+    named by its place in the kernel's parameters where their names are still too long."""
     spelled = {p: {json.dumps(c[p]): len(str(c[p])) for c in configs} for p in params}
     varying = [p for p in params if len(spelled[p]) > 1]
+    label = {p: p.lower() for p in params}
     if sum(len(p) + max(spelled[p].values()) + 1 for p in varying) > ID_MAX:
         told, kept = {()}, set()
         for p in sorted(varying, key=lambda p: -len(spelled[p])):
@@ -282,7 +284,9 @@ def _id_template(params: list[str], configs: list[dict]) -> str:
             if len(apart) > len(told):
                 told, kept = apart, kept | {p}
         varying = [p for p in varying if p in kept]
-    return "-".join(f"{p.lower()}{{{p}}}" for p in varying) or "r"
+        if sum(len(p) + max(spelled[p].values()) + 1 for p in varying) > ID_MAX:   # each by its place instead
+            label = {p: f"{params.index(p)}_" for p in params}
+    return "-".join(f"{label[p]}{{{p}}}" for p in varying) or "r"
 
 
 def _other_vendors_stages(record: dict, config: dict, archs: list[str]) -> tuple[str, dict] | None:

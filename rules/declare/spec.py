@@ -387,10 +387,15 @@ def _with_autotune(swept: dict, extras: list, configs: list[dict], where: str,
     own = list(itertools.product(*swept.values()))
     grown = {**swept, **{key: [configs[0][key]] for key in keys}}
     added = [{**dict(zip(swept, combo)), **c} for c in configs[1:] for combo in own]
-    if extras and all(set(e) == set(swept) for e in extras):   # pairings of the spec's own values: each is built
-        added += [{**e, **c} for e in extras for c in configs]   # with every autotune config, as the sweep is
-        extras = []
-    return grown, [*added, *extras], len(added)
+    pairings: dict[str, int] = {}   # [[extra]] blocks giving the spec's own values alone: each is built with every
+    for i, e in enumerate(extras):   # autotune config, as the sweep is
+        if set(e) == set(swept) and swept:
+            same = pairings.setdefault(json.dumps(e, sort_keys=True), i)
+            if same != i:
+                raise SpecError(f"{where}: [[extra]] #{i + 1} {shown(e)}: the same as [[extra]] #{same + 1}; "
+                                f"remove one")
+            added += [{**e, **c} for c in configs]
+    return grown, [*added, *(e for i, e in enumerate(extras) if i not in pairings.values())], len(added)
 
 
 def _per_vendor(sides: list[list[str]]) -> str:

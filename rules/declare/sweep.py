@@ -58,8 +58,8 @@ def expand(spec: Spec, sweep: dict, extras: list[dict], excludes: list[dict], ma
         own = i - made_extras   # the spec's own [[extra]] blocks, numbered from 1 in messages
         if set(extra) != set(params):
             own_only = [p for p in params if p not in spec.tuned]
-            tuned = f", or those of [sweep] alone ({own_only}) in every [[extra]]: each pairing is then built with " \
-                    f"every @triton.autotune config" if spec.tuned else ""
+            tuned = f", or those of [sweep] alone ({own_only}): such a pairing is built with every " \
+                    f"@triton.autotune config" if spec.tuned else ""
             raise SpecError(f"{where}: [[extra]] #{own + 1} must give exactly the swept parameters "
                             f"{list(params)}{tuned}; got {shown(list(extra))}")
         c = tuple((p, _canon(spec, p, extra[p], "extra")) for p in params)

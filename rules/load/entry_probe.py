@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import gc
-import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,6 +38,7 @@ from kforge.base import cpus
 from kforge.base.layout import Layout
 from kforge.load import device_model, isolate, load_guard, observe, shared_env
 from kforge.base.errors import SpecError
+from kforge.load import sources
 from kforge.load.sources import UNSPECIALIZED, entry_def, module_level, parse
 
 def is_wrapped(path: Path, entry: str) -> bool:
@@ -142,8 +143,11 @@ class Probe:
         if self.child is None or self.child.poll() is not None:
             env = dict(os.environ, **dict(self.env),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
-            work = Layout(self.root).work   # made by the catalog's load (guard.work_folder): the imports run there
-            context = {**(self.context or {}), **({"work": str(work)} if work.is_dir() else {})}
+            # made by the catalog's load (guard.work_folder): an installed library's imports run there, if it is a
+            # folder inside out/ (not a link leading out, which the load warned of)
+            out, work = (os.path.realpath(Layout(self.root).out), os.path.realpath(Layout(self.root).work))
+            inside = work.startswith(out + os.sep) and os.path.isdir(work)
+            context = {**(self.context or {}), **({"work": work} if inside else {})}
             # rules/load/load_guard.py: catalog_memory, and a process group killed with it (close())
             self.child = load_guard.popen([sys.executable, "-m", "kforge.load.entry_probe", json.dumps(context)],
                                           cwd=self.root,
@@ -634,8 +638,8 @@ def main() -> None:
     misses = _Misses.installed = _Misses(recorder)
     sys.meta_path.append(misses)
     context = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    if context.get("work"):
-        observe.run_in(context["work"])
+    root, work = os.getcwd(), context.get("work")
+    observe.run_in(root)   # the module path's relative entries made absolute: the folder changes per module below
     unusable = ""   # the device model and set-up hooks of the import context, before any family's module
     if "arch" in context:
         try:
@@ -648,6 +652,7 @@ def main() -> None:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
+        os.chdir(work if work and _installed(module, root) else root)   # as a compile server imports it
         if package and not unusable and package not in packages:
             packages[package] = _import_package(package)
         if unusable:
@@ -716,6 +721,17 @@ def _read(recorder, misses: "_Misses") -> list[str]:
     probe inputs. Paths are absolute, so a `$` starts only a variable."""
     variables = {observe.VARIABLE + name for name in recorder.variables}
     return sorted(recorder.files() | set(recorder.folders()) | misses.paths | variables)
+
+
+def _installed(module: str, root: str) -> bool:
+    """Whether a module is an installed library's (imported in out/.kforge/work/), not the project's own source,
+    found by its top-level name (nothing is imported)."""
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return True
+    where = spec and (spec.origin or next(iter(spec.submodule_search_locations or ()), None))
+    return not where or sources.project_source_problem(Path(where), Path(root)) is not None
 
 
 def _import_package(package: str) -> tuple[str, bool]:

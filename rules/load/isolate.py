@@ -496,7 +496,10 @@ def _short_error(e: BaseException) -> str:
         cause = e.__cause__
         while cause.__cause__ is not None:
             cause = cause.__cause__
-        text += "\n" + "".join(traceback.format_exception_only(type(cause), cause)).strip().splitlines()[-1].strip()
+        said = [line.strip() for line in "".join(traceback.format_exception_only(type(cause), cause)).splitlines()]
+        said = [line for line in said if line]
+        # and where, when its first line says so (a CompilationError's "at <file>:<line> ...:")
+        text += "\n" + (f"{said[0]} ... {said[-1]}" if len(said) > 1 and said[0].endswith(":") else said[-1])
     return text if len(text) < 4000 else text[:4000] + " ..."
 
 

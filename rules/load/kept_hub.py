@@ -23,15 +23,16 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from kforge.base import stamps
-from kforge.load import isolate
+from kforge.load import isolate, observe
 
 KEEPER_NAME = b"kforge-keeper"   # what ps and /proc/PID/comm show for a keeper
 MAX_KEEPERS = 2   # a user's keepers at once (each holds a toolchain: 170 MB with torch and Triton): the oldest go first
 ATTACH_TIMEOUT_S = 1.0   # a keeper answers at once (it stats the files it imported): a slower one is ended
 MAX_MESSAGE = 1 << 20
 # what a shell sets for itself, which no compile reads: two runs of one command differ in them (`cd` sets
-# OLDPWD, `time doit` sets `_`, a subshell SHLVL; PWD names the folder a link led to, and cwd is compared)
-SHELL_BOOKKEEPING = ("_", "OLDPWD", "SHLVL", "PWD")
+# OLDPWD, `time doit` sets `_`, a subshell SHLVL; PWD names the folder a link led to, and cwd is compared), and the
+# rest of the session's variables, which are no compile's inputs either (observe.SESSION: another terminal's TERM)
+SHELL_BOOKKEEPING = ("_", *observe.SESSION)
 
 
 class Keep(NamedTuple):

@@ -358,9 +358,10 @@ def _inside(path: str, real: str, within: tuple[str, ...]) -> str | None:
 
 def run_in(folder: str) -> None:
     """Make `folder` this process's working folder (a library server's, the probe's: out/.kforge/work/, where what a
-    library writes into its working folder at import goes), the module path's "" kept as the folder it meant."""
+    library writes into its working folder at import goes), the module path's relative entries ("" too) kept as the
+    folders they meant."""
     here = os.getcwd()
-    sys.path[:] = [p or here for p in sys.path]
+    sys.path[:] = [p if os.path.isabs(p) else os.path.join(here, p) if p else here for p in sys.path]
     os.chdir(folder)
 
 
@@ -741,16 +742,15 @@ class _ObservedEnviron(os._Environ):
 
 
 # The session a build runs in, which libraries read for how they print (termcolor's TERM) or where they keep their
-# own files (platformdirs' HOME), or to tell a CI runner: never inputs (the user's folders are not recorded either),
-# so an out/ restored on a CI runner or built from another terminal stays current. A value that decides a kernel's
-# code is given in the family's [env], which its key holds.
+# own files (platformdirs' HOME): never inputs (the files under the user's folders are not recorded either), so an
+# out/ built from another terminal or restored for another user stays current. A CI runner's marker (CI) is no
+# session's: a library may trim its autotune list under it. A value that decides a kernel's code is given in the
+# family's [env], which its key holds.
 SESSION = frozenset((
     "TERM", "COLORTERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
     "CLICOLOR", "CLICOLOR_FORCE", "ANSI_COLORS_DISABLED", "PY_COLORS", "DISPLAY",
     "HOME", "USER", "LOGNAME", "USERNAME", "SHELL", "PWD", "OLDPWD", "SHLVL",
-    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
-    "CI", "CONTINUOUS_INTEGRATION", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "CIRCLECI", "TRAVIS", "JENKINS_URL",
-    "TF_BUILD", "TEAMCITY_VERSION"))
+    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"))
 CHANGED = "changed-while-read"
 VARIABLE = "$"   # an input named $NAME is the environment variable NAME
 # the frames of a read itself, as their code names its file (a frozen module's is "<frozen os>")

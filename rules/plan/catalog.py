@@ -13,7 +13,6 @@ docs/caching.md says what each level compares.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -152,6 +151,7 @@ class Catalog:
         the families and from `taken` (the project's own tasks)."""
         folders = catalog_folders(self.root)
         spec_files = catalog_files(self.root, folders)
+        _make_work_folder(self.root)   # where the probes import, and the compile servers after this load
         saved = read_state(self.path, _well_shaped)   # untrusted: one not of this format is dropped with a warning
         try:
             if saved is not None and covers(saved["archs"], self.archs) and \
@@ -166,8 +166,6 @@ class Catalog:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):   # a damaged file (a path that is a
             self.families, self.targets, self.tuned = [], [], []                # number...): load the specs instead
         from kforge.load import installed
-        with contextlib.suppress(OSError, ValueError):   # where the probes import (else in the project: a link out)
-            guard.work_folder(Layout(self.root))
         with installed.shared():   # an installed module's closure walked once, not once per family of it
             self._from_specs(folders, spec_files, saved, keep_going, taken)
         return self if self._fresh is None else self._saved_now()
@@ -484,6 +482,17 @@ class Catalog:
                       for f in files],
             "code": [(folder, rel, of(path)) for folder, rel, path in self._code],
             **({} if by_content else {"root": str(self.root), "code_folders": list(map(str, KFORGE_CODE))})})
+
+
+def _make_work_folder(root: Path) -> None:
+    """out/.kforge/work/, where the probes and compile servers import an installed library (guard.work_folder); a
+    link there leading out of out/ is one warning, and the imports run in the project folder until it is gone."""
+    try:
+        guard.work_folder(Layout(root))
+    except guard.OutsideOut as e:
+        sys.stderr.write(f"kforge: warning: {e}; until then a library's import runs in the project folder\n")
+    except OSError:   # a read-only or full out/: the build says so where it writes
+        pass
 
 
 def forget_unloaded(root: Path, names: set[str] | None) -> None:

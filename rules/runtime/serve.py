@@ -557,11 +557,10 @@ class Server:
 
     def _held(self, tuner, args: tuple, kwargs: dict, config) -> tuple:
         """(the record line of this call run with `config`, its autotuning key, whether the bundles hold it);
-        (None, None, False) for a kernel kforge does not record (a nested autotuner). The config's own pre_hook runs
-        first, as Autotuner.run runs it before every launch with that config: lmdeploy's TMA GEMM makes its
-        descriptors with a (1, 1) block and its pre_hook gives them the config's, which the specialization holds."""
-        if config.pre_hook is not None:
-            config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
+        (None, None, False) for a kernel kforge does not record (a nested autotuner). The config's own pre_hook is
+        applied first (_after_pre_hook), as Autotuner.run runs it before every launch with that config: lmdeploy's
+        TMA GEMM makes its descriptors with a (1, 1) block and its pre_hook gives them the config's."""
+        args, kwargs = _after_pre_hook(tuner, args, kwargs, config)
         try:
             line = tuned_line(tuner, args, kwargs, config)
         except ValueError as e:
@@ -589,6 +588,19 @@ class Server:
             verdict = len(picks) > 1 or len(picks) == 1 and _text(current.all_kwargs()) != _text(picks[0]["config"])
             self.rechecks[asked] = verdict
         return verdict
+
+
+def _after_pre_hook(tuner, args: tuple, kwargs: dict, config) -> tuple[tuple, dict]:
+    """The call's arguments as a launch with `config` passes them: its pre_hook run on copies of the tensor
+    descriptors (the one kind of argument whose specialization it can change, by its block_shape), so that the real
+    ones, and a buffer it zeroes, are left to Autotuner.run, which runs it once before the launch."""
+    if config.pre_hook is None or not any(hasattr(a, "block_shape") for a in (*args, *kwargs.values())):
+        return args, kwargs
+    import copy
+    fresh = lambda a: copy.copy(a) if hasattr(a, "block_shape") else a
+    args, kwargs = tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()}
+    config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
+    return args, kwargs
 
 
 def _jit_of(tuner):

@@ -492,7 +492,8 @@ def test_compile_here_imports_the_compiler_in_the_hub_and_lowers_in_a_server(mon
         lower, lambda root: setattr(fake, "warmed_in", os.getpid()), arch_per_process=False))
     target = types.SimpleNamespace(toolchain="fake", arch="sm_90a", kernel="k", layout=Layout(tmp_path),
                                    out_dir=str(tmp_path / "out" / "sm_90a" / "k" / "c"), env=(), module="m",
-                                   constexprs=(), signature=(), device_model=False, setup=())
+                                   source=str(tmp_path / "m.py"), constexprs=(), signature=(), device_model=False,
+                                   setup=())
     with fresh_servers(monkeypatch):
         outcome = compile_core.compile_here(target, str(tmp_path), timeout=60)
         hub = compile_core._hub.pid

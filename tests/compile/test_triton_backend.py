@@ -216,7 +216,13 @@ import triton.language as tl
 
 
 @triton.jit
-def copy_kernel(x_ptr, y_ptr, n: tl.int64, BLOCK: tl.constexpr = 128):""" + COPY_BODY
+def copy_kernel(x_ptr, y_ptr, n: tl.int64, BLOCK: tl.constexpr = 128):""" + COPY_BODY + """
+
+@triton.jit
+def scaled_kernel(x_ptr, y_ptr, n: tl.int64, BLOCK: tl.constexpr = 128, F: tl.constexpr = 2.0):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * F, mask=i < n)
+"""
 
 
 def test_an_argument_declared_other_than_its_def_annotates_it_builds_nothing(tmp_path):
@@ -226,10 +232,49 @@ def test_an_argument_declared_other_than_its_def_annotates_it_builds_nothing(tmp
     specs = {"as_i32": DEFAULTED_SPEC.format(name="as_i32", module="annotated", entry="copy_kernel", extra=""),
              "as_i64": DEFAULTED_SPEC.format(name="as_i64", module="annotated", entry="copy_kernel",
                                              extra="").replace('n = "i32"', 'n = "i64"')}
+    # flashinfer's `EPS: tl.constexpr` declared "fp32": built as a runtime float, which no launch passes
+    specs["eps"] = DEFAULTED_SPEC.format(name="eps", module="annotated", entry="scaled_kernel",
+                                         extra='F = "fp32"\n').replace('n = "i32"', 'n = "i64"')
     root = make_project(tmp_path / "p", specs=specs, kernels={"annotated": ANNOTATED})
     doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
     assert statuses(root, "built") == {"as_i64:w4@sm_90a"}
     assert "argument n is declared 'i32' but its def annotates it as 'i64'" in _failure(root, "as_i32:w4@sm_90a")
+    assert "argument F is declared 'fp32' but its def annotates it tl.constexpr" in _failure(root, "eps:w4@sm_90a")
+
+
+INNER = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scaled(x):
+    return x * undefined_name
+"""
+
+OUTER = """
+import triton
+import triton.language as tl
+
+from tk import inner
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr = 128):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, inner.scaled(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+"""
+
+
+def test_a_compile_error_in_a_callee_reached_through_its_module_names_the_callees_file_and_line(tmp_path):
+    """Triton says "at 2:15", a line of the failing function's own source: the message names its file's line, for a
+    @jit function the kernel calls as `inner.scaled(...)` too."""
+    specs = {"outer": DEFAULTED_SPEC.format(name="outer", module="outer", entry="copy_kernel", extra="")}
+    root = make_project(tmp_path / "p", specs=specs, kernels={"outer": OUTER, "inner": INNER})
+    proc = doit(root, "-n", "1", env={"KFORGE_LOCAL_CACHE": "off"}, check=False)
+    kept = next((root / "out").rglob("error.txt")).read_text()
+    assert "CompilationError: at tk/inner.py:8, column 15 (line 2 of scaled): ... NameError(" in kept, kept
+    assert "at tk/outer.py:11, column 24 (line 3 of copy_kernel)" in proc.stdout, proc.stdout
 
 
 PTXAS_WITNESS = """#!/bin/sh

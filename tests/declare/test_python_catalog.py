@@ -84,6 +84,15 @@ def test_a_family_declared_through_the_catalogs_own_wrapper_is_named_by_the_line
         load_specs(root)
 
 
+def test_a_family_a_helper_module_declares_as_it_is_imported_is_named_by_the_helpers_line(tmp_path):
+    """A catalog importing a helper that declares families itself: the helper's line, not the import's."""
+    root = python_project(tmp_path, "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                    "import _more  # noqa: F401\n")
+    (root / "specs" / "_more.py").write_text(textwrap.dedent(WRAPPED))
+    with pytest.raises(SpecError, match=r"^specs/_more.py:\d+: family 'scale_int33': \[sweep\] dtype: got 'int33'"):
+        load_specs(root)
+
+
 def test_a_value_a_loop_gives_twice_is_refused_naming_the_call(tmp_path):
     """A catalog that computes its sweep may give a value twice (`min(b, 1024) for b in ...`): refused as a TOML
     spec's is, not merged."""

@@ -302,6 +302,15 @@ def test_lines_differing_in_many_long_named_values_get_short_ids_that_tell_them_
     found = targets(project)
     assert len(found) == 6 and all(len(n.split(":")[1].split("@")[0]) <= 200 for n in found), list(found)
     assert {dict(t.constexprs)[STRIDES[1]] for t in found.values()} == {128, 192, 256}
+    # lines each telling itself apart by a flag of its own: every flag is needed, each then named by its place
+    flags = []
+    for i in range(len(STRIDES)):
+        line = json.loads(wide(64, 0))
+        line["constexprs"] = {s: int(j == i) for j, s in enumerate(STRIDES)}
+        flags.append(json.dumps(line))
+    (project / "specs" / "app.jsonl").write_text("\n".join(flags) + "\n")
+    found = targets(project)
+    assert len(found) == 8 and all(len(n.split(":")[1].split("@")[0]) <= 200 for n in found), list(found)
 
 
 def test_a_line_with_a_value_kforge_cannot_build_fails_alone_and_the_file_s_other_lines_build(project):

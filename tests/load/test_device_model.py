@@ -355,7 +355,10 @@ def run(argv):
 
 def run_all():
     return [os.system("ldconfig /usr/local/cuda-13.0") >> 8, run(["ldconfig", "/usr/local/cuda-13.0"]),
-            run(["ldconfig", "-p"]), os.system("modprobe nvidia") >> 8, os.system("echo plain > /dev/null") >> 8]
+            run(["ldconfig", "-p"]), os.system("modprobe nvidia") >> 8, os.system("echo plain > /dev/null") >> 8,
+            os.system("ldconfig /usr/local/cuda-13.0 2>/dev/null") >> 8,
+            os.system("env FOO=1 ldconfig /no-such-folder/cuda-*") >> 8, run(["sh", "-c", "ldconfig /y"]),
+            os.system("ldconfig.real /x") >> 8, os.system("ldconfig -p | head -1 > /dev/null") >> 8]
 
 print(run_all())
 device_model.install("sm_90a")
@@ -370,16 +373,19 @@ def test_tools_that_set_a_gpu_machine_up_are_not_found_under_the_model_and_queri
     import os
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("ldconfig", "modprobe"):
+    for tool in ("ldconfig", "modprobe", "ldconfig.real"):
         (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {tmp_path}/ran\n")
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     proc = _python(SETUP_TOOLS, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[0, 0, 0, 0, 0]", "[127, 'not found', 0, 127, 0]"], proc.stdout
+    assert proc.stdout.splitlines() == ["[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]",
+                                        "[127, 'not found', 0, 127, 0, 127, 127, 'not found', 127, 0]"], proc.stdout
     assert (tmp_path / "ran").read_text().splitlines() == [
         "ldconfig /usr/local/cuda-13.0", "ldconfig /usr/local/cuda-13.0", "ldconfig -p", "modprobe nvidia",
-        "ldconfig -p"]
+        "ldconfig /usr/local/cuda-13.0", "ldconfig /no-such-folder/cuda-*", "ldconfig /y", "ldconfig.real /x",
+        "ldconfig -p",
+        "ldconfig -p", "ldconfig -p"]   # under the model: the queries alone
 
 
 def test_prepare_installs_the_model_then_runs_the_set_up_hooks_in_order_with_the_arch(modelled):
@@ -461,7 +467,8 @@ def test_gpu_memory_read_at_import_a_missing_set_up_hook_and_a_broken_one_each_b
         assert any(line.startswith(f"{family} ") and "BROKEN" in line for line in proc.stdout.splitlines()), \
             proc.stdout
     assert re.search(r"specs/devlib_alloc\.toml: .*NeedsGPU: reading a tensor's values on the GPU \(\w+\) at "
-                     r"devlib/alloc\.py:6 \(`LIMIT = int\(SCRATCH\.sum\(\)\)`\) needs a real GPU: ", proc.stderr), proc.stderr
+                     r"devlib/alloc\.py:6 \(`LIMIT = int\(SCRATCH\.sum\(\)\)`\) needs a real GPU: ", proc.stderr), \
+        proc.stderr
     assert "ImportError: call devlib.configure(arch)" in proc.stderr
     assert "setup hook tk.hooks:configure failed for sm_90a: OSError: no licence file" in proc.stderr
 

@@ -9,7 +9,7 @@ import pytest
 
 from kforge.load import installed, sources
 from kforge.base.errors import SpecError
-from tests.support import doit, make_project, redirected_package, spec_text, statuses, write_site_package
+from tests.support import doit, kernel_text, make_project, redirected_package, spec_text, statuses, write_site_package
 
 PACKAGE = "kforge_testlib"
 
@@ -515,7 +515,11 @@ def test_an_extra_pairing_the_specs_own_values_is_built_with_every_autotune_conf
     partial = SCALE_SPEC + '\n[[extra]]\nn = 4096\nBLOCK = 128\n'
     root = make_project(tmp_path / "q", specs={"lib_scale": partial}, kernels={})
     with pytest.raises(SpecError, match=r"\[\[extra\]\] #1 must give exactly the swept parameters .*, or those of "
-                                        r"\[sweep\] alone \(\['n'\]\) in every \[\[extra\]\]"):
+                                        r"\[sweep\] alone \(\['n'\]\): such a pairing is built with every"):
+        load_specs(root)
+    twice = SCALE_SPEC + '\n[[extra]]\nn = 4096\n\n[[extra]]\nn = 4096\n'
+    root = make_project(tmp_path / "r", specs={"lib_scale": twice}, kernels={})
+    with pytest.raises(SpecError, match=r"\[\[extra\]\] #2 \{'n': 4096\}: the same as \[\[extra\]\] #1; remove one"):
         load_specs(root)
 
 
@@ -866,3 +870,24 @@ def test_a_library_writing_modules_into_its_working_folder_at_import_writes_insi
     assert statuses(root, "built") == set() and "loading" not in proc.stderr, proc.stderr
     inputs = [n for m in (root / "out").glob("*/*/*/meta.json") for n, _ in json.loads(m.read_text())["inputs"]]
     assert "genlib/__init__.py" in inputs and not any("made" in n for n in inputs), inputs
+
+
+def test_a_project_kernel_reading_a_file_relative_to_the_project_at_import_still_builds(tmp_path):
+    """Only an installed library's import runs in out/.kforge/work/: the project's own modules may open a file by a
+    path relative to the project, as they do when doit runs them (a critical read of the work folder)."""
+    reading = "import json\nFACTOR = json.load(open('tk/factor.json'))\n" + kernel_text()
+    root = make_project(tmp_path / "p", specs={"scale": spec_text()}, kernels={"scale": reading})
+    (root / "tk" / "factor.json").write_text("2")
+    doit(root, "-n", "1")
+    assert statuses(root, "built") == {"scale:fp16-b256-w4@sm_90a"}
+
+
+def test_a_link_planted_at_the_work_folder_is_one_warning_and_nothing_is_written_through_it(tmp_path):
+    site = write_site_package(tmp_path / "site", "genlib", GENERATING)
+    root = make_project(tmp_path / "p", specs={"gen_copy": GENERATING_SPEC}, kernels={})
+    (tmp_path / "elsewhere").mkdir()
+    (root / "out" / ".kforge").mkdir(parents=True)
+    (root / "out" / ".kforge" / "work").symlink_to(tmp_path / "elsewhere")
+    proc = doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
+    assert "kforge: warning: " in proc.stderr and "leads outside out/" in proc.stderr, proc.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and len(statuses(root, "built")) == 1
