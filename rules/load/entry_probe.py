@@ -36,9 +36,8 @@ from pathlib import Path
 
 from kforge.base import cpus
 from kforge.base.layout import Layout
-from kforge.load import device_model, isolate, load_guard, observe, shared_env
+from kforge.load import device_model, isolate, load_guard, observe, shared_env, sources
 from kforge.base.errors import SpecError
-from kforge.load import sources
 from kforge.load.sources import UNSPECIALIZED, entry_def, module_level, parse
 
 def is_wrapped(path: Path, entry: str) -> bool:
@@ -145,13 +144,12 @@ class Probe:
                        PYTHONPATH=os.pathsep.join(filter(None, [str(self.root), *sys.path])))
             # made by the catalog's load (guard.work_folder): an installed library's imports run there, if it is a
             # folder inside out/ (not a link leading out, which the load warned of)
-            out, work = (os.path.realpath(Layout(self.root).out), os.path.realpath(Layout(self.root).work))
+            out, work = os.path.realpath(Layout(self.root).out), os.path.realpath(Layout(self.root).work)
             inside = work.startswith(out + os.sep) and os.path.isdir(work)
             context = {**(self.context or {}), **({"work": work} if inside else {})}
             # rules/load/load_guard.py: catalog_memory, and a process group killed with it (close())
             self.child = load_guard.popen([sys.executable, "-m", "kforge.load.entry_probe", json.dumps(context)],
-                                          cwd=self.root,
-                                          env=env,
+                                          cwd=self.root, env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True)
         try:

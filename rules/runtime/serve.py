@@ -592,8 +592,9 @@ class Server:
 
 def _after_pre_hook(tuner, args: tuple, kwargs: dict, config) -> tuple[tuple, dict]:
     """The call's arguments as a launch with `config` passes them: its pre_hook run on copies of the tensor
-    descriptors (the one kind of argument whose specialization it can change, by its block_shape), so that the real
-    ones, and a buffer it zeroes, are left to Autotuner.run, which runs it once before the launch."""
+    descriptors, the one kind of argument whose specialization it can change (their block_shape), so that the
+    caller's are left as made for Autotuner.run, which runs the hook before the launch. A call without descriptors
+    is left alone: the hook's other work (zeroing a buffer) is Autotuner.run's alone there."""
     if config.pre_hook is None or not any(hasattr(a, "block_shape") for a in (*args, *kwargs.values())):
         return args, kwargs
     import copy
