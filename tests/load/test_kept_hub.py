@@ -348,11 +348,14 @@ def test_a_file_changed_while_the_build_ran_keeps_no_keeper(project, tmp_path, m
 
 def test_the_shells_own_variables_do_not_make_a_keeper_stale(project, monkeypatch):
     """`cd` sets OLDPWD, `time doit` sets `_`, a subshell SHLVL: the same command run again in a shell differed
-    in them, and every build after a `cd` found its keeper stale."""
+    in them, and every build after a `cd` found its keeper stale; so did one from another terminal (TERM), whose
+    variables are no compile's inputs either (observe.SESSION)."""
     monkeypatch.setenv("OLDPWD", "/one")
+    monkeypatch.setenv("TERM", "xterm")
     _, asked = _first_build(project)
     monkeypatch.setenv("OLDPWD", "/two")
     monkeypatch.setenv("_", "/usr/bin/time")
+    monkeypatch.setenv("TERM", "dumb")
     hub = isolate.Hub(_handle)
     try:
         assert hub.start(attach=lambda: kept_hub.attach(str(project), kept_hub.identity(str(project))))
