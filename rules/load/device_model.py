@@ -17,6 +17,7 @@ import functools
 import importlib
 import linecache
 import os
+import re
 import sys
 from typing import NamedTuple
 
@@ -480,7 +481,7 @@ def _install_vendor_tools() -> None:
         device, shell = _State.device, rest[shell_at]
         argv = _words(args, shell)
         program = os.path.basename(os.fsdecode(executable or argv[0])) if argv else ""
-        program, answer = _answered(program, args, shell)
+        program, answer = _answered(program, args, executable)
         if answer:
             rest = (*rest[:shell_at], False, *rest[shell_at + 1:])
             if answer == "model":
@@ -498,7 +499,7 @@ def _install_vendor_tools() -> None:
 
     def system(command):   # a shell runs it: what execute_child answers, answered through subprocess
         argv = _words(command, True)
-        if not _answered(os.path.basename(os.fsdecode(argv[0])) if argv else "", command, True)[1]:
+        if not _answered(os.path.basename(os.fsdecode(argv[0])) if argv else "", command)[1]:
             return real_system(command)
         code = subprocess.call(command, shell=True)
         return code << 8 if code >= 0 else -code   # os.system's wait status
@@ -507,7 +508,7 @@ def _install_vendor_tools() -> None:
     os.system = system
 
 
-def _answered(program: str, args, shell: bool) -> tuple[str, str]:
+def _answered(program: str, args, executable=None) -> tuple[str, str]:
     """How the model answers a program run: (the program, "model") for the reference GPU's tool's stand-in, (the
     program, why it is not found) for another vendor's tool or a set-up tool in any of the commands it runs, or
     (program, "") where it runs."""
@@ -517,53 +518,28 @@ def _answered(program: str, args, shell: bool) -> tuple[str, str]:
     vendor = next((v for v, tools in VENDOR_TOOLS.items() if program in tools), None)
     if vendor is not None:
         return program, "model" if vendor == ARCHS[device.arch].vendor else f"{device.name} is no {vendor} GPU"
-    tool = _setup_tool(_tokens(args, shell))
+    tool = _setup_tool(args, executable)
     return (tool, f"{tool} sets a GPU machine up, which this is not") if tool else (program, "")
 
 
-SHELL_OPERATORS = (";", "&&", "||", "|", "&", "(", ")", "\n")
-COMMAND_PREFIXES = ("sudo", "doas", "env", "nohup", "exec", "command", "nice", "time", "xargs")
-SHELLS = ("sh", "bash", "dash", "zsh")
+# a set-up tool named anywhere in what runs: a shell line's every command, after a redirection or `timeout`, in
+# `bash -lc '...'` or a variable (`L=ldconfig; $L /x`), by a path or with a suffix (Debian's ldconfig.real)
+SETUP_TOOL = re.compile(r"(?<![\w.-])(?:[\w.-]*/)*(" + "|".join(map(re.escape, SETUP_TOOLS)) + r")(?:\.\w+)?(?![\w-])")
 
 
-def _tokens(args, shell: bool) -> list[str]:
-    """A command's words, a shell line's with its operators as words of their own (a line shlex cannot split: its
-    words split at blanks)."""
-    if not isinstance(args, (str, bytes, os.PathLike)):
-        return [os.fsdecode(a) for a in args]
-    text = os.fsdecode(args)
-    if not shell:
-        return [text]
-    import shlex
-    try:
-        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        return list(lexer)
-    except ValueError:   # an unclosed quote
-        return text.split()
-
-
-def _setup_tool(words: list[str]) -> str:
-    """The set-up tool (SETUP_TOOLS) one of the commands runs, after `sudo`, `env` or an assignment, or in an
-    `sh -c` line, but for ldconfig's query (-p), which ctypes' find_library runs; "" for none."""
-    starts = [0] + [i + 1 for i, w in enumerate(words) if w in SHELL_OPERATORS]
-    for start in starts:
-        i = start
-        while i < len(words) and ("=" in words[i].split("/")[0] or os.path.basename(words[i]) in COMMAND_PREFIXES):
-            i += 1
-        if i >= len(words):
-            continue
-        name = os.path.basename(words[i])
-        end = next((j for j in range(i, len(words)) if words[j] in SHELL_OPERATORS), len(words))
-        if name in SHELLS and "-c" in words[i + 1:end]:
-            inner = words[i + 1:end]
-            found = _setup_tool(_tokens(inner[inner.index("-c") + 1], True)) if inner[-1] != "-c" else ""
-            if found:
-                return found
-        tool = name.split(".")[0]   # Debian's ldconfig.real
-        if tool in SETUP_TOOLS and not (tool == "ldconfig" and {"-p", "--print-cache"} & set(words[i + 1:end])):
-            return tool
-    return ""
+def _setup_tool(args, executable=None) -> str:
+    """The set-up tool (SETUP_TOOLS) a command names anywhere, or "" for none. One exception: a command naming
+    ldconfig once, with its query flag (-p, --print-cache or a prefix of it) and no `--`, which ctypes'
+    find_library runs: it only reads the cache."""
+    words = [os.fsdecode(args)] if isinstance(args, (str, bytes, os.PathLike)) else [os.fsdecode(a) for a in args]
+    text = " ".join([*words, *([os.fsdecode(executable)] if executable is not None else [])])
+    found = [m[1] for m in SETUP_TOOL.finditer(text)]
+    if not found:
+        return ""
+    flags = text.split()
+    query = found == ["ldconfig"] and "--" not in flags and any(
+        f == "-p" or (f.startswith("--p") and "--print-cache".startswith(f)) for f in flags)
+    return "" if query else found[0]
 
 
 def _words(args, shell: bool) -> list:
@@ -573,7 +549,10 @@ def _words(args, shell: bool) -> list:
             return [args]
         import shlex
         text = os.fsdecode(args)
-        return shlex.split(text) if not any(c in text for c in "|&;<>()$`*?[]{}~\n") else []
+        try:
+            return shlex.split(text) if not any(c in text for c in "|&;<>()$`*?[]{}~\n") else []
+        except ValueError:   # an unclosed quote: the shell's to report
+            return []
     return list(args)
 
 

@@ -650,7 +650,7 @@ def main() -> None:
         request = json.loads(line)
         module = _named(request)[0]
         package = module.rpartition(".")[0]   # its package (and so each above it): imported here, once
-        os.chdir(work if work and _installed(module, root) else root)   # as a compile server imports it
+        _enter(work if work and _installed(module, root) else root, root)   # as a compile server imports it
         if package and not unusable and package not in packages:
             packages[package] = _import_package(package)
         if unusable:
@@ -719,6 +719,16 @@ def _read(recorder, misses: "_Misses") -> list[str]:
     probe inputs. Paths are absolute, so a `$` starts only a variable."""
     variables = {observe.VARIABLE + name for name in recorder.variables}
     return sorted(recorder.files() | set(recorder.folders()) | misses.paths | variables)
+
+
+def _enter(folder: str, root: str) -> None:
+    """Work in `folder`, made again if a library's import removed it (checked by the parent: inside out/); else in
+    the project."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        os.chdir(folder)
+    except OSError:
+        os.chdir(root)
 
 
 def _installed(module: str, root: str) -> bool:

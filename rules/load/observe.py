@@ -741,16 +741,14 @@ class _ObservedEnviron(os._Environ):
         super().__setitem__(key, value)
 
 
-# The session a build runs in, which libraries read for how they print (termcolor's TERM) or where they keep their
-# own files (platformdirs' HOME): never inputs (the files under the user's folders are not recorded either), so an
-# out/ built from another terminal or restored for another user stays current. A CI runner's marker (CI) is no
-# session's: a library may trim its autotune list under it. A value that decides a kernel's code is given in the
-# family's [env], which its key holds.
+# The terminal a build runs in and the shell's own bookkeeping, which libraries read for how they print (termcolor's
+# TERM, rich's COLUMNS): never inputs, so a build from another terminal stays current. HOME, USER and XDG_* stay
+# inputs: a library may read a kernel's values from a file under them, which is not recorded (a user's folders are
+# not), and CI too (a library may trim its autotune list under CI). A value that decides a kernel's code is given
+# in the family's [env], which its key holds.
 SESSION = frozenset((
     "TERM", "COLORTERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
-    "CLICOLOR", "CLICOLOR_FORCE", "ANSI_COLORS_DISABLED", "PY_COLORS", "DISPLAY",
-    "HOME", "USER", "LOGNAME", "USERNAME", "SHELL", "PWD", "OLDPWD", "SHLVL",
-    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"))
+    "CLICOLOR", "CLICOLOR_FORCE", "ANSI_COLORS_DISABLED", "PY_COLORS", "PWD", "OLDPWD", "SHLVL"))
 CHANGED = "changed-while-read"
 VARIABLE = "$"   # an input named $NAME is the environment variable NAME
 # the frames of a read itself, as their code names its file (a frozen module's is "<frozen os>")

@@ -485,14 +485,14 @@ class Catalog:
 
 
 def _make_work_folder(root: Path) -> None:
-    """out/.kforge/work/, where the probes and compile servers import an installed library (guard.work_folder); a
-    link there leading out of out/ is one warning, and the imports run in the project folder until it is gone."""
+    """out/.kforge/work/, where the probes and compile servers import an installed library (guard.work_folder);
+    where it cannot be (a link leading out of out/, a file there) that is one warning, and the imports run in the
+    project folder until it is fixed."""
     try:
         guard.work_folder(Layout(root))
-    except guard.OutsideOut as e:
-        sys.stderr.write(f"kforge: warning: {e}; until then a library's import runs in the project folder\n")
-    except OSError:   # a read-only or full out/: the build says so where it writes
-        pass
+    except (guard.OutsideOut, OSError) as e:   # a link out, a file or FIFO there, a read-only out/
+        why = e if isinstance(e, guard.OutsideOut) else f"{Layout(root).work}: {e.strerror or e}"
+        sys.stderr.write(f"kforge: warning: {why}; until then a library's import runs in the project folder\n")
 
 
 def forget_unloaded(root: Path, names: set[str] | None) -> None:

@@ -595,10 +595,13 @@ def _after_pre_hook(tuner, args: tuple, kwargs: dict, config) -> tuple[tuple, di
     descriptors, the one kind of argument whose specialization it can change (their block_shape), so that the
     caller's are left as made for Autotuner.run, which runs the hook before the launch. A call without descriptors
     is left alone: the hook's other work (zeroing a buffer) is Autotuner.run's alone there."""
-    if config.pre_hook is None or not any(hasattr(a, "block_shape") for a in (*args, *kwargs.values())):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if config.pre_hook is None or not any(isinstance(a, TensorDescriptor) for a in (*args, *kwargs.values())):
         return args, kwargs
-    import copy
-    fresh = lambda a: copy.copy(a) if hasattr(a, "block_shape") else a
+    import dataclasses
+
+    def fresh(a):   # a hook may set block_shape or change it in place (`d.block_shape[0] = BM`)
+        return dataclasses.replace(a, block_shape=list(a.block_shape)) if isinstance(a, TensorDescriptor) else a
     args, kwargs = tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()}
     config.pre_hook({**dict(zip(tuner.arg_names, args)), **kwargs, **config.all_kwargs()})
     return args, kwargs

@@ -358,7 +358,10 @@ def run_all():
             run(["ldconfig", "-p"]), os.system("modprobe nvidia") >> 8, os.system("echo plain > /dev/null") >> 8,
             os.system("ldconfig /usr/local/cuda-13.0 2>/dev/null") >> 8,
             os.system("env FOO=1 ldconfig /no-such-folder/cuda-*") >> 8, run(["sh", "-c", "ldconfig /y"]),
-            os.system("ldconfig.real /x") >> 8, os.system("ldconfig -p | head -1 > /dev/null") >> 8]
+            os.system("ldconfig.real /x") >> 8, os.system("ldconfig -p | head -1 > /dev/null") >> 8,
+            os.system("2>/dev/null timeout 5 ldconfig /t") >> 8, run(["sh", "-ec", "L=ldconfig; $L /v"]),
+            os.system("ldconfig /d -- -p") >> 8, subprocess.run(["ldconfig /s"], shell=True).returncode,
+            os.system("echo 'unclosed") >> 8]
 
 print(run_all())
 device_model.install("sm_90a")
@@ -379,12 +382,13 @@ def test_tools_that_set_a_gpu_machine_up_are_not_found_under_the_model_and_queri
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     proc = _python(SETUP_TOOLS, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]",
-                                        "[127, 'not found', 0, 127, 0, 127, 127, 'not found', 127, 0]"], proc.stdout
+    assert proc.stdout.splitlines() == ["[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]",
+                                        "[127, 'not found', 0, 127, 0, 127, 127, 'not found', 127, 0, 127, "
+                                        "'not found', 127, 127, 2]"], proc.stdout
     assert (tmp_path / "ran").read_text().splitlines() == [
         "ldconfig /usr/local/cuda-13.0", "ldconfig /usr/local/cuda-13.0", "ldconfig -p", "modprobe nvidia",
         "ldconfig /usr/local/cuda-13.0", "ldconfig /no-such-folder/cuda-*", "ldconfig /y", "ldconfig.real /x",
-        "ldconfig -p",
+        "ldconfig -p", "ldconfig /t", "ldconfig /v", "ldconfig /d -- -p", "ldconfig /s",
         "ldconfig -p", "ldconfig -p"]   # under the model: the queries alone
 
 

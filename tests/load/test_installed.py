@@ -891,3 +891,19 @@ def test_a_link_planted_at_the_work_folder_is_one_warning_and_nothing_is_written
     proc = doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
     assert "kforge: warning: " in proc.stderr and "leads outside out/" in proc.stderr, proc.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == [] and len(statuses(root, "built")) == 1
+    (root / "out" / ".kforge" / "work").unlink()   # a file there: the same one warning, not silence
+    (root / "out" / ".kforge" / "work").write_text("")
+    proc = doit(root, "-n", "1", env={"PYTHONPATH": str(site)})
+    assert "kforge: warning: " in proc.stderr and "out/.kforge/work: " in proc.stderr, proc.stderr
+
+
+def test_a_library_whose_import_removes_its_working_folder_does_not_break_the_next_familys_probe(tmp_path):
+    """The probe works in out/.kforge/work/ again for each module: a library that removed it (rmtree of its
+    working folder's contents, then the folder) made the next family's import crash the probe."""
+    files = {**GENERATING, "genlib/__init__.py": "import os, shutil\nshutil.rmtree(os.getcwd())\n",
+             "genlib/ops2.py": GENERATING["genlib/ops.py"]}
+    site = write_site_package(tmp_path / "site", "genlib", files)
+    second = GENERATING_SPEC.replace('name = "gen_copy"', 'name = "gen_copy2"').replace("genlib.ops", "genlib.ops2")
+    root = make_project(tmp_path / "p", specs={"gen_copy": GENERATING_SPEC, "gen_copy2": second}, kernels={})
+    proc = doit(root, "list", env={"PYTHONPATH": str(site)})
+    assert "did not load" not in proc.stderr and "crashed" not in proc.stderr, proc.stderr

@@ -219,8 +219,8 @@ def test_a_file_is_hashed_a_chunk_at_a_time(tmp_path, monkeypatch):
 
 def test_an_environment_variable_the_librarys_code_reads_is_an_input_and_the_toolchains_and_sessions_are_not(
         tmp_path):
-    """The session's variables (a terminal's TERM, HOME) made every target of lmdeploy stale on another terminal or
-    for another user: termcolor and platformdirs read them at import."""
+    """The terminal's variables (TERM, NO_COLOR) made every target of lmdeploy stale from another terminal: termcolor
+    reads them at import."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "envmod.py").write_text('import os\nA = os.environ.get("OSX_A")\nB = os.getenv("OSX_B")\n'
@@ -228,8 +228,8 @@ def test_an_environment_variable_the_librarys_code_reads_is_an_input_and_the_too
                                    'os.environ["OSX_E"] = "set here"\nE = os.environ["OSX_E"]\n'
                                    'ALL = dict(os.environ)\nCOPY = os.environ.copy()\n'
                                    'SOME = {k: v for k, v in os.environ.items() if k.startswith("OSX")}\n'
-                                   # how it prints, where its own files go: the session's
-                                   'SESSION = [os.environ.get(v) for v in ("TERM", "NO_COLOR", "HOME", "USER")]\n')
+                                   # how it prints: the terminal's
+                                   'SESSION = [os.environ.get(v) for v in ("TERM", "NO_COLOR", "COLUMNS")]\n')
     script = f'''
 import os, sys, json
 sys.path.insert(0, {str(lib)!r})
