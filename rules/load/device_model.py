@@ -524,7 +524,7 @@ def _answered(program: str, args, executable=None) -> tuple[str, str]:
 
 # a set-up tool named anywhere in what runs: a shell line's every command, after a redirection or `timeout`, in
 # `bash -lc '...'` or a variable (`L=ldconfig; $L /x`), by a path or with a suffix (Debian's ldconfig.real)
-SETUP_TOOL = re.compile(r"(?<![\w.-])(?:[\w.-]*/)*(" + "|".join(map(re.escape, SETUP_TOOLS)) + r")(?:\.\w+)?(?![\w-])")
+SETUP_TOOL = re.compile(r"(?<![\w.-])(?:[\w.-]*/)*(" + "|".join(map(re.escape, SETUP_TOOLS)) + r")(?:\.\w+)?(?![\w./-])")
 
 
 def _setup_tool(args, executable=None) -> str:

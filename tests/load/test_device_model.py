@@ -510,3 +510,10 @@ def test_on_a_machine_with_a_gpu_the_model_answers_for_the_target_arch_not_the_l
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["AMD Instinct MI300X True None gfx942", "nothing allocated"]
+
+
+def test_a_set_up_tool_is_refused_by_name_not_for_a_path_that_only_holds_its_name():
+    from kforge.load.device_model import _setup_tool
+    assert _setup_tool("cat /etc/modprobe.d/nvidia.conf") == ""   # a configuration folder, no tool run
+    assert _setup_tool("ldconfig --print") == "" and _setup_tool(["/sbin/ldconfig", "-p"]) == ""   # queries
+    assert _setup_tool(["sudo", "-E", "ldconfig"]) == "ldconfig" and _setup_tool("ldconfig -p; ldconfig /x")
