@@ -488,11 +488,15 @@ def _make_work_folder(root: Path) -> None:
     """out/.kforge/work/, where the probes and compile servers import an installed library (guard.work_folder);
     where it cannot be (a link leading out of out/, a file there) that is one warning, and the imports run in the
     project folder until it is fixed."""
+    work = Layout(root).work
     try:
         guard.work_folder(Layout(root))
-    except (guard.OutsideOut, OSError) as e:   # a link out, a file or FIFO there, a read-only out/
-        why = e if isinstance(e, guard.OutsideOut) else f"{Layout(root).work}: {e.strerror or e}"
-        sys.stderr.write(f"kforge: warning: {why}; until then a library's import runs in the project folder\n")
+    except (guard.OutsideOut, OSError) as e:
+        # a link leading out, or a file or FIFO there, is said here; what keeps out/.kforge itself from being made (a
+        # file in its place, a read-only out/) is said where kforge writes its state
+        if isinstance(e, guard.OutsideOut) or (os.path.lexists(work) and not os.path.isdir(work)):
+            why = e if isinstance(e, guard.OutsideOut) else f"{work}: {e.strerror or e}"
+            sys.stderr.write(f"kforge: warning: {why}; until then a library's import runs in the project folder\n")
 
 
 def forget_unloaded(root: Path, names: set[str] | None) -> None:
