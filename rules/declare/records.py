@@ -277,14 +277,15 @@ def _id_template(params: list[str], configs: list[dict]) -> str:
     spelled = {p: {json.dumps(c[p]): len(str(c[p])) for c in configs} for p in params}
     varying = [p for p in params if len(spelled[p]) > 1]
     label = {p: p.lower() for p in params}
-    if sum(len(p) + max(spelled[p].values()) + 1 for p in varying) > ID_MAX:
+    longest = lambda named: sum(len(label[p]) + max(spelled[p].values()) + 1 for p in named)
+    if longest(varying) > ID_MAX:
         told, kept = {()}, set()
         for p in sorted(varying, key=lambda p: -len(spelled[p])):
             apart = {tuple(json.dumps(c[q]) for q in (*kept, p)) for c in configs}
             if len(apart) > len(told):
                 told, kept = apart, kept | {p}
         varying = [p for p in varying if p in kept]
-        if sum(len(p) + max(spelled[p].values()) + 1 for p in varying) > ID_MAX:   # each by its place instead
+        if longest(varying) > ID_MAX:   # each by its place instead
             label = {p: f"{params.index(p)}_" for p in params}
     return "-".join(f"{label[p]}{{{p}}}" for p in varying) or "r"
 
